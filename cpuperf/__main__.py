@@ -1,0 +1,3 @@
+from cpuperf.cli import main
+
+raise SystemExit(main())
