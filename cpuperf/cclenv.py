@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from cpuperf.envplan import EnvVar, Kept, valid_name
 from cpuperf.errors import UsageError
@@ -64,8 +63,7 @@ def printable_value(value: str) -> bool:
     return "\0" not in value
 
 
-@dataclass(frozen=True)
-class CclEnv:
+class CclEnv(NamedTuple):
     """Everything `cpuperf ccl-env` decided; rendered by render() or to_json()."""
 
     backend: str
@@ -78,7 +76,7 @@ class CclEnv:
     skipped: Tuple[str, ...] = ()
     placement: Optional[Dict[str, Any]] = None
     header: str = ""
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: Optional[Dict[str, Any]] = None
 
     def provenance(self, name: str) -> List[EnvVar]:
         return [v for v in self.vars if v.name == name]
@@ -125,7 +123,7 @@ def to_json(env: CclEnv) -> Dict[str, Any]:
         "skipped": list(env.skipped),
         "placement": env.placement,
     }
-    obj.update(env.extra)
+    obj.update(env.extra or {})
     return obj
 
 
@@ -140,7 +138,3 @@ def explain_rows(env: CclEnv) -> List[Tuple[str, str, str, str]]:
                   else "; ".join(dict.fromkeys(v.reason for v in provs)))
         rows.append((name, one_line(value, 400), one_line(source), one_line(reason, 400)))
     return rows
-
-
-def filter_final(final: Mapping[str, str], names: Sequence[str]) -> Dict[str, str]:
-    return {n: final[n] for n in names if n in final}

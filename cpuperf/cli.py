@@ -64,30 +64,22 @@ def doctor(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), sysroot, python, save_snapshot))
 
 
-@app.command("ccl-env")
-def ccl_env(
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (default: one per socket)."),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes in the job (default: hostfile length, else 1)."),
-    hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE", help="Hosts, one per line; the first is MASTER_ADDR."),
-    master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="HOST", help="Rendezvous host (default: 127.0.0.1 or the hostfile's first)."),
-    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535, help="Rendezvous port (default 29500)."),
-    shell: Optional[str] = typer.Option(None, "--shell", metavar="bash|zsh|fish|dotenv", help="Code for this shell (default: from $SHELL)."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    explain: bool = typer.Option(False, "--explain", help="A table of variable, value, source and reason on stderr."),
-    override: bool = typer.Option(False, "--override", help="Replace variables you already set (kept by default)."),
-    preload: bool = typer.Option(False, "--preload", help="LD_PRELOAD libiomp5 and tcmalloc/jemalloc (affects every later command)."),
-    require_ccl: bool = typer.Option(False, "--require-ccl", help="Fail unless the oneCCL (ccl) backend is usable."),
-    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="The environment of another interpreter (a venv's python)."),
-    sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help=SYSROOT_HELP),
-    unit: str = typer.Option("socket", "--unit", metavar="socket|numa", help="One rank per socket or per NUMA node."),
-) -> None:
-    """Print the oneCCL/MPI environment, tuned for this host: eval "$(cpuperf ccl-env)"."""
+@app.command("ccl-env", add_help_option=False,
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+def ccl_env(ctx: typer.Context) -> None:
+    """Print the oneCCL/MPI environment tuned for this host: eval "$(cpuperf ccl-env)" (--help for options)."""
+    # Its options are parsed by argparse in commands/cclenv.py: this typer coerces every non-flag option
+    # through pydantic (~0.15 s to import), too slow for a command run in every new shell.
+    _finish(_ccl_env_main(list(ctx.args)))
+
+
+def _ccl_env_main(argv: List[str]) -> int:
+    # main() calls this directly for `cpuperf ccl-env ...`: typer's own parse of the root group
+    # coerces its help flag through pydantic too. Same error boundary (main's try), ~0.1 s less.
     from cpuperf.commands import cclenv as cmd
 
-    opts = cmd.Options(nproc_per_node, nnodes, hostfile, master_addr, master_port, shell, explain, override,
-                       preload, require_ccl, python, sysroot, unit)
-    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), opts))
+    opts, json_out, quiet = cmd.parse_args(argv)
+    return cmd.run(Output(json_mode=json_out, quiet=quiet), opts)
 
 
 def _json_requested(argv: List[str]) -> bool:
@@ -105,6 +97,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
     command = typer.main.get_command(app)
     try:
+        if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
+            return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except CpuperfError as exc:

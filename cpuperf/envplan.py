@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
-from cpuperf.hostfile import Host, check_host
 from cpuperf.placement import Placement
 from cpuperf.probe.facts import HostFacts
 
+if TYPE_CHECKING:
+    from cpuperf.hostfile import Host
+
+# Records are NamedTuples, not frozen dataclasses: ccl-env runs in every new shell and a frozen
+# dataclass costs ~1 ms to define at import, a NamedTuple ~0.2 ms. Both are immutable and typed.
 SET, PREPEND, APPEND = "set", "prepend", "append"
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@dataclass(frozen=True)
-class EnvVar:
+class EnvVar(NamedTuple):
     """One variable: for kind 'prepend'/'append' the value is the ':'-joined entries to add."""
 
     name: str
@@ -34,49 +37,40 @@ class EnvVar:
     kind: str = SET
 
     def to_json(self) -> Dict[str, str]:
-        return {"name": self.name, "value": self.value, "source": self.source, "reason": self.reason,
-                "kind": self.kind}
+        return dict(self._asdict())
 
 
-@dataclass(frozen=True)
-class Libraries:
+class Libraries(NamedTuple):
     """Shared libraries found: runtime name -> paths (facts.software.openmp / .allocators shape)."""
 
-    openmp: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
-    allocators: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    openmp: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
+    allocators: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(NamedTuple):
     name: str  # 'ccl' | 'gloo'
     reason: str
     ccl_available: bool
 
 
-@dataclass(frozen=True)
-class RuntimeEnv:
+class RuntimeEnv(NamedTuple):
     vars: Tuple[EnvVar, ...]
     notes: Tuple[str, ...]
     master_addr: str
     master_port: int
     nnodes: int
 
-    def __iter__(self):
-        return iter(self.vars)
 
-
-@dataclass(frozen=True)
-class Kept:
+class Kept(NamedTuple):
     name: str
     value: str  # the user's value, left in place
     wanted: str  # what cpuperf would have set
 
     def to_json(self) -> Dict[str, str]:
-        return {"name": self.name, "value": self.value, "wanted": self.wanted}
+        return dict(self._asdict())
 
 
-@dataclass(frozen=True)
-class Merged:
+class Merged(NamedTuple):
     final: Dict[str, str]  # every managed name -> its value after eval, in first-seen order
     vars: Tuple[EnvVar, ...]  # every variable applied, in order (kept ones included)
     kept: Tuple[Kept, ...]
@@ -118,7 +112,7 @@ def check_port(port: Optional[int]) -> int:
     return port
 
 
-def node_count(hosts: Optional[Sequence[Host]], nnodes: Optional[int]) -> int:
+def node_count(hosts: Optional[Sequence["Host"]], nnodes: Optional[int]) -> int:
     """Nodes in the job: --nnodes, else the hostfile's length, else 1."""
     if nnodes is not None and nnodes < 1:
         raise UsageError(f"--nnodes {nnodes} must be at least 1")
@@ -130,9 +124,11 @@ def node_count(hosts: Optional[Sequence[Host]], nnodes: Optional[int]) -> int:
     return nnodes or 1
 
 
-def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], nnodes: int,
+def master_address(hosts: Optional[Sequence["Host"]], master_addr: Optional[str], nnodes: int,
                    environ: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
     """(address, why): --master-addr, else the hostfile's first host, else loopback on one node."""
+    from cpuperf.hostfile import check_host  # ipaddress is slow to import; only needed here
+
     if master_addr is not None:
         return check_host(master_addr, "--master-addr"), "given with --master-addr"
     if hosts:
@@ -195,7 +191,7 @@ def _first(paths: Sequence[str]) -> Optional[str]:
 
 
 def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
-                hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
+                hosts: Optional[Sequence["Host"]] = None, master_addr: Optional[str] = None,
                 master_port: Optional[int] = None, preload: bool = False, nnodes: Optional[int] = None,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,

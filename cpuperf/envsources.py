@@ -12,17 +12,13 @@ difference of `env -0` before and after; nothing parses shell code.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
-import secrets
 import shutil
-import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.envplan import APPEND, PREPEND, SET, EnvVar, Libraries, path_like, split_entries
@@ -40,8 +36,7 @@ _DIST_DIR = re.compile(r"^(?P<name>[A-Za-z0-9_.]+?)-(?P<version>[0-9][^-]*?)(?:-
 _PROBE_PY = "import json, sys; print(json.dumps({'prefix': sys.prefix, 'path': sys.path}))"
 
 
-@dataclass(frozen=True)
-class Dist:
+class Dist(NamedTuple):
     key: str
     name: str  # canonical: oneccl_bind_pt, oneccl_cpu, impi_rt, ...
     version: str
@@ -53,19 +48,17 @@ class Dist:
         return f"{self.name.replace('_', '-')} {self.version}"
 
 
-@dataclass(frozen=True)
-class EnvSource:
+class EnvSource(NamedTuple):
     kind: str  # 'bindings' | 'wheel' | 'oneapi'
     label: str  # 'oneccl-cpu 2022.1.2'
     script: str
     conda_prefix: Optional[str] = None  # set for conda activate scripts
 
     def to_json(self) -> Dict[str, Optional[str]]:
-        return {"kind": self.kind, "label": self.label, "script": self.script, "conda_prefix": self.conda_prefix}
+        return dict(self._asdict())
 
 
-@dataclass(frozen=True)
-class Stack:
+class Stack(NamedTuple):
     """What one Python environment has installed that matters for the distributed runtime."""
 
     executable: str
@@ -73,7 +66,7 @@ class Stack:
     site_dirs: Tuple[str, ...]
     dists: Mapping[str, Dist]
     oneapi_root: Optional[str]
-    notes: Tuple[str, ...] = field(default_factory=tuple)
+    notes: Tuple[str, ...] = ()
 
     def get(self, key: str) -> Optional[Dist]:
         return self.dists.get(key)
@@ -325,7 +318,7 @@ def script_env(source: EnvSource, environ: Optional[Mapping[str, str]] = None,
     if bash is None or env_tool is None:
         raise ProbeFailedError(f"bash and env are needed to read {source.script}",
                                hint="apt-get install -y bash coreutils")
-    token = "__cpuperf_" + secrets.token_hex(8)  # no '=': can never be an environment entry
+    token = "__cpuperf_" + os.urandom(8).hex()  # no '=': can never be an environment entry
     argv = [bash, "--norc", "--noprofile", "-c", _SNIPPET, "cpuperf-source", source.script, token, env_tool]
     limit = float(timeout if timeout is not None else data["timeout_s"])
     try:
@@ -336,6 +329,8 @@ def script_env(source: EnvSource, environ: Optional[Mapping[str, str]] = None,
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        import signal
+
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
@@ -388,6 +383,8 @@ def find_libraries(stack: Stack) -> Libraries:
 
 
 def _resolve(host: str, timeout: float = 3.0) -> Optional[str]:
+    import ipaddress
+
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
@@ -425,6 +422,8 @@ def _iface_holding(ip: str) -> Optional[str]:
 
 
 def _iface_by_subnet(ip: str) -> Optional[str]:
+    import ipaddress
+
     try:
         import psutil
 

@@ -7,15 +7,13 @@ for --explain, a subprocess only when a script exists or several nodes need the 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, NamedTuple, NoReturn, Optional, Tuple
 
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     nproc_per_node: Optional[int] = None
     nnodes: Optional[int] = None
     hostfile: Optional[str] = None
@@ -29,6 +27,51 @@ class Options:
     python: Optional[str] = None
     sysroot: Optional[str] = None
     unit: str = "socket"
+
+
+def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
+    """ccl-env's options -> (Options, --json, --quiet); a bad option is a UsageError (exit 2)."""
+    import argparse
+
+    from cpuperf.errors import UsageError
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line through cli.main's error boundary
+            raise UsageError(message, hint="cpuperf ccl-env --help")
+
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+        return int(text)
+
+    def port(text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1..65535")
+        return int(text)
+
+    p = Parser(prog="cpuperf ccl-env", allow_abbrev=False,
+               description='Print the oneCCL / MPI environment for the installed stack, tuned for this host. '
+                           'Use: eval "$(cpuperf ccl-env)"; fish: cpuperf ccl-env --shell fish | source.')
+    p.add_argument("--nproc-per-node", type=positive, metavar="N", help="ranks per node (default: one per socket)")
+    p.add_argument("--nnodes", type=positive, metavar="N", help="nodes in the job (default: hostfile length, else 1)")
+    p.add_argument("--hostfile", metavar="FILE", help="hosts, one per line; the first is MASTER_ADDR")
+    p.add_argument("--master-addr", metavar="HOST", help="rendezvous host (default 127.0.0.1, or the hostfile's first)")
+    p.add_argument("--master-port", type=port, metavar="PORT", help="rendezvous port (default 29500)")
+    p.add_argument("--shell", metavar="SHELL", help="bash, zsh, fish or dotenv (default: from $SHELL, else bash)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (schema cpuperf.ccl-env/1)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no messages on stderr")
+    p.add_argument("--explain", action="store_true", help="a table of variable, value, source, reason on stderr")
+    p.add_argument("--override", action="store_true", help="replace variables you already set (kept by default)")
+    p.add_argument("--preload", action="store_true",
+                   help="LD_PRELOAD libiomp5 and tcmalloc/jemalloc (affects every later command of the shell)")
+    p.add_argument("--require-ccl", action="store_true", help="fail unless the oneCCL (ccl) backend is usable")
+    p.add_argument("--python", metavar="PATH", help="the environment of another interpreter (a venv's python)")
+    p.add_argument("--sysroot", metavar="DIR", help="read /proc and /sys under DIR (a recorded host)")
+    p.add_argument("--unit", choices=("socket", "numa"), default="socket", help="one rank per socket or NUMA node")
+    ns = p.parse_args(argv)
+    opts = Options(ns.nproc_per_node, ns.nnodes, ns.hostfile, ns.master_addr, ns.master_port, ns.shell,
+                   ns.explain, ns.override, ns.preload, ns.require_ccl, ns.python, ns.sysroot, ns.unit)
+    return opts, ns.json, ns.quiet
 
 
 def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
