@@ -238,6 +238,8 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
         if domain:
             add("I_MPI_PIN_DOMAIN", domain, "Intel MPI pins each local rank to its compute cores (hex masks, "
                 "local-rank order); oneCCL workers stay outside")
+            notes.append(f"I_MPI_PIN_DOMAIN names {nproc} domain(s): start exactly {nproc} rank(s) per node "
+                         f"(mpirun -ppn {nproc} -n {nproc * nodes})")
 
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))

@@ -77,7 +77,6 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
 def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     """Everything but printing: returns a cclenv.CclEnv. Raises CpuperfError on bad input."""
     from cpuperf import cclenv, envplan, envsources
-    from cpuperf.hostfile import check_host, read_hostfile
     from cpuperf.placement import plan_placement
     from cpuperf.probe import probe_host
 
@@ -86,9 +85,11 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     if opts.shell is not None:
         cclenv.check_shell(opts.shell)
     envplan.check_port(opts.master_port)
-    if opts.master_addr is not None:
-        check_host(opts.master_addr, "--master-addr")
-    hosts = read_hostfile(opts.hostfile) if opts.hostfile else None
+    hosts = None
+    if opts.hostfile:
+        from cpuperf.hostfile import read_hostfile
+
+        hosts = read_hostfile(opts.hostfile)
     nodes = envplan.node_count(hosts, opts.nnodes)
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
 
