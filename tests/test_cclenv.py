@@ -475,6 +475,39 @@ def test_does_not_import_torch_or_rich_or_scan_all_metadata():
     assert proc.stdout.strip() == "0 []", proc.stdout + proc.stderr
 
 
+def test_oneapi_components_sourced_unless_the_environment_provides_them(tmp_path):
+    root = tmp_path / "oneapi"
+    for comp, var in (("ccl", "CCL_ROOT"), ("mpi", "I_MPI_ROOT")):
+        script = root / comp / "latest" / "env" / "vars.sh"
+        script.parent.mkdir(parents=True)
+        script.write_text(f'export {var}="{root}/{comp}/latest"\nexport LD_LIBRARY_PATH="{root}/{comp}/lib:$LD_LIBRARY_PATH"\n')
+    venv = make_venv(tmp_path / "venv")
+    js = ccl_json(["--python", str(venv / "bin" / "python")], {"ONEAPI_ROOT": str(root)})
+    assert js["env"]["CCL_ROOT"] == f"{root}/ccl/latest" and js["env"]["I_MPI_ROOT"] == f"{root}/mpi/latest"
+    assert js["env"]["LD_LIBRARY_PATH"].split(":")[:2] == [f"{root}/mpi/lib", f"{root}/ccl/lib"]
+    assert "I_MPI_PIN_DOMAIN" in js["env"]  # Intel MPI is the launcher now
+    site = site_packages(venv)
+    up = os.path.relpath(venv, site)
+    add_dist(site, "impi_rt", "2021.18.1", {f"{up}/etc/conda/activate.d/mpivars.activate.sh":
+                                            'export I_MPI_ROOT="${CONDA_PREFIX}"\n'})
+    js = ccl_json(["--python", str(venv / "bin" / "python")], {"ONEAPI_ROOT": str(root)})
+    assert js["env"]["I_MPI_ROOT"] == str(venv.resolve()) and js["env"]["CCL_ROOT"] == f"{root}/ccl/latest"
+    assert any("oneAPI mpi not sourced" in n for n in js["notes"])
+
+
+@pytest.mark.parametrize("libs, finding", [(["libccl.so.1"], True), (["libccl.so.1", "libccl.so.2"], False)])
+def test_doctor_oneccl_cpu_finding_in_another_venv(tmp_path, libs, finding):
+    """doctor --python VENV inspects that venv (a venv's python is a symlink to the base one)."""
+    venv = make_venv(tmp_path / "venv")
+    add_dist(site_packages(venv), "oneccl_cpu", "2022.1.2", {})
+    (venv / "lib").mkdir(exist_ok=True)
+    for lib in libs:
+        (venv / "lib" / lib).write_text("")
+    proc = run_cli(["doctor", "--json", "--python", str(venv / "bin" / "python")])
+    ids = [f["id"] for f in json.loads(proc.stdout)["findings"]]
+    assert ("oneccl-cpu-incomplete" in ids) is finding, ids
+
+
 # -- slow: the registry's wheels, a real Intel MPI mpirun ---------------------------------------------
 
 @pytest.mark.slow
