@@ -77,18 +77,31 @@ class Merged(NamedTuple):
     skipped: Tuple[str, ...]  # names refused (invalid or reserved)
 
 
-def _data() -> Dict[str, Any]:
-    return load_builtin("cclenv.toml")
+_MEMO: Dict[str, Any] = {}
+
+
+def data() -> Dict[str, Any]:
+    """compat/cclenv.toml, read once per process (with the name sets the hot paths test against)."""
+    if not _MEMO:
+        table = load_builtin("cclenv.toml")
+        _MEMO.update(table=table, reserved=frozenset(table["reserved"]["names"]),
+                     paths=frozenset(table["paths"]["names"]))
+    return _MEMO["table"]
+
+
+_data = data
 
 
 def valid_name(name: str) -> bool:
     """A name a POSIX shell, fish and dotenv all accept, and no shell owns."""
-    return bool(NAME_RE.match(name)) and name not in set(_data()["reserved"]["names"])
+    data()
+    return bool(NAME_RE.match(name)) and name not in _MEMO["reserved"]
 
 
 def path_like(name: str) -> bool:
     """Colon-separated list variables (PATH, LD_LIBRARY_PATH, ... and any *PATH)."""
-    return name in set(_data()["paths"]["names"]) or name.endswith("PATH")
+    data()
+    return name in _MEMO["paths"] or name.endswith("PATH")
 
 
 def split_entries(name: str, value: Optional[str]) -> List[str]:
@@ -127,9 +140,9 @@ def node_count(hosts: Optional[Sequence["Host"]], nnodes: Optional[int]) -> int:
 def master_address(hosts: Optional[Sequence["Host"]], master_addr: Optional[str], nnodes: int,
                    environ: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
     """(address, why): --master-addr, else the hostfile's first host, else loopback on one node."""
-    from cpuperf.hostfile import check_host  # ipaddress is slow to import; only needed here
-
     if master_addr is not None:
+        from cpuperf.hostfile import check_host  # imported only when there is a host to check
+
         return check_host(master_addr, "--master-addr"), "given with --master-addr"
     if hosts:
         return hosts[0].name, "the first host of the hostfile (rank 0 runs there)"
@@ -138,6 +151,8 @@ def master_address(hosts: Optional[Sequence["Host"]], master_addr: Optional[str]
     env = os.environ if environ is None else environ
     preset = env.get("MASTER_ADDR")
     if preset:
+        from cpuperf.hostfile import check_host
+
         return check_host(preset, "MASTER_ADDR"), "MASTER_ADDR already set"
     raise UsageError(f"{nnodes} nodes need a rendezvous address",
                      hint="pass --hostfile FILE (its first host) or --master-addr HOST")

@@ -20,8 +20,8 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from cpuperf.data import load_builtin
 from cpuperf.envplan import APPEND, PREPEND, SET, EnvVar, Libraries, path_like, split_entries
+from cpuperf.envplan import data as cclenv_data
 from cpuperf.errors import ProbeFailedError, UsageError
 
 # Distributions ccl-env looks for: key -> canonical dist names (PEP 503, '-' and '.' as '_').
@@ -149,7 +149,7 @@ def record_files(dist: Dist) -> List[str]:
 
 def bindings_script(dist: Dist) -> Optional[str]:
     """The bindings' env/setvars.sh (or env/vars.sh), from RECORD, else from top_level.txt."""
-    data = load_builtin("cclenv.toml")["bindings"]
+    data = cclenv_data()["bindings"]
     pkg_dirs, scripts = data["package_dirs"], data["scripts"]
     files = set(record_files(dist))
     for pkg in pkg_dirs:
@@ -178,7 +178,7 @@ def activate_scripts(dist: Dist) -> List[str]:
 
 
 def oneapi_root(environ: Mapping[str, str]) -> Optional[str]:
-    root = environ.get("ONEAPI_ROOT") or load_builtin("cclenv.toml")["oneapi"]["default_root"]
+    root = environ.get("ONEAPI_ROOT") or cclenv_data()["oneapi"]["default_root"]
     return root if os.path.isdir(root) else None
 
 
@@ -199,7 +199,7 @@ def discover(python: Optional[str] = None, environ: Optional[Mapping[str, str]] 
 
 def plan_sources(stack: Stack, backend: str) -> Tuple[List[EnvSource], List[str]]:
     """Scripts to source, lowest precedence first (oneAPI, wheels, bindings), and why any is skipped."""
-    data = load_builtin("cclenv.toml")["oneapi"]
+    data = cclenv_data()["oneapi"]
     sources: List[EnvSource] = []
     notes: List[str] = []
     bindings, oneccl, impi = stack.get("bindings"), stack.get("oneccl"), stack.get("impi")
@@ -264,7 +264,7 @@ def _parse_env0(blob: bytes) -> Dict[str, str]:
 
 def base_environment(source: EnvSource, environ: Mapping[str, str]) -> Dict[str, str]:
     """The clean environment a script runs in: fixed PATH, a few switches, CONDA_PREFIX for wheels."""
-    data = load_builtin("cclenv.toml")["scripts"]
+    data = cclenv_data()["scripts"]
     env = {k: environ[k] for k in data["passthrough"] if k in environ}
     env["PATH"] = data["base_path"]
     if source.conda_prefix:
@@ -274,7 +274,7 @@ def base_environment(source: EnvSource, environ: Mapping[str, str]) -> Dict[str,
 
 def diff_env(before: Mapping[str, str], after: Mapping[str, str], source: str) -> Tuple[List[EnvVar], List[str]]:
     """A script's contribution: set variables, and entries added to list variables."""
-    ignored = set(load_builtin("cclenv.toml")["scripts"]["ignored"])
+    ignored = set(cclenv_data()["scripts"]["ignored"])
     out: List[EnvVar] = []
     notes: List[str] = []
     why = f"exported by {source}"
@@ -311,7 +311,7 @@ def _one_line(text: str) -> str:
 def script_env(source: EnvSource, environ: Optional[Mapping[str, str]] = None,
                timeout: Optional[float] = None) -> Tuple[List[EnvVar], List[str]]:
     """Source one script in a child bash and return what it exports (ProbeFailedError if it fails)."""
-    data = load_builtin("cclenv.toml")["scripts"]
+    data = cclenv_data()["scripts"]
     env = base_environment(source, os.environ if environ is None else environ)
     bash = shutil.which("bash") or ("/bin/bash" if os.path.exists("/bin/bash") else None)
     env_tool = shutil.which("env", path=data["base_path"])

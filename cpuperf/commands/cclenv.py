@@ -31,6 +31,8 @@ class Options(NamedTuple):
 
 def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     """ccl-env's options -> (Options, --json, --quiet); a bad option is a UsageError (exit 2)."""
+    if not argv:  # `eval "$(cpuperf ccl-env)"` in every new shell: skip building a parser
+        return Options(), False, False
     import argparse
 
     from cpuperf.errors import UsageError
