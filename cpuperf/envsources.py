@@ -226,6 +226,7 @@ def plan_sources(stack: Stack, backend: str) -> Tuple[List[EnvSource], List[str]
         scripts = activate_scripts(dist)
         if not scripts:
             notes.append(f"{dist.label}: no etc/conda/activate.d script in its RECORD; nothing sourced")
+        # PREFIX/etc/conda/activate.d/x.sh -> PREFIX: the environment the wheel was installed into
         prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(scripts[0])))) if scripts \
             else stack.prefix
         for script in scripts:
@@ -234,11 +235,11 @@ def plan_sources(stack: Stack, backend: str) -> Tuple[List[EnvSource], List[str]
         if not bindings_used:
             notes.append(f"{bindings.label}: its env script is not sourced, the ccl backend is not used")
         else:
-            script = bindings_script(bindings)
-            if script is None:
+            found = bindings_script(bindings)
+            if found is None:
                 notes.append(f"{bindings.label}: no env/setvars.sh or env/vars.sh in its package; nothing sourced")
             else:
-                sources.append(EnvSource("bindings", bindings.label, script))
+                sources.append(EnvSource("bindings", bindings.label, found))
     return sources, notes
 
 
