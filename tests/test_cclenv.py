@@ -432,12 +432,15 @@ def test_hostfile_first_host_is_master(tmp_path, host2):
 @pytest.mark.parametrize("args", [
     ["--hostfile", "HOSTFILE"], ["--master-addr", "$(touch PWNED)"], ["--master-addr", "a;b"],
     ["--shell", "tcsh"], ["--master-port", "0"], ["--master-port", "65536"], ["--master-port", "x"],
-    ["--nproc-per-node", "0"], ["--unit", "core"], ["--no-such-option"],
+    ["--nproc-per-node", "0"], ["--unit", "core"], ["--no-such-option"], ["--python", "/no/such/python"],
+    ["--hostfile", "GOODHOSTS", "--nnodes", "3"], ["--nnodes", "2"],
 ])
 def test_invalid_input_is_one_line_usage_error_with_empty_stdout(args, tmp_path):
     bad = tmp_path / "hosts"
     bad.write_text("node01\n`reboot`:2\n")
-    args = [str(bad) if a == "HOSTFILE" else a for a in args]
+    good = tmp_path / "good"
+    good.write_text("node01\nnode02\n")
+    args = [str(bad) if a == "HOSTFILE" else str(good) if a == "GOODHOSTS" else a for a in args]
     proc = run_cli(["ccl-env", *args], cwd=str(tmp_path))
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stdout == ""
