@@ -31,7 +31,8 @@ DISTS = {
     "oneccl": ("oneccl", "oneccl_cpu"),
     "impi": ("impi_rt",),
 }
-_DIST_DIR = re.compile(r"^(?P<name>[A-Za-z0-9_.]+?)-(?P<version>[0-9][^-]*?)(?:-py[0-9.]+)?\.(?:dist|egg)-info$")
+# NAME-VERSION.dist-info; NAME-VERSION[-pyX.Y[-PLATFORM]].egg-info (setup.py develop, old torch_ccl)
+_DIST_DIR = re.compile(r"^(?P<name>[A-Za-z0-9_.]+?)-(?P<version>[0-9][^-]*?)(?:-py\d[^-]*(?:-.+)?)?\.(?:dist|egg)-info$")
 
 _PROBE_PY = "import json, sys; print(json.dumps({'prefix': sys.prefix, 'path': sys.path}))"
 

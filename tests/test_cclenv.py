@@ -213,6 +213,20 @@ def test_diff_env_drops_empty_and_duplicate_entries():
     assert notes == []
 
 
+def test_find_dists_from_metadata_directory_names(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, names in ((a, ["oneccl_cpu-2022.1.2.dist-info", "torch-2.7.1+cpu.dist-info", "numpy-2.0.dist-info"]),
+                     (b, ["oneccl-2021.15.0.dist-info", "torch-2.8.0.dist-info",
+                          "torch_ccl-1.10.0+cpu-py3.8-linux-x86_64.egg-info"])):
+        for n in names:
+            (d / n).mkdir(parents=True)
+    found = envsources.find_dists([str(a), str(b)])
+    assert found["torch"].version == "2.7.1+cpu"  # first on the path, as an import would pick
+    assert found["oneccl"].name == "oneccl"  # the full runtime preferred over oneccl-cpu
+    assert (found["bindings"].name, found["bindings"].version) == ("torch_ccl", "1.10.0+cpu")
+    assert "impi" not in found
+
+
 # -- pure: rendering ----------------------------------------------------------------------------------
 
 def test_quoting_rules():
