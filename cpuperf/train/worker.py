@@ -80,7 +80,7 @@ def _peak_tflops(s: TrainSettings, device_name: str) -> Optional[float]:
     return None
 
 
-def _checksum(model: Any) -> str:
+def _checksum(model: Any) -> int:
     """Exact, order-independent hash of all parameters and buffers (bit patterns, wrapping int64).
 
     Integer addition wraps and is associative, so the value is bit-exact whatever the thread count;
@@ -96,7 +96,7 @@ def _checksum(model: Any) -> str:
         bits = t.view(int_of[t.element_size()]).to(torch.int64).cpu()
         w = torch.arange(1, bits.numel() + 1, dtype=torch.int64) * (2 * i + 1)
         total += (bits * w).sum()
-    return f"{int(total) & (2**64 - 1):016x}"
+    return int(total)
 
 
 def _lr_lambda(s: TrainSettings, total: int) -> Any:
@@ -568,11 +568,15 @@ class Run:
         sps_total = measured_steps * self.global_batch / span if measured_steps and span > 0 \
             else None
 
-        checksums = [_checksum(self.raw_model)]
+        mine = _checksum(self.raw_model)
+        values = [mine]
         if self.world > 1:
-            gathered: list[Any] = [None] * self.world
-            torch.distributed.all_gather_object(gathered, checksums[0])
-            checksums = gathered
+            # all_gather of int64 tensors (all_gather_object would need numpy).
+            t = torch.tensor([mine], dtype=torch.int64, device=self.comm_device)
+            parts = [torch.zeros_like(t) for _ in range(self.world)]
+            torch.distributed.all_gather(parts, t)
+            values = [int(p.item()) for p in parts]
+        checksums = [f"{v & (2**64 - 1):016x}" for v in values]
 
         summary = None
         if is0:
