@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpuperf.train.runtime_check import compact_cpus, parse_maps, runtime_report
+from cpuperf.train.runtime_check import compact_cpus, native_bf16, parse_maps, runtime_report
 
 _GOMP = """\
 7f1c2a000000-7f1c2a021000 r-xp 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libc.so.6
@@ -53,3 +53,10 @@ def test_report_with_injected_facts() -> None:
 def test_report_on_this_process() -> None:
     rep = runtime_report()
     assert rep["n_allowed_cpus"] and rep["n_allowed_cpus"] >= 1
+
+
+def test_native_bf16_from_cpuinfo_flags() -> None:
+    assert native_bf16("processor: 0\nflags\t\t: fpu avx2 fma\n") is False
+    assert native_bf16("flags : avx512f avx512_bf16 amx_tile\n") is True
+    assert native_bf16("flags : amx_bf16 amx_tile\n") is True
+    assert native_bf16("Features: fp asimd\n") is None

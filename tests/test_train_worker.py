@@ -151,3 +151,12 @@ def test_two_rank_gloo_run_keeps_ranks_in_sync(tmp_path, tok_cache) -> None:
     assert summary["steps"] == 12 and summary["loss_last"] < summary["loss_first"]
     settings_rec = _records(out / "metrics.jsonl")[0]
     assert settings_rec["rank_launcher"] == "torchrun"
+
+
+def test_time_budget_ends_the_run(tmp_path, tok_cache) -> None:
+    p = run_worker("--config", _settings(tmp_path, tok_cache, max_steps=None, time_budget_s=1.5),
+                   "--set", "log_every=1000", "--json")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["status"] == "time_budget" and summary["steps"] >= 2
+    assert 1.5 <= summary["train_s"] < 15

@@ -396,6 +396,12 @@ class Run:
             metrics = open(self.metrics_path, "a" if self.resumed_from is not None else "w",
                            encoding="utf-8")
         runtime = runtime_report()
+        if is0 and s.dtype == "bf16" and s.device == "cpu" and runtime["native_bf16"] is False:
+            sys.stderr.write("cpuperf train: note: this CPU has no AVX512-BF16/AMX, so bf16 is "
+                             "emulated and much slower than fp32\n")
+        if is0 and s.resume and self.resumed_from is None:
+            sys.stderr.write(f"cpuperf train: note: no checkpoint at {self.ckpt_path}; "
+                             "starting from step 0\n")
 
         def emit(rec: dict) -> None:
             if metrics is not None:
@@ -434,7 +440,9 @@ class Run:
         if is0 and self.resumed_from is not None:
             progress.note(f"resumed from {self.ckpt_path} at step {self.resumed_from}")
 
-        exclude = 3 if s.compile else 1  # warm-up / compile steps left out of the rates
+        # Steps left out of the rates: the first (allocator and oneDNN warm-up); with compile
+        # the first few, since inductor compiles forward and backward and may recompile once.
+        exclude = 5 if s.compile else 1
         loss_first: Optional[float] = None
         loss_last: Optional[float] = None
         eval_loss: Optional[float] = None
