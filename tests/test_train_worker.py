@@ -141,7 +141,7 @@ def test_two_rank_gloo_run_keeps_ranks_in_sync(tmp_path, tok_cache) -> None:
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "cpuperf.train.worker", "--json", "--config",
-           _settings(out, tok_cache, max_steps=12, ddp_backend="gloo")]
+           _settings(out, tok_cache, max_steps=12, ddp_backend="gloo", grad_accum_steps=2)]
     p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])  # rank 0 alone prints

@@ -277,11 +277,12 @@ class Run:
             if "cuda" in rng and s.device == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"].cpu())
         self.model = model
+        self.ddp_model: Any = None
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if s.device == "cuda" else None
-            self.model = DDP(model, device_ids=ids)
+            self.model = self.ddp_model = DDP(model, device_ids=ids)
         if s.compile:
             try:
                 self.model = torch.compile(self.model)
@@ -472,8 +473,10 @@ class Run:
                 x, y = next(loader)
                 x = x.to(self.device, non_blocking=True)
                 y = y.to(self.device, non_blocking=True)
-                no_sync = model.no_sync() if ddp and micro < accum - 1 and hasattr(
-                    model, "no_sync") else contextlib.nullcontext()
+                # Skip the gradient all-reduce on all but the last micro-step (on the DDP module
+                # itself, which torch.compile wraps).
+                no_sync = self.ddp_model.no_sync() if ddp and micro < accum - 1 \
+                    else contextlib.nullcontext()
                 with no_sync, self.autocast():
                     _, loss = model(x, y)
                     loss = loss / accum
