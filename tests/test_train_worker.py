@@ -95,7 +95,8 @@ def test_resume_reaches_the_same_step_and_weights(tmp_path, tok_cache) -> None:
     assert not list((tmp_path / "b").glob(".*.tmp"))
 
 
-def test_sigterm_leaves_a_loadable_checkpoint(tmp_path, tok_cache) -> None:
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_leaves_a_loadable_checkpoint(tmp_path, tok_cache, sig, code) -> None:
     import torch
 
     out = tmp_path / "run"
@@ -109,10 +110,10 @@ def test_sigterm_leaves_a_loadable_checkpoint(tmp_path, tok_cache) -> None:
         if metrics.exists() and '"step": 3,' in metrics.read_text():
             break
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stderr
-    assert "SIGTERM at step" in stderr and "Traceback" not in stderr
+    assert proc.returncode == code, stderr
+    assert f"{sig.name} at step" in stderr and "Traceback" not in stderr
     summary = json.loads(stdout)
     assert summary["status"] == "interrupted"
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
@@ -160,3 +161,27 @@ def test_time_budget_ends_the_run(tmp_path, tok_cache) -> None:
     summary = json.loads(p.stdout)
     assert summary["status"] == "time_budget" and summary["steps"] >= 2
     assert 1.5 <= summary["train_s"] < 15
+
+
+def test_two_ranks_from_mpich_style_variables(tmp_path, tok_cache) -> None:
+    # What mpirun (Intel MPI / MPICH Hydra) gives each rank, without needing mpirun installed.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "mpi"
+    cfg = _settings(out, tok_cache, max_steps=6, log_every=3)
+    procs = []
+    for rank in range(2):
+        env = {**_env(), "PMI_RANK": str(rank), "PMI_SIZE": "2", "MPI_LOCALRANKID": str(rank),
+               "MPI_LOCALNRANKS": "2", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "cpuperf.train.worker", "--json", "--config", cfg], cwd=ROOT,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+    assert results[1][0] == ""  # only rank 0 prints the summary
+    summary = json.loads(results[0][0])
+    assert summary["world_size"] == 2 and len(set(summary["param_checksums"])) == 1
+    assert _records(out / "metrics.jsonl")[0]["rank_launcher"] == "mpich"
