@@ -185,3 +185,33 @@ def test_two_ranks_from_mpich_style_variables(tmp_path, tok_cache) -> None:
     summary = json.loads(results[0][0])
     assert summary["world_size"] == 2 and len(set(summary["param_checksums"])) == 1
     assert _records(out / "metrics.jsonl")[0]["rank_launcher"] == "mpich"
+
+
+def _open_mpi() -> bool:
+    import shutil
+
+    exe = shutil.which("mpirun")
+    if exe is None:
+        return False
+    p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    return "Open MPI" in p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not _open_mpi(), reason="needs Open MPI's mpirun")
+def test_two_ranks_under_real_open_mpi(tmp_path, tok_cache) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**_env(), "MASTER_PORT": str(port), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    out = tmp_path / "ompi"
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+           "-x", "MASTER_PORT", sys.executable, "-m", "cpuperf.train.worker", "--json",
+           "--config", _settings(out, tok_cache, max_steps=6, log_every=3)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and len(set(summary["param_checksums"])) == 1
+    assert _records(out / "metrics.jsonl")[0]["rank_launcher"] == "openmpi"
