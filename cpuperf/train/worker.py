@@ -63,7 +63,11 @@ def _import_torch() -> Any:
     with warnings.catch_warnings():
         # The CPU wheel warns at import when numpy is absent; the worker does not use numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise MissingFeatureError(f"torch does not import ({exc})",
+                                      hint="install PyTorch first (cpuperf install)")
     return torch
 
 
