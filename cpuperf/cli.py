@@ -69,7 +69,7 @@ RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 @app.command()
 def recommend(
-    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, small, gpt2-small), a HF config.json, or a model id in the local HF cache."),
+    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, gpt2-small, micro), a HF config.json, or a model id in the local HF cache."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count, e.g. 124M or 7B."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (samples per optimizer step)."),
