@@ -104,13 +104,15 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
     size: int = typer.Option(512, "--size", min=64, help="GEMM size."),
     seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per measurement."),
+    allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading tcmalloc/jemalloc."),
+    compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain (tens of seconds)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Measure this host (GEMM fp32 vs bf16) and cache it for the recommendation engine."""
+    """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
 
-    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds))
+    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
 
 
 def _json_requested(argv: List[str]) -> bool:

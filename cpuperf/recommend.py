@@ -447,7 +447,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         return Decision("compile", False, "IPEX optimize is used instead", {})
     rule = tuning["compile"]
     compile_s = meas.compile_seconds or rule["assumed_compile_seconds_per_layer"] * max(1, w.n_layer)
-    speedup = meas.compile_speedup or rule["assumed_speedup"]
+    speedup = meas.compile_speedup or (rule["assumed_speedup_gpu"] if on_gpu else rule["assumed_speedup_cpu"])
     step_s = meas.step_seconds
     evidence: Dict[str, Any] = {"compile_seconds": round(compile_s, 1), "speedup": speedup,
                                 "measured": meas.source if meas.compile_seconds else "assumed"}
@@ -455,7 +455,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         # FLOP estimate: tokens per step x FLOPs per token over a rate (measured GEMM or a guess).
         per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
         flops = w.flops_per_token() * w.seq_len * per_rank_batch
-        rate = (meas.gemm_fp32_gflops or (20.0 * max(1, placement.threads_per_rank))) * 1e9 * 0.5
+        rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, placement.threads_per_rank))) * 1e9 * 0.5
         if on_gpu:
             rate = 100e12 * 0.3
         step_s = flops / rate
@@ -467,6 +467,9 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         return Decision("compile", False, "run length unknown: compile time cannot be shown to pay for itself", evidence)
     saving = steps * step_s * (1 - 1 / speedup)
     evidence.update(steps=steps, expected_saving_seconds=round(saving, 1))
+    if speedup <= 1.0:
+        return Decision("compile", False, "no measured speed-up from torch.compile on this host (cpuperf bench "
+                        "--compile measures it)", evidence)
     if saving > compile_s:
         return Decision("compile", True, f"{steps} steps save ~{saving:.0f} s against ~{compile_s:.0f} s of compilation",
                         evidence, needs_torch=True)
