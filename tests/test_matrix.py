@@ -107,7 +107,7 @@ def test_eol_rows(m):
 
 
 def test_default_matrix_uses_env(tmp_path, monkeypatch):
-    (tmp_path / "extra.toml").write_text(EXTRA_IPEX)
+    (tmp_path / "ipex-extra.toml").write_text(EXTRA_IPEX)
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     assert any(str(r.version) == "2.9.0" for r in default_matrix().ipex)
     monkeypatch.setenv(ENV_DIR, "")
@@ -194,8 +194,9 @@ name = "x"
 
 
 def test_malformed_extra_dir_lists_every_bad_row(tmp_path, monkeypatch):
-    (tmp_path / "bad.toml").write_text(BAD)
-    (tmp_path / "broken.toml").write_text("[[ipex]\nversion = ")
+    (tmp_path / "ipex-bad.toml").write_text(BAD)
+    (tmp_path / "tuning.toml").write_text("[[not_ours]]\nx = 1\n")  # other modules' files are skipped
+    (tmp_path / "oneccl-broken.toml").write_text("[[ipex]\nversion = ")
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(MatrixError) as info:
         load_matrix()
@@ -203,12 +204,12 @@ def test_malformed_extra_dir_lists_every_bad_row(tmp_path, monkeypatch):
     assert isinstance(err, ValueError)
     text = str(err)
     rows = {(p.file, p.row) for p in err.problems}
-    assert ("bad.toml", "cpu_index_url") in rows
-    assert ("bad.toml", "[[ipex]] #1 (two point five)") in rows
-    assert ("bad.toml", "[[ipex]] #2 (2.5.1)") in rows
-    assert ("bad.toml", "[[oneccl]] #1 (2.7.1)") in rows
-    assert ("bad.toml", "wheels") in rows
-    assert any(p.file == "broken.toml" and "TOML" in p.problem for p in err.problems)
+    assert ("ipex-bad.toml", "cpu_index_url") in rows
+    assert ("ipex-bad.toml", "[[ipex]] #1 (two point five)") in rows
+    assert ("ipex-bad.toml", "[[ipex]] #2 (2.5.1)") in rows
+    assert ("ipex-bad.toml", "[[oneccl]] #1 (2.7.1)") in rows
+    assert ("ipex-bad.toml", "wheels") in rows
+    assert any(p.file == "oneccl-broken.toml" and "TOML" in p.problem for p in err.problems)
     # every problem of a row is named, not just the first
     second = next(p for p in err.problems if p.row == "[[ipex]] #2 (2.5.1)").problem
     for needle in ("torch", "py3", "pypi", "import_check", "colour"):
@@ -220,8 +221,8 @@ def test_malformed_extra_dir_lists_every_bad_row(tmp_path, monkeypatch):
 
 
 def test_duplicate_rows_in_one_layer_are_reported(tmp_path):
-    (tmp_path / "a.toml").write_text(EXTRA_IPEX)
-    (tmp_path / "b.toml").write_text(EXTRA_IPEX)
+    (tmp_path / "ipex-a.toml").write_text(EXTRA_IPEX)
+    (tmp_path / "ipex-b.toml").write_text(EXTRA_IPEX)
     with pytest.raises(MatrixError) as info:
         load_matrix(tmp_path, environ={})
     assert any("duplicate" in p.problem for p in info.value.problems)
@@ -234,3 +235,15 @@ def test_missing_extra_dir_is_an_error(tmp_path):
 
 def test_shipped_data_files_are_under_repo_compat():
     assert shipped_dir() == Path(__file__).resolve().parent.parent / "compat"
+
+
+def test_env_dir_is_pathsep_separated(tmp_path):
+    import os
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "ipex-new.toml").write_text(EXTRA_IPEX)
+    (b / "ipex-new.toml").write_text(EXTRA_IPEX.replace("https://example.invalid/whl/", "https://later.invalid/"))
+    m = load_matrix(environ={ENV_DIR: f"{a}{os.pathsep}{b}"})
+    assert next(r for r in m.ipex if str(r.version) == "2.9.0").index_url == "https://later.invalid/"
