@@ -1,0 +1,124 @@
+"""Typer wiring only: parse, call one engine function, hand the result to output.
+
+One error boundary lives in main(): CpuperfError -> one line (or a JSON object with --json) and
+its exit code; a traceback only with CPUPERF_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+
+from cpuperf import __version__
+from cpuperf.errors import CpuperfError, ExitCode
+from cpuperf.output import Output
+
+app = typer.Typer(
+    name="cpuperf",
+    help="Probe, install, tune and launch PyTorch training on Xeon/EPYC CPUs and NVIDIA GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+JSON_HELP = "Print one JSON object on stdout (errors too)."
+QUIET_HELP = "Only the product on stdout; no messages on stderr."
+SYSROOT_HELP = "Read /proc and /sys under DIR instead of the live host (as lscpu --sysroot)."
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"cpuperf {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """cpuperf: the right PyTorch stack and settings for this machine."""
+
+
+def _finish(code: int) -> None:
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def doctor(
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help=SYSROOT_HELP),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH",
+                                         help="Inspect the packages of another interpreter (a venv's python)."),
+    save_snapshot: Optional[str] = typer.Option(None, "--save-snapshot", metavar="DIR",
+                                                help="Copy the files the probe reads under DIR, for a bug report."),
+) -> None:
+    """Probe hardware and software, then say what is wrong and the exact fix."""
+    from cpuperf.commands import doctor as cmd
+
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), sysroot, python, save_snapshot))
+
+
+def _json_requested(argv: List[str]) -> bool:
+    return "--json" in argv
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Console-script entry point and the single error boundary."""
+    try:  # recent typer vendors click
+        from typer._click import exceptions as click_exc
+    except ImportError:  # pragma: no cover - typer that depends on click
+        import click.exceptions as click_exc  # type: ignore[no-redef]
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
+        return int(result) if isinstance(result, int) else 0
+    except CpuperfError as exc:
+        if os.environ.get("CPUPERF_DEBUG") == "1":
+            raise
+        if out.json_mode:
+            out.json(exc.to_json())
+        out.error(exc.message, exc.hint)
+        return int(exc.code)
+    except (typer.Exit, click_exc.Exit if hasattr(click_exc, 'Exit') else typer.Exit) as exc:
+        return int(exc.exit_code or 0)
+    except typer.Abort:
+        out.error("interrupted")
+        return int(ExitCode.INTERRUPTED)
+    except click_exc.ClickException as exc:
+        if out.json_mode:
+            out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
+                                "message": exc.format_message(), "hint": "cpuperf --help"}})
+        exc.show()
+        return int(ExitCode.USAGE)
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # `cpuperf ... | head`: the reader left; that is not an error of ours.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:  # the last line of defence: one line, never a traceback
+        if os.environ.get("CPUPERF_DEBUG") == "1":
+            raise
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        if out.json_mode:
+            out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal",
+                                "message": message, "hint": "rerun with CPUPERF_DEBUG=1 and report it"}})
+        out.error(message, "rerun with CPUPERF_DEBUG=1 and report it")
+        return int(ExitCode.FOUND_ERROR)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

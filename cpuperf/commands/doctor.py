@@ -1,0 +1,126 @@
+"""`cpuperf doctor`: probe, diagnose, render."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from cpuperf.errors import ExitCode
+from cpuperf.output import Output
+
+
+def _gib(n: Optional[int]) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapshot: Optional[str]) -> int:
+    from cpuperf import doctor
+    from cpuperf.probe import probe_host
+
+    if save_snapshot:
+        from cpuperf.probe.snapshot import save_snapshot as save
+
+        count = save(save_snapshot, sysroot=sysroot)
+        out.info(f"saved {count} probe files under {save_snapshot} (use: cpuperf doctor --sysroot {save_snapshot})")
+    facts = probe_host(sysroot=sysroot, python=python)
+    if not facts.platform.startswith("linux"):
+        out.info(f"cpuperf serves Linux hosts; this is {facts.platform}: nothing to diagnose here")
+        if out.json_mode:
+            out.json({"schema": doctor.SCHEMA, "host": {"platform": facts.platform}, "software": None,
+                      "findings": [f.to_json() for f in doctor.check_platform(facts)]})
+        return int(ExitCode.OK)
+    findings = doctor.diagnose(facts)
+    rep = doctor.report(facts, findings)
+    if out.json_mode:
+        out.json(rep)
+    elif not out.quiet:
+        render(out, rep)
+    return int(ExitCode.FOUND_ERROR) if any(f.severity == "error" for f in findings) else int(ExitCode.OK)
+
+
+def render(out: Output, rep: Dict[str, Any]) -> None:
+    from rich.table import Table
+
+    host = rep["host"]
+    cpu, topo = host["cpu"], host["topology"]
+
+    def section(title: str) -> Table:
+        table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+        table.add_column("key", style="bold")
+        table.add_column("value", overflow="fold")
+        return table
+
+    t = section("CPU")
+    t.add_row("model", f"{cpu['model_name'] or '?'} ({cpu['vendor'] or '?'}, {cpu['arch']})")
+    t.add_row("microarchitecture", f"{cpu['microarchitecture']} (by {cpu['microarchitecture_source']})")
+    t.add_row("ISA", " ".join(cpu["isa"]) or "-")
+    t.add_row("bf16 native", "yes" if cpu["bf16_native"] else "no")
+    amx = cpu["amx"]
+    usable = {True: "usable", False: "not usable", None: "unknown"}[amx["usable"]]
+    t.add_row("AMX", f"supported, {usable}" if amx["supported"] else "no")
+    out.table(t)
+
+    t = section("Topology")
+    t.add_row("sockets / cores / CPUs", f"{topo['sockets']} / {topo['physical_cores']} / {topo['logical_cpus']}"
+              f" ({topo['threads_per_core']} threads per core)")
+    for node in topo["numa_nodes"]:
+        from cpuperf.probe.parse import format_cpulist
+
+        t.add_row(f"NUMA node {node['id']}", f"CPUs {format_cpulist(node['cpus']) or '-'}, {_gib(node['memory_bytes'])}")
+    allowed = topo["allowed_cpus"]
+    if allowed is not None:
+        from cpuperf.probe.parse import format_cpulist
+
+        t.add_row("allowed CPUs", format_cpulist(allowed))
+    t.add_row("CPU quota", "none" if topo["cpu_quota"] is None else f"{topo['cpu_quota']:g} CPUs")
+    if topo["hybrid"]:
+        t.add_row("core types", str(topo["core_types"]))
+    t.add_row("memory", f"{_gib(host['memory']['total_bytes'])} total, {_gib(host['memory']['available_bytes'])} available")
+    limits = host["limits"]
+    if limits.get("shm_bytes") is not None:
+        t.add_row("/dev/shm", _gib(limits["shm_bytes"]))
+    if limits.get("slurm_job_id"):
+        t.add_row("Slurm job", f"{limits['slurm_job_id']} ({limits.get('slurm_cpus_per_task') or '?'} CPUs per task)")
+    out.table(t)
+
+    t = section("GPUs")
+    gpus = host["gpus"]
+    if gpus is None:
+        t.add_row("NVIDIA", "unknown (snapshot)")
+    elif not gpus:
+        t.add_row("NVIDIA", "none")
+    for g in gpus or []:
+        t.add_row(f"GPU {g['index']}", f"{g['name']}, cc {g['compute_capability'] or '?'}, {_gib(g['memory_bytes'])}, "
+                  f"bf16 {'yes' if g['bf16'] else 'no'}, tf32 {'yes' if g['tf32'] else 'no'}, driver {g.get('driver_version') or '?'}")
+    out.table(t)
+
+    sw = rep["software"]
+    t = section("Software")
+    if sw is None:
+        t.add_row("packages", "unknown (snapshot)")
+    else:
+        t.add_row("python", f"{sw['python']} ({sw['executable']})")
+        for name, info in sw["packages"].items():
+            if info is not None:
+                extra = f" (CUDA {info['cuda']})" if info.get("cuda") else ""
+                t.add_row(name, info["version"] + extra)
+        missing = [n for n, i in sw["packages"].items() if i is None]
+        t.add_row("not installed", ", ".join(missing) or "-")
+        t.add_row("launchers", ", ".join(f"{m['name']} ({m['flavour'] or '?'} {m['version'] or ''})".replace(" )", ")")
+                                         for m in sw["mpi"]) or "none")
+        t.add_row("numactl", sw["numactl"] or "not found")
+        t.add_row("OpenMP", ", ".join(k for k, v in sw["openmp"].items() if v) or "none found")
+        t.add_row("allocators", ", ".join(k for k, v in sw["allocators"].items() if v) or "none found")
+    out.table(t)
+
+    findings = rep["findings"]
+    if not findings:
+        out.product("No findings: this host is ready.")
+        return
+    t = Table(title="Findings", title_justify="left")
+    t.add_column("severity")
+    t.add_column("id")
+    t.add_column("message", overflow="fold")
+    t.add_column("fix", overflow="fold")
+    for f in findings:
+        t.add_row(f["severity"], f["id"], f["message"], f["fix"] or "")
+    out.table(t)

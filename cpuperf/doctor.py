@@ -1,0 +1,230 @@
+"""`cpuperf doctor`: facts -> findings (id, severity, message, the exact fix). Pure over HostFacts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from cpuperf.probe.facts import HostFacts
+
+SCHEMA = "cpuperf.doctor/1"
+SEVERITIES = ("error", "warning", "info")
+
+# /dev/shm below this breaks gloo and DataLoader workers (Docker's default is 64 MiB).
+# Source: pytorch/pytorch issues on "unable to write to file </torch_...>" and Docker's --shm-size docs.
+SHM_MIN_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # error | warning | info
+    message: str
+    fix: Optional[str]
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+CPU_TORCH_INSTALL = "cpuperf install --yes"
+
+
+def _pkg(facts: HostFacts, name: str):
+    if facts.software is None:
+        return None
+    return facts.software.packages.get(name)
+
+
+def check_platform(facts: HostFacts) -> List[Finding]:
+    if facts.platform.startswith("linux"):
+        return []
+    return [Finding("unsupported-platform", "error",
+                    f"cpuperf serves Linux hosts; this is {facts.platform}", None)]
+
+
+def check_cpu(facts: HostFacts) -> List[Finding]:
+    cpu = facts.cpu
+    out: List[Finding] = []
+    if cpu.arch == "x86_64" and not cpu.bf16_native:
+        out.append(Finding(
+            "bf16-not-native", "info",
+            f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
+            "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
+    if cpu.amx_supported and cpu.amx_usable is False:
+        out.append(Finding(
+            "amx-not-permitted", "error",
+            "the CPU has AMX but the kernel refused tile state to this process (arch_prctl "
+            "ARCH_REQ_XCOMP_PERM); AMX kernels will crash or be skipped",
+            "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
+    if cpu.microarchitecture in ("unknown", "x86_64", "aarch64"):
+        out.append(Finding("unknown-microarchitecture", "info",
+                           f"this CPU ({cpu.model_name or cpu.vendor or 'unknown'}) is not in cpuperf's table; "
+                           "decisions use its ISA flags only",
+                           "report it with: cpuperf doctor --save-snapshot ./snapshot"))
+    return out
+
+
+def check_topology(facts: HostFacts) -> List[Finding]:
+    topo = facts.topology
+    out: List[Finding] = []
+    usable = len(facts.usable_cpus())
+    if topo.cpu_quota is not None and topo.cpu_quota < usable:
+        out.append(Finding(
+            "cpu-quota", "warning",
+            f"the cgroup CPU quota is {topo.cpu_quota:g} CPUs but {usable} CPUs are visible: "
+            "default thread counts oversubscribe and throttle",
+            f"run with OMP_NUM_THREADS={max(1, int(topo.cpu_quota))} (cpuperf train/ccl-env set it)"))
+    if topo.offline_cpus:
+        out.append(Finding("offline-cpus", "info",
+                           f"{len(topo.offline_cpus)} CPUs are offline and are not counted", None))
+    if topo.hybrid:
+        out.append(Finding("hybrid-cpu", "info",
+                           "hybrid CPU: performance and efficient cores differ; cpuperf pins compute "
+                           "threads to performance cores", None))
+    if facts.limits.slurm_cpus_per_task and facts.limits.slurm_cpus_per_task < usable:
+        out.append(Finding("slurm-cpus", "info",
+                           f"Slurm allots {facts.limits.slurm_cpus_per_task} CPUs per task", None))
+    if facts.software is not None and len(topo.numa_nodes) > 1 and not facts.software.numactl:
+        out.append(Finding("no-numactl", "info",
+                           f"{len(topo.numa_nodes)} NUMA nodes and no numactl: memory binding per rank is not possible",
+                           "apt-get install -y numactl   # or: dnf install -y numactl"))
+    shm = facts.limits.shm_bytes
+    if shm is not None and shm < SHM_MIN_BYTES:
+        out.append(Finding("small-shm", "warning",
+                           f"/dev/shm is {shm // (1 << 20)} MiB: gloo and DataLoader workers fail with "
+                           "'unable to write to file' errors",
+                           "docker run --shm-size=8g ...   # or: mount -o remount,size=8G /dev/shm"))
+    return out
+
+
+def check_memory(facts: HostFacts) -> List[Finding]:
+    limit = facts.limits.memory_limit_bytes
+    total = facts.memory.total_bytes
+    if limit and total and limit < total:
+        return [Finding("memory-limit", "info",
+                        f"a cgroup memory limit of {limit / 2**30:.1f} GiB applies (host has {total / 2**30:.1f} GiB); "
+                        "memory plans use the limit", None)]
+    return []
+
+
+def check_torch(facts: HostFacts) -> List[Finding]:
+    if facts.software is None:
+        return []
+    out: List[Finding] = []
+    torch = _pkg(facts, "torch")
+    gpus = facts.gpus or ()
+    if torch is None:
+        out.append(Finding("no-torch", "warning", "PyTorch is not installed in this Python",
+                           CPU_TORCH_INSTALL))
+        return out
+    if torch.build == "cuda" and facts.gpus == ():
+        public = torch.version.split("+")[0]
+        out.append(Finding(
+            "cuda-torch-on-cpu-host", "warning",
+            f"torch {torch.version} is a CUDA build (several GB of nvidia packages) on a host without an NVIDIA GPU",
+            f"python -m pip install --force-reinstall 'torch=={public}+cpu' --index-url https://download.pytorch.org/whl/cpu"))
+    if torch.build == "cpu" and gpus:
+        out.append(Finding(
+            "cpu-torch-on-gpu-host", "warning",
+            f"torch {torch.version} is a CPU-only build but this host has {len(gpus)} NVIDIA GPU(s): training would ignore them",
+            "cpuperf install --yes   # picks the CUDA build the driver supports"))
+    return out
+
+
+def check_libraries(facts: HostFacts) -> List[Finding]:
+    sw = facts.software
+    if sw is None:
+        return []
+    out: List[Finding] = []
+    if not any(sw.allocators.values()):
+        out.append(Finding(
+            "no-fast-allocator", "info",
+            "neither tcmalloc nor jemalloc is installed; cpuperf measures whether preloading one helps",
+            "apt-get install -y libgoogle-perftools4 libjemalloc2"))
+    oneccl_cpu = sw.packages.get("oneccl-cpu")
+    if oneccl_cpu is not None and sw.packages.get("oneccl") is None:
+        import os
+
+        lib = os.path.join(sw.prefix, "lib")
+        if os.path.exists(os.path.join(lib, "libccl.so.1")) and not os.path.exists(os.path.join(lib, "libccl.so.2")):
+            out.append(Finding(
+                "oneccl-cpu-incomplete", "warning",
+                "the oneccl-cpu wheel's libccl.so.1 needs libccl.so.2, which it does not ship: ranks fail at load time",
+                "python -m pip install oneccl   # the full runtime, which has libccl.so.2"))
+    return out
+
+
+CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
+    check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries,
+]
+
+
+def register_check(check: Callable[[HostFacts], List[Finding]]) -> None:
+    """Later modules (the compat matrix, the GPU path) add their checks here."""
+    if check not in CHECKS:
+        CHECKS.append(check)
+
+
+def diagnose(facts: HostFacts) -> List[Finding]:
+    """All findings, errors first."""
+    findings: List[Finding] = []
+    for check in CHECKS:
+        findings.extend(check(facts))
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(findings, key=lambda f: order.get(f.severity, 9))
+
+
+def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
+    """The `doctor --json` object."""
+    cpu, topo, sw = facts.cpu, facts.topology, facts.software
+    software: Optional[Dict[str, Any]] = None
+    if sw is not None:
+        software = {
+            "python": sw.python,
+            "python_abi": sw.python_abi,
+            "executable": sw.executable,
+            "packages": {name: (asdict(info) if info else None) for name, info in sw.packages.items()},
+            "mpi": [asdict(m) for m in sw.mpi],
+            "numactl": sw.numactl,
+            "openmp": {k: list(v) for k, v in sw.openmp.items()},
+            "allocators": {k: list(v) for k, v in sw.allocators.items()},
+        }
+    return {
+        "schema": SCHEMA,
+        "host": {
+            "platform": facts.platform,
+            "sysroot": facts.sysroot,
+            "overrides": list(facts.overrides),
+            "cpu": {
+                "arch": cpu.arch, "vendor": cpu.vendor, "model_name": cpu.model_name,
+                "family": cpu.family, "model": cpu.model, "stepping": cpu.stepping,
+                "microarchitecture": cpu.microarchitecture,
+                "microarchitecture_source": cpu.microarchitecture_source,
+                "isa": list(cpu.isa), "bf16_native": cpu.bf16_native,
+                "amx": {"supported": cpu.amx_supported, "usable": cpu.amx_usable},
+                "implementer": cpu.implementer, "part": cpu.part,
+            },
+            "topology": {
+                "sockets": topo.sockets, "physical_cores": topo.physical_cores,
+                "logical_cpus": topo.logical_cpus, "threads_per_core": topo.threads_per_core,
+                "smt": topo.smt,
+                "numa_nodes": [{"id": n.id, "cpus": list(n.cpus), "memory_bytes": n.memory_bytes}
+                               for n in topo.numa_nodes],
+                "allowed_cpus": list(topo.allowed_cpus) if topo.allowed_cpus is not None else None,
+                "cpu_quota": topo.cpu_quota,
+                "cpuset": list(topo.cpuset) if topo.cpuset is not None else None,
+                "cgroup_version": topo.cgroup_version,
+                "offline_cpus": list(topo.offline_cpus),
+                "hybrid": topo.hybrid,
+                "core_types": ({t: [c.id for c in topo.cpus if c.core_type == t]
+                                for t in ("performance", "efficient")} if topo.hybrid else None),
+                "source": topo.source,
+            },
+            "limits": asdict(facts.limits),
+            "memory": {"total_bytes": facts.memory.total_bytes,
+                       "available_bytes": facts.memory.available_bytes},
+            "gpus": [asdict(g) for g in facts.gpus] if facts.gpus is not None else None,
+        },
+        "software": software,
+        "findings": [f.to_json() for f in findings],
+    }

@@ -1,0 +1,165 @@
+"""Where ranks and threads go: one owner for processes per node, threads per rank and pinning.
+
+Pure over HostFacts. Rules: one rank per socket (or per NUMA node when asked); physical cores only
+(SMT siblings add nothing to GEMM-bound training: torch's run_cpu uses physical cores by default);
+only the CPUs this process may use (affinity ∩ cgroup cpuset); no more threads than the cgroup quota
+or the Slurm allotment; on hybrid parts performance cores only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from cpuperf.data import load_builtin
+from cpuperf.errors import UsageError
+from cpuperf.probe.facts import HostFacts
+
+
+@dataclass(frozen=True)
+class Core:
+    socket: int
+    node: Optional[int]
+    cpus: Tuple[int, ...]  # logical CPUs of this physical core that we may use, first = primary
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    local_rank: int
+    socket: Optional[int]
+    node: Optional[int]
+    cpus: Tuple[int, ...]  # one logical CPU per physical core, compute + CCL workers
+    compute_cpus: Tuple[int, ...]
+    ccl_worker_cpus: Tuple[int, ...]
+    threads: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    nproc_per_node: int
+    unit: str  # 'socket' | 'numa' | 'cores'
+    slots: Tuple[RankSlot, ...]
+    ccl_workers: int
+    cpu_budget: int  # physical cores we may keep busy, after quota and Slurm
+    reasons: Tuple[str, ...]
+
+    @property
+    def threads_per_rank(self) -> int:
+        return min(s.threads for s in self.slots) if self.slots else 1
+
+    def to_json(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data["threads_per_rank"] = self.threads_per_rank
+        return data
+
+
+def usable_cores(facts: HostFacts) -> List[Core]:
+    """Physical cores with at least one CPU we may use; efficient cores dropped on hybrid parts."""
+    allowed = set(facts.usable_cpus())
+    cores: Dict[Tuple[int, int], List[int]] = {}
+    nodes: Dict[Tuple[int, int], Optional[int]] = {}
+    types: Dict[Tuple[int, int], Optional[str]] = {}
+    for cpu in facts.topology.cpus:
+        if cpu.id not in allowed:
+            continue
+        key = (cpu.socket, cpu.core)
+        cores.setdefault(key, []).append(cpu.id)
+        nodes.setdefault(key, cpu.node)
+        types.setdefault(key, cpu.core_type)
+    keys = sorted(cores, key=lambda k: min(cores[k]))
+    if any(types[k] == "performance" for k in keys):
+        keys = [k for k in keys if types[k] != "efficient"]
+    return [Core(socket=k[0], node=nodes[k], cpus=tuple(sorted(cores[k]))) for k in keys]
+
+
+def cpu_budget(facts: HostFacts, cores: List[Core]) -> Tuple[int, List[str]]:
+    """How many cores we may keep busy: usable physical cores, capped by quota and Slurm."""
+    budget = len(cores)
+    reasons = [f"{len(cores)} physical cores usable (affinity and cgroup cpuset applied, SMT siblings not counted)"]
+    quota = facts.topology.cpu_quota
+    if quota is not None and math.floor(quota) < budget:
+        budget = max(1, math.floor(quota))
+        reasons.append(f"cgroup CPU quota {quota:g} CPUs caps it at {budget}")
+    slurm = facts.limits.slurm_cpus_per_task
+    if slurm is not None and slurm < budget:
+        budget = max(1, slurm)
+        reasons.append(f"Slurm allots {slurm} CPUs per task")
+    return max(1, budget), reasons
+
+
+def default_nproc(facts: HostFacts, unit: str = "socket") -> int:
+    """One rank per socket (or NUMA node with CPUs we may use)."""
+    cores = usable_cores(facts)
+    if unit == "numa":
+        return max(1, len({c.node for c in cores if c.node is not None}) or 1)
+    return max(1, len({c.socket for c in cores}))
+
+
+def ccl_worker_count(cores_per_rank: int) -> int:
+    rule = load_builtin("tuning.toml")["ccl_workers"]
+    if cores_per_rank >= rule["min_cores_for_default"]:
+        return int(rule["default"])
+    if cores_per_rank >= rule["min_cores_for_medium"]:
+        return int(rule["medium"])
+    return int(rule["small"]) if cores_per_rank >= 2 else 0
+
+
+def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
+    """Split cores into nproc groups along socket or NUMA boundaries where they line up."""
+    key = (lambda c: c.socket) if unit == "socket" else (lambda c: c.node if c.node is not None else c.socket)
+    by_unit: Dict[Any, List[Core]] = {}
+    for core in cores:
+        by_unit.setdefault(key(core), []).append(core)
+    units = [by_unit[k] for k in sorted(by_unit, key=lambda k: (k is None, k))]
+    if len(units) == nproc:
+        return units
+    if len(units) > nproc and len(units) % nproc == 0:  # e.g. 4 NUMA nodes, 2 ranks
+        per = len(units) // nproc
+        return [sum(units[i * per:(i + 1) * per], []) for i in range(nproc)]
+    # Otherwise split the ordered core list evenly (a rank never gets zero cores).
+    per = len(cores) // nproc
+    return [cores[i * per:(i + 1) * per] for i in range(nproc)]
+
+
+def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit: str = "socket",
+                   ccl: bool = False) -> Placement:
+    """Ranks, their cores and thread counts for this host."""
+    if unit not in ("socket", "numa"):
+        raise UsageError(f"unknown placement unit {unit!r}", hint="use 'socket' or 'numa'")
+    cores = usable_cores(facts)
+    if not cores:
+        # A snapshot without topology or a host that lies: still give one rank one thread.
+        return Placement(1, "cores", (RankSlot(0, None, None, (), (), (), 1),), 0, 1,
+                         ("no usable cores could be identified; one rank, one thread",))
+    budget, reasons = cpu_budget(facts, cores)
+    chosen_default = nproc_per_node is None
+    nproc = default_nproc(facts, unit) if chosen_default else int(nproc_per_node)
+    if nproc < 1:
+        raise UsageError("--nproc-per-node must be at least 1")
+    if nproc > len(cores):
+        raise UsageError(f"--nproc-per-node {nproc} exceeds the {len(cores)} usable physical cores",
+                         hint=f"use at most --nproc-per-node {len(cores)}")
+    if budget < len(cores):
+        # Quota/Slurm: keep the first `budget` cores, still split by unit.
+        cores = cores[:max(budget, nproc)]
+    groups = _groups(cores, nproc, unit)
+    slots: List[RankSlot] = []
+    per_rank_budget = max(1, budget // nproc)
+    workers = ccl_worker_count(min(len(g) for g in groups)) if (ccl and nproc > 1) else 0
+    for rank, group in enumerate(groups):
+        primaries = tuple(c.cpus[0] for c in group)
+        worker_cpus = primaries[:workers] if workers else ()
+        compute = primaries[workers:] if workers else primaries
+        threads = max(1, min(len(compute), per_rank_budget - workers if workers else per_rank_budget))
+        sockets = {c.socket for c in group}
+        nodes = {c.node for c in group}
+        slots.append(RankSlot(rank, sockets.pop() if len(sockets) == 1 else None,
+                              nodes.pop() if len(nodes) == 1 else None, primaries, compute, worker_cpus, threads))
+    if chosen_default:
+        reasons.append(f"one rank per {unit} with usable cores: {nproc}")
+    else:
+        reasons.append(f"{nproc} ranks per node, as asked")
+    if workers:
+        reasons.append(f"{workers} oneCCL worker core(s) per rank, taken from its compute threads")
+    return Placement(nproc, unit if nproc > 1 else "cores", tuple(slots), workers, budget, tuple(reasons))

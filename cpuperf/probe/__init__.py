@@ -1,0 +1,72 @@
+"""probe_host(): one typed, cached snapshot of a host (the live one, or a --sysroot tree)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Dict, Mapping, Optional, Tuple
+
+from cpuperf.probe import parse
+from cpuperf.probe.cpu import probe_cpu
+from cpuperf.probe.facts import HostFacts, Limits, Memory
+from cpuperf.probe.gpus import probe_gpus
+from cpuperf.probe.software import probe_software
+from cpuperf.probe.sources import Sources
+from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
+
+_CACHE: Dict[Tuple, HostFacts] = {}
+
+
+def _int_env(src: Sources, name: str) -> Optional[int]:
+    return parse.int_auto(src.env(name))
+
+
+def probe_limits(src: Sources) -> Limits:
+    return Limits(
+        slurm_job_id=src.env("SLURM_JOB_ID"),
+        slurm_cpus_per_task=_int_env(src, "SLURM_CPUS_PER_TASK"),
+        slurm_cpus_on_node=parse.parse_slurm_cpus_per_node(src.env("SLURM_JOB_CPUS_PER_NODE")),
+        slurm_ntasks=_int_env(src, "SLURM_NTASKS"),
+        slurm_nnodes=_int_env(src, "SLURM_NNODES") or _int_env(src, "SLURM_JOB_NUM_NODES"),
+        shm_bytes=src.statvfs_bytes("/dev/shm"),
+        memory_limit_bytes=cgroup_memory_limit(src),
+    )
+
+
+def probe_memory(src: Sources) -> Memory:
+    info = parse.parse_meminfo(src.read("/proc/meminfo"))
+    total = info.get("MemTotal")
+    override = src.override("memory_total")
+    if override:
+        total = int(override)
+    return Memory(total_bytes=total, available_bytes=info.get("MemAvailable"))
+
+
+def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
+               environ: Optional[Mapping[str, str]] = None, software: bool = True,
+               use_cache: bool = True) -> HostFacts:
+    """Probe a host once. `sysroot` reads a recorded tree; `python` inspects another interpreter."""
+    src = Sources(sysroot=sysroot, environ=environ)
+    overrides = tuple(sorted(k[len("CPUPERF_OVERRIDE_"):].lower() for k in src.environ
+                             if k.startswith("CPUPERF_OVERRIDE_")))
+    key = (src.sysroot, python, software, tuple((k, src.environ[k]) for k in sorted(src.environ)
+                                                if k.startswith(("CPUPERF_OVERRIDE_", "SLURM_"))))
+    if use_cache and key in _CACHE:
+        return _CACHE[key]
+    blocks = parse.parse_cpuinfo(src.read("/proc/cpuinfo") or "")
+    facts = HostFacts(
+        cpu=probe_cpu(src, blocks),
+        topology=probe_topology(src, blocks),
+        memory=probe_memory(src),
+        limits=probe_limits(src),
+        gpus=probe_gpus(src),
+        software=probe_software(src, python) if software else None,
+        platform=sys.platform if src.live else "linux",
+        sysroot=src.sysroot,
+        overrides=overrides,
+    )
+    if use_cache:
+        _CACHE[key] = facts
+    return facts
+
+
+__all__ = ["probe_host", "HostFacts", "Sources"]

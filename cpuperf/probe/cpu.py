@@ -1,0 +1,149 @@
+"""CPU identity and ISA: /proc/cpuinfo + the microarchitecture table in compat/microarch.toml."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from cpuperf.data import load_builtin
+from cpuperf.probe import parse
+from cpuperf.probe.facts import ARM_ISA, POWER_ISA, X86_ISA, CpuFacts
+from cpuperf.probe.sources import Sources
+
+# arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux >= 5.16 asks the kernel for AMX tile
+# state; without it the first AMX instruction kills the process with SIGILL.
+# Source: Linux Documentation/arch/x86/xstate.rst.
+_AMX_PERMISSION_CHECK = (
+    "import ctypes,sys\n"
+    "libc=ctypes.CDLL(None, use_errno=True)\n"
+    "SYS_arch_prctl=158; ARCH_REQ_XCOMP_PERM=0x1023; XFEATURE_XTILEDATA=18\n"
+    "sys.exit(0 if libc.syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)==0 else 3)\n"
+)
+
+
+@functools.lru_cache(maxsize=1)
+def microarch_table() -> Dict[str, Any]:
+    return load_builtin("microarch.toml")
+
+
+def _model_matches(entry: Dict[str, Any], model: Optional[int], stepping: Optional[int]) -> bool:
+    if model is None:
+        return False
+    if "models" in entry and model in entry["models"]:
+        steppings = entry.get("steppings")
+        return steppings is None or (stepping is not None and stepping in steppings)
+    for lo, hi in entry.get("model_ranges", []):
+        if lo <= model <= hi:
+            return True
+    return False
+
+
+def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
+             stepping: Optional[int], flags: Tuple[str, ...]) -> Tuple[str, str]:
+    """(microarchitecture, how it was named): by family/model first, else by features."""
+    entries = [e for e in microarch_table()["x86"] if e["vendor"] == vendor]
+    for entry in entries:
+        if entry["family"] == family and _model_matches(entry, model, stepping):
+            return entry["name"], "model"
+    present = set(flags)
+    best = None
+    for entry in entries:
+        if set(entry["features"]) <= present and (best is None or entry["order"] > best["order"]):
+            best = entry
+    if best is not None:
+        return best["name"], "features"
+    return ("x86_64" if "lm" in present else "unknown"), "none"
+
+
+def name_arm(implementer: Optional[int], part: Optional[int]) -> Tuple[str, Optional[str], str]:
+    """(microarchitecture, vendor, how) from the Arm implementer/part registers."""
+    table = microarch_table()
+    vendors = {int(k, 16): v for k, v in table.get("arm_vendors", {}).items()}
+    for entry in table["arm"]:
+        if entry["implementer"] == implementer and part in entry["parts"]:
+            return entry["name"], entry["vendor"], "model"
+    return "aarch64" if implementer is not None else "unknown", vendors.get(implementer or -1), "none"
+
+
+def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> CpuFacts:
+    """Identify the CPU from cpuinfo; the ISA list is always what the OS exposes."""
+    if blocks is None:
+        blocks = parse.parse_cpuinfo(src.read("/proc/cpuinfo") or "")
+    arch = parse.cpuinfo_arch(blocks)
+    if arch == "unknown" and src.live and not blocks:
+        import platform
+
+        arch = platform.machine() or "unknown"
+    first = blocks[0] if blocks else {}
+    override_isa = src.override("isa")
+
+    if arch == "x86_64":
+        flags = tuple(first.get("flags", "").split())
+        if override_isa is not None:
+            flags = tuple(f for f in override_isa.replace(",", " ").split())
+        vendor = first.get("vendor_id")
+        family = parse.int_auto(first.get("cpu family"))
+        model = parse.int_auto(first.get("model"))
+        stepping = parse.int_auto(first.get("stepping"))
+        uarch, how = name_x86(vendor, family, model, stepping, flags)
+        isa = tuple(f for f in X86_ISA if f in flags)
+        amx_supported = "amx_tile" in flags
+        bf16_native = "avx512_bf16" in flags or "amx_bf16" in flags
+        facts = dict(arch=arch, vendor=vendor, model_name=first.get("model name"), family=family,
+                     model=model, stepping=stepping, microarchitecture=uarch, isa=isa, flags=flags,
+                     bf16_native=bf16_native, amx_supported=amx_supported,
+                     amx_usable=_amx_usable(src) if amx_supported else False,
+                     microarchitecture_source=how)
+    elif arch == "aarch64":
+        flags = tuple(first.get("features", "").split())
+        if override_isa is not None:
+            flags = tuple(override_isa.replace(",", " ").split())
+        implementer = parse.int_auto(first.get("cpu implementer"))
+        part = parse.int_auto(first.get("cpu part"))
+        uarch, vendor, how = name_arm(implementer, part)
+        facts = dict(arch=arch, vendor=vendor, model_name=first.get("model name"), family=None,
+                     model=part, stepping=parse.int_auto(first.get("cpu variant")),
+                     microarchitecture=uarch, isa=tuple(f for f in ARM_ISA if f in flags),
+                     flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
+                     implementer=implementer, part=part, microarchitecture_source=how)
+    elif arch == "ppc64le":
+        cpu_line = next((b["cpu"] for b in blocks if "cpu" in b), "")
+        generation = cpu_line.split()[0].lower() if cpu_line else "unknown"  # 'POWER9' -> 'power9'
+        flags = tuple(w.strip(",").lower() for w in cpu_line.split()[1:])
+        facts = dict(arch=arch, vendor="IBM", model_name=cpu_line or None, family=None, model=None,
+                     stepping=None, microarchitecture=generation if generation.startswith("power") else "unknown",
+                     isa=tuple(f for f in POWER_ISA if f in flags or (f == "vsx" and generation >= "power7")),
+                     flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
+                     microarchitecture_source="model" if generation.startswith("power") else "none")
+    else:
+        facts = dict(arch=arch, vendor=first.get("vendor_id"), model_name=first.get("model name"),
+                     family=None, model=None, stepping=None, microarchitecture="unknown", isa=(),
+                     flags=(), bf16_native=False, amx_supported=False, amx_usable=False,
+                     microarchitecture_source="none")
+
+    override_uarch = src.override("microarch")
+    if override_uarch:
+        facts["microarchitecture"] = override_uarch
+        facts["microarchitecture_source"] = "override"
+    amx_override = src.override("amx_usable")
+    if amx_override is not None and facts["amx_supported"]:
+        facts["amx_usable"] = amx_override.lower() in ("1", "true", "yes")
+    return CpuFacts(**facts)
+
+
+def _amx_usable(src: Sources) -> Optional[bool]:
+    """Ask the kernel for AMX tile state in a child process (a refusal must not hurt us)."""
+    if not src.live or not sys.platform.startswith("linux"):
+        return None
+    result = src.run([sys.executable, "-I", "-c", _AMX_PERMISSION_CHECK], timeout=5.0)
+    if result is None:
+        return None
+    if result.returncode == 0:
+        return True
+    if result.returncode == 3:
+        return False
+    return None
+
+
+__all__ = ["probe_cpu", "name_x86", "name_arm"]

@@ -1,0 +1,205 @@
+"""Frozen, typed facts about a host, dumpable to and loadable from JSON.
+
+`None` always means "unknown" (for example a fact a --sysroot snapshot cannot tell);
+an empty tuple means "known to be none".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+# ISA flags cpuperf reasons about, in Linux /proc/cpuinfo spelling (x86) and Arm 'Features' spelling.
+X86_ISA = (
+    "sse4_2", "avx", "f16c", "fma", "avx2", "avx512f", "avx512cd", "avx512dq", "avx512bw", "avx512vl",
+    "avx512_vnni", "avx512_vbmi", "avx512_vpopcntdq", "avx_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx_complex",
+)
+ARM_ISA = ("asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm", "sme", "sme2")
+POWER_ISA = ("altivec", "vsx", "mma")
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    arch: str  # x86_64, aarch64, ppc64le, riscv64, s390x, unknown
+    vendor: Optional[str]
+    model_name: Optional[str]
+    family: Optional[int]
+    model: Optional[int]
+    stepping: Optional[int]
+    microarchitecture: str  # 'unknown' when nothing matches
+    isa: Tuple[str, ...]  # the subset of known ISA flags the OS exposes
+    flags: Tuple[str, ...]  # everything the OS exposes
+    bf16_native: bool  # x86: avx512_bf16 or amx_bf16 (Arm's 'bf16' is its own extension)
+    amx_supported: bool
+    amx_usable: Optional[bool]  # the kernel granted tile state to a process; None = not checked
+    implementer: Optional[int] = None  # Arm
+    part: Optional[int] = None  # Arm
+    microarchitecture_source: str = "model"  # model | features | override | none
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: Tuple[int, ...]
+    memory_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class LogicalCpu:
+    id: int
+    socket: int
+    core: int  # core id, unique only within its socket
+    node: Optional[int]
+    core_type: Optional[str] = None  # 'performance' | 'efficient' on hybrid parts
+
+
+@dataclass(frozen=True)
+class Topology:
+    sockets: int
+    physical_cores: int
+    logical_cpus: int
+    threads_per_core: int
+    numa_nodes: Tuple[NumaNode, ...]
+    cpus: Tuple[LogicalCpu, ...]  # online CPUs
+    offline_cpus: Tuple[int, ...]
+    allowed_cpus: Optional[Tuple[int, ...]]  # this process's affinity ∩ cpuset; None = unknown
+    cpu_quota: Optional[float]  # cgroup CPU quota in CPUs; None = none or unknown
+    cpuset: Optional[Tuple[int, ...]]  # cgroup cpuset, when one restricts us
+    cgroup_version: Optional[int]
+    hybrid: bool
+    source: str  # 'sysfs' | 'cpuinfo'
+
+    @property
+    def smt(self) -> bool:
+        return self.threads_per_core > 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    slurm_job_id: Optional[str]
+    slurm_cpus_per_task: Optional[int]
+    slurm_cpus_on_node: Optional[int]
+    slurm_ntasks: Optional[int]
+    slurm_nnodes: Optional[int]
+    shm_bytes: Optional[int]  # size of /dev/shm
+    memory_limit_bytes: Optional[int]  # cgroup memory.max / limit_in_bytes
+
+
+@dataclass(frozen=True)
+class Memory:
+    total_bytes: Optional[int]
+    available_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    vendor: str
+    name: str
+    compute_capability: Optional[str]  # '8.0'
+    memory_bytes: Optional[int]
+    bf16: bool
+    tf32: bool
+    index: int = 0
+    driver_version: Optional[str] = None
+    uuid: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PackageInfo:
+    version: str
+    local: Optional[str] = None  # '+cpu', '+cu121' label without '+'
+    build: Optional[str] = None  # 'cpu' | 'cuda' | 'rocm' | 'xpu' (torch only)
+    cuda: Optional[str] = None  # torch's CUDA version, from torch/version.py
+    location: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MpiLauncher:
+    name: str  # mpirun, mpiexec, mpiexec.hydra, srun, torchrun
+    path: str
+    flavour: Optional[str]  # openmpi | intelmpi | mpich | slurm | torchrun
+    version: Optional[str]
+
+
+@dataclass(frozen=True)
+class Software:
+    python: str  # '3.11.7'
+    python_abi: str  # 'cp311'
+    executable: str
+    prefix: str
+    packages: Dict[str, Optional[PackageInfo]]
+    mpi: Tuple[MpiLauncher, ...]
+    numactl: Optional[str]
+    openmp: Dict[str, Tuple[str, ...]]  # runtime name -> library paths found
+    allocators: Dict[str, Tuple[str, ...]]  # allocator name -> library paths found
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    cpu: CpuFacts
+    topology: Topology
+    memory: Memory
+    limits: Limits
+    gpus: Optional[Tuple[Gpu, ...]]  # None = unknown (a snapshot), () = none
+    software: Optional[Software]  # None = unknown (a snapshot)
+    platform: str  # 'linux', 'darwin', 'win32'
+    sysroot: Optional[str]
+    overrides: Tuple[str, ...] = ()  # the CPUPERF_OVERRIDE_* facts in force
+
+    @property
+    def live(self) -> bool:
+        return self.sysroot is None
+
+    def usable_cpus(self) -> Tuple[int, ...]:
+        """CPUs this process may run on (all online CPUs when unknown)."""
+        online = tuple(c.id for c in self.topology.cpus)
+        if self.topology.allowed_cpus is not None:
+            allowed = set(self.topology.allowed_cpus)
+            return tuple(c for c in online if c in allowed) or tuple(sorted(allowed))
+        return online
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "HostFacts":
+        return _build(cls, data)
+
+    @classmethod
+    def loads(cls, text: str) -> "HostFacts":
+        return cls.from_json(json.loads(text))
+
+
+def _build(tp: Any, value: Any) -> Any:
+    """Rebuild nested frozen dataclasses from asdict() output."""
+    import typing
+
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = _build(hints[f.name], value[f.name])
+        return tp(**kwargs)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value) if inner else value
+    if origin in (tuple, Tuple):
+        elem = args[0] if args else Any
+        return tuple(_build(elem, v) for v in value)
+    if origin in (dict, Dict):
+        val_t = args[1] if len(args) > 1 else Any
+        return {k: _build(val_t, v) for k, v in value.items()}
+    return value
+
+

@@ -1,0 +1,123 @@
+"""NVIDIA GPUs: NVML (nvidia-ml-py) in a child process, `nvidia-smi` as fallback.
+
+The probe runs in a subprocess with a timeout: a wedged driver must not hang cpuperf.
+No GPU, no driver and no NVML are normal answers (an empty list), never errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from cpuperf.errors import UsageError
+from cpuperf.probe import parse
+from cpuperf.probe.facts import Gpu
+from cpuperf.probe.sources import Sources
+
+# Ampere (compute capability 8.0) brought bf16 and TF32 Tensor Cores.
+# Source: NVIDIA Ampere architecture whitepaper; CUDA C Programming Guide, "Compute Capabilities".
+AMPERE_CC = (8, 0)
+
+_NVML_SCRIPT = r"""
+import json, sys
+try:
+    import pynvml as nv
+except Exception:
+    sys.exit(3)
+try:
+    nv.nvmlInit()
+except Exception:
+    sys.exit(4)
+out = []
+driver = nv.nvmlSystemGetDriverVersion()
+driver = driver.decode() if isinstance(driver, bytes) else driver
+for i in range(nv.nvmlDeviceGetCount()):
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    name = nv.nvmlDeviceGetName(h)
+    name = name.decode() if isinstance(name, bytes) else name
+    major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
+    mem = nv.nvmlDeviceGetMemoryInfo(h)
+    uuid = nv.nvmlDeviceGetUUID(h)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    out.append({"index": i, "name": name, "cc": f"{major}.{minor}", "memory_bytes": int(mem.total),
+                "free_bytes": int(mem.free), "driver_version": driver, "uuid": uuid})
+print(json.dumps(out))
+"""
+
+
+def cc_at_least(cc: Optional[str], wanted: Tuple[int, int]) -> bool:
+    if not cc:
+        return False
+    try:
+        major, minor = (int(x) for x in cc.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= wanted
+
+
+def make_gpu(index: int, name: str, cc: Optional[str], memory_bytes: Optional[int],
+             driver_version: Optional[str] = None, uuid: Optional[str] = None) -> Gpu:
+    ampere = cc_at_least(cc, AMPERE_CC)
+    return Gpu(vendor="nvidia", name=name, compute_capability=cc, memory_bytes=memory_bytes,
+               bf16=ampere, tf32=ampere, index=index, driver_version=driver_version, uuid=uuid)
+
+
+def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
+    """CPUPERF_OVERRIDE_GPUS: a JSON list in doctor's `gpus` shape ('[]' = none)."""
+    try:
+        rows = json.loads(text)
+        if not isinstance(rows, list):
+            raise ValueError("not a list")
+        gpus = []
+        for i, row in enumerate(rows):
+            cc = row.get("compute_capability")
+            gpus.append(make_gpu(int(row.get("index", i)), str(row.get("name", "NVIDIA GPU")),
+                                 str(cc) if cc is not None else None,
+                                 int(row["memory_bytes"]) if row.get("memory_bytes") is not None else None,
+                                 row.get("driver_version"), row.get("uuid")))
+        return tuple(gpus)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise UsageError(f"CPUPERF_OVERRIDE_GPUS is not a JSON list of GPUs ({exc})",
+                         hint='e.g. CPUPERF_OVERRIDE_GPUS=\'[{"name": "NVIDIA A100", "compute_capability": "8.0", "memory_bytes": 85899345920}]\'') from exc
+
+
+def _maybe_nvidia(src: Sources) -> bool:
+    """Cheap signs of an NVIDIA driver, so hosts without one never pay for a subprocess."""
+    return (src.exists("/proc/driver/nvidia/version") or src.exists("/dev/nvidiactl")
+            or src.which("nvidia-smi") is not None)
+
+
+def probe_gpus(src: Sources) -> Optional[Tuple[Gpu, ...]]:
+    """The host's NVIDIA GPUs; None for a snapshot (unknown), () when there are none."""
+    override = src.override("gpus")
+    if override is not None:
+        return gpus_from_json(override) if override.strip() else ()
+    if not src.live:
+        return None
+    if not _maybe_nvidia(src):
+        return ()
+    result = src.run([sys.executable, "-I", "-c", _NVML_SCRIPT], timeout=10.0)
+    if result is not None and result.returncode == 0:
+        try:
+            rows: List[Dict[str, Any]] = json.loads(result.stdout)
+            return tuple(make_gpu(r["index"], r["name"], r["cc"], r["memory_bytes"],
+                                  r.get("driver_version"), r.get("uuid")) for r in rows)
+        except (ValueError, KeyError):
+            pass
+    smi = src.which("nvidia-smi")
+    if smi is None:
+        return ()
+    result = src.run([smi, "--query-gpu=index,name,memory.total,driver_version,compute_cap,uuid",
+                      "--format=csv,noheader,nounits"], timeout=10.0)
+    if result is None or result.returncode != 0:
+        return ()
+    gpus = []
+    for row in parse.parse_nvidia_smi_csv(result.stdout):
+        mib = parse.int_auto(row.get("memory_mib"))
+        cc = row.get("compute_cap")
+        gpus.append(make_gpu(parse.int_auto(row.get("index")) or 0, row.get("name", "NVIDIA GPU"),
+                             cc if cc and cc[0].isdigit() else None,
+                             mib * 1024 * 1024 if mib else None, row.get("driver_version"),
+                             row.get("uuid")))
+    return tuple(gpus)

@@ -1,0 +1,244 @@
+"""Pure parsers: text from /proc, /sys and tools -> plain Python values. No OS access here."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+
+def parse_cpulist(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11). Multi-digit ids and strides ('0-8:2') work."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text:
+        return ()
+    cpus: set = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        stride = 1
+        if ":" in part:
+            part, stride_text = part.split(":", 1)
+            stride = int(stride_text)
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cpus.update(range(int(lo), int(hi) + 1, max(stride, 1)))
+        else:
+            cpus.add(int(part))
+    return tuple(sorted(cpus))
+
+
+def format_cpulist(cpus) -> str:
+    """(0, 1, 2, 3, 8) -> '0-3,8' (the kernel's own list format)."""
+    ordered = sorted(set(cpus))
+    ranges: List[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        ranges.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(ranges)
+
+
+def parse_cpumask(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    """Older kernels' hex masks: '00000000,0000ff0f' (32-bit groups, most significant first)."""
+    if text is None:
+        return None
+    digits = text.strip().replace(",", "")
+    if not digits:
+        return ()
+    try:
+        value = int(digits, 16)
+    except ValueError:
+        return None
+    cpus = []
+    bit = 0
+    while value:
+        if value & 1:
+            cpus.append(bit)
+        value >>= 1
+        bit += 1
+    return tuple(cpus)
+
+
+def parse_cpuinfo(text: str) -> List[Dict[str, str]]:
+    """/proc/cpuinfo -> one dict per block (processor entries; POWER/Arm trailer blocks too)."""
+    blocks: List[Dict[str, str]] = []
+    current: Dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if current:
+                blocks.append(current)
+                current = {}
+            continue
+        if ":" not in line:
+            continue
+        key, _, value = line.partition(":")
+        current[key.strip().lower()] = value.strip()
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def cpuinfo_arch(blocks: List[Dict[str, str]]) -> str:
+    """Infer the architecture from the cpuinfo format alone (never from the live machine)."""
+    keys = set()
+    for block in blocks:
+        keys.update(block)
+    if "flags" in keys or "vendor_id" in keys:
+        return "x86_64"
+    if "cpu implementer" in keys or ("features" in keys and "cpu part" in keys):
+        return "aarch64"
+    first_cpu = next((b.get("cpu", "") for b in blocks if "cpu" in b), "")
+    if first_cpu.upper().startswith("POWER") or "altivec" in first_cpu.lower():
+        return "ppc64le"
+    if "isa" in keys and any(b.get("isa", "").startswith("rv64") for b in blocks):
+        return "riscv64"
+    if "vendor_id" in keys and "IBM/S390" in next((b.get("vendor_id", "") for b in blocks), ""):
+        return "s390x"
+    return "unknown"
+
+
+def _int(text: Optional[str], base: int = 10) -> Optional[int]:
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), base)
+    except ValueError:
+        return None
+
+
+def int_auto(text: Optional[str]) -> Optional[int]:
+    """'0x41' or '65' -> 65."""
+    if text is None:
+        return None
+    text = text.strip()
+    return _int(text, 16) if text.lower().startswith("0x") else _int(text)
+
+
+def parse_meminfo(text: Optional[str]) -> Dict[str, int]:
+    """/proc/meminfo or a NUMA node's meminfo -> {'MemTotal': bytes, ...}."""
+    out: Dict[str, int] = {}
+    if not text:
+        return out
+    for line in text.splitlines():
+        # node meminfo lines read 'Node 0 MemTotal:  1234 kB'
+        match = re.match(r"^(?:Node\s+\d+\s+)?([A-Za-z_()0-9]+):\s+(\d+)(?:\s+kB)?", line.strip())
+        if match:
+            value = int(match.group(2))
+            if line.rstrip().endswith("kB"):
+                value *= 1024
+            out[match.group(1)] = value
+    return out
+
+
+def parse_cgroup_v2_cpu_max(text: Optional[str]) -> Optional[float]:
+    """'200000 100000' -> 2.0 CPUs; 'max 100000' -> None (no quota)."""
+    if not text:
+        return None
+    parts = text.split()
+    if len(parts) < 1 or parts[0] == "max":
+        return None
+    quota = _int(parts[0])
+    period = _int(parts[1]) if len(parts) > 1 else 100000
+    if not quota or not period or quota <= 0:
+        return None
+    return quota / period
+
+
+def parse_cgroup_v1_quota(quota_text: Optional[str], period_text: Optional[str]) -> Optional[float]:
+    """cfs_quota_us=-1 means no quota."""
+    quota = _int(quota_text) if quota_text else None
+    period = _int(period_text) if period_text else None
+    if quota is None or quota <= 0 or not period:
+        return None
+    return quota / period
+
+
+def parse_proc_self_cgroup(text: Optional[str]) -> Dict[str, str]:
+    """/proc/self/cgroup -> {controller: path}; the v2 unified entry is keyed ''."""
+    out: Dict[str, str] = {}
+    if not text:
+        return out
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            out[""] = path
+        for controller in controllers.split(","):
+            if controller:
+                out[controller] = path
+    return out
+
+
+def parse_slurm_cpus_per_node(text: Optional[str]) -> Optional[int]:
+    """SLURM_JOB_CPUS_PER_NODE '72(x2),36' -> 72 (this node's count is the first group)."""
+    if not text:
+        return None
+    match = re.match(r"^\s*(\d+)", text)
+    return int(match.group(1)) if match else None
+
+
+def parse_mpi_version(text: str) -> Tuple[Optional[str], Optional[str]]:
+    """`mpirun --version` output -> (flavour, version). Flavours: openmpi, intelmpi, mpich."""
+    low = text.lower()
+    if "open mpi" in low or "open-mpi" in low or "openrte" in low:
+        match = re.search(r"\(open(?:\s|-)mpi\)\s*([\w.]+)", text, re.I) or re.search(r"(\d+\.\d+[\w.]*)", text)
+        return "openmpi", match.group(1) if match else None
+    if "intel(r) mpi" in low or "intel mpi" in low:
+        match = re.search(r"Version\s+([\w.]+)", text)
+        return "intelmpi", match.group(1) if match else None
+    if "hydra" in low or "mpich" in low:
+        match = re.search(r"Version:\s*([\w.]+)", text)
+        return "mpich", match.group(1) if match else None
+    return None, None
+
+
+def parse_nvidia_smi_csv(text: str) -> List[Dict[str, str]]:
+    """`nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap,uuid --format=csv,noheader,nounits`."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        keys = ["index", "name", "memory_mib", "driver_version", "compute_cap", "uuid"]
+        rows.append(dict(zip(keys, cells)))
+    return rows
+
+
+def split_local_version(version: str) -> Tuple[str, Optional[str]]:
+    """'2.5.0+cpu' -> ('2.5.0', 'cpu')."""
+    public, _, local = version.partition("+")
+    return public, (local or None)
+
+
+def cuda_from_local(local: Optional[str]) -> Optional[str]:
+    """'cu121' -> '12.1'; 'cu118' -> '11.8'; 'cpu' -> None."""
+    if not local:
+        return None
+    match = re.fullmatch(r"cu(\d+)(\d)", local)
+    if not match:
+        return None
+    return f"{match.group(1)}.{match.group(2)}"
+
+
+def torch_version_py(text: Optional[str]) -> Dict[str, Optional[str]]:
+    """torch/version.py -> {'cuda': '12.1' or None, 'git_version': ...} without importing torch."""
+    out: Dict[str, Optional[str]] = {}
+    if not text:
+        return out
+    for key in ("__version__", "cuda", "hip", "git_version", "xpu"):
+        match = re.search(rf"^{re.escape(key)}\s*(?::\s*[^=]+)?=\s*(.+)$", text, re.M)
+        if match:
+            raw = match.group(1).strip()
+            if raw in ("None", "''", '""'):
+                out[key] = None
+            else:
+                out[key] = raw.strip("'\"")
+    return out

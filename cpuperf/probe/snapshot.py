@@ -1,0 +1,56 @@
+"""`doctor --save-snapshot DIR`: copy exactly the files the probe reads, for a bug report."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Mapping, Optional, Set
+
+from cpuperf.probe.sources import Sources
+
+
+class RecordingSources(Sources):
+    """Sources that remember every file path that was successfully read or found."""
+
+    def __init__(self, sysroot: Optional[str] = None, environ: Optional[Mapping[str, str]] = None):
+        super().__init__(sysroot=sysroot, environ=environ)
+        self.files: Set[str] = set()
+
+    def read(self, path: str) -> Optional[str]:
+        text = super().read(path)
+        if text is not None:
+            self.files.add(path)
+        return text
+
+    def exists(self, path: str) -> bool:
+        found = super().exists(path)
+        if found and os.path.isfile(self.path(path)):
+            self.files.add(path)
+        return found
+
+
+def save_snapshot(dest: str, environ: Optional[Mapping[str, str]] = None,
+                  sysroot: Optional[str] = None) -> int:
+    """Probe through a RecordingSources and copy what it read under dest. Returns the file count."""
+    from cpuperf.probe import parse
+    from cpuperf.probe.cpu import probe_cpu
+    from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
+
+    src = RecordingSources(sysroot=sysroot, environ=environ)
+    blocks = parse.parse_cpuinfo(src.read("/proc/cpuinfo") or "")
+    probe_cpu(src, blocks)
+    probe_topology(src, blocks)
+    cgroup_memory_limit(src)
+    src.read("/proc/meminfo")
+    count = 0
+    for path in sorted(src.files):
+        target = os.path.join(dest, path.lstrip("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            # /proc and /sys files report size 0: copy their contents, not their metadata.
+            with open(src.path(path), "rb") as fin, open(target, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+            count += 1
+        except OSError:
+            continue
+    return count

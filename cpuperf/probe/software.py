@@ -1,0 +1,125 @@
+"""The software stack: Python, key packages (from metadata), MPI launchers, OpenMP, allocators."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
+from cpuperf.errors import ProbeFailedError, UsageError
+from cpuperf.probe import parse, pkgscan
+from cpuperf.probe.facts import MpiLauncher, PackageInfo, Software
+from cpuperf.probe.sources import Sources
+
+OPENMP_LIBS = {
+    "iomp": ["libiomp5.so*"],  # Intel OpenMP (oneAPI, pip intel-openmp)
+    "gomp": ["libgomp.so*", "libgomp-*.so*"],  # GNU OpenMP (what pip's torch wheels link)
+    "omp": ["libomp.so*"],  # LLVM OpenMP
+}
+ALLOCATOR_LIBS = {
+    "tcmalloc": ["libtcmalloc.so*", "libtcmalloc_minimal.so*"],
+    "jemalloc": ["libjemalloc.so*"],
+}
+LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra", "srun", "torchrun")
+
+
+def scan_interpreter(src: Sources, python: Optional[str]) -> dict:
+    """Package metadata of this interpreter (in-process) or of another one (a child process)."""
+    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+        return pkgscan.scan()
+    if not os.path.exists(python):
+        raise UsageError(f"no Python interpreter at {python}",
+                         hint="pass --python PATH of an existing interpreter")
+    result = src.run([python, "-I", pkgscan.__file__], timeout=20.0)
+    if result is None or result.returncode != 0:
+        raise ProbeFailedError(f"could not inspect the packages of {python}",
+                               hint=(result.stderr.strip().splitlines() or [""])[-1] if result else None)
+    return json.loads(result.stdout)
+
+
+def _launchers(src: Sources, bindir: str) -> Tuple[MpiLauncher, ...]:
+    found = []
+    for name in LAUNCHERS:
+        path = src.which(name, extra_dirs=[bindir])
+        if path is None:
+            continue
+        flavour: Optional[str]
+        version: Optional[str] = None
+        if name == "srun":
+            flavour = "slurm"
+        elif name == "torchrun":
+            flavour = "torchrun"
+        else:
+            result = src.run([path, "--version"], timeout=5.0)
+            text = (result.stdout + result.stderr) if result is not None else ""
+            flavour, version = parse.parse_mpi_version(text)
+        found.append(MpiLauncher(name=name, path=path, flavour=flavour, version=version))
+    return tuple(found)
+
+
+def _libraries(src: Sources, table: Dict[str, List[str]], extra_dirs: List[str]) -> Dict[str, Tuple[str, ...]]:
+    out: Dict[str, Tuple[str, ...]] = {}
+    for name, patterns in table.items():
+        paths = src.find_libraries(patterns)
+        for directory in extra_dirs:
+            for pattern in patterns:
+                paths.extend(src.glob(os.path.join(directory, pattern)))
+        out[name] = tuple(sorted(dict.fromkeys(paths)))
+    return out
+
+
+def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str) -> Dict[str, Optional[PackageInfo]]:
+    """CPUPERF_OVERRIDE_PACKAGES='{"torch": "2.8.0+cpu", "intel_extension_for_pytorch": null}'."""
+    try:
+        wanted = json.loads(text)
+        if not isinstance(wanted, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise UsageError(f"CPUPERF_OVERRIDE_PACKAGES is not a JSON object ({exc})",
+                         hint='e.g. CPUPERF_OVERRIDE_PACKAGES=\'{"torch": "2.8.0+cpu"}\'') from exc
+    merged = dict(packages)
+    for name, version in wanted.items():
+        if version is None or version == "":
+            merged[name] = None
+            continue
+        public, local = parse.split_local_version(str(version))
+        build = None
+        if name == "torch":
+            build = "cuda" if (local or "").startswith("cu") else ("rocm" if (local or "").startswith("rocm") else "cpu")
+        merged[name] = PackageInfo(version=str(version), local=local, build=build,
+                                   cuda=parse.cuda_from_local(local))
+    return merged
+
+
+def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Software]:
+    """The stack of this (or another) interpreter; None for a snapshot unless overridden."""
+    override = src.override("packages")
+    if not src.live:
+        if override is None:
+            return None
+        packages = apply_package_override({k: None for k in pkgscan.PACKAGES}, override)
+        return Software(python=src.override("python") or "3.11.0", python_abi="cp311", executable="",
+                        prefix="", packages=packages, mpi=(), numactl=None, openmp={}, allocators={})
+    scanned = scan_interpreter(src, python)
+    packages: Dict[str, Optional[PackageInfo]] = {
+        name: (PackageInfo(**info) if info else None) for name, info in scanned["packages"].items()}
+    if override is not None:
+        packages = apply_package_override(packages, override)
+    prefix = scanned["prefix"]
+    extra = [os.path.join(prefix, "lib")]
+    torch = packages.get("torch")
+    if torch and torch.location:
+        extra += [os.path.join(torch.location, "torch", "lib"), os.path.join(torch.location, "torch.libs")]
+    python_version = src.override("python") or scanned["python"]
+    return Software(
+        python=python_version,
+        python_abi="cp" + "".join(python_version.split(".")[:2]),
+        executable=scanned["executable"],
+        prefix=prefix,
+        packages=packages,
+        mpi=_launchers(src, scanned.get("bindir", "")),
+        numactl=src.which("numactl"),
+        openmp=_libraries(src, OPENMP_LIBS, extra),
+        allocators=_libraries(src, ALLOCATOR_LIBS, extra),
+    )

@@ -1,0 +1,148 @@
+"""The ONLY module that touches the OS: files under a sysroot, env vars, subprocesses, libraries.
+
+Every function returns None on failure and never raises (pypa/packaging's probe habit).
+With a sysroot, only files under it are read; facts the snapshot cannot tell (this process's
+affinity, environment, tools, GPUs, packages) come back as None = unknown.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, List, Mapping, Optional, Sequence
+
+
+class Sources:
+    """Access to one host: the live one (sysroot=None) or a recorded tree."""
+
+    def __init__(self, sysroot: Optional[str] = None, environ: Optional[Mapping[str, str]] = None):
+        self.sysroot = str(Path(sysroot).resolve()) if sysroot else None
+        self.environ: Mapping[str, str] = dict(os.environ if environ is None else environ)
+
+    @property
+    def live(self) -> bool:
+        return self.sysroot is None
+
+    # -- files ----------------------------------------------------------------------------
+    def path(self, path: str) -> str:
+        return path if self.sysroot is None else self.sysroot + path
+
+    def read(self, path: str) -> Optional[str]:
+        try:
+            with open(self.path(path), "r", encoding="utf-8", errors="replace") as fh:
+                return fh.read()
+        except OSError:
+            return None
+
+    def read_first_line(self, path: str) -> Optional[str]:
+        text = self.read(path)
+        return None if text is None else text.strip()
+
+    def listdir(self, path: str) -> Optional[List[str]]:
+        try:
+            return sorted(os.listdir(self.path(path)))
+        except OSError:
+            return None
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(self.path(path))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self.path(path))
+
+    def glob(self, pattern: str) -> List[str]:
+        """Glob under the sysroot; results are given as host paths (sysroot prefix removed)."""
+        found = glob.glob(self.path(pattern))
+        if self.sysroot:
+            found = [p[len(self.sysroot):] for p in found]
+        return sorted(found)
+
+    # -- this process (live only) ---------------------------------------------------------
+    def env(self, name: str) -> Optional[str]:
+        """An environment variable of this process; unknown (None) for a snapshot."""
+        if not self.live:
+            return None
+        return self.environ.get(name)
+
+    def override(self, fact: str) -> Optional[str]:
+        """CPUPERF_OVERRIDE_<FACT>: applies to snapshots too (that is how tests describe hosts)."""
+        return self.environ.get(f"CPUPERF_OVERRIDE_{fact.upper()}")
+
+    def affinity(self) -> Optional[List[int]]:
+        if not self.live or not hasattr(os, "sched_getaffinity"):
+            return None
+        try:
+            return sorted(os.sched_getaffinity(0))
+        except OSError:
+            return None
+
+    def statvfs_bytes(self, path: str) -> Optional[int]:
+        if not self.live:
+            return None
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return None
+        return st.f_frsize * st.f_blocks
+
+    # -- tools ----------------------------------------------------------------------------
+    def which(self, name: str, extra_dirs: Iterable[str] = ()) -> Optional[str]:
+        if not self.live:
+            return None
+        found = shutil.which(name, path=self.environ.get("PATH"))
+        if found:
+            return found
+        for directory in extra_dirs:
+            candidate = os.path.join(directory, name)
+            if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+                return candidate
+        return None
+
+    def run(self, argv: Sequence[str], timeout: float = 5.0,
+            env: Optional[Mapping[str, str]] = None) -> Optional[subprocess.CompletedProcess]:
+        """Run a tool (argv list, never a shell) with a timeout; None when it cannot run."""
+        if not self.live:
+            return None
+        try:
+            return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                                  env=dict(env) if env is not None else dict(self.environ),
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            return None
+
+    def python(self) -> str:
+        return sys.executable
+
+    def library_dirs(self) -> List[str]:
+        """Where shared libraries are looked for: LD_LIBRARY_PATH, the env prefix, the system."""
+        dirs: List[str] = []
+        for entry in (self.environ.get("LD_LIBRARY_PATH") or "").split(":"):
+            if entry:
+                dirs.append(entry)
+        prefixes = [sys.prefix, self.environ.get("CONDA_PREFIX") or ""]
+        for prefix in prefixes:
+            if prefix:
+                dirs.append(os.path.join(prefix, "lib"))
+        dirs += ["/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+                 "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu", "/lib64", "/opt/intel/oneapi/compiler/latest/lib"]
+        seen, ordered = set(), []
+        for d in dirs:
+            real = os.path.realpath(d)  # /lib is often a link to /usr/lib
+            if real not in seen and os.path.isdir(real):
+                seen.add(real)
+                ordered.append(d)
+        return ordered
+
+    def find_libraries(self, patterns: Sequence[str]) -> List[str]:
+        """Shared libraries matching any pattern in the library dirs (live host only)."""
+        if not self.live:
+            return []
+        found: List[str] = []
+        for directory in self.library_dirs():
+            for pattern in patterns:
+                found.extend(glob.glob(os.path.join(directory, pattern)))
+        return sorted(dict.fromkeys(found))
