@@ -55,16 +55,20 @@ def torch_rows(matrix: Matrix) -> list[dict[str, str]]:
     ]
 
 
-def matrix_table(matrix: Matrix, title: str = "Intel add-ons for PyTorch on CPU") -> "Table":
+def matrix_table(matrix: Matrix, title: str = "Intel add-ons for PyTorch on CPU (IPEX, oneCCL bindings)") -> "Table":
     """The add-on matrix as a rich Table (rich imported here, not at module load)."""
     from rich.table import Table
 
     table = Table(title=title)
     for col in MATRIX_COLUMNS:
-        table.add_column(col, overflow="fold")
+        # names and versions stay whole; the long index URLs fold
+        table.add_column(col, no_wrap=col in ("package", "version", "torch", "python"), overflow="fold")
+    short = {PIP_NAME["ipex"]: "IPEX", PIP_NAME["oneccl"]: "oneCCL"}
     for row in matrix_rows(matrix):
         style = "dim" if "XPU" in row["status"] or "withdrawn" in row["status"] else None
-        table.add_row(*(row[c] for c in MATRIX_COLUMNS), style=style)
+        cells = dict(row, package=short.get(row["package"], row["package"]),
+                     where=row["where"].replace("https://", ""))
+        table.add_row(*(cells[c] for c in MATRIX_COLUMNS), style=style)
     return table
 
 

@@ -273,10 +273,10 @@ def _eol_text(m: Matrix, comp: str, torch: Version) -> str | None:
     name = "IPEX" if comp == "ipex" else "oneccl_bind_pt"
     if notice is None:
         return f"no {name} release supports torch {torch}"
-    what = "is archived" if notice.status == "archived" else "is deprecated"
-    project = "IPEX" if comp == "ipex" else "the oneCCL bindings project"
+    project = "IPEX" if comp == "ipex" else "the oneCCL bindings"
+    verb = "is" if comp == "ipex" else "are"
     return (
-        f"{project} {what}: the last release {name} {notice.last_release} supports torch "
+        f"{project} {verb} {notice.status}: the last release, {name} {notice.last_release}, supports torch "
         f"{spec_text([notice.last_torch])} only and you have torch {torch}; instead use {notice.alternative}"
     )
 
@@ -538,10 +538,13 @@ def why_not(
             known = ", ".join(str(r.version) for r in m.ipex)
             return [f"intel-extension-for-pytorch {v} is not a known CPU release (known: {known})"]
         out = ipex_reasons(ipex_rows[0], t, py, plat)
-        if t is not None:
+        if t is not None and out:
             eol = _eol_text(m, "ipex", t)
-            if eol and out:
+            if eol:
                 out.append(eol)
+            fit = _pick_ipex(m, t, py, plat).pin
+            if fit is not None:
+                out.append(f"for torch {t} and Python {py} use intel-extension-for-pytorch {fit.version}")
         return out
     rows = [r for r in m.oneccl if r.version == _base(v)]
     if v.local:  # '2.7.0+xpu' names the build explicitly
@@ -555,6 +558,9 @@ def why_not(
         eol = _eol_text(m, "oneccl", t)
         if eol:
             out.append(eol)
+        fit = _pick_oneccl(m, t, py, plat).pin
+        if fit is not None:
+            out.append(f"for torch {t} and Python {py} use oneccl_bind_pt {fit.version}")
     return out
 
 
