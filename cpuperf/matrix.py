@@ -6,6 +6,7 @@ checks and indexes it. A malformed data set raises one MatrixError listing every
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -608,10 +609,11 @@ def load_matrix(
     if problems:
         raise MatrixError(problems)
 
-    built = {
-        kind: tuple(sorted((_build(kind, r) for r in rows.values()), key=lambda x, k=kind: _sort_key(k, x)))
-        for kind, rows in merged.items()
-    }
+    built: dict[str, tuple[Any, ...]] = {}
+    for kind, rows in merged.items():
+        objs = [_build(kind, r) for r in rows.values()]
+        objs.sort(key=functools.partial(_sort_key, kind))
+        built[kind] = tuple(objs)
     return Matrix(files=tuple(files), **built)
 
 

@@ -546,14 +546,14 @@ def why_not(
             if fit is not None:
                 out.append(f"for torch {t} and Python {py} use intel-extension-for-pytorch {fit.version}")
         return out
-    rows = [r for r in m.oneccl if r.version == _base(v)]
+    ccl_rows = [r for r in m.oneccl if r.version == _base(v)]
     if v.local:  # '2.7.0+xpu' names the build explicitly
-        rows = [r for r in rows if r.local.lstrip("+") == v.local] or rows
-    if not rows:
+        ccl_rows = [r for r in ccl_rows if r.local.lstrip("+") == v.local] or ccl_rows
+    if not ccl_rows:
         known = ", ".join(f"{r.version}{'' if r.device == 'cpu' else r.local}" for r in m.oneccl)
         return [f"oneccl_bind_pt {v} is not a known release (known: {known})"]
-    row = sorted(rows, key=lambda r: r.device != "cpu")[0]
-    out = oneccl_reasons(row, t, py, plat)
+    ccl = sorted(ccl_rows, key=lambda r: r.device != "cpu")[0]
+    out = oneccl_reasons(ccl, t, py, plat)
     if t is not None and out:
         eol = _eol_text(m, "oneccl", t)
         if eol:
@@ -611,10 +611,11 @@ def installed_findings(
             f"create an environment with Python {best} (e.g. `uv venv --python {best}`) and reinstall"
             if best else "use a CPython version that torch publishes wheels for")
     elif torch_v is not None:
-        row = m.torch_release(torch_v)
-        if row is not None and torch_reasons(row, py, plat):
-            best = _best_stack(m, py, frozenset(), plat, [])
-            fix = _pip("install", f"torch=={best.torch}", "--index-url", best.torch_index_url or "") if best.torch else ""
+        trow = m.torch_release(torch_v)
+        if trow is not None and torch_reasons(trow, py, plat):
+            stack = _best_stack(m, py, frozenset(), plat, [])
+            fix = (_pip("install", f"torch=={stack.torch}", "--index-url", stack.torch_index_url or "")
+                   if stack.torch else "")
             add("torch-no-wheel-for-python", "warning",
                 f"torch {torch_v} publishes no wheel for Python {py}: it was built locally or for another Python",
                 fix)
@@ -660,9 +661,9 @@ def installed_findings(
                 f"oneccl_bind_pt {cv} is the Intel GPU (XPU) build; it is not a CPU wheel",
                 _fix_oneccl(m, torch_v, py, plat))
         elif torch_v is not None:
-            rows = [r for r in m.oneccl if r.version == _base(cv) and r.device == "cpu"]
-            if rows and not rows[0].accepts(torch_v):
-                msg = (f"oneccl_bind_pt {cv} is built for torch {spec_text(rows[0].torch)} but torch {torch_v} "
+            cpu_rows = [r for r in m.oneccl if r.version == _base(cv) and r.device == "cpu"]
+            if cpu_rows and not cpu_rows[0].accepts(torch_v):
+                msg = (f"oneccl_bind_pt {cv} is built for torch {spec_text(cpu_rows[0].torch)} but torch {torch_v} "
                        f"is installed: the ccl backend will fail to load or crash")
                 fit = _pick_oneccl(m, torch_v, py, plat)
                 if fit.pin is None:
@@ -670,7 +671,7 @@ def installed_findings(
                     if eol:
                         msg += f"; {eol}"
                 add("oneccl-torch-mismatch", "error", msg, _fix_oneccl(m, torch_v, py, plat))
-            elif not rows:
+            elif not cpu_rows:
                 add("oneccl-unknown", "warning", f"oneccl_bind_pt {cv} is not a known CPU release",
                     _fix_oneccl(m, torch_v, py, plat))
         if notice is not None:

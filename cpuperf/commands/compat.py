@@ -12,7 +12,8 @@ from cpuperf.output import Output
 
 
 def _this_python() -> str:
-    ft = "t" if getattr(sys, "_is_gil_enabled", None) is not None and not sys._is_gil_enabled() else ""
+    gil_enabled = getattr(sys, "_is_gil_enabled", None)  # 3.13+: False on a free-threaded build
+    ft = "t" if gil_enabled is not None and not gil_enabled() else ""
     return f"{sys.version_info.major}.{sys.version_info.minor}{ft}"
 
 
