@@ -564,6 +564,25 @@ def why_not(
     return out
 
 
+# --------------------------------------------------------------------------- HF options
+
+
+def hf_option_status(package: str, version: str, name: str, matrix: Matrix | None = None) -> str:
+    """'ok' | 'deprecated' | 'removed' | 'too-old' | 'unknown' for a transformers/accelerate option."""
+    v = parse_version(version, f"{package} version")
+    m = matrix if matrix is not None else default_matrix()
+    for row in m.hf:
+        if row.package == package and row.name == name:
+            if row.removed is not None and v >= row.removed:
+                return "removed"
+            if row.introduced is not None and v < row.introduced:
+                return "too-old"
+            if row.deprecated is not None and v >= row.deprecated:
+                return "deprecated"
+            return "ok"
+    return "unknown"
+
+
 # --------------------------------------------------------------------------- installed findings
 
 
@@ -693,6 +712,7 @@ def _fix_oneccl(m: Matrix, torch_v: Version | None, py: str, plat: str) -> str:
 __all__ = [
     "SCHEMA",
     "Pin",
+    "hf_option_status",
     "Rejection",
     "Resolution",
     "ResolveError",

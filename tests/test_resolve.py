@@ -8,7 +8,8 @@ import pytest
 
 from cpuperf.compat_cmd import matrix_rows, matrix_table, resolution_lines, torch_rows
 from cpuperf.matrix import load_matrix
-from cpuperf.resolve import ResolveError, installed_findings, normalize_python, resolve, why_not
+from cpuperf.resolve import (ResolveError, hf_option_status, installed_findings, normalize_python, resolve,
+                             why_not)
 
 INTEL_CPU = "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"
 TORCH_CPU = "https://download.pytorch.org/whl/cpu"
@@ -276,3 +277,15 @@ def test_rendering_helpers(m):
     text = "\n".join(lines)
     assert "oneccl_bind_pt 1.12.100" in text and "use 1.12.100" in text
     assert "python -m pip install oneccl_bind_pt==1.12.100 -f https://developer.intel.com/ipex-whl-stable" in text
+
+
+def test_hf_option_history(m):
+    assert hf_option_status("transformers", "4.56.2", "use_ipex", m) == "deprecated"
+    assert hf_option_status("transformers", "4.57.0", "use_ipex", m) == "removed"
+    assert hf_option_status("transformers", "4.52.4", "use_ipex", m) == "ok"
+    assert hf_option_status("transformers", "5.0.0", "ddp_backend=ccl", m) == "ok"
+    assert hf_option_status("transformers", "5.1.0", "ddp_backend=ccl", m) == "removed"
+    assert hf_option_status("transformers", "4.31.0", "use_cpu", m) == "too-old"
+    assert hf_option_status("transformers", "4.40.0", "no_cuda", m) == "deprecated"
+    assert hf_option_status("accelerate", "1.10.0", "--ipex", m) == "removed"
+    assert hf_option_status("transformers", "4.40.0", "nonexistent", m) == "unknown"
