@@ -114,6 +114,7 @@ class Pin:
     version: str
     index_url: str | None
     index_kind: str  # index-url | extra-index-url | find-links | pypi
+    on_pypi: bool = False  # also installable (unyanked) from PyPI without index_url
 
     @property
     def pip_name(self) -> str:
@@ -134,6 +135,7 @@ class Pin:
             "version": self.version,
             "index_url": self.index_url,
             "index_kind": self.index_kind,
+            "on_pypi": self.on_pypi,
             "pip_args": self.pip_args(),
         }
 
@@ -248,7 +250,8 @@ def oneccl_reasons(row: OnecclRelease, torch: Version | None, python: str, platf
 
 
 def _ipex_pin(row: IpexRelease) -> Pin:
-    return Pin("ipex", str(row.version), row.index_url or None, row.index_kind if row.index_url else "pypi")
+    return Pin("ipex", str(row.version), row.index_url or None, row.index_kind if row.index_url else "pypi",
+               on_pypi=row.pypi and not row.pypi_yanked)
 
 
 def _oneccl_pin(row: OnecclRelease) -> Pin:

@@ -136,7 +136,8 @@ def test_no_torch_plain_is_newest_torch(m):
 def test_no_torch_ipex_means_torch_2_8(m):
     res = resolve("3.12", None, {"ipex"}, matrix=m)
     assert (res.torch, res.ipex.version) == ("2.8.0", "2.8.0")
-    assert res.ipex.index_url == INTEL_CPU
+    assert res.ipex.index_url == INTEL_CPU and res.ipex.on_pypi
+    assert not resolve("3.11", "2.5.1", {"ipex"}, matrix=m).ipex.on_pypi  # yanked there
 
 
 def test_no_torch_ipex_and_oneccl_means_2_7_0(m):
