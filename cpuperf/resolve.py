@@ -593,13 +593,22 @@ def _pip(*args: str) -> str:
     return shlex.join(["python", "-m", "pip", *args])
 
 
+# Installed distributions by pip name only: a bare "oneccl" there is the oneCCL runtime wheel, not the bindings.
+_INSTALLED = {
+    "torch": "torch",
+    "intel-extension-for-pytorch": "ipex",
+    "intel_extension_for_pytorch": "ipex",
+    "oneccl-bind-pt": "oneccl",
+    "oneccl_bind_pt": "oneccl",
+    "torch-ccl": "oneccl",
+    "torch_ccl": "oneccl",
+}
+
+
 def _lookup(packages: Mapping[str, str | None], comp: str) -> str | None:
     for name, ver in packages.items():
-        try:
-            if normalize_package(name) == comp and ver:
-                return ver
-        except ResolveError:
-            continue
+        if _INSTALLED.get(name.strip().lower()) == comp and ver:
+            return ver
     return None
 
 
@@ -611,8 +620,9 @@ def installed_findings(
 ) -> list[dict[str, str]]:
     """Doctor findings for an installed stack: [{"id", "severity", "message", "fix"}]; [] when healthy.
 
-    `packages` maps distribution names (any alias) to installed versions (None = absent).
-    Unknown package names are ignored here (the doctor passes whatever pip lists).
+    `packages` maps pip distribution names (torch, intel_extension_for_pytorch, oneccl_bind_pt, torch_ccl,
+    dashes or underscores) to installed versions (None = absent). Other names are ignored: the doctor
+    passes whatever it scanned, including the unrelated `oneccl` runtime wheel.
     """
     py = normalize_python(python)
     plat = _check_platform(platform)

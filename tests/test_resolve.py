@@ -290,3 +290,25 @@ def test_hf_option_history(m):
     assert hf_option_status("transformers", "4.40.0", "no_cuda", m) == "deprecated"
     assert hf_option_status("accelerate", "1.10.0", "--ipex", m) == "removed"
     assert hf_option_status("transformers", "4.40.0", "nonexistent", m) == "unknown"
+
+
+def test_findings_ignore_the_oneccl_runtime_wheel(m):
+    # pkgscan reports the oneCCL runtime as "oneccl": it is not the PyTorch bindings
+    assert installed_findings("3.12", {"torch": "2.8.0", "oneccl": "2021.15.0"}, m) == []
+
+
+def test_doctor_adapter_on_recorded_facts(m):
+    from types import SimpleNamespace
+
+    from cpuperf.compat_cmd import doctor_check
+    from cpuperf.probe.facts import PackageInfo
+
+    sw = SimpleNamespace(python="3.11.7", python_abi="cp311", packages={
+        "torch": PackageInfo("2.5.1", local="cpu"),
+        "intel_extension_for_pytorch": PackageInfo("2.4.0", local="cpu"),
+        "oneccl_bind_pt": None,
+    })
+    facts = SimpleNamespace(platform="linux", cpu=SimpleNamespace(arch="x86_64"), software=sw)
+    found = {f.id: f for f in doctor_check(facts)}
+    assert found["ipex-torch-mismatch"].severity == "error"
+    assert "intel-extension-for-pytorch==2.5.0" in found["ipex-torch-mismatch"].fix
