@@ -64,6 +64,27 @@ def doctor(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), sysroot, python, save_snapshot))
 
 
+@app.command()
+def compat(
+    python: Optional[str] = typer.Option(None, "--python", metavar="3.N",
+                                         help="Target CPython version (default: this interpreter's)."),
+    torch: Optional[str] = typer.Option(None, "--torch", metavar="VERSION",
+                                        help="Pin torch (2.7.0, 2.5.0+cpu, or 2.5 for the newest 2.5.x)."),
+    with_: Optional[str] = typer.Option(None, "--with", metavar="ipex,oneccl",
+                                        help="Add-ons wanted: ipex, oneccl (comma-separated)."),
+    why_not: Optional[str] = typer.Option(None, "--why-not", metavar="PKG==VER",
+                                          help="Explain why one release does not fit --python/--torch."),
+    platform: Optional[str] = typer.Option(None, "--platform", metavar="PLATFORM",
+                                           help="linux_x86_64 or linux_aarch64 (default: this machine)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """The torch / IPEX / oneCCL compatibility matrix, and the exact pins for your Python and torch."""
+    from cpuperf.commands import compat as cmd
+
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
+
+
 RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 
