@@ -1,0 +1,201 @@
+"""Measurements for the engine: micro-benchmarks run in a child process, cached per host identity.
+
+`cpuperf bench` fills the cache; `recommend` reads it (never with --sysroot: a snapshot's host is
+not this one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from cpuperf.errors import ProbeFailedError
+from cpuperf.probe.facts import HostFacts
+from cpuperf.recommend import Measurements
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("CPUPERF_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cpuperf")
+    return Path(base) / "measurements"
+
+
+def host_id(facts: HostFacts) -> str:
+    """Same CPU, same CPUs allowed, same torch -> same measurements."""
+    torch = None
+    if facts.software is not None and facts.software.packages.get("torch"):
+        torch = facts.software.packages["torch"].version
+    key = json.dumps([facts.cpu.model_name, facts.cpu.microarchitecture, list(facts.cpu.isa),
+                      list(facts.usable_cpus()), facts.topology.cpu_quota, torch], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def load_cached(facts: HostFacts) -> Optional[Measurements]:
+    if not facts.live:
+        return None
+    path = cache_dir() / f"{host_id(facts)}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return Measurements.from_json({**data, "source": f"cache {path}"})
+
+
+def load_file(path: str) -> Measurements:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"cannot read measurements {path}: {exc}", hint="pass a JSON file written by cpuperf bench --json") from exc
+    return Measurements.from_json({**data, "source": f"file {path}"})
+
+
+def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{host_id(facts)}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+# Runs in a child interpreter: torch is never imported by cpuperf's own process.
+_GEMM_SCRIPT = r"""
+import json, sys, time
+import torch
+n = int(sys.argv[1]); seconds = float(sys.argv[2]); threads = int(sys.argv[3])
+if threads > 0:
+    torch.set_num_threads(threads)
+out = {"threads": torch.get_num_threads(), "torch": torch.__version__}
+for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    a = torch.randn(n, n, dtype=dtype); b = torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)  # warm-up: oneDNN primitive creation
+    count, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b); count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            break
+    out["gemm_%s_gflops" % name] = 2.0 * n ** 3 * count / elapsed / 1e9
+print(json.dumps(out))
+"""
+
+
+def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1.0,
+               threads: int = 0, timeout: float = 120.0) -> Dict[str, Any]:
+    """fp32 and bf16 GEMM rates (GFLOP/s), measured in a child process."""
+    try:
+        proc = subprocess.run([python, "-c", _GEMM_SCRIPT, str(size), str(seconds), str(threads)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeFailedError(f"the GEMM benchmark took over {timeout:.0f} s", hint="retry on an idle host") from exc
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeFailedError(f"the GEMM benchmark failed: {last}", hint="check that torch imports: cpuperf doctor")
+    return json.loads(proc.stdout)
+
+
+def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
+              compile: bool = False) -> Dict[str, Any]:
+    """The micro-benchmarks the engine uses where its rules are unsure."""
+    started = time.time()
+    results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
+    results.update(gemm_rates(python, threads=threads))
+    if allocators:
+        results["allocator_speedup"] = allocator_speedups(facts, threads, python)
+    if compile:
+        results.update(compile_measurement(threads, python))
+    results["duration_s"] = round(time.time() - started, 2)
+    return results
+
+
+def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, timeout: float = 600.0) -> Optional[Dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    env.update(env_extra)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        proc = subprocess.run([python, "-m", "cpuperf.benchrun", json.dumps(settings)], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return None
+    return json.loads(lines[-1])
+
+
+def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
+    """One preloadable library per installed allocator (no debug/minimal/profiler variants)."""
+    out: Dict[str, str] = {}
+    if facts.software is None:
+        return out
+    for name, paths in facts.software.allocators.items():
+        usable = [p for p in paths if not any(tag in os.path.basename(p) for tag in ("minimal", "debug", "profiler"))]
+        if usable:
+            out[name] = usable[0]
+    return out
+
+
+def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 2,
+                       seconds: float = 3.0) -> Dict[str, float]:
+    """Throughput of the built-in LM with each allocator preloaded, over the default, alternating rounds."""
+    libs = allocator_libraries(facts)
+    if not libs:
+        return {}
+    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
+    base_env = {"OMP_NUM_THREADS": str(threads)}
+    samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
+    for _ in range(rounds):
+        for name in samples:
+            env = dict(base_env)
+            if name != "default":
+                env["LD_PRELOAD"] = libs[name]
+            res = _benchrun(settings, env, python)
+            if res:
+                samples[name].append(res["samples_per_s"])
+    import statistics
+
+    base = statistics.median(samples["default"]) if samples["default"] else None
+    if not base:
+        return {}
+    return {name: statistics.median(v) / base for name, v in samples.items() if name != "default" and v}
+
+
+def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0) -> Dict[str, Any]:
+    """Compile time and steady speed-up of torch.compile on the built-in LM (slow: tens of seconds)."""
+    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
+    env = {"OMP_NUM_THREADS": str(threads)}
+    eager = _benchrun(settings, env, python)
+    compiled = _benchrun({**settings, "compile": True}, env, python, timeout=900)
+    if not eager or not compiled:
+        return {}
+    return {"compile_seconds": max(0.0, compiled["first_step_s"] - eager["first_step_s"]),
+            "compile_speedup": compiled["samples_per_s"] / eager["samples_per_s"],
+            "step_seconds": 16.0 / eager["samples_per_s"]}
+
+
+def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
+                      log: Optional[Any] = None) -> Optional[Measurements]:
+    """Measure once per host where a rule is unsure: native bf16 (is it faster?) and installed allocators."""
+    if not facts.live:
+        return None
+    cached = load_cached(facts)
+    need_dtype = facts.cpu.bf16_native
+    need_alloc = bool(allocator_libraries(facts))
+    if cached is not None or not (need_dtype or need_alloc):
+        return cached
+    if log:
+        log("measuring this host once (GEMM rates, allocators); cached for later runs ...")
+    results = run_micro(facts, threads, python, allocators=need_alloc)
+    save(facts, results)
+    return Measurements.from_json({**results, "source": "measured now"})
