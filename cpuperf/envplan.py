@@ -300,13 +300,16 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
     return RuntimeEnv(tuple(out), tuple(notes), addr, port, nodes)
 
 
-def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override: bool = False) -> Merged:
+def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override: bool = False,
+              force: Sequence[str] = ()) -> Merged:
     """Apply `wanted` in order over `current`: final values, idempotent.
 
     'set': the last EnvVar of a name wins among ours; a different value the user already has is kept
-    unless override. 'prepend'/'append': entries added without duplicates or empty entries, so
-    applying the result twice changes nothing.
+    unless override, or the name is in `force` (asked for by an explicit option such as --master-addr).
+    'prepend'/'append': entries added without duplicates or empty entries, so applying the result
+    twice changes nothing.
     """
+    forced = set(force)
     last_set = {v.name: v for v in wanted if v.kind == SET}
     final: Dict[str, str] = {}
     applied: List[EnvVar] = []
@@ -321,7 +324,7 @@ def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override:
             if last_set[var.name] is not var:
                 continue
             user_value = current.get(var.name)
-            if user_value is not None and user_value != var.value and not override:
+            if user_value is not None and user_value != var.value and not override and var.name not in forced:
                 kept.append(Kept(var.name, user_value, var.value))
                 final[var.name] = user_value
             else:

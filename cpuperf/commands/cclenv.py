@@ -119,14 +119,26 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
         notes += script_notes
     intel_mpi = stack.get("impi") is not None or any(s.label == "oneAPI mpi" for s in sources) \
         or bool(env.get("I_MPI_ROOT")) or any(v.name == "I_MPI_ROOT" for v in wanted)
-    ifname = envsources.route_interface(master) if backend.name == "gloo" and nodes > 1 else None
+    # What an option asks for explicitly replaces what the environment has (a stale 127.0.0.1 from an
+    # earlier single-node eval must not survive --hostfile).
+    forced = ({"MASTER_ADDR"} if opts.master_addr or opts.hostfile else set()) \
+        | ({"MASTER_PORT"} if opts.master_port is not None else set())
+    ifname = None
+    if backend.name == "gloo" and nodes > 1:
+        from cpuperf.hostfile import valid_host
+
+        # The address that will be in force: a MASTER_ADDR you set is kept unless an option names one.
+        preset = env.get("MASTER_ADDR")
+        kept_addr = preset if preset and "MASTER_ADDR" not in forced and not opts.override \
+            and valid_host(preset) else None
+        ifname = envsources.route_interface(kept_addr or master)
     libraries = envsources.find_libraries(stack) if opts.preload else envplan.Libraries()
     tuned = envplan.runtime_env(facts, placement, backend=backend.name, hosts=hosts, master_addr=opts.master_addr,
                                 master_port=opts.master_port, preload=opts.preload, nnodes=nodes,
                                 mpi="intelmpi" if intel_mpi else None, libraries=libraries,
                                 socket_ifname=ifname, environ=env)
     notes += list(tuned.notes)
-    merged = envplan.merge_env(env, list(wanted) + list(tuned.vars), override=opts.override)
+    merged = envplan.merge_env(env, list(wanted) + list(tuned.vars), override=opts.override, force=sorted(forced))
     for name in merged.skipped:
         notes.append(f"skipped variable {cclenv.one_line(repr(name), 80)}: not a valid or allowed name")
     for name, value in merged.final.items():
