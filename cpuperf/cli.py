@@ -158,8 +158,8 @@ def _json_requested(argv: List[str]) -> bool:
     return "--json" in argv
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Console-script entry point and the single error boundary."""
+def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:
+    """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path)."""
     try:  # recent typer vendors click
         from typer._click import exceptions as click_exc
     except ImportError:  # pragma: no cover - typer that depends on click
@@ -169,6 +169,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
     command = typer.main.get_command(app)
     try:
+        if _pending is not None:
+            raise _pending
         if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
             return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
