@@ -210,10 +210,11 @@ def constraint_specs(constraint_text: str, name: str) -> List[str]:
 def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants: Sequence[Any]) -> Tuple[Optional[str], str]:
     """The newest cuXYZ build of `offered` that this Linux driver runs, and why.
 
-    `variants` are matrix CudaVariant rows: min_driver_linux is the floor for CUDA minor-version
-    compatibility, toolkit_driver_linux the driver of the toolkit's GA release (NVIDIA CUDA Toolkit
-    release notes, table 3). A build whose toolkit driver is met runs fully (PTX JIT included);
-    one whose floor only is met runs the precompiled kernels. Returns (None, reason) when none fits.
+    `variants` are matrix CudaVariant rows. pip's CUDA wheels ship their own CUDA runtime, so the
+    floor is CUDA minor-version compatibility (min_driver_linux: 11.x >= 450.80.02, 12.x >= 525.60.13,
+    13.x >= 580; NVIDIA CUDA Toolkit release notes, table 3, and the CUDA compatibility guide).
+    Below the toolkit's own driver (toolkit_driver_linux) PTX JIT of newer code is unavailable: said
+    in the reason. Returns (None, reason) when no offered build runs on this driver.
     """
     by_tag = {v.tag: v for v in variants}
     rows = [by_tag[t] for t in offered if t in by_tag]
@@ -227,12 +228,12 @@ def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants:
     except InvalidVersion:
         return None, f"cannot read the NVIDIA driver version {driver!r}"
     for v in rows:
-        if v.toolkit_driver_linux and have >= Version(v.toolkit_driver_linux):
-            return v.tag, f"driver {driver} >= {v.toolkit_driver_linux} (CUDA {v.cuda} toolkit driver)"
-    for v in rows:
         if have >= Version(v.min_driver_linux):
-            return v.tag, (f"driver {driver} >= {v.min_driver_linux} (CUDA {v.cuda} minor-version "
-                           f"compatibility; PTX JIT needs {v.toolkit_driver_linux or 'a newer driver'})")
+            full = not v.toolkit_driver_linux or have >= Version(v.toolkit_driver_linux)
+            why = f"driver {driver} >= {v.min_driver_linux} (CUDA {v.cuda} minor-version compatibility)"
+            if not full:
+                why += f"; PTX JIT of newer code needs {v.toolkit_driver_linux}"
+            return v.tag, why
     oldest = rows[-1]
     return None, f"driver {driver} is older than CUDA {oldest.cuda} needs ({oldest.min_driver_linux})"
 
@@ -535,6 +536,8 @@ def source_of(url: Optional[str], sources: SourceSet) -> str:
         candidates = [loc]
         if not s.remote and not loc.startswith("file:"):
             candidates.append("file://" + loc)
+        if s.kind != "find-links" and loc.endswith("/simple"):
+            candidates.append(loc[: -len("simple")])  # files often sit beside the index: .../files/
         for c in candidates:
             if url.startswith(c) and (best is None or len(c) > len(best)):
                 best = s.location
