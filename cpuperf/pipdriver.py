@@ -300,6 +300,54 @@ def _wheel_matches(filename: str, name: str, version: str) -> bool:
     return len(parts) >= 2 and canonicalize_name(parts[0]) == canonicalize_name(name) and parts[1] == version
 
 
+_LISTING = r"""
+import json, os, sysconfig
+paths = sysconfig.get_paths()
+out = {}
+for d in {paths["purelib"], paths["platlib"]}:
+    try:
+        out[d] = sorted(os.listdir(d))
+    except OSError:
+        pass
+print(json.dumps(out))
+"""
+
+
+def site_listing(python: str, env: Mapping[str, str]) -> Dict[str, List[str]]:
+    """Top-level entries of the target's site-packages, to remove what a broken install left behind."""
+    try:
+        res = subprocess.run([python, "-I", "-c", _LISTING], capture_output=True, text=True, timeout=60,
+                             env=dict(env), stdin=subprocess.DEVNULL)
+        return json.loads(res.stdout) if res.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return {}
+
+
+def _remove_leftovers(before: Mapping[str, List[str]], now: Mapping[str, List[str]]) -> List[str]:
+    """Delete site-packages entries that did not exist before (pip cannot uninstall a dist it did
+    not finish installing: it has no RECORD)."""
+    import shutil
+
+    removed = []
+    for directory, names in now.items():
+        old = set(before.get(directory, ()))
+        if directory not in before:
+            continue
+        for name in names:
+            if name in old or name == "__pycache__":
+                continue
+            path = os.path.join(directory, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+                removed.append(path)
+            except OSError:
+                continue
+    return removed
+
+
 @dataclass
 class RestoreResult:
     ok: bool
@@ -308,7 +356,8 @@ class RestoreResult:
     problems: List[str]
 
 
-def restore(pip: Pip, before_text: str, stash_dir: Path) -> RestoreResult:
+def restore(pip: Pip, before_text: str, stash_dir: Path,
+            listing: Optional[Mapping[str, List[str]]] = None) -> RestoreResult:
     """Put the environment back to the `before` freeze: uninstall what is new, reinstall from the stash."""
     # Ctrl-C during a restore would leave the environment half-way: hold it off until the end.
     old = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
@@ -319,7 +368,12 @@ def restore(pip: Pip, before_text: str, stash_dir: Path) -> RestoreResult:
         problems: List[str] = []
         if steps.uninstall:
             res = pip.run(["uninstall", "-y", *steps.uninstall], timeout=1800)
-            if res.returncode != 0:
+            left = [n for n in steps.uninstall if n in parse_freeze(freeze(pip))]
+            if left and listing:
+                removed = _remove_leftovers(listing, site_listing(pip.python, pip.env))
+                pip._log("removed what a broken install left behind: " + ", ".join(removed))
+                left = [n for n in steps.uninstall if n in parse_freeze(freeze(pip))]
+            if left:
                 problems.append(f"pip uninstall failed: {res.stderr.strip()[-300:]}")
         plain = [f"{n}=={v}" for n, v in steps.reinstall if not (v.startswith("-e ") or " @ " in v)]
         direct = [v for _, v in steps.reinstall if v.startswith("-e ") or " @ " in v]

@@ -298,7 +298,7 @@ def test_pip_failure_restores_the_environment(used_env, index, pip_home):
     proc = cli(["install", "--python", used_env, "--index-url", index.badinstall, "--torch", "2.7.0",
                 "--with", "ipex", "--yes"], pip_home)
     assert proc.returncode == 4, (proc.stdout, proc.stderr)
-    assert "restored" in proc.stderr and "ERROR:" in proc.stderr and "pip.log" in proc.stderr
+    assert "restored" in proc.stderr and "ERROR:" in proc.stderr and "pip.log" in proc.stderr, proc.stderr
     assert pip_freeze(used_env, pip_home) == before
 
 

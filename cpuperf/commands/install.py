@@ -422,6 +422,7 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
     before = pd.freeze(pip)
     (run_dir / "freeze-before.txt").write_text(before, encoding="utf-8")
     before_map = ip.parse_freeze(before)
+    listing = pd.site_listing(plan.target.python, plan.env)
     stash_dir = run_dir / "stash"
     replaced = [(p.name, before_map[canonicalize_name(p.name)]) for p in plan.packages
                 if canonicalize_name(p.name) in before_map]
@@ -435,7 +436,7 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
                                  hint=f"full log: {log}")
 
     def fail(message: str, digest: List[str], code: ExitCode = ExitCode.PIP_FAILED) -> CpuperfError:
-        res = pd.restore(pip, before, stash_dir)
+        res = pd.restore(pip, before, stash_dir, listing)
         state = ("the environment was restored to its previous state" if res.ok
                  else "RESTORE INCOMPLETE: " + "; ".join(res.problems))
         if not before_map and res.ok:
