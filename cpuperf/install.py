@@ -207,6 +207,17 @@ def constraint_specs(constraint_text: str, name: str) -> List[str]:
 # --------------------------------------------------------------------------- builds
 
 
+def runnable_cuda_tags(driver: Optional[str], variants: Sequence[Any]) -> Tuple[str, ...]:
+    """Every cuXYZ build this driver runs (CUDA minor-version compatibility floor)."""
+    try:
+        have = Version(driver) if driver else None
+    except InvalidVersion:
+        have = None
+    if have is None:
+        return ()
+    return tuple(v.tag for v in variants if have >= Version(v.min_driver_linux))
+
+
 def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants: Sequence[Any]) -> Tuple[Optional[str], str]:
     """The newest cuXYZ build of `offered` that this Linux driver runs, and why.
 
@@ -247,12 +258,12 @@ def local_label(version: str) -> str:
     return version.partition("+")[2]
 
 
-def newest_build(versions: Iterable[str], device: str, cuda_tag: Optional[str] = None,
+def newest_build(versions: Iterable[str], device: str, cuda_tag: Any = None,
                  specifiers: Sequence[str] = (), allow_plain: bool = False) -> Optional[str]:
     """The newest version string from `pip index versions` that is the right build for the host.
 
-    CPU hosts take `+cpu` builds (or any build when allow_plain); CUDA hosts `+<cuda_tag>`
-    (or the registry's default build, which is a CUDA build, when allow_plain).
+    CPU hosts take `+cpu` builds (or any build when allow_plain); CUDA hosts `+<cuda_tag>` (one tag,
+    or a collection of the tags the driver runs), or the registry's default build when allow_plain.
     """
     from packaging.specifiers import SpecifierSet
 
@@ -269,7 +280,8 @@ def newest_build(versions: Iterable[str], device: str, cuda_tag: Optional[str] =
         if device == "cpu":
             ok = label.startswith("cpu") or (allow_plain and not label)
         else:
-            ok = (cuda_tag is not None and label == cuda_tag) or (allow_plain and not label)
+            tags = {cuda_tag} if isinstance(cuda_tag, str) else set(cuda_tag or ())
+            ok = label in tags or (allow_plain and not label)
         if not ok or not all(s.contains(v, prereleases=False) for s in specs):
             continue
         if best is None or v > best[0]:

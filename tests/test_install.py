@@ -259,6 +259,10 @@ def test_gpu_host_gets_the_cuda_build_for_its_driver(tmp_path, index, pip_home):
     # torch 2.7 comes as cu118, cu126, cu128; driver 550 runs CUDA 12.x by minor-version compatibility
     assert data["device"] == "cuda" and data["cuda"] == "cu128"
     assert data["requirements"] == ["torch==2.7.0+cu128"]
+    # without --torch: the newest build the driver runs, from what the source offers
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run", "--json"],
+               pip_home, {"CPUPERF_OVERRIDE_GPUS": gpus})
+    assert ok_json(proc)["requirements"] == ["torch==2.7.0+cu128"]
 
 
 def test_plan_pulling_nvidia_on_cpu_host_is_refused(tmp_path, index, pip_home):
@@ -300,6 +304,9 @@ def test_pip_failure_restores_the_environment(used_env, index, pip_home):
     assert proc.returncode == 4, (proc.stdout, proc.stderr)
     assert "restored" in proc.stderr and "ERROR:" in proc.stderr and "pip.log" in proc.stderr, proc.stderr
     assert pip_freeze(used_env, pip_home) == before
+    # torch 2.6.0+cpu is not on that index: the stash rebuilt its wheel from the installed files
+    stashed = list((pip_home / "cache" / "cpuperf" / "installs").glob("*/stash/torch-2.6.0+cpu-*.whl"))
+    assert stashed
 
 
 def test_verification_failure_restores_the_environment(used_env, index, pip_home):

@@ -164,7 +164,7 @@ def _requested_match(text: str, request: Optional[str]) -> bool:
     return v.release[:len(r.release)] == r.release
 
 
-def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: str, cuda_tag: Optional[str],
+def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: str, cuda_tag: Any,
                   versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
     """(resolution, exact torch build or None = host default label, notes)."""
     from cpuperf.resolve import resolve
@@ -188,7 +188,7 @@ def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: 
             r = resolve(py, Version(v).public, want, matrix=matrix)
             if r.ok:
                 if plain:
-                    notes.append(f"no {'+cpu' if device == 'cpu' else '+' + str(cuda_tag)} build of torch "
+                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch "
                                  f"{opts.torch or ''} is offered by the sources; trying the registry's build {v}")
                 return r, v, notes
     return None, None, notes
@@ -283,17 +283,22 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
     if first.torch is None:
         raise IncompatibleHostError(_rejections(first), hint="cpuperf compat --python " + py)
 
-    cuda_tag = None
+    cuda_tag: Any = None
     cuda_index = None
     if device == "cuda":
-        row = matrix.torch_release(Version(first.torch))
         driver = next((g.driver_version for g in facts.gpus if g.driver_version), None)
-        cuda_tag, why = ip.cuda_tag_for_driver(driver, row.cuda if row else (), matrix.cuda)
-        if cuda_tag is None:
+        # The newest release at or below the resolver's torch that has CUDA builds in the data
+        # (the newest release may not list its CUDA variants yet).
+        rows = [r for r in matrix.torch if r.cuda and r.version <= Version(Version(first.torch).base_version)]
+        row = rows[-1] if rows else None
+        tag, why = ip.cuda_tag_for_driver(driver, row.cuda if row else (), matrix.cuda)
+        if tag is None:
             raise IncompatibleHostError(f"no CUDA build of torch {first.torch} fits this host: {why}",
                                         hint="update the NVIDIA driver, or choose another --torch")
-        variant = matrix.cuda_variant(cuda_tag)
+        variant = matrix.cuda_variant(tag)
         cuda_index = variant.index_url if variant else None
+        # any build the driver runs is acceptable; the newest torch (then the newest CUDA) wins
+        cuda_tag = ip.runnable_cuda_tags(driver, matrix.cuda) if not opts.torch else tag
 
     sources = sources.with_defaults(ip.default_sources(first, cuda_index))
     sources = _check_all(sources, proxy)
@@ -306,7 +311,7 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
                                                    None if opts.torch else installed)
     if resolution is None:
         skipped = [s for s in sources.skipped() if "PyTorch" in s.detail]
-        label = "+cpu" if device == "cpu" else f"+{cuda_tag}"
+        label = "+cpu" if device == "cpu" else "+" + (cuda_tag if isinstance(cuda_tag, str) else "/+".join(cuda_tag))
         what = f"torch {opts.torch + ' ' if opts.torch else ''}({label} build) for Python {py}"
         if skipped:
             s = skipped[0]
@@ -326,8 +331,11 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
             if not any(_requested_match(v, pin.version) for v in have):
                 raise UnreachableError(f"{pin.index_url} (Intel wheel server for {pin.pip_name}) is unreachable "
                                        f"and no other source offers {pin.pip_name} {pin.version}", hint=OFFLINE_HINT)
+    if device == "cuda" and torch_build is None and not isinstance(cuda_tag, str):
+        cuda_tag = tag
     try:
-        plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build, cuda_tag=cuda_tag,
+        plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build,
+                               cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
                                allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix)
     except ip.PlanError as exc:
         raise IncompatibleHostError(str(exc)) from exc
