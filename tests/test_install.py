@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -140,11 +141,16 @@ def index(tmp_path_factory):
     vbad.mkdir()
     broken = ipex_wheel(vbad, "2.7.0", body=BROKEN_IPEX)
 
+    sleepy = wheels / "sleepy"
+    sleepy.mkdir()
+    slow_ipex = ipex_wheel(sleepy, "2.7.0", body="import time\ntime.sleep(60)\n")
+
     root = base / "www"
     write_index(root / "good", [*common, good_ipex, cu128])
     write_index(root / "cuda", [cuda_torch, cublas])
     write_index(root / "badinstall", [common[1], escaping])  # no torch 2.6.0+cpu: the stash repacks it
     write_index(root / "badverify", [*common, broken])
+    write_index(root / "sleepy", [*common, slow_ipex])
 
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -152,7 +158,7 @@ def index(tmp_path_factory):
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     yield SimpleNamespace(url=url, good=f"{url}/good/simple", cuda=f"{url}/cuda/simple",
-                          badinstall=f"{url}/badinstall/simple", badverify=f"{url}/badverify/simple",
+                          badinstall=f"{url}/badinstall/simple", badverify=f"{url}/badverify/simple", sleepy=f"{url}/sleepy/simple",
                           wheels=wheels)
     server.shutdown()
 
@@ -317,6 +323,38 @@ def test_verification_failure_restores_the_environment(used_env, index, pip_home
     err = json.loads(proc.stdout)["error"]
     assert "verification failed" in err["message"] and "restored" in err["message"]
     assert "exit code 127" in err["message"]
+    assert pip_freeze(used_env, pip_home) == before
+
+
+def test_ctrl_c_restores_the_environment(used_env, index, pip_home):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) after pip changed the env."""
+    before = pip_freeze(used_env, pip_home)
+    env = cli_env(hermetic_env(pip_home))
+    env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+    env.update({k: v for k, v in hermetic_env(pip_home).items() if k.startswith("PIP_")})
+    proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "install", "--python", used_env, "--index-url",
+                             index.sleepy, "--torch", "2.7.0", "--with", "ipex", "--yes"], cwd=str(REPO), env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("verifying"):
+                time.sleep(1.0)  # the import of the add-on is under way (it sleeps)
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        rest_out, rest_err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines) + rest_err
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "restored" in err
     assert pip_freeze(used_env, pip_home) == before
 
 

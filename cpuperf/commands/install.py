@@ -240,14 +240,17 @@ def run(out: Output, opts: Options) -> int:
     else:
         plan = _plan(opts, out, facts, target, pip, sources, config, proxy, device, py, environ)
 
+    for w in plan.warnings:
+        out.warn(w)
     plan = _dry_run(plan, pip, run_dir, out, ignore_installed=bool(target.create_venv))
     refusal = ip.cuda_refusal(plan)
     if refusal:
-        raise IncompatibleHostError(refusal, hint=(
-            "install CPU wheels from https://download.pytorch.org/whl/cpu (or --index-url/--find-links with "
-            "+cpu builds); or pass --allow-cuda-torch to install the CUDA build anyway"))
-    for w in plan.warnings:
-        out.warn(w)
+        dead = [s.location for s in plan.sources.skipped() if "PyTorch" in s.detail]
+        where = (f"the CPU wheels live at {dead[0]}, which is unreachable from here: use the offline route "
+                 f"(`cpuperf install --download DIR` on a connected machine, then --find-links DIR)"
+                 if dead else "install CPU wheels from https://download.pytorch.org/whl/cpu "
+                              "(or --index-url/--find-links with +cpu builds)")
+        raise IncompatibleHostError(refusal, hint=f"{where}; or pass --allow-cuda-torch to install the CUDA build anyway")
 
     if opts.write_lock:
         _write_lock(plan, opts.write_lock, out)
