@@ -140,10 +140,10 @@ def _sources(opts: Options, config: Mapping[str, str], lock: Optional[ip.Lock]) 
         cfg = [s for s in cfg if s.kind == "find-links"]
     srcs = ip.SourceSet(user.sources + tuple(cfg), no_index=user.no_index, user_chosen=user.user_chosen)
     if lock is not None and not user.user_chosen:
-        srcs = srcs.with_defaults(ip.Source("find-links" if not u.startswith("http") and "simple" not in u
-                                            else "extra-index-url", u, "lock", detail="recorded in the lock file")
-                                  for u in (*lock.index_urls, *lock.find_links)
-                                  if u != "https://pypi.org/simple")
+        recorded = [ip.Source("extra-index-url", u, "lock", detail="recorded in the lock file")
+                    for u in lock.index_urls if u != "https://pypi.org/simple"]
+        recorded += [ip.Source("find-links", u, "lock", detail="recorded in the lock file") for u in lock.find_links]
+        srcs = srcs.with_defaults(recorded)
     return srcs
 
 
