@@ -91,6 +91,76 @@ def install(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), opts))
 
 
+@app.command()
+def compat(
+    python: Optional[str] = typer.Option(None, "--python", metavar="3.N",
+                                         help="Target CPython version (default: this interpreter's)."),
+    torch: Optional[str] = typer.Option(None, "--torch", metavar="VERSION",
+                                        help="Pin torch (2.7.0, 2.5.0+cpu, or 2.5 for the newest 2.5.x)."),
+    with_: Optional[str] = typer.Option(None, "--with", metavar="ipex,oneccl",
+                                        help="Add-ons wanted: ipex, oneccl (comma-separated)."),
+    why_not: Optional[str] = typer.Option(None, "--why-not", metavar="PKG==VER",
+                                          help="Explain why one release does not fit --python/--torch."),
+    platform: Optional[str] = typer.Option(None, "--platform", metavar="PLATFORM",
+                                           help="linux_x86_64 or linux_aarch64 (default: this machine)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """The torch / IPEX / oneCCL compatibility matrix, and the exact pins for your Python and torch."""
+    from cpuperf.commands import compat as cmd
+
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
+
+
+RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
+
+
+@app.command()
+def recommend(
+    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, gpt2-small, micro), a HF config.json, or a model id in the local HF cache."),
+    params: Optional[str] = typer.Option(None, "--params", help="Parameter count, e.g. 124M or 7B."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (samples per optimizer step)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Run length; decides whether torch.compile pays off."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node"),
+    nnodes: int = typer.Option(1, "--nnodes", min=1),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE"),
+    unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=RECOMMEND_SETS_HELP),
+    config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="TOML/JSON file of decision overrides."),
+    measurements: Optional[str] = typer.Option(None, "--measurements", metavar="FILE", help="Recorded measurements (cpuperf bench --json)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="Print only one rendering: env, hf, accelerate or launch."),
+    sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help=SYSROOT_HELP),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Decide dtype, ranks, threads, backend, IPEX/compile, allocator and memory plan, with reasons."""
+    from cpuperf.commands import recommend as cmd
+    from cpuperf.errors import UsageError
+
+    if fmt not in (None, "env", "hf", "accelerate", "launch"):
+        raise UsageError(f"--format {fmt!r}: use env, hf, accelerate or launch")
+    _finish(cmd.run_recommend(Output(json_mode=json_out, quiet=quiet), fmt, sysroot=sysroot, model=model,
+                              params=params, seq_len=seq_len, batch_size=batch_size, steps=steps,
+                              nproc_per_node=nproc_per_node, nnodes=nnodes, hostfile=hostfile, unit=unit,
+                              device=device, sets=sets, config=config, measurements=measurements))
+
+
+@app.command()
+def bench(
+    threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
+    size: int = typer.Option(512, "--size", min=64, help="GEMM size."),
+    seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per measurement."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Measure this host (GEMM fp32 vs bf16) and cache it for the recommendation engine."""
+    from cpuperf.commands import recommend as cmd
+
+    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds))
+
+
 def _json_requested(argv: List[str]) -> bool:
     return "--json" in argv
 

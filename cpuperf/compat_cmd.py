@@ -55,16 +55,20 @@ def torch_rows(matrix: Matrix) -> list[dict[str, str]]:
     ]
 
 
-def matrix_table(matrix: Matrix, title: str = "Intel add-ons for PyTorch on CPU") -> "Table":
+def matrix_table(matrix: Matrix, title: str = "Intel add-ons for PyTorch on CPU (IPEX, oneCCL bindings)") -> "Table":
     """The add-on matrix as a rich Table (rich imported here, not at module load)."""
     from rich.table import Table
 
     table = Table(title=title)
     for col in MATRIX_COLUMNS:
-        table.add_column(col, overflow="fold")
+        # names and versions stay whole; the long index URLs fold
+        table.add_column(col, no_wrap=col in ("package", "version", "torch", "python"), overflow="fold")
+    short = {PIP_NAME["ipex"]: "IPEX", PIP_NAME["oneccl"]: "oneCCL"}
     for row in matrix_rows(matrix):
         style = "dim" if "XPU" in row["status"] or "withdrawn" in row["status"] else None
-        table.add_row(*(row[c] for c in MATRIX_COLUMNS), style=style)
+        cells = dict(row, package=short.get(row["package"], row["package"]),
+                     where=row["where"].replace("https://", ""))
+        table.add_row(*(cells[c] for c in MATRIX_COLUMNS), style=style)
     return table
 
 
@@ -99,3 +103,24 @@ def resolution_lines(res: Resolution) -> list[str]:
 def resolution_json(res: Resolution) -> dict[str, Any]:
     """The cpuperf.compat/1 object (same as Resolution.to_json, here so the CLI imports one module)."""
     return res.to_json()
+
+
+def doctor_check(facts: Any) -> list[Any]:
+    """Adapter for cpuperf.doctor.register_check: HostFacts -> doctor Findings from installed_findings."""
+    from cpuperf.doctor import Finding
+    from cpuperf.resolve import installed_findings
+
+    sw = getattr(facts, "software", None)
+    if sw is None or not str(getattr(facts, "platform", "linux")).startswith("linux"):
+        return []
+    arch = getattr(getattr(facts, "cpu", None), "arch", "x86_64")
+    plat = "linux_aarch64" if arch == "aarch64" else "linux_x86_64"
+    packages: dict[str, str | None] = {}
+    for name, info in sw.packages.items():
+        if info is None:
+            packages[name] = None
+        else:
+            packages[name] = info.version + (f"+{info.local}" if info.local and "+" not in info.version else "")
+    pyver = ".".join(str(sw.python).split(".")[:2]) + ("t" if str(getattr(sw, "python_abi", "")).endswith("t") else "")
+    return [Finding(f["id"], f["severity"], f["message"], f["fix"] or None)
+            for f in installed_findings(pyver, packages, platform=plat)]

@@ -6,6 +6,7 @@ checks and indexes it. A malformed data set raises one MatrixError listing every
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -547,8 +548,20 @@ def shipped_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "compat"
 
 
+# The matrix reads only its own files: <subject>.toml shipped, <subject>*.toml in extra directories
+# (e.g. ipex-2.9.toml). Other files in compat/ (microarch.toml, tuning.toml) belong to other modules.
+SUBJECTS = ("ipex", "oneccl", "torch", "cuda", "eol", "hf")
+
+
 def _toml_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.toml") if p.is_file())
+    return sorted(p for p in directory.glob("*.toml")
+                  if p.is_file() and p.name.lower().startswith(SUBJECTS))
+
+
+def extra_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The directories named by $CPUPERF_COMPAT_DIR (os.pathsep-separated; empty = none)."""
+    env = os.environ if environ is None else environ
+    return [Path(p) for p in env.get(ENV_DIR, "").split(os.pathsep) if p]
 
 
 def load_matrix(
@@ -557,18 +570,14 @@ def load_matrix(
     base_dir: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Matrix:
-    """Load the shipped compat data plus `extra_dir` (default: $CPUPERF_COMPAT_DIR; empty = none).
+    """Load the shipped compat data plus `extra_dir` (default: the $CPUPERF_COMPAT_DIR directories).
 
-    Rows in the extra directory with the same key (version, device, tag, ...) replace shipped rows;
+    Only files named <subject>*.toml are read (subjects: ipex, oneccl, torch, cuda, eol, hf).
+    Rows in an extra directory with the same key (version, device, tag, ...) replace shipped rows;
     other rows are added. Raises MatrixError listing every bad row of every file.
     """
-    env = os.environ if environ is None else environ
     base = Path(base_dir) if base_dir is not None else shipped_dir()
-    if extra_dir is None:
-        extra_text = env.get(ENV_DIR, "")
-        extra = Path(extra_text) if extra_text else None
-    else:
-        extra = Path(extra_dir)
+    extras = extra_dirs(environ) if extra_dir is None else [Path(extra_dir)]
 
     problems: list[Problem] = []
     layers: list[list[Path]] = []
@@ -576,9 +585,9 @@ def load_matrix(
         problems.append(Problem(str(base), "directory", "shipped compat data not found"))
     else:
         layers.append(_toml_files(base))
-    if extra is not None:
+    for extra in extras:
         if not extra.is_dir():
-            problems.append(Problem(str(extra), "directory", f"{ENV_DIR} does not name a directory"))
+            problems.append(Problem(str(extra), "directory", f"{ENV_DIR} names no such directory"))
         else:
             layers.append(_toml_files(extra))
 
@@ -600,10 +609,11 @@ def load_matrix(
     if problems:
         raise MatrixError(problems)
 
-    built = {
-        kind: tuple(sorted((_build(kind, r) for r in rows.values()), key=lambda x, k=kind: _sort_key(k, x)))
-        for kind, rows in merged.items()
-    }
+    built: dict[str, tuple[Any, ...]] = {}
+    for kind, rows in merged.items():
+        objs = [_build(kind, r) for r in rows.values()]
+        objs.sort(key=functools.partial(_sort_key, kind))
+        built[kind] = tuple(objs)
     return Matrix(files=tuple(files), **built)
 
 

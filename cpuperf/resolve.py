@@ -114,6 +114,7 @@ class Pin:
     version: str
     index_url: str | None
     index_kind: str  # index-url | extra-index-url | find-links | pypi
+    on_pypi: bool = False  # also installable (unyanked) from PyPI without index_url
 
     @property
     def pip_name(self) -> str:
@@ -134,6 +135,7 @@ class Pin:
             "version": self.version,
             "index_url": self.index_url,
             "index_kind": self.index_kind,
+            "on_pypi": self.on_pypi,
             "pip_args": self.pip_args(),
         }
 
@@ -248,7 +250,8 @@ def oneccl_reasons(row: OnecclRelease, torch: Version | None, python: str, platf
 
 
 def _ipex_pin(row: IpexRelease) -> Pin:
-    return Pin("ipex", str(row.version), row.index_url or None, row.index_kind if row.index_url else "pypi")
+    return Pin("ipex", str(row.version), row.index_url or None, row.index_kind if row.index_url else "pypi",
+               on_pypi=row.pypi and not row.pypi_yanked)
 
 
 def _oneccl_pin(row: OnecclRelease) -> Pin:
@@ -273,10 +276,10 @@ def _eol_text(m: Matrix, comp: str, torch: Version) -> str | None:
     name = "IPEX" if comp == "ipex" else "oneccl_bind_pt"
     if notice is None:
         return f"no {name} release supports torch {torch}"
-    what = "is archived" if notice.status == "archived" else "is deprecated"
-    project = "IPEX" if comp == "ipex" else "the oneCCL bindings project"
+    project = "IPEX" if comp == "ipex" else "the oneCCL bindings"
+    verb = "is" if comp == "ipex" else "are"
     return (
-        f"{project} {what}: the last release {name} {notice.last_release} supports torch "
+        f"{project} {verb} {notice.status}: the last release, {name} {notice.last_release}, supports torch "
         f"{spec_text([notice.last_torch])} only and you have torch {torch}; instead use {notice.alternative}"
     )
 
@@ -538,24 +541,49 @@ def why_not(
             known = ", ".join(str(r.version) for r in m.ipex)
             return [f"intel-extension-for-pytorch {v} is not a known CPU release (known: {known})"]
         out = ipex_reasons(ipex_rows[0], t, py, plat)
-        if t is not None:
+        if t is not None and out:
             eol = _eol_text(m, "ipex", t)
-            if eol and out:
+            if eol:
                 out.append(eol)
+            fit = _pick_ipex(m, t, py, plat).pin
+            if fit is not None:
+                out.append(f"for torch {t} and Python {py} use intel-extension-for-pytorch {fit.version}")
         return out
-    rows = [r for r in m.oneccl if r.version == _base(v)]
+    ccl_rows = [r for r in m.oneccl if r.version == _base(v)]
     if v.local:  # '2.7.0+xpu' names the build explicitly
-        rows = [r for r in rows if r.local.lstrip("+") == v.local] or rows
-    if not rows:
+        ccl_rows = [r for r in ccl_rows if r.local.lstrip("+") == v.local] or ccl_rows
+    if not ccl_rows:
         known = ", ".join(f"{r.version}{'' if r.device == 'cpu' else r.local}" for r in m.oneccl)
         return [f"oneccl_bind_pt {v} is not a known release (known: {known})"]
-    row = sorted(rows, key=lambda r: r.device != "cpu")[0]
-    out = oneccl_reasons(row, t, py, plat)
+    ccl = sorted(ccl_rows, key=lambda r: r.device != "cpu")[0]
+    out = oneccl_reasons(ccl, t, py, plat)
     if t is not None and out:
         eol = _eol_text(m, "oneccl", t)
         if eol:
             out.append(eol)
+        fit = _pick_oneccl(m, t, py, plat).pin
+        if fit is not None:
+            out.append(f"for torch {t} and Python {py} use oneccl_bind_pt {fit.version}")
     return out
+
+
+# --------------------------------------------------------------------------- HF options
+
+
+def hf_option_status(package: str, version: str, name: str, matrix: Matrix | None = None) -> str:
+    """'ok' | 'deprecated' | 'removed' | 'too-old' | 'unknown' for a transformers/accelerate option."""
+    v = parse_version(version, f"{package} version")
+    m = matrix if matrix is not None else default_matrix()
+    for row in m.hf:
+        if row.package == package and row.name == name:
+            if row.removed is not None and v >= row.removed:
+                return "removed"
+            if row.introduced is not None and v < row.introduced:
+                return "too-old"
+            if row.deprecated is not None and v >= row.deprecated:
+                return "deprecated"
+            return "ok"
+    return "unknown"
 
 
 # --------------------------------------------------------------------------- installed findings
@@ -565,13 +593,22 @@ def _pip(*args: str) -> str:
     return shlex.join(["python", "-m", "pip", *args])
 
 
+# Installed distributions by pip name only: a bare "oneccl" there is the oneCCL runtime wheel, not the bindings.
+_INSTALLED = {
+    "torch": "torch",
+    "intel-extension-for-pytorch": "ipex",
+    "intel_extension_for_pytorch": "ipex",
+    "oneccl-bind-pt": "oneccl",
+    "oneccl_bind_pt": "oneccl",
+    "torch-ccl": "oneccl",
+    "torch_ccl": "oneccl",
+}
+
+
 def _lookup(packages: Mapping[str, str | None], comp: str) -> str | None:
     for name, ver in packages.items():
-        try:
-            if normalize_package(name) == comp and ver:
-                return ver
-        except ResolveError:
-            continue
+        if _INSTALLED.get(name.strip().lower()) == comp and ver:
+            return ver
     return None
 
 
@@ -583,8 +620,9 @@ def installed_findings(
 ) -> list[dict[str, str]]:
     """Doctor findings for an installed stack: [{"id", "severity", "message", "fix"}]; [] when healthy.
 
-    `packages` maps distribution names (any alias) to installed versions (None = absent).
-    Unknown package names are ignored here (the doctor passes whatever pip lists).
+    `packages` maps pip distribution names (torch, intel_extension_for_pytorch, oneccl_bind_pt, torch_ccl,
+    dashes or underscores) to installed versions (None = absent). Other names are ignored: the doctor
+    passes whatever it scanned, including the unrelated `oneccl` runtime wheel.
     """
     py = normalize_python(python)
     plat = _check_platform(platform)
@@ -605,10 +643,11 @@ def installed_findings(
             f"create an environment with Python {best} (e.g. `uv venv --python {best}`) and reinstall"
             if best else "use a CPython version that torch publishes wheels for")
     elif torch_v is not None:
-        row = m.torch_release(torch_v)
-        if row is not None and torch_reasons(row, py, plat):
-            best = _best_stack(m, py, frozenset(), plat, [])
-            fix = _pip("install", f"torch=={best.torch}", "--index-url", best.torch_index_url or "") if best.torch else ""
+        trow = m.torch_release(torch_v)
+        if trow is not None and torch_reasons(trow, py, plat):
+            stack = _best_stack(m, py, frozenset(), plat, [])
+            fix = (_pip("install", f"torch=={stack.torch}", "--index-url", stack.torch_index_url or "")
+                   if stack.torch else "")
             add("torch-no-wheel-for-python", "warning",
                 f"torch {torch_v} publishes no wheel for Python {py}: it was built locally or for another Python",
                 fix)
@@ -654,9 +693,9 @@ def installed_findings(
                 f"oneccl_bind_pt {cv} is the Intel GPU (XPU) build; it is not a CPU wheel",
                 _fix_oneccl(m, torch_v, py, plat))
         elif torch_v is not None:
-            rows = [r for r in m.oneccl if r.version == _base(cv) and r.device == "cpu"]
-            if rows and not rows[0].accepts(torch_v):
-                msg = (f"oneccl_bind_pt {cv} is built for torch {spec_text(rows[0].torch)} but torch {torch_v} "
+            cpu_rows = [r for r in m.oneccl if r.version == _base(cv) and r.device == "cpu"]
+            if cpu_rows and not cpu_rows[0].accepts(torch_v):
+                msg = (f"oneccl_bind_pt {cv} is built for torch {spec_text(cpu_rows[0].torch)} but torch {torch_v} "
                        f"is installed: the ccl backend will fail to load or crash")
                 fit = _pick_oneccl(m, torch_v, py, plat)
                 if fit.pin is None:
@@ -664,7 +703,7 @@ def installed_findings(
                     if eol:
                         msg += f"; {eol}"
                 add("oneccl-torch-mismatch", "error", msg, _fix_oneccl(m, torch_v, py, plat))
-            elif not rows:
+            elif not cpu_rows:
                 add("oneccl-unknown", "warning", f"oneccl_bind_pt {cv} is not a known CPU release",
                     _fix_oneccl(m, torch_v, py, plat))
         if notice is not None:
@@ -686,6 +725,7 @@ def _fix_oneccl(m: Matrix, torch_v: Version | None, py: str, plat: str) -> str:
 __all__ = [
     "SCHEMA",
     "Pin",
+    "hf_option_status",
     "Rejection",
     "Resolution",
     "ResolveError",

@@ -1,0 +1,160 @@
+"""`cpuperf recommend` and `cpuperf bench`: decisions with reasons, and the measurements behind them."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from cpuperf.output import Output
+
+
+def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], seq_len: Optional[int],
+          batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: int,
+          hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
+          measurements: Optional[str], python: Optional[str] = None):
+    """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts)."""
+    import os
+
+    from cpuperf import measure
+    from cpuperf.hostfile import read_hostfile
+    from cpuperf.probe import probe_host
+    from cpuperf.recommend import parse_sets, recommend
+    from cpuperf.workload import resolve_workload
+
+    facts = probe_host(sysroot=sysroot, python=python)
+    workload = resolve_workload(model, params, seq_len, batch_size, steps)
+    hosts = read_hostfile(hostfile) if hostfile else None
+    if hosts is not None and nnodes == 1:
+        nnodes = len(hosts)
+    overrides: Dict[str, str] = {}
+    if config:
+        overrides.update(load_settings_file(config))
+    overrides.update(parse_sets(sets))
+    meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts) if facts.live else None)
+    rec = recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
+                    measurements=meas, overrides=overrides, environ=os.environ if facts.live else {})
+    return facts, rec, hosts
+
+
+def load_settings_file(path: str) -> Dict[str, str]:
+    """A TOML or JSON file of decision overrides: {dtype = "fp32", compile = false}."""
+    import json
+    from pathlib import Path
+
+    from cpuperf.errors import UsageError
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read settings file {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.endswith(".json") else _toml(text)
+    except ValueError as exc:
+        raise UsageError(f"settings file {path} is malformed: {exc}", hint="write KEY = VALUE lines (TOML) or a JSON object") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"settings file {path} must hold a table of decisions")
+    return {str(k): ("none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)) for k, v in data.items()}
+
+
+def _toml(text: str) -> Dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
+
+
+def renderings(facts, rec, hosts) -> Dict[str, Any]:
+    """Environment, launch line, HF flags and accelerate config for a recommendation."""
+    from cpuperf import render
+    from cpuperf.launch_plan import recommend_env, recommend_launch
+
+    transformers = rec.stack.get("transformers")
+    env = recommend_env(facts, rec, hosts)
+    launch = recommend_launch(facts, rec, hosts)
+    return {
+        "env": env,
+        "launch": launch,
+        "hf_args": render.hf_flags(rec, transformers),
+        "hf_args_for": transformers or "newest known transformers",
+        "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
+                                                      int(env.get("MASTER_PORT", "29500"))),
+    }
+
+
+def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
+    from cpuperf import render
+    from cpuperf.recommend import SCHEMA
+
+    facts, rec, hosts = build(**kwargs)
+    extra = renderings(facts, rec, hosts)
+    result = {
+        "schema": SCHEMA,
+        "decisions": [d.to_json() for d in rec.decisions],
+        "overridden": [d.id for d in rec.decisions if d.overridden],
+        "workload": rec.workload.to_json(),
+        "placement": rec.placement.to_json(),
+        "stack": rec.stack,
+        "notes": list(rec.notes),
+        **extra,
+    }
+    if out.json_mode:
+        out.json(result)
+        return 0
+    if fmt == "env":
+        out.product(render.env_exports(extra["env"]))
+    elif fmt == "hf":
+        import shlex
+
+        out.product(" ".join(shlex.quote(a) for a in extra["hf_args"]))
+    elif fmt == "accelerate":
+        out.product(extra["accelerate_config"])
+    elif fmt == "launch":
+        out.product(render.launch_line(extra["launch"]))
+    else:
+        _table(out, result)
+    for note in rec.notes:
+        out.info(f"note: {note}")
+    return 0
+
+
+def _table(out: Output, result: Dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from cpuperf import render
+
+    t = Table(title=f"Recommendation for workload {result['workload']['name']}", title_justify="left")
+    t.add_column("decision", style="bold")
+    t.add_column("value")
+    t.add_column("reason", overflow="fold")
+    for d in result["decisions"]:
+        value = d["value"]
+        shown = "-" if value is None else ("(config)" if isinstance(value, dict) else str(value).lower() if isinstance(value, bool) else str(value))
+        t.add_row(d["id"] + (" *" if d["overridden"] else ""), shown, d["reason"])
+    out.table(t)
+    lines = ["", "# environment", render.env_exports(result["env"]).rstrip(),
+             "", "# launch", render.launch_line(result["launch"]),
+             "", f"# Hugging Face Trainer flags ({result['hf_args_for']})", " ".join(result["hf_args"])]
+    out.product("\n".join(lines))
+    if result["overridden"]:
+        out.info("* set by you: " + ", ".join(result["overridden"]))
+
+
+def run_bench(out: Output, threads: Optional[int], size: int, seconds: float) -> int:
+    from cpuperf import measure
+    from cpuperf.placement import plan_placement
+    from cpuperf.probe import probe_host
+
+    facts = probe_host()
+    if threads is None:
+        threads = plan_placement(facts).threads_per_rank
+    out.info(f"measuring GEMM rates on {threads} thread(s) ...")
+    results = measure.run_micro(facts, threads)
+    path = measure.save(facts, results)
+    results["cache"] = str(path)
+    if out.json_mode:
+        out.json({"schema": "cpuperf.bench/1", **results})
+    else:
+        ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+        out.product(f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
+                    f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s); cached at {path}")
+    return 0

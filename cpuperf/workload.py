@@ -1,0 +1,158 @@
+"""What is being trained: the built-in presets, a Hugging Face config, or explicit numbers.
+
+Shapes only (no torch): enough for the memory plan and FLOP counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from cpuperf.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    vocab: int
+    batch_size: int  # global batch the user asked for (samples per optimizer step)
+    steps: Optional[int]
+    params: int  # parameter count
+    source: str  # 'preset' | 'hf-config' | 'explicit'
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // max(1, self.n_head)
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6N plus attention 12*L*d*T (Kaplan et al. 2020, table 1; PaLM app. B)."""
+        return 6.0 * self.params + 12.0 * self.n_layer * self.d_model * self.seq_len
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def transformer_params(n_layer: int, d_model: int, vocab: int, seq_len: int, tied: bool = True) -> int:
+    """Decoder-only transformer: 12*L*d^2 (attention + 4x MLP) + embeddings (+ positions)."""
+    per_layer = 12 * d_model * d_model + 13 * d_model  # weights + biases + 2 LayerNorms
+    embed = vocab * d_model * (1 if tied else 2) + seq_len * d_model
+    return n_layer * per_layer + embed + 2 * d_model
+
+
+# The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for
+# exactly the model `cpuperf train` builds. Global batch defaults per preset: CPU default 16;
+# GPT-2-small shape (GPU workload) 32.
+_DEFAULT_BATCH = {"tiny": 16, "gpt2-small": 32, "micro": 16}
+
+
+def _builtin_presets() -> Dict[str, Workload]:
+    from cpuperf.train.model import PRESETS as MODEL_PRESETS, flops_per_token, non_embedding_params
+
+    out: Dict[str, Workload] = {}
+    for name, cfg in MODEL_PRESETS.items():
+        params = non_embedding_params(cfg) + cfg.vocab_size * cfg.d_model + cfg.seq_len * cfg.d_model
+        out[name] = Workload(name, cfg.n_layer, cfg.d_model, cfg.n_head, cfg.seq_len, cfg.vocab_size,
+                             _DEFAULT_BATCH.get(name, 16), None, params, "preset")
+    return out
+
+
+PRESETS: Dict[str, Workload] = _builtin_presets()
+
+
+def from_hf_config(path: str, batch_size: int = 8) -> Workload:
+    """A Hugging Face config.json (GPT-2, Llama, BERT... key names differ by family)."""
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read model config {path}: {exc}",
+                         hint="pass a Hugging Face config.json, or --params/--seq-len") from exc
+
+    def pick(*keys: str, default: Optional[int] = None) -> Optional[int]:
+        for key in keys:
+            if isinstance(cfg.get(key), int):
+                return int(cfg[key])
+        return default
+
+    n_layer = pick("num_hidden_layers", "n_layer", "num_layers")
+    d_model = pick("hidden_size", "n_embd", "d_model")
+    if not n_layer or not d_model:
+        raise UsageError(f"{path} has no layer count or hidden size",
+                         hint="pass --params and --seq-len instead")
+    n_head = pick("num_attention_heads", "n_head", default=max(1, d_model // 64)) or 1
+    seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=1024) or 1024
+    vocab = pick("vocab_size", default=32000) or 32000
+    inter = pick("intermediate_size", "n_inner", default=4 * d_model) or 4 * d_model
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    gated = str(cfg.get("hidden_act", "")).lower() in ("silu", "swiglu") or "llama" in str(cfg.get("model_type", ""))
+    mlp = (3 if gated else 2) * d_model * inter
+    params = n_layer * (4 * d_model * d_model + mlp) + vocab * d_model * (1 if tied else 2)
+    name = cfg.get("_name_or_path") or cfg.get("model_type") or Path(path).parent.name
+    return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config")
+
+
+def hf_cache_config(model_id: str) -> Optional[str]:
+    """config.json of a model already in the local Hugging Face cache (never downloads)."""
+    home = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+    snapshots = Path(home) / ("models--" + model_id.replace("/", "--")) / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    for snap in sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
+        if (snap / "config.json").is_file():
+            return str(snap / "config.json")
+    return None
+
+
+def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, seq_len: Optional[int] = None,
+                     batch_size: Optional[int] = None, steps: Optional[int] = None) -> Workload:
+    """The workload from CLI inputs: a preset name, a config path, a model id in the HF cache, or numbers."""
+    if model is None or model in PRESETS:
+        base = PRESETS[model or "tiny"]
+    elif os.path.exists(model):
+        path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+        base = from_hf_config(path)
+    else:
+        cached = hf_cache_config(model)
+        if cached is None:
+            raise UsageError(f"model {model!r} is neither a preset ({', '.join(PRESETS)}), a config file, "
+                             "nor in the local Hugging Face cache",
+                             hint="pass the path of its config.json, or --params N --seq-len T")
+        base = from_hf_config(cached)
+    if params is not None:
+        count = parse_count(params)
+        # Explicit size: keep the preset's aspect, scale layers/width to match roughly.
+        base = replace(base, params=count, source="explicit", name=f"{base.name}@{params}")
+    if seq_len is not None:
+        if seq_len < 1:
+            raise UsageError("--seq-len must be positive")
+        base = replace(base, seq_len=seq_len)
+    if batch_size is not None:
+        if batch_size < 1:
+            raise UsageError("--batch-size must be positive")
+        base = replace(base, batch_size=batch_size)
+    if steps is not None:
+        if steps < 1:
+            raise UsageError("--steps must be positive")
+        base = replace(base, steps=steps)
+    return base
+
+
+def parse_count(text: str) -> int:
+    """'124M' -> 124_000_000; '7B' -> 7e9; '350000' -> 350000."""
+    t = text.strip().upper().replace("_", "")
+    mult = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(t[-1:] or "", 1)
+    number = t[:-1] if t[-1:] in "KMBGT" else t
+    try:
+        value = float(number) * mult
+    except ValueError:
+        raise UsageError(f"--params {text!r} is not a count", hint="e.g. --params 124M or --params 7B") from None
+    if value < 1:
+        raise UsageError("--params must be positive")
+    return int(value)

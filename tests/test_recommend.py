@@ -1,0 +1,182 @@
+"""The recommendation engine on recorded hosts, recorded GPUs and recorded measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from cpuperf.errors import UsageError
+from cpuperf.probe import probe_host
+from cpuperf.recommend import Measurements, parse_sets, recommend
+from cpuperf.workload import PRESETS, resolve_workload
+from hosts import fixture_host, make_host
+
+AVX512 = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
+SPR = AVX512 + ["avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
+ZEN4 = AVX512 + ["avx512_vnni", "avx512_bf16", "avx512_vbmi"]
+NEW_TORCH = json.dumps({"torch": "2.13.0+cpu"})
+LEGACY = json.dumps({"torch": "2.8.0+cpu", "intel_extension_for_pytorch": "2.8.0"})
+
+
+def facts_for(tmp_path, monkeypatch, packages=NEW_TORCH, gpus=None, **host):
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", packages)
+    if gpus is not None:
+        monkeypatch.setenv("CPUPERF_OVERRIDE_GPUS", json.dumps(gpus))
+    return probe_host(sysroot=str(make_host(tmp_path, **host)))
+
+
+def test_sapphire_rapids_gets_bf16_with_amx(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, flags=SPR, model=143, cores_per_socket=32)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("dtype") == "bf16" and "AMX" in rec.decision("dtype").reason
+    assert rec.get("fp32_math_mode") == "bf16"  # torch 2.13 offers the oneDNN bf16 math mode
+    assert rec.get("tf32") is False
+
+
+def test_legacy_ipex_stack_on_avx512_host_uses_ipex_not_compile(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, packages=LEGACY, flags=SPR, model=143)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("ipex") is True and rec.get("compile") is False
+    mismatched = json.dumps({"torch": "2.7.1+cpu", "intel_extension_for_pytorch": "2.8.0"})
+    facts = facts_for(tmp_path / "m", monkeypatch, packages=mismatched, flags=SPR, model=143)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("ipex") is False and "2.8" in rec.decision("ipex").reason
+
+
+def test_two_socket_host_gets_two_ranks_with_per_socket_threads(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=24, threads_per_core=2, flags=AVX512, model=85, stepping=7)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("nproc_per_node") == 2 and rec.get("threads_per_rank") == 24
+    assert rec.get("ddp_backend") == "gloo"  # no oneCCL bindings installed
+    assert rec.get("dtype") == "fp32"  # cascadelake: no native bf16
+
+
+def test_ccl_backend_only_with_compatible_bindings(tmp_path, monkeypatch):
+    pk = json.dumps({"torch": "2.7.0+cpu", "oneccl_bind_pt": "2.7.0+cpu"})
+    facts = facts_for(tmp_path, monkeypatch, packages=pk, sockets=2, cores_per_socket=32, flags=AVX512)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("ddp_backend") == "ccl" and rec.get("threads_per_rank") == 28  # 4 oneCCL workers out
+    pk = json.dumps({"torch": "1.12.1+cpu", "oneccl_bind_pt": "1.12.0"})
+    facts = facts_for(tmp_path / "b", monkeypatch, packages=pk, sockets=2, cores_per_socket=8, flags=AVX512)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("ddp_backend") == "gloo" and "1.12.100" in rec.decision("ddp_backend").reason
+
+
+def test_zen4_gets_bf16_without_ipex_only_features(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, vendor="AuthenticAMD", family=25, model=17, flags=ZEN4)
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("dtype") == "bf16" and rec.get("ipex") is False
+    assert rec.get("fp32_math_mode") is None  # no AMX
+
+
+def test_arm_host_gets_no_x86_advice(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", NEW_TORCH)
+    facts = probe_host(sysroot=str(fixture_host(tmp_path, "linux-amazon-neoverse_v1")))
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("ipex") is False and rec.get("fp32_math_mode") is None
+    text = json.dumps([d.to_json() for d in rec.decisions])
+    assert "AMX" not in rec.decision("dtype").reason and "KMP_" not in text
+
+
+def test_container_limited_to_four_cpus_gets_four_threads(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, cores_per_socket=32, cgroup={"cpu.max": "400000 100000"})
+    assert recommend(facts, PRESETS["tiny"]).get("threads_per_rank") == 4
+    facts = facts_for(tmp_path / "s", monkeypatch, cores_per_socket=32, cgroup={"cpuset.cpus.effective": "8-11"})
+    rec = recommend(facts, PRESETS["tiny"])
+    assert rec.get("threads_per_rank") == 4 and rec.get("affinity") == "8-11"
+
+
+def test_measured_slow_bf16_is_vetoed(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, vendor="AuthenticAMD", family=25, model=17, flags=ZEN4)
+    slow = Measurements(gemm_fp32_gflops=240.0, gemm_bf16_gflops=50.0, source="recorded")
+    rec = recommend(facts, PRESETS["tiny"], measurements=slow)
+    assert rec.get("dtype") == "fp32" and "measured" in rec.decision("dtype").reason
+    fast = Measurements(gemm_fp32_gflops=240.0, gemm_bf16_gflops=900.0, source="recorded")
+    assert recommend(facts, PRESETS["tiny"], measurements=fast).get("dtype") == "bf16"
+
+
+def test_allocator_only_when_measured_better(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch)
+    rec = recommend(facts, PRESETS["tiny"], measurements=Measurements(allocator_speedup={"tcmalloc": 1.2}))
+    assert rec.get("allocator") is None  # a snapshot has no libraries to preload
+
+
+def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch)
+    short = resolve_workload("tiny", steps=30)
+    meas = Measurements(compile_seconds=50.0, step_seconds=0.8, compile_speedup=1.1, source="recorded")
+    assert recommend(facts, short, measurements=meas).get("compile") is False
+    long = resolve_workload("tiny", steps=100_000)
+    assert recommend(facts, long, measurements=meas).get("compile") is True
+
+
+GPUS = {
+    "t4": {"name": "Tesla T4", "compute_capability": "7.5", "memory_bytes": 16 << 30},
+    "a100": {"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0", "memory_bytes": 80 << 30},
+    "h100": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 85520809984},
+}
+CUDA_TORCH = json.dumps({"torch": "2.5.1+cu121"})
+
+
+@pytest.mark.parametrize("card", ["t4", "a100", "h100"])
+def test_recorded_gpus(tmp_path, monkeypatch, card):
+    facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS[card], GPUS[card]])
+    rec = recommend(facts, PRESETS["gpt2-small"])
+    assert rec.get("device") == "cuda"
+    if card == "t4":
+        assert (rec.get("dtype"), rec.get("tf32")) == ("fp16", False)
+        assert rec.get("attention") == "mem_efficient"
+    else:
+        assert (rec.get("dtype"), rec.get("tf32")) == ("bf16", True)
+        assert rec.get("attention") == "flash"
+    assert rec.get("ddp_backend") == "nccl" and rec.get("nproc_per_node") == 2
+    assert rec.get("optimizer") == "adamw_fused"
+    batch = rec.get("batch_size")
+    assert batch % 8 == 0
+    ev = rec.decision("batch_size").evidence
+    assert ev["weights_grads_optimizer_bytes"] + batch * ev["activation_bytes_per_sample"] <= ev["budget_bytes"]
+    assert batch * rec.get("grad_accum_steps") * 2 >= PRESETS["gpt2-small"].batch_size
+
+
+def test_cuda_visible_devices_is_respected(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["a100"]] * 4)
+    rec = recommend(facts, PRESETS["tiny"], environ={"CUDA_VISIBLE_DEVICES": "1,3"})
+    assert rec.get("nproc_per_node") == 2
+    rec = recommend(facts, PRESETS["tiny"], environ={"CUDA_VISIBLE_DEVICES": ""})
+    assert rec.get("device") == "cpu"
+
+
+def test_huge_model_gets_zero_offload_on_gpu(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["t4"]])
+    w = resolve_workload("gpt2-small", params="7B")
+    rec = recommend(facts, w)
+    assert rec.get("optimizer") in ("adafactor", "adamw_8bit")
+    assert rec.get("zero") is not None
+
+
+def test_overrides_are_applied_and_marked(tmp_path, monkeypatch):
+    facts = facts_for(tmp_path, monkeypatch)
+    rec = recommend(facts, PRESETS["tiny"], overrides=parse_sets(["dtype=bf16", "threads_per_rank=1"]))
+    assert rec.get("dtype") == "bf16" and rec.decision("dtype").overridden
+    assert rec.get("threads_per_rank") == 1
+    with pytest.raises(UsageError):
+        parse_sets(["colour=blue"])
+    with pytest.raises(UsageError):
+        recommend(facts, PRESETS["tiny"], overrides={"dtype": "fp8"})
+
+
+def test_this_host(monkeypatch):
+    """On the machine running the tests: the answer derived from its own /proc and /sys."""
+    facts = probe_host()
+    rec = recommend(facts, PRESETS["tiny"])
+    expect_bf16 = facts.cpu.bf16_native
+    assert rec.get("dtype") == ("bf16" if expect_bf16 else "fp32")
+    assert rec.get("nproc_per_node") == facts.topology.sockets
+    cores = min(len(os.sched_getaffinity(0)), facts.topology.physical_cores)
+    if facts.topology.sockets == 1 and facts.topology.cpu_quota is None:
+        assert rec.get("threads_per_rank") == cores
+    rec2 = recommend(facts, PRESETS["tiny"], nproc_per_node=2) if cores >= 2 else None
+    if rec2 is not None:
+        assert rec2.get("ddp_backend") in ("gloo", "ccl")

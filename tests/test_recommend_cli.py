@@ -1,0 +1,73 @@
+"""`cpuperf recommend` end to end: JSON shape, renderings, overrides, errors."""
+
+from __future__ import annotations
+
+import json
+
+from cli_util import run_cli, run_json
+from hosts import make_host
+
+SPR = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+       "amx_tile", "amx_bf16", "amx_int8"]
+
+
+def test_json_shape_on_this_host():
+    rep, _ = run_json(["recommend"])
+    assert rep["schema"] == "cpuperf.recommend/1"
+    ids = [d["id"] for d in rep["decisions"]]
+    for required in ("dtype", "tf32", "nproc_per_node", "threads_per_rank", "ddp_backend", "ipex", "compile",
+                     "allocator", "batch_size", "grad_accum_steps", "grad_checkpointing", "optimizer",
+                     "dataloader_workers"):
+        assert required in ids
+    for d in rep["decisions"]:
+        assert set(d) >= {"id", "value", "reason", "evidence"}
+    assert "env" in rep and "launch" in rep and "hf_args" in rep
+
+
+def test_two_ranks_here_use_gloo_and_render_torchrun():
+    rep, _ = run_json(["recommend", "--nproc-per-node", "2"])
+    values = {d["id"]: d["value"] for d in rep["decisions"]}
+    assert values["ddp_backend"] in ("gloo", "ccl")
+    assert rep["launch"]["argv"][0] == "torchrun" and "--nproc-per-node=2" in rep["launch"]["argv"]
+    assert rep["env"]["MASTER_PORT"] == "29500"
+
+
+def test_sysroot_spr_with_legacy_flags_for_old_transformers(tmp_path):
+    root = make_host(tmp_path, sockets=2, cores_per_socket=32, flags=SPR, model=143)
+    pk = json.dumps({"torch": "2.3.1+cpu", "intel_extension_for_pytorch": "2.3.100", "transformers": "4.40.0"})
+    rep, _ = run_json(["recommend", "--sysroot", str(root)], {"CPUPERF_OVERRIDE_PACKAGES": pk})
+    values = {d["id"]: d["value"] for d in rep["decisions"]}
+    assert values["dtype"] == "bf16" and values["ipex"] is True and values["nproc_per_node"] == 2
+    assert "--use_ipex" in rep["hf_args"] and "--bf16" in rep["hf_args"] and "--use_cpu" in rep["hf_args"]
+    pk5 = json.dumps({"torch": "2.8.0+cpu", "intel_extension_for_pytorch": "2.8.0", "transformers": "5.0.0"})
+    rep, _ = run_json(["recommend", "--sysroot", str(root)], {"CPUPERF_OVERRIDE_PACKAGES": pk5})
+    assert "--use_ipex" not in rep["hf_args"] and "--no_cuda" not in rep["hf_args"]
+
+
+def test_set_and_config_overrides_are_reported(tmp_path):
+    cfg = tmp_path / "settings.toml"
+    cfg.write_text('compile = false\nthreads_per_rank = 1\n')
+    rep, _ = run_json(["recommend", "--config", str(cfg), "--set", "dtype=fp32"])
+    assert set(rep["overridden"]) == {"compile", "threads_per_rank", "dtype"}
+    assert rep["env"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    for args in (["recommend", "--set", "dtype=fp8"], ["recommend", "--set", "nope"],
+                 ["recommend", "--model", "no/such-model"], ["recommend", "--params", "lots"],
+                 ["recommend", "--format", "xml"]):
+        proc = run_cli(args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+    bad = tmp_path / "hosts"
+    bad.write_text("node1 slots=two\n")
+    proc = run_cli(["recommend", "--hostfile", str(bad), "--json"])
+    assert proc.returncode == 2 and "hosts:1" in json.loads(proc.stdout)["error"]["message"]
+
+
+def test_hf_config_workload(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+                               "n_positions": 1024, "vocab_size": 50257}))
+    rep, _ = run_json(["recommend", "--model", str(cfg)])
+    assert 100e6 < rep["workload"]["params"] < 170e6 and rep["workload"]["n_layer"] == 12
