@@ -49,22 +49,14 @@ class Options:
 
 
 def load_matrix_for_install() -> Any:
-    """The compat matrix. Falls back to the matrix files alone when other data shares compat/."""
+    """The compat matrix (shipped data plus $CPUPERF_COMPAT_DIR); malformed data is exit code 6."""
     from cpuperf import matrix as mx
+    from cpuperf.errors import BadDataError
 
     try:
         return mx.default_matrix()
     except mx.MatrixError as exc:
-        # compat/ also holds microarch.toml and tuning.toml (other commands' data), which the matrix
-        # loader does not skip yet: load the tables it knows from a view of just those files.
-        if not all("unknown table" in p.problem for p in exc.problems):
-            raise
-        view = Path(tempfile.mkdtemp(prefix="cpuperf-matrix-"))
-        bad = {p.file for p in exc.problems}
-        for f in sorted(mx.shipped_dir().glob("*.toml")):
-            if f.name not in bad:
-                (view / f.name).symlink_to(f)
-        return mx.load_matrix(environ=os.environ, base_dir=view)
+        raise BadDataError(str(exc), hint="fix the file, or unset CPUPERF_COMPAT_DIR") from exc
 
 
 # --------------------------------------------------------------------------- the target
