@@ -23,6 +23,8 @@ LOCK_SCHEMA = "cpuperf.lock/1"
 
 # The PyTorch wheel indexes (https://pytorch.org/get-started/locally/ and previous-versions/).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PYPI_INDEX = "https://pypi.org/simple"  # pip's index when none is configured
+_SKIPPABLE = ("default", "lock", "pip-default")
 
 # distribution name -> module to import in the verification step
 IMPORT_NAMES = {
@@ -57,7 +59,7 @@ class Source:
 
     kind: str  # index-url | extra-index-url | find-links
     location: str
-    origin: str  # flag | pip-config | env | default | lock
+    origin: str  # flag | pip-config | env | pip-default (PyPI, implied) | default | lock
     reachable: Optional[bool] = None  # None = not checked
     detail: str = ""  # where it was configured, what it is for
     error: str = ""  # why it is unreachable
@@ -86,25 +88,47 @@ class SourceSet:
 
     def usable(self) -> Tuple[Source, ...]:
         """Sources pip will be told about or will read itself (unreachable defaults dropped)."""
-        return tuple(s for s in self.sources if not (s.origin in ("default", "lock") and s.reachable is False))
+        return tuple(s for s in self.sources if not (s.origin in _SKIPPABLE and s.reachable is False))
 
     def skipped(self) -> Tuple[Source, ...]:
-        return tuple(s for s in self.sources if s.origin in ("default", "lock") and s.reachable is False)
+        return tuple(s for s in self.sources if s.origin in _SKIPPABLE and s.reachable is False)
 
     def pip_args(self) -> List[str]:
         """Arguments for the sources pip does not read from its own configuration."""
         args: List[str] = []
-        if self.no_index:
-            args.append("--no-index")
         seen = set()
+        no_index = self.no_index
+        if not no_index and any(s.origin == "pip-default" and s.reachable is False for s in self.sources):
+            # PyPI, pip's implied index, does not answer: pip would retry it for minutes on every
+            # package. Put the first index that answers in its place, or use the find-links only.
+            other = [s for s in self.usable() if s.kind != "find-links"]
+            if other:
+                args += ["--index-url", other[0].location]
+                seen.add(("extra-index-url", other[0].location))
+            else:
+                no_index = True
+        if no_index:
+            args.append("--no-index")
         for s in self.usable():
-            if s.origin in ("pip-config", "env") or (s.kind, s.location) in seen:
+            if s.origin in ("pip-config", "env", "pip-default") or (s.kind, s.location) in seen:
                 continue
-            if self.no_index and s.kind != "find-links":
+            if no_index and s.kind != "find-links":
                 continue
             seen.add((s.kind, s.location))
             args += s.pip_args()
         return args
+
+    def with_pypi(self) -> "SourceSet":
+        """Name PyPI as a source when pip would use it implicitly (no index-url anywhere, an index in use)."""
+        if self.no_index or any(s.kind == "index-url" for s in self.sources):
+            return self
+        return replace(self, sources=self.sources + (Source("index-url", PYPI_INDEX, "pip-default",
+                                                            detail="pip's default index"),))
+
+    def has_index(self) -> bool:
+        """True when pip has somewhere to look (an index that answers, or a find-links location)."""
+        return any(s.reachable is not False and (s.kind == "find-links" or not self.no_index)
+                   for s in self.usable())
 
     def with_defaults(self, defaults: Iterable[Source]) -> "SourceSet":
         """Add built-in defaults unless the user chose the sources or one already names the place."""
@@ -480,8 +504,6 @@ def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target
 
 def _describe_sources(usable: Sequence[Source], no_index: bool) -> str:
     names = [s.location for s in usable if not (no_index and s.kind != "find-links")]
-    if not no_index and not any(s.kind == "index-url" for s in usable):
-        names.append("https://pypi.org/simple")
     return " | ".join(names)
 
 

@@ -7,6 +7,7 @@ a private cache), so nothing here can reach the public registry or pull a real t
 from __future__ import annotations
 
 import base64
+import dataclasses
 import csv
 import functools
 import hashlib
@@ -481,3 +482,17 @@ def test_plan_install_pins_cpu_build_and_skips_dead_default():
     assert plan.argv()[-2:] == ["torch==2.7.0+cpu", "intel-extension-for-pytorch==2.7.0"]
     assert "PYTHONPATH" not in plan.env and plan.env["PIP_NO_INPUT"] == "1"
     assert any("skipped https://download.pytorch.org/whl/cpu" in w for w in plan.warnings)
+
+
+def test_dead_pypi_is_replaced_by_an_index_that_answers():
+    srcs = ip.SourceSet((ip.Source("extra-index-url", "file:///opt/pypi/simple", "pip-config", True),
+                         ip.Source("find-links", "/opt/wheels", "pip-config", True))).with_pypi()
+    assert srcs.pip_args() == []
+    dead = ip.SourceSet(tuple(dataclasses.replace(s, reachable=False, error="timed out")
+                              if s.origin == "pip-default" else s for s in srcs.sources))
+    assert dead.pip_args() == ["--index-url", "file:///opt/pypi/simple"]
+    only_links = ip.SourceSet((ip.Source("find-links", "/house", "pip-config", True),
+                               ip.Source("index-url", ip.PYPI_INDEX, "pip-default", False)))
+    assert only_links.pip_args() == ["--no-index"] and only_links.has_index()
+    nothing = ip.SourceSet((ip.Source("index-url", ip.PYPI_INDEX, "pip-default", False),))
+    assert not nothing.has_index()

@@ -130,7 +130,8 @@ def _sources(opts: Options, config: Mapping[str, str], lock: Optional[ip.Lock]) 
     cfg = ip.sources_from_config(config)
     if user.no_index:
         cfg = [s for s in cfg if s.kind == "find-links"]
-    srcs = ip.SourceSet(user.sources + tuple(cfg), no_index=user.no_index, user_chosen=user.user_chosen)
+    srcs = ip.SourceSet(user.sources + tuple(cfg), no_index=user.no_index,
+                        user_chosen=user.user_chosen).with_pypi()
     if lock is not None and not user.user_chosen:
         recorded = [ip.Source("extra-index-url", u, "lock", detail="recorded in the lock file")
                     for u in lock.index_urls if u != "https://pypi.org/simple"]
@@ -298,6 +299,9 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
     sources = sources.with_defaults(ip.default_sources(first, cuda_index))
     sources = _check_all(sources, proxy)
     _fail_unreachable(sources, out)
+    if not sources.has_index():
+        raise UnreachableError("no package source answers: " + ", ".join(
+            f"{s.location} ({s.error})" for s in sources.sources if s.reachable is False), hint=OFFLINE_HINT)
 
     constraint_text = "\n".join(pd.read_text(p) for p in (config.get("constraint") or "").split())
     specs = ip.constraint_specs(constraint_text, "torch")
