@@ -243,7 +243,7 @@ def test_fresh_venv_install_and_lock_round_trip(tmp_path, index, pip_home):
                 "--dry-run", "--json"], pip_home)
     again = ok_json(proc)
     assert {p["name"]: p["version"] for p in again["packages"]} == names
-    assert "--no-deps" in again["argv"]
+    assert "--no-deps" in again["argv"] and "--require-hashes" in again["argv"]
     assert not other.exists()  # a dry run creates nothing
 
 
@@ -255,6 +255,11 @@ def test_cpu_dry_run_plans_cpu_build_without_nvidia(tmp_path, index, pip_home):
     assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu")]
     assert data["device"] == "cpu"
     assert not any(p["name"].startswith("nvidia") for p in data["packages"])
+    # human mode: the plan is the product on stdout, commentary on stderr
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run"], pip_home)
+    assert proc.returncode == 0, proc.stderr
+    assert "2.7.0+cpu" in proc.stdout and "pip: " in proc.stdout and "--index-url " + index.good in proc.stdout
+    assert "asking pip" in proc.stderr and "asking pip" not in proc.stdout
 
 
 def test_gpu_host_gets_the_cuda_build_for_its_driver(tmp_path, index, pip_home):

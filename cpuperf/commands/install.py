@@ -230,6 +230,12 @@ def run(out: Output, opts: Options) -> int:
                                      environ=environ)
         except ip.PlanError as exc:
             raise IncompatibleHostError(str(exc), hint="make the lock on a node with the same Python") from exc
+        if all(p.sha256 for p in lock.packages):
+            # every pin has a hash: pip checks each wheel against it (--require-hashes)
+            req_file = run_dir / "lock-requirements.txt"
+            req_file.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in lock.packages),
+                                encoding="utf-8")
+            plan = dataclasses.replace(plan, requirements_file=str(req_file))
     else:
         plan = _plan(opts, out, facts, target, pip, sources, config, proxy, device, py, environ)
 
@@ -272,8 +278,7 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
     installed_info = facts.software.packages.get("torch") if facts.software else None
     installed = installed_info.version if installed_info else None
     try:
-        first = resolve(py, opts.torch or (None if not installed else None), want, matrix=matrix,
-                        installed_torch=None if opts.torch else installed)
+        first = resolve(py, opts.torch, want, matrix=matrix, installed_torch=None if opts.torch else installed)
     except ResolveError as exc:
         raise UsageError(str(exc), hint="cpuperf install --torch 2.7 --with ipex,oneccl") from exc
     if first.torch is None:
