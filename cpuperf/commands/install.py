@@ -191,6 +191,9 @@ def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: 
 
 
 def run(out: Output, opts: Options) -> int:
+    """The whole command; returns the exit code (errors are raised as CpuperfError)."""
+    if not (opts.dry_run or opts.download or opts.yes) and not sys.stdin.isatty():
+        _confirm(opts, out, None)  # refuses at once: nobody could answer the question later
     environ = dict(os.environ)
     env = ip.child_env(environ)
     target = _target(opts, env)
@@ -407,7 +410,7 @@ def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
     return int(ExitCode.OK)
 
 
-def _confirm(opts: Options, out: Output, plan: ip.InstallPlan) -> None:
+def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None:
     if opts.yes:
         return
     if not sys.stdin.isatty():
@@ -415,7 +418,7 @@ def _confirm(opts: Options, out: Output, plan: ip.InstallPlan) -> None:
                          hint="rerun with --yes (or look first with --dry-run)")
     import typer
 
-    if not typer.confirm(f"change {plan.target.python}?", default=False, err=True):
+    if plan is None or not typer.confirm(f"change {plan.target.python}?", default=False, err=True):
         raise CpuperfError("nothing changed: not confirmed", code=ExitCode.FOUND_ERROR)
 
 
