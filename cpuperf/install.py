@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -136,15 +136,8 @@ class SourceSet:
             return self
         have = {_norm_url(s.location) for s in self.sources}
         extra = [d for d in defaults if _norm_url(d.location) not in have]
-        have_index = any(s.kind == "index-url" for s in self.sources)
-        fixed = []
-        for d in extra:
-            # A default never replaces the user's or pip's index-url: it is added as an extra index.
-            if d.kind == "index-url" and (have_index or any(x.kind == "index-url" for x in fixed)):
-                d = replace(d, kind="extra-index-url")
-            elif d.kind == "index-url":
-                d = replace(d, kind="extra-index-url")
-            fixed.append(d)
+        # A default never replaces the user's or pip's index-url: it is always an extra index.
+        fixed = [replace(d, kind="extra-index-url") if d.kind == "index-url" else d for d in extra]
         return replace(self, sources=self.sources + tuple(fixed))
 
     def index_urls(self) -> List[str]:
