@@ -247,7 +247,7 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
             add("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cpus),
                 "each local rank's oneCCL workers on its own first cores, in local-rank order")
         else:
-            add("CCL_WORKER_COUNT", "1", "one rank per node: no core is set aside; oneCCL's default single worker")
+            add("CCL_WORKER_COUNT", "1", "no core is set aside (a single rank, or a rank of one core): oneCCL's default single worker")
     if mpi == "intelmpi":
         domain = pin_domain(placement)
         if domain:

@@ -123,7 +123,7 @@ def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
 
 
 def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit: str = "socket",
-                   ccl: bool = False) -> Placement:
+                   ccl: bool = False, nnodes: int = 1) -> Placement:
     """Ranks, their cores and thread counts for this host."""
     if unit not in ("socket", "numa"):
         raise UsageError(f"unknown placement unit {unit!r}", hint="use 'socket' or 'numa'")
@@ -146,7 +146,9 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     groups = _groups(cores, nproc, unit)
     slots: List[RankSlot] = []
     per_rank_budget = max(1, budget // nproc)
-    workers = ccl_worker_count(min(len(g) for g in groups)) if (ccl and nproc > 1) else 0
+    # oneCCL workers drive every collective, so they matter as soon as there is more than one rank
+    # in the job, one rank per node across several nodes included.
+    workers = ccl_worker_count(min(len(g) for g in groups)) if (ccl and nproc * max(1, nnodes) > 1) else 0
     for rank, group in enumerate(groups):
         primaries = tuple(c.cpus[0] for c in group)
         worker_cpus = primaries[:workers] if workers else ()

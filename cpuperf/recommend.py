@@ -283,7 +283,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
                      {"visible_gpus": len(gpus)}))
     else:
         want_ccl = bool(facts.software and ccl_compatible(torch_v, stack.get("oneccl_bind_pt"), py)[0])
-        placement = plan_placement(facts, nproc_per_node, unit, ccl=want_ccl)
+        placement = plan_placement(facts, nproc_per_node, unit, ccl=want_ccl, nnodes=total_nodes)
         put(Decision("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
                      {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
                       "usable_physical_cores": placement.cpu_budget}))

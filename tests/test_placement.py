@@ -67,3 +67,10 @@ def test_hostfile_formats_and_errors():
         with pytest.raises(UsageError):
             parse_hostfile_text(bad)
     assert valid_host("fe80::1") and not valid_host("-bad") and not valid_host("a;b")
+
+
+def test_ccl_worker_reserved_for_one_rank_per_node_across_nodes(tmp_path):
+    facts = probe_host(sysroot=str(make_host(tmp_path, sockets=1, cores_per_socket=16)))
+    assert plan_placement(facts, ccl=True).ccl_workers == 0  # a single rank has no collectives
+    p = plan_placement(facts, ccl=True, nnodes=4)
+    assert p.ccl_workers == 4 and p.threads_per_rank == 12

@@ -105,7 +105,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
                                     hint="install torch 2.7 with oneccl_bind_pt 2.7.0+cpu, or drop --require-ccl")
 
     facts = probe_host(sysroot=opts.sysroot, software=False)
-    placement = plan_placement(facts, opts.nproc_per_node, opts.unit, ccl=backend.name == "ccl")
+    placement = plan_placement(facts, opts.nproc_per_node, opts.unit, ccl=backend.name == "ccl", nnodes=nodes)
 
     sources, notes = envsources.plan_sources(stack, backend.name)
     notes = list(stack.notes) + notes
