@@ -97,7 +97,7 @@ def measure_peak(device: Any, dtype: str, tf32: bool = False, size: int = 4096,
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     tflops = 2.0 * size ** 3 * n / elapsed / 1e12
-    return Peak(round(tflops, 3), want, f"measured: {n} x torch.mm {size}x{size} {want} in {elapsed:.2f}s")
+    return Peak(float(f"{tflops:.4g}"), want, f"measured: {n} x torch.mm {size}x{size} {want} in {elapsed:.2f}s")
 
 
 # ------------------------------------------------------------------------------------ AMP
@@ -162,9 +162,11 @@ KERNEL_NAMES = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "mem_efficien
 
 
 def sdpa_constraints(kernel: str, dtype: str, head_dim: int, device_type: str,
-                     cc: Optional[Tuple[int, int]], mask: bool = False) -> List[str]:
+                     cc: Optional[Tuple[int, int]], mask: bool = False, dropout_p: float = 0.0) -> List[str]:
     """Known reasons a fused SDPA kernel cannot run (pure; the actual try is sdpa_report's)."""
     out: List[str] = []
+    if dropout_p and device_type != "cuda" and kernel == "flash":
+        out.append("the CPU flash kernel takes no attention dropout")
     if kernel == "flash":
         if device_type == "cuda":
             if dtype not in ("fp16", "bf16"):
@@ -173,8 +175,8 @@ def sdpa_constraints(kernel: str, dtype: str, head_dim: int, device_type: str,
                 out.append(f"flash needs compute capability >= 8.0 (this card: {cc[0]}.{cc[1]})")
             if head_dim % 8 or head_dim > 256:
                 out.append(f"flash needs a head size that is a multiple of 8 up to 256 (got {head_dim})")
-        if mask:
-            out.append("flash takes no explicit attention mask (only is_causal)")
+            if mask:
+                out.append("flash on CUDA takes no explicit attention mask (only is_causal)")
     elif kernel == "mem_efficient":
         if device_type != "cuda":
             out.append("the memory-efficient kernel is CUDA-only")
@@ -218,8 +220,14 @@ def _priority() -> List[Any]:
     return [getattr(SDPBackend, n) for n in _DEFAULT_ORDER if hasattr(SDPBackend, n)]
 
 
+def _warning_text(message: Any) -> str:
+    """torch's warning without its '(Triggered internally at file:line.)' tail."""
+    text = re.sub(r"\s*\(Triggered internally at [^)]*\)\s*$", "", str(message)).strip()
+    return "" if text.endswith("not used because:") else text
+
+
 def sdpa_report(batch: int, heads: int, seq: int, head_dim: int, dtype: Any, device: Any,
-                causal: bool = True, mask: bool = False) -> Dict[str, Any]:
+                causal: bool = True, mask: bool = False, dropout_p: float = 0.0) -> Dict[str, Any]:
     """Which SDPA kernel really runs for this shape, and why each faster one did not.
 
     Tries the backends in the dispatcher's priority order, each alone under sdpa_kernel([b]); the
@@ -250,11 +258,13 @@ def sdpa_report(batch: int, heads: int, seq: int, head_dim: int, dtype: Any, dev
             warnings.simplefilter("always")
             try:
                 with sdpa_kernel([backend]):
-                    F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
-            except RuntimeError as exc:  # 'No available kernel' (CUDA) / 'No viable backend' (CPU)
-                said = [str(w.message).strip() for w in caught if str(w.message).strip()]
-                ours = sdpa_constraints(name, dname, head_dim, dev.type, cc, mask)
-                why_not[name] = "; ".join(dict.fromkeys(ours + said)) or str(exc).splitlines()[0]
+                    F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                                   dropout_p=dropout_p)
+            except RuntimeError as exc:  # 'No available kernel' / 'No viable backend' (CPU)
+                said = [_warning_text(w.message) for w in caught]
+                ours = sdpa_constraints(name, dname, head_dim, dev.type, cc, mask, dropout_p)
+                why_not[name] = "; ".join(dict.fromkeys(r for r in ours + said if r)) \
+                    or str(exc).splitlines()[0]
                 continue
         kernel = name
         break
