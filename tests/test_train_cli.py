@@ -1,4 +1,4 @@
-"""The worker's command line, schedule and MFU table: pure parts, no torch needed."""
+"""The worker's command line and schedule: pure parts, no torch needed (peaks: test_train_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from cpuperf.train.errors import ConfigError
 from cpuperf.train.settings import TrainSettings
-from cpuperf.train.worker import _human, _lr_lambda, _peak_tflops, build_parser, load_settings
+from cpuperf.train.worker import _human, _lr_lambda, build_parser, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,17 +43,6 @@ def test_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert f(110) == pytest.approx(0.1) and f(500) == pytest.approx(0.1)
     assert all(f(i) >= f(i + 1) for i in range(10, 120))
     assert math.isclose(_lr_lambda(TrainSettings(warmup=0, min_lr_ratio=1.0), 10)(5), 1.0)
-
-
-def test_peak_table() -> None:
-    gpu = TrainSettings(device="cuda", dtype="bf16")
-    assert _peak_tflops(gpu, "cuda:0 (NVIDIA H100 80GB HBM3)") == 989.4
-    assert _peak_tflops(gpu, "cuda:0 (NVIDIA H100 PCIe)") == 756.0
-    assert _peak_tflops(gpu.replace(dtype="fp32", tf32=False), "cuda:0 (NVIDIA A100-SXM4-80GB)") \
-        == 19.5
-    assert _peak_tflops(gpu, "cuda:0 (Some Future GPU)") is None
-    assert _peak_tflops(TrainSettings(), "cpu") is None
-    assert _peak_tflops(TrainSettings(peak_tflops=2.5), "cpu") == 2.5
 
 
 def test_human_summary() -> None:
