@@ -205,6 +205,11 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
     if device == "cuda" and gpu is not None:
         if gpu.memory_bytes is None:
             return None, "GPU memory unknown"
+        if gpu.memory_free_bytes is not None and gpu.memory_free_bytes < gpu.memory_bytes * rule["gpu_headroom"]:
+            # Another process holds part of the card: only what is free now can be planned for.
+            return (int(gpu.memory_free_bytes * rule["gpu_headroom"]),
+                    f"{gpu.name}: {gpu.memory_free_bytes / 2**30:.1f} GiB free of {gpu.memory_bytes / 2**30:.0f} GiB "
+                    f"x {rule['gpu_headroom']}")
         return int(gpu.memory_bytes * rule["gpu_headroom"]), f"{gpu.name}: {gpu.memory_bytes / 2**30:.0f} GiB x {rule['gpu_headroom']}"
     total = facts.memory.available_bytes or facts.memory.total_bytes
     limit = facts.limits.memory_limit_bytes

@@ -181,3 +181,17 @@ def test_hf_flags_follow_the_installed_transformers(tmp_path) -> None:
     args = rep["hf_args"]
     assert "--bf16" in args and "--tf32" in args  # 4.10 / 4.15
     assert "adamw_torch_fused" not in args  # optim=adamw_torch_fused arrived in 4.27
+
+
+def test_recommend_plans_for_the_memory_left_on_a_shared_gpu(tmp_path, monkeypatch) -> None:
+    from cpuperf.recommend import recommend
+    from cpuperf.workload import PRESETS
+
+    rows = json.loads(recorded("a100-sxm4-80gb.json"))[:1]
+    rows[0]["free_bytes"] = 20 << 30  # another job holds 60 GiB
+    monkeypatch.setenv("CPUPERF_OVERRIDE_GPUS", json.dumps(rows))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.5.1+cu121"}))
+    facts = probe_host(sysroot=str(make_host(tmp_path)))
+    rec = recommend(facts, PRESETS["gpt2-small"])
+    ev = rec.decision("batch_size").evidence
+    assert ev["budget_bytes"] == int((20 << 30) * 0.9) and "free of" in ev["budget"]

@@ -51,6 +51,14 @@ def test_human_summary() -> None:
                    "samples_per_s": 10.0, "tokens_per_s": 1280.0, "warmup_s": 0.5, "mfu": 0.25,
                    "metrics_file": "m", "checkpoint": "c"})
     assert "6.6000 -> 5.0000" in text and "MFU 25.0%" in text and "eval loss -" in text
+    gpu = _human({"status": "completed", "steps": 3, "train_s": 1.0, "world_size": 1,
+                  "device": "cuda:0 (Tesla T4)", "loss_first": 6.6, "loss_last": 5.0, "eval_loss": None,
+                  "samples_per_s": 10.0, "tokens_per_s": 1280.0, "warmup_s": 0.5, "mfu": 0.25,
+                  "metrics_file": "m", "checkpoint": "c",
+                  "attention_kernel": {"kernel": "mem_efficient"},
+                  "amp": {"dtype": "fp16", "autocast": True, "grad_scaler": True},
+                  "batch_trial": {"adjusted": True, "planned_batch": 64, "batch": 24, "grad_accum_steps": 3}})
+    assert "attention mem_efficient, fp16 autocast + GradScaler, batch 64 -> 24 x 3 (trial step)" in gpu
 
 
 def test_importing_the_package_does_not_import_torch() -> None:

@@ -251,3 +251,39 @@ def test_gpu_module_imports_without_torch() -> None:
     code = "import sys, cpuperf.train.gpu, cpuperf.gpucheck; assert 'torch' not in sys.modules"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_worker_trial_step_runs_the_real_model_on_cpu(tmp_path) -> None:
+    """Run.trial_batch with the micro model on CPU tensors and a recorded 16 GiB card's counters."""
+    from cpuperf.train.worker import Run, _Stop
+
+    s = TrainSettings(preset="micro", batch_size=64, grad_accum_steps=1, out_dir=str(tmp_path),
+                      progress="off", max_steps=1)
+    run = Run(s, _Stop())
+    run.setup_dist()
+    run.setup_data()
+    run.setup_model()
+    calls = []
+    per_sample = 512 * MiB
+
+    def peak() -> int:
+        return 2 * GiB + calls[-1] * per_sample
+
+    real_step_ran = []
+    run.memory_probe = MemoryProbe(reset_peak=lambda: None, allocated=lambda: 2 * GiB, peak=peak,
+                                   usable=lambda: 16 * GiB, release=lambda: None)
+    model = run.raw_model
+    original_forward = model.forward
+
+    def forward(x, y=None):  # record the batch each trial step really ran
+        calls.append(x.shape[0])
+        out = original_forward(x, y)
+        real_step_ran.append(out[1].requires_grad)
+        return out
+
+    model.forward = forward
+    rep = run.trial_batch(model)
+    assert calls == [64] and real_step_ran == [True]
+    assert all(p.grad is None for p in model.parameters())  # the trial leaves no gradients behind
+    assert rep["adjusted"] and (rep["batch"], rep["grad_accum_steps"]) == (24, 3)
+    assert rep["planned_grad_accum_steps"] == 1

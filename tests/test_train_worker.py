@@ -59,6 +59,9 @@ def test_short_run_learns_and_writes_metrics(tmp_path, tok_cache) -> None:
     assert summary["samples_per_s"] > 0 and summary["tokens_per_s"] == pytest.approx(
         summary["samples_per_s"] * 32, rel=1e-3)
     assert summary["warmup_s"] > 0 and summary["mfu"] is None  # no CPU peak given
+    assert summary["attention_kernel"]["kernel"] == "flash"  # the CPU flash kernel
+    assert summary["amp"] == {"dtype": "fp32", "autocast": False, "grad_scaler": False}
+    assert summary["batch_trial"] is None and summary["peak"] is None  # CPU: no trial, no peak
     assert len(summary["param_checksums"]) == 1
     assert "Traceback" not in p.stderr and "step 30/30 loss" in p.stderr
 

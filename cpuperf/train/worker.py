@@ -118,6 +118,7 @@ class Run:
         self.stop = stop
         self.torch = _import_torch()
         self.t_start = time.perf_counter()
+        self.memory_probe: Any = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
 
     # ---------------------------------------------------------------------------------- setup
     def setup_dist(self) -> None:
@@ -326,7 +327,7 @@ class Run:
 
         try:
             report = confirm_batch(step, s.batch_size, s.batch_size * s.grad_accum_steps * self.world,
-                                   self.world, multiple, cuda_memory(self.device),
+                                   self.world, multiple, self.memory_probe or cuda_memory(self.device),
                                    fixed_bytes=moments, grad_bytes=grad_bytes,
                                    headroom=tuning["memory"]["gpu_headroom"])
         except BatchFitError as exc:
@@ -724,6 +725,18 @@ def _human(summary: dict) -> str:
         + (f", MFU {summary['mfu'] * 100:.1f}%" if summary.get("mfu") is not None else ""),
         f"  metrics {summary['metrics_file']}, checkpoint {summary['checkpoint']}",
     ]
+    extra = []
+    if (summary.get("attention_kernel") or {}).get("kernel"):
+        extra.append(f"attention {summary['attention_kernel']['kernel']}")
+    if (summary.get("amp") or {}).get("autocast"):
+        amp = summary["amp"]
+        extra.append(f"{amp['dtype']} autocast" + (" + GradScaler" if amp["grad_scaler"] else ""))
+    trial = summary.get("batch_trial") or {}
+    if trial.get("adjusted"):
+        extra.append(f"batch {trial['planned_batch']} -> {trial['batch']} x {trial['grad_accum_steps']} "
+                     "(trial step)")
+    if extra:
+        lines.insert(3, "  " + ", ".join(extra))
     return "\n".join(lines) + "\n"
 
 
