@@ -1,6 +1,6 @@
 """GPU findings for `cpuperf doctor` and the one-line blockers `cpuperf train` prints before starting.
 
-Pure over HostFacts and the compat matrix: the driver floor per CUDA version is compat/torch.toml's
+Pure over HostFacts and the compat matrix: the driver floor per CUDA version is compat/cuda.toml's
 [[cuda]] rows (NVIDIA's minor-version compatibility: 11.x >= 450.80.02, 12.x >= 525.60.13,
 13.x >= 580), the free-memory threshold is compat/tuning.toml [gpu_memory].
 """
@@ -60,26 +60,24 @@ def driver_floor(cuda: str, matrix: Any = None) -> Optional[Tuple[str, str, str]
 
 
 def variant_for_driver(torch_version: str, driver: str, matrix: Any = None) -> Optional[Any]:
-    """The newest CUDA variant of this torch release that `driver` can run, or None."""
+    """The newest CUDA variant of this torch release that `driver` can run, or None.
+
+    The same rule `cpuperf install` picks builds by (install.cuda_tag_for_driver).
+    """
     from packaging.version import InvalidVersion, Version
 
+    from cpuperf.install import cuda_tag_for_driver
     from cpuperf.matrix import default_matrix
 
     m = matrix if matrix is not None else default_matrix()
-    have = driver_tuple(driver)
     try:
         release = m.torch_release(Version(torch_version))
     except InvalidVersion:
         return None
-    if release is None or have is None:
+    if release is None:
         return None
-    fits = []
-    for tag in release.cuda:
-        row = m.cuda_variant(tag)
-        need = driver_tuple(row.min_driver_linux) if row else None
-        if row is not None and need is not None and have >= need:
-            fits.append(row)
-    return max(fits, key=lambda r: _cuda_key(r.cuda)) if fits else None
+    tag, _why = cuda_tag_for_driver(driver, release.cuda, m.cuda)
+    return m.cuda_variant(tag) if tag else None
 
 
 def _torch(facts: HostFacts) -> Any:
