@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,9 +57,9 @@ def build_configs(values: Dict[str, Any], batch: int, global_batch: int,
     """
     default = {**PLAIN, "batch_size": batch, "grad_accum_steps": max(1, -(-global_batch // batch))}
     auto = auto_settings(values)
-    configs = [{"name": "default", "settings": default},
+    configs: List[Dict[str, Any]] = [{"name": "default", "settings": default},
                {"name": "auto", "settings": auto, "decisions": dict(values)}]
-    sweep = []
+    sweep: List[Tuple[str, Dict[str, Any]]] = []
     if auto["dtype"] != "fp32":
         sweep.append((f"dtype={auto['dtype']}", {"dtype": auto["dtype"]}))
     sweep.append(("tf32", {"tf32": True}))

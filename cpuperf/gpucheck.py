@@ -92,7 +92,7 @@ def check_driver(facts: HostFacts) -> List[Any]:
     gpus = facts.gpus or ()
     if torch is None or torch.build != "cuda" or not torch.cuda or not gpus:
         return []
-    drivers = sorted({g.driver_version for g in gpus if driver_tuple(g.driver_version)},
+    drivers = sorted({g.driver_version for g in gpus if g.driver_version and driver_tuple(g.driver_version)},
                      key=lambda d: driver_tuple(d) or ())
     if not drivers:
         return []
