@@ -245,8 +245,10 @@ class Run:
 
         self.amp = amp_plan(s.dtype, self.device)
         if self.rank == 0 and s.dtype != "fp32" and self.amp.name != s.dtype:
-            sys.stderr.write(f"cpuperf train: note: dtype {s.dtype} asked for; this device runs "
-                             f"{self.amp.name} autocast ({'bf16 is native here' if self.amp.name == 'bf16' else 'no native bf16 before compute capability 8.0' if self.amp.name == 'fp16' else 'no Tensor Cores'})\n")
+            why = {"bf16": "bf16 autocast: native here, no loss scaling needed",
+                   "fp16": "fp16 autocast + GradScaler: no native bf16 before compute capability 8.0",
+                   "fp32": "fp32: no Tensor Cores before compute capability 7.0"}[self.amp.name]
+            sys.stderr.write(f"cpuperf train: note: dtype {s.dtype} asked for; this device runs {why}\n")
         self.scaler = None
         if self.amp.grad_scaler:
             self.scaler = torch.amp.GradScaler("cuda")
@@ -325,24 +327,29 @@ class Run:
             finally:
                 model.zero_grad(set_to_none=True)
 
+        report: Optional[dict] = None
+        failure = "no rank measured a batch"
         try:
             report = confirm_batch(step, s.batch_size, s.batch_size * s.grad_accum_steps * self.world,
                                    self.world, multiple, self.memory_probe or cuda_memory(self.device),
                                    fixed_bytes=moments, grad_bytes=grad_bytes,
                                    headroom=tuning["memory"]["gpu_headroom"])
         except BatchFitError as exc:
-            raise TrainError(f"batch trial: {exc}", hint="set grad_checkpointing true, or use a "
-                             "smaller model")
-        if self.world > 1:  # every rank must step with the same batch
-            t = torch.tensor([report["batch"]], dtype=torch.int64, device=self.comm_device)
+            failure = str(exc)
+        batch = report["batch"] if report else 0
+        if self.world > 1:  # every rank must step with the same batch (0: a rank found none fits)
+            t = torch.tensor([batch], dtype=torch.int64, device=self.comm_device)
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
             batch = int(t.item())
-            if batch != report["batch"]:
-                report["batch"] = batch
-                report["grad_accum_steps"] = max(1, math.ceil(
-                    s.batch_size * s.grad_accum_steps / batch))
-                report["adjusted"] = batch != s.batch_size
+        if report is None or batch < 1:
+            raise TrainError(f"batch trial: {failure}",
+                             hint="set grad_checkpointing true, or use a smaller model")
+        if batch != report["batch"]:
+            report["batch"] = batch
+            report["grad_accum_steps"] = max(1, math.ceil(s.batch_size * s.grad_accum_steps / batch))
+            report["adjusted"] = batch != s.batch_size
         report["planned_grad_accum_steps"] = s.grad_accum_steps
+        report["global_batch"] = report["batch"] * report["grad_accum_steps"] * self.world
         if self.rank == 0 and report["adjusted"]:
             what = "out of memory" if report["oom"] else \
                 f"peak {report['peak_bytes'] / 2**30:.1f} GiB"
