@@ -63,14 +63,22 @@ def table_peak(device_name: str, dtype: str, tf32: bool = False) -> Optional[Pea
     return None
 
 
-def measure_peak(device: Any, dtype: str, tf32: bool = False, size: int = 4096,
-                 seconds: float = 1.0) -> Peak:
-    """Peak GEMM TFLOP/s measured on `device`: a short torch.mm loop (for cards not in the table)."""
+def measure_peak(device: Any, dtype: str, tf32: bool = False, size: Optional[int] = None,
+                 seconds: Optional[float] = None) -> Peak:
+    """Peak GEMM TFLOP/s measured on `device`: a short torch.mm loop (cards not in the table, CPUs).
+
+    Defaults: 4096x4096 for 1 s on CUDA; 512x512 for 0.3 s on CPU (with the process's threads), small
+    enough that emulated bf16 (~1 GFLOP/s on CPUs without AVX512-BF16/AMX) still ends in a second.
+    """
     import torch
 
     want = math_dtype(dtype, tf32)
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(want, torch.float32)
     dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    size = size or (4096 if cuda else 512)
+    seconds = seconds if seconds is not None else (1.0 if cuda else 0.3)
+    inner = 10 if cuda else 1  # CUDA: amortise the synchronisation; CPU: check the clock each time
     g = torch.Generator(device=dev).manual_seed(0)  # leave the training RNG streams alone
     a = torch.randn(size, size, device=dev, dtype=tdt, generator=g)
     b = torch.randn(size, size, device=dev, dtype=tdt, generator=g)
@@ -82,14 +90,14 @@ def measure_peak(device: Any, dtype: str, tf32: bool = False, size: int = 4096,
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = want == "tf32"
     try:
-        for _ in range(3):  # warm-up: cuBLAS heuristics, clocks
+        for _ in range(3 if cuda else 1):  # warm-up: cuBLAS heuristics, clocks, oneDNN primitives
             torch.mm(a, b)
         sync()
         n, t0 = 0, time.perf_counter()
         while True:
-            for _ in range(10):
+            for _ in range(inner):
                 torch.mm(a, b)
-            n += 10
+            n += inner
             sync()
             elapsed = time.perf_counter() - t0
             if elapsed >= seconds:

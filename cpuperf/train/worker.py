@@ -62,9 +62,9 @@ def _import_torch() -> Any:
 def _peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None) -> Any:
     """The MFU denominator (gpu.Peak) from settings.peak_tflops or compat/gpu_peaks.toml; None if unknown.
 
-    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. On CUDA an
-    unknown card gets a measured peak in Run.run; CPU peaks depend on SKU, clocks and ISA, so a CPU
-    run reports MFU only when the caller passes peak_tflops.
+    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. Unknown
+    (a card not in the table; every CPU: peaks depend on SKU, clocks and ISA) gets a measured GEMM
+    peak in Run.run.
     """
     from cpuperf.train.gpu import Peak, math_dtype, table_peak
 
@@ -486,9 +486,9 @@ class Run:
             sys.stderr.write(f"cpuperf train: attention kernel {attention['kernel']}"
                              + (f" ({why})" if why else "") + "\n")
         peak = _peak_tflops(s, self.device_name, self.amp.name)
-        if peak is None and s.device == "cuda" and is0:
-            # A card compat/gpu_peaks.toml does not know: measure its GEMM peak once.
-            peak = measure_peak(self.device, self.amp.name, s.tf32)
+        if peak is None and is0:
+            # A card compat/gpu_peaks.toml does not know, or a CPU: measure its GEMM peak once.
+            peak = measure_peak(self.device, self.amp.name, s.tf32 and s.device == "cuda")
 
         def emit(rec: dict) -> None:
             if metrics is not None:
