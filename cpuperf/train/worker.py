@@ -317,6 +317,9 @@ class Run:
         params = [p for p in model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         moments = 0 if self.opt.state else 2 * grad_bytes  # AdamW's exp_avg and exp_avg_sq
+        # DDP keeps its own gradient buckets (a second copy of the gradients unless
+        # gradient_as_bucket_view): torch/nn/parallel/distributed.py, Reducer.
+        buckets = grad_bytes if self.world > 1 else 0
 
         def step(n: int) -> None:
             x = torch.zeros((n, self.cfg.seq_len), dtype=torch.long, device=self.device)
@@ -332,7 +335,7 @@ class Run:
         try:
             report = confirm_batch(step, s.batch_size, s.batch_size * s.grad_accum_steps * self.world,
                                    self.world, multiple, self.memory_probe or cuda_memory(self.device),
-                                   fixed_bytes=moments, grad_bytes=grad_bytes,
+                                   fixed_bytes=moments + buckets, grad_bytes=grad_bytes,
                                    headroom=tuning["memory"]["gpu_headroom"])
         except BatchFitError as exc:
             failure = str(exc)
