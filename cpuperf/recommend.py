@@ -517,13 +517,9 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
     if gpu is None:
         return Decision("attention", "sdpa", "scaled_dot_product_attention (PyTorch picks its CPU flash kernel)",
                         {"head_dim": w.head_dim})
-    why_not = []
-    if dtype not in ("fp16", "bf16"):
-        why_not.append("flash attention needs fp16/bf16")
-    if _cc(gpu) < (8, 0):
-        why_not.append(f"flash attention needs compute capability >= 8.0 (this card: {gpu.compute_capability})")
-    if w.head_dim > 256 or w.head_dim % 8:
-        why_not.append(f"head size {w.head_dim} is not a multiple of 8 up to 256")
+    from cpuperf.train.gpu import sdpa_constraints  # the worker's sdpa_report explains with the same rules
+
+    why_not = sdpa_constraints("flash", dtype, w.head_dim, "cuda", _cc(gpu))
     if not why_not:
         return Decision("attention", "flash", "SDPA flash kernel: half precision, cc >= 8.0, head size "
                         f"{w.head_dim}", {"head_dim": w.head_dim})

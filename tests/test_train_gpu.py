@@ -257,7 +257,7 @@ def test_worker_trial_step_runs_the_real_model_on_cpu(tmp_path) -> None:
     """Run.trial_batch with the micro model on CPU tensors and a recorded 16 GiB card's counters."""
     from cpuperf.train.worker import Run, _Stop
 
-    s = TrainSettings(preset="micro", batch_size=64, grad_accum_steps=1, out_dir=str(tmp_path),
+    s = TrainSettings(preset="micro", batch_size=64, grad_accum_steps=1, out_dir=str(tmp_path), bpe_merges=32,
                       progress="off", max_steps=1)
     run = Run(s, _Stop())
     run.setup_dist()
