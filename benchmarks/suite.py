@@ -231,7 +231,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--gpu", action="store_true", help="the NVIDIA GPU section instead (benchmarks/gpu.py)")
+    ap.add_argument("--steps", type=int, default=30, help="--gpu: optimizer steps per run")
+    ap.add_argument("--batch", type=int, default=8, help="--gpu: the per-step batch of the plain default")
+    ap.add_argument("--global-batch", type=int, default=64, help="--gpu: samples per optimizer step")
     args = ap.parse_args(argv)
+    if args.gpu:  # a separate path: GPU results never mix with the CPU suite's
+        from benchmarks import gpu
+
+        return gpu.main(args.rounds, args.steps, args.batch, args.global_batch, Path(args.out))
     quick = not args.full
     seconds = args.seconds or (4.0 if quick else 8.0)
     workloads = [("lm", "small"), ("mlp", "small")] if quick else \

@@ -241,3 +241,7 @@ def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
         "software": software,
         "findings": [f.to_json() for f in findings],
     }
+
+from cpuperf.gpucheck import check_gpus  # noqa: E402  (gpucheck imports doctor lazily)
+
+register_check(check_gpus)

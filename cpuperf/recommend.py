@@ -205,6 +205,11 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
     if device == "cuda" and gpu is not None:
         if gpu.memory_bytes is None:
             return None, "GPU memory unknown"
+        if gpu.memory_free_bytes is not None and gpu.memory_free_bytes < gpu.memory_bytes * rule["gpu_headroom"]:
+            # Another process holds part of the card: only what is free now can be planned for.
+            return (int(gpu.memory_free_bytes * rule["gpu_headroom"]),
+                    f"{gpu.name}: {gpu.memory_free_bytes / 2**30:.1f} GiB free of {gpu.memory_bytes / 2**30:.0f} GiB "
+                    f"x {rule['gpu_headroom']}")
         return int(gpu.memory_bytes * rule["gpu_headroom"]), f"{gpu.name}: {gpu.memory_bytes / 2**30:.0f} GiB x {rule['gpu_headroom']}"
     total = facts.memory.available_bytes or facts.memory.total_bytes
     limit = facts.limits.memory_limit_bytes
@@ -512,13 +517,9 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
     if gpu is None:
         return Decision("attention", "sdpa", "scaled_dot_product_attention (PyTorch picks its CPU flash kernel)",
                         {"head_dim": w.head_dim})
-    why_not = []
-    if dtype not in ("fp16", "bf16"):
-        why_not.append("flash attention needs fp16/bf16")
-    if _cc(gpu) < (8, 0):
-        why_not.append(f"flash attention needs compute capability >= 8.0 (this card: {gpu.compute_capability})")
-    if w.head_dim > 256 or w.head_dim % 8:
-        why_not.append(f"head size {w.head_dim} is not a multiple of 8 up to 256")
+    from cpuperf.train.gpu import sdpa_constraints  # the worker's sdpa_report explains with the same rules
+
+    why_not = sdpa_constraints("flash", dtype, w.head_dim, "cuda", _cc(gpu))
     if not why_not:
         return Decision("attention", "flash", "SDPA flash kernel: half precision, cc >= 8.0, head size "
                         f"{w.head_dim}", {"head_dim": w.head_dim})

@@ -1,4 +1,4 @@
-"""The worker's command line, schedule and MFU table: pure parts, no torch needed."""
+"""The worker's command line and schedule: pure parts, no torch needed (peaks: test_train_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from cpuperf.train.errors import ConfigError
 from cpuperf.train.settings import TrainSettings
-from cpuperf.train.worker import _human, _lr_lambda, _peak_tflops, build_parser, load_settings
+from cpuperf.train.worker import _human, _lr_lambda, build_parser, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,23 +45,20 @@ def test_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert math.isclose(_lr_lambda(TrainSettings(warmup=0, min_lr_ratio=1.0), 10)(5), 1.0)
 
 
-def test_peak_table() -> None:
-    gpu = TrainSettings(device="cuda", dtype="bf16")
-    assert _peak_tflops(gpu, "cuda:0 (NVIDIA H100 80GB HBM3)") == 989.4
-    assert _peak_tflops(gpu, "cuda:0 (NVIDIA H100 PCIe)") == 756.0
-    assert _peak_tflops(gpu.replace(dtype="fp32", tf32=False), "cuda:0 (NVIDIA A100-SXM4-80GB)") \
-        == 19.5
-    assert _peak_tflops(gpu, "cuda:0 (Some Future GPU)") is None
-    assert _peak_tflops(TrainSettings(), "cpu") is None
-    assert _peak_tflops(TrainSettings(peak_tflops=2.5), "cpu") == 2.5
-
-
 def test_human_summary() -> None:
     text = _human({"status": "completed", "steps": 3, "train_s": 1.0, "world_size": 1,
                    "device": "cpu", "loss_first": 6.6, "loss_last": 5.0, "eval_loss": None,
                    "samples_per_s": 10.0, "tokens_per_s": 1280.0, "warmup_s": 0.5, "mfu": 0.25,
                    "metrics_file": "m", "checkpoint": "c"})
     assert "6.6000 -> 5.0000" in text and "MFU 25.0%" in text and "eval loss -" in text
+    gpu = _human({"status": "completed", "steps": 3, "train_s": 1.0, "world_size": 1,
+                  "device": "cuda:0 (Tesla T4)", "loss_first": 6.6, "loss_last": 5.0, "eval_loss": None,
+                  "samples_per_s": 10.0, "tokens_per_s": 1280.0, "warmup_s": 0.5, "mfu": 0.25,
+                  "metrics_file": "m", "checkpoint": "c",
+                  "attention_kernel": {"kernel": "mem_efficient"},
+                  "amp": {"dtype": "fp16", "autocast": True, "grad_scaler": True},
+                  "batch_trial": {"adjusted": True, "planned_batch": 64, "batch": 24, "grad_accum_steps": 3}})
+    assert "attention mem_efficient, fp16 autocast + GradScaler, batch 64 -> 24 x 3 (trial step)" in gpu
 
 
 def test_importing_the_package_does_not_import_torch() -> None:

@@ -58,7 +58,13 @@ def test_short_run_learns_and_writes_metrics(tmp_path, tok_cache) -> None:
     assert summary["eval_loss"] is not None and summary["eval_loss"] < summary["loss_first"]
     assert summary["samples_per_s"] > 0 and summary["tokens_per_s"] == pytest.approx(
         summary["samples_per_s"] * 32, rel=1e-3)
-    assert summary["warmup_s"] > 0 and summary["mfu"] is None  # no CPU peak given
+    assert summary["warmup_s"] > 0
+    # MFU against a GEMM peak measured on this CPU with the run's threads
+    assert summary["peak"]["source"].startswith("measured") and summary["peak"]["dtype"] == "fp32"
+    assert 0 < summary["mfu"] < 2 and summary["peak"]["tflops"] > 0
+    assert summary["attention_kernel"]["kernel"] == "flash"  # the CPU flash kernel
+    assert summary["amp"] == {"dtype": "fp32", "autocast": False, "grad_scaler": False}
+    assert summary["batch_trial"] is None  # CPU: no trial step
     assert len(summary["param_checksums"]) == 1
     assert "Traceback" not in p.stderr and "step 30/30 loss" in p.stderr
 

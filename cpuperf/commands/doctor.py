@@ -89,7 +89,8 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
     elif not gpus:
         t.add_row("NVIDIA", "none")
     for g in gpus or []:
-        t.add_row(f"GPU {g['index']}", f"{g['name']}, cc {g['compute_capability'] or '?'}, {_gib(g['memory_bytes'])}, "
+        free = f" ({_gib(g['memory_free_bytes'])} free)" if g.get("memory_free_bytes") is not None else ""
+        t.add_row(f"GPU {g['index']}", f"{g['name']}, cc {g['compute_capability'] or '?'}, {_gib(g['memory_bytes'])}{free}, "
                   f"bf16 {'yes' if g['bf16'] else 'no'}, tf32 {'yes' if g['tf32'] else 'no'}, driver {g.get('driver_version') or '?'}")
     out.table(t)
 

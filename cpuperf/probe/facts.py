@@ -105,6 +105,7 @@ class Gpu:
     index: int = 0
     driver_version: Optional[str] = None
     uuid: Optional[str] = None
+    memory_free_bytes: Optional[int] = None  # NVML / nvidia-smi memory.free; None = not reported
 
 
 @dataclass(frozen=True)

@@ -57,26 +57,34 @@ def cc_at_least(cc: Optional[str], wanted: Tuple[int, int]) -> bool:
 
 
 def make_gpu(index: int, name: str, cc: Optional[str], memory_bytes: Optional[int],
-             driver_version: Optional[str] = None, uuid: Optional[str] = None) -> Gpu:
+             driver_version: Optional[str] = None, uuid: Optional[str] = None,
+             memory_free_bytes: Optional[int] = None) -> Gpu:
     ampere = cc_at_least(cc, AMPERE_CC)
     return Gpu(vendor="nvidia", name=name, compute_capability=cc, memory_bytes=memory_bytes,
-               bf16=ampere, tf32=ampere, index=index, driver_version=driver_version, uuid=uuid)
+               bf16=ampere, tf32=ampere, index=index, driver_version=driver_version, uuid=uuid,
+               memory_free_bytes=memory_free_bytes)
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    return int(value) if value is not None else None
+
+
+def gpu_from_row(row: Dict[str, Any], default_index: int = 0) -> Gpu:
+    """One GPU from doctor's `gpus` shape or from the NVML child's row ('cc', 'free_bytes')."""
+    cc = row.get("compute_capability", row.get("cc"))
+    free = row.get("memory_free_bytes", row.get("free_bytes"))
+    return make_gpu(int(row.get("index", default_index)), str(row.get("name", "NVIDIA GPU")),
+                    str(cc) if cc is not None else None, _opt_int(row.get("memory_bytes")),
+                    row.get("driver_version"), row.get("uuid"), _opt_int(free))
 
 
 def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
-    """CPUPERF_OVERRIDE_GPUS: a JSON list in doctor's `gpus` shape ('[]' = none)."""
+    """CPUPERF_OVERRIDE_GPUS: a JSON list in doctor's `gpus` shape or a recorded NVML answer ('[]' = none)."""
     try:
         rows = json.loads(text)
         if not isinstance(rows, list):
             raise ValueError("not a list")
-        gpus = []
-        for i, row in enumerate(rows):
-            cc = row.get("compute_capability")
-            gpus.append(make_gpu(int(row.get("index", i)), str(row.get("name", "NVIDIA GPU")),
-                                 str(cc) if cc is not None else None,
-                                 int(row["memory_bytes"]) if row.get("memory_bytes") is not None else None,
-                                 row.get("driver_version"), row.get("uuid")))
-        return tuple(gpus)
+        return tuple(gpu_from_row(row, i) for i, row in enumerate(rows))
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         raise UsageError(f"CPUPERF_OVERRIDE_GPUS is not a JSON list of GPUs ({exc})",
                          hint='e.g. CPUPERF_OVERRIDE_GPUS=\'[{"name": "NVIDIA A100", "compute_capability": "8.0", "memory_bytes": 85899345920}]\'') from exc
@@ -101,23 +109,23 @@ def probe_gpus(src: Sources) -> Optional[Tuple[Gpu, ...]]:
     if result is not None and result.returncode == 0:
         try:
             rows: List[Dict[str, Any]] = json.loads(result.stdout)
-            return tuple(make_gpu(r["index"], r["name"], r["cc"], r["memory_bytes"],
-                                  r.get("driver_version"), r.get("uuid")) for r in rows)
-        except (ValueError, KeyError):
+            return tuple(gpu_from_row(r, i) for i, r in enumerate(rows))
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass
     smi = src.which("nvidia-smi")
     if smi is None:
         return ()
-    result = src.run([smi, "--query-gpu=index,name,memory.total,driver_version,compute_cap,uuid",
+    result = src.run([smi, "--query-gpu=index,name,memory.total,driver_version,compute_cap,uuid,memory.free",
                       "--format=csv,noheader,nounits"], timeout=10.0)
     if result is None or result.returncode != 0:
         return ()
     gpus = []
     for row in parse.parse_nvidia_smi_csv(result.stdout):
         mib = parse.int_auto(row.get("memory_mib"))
+        free_mib = parse.int_auto(row.get("memory_free_mib"))
         cc = row.get("compute_cap")
         gpus.append(make_gpu(parse.int_auto(row.get("index")) or 0, row.get("name", "NVIDIA GPU"),
                              cc if cc and cc[0].isdigit() else None,
                              mib * 1024 * 1024 if mib else None, row.get("driver_version"),
-                             row.get("uuid")))
+                             row.get("uuid"), free_mib * 1024 * 1024 if free_mib is not None else None))
     return tuple(gpus)

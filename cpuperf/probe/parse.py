@@ -201,13 +201,13 @@ def parse_mpi_version(text: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def parse_nvidia_smi_csv(text: str) -> List[Dict[str, str]]:
-    """`nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap,uuid --format=csv,noheader,nounits`."""
+    """`nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap,uuid,memory.free --format=csv,noheader,nounits`."""
     rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
-        keys = ["index", "name", "memory_mib", "driver_version", "compute_cap", "uuid"]
+        keys = ["index", "name", "memory_mib", "driver_version", "compute_cap", "uuid", "memory_free_mib"]
         rows.append(dict(zip(keys, cells)))
     return rows
 

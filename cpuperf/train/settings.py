@@ -57,7 +57,8 @@ class TrainSettings:
     tf32: bool = True
     bpe_merges: int = 512
     tokenizer_cache: Optional[str] = None  # default: <out_dir>
-    peak_tflops: Optional[float] = None  # for MFU on hosts the built-in table does not know
+    peak_tflops: Optional[float] = None  # MFU denominator; default: compat/gpu_peaks.toml or measured
+    confirm_batch: bool = True  # CUDA: one trial step at the planned batch; shrink it if it won't fit
 
     # ---- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -31,18 +31,6 @@ from cpuperf.train.settings import TrainSettings
 
 METRICS_NAME = "metrics.jsonl"
 
-# Dense peak TFLOP/s per GPU (no sparsity) from NVIDIA's datasheets: H100 SXM / H200
-# (nvidia.com/en-us/data-center/h100, /h200), H100 PCIe, A100 (nvidia.com/en-us/data-center/a100).
-# Keys: (name fragment, bf16/fp16 tensor core, tf32 tensor core, fp32 non-tensor).
-_GPU_PEAKS = (
-    ("H100 PCIe", 756.0, 378.0, 51.2),
-    ("H100", 989.4, 494.7, 66.9),
-    ("H200", 989.4, 494.7, 66.9),
-    ("A100", 312.0, 156.0, 19.5),
-    ("L40S", 362.05, 183.0, 91.6),
-)
-
-
 class _Stop:
     """Signal flag set by the handler and read at step boundaries."""
 
@@ -71,17 +59,21 @@ def _import_torch() -> Any:
     return torch
 
 
-def _peak_tflops(s: TrainSettings, device_name: str) -> Optional[float]:
+def _peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None) -> Any:
+    """The MFU denominator (gpu.Peak) from settings.peak_tflops or compat/gpu_peaks.toml; None if unknown.
+
+    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. Unknown
+    (a card not in the table; every CPU: peaks depend on SKU, clocks and ISA) gets a measured GEMM
+    peak in Run.run.
+    """
+    from cpuperf.train.gpu import Peak, math_dtype, table_peak
+
+    dt = dtype or s.dtype
     if s.peak_tflops is not None:
-        return s.peak_tflops
+        return Peak(s.peak_tflops, math_dtype(dt, s.tf32 and s.device == "cuda"), "settings.peak_tflops")
     if s.device != "cuda":
-        return None  # CPU peaks depend on SKU, clocks and ISA: the caller passes peak_tflops
-    for frag, half, tf32, fp32 in _GPU_PEAKS:
-        if frag in device_name:
-            if s.dtype in ("bf16", "fp16"):
-                return half
-            return tf32 if s.tf32 else fp32
-    return None
+        return None
+    return table_peak(device_name, dt, s.tf32)
 
 
 def _checksum(model: Any) -> int:
@@ -126,6 +118,7 @@ class Run:
         self.stop = stop
         self.torch = _import_torch()
         self.t_start = time.perf_counter()
+        self.memory_probe: Any = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
 
     # ---------------------------------------------------------------------------------- setup
     def setup_dist(self) -> None:
@@ -248,13 +241,22 @@ class Run:
         self.raw_model = model
         self.opt = opt
         self.sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(s, _schedule_length(s)))
+        from cpuperf.train.gpu import amp_plan
+
+        self.amp = amp_plan(s.dtype, self.device)
+        if self.rank == 0 and s.dtype != "fp32" and self.amp.name != s.dtype:
+            why = {"bf16": "bf16 autocast: native here, no loss scaling needed",
+                   "fp16": "fp16 autocast + GradScaler: no native bf16 before compute capability 8.0",
+                   "fp32": "fp32: no Tensor Cores before compute capability 7.0"}[self.amp.name]
+            sys.stderr.write(f"cpuperf train: note: dtype {s.dtype} asked for; this device runs {why}\n")
         self.scaler = None
-        if s.dtype == "fp16":
+        if self.amp.grad_scaler:
             self.scaler = torch.amp.GradScaler("cuda")
         self.step = 0
         self.ckpt_path = self.out_dir / CKPT_NAME
         self.resumed_from: Optional[int] = None
         self.ckpt_elapsed = 0.0
+        ck: dict = {}
         if s.resume and self.ckpt_path.exists():
             try:
                 ck = load(self.ckpt_path, map_location=self.device)
@@ -280,6 +282,15 @@ class Run:
                 random.setstate((st[0], tuple(st[1]), st[2]))
             if "cuda" in rng and s.device == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"].cpu())
+        self.batch_trial: Optional[dict] = None
+        if s.device == "cuda" and self.resumed_from is not None and ck.get("batch_trial"):
+            # The batch the trial fitted when the run started; the data order depends on it.
+            self.batch_trial = {**ck["batch_trial"], "from_checkpoint": True}
+        elif s.device == "cuda" and s.confirm_batch:
+            self.batch_trial = self.trial_batch(model)
+        if self.batch_trial is not None and self.batch_trial.get("adjusted"):
+            self.s = s = s.replace(batch_size=self.batch_trial["batch"],
+                                   grad_accum_steps=self.batch_trial["grad_accum_steps"])
         self.model = model
         self.ddp_model: Any = None
         if self.world > 1:
@@ -294,13 +305,69 @@ class Run:
                 raise MissingFeatureError(f"torch.compile failed: {exc}".splitlines()[0],
                                           hint="set compile false")
 
+    def trial_batch(self, model: Any) -> dict:
+        """CUDA only: one forward+backward at the planned batch; shrink it if it would not fit."""
+        from cpuperf.data import load_builtin
+        from cpuperf.train.gpu import BatchFitError, confirm_batch, cuda_memory
+
+        torch, s = self.torch, self.s
+        tuning = load_builtin("tuning.toml")
+        multiple = tuning["gpu_batch"]["fp16_tensor_core_multiple"] if self.amp.name == "fp16" \
+            else tuning["gpu_batch"]["multiple"]
+        params = [p for p in model.parameters() if p.requires_grad]
+        grad_bytes = sum(p.numel() * p.element_size() for p in params)
+        moments = 0 if self.opt.state else 2 * grad_bytes  # AdamW's exp_avg and exp_avg_sq
+        # DDP keeps its own gradient buckets (a second copy of the gradients unless
+        # gradient_as_bucket_view): torch/nn/parallel/distributed.py, Reducer.
+        buckets = grad_bytes if self.world > 1 else 0
+
+        def step(n: int) -> None:
+            x = torch.zeros((n, self.cfg.seq_len), dtype=torch.long, device=self.device)
+            try:
+                with self.autocast():
+                    _, loss = model(x, x)
+                loss.backward()
+            finally:
+                model.zero_grad(set_to_none=True)
+
+        report: Optional[dict] = None
+        failure = "no rank measured a batch"
+        try:
+            report = confirm_batch(step, s.batch_size, s.batch_size * s.grad_accum_steps * self.world,
+                                   self.world, multiple, self.memory_probe or cuda_memory(self.device),
+                                   fixed_bytes=moments + buckets, grad_bytes=grad_bytes,
+                                   headroom=tuning["memory"]["gpu_headroom"])
+        except BatchFitError as exc:
+            failure = str(exc)
+        batch = report["batch"] if report else 0
+        if self.world > 1:  # every rank must step with the same batch (0: a rank found none fits)
+            t = torch.tensor([batch], dtype=torch.int64, device=self.comm_device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            batch = int(t.item())
+        if report is None or batch < 1:
+            raise TrainError(f"batch trial: {failure}",
+                             hint="set grad_checkpointing true, or use a smaller model")
+        if batch != report["batch"]:
+            report["batch"] = batch
+            report["grad_accum_steps"] = max(1, math.ceil(s.batch_size * s.grad_accum_steps / batch))
+            report["adjusted"] = batch != s.batch_size
+        report["planned_grad_accum_steps"] = s.grad_accum_steps
+        report["global_batch"] = report["batch"] * report["grad_accum_steps"] * self.world
+        if self.rank == 0 and report["adjusted"]:
+            what = "out of memory" if report["oom"] else \
+                f"peak {report['peak_bytes'] / 2**30:.1f} GiB"
+            sys.stderr.write(
+                f"cpuperf train: batch {s.batch_size} x {s.grad_accum_steps} does not fit ({what}); "
+                f"using {report['batch']} x {report['grad_accum_steps']} "
+                f"({report['bytes_per_sample'] / 2**20:.0f} MiB per sample)\n")
+        return report
+
     # ------------------------------------------------------------------------------ pieces
     def autocast(self) -> Any:
-        torch, s = self.torch, self.s
-        if s.dtype == "fp32":
+        torch = self.torch
+        if not self.amp.autocast:
             return contextlib.nullcontext()
-        dt = torch.bfloat16 if s.dtype == "bf16" else torch.float16
-        return torch.autocast(device_type=self.device.type, dtype=dt)
+        return torch.autocast(device_type=self.device.type, dtype=self.amp.dtype)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -357,6 +424,7 @@ class Run:
             "settings": self.s.to_dict(), "world_size": self.world,
             "tokenizer_corpus_sha256": self.tok.corpus_sha256,
             "elapsed_s": self.ckpt_elapsed + (time.perf_counter() - self.t_loop),
+            "batch_trial": self.batch_trial,
         }
         save_atomic(obj, self.ckpt_path)
 
@@ -389,6 +457,7 @@ class Run:
         self.setup_dist()
         self.setup_data()
         self.setup_model()
+        s = self.s  # the batch trial may have changed batch_size and grad_accum_steps
         self.global_batch = s.batch_size * s.grad_accum_steps * self.world
         tokens_per_sample = self.cfg.seq_len
         fpt = flops_per_token(self.cfg)
@@ -407,6 +476,22 @@ class Run:
         if is0 and s.resume and self.resumed_from is None:
             sys.stderr.write(f"cpuperf train: note: no checkpoint at {self.ckpt_path}; "
                              "starting from step 0\n")
+
+        from cpuperf.train.gpu import measure_peak, sdpa_report
+
+        try:
+            attention = sdpa_report(s.batch_size, self.cfg.n_head, self.cfg.seq_len,
+                                    self.cfg.d_model // self.cfg.n_head, self.amp.name, self.device)
+        except Exception as exc:  # the report must never stop training
+            attention = {"kernel": None, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        if is0:
+            why = "; ".join(f"not {k}: {v}" for k, v in attention.get("why_not", {}).items())
+            sys.stderr.write(f"cpuperf train: attention kernel {attention['kernel']}"
+                             + (f" ({why})" if why else "") + "\n")
+        peak = _peak_tflops(s, self.device_name, self.amp.name)
+        if peak is None and is0:
+            # A card compat/gpu_peaks.toml does not know, or a CPU: measure its GEMM peak once.
+            peak = measure_peak(self.device, self.amp.name, s.tf32 and s.device == "cuda")
 
         def emit(rec: dict) -> None:
             if metrics is not None:
@@ -596,9 +681,8 @@ class Run:
         summary = None
         if is0:
             tps = sps_total * tokens_per_sample if sps_total is not None else None
-            peak = _peak_tflops(s, self.device_name)
             achieved = tps * fpt / 1e12 if tps is not None else None
-            mfu = (achieved / (peak * self.world)) if achieved is not None and peak else None
+            mfu = (achieved / (peak.tflops * self.world)) if achieved is not None and peak else None
             summary = {
                 "schema": SCHEMA, "status": status, "steps": self.step,
                 "steps_this_run": self.step - start_step, "resumed_from": self.resumed_from,
@@ -614,6 +698,11 @@ class Run:
                           **dataclasses.asdict(self.cfg)},
                 "achieved_tflops": round(achieved, 4) if achieved is not None else None,
                 "mfu": round(mfu, 5) if mfu is not None else None,
+                "peak": peak.to_json() if peak is not None else None,
+                "amp": {"dtype": self.amp.name, "autocast": self.amp.autocast,
+                        "grad_scaler": self.amp.grad_scaler},
+                "attention_kernel": attention,
+                "batch_trial": self.batch_trial,
                 "settings": s.to_dict(),
                 "metrics_file": str(self.metrics_path), "checkpoint": str(self.ckpt_path),
                 "param_checksums": checksums,
@@ -646,6 +735,18 @@ def _human(summary: dict) -> str:
         + (f", MFU {summary['mfu'] * 100:.1f}%" if summary.get("mfu") is not None else ""),
         f"  metrics {summary['metrics_file']}, checkpoint {summary['checkpoint']}",
     ]
+    extra = []
+    if (summary.get("attention_kernel") or {}).get("kernel"):
+        extra.append(f"attention {summary['attention_kernel']['kernel']}")
+    if (summary.get("amp") or {}).get("autocast"):
+        amp = summary["amp"]
+        extra.append(f"{amp['dtype']} autocast" + (" + GradScaler" if amp["grad_scaler"] else ""))
+    trial = summary.get("batch_trial") or {}
+    if trial.get("adjusted"):
+        extra.append(f"batch {trial['planned_batch']} -> {trial['batch']} x {trial['grad_accum_steps']} "
+                     "(trial step)")
+    if extra:
+        lines.insert(3, "  " + ", ".join(extra))
     return "\n".join(lines) + "\n"
 
 

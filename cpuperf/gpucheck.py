@@ -1,0 +1,179 @@
+"""GPU findings for `cpuperf doctor` and the one-line blockers `cpuperf train` prints before starting.
+
+Pure over HostFacts and the compat matrix: the driver floor per CUDA version is compat/cuda.toml's
+[[cuda]] rows (NVIDIA's minor-version compatibility: 11.x >= 450.80.02, 12.x >= 525.60.13,
+13.x >= 580), the free-memory threshold is compat/tuning.toml [gpu_memory].
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional, Tuple
+
+from cpuperf.probe.facts import Gpu, HostFacts
+
+# `ubuntu-drivers install --gpgpu` installs the recommended server (compute) driver branch.
+# Source: Ubuntu Server docs, "NVIDIA drivers installation" (ubuntu-drivers --gpgpu).
+DRIVER_INSTALL = "sudo ubuntu-drivers install --gpgpu && sudo reboot"
+
+
+def driver_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    """'550.54.15' -> (550, 54, 15); None for anything else."""
+    if not text:
+        return None
+    try:
+        return tuple(int(p) for p in text.strip().split("."))
+    except ValueError:
+        return None
+
+
+def _cuda_key(cuda: str) -> Tuple[int, int]:
+    major, _, minor = cuda.partition(".")
+    return int(major), int(minor or 0)
+
+
+def driver_floor(cuda: str, matrix: Any = None) -> Optional[Tuple[str, str, str]]:
+    """(minimum Linux driver, the cuXYZ row it came from, its source) for a CUDA major.minor.
+
+    A CUDA version without its own row takes the newest row of the same major at or below it:
+    minor-version compatibility gives every minor of a major the same floor.
+    """
+    from cpuperf.matrix import default_matrix
+
+    m = matrix if matrix is not None else default_matrix()
+    try:
+        want = _cuda_key(cuda)
+    except ValueError:
+        return None
+    best = None
+    for row in m.cuda:
+        try:
+            key = _cuda_key(row.cuda)
+        except ValueError:
+            continue
+        if key == want:
+            return row.min_driver_linux, row.tag, row.source
+        if key[0] == want[0] and key <= want and (best is None or key > _cuda_key(best.cuda)):
+            best = row
+    if best is None:
+        return None
+    return best.min_driver_linux, best.tag, best.source
+
+
+def variant_for_driver(torch_version: str, driver: str, matrix: Any = None) -> Optional[Any]:
+    """The newest CUDA variant of this torch release that `driver` can run, or None.
+
+    The same rule `cpuperf install` picks builds by (install.cuda_tag_for_driver).
+    """
+    from packaging.version import InvalidVersion, Version
+
+    from cpuperf.install import cuda_tag_for_driver
+    from cpuperf.matrix import default_matrix
+
+    m = matrix if matrix is not None else default_matrix()
+    try:
+        release = m.torch_release(Version(torch_version))
+    except InvalidVersion:
+        return None
+    if release is None:
+        return None
+    tag, _why = cuda_tag_for_driver(driver, release.cuda, m.cuda)
+    return m.cuda_variant(tag) if tag else None
+
+
+def _torch(facts: HostFacts) -> Any:
+    return facts.software.packages.get("torch") if facts.software is not None else None
+
+
+def check_driver(facts: HostFacts) -> List[Any]:
+    """Error when the NVIDIA driver is older than torch's CUDA build needs."""
+    from cpuperf.doctor import Finding
+
+    torch = _torch(facts)
+    gpus = facts.gpus or ()
+    if torch is None or torch.build != "cuda" or not torch.cuda or not gpus:
+        return []
+    drivers = sorted({g.driver_version for g in gpus if g.driver_version and driver_tuple(g.driver_version)},
+                     key=lambda d: driver_tuple(d) or ())
+    if not drivers:
+        return []
+    floor = driver_floor(torch.cuda)
+    if floor is None:
+        return []
+    need, tag, _source = floor
+    driver = drivers[0]
+    have, need_t = driver_tuple(driver), driver_tuple(need)
+    if have is None or need_t is None or have >= need_t:
+        return []
+    public = torch.version.split("+")[0]
+    other = variant_for_driver(public, driver)
+    if other is not None:
+        fix = (f"python -m pip install --force-reinstall 'torch=={public}' --index-url {other.index_url}"
+               f"   # CUDA {other.cuda} runs on driver {driver}; or upgrade the driver: {DRIVER_INSTALL}")
+    else:
+        fix = f"{DRIVER_INSTALL}   # any driver >= {need}"
+    return [Finding(
+        "driver-too-old", "error",
+        f"NVIDIA driver {driver} is older than {need}, the minimum for CUDA {torch.cuda} ({tag}) that "
+        f"torch {torch.version} is built with: CUDA will not initialise (torch.cuda.is_available() is False)",
+        fix)]
+
+
+def min_free_fraction() -> float:
+    from cpuperf.data import load_builtin
+
+    return float(load_builtin("tuning.toml")["gpu_memory"]["min_free_fraction"])
+
+
+def full_gpus(gpus: Tuple[Gpu, ...]) -> List[Gpu]:
+    """GPUs whose free memory is below compat/tuning.toml [gpu_memory] min_free_fraction."""
+    frac = min_free_fraction()
+    return [g for g in gpus if g.memory_free_bytes is not None and g.memory_bytes
+            and g.memory_free_bytes < g.memory_bytes * frac]
+
+
+def check_memory(facts: HostFacts) -> List[Any]:
+    """Warning (error when every GPU is taken) for GPUs whose memory other processes hold."""
+    from cpuperf.doctor import Finding
+
+    gpus = facts.gpus or ()
+    full = full_gpus(gpus)
+    if not full:
+        return []
+    free_ones = [g.index for g in gpus if g not in full]
+    names = ", ".join(f"GPU {g.index} ({g.name}: {(g.memory_free_bytes or 0) / 2**30:.1f} of "
+                      f"{(g.memory_bytes or 0) / 2**30:.0f} GiB free)" for g in full)
+    find = "nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv"
+    if free_ones:
+        fix = (f"export CUDA_VISIBLE_DEVICES={','.join(str(i) for i in free_ones)}   # the free GPUs; "
+               f"or find and stop the holders: {find}")
+        severity = "warning"
+    else:
+        fix = f"{find}   # then stop those processes (kill PID)"
+        severity = "error"
+    return [Finding("gpu-memory-full", severity,
+                    f"{names}: other processes hold the memory, so training there runs out of memory "
+                    "at the first step", fix)]
+
+
+def check_gpus(facts: HostFacts) -> List[Any]:
+    """doctor's GPU findings (the CPU-only-torch finding stays in doctor.check_torch)."""
+    return check_driver(facts) + check_memory(facts)
+
+
+def gpu_blockers(facts: HostFacts, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """One line per problem that stops training on this host's GPUs, each ending with its fix.
+
+    For `cpuperf train` to print before it starts: a driver too old for torch's CUDA, GPUs whose
+    memory other processes hold, a CPU-only torch on a GPU host. Empty = nothing in the way.
+    `environ` (the launch environment) limits the GPUs to CUDA_VISIBLE_DEVICES.
+    """
+    import dataclasses
+
+    from cpuperf.doctor import check_torch
+    from cpuperf.recommend import visible_gpus
+
+    if environ is not None and facts.gpus:
+        facts = dataclasses.replace(facts, gpus=visible_gpus(facts, environ))
+
+    findings = [f for f in check_torch(facts) if f.id == "cpu-torch-on-gpu-host"] + check_gpus(facts)
+    return [f"{f.message} (fix: {f.fix})" if f.fix else f.message for f in findings]
