@@ -1,0 +1,73 @@
+"""Progress on stderr: a rich bar on a TTY, plain log lines otherwise, or nothing."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, TextIO
+
+
+def _fmt_eta(seconds: Optional[float]) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    s = int(seconds + 0.5)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class Progress:
+    """Rank 0's view of the run: update() every step, log() at log steps, note() for events."""
+
+    def __init__(self, mode: str, total: Optional[int], start: int = 0,
+                 stream: Optional[TextIO] = None) -> None:
+        self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "rich" if getattr(self.stream, "isatty", lambda: False)() else "plain"
+        self.mode = mode
+        self.total = total
+        self._bar: Any = None
+        self._task: Any = None
+        if mode == "rich":
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[sps]} samples/s"),
+                TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream), transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=total, completed=start,
+                                            loss="-", sps="-", tps="-")
+
+    def update(self, step: int) -> None:
+        """Move the bar to `step`."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
+
+    def log(self, rec: dict, eta_s: Optional[float]) -> None:
+        """Show one metrics record (step, loss, lr, samples_per_s, tokens_per_s)."""
+        if self.mode == "rich":
+            self._bar.update(self._task, completed=rec["step"], loss=f"{rec['loss']:.4f}",
+                             sps=f"{rec['samples_per_s']:.1f}", tps=f"{rec['tokens_per_s']:.0f}")
+        elif self.mode == "plain":
+            total = f"/{self.total}" if self.total else ""
+            self.stream.write(
+                f"step {rec['step']}{total} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+                f"samples/s {rec['samples_per_s']:.1f} tokens/s {rec['tokens_per_s']:.0f} "
+                f"eta {_fmt_eta(eta_s)}\n")
+            self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """A one-line event (eval result, checkpoint written)."""
+        if self.mode == "rich":
+            self._bar.console.print(text)
+        elif self.mode == "plain":
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """Stop the live bar (leaves the last frame on screen)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

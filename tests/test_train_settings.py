@@ -1,0 +1,52 @@
+"""TrainSettings: JSON round-trip and one clear error per bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cpuperf.train.errors import ConfigError, TrainExit
+from cpuperf.train.settings import TrainSettings
+
+
+def test_defaults_round_trip_through_json(tmp_path) -> None:
+    s = TrainSettings()
+    assert TrainSettings.from_json(s.to_json()) == s
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"preset": "micro", "lr": 1, "threads": 2, "model": {"n_layer": 1}}))
+    t = TrainSettings.from_json(str(p))
+    assert (t.preset, t.lr, t.threads, t.model) == ("micro", 1.0, 2, {"n_layer": 1})
+    assert isinstance(t.lr, float)
+
+
+@pytest.mark.parametrize("obj, fragment", [
+    ({"nope": 1}, "unknown setting"),
+    ({"batch_size": "16"}, "batch_size must be an integer"),
+    ({"compile": 1}, "compile must be true or false"),
+    ({"dtype": "fp8"}, "dtype must be one of"),
+    ({"dtype": "fp16"}, "fp16 needs device cuda"),
+    ({"ddp_backend": "nccl"}, "nccl needs device cuda"),
+    ({"max_steps": None, "time_budget_s": None}, "needs an end"),
+    ({"threads": 0}, "threads must be >= 1"),
+    ({"model": {"d_model": -1}}, "model.d_model must be a positive integer"),
+    ({"model": {"width": 3}}, "unknown model override"),
+    ([], "must be a JSON object"),
+])
+def test_bad_settings_raise_config_error(obj, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment) as info:
+        TrainSettings.from_dict(obj)
+    assert info.value.code == TrainExit.BAD_CONFIG == 2
+
+
+def test_bad_json_and_missing_file() -> None:
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        TrainSettings.from_json("{bad")
+    with pytest.raises(ConfigError, match="cannot read settings file"):
+        TrainSettings.from_json("/nonexistent/settings.json")
+
+
+def test_backend_defaults_by_device() -> None:
+    assert TrainSettings().resolved_backend() == "gloo"
+    assert TrainSettings(device="cuda").resolved_backend() == "nccl"
+    assert TrainSettings(ddp_backend="ccl").resolved_backend() == "ccl"
