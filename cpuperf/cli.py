@@ -64,12 +64,33 @@ def doctor(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), sysroot, python, save_snapshot))
 
 
+@app.command()
+def compat(
+    python: Optional[str] = typer.Option(None, "--python", metavar="3.N",
+                                         help="Target CPython version (default: this interpreter's)."),
+    torch: Optional[str] = typer.Option(None, "--torch", metavar="VERSION",
+                                        help="Pin torch (2.7.0, 2.5.0+cpu, or 2.5 for the newest 2.5.x)."),
+    with_: Optional[str] = typer.Option(None, "--with", metavar="ipex,oneccl",
+                                        help="Add-ons wanted: ipex, oneccl (comma-separated)."),
+    why_not: Optional[str] = typer.Option(None, "--why-not", metavar="PKG==VER",
+                                          help="Explain why one release does not fit --python/--torch."),
+    platform: Optional[str] = typer.Option(None, "--platform", metavar="PLATFORM",
+                                           help="linux_x86_64 or linux_aarch64 (default: this machine)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """The torch / IPEX / oneCCL compatibility matrix, and the exact pins for your Python and torch."""
+    from cpuperf.commands import compat as cmd
+
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
+
+
 RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 
 @app.command()
 def recommend(
-    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, small, gpt2-small), a HF config.json, or a model id in the local HF cache."),
+    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, gpt2-small, micro), a HF config.json, or a model id in the local HF cache."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count, e.g. 124M or 7B."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (samples per optimizer step)."),
@@ -104,13 +125,33 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
     size: int = typer.Option(512, "--size", min=64, help="GEMM size."),
     seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per measurement."),
+    allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading tcmalloc/jemalloc."),
+    compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain (tens of seconds)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Measure this host (GEMM fp32 vs bf16) and cache it for the recommendation engine."""
+    """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
 
-    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds))
+    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
+
+
+@app.command("ccl-env", add_help_option=False,
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+def ccl_env(ctx: typer.Context) -> None:
+    """Print the oneCCL/MPI environment tuned for this host: eval "$(cpuperf ccl-env)" (--help for options)."""
+    # Its options are parsed by argparse in commands/cclenv.py: this typer coerces every non-flag option
+    # through pydantic (~0.15 s to import), too slow for a command run in every new shell.
+    _finish(_ccl_env_main(list(ctx.args)))
+
+
+def _ccl_env_main(argv: List[str]) -> int:
+    # main() calls this directly for `cpuperf ccl-env ...`: typer's own parse of the root group
+    # coerces its help flag through pydantic too. Same error boundary (main's try), ~0.1 s less.
+    from cpuperf.commands import cclenv as cmd
+
+    opts, json_out, quiet = cmd.parse_args(argv)
+    return cmd.run(Output(json_mode=json_out, quiet=quiet), opts)
 
 
 def _json_requested(argv: List[str]) -> bool:
@@ -128,6 +169,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
     command = typer.main.get_command(app)
     try:
+        if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
+            return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except CpuperfError as exc:

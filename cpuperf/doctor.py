@@ -165,6 +165,19 @@ def register_check(check: Callable[[HostFacts], List[Finding]]) -> None:
         CHECKS.append(check)
 
 
+def check_stack(facts: HostFacts) -> List[Finding]:
+    """The compat matrix's findings on the installed stack (IPEX/oneCCL vs torch, Python wheels, EOL)."""
+    if facts.software is None:
+        return []
+    from cpuperf.compat_cmd import doctor_check
+
+    return [f if isinstance(f, Finding) else Finding(f["id"], f["severity"], f["message"], f.get("fix"))
+            for f in doctor_check(facts)]
+
+
+CHECKS.append(check_stack)
+
+
 def diagnose(facts: HostFacts) -> List[Finding]:
     """All findings, errors first."""
     findings: List[Finding] = []

@@ -103,10 +103,99 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
     return json.loads(proc.stdout)
 
 
-def run_micro(facts: HostFacts, threads: int, python: str = sys.executable) -> Dict[str, Any]:
-    """The quick micro-benchmarks the engine uses where its rules are unsure."""
+def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
+              compile: bool = False) -> Dict[str, Any]:
+    """The micro-benchmarks the engine uses where its rules are unsure."""
     started = time.time()
     results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
     results.update(gemm_rates(python, threads=threads))
+    if allocators:
+        results["allocator_speedup"] = allocator_speedups(facts, threads, python)
+    if compile:
+        results.update(compile_measurement(threads, python))
     results["duration_s"] = round(time.time() - started, 2)
     return results
+
+
+def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, timeout: float = 600.0) -> Optional[Dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    env.update(env_extra)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        proc = subprocess.run([python, "-m", "cpuperf.benchrun", json.dumps(settings)], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return None
+    return json.loads(lines[-1])
+
+
+def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
+    """One preloadable library per installed allocator (no debug/minimal/profiler variants)."""
+    out: Dict[str, str] = {}
+    if facts.software is None:
+        return out
+    for name, paths in facts.software.allocators.items():
+        usable = [p for p in paths if not any(tag in os.path.basename(p) for tag in ("minimal", "debug", "profiler"))]
+        if usable:
+            out[name] = usable[0]
+    return out
+
+
+def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 2,
+                       seconds: float = 3.0) -> Dict[str, float]:
+    """Throughput of the built-in LM with each allocator preloaded, over the default, alternating rounds."""
+    libs = allocator_libraries(facts)
+    if not libs:
+        return {}
+    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
+    base_env = {"OMP_NUM_THREADS": str(threads)}
+    samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
+    for _ in range(rounds):
+        for name in samples:
+            env = dict(base_env)
+            if name != "default":
+                env["LD_PRELOAD"] = libs[name]
+            res = _benchrun(settings, env, python)
+            if res:
+                samples[name].append(res["samples_per_s"])
+    import statistics
+
+    base = statistics.median(samples["default"]) if samples["default"] else None
+    if not base:
+        return {}
+    return {name: statistics.median(v) / base for name, v in samples.items() if name != "default" and v}
+
+
+def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0) -> Dict[str, Any]:
+    """Compile time and steady speed-up of torch.compile on the built-in LM (slow: tens of seconds)."""
+    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
+    env = {"OMP_NUM_THREADS": str(threads)}
+    eager = _benchrun(settings, env, python)
+    compiled = _benchrun({**settings, "compile": True}, env, python, timeout=900)
+    if not eager or not compiled:
+        return {}
+    return {"compile_seconds": max(0.0, compiled["first_step_s"] - eager["first_step_s"]),
+            "compile_speedup": compiled["samples_per_s"] / eager["samples_per_s"],
+            "step_seconds": 16.0 / eager["samples_per_s"]}
+
+
+def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
+                      log: Optional[Any] = None) -> Optional[Measurements]:
+    """Measure once per host where a rule is unsure: native bf16 (is it faster?) and installed allocators."""
+    if not facts.live:
+        return None
+    cached = load_cached(facts)
+    need_dtype = facts.cpu.bf16_native
+    need_alloc = bool(allocator_libraries(facts))
+    if cached is not None or not (need_dtype or need_alloc):
+        return cached
+    if log:
+        log("measuring this host once (GEMM rates, allocators); cached for later runs ...")
+    results = run_micro(facts, threads, python, allocators=need_alloc)
+    save(facts, results)
+    return Measurements.from_json({**results, "source": "measured now"})

@@ -115,28 +115,38 @@ def stack_versions(facts: HostFacts) -> Dict[str, Optional[str]]:
     return {name: (info.version if info else None) for name, info in facts.software.packages.items()}
 
 
-def ipex_compatible(torch: Optional[str], ipex: Optional[str]) -> Tuple[bool, str]:
+def _matrix_verdict(package: str, version: str, torch: str, python: Optional[str]) -> List[str]:
+    """Reasons from the compat matrix why `package==version` does not fit torch (empty = it fits)."""
+    from cpuperf.resolve import why_not
+
+    py = ".".join((python or "3.11").split(".")[:2])
+    try:
+        return why_not(package, version, py, torch)
+    except ValueError as exc:  # a version the matrix cannot parse
+        return [str(exc)]
+
+
+def ipex_compatible(torch: Optional[str], ipex: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
     """IPEX demands torch of its own major.minor (it kills the process at import otherwise)."""
-    tv, iv = _version(torch), _version(ipex)
-    if iv is None:
+    if _version(ipex) is None:
         return False, "intel_extension_for_pytorch is not installed"
-    if tv is None:
+    if _version(torch) is None:
         return False, "torch is not installed"
-    if _major_minor(tv) != _major_minor(iv):
-        return False, f"IPEX {ipex} is built for torch {iv.major}.{iv.minor}, not {torch}"
+    reasons = _matrix_verdict("intel_extension_for_pytorch", str(ipex), str(torch), python)
+    if reasons:
+        return False, "; ".join(reasons)
     return True, f"IPEX {ipex} matches torch {torch}"
 
 
-def ccl_compatible(torch: Optional[str], bindings: Optional[str]) -> Tuple[bool, str]:
-    tv, bv = _version(torch), _version(bindings)
-    if bv is None:
+def ccl_compatible(torch: Optional[str], bindings: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
+    """oneCCL bindings are built for one (sometimes two) exact torch releases."""
+    if _version(bindings) is None:
         return False, "oneccl_bind_pt is not installed (its last CPU release, 2.7, supports torch 2.7)"
-    if tv is None:
+    if _version(torch) is None:
         return False, "torch is not installed"
-    if _major_minor(tv) != _major_minor(bv):
-        return False, f"oneccl_bind_pt {bindings} is built for torch {bv.major}.{bv.minor}, not {torch}"
-    if (bv.major, bv.minor, bv.micro) == (1, 12, 0) and tv.micro >= 1:
-        return False, "oneccl_bind_pt 1.12.0 does not work with torch 1.12.1 (1.12.100 does)"
+    reasons = _matrix_verdict("oneccl_bind_pt", str(bindings), str(torch), python)
+    if reasons:
+        return False, "; ".join(reasons)
     return True, f"oneccl_bind_pt {bindings} matches torch {torch}"
 
 
@@ -223,6 +233,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     stack = stack_versions(facts)
     torch_v = stack.get("torch")
     torch_build = facts.software.packages["torch"].build if (facts.software and facts.software.packages.get("torch")) else None
+    py = facts.software.python if facts.software else None
     notes: List[str] = []
     decisions: Dict[str, Decision] = {}
     ov = dict(overrides or {})
@@ -271,7 +282,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
         put(Decision("nproc_per_node", nproc, "one rank per visible GPU" if nproc_per_node is None else "as asked",
                      {"visible_gpus": len(gpus)}))
     else:
-        want_ccl = bool(facts.software and ccl_compatible(torch_v, stack.get("oneccl_bind_pt"))[0])
+        want_ccl = bool(facts.software and ccl_compatible(torch_v, stack.get("oneccl_bind_pt"), py)[0])
         placement = plan_placement(facts, nproc_per_node, unit, ccl=want_ccl)
         put(Decision("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
                      {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
@@ -346,7 +357,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     elif on_gpu:
         put(Decision("ddp_backend", "nccl", "NCCL for NVIDIA GPUs", {}))
     else:
-        ok, why = ccl_compatible(torch_v, stack.get("oneccl_bind_pt"))
+        ok, why = ccl_compatible(torch_v, stack.get("oneccl_bind_pt"), py)
         if ok:
             put(Decision("ddp_backend", "ccl", why, {"oneccl_bind_pt": stack.get("oneccl_bind_pt")}))
         else:
@@ -354,7 +365,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
                                                                   "torch": torch_v}))
 
     # IPEX vs torch.compile -----------------------------------------------------------------------------
-    ipex_ok, ipex_why = ipex_compatible(torch_v, stack.get("intel_extension_for_pytorch"))
+    ipex_ok, ipex_why = ipex_compatible(torch_v, stack.get("intel_extension_for_pytorch"), py)
     avx512 = "avx512f" in facts.cpu.isa
     if on_gpu:
         put(Decision("ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {}))
@@ -447,7 +458,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         return Decision("compile", False, "IPEX optimize is used instead", {})
     rule = tuning["compile"]
     compile_s = meas.compile_seconds or rule["assumed_compile_seconds_per_layer"] * max(1, w.n_layer)
-    speedup = meas.compile_speedup or rule["assumed_speedup"]
+    speedup = meas.compile_speedup or (rule["assumed_speedup_gpu"] if on_gpu else rule["assumed_speedup_cpu"])
     step_s = meas.step_seconds
     evidence: Dict[str, Any] = {"compile_seconds": round(compile_s, 1), "speedup": speedup,
                                 "measured": meas.source if meas.compile_seconds else "assumed"}
@@ -455,7 +466,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         # FLOP estimate: tokens per step x FLOPs per token over a rate (measured GEMM or a guess).
         per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
         flops = w.flops_per_token() * w.seq_len * per_rank_batch
-        rate = (meas.gemm_fp32_gflops or (20.0 * max(1, placement.threads_per_rank))) * 1e9 * 0.5
+        rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, placement.threads_per_rank))) * 1e9 * 0.5
         if on_gpu:
             rate = 100e12 * 0.3
         step_s = flops / rate
@@ -467,6 +478,9 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         return Decision("compile", False, "run length unknown: compile time cannot be shown to pay for itself", evidence)
     saving = steps * step_s * (1 - 1 / speedup)
     evidence.update(steps=steps, expected_saving_seconds=round(saving, 1))
+    if speedup <= 1.0:
+        return Decision("compile", False, "no measured speed-up from torch.compile on this host (cpuperf bench "
+                        "--compile measures it)", evidence)
     if saving > compile_s:
         return Decision("compile", True, f"{steps} steps save ~{saving:.0f} s against ~{compile_s:.0f} s of compilation",
                         evidence, needs_torch=True)

@@ -46,19 +46,24 @@ def transformer_params(n_layer: int, d_model: int, vocab: int, seq_len: int, tie
     return n_layer * per_layer + embed + 2 * d_model
 
 
-def _preset(name: str, n_layer: int, d_model: int, n_head: int, seq_len: int, vocab: int, batch: int,
-            steps: Optional[int]) -> Workload:
-    return Workload(name, n_layer, d_model, n_head, seq_len, vocab, batch, steps,
-                    transformer_params(n_layer, d_model, vocab, seq_len), "preset")
+# The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for
+# exactly the model `cpuperf train` builds. Global batch defaults per preset: CPU default 16;
+# GPT-2-small shape (GPU workload) 32.
+_DEFAULT_BATCH = {"tiny": 16, "gpt2-small": 32, "micro": 16}
 
 
-# The built-in LM (cpuperf/train): 'tiny' is the CPU default, 'gpt2-small' the GPU workload
-# (GPT-2 small's shape: 12 layers, 768 wide, 12 heads, 1024 tokens; Radford et al. 2019).
-PRESETS: Dict[str, Workload] = {
-    "tiny": _preset("tiny", 4, 256, 4, 128, 1024, 16, None),
-    "small": _preset("small", 6, 384, 6, 256, 1024, 16, None),
-    "gpt2-small": _preset("gpt2-small", 12, 768, 12, 1024, 50304, 32, None),
-}
+def _builtin_presets() -> Dict[str, Workload]:
+    from cpuperf.train.model import PRESETS as MODEL_PRESETS, flops_per_token, non_embedding_params
+
+    out: Dict[str, Workload] = {}
+    for name, cfg in MODEL_PRESETS.items():
+        params = non_embedding_params(cfg) + cfg.vocab_size * cfg.d_model + cfg.seq_len * cfg.d_model
+        out[name] = Workload(name, cfg.n_layer, cfg.d_model, cfg.n_head, cfg.seq_len, cfg.vocab_size,
+                             _DEFAULT_BATCH.get(name, 16), None, params, "preset")
+    return out
+
+
+PRESETS: Dict[str, Workload] = _builtin_presets()
 
 
 def from_hf_config(path: str, batch_size: int = 8) -> Workload:

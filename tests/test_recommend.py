@@ -59,6 +59,7 @@ def test_ccl_backend_only_with_compatible_bindings(tmp_path, monkeypatch):
     rec = recommend(facts, PRESETS["tiny"])
     assert rec.get("ddp_backend") == "ccl" and rec.get("threads_per_rank") == 28  # 4 oneCCL workers out
     pk = json.dumps({"torch": "1.12.1+cpu", "oneccl_bind_pt": "1.12.0"})
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PYTHON", "3.9")  # torch 1.12 has no wheels for newer Pythons
     facts = facts_for(tmp_path / "b", monkeypatch, packages=pk, sockets=2, cores_per_socket=8, flags=AVX512)
     rec = recommend(facts, PRESETS["tiny"])
     assert rec.get("ddp_backend") == "gloo" and "1.12.100" in rec.decision("ddp_backend").reason

@@ -139,7 +139,8 @@ def _table(out: Output, result: Dict[str, Any]) -> None:
         out.info("* set by you: " + ", ".join(result["overridden"]))
 
 
-def run_bench(out: Output, threads: Optional[int], size: int, seconds: float) -> int:
+def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
+              compile: bool = False) -> int:
     from cpuperf import measure
     from cpuperf.placement import plan_placement
     from cpuperf.probe import probe_host
@@ -147,14 +148,21 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float) ->
     facts = probe_host()
     if threads is None:
         threads = plan_placement(facts).threads_per_rank
-    out.info(f"measuring GEMM rates on {threads} thread(s) ...")
-    results = measure.run_micro(facts, threads)
+    out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
+             + (", torch.compile (slow)" if compile else "") + " ...")
+    results = measure.run_micro(facts, threads, allocators=allocators, compile=compile)
     path = measure.save(facts, results)
     results["cache"] = str(path)
     if out.json_mode:
         out.json({"schema": "cpuperf.bench/1", **results})
     else:
         ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
-        out.product(f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-                    f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s); cached at {path}")
+        lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
+                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)"]
+        for name, r in (results.get("allocator_speedup") or {}).items():
+            lines.append(f"{name} preloaded: {r:.2f}x the default allocator")
+        if results.get("compile_speedup"):
+            lines.append(f"torch.compile: {results['compile_seconds']:.0f} s to compile, {results['compile_speedup']:.2f}x steady")
+        lines.append(f"cached at {path}")
+        out.product("\n".join(lines))
     return 0

@@ -26,7 +26,8 @@ LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra", "srun", "torchrun")
 
 def scan_interpreter(src: Sources, python: Optional[str]) -> dict:
     """Package metadata of this interpreter (in-process) or of another one (a child process)."""
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    # abspath, not realpath: a venv's python is a symlink to the base interpreter, yet its own environment.
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         return pkgscan.scan()
     if not os.path.exists(python):
         raise UsageError(f"no Python interpreter at {python}",

@@ -1,0 +1,1 @@
+"""cpuperf's benchmark suite: `python -m benchmarks --quick` (about 10 minutes) or `--full`."""

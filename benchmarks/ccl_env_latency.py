@@ -1,0 +1,53 @@
+"""Median wall time of `cpuperf ccl-env` against the `python -c "import typer, rich"` floor.
+
+Usage: python benchmarks/ccl_env_latency.py [RUNS]   (bytecode is compiled first, as an install has it)
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def medians(commands, runs: int, env):
+    """Median wall and CPU (user+sys) time of each argv, runs interleaved so outside load hits all alike."""
+    wall = [[] for _ in commands]
+    cpu = [[] for _ in commands]
+    for _ in range(runs):
+        for i, argv in enumerate(commands):
+            start = time.perf_counter()
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            _, _, usage = os.wait4(proc.pid, 0)
+            wall[i].append(time.perf_counter() - start)
+            cpu[i].append(usage.ru_utime + usage.ru_stime)
+            proc.returncode = 0
+    return [statistics.median(t) for t in wall], [statistics.median(t) for t in cpu]
+
+
+def main() -> int:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    root = Path(__file__).resolve().parent.parent
+    compileall.compile_dir(str(root / "cpuperf"), quiet=1)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(root)
+    script = Path(sys.executable).parent / "cpuperf"  # the console script users run
+    cpuperf = [str(script)] if script.exists() else [sys.executable, "-m", "cpuperf"]
+    (floor, ccl, ccl_json), (floor_cpu, ccl_cpu, _) = medians(
+        [[sys.executable, "-c", "import typer, rich"], cpuperf + ["ccl-env"], cpuperf + ["ccl-env", "--json"]],
+        runs, env)
+    result = {"runs": runs, "floor_s": round(floor, 4), "ccl_env_s": round(ccl, 4),
+              "ccl_env_json_s": round(ccl_json, 4), "ratio": round(ccl / floor, 2),
+              "floor_cpu_s": round(floor_cpu, 4), "ccl_env_cpu_s": round(ccl_cpu, 4),
+              "cpu_ratio": round(ccl_cpu / floor_cpu, 2), "load_avg_1m": os.getloadavg()[0]}
+    print(json.dumps(result))
+    return 0 if ccl <= 1.5 * floor else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

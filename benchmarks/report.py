@@ -1,0 +1,89 @@
+"""Markdown table (shown in the README) and a PNG plot of the suite's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+TARGETS = {"auto_vs_default": 1.0, "auto_vs_best_sweep": 0.95, "auto_vs_run_cpu": 1.0}
+
+
+def _fmt(r: Optional[Dict[str, Any]]) -> str:
+    if not r or r.get("median") is None:
+        return "n/a"
+    return f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+
+
+def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -> str:
+    lines = []
+    if results:
+        m = results[0]["machine"]
+        lines.append(f"Machine: {m['cpu']} ({m['microarchitecture']}, {m['physical_cores']} cores, "
+                     f"bf16 native: {m['bf16_native']}), torch {m['torch']}; {results[0]['rounds']} alternating rounds, "
+                     f"{results[0]['seconds_per_run']:.0f} s timed per run, medians with (min-max) over rounds.")
+        lines.append("")
+        lines.append("| workload | auto / default | auto / best of sweep (best) | auto / run_cpu | auto samples/s | MFU | auto decisions | targets |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for r in results:
+            spread = r["ratio_spread"]
+            misses = [k for k, t in TARGETS.items() if r["ratios"].get(k) is not None and r["ratios"][k] < t]
+            auto = next(c for c in r["configs"] if c["name"] == "auto")
+            d = r["auto_decisions"]
+            dec = f"{d['dtype']}, {d['threads_per_rank']} threads" + (", compile" if d["compile"] else "") + \
+                (", ipex" if d["ipex"] else "") + (f", {d['allocator']}" if d["allocator"] else "")
+            mfu = f"{r['mfu_auto'] * 100:.1f}%" if r.get("mfu_auto") else "n/a"
+            lines.append(f"| {r['workload']} | {_fmt(spread['auto_vs_default'])} | {_fmt(spread['auto_vs_best_sweep'])} "
+                         f"({r['best_sweep']}) | {_fmt(spread['auto_vs_run_cpu'])} | {auto['median']:.1f} | {mfu} | {dec} | "
+                         + ("met" if not misses else "MISSED: " + ", ".join(misses)) + " |")
+        lines.append("")
+        lines.append("First-step (warm-up / compile) seconds, median: " + "; ".join(
+            f"{r['workload']}: " + ", ".join(f"{k} {sorted(x for x in v if x)[len([x for x in v if x]) // 2]:.1f}"
+                                             for k, v in r["first_step_s"].items() if any(v))
+            for r in results))
+    if latency:
+        lines.append("")
+        lines.append("| command | median wall time |")
+        lines.append("|---|---|")
+        for name, v in latency.items():
+            if isinstance(v, dict) and "median_s" in v:
+                lines.append(f"| `{name}` | {v['median_s'] * 1000:.0f} ms |")
+        r = latency["ratios"]
+        lines.append("")
+        lines.append(f"doctor / collect_env = {r['doctor_vs_collect_env']:.2f} (target <= 0.2: "
+                     f"{'met' if latency['targets']['doctor <= 0.2x collect_env'] else 'MISSED'}); "
+                     f"ccl-env / typer+rich import = {r['ccl_env_vs_typer_rich_floor']:.2f} (target <= 1.5: "
+                     f"{'met' if latency['targets']['ccl-env <= 1.5x typer+rich'] else 'MISSED'}).")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: List[Dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    if not results:
+        return False
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.5), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        names = [c["name"] for c in r["configs"]]
+        medians = [c["median"] or 0 for c in r["configs"]]
+        lows = [m - min([s for s in c["samples_per_s"] if s] or [m]) for m, c in zip(medians, r["configs"])]
+        highs = [max([s for s in c["samples_per_s"] if s] or [m]) - m for m, c in zip(medians, r["configs"])]
+        colours = ["#d62728" if n == "auto" else ("#7f7f7f" if n in ("default", "run_cpu") else "#1f77b4") for n in names]
+        ax.barh(names, medians, xerr=[lows, highs], color=colours)
+        ax.invert_yaxis()
+        ax.set_title(f"{r['workload']} (auto/default {r['ratios']['auto_vs_default'] or 0:.2f}x)")
+        ax.set_xlabel("samples/s (median, min-max bars)")
+    fig.suptitle(f"cpuperf --auto vs defaults, sweep and run_cpu on {results[0]['machine']['microarchitecture']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(out: Path, results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -> None:
+    (out / "summary.md").write_text(markdown(results, latency))
+    plot(results, out / "throughput.png")

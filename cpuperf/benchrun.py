@@ -1,0 +1,169 @@
+"""A child process that trains a reference workload for a while and reports its throughput.
+
+`python -m cpuperf.benchrun '{"workload": "lm", "size": "small", "dtype": "fp32", ...}'` prints one
+JSON object. Used by `cpuperf bench` (allocator and compile measurements) and by benchmarks/.
+torch is imported inside functions: this module is also imported by the torch-free parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Tuple
+
+# Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
+LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
+             "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256}}
+MLP_SHAPES = {"small": (1024, 1024, 4), "large": (2048, 4096, 4)}  # (input, hidden, layers)
+CONV_SHAPES = {"small": (64, 32), "large": (128, 64)}  # (image side, base channels)
+BATCH = {"lm": 16, "mlp": 256, "conv": 32}
+
+
+def flops_per_sample(workload: str, size: str) -> float:
+    """Training FLOPs per sample (forward + backward = 3x forward matmul FLOPs)."""
+    if workload == "lm":
+        from cpuperf.train.model import flops_per_token, make_config
+
+        cfg = make_config("tiny", LM_SHAPES[size])
+        return flops_per_token(cfg) * cfg.seq_len
+    if workload == "mlp":
+        d_in, hidden, layers = MLP_SHAPES[size]
+        macs = d_in * hidden + (layers - 1) * hidden * hidden + hidden * 10
+        return 6.0 * macs
+    side, ch = CONV_SHAPES[size]
+    macs = 0
+    c_in, s = 3, side
+    for c_out in (ch, ch * 2, ch * 4, ch * 8):
+        macs += s * s * 9 * (c_in * c_out + c_out * c_out)  # two 3x3 convs per stage
+        c_in, s = c_out, s // 2
+    return 6.0 * (macs + c_in * 10)
+
+
+def _build(workload: str, size: str, batch: int) -> Tuple[Any, Any]:
+    import torch
+    from torch import nn
+
+    g = torch.Generator().manual_seed(0)
+    if workload == "lm":
+        from cpuperf.train.model import build_model, make_config
+
+        cfg = make_config("tiny", LM_SHAPES[size])
+        model = build_model(cfg)
+        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+        y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+
+        def loss_fn(m: Any) -> Any:
+            return m(x, y)[1]
+    elif workload == "mlp":
+        d_in, hidden, layers = MLP_SHAPES[size]
+        mods = [nn.Linear(d_in, hidden), nn.GELU()]
+        for _ in range(layers - 1):
+            mods += [nn.Linear(hidden, hidden), nn.GELU()]
+        model = nn.Sequential(*mods, nn.Linear(hidden, 10))
+        x = torch.randn(batch, d_in, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+
+        def loss_fn(m: Any) -> Any:
+            return nn.functional.cross_entropy(m(x), y)
+    elif workload == "conv":
+        side, ch = CONV_SHAPES[size]
+        layers = []
+        c_in = 3
+        for c_out in (ch, ch * 2, ch * 4, ch * 8):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
+                       nn.Conv2d(c_out, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(2)]
+            c_in = c_out
+        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, 10))
+        x = torch.randn(batch, 3, side, side, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+
+        def loss_fn(m: Any) -> Any:
+            return nn.functional.cross_entropy(m(x), y)
+    else:
+        raise SystemExit(f"unknown workload {workload!r}")
+    return model, loss_fn
+
+
+def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    import contextlib
+
+    import torch
+
+    workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
+    batch = int(cfg.get("batch", BATCH[workload]))
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    torch.manual_seed(0)
+    model, loss_fn = _build(workload, size, batch)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    dtype = cfg.get("dtype", "fp32")
+    if cfg.get("ipex"):
+        import intel_extension_for_pytorch as ipex  # noqa: F401  (legacy stacks only)
+
+        model, opt = ipex.optimize(model, optimizer=opt, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    if cfg.get("fp32_math_mode") == "bf16":
+        try:
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        except AttributeError:
+            pass
+    if cfg.get("compile"):
+        model = torch.compile(model)
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+
+    t0 = time.perf_counter()
+    step()  # the first step carries compile / oneDNN primitive creation
+    first = time.perf_counter() - t0
+    for _ in range(int(cfg.get("warmup", 2))):
+        step()
+    min_steps, seconds = int(cfg.get("steps", 10)), float(cfg.get("seconds", 5.0))
+    count, start = 0, time.perf_counter()
+    while True:
+        step()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if count >= min_steps and elapsed >= seconds:
+            break
+        if elapsed >= seconds * 4:  # emulated bf16 can be 15x slower: never run for minutes
+            break
+    maps = ""
+    try:
+        with open("/proc/self/maps") as fh:
+            maps = fh.read()
+    except OSError:
+        pass
+    return {
+        "samples_per_s": count * batch / elapsed,
+        "steps": count,
+        "first_step_s": first,
+        "threads": torch.get_num_threads(),
+        "allowed_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "allocator": next((a for a in ("tcmalloc", "jemalloc") if f"lib{a}" in maps), None),
+        "openmp": next((o for o in ("libiomp5", "libgomp", "libomp") if o in maps), None),
+        "flops_per_sample": flops_per_sample(workload, size),
+        "torch": torch.__version__,
+    }
+
+
+def main(argv: Any = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = json.loads(args[0]) if args else {}
+    except ValueError as exc:
+        print(json.dumps({"error": f"bad settings JSON: {exc}"}))
+        return 2
+    print(json.dumps(run(cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""Render a merged runtime environment as code for bash, zsh, fish, a dotenv file, or JSON. Pure.
+
+Safety: every value is single-quoted with the target shell's own escaping, names are checked
+against ^[A-Za-z_][A-Za-z0-9_]*$ and a reserved list, comments are one printable line. Output is a
+plain assignment of each final value, so evaluating it twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from cpuperf.envplan import EnvVar, Kept, valid_name
+from cpuperf.errors import UsageError
+
+SCHEMA = "cpuperf.ccl-env/1"
+SHELLS = ("bash", "zsh", "fish", "dotenv")
+_DOTENV_SAFE = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")
+
+
+def default_shell(environ: Mapping[str, str]) -> str:
+    """The shell named by $SHELL when cpuperf knows it; bash (POSIX quoting) otherwise."""
+    name = os.path.basename(environ.get("SHELL", "") or "")
+    return name if name in ("bash", "zsh", "fish") else "bash"
+
+
+def check_shell(name: str) -> str:
+    if name not in SHELLS:
+        raise UsageError(f"unknown shell {name!r}", hint="use --shell bash, zsh, fish or dotenv (or --json)")
+    return name
+
+
+def quote_posix(value: str) -> str:
+    """bash/zsh/sh: inside '...' nothing is special; a quote is written '\\''."""
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def quote_fish(value: str) -> str:
+    """fish: inside '...' only \\\\ and \\' are escapes (fish docs, 'Quotes')."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def quote_dotenv(value: str) -> str:
+    """Unquoted when plainly safe; else single quotes with \\\\ and \\' escaped (python-dotenv's rules)."""
+    if value and _DOTENV_SAFE.match(value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A comment's text: printable characters only, never a newline that could end the comment."""
+    clean = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
+
+
+def printable_value(value: str) -> bool:
+    """Values that can be written as text (undecodable bytes from the environment cannot)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in value
+
+
+class CclEnv(NamedTuple):
+    """Everything `cpuperf ccl-env` decided; rendered by render() or to_json()."""
+
+    backend: str
+    backend_reason: str
+    final: Dict[str, str]
+    vars: Tuple[EnvVar, ...]
+    kept: Tuple[Kept, ...]
+    sources: Tuple[Dict[str, Any], ...]
+    notes: Tuple[str, ...]
+    skipped: Tuple[str, ...] = ()
+    placement: Optional[Dict[str, Any]] = None
+    header: str = ""
+    extra: Optional[Dict[str, Any]] = None
+
+    def provenance(self, name: str) -> List[EnvVar]:
+        return [v for v in self.vars if v.name == name]
+
+
+def _comment_for(env: CclEnv, name: str) -> str:
+    kept = next((k for k in env.kept if k.name == name), None)
+    if kept is not None:
+        return f"{name}: kept, already set (cpuperf would set {kept.wanted}; --override replaces it)"
+    parts = []
+    for var in env.provenance(name):
+        parts.append(var.source if var.source != "cpuperf" else f"cpuperf: {var.reason}")
+    return f"{name}: " + "; ".join(dict.fromkeys(parts))
+
+
+def render(env: CclEnv, shell: str) -> str:
+    """Code for `eval` (bash/zsh), `| source` (fish) or a dotenv file: comments + plain assignments."""
+    check_shell(shell)
+    lines = [f"# {one_line(env.header)}"] if env.header else []
+    for name, value in env.final.items():
+        if not valid_name(name) or not printable_value(value):
+            continue  # refused earlier with a note; never written
+        lines.append(f"# {one_line(_comment_for(env, name))}")
+        if shell == "fish":
+            lines.append(f"set -gx {name} {quote_fish(value)}")
+        elif shell == "dotenv":
+            lines.append(f"{name}={quote_dotenv(value)}")
+        else:
+            lines.append(f"export {name}={quote_posix(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(env: CclEnv) -> Dict[str, Any]:
+    """The `--json` object (schema cpuperf.ccl-env/1)."""
+    obj: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "env": {n: v for n, v in env.final.items() if valid_name(n) and printable_value(v)},
+        "kept": [k.to_json() for k in env.kept],
+        "sources": list(env.sources),
+        "backend": env.backend,
+        "backend_reason": env.backend_reason,
+        "notes": list(env.notes),
+        "vars": [v.to_json() for v in env.vars],
+        "skipped": list(env.skipped),
+        "placement": env.placement,
+    }
+    obj.update(env.extra or {})
+    return obj
+
+
+def explain_rows(env: CclEnv) -> List[Tuple[str, str, str, str]]:
+    """(variable, value, source, reason) rows for --explain."""
+    rows = []
+    for name, value in env.final.items():
+        kept = next((k for k in env.kept if k.name == name), None)
+        provs = env.provenance(name)
+        source = "you (kept)" if kept else ", ".join(dict.fromkeys(v.source for v in provs))
+        reason = (f"already set; cpuperf would set {kept.wanted} (--override)" if kept
+                  else "; ".join(dict.fromkeys(v.reason for v in provs)))
+        rows.append((name, one_line(value, 400), one_line(source), one_line(reason, 400)))
+    return rows

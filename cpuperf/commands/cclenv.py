@@ -1,0 +1,188 @@
+"""`cpuperf ccl-env`: find the installed oneCCL/MPI environment, tune it for this host, print it.
+
+Start-up matters (it runs in every new shell): no torch, no pip, no full software probe, rich only
+for --explain, a subprocess only when a script exists or several nodes need the network interface.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Mapping, NamedTuple, NoReturn, Optional, Tuple
+
+from cpuperf.errors import ExitCode, IncompatibleHostError
+from cpuperf.output import Output
+
+
+class Options(NamedTuple):
+    nproc_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
+    hostfile: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    shell: Optional[str] = None
+    explain: bool = False
+    override: bool = False
+    preload: bool = False
+    require_ccl: bool = False
+    python: Optional[str] = None
+    sysroot: Optional[str] = None
+    unit: str = "socket"
+
+
+def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
+    """ccl-env's options -> (Options, --json, --quiet); a bad option is a UsageError (exit 2)."""
+    if not argv:  # `eval "$(cpuperf ccl-env)"` in every new shell: skip building a parser
+        return Options(), False, False
+    import argparse
+
+    from cpuperf.errors import UsageError
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line through cli.main's error boundary
+            raise UsageError(message, hint="cpuperf ccl-env --help")
+
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+        return int(text)
+
+    def port(text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1..65535")
+        return int(text)
+
+    p = Parser(prog="cpuperf ccl-env", allow_abbrev=False,
+               description='Print the oneCCL / MPI environment for the installed stack, tuned for this host. '
+                           'Use: eval "$(cpuperf ccl-env)"; fish: cpuperf ccl-env --shell fish | source.')
+    p.add_argument("--nproc-per-node", type=positive, metavar="N", help="ranks per node (default: one per socket)")
+    p.add_argument("--nnodes", type=positive, metavar="N", help="nodes in the job (default: hostfile length, else 1)")
+    p.add_argument("--hostfile", metavar="FILE", help="hosts, one per line; the first is MASTER_ADDR")
+    p.add_argument("--master-addr", metavar="HOST", help="rendezvous host (default 127.0.0.1, or the hostfile's first)")
+    p.add_argument("--master-port", type=port, metavar="PORT", help="rendezvous port (default 29500)")
+    p.add_argument("--shell", metavar="SHELL", help="bash, zsh, fish or dotenv (default: from $SHELL, else bash)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (schema cpuperf.ccl-env/1)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no messages on stderr")
+    p.add_argument("--explain", action="store_true", help="a table of variable, value, source, reason on stderr")
+    p.add_argument("--override", action="store_true", help="replace variables you already set (kept by default)")
+    p.add_argument("--preload", action="store_true",
+                   help="LD_PRELOAD libiomp5 and tcmalloc/jemalloc (affects every later command of the shell)")
+    p.add_argument("--require-ccl", action="store_true", help="fail unless the oneCCL (ccl) backend is usable")
+    p.add_argument("--python", metavar="PATH", help="the environment of another interpreter (a venv's python)")
+    p.add_argument("--sysroot", metavar="DIR", help="read /proc and /sys under DIR (a recorded host)")
+    p.add_argument("--unit", choices=("socket", "numa"), default="socket", help="one rank per socket or NUMA node")
+    ns = p.parse_args(argv)
+    opts = Options(ns.nproc_per_node, ns.nnodes, ns.hostfile, ns.master_addr, ns.master_port, ns.shell,
+                   ns.explain, ns.override, ns.preload, ns.require_ccl, ns.python, ns.sysroot, ns.unit)
+    return opts, ns.json, ns.quiet
+
+
+def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
+    """Everything but printing: returns a cclenv.CclEnv. Raises CpuperfError on bad input."""
+    from cpuperf import cclenv, envplan, envsources
+    from cpuperf.placement import plan_placement
+    from cpuperf.probe import probe_host
+
+    env = dict(os.environ if environ is None else environ)
+    # Validate every input before doing any work: bad input is a one-line usage error.
+    if opts.shell is not None:
+        cclenv.check_shell(opts.shell)
+    envplan.check_port(opts.master_port)
+    hosts = None
+    if opts.hostfile:
+        from cpuperf.hostfile import read_hostfile
+
+        hosts = read_hostfile(opts.hostfile)
+    nodes = envplan.node_count(hosts, opts.nnodes)
+    master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
+
+    stack = envsources.discover(opts.python, env)
+    torch = stack.get("torch")
+    bindings = stack.get("bindings")
+    backend = envplan.choose_backend(torch.version if torch else None,
+                                     (bindings.name, bindings.version) if bindings else None)
+    if opts.require_ccl and backend.name != "ccl":
+        raise IncompatibleHostError(f"the ccl backend is not available: {backend.reason}",
+                                    hint="install torch 2.7 with oneccl_bind_pt 2.7.0+cpu, or drop --require-ccl")
+
+    facts = probe_host(sysroot=opts.sysroot, software=False)
+    placement = plan_placement(facts, opts.nproc_per_node, opts.unit, ccl=backend.name == "ccl")
+
+    sources, notes = envsources.plan_sources(stack, backend.name)
+    notes = list(stack.notes) + notes
+    wanted: List[envplan.EnvVar] = []
+    for source in sources:
+        path_var = envsources.conda_path(source)
+        if path_var is not None and not any(v.name == "PATH" and v.value == path_var.value for v in wanted):
+            wanted.append(path_var)
+        found, script_notes = envsources.script_env(source, env)
+        wanted += found
+        notes += script_notes
+    intel_mpi = stack.get("impi") is not None or any(s.label == "oneAPI mpi" for s in sources) \
+        or bool(env.get("I_MPI_ROOT")) or any(v.name == "I_MPI_ROOT" for v in wanted)
+    # What an option asks for explicitly replaces what the environment has (a stale 127.0.0.1 from an
+    # earlier single-node eval must not survive --hostfile).
+    forced = ({"MASTER_ADDR"} if opts.master_addr or opts.hostfile else set()) \
+        | ({"MASTER_PORT"} if opts.master_port is not None else set())
+    ifname = None
+    if backend.name == "gloo" and nodes > 1:
+        from cpuperf.hostfile import valid_host
+
+        # The address that will be in force: a MASTER_ADDR you set is kept unless an option names one.
+        preset = env.get("MASTER_ADDR")
+        kept_addr = preset if preset and "MASTER_ADDR" not in forced and not opts.override \
+            and valid_host(preset) else None
+        ifname = envsources.route_interface(kept_addr or master)
+    libraries = envsources.find_libraries(stack) if opts.preload else envplan.Libraries()
+    tuned = envplan.runtime_env(facts, placement, backend=backend.name, hosts=hosts, master_addr=opts.master_addr,
+                                master_port=opts.master_port, preload=opts.preload, nnodes=nodes,
+                                mpi="intelmpi" if intel_mpi else None, libraries=libraries,
+                                socket_ifname=ifname, environ=env)
+    notes += list(tuned.notes)
+    merged = envplan.merge_env(env, list(wanted) + list(tuned.vars), override=opts.override, force=sorted(forced))
+    for name in merged.skipped:
+        notes.append(f"skipped variable {cclenv.one_line(repr(name), 80)}: not a valid or allowed name")
+    for name, value in merged.final.items():
+        if not cclenv.printable_value(value):
+            notes.append(f"skipped {name}: its value is not valid text")
+    if merged.kept:
+        notes.append("kept your " + ", ".join(k.name for k in merged.kept) + " (--override replaces them)")
+    header = (f"cpuperf ccl-env: backend {backend.name}; {nodes} node(s) x {placement.nproc_per_node} rank(s), "
+              f"{placement.threads_per_rank} thread(s) each; python {stack.executable}")
+    source_json = tuple(s.to_json() for s in sources)
+    return cclenv.CclEnv(backend=backend.name, backend_reason=backend.reason, final=merged.final,
+                         vars=merged.vars, kept=merged.kept, sources=source_json, notes=tuple(notes),
+                         skipped=merged.skipped, placement=placement.to_json(), header=header,
+                         extra={"nnodes": nodes, "nproc_per_node": placement.nproc_per_node,
+                                "python": stack.executable, "prefix": stack.prefix})
+
+
+def run(out: Output, opts: Options) -> int:
+    from cpuperf import cclenv
+
+    result = build(opts)
+    if result.backend != "ccl":
+        out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason}")
+    for note in result.notes:
+        out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
+    if opts.explain:
+        _explain(out, result)
+    if out.json_mode:
+        out.json(cclenv.to_json(result))
+    else:
+        shell = opts.shell or cclenv.default_shell(os.environ)
+        out.product(cclenv.render(result, shell))
+    return int(ExitCode.OK)
+
+
+def _explain(out: Output, result) -> None:
+    from rich.table import Table
+    from rich.text import Text  # cells as Text: values like [0xff,0xff00] are not markup
+
+    from cpuperf import cclenv
+
+    table = Table(title=f"ccl-env: backend {result.backend}", title_justify="left")
+    for col in ("variable", "value", "source", "reason"):
+        table.add_column(col, overflow="fold")
+    for row in cclenv.explain_rows(result):
+        table.add_row(*(Text(cell) for cell in row))
+    out.err_renderable(table)

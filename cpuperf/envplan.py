@@ -1,0 +1,339 @@
+"""Runtime environment decisions: THE owner of the variables a training process runs with.
+
+Pure over HostFacts + Placement + what the caller found (libraries, the network interface, the current
+environment): threads, oneCCL workers and their pinning, Intel MPI pin domains, OpenMP (KMP_*) knobs,
+the rendezvous address and port, an allocator preload. `ccl-env`, the recommendation engine and the
+launcher all call runtime_env() and merge_env(), so the rules live here once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from cpuperf.data import load_builtin
+from cpuperf.errors import UsageError
+from cpuperf.placement import Placement
+from cpuperf.probe.facts import HostFacts
+
+if TYPE_CHECKING:
+    from cpuperf.hostfile import Host
+
+# Records are NamedTuples, not frozen dataclasses: ccl-env runs in every new shell and a frozen
+# dataclass costs ~1 ms to define at import, a NamedTuple ~0.2 ms. Both are immutable and typed.
+SET, PREPEND, APPEND = "set", "prepend", "append"
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EnvVar(NamedTuple):
+    """One variable: for kind 'prepend'/'append' the value is the ':'-joined entries to add."""
+
+    name: str
+    value: str
+    source: str  # 'cpuperf' | a script path | 'conda activation'
+    reason: str
+    kind: str = SET
+
+    def to_json(self) -> Dict[str, str]:
+        return dict(self._asdict())
+
+
+class Libraries(NamedTuple):
+    """Shared libraries found: runtime name -> paths (facts.software.openmp / .allocators shape)."""
+
+    openmp: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
+    allocators: Mapping[str, Tuple[str, ...]] = MappingProxyType({})
+
+
+class Backend(NamedTuple):
+    name: str  # 'ccl' | 'gloo'
+    reason: str
+    ccl_available: bool
+
+
+class RuntimeEnv(NamedTuple):
+    vars: Tuple[EnvVar, ...]
+    notes: Tuple[str, ...]
+    master_addr: str
+    master_port: int
+    nnodes: int
+
+
+class Kept(NamedTuple):
+    name: str
+    value: str  # the user's value, left in place
+    wanted: str  # what cpuperf would have set
+
+    def to_json(self) -> Dict[str, str]:
+        return dict(self._asdict())
+
+
+class Merged(NamedTuple):
+    final: Dict[str, str]  # every managed name -> its value after eval, in first-seen order
+    vars: Tuple[EnvVar, ...]  # every variable applied, in order (kept ones included)
+    kept: Tuple[Kept, ...]
+    skipped: Tuple[str, ...]  # names refused (invalid or reserved)
+
+
+_MEMO: Dict[str, Any] = {}
+
+
+def data() -> Dict[str, Any]:
+    """compat/cclenv.toml, read once per process (with the name sets the hot paths test against)."""
+    if not _MEMO:
+        table = load_builtin("cclenv.toml")
+        _MEMO.update(table=table, reserved=frozenset(table["reserved"]["names"]),
+                     paths=frozenset(table["paths"]["names"]))
+    return _MEMO["table"]
+
+
+_data = data
+
+
+def valid_name(name: str) -> bool:
+    """A name a POSIX shell, fish and dotenv all accept, and no shell owns."""
+    data()
+    return bool(NAME_RE.match(name)) and name not in _MEMO["reserved"]
+
+
+def path_like(name: str) -> bool:
+    """Colon-separated list variables (PATH, LD_LIBRARY_PATH, ... and any *PATH)."""
+    data()
+    return name in _MEMO["paths"] or name.endswith("PATH")
+
+
+def split_entries(name: str, value: Optional[str]) -> List[str]:
+    """Entries of a list variable, empty ones dropped (LD_PRELOAD also splits on spaces)."""
+    if not value:
+        return []
+    parts = re.split(r"[: ]+", value) if name == "LD_PRELOAD" else value.split(":")
+    return [p for p in parts if p]
+
+
+def _dedupe(entries: Sequence[str]) -> List[str]:
+    return list(dict.fromkeys(e for e in entries if e))
+
+
+def check_port(port: Optional[int]) -> int:
+    """--master-port: 1..65535; None = the deterministic default."""
+    if port is None:
+        return int(_data()["rendezvous"]["master_port"])
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UsageError(f"master port {port!r} is not in 1..65535", hint="e.g. --master-port 29500")
+    return port
+
+
+def node_count(hosts: Optional[Sequence["Host"]], nnodes: Optional[int]) -> int:
+    """Nodes in the job: --nnodes, else the hostfile's length, else 1."""
+    if nnodes is not None and nnodes < 1:
+        raise UsageError(f"--nnodes {nnodes} must be at least 1")
+    if hosts:
+        if nnodes is not None and nnodes > len(hosts):
+            raise UsageError(f"--nnodes {nnodes} but the hostfile names {len(hosts)} host(s)",
+                             hint="list every node in the hostfile, or lower --nnodes")
+        return nnodes or len(hosts)
+    return nnodes or 1
+
+
+def master_address(hosts: Optional[Sequence["Host"]], master_addr: Optional[str], nnodes: int,
+                   environ: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
+    """(address, why): --master-addr, else the hostfile's first host, else loopback on one node."""
+    if master_addr is not None:
+        from cpuperf.hostfile import check_host  # imported only when there is a host to check
+
+        return check_host(master_addr, "--master-addr"), "given with --master-addr"
+    if hosts:
+        return hosts[0].name, "the first host of the hostfile (rank 0 runs there)"
+    if nnodes <= 1:
+        return str(_data()["rendezvous"]["single_node_addr"]), "one node: rendezvous over loopback"
+    env = os.environ if environ is None else environ
+    preset = env.get("MASTER_ADDR")
+    if preset:
+        from cpuperf.hostfile import check_host
+
+        return check_host(preset, "MASTER_ADDR"), "MASTER_ADDR already set"
+    raise UsageError(f"{nnodes} nodes need a rendezvous address",
+                     hint="pass --hostfile FILE (its first host) or --master-addr HOST")
+
+
+def _minor(version: Optional[str]) -> Optional[Tuple[int, int]]:
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def choose_backend(torch_version: Optional[str], bindings: Optional[Tuple[str, str]]) -> Backend:
+    """ccl when oneCCL bindings built for this torch minor are installed; gloo otherwise, with why."""
+    last = str(_data()["bindings"]["last_cpu_release"])
+    last_minor = ".".join(last.split(".")[:2])
+    if bindings is None:
+        why = f"oneccl_bind_pt is not installed; its last CPU release {last_minor} supports torch {last_minor}"
+        if torch_version and (_minor(torch_version) or (0, 0)) > (_minor(last) or (0, 0)):
+            why += f" and torch {torch_version} is newer"
+        return Backend("gloo", why + ": using gloo", False)
+    name, version = bindings
+    if torch_version is None:
+        return Backend("gloo", f"{name} {version} is installed but torch is not: using gloo", False)
+    if _minor(version) != _minor(torch_version):
+        return Backend("gloo", f"{name} {version} is built for torch {'.'.join(map(str, _minor(version) or ()))}"
+                       f" but torch {torch_version} is installed: using gloo", False)
+    return Backend("ccl", f"{name} {version} matches torch {torch_version}", True)
+
+
+def _hexmask(cpus: Sequence[int]) -> str:
+    value = 0
+    for cpu in cpus:
+        value |= 1 << cpu
+    return hex(value)
+
+
+def pin_domain(placement: Placement) -> Optional[str]:
+    """Intel MPI's explicit domain list: each local rank's compute CPUs as a hex mask.
+
+    oneCCL workers sit outside the domains (CCL_WORKER_AFFINITY pins them), as intel/torch-ccl's
+    example does: I_MPI_PIN_DOMAIN=[0x000000FFFFF0,0xFFFFF0000000] with CCL_WORKER_AFFINITY=0,1,2,3,24,...
+    """
+    masks = [_hexmask(s.compute_cpus or s.cpus) for s in placement.slots if (s.compute_cpus or s.cpus)]
+    if len(masks) != len(placement.slots):
+        return None
+    return "[" + ",".join(masks) + "]"
+
+
+def _first(paths: Sequence[str]) -> Optional[str]:
+    ordered = sorted(paths, key=lambda p: (os.path.basename(p).count("."), p))  # libX.so before libX.so.2.1
+    return ordered[0] if ordered else None
+
+
+def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
+                hosts: Optional[Sequence["Host"]] = None, master_addr: Optional[str] = None,
+                master_port: Optional[int] = None, preload: bool = False, nnodes: Optional[int] = None,
+                mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
+                socket_ifname: Optional[str] = None,
+                environ: Optional[Mapping[str, str]] = None) -> RuntimeEnv:
+    """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
+
+    backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
+    libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
+    interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
+    """
+    if backend not in ("ccl", "gloo"):
+        raise UsageError(f"unknown backend {backend!r}", hint="use 'ccl' or 'gloo'")
+    env = os.environ if environ is None else environ
+    nodes = node_count(hosts, nnodes)
+    addr, addr_why = master_address(hosts, master_addr, nodes, env)
+    port = check_port(master_port)
+    tuning = load_builtin("tuning.toml")
+    if libraries is None:
+        sw = facts.software
+        libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
+    out: List[EnvVar] = []
+    notes: List[str] = []
+    nproc = placement.nproc_per_node
+
+    def add(name: str, value: str, reason: str, kind: str = SET) -> None:
+        out.append(EnvVar(name, value, "cpuperf", reason, kind))
+
+    threads = placement.threads_per_rank
+    why_threads = f"{threads} physical core(s) per rank, {nproc} rank(s) per node"
+    if backend == "ccl" and placement.ccl_workers:
+        why_threads += f", minus {placement.ccl_workers} oneCCL worker core(s)"
+    add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
+    if backend == "ccl":
+        workers = placement.ccl_workers
+        if workers:
+            add("CCL_WORKER_COUNT", str(workers), f"{tuning['ccl_workers']['reason']} ({tuning['ccl_workers']['source']})")
+            cpus = [c for s in placement.slots for c in s.ccl_worker_cpus]
+            add("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cpus),
+                "each local rank's oneCCL workers on its own first cores, in local-rank order")
+        else:
+            add("CCL_WORKER_COUNT", "1", "one rank per node: no core is set aside; oneCCL's default single worker")
+    if mpi == "intelmpi":
+        domain = pin_domain(placement)
+        if domain:
+            add("I_MPI_PIN_DOMAIN", domain, "Intel MPI pins each local rank to its compute cores (hex masks, "
+                "local-rank order); oneCCL workers stay outside")
+            notes.append(f"I_MPI_PIN_DOMAIN names {nproc} domain(s): start exactly {nproc} rank(s) per node "
+                         f"(mpirun -ppn {nproc} -n {nproc * nodes})")
+
+    # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
+    preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
+    if preload:
+        adds: List[str] = []
+        iomp = _first(libraries.openmp.get("iomp", ()))
+        if iomp:
+            adds.append(iomp)
+        else:
+            notes.append("--preload: libiomp5 not found (pip install intel-openmp); OpenMP stays as torch ships it")
+        alloc_name = next((n for n in ("tcmalloc", "jemalloc") if libraries.allocators.get(n)), None)
+        if alloc_name:
+            adds.append(_first(libraries.allocators[alloc_name]) or "")
+            if alloc_name == "jemalloc":
+                add("MALLOC_CONF", tuning["allocator"]["jemalloc_malloc_conf"], tuning["allocator"]["source"])
+        else:
+            notes.append("--preload: neither tcmalloc nor jemalloc found (apt-get install libgoogle-perftools4)")
+        if adds:
+            add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
+                + " for every later command of this shell", PREPEND)
+            preloaded = adds + preloaded
+    iomp_loaded = any(os.path.basename(p).startswith("libiomp5") for p in preloaded)
+    if iomp_loaded:
+        if nproc == 1 or mpi == "intelmpi":
+            add("KMP_AFFINITY", tuning["kmp"]["affinity"], f"libiomp5 is preloaded; {tuning['kmp']['source']}")
+            add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
+        else:
+            add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
+            notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
+                         "to the same cores (launch with Intel MPI, or cpuperf launch)")
+
+    add("MASTER_ADDR", addr, addr_why)
+    add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
+        else f"the default rendezvous port ({_data()['rendezvous']['source']})")
+    if backend == "gloo" and nodes > 1:
+        if socket_ifname:
+            add("GLOO_SOCKET_IFNAME", socket_ifname, f"the interface whose route reaches {addr}")
+        else:
+            notes.append(f"could not tell which interface reaches {addr}: set GLOO_SOCKET_IFNAME yourself "
+                         "(ip -o route get ADDR)")
+    if nodes > 1:
+        notes.append(f"{nodes} nodes: threads and pinning assume every node looks like this one")
+    return RuntimeEnv(tuple(out), tuple(notes), addr, port, nodes)
+
+
+def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override: bool = False,
+              force: Sequence[str] = ()) -> Merged:
+    """Apply `wanted` in order over `current`: final values, idempotent.
+
+    'set': the last EnvVar of a name wins among ours; a different value the user already has is kept
+    unless override, or the name is in `force` (asked for by an explicit option such as --master-addr).
+    'prepend'/'append': entries added without duplicates or empty entries, so applying the result
+    twice changes nothing.
+    """
+    forced = set(force)
+    last_set = {v.name: v for v in wanted if v.kind == SET}
+    final: Dict[str, str] = {}
+    applied: List[EnvVar] = []
+    kept: List[Kept] = []
+    skipped: List[str] = []
+    for var in wanted:
+        if not valid_name(var.name):
+            if var.name not in skipped:
+                skipped.append(var.name)
+            continue
+        if var.kind == SET:
+            if last_set[var.name] is not var:
+                continue
+            user_value = current.get(var.name)
+            if user_value is not None and user_value != var.value and not override and var.name not in forced:
+                kept.append(Kept(var.name, user_value, var.value))
+                final[var.name] = user_value
+            else:
+                final[var.name] = var.value
+        else:
+            have = final[var.name] if var.name in final else current.get(var.name)
+            entries = split_entries(var.name, var.value)
+            existing = split_entries(var.name, have)
+            merged = _dedupe(entries + existing) if var.kind == PREPEND else _dedupe(existing + entries)
+            final[var.name] = ":".join(merged)
+        applied.append(var)
+    return Merged(final, tuple(applied), tuple(kept), tuple(skipped))

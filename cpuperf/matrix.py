@@ -1,0 +1,627 @@
+"""Load and validate the compatibility data in compat/*.toml into typed, frozen rows.
+
+The data (not this module) is the knowledge: every row names its `source`. This module only parses,
+checks and indexes it. A malformed data set raises one MatrixError listing every bad row.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - exercised on 3.9/3.10 only
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ENV_DIR = "CPUPERF_COMPAT_DIR"
+PY_RE = re.compile(r"^3\.(\d{1,2})(t?)$")
+_DATE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})?$")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad row: which file, which row, what is wrong."""
+
+    file: str
+    row: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.row}: {self.problem}"
+
+
+class MatrixError(ValueError):
+    """The compat data is malformed; `problems` lists every bad row, not just the first."""
+
+    def __init__(self, problems: Iterable[Problem]):
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) in the compatibility data:\n{lines}")
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def python_key(py: str) -> tuple[int, int]:
+    """Sort key for '3.N' / '3.Nt' strings."""
+    m = PY_RE.match(py)
+    if not m:
+        return (99, 0)
+    return (int(m.group(1)), 1 if m.group(2) else 0)
+
+
+def python_range(pys: Iterable[str]) -> str:
+    """'3.9–3.13' (plus free-threaded builds) for messages."""
+    std = sorted((p for p in pys if not p.endswith("t")), key=python_key)
+    ft = sorted((p for p in pys if p.endswith("t")), key=python_key)
+    if not std and not ft:
+        return "none"
+    text = std[0] if len(std) == 1 else (f"{std[0]}–{std[-1]}" if std else "")
+    if ft:
+        text = f"{text}, {', '.join(ft)}" if text else ", ".join(ft)
+    return text
+
+
+def spec_text(specs: Iterable[SpecifierSet]) -> str:
+    """Human form of torch specifiers: '==2.8.*' -> '2.8.*', '==1.12.0' -> '1.12.0'."""
+    out = []
+    for s in specs:
+        text = str(s)
+        out.append(text[2:] if text.startswith("==") and "," not in text else text)
+    return " or ".join(out)
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    """One torch release: which CPython wheels exist, which CUDA variants are served."""
+
+    version: Version
+    python: frozenset[str]
+    python_aarch64: frozenset[str]
+    cuda: tuple[str, ...]
+    cpu_index_url: str
+    source: str
+    reason: str = ""
+
+    def pythons(self, platform: str) -> frozenset[str]:
+        """CPython versions with a wheel on `platform`."""
+        return self.python_aarch64 if platform == "linux_aarch64" else self.python
+
+
+@dataclass(frozen=True)
+class CudaVariant:
+    """A cuXYZ wheel flavour and the Linux driver it needs."""
+
+    tag: str
+    cuda: str
+    min_driver_linux: str
+    toolkit_driver_linux: str
+    index_url: str
+    source: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class IpexRelease:
+    """One CPU release of intel_extension_for_pytorch."""
+
+    version: Version
+    torch: SpecifierSet
+    built_against: Version | None
+    python: frozenset[str]
+    pypi: bool
+    pypi_yanked: bool
+    yank_reason: str
+    index_url: str
+    index_kind: str
+    local: str
+    import_check: str
+    status: str
+    released: str
+    source: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class OnecclRelease:
+    """One release of the oneCCL bindings (oneccl_bind_pt / torch_ccl), CPU or XPU build."""
+
+    version: Version
+    device: str
+    torch: tuple[SpecifierSet, ...]
+    python: frozenset[str]
+    index_url: str
+    index_kind: str
+    import_name: str
+    local: str
+    source: str
+    reason: str = ""
+
+    def accepts(self, torch: Version) -> bool:
+        """True when any documented torch specifier matches `torch` (local labels ignored)."""
+        return any(s.contains(torch, prereleases=True) for s in self.torch)
+
+
+@dataclass(frozen=True)
+class EolNotice:
+    """A retired component: last release, newest torch it covers, and what to use instead."""
+
+    component: str
+    status: str
+    last_release: Version
+    last_torch: SpecifierSet
+    announced: str
+    end_of_support: str
+    alternative: str
+    source: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class HfOption:
+    """A transformers/accelerate option with the releases that added, deprecated and removed it."""
+
+    package: str
+    name: str
+    kind: str
+    introduced: Version | None
+    deprecated: Version | None
+    removed: Version | None
+    replacement: str
+    source: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """All compat rows, sorted oldest to newest; `files` says where they came from."""
+
+    torch: tuple[TorchRelease, ...]
+    cuda: tuple[CudaVariant, ...]
+    ipex: tuple[IpexRelease, ...]
+    oneccl: tuple[OnecclRelease, ...]
+    eol: tuple[EolNotice, ...]
+    hf: tuple[HfOption, ...]
+    files: tuple[str, ...] = ()
+
+    def torch_release(self, version: Version) -> TorchRelease | None:
+        """The torch row for `version` (local label ignored), or None."""
+        base = Version(version.base_version)
+        for row in self.torch:
+            if row.version == base:
+                return row
+        return None
+
+    def eol_notice(self, component: str) -> EolNotice | None:
+        """The end-of-life row for 'ipex' or 'oneccl', if any."""
+        for row in self.eol:
+            if row.component == component:
+                return row
+        return None
+
+    def cuda_variant(self, tag: str) -> CudaVariant | None:
+        """The cuXYZ row, or None."""
+        for row in self.cuda:
+            if row.tag == tag:
+                return row
+        return None
+
+
+# --------------------------------------------------------------------------- field parsers
+
+Parser = Callable[[Any], Any]
+
+
+class _Bad(Exception):
+    """A field failed to parse; the message is the problem text."""
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _nonempty(value: Any) -> str:
+    text = _str(value)
+    if not text.strip():
+        raise _Bad("must not be empty")
+    return text
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Bad(f"expected true/false, got {value!r}")
+    return value
+
+
+def _version(value: Any) -> Version:
+    text = _nonempty(value)
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise _Bad(f"{text!r} is not a PEP 440 version") from None
+
+
+def _opt_version(value: Any) -> Version | None:
+    text = _str(value)
+    return _version(text) if text else None
+
+
+def _spec(value: Any) -> SpecifierSet:
+    text = _nonempty(value)
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise _Bad(f"{text!r} is not a PEP 440 specifier") from None
+
+
+def _spec_list(value: Any) -> tuple[SpecifierSet, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise _Bad("expected a specifier or a non-empty list of specifiers")
+    return tuple(_spec(v) for v in items)
+
+
+def _pythons(value: Any) -> frozenset[str]:
+    if not isinstance(value, list):
+        raise _Bad("expected a list of Python versions like \"3.11\"")
+    bad = [v for v in value if not isinstance(v, str) or not PY_RE.match(v)]
+    if bad:
+        raise _Bad(f"not Python versions of the form 3.N or 3.Nt: {bad!r}")
+    return frozenset(value)
+
+
+def _str_list(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _Bad("expected a list of strings")
+    return tuple(value)
+
+
+def _url(value: Any) -> str:
+    text = _str(value)
+    if text and not re.match(r"^https?://\S+$", text):
+        raise _Bad(f"{text!r} is not an http(s) URL")
+    return text
+
+
+def _date(value: Any) -> str:
+    text = _str(value)
+    if not _DATE_RE.match(text):
+        raise _Bad(f"{text!r} is not a YYYY-MM-DD date")
+    return text
+
+
+def _choice(*allowed: str) -> Parser:
+    def parse(value: Any) -> str:
+        text = _str(value)
+        if text not in allowed:
+            raise _Bad(f"{text!r} is not one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _driver(value: Any) -> str:
+    text = _str(value)
+    if text and not re.match(r"^\d+(\.\d+)*$", text):
+        raise _Bad(f"{text!r} is not a driver version like 525.60.13")
+    return text
+
+
+# kind -> (field -> (parser, required)), key fields, default for missing optional fields
+_SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
+    "torch": {
+        "version": (_version, True),
+        "python": (_pythons, True),
+        "python_aarch64": (_pythons, False),
+        "cuda": (_str_list, False),
+        "cpu_index_url": (_url, False),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "cuda": {
+        "tag": (_nonempty, True),
+        "cuda": (_nonempty, True),
+        "min_driver_linux": (_driver, True),
+        "toolkit_driver_linux": (_driver, False),
+        "index_url": (_url, True),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "ipex": {
+        "version": (_version, True),
+        "torch": (_spec, True),
+        "built_against": (_opt_version, False),
+        "python": (_pythons, True),
+        "pypi": (_bool, True),
+        "pypi_yanked": (_bool, True),
+        "yank_reason": (_str, False),
+        "index_url": (_url, True),
+        "index_kind": (_choice("find-links", "extra-index-url", "index-url"), True),
+        "local": (_str, False),
+        "import_check": (_choice("none", "exit127", "attributeerror"), True),
+        "status": (_choice("release", "withdrawn"), True),
+        "released": (_date, False),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "oneccl": {
+        "version": (_version, True),
+        "device": (_choice("cpu", "xpu"), True),
+        "torch": (_spec_list, True),
+        "python": (_pythons, True),
+        "index_url": (_url, True),
+        "index_kind": (_choice("find-links", "extra-index-url", "index-url"), True),
+        "import_name": (_choice("torch_ccl", "oneccl_bindings_for_pytorch"), True),
+        "local": (_str, False),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "eol": {
+        "component": (_choice("ipex", "oneccl"), True),
+        "status": (_choice("archived", "deprecated", "end-of-life"), True),
+        "last_release": (_version, True),
+        "last_torch": (_spec, True),
+        "announced": (_date, False),
+        "end_of_support": (_date, False),
+        "alternative": (_nonempty, True),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "hf": {
+        "package": (_choice("transformers", "accelerate"), True),
+        "name": (_nonempty, True),
+        "kind": (_choice("trainer-arg", "launch-flag", "value"), True),
+        "introduced": (_opt_version, False),
+        "deprecated": (_opt_version, False),
+        "removed": (_opt_version, False),
+        "replacement": (_str, False),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+}
+_DEFAULTS: dict[str, Any] = {
+    "python_aarch64": frozenset(),
+    "cuda": (),
+    "reason": "",
+    "yank_reason": "",
+    "built_against": None,
+    "local": "",
+    "released": "",
+    "toolkit_driver_linux": "",
+    "announced": "",
+    "end_of_support": "",
+    "introduced": None,
+    "deprecated": None,
+    "removed": None,
+    "replacement": "",
+}
+# Top-level scalars a file may set as defaults for its rows.
+_FILE_DEFAULTS = {"cpu_index_url": "torch"}
+_DEFAULT_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _key(kind: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Identity of a row: a row in CPUPERF_COMPAT_DIR with the same key replaces the shipped one."""
+    if kind == "oneccl":
+        return (row["version"], row["device"])
+    if kind == "cuda":
+        return (row["tag"],)
+    if kind == "eol":
+        return (row["component"],)
+    if kind == "hf":
+        return (row["package"], row["name"])
+    return (row["version"],)
+
+
+def _label(kind: str, index: int, raw: Mapping[str, Any]) -> str:
+    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name")
+    return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
+
+
+def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """Parse one TOML file into (kind, key, fields) rows, appending every problem found."""
+    name = path.name
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(name, "file", f"cannot read: {exc}"))
+        return []
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(Problem(name, "file", f"not valid TOML: {exc}"))
+        return []
+    defaults: dict[str, Any] = {}
+    rows: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    for top, value in data.items():
+        if top in _FILE_DEFAULTS:
+            try:
+                defaults[top] = _url(value)
+            except _Bad as exc:
+                problems.append(Problem(name, top, str(exc)))
+            continue
+        if top not in _SCHEMA:
+            problems.append(Problem(name, top, f"unknown table; expected one of {', '.join(sorted(_SCHEMA))}"))
+            continue
+        if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+            problems.append(Problem(name, top, f"must be an array of tables ([[{top}]])"))
+            continue
+        fields = _SCHEMA[top]
+        for i, raw in enumerate(value):
+            label = _label(top, i, raw)
+            parsed: dict[str, Any] = {}
+            row_problems: list[str] = []
+            for fname in raw:
+                if fname not in fields:
+                    row_problems.append(f"unknown field {fname!r}")
+            for fname, (parser, required) in fields.items():
+                if fname not in raw:
+                    if required:
+                        row_problems.append(f"missing required field {fname!r}")
+                    elif fname in defaults:
+                        parsed[fname] = defaults[fname]
+                    elif fname == "cpu_index_url":
+                        parsed[fname] = _DEFAULT_CPU_INDEX
+                    else:
+                        parsed[fname] = _DEFAULTS.get(fname)
+                    continue
+                try:
+                    parsed[fname] = parser(raw[fname])
+                except _Bad as exc:
+                    row_problems.append(f"{fname}: {exc}")
+            if not row_problems:
+                row_problems.extend(_row_checks(top, parsed))
+            if row_problems:
+                problems.append(Problem(name, label, "; ".join(row_problems)))
+                continue
+            rows.append((top, _key(top, parsed), parsed))
+    return rows
+
+
+def _row_checks(kind: str, row: Mapping[str, Any]) -> list[str]:
+    """Cross-field checks a parser of one field cannot make."""
+    out: list[str] = []
+    if kind in ("ipex", "oneccl", "torch") and not row["python"]:
+        out.append("python: must list at least one version")
+    if kind == "ipex":
+        if row["status"] == "release" and not row["index_url"] and not row["pypi"]:
+            out.append("a release needs an index_url or pypi = true")
+        if row["pypi_yanked"] and not row["pypi"]:
+            out.append("pypi_yanked = true but pypi = false")
+        ba = row["built_against"]
+        if ba is not None and not row["torch"].contains(ba, prereleases=True):
+            out.append(f"built_against {ba} does not satisfy torch {row['torch']}")
+    if kind == "oneccl" and row["device"] == "cpu" and not row["index_url"]:
+        out.append("a CPU release needs an index_url (the bindings are not on PyPI)")
+    return out
+
+
+def _build(kind: str, row: dict[str, Any]) -> Any:
+    cls = {
+        "torch": TorchRelease,
+        "cuda": CudaVariant,
+        "ipex": IpexRelease,
+        "oneccl": OnecclRelease,
+        "eol": EolNotice,
+        "hf": HfOption,
+    }[kind]
+    return cls(**row)
+
+
+def _sort_key(kind: str, row: Any) -> tuple[Any, ...]:
+    if kind in ("torch", "ipex"):
+        return (row.version,)
+    if kind == "oneccl":
+        return (row.version, row.device)
+    if kind == "cuda":
+        return (Version(row.cuda) if re.match(r"^\d+(\.\d+)*$", row.cuda) else Version("0"), row.tag)
+    if kind == "eol":
+        return (row.component,)
+    return (row.package, row.name)
+
+
+# --------------------------------------------------------------------------- locating and loading
+
+
+def shipped_dir() -> Path:
+    """Where the shipped data lives: cpuperf/compat inside a wheel, else compat/ at the repo root."""
+    try:
+        from importlib.resources import files
+
+        packaged = files("cpuperf") / "compat"
+        if packaged.is_dir():
+            return Path(str(packaged))
+    except (ModuleNotFoundError, TypeError, NotImplementedError):  # pragma: no cover - zipimport etc.
+        pass
+    return Path(__file__).resolve().parent.parent / "compat"
+
+
+# The matrix reads only its own files: <subject>.toml shipped, <subject>*.toml in extra directories
+# (e.g. ipex-2.9.toml). Other files in compat/ (microarch.toml, tuning.toml) belong to other modules.
+SUBJECTS = ("ipex", "oneccl", "torch", "cuda", "eol", "hf")
+
+
+def _toml_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.toml")
+                  if p.is_file() and p.name.lower().startswith(SUBJECTS))
+
+
+def extra_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The directories named by $CPUPERF_COMPAT_DIR (os.pathsep-separated; empty = none)."""
+    env = os.environ if environ is None else environ
+    return [Path(p) for p in env.get(ENV_DIR, "").split(os.pathsep) if p]
+
+
+def load_matrix(
+    extra_dir: str | os.PathLike[str] | None = None,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Matrix:
+    """Load the shipped compat data plus `extra_dir` (default: the $CPUPERF_COMPAT_DIR directories).
+
+    Only files named <subject>*.toml are read (subjects: ipex, oneccl, torch, cuda, eol, hf).
+    Rows in an extra directory with the same key (version, device, tag, ...) replace shipped rows;
+    other rows are added. Raises MatrixError listing every bad row of every file.
+    """
+    base = Path(base_dir) if base_dir is not None else shipped_dir()
+    extras = extra_dirs(environ) if extra_dir is None else [Path(extra_dir)]
+
+    problems: list[Problem] = []
+    layers: list[list[Path]] = []
+    if not base.is_dir():
+        problems.append(Problem(str(base), "directory", "shipped compat data not found"))
+    else:
+        layers.append(_toml_files(base))
+    for extra in extras:
+        if not extra.is_dir():
+            problems.append(Problem(str(extra), "directory", f"{ENV_DIR} names no such directory"))
+        else:
+            layers.append(_toml_files(extra))
+
+    merged: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {k: {} for k in _SCHEMA}
+    files: list[str] = []
+    for layer in layers:
+        seen: dict[tuple[str, tuple[Any, ...]], str] = {}
+        for path in layer:
+            files.append(str(path))
+            for kind, key, row in _parse_file(path, problems):
+                if (kind, key) in seen:
+                    problems.append(
+                        Problem(path.name, f"[[{kind}]] {'/'.join(map(str, key))}",
+                                f"duplicate of a row in {seen[(kind, key)]}")
+                    )
+                    continue
+                seen[(kind, key)] = path.name
+                merged[kind][key] = row  # a later layer replaces an earlier one
+    if problems:
+        raise MatrixError(problems)
+
+    built: dict[str, tuple[Any, ...]] = {}
+    for kind, rows in merged.items():
+        objs = [_build(kind, r) for r in rows.values()]
+        objs.sort(key=functools.partial(_sort_key, kind))
+        built[kind] = tuple(objs)
+    return Matrix(files=tuple(files), **built)
+
+
+@lru_cache(maxsize=8)
+def _cached(extra: str) -> Matrix:
+    return load_matrix(extra or None, environ={})
+
+
+def default_matrix() -> Matrix:
+    """The shipped data plus $CPUPERF_COMPAT_DIR, loaded once per distinct directory."""
+    return _cached(os.environ.get(ENV_DIR, ""))

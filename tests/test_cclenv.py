@@ -1,0 +1,553 @@
+"""`cpuperf ccl-env`: sources, tuned variables, quoting, idempotence, in real bash, zsh and fish.
+
+Fake environments are real venvs (python -m venv) whose site-packages hold distribution metadata
+(dist-info RECORD) and env scripts, as the registry wheels and the bindings lay them out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli_util import cli_env, run_cli
+from cpuperf import cclenv, envplan, envsources
+from cpuperf.errors import UsageError
+from cpuperf.placement import plan_placement
+from cpuperf.probe import probe_host
+from hosts import make_host
+
+SHELLS = {"bash": ["bash", "--norc", "--noprofile", "-c"], "zsh": ["zsh", "-f", "-c"],
+          "fish": ["fish", "--no-config", "-c"]}
+HOSTILE = ["two words", "it's", 'say "hi"', "$(touch {canary}/dollar)", "`touch {canary}/tick`",
+           "line1\nline2", "back\\slash", "; touch {canary}/semi #", "'; touch {canary}/q; '", "$HOME ${HOME}",
+           "tab\there", "glob * ?", "\\'", "'\\''"]
+
+
+def need(shell: str) -> str:
+    path = shutil.which(shell)
+    if path is None:
+        pytest.skip(f"{shell} is not installed (apt-get install -y {shell})")
+    return path
+
+
+def parse_env0(path: Path) -> Dict[str, str]:
+    out = {}
+    for item in path.read_bytes().split(b"\0"):
+        if b"=" in item:
+            k, _, v = item.partition(b"=")
+            out[k.decode()] = v.decode()
+    return out
+
+
+def make_venv(root: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    return root
+
+
+def site_packages(venv: Path) -> Path:
+    return next(venv.glob("lib/python3*/site-packages"))
+
+
+def add_dist(site: Path, name: str, version: str, files: Dict[str, str], *, executable: bool = False) -> None:
+    """A distribution as pip leaves it: its files and a dist-info RECORD listing them."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    record = []
+    for rel, text in files.items():
+        path = (site / rel).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if executable:
+            path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        record.append(f"{rel},sha256=x,{len(text)}")
+    record.append(f"{info.name}/RECORD,,")
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+
+
+SETVARS = textwrap.dedent('''\
+    # like oneccl_bindings_for_pytorch/env/setvars.sh: finds its root from its own path
+    CCL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    export CCL_ROOT
+    export LD_LIBRARY_PATH="${CCL_ROOT}/lib:${LD_LIBRARY_PATH}"
+    export FI_PROVIDER_PATH="${CCL_ROOT}/lib/prov:${CCL_ROOT}/lib/prov"
+    export PATH="${CCL_ROOT}/bin:${PATH}"
+    export CCL_CONFIGURATION=cpu
+    ''')
+
+
+@pytest.fixture(scope="module")
+def ccl_venv(tmp_path_factory) -> Path:
+    """torch 2.7 + oneccl_bind_pt 2.7 (metadata and env script only): the ccl backend is usable."""
+    venv = make_venv(tmp_path_factory.mktemp("cclvenv") / "venv")
+    site = site_packages(venv)
+    add_dist(site, "torch", "2.7.1+cpu", {"torch/__init__.py": ""})
+    add_dist(site, "oneccl_bind_pt", "2.7.0+cpu", {
+        "oneccl_bindings_for_pytorch/__init__.py": "raise ImportError('never imported by cpuperf')\n",
+        "oneccl_bindings_for_pytorch/env/setvars.sh": SETVARS})
+    return venv
+
+
+@pytest.fixture()
+def host2(tmp_path) -> str:
+    return str(make_host(tmp_path / "host", sockets=2, cores_per_socket=16))
+
+
+def ccl(args: List[str], env: Optional[Dict[str, str]] = None, *, rc: int = 0):
+    proc = run_cli(["ccl-env", *args], extra_env=env)
+    assert proc.returncode == rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr
+    return proc
+
+
+def ccl_json(args: List[str], env: Optional[Dict[str, str]] = None) -> dict:
+    return json.loads(ccl([*args, "--json"], env).stdout)
+
+
+# -- pure: the plan -----------------------------------------------------------------------------------
+
+def test_backend_choice_names_the_reason():
+    gloo = envplan.choose_backend("2.13.0+cpu", None)
+    assert gloo.name == "gloo" and "oneccl_bind_pt is not installed; its last CPU release 2.7 supports torch 2.7" \
+        in gloo.reason and "2.13.0+cpu is newer" in gloo.reason
+    assert envplan.choose_backend("2.7.1+cpu", ("oneccl_bind_pt", "2.7.0+cpu")).name == "ccl"
+    mismatch = envplan.choose_backend("2.8.0", ("oneccl_bind_pt", "2.7.0+cpu"))
+    assert mismatch.name == "gloo" and "built for torch 2.7" in mismatch.reason
+
+
+def test_runtime_env_ccl_two_sockets_workers_domains_and_rendezvous(host2):
+    facts = probe_host(sysroot=host2, software=False)
+    placement = plan_placement(facts, 2, ccl=True)
+    env = envplan.runtime_env(facts, placement, backend="ccl", mpi="intelmpi", environ={})
+    got = {v.name: v.value for v in env.vars}
+    assert got["OMP_NUM_THREADS"] == "12" and got["CCL_WORKER_COUNT"] == "4"
+    assert got["CCL_WORKER_AFFINITY"] == "0,1,2,3,16,17,18,19"
+    assert got["I_MPI_PIN_DOMAIN"] == f"[{hex(0xfff0)},{hex(0xfff0 << 16)}]"
+    assert got["MASTER_ADDR"] == "127.0.0.1" and got["MASTER_PORT"] == "29500"
+    assert "KMP_AFFINITY" not in got and "LD_PRELOAD" not in got  # GNU OpenMP: no KMP_*; no preload unasked
+    assert all(v.reason for v in env.vars)
+
+
+def test_kmp_only_with_libiomp5_preloaded(host2):
+    facts = probe_host(sysroot=host2, software=False)
+    one = plan_placement(facts, 1)
+    plain = envplan.runtime_env(facts, one, backend="gloo", environ={})
+    assert not any(v.name.startswith("KMP_") for v in plain.vars)
+    iomp = envplan.runtime_env(facts, one, backend="gloo", environ={"LD_PRELOAD": "/opt/lib/libiomp5.so"})
+    assert {v.name for v in iomp.vars} >= {"KMP_AFFINITY", "KMP_BLOCKTIME"}
+    libs = envplan.Libraries(openmp={"iomp": ("/x/libiomp5.so",)}, allocators={"tcmalloc": ("/x/libtcmalloc.so.4",)})
+    pre = envplan.runtime_env(facts, one, backend="gloo", environ={}, preload=True, libraries=libs)
+    got = {v.name: v for v in pre.vars}
+    assert got["LD_PRELOAD"].value == "/x/libiomp5.so:/x/libtcmalloc.so.4" and got["LD_PRELOAD"].kind == "prepend"
+    assert "KMP_AFFINITY" in got
+
+
+def test_multi_node_master_and_interface(host2):
+    facts = probe_host(sysroot=host2, software=False)
+    placement = plan_placement(facts, 2)
+    hosts = envplan_hosts("node07 slots=2\nnode08 slots=2\n")
+    env = envplan.runtime_env(facts, placement, backend="gloo", hosts=hosts, socket_ifname="eth1", environ={})
+    got = {v.name: v.value for v in env.vars}
+    assert got["MASTER_ADDR"] == "node07" and got["GLOO_SOCKET_IFNAME"] == "eth1" and env.nnodes == 2
+    unknown = envplan.runtime_env(facts, placement, backend="gloo", hosts=hosts, environ={})
+    assert "GLOO_SOCKET_IFNAME" not in {v.name for v in unknown.vars}
+    assert any("GLOO_SOCKET_IFNAME" in n for n in unknown.notes)
+    with pytest.raises(UsageError):
+        envplan.runtime_env(facts, placement, backend="gloo", nnodes=2, environ={})  # no address at all
+    with pytest.raises(UsageError):
+        envplan.runtime_env(facts, placement, backend="gloo", master_addr="$(reboot)", environ={})
+    with pytest.raises(UsageError):
+        envplan.check_port(70000)
+
+
+def envplan_hosts(text: str):
+    from cpuperf.hostfile import parse_hostfile_text
+
+    return parse_hostfile_text(text)
+
+
+def test_merge_prepends_without_duplicates_or_empty_entries_and_is_idempotent():
+    cur = {"PATH": "/usr/bin::/bin:", "OMP_NUM_THREADS": "7", "LD_LIBRARY_PATH": ""}
+    wanted = [envplan.EnvVar("PATH", "/opt/a/bin:/usr/bin", "s", "r", "prepend"),
+              envplan.EnvVar("LD_LIBRARY_PATH", "/opt/a/lib:", "s", "r", "prepend"),
+              envplan.EnvVar("OMP_NUM_THREADS", "4", "cpuperf", "r"),
+              envplan.EnvVar("BAD-NAME", "x", "s", "r"), envplan.EnvVar("SHLVL", "9", "s", "r")]
+    first = envplan.merge_env(cur, wanted)
+    assert first.final["PATH"] == "/opt/a/bin:/usr/bin:/bin"
+    assert first.final["LD_LIBRARY_PATH"] == "/opt/a/lib"
+    assert first.final["OMP_NUM_THREADS"] == "7" and [k.name for k in first.kept] == ["OMP_NUM_THREADS"]
+    assert first.skipped == ("BAD-NAME", "SHLVL")
+    again = envplan.merge_env({**cur, **first.final}, wanted)
+    assert again.final == first.final
+    assert envplan.merge_env(cur, wanted, override=True).final["OMP_NUM_THREADS"] == "4"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet="abc/:", max_size=6), max_size=4), st.lists(st.text(alphabet="abc/:", max_size=6), max_size=4))
+def test_merge_is_idempotent_for_any_path_lists(current, added):
+    cur = {"PATH": ":".join(current)}
+    wanted = [envplan.EnvVar("PATH", ":".join(added), "s", "r", "prepend"),
+              envplan.EnvVar("PATH", ":".join(reversed(added)), "s", "r", "append")]
+    once = envplan.merge_env(cur, wanted).final
+    assert envplan.merge_env({**cur, **once}, wanted).final == once
+    assert "" not in once["PATH"].split(":") or once["PATH"] == ""
+
+
+def test_diff_env_drops_empty_and_duplicate_entries():
+    before = {"PATH": "/usr/bin:/bin", "KEEP": "1"}
+    after = {"PATH": "/opt/x/bin::/opt/x/bin:/usr/bin:/bin:/opt/tail", "KEEP": "1", "NEW": "v", "_": "/usr/bin/env"}
+    found, notes = envsources.diff_env(before, after, "s.sh")
+    got = {(v.name, v.kind): v.value for v in found}
+    assert got == {("PATH", "prepend"): "/opt/x/bin", ("PATH", "append"): "/opt/tail", ("NEW", "set"): "v"}
+    assert notes == []
+
+
+def test_find_dists_from_metadata_directory_names(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, names in ((a, ["oneccl_cpu-2022.1.2.dist-info", "torch-2.7.1+cpu.dist-info", "numpy-2.0.dist-info"]),
+                     (b, ["oneccl-2021.15.0.dist-info", "torch-2.8.0.dist-info",
+                          "torch_ccl-1.10.0+cpu-py3.8-linux-x86_64.egg-info"])):
+        for n in names:
+            (d / n).mkdir(parents=True)
+    found = envsources.find_dists([str(a), str(b)])
+    assert found["torch"].version == "2.7.1+cpu"  # first on the path, as an import would pick
+    assert found["oneccl"].name == "oneccl"  # the full runtime preferred over oneccl-cpu
+    assert (found["bindings"].name, found["bindings"].version) == ("torch_ccl", "1.10.0+cpu")
+    assert "impi" not in found
+
+
+# -- pure: rendering ----------------------------------------------------------------------------------
+
+def test_quoting_rules():
+    assert cclenv.quote_posix("a'b") == "'a'\\''b'"
+    assert cclenv.quote_fish("a'b\\c") == "'a\\'b\\\\c'"
+    assert cclenv.quote_dotenv("/usr/bin:/bin") == "/usr/bin:/bin"
+    assert cclenv.quote_dotenv("two words") == "'two words'"
+    assert cclenv.quote_dotenv("it's\\") == "'it\\'s\\\\'"
+    assert cclenv.one_line("a\nb\rc") == "a?b?c"
+
+
+def test_default_shell_and_unknown_shell():
+    assert cclenv.default_shell({"SHELL": "/usr/bin/fish"}) == "fish"
+    assert cclenv.default_shell({"SHELL": "/bin/tcsh"}) == "bash"
+    assert cclenv.default_shell({}) == "bash"
+    with pytest.raises(UsageError):
+        cclenv.check_shell("csh")
+
+
+def render_one(name: str, value: str, shell: str) -> str:
+    env = cclenv.CclEnv(backend="gloo", backend_reason="", final={name: value},
+                        vars=(envplan.EnvVar(name, value, "src\n$(touch x)", "why\nnot"),), kept=(), sources=(), notes=())
+    return cclenv.render(env, shell)
+
+
+def test_comments_cannot_break_out():
+    text = render_one("X", "v", "bash")
+    assert all(line.startswith(("#", "export ")) for line in text.splitlines())
+
+
+# -- real shells: quoting round trip ------------------------------------------------------------------
+
+VALUES = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Co"), blacklist_characters="\x00"),
+                 max_size=40)
+
+
+def _roundtrip(shell: str, value: str, tmp: Path) -> str:
+    code = render_one("CPUPERF_T", value, shell)
+    script = tmp / f"code.{shell}"
+    script.write_text(code, encoding="utf-8")
+    out = tmp / "env0"
+    if shell == "fish":
+        body = f"source {script}; env -0 > {out}"
+    else:
+        body = f'eval "$(cat {script})"; env -0 > {out}'
+    env = {"PATH": os.environ["PATH"], "LC_ALL": "C.UTF-8", "HOME": str(tmp)}
+    proc = subprocess.run(SHELLS[shell] + [body], env=env, cwd=tmp, capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return parse_env0(out)["CPUPERF_T"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_quoting_round_trips_arbitrary_text_in_real_shell(shell, tmp_path_factory):
+    need(shell)
+    tmp = tmp_path_factory.mktemp(f"rt-{shell}")
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(VALUES)
+    def check(value):
+        assert _roundtrip(shell, value, tmp) == value
+
+    check()
+    for value in HOSTILE:
+        value = value.replace("{canary}", str(tmp))
+        assert _roundtrip(shell, value, tmp) == value
+    assert list(tmp.glob("dollar")) == list(tmp.glob("tick")) == list(tmp.glob("semi")) == list(tmp.glob("q")) == []
+
+
+# -- real shells: eval, the JSON's variables, idempotence ---------------------------------------------
+
+def _eval_twice(shell: str, args: List[str], tmp: Path, env: Dict[str, str]) -> Dict[str, Dict[str, str]]:
+    wrapper = tmp / "cpuperf-ccl-env"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m cpuperf ccl-env {' '.join(args)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    if shell == "fish":
+        body = (f"env -0 > {tmp}/before; {wrapper} --json > {tmp}/j.json; {wrapper} --shell fish | source; "
+                f"env -0 > {tmp}/after1; {wrapper} --shell fish | source; env -0 > {tmp}/after2")
+    else:
+        body = (f'env -0 > {tmp}/before; {wrapper} --json > {tmp}/j.json; eval "$({wrapper} --shell {shell})"; '
+                f'env -0 > {tmp}/after1; eval "$({wrapper} --shell {shell})"; env -0 > {tmp}/after2')
+    proc = subprocess.run(SHELLS[shell] + [body], env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return {"before": parse_env0(tmp / "before"), "after1": parse_env0(tmp / "after1"),
+            "after2": parse_env0(tmp / "after2"), "json": json.loads((tmp / "j.json").read_text())}
+
+
+def _hostile_env(tmp: Path) -> Dict[str, str]:
+    env = cli_env({"LC_ALL": "C.UTF-8", "HOME": str(tmp)})
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PATH"] = env["PATH"] + ":/opt/$(touch " + str(tmp) + "/pathpwn):"  # a hostile entry, and a trailing ':'
+    env["MASTER_PORT"] = "2950'0; touch " + str(tmp) + "/portpwn"  # kept (user's value), must stay inert
+    env["CCL_WORKER_COUNT"] = "`touch " + str(tmp) + "/tick`\nnewline"
+    return env
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_eval_sets_exactly_the_json_env_and_is_idempotent(shell, tmp_path, ccl_venv, host2):
+    need(shell)
+    env = _hostile_env(tmp_path)
+    run = _eval_twice(shell, ["--python", str(ccl_venv / "bin" / "python"), "--sysroot", host2,
+                              "--nproc-per-node", "2"], tmp_path, env)
+    before, after1, after2, js = run["before"], run["after1"], run["after2"], run["json"]
+    assert js["schema"] == "cpuperf.ccl-env/1" and js["backend"] == "ccl"
+    for name, value in js["env"].items():
+        assert after1.get(name) == value, (name, after1.get(name), value)
+    shell_owned = {"_", "SHLVL"}  # zsh -c execs its last command: SHLVL differs by itself
+    changed = {k for k in after1 if before.get(k) != after1[k]} - shell_owned
+    assert changed <= set(js["env"]), changed - set(js["env"])
+    assert {k: v for k, v in after2.items() if k not in shell_owned} == \
+        {k: v for k, v in after1.items() if k not in shell_owned}
+    # the bindings' script was sourced (found through RECORD, never imported)
+    root = str((site_packages(ccl_venv) / "oneccl_bindings_for_pytorch").resolve())
+    assert after1["CCL_ROOT"] == root and after1["CCL_CONFIGURATION"] == "cpu"
+    assert after1["LD_LIBRARY_PATH"] == root + "/lib"
+    assert after1["FI_PROVIDER_PATH"] == root + "/lib/prov"
+    assert after1["PATH"].startswith(root + "/bin:") and "" not in after1["PATH"].split(":")
+    assert after1["CCL_WORKER_AFFINITY"] == "0,1,2,3,16,17,18,19" and after1["OMP_NUM_THREADS"] == "12"
+    # user values kept, verbatim, and nothing ran
+    assert after1["MASTER_PORT"] == env["MASTER_PORT"] and after1["CCL_WORKER_COUNT"] == env["CCL_WORKER_COUNT"]
+    assert {k["name"] for k in js["kept"]} == {"MASTER_PORT", "CCL_WORKER_COUNT"}
+    assert not any((tmp_path / f).exists() for f in ("pathpwn", "portpwn", "tick"))
+
+
+def test_override_replaces_user_values(ccl_venv, host2):
+    js = ccl_json(["--python", str(ccl_venv / "bin" / "python"), "--sysroot", host2, "--override"],
+                  {"OMP_NUM_THREADS": "99", "MASTER_ADDR": "10.1.1.1"})
+    assert js["env"]["OMP_NUM_THREADS"] != "99" and js["env"]["MASTER_ADDR"] == "127.0.0.1" and js["kept"] == []
+
+
+HOSTILE_SCRIPT = textwrap.dedent('''\
+    export EVIL1='$(touch {canary}/s1)'
+    export EVIL2='`touch {canary}/s2`'
+    export EVIL3="it's \\"quoted\\" ; touch {canary}/s3"
+    export EVIL4="two
+    lines'; touch {canary}/s4; '"
+    export EVIL5='\\'"'"'\\\\'
+    ''')
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_hostile_values_from_a_setvars_script_never_run(shell, tmp_path):
+    need(shell)
+    venv = make_venv(tmp_path / "venv")
+    site = site_packages(venv)
+    add_dist(site, "torch", "2.7.0", {"torch/__init__.py": ""})
+    add_dist(site, "oneccl_bind_pt", "2.7.0+cpu", {
+        "oneccl_bindings_for_pytorch/env/setvars.sh": HOSTILE_SCRIPT.format(canary=tmp_path)})
+    env = cli_env({"LC_ALL": "C.UTF-8", "HOME": str(tmp_path)})
+    run = _eval_twice(shell, ["--python", str(venv / "bin" / "python")], tmp_path, env)
+    after1, js = run["after1"], run["json"]
+    for name in ("EVIL1", "EVIL2", "EVIL3", "EVIL4", "EVIL5"):
+        assert after1[name] == js["env"][name]
+    assert after1["EVIL1"] == f"$(touch {tmp_path}/s1)" and "\n" in after1["EVIL4"]
+    assert list(tmp_path.glob("s[0-9]")) == []
+
+
+# -- the command: sources, errors, output modes -------------------------------------------------------
+
+def test_failing_script_is_one_line_error_and_nothing_on_stdout(tmp_path):
+    venv = make_venv(tmp_path / "venv")
+    site = site_packages(venv)
+    add_dist(site, "torch", "2.7.0", {"torch/__init__.py": ""})
+    add_dist(site, "oneccl_bind_pt", "2.7.0+cpu", {
+        "oneccl_bindings_for_pytorch/env/setvars.sh": "echo 'vars.sh: cannot find libccl' >&2\nreturn 3\n"})
+    proc = ccl(["--python", str(venv / "bin" / "python")], rc=5)
+    assert proc.stdout == ""
+    assert "exit 3" in proc.stderr and "cannot find libccl" in proc.stderr
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 2  # message + hint
+    exits = tmp_path / "exits"
+    make_venv(exits)
+    add_dist(site_packages(exits), "torch", "2.7.0", {"torch/__init__.py": ""})
+    add_dist(site_packages(exits), "oneccl_bind_pt", "2.7.0", {"oneccl_bindings_for_pytorch/env/vars.sh": "exit 0\n"})
+    proc = ccl(["--python", str(exits / "bin" / "python")], rc=5)
+    assert proc.stdout == "" and "exited the shell" in proc.stderr
+
+
+def test_registry_wheel_layout_conda_prefix_and_path(tmp_path):
+    """impi-rt / oneccl wheels: etc/conda/activate.d scripts (listed in RECORD) read CONDA_PREFIX."""
+    venv = make_venv(tmp_path / "venv")
+    site = site_packages(venv)
+    up = os.path.relpath(venv, site)
+    add_dist(site, "impi_rt", "2021.18.1", {
+        f"{up}/etc/conda/activate.d/mpivars.activate.sh":
+            'export I_MPI_ROOT="${CONDA_PREFIX}"\nexport LD_LIBRARY_PATH="${I_MPI_ROOT}/lib:${LD_LIBRARY_PATH}"\n',
+        f"{up}/bin/mpirun": "#!/bin/sh\n"}, executable=True)
+    add_dist(site, "oneccl_cpu", "2022.1.2", {f"{up}/etc/conda/activate.d/onecclvars.activate.sh":
+                                              'export CCL_ROOT="${CONDA_PREFIX}"\n'})
+    js = ccl_json(["--python", str(venv / "bin" / "python"), "--nproc-per-node", "1"])
+    prefix = str(venv.resolve())
+    assert js["env"]["I_MPI_ROOT"] == prefix and js["env"]["CCL_ROOT"] == prefix
+    assert js["env"]["LD_LIBRARY_PATH"].split(":")[0] == prefix + "/lib"
+    assert js["env"]["PATH"].split(":")[0] == prefix + "/bin"
+    assert "I_MPI_PIN_DOMAIN" in js["env"] and js["backend"] == "gloo"
+    assert [s["label"] for s in js["sources"]] == ["impi-rt 2021.18.1", "oneccl-cpu 2022.1.2"]
+    assert all(s["conda_prefix"] == prefix for s in js["sources"])
+
+
+def test_no_bindings_says_why_on_stderr_and_require_ccl_fails(tmp_path):
+    proc = ccl(["--shell", "bash"])
+    assert "the ccl backend is not available" in proc.stderr and "using gloo" in proc.stderr
+    assert "MASTER_ADDR='127.0.0.1'" in proc.stdout and "CCL_WORKER" not in proc.stdout
+    failed = ccl(["--require-ccl"], rc=3)
+    assert failed.stdout == "" and failed.stderr.startswith("error: the ccl backend is not available")
+
+
+def test_hostfile_first_host_is_master(tmp_path, host2):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two nodes\n127.0.0.1 slots=2\nnode02:2\n")
+    js = ccl_json(["--hostfile", str(hostfile), "--sysroot", host2])
+    assert js["env"]["MASTER_ADDR"] == "127.0.0.1" and js["nnodes"] == 2
+    assert js["env"].get("GLOO_SOCKET_IFNAME") == "lo"  # the route to the master's address
+    hostfile.write_text("node01 slots=2\nnode02:2\n")
+    stale = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # from an earlier single-node eval
+    js = ccl_json(["--hostfile", str(hostfile), "--sysroot", host2, "--master-port", "1234"], stale)
+    assert js["env"]["MASTER_ADDR"] == "node01" and js["env"]["MASTER_PORT"] == "1234" and js["kept"] == []
+
+
+@pytest.mark.parametrize("args", [
+    ["--hostfile", "HOSTFILE"], ["--master-addr", "$(touch PWNED)"], ["--master-addr", "a;b"],
+    ["--shell", "tcsh"], ["--master-port", "0"], ["--master-port", "65536"], ["--master-port", "x"],
+    ["--nproc-per-node", "0"], ["--unit", "core"], ["--no-such-option"], ["--python", "/no/such/python"],
+    ["--hostfile", "GOODHOSTS", "--nnodes", "3"], ["--nnodes", "2"],
+])
+def test_invalid_input_is_one_line_usage_error_with_empty_stdout(args, tmp_path):
+    bad = tmp_path / "hosts"
+    bad.write_text("node01\n`reboot`:2\n")
+    good = tmp_path / "good"
+    good.write_text("node01\nnode02\n")
+    args = [str(bad) if a == "HOSTFILE" else str(good) if a == "GOODHOSTS" else a for a in args]
+    proc = run_cli(["ccl-env", *args], cwd=str(tmp_path))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_json_error_object_and_quiet(tmp_path):
+    proc = run_cli(["ccl-env", "--json", "--master-addr", "bad host"])
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == 2
+    quiet = ccl(["--quiet"])
+    assert quiet.stderr == "" and "export OMP_NUM_THREADS=" in quiet.stdout
+
+
+def test_explain_table_on_stderr_and_dotenv(host2):
+    proc = ccl(["--explain", "--sysroot", host2, "--shell", "dotenv"])
+    assert "OMP_NUM_THREADS" in proc.stderr and "reason" in proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("#")]
+    assert "MASTER_ADDR=127.0.0.1" in lines and all("=" in ln and not ln.startswith("export") for ln in lines)
+
+
+def test_unit_numa_and_preload_flag(tmp_path):
+    host = str(make_host(tmp_path / "h", sockets=2, cores_per_socket=8, nodes_per_socket=2))
+    js = ccl_json(["--sysroot", host, "--unit", "numa"])
+    assert js["nproc_per_node"] == 4 and js["env"]["OMP_NUM_THREADS"] == "4"
+    assert "LD_PRELOAD" not in ccl_json(["--sysroot", host])["env"]
+
+
+def test_does_not_import_torch_or_rich_or_scan_all_metadata():
+    code = ("import sys, io, contextlib\nfrom cpuperf.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['ccl-env', '-q'])\n"
+            "bad = [m for m in ('torch', 'rich', 'pydantic', 'importlib.metadata', 'psutil') if m in sys.modules]\n"
+            "print(rc, bad)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert proc.stdout.strip() == "0 []", proc.stdout + proc.stderr
+
+
+def test_oneapi_components_sourced_unless_the_environment_provides_them(tmp_path):
+    root = tmp_path / "oneapi"
+    for comp, var in (("ccl", "CCL_ROOT"), ("mpi", "I_MPI_ROOT")):
+        script = root / comp / "latest" / "env" / "vars.sh"
+        script.parent.mkdir(parents=True)
+        script.write_text(f'export {var}="{root}/{comp}/latest"\nexport LD_LIBRARY_PATH="{root}/{comp}/lib:$LD_LIBRARY_PATH"\n')
+    venv = make_venv(tmp_path / "venv")
+    js = ccl_json(["--python", str(venv / "bin" / "python")], {"ONEAPI_ROOT": str(root)})
+    assert js["env"]["CCL_ROOT"] == f"{root}/ccl/latest" and js["env"]["I_MPI_ROOT"] == f"{root}/mpi/latest"
+    assert js["env"]["LD_LIBRARY_PATH"].split(":")[:2] == [f"{root}/mpi/lib", f"{root}/ccl/lib"]
+    assert "I_MPI_PIN_DOMAIN" in js["env"]  # Intel MPI is the launcher now
+    site = site_packages(venv)
+    up = os.path.relpath(venv, site)
+    add_dist(site, "impi_rt", "2021.18.1", {f"{up}/etc/conda/activate.d/mpivars.activate.sh":
+                                            'export I_MPI_ROOT="${CONDA_PREFIX}"\n'})
+    js = ccl_json(["--python", str(venv / "bin" / "python")], {"ONEAPI_ROOT": str(root)})
+    assert js["env"]["I_MPI_ROOT"] == str(venv.resolve()) and js["env"]["CCL_ROOT"] == f"{root}/ccl/latest"
+    assert any("oneAPI mpi not sourced" in n for n in js["notes"])
+
+
+@pytest.mark.parametrize("libs, finding", [(["libccl.so.1"], True), (["libccl.so.1", "libccl.so.2"], False)])
+def test_doctor_oneccl_cpu_finding_in_another_venv(tmp_path, libs, finding):
+    """doctor --python VENV inspects that venv (a venv's python is a symlink to the base one)."""
+    venv = make_venv(tmp_path / "venv")
+    add_dist(site_packages(venv), "oneccl_cpu", "2022.1.2", {})
+    (venv / "lib").mkdir(exist_ok=True)
+    for lib in libs:
+        (venv / "lib" / lib).write_text("")
+    proc = run_cli(["doctor", "--json", "--python", str(venv / "bin" / "python")])
+    ids = [f["id"] for f in json.loads(proc.stdout)["findings"]]
+    assert ("oneccl-cpu-incomplete" in ids) is finding, ids
+
+
+# -- slow: the registry's wheels, a real Intel MPI mpirun ---------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CPUPERF_SLOW") != "1", reason="downloads oneccl-cpu and impi-rt; CPUPERF_SLOW=1")
+def test_registry_oneccl_cpu_and_impi_rt_mpirun_two_ranks(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "oneccl-cpu", "impi-rt"],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    wrapper = tmp_path / "w"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m cpuperf ccl-env --python {venv}/bin/python "
+                       f"--nproc-per-node 2 \"$@\"\n")
+    wrapper.chmod(0o755)
+    body = (f'eval "$({wrapper} --shell bash)" && command -v mpirun && '
+            "mpirun -n 2 bash -c 'echo \"rank=$PMI_RANK ccl=$CCL_ROOT impi=$I_MPI_ROOT\"'")
+    env = cli_env({"HOME": str(tmp_path)})
+    proc = subprocess.run(["bash", "--norc", "--noprofile", "-c", body], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    prefix = str(venv.resolve())
+    assert lines[0] == f"{prefix}/bin/mpirun"  # Intel MPI's, ahead of any system mpirun
+    ranks = sorted(ln for ln in lines[1:] if ln.startswith("rank="))
+    assert ranks == [f"rank={r} ccl={prefix} impi={prefix}" for r in (0, 1)], proc.stdout + proc.stderr
