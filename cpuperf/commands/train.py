@@ -144,8 +144,6 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     environ = dict(os.environ if environ is None else environ)
     facts = facts or probe_host()
     decision_sets, setting_sets = split_sets(a.sets)
-    if a.hostfile and a.master_addr is None and False:
-        pass
     hosts = read_hostfile(a.hostfile) if a.hostfile else None
     nnodes = a.nnodes or (len(hosts) if hosts else None) or slurm_allocation(environ) or 1
     if hosts and nnodes > len(hosts):
@@ -173,8 +171,6 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
         backend = v["ddp_backend"] if v["ddp_backend"] in ("ccl", "gloo") else "gloo"
         ifname = None
         mpi = None
-        if a.launcher == "mpirun" or (a.launcher is None and False):
-            pass
         from cpuperf.launch import mpi_flavour
 
         found = mpi_flavour(facts)
@@ -187,7 +183,13 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
             if addr:
                 others = [h.name for h in (hosts or ()) if h.name != addr]
                 ifname = route_interface(addr) or (route_interface(others[0]) if others else None)
-        rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=hosts, master_addr=a.master_addr,
+        master = a.master_addr
+        if master is None and not hosts and nnodes > 1 and slurm_allocation(environ):
+            from cpuperf.launch import expand_nodelist
+
+            first = expand_nodelist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "")[:1]
+            master = first[0] if first else None  # rank 0 runs on the allocation's first node
+        rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=hosts, master_addr=master,
                                  master_port=a.master_port, preload=bool(v["allocator"]) and a.auto,
                                  nnodes=nnodes, mpi=mpi, socket_ifname=ifname, environ=environ)
         wanted = [e for e in rt.vars if a.auto or e.name.startswith(("MASTER_", "GLOO_"))]
@@ -231,10 +233,18 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                        nnodes=nnodes, node_rank=node_rank if node_rank is not None else 0,
                        master_addr=a.master_addr, master_port=a.master_port, pin=a.auto,
                        threads=None, log_dir=log_dir, environ=environ, euid=os.geteuid(),
-                       local_addr=local_addr, job_id=f"cpuperf-{os.path.basename(out_dir_abs)}")
+                       local_addr=local_addr, job_id=_job_id(hosts, a.master_port))
     return {"facts": facts, "rec": rec, "hosts": hosts, "plan": plan, "settings": settings,
             "decisions": decisions, "notes": notes, "hf": hf, "out_dir": out_dir_abs, "addresses": addresses,
             "nnodes": nnodes, "user": bool(user)}
+
+
+def _job_id(hosts: Any, port: Optional[int]) -> str:
+    """The same rendezvous id on every node: derived from the hostfile and port, not from local paths."""
+    import hashlib
+
+    key = ",".join(h.name for h in hosts or ()) + f":{port or ''}"
+    return "cpuperf-" + hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
 class _Var:
@@ -290,7 +300,7 @@ def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
                        hosts=hosts, nnodes=b["nnodes"], node_rank=node_rank, master_addr=a.master_addr,
                        master_port=a.master_port, pin=a.auto, log_dir=old.log_dir, environ=dict(os.environ),
                        euid=os.geteuid(), local_addr=addresses.get(hosts[node_rank].name),
-                       job_id=f"cpuperf-{os.path.basename(b['out_dir'])}")
+                       job_id=_job_id(hosts, a.master_port))
     return {**b, "plan": replace(plan), "addresses": addresses}
 
 
@@ -350,6 +360,10 @@ def run_train(out: Output, a: TrainArgs) -> int:
                   "wall_s": round(res.wall_s, 3), "hf_flags": b["hf"] or None, "decisions": b["decisions"],
                   "launch": launch, "verification": verification}
     else:
+        if summary is None and plan.node_rank != 0:
+            summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
+                       "world_size": plan.world_size, "settings": b["settings"],
+                       "note": f"rank 0 runs on {plan.master_addr}: the run's summary and metrics are written there"}
         if summary is None:
             raise LaunchFailedError("the training run ended without a summary in its metrics file",
                                     hint=f"see the logs under {plan.log_dir}")
