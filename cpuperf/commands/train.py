@@ -201,6 +201,9 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
             notes.append(f"kept your {k.name}={k.value} (cpuperf would set {k.wanted})")
         final = merged.final
         env_vars = [_Var(n, final[n], next((e.reason for e in wanted if e.name == n), "")) for n in final]
+        if rec.decision("threads_per_rank").overridden:
+            env_vars = [_Var(e.name, str(v["threads_per_rank"]), "set by you (--set threads_per_rank)")
+                        if e.name == "OMP_NUM_THREADS" else e for e in env_vars]
         notes.extend(rt.notes)
 
     # What each rank runs.
@@ -232,7 +235,8 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     plan = plan_launch(facts, rec.placement, rank_command=cmd, env_vars=env_vars, launcher=a.launcher, hosts=hosts,
                        nnodes=nnodes, node_rank=node_rank if node_rank is not None else 0,
                        master_addr=a.master_addr, master_port=a.master_port, pin=a.auto,
-                       threads=None, log_dir=log_dir, environ=environ, euid=os.geteuid(),
+                       threads=v["threads_per_rank"] if (a.auto and rec.decision("threads_per_rank").overridden) else None,
+                       log_dir=log_dir, environ=environ, euid=os.geteuid(),
                        local_addr=local_addr, job_id=_job_id(hosts, a.master_port))
     return {"facts": facts, "rec": rec, "hosts": hosts, "plan": plan, "settings": settings,
             "decisions": decisions, "notes": notes, "hf": hf, "out_dir": out_dir_abs, "addresses": addresses,
