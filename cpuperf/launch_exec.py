@@ -213,8 +213,13 @@ class _Watch(threading.Thread):
         self.tick()
 
 
-def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None) -> ExecResult:
-    """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen."""
+def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
+            stdout_is_product: bool = False) -> ExecResult:
+    """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
+
+    stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
+    stderr, keeping our stdout for the one summary object.
+    """
     env = dict(os.environ if environ is None else environ)
     env.update(plan.env)
     if plan.log_dir:
@@ -233,7 +238,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
     try:
         proc = subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec if affinity else None,
                                 start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=sys.stderr.fileno() if direct else subprocess.PIPE,
+                                stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=None if direct else subprocess.STDOUT)
     except FileNotFoundError:
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None

@@ -310,7 +310,7 @@ def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
 
 def run_train(out: Output, a: TrainArgs) -> int:
     """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code."""
-    from cpuperf.launch import check_observations, parse_failure
+    from cpuperf.launch import check_observations
     from cpuperf.launch_exec import execute, result_summary_from_metrics
 
     if a.user_argv and a.user_argv[0] == "--":
@@ -333,7 +333,7 @@ def run_train(out: Output, a: TrainArgs) -> int:
     out.info(f"cpuperf train: {plan.launcher} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)"))
-    res = execute(plan, echo=None if out.quiet else sys.stderr)
+    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=b["user"] and not out.json_mode)
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if not b["user"] and b["settings"] is not None:
