@@ -420,6 +420,35 @@ def _fmt(cpus: Sequence[int]) -> str:
     return format_cpulist(cpus) or "-"
 
 
+def parse_failures(text: str) -> Dict[int, int]:
+    """Every failed rank torchrun reports (rank -> exit code, signals as 128+N)."""
+    out: Dict[int, int] = {}
+    for m in re.finditer(r"(?<![\w])rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n)*?\s*exitcode\s*:\s*(-?\d+)", text):
+        code = int(m.group(2))
+        out.setdefault(int(m.group(1)), 128 - code if code < 0 else code)
+    return out
+
+
+def first_failure(text: str, died_first: Sequence[int]) -> Optional[Tuple[int, Optional[int]]]:
+    """(rank, code) of the rank that failed first.
+
+    died_first: the ranks whose processes were seen gone at the earliest moment (several when they
+    went within one poll). A rank killed by a signal is the cause; ranks that then lost their peer
+    exit with an error of their own a moment later, and torchrun's "root cause" may name either.
+    """
+    reported = parse_failures(text)
+    root = parse_failure(text)
+    if died_first:
+        signalled = [r for r in died_first if reported.get(r, 0) > 128]
+        rank = signalled[0] if signalled else (root[0] if root and root[0] in died_first else died_first[0])
+        return rank, reported.get(rank, root[1] if root and root[0] == rank else None)
+    if reported:
+        signalled = [r for r, c in reported.items() if c > 128]
+        if signalled:
+            return signalled[0], reported[signalled[0]]
+    return root
+
+
 def parse_failure(text: str) -> Optional[Tuple[int, Optional[int]]]:
     """(rank, exit code) of the first failed rank, from torchrun's or mpirun's report."""
     # torchrun: "Root Cause (first observed failure):\n[0]:\n  time ...\n  rank : 1 (local_rank: 1)\n  exitcode : -9 (pid: 123)"

@@ -26,7 +26,7 @@ from cpuperf.launch import LaunchPlan, RankObservation
 class ExecResult:
     code: int
     interrupted: bool
-    first_dead: Optional[int]  # global rank whose process vanished first (when known)
+    died_first: List[int]  # global ranks whose processes were seen gone first (one poll)
     launcher_output: str
     observations: Dict[int, RankObservation] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -158,6 +158,7 @@ class _Watch(threading.Thread):
         self.stop = threading.Event()
         self.pids: Dict[int, int] = {}
         self.dead_order: List[int] = []
+        self.died_first: List[int] = []
         self.observations: Dict[int, RankObservation] = {}
         self._log_pos = 0
 
@@ -192,13 +193,20 @@ class _Watch(threading.Thread):
             self.echo.write(chunk.decode("utf-8", "replace"))
             self.echo.flush()
 
+    _ticks = 0
+    _first_tick = -1
+
     def tick(self) -> None:
+        self._ticks += 1
         self._pids()
         for rank, pid in self.pids.items():
             if rank in self.dead_order:
                 continue
             if not alive(pid):
                 self.dead_order.append(rank)
+                if not self.died_first or self._ticks == self._first_tick:
+                    self._first_tick = self._ticks
+                    self.died_first.append(rank)
                 continue
             obs = observe(rank, pid)
             # Keep the latest sample taken once torch (and its OpenMP runtime) is loaded.
@@ -209,7 +217,7 @@ class _Watch(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.tick()
-            self.stop.wait(0.25)
+            self.stop.wait(0.05)  # fine enough to tell which rank died first
         self.tick()
 
 
@@ -292,8 +300,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
             reader.join(timeout=5)
     if code < 0:
         code = 128 - code  # killed by a signal: the shell's convention
-    first_dead = watch.dead_order[0] if watch.dead_order else None
-    return ExecResult(code=code, interrupted=interrupted, first_dead=first_dead,
+    return ExecResult(code=code, interrupted=interrupted, died_first=list(watch.died_first),
                       launcher_output="".join(captured)[-200_000:], observations=watch.observations,
                       wall_s=time.monotonic() - t0)
 

@@ -190,3 +190,33 @@ def test_rankexec_reads_each_launchers_local_rank():
 class _v:
     def __init__(self, name, value):
         self.name, self.value, self.reason = name, value, "test"
+
+
+TORCHRUN_TWO_FAILURES = """
+Failures:
+[1]:
+  time      : 2026-11-22_07:20:51
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 15147)
+  error_file: <N/A>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_07:20:51
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 15147)
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 15148)
+"""
+
+
+def test_the_signalled_rank_is_the_cause_when_peers_fail_at_once():
+    from cpuperf.launch import first_failure, parse_failures
+
+    assert parse_failures(TORCHRUN_TWO_FAILURES) == {0: 1, 1: 137}
+    assert first_failure(TORCHRUN_TWO_FAILURES, [0, 1]) == (1, 137)  # both gone within one poll
+    assert first_failure(TORCHRUN_TWO_FAILURES, [0]) == (0, 1)  # rank 0 was seen gone first
+    assert first_failure(TORCHRUN_TWO_FAILURES, []) == (1, 137)

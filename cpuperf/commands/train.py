@@ -383,12 +383,12 @@ def run_train(out: Output, a: TrainArgs) -> int:
 
 def _failure(plan: Any, res: Any, b: Dict[str, Any]) -> Tuple[int, str]:
     """(exit code, one-line message) naming the rank that failed first and its log."""
-    from cpuperf.launch import parse_failure
+    from cpuperf.launch import first_failure
 
     if plan.launcher == "direct":
         return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code)
-    parsed = parse_failure(res.launcher_output)
-    rank = parsed[0] if parsed else res.first_dead
+    parsed = first_failure(res.launcher_output, res.died_first)
+    rank = parsed[0] if parsed else None
     code = parsed[1] if parsed and parsed[1] else None
     if rank is None:
         return res.code or int(ExitCode.LAUNCH_FAILED), (f"{plan.launcher} failed with exit code {res.code}; "
