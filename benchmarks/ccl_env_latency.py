@@ -36,8 +36,8 @@ def main() -> int:
     compileall.compile_dir(str(root / "cpuperf"), quiet=1)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(root)
-    script = Path(sys.executable).parent / "cpuperf"  # the console script users run
-    cpuperf = [str(script)] if script.exists() else [sys.executable, "-m", "cpuperf"]
+    # What the `cpuperf` console script runs (the installed script may belong to another checkout).
+    cpuperf = [sys.executable, "-c", "import sys; from cpuperf.entry import main; sys.exit(main())"]
     (floor, ccl, ccl_json), (floor_cpu, ccl_cpu, _) = medians(
         [[sys.executable, "-c", "import typer, rich"], cpuperf + ["ccl-env"], cpuperf + ["ccl-env", "--json"]],
         runs, env)

@@ -54,7 +54,6 @@ def auto_config(steps: int) -> Dict[str, Any]:
     """What `cpuperf train --auto` would apply: the engine's own decisions for this host."""
     from cpuperf import measure
     from cpuperf.probe import probe_host
-    from cpuperf.probe.parse import format_cpulist
     from cpuperf.recommend import recommend
     from cpuperf.workload import resolve_workload
 

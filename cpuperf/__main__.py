@@ -1,3 +1,3 @@
-from cpuperf.cli import main
+from cpuperf.entry import main
 
 raise SystemExit(main())

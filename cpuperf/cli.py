@@ -65,6 +65,33 @@ def doctor(
 
 
 @app.command()
+def install(
+    torch: Optional[str] = typer.Option(None, "--torch", metavar="X", help="torch version (2.7, 2.7.0, 2.7.0+cpu); default: keep the installed one, else the newest the sources offer."),
+    with_: Optional[str] = typer.Option(None, "--with", metavar="LIST", help="Add-ons, comma-separated: ipex, oneccl."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Install into this interpreter (default: the one running cpuperf)."),
+    venv: Optional[str] = typer.Option(None, "--venv", metavar="DIR", help="Install into this venv (created when missing)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the exact plan (pip's own dry run) and change nothing."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    index_url: Optional[str] = typer.Option(None, "--index-url", metavar="URL", help="Use this package index (replaces the built-in defaults)."),
+    find_links: Optional[List[str]] = typer.Option(None, "--find-links", metavar="DIR", help="Install from this wheelhouse with --no-index (air-gapped)."),
+    download: Optional[str] = typer.Option(None, "--download", metavar="DIR", help="Download the planned wheels into DIR (plus a lock) instead of installing."),
+    write_lock: Optional[str] = typer.Option(None, "--write-lock", metavar="FILE", help="Write the exact pins (FILE.json or requirements style)."),
+    from_lock: Optional[str] = typer.Option(None, "--from-lock", metavar="FILE", help="Install exactly the pins of a lock file."),
+    allow_cuda_torch: bool = typer.Option(False, "--allow-cuda-torch", help="Allow a CUDA torch (nvidia-* packages) on a host without an NVIDIA GPU."),
+) -> None:
+    """Install the matching torch (+ IPEX, oneCCL) wheels; verify; restore the environment on failure."""
+    from cpuperf.commands import install as cmd
+
+    opts = cmd.Options(torch=torch, with_=tuple((with_ or "").split(",")) if with_ else (), python=python,
+                       venv=venv, dry_run=dry_run, yes=yes, index_url=index_url, find_links=tuple(find_links or ()),
+                       download=download, write_lock=write_lock, from_lock=from_lock,
+                       allow_cuda_torch=allow_cuda_torch)
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), opts))
+
+
+@app.command()
 def compat(
     python: Optional[str] = typer.Option(None, "--python", metavar="3.N",
                                          help="Target CPython version (default: this interpreter's)."),
@@ -200,8 +227,8 @@ def _json_requested(argv: List[str]) -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Console-script entry point and the single error boundary."""
+def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:
+    """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path)."""
     try:  # recent typer vendors click
         from typer._click import exceptions as click_exc
     except ImportError:  # pragma: no cover - typer that depends on click
@@ -211,6 +238,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
     command = typer.main.get_command(app)
     try:
+        if _pending is not None:
+            raise _pending
         if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
             return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)

@@ -58,12 +58,10 @@ def load_file(path: str) -> Measurements:
 
 
 def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{host_id(facts)}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, path)
+    from cpuperf.fsutil import atomic_write_bytes
+
+    path = cache_dir() / f"{host_id(facts)}.json"
+    atomic_write_bytes(path, json.dumps(results, indent=2).encode())
     return path
 
 

@@ -7,7 +7,7 @@ decision can be overridden (`--set id=value`), and the result says which were.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version

@@ -53,7 +53,7 @@ _DEFAULT_BATCH = {"tiny": 16, "gpt2-small": 32, "micro": 16}
 
 
 def _builtin_presets() -> Dict[str, Workload]:
-    from cpuperf.train.model import PRESETS as MODEL_PRESETS, flops_per_token, non_embedding_params
+    from cpuperf.train.model import PRESETS as MODEL_PRESETS, non_embedding_params
 
     out: Dict[str, Workload] = {}
     for name, cfg in MODEL_PRESETS.items():

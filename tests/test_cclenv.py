@@ -484,10 +484,11 @@ def test_unit_numa_and_preload_flag(tmp_path):
     assert "LD_PRELOAD" not in ccl_json(["--sysroot", host])["env"]
 
 
-def test_does_not_import_torch_or_rich_or_scan_all_metadata():
-    code = ("import sys, io, contextlib\nfrom cpuperf.cli import main\n"
+def test_does_not_import_torch_typer_or_rich_or_scan_all_metadata():
+    code = ("import sys, io, contextlib\nfrom cpuperf.entry import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['ccl-env', '-q'])\n"
-            "bad = [m for m in ('torch', 'rich', 'pydantic', 'importlib.metadata', 'psutil') if m in sys.modules]\n"
+            "bad = [m for m in ('torch', 'rich', 'typer', 'pydantic', 'importlib.metadata', 'psutil')"
+            " if m in sys.modules]\n"
             "print(rc, bad)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
     assert proc.stdout.strip() == "0 []", proc.stdout + proc.stderr

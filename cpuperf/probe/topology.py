@@ -117,7 +117,7 @@ def _cgroup_dirs(src: Sources, controller: str) -> Tuple[Optional[int], List[str
     else:
         rel = membership.get(controller, "/")
         mounts = [f"{CGROUP}/{name}" for name in (controller, f"{controller},cpuacct",
-                                                  f"cpu,cpuacct", "cpuacct,cpu")]
+                                                  "cpu,cpuacct", "cpuacct,cpu")]
         mounts = [m for m in mounts if src.is_dir(m)]
         if not mounts:
             return None, []

@@ -7,8 +7,6 @@ filesystem; the directory fsync makes the rename itself durable).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +14,14 @@ CKPT_SCHEMA = "cpuperf.train.ckpt/1"
 CKPT_NAME = "checkpoint.pt"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
 def save_atomic(obj: dict[str, Any], path: Path) -> None:
     """torch.save `obj` to `path` atomically."""
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
+    from cpuperf.fsutil import atomic_writer
+
+    with atomic_writer(path) as fh:
+        torch.save(obj, fh)
 
 
 def load(path: Path, map_location: Any = "cpu") -> dict[str, Any]:

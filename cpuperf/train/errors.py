@@ -1,42 +1,32 @@
 """Errors the training worker reports as one line on stderr, each with its own exit code.
 
-The codes match cpuperf.errors.ExitCode (2 usage, 3 incompatible host, 130 interrupted); they are
-kept here so the worker, which runs in its own process, needs nothing outside cpuperf.train.
+The codes extend cpuperf.errors.ExitCode (2 usage, 3 incompatible host, 8 launch failed, 130
+interrupted) with the worker's own SIGTERM code.
 """
 
 from __future__ import annotations
 
 import enum
 
+from cpuperf.errors import CpuperfError, ExitCode
+
 
 class TrainExit(enum.IntEnum):
     """Exit codes of `python -m cpuperf.train.worker`."""
 
-    OK = 0
-    FAILED = 1  # the run started and hit an error (NaN loss, I/O error, ...)
-    BAD_CONFIG = 2  # the settings are malformed or contradict each other
-    MISSING_FEATURE = 3  # asked for IPEX / oneCCL / MPI / CUDA that this host or env lacks
-    DIST_INIT_FAILED = 8  # torch.distributed could not start (matches LAUNCH_FAILED)
-    INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, a checkpoint was written
+    OK = int(ExitCode.OK)
+    FAILED = int(ExitCode.FOUND_ERROR)  # the run started and hit an error (NaN loss, I/O error, ...)
+    BAD_CONFIG = int(ExitCode.USAGE)  # the settings are malformed or contradict each other
+    MISSING_FEATURE = int(ExitCode.INCOMPATIBLE_HOST)  # asked for IPEX / oneCCL / MPI / CUDA that this host or env lacks
+    DIST_INIT_FAILED = int(ExitCode.LAUNCH_FAILED)  # torch.distributed could not start (matches LAUNCH_FAILED)
+    INTERRUPTED = int(ExitCode.INTERRUPTED)  # SIGINT (Ctrl-C): 128 + 2, a checkpoint was written
     TERMINATED = 143  # SIGTERM: 128 + 15, a checkpoint was written
 
 
-class TrainError(Exception):
+class TrainError(CpuperfError):
     """A failure meant for the user: a one-line message, the next thing to try, an exit code."""
 
-    code: TrainExit = TrainExit.FAILED
-
-    def __init__(self, message: str, hint: str | None = None, code: TrainExit | None = None):
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        if code is not None:
-            self.code = code
-
-    def to_json(self) -> dict:
-        """The error as the JSON object printed on stdout in --json mode."""
-        return {"error": {"code": int(self.code), "name": self.code.name.lower(),
-                          "message": self.message, "hint": self.hint}}
+    code = TrainExit.FAILED  # type: ignore[assignment]
 
 
 class ConfigError(TrainError, ValueError):

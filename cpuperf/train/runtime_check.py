@@ -58,16 +58,9 @@ def parse_maps(text: str) -> LoadedLibs:
 
 def compact_cpus(cpus: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8' (the cpuset list format)."""
-    out: list[str] = []
-    cpus = sorted(set(cpus))
-    i = 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(out)
+    from cpuperf.probe.parse import format_cpulist
+
+    return format_cpulist(cpus)
 
 
 def native_bf16(cpuinfo_text: str) -> Optional[bool]:

@@ -14,9 +14,7 @@ trainer); that keeps 512 merges on ~400 KB well under the 5 s budget.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -158,24 +156,6 @@ class BPETokenizer:
                    corpus_sha256=str(obj.get("corpus_sha256", "")))
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically: temp file in the same dir, fsync, os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def load_or_train(cache_dir: Path, text: str, corpus_sha: str,
                   n_merges: int) -> tuple[BPETokenizer, list[int], bool]:
     """Tokenizer and token ids for `text`, from `cache_dir` when they match, else trained and cached.
@@ -196,6 +176,8 @@ def load_or_train(cache_dir: Path, text: str, corpus_sha: str,
         pass
     tok = BPETokenizer.train(text, n_merges=n_merges, corpus_sha256=corpus_sha)
     ids = tok.encode(text)
+    from cpuperf.fsutil import atomic_write_bytes
+
     atomic_write_bytes(tok_path, json.dumps(tok.to_json()).encode())
     atomic_write_bytes(ids_path, array("H", ids).tobytes())
     return tok, ids, False

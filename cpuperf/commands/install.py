@@ -1,0 +1,574 @@
+"""`cpuperf install`: resolve, plan, show, confirm, run pip, verify; restore the environment on failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from cpuperf import install as ip
+from cpuperf import pipdriver as pd
+from cpuperf.errors import (
+    CpuperfError,
+    ExitCode,
+    IncompatibleHostError,
+    PipFailedError,
+    UnreachableError,
+    UsageError,
+)
+from cpuperf.output import Output
+
+OFFLINE_HINT = ("offline route: on a connected machine run `cpuperf install --download DIR` (same Python), "
+                "copy DIR here, then `cpuperf install --find-links DIR --from-lock DIR/cpuperf.lock.txt --yes`")
+
+
+@dataclass
+class Options:
+    torch: Optional[str] = None
+    with_: Sequence[str] = ()
+    python: Optional[str] = None
+    venv: Optional[str] = None
+    dry_run: bool = False
+    yes: bool = False
+    index_url: Optional[str] = None
+    find_links: Sequence[str] = ()
+    download: Optional[str] = None
+    write_lock: Optional[str] = None
+    from_lock: Optional[str] = None
+    allow_cuda_torch: bool = False
+
+
+def load_matrix_for_install() -> Any:
+    """The compat matrix (shipped data plus $CPUPERF_COMPAT_DIR); malformed data is exit code 6."""
+    from cpuperf import matrix as mx
+    from cpuperf.errors import BadDataError
+
+    try:
+        return mx.default_matrix()
+    except mx.MatrixError as exc:
+        raise BadDataError(str(exc), hint="fix the file, or unset CPUPERF_COMPAT_DIR") from exc
+
+
+# --------------------------------------------------------------------------- the target
+
+
+def _target(opts: Options, env: Mapping[str, str]) -> ip.Target:
+    if opts.python and opts.venv:
+        raise UsageError("--python and --venv name the same thing; give one", hint="cpuperf install --venv .venv")
+    if opts.venv:
+        venv = os.path.abspath(opts.venv)
+        python = os.path.join(venv, "bin", "python")
+        if os.path.exists(python):
+            return ip.Target(python, pd.python_version(python, env) or "")
+        if os.path.exists(venv) and os.listdir(venv):
+            raise UsageError(f"{venv} exists but is not a virtual environment (no bin/python)",
+                             hint="name a new directory, or an existing venv")
+        return ip.Target(python, "%d.%d.%d" % sys.version_info[:3], create_venv=venv)
+    python = opts.python or sys.executable
+    if not os.path.exists(python):
+        raise UsageError(f"no Python interpreter at {python}", hint="pass --python PATH of an existing interpreter")
+    version = pd.python_version(python, env)
+    if version is None:
+        raise UsageError(f"{python} does not run as a Python interpreter", hint="pass --python PATH of a python")
+    return ip.Target(os.path.abspath(python) if opts.python else python, version)
+
+
+def _facts(target: ip.Target) -> Any:
+    from cpuperf.probe import probe_host
+
+    if target.create_venv:
+        # The venv does not exist yet: this interpreter's hardware facts, and no packages.
+        facts = probe_host()
+        sw = facts.software
+        if sw is not None:
+            sw = dataclasses.replace(sw, packages={k: None for k in sw.packages})
+        return dataclasses.replace(facts, software=sw)
+    return probe_host(python=target.python)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _check_all(sources: ip.SourceSet, proxy: Optional[str]) -> ip.SourceSet:
+    todo = [s for s in sources.sources if not (sources.no_index and s.kind != "find-links")]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(todo)))) as pool:
+        checked = dict(zip([id(s) for s in todo], pool.map(lambda s: pd.check_source(s, proxy=proxy), todo)))
+    return dataclasses.replace(sources, sources=tuple(checked.get(id(s), s) for s in sources.sources))
+
+
+def _fail_unreachable(sources: ip.SourceSet, out: Output) -> None:
+    """The user's (or pip's configured) unreachable remote index is an error; a missing local path too."""
+    for s in sources.sources:
+        if s.reachable is not False:
+            continue
+        if s.origin == "flag":
+            what = "index" if s.kind != "find-links" else "find-links location"
+            raise UnreachableError(f"the {what} {s.location} you named is unreachable ({s.error})", hint=OFFLINE_HINT)
+        if s.origin in ("pip-config", "env"):
+            if s.remote:
+                where = "PIP_* environment" if s.origin == "env" else "pip configuration (`pip config list`)"
+                raise UnreachableError(f"the index {s.location} from your {where} is unreachable ({s.error})",
+                                       hint="fix or remove it (`pip config list` shows where), or " + OFFLINE_HINT)
+            out.warn(f"{s.location} ({s.detail}) does not exist; pip ignores it")
+
+
+def _sources(opts: Options, config: Mapping[str, str], lock: Optional[ip.Lock]) -> ip.SourceSet:
+    for fl in opts.find_links:
+        if not fl.startswith(("http://", "https://", "file://")) and not os.path.isdir(fl):
+            raise UsageError(f"--find-links {fl}: no such directory", hint=OFFLINE_HINT)
+    user = ip.user_sources(opts.index_url, opts.find_links)
+    cfg = ip.sources_from_config(config)
+    if user.no_index:
+        cfg = [s for s in cfg if s.kind == "find-links"]
+    srcs = ip.SourceSet(user.sources + tuple(cfg), no_index=user.no_index,
+                        user_chosen=user.user_chosen).with_pypi()
+    if lock is not None and not user.user_chosen:
+        recorded = [ip.Source("extra-index-url", u, "lock", detail="recorded in the lock file")
+                    for u in lock.index_urls if u != "https://pypi.org/simple"]
+        recorded += [ip.Source("find-links", u, "lock", detail="recorded in the lock file") for u in lock.find_links]
+        srcs = srcs.with_defaults(recorded)
+    return srcs
+
+
+# --------------------------------------------------------------------------- choosing torch
+
+
+def _requested_match(text: str, request: Optional[str]) -> bool:
+    if not request:
+        return True
+    try:
+        v, r = Version(text), Version(request)
+    except InvalidVersion:
+        return False
+    if r.local:
+        return v == r
+    if len(r.release) >= 3:
+        return v.public == r.public
+    return v.release[:len(r.release)] == r.release
+
+
+def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: str, cuda_tag: Any,
+                  versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
+    """(resolution, exact torch build or None = host default label, notes)."""
+    from cpuperf.resolve import resolve
+
+    notes: List[str] = []
+    if opts.torch is None and installed:
+        r = resolve(py, None, want, matrix=matrix, installed_torch=installed)
+        return r, installed, notes
+    if versions is None:
+        r = resolve(py, opts.torch, want, matrix=matrix)
+        notes.append("could not list the versions the sources offer (pip index versions failed); "
+                     "the dry run decides")
+        return r, None, notes
+    right = [v for v in versions if _requested_match(v, opts.torch)]
+    for plain in (False, True):
+        cands = [v for v in right if ip.newest_build([v], device, cuda_tag, specs, allow_plain=plain) == v]
+        if plain:
+            cands = [v for v in cands if not ip.local_label(v)]
+        cands.sort(key=Version, reverse=True)
+        for v in cands:
+            r = resolve(py, Version(v).public, want, matrix=matrix)
+            if r.ok:
+                if plain:
+                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch "
+                                 f"{opts.torch or ''} is offered by the sources; trying the registry's build {v}")
+                return r, v, notes
+    return None, None, notes
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def run(out: Output, opts: Options) -> int:
+    """The whole command; returns the exit code (errors are raised as CpuperfError)."""
+    if not (opts.dry_run or opts.download or opts.yes) and not sys.stdin.isatty():
+        _confirm(opts, out, None)  # refuses at once: nobody could answer the question later
+    environ = dict(os.environ)
+    env = ip.child_env(environ)
+    target = _target(opts, env)
+    facts = _facts(target)
+    if not facts.platform.startswith("linux"):
+        from cpuperf.errors import UnsupportedPlatformError
+
+        raise UnsupportedPlatformError(f"cpuperf installs wheels on Linux; this is {facts.platform}")
+    query_python = sys.executable if target.create_venv else target.python
+    if not target.create_venv and not pd.has_pip(target.python, env):
+        raise UsageError(f"{target.python} has no pip", hint=f"{target.python} -m ensurepip --upgrade")
+
+    run_dir = Path(tempfile.mkdtemp(prefix="cpuperf-install-")) if (opts.dry_run or opts.download) \
+        else pd.new_run_dir(environ)
+    log = run_dir / "pip.log"
+    pip = pd.Pip(query_python, env, log)
+
+    config = ip.parse_pip_config_list(pd.pip_config(pip))
+    lock = None
+    if opts.from_lock:
+        try:
+            lock = ip.parse_lock(Path(opts.from_lock).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"cannot read the lock file {opts.from_lock}: {exc.strerror}") from exc
+        except ip.PlanError as exc:
+            raise UsageError(f"{opts.from_lock}: {exc}") from exc
+    sources = _sources(opts, config, lock)
+    proxy = config.get("proxy") or None
+    device = ip.host_device(facts)
+    py = ".".join(target.version.split(".")[:2])
+
+    if lock is not None:
+        sources = _check_all(sources, proxy)
+        _fail_unreachable(sources, out)
+        try:
+            plan = ip.plan_from_lock(lock, facts, sources, target, allow_cuda_torch=opts.allow_cuda_torch,
+                                     environ=environ)
+        except ip.PlanError as exc:
+            raise IncompatibleHostError(str(exc), hint="make the lock on a node with the same Python") from exc
+        if all(p.sha256 for p in lock.packages):
+            # every pin has a hash: pip checks each wheel against it (--require-hashes)
+            req_file = run_dir / "lock-requirements.txt"
+            req_file.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in lock.packages),
+                                encoding="utf-8")
+            plan = dataclasses.replace(plan, requirements_file=str(req_file))
+    else:
+        plan = _plan(opts, out, facts, target, pip, sources, config, proxy, device, py, environ)
+
+    for w in plan.warnings:
+        out.warn(w)
+    plan = _dry_run(plan, pip, run_dir, out, ignore_installed=bool(target.create_venv))
+    refusal = ip.cuda_refusal(plan)
+    if refusal:
+        dead = [s.location for s in plan.sources.skipped() if "PyTorch" in s.detail]
+        where = (f"the CPU wheels live at {dead[0]}, which is unreachable from here: use the offline route "
+                 f"(`cpuperf install --download DIR` on a connected machine, then --find-links DIR)"
+                 if dead else "install CPU wheels from https://download.pytorch.org/whl/cpu "
+                              "(or --index-url/--find-links with +cpu builds)")
+        raise IncompatibleHostError(refusal, hint=f"{where}; or pass --allow-cuda-torch to install the CUDA build anyway")
+
+    if opts.write_lock:
+        _write_lock(plan, opts.write_lock, out)
+    if opts.download:
+        return _download(plan, pip, opts.download, out)
+    if opts.dry_run:
+        if out.json_mode:
+            out.json(plan.to_json({"status": "planned", "dry_run": True}))
+        else:
+            render_plan(out, plan, product=True)
+        return int(ExitCode.OK)
+
+    if not out.json_mode:
+        render_plan(out, plan, product=False)
+    _confirm(opts, out, plan)
+    return _execute(plan, out, run_dir, env)
+
+
+def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
+          config: Mapping[str, str], proxy: Optional[str], device: str, py: str,
+          environ: Mapping[str, str]) -> ip.InstallPlan:
+    from cpuperf.resolve import ResolveError, resolve
+
+    matrix = load_matrix_for_install()
+    want = frozenset(w.strip() for w in opts.with_ if w.strip())
+    installed_info = facts.software.packages.get("torch") if facts.software else None
+    installed = installed_info.version if installed_info else None
+    try:
+        first = resolve(py, opts.torch, want, matrix=matrix, installed_torch=None if opts.torch else installed)
+    except ResolveError as exc:
+        raise UsageError(str(exc), hint="cpuperf install --torch 2.7 --with ipex,oneccl") from exc
+    if first.torch is None:
+        raise IncompatibleHostError(_rejections(first), hint="cpuperf compat --python " + py)
+
+    cuda_tag: Any = None
+    cuda_index = None
+    if device == "cuda":
+        driver = next((g.driver_version for g in facts.gpus if g.driver_version), None)
+        # The newest release at or below the resolver's torch that has CUDA builds in the data
+        # (the newest release may not list its CUDA variants yet).
+        rows = [r for r in matrix.torch if r.cuda and r.version <= Version(Version(first.torch).base_version)]
+        row = rows[-1] if rows else None
+        tag, why = ip.cuda_tag_for_driver(driver, row.cuda if row else (), matrix.cuda)
+        if tag is None:
+            raise IncompatibleHostError(f"no CUDA build of torch {first.torch} fits this host: {why}",
+                                        hint="update the NVIDIA driver, or choose another --torch")
+        variant = matrix.cuda_variant(tag)
+        cuda_index = variant.index_url if variant else None
+        # any build the driver runs is acceptable; the newest torch (then the newest CUDA) wins
+        cuda_tag = ip.runnable_cuda_tags(driver, matrix.cuda) if not opts.torch else tag
+
+    sources = sources.with_defaults(ip.default_sources(first, cuda_index))
+    sources = _check_all(sources, proxy)
+    _fail_unreachable(sources, out)
+    if not sources.has_index():
+        raise UnreachableError("no package source answers: " + ", ".join(
+            f"{s.location} ({s.error})" for s in sources.sources if s.reachable is False), hint=OFFLINE_HINT)
+
+    constraint_text = "\n".join(pd.read_text(p) for p in (config.get("constraint") or "").split())
+    specs = ip.constraint_specs(constraint_text, "torch")
+    versions = pd.index_versions(pip, "torch", sources.pip_args())
+    resolution, torch_build, notes = _choose_torch(opts, py, want, matrix, device, cuda_tag, versions, specs,
+                                                   None if opts.torch else installed)
+    if resolution is None:
+        skipped = [s for s in sources.skipped() if "PyTorch" in s.detail]
+        label = "+cpu" if device == "cpu" else "+" + (cuda_tag if isinstance(cuda_tag, str) else "/+".join(cuda_tag))
+        what = f"torch {opts.torch + ' ' if opts.torch else ''}({label} build) for Python {py}"
+        if skipped:
+            s = skipped[0]
+            raise UnreachableError(f"{s.location} ({s.detail}) is unreachable ({s.error}) and no other source "
+                                   f"offers {what}", hint=OFFLINE_HINT)
+        offered = ", ".join(versions[:8]) if versions else "none"
+        raise IncompatibleHostError(f"no source offers {what} that fits the wishes (offered: {offered})",
+                                    hint="point --index-url/--find-links at the wheels, or choose another --torch")
+    if resolution.torch is None or not resolution.ok:
+        raise IncompatibleHostError(_rejections(resolution), hint="cpuperf compat --python " + py)
+    # The add-ons' own servers may be the ones that are down: they must be offered elsewhere.
+    for pin in (resolution.ipex, resolution.oneccl):
+        if pin is None or not pin.index_url:
+            continue
+        if any(s.location == pin.index_url and s.reachable is False for s in sources.sources):
+            have = pd.index_versions(pip, pin.pip_name, sources.pip_args()) or []
+            if not any(_requested_match(v, pin.version) for v in have):
+                raise UnreachableError(f"{pin.index_url} (Intel wheel server for {pin.pip_name}) is unreachable "
+                                       f"and no other source offers {pin.pip_name} {pin.version}", hint=OFFLINE_HINT)
+    if device == "cuda" and torch_build is None and not isinstance(cuda_tag, str):
+        cuda_tag = tag
+    try:
+        plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build,
+                               cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
+                               allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix)
+    except ip.PlanError as exc:
+        raise IncompatibleHostError(str(exc)) from exc
+    return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
+
+
+def _rejections(resolution: Any) -> str:
+    rej = [r.reason for r in resolution.rejected] or list(resolution.notes) or ["nothing fits"]
+    return "; ".join(rej)
+
+
+def _dry_run(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path, out: Output, ignore_installed: bool) -> ip.InstallPlan:
+    """Ask pip what it would install (`--dry-run --report`): the plan's package list is exactly that."""
+    report_path = run_dir / "dry-run-report.json"
+    args = [*plan.pip_install_args(), "--dry-run", "--quiet", "--report", str(report_path)]
+    if ignore_installed:
+        args.append("--ignore-installed")
+    out.info(f"asking pip what it would install ({len(plan.requirements)} pinned package(s)) ...")
+    res = pip.run(args, timeout=1800)
+    if res.returncode != 0:
+        digest = ip.error_digest(res.stderr)
+        raise PipFailedError("pip cannot satisfy the plan (nothing was changed):\n  " + "\n  ".join(digest),
+                             hint=f"full log: {pip.log}")
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PipFailedError(f"pip wrote no readable report ({exc})", hint=f"full log: {pip.log}") from exc
+    installed: Dict[str, str] = {}
+    if not ignore_installed:
+        installed = ip.parse_freeze(pd.freeze(pip))
+    return dataclasses.replace(plan, packages=ip.parse_report(report, plan, installed))
+
+
+def _write_lock(plan: ip.InstallPlan, path: str, out: Output) -> None:
+    lock = ip.lock_from_plan(plan)
+    # The lock pins what the environment will hold: the report's packages plus pins already satisfied.
+    have = {canonicalize_name(p.name) for p in lock.packages}
+    extra = [p for p in plan.requirements if canonicalize_name(p.name) not in have and plan.packages]
+    lock = dataclasses.replace(lock, packages=lock.packages + tuple(extra))
+    Path(path).write_text(ip.render_lock(lock, ip.lock_format(path)), encoding="utf-8")
+    out.info(f"wrote the lock file {path} ({len(lock.packages)} pinned packages)")
+
+
+def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
+    """Build a wheelhouse for an air-gapped install: every planned package, exact pins, plus a lock."""
+    os.makedirs(dest, exist_ok=True)
+    pins = [p.requirement() for p in (plan.packages or plan.requirements)]
+    out.info(f"downloading {len(pins)} wheel(s) into {dest} ...")
+    res = pip.run(["download", "--no-deps", "--only-binary", ":all:", "--dest", dest, *plan.sources.pip_args(),
+                   *pins], timeout=7200)
+    if res.returncode != 0:
+        raise PipFailedError("pip download failed:\n  " + "\n  ".join(ip.error_digest(res.stderr)),
+                             hint=f"full log: {pip.log}")
+    lock_path = os.path.join(dest, "cpuperf.lock.txt")
+    lock = ip.lock_from_plan(plan)
+    Path(lock_path).write_text(ip.render_lock(dataclasses.replace(lock, index_urls=(), find_links=()),
+                                              "requirements"), encoding="utf-8")
+    result = {"status": "downloaded", "dir": os.path.abspath(dest), "lock": lock_path,
+              "next": f"cpuperf install --find-links {dest} --from-lock {lock_path} --yes"}
+    if out.json_mode:
+        out.json(plan.to_json(result))
+    else:
+        out.product(f"downloaded {len(pins)} wheel(s) into {dest}\n"
+                    f"on the air-gapped node: {result['next']}")
+    return int(ExitCode.OK)
+
+
+def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None:
+    if opts.yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("not changing the environment without confirmation, and there is no terminal to ask on",
+                         hint="rerun with --yes (or look first with --dry-run)")
+    import typer
+
+    if plan is None or not typer.confirm(f"change {plan.target.python}?", default=False, err=True):
+        raise CpuperfError("nothing changed: not confirmed", code=ExitCode.FOUND_ERROR)
+
+
+# --------------------------------------------------------------------------- execute
+
+
+def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str, str]) -> int:
+    start = time.monotonic()
+    log = run_dir / "pip.log"
+    if plan.target.create_venv:
+        out.info(f"creating the virtual environment {plan.target.create_venv} ...")
+        ok, err = pd.create_venv(plan.target.create_venv, env)
+        if not ok:
+            raise PipFailedError(f"could not create {plan.target.create_venv}: {err[-300:]}")
+    pip = pd.Pip(plan.target.python, plan.env, log)
+    before = pd.freeze(pip)
+    (run_dir / "freeze-before.txt").write_text(before, encoding="utf-8")
+    before_map = ip.parse_freeze(before)
+    listing = pd.site_listing(plan.target.python, plan.env)
+    stash_dir = run_dir / "stash"
+    replaced = [(p.name, before_map[canonicalize_name(p.name)]) for p in plan.packages
+                if canonicalize_name(p.name) in before_map]
+    if replaced:
+        out.info(f"keeping wheels of the {len(replaced)} package(s) this replaces, under {stash_dir} ...")
+        kept = pd.stash(pip, replaced, stash_dir, plan.sources.pip_args())
+        lost = {n: w for n, w in kept.items() if w.startswith("ERROR")}
+        if lost:
+            raise PipFailedError("cannot keep a copy of what this install would replace, so nothing was changed: "
+                                 + "; ".join(f"{n}: {w[7:]}" for n, w in lost.items()),
+                                 hint=f"full log: {log}")
+
+    def fail(message: str, digest: List[str], code: ExitCode = ExitCode.PIP_FAILED) -> CpuperfError:
+        res = pd.restore(pip, before, stash_dir, listing)
+        state = ("the environment was restored to its previous state" if res.ok
+                 else "RESTORE INCOMPLETE: " + "; ".join(res.problems))
+        if not before_map and res.ok:
+            state = "the new environment was emptied again"
+        text = f"{message}; {state}" + ("".join("\n  " + d for d in digest))
+        return CpuperfError(text, hint=f"full log: {log} (state before: {run_dir / 'freeze-before.txt'})", code=code)
+
+    out.info(f"installing with pip (log: {log}) ...")
+    try:
+        res = pip.run(plan.pip_install_args(), timeout=7200)
+    except KeyboardInterrupt:
+        raise fail("interrupted", [], ExitCode.INTERRUPTED) from None
+    if res.returncode != 0:
+        raise fail(f"pip failed (exit {res.returncode})", ip.error_digest(res.stderr))
+
+    expected = _expected_versions(plan, pip)
+    modules = _modules(plan)
+    out.info("verifying: importing " + ", ".join(modules.values()) + " in the target interpreter ...")
+    try:
+        ver = pd.verify(plan.target.python, plan.env, expected, modules)
+    except KeyboardInterrupt:
+        raise fail("interrupted", [], ExitCode.INTERRUPTED) from None
+    if not ver.ok:
+        raise fail("verification failed after pip ran", ver.problems)
+    seconds = time.monotonic() - start
+    result = {"status": "installed", "verify": ver.to_json(), "seconds": round(seconds, 1), "log": str(log),
+              "freeze_before": str(run_dir / "freeze-before.txt")}
+    if out.json_mode:
+        out.json(plan.to_json(result))
+    else:
+        render_result(out, plan, ver, seconds, log)
+    return int(ExitCode.OK)
+
+
+def _expected_versions(plan: ip.InstallPlan, pip: pd.Pip) -> Dict[str, str]:
+    now = ip.parse_freeze(pd.freeze(pip))
+    out: Dict[str, str] = {}
+    by_name = {canonicalize_name(p.name): p for p in plan.packages}
+    for req in plan.requirements:
+        key = canonicalize_name(req.name)
+        if key in by_name:
+            out[req.name] = by_name[key].version
+        elif key in now and _requested_match(now[key], req.version):
+            out[req.name] = now[key]
+        else:
+            out[req.name] = req.version
+    return out
+
+
+def _modules(plan: ip.InstallPlan) -> Dict[str, str]:
+    mods: Dict[str, str] = {}
+    for req in plan.requirements:
+        key = canonicalize_name(req.name)
+        if key == "oneccl-bind-pt":
+            mods[req.name] = _oneccl_module(req.version)
+        elif key in ip.IMPORT_NAMES:
+            mods[req.name] = ip.IMPORT_NAMES[key]
+    order = ["torch", "intel-extension-for-pytorch", "oneccl_bind_pt"]
+    return dict(sorted(mods.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9))
+
+
+def _oneccl_module(version: str) -> str:
+    try:
+        m = load_matrix_for_install()
+        v = Version(Version(version).base_version)
+        for row in m.oneccl:
+            if row.version == v and row.device == "cpu":
+                return row.import_name
+    except Exception:  # the import name is a nicety; the default is right for every release from 1.12
+        pass
+    return "oneccl_bindings_for_pytorch"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_plan(out: Output, plan: ip.InstallPlan, product: bool) -> None:
+    from rich.table import Table
+
+    write = out.product if product else out.info
+    if not product and out.quiet:
+        return
+    head = f"install plan for {plan.target.python} (Python {plan.target.version}, {plan.device}"
+    head += f" {plan.cuda_tag})" if plan.cuda_tag else ")"
+    if plan.target.create_venv:
+        head += f"; creates {plan.target.create_venv}"
+    write(head)
+    table = Table(show_header=True, box=None, pad_edge=False)
+    for col in ("package", "version", "action", "source", "why"):
+        table.add_column(col, overflow="fold")
+    rows = plan.packages if plan.packages else plan.requirements
+    if not rows:
+        write("  nothing to install: every pinned package is already there")
+    for p in rows:
+        action = p.action + (f" (was {p.replaces})" if p.replaces else "")
+        table.add_row(p.name, p.version, action, p.source, p.reason)
+    if rows:
+        if product:
+            out.table(table)
+        else:
+            out.err_renderable(table)
+    for n in plan.notes:
+        write(f"note: {n}")
+    write("pip: " + " ".join(plan.argv()))
+
+
+def render_result(out: Output, plan: ip.InstallPlan, ver: pd.VerifyResult, seconds: float, log: Path) -> None:
+    lines = [f"installed into {plan.target.python} in {seconds:.0f} s; verified:"]
+    for c in ver.checks:
+        if c["step"] == "version":
+            lines.append(f"  {c['dist']} {c['found']} (planned {c['expected']}): ok")
+        elif c["step"] == "import" and c.get("module") == "torch":
+            lines.append(f"  import torch: ok (torch {c.get('version')}, CUDA {c.get('cuda') or 'none'}, "
+                         f"oneDNN {'yes' if c.get('mkldnn') else 'no'}, matmul {'ok' if c.get('matmul_ok') else 'WRONG'})")
+        elif c["step"] == "import":
+            lines.append(f"  import {c['module']}: ok")
+    payload = [p for p in plan.packages if ip.is_cuda_payload(p.name)]
+    lines.append(f"  nvidia/CUDA packages installed: {len(payload)}")
+    lines.append(f"log: {log}")
+    out.product("\n".join(lines))

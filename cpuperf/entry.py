@@ -1,0 +1,33 @@
+"""Console entry point. `cpuperf ccl-env` runs without importing typer: it runs in every new shell.
+
+Everything else, and every error (the fast path's included), goes through cli.main, the one error
+boundary: an exception here is handed to it to be reported exactly as any other command's.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`cpuperf` console script and `python -m cpuperf`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["ccl-env"]:
+        try:
+            from cpuperf.commands import cclenv
+            from cpuperf.output import Output
+
+            opts, json_out, quiet = cclenv.parse_args(args[1:])
+            return cclenv.run(Output(json_mode=json_out, quiet=quiet), opts)
+        except (Exception, KeyboardInterrupt) as exc:
+            from cpuperf import cli
+
+            return cli.main(args, _pending=exc)
+    from cpuperf import cli
+
+    return cli.main(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,503 @@
+"""`cpuperf install`: real pip, real venvs, a PEP 503 index served over loopback with tiny wheels.
+
+pip is isolated from this machine's configuration (PIP_CONFIG_FILE=/dev/null, no PIP_* variables,
+a private cache), so nothing here can reach the public registry or pull a real torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import csv
+import functools
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Dict, Iterable, List, Optional
+
+import pytest
+
+from cli_util import cli_env, run_cli
+
+from cpuperf import install as ip
+
+REPO = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- wheels
+
+FAKE_TORCH = '__version__ = "{version}"\n'
+# Like IPEX: the import refuses a torch of another minor version and ends the process (exit 127).
+FAKE_IPEX = '''import os, sys, torch
+__version__ = "{version}"
+if torch.__version__.split("+")[0].rsplit(".", 1)[0] != "{minor}":
+    print("ERROR! Intel Extension for PyTorch needs torch {minor}.*, found " + torch.__version__, file=sys.stderr)
+    os._exit(127)
+'''
+BROKEN_IPEX = 'import os\nos._exit(127)\n'
+
+
+def build_wheel(dest: Path, name: str, version: str, files: Dict[str, str], requires: Iterable[str] = (),
+                extra_paths: Dict[str, str] = None) -> Path:
+    """A pure-python wheel with correct METADATA, WHEEL and RECORD."""
+    dist = name.replace("-", "_")
+    di = f"{dist}-{version}.dist-info"
+    path = dest / f"{dist}-{version}-py3-none-any.whl"
+    contents = dict(files)
+    contents[f"{di}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                  + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    contents[f"{di}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: cpuperf-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    contents.update(extra_paths or {})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for rel, text in contents.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow((rel, f"sha256={digest}", len(data)))
+    writer.writerow((f"{di}/RECORD", "", ""))
+    contents[f"{di}/RECORD"] = buf.getvalue()
+    with zipfile.ZipFile(path, "w") as zf:
+        for rel, text in contents.items():
+            zf.writestr(rel, text)
+    return path
+
+
+def torch_wheel(dest: Path, version: str, requires: Iterable[str] = ()) -> Path:
+    return build_wheel(dest, "torch", version, {"torch/__init__.py": FAKE_TORCH.format(version=version)}, requires)
+
+
+def ipex_wheel(dest: Path, version: str, body: Optional[str] = None, extra_paths=None) -> Path:
+    minor = version.rsplit(".", 1)[0]
+    body = body if body is not None else FAKE_IPEX.format(version=version, minor=minor)
+    return build_wheel(dest, "intel_extension_for_pytorch", version,
+                       {"intel_extension_for_pytorch/__init__.py": body}, [f"torch=={minor}.*"], extra_paths)
+
+
+def oneccl_wheel(dest: Path, version: str) -> Path:
+    return build_wheel(dest, "oneccl_bind_pt", version,
+                       {"oneccl_bindings_for_pytorch/__init__.py": f'__version__ = "{version}"\n'})
+
+
+def write_index(root: Path, wheels: List[Path]) -> None:
+    """A PEP 503 simple index under root/simple, files under root/files."""
+    from packaging.utils import canonicalize_name
+
+    files = root / "files"
+    files.mkdir(parents=True, exist_ok=True)
+    projects: Dict[str, List[Path]] = {}
+    for w in wheels:
+        shutil.copy(w, files / w.name)
+        projects.setdefault(canonicalize_name(w.name.split("-")[0]), []).append(w)
+    simple = root / "simple"
+    simple.mkdir(exist_ok=True)
+    (simple / "index.html").write_text("<html><body>" + "".join(
+        f'<a href="{p}/">{p}</a>' for p in sorted(projects)) + "</body></html>")
+    for project, ws in projects.items():
+        d = simple / project
+        d.mkdir(exist_ok=True)
+        links = []
+        for w in ws:
+            sha = hashlib.sha256(w.read_bytes()).hexdigest()
+            href = "../../files/" + w.name.replace("+", "%2B")
+            links.append(f'<a href="{href}#sha256={sha}">{w.name}</a><br/>')
+        (d / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+@pytest.fixture(scope="session")
+def index(tmp_path_factory):
+    """Loopback indexes: good, cuda (torch's CUDA build only), badinstall, badverify."""
+    base = tmp_path_factory.mktemp("index")
+    wheels = base / "wheels"
+    wheels.mkdir()
+    common = [torch_wheel(wheels, "2.6.0+cpu"), torch_wheel(wheels, "2.7.0+cpu"),
+              oneccl_wheel(wheels, "2.7.0+cpu"),
+              build_wheel(wheels, "helper-pkg", "1.0", {"helper_pkg.py": "X = 1\n"})]
+    good_ipex = ipex_wheel(wheels, "2.7.0")
+    cu = wheels / "cu"
+    cu.mkdir()
+    cuda_torch = torch_wheel(cu, "2.7.0", ["nvidia-cublas-cu12==12.6.4.1"])
+    cublas = build_wheel(cu, "nvidia-cublas-cu12", "12.6.4.1", {"nvidia/cublas/__init__.py": ""})
+    cu128 = torch_wheel(cu, "2.7.0+cu128")
+    bad = wheels / "bad"
+    bad.mkdir()
+    # pip refuses a wheel that writes outside its target: it fails after torch was already replaced.
+    escaping = ipex_wheel(bad, "2.7.0", extra_paths={"../../../../../../../../escape-cpuperf-test.txt": "x"})
+    vbad = wheels / "vbad"
+    vbad.mkdir()
+    broken = ipex_wheel(vbad, "2.7.0", body=BROKEN_IPEX)
+
+    sleepy = wheels / "sleepy"
+    sleepy.mkdir()
+    slow_ipex = ipex_wheel(sleepy, "2.7.0", body="import time\ntime.sleep(60)\n")
+
+    root = base / "www"
+    write_index(root / "good", [*common, good_ipex, cu128])
+    write_index(root / "cuda", [cuda_torch, cublas])
+    write_index(root / "badinstall", [common[1], escaping])  # no torch 2.6.0+cpu: the stash repacks it
+    write_index(root / "badverify", [*common, broken])
+    write_index(root / "sleepy", [*common, slow_ipex])
+
+    handler = functools.partial(_Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield SimpleNamespace(url=url, good=f"{url}/good/simple", cuda=f"{url}/cuda/simple",
+                          badinstall=f"{url}/badinstall/simple", badverify=f"{url}/badverify/simple", sleepy=f"{url}/sleepy/simple",
+                          wheels=wheels)
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pip_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("home")
+
+
+def hermetic_env(home: Path) -> Dict[str, str]:
+    """pip sees no machine configuration; cpuperf keeps its logs and stash under a private HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_CACHE_DIR": str(home / "pip-cache"),
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "5", "PIP_RETRIES": "0",
+                "XDG_CACHE_HOME": str(home / "cache"), "HOME": str(home),
+                "PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""})
+    return env
+
+
+def cli(args: List[str], home: Path, extra: Optional[Dict[str, str]] = None, timeout: float = 240):
+    """cpuperf as a child process in the hermetic environment (stdin is not a terminal)."""
+    env = cli_env(hermetic_env(home))
+    env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+    env.update({k: v for k, v in hermetic_env(home).items() if k.startswith("PIP_")})
+    env.update(extra or {})
+    return subprocess.run([sys.executable, "-m", "cpuperf", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, input="", cwd=str(REPO))
+
+
+def make_venv(path: Path, home: Path) -> str:
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=300)
+    return str(path / "bin" / "python")
+
+
+def pip_freeze(python: str, home: Path) -> str:
+    return subprocess.run([python, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True,
+                          env=hermetic_env(home), timeout=120).stdout
+
+
+@pytest.fixture(scope="session")
+def used_env(tmp_path_factory, index, pip_home):
+    """A venv that already holds torch 2.6.0+cpu and another package (restored after each test)."""
+    python = make_venv(tmp_path_factory.mktemp("venvs") / "used", pip_home)
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--index-url", index.good,
+                    "torch==2.6.0+cpu", "helper-pkg==1.0"], check=True, capture_output=True,
+                   env=hermetic_env(pip_home), timeout=300)
+    return python
+
+
+def ok_json(proc, rc=0):
+    assert proc.returncode == rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_fresh_venv_install_and_lock_round_trip(tmp_path, index, pip_home):
+    venv = tmp_path / "new"
+    lock = tmp_path / "cluster.lock.txt"
+    proc = cli(["install", "--venv", str(venv), "--index-url", index.good, "--torch", "2.7.0",
+                "--with", "ipex,oneccl", "--yes", "--json", "--write-lock", str(lock)], pip_home)
+    data = ok_json(proc)
+    assert data["schema"] == "cpuperf.install/1"
+    assert data["result"]["status"] == "installed"
+    names = {p["name"]: p["version"] for p in data["packages"]}
+    assert names == {"torch": "2.7.0+cpu", "intel_extension_for_pytorch": "2.7.0", "oneccl_bind_pt": "2.7.0+cpu"}
+    assert all(p["source"] == index.good for p in data["packages"])
+    assert data["index_urls"] == [index.good]
+    assert data["argv"][:3] == [str(venv / "bin" / "python"), "-m", "pip"]
+    assert data["result"]["verify"]["ok"] is True
+    freeze = pip_freeze(str(venv / "bin" / "python"), pip_home)
+    assert "torch==2.7.0+cpu" in freeze and "oneccl-bind-pt==2.7.0+cpu" in freeze.replace("_", "-")
+
+    # the lock pins the same set, with hashes; a second node plans exactly it
+    text = lock.read_text()
+    assert "torch==2.7.0+cpu" in text and "--hash=sha256:" in text
+    other = tmp_path / "other"
+    proc = cli(["install", "--venv", str(other), "--index-url", index.good, "--from-lock", str(lock),
+                "--dry-run", "--json"], pip_home)
+    again = ok_json(proc)
+    assert {p["name"]: p["version"] for p in again["packages"]} == names
+    assert "--no-deps" in again["argv"] and "--require-hashes" in again["argv"]
+    assert not other.exists()  # a dry run creates nothing
+
+
+def test_cpu_dry_run_plans_cpu_build_without_nvidia(tmp_path, index, pip_home):
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run", "--json"],
+               pip_home)
+    data = ok_json(proc)
+    # no --torch and nothing installed: the newest +cpu build the source really has
+    assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu")]
+    assert data["device"] == "cpu"
+    assert not any(p["name"].startswith("nvidia") for p in data["packages"])
+    # human mode: the plan is the product on stdout, commentary on stderr
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run"], pip_home)
+    assert proc.returncode == 0, proc.stderr
+    assert "2.7.0+cpu" in proc.stdout and "pip: " in proc.stdout and "--index-url " + index.good in proc.stdout
+    assert "asking pip" in proc.stderr and "asking pip" not in proc.stdout
+
+
+def test_gpu_host_gets_the_cuda_build_for_its_driver(tmp_path, index, pip_home):
+    gpus = json.dumps([{"name": "NVIDIA A100", "compute_capability": "8.0", "memory_bytes": 85899345920,
+                        "driver_version": "550.54.15"}])
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--torch", "2.7.0",
+                "--dry-run", "--json"], pip_home, {"CPUPERF_OVERRIDE_GPUS": gpus})
+    data = ok_json(proc)
+    # torch 2.7 comes as cu118, cu126, cu128; driver 550 runs CUDA 12.x by minor-version compatibility
+    assert data["device"] == "cuda" and data["cuda"] == "cu128"
+    assert data["requirements"] == ["torch==2.7.0+cu128"]
+    # without --torch: the newest build the driver runs, from what the source offers
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run", "--json"],
+               pip_home, {"CPUPERF_OVERRIDE_GPUS": gpus})
+    assert ok_json(proc)["requirements"] == ["torch==2.7.0+cu128"]
+
+
+def test_plan_pulling_nvidia_on_cpu_host_is_refused(tmp_path, index, pip_home):
+    args = ["install", "--venv", str(tmp_path / "v"), "--index-url", index.cuda, "--torch", "2.7.0", "--dry-run",
+            "--json"]
+    proc = cli(args, pip_home)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    err = json.loads(proc.stdout)["error"]
+    assert "nvidia-cublas-cu12" in err["message"] and "--allow-cuda-torch" in err["hint"]
+    data = ok_json(cli([*args, "--allow-cuda-torch"], pip_home))
+    assert {p["name"] for p in data["packages"]} == {"torch", "nvidia-cublas-cu12"}
+
+
+def test_unreachable_index_fails_fast(tmp_path, pip_home):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/simple"
+    start = time.monotonic()
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", url, "--dry-run", "--json"], pip_home)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 7, (proc.stdout, proc.stderr)
+    err = json.loads(proc.stdout)["error"]
+    assert url in err["message"] and "--download" in err["hint"] and "--find-links" in err["hint"]
+    assert "error: the index" in proc.stderr
+
+
+def test_no_tty_and_no_yes_refuses_without_hanging(tmp_path, index, pip_home):
+    proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good], pip_home, timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "--yes" in proc.stderr
+    assert not (tmp_path / "v").exists()
+
+
+def test_pip_failure_restores_the_environment(used_env, index, pip_home):
+    before = pip_freeze(used_env, pip_home)
+    proc = cli(["install", "--python", used_env, "--index-url", index.badinstall, "--torch", "2.7.0",
+                "--with", "ipex", "--yes"], pip_home)
+    assert proc.returncode == 4, (proc.stdout, proc.stderr)
+    assert "restored" in proc.stderr and "ERROR:" in proc.stderr and "pip.log" in proc.stderr, proc.stderr
+    assert pip_freeze(used_env, pip_home) == before
+    # torch 2.6.0+cpu is not on that index: the stash rebuilt its wheel from the installed files
+    stashed = list((pip_home / "cache" / "cpuperf" / "installs").glob("*/stash/torch-2.6.0+cpu-*.whl"))
+    assert stashed
+
+
+def test_verification_failure_restores_the_environment(used_env, index, pip_home):
+    before = pip_freeze(used_env, pip_home)
+    proc = cli(["install", "--python", used_env, "--index-url", index.badverify, "--torch", "2.7.0",
+                "--with", "ipex", "--yes", "--json"], pip_home)
+    assert proc.returncode == 4, (proc.stdout, proc.stderr)
+    err = json.loads(proc.stdout)["error"]
+    assert "verification failed" in err["message"] and "restored" in err["message"]
+    assert "exit code 127" in err["message"]
+    assert pip_freeze(used_env, pip_home) == before
+
+
+def test_ctrl_c_restores_the_environment(used_env, index, pip_home):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) after pip changed the env."""
+    before = pip_freeze(used_env, pip_home)
+    env = cli_env(hermetic_env(pip_home))
+    env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+    env.update({k: v for k, v in hermetic_env(pip_home).items() if k.startswith("PIP_")})
+    proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "install", "--python", used_env, "--index-url",
+                             index.sleepy, "--torch", "2.7.0", "--with", "ipex", "--yes"], cwd=str(REPO), env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("verifying"):
+                time.sleep(1.0)  # the import of the add-on is under way (it sleeps)
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        rest_out, rest_err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines) + rest_err
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "restored" in err
+    assert pip_freeze(used_env, pip_home) == before
+
+
+def test_download_then_air_gapped_install(tmp_path, index, pip_home):
+    house = tmp_path / "house"
+    data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--torch", "2.7.0",
+                        "--download", str(house), "--json"], pip_home))
+    assert data["result"]["status"] == "downloaded"
+    assert any(f.name.startswith("torch-2.7.0+cpu") for f in house.iterdir())
+    lock = house / "cpuperf.lock.txt"
+    data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--find-links", str(house), "--from-lock",
+                        str(lock), "--dry-run", "--json"], pip_home))
+    assert "--no-index" in data["argv"] and data["find_links"] == [str(house)]
+    assert [p["version"] for p in data["packages"]] == ["2.7.0+cpu"]
+
+
+@pytest.mark.skipif(not list(Path("/opt/wheels").glob("torch-*+cpu-*.whl")),
+                    reason="this machine's pip configuration (find-links /opt/wheels) is not here")
+def test_dry_run_on_this_host_uses_its_pip_configuration(tmp_path):
+    """Not hermetic on purpose: the real pip configuration of this machine (CPU torch in find-links)."""
+    proc = run_cli(["install", "--venv", str(tmp_path / "v"), "--dry-run", "--json"], timeout=180,
+                   extra_env={"PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""}, cwd=str(REPO))
+    data = ok_json(proc)
+    torch = [p for p in data["packages"] if p["name"] == "torch"]
+    assert torch and torch[0]["version"].endswith("+cpu")
+    assert not any(ip.is_cuda_payload(p["name"]) for p in data["packages"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CPUPERF_SLOW") != "1", reason="set CPUPERF_SLOW=1 (needs PyPI)")
+def test_real_ipex_28_on_pypi_is_refused_on_a_cpu_host(tmp_path):
+    """IPEX 2.8.0 on PyPI needs torch 2.8, whose PyPI Linux wheel is the CUDA build."""
+    args = ["install", "--venv", str(tmp_path / "v"), "--torch", "2.8", "--with", "ipex", "--dry-run", "--json"]
+    proc = run_cli(args, timeout=600, extra_env={"PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""}, cwd=str(REPO))
+    assert proc.returncode in (3, 7), (proc.stdout, proc.stderr)
+    if proc.returncode == 3:
+        assert "nvidia" in json.loads(proc.stdout)["error"]["message"]
+    proc = run_cli([*args, "--allow-cuda-torch"], timeout=600,
+                   extra_env={"PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""}, cwd=str(REPO))
+    data = ok_json(proc)
+    assert any(p["name"].startswith("nvidia-") for p in data["packages"])
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def test_parse_pip_config_list_env_wins():
+    text = ("global.find-links='/opt/wheels'\nglobal.extra-index-url='file:///a file:///b'\n"
+            ":env:.index-url='https://mirror.example/simple'\nglobal.index-url='https://other/simple'\n")
+    cfg = ip.parse_pip_config_list(text)
+    assert cfg["index-url"] == "https://mirror.example/simple"
+    srcs = ip.sources_from_config(cfg)
+    assert [(s.kind, s.location, s.origin) for s in srcs] == [
+        ("index-url", "https://mirror.example/simple", "env"),
+        ("extra-index-url", "file:///a", "pip-config"), ("extra-index-url", "file:///b", "pip-config"),
+        ("find-links", "/opt/wheels", "pip-config")]
+
+
+def test_unreachable_default_is_dropped_from_argv():
+    srcs = ip.SourceSet((ip.Source("find-links", "/opt/wheels", "pip-config", True),)).with_defaults(
+        [ip.Source("extra-index-url", ip.TORCH_CPU_INDEX, "default", False, error="no DNS")])
+    assert srcs.pip_args() == []
+    assert [s.location for s in srcs.skipped()] == [ip.TORCH_CPU_INDEX]
+    user = ip.user_sources(None, ["/house"]).with_defaults([ip.Source("extra-index-url", "https://x", "default")])
+    assert user.pip_args() == ["--no-index", "--find-links", "/house"]
+
+
+def test_newest_build_respects_host_and_constraints():
+    offered = ["2.15.0", "2.14.1", "2.13.0+cpu", "2.13.0", "2.12.0+cpu", "2.14.1+cu126"]
+    assert ip.newest_build(offered, "cpu") == "2.13.0+cpu"
+    assert ip.newest_build(offered, "cpu", specifiers=["<=2.12.9"]) == "2.12.0+cpu"
+    assert ip.newest_build(offered, "cuda", "cu126") == "2.14.1+cu126"
+    assert ip.newest_build(offered, "cpu", allow_plain=True, specifiers=["<=2.14.1"]) == "2.14.1"
+    assert ip.constraint_specs("# cap\ntorch<=2.14.1\ntorchvision<=0.29.1\n", "torch") == ["<=2.14.1"]
+
+
+def test_cuda_tag_for_driver_uses_minor_version_compatibility():
+    from cpuperf.commands.install import load_matrix_for_install
+
+    m = load_matrix_for_install()
+    offered = ("cu118", "cu126", "cu128")
+    assert ip.cuda_tag_for_driver("570.86.10", offered, m.cuda)[0] == "cu128"
+    tag, why = ip.cuda_tag_for_driver("535.104.05", offered, m.cuda)
+    assert tag == "cu128" and "PTX" in why
+    assert ip.cuda_tag_for_driver("470.57.02", offered, m.cuda)[0] == "cu118"
+    assert ip.cuda_tag_for_driver("418.0", offered, m.cuda)[0] is None
+    assert ip.cuda_tag_for_driver(None, offered, m.cuda)[0] is None
+
+
+def test_restore_steps_and_error_digest():
+    before = ip.parse_freeze("torch==2.6.0+cpu\nhelper-pkg==1.0\npip==23.2.1\n")
+    now = ip.parse_freeze("torch==2.7.0+cpu\nhelper_pkg==1.0\npip==23.2.1\nintel-extension-for-pytorch==2.7.0\n")
+    steps = ip.restore_steps(before, now)
+    assert steps.uninstall == ("intel-extension-for-pytorch",)
+    assert steps.reinstall == (("torch", "2.6.0+cpu"),)
+    err = "Collecting x\nERROR: Could not install packages due to an OSError.\n  detail line\nother\n"
+    assert ip.error_digest(err) == ["ERROR: Could not install packages due to an OSError.", "  detail line"]
+
+
+def test_lock_round_trip_both_formats():
+    pkgs = (ip.PlannedPackage("torch", "2.7.0+cpu", "https://download.pytorch.org/whl/cpu", "cpu", sha256="ab" * 32),
+            ip.PlannedPackage("filelock", "3.16.1", "https://pypi.org/simple", "dependency", sha256="cd" * 32))
+    lock = ip.Lock("3.11.7", "linux_x86_64", "cpu", pkgs, ("https://download.pytorch.org/whl/cpu",), ())
+    for fmt in ("json", "requirements"):
+        back = ip.parse_lock(ip.render_lock(lock, fmt))
+        assert [(p.name, p.version, p.sha256) for p in back.packages] == [(p.name, p.version, p.sha256) for p in pkgs]
+        assert back.python == "3.11.7" and back.device == "cpu"
+        assert back.index_urls == lock.index_urls
+    with pytest.raises(ip.PlanError):
+        ip.parse_lock("torch>=2\n")
+
+
+def test_plan_install_pins_cpu_build_and_skips_dead_default():
+    from cpuperf.resolve import resolve
+    from cpuperf.commands.install import load_matrix_for_install
+
+    m = load_matrix_for_install()
+    facts = SimpleNamespace(gpus=(), software=None)
+    res = resolve("3.11", "2.7.0", {"ipex"}, matrix=m)
+    srcs = ip.SourceSet((ip.Source("find-links", "/opt/wheels", "pip-config", True),)).with_defaults(
+        [ip.Source("extra-index-url", ip.TORCH_CPU_INDEX, "default", False, error="no DNS")])
+    plan = ip.plan_install(facts, res, srcs, ip.Target("/venv/bin/python", "3.11.7"), environ={"PYTHONPATH": "x"})
+    assert [p.requirement() for p in plan.requirements] == ["torch==2.7.0+cpu", "intel-extension-for-pytorch==2.7.0"]
+    assert plan.argv()[-2:] == ["torch==2.7.0+cpu", "intel-extension-for-pytorch==2.7.0"]
+    assert "PYTHONPATH" not in plan.env and plan.env["PIP_NO_INPUT"] == "1"
+    assert any("skipped https://download.pytorch.org/whl/cpu" in w for w in plan.warnings)
+
+
+def test_dead_pypi_is_replaced_by_an_index_that_answers():
+    srcs = ip.SourceSet((ip.Source("extra-index-url", "file:///opt/pypi/simple", "pip-config", True),
+                         ip.Source("find-links", "/opt/wheels", "pip-config", True))).with_pypi()
+    assert srcs.pip_args() == []
+    dead = ip.SourceSet(tuple(dataclasses.replace(s, reachable=False, error="timed out")
+                              if s.origin == "pip-default" else s for s in srcs.sources))
+    assert dead.pip_args() == ["--index-url", "file:///opt/pypi/simple"]
+    only_links = ip.SourceSet((ip.Source("find-links", "/house", "pip-config", True),
+                               ip.Source("index-url", ip.PYPI_INDEX, "pip-default", False)))
+    assert only_links.pip_args() == ["--no-index"] and only_links.has_index()
+    nothing = ip.SourceSet((ip.Source("index-url", ip.PYPI_INDEX, "pip-default", False),))
+    assert not nothing.has_index()
