@@ -163,6 +163,47 @@ def bench(
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
 
 
+TRAIN_SETS_HELP = "Override a decision (dtype, compile, threads_per_rank...) or a worker setting (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable)."
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def train(
+    ctx: typer.Context,
+    auto: bool = typer.Option(False, "--auto", help="Apply the recommendation: dtype, IPEX/compile, threads, pinning, env, ranks, backend."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (argv, env, decisions) and do not run it."),
+    sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=TRAIN_SETS_HELP),
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset: tiny (default), gpt2-small, micro."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Optimizer steps (default 400: ~2-3 minutes on 2 cores)."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", metavar="S", help="Stop after S seconds of training."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Global batch (samples per optimizer step)."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
+    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run directory (default runs/train): metrics, checkpoint, logs/."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (--auto: one per socket)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (default: the hostfile's hosts, or the Slurm allocation's)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This node's index in the hostfile (torchrun; default: found from its addresses)."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE", help="One host per line; the first runs rank 0."),
+    ppn: Optional[int] = typer.Option(None, "--ppn", min=1, help="Ranks per node (same as --nproc-per-node, MPI's name)."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="torchrun, mpirun or srun (default: direct for one rank, srun in Slurm, else torchrun)."),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="A"),
+    master_port: Optional[int] = typer.Option(None, "--master-port", metavar="P", min=1, max=65535),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node (--auto)."),
+    hf_flags: str = typer.Option("auto", "--hf-flags", help="For `-- python script.py`: add Trainer flags auto (HF Trainer scripts only), always or never."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
+    from cpuperf.commands import train as cmd
+
+    args = cmd.TrainArgs(auto=auto, dry_run=dry_run, sets=list(sets), model=model, max_steps=max_steps,
+                         time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
+                         nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
+                         ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
+                         device=device, unit=unit, hf_flags=hf_flags, user_argv=list(ctx.args))
+    _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
+
+
 @app.command("ccl-env", add_help_option=False,
              context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 def ccl_env(ctx: typer.Context) -> None:
@@ -182,7 +223,8 @@ def _ccl_env_main(argv: List[str]) -> int:
 
 
 def _json_requested(argv: List[str]) -> bool:
-    return "--json" in argv
+    # Only cpuperf's own options: a user's command after `--` may have a --json of its own.
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
 def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:

@@ -1,0 +1,475 @@
+"""plan_launch(): the exact argv, environment and per-rank pinning of a training job; execute() runs it.
+
+Pure planning over HostFacts + Recommendation (+ hosts, the launcher environment): one process run
+directly (pinned in a preexec), several ranks on one node through torchrun or mpirun (Open MPI vs
+Intel MPI/MPICH hydra argv), several nodes through a hostfile (torchrun c10d per node, or mpirun from
+the first node) or a Slurm allocation (srun). Each rank is pinned by `python -m cpuperf.rankexec`,
+which reads its local rank from the launcher and a slot table from CPUPERF_RANK_SLOTS. The runtime
+variables (OMP_NUM_THREADS, CCL_*, KMP_*, I_MPI_PIN_DOMAIN, MASTER_*, GLOO_SOCKET_IFNAME, LD_PRELOAD)
+are decided by cpuperf.envplan, never here.
+
+The edge (subprocess, signals, /proc) lives in cpuperf/launch_exec.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.errors import LaunchFailedError, UsageError
+from cpuperf.hostfile import Host
+from cpuperf.placement import Placement
+from cpuperf.probe.facts import HostFacts
+
+SCHEMA = "cpuperf.launch/1"
+LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
+SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.rankexec
+LOGDIR_VAR = "CPUPERF_RANK_LOGDIR"  # where rankexec writes rank<R>.log and rank<R>.pid
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One local rank: the CPUs it is pinned to and its thread count (None = leave as is)."""
+
+    local_rank: int
+    cpus: Tuple[int, ...]
+    threads: Optional[int]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    launcher: str  # direct | torchrun | mpirun | srun
+    flavour: Optional[str]  # openmpi | intelmpi | mpich | slurm | torchrun | None
+    argv: Tuple[str, ...]  # the command cpuperf runs on this node
+    env: Dict[str, str]  # variables set on top of the current environment
+    env_reasons: Dict[str, str]  # name -> why
+    per_rank: Tuple[RankSpec, ...]  # local ranks of this node
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    hosts: Tuple[str, ...]
+    master_addr: Optional[str]
+    master_port: Optional[int]
+    affinity: Optional[Tuple[int, ...]]  # direct launch: pinned in the child before exec
+    log_dir: Optional[str]
+    rank_command: Tuple[str, ...]  # what each rank finally runs (after rankexec)
+    notes: Tuple[str, ...] = ()
+    node_commands: Tuple[str, ...] = ()  # torchrun multi-node: the command to start on every node
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def to_json(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data["world_size"] = self.world_size
+        data["command"] = shell_line(self.argv, {})
+        return data
+
+
+def shell_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """A copy-pasteable line: VAR=value ... argv."""
+    prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
+    return (prefix + " " if prefix else "") + " ".join(shlex.quote(a) for a in argv)
+
+
+# -- the launcher ----------------------------------------------------------------------------------
+
+def mpi_flavour(facts: HostFacts) -> Optional[Tuple[str, str]]:
+    """(path, flavour) of the first mpirun/mpiexec the probe found."""
+    sw = facts.software
+    for launcher in (sw.mpi if sw else ()):
+        if launcher.name in ("mpirun", "mpiexec", "mpiexec.hydra") and launcher.flavour in ("openmpi", "intelmpi", "mpich"):
+            return launcher.path, launcher.flavour
+    return None
+
+
+def slurm_allocation(environ: Mapping[str, str]) -> Optional[int]:
+    """Nodes of the Slurm allocation we are in (a batch script or salloc shell, not a job step)."""
+    if not environ.get("SLURM_JOB_ID") or environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"):
+        return None
+    raw = environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or "1"
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        return 1
+
+
+def expand_nodelist(text: str) -> List[str]:
+    """Slurm's compressed host list: 'node[01-03,07],gpu1' -> node01 node02 node03 node07 gpu1."""
+    out: List[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", text):
+        prefix, ranges = match.group(1), match.group(2)
+        if ranges is None:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if hi:
+                width = len(lo)
+                out.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
+            else:
+                out.append(prefix + lo)
+    return [h for h in out if h]
+
+
+def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: Optional[int],
+                    mpi: Optional[Tuple[str, str]]) -> Tuple[str, str]:
+    """(launcher, why)."""
+    if asked is not None:
+        if asked not in LAUNCHERS[1:]:
+            raise UsageError(f"--launcher {asked!r}: use torchrun, mpirun or srun")
+        if asked == "mpirun" and mpi is None:
+            raise LaunchFailedError("--launcher mpirun, but no Open MPI, Intel MPI or MPICH mpirun was found",
+                                    hint="apt-get install openmpi-bin, or use --launcher torchrun")
+        return asked, "as asked"
+    if world <= 1:
+        return "direct", "one process: run directly, pinned, no launcher"
+    if slurm_nodes is not None:
+        return "srun", f"inside a Slurm allocation of {slurm_nodes} node(s): srun starts the ranks"
+    return "torchrun", ("torchrun (ships with torch): one per node with c10d rendezvous" if nnodes > 1
+                        else "torchrun --standalone (ships with torch)")
+
+
+# -- the plan --------------------------------------------------------------------------------------
+
+def rank_specs(placement: Placement, pin: bool, threads: Optional[int]) -> Tuple[RankSpec, ...]:
+    """Local ranks: their compute CPUs and threads (pin=False: no pinning, threads as given)."""
+    specs = []
+    for slot in placement.slots:
+        cpus = tuple(slot.compute_cpus or slot.cpus) if pin else ()
+        specs.append(RankSpec(slot.local_rank, cpus, threads if threads is not None else (slot.threads if pin else None)))
+    return tuple(specs)
+
+
+def slot_table(specs: Sequence[RankSpec]) -> str:
+    return json.dumps([{"cpus": list(s.cpus), "threads": s.threads} for s in specs], separators=(",", ":"))
+
+
+def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequence[str],
+                env_vars: Sequence[Any] = (), launcher: Optional[str] = None,
+                hosts: Optional[Sequence[Host]] = None, nnodes: int = 1, node_rank: Optional[int] = None,
+                master_addr: Optional[str] = None, master_port: Optional[int] = None,
+                pin: bool = True, threads: Optional[int] = None, log_dir: Optional[str] = None,
+                environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
+                python: Optional[str] = None, local_addr: Optional[str] = None,
+                job_id: str = "cpuperf") -> LaunchPlan:
+    """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
+
+    env_vars: cpuperf.envplan EnvVar records (already merged by the caller into name -> value order);
+    pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
+    """
+    environ = environ or {}
+    python = python or sys.executable
+    nproc = placement.nproc_per_node
+    host_names = tuple(h.name for h in hosts) if hosts else ()
+    slurm_nodes = slurm_allocation(environ)
+    if slurm_nodes is not None and nnodes == 1 and not hosts:
+        nnodes = slurm_nodes
+    if hosts and nnodes > len(hosts):
+        raise UsageError(f"--nnodes {nnodes} but the hostfile names {len(hosts)} host(s)",
+                         hint="list every node in the hostfile, or lower --nnodes")
+    if nnodes > 1 and not hosts and slurm_nodes is None and master_addr is None:
+        raise UsageError(f"{nnodes} nodes need a hostfile, a Slurm allocation or --master-addr",
+                         hint="pass --hostfile FILE (first host = rank 0)")
+    world = nproc * nnodes
+    mpi = mpi_flavour(facts)
+    chosen, why = choose_launcher(launcher, world, nnodes, slurm_nodes, mpi)
+    specs = rank_specs(placement, pin, threads)
+    env: Dict[str, str] = {}
+    reasons: Dict[str, str] = {}
+    for var in env_vars:
+        env[var.name] = var.value
+        reasons[var.name] = var.reason
+    notes: List[str] = [f"launcher: {why}"]
+    if world <= 1:
+        # No process group: the rendezvous variables would only confuse a user's script.
+        for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY"):
+            env.pop(name, None)
+            reasons.pop(name, None)
+    addr = env.get("MASTER_ADDR", master_addr)
+    port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else master_port
+    cmd = tuple(rank_command)
+    rankexec = (python, "-m", "cpuperf.rankexec", "--")
+    if chosen != "direct":
+        env[SLOTS_VAR] = slot_table(specs)
+        reasons[SLOTS_VAR] = "per-rank CPUs and threads for cpuperf.rankexec (by local rank)"
+        if log_dir:
+            env[LOGDIR_VAR] = log_dir
+            reasons[LOGDIR_VAR] = "each rank's output goes to rank<R>.log here"
+    affinity: Optional[Tuple[int, ...]] = None
+    flavour: Optional[str] = None
+    node_commands: Tuple[str, ...] = ()
+    if node_rank is None:
+        node_rank = 0
+    if not 0 <= node_rank < max(1, nnodes):
+        raise UsageError(f"--node-rank {node_rank} is outside 0..{nnodes - 1}")
+
+    if chosen == "direct":
+        argv: Tuple[str, ...] = cmd
+        if specs and specs[0].cpus:
+            affinity = specs[0].cpus
+        if specs and specs[0].threads is not None:
+            env["OMP_NUM_THREADS"] = str(specs[0].threads)
+            reasons.setdefault("OMP_NUM_THREADS", "the rank's physical cores")
+    elif chosen == "torchrun":
+        flavour = "torchrun"
+        base = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+        if nnodes > 1:
+            if addr is None:
+                raise UsageError("torchrun over several nodes needs a rendezvous address",
+                                 hint="pass --hostfile FILE or --master-addr HOST")
+            rdzv_port = port or 29500
+            base += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job_id}",
+                     # The node holding the endpoint hosts the store; saying so avoids torchrun's
+                     # hostname match, which fails when names resolve elsewhere (containers, netns).
+                     f"--rdzv-conf=is_host={'true' if node_rank == 0 else 'false'}"]
+            if local_addr:
+                base.append(f"--local-addr={local_addr}")
+            line = []
+            for r in range(nnodes):
+                line.append(f"node {host_names[r] if r < len(host_names) else r}: cpuperf train ... --node-rank {r}")
+            node_commands = tuple(line)
+            notes.append(f"start the same `cpuperf train` on each of the {nnodes} nodes with --node-rank 0..{nnodes - 1}")
+        else:
+            base += ["--standalone"]
+        argv = (*base, "-m", "cpuperf.rankexec", "--", *cmd)
+        # torchrun runs its -m target with `python -u -m`; rankexec then execs the real command.
+    elif chosen == "mpirun":
+        assert mpi is not None  # choose_launcher checked
+        path, flavour = mpi
+        exported = [k for k in env]
+        if flavour == "openmpi":
+            base = [path, "-np", str(world), "--bind-to", "none", "--map-by", "slot"]
+            if euid == 0:
+                base.append("--allow-run-as-root")  # Open MPI refuses root without it
+            if nproc > placement.cpu_budget:
+                base.append("--oversubscribe")  # Open MPI counts one slot per core
+            if hosts and nnodes > 1:
+                base += ["--host", ",".join(f"{h.name}:{nproc}" for h in hosts[:nnodes])]
+            for k in exported:
+                base += ["-x", f"{k}={env[k]}"]
+            for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
+                if k in environ and k not in env:
+                    base += ["-x", k]  # remote ranks need the same interpreter and packages
+        else:  # Intel MPI / MPICH hydra
+            base = [path, "-n", str(world), "-ppn", str(nproc)]
+            if hosts and nnodes > 1:
+                base += ["-hosts", ",".join(h.name for h in hosts[:nnodes])]
+            for k in exported:
+                base += ["-genv", k, env[k]]
+            for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):
+                if k in environ and k not in env:
+                    base += ["-genv", k, environ[k]]
+            if flavour == "intelmpi" and "I_MPI_PIN_DOMAIN" not in env:
+                base += ["-genv", "I_MPI_PIN", "0"]  # rankexec pins; Intel MPI's own pinning would fight it
+        argv = (*base, *rankexec, *cmd)
+        if nnodes > 1:
+            notes.append("mpirun starts every node's ranks from here (passwordless ssh to each host)")
+    else:  # srun
+        flavour = "slurm"
+        argv = ("srun", f"--nodes={nnodes}", f"--ntasks-per-node={nproc}", f"--ntasks={world}",
+                "--cpu-bind=none", "--kill-on-bad-exit=1", "--export=ALL", *rankexec, *cmd)
+        if addr in (None, "127.0.0.1") and nnodes > 1:
+            nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+            first = expand_nodelist(nodelist)[:1]
+            if first:
+                addr = first[0]
+                env["MASTER_ADDR"] = addr
+                reasons["MASTER_ADDR"] = "the first node of the Slurm allocation (rank 0 runs there)"
+    if world > 1 and chosen != "torchrun":
+        env.setdefault("MASTER_ADDR", addr or "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(port or 29500))
+    return LaunchPlan(launcher=chosen, flavour=flavour, argv=tuple(argv), env=env, env_reasons=reasons,
+                      per_rank=specs, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
+                      hosts=host_names, master_addr=addr if world > 1 else None,
+                      master_port=port if world > 1 else None, affinity=affinity, log_dir=log_dir,
+                      rank_command=cmd, notes=tuple(notes), node_commands=node_commands)
+
+
+# -- a user's own script ----------------------------------------------------------------------------
+
+_HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
+# Flags that say the same thing in different words: one given by the user rules out the others.
+_EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend"), ("--use_cpu", "--no_cuda"),
+              ("--torch_compile", "--torch_compile_backend"))
+
+
+def script_path(argv: Sequence[str]) -> Optional[str]:
+    """The .py file a command runs (`python x.py ...`, `x.py ...`), else None."""
+    args = list(argv)
+    if args and re.search(r"(^|/)python[0-9.]*$", args[0]):
+        args = args[1:]
+        while args and args[0].startswith("-") and args[0] not in ("-m",):
+            args = args[1:]
+    if args and args[0].endswith(".py"):
+        return args[0]
+    return None
+
+
+def looks_like_hf_trainer(source: str) -> bool:
+    """A script that builds TrainingArguments (directly or through HfArgumentParser)."""
+    return any(marker in source for marker in _HF_MARKERS)
+
+
+def _flag_groups(flags: Sequence[str]) -> List[List[str]]:
+    groups: List[List[str]] = []
+    for item in flags:
+        if item.startswith("--") or not groups:
+            groups.append([item])
+        else:
+            groups[-1].append(item)
+    return groups
+
+
+def user_flag_names(argv: Sequence[str]) -> set:
+    """'--fp16', '--per_device_train_batch_size=8' -> {'--fp16', '--per_device_train_batch_size'}; '-' and '_' alike."""
+    names = set()
+    for item in argv:
+        if item.startswith("--"):
+            names.add(item.split("=", 1)[0].replace("-", "_").replace("__", "--", 1))
+    return names
+
+
+def merge_hf_flags(user_argv: Sequence[str], ours: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(flags to append, flags dropped because the user already decided): never duplicate or contradict."""
+    given = user_flag_names(user_argv)
+    add: List[str] = []
+    dropped: List[str] = []
+    for group in _flag_groups(ours):
+        name = group[0].replace("-", "_").replace("__", "--", 1)
+        clash = name in given or (("--no_" + name[2:]) in given)
+        for family in _EXCLUSIVE:
+            if name in family and any(other in given for other in family):
+                clash = True
+        (dropped if clash else add).extend(group)
+    return add, dropped
+
+
+def hf_command(user_argv: Sequence[str], ours: Sequence[str], mode: str, source: Optional[str]) -> Tuple[List[str], List[str], str]:
+    """(argv, dropped, why) for a user's command under --hf-flags auto|always|never."""
+    if mode not in ("auto", "always", "never"):
+        raise UsageError(f"--hf-flags {mode!r}: use auto, always or never")
+    if mode == "never":
+        return list(user_argv), [], "--hf-flags never"
+    if mode == "auto" and (source is None or not looks_like_hf_trainer(source)):
+        return list(user_argv), [], "the script does not look like a Hugging Face Trainer script (no TrainingArguments)"
+    add, dropped = merge_hf_flags(user_argv, ours)
+    return [*user_argv, *add], dropped, "Hugging Face Trainer script: flags its transformers version accepts"
+
+
+# -- what really happened ---------------------------------------------------------------------------
+
+@dataclass
+class RankObservation:
+    rank: int
+    pid: int
+    allowed_cpus: Optional[Tuple[int, ...]] = None
+    threads: Optional[int] = None  # OS threads of the process
+    omp_num_threads: Optional[str] = None
+    openmp: List[str] = field(default_factory=list)
+    allocator: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def check_observations(plan: LaunchPlan, observed: Sequence[RankObservation],
+                       worker_runtime: Optional[Mapping[str, Any]] = None) -> List[str]:
+    """Warnings where what ran differs from the plan (pinning, threads, allocator, OpenMP)."""
+    warnings: List[str] = []
+    by_local = {s.local_rank: s for s in plan.per_rank}
+    want_alloc = None
+    preload = plan.env.get("LD_PRELOAD", "")
+    for name in ("tcmalloc", "jemalloc"):
+        if name in preload:
+            want_alloc = name
+    want_iomp = "libiomp5" in preload
+    for obs in observed:
+        local = obs.rank % max(1, plan.nproc_per_node)
+        spec = by_local.get(local)
+        if spec is None:
+            continue
+        if spec.cpus and obs.allowed_cpus is not None and tuple(sorted(obs.allowed_cpus)) != tuple(sorted(spec.cpus)):
+            warnings.append(f"rank {obs.rank} ran on CPUs {_fmt(obs.allowed_cpus)}, planned {_fmt(spec.cpus)}")
+        if spec.threads is not None and obs.omp_num_threads is not None and obs.omp_num_threads != str(spec.threads):
+            warnings.append(f"rank {obs.rank} had OMP_NUM_THREADS={obs.omp_num_threads}, planned {spec.threads}")
+        if want_alloc and obs.allocator and obs.allocator != want_alloc:
+            warnings.append(f"rank {obs.rank} runs with the {obs.allocator} allocator, planned {want_alloc} (LD_PRELOAD)")
+        if want_iomp and obs.openmp and "intel" not in obs.openmp:
+            warnings.append(f"rank {obs.rank} did not load Intel OpenMP (libiomp5), though it was preloaded")
+    if worker_runtime:
+        torch_rt = worker_runtime.get("torch") or {}
+        spec0 = by_local.get(0)
+        n = torch_rt.get("num_threads")
+        if spec0 is not None and spec0.threads is not None and n is not None and n != spec0.threads:
+            warnings.append(f"rank 0's torch used {n} threads, planned {spec0.threads}")
+        if worker_runtime.get("warning"):
+            warnings.append(f"rank 0: {worker_runtime['warning']}")
+    return warnings
+
+
+def _fmt(cpus: Sequence[int]) -> str:
+    from cpuperf.probe.parse import format_cpulist
+
+    return format_cpulist(cpus) or "-"
+
+
+def parse_failures(text: str) -> Dict[int, int]:
+    """Every failed rank torchrun reports (rank -> exit code, signals as 128+N)."""
+    out: Dict[int, int] = {}
+    for m in re.finditer(r"(?<![\w])rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n)*?\s*exitcode\s*:\s*(-?\d+)", text):
+        code = int(m.group(2))
+        out.setdefault(int(m.group(1)), 128 - code if code < 0 else code)
+    return out
+
+
+def first_failure(text: str, died_first: Sequence[int]) -> Optional[Tuple[int, Optional[int]]]:
+    """(rank, code) of the rank that failed first.
+
+    died_first: the ranks whose processes were seen gone at the earliest moment (several when they
+    went within one poll). A rank killed by a signal is the cause; ranks that then lost their peer
+    exit with an error of their own a moment later, and torchrun's "root cause" may name either.
+    """
+    reported = parse_failures(text)
+    root = parse_failure(text)
+    if died_first:
+        signalled = [r for r in died_first if reported.get(r, 0) > 128]
+        rank = signalled[0] if signalled else (root[0] if root and root[0] in died_first else died_first[0])
+        return rank, reported.get(rank, root[1] if root and root[0] == rank else None)
+    if reported:
+        signalled = [r for r, c in reported.items() if c > 128]
+        if signalled:
+            return signalled[0], reported[signalled[0]]
+    return root
+
+
+def parse_failure(text: str) -> Optional[Tuple[int, Optional[int]]]:
+    """(rank, exit code) of the first failed rank, from torchrun's or mpirun's report."""
+    # torchrun: "Root Cause (first observed failure):\n[0]:\n  time ...\n  rank : 1 (local_rank: 1)\n  exitcode : -9 (pid: 123)"
+    root = text.find("Root Cause")
+    if root >= 0:
+        m = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text[root:], re.S)
+        if m:
+            code = int(m.group(2))
+            return int(m.group(1)), (128 - code if code < 0 else code)
+    # Open MPI: "Process name: [[1234,1],1]\n  Exit code:    3"
+    m = re.search(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)", text)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    # Open MPI: "mpirun noticed that process rank 1 with PID 0 on node x exited on signal 9 (Killed)."
+    m = re.search(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)", text)
+    if m:
+        return int(m.group(1)), 128 + int(m.group(2))
+    # hydra: "=   RANK 1 PID 123 RUNNING AT host\n=   KILLED BY SIGNAL: 9 (Killed)" / "EXIT CODE: 3"
+    m = re.search(r"RANK (\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (\d+)|EXIT STATUS: (\d+)|EXIT CODE: (\d+))", text)
+    if m:
+        if m.group(2):
+            return int(m.group(1)), 128 + int(m.group(2))
+        return int(m.group(1)), int(m.group(3) or m.group(4))
+    return None

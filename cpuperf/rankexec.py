@@ -1,0 +1,83 @@
+"""`python -m cpuperf.rankexec -- CMD...`: pin this rank to its slot, then exec CMD.
+
+Started by torchrun / mpirun / srun once per rank. Reads the local rank from the launcher
+(LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID) and its slot from
+CPUPERF_RANK_SLOTS (a JSON list indexed by local rank: {"cpus": [...], "threads": N}); sets the CPU
+affinity and OMP_NUM_THREADS, sends its output to CPUPERF_RANK_LOGDIR/rank<R>.log, records its pid
+in rank<R>.pid (the pid survives exec: cpuperf train reads /proc/<pid> of each rank), then execs.
+Kept import-light: it runs once per rank before the real command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import List, Mapping, Optional, Tuple
+
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def _first_int(environ: Mapping[str, str], names: Tuple[str, ...]) -> Optional[int]:
+    for name in names:
+        raw = environ.get(name, "").strip()
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
+def slot_for(environ: Mapping[str, str]) -> Tuple[int, int, Optional[dict]]:
+    """(global rank, local rank, slot or None) from the launcher's variables."""
+    local = _first_int(environ, LOCAL_RANK_VARS) or 0
+    rank = _first_int(environ, RANK_VARS)
+    slots = json.loads(environ.get("CPUPERF_RANK_SLOTS") or "[]")
+    slot = slots[local] if 0 <= local < len(slots) else None
+    return (rank if rank is not None else local), local, slot
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.stderr.write("cpuperf.rankexec: no command given (usage: python -m cpuperf.rankexec -- CMD ...)\n")
+        return 2
+    try:
+        rank, local, slot = slot_for(os.environ)
+    except (ValueError, TypeError) as exc:
+        sys.stderr.write(f"cpuperf.rankexec: CPUPERF_RANK_SLOTS is malformed ({exc})\n")
+        return 2
+    if slot:
+        cpus = [int(c) for c in slot.get("cpus") or []]
+        if cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError as exc:
+                sys.stderr.write(f"cpuperf.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {exc.strerror}\n")
+        if slot.get("threads"):
+            os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
+    logdir = os.environ.get("CPUPERF_RANK_LOGDIR")
+    if logdir:
+        try:
+            os.makedirs(logdir, exist_ok=True)
+            with open(os.path.join(logdir, f"rank{rank}.pid"), "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+            fd = os.open(os.path.join(logdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except OSError as exc:
+            sys.stderr.write(f"cpuperf.rankexec: rank {rank}: cannot write logs under {logdir}: {exc.strerror}\n")
+    try:
+        os.execvp(args[0], args)
+    except OSError as exc:
+        sys.stderr.write(f"cpuperf.rankexec: rank {rank}: cannot run {args[0]}: {exc.strerror}\n")
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""`cpuperf train` for real on this machine: one process, two ranks (torchrun and Open MPI), a killed rank
+and --resume, a Hugging Face Trainer script. Small configs (the `micro` preset) so each run takes seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_util import cli_env, run_cli
+
+MICRO = ["--model", "micro", "--set", "eval_every=0", "--set", "log_every=5"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def native_bf16_here() -> bool:
+    """From this host's /proc/cpuinfo: AVX512-BF16 or AMX-BF16."""
+    text = Path("/proc/cpuinfo").read_text()
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def train_json(args, tmp_path, expect_rc=0, timeout=180):
+    proc = run_cli(["train", *args, "--out", str(tmp_path / "run"), "--json"], timeout=timeout)
+    assert proc.returncode == expect_rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stdout
+    return json.loads(proc.stdout), proc
+
+
+def test_auto_single_process_real_run(tmp_path):
+    data, proc = train_json(["--auto", *MICRO, "--max-steps", "30"], tmp_path)
+    assert data["schema"] == "cpuperf.train/1" and data["steps"] == 30 and data["world_size"] == 1
+    assert data["loss_last"] < data["loss_first"]
+    assert data["samples_per_s"] > 0 and data["tokens_per_s"] > 0
+    expected = "bf16" if native_bf16_here() else "fp32"
+    assert data["settings"]["dtype"] == expected
+    assert data["launch"]["launcher"] == "direct"
+    ncores = len(os.sched_getaffinity(0))
+    # the worker recorded the settings it used and what it really ran with
+    records = [json.loads(line) for line in Path(data["metrics_file"]).read_text().splitlines()]
+    assert records[0]["type"] == "settings" and records[0]["settings"]["dtype"] == expected
+    assert records[-1]["type"] == "summary"
+    rank0 = data["verification"]["ranks"][0]
+    assert rank0["omp_num_threads"] == str(data["settings"]["threads"])
+    assert len(rank0["allowed_cpus"]) <= ncores and data["verification"]["warnings"] == []
+    assert Path(data["checkpoint"]).is_file()
+    decisions = {d["id"]: d for d in data["decisions"]}
+    assert decisions["dtype"]["value"] == expected
+
+
+def test_plain_run_without_auto_uses_defaults(tmp_path):
+    data, _ = train_json([*MICRO, "--max-steps", "5", "--set", "dtype=fp32"], tmp_path)
+    s = data["settings"]
+    assert s["dtype"] == "fp32" and s["compile"] is False and s["threads"] is None and data["world_size"] == 1
+    assert data["launch"]["affinity"] is None and "OMP_NUM_THREADS" not in data["launch"]["env"]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_two_ranks_keep_ddp_in_sync(tmp_path, launcher):
+    if launcher == "mpirun" and not shutil.which("mpirun"):
+        pytest.skip("no mpirun (apt-get install openmpi-bin)")
+    port = str(free_port())
+    data, _ = train_json(["--auto", *MICRO, "--max-steps", "10", "--nproc-per-node", "2", "--launcher", launcher,
+                          "--master-port", port], tmp_path)
+    assert data["world_size"] == 2 and data["steps"] == 10
+    checks = data["param_checksums"]
+    assert len(checks) == 2 and checks[0] == checks[1]
+    assert data["launch"]["launcher"] == launcher
+    ranks = {r["rank"]: r for r in data["verification"]["ranks"]}
+    assert set(ranks) == {0, 1}
+    plan = {r["local_rank"]: r for r in data["launch"]["per_rank"]}
+    for rank, seen in ranks.items():
+        assert seen["allowed_cpus"] == plan[rank]["cpus"]  # each rank pinned to its own slot
+        assert seen["omp_num_threads"] == str(plan[rank]["threads"])
+    logs = Path(data["launch"]["log_dir"])
+    assert (logs / "rank0.log").is_file() and (logs / "rank1.log").is_file()
+
+
+def test_killed_rank_is_named_and_resume_finishes(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--auto", *MICRO, "--max-steps", "200", "--nproc-per-node", "2", "--set", "ckpt_every=20",
+            "--out", str(out), "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "cpuperf", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        deadline = time.monotonic() + 120
+        pidfile = out / "logs" / "rank1.pid"
+        while time.monotonic() < deadline and not ((out / "checkpoint.pt").is_file() and pidfile.is_file()):
+            time.sleep(0.1)
+        assert pidfile.is_file(), "rank 1 never started"
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, (stdout[-2000:], stderr[-2000:])
+    err = json.loads(stdout)["error"]
+    assert "rank 1" in err["message"] and "rank1.log" in err["message"] and "SIGKILL" in err["message"]
+    assert "rank 1 failed first" in stderr
+    # the last checkpoint is intact and loads
+    import torch
+
+    ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
+    saved = ckpt["step"]
+    assert saved >= 20 and saved % 20 == 0
+    data, _ = train_json(["--auto", *MICRO, "--max-steps", "200", "--nproc-per-node", "2", "--set", "ckpt_every=20",
+                          "--resume"], tmp_path)
+    assert data["resumed_from"] == saved and data["steps"] == 200
+    assert data["param_checksums"][0] == data["param_checksums"][1]
+
+
+def test_interrupt_exits_130(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "train", "--auto", *MICRO, "--max-steps", "100000",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env())
+    try:
+        deadline = time.monotonic() + 60
+        metrics = out / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.is_file() and '"type": "step"' in metrics.read_text()):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert (out / "checkpoint.pt").is_file()
+
+
+HF_SCRIPT = '''
+import json, sys
+from pathlib import Path
+Path(sys.argv[0]).with_suffix(".argv.json").write_text(json.dumps(sys.argv[1:]))
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
+
+(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16))
+g = torch.Generator().manual_seed(0)
+data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (32, 16), generator=g)]
+Trainer(model=model, args=args, train_dataset=data).train()
+print("trained", args.per_device_train_batch_size, args.use_cpu)
+'''
+
+
+def test_hf_trainer_script_gets_only_flags_its_transformers_accepts(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # Trainer needs it
+    script = tmp_path / "hf_train.py"
+    script.write_text(HF_SCRIPT)
+    user = ["python", str(script), "--output_dir", str(tmp_path / "hf"), "--max_steps", "3",
+            "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no"]
+    proc = run_cli(["train", "--auto", "--out", str(tmp_path / "run"), "--json", "--", *user], timeout=240,
+                   extra_env={"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    data = json.loads(proc.stdout)
+    argv = json.loads(script.with_suffix(".argv.json").read_text())
+    assert argv[:len(user) - 2] == user[2:]
+    major = int(transformers.__version__.split(".")[0])
+    if major >= 5:
+        assert "--use_ipex" not in argv and "--no_cuda" not in argv and "ccl" not in argv
+        assert "--use_cpu" in argv
+    # the user's batch size is kept, never duplicated
+    assert argv.count("--per_device_train_batch_size") == 1
+    assert argv[argv.index("--per_device_train_batch_size") + 1] == "2"
+    assert "--per_device_train_batch_size" in data["hf_flags"]["kept_yours"]
+    assert data["launch"]["launcher"] == "direct"
