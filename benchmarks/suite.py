@@ -51,25 +51,27 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
 
 
 def auto_config(steps: int) -> Dict[str, Any]:
-    """What `cpuperf train --auto` would apply: the engine's own decisions for this host."""
+    """Exactly what `cpuperf train --auto` applies: its measurements (once per host) and its plan."""
     from cpuperf import measure
+    from cpuperf.placement import plan_placement
     from cpuperf.probe import probe_host
-    from cpuperf.recommend import recommend
-    from cpuperf.workload import resolve_workload
 
     facts = probe_host()
-    rec = recommend(facts, resolve_workload("tiny", steps=steps), measurements=measure.load_cached(facts))
-    v = rec.values()
-    env = {"OMP_NUM_THREADS": str(v["threads_per_rank"])}
-    if v["allocator"]:
-        lib = (facts.software.allocators.get(v["allocator"]) or [None])[0] if facts.software else None
-        if lib:
-            env["LD_PRELOAD"] = lib
-    slot = rec.placement.slots[0]
-    return {"name": "auto", "env": env, "cpus": list(slot.compute_cpus) or None,
-            "settings": {"dtype": v["dtype"], "threads": v["threads_per_rank"], "compile": v["compile"],
-                         "ipex": v["ipex"], "fp32_math_mode": v["fp32_math_mode"]},
-            "decisions": {k: v[k] for k in ("dtype", "threads_per_rank", "compile", "ipex", "allocator", "affinity")}}
+    measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
+                              log=lambda m: print(m, file=sys.stderr, flush=True))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", "train", "--auto", "--dry-run", "--json",
+                           "--max-steps", str(steps)], capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"cpuperf train --auto --dry-run failed: {proc.stderr.strip()[-500:]}")
+    plan = json.loads(proc.stdout)
+    launch, settings = plan["launch"], plan["settings"]
+    decisions = {d["id"]: d["value"] for d in plan["decisions"]}
+    slot = (launch.get("per_rank") or [{}])[0]
+    return {"name": "auto", "env": dict(launch.get("env") or {}), "cpus": slot.get("cpus") or None,
+            "settings": {"dtype": settings["dtype"], "threads": settings.get("threads"), "compile": settings["compile"],
+                         "ipex": settings["ipex"], "fp32_math_mode": decisions.get("fp32_math_mode")},
+            "decisions": {k: decisions.get(k) for k in ("dtype", "threads_per_rank", "compile", "ipex", "allocator", "affinity")}}
 
 
 def sweep_configs(quick: bool) -> List[Dict[str, Any]]:

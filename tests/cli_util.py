@@ -12,7 +12,9 @@ from typing import Dict, List, Optional
 def cli_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CPUPERF_", "SLURM_")) and k not in ("NO_COLOR",)}
-    env.update({"NO_COLOR": "1", "COLUMNS": "120", "PYTHONDONTWRITEBYTECODE": "1"})
+    # CPUPERF_MEASURE=0: `train --auto` would otherwise measure allocators once per host, which makes
+    # test timings depend on the cache; the measuring path has its own tests.
+    env.update({"NO_COLOR": "1", "COLUMNS": "120", "PYTHONDONTWRITEBYTECODE": "1", "CPUPERF_MEASURE": "0"})
     env.update(extra or {})
     return env
 

@@ -38,3 +38,20 @@ def test_real_gemm_in_a_child_process():
     pytest.importorskip("torch")
     rates = measure.gemm_rates(size=128, seconds=0.2, threads=1)
     assert rates["gemm_fp32_gflops"] > 0 and rates["gemm_bf16_gflops"] > 0 and rates["threads"] == 1
+
+
+def test_measure_if_unsure_skips_hosts_with_nothing_to_decide(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.13.0+cpu"}))
+    snapshot = probe_host(sysroot=str(make_host(tmp_path / "snap")))
+    assert measure.measure_if_unsure(snapshot, threads=1) is None  # never measures for a snapshot
+
+
+def test_allocator_speedups_measure_real_preloads(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    facts = probe_host()
+    if not measure.allocator_libraries(facts):
+        pytest.skip("no tcmalloc/jemalloc installed on this host")
+    ratios = measure.allocator_speedups(facts, threads=1, rounds=1, seconds=0.5)
+    assert set(ratios) == set(measure.allocator_libraries(facts))
+    assert all(r > 0 for r in ratios.values())
