@@ -227,6 +227,7 @@ def tool_latency(repeat: int) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="the default: LM and MLP at the small size, sweep of at most 6")
     ap.add_argument("--full", action="store_true", help="every workload at both sizes, compile in the sweep")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")

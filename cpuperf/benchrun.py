@@ -133,7 +133,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         elapsed = time.perf_counter() - start
         if count >= min_steps and elapsed >= seconds:
             break
-        if elapsed >= seconds * 4:  # emulated bf16 can be 15x slower: never run for minutes
+        if elapsed >= seconds * 2:  # emulated bf16 can be 100x slower: never run for minutes
             break
     maps = ""
     try:

@@ -145,28 +145,40 @@ def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
 
 
 def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 2,
-                       seconds: float = 3.0) -> Dict[str, float]:
-    """Throughput of the built-in LM with each allocator preloaded, over the default, alternating rounds."""
+                       seconds: float = 3.0, workloads: tuple = ("lm", "mlp")) -> Dict[str, Any]:
+    """Throughput with each allocator preloaded over the default, per reference workload, alternating rounds.
+
+    The effect depends on the allocation pattern (measured here: tcmalloc 1.04x on the small LM but
+    1.3x on the MLP), so the engine sees every workload's ratio and their geometric mean.
+    """
+    import math
+    import statistics
+
     libs = allocator_libraries(facts)
     if not libs:
         return {}
-    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
-    base_env = {"OMP_NUM_THREADS": str(threads)}
-    samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
-    for _ in range(rounds):
-        for name in samples:
-            env = dict(base_env)
-            if name != "default":
-                env["LD_PRELOAD"] = libs[name]
-            res = _benchrun(settings, env, python)
-            if res:
-                samples[name].append(res["samples_per_s"])
-    import statistics
-
-    base = statistics.median(samples["default"]) if samples["default"] else None
-    if not base:
-        return {}
-    return {name: statistics.median(v) / base for name, v in samples.items() if name != "default" and v}
+    per_workload: Dict[str, Dict[str, float]] = {name: {} for name in libs}
+    for workload in workloads:
+        settings = {"workload": workload, "size": "small", "threads": threads, "seconds": seconds}
+        samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
+        for _ in range(rounds):
+            for name in samples:
+                env = {"OMP_NUM_THREADS": str(threads)}
+                if name != "default":
+                    env["LD_PRELOAD"] = libs[name]
+                res = _benchrun(settings, env, python)
+                if res:
+                    samples[name].append(res["samples_per_s"])
+        base = statistics.median(samples["default"]) if samples["default"] else None
+        for name in libs:
+            if base and samples[name]:
+                per_workload[name][workload] = statistics.median(samples[name]) / base
+    out: Dict[str, Any] = {}
+    for name, ratios in per_workload.items():
+        if ratios:
+            out[name] = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+            out[f"{name}_by_workload"] = ratios
+    return out
 
 
 def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0) -> Dict[str, Any]:

@@ -61,7 +61,8 @@ class Measurements:
     compile_seconds: Optional[float] = None
     step_seconds: Optional[float] = None  # eager fp32 step of the workload, if measured
     compile_speedup: Optional[float] = None
-    allocator_speedup: Dict[str, float] = field(default_factory=dict)  # name -> throughput ratio vs default
+    # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
+    allocator_speedup: Dict[str, Any] = field(default_factory=dict)
     source: str = "none"
 
     @classmethod
@@ -502,13 +503,20 @@ def _decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool) -> Dec
     if not available:
         return Decision("allocator", None, "no tcmalloc or jemalloc installed (apt-get install libgoogle-perftools4 "
                         "libjemalloc2 to let cpuperf measure them)", {})
-    measured = {k: v for k, v in meas.allocator_speedup.items() if k in available}
+    rule = load_builtin("tuning.toml")["allocator"]
+    measured = {k: v for k, v in meas.allocator_speedup.items() if k in available and isinstance(v, (int, float))}
     if measured:
-        best = max(measured, key=lambda k: measured[k])
-        if measured[best] >= 1.05:
-            return Decision("allocator", best, f"measured {measured[best]:.2f}x the default allocator",
-                            {"measured": measured})
-        return Decision("allocator", None, "measured: no allocator beat the default by 5%", {"measured": measured})
+        by_workload = {k: meas.allocator_speedup.get(f"{k}_by_workload", {}) for k in measured}
+        # A preload must help on average and hurt no reference workload.
+        good = {k: v for k, v in measured.items()
+                if v >= rule["min_speedup"] and min(by_workload[k].values() or [v]) >= rule["max_loss"]}
+        evidence = {"measured": measured, "by_workload": by_workload, "source": meas.source}
+        if good:
+            best = max(good, key=lambda k: good[k])
+            return Decision("allocator", best, f"measured {good[best]:.2f}x the default allocator (geometric mean over "
+                            "the reference workloads)", evidence)
+        return Decision("allocator", None, f"measured: no allocator beat the default by {rule['min_speedup']:.2f}x "
+                        "without slowing a workload", evidence)
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
                     "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
 

@@ -52,6 +52,7 @@ def test_allocator_speedups_measure_real_preloads(tmp_path, monkeypatch):
     facts = probe_host()
     if not measure.allocator_libraries(facts):
         pytest.skip("no tcmalloc/jemalloc installed on this host")
-    ratios = measure.allocator_speedups(facts, threads=1, rounds=1, seconds=0.5)
-    assert set(ratios) == set(measure.allocator_libraries(facts))
-    assert all(r > 0 for r in ratios.values())
+    ratios = measure.allocator_speedups(facts, threads=1, rounds=1, seconds=0.3)
+    libs = set(measure.allocator_libraries(facts))
+    assert {k for k in ratios if not k.endswith("_by_workload")} == libs
+    assert all(ratios[name] > 0 and set(ratios[f"{name}_by_workload"]) == {"lm", "mlp"} for name in libs)

@@ -181,3 +181,20 @@ def test_this_host(monkeypatch):
     rec2 = recommend(facts, PRESETS["tiny"], nproc_per_node=2) if cores >= 2 else None
     if rec2 is not None:
         assert rec2.get("ddp_backend") in ("gloo", "ccl")
+
+
+def test_allocator_needs_a_gain_that_hurts_no_workload(monkeypatch):
+    from dataclasses import replace
+
+    facts = probe_host()
+    if facts.software is None:
+        pytest.skip("needs a live host")
+    sw = replace(facts.software, allocators={"tcmalloc": ("/usr/lib/libtcmalloc.so.4",), "jemalloc": ("/usr/lib/libjemalloc.so.2",)})
+    facts = replace(facts, software=sw, gpus=())
+    helps = Measurements(allocator_speedup={"tcmalloc": 1.15, "tcmalloc_by_workload": {"lm": 1.04, "mlp": 1.27},
+                                            "jemalloc": 0.82, "jemalloc_by_workload": {"lm": 0.8, "mlp": 0.84}})
+    assert recommend(facts, PRESETS["tiny"], measurements=helps).get("allocator") == "tcmalloc"
+    mixed = Measurements(allocator_speedup={"tcmalloc": 1.05, "tcmalloc_by_workload": {"lm": 0.9, "mlp": 1.22}})
+    assert recommend(facts, PRESETS["tiny"], measurements=mixed).get("allocator") is None
+    unmeasured = recommend(facts, PRESETS["tiny"], measurements=Measurements())
+    assert unmeasured.get("allocator") is None and "unmeasured" in unmeasured.decision("allocator").reason
