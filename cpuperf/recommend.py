@@ -127,28 +127,28 @@ def _matrix_verdict(package: str, version: str, torch: str, python: Optional[str
         return [str(exc)]
 
 
-def ipex_compatible(torch: Optional[str], ipex: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
-    """IPEX demands torch of its own major.minor (it kills the process at import otherwise)."""
-    if _version(ipex) is None:
-        return False, "intel_extension_for_pytorch is not installed"
+def _addon_compatible(dist: str, label: str, torch: Optional[str], version: Optional[str],
+                      python: Optional[str], missing: str) -> Tuple[bool, str]:
+    if _version(version) is None:
+        return False, missing
     if _version(torch) is None:
         return False, "torch is not installed"
-    reasons = _matrix_verdict("intel_extension_for_pytorch", str(ipex), str(torch), python)
+    reasons = _matrix_verdict(dist, str(version), str(torch), python)
     if reasons:
         return False, "; ".join(reasons)
-    return True, f"IPEX {ipex} matches torch {torch}"
+    return True, f"{label} {version} matches torch {torch}"
+
+
+def ipex_compatible(torch: Optional[str], ipex: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
+    """IPEX demands torch of its own major.minor (it kills the process at import otherwise)."""
+    return _addon_compatible("intel_extension_for_pytorch", "IPEX", torch, ipex, python,
+                             "intel_extension_for_pytorch is not installed")
 
 
 def ccl_compatible(torch: Optional[str], bindings: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
     """oneCCL bindings are built for one (sometimes two) exact torch releases."""
-    if _version(bindings) is None:
-        return False, "oneccl_bind_pt is not installed (its last CPU release, 2.7, supports torch 2.7)"
-    if _version(torch) is None:
-        return False, "torch is not installed"
-    reasons = _matrix_verdict("oneccl_bind_pt", str(bindings), str(torch), python)
-    if reasons:
-        return False, "; ".join(reasons)
-    return True, f"oneccl_bind_pt {bindings} matches torch {torch}"
+    return _addon_compatible("oneccl_bind_pt", "oneccl_bind_pt", torch, bindings, python,
+                             "oneccl_bind_pt is not installed (its last CPU release, 2.7, supports torch 2.7)")
 
 
 # -- helpers ---------------------------------------------------------------------------------------
