@@ -537,15 +537,9 @@ def _sort_key(kind: str, row: Any) -> tuple[Any, ...]:
 
 def shipped_dir() -> Path:
     """Where the shipped data lives: cpuperf/compat inside a wheel, else compat/ at the repo root."""
-    try:
-        from importlib.resources import files
+    from cpuperf.data import builtin_compat_dir
 
-        packaged = files("cpuperf") / "compat"
-        if packaged.is_dir():
-            return Path(str(packaged))
-    except (ModuleNotFoundError, TypeError, NotImplementedError):  # pragma: no cover - zipimport etc.
-        pass
-    return Path(__file__).resolve().parent.parent / "compat"
+    return builtin_compat_dir()
 
 
 # The matrix reads only its own files: <subject>.toml shipped, <subject>*.toml in extra directories

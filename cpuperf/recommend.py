@@ -441,14 +441,20 @@ def coerce(key: str, raw: Any) -> Any:
     return value
 
 
+def split_assignment(item: str) -> Tuple[str, str]:
+    """'dtype=fp32' -> ('dtype', 'fp32'); anything without a key and '=' is a usage error."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=fp32")
+    return key, value
+
+
 def parse_sets(items: List[str]) -> Dict[str, str]:
     """['dtype=fp32', 'compile=false'] -> {'dtype': 'fp32', 'compile': 'false'}."""
     out: Dict[str, str] = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=fp32")
+        key, value = split_assignment(item)
         if key not in DECISION_IDS:
             raise UsageError(f"unknown decision {key!r} in --set", hint="decisions: " + ", ".join(DECISION_IDS))
         out[key] = value

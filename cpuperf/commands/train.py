@@ -49,17 +49,14 @@ def split_sets(items: Sequence[str]) -> Tuple[Dict[str, str], Dict[str, Any]]:
     """--set KEY=VALUE: recommendation decisions vs worker settings (anything TrainSettings knows, model.X)."""
     import dataclasses
 
-    from cpuperf.recommend import DECISION_IDS
+    from cpuperf.recommend import DECISION_IDS, split_assignment
     from cpuperf.train.settings import TrainSettings
 
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
     decisions: Dict[str, str] = {}
     settings: Dict[str, Any] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=fp32")
+        key, raw = split_assignment(item)
         if key in DECISION_IDS:
             decisions[key] = raw
         elif key in fields or key.startswith("model."):
