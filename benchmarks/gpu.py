@@ -3,7 +3,7 @@
 `python -m benchmarks --gpu`. The workload is the built-in GPT-2-small-shaped LM (cpuperf.train,
 preset gpt2-small). Plain defaults are what a script gets without cpuperf: fp32, TF32 off (PyTorch's
 default for matmul since 1.12), eager, the batch as given. `auto` is the engine's decisions
-(cpuperf.recommend for this host). The sweep changes one decided knob at a time from the defaults
+(cpuperf.decide.recommend for this host). The sweep changes one decided knob at a time from the defaults
 (dtype, tf32, compile, batch). Every run is a fresh worker process; rounds alternate (A B C A B C)
 so drift hits every configuration alike; results are medians, ratios and MFU
 (model FLOPs per token x tokens/s / the card's peak for the dtype used), written to
@@ -164,9 +164,9 @@ def main(rounds: int = 3, steps: int = 30, batch: int = 8, global_batch: int = 6
     the results. `runner` runs one configuration (default: a fresh worker process on the GPU)."""
     import tempfile
 
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import resolve_workload
     from cpuperf.probe import probe_host
-    from cpuperf.recommend import recommend
-    from cpuperf.workload import resolve_workload
 
     facts = facts if facts is not None else probe_host()
     reason = no_gpu_reason(facts)

@@ -1,6 +1,6 @@
 """Side-by-side throughput: plain defaults vs `--auto` vs a sweep vs torch's run_cpu; tool latency.
 
-Every configuration runs in a fresh process (cpuperf.benchrun) with warm-up; rounds alternate
+Every configuration runs in a fresh process (cpuperf.train.bench) with warm-up; rounds alternate
 (A B C A B C ...) so drift hits every configuration alike; we report medians and ratios, never a
 single absolute time.
 """
@@ -34,7 +34,7 @@ def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
 def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
     settings = dict(config.get("settings", {}))
     settings.update(workload=workload, size=size, seconds=seconds)
-    cmd = [sys.executable, "-m", "cpuperf.benchrun", json.dumps(settings)]
+    cmd = [sys.executable, "-m", "cpuperf.train.bench", json.dumps(settings)]
     if config.get("run_cpu"):
         # run_cpu launches a script path with its own defaults (threads, allocator, OpenMP, pinning).
         cmd = [sys.executable, "-m", "torch.backends.xeon.run_cpu", str(ROOT / "cpuperf" / "benchrun.py"),
@@ -52,9 +52,9 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
 
 def auto_config(steps: int) -> Dict[str, Any]:
     """Exactly what `cpuperf train --auto` applies: its measurements (once per host) and its plan."""
-    from cpuperf import measure
-    from cpuperf.placement import plan_placement
+    from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
+    from cpuperf.run import measure
 
     facts = probe_host()
     measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
@@ -76,7 +76,7 @@ def auto_config(steps: int) -> Dict[str, Any]:
 
 def sweep_configs(quick: bool) -> List[Dict[str, Any]]:
     """The knobs the engine decides, one at a time around the defaults (at most 6 in quick mode)."""
-    from cpuperf.placement import plan_placement
+    from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
 
     facts = probe_host()
@@ -135,7 +135,7 @@ def machine_info() -> Dict[str, Any]:
 
 
 def peak_gemm(threads: int) -> Dict[str, float]:
-    from cpuperf.measure import gemm_rates
+    from cpuperf.run.measure import gemm_rates
 
     r = gemm_rates(threads=threads, size=1024, seconds=1.5)
     return {"fp32": r["gemm_fp32_gflops"], "bf16": r["gemm_bf16_gflops"]}
@@ -258,7 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    from cpuperf.placement import plan_placement
+    from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
 
     threads = plan_placement(probe_host()).threads_per_rank

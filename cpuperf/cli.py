@@ -60,7 +60,6 @@ def doctor(
 ) -> None:
     """Probe hardware and software, then say what is wrong and the exact fix."""
     from cpuperf.commands import doctor as cmd
-
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), sysroot, python, save_snapshot))
 
 
@@ -83,7 +82,6 @@ def install(
 ) -> None:
     """Install the matching torch (+ IPEX, oneCCL) wheels; verify; restore the environment on failure."""
     from cpuperf.commands import install as cmd
-
     opts = cmd.Options(torch=torch, with_=tuple((with_ or "").split(",")) if with_ else (), python=python,
                        venv=venv, dry_run=dry_run, yes=yes, index_url=index_url, find_links=tuple(find_links or ()),
                        download=download, write_lock=write_lock, from_lock=from_lock,
@@ -108,7 +106,6 @@ def compat(
 ) -> None:
     """The torch / IPEX / oneCCL compatibility matrix, and the exact pins for your Python and torch."""
     from cpuperf.commands import compat as cmd
-
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
 
 
@@ -159,7 +156,6 @@ def bench(
 ) -> None:
     """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
-
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
 
 
@@ -195,7 +191,6 @@ def train(
 ) -> None:
     """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
     from cpuperf.commands import train as cmd
-
     args = cmd.TrainArgs(auto=auto, dry_run=dry_run, sets=list(sets), model=model, max_steps=max_steps,
                          time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
@@ -216,8 +211,7 @@ def ccl_env(ctx: typer.Context) -> None:
 def _ccl_env_main(argv: List[str]) -> int:
     # main() calls this directly for `cpuperf ccl-env ...`: typer's own parse of the root group
     # coerces its help flag through pydantic too. Same error boundary (main's try), ~0.1 s less.
-    from cpuperf.commands import cclenv as cmd
-
+    from cpuperf.commands import ccl_env as cmd
     opts, json_out, quiet = cmd.parse_args(argv)
     return cmd.run(Output(json_mode=json_out, quiet=quiet), opts)
 
@@ -251,7 +245,7 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
             out.json(exc.to_json())
         out.error(exc.message, exc.hint)
         return int(exc.code)
-    except (typer.Exit, click_exc.Exit if hasattr(click_exc, 'Exit') else typer.Exit) as exc:
+    except (typer.Exit, getattr(click_exc, "Exit", typer.Exit)) as exc:  # noqa: B030  (click 8.2 moved Exit)
         return int(exc.exit_code or 0)
     except typer.Abort:
         out.error("interrupted")

@@ -29,7 +29,7 @@ def extra_compat_dirs() -> List[Path]:
     return [Path(p) for p in raw.split(os.pathsep) if p]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_toml(path: str) -> Dict[str, Any]:
     """Parse one TOML data file; a syntax error is a BadDataError naming the file."""
     try:

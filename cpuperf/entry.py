@@ -15,17 +15,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["ccl-env"]:
         try:
-            from cpuperf.commands import cclenv
+            from cpuperf.commands import ccl_env as cclenv
             from cpuperf.output import Output
 
             opts, json_out, quiet = cclenv.parse_args(args[1:])
             return cclenv.run(Output(json_mode=json_out, quiet=quiet), opts)
         except (Exception, KeyboardInterrupt) as exc:
             from cpuperf import cli
-
             return cli.main(args, _pending=exc)
     from cpuperf import cli
-
     return cli.main(args)
 
 

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import gpu as bench
-from cpuperf.probe import probe_host
-from cpuperf.recommend import recommend
-from cpuperf.workload import resolve_workload
 from hosts import FIXTURES, make_host
+
+from benchmarks import gpu as bench
+from cpuperf.decide.recommend import recommend
+from cpuperf.decide.workload import resolve_workload
+from cpuperf.probe import probe_host
 
 ROOT = Path(__file__).resolve().parent.parent
 

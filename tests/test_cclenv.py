@@ -17,15 +17,17 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+from cli_util import cli_env, run_cli
+from hosts import make_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli_util import cli_env, run_cli
-from cpuperf import cclenv, envplan, envsources
+from cpuperf.decide import runtime_env as envplan
+from cpuperf.decide.placement import plan_placement
 from cpuperf.errors import UsageError
-from cpuperf.placement import plan_placement
 from cpuperf.probe import probe_host
-from hosts import make_host
+from cpuperf.render import shell as cclenv
+from cpuperf.run import vendor_env as envsources
 
 SHELLS = {"bash": ["bash", "--norc", "--noprofile", "-c"], "zsh": ["zsh", "-f", "-c"],
           "fish": ["fish", "--no-config", "-c"]}
@@ -172,7 +174,7 @@ def test_multi_node_master_and_interface(host2):
 
 
 def envplan_hosts(text: str):
-    from cpuperf.hostfile import parse_hostfile_text
+    from cpuperf.probe.hosts import parse_hostfile_text
 
     return parse_hostfile_text(text)
 

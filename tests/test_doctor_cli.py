@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-
 from cli_util import cli_env, run_cli, run_json
 from hosts import fixture_host, make_host
 

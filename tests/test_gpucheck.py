@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli_util import run_json
-from cpuperf.doctor import CHECKS, diagnose
-from cpuperf.gpucheck import (check_gpus, driver_floor, driver_tuple, gpu_blockers, variant_for_driver)
+from hosts import FIXTURES, make_host
+
+from cpuperf.decide.doctor import CHECKS, diagnose, gpu_blockers
+from cpuperf.decide.gpu_checks import check_gpus, driver_floor, driver_tuple, variant_for_driver
 from cpuperf.probe import probe_host
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.gpus import gpus_from_json
-from hosts import FIXTURES, make_host
 
 GPUS = FIXTURES / "gpus"
 SPR = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"]
@@ -184,8 +184,8 @@ def test_hf_flags_follow_the_installed_transformers(tmp_path) -> None:
 
 
 def test_recommend_plans_for_the_memory_left_on_a_shared_gpu(tmp_path, monkeypatch) -> None:
-    from cpuperf.recommend import recommend
-    from cpuperf.workload import PRESETS
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import PRESETS
 
     rows = json.loads(recorded("a100-sxm4-80gb.json"))[:1]
     rows[0]["free_bytes"] = 20 << 30  # another job holds 60 GiB

@@ -7,8 +7,8 @@ a private cache), so nothing here can reach the public registry or pull a real t
 from __future__ import annotations
 
 import base64
-import dataclasses
 import csv
+import dataclasses
 import functools
 import hashlib
 import http.server
@@ -28,10 +28,9 @@ from types import SimpleNamespace
 from typing import Dict, Iterable, List, Optional
 
 import pytest
-
 from cli_util import cli_env, run_cli
 
-from cpuperf import install as ip
+from cpuperf.plan import install as ip
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -474,8 +473,8 @@ def test_lock_round_trip_both_formats():
 
 
 def test_plan_install_pins_cpu_build_and_skips_dead_default():
-    from cpuperf.resolve import resolve
     from cpuperf.commands.install import load_matrix_for_install
+    from cpuperf.knowledge.resolve import resolve
 
     m = load_matrix_for_install()
     facts = SimpleNamespace(gpus=(), software=None)

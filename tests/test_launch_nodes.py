@@ -14,7 +14,6 @@ import sys
 import uuid
 
 import pytest
-
 from cli_util import cli_env, run_cli
 
 MICRO = ["--model", "micro", "--set", "eval_every=0", "--max-steps", "10"]

@@ -6,16 +6,23 @@ import dataclasses
 import json
 
 import pytest
+from hosts import make_host
 
+from cpuperf.decide.recommend import recommend
+from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import UsageError
-from cpuperf.hostfile import parse_hostfile_text
-from cpuperf.launch import (expand_nodelist, hf_command, merge_hf_flags, parse_failure, plan_launch,
-                            check_observations, RankObservation)
+from cpuperf.plan.launch import (
+    RankObservation,
+    check_observations,
+    expand_nodelist,
+    hf_command,
+    merge_hf_flags,
+    parse_failure,
+    plan_launch,
+)
 from cpuperf.probe import probe_host
 from cpuperf.probe.facts import MpiLauncher
-from cpuperf.recommend import recommend
-from cpuperf.workload import PRESETS
-from hosts import make_host
+from cpuperf.probe.hosts import parse_hostfile_text
 
 CMD = ["python", "-m", "cpuperf.train.worker", "--config", "{}"]
 
@@ -35,7 +42,7 @@ def test_two_socket_host_gets_two_torchrun_ranks_with_per_socket_cpus(tmp_path, 
     plan = plan_launch(facts, rec.placement, rank_command=CMD, log_dir="/r/logs", python="py")
     assert plan.launcher == "torchrun" and plan.world_size == 2
     assert "--standalone" in plan.argv and "--nproc-per-node=2" in plan.argv
-    assert plan.argv[plan.argv.index("-m", 3):][:3] == ("-m", "cpuperf.rankexec", "--")
+    assert plan.argv[plan.argv.index("-m", 3):][:3] == ("-m", "cpuperf.run.rankexec", "--")
     assert [s.cpus for s in plan.per_rank] == [(0, 1, 2, 3), (4, 5, 6, 7)]  # no SMT siblings (8-15)
     assert [s.threads for s in plan.per_rank] == [4, 4]
     slots = json.loads(plan.env["CPUPERF_RANK_SLOTS"])
@@ -76,7 +83,7 @@ def test_more_ranks_than_cores_oversubscribes_open_mpi(tmp_path, monkeypatch):
     rec = recommend(facts, PRESETS["micro"], nproc_per_node=2)
     p = plan_launch(facts, rec.placement, rank_command=CMD, launcher="mpirun", euid=0)
     assert "--oversubscribe" not in p.argv
-    from cpuperf.placement import Placement
+    from cpuperf.decide.placement import Placement
 
     squeezed = dataclasses.replace(rec.placement, cpu_budget=1)
     assert isinstance(squeezed, Placement)
@@ -178,7 +185,7 @@ def test_observations_that_differ_from_the_plan_warn(tmp_path, monkeypatch):
 
 
 def test_rankexec_reads_each_launchers_local_rank():
-    from cpuperf.rankexec import slot_for
+    from cpuperf.run.rankexec import slot_for
 
     slots = json.dumps([{"cpus": [0], "threads": 1}, {"cpus": [1], "threads": 1}])
     for env in ({"LOCAL_RANK": "1", "RANK": "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_RANK": "3"},
@@ -214,7 +221,7 @@ Root Cause (first observed failure):
 
 
 def test_the_signalled_rank_is_the_cause_when_peers_fail_at_once():
-    from cpuperf.launch import first_failure, parse_failures
+    from cpuperf.plan.launch import first_failure, parse_failures
 
     assert parse_failures(TORCHRUN_TWO_FAILURES) == {0: 1, 1: 137}
     assert first_failure(TORCHRUN_TWO_FAILURES, [0, 1]) == (1, 137)  # both gone within one poll

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_util import cli_env, run_cli
 
 MICRO = ["--model", "micro", "--set", "eval_every=0", "--set", "log_every=5"]

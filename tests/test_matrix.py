@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from cpuperf.matrix import ENV_DIR, PY_RE, MatrixError, default_matrix, load_matrix, shipped_dir
+from cpuperf.knowledge.matrix import ENV_DIR, PY_RE, MatrixError, default_matrix, load_matrix, shipped_dir
 
 
 @pytest.fixture(scope="module")

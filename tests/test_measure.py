@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from cpuperf import measure
-from cpuperf.probe import probe_host
 from hosts import make_host
+
+from cpuperf.probe import probe_host
+from cpuperf.run import measure
 
 
 def test_cache_round_trip_is_per_host(tmp_path, monkeypatch):

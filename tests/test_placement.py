@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from cpuperf.errors import UsageError
-from cpuperf.hostfile import parse_hostfile_text, valid_host
-from cpuperf.placement import plan_placement
-from cpuperf.probe import probe_host
 from hosts import make_host
+
+from cpuperf.decide.placement import plan_placement
+from cpuperf.errors import UsageError
+from cpuperf.probe import probe_host
+from cpuperf.probe.hosts import parse_hostfile_text, valid_host
 
 
 def test_two_sockets_get_two_ranks_with_per_socket_physical_cores(tmp_path):

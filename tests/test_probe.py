@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
+from hosts import CPUINFO, fixture_host, make_host, write
 
 from cpuperf.probe import parse, probe_host
-from cpuperf.probe.facts import HostFacts, X86_ISA
-from hosts import CPUINFO, fixture_host, make_host, write
+from cpuperf.probe.facts import X86_ISA, HostFacts
 
 # Named for the answer they must produce (archspec's habit).
 FIXTURES = sorted(p.name for p in CPUINFO.iterdir() if p.name.startswith("linux-"))

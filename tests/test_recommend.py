@@ -6,12 +6,12 @@ import json
 import os
 
 import pytest
+from hosts import fixture_host, make_host
 
+from cpuperf.decide.recommend import Measurements, parse_sets, recommend
+from cpuperf.decide.workload import PRESETS, resolve_workload
 from cpuperf.errors import UsageError
 from cpuperf.probe import probe_host
-from cpuperf.recommend import Measurements, parse_sets, recommend
-from cpuperf.workload import PRESETS, resolve_workload
-from hosts import fixture_host, make_host
 
 AVX512 = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
 SPR = AVX512 + ["avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from cpuperf.compat_cmd import matrix_rows, matrix_table, resolution_lines, torch_rows
-from cpuperf.matrix import load_matrix
-from cpuperf.resolve import (ResolveError, hf_option_status, installed_findings, normalize_python, resolve,
-                             why_not)
+from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.knowledge.resolve import ResolveError, hf_option_status, installed_findings, normalize_python, resolve, why_not
+from cpuperf.render.compat import matrix_rows, matrix_table, resolution_lines, torch_rows
 
 INTEL_CPU = "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"
 TORCH_CPU = "https://download.pytorch.org/whl/cpu"
@@ -300,7 +299,7 @@ def test_findings_ignore_the_oneccl_runtime_wheel(m):
 def test_doctor_adapter_on_recorded_facts(m):
     from types import SimpleNamespace
 
-    from cpuperf.compat_cmd import doctor_check
+    from cpuperf.decide.doctor import check_stack as doctor_check
     from cpuperf.probe.facts import PackageInfo
 
     sw = SimpleNamespace(python="3.11.7", python_abi="cp311", packages={

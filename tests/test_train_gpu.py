@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from cpuperf.data import load_builtin
-from cpuperf.train.gpu import (BatchFitError, MemoryProbe, Peak, confirm_batch, fit_batch, math_dtype,
-                               peak_rows, sdpa_constraints, table_peak)
+from cpuperf.train.gpu import (
+    BatchFitError,
+    MemoryProbe,
+    Peak,
+    confirm_batch,
+    fit_batch,
+    math_dtype,
+    peak_rows,
+    sdpa_constraints,
+    table_peak,
+)
 from cpuperf.train.settings import TrainSettings
 from cpuperf.train.worker import _peak_tflops
 
@@ -248,7 +257,7 @@ def test_confirm_batch_nothing_fits_and_other_errors_pass_through() -> None:
 
 
 def test_gpu_module_imports_without_torch() -> None:
-    code = "import sys, cpuperf.train.gpu, cpuperf.gpucheck; assert 'torch' not in sys.modules"
+    code = "import sys, cpuperf.train.gpu, cpuperf.decide.gpu_checks; assert 'torch' not in sys.modules"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
 

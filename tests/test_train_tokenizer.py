@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from cpuperf.train.corpus import (corpus_sha256, generate_corpus, load_corpus, split_tokens)
+from cpuperf.train.corpus import corpus_sha256, generate_corpus, load_corpus, split_tokens
 from cpuperf.train.tokenizer import BPETokenizer, load_or_train, pretokenize
 
 

@@ -21,7 +21,7 @@ def test_installed_wheel_finds_its_data(tmp_path):
         assert "cpuperf/compat/ipex.toml" in names and "cpuperf/compat/tuning.toml" in names
         zf.extractall(site)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from cpuperf.matrix import shipped_dir, default_matrix; from cpuperf.data import builtin_compat_dir; "
+            "from cpuperf.knowledge.matrix import shipped_dir, default_matrix; from cpuperf.data import builtin_compat_dir; "
             "assert str(shipped_dir()).startswith(sys.argv[1]), shipped_dir(); "
             "assert str(builtin_compat_dir()).startswith(sys.argv[1]); "
             "m = default_matrix(); assert any(str(r.version) == '2.8.0' for r in m.ipex), 'no IPEX rows'")

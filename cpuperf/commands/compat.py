@@ -24,10 +24,10 @@ def _this_platform() -> str:
 def run(out: Output, python: Optional[str], torch: Optional[str], with_: Optional[str],
         why_not: Optional[str], platform: Optional[str]) -> int:
     """Dispatch to the table, the resolver or why_not; map data/input errors to CpuperfError."""
-    from cpuperf import compat_cmd
-    from cpuperf.matrix import MatrixError, default_matrix
-    from cpuperf.resolve import SCHEMA, ResolveError, resolve
-    from cpuperf.resolve import why_not as explain
+    from cpuperf.knowledge.matrix import MatrixError, default_matrix
+    from cpuperf.knowledge.resolve import SCHEMA, ResolveError, resolve
+    from cpuperf.knowledge.resolve import why_not as explain
+    from cpuperf.render import compat as compat_cmd
 
     try:
         matrix = default_matrix()

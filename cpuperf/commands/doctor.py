@@ -13,7 +13,7 @@ def _gib(n: Optional[int]) -> str:
 
 
 def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapshot: Optional[str]) -> int:
-    from cpuperf import doctor
+    from cpuperf.decide import doctor
     from cpuperf.probe import probe_host
 
     if save_snapshot:

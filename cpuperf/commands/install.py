@@ -16,8 +16,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from cpuperf import install as ip
-from cpuperf import pipdriver as pd
 from cpuperf.errors import (
     CpuperfError,
     ExitCode,
@@ -27,6 +25,8 @@ from cpuperf.errors import (
     UsageError,
 )
 from cpuperf.output import Output
+from cpuperf.plan import install as ip
+from cpuperf.run import pip as pd
 
 OFFLINE_HINT = ("offline route: on a connected machine run `cpuperf install --download DIR` (same Python), "
                 "copy DIR here, then `cpuperf install --find-links DIR --from-lock DIR/cpuperf.lock.txt --yes`")
@@ -50,8 +50,8 @@ class Options:
 
 def load_matrix_for_install() -> Any:
     """The compat matrix (shipped data plus $CPUPERF_COMPAT_DIR); malformed data is exit code 6."""
-    from cpuperf import matrix as mx
     from cpuperf.errors import BadDataError
+    from cpuperf.knowledge import matrix as mx
 
     try:
         return mx.default_matrix()
@@ -160,7 +160,7 @@ def _requested_match(text: str, request: Optional[str]) -> bool:
 def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: str, cuda_tag: Any,
                   versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
     """(resolution, exact torch build or None = host default label, notes)."""
-    from cpuperf.resolve import resolve
+    from cpuperf.knowledge.resolve import resolve
 
     notes: List[str] = []
     if opts.torch is None and installed:
@@ -274,7 +274,7 @@ def run(out: Output, opts: Options) -> int:
 def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
           config: Mapping[str, str], proxy: Optional[str], device: str, py: str,
           environ: Mapping[str, str]) -> ip.InstallPlan:
-    from cpuperf.resolve import ResolveError, resolve
+    from cpuperf.knowledge.resolve import ResolveError, resolve
 
     matrix = load_matrix_for_install()
     want = frozenset(w.strip() for w in opts.with_ if w.strip())

@@ -14,11 +14,11 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts)."""
     import os
 
-    from cpuperf import measure
-    from cpuperf.hostfile import read_hostfile
+    from cpuperf.decide.recommend import parse_sets, recommend
+    from cpuperf.decide.workload import resolve_workload
     from cpuperf.probe import probe_host
-    from cpuperf.recommend import parse_sets, recommend
-    from cpuperf.workload import resolve_workload
+    from cpuperf.probe.hosts import read_hostfile
+    from cpuperf.run import measure
 
     facts = probe_host(sysroot=sysroot, python=python)
     workload = resolve_workload(model, params, seq_len, batch_size, steps)
@@ -65,8 +65,8 @@ def _toml(text: str) -> Dict[str, Any]:
 
 def renderings(facts, rec, hosts) -> Dict[str, Any]:
     """Environment, launch line, HF flags and accelerate config for a recommendation."""
-    from cpuperf import render
-    from cpuperf.launch_plan import recommend_env, recommend_launch
+    from cpuperf.plan.recommend_launch import recommend_env, recommend_launch
+    from cpuperf.render import recommendation as render
 
     transformers = rec.stack.get("transformers")
     env = recommend_env(facts, rec, hosts)
@@ -82,8 +82,8 @@ def renderings(facts, rec, hosts) -> Dict[str, Any]:
 
 
 def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
-    from cpuperf import render
-    from cpuperf.recommend import SCHEMA
+    from cpuperf.decide.recommend import SCHEMA
+    from cpuperf.render import recommendation as render
 
     facts, rec, hosts = build(**kwargs)
     extra = renderings(facts, rec, hosts)
@@ -120,8 +120,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
 def _table(out: Output, result: Dict[str, Any]) -> None:
     from rich.table import Table
 
-    from cpuperf import render
-
+    from cpuperf.render import recommendation as render
     t = Table(title=f"Recommendation for workload {result['workload']['name']}", title_justify="left")
     t.add_column("decision", style="bold")
     t.add_column("value")
@@ -141,9 +140,9 @@ def _table(out: Output, result: Dict[str, Any]) -> None:
 
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
               compile: bool = False) -> int:
-    from cpuperf import measure
-    from cpuperf.placement import plan_placement
+    from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
+    from cpuperf.run import measure
 
     facts = probe_host()
     if threads is None:

@@ -1,7 +1,7 @@
 """`cpuperf train`: run the built-in training loop (or a user's script) with the recommended settings.
 
-probe -> recommendation (--auto) -> TrainSettings + runtime env (cpuperf.envplan) -> LaunchPlan
-(cpuperf.launch) -> execute (cpuperf.launch_exec) -> verify what ran -> one summary.
+probe -> recommendation (--auto) -> TrainSettings + runtime env (cpuperf.decide.runtime_env) -> LaunchPlan
+(cpuperf.plan.launch) -> execute (cpuperf.run.launcher) -> verify what ran -> one summary.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def split_sets(items: Sequence[str]) -> Tuple[Dict[str, str], Dict[str, Any]]:
     """--set KEY=VALUE: recommendation decisions vs worker settings (anything TrainSettings knows, model.X)."""
     import dataclasses
 
-    from cpuperf.recommend import DECISION_IDS, split_assignment
+    from cpuperf.decide.recommend import DECISION_IDS, split_assignment
     from cpuperf.train.settings import TrainSettings
 
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
@@ -131,12 +131,13 @@ def worker_settings(rec: Any, auto: bool, a: TrainArgs, world: int, extra: Dict[
 
 def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Everything up to the launch: facts, recommendation, settings, env and LaunchPlan (no side effects but probing)."""
-    from cpuperf import envplan, measure
-    from cpuperf.hostfile import read_hostfile
-    from cpuperf.launch import plan_launch, script_path, hf_command, slurm_allocation
+    from cpuperf.decide import runtime_env as envplan
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.plan.launch import hf_command, plan_launch, script_path, slurm_allocation
     from cpuperf.probe import probe_host
-    from cpuperf.recommend import recommend
-    from cpuperf.workload import resolve_workload
+    from cpuperf.probe.hosts import read_hostfile
+    from cpuperf.run import measure
 
     environ = dict(os.environ if environ is None else environ)
     facts = facts or probe_host()
@@ -157,7 +158,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
             and environ.get("CPUPERF_MEASURE", "1") != "0"):
         # Where a rule is unsure (native bf16 that may still be slower; an allocator that may or may
         # not help), measure once and cache per host; CPUPERF_MEASURE=0 skips it.
-        from cpuperf.placement import plan_placement
+        from cpuperf.decide.placement import plan_placement
 
         meas = measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
                                          log=lambda msg: sys.stderr.write(msg + "\n"))
@@ -170,19 +171,19 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     log_dir = os.path.join(out_dir_abs, "logs")
     notes: List[str] = list(rec.notes)
 
-    # Runtime variables: cpuperf.envplan owns them (with --auto); plain runs get none of ours.
+    # Runtime variables: cpuperf.decide.runtime_env owns them (with --auto); plain runs get none of ours.
     env_vars: List[Any] = []
     if a.auto or world > 1:
         backend = v["ddp_backend"] if v["ddp_backend"] in ("ccl", "gloo") else "gloo"
         ifname = None
         mpi = None
-        from cpuperf.launch import mpi_flavour
+        from cpuperf.plan.launch import mpi_flavour
 
         found = mpi_flavour(facts)
         if a.launcher == "mpirun" and found:
             mpi = found[1]
         if nnodes > 1:
-            from cpuperf.envsources import route_interface
+            from cpuperf.run.vendor_env import route_interface
 
             addr = a.master_addr or (hosts[0].name if hosts else None)
             if addr:
@@ -190,7 +191,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                 ifname = route_interface(addr) or (route_interface(others[0]) if others else None)
         master = a.master_addr
         if master is None and not hosts and nnodes > 1 and slurm_allocation(environ):
-            from cpuperf.launch import expand_nodelist
+            from cpuperf.plan.launch import expand_nodelist
 
             first = expand_nodelist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "")[:1]
             master = first[0] if first else None  # rank 0 runs on the allocation's first node
@@ -214,8 +215,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     # What each rank runs.
     hf: Dict[str, Any] = {}
     if user:
-        from cpuperf import render
-
+        from cpuperf.render import recommendation as render
         source = None
         path = script_path(user)
         if path:
@@ -277,7 +277,7 @@ def _plan_json(b: Dict[str, Any]) -> Dict[str, Any]:
 
 def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
     """Multi-node: check every host, find this node's rank and address; re-plan with them."""
-    from cpuperf.launch_exec import check_hosts, local_node_rank
+    from cpuperf.run.launcher import check_hosts, local_node_rank
 
     hosts = b["hosts"]
     if not hosts or b["nnodes"] <= 1:
@@ -299,7 +299,7 @@ def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
                          hint="run cpuperf train there, or use --launcher torchrun on each node")
     from dataclasses import replace
 
-    from cpuperf.launch import plan_launch
+    from cpuperf.plan.launch import plan_launch
 
     old = b["plan"]
     rec, facts = b["rec"], b["facts"]
@@ -315,8 +315,8 @@ def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
 
 def run_train(out: Output, a: TrainArgs) -> int:
     """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code."""
-    from cpuperf.launch import check_observations
-    from cpuperf.launch_exec import execute, result_summary_from_metrics
+    from cpuperf.plan.launch import check_observations
+    from cpuperf.run.launcher import execute, result_summary_from_metrics
 
     if a.user_argv and a.user_argv[0] == "--":
         a.user_argv = a.user_argv[1:]
@@ -388,7 +388,7 @@ def run_train(out: Output, a: TrainArgs) -> int:
 
 def _failure(plan: Any, res: Any, b: Dict[str, Any]) -> Tuple[int, str]:
     """(exit code, one-line message) naming the rank that failed first and its log."""
-    from cpuperf.launch import first_failure
+    from cpuperf.plan.launch import first_failure
 
     if plan.launcher == "direct":
         return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code)
@@ -433,7 +433,7 @@ def _human(r: Dict[str, Any]) -> str:
 
 
 def _print_plan(out: Output, b: Dict[str, Any], launch: Dict[str, Any]) -> None:
-    from cpuperf.launch import shell_line
+    from cpuperf.plan.launch import shell_line
 
     plan = b["plan"]
     lines = [f"# launcher: {plan.launcher}" + (f" ({plan.flavour})" if plan.flavour and plan.flavour != plan.launcher else "")

@@ -129,7 +129,7 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
     amx_override = src.override("amx_usable")
     if amx_override is not None and facts["amx_supported"]:
         facts["amx_usable"] = amx_override.lower() in ("1", "true", "yes")
-    return CpuFacts(**facts)
+    return CpuFacts(**facts)  # type: ignore[arg-type]  # keys and types checked by CpuFacts' fields
 
 
 def _amx_usable(src: Sources) -> Optional[bool]:

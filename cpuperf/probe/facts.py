@@ -169,11 +169,11 @@ class HostFacts:
         return json.dumps(self.to_json(), indent=2)
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> "HostFacts":
+    def from_json(cls, data: Dict[str, Any]) -> HostFacts:
         return _build(cls, data)
 
     @classmethod
-    def loads(cls, text: str) -> "HostFacts":
+    def loads(cls, text: str) -> HostFacts:
         return cls.from_json(json.loads(text))
 
 

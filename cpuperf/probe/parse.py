@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 
 def parse_cpulist(text: Optional[str]) -> Optional[Tuple[int, ...]]:
@@ -30,7 +32,7 @@ def parse_cpulist(text: Optional[str]) -> Optional[Tuple[int, ...]]:
     return tuple(sorted(cpus))
 
 
-def format_cpulist(cpus) -> str:
+def format_cpulist(cpus: Iterable[int]) -> str:
     """(0, 1, 2, 3, 8) -> '0-3,8' (the kernel's own list format)."""
     ordered = sorted(set(cpus))
     ranges: List[str] = []
@@ -86,7 +88,7 @@ def parse_cpuinfo(text: str) -> List[Dict[str, str]]:
 
 def cpuinfo_arch(blocks: List[Dict[str, str]]) -> str:
     """Infer the architecture from the cpuinfo format alone (never from the live machine)."""
-    keys = set()
+    keys: Set[str] = set()
     for block in blocks:
         keys.update(block)
     if "flags" in keys or "vendor_id" in keys:
@@ -242,3 +244,44 @@ def torch_version_py(text: Optional[str]) -> Dict[str, Optional[str]]:
             else:
                 out[key] = raw.strip("'\"")
     return out
+
+
+# Library basename prefix -> what it is. Order matters for the "openmp" answer when several load:
+# a preloaded Intel/LLVM runtime takes over symbol resolution from libgomp.
+_OPENMP = (("libiomp5", "intel"), ("libomp", "llvm"), ("libgomp", "gnu"))
+_ALLOCATORS = (("libtcmalloc", "tcmalloc"), ("libjemalloc", "jemalloc"), ("libmimalloc", "mimalloc"))
+
+
+@dataclass(frozen=True)
+class LoadedLibs:
+    """Runtime libraries mapped into a process."""
+
+    openmp: list[str]  # e.g. ["gnu"], or ["intel", "gnu"] when libiomp5 is preloaded
+    allocator: str  # "tcmalloc" | "jemalloc" | "mimalloc" | "glibc"
+    paths: list[str]  # the matching library paths, for the record
+
+
+def parse_maps(text: str) -> LoadedLibs:
+    """Which OpenMP runtimes and malloc replacement appear in /proc/<pid>/maps text."""
+    paths: list[str] = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/") and parts[5] not in paths:
+            paths.append(parts[5])
+    found: list[str] = []
+    openmp: list[str] = []
+    allocator = "glibc"
+    for path in paths:
+        base = os.path.basename(path)
+        for prefix, name in _OPENMP:
+            if base.startswith(prefix + ".") or base.startswith(prefix + "-"):
+                if name not in openmp:
+                    openmp.append(name)
+                found.append(path)
+        for prefix, name in _ALLOCATORS:
+            if base.startswith(prefix) and allocator == "glibc":
+                allocator = name
+                found.append(path)
+    order = [n for _, n in _OPENMP]
+    openmp.sort(key=order.index)
+    return LoadedLibs(openmp=openmp, allocator=allocator, paths=found)

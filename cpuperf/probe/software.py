@@ -99,9 +99,9 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
     if not src.live:
         if override is None:
             return None
-        packages = apply_package_override({k: None for k in pkgscan.PACKAGES}, override)
+        overridden = apply_package_override({k: None for k in pkgscan.PACKAGES}, override)
         return Software(python=src.override("python") or "3.11.0", python_abi="cp311", executable="",
-                        prefix="", packages=packages, mpi=(), numactl=None, openmp={}, allocators={})
+                        prefix="", packages=overridden, mpi=(), numactl=None, openmp={}, allocators={})
     scanned = scan_interpreter(src, python)
     packages: Dict[str, Optional[PackageInfo]] = {
         name: (PackageInfo(**info) if info else None) for name, info in scanned["packages"].items()}

@@ -33,7 +33,7 @@ class Sources:
 
     def read(self, path: str) -> Optional[str]:
         try:
-            with open(self.path(path), "r", encoding="utf-8", errors="replace") as fh:
+            with open(self.path(path), encoding="utf-8", errors="replace") as fh:
                 return fh.read()
         except OSError:
             return None

@@ -149,7 +149,7 @@ def generate_corpus(seed: int = DEFAULT_SEED, size: int = DEFAULT_SIZE) -> str:
 
 def load_corpus() -> str:
     """The shipped corpus text (data/corpus.txt.gz inside the package)."""
-    ref = resources.files("cpuperf.train").joinpath("data", CORPUS_FILE)
+    ref = resources.files("cpuperf.train").joinpath("data").joinpath(CORPUS_FILE)
     return gzip.decompress(ref.read_bytes()).decode("utf-8")
 
 

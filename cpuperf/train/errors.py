@@ -32,7 +32,7 @@ class TrainError(CpuperfError):
 class ConfigError(TrainError, ValueError):
     """Malformed or contradictory settings."""
 
-    code = TrainExit.BAD_CONFIG
+    code = TrainExit.BAD_CONFIG  # type: ignore[assignment]  # the worker's own exit codes
 
 
 class MissingFeatureError(TrainError):

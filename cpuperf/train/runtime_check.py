@@ -9,51 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Mapping, Optional
 
-# Library basename prefix -> what it is. Order matters for the "openmp" answer when several load:
-# a preloaded Intel/LLVM runtime takes over symbol resolution from libgomp.
-_OPENMP = (("libiomp5", "intel"), ("libomp", "llvm"), ("libgomp", "gnu"))
-_ALLOCATORS = (("libtcmalloc", "tcmalloc"), ("libjemalloc", "jemalloc"), ("libmimalloc", "mimalloc"))
+from cpuperf.probe.parse import LoadedLibs, parse_maps  # noqa: F401  (the worker reports them)
+
 _ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME",
              "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "LD_PRELOAD",
              "MALLOC_CONF", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "CCL_WORKER_COUNT")
-
-
-@dataclass(frozen=True)
-class LoadedLibs:
-    """Runtime libraries mapped into a process."""
-
-    openmp: list[str]  # e.g. ["gnu"], or ["intel", "gnu"] when libiomp5 is preloaded
-    allocator: str  # "tcmalloc" | "jemalloc" | "mimalloc" | "glibc"
-    paths: list[str]  # the matching library paths, for the record
-
-
-def parse_maps(text: str) -> LoadedLibs:
-    """Which OpenMP runtimes and malloc replacement appear in /proc/<pid>/maps text."""
-    paths: list[str] = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/") and parts[5] not in paths:
-            paths.append(parts[5])
-    found: list[str] = []
-    openmp: list[str] = []
-    allocator = "glibc"
-    for path in paths:
-        base = os.path.basename(path)
-        for prefix, name in _OPENMP:
-            if base.startswith(prefix + ".") or base.startswith(prefix + "-"):
-                if name not in openmp:
-                    openmp.append(name)
-                found.append(path)
-        for prefix, name in _ALLOCATORS:
-            if base.startswith(prefix) and allocator == "glibc":
-                allocator = name
-                found.append(path)
-    order = [n for _, n in _OPENMP]
-    openmp.sort(key=order.index)
-    return LoadedLibs(openmp=openmp, allocator=allocator, paths=found)
 
 
 def compact_cpus(cpus: list[int]) -> str:

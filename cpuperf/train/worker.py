@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cpuperf.train import SCHEMA
-from cpuperf.train.errors import (ConfigError, DistInitError, MissingFeatureError, TrainError,
-                                  TrainExit)
+from cpuperf.train.errors import ConfigError, DistInitError, MissingFeatureError, TrainError, TrainExit
 from cpuperf.train.settings import TrainSettings
 
 METRICS_NAME = "metrics.jsonl"

@@ -1,6 +1,6 @@
-"""The edge of cpuperf.launch: start a LaunchPlan, watch its ranks, forward Ctrl-C, report who failed.
+"""The edge of cpuperf.plan.launch: start a LaunchPlan, watch its ranks, forward Ctrl-C, report who failed.
 
-Rank processes are found through the pid files cpuperf.rankexec writes (or the child itself for a
+Rank processes are found through the pid files cpuperf.run.rankexec writes (or the child itself for a
 direct launch); what they really run with is read from /proc/<pid>/{status,maps,environ}.
 """
 
@@ -15,11 +15,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from cpuperf.errors import LaunchFailedError, UnreachableError
-from cpuperf.hostfile import Host
-from cpuperf.launch import LaunchPlan, RankObservation
+from cpuperf.plan.launch import LaunchPlan, RankObservation
+from cpuperf.probe.hosts import Host
 
 
 @dataclass
@@ -121,8 +121,7 @@ def alive(pid: int) -> bool:
 
 def observe(rank: int, pid: int) -> Optional[RankObservation]:
     """What a running rank really has: allowed CPUs, OS threads, OMP_NUM_THREADS, OpenMP, allocator."""
-    from cpuperf.probe.parse import parse_cpulist
-    from cpuperf.train.runtime_check import parse_maps
+    from cpuperf.probe.parse import parse_cpulist, parse_maps
 
     status = _read(f"/proc/{pid}/status")
     maps = _read(f"/proc/{pid}/maps")
@@ -132,7 +131,7 @@ def observe(rank: int, pid: int) -> Optional[RankObservation]:
     for line in status.splitlines():
         key, _, value = line.partition(":")
         if key == "Cpus_allowed_list":
-            obs.allowed_cpus = tuple(parse_cpulist(value.strip()))
+            obs.allowed_cpus = tuple(parse_cpulist(value.strip()) or ())
         elif key == "Threads":
             obs.threads = int(value.strip())
     environ = _read(f"/proc/{pid}/environ") or ""
@@ -232,8 +231,8 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
     env.update(plan.env)
     if plan.log_dir:
         Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
-        for old in Path(plan.log_dir).glob("rank*.pid"):
-            old.unlink()
+        for stale in Path(plan.log_dir).glob("rank*.pid"):
+            stale.unlink()
     affinity = plan.affinity
 
     def preexec() -> None:  # runs in the child between fork and exec
@@ -280,7 +279,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         except ProcessLookupError:
             pass
 
-    old = {}
+    old: Dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             old[sig] = signal.signal(sig, forward)
@@ -292,8 +291,8 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
             except KeyboardInterrupt:  # pragma: no cover - handler installed above
                 forward(signal.SIGINT, None)
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        for signum_, handler in old.items():
+            signal.signal(signum_, handler)
         watch.stop.set()
         watch.join(timeout=5)
         if reader is not None:

@@ -7,7 +7,7 @@ Pure over HostFacts and the compat matrix: the driver floor per CUDA version is 
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from cpuperf.probe.facts import Gpu, HostFacts
 
@@ -37,7 +37,7 @@ def driver_floor(cuda: str, matrix: Any = None) -> Optional[Tuple[str, str, str]
     A CUDA version without its own row takes the newest row of the same major at or below it:
     minor-version compatibility gives every minor of a major the same floor.
     """
-    from cpuperf.matrix import default_matrix
+    from cpuperf.knowledge.matrix import default_matrix
 
     m = matrix if matrix is not None else default_matrix()
     try:
@@ -66,8 +66,8 @@ def variant_for_driver(torch_version: str, driver: str, matrix: Any = None) -> O
     """
     from packaging.version import InvalidVersion, Version
 
-    from cpuperf.install import cuda_tag_for_driver
-    from cpuperf.matrix import default_matrix
+    from cpuperf.knowledge.cuda import cuda_tag_for_driver
+    from cpuperf.knowledge.matrix import default_matrix
 
     m = matrix if matrix is not None else default_matrix()
     try:
@@ -86,7 +86,7 @@ def _torch(facts: HostFacts) -> Any:
 
 def check_driver(facts: HostFacts) -> List[Any]:
     """Error when the NVIDIA driver is older than torch's CUDA build needs."""
-    from cpuperf.doctor import Finding
+    from cpuperf.decide.findings import Finding
 
     torch = _torch(facts)
     gpus = facts.gpus or ()
@@ -133,7 +133,7 @@ def full_gpus(gpus: Tuple[Gpu, ...]) -> List[Gpu]:
 
 def check_memory(facts: HostFacts) -> List[Any]:
     """Warning (error when every GPU is taken) for GPUs whose memory other processes hold."""
-    from cpuperf.doctor import Finding
+    from cpuperf.decide.findings import Finding
 
     gpus = facts.gpus or ()
     full = full_gpus(gpus)
@@ -158,22 +158,3 @@ def check_memory(facts: HostFacts) -> List[Any]:
 def check_gpus(facts: HostFacts) -> List[Any]:
     """doctor's GPU findings (the CPU-only-torch finding stays in doctor.check_torch)."""
     return check_driver(facts) + check_memory(facts)
-
-
-def gpu_blockers(facts: HostFacts, environ: Optional[Mapping[str, str]] = None) -> List[str]:
-    """One line per problem that stops training on this host's GPUs, each ending with its fix.
-
-    For `cpuperf train` to print before it starts: a driver too old for torch's CUDA, GPUs whose
-    memory other processes hold, a CPU-only torch on a GPU host. Empty = nothing in the way.
-    `environ` (the launch environment) limits the GPUs to CUDA_VISIBLE_DEVICES.
-    """
-    import dataclasses
-
-    from cpuperf.doctor import check_torch
-    from cpuperf.recommend import visible_gpus
-
-    if environ is not None and facts.gpus:
-        facts = dataclasses.replace(facts, gpus=visible_gpus(facts, environ))
-
-    findings = [f for f in check_torch(facts) if f.id == "cpu-torch-on-gpu-host"] + check_gpus(facts)
-    return [f"{f.message} (fix: {f.fix})" if f.fix else f.message for f in findings]

@@ -20,8 +20,8 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from cpuperf.envplan import APPEND, PREPEND, SET, EnvVar, Libraries, path_like, split_entries
-from cpuperf.envplan import data as cclenv_data
+from cpuperf.decide.runtime_env import APPEND, PREPEND, SET, EnvVar, Libraries, path_like, split_entries
+from cpuperf.decide.runtime_env import data as cclenv_data
 from cpuperf.errors import ProbeFailedError, UsageError
 
 # Distributions ccl-env looks for: key -> canonical dist names (PEP 503, '-' and '.' as '_').

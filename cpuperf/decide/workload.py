@@ -53,7 +53,8 @@ _DEFAULT_BATCH = {"tiny": 16, "gpt2-small": 32, "micro": 16}
 
 
 def _builtin_presets() -> Dict[str, Workload]:
-    from cpuperf.train.model import PRESETS as MODEL_PRESETS, non_embedding_params
+    from cpuperf.knowledge.models import PRESETS as MODEL_PRESETS
+    from cpuperf.knowledge.models import non_embedding_params
 
     out: Dict[str, Workload] = {}
     for name, cfg in MODEL_PRESETS.items():

@@ -1,6 +1,6 @@
 """A child process that trains a reference workload for a while and reports its throughput.
 
-`python -m cpuperf.benchrun '{"workload": "lm", "size": "small", "dtype": "fp32", ...}'` prints one
+`python -m cpuperf.train.bench '{"workload": "lm", "size": "small", "dtype": "fp32", ...}'` prints one
 JSON object. Used by `cpuperf bench` (allocator and compile measurements) and by benchmarks/.
 torch is imported inside functions: this module is also imported by the torch-free parent.
 """
@@ -69,13 +69,13 @@ def _build(workload: str, size: str, batch: int) -> Tuple[Any, Any]:
             return nn.functional.cross_entropy(m(x), y)
     elif workload == "conv":
         side, ch = CONV_SHAPES[size]
-        layers = []
+        convs: list = []
         c_in = 3
         for c_out in (ch, ch * 2, ch * 4, ch * 8):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
+            convs += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
                        nn.Conv2d(c_out, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(2)]
             c_in = c_out
-        model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, 10))
+        model = nn.Sequential(*convs, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, 10))
         x = torch.randn(batch, 3, side, side, generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
 
@@ -106,7 +106,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         model, opt = ipex.optimize(model, optimizer=opt, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     if cfg.get("fp32_math_mode") == "bf16":
         try:
-            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # type: ignore[attr-defined]
         except AttributeError:
             pass
     if cfg.get("compile"):

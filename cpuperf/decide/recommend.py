@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from packaging.version import InvalidVersion, Version
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.placement import Placement, plan_placement
+from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
-from cpuperf.placement import Placement, plan_placement
+from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import Gpu, HostFacts
-from cpuperf.workload import Workload
 
 SCHEMA = "cpuperf.recommend/1"
 
@@ -27,7 +28,7 @@ DECISION_IDS = (
 )
 _BOOL_IDS = {"tf32", "ipex", "compile", "grad_checkpointing", "pin_memory"}
 _INT_IDS = {"nproc_per_node", "nnodes", "threads_per_rank", "batch_size", "grad_accum_steps", "dataloader_workers"}
-_CHOICES = {
+_CHOICES: Dict[str, Set[Any]] = {
     "device": {"cpu", "cuda"},
     "dtype": {"fp32", "bf16", "fp16"},
     "ddp_backend": {"gloo", "ccl", "mpi", "nccl", None},
@@ -66,7 +67,7 @@ class Measurements:
     source: str = "none"
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Measurements":
+    def from_json(cls, data: Mapping[str, Any]) -> Measurements:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -118,7 +119,7 @@ def stack_versions(facts: HostFacts) -> Dict[str, Optional[str]]:
 
 def _matrix_verdict(package: str, version: str, torch: str, python: Optional[str]) -> List[str]:
     """Reasons from the compat matrix why `package==version` does not fit torch (empty = it fits)."""
-    from cpuperf.resolve import why_not
+    from cpuperf.knowledge.resolve import why_not
 
     py = ".".join((python or "3.11").split(".")[:2])
     try:
@@ -171,23 +172,6 @@ def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
             "amx_bf16": "amx_bf16" in facts.cpu.isa, "amx_usable": facts.cpu.amx_usable}
 
 
-def visible_gpus(facts: HostFacts, environ: Mapping[str, str]) -> Tuple[Gpu, ...]:
-    """GPUs this process may use: CUDA_VISIBLE_DEVICES by index or UUID ('' = none)."""
-    gpus = facts.gpus or ()
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return tuple(gpus)
-    chosen = []
-    for token in [t.strip() for t in visible.split(",") if t.strip()]:
-        for g in gpus:
-            if token == str(g.index) or (g.uuid and g.uuid.startswith(token)):
-                chosen.append(g)
-                break
-        else:
-            break  # CUDA stops at the first invalid entry
-    return tuple(chosen)
-
-
 # -- memory plan ------------------------------------------------------------------------------------
 
 def _activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool) -> float:
@@ -212,17 +196,18 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
                     f"{gpu.name}: {gpu.memory_free_bytes / 2**30:.1f} GiB free of {gpu.memory_bytes / 2**30:.0f} GiB "
                     f"x {rule['gpu_headroom']}")
         return int(gpu.memory_bytes * rule["gpu_headroom"]), f"{gpu.name}: {gpu.memory_bytes / 2**30:.0f} GiB x {rule['gpu_headroom']}"
-    total = facts.memory.available_bytes or facts.memory.total_bytes
+    total: Optional[float] = facts.memory.available_bytes or facts.memory.total_bytes
     limit = facts.limits.memory_limit_bytes
     if limit:
-        total = min(total, limit) if total else limit
+        total = min(total, float(limit)) if total else float(limit)
     if total is None:
         return None, "memory unknown"
     per_rank = total / max(1, placement.nproc_per_node)
     nodes = {n.id: n for n in facts.topology.numa_nodes}
     slot_node = placement.slots[0].node if placement.slots else None
-    if slot_node in nodes and nodes[slot_node].memory_bytes and placement.nproc_per_node > 1:
-        per_rank = min(per_rank, nodes[slot_node].memory_bytes)
+    node_bytes = nodes[slot_node].memory_bytes if slot_node in nodes else None
+    if node_bytes and placement.nproc_per_node > 1:
+        per_rank = min(per_rank, float(node_bytes))
     return int(per_rank * rule["headroom"]), f"{per_rank / 2**30:.1f} GiB per rank x {rule['headroom']}"
 
 
@@ -238,7 +223,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     tuning = load_builtin("tuning.toml")
     stack = stack_versions(facts)
     torch_v = stack.get("torch")
-    torch_build = facts.software.packages["torch"].build if (facts.software and facts.software.packages.get("torch")) else None
+    torch_info = facts.software.packages.get("torch") if facts.software else None
+    torch_build = torch_info.build if torch_info else None
     py = facts.software.python if facts.software else None
     notes: List[str] = []
     decisions: Dict[str, Decision] = {}
@@ -531,7 +517,7 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
     if gpu is None:
         return Decision("attention", "sdpa", "scaled_dot_product_attention (PyTorch picks its CPU flash kernel)",
                         {"head_dim": w.head_dim})
-    from cpuperf.train.gpu import sdpa_constraints  # the worker's sdpa_report explains with the same rules
+    from cpuperf.knowledge.gpu import sdpa_constraints  # the worker's sdpa_report explains with the same rules
 
     why_not = sdpa_constraints("flash", dtype, w.head_dim, "cuda", _cc(gpu))
     if not why_not:

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from cpuperf.recommend import Recommendation
+from cpuperf.decide.recommend import Recommendation
 
 
 def _v(text: Optional[str]) -> Optional[Version]:
@@ -19,7 +19,7 @@ def _v(text: Optional[str]) -> Optional[Version]:
 
 def hf_flags(rec: Recommendation, transformers_version: Optional[str]) -> List[str]:
     """TrainingArguments flags the installed transformers understands (none it removed)."""
-    from cpuperf.hfcompat import supported_flags
+    from cpuperf.knowledge.hf_flags import supported_flags
 
     flags_ok = supported_flags(transformers_version)
     v = rec.values()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.install import Source, parse_freeze, restore_steps
+from cpuperf.plan.install import Source, parse_freeze, restore_steps
 
 # Seconds to wait for an index before declaring it unreachable; pip's own default is 15 s with
 # 5 retries, which is how an air-gapped node "hangs" for minutes.
@@ -387,10 +387,10 @@ def restore(pip: Pip, before_text: str, stash_dir: Path,
             if res.returncode != 0:
                 problems.append(f"reinstalling {line} failed: {res.stderr.strip()[-300:]}")
         after = parse_freeze(freeze(pip))
-        left = restore_steps(before, after)
-        if left.uninstall or left.reinstall:
+        remaining = restore_steps(before, after)
+        if remaining.uninstall or remaining.reinstall:
             problems.append("still different from before: "
-                            + ", ".join([f"+{n}" for n in left.uninstall] + [f"{n}=={v}" for n, v in left.reinstall]))
+                            + ", ".join([f"+{n}" for n in remaining.uninstall] + [f"{n}=={v}" for n, v in remaining.reinstall]))
         return RestoreResult(not problems, list(steps.uninstall), [f"{n}=={v}" for n, v in steps.reinstall], problems)
     finally:
         if old is not None:

@@ -1,4 +1,4 @@
-"""`python -m cpuperf.rankexec -- CMD...`: pin this rank to its slot, then exec CMD.
+"""`python -m cpuperf.run.rankexec -- CMD...`: pin this rank to its slot, then exec CMD.
 
 Started by torchrun / mpirun / srun once per rank. Reads the local rank from the launcher
 (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID) and its slot from
@@ -41,12 +41,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        sys.stderr.write("cpuperf.rankexec: no command given (usage: python -m cpuperf.rankexec -- CMD ...)\n")
+        sys.stderr.write("cpuperf.run.rankexec: no command given (usage: python -m cpuperf.run.rankexec -- CMD ...)\n")
         return 2
     try:
         rank, local, slot = slot_for(os.environ)
     except (ValueError, TypeError) as exc:
-        sys.stderr.write(f"cpuperf.rankexec: CPUPERF_RANK_SLOTS is malformed ({exc})\n")
+        sys.stderr.write(f"cpuperf.run.rankexec: CPUPERF_RANK_SLOTS is malformed ({exc})\n")
         return 2
     if slot:
         cpus = [int(c) for c in slot.get("cpus") or []]
@@ -54,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             try:
                 os.sched_setaffinity(0, cpus)
             except OSError as exc:
-                sys.stderr.write(f"cpuperf.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {exc.strerror}\n")
+                sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {exc.strerror}\n")
         if slot.get("threads"):
             os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
     logdir = os.environ.get("CPUPERF_RANK_LOGDIR")
@@ -70,11 +70,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.dup2(fd, 2)
             os.close(fd)
         except OSError as exc:
-            sys.stderr.write(f"cpuperf.rankexec: rank {rank}: cannot write logs under {logdir}: {exc.strerror}\n")
+            sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot write logs under {logdir}: {exc.strerror}\n")
     try:
         os.execvp(args[0], args)
     except OSError as exc:
-        sys.stderr.write(f"cpuperf.rankexec: rank {rank}: cannot run {args[0]}: {exc.strerror}\n")
+        sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot run {args[0]}: {exc.strerror}\n")
         return 127
     return 0  # pragma: no cover - execvp does not return
 

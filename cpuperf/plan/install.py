@@ -18,6 +18,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from cpuperf.knowledge.cuda import cuda_tag_for_driver
+
 SCHEMA = "cpuperf.install/1"
 LOCK_SCHEMA = "cpuperf.lock/1"
 
@@ -118,7 +120,7 @@ class SourceSet:
             args += s.pip_args()
         return args
 
-    def with_pypi(self) -> "SourceSet":
+    def with_pypi(self) -> SourceSet:
         """Name PyPI as a source when pip would use it implicitly (no index-url anywhere, an index in use)."""
         if self.no_index or any(s.kind == "index-url" for s in self.sources):
             return self
@@ -130,7 +132,7 @@ class SourceSet:
         return any(s.reachable is not False and (s.kind == "find-links" or not self.no_index)
                    for s in self.usable())
 
-    def with_defaults(self, defaults: Iterable[Source]) -> "SourceSet":
+    def with_defaults(self, defaults: Iterable[Source]) -> SourceSet:
         """Add built-in defaults unless the user chose the sources or one already names the place."""
         if self.user_chosen:
             return self
@@ -233,37 +235,6 @@ def runnable_cuda_tags(driver: Optional[str], variants: Sequence[Any]) -> Tuple[
     if have is None:
         return ()
     return tuple(v.tag for v in variants if have >= Version(v.min_driver_linux))
-
-
-def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants: Sequence[Any]) -> Tuple[Optional[str], str]:
-    """The newest cuXYZ build of `offered` that this Linux driver runs, and why.
-
-    `variants` are matrix CudaVariant rows. pip's CUDA wheels ship their own CUDA runtime, so the
-    floor is CUDA minor-version compatibility (min_driver_linux: 11.x >= 450.80.02, 12.x >= 525.60.13,
-    13.x >= 580; NVIDIA CUDA Toolkit release notes, table 3, and the CUDA compatibility guide).
-    Below the toolkit's own driver (toolkit_driver_linux) PTX JIT of newer code is unavailable: said
-    in the reason. Returns (None, reason) when no offered build runs on this driver.
-    """
-    by_tag = {v.tag: v for v in variants}
-    rows = [by_tag[t] for t in offered if t in by_tag]
-    if not rows:
-        return None, f"no CUDA build data for {', '.join(offered) or 'this torch'}"
-    rows.sort(key=lambda v: Version(v.cuda) if re.match(r"^\d+(\.\d+)*$", v.cuda) else Version("0"), reverse=True)
-    if not driver:
-        return None, "the NVIDIA driver version is unknown"
-    try:
-        have = Version(driver)
-    except InvalidVersion:
-        return None, f"cannot read the NVIDIA driver version {driver!r}"
-    for v in rows:
-        if have >= Version(v.min_driver_linux):
-            full = not v.toolkit_driver_linux or have >= Version(v.toolkit_driver_linux)
-            why = f"driver {driver} >= {v.min_driver_linux} (CUDA {v.cuda} minor-version compatibility)"
-            if not full:
-                why += f"; PTX JIT of newer code needs {v.toolkit_driver_linux}"
-            return v.tag, why
-    oldest = rows[-1]
-    return None, f"driver {driver} is older than CUDA {oldest.cuda} needs ({oldest.min_driver_linux})"
 
 
 def is_cuda_payload(name: str) -> bool:

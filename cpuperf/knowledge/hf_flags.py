@@ -19,7 +19,7 @@ FLAG_ROWS = {
 
 def supported_flags(transformers_version: Optional[str]) -> FrozenSet[str]:
     """Flag ids valid for that version; with no transformers installed, those of current releases."""
-    from cpuperf.matrix import default_matrix
+    from cpuperf.knowledge.matrix import default_matrix
 
     rows = {row.name: row for row in default_matrix().hf if row.package == "transformers"}
     version: Optional[Version] = None

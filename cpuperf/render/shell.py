@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from cpuperf.envplan import EnvVar, Kept, valid_name
+from cpuperf.decide.runtime_env import EnvVar, Kept, valid_name
 from cpuperf.errors import UsageError
 
 SCHEMA = "cpuperf.ccl-env/1"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cpuperf.matrix import Matrix, python_range, spec_text
-from cpuperf.resolve import PIP_NAME, Resolution
+from cpuperf.knowledge.matrix import Matrix, python_range, spec_text
+from cpuperf.knowledge.resolve import PIP_NAME, Resolution
 
 if TYPE_CHECKING:  # rich is imported lazily: start-up stays fast for commands that never draw a table
     from rich.table import Table
@@ -55,7 +55,7 @@ def torch_rows(matrix: Matrix) -> list[dict[str, str]]:
     ]
 
 
-def matrix_table(matrix: Matrix, title: str = "Intel add-ons for PyTorch on CPU (IPEX, oneCCL bindings)") -> "Table":
+def matrix_table(matrix: Matrix, title: str = "Intel add-ons for PyTorch on CPU (IPEX, oneCCL bindings)") -> Table:
     """The add-on matrix as a rich Table (rich imported here, not at module load)."""
     from rich.table import Table
 
@@ -103,24 +103,3 @@ def resolution_lines(res: Resolution) -> list[str]:
 def resolution_json(res: Resolution) -> dict[str, Any]:
     """The cpuperf.compat/1 object (same as Resolution.to_json, here so the CLI imports one module)."""
     return res.to_json()
-
-
-def doctor_check(facts: Any) -> list[Any]:
-    """Adapter for cpuperf.doctor.register_check: HostFacts -> doctor Findings from installed_findings."""
-    from cpuperf.doctor import Finding
-    from cpuperf.resolve import installed_findings
-
-    sw = getattr(facts, "software", None)
-    if sw is None or not str(getattr(facts, "platform", "linux")).startswith("linux"):
-        return []
-    arch = getattr(getattr(facts, "cpu", None), "arch", "x86_64")
-    plat = "linux_aarch64" if arch == "aarch64" else "linux_x86_64"
-    packages: dict[str, str | None] = {}
-    for name, info in sw.packages.items():
-        if info is None:
-            packages[name] = None
-        else:
-            packages[name] = info.version + (f"+{info.local}" if info.local and "+" not in info.version else "")
-    pyver = ".".join(str(sw.python).split(".")[:2]) + ("t" if str(getattr(sw, "python_abi", "")).endswith("t") else "")
-    return [Finding(f["id"], f["severity"], f["message"], f["fix"] or None)
-            for f in installed_findings(pyver, packages, platform=plat)]

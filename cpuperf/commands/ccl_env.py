@@ -78,9 +78,11 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
 
 def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     """Everything but printing: returns a cclenv.CclEnv. Raises CpuperfError on bad input."""
-    from cpuperf import cclenv, envplan, envsources
-    from cpuperf.placement import plan_placement
+    from cpuperf.decide import runtime_env as envplan
+    from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
+    from cpuperf.render import shell as cclenv
+    from cpuperf.run import vendor_env as envsources
 
     env = dict(os.environ if environ is None else environ)
     # Validate every input before doing any work: bad input is a one-line usage error.
@@ -89,7 +91,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     envplan.check_port(opts.master_port)
     hosts = None
     if opts.hostfile:
-        from cpuperf.hostfile import read_hostfile
+        from cpuperf.probe.hosts import read_hostfile
 
         hosts = read_hostfile(opts.hostfile)
     nodes = envplan.node_count(hosts, opts.nnodes)
@@ -125,7 +127,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
         | ({"MASTER_PORT"} if opts.master_port is not None else set())
     ifname = None
     if backend.name == "gloo" and nodes > 1:
-        from cpuperf.hostfile import valid_host
+        from cpuperf.probe.hosts import valid_host
 
         # The address that will be in force: a MASTER_ADDR you set is kept unless an option names one.
         preset = env.get("MASTER_ADDR")
@@ -157,8 +159,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
 
 
 def run(out: Output, opts: Options) -> int:
-    from cpuperf import cclenv
-
+    from cpuperf.render import shell as cclenv
     result = build(opts)
     if result.backend != "ccl":
         out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason}")
@@ -178,8 +179,7 @@ def _explain(out: Output, result) -> None:
     from rich.table import Table
     from rich.text import Text  # cells as Text: values like [0xff,0xff00] are not markup
 
-    from cpuperf import cclenv
-
+    from cpuperf.render import shell as cclenv
     table = Table(title=f"ccl-env: backend {result.backend}", title_justify="left")
     for col in ("variable", "value", "source", "reason"):
         table.add_column(col, overflow="fold")

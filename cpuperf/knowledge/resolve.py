@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from packaging.version import InvalidVersion, Version
 
-from cpuperf.matrix import (
+from cpuperf.knowledge.matrix import (
     PY_RE,
     IpexRelease,
     Matrix,

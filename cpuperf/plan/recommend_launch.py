@@ -1,7 +1,7 @@
 """The environment and launch line a recommendation implies (rendered by `recommend`).
 
-Both delegate: the runtime variables to cpuperf.envplan (the one owner of those decisions), the
-launch line to cpuperf.launch.plan_launch (the planner `cpuperf train` executes), so what `recommend`
+Both delegate: the runtime variables to cpuperf.decide.runtime_env (the one owner of those decisions), the
+launch line to cpuperf.plan.launch.plan_launch (the planner `cpuperf train` executes), so what `recommend`
 prints is what `cpuperf train --auto -- python your_script.py` would run.
 """
 
@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from cpuperf.hostfile import Host
+from cpuperf.decide.recommend import Recommendation
 from cpuperf.probe.facts import HostFacts
-from cpuperf.recommend import Recommendation
+from cpuperf.probe.hosts import Host
 
 SCRIPT_PLACEHOLDER = "your_script.py"
 DEFAULT_MASTER_PORT = 29500
 
 
 def _env_vars(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]]) -> List[Any]:
-    from cpuperf import envplan
-
+    from cpuperf.decide import runtime_env as envplan
     v = rec.values()
     backend = v["ddp_backend"] if v["ddp_backend"] in ("ccl", "gloo") else "gloo"
     nnodes = max(1, int(v["nnodes"]))
@@ -48,7 +47,7 @@ def recommend_env(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequenc
 def recommend_launch(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
                      script: Sequence[str] = (SCRIPT_PLACEHOLDER,)) -> Dict[str, Any]:
     """{"launcher", "argv", "env"}: the command line plan_launch makes for `python your_script.py`."""
-    from cpuperf.launch import SLOTS_VAR, plan_launch
+    from cpuperf.plan.launch import SLOTS_VAR, plan_launch
 
     v = rec.values()
     env_vars = _env_vars(facts, rec, hosts)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from cpuperf.decide.recommend import Measurements
 from cpuperf.errors import ProbeFailedError
 from cpuperf.probe.facts import HostFacts
-from cpuperf.recommend import Measurements
 
 
 def cache_dir() -> Path:
@@ -29,8 +29,9 @@ def cache_dir() -> Path:
 def host_id(facts: HostFacts) -> str:
     """Same CPU, same CPUs allowed, same torch -> same measurements."""
     torch = None
-    if facts.software is not None and facts.software.packages.get("torch"):
-        torch = facts.software.packages["torch"].version
+    info = facts.software.packages.get("torch") if facts.software is not None else None
+    if info is not None:
+        torch = info.version
     key = json.dumps([facts.cpu.model_name, facts.cpu.microarchitecture, list(facts.cpu.isa),
                       list(facts.usable_cpus()), facts.topology.cpu_quota, torch], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -122,7 +123,7 @@ def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, 
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        proc = subprocess.run([python, "-m", "cpuperf.benchrun", json.dumps(settings)], capture_output=True,
+        proc = subprocess.run([python, "-m", "cpuperf.train.bench", json.dumps(settings)], capture_output=True,
                               text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None

@@ -14,12 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.placement import Placement
 from cpuperf.errors import UsageError
-from cpuperf.placement import Placement
 from cpuperf.probe.facts import HostFacts
 
 if TYPE_CHECKING:
-    from cpuperf.hostfile import Host
+    from cpuperf.probe.hosts import Host
 
 # Records are NamedTuples, not frozen dataclasses: ccl-env runs in every new shell and a frozen
 # dataclass costs ~1 ms to define at import, a NamedTuple ~0.2 ms. Both are immutable and typed.
@@ -125,7 +125,7 @@ def check_port(port: Optional[int]) -> int:
     return port
 
 
-def node_count(hosts: Optional[Sequence["Host"]], nnodes: Optional[int]) -> int:
+def node_count(hosts: Optional[Sequence[Host]], nnodes: Optional[int]) -> int:
     """Nodes in the job: --nnodes, else the hostfile's length, else 1."""
     if nnodes is not None and nnodes < 1:
         raise UsageError(f"--nnodes {nnodes} must be at least 1")
@@ -137,11 +137,11 @@ def node_count(hosts: Optional[Sequence["Host"]], nnodes: Optional[int]) -> int:
     return nnodes or 1
 
 
-def master_address(hosts: Optional[Sequence["Host"]], master_addr: Optional[str], nnodes: int,
+def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], nnodes: int,
                    environ: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
     """(address, why): --master-addr, else the hostfile's first host, else loopback on one node."""
     if master_addr is not None:
-        from cpuperf.hostfile import check_host  # imported only when there is a host to check
+        from cpuperf.probe.hosts import check_host  # imported only when there is a host to check
 
         return check_host(master_addr, "--master-addr"), "given with --master-addr"
     if hosts:
@@ -151,7 +151,7 @@ def master_address(hosts: Optional[Sequence["Host"]], master_addr: Optional[str]
     env = os.environ if environ is None else environ
     preset = env.get("MASTER_ADDR")
     if preset:
-        from cpuperf.hostfile import check_host
+        from cpuperf.probe.hosts import check_host
 
         return check_host(preset, "MASTER_ADDR"), "MASTER_ADDR already set"
     raise UsageError(f"{nnodes} nodes need a rendezvous address",
@@ -206,7 +206,7 @@ def _first(paths: Sequence[str]) -> Optional[str]:
 
 
 def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
-                hosts: Optional[Sequence["Host"]] = None, master_addr: Optional[str] = None,
+                hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
                 master_port: Optional[int] = None, preload: bool = False, nnodes: Optional[int] = None,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,

@@ -134,7 +134,7 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
                          ("no usable cores could be identified; one rank, one thread",))
     budget, reasons = cpu_budget(facts, cores)
     chosen_default = nproc_per_node is None
-    nproc = default_nproc(facts, unit) if chosen_default else int(nproc_per_node)
+    nproc = default_nproc(facts, unit) if chosen_default else int(nproc_per_node or 1)
     if nproc < 1:
         raise UsageError("--nproc-per-node must be at least 1")
     if nproc > len(cores):

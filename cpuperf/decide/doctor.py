@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import asdict
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from cpuperf.probe.facts import HostFacts
+from cpuperf.decide.findings import SEVERITIES, Finding
+from cpuperf.decide.gpu_checks import check_gpus
+from cpuperf.knowledge.gpu import visible_gpus
+from cpuperf.probe.facts import HostFacts, PackageInfo
 
 SCHEMA = "cpuperf.doctor/1"
-SEVERITIES = ("error", "warning", "info")
 
 # /dev/shm below this breaks gloo and DataLoader workers (Docker's default is 64 MiB).
 # Source: pytorch/pytorch issues on "unable to write to file </torch_...>" and Docker's --shm-size docs.
 SHM_MIN_BYTES = 1 << 30
 
 
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    severity: str  # error | warning | info
-    message: str
-    fix: Optional[str]
-
-    def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
-
-
 CPU_TORCH_INSTALL = "cpuperf install --yes"
 
 
-def _pkg(facts: HostFacts, name: str):
+def _pkg(facts: HostFacts, name: str) -> Optional[PackageInfo]:
     if facts.software is None:
         return None
     return facts.software.packages.get(name)
@@ -154,28 +145,43 @@ def check_libraries(facts: HostFacts) -> List[Finding]:
     return out
 
 
+def check_stack(facts: HostFacts) -> List[Finding]:
+    """The compat matrix's findings on the installed stack (IPEX/oneCCL vs torch, Python wheels, EOL)."""
+    from cpuperf.knowledge.resolve import installed_findings
+
+    sw = facts.software
+    if sw is None or not facts.platform.startswith("linux"):
+        return []
+    plat = "linux_aarch64" if facts.cpu.arch == "aarch64" else "linux_x86_64"
+    packages: Dict[str, Optional[str]] = {}
+    for name, info in sw.packages.items():
+        if info is None:
+            packages[name] = None
+        else:
+            packages[name] = info.version + (f"+{info.local}" if info.local and "+" not in info.version else "")
+    pyver = ".".join(str(sw.python).split(".")[:2]) + ("t" if str(getattr(sw, "python_abi", "")).endswith("t") else "")
+    return [Finding(f["id"], f["severity"], f["message"], f["fix"] or None)
+            for f in installed_findings(pyver, packages, platform=plat)]
+
+
 CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
-    check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries,
+    check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries, check_stack, check_gpus,
 ]
 
 
-def register_check(check: Callable[[HostFacts], List[Finding]]) -> None:
-    """Later modules (the compat matrix, the GPU path) add their checks here."""
-    if check not in CHECKS:
-        CHECKS.append(check)
+def gpu_blockers(facts: HostFacts, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """One line per problem that stops training on this host's GPUs, each ending with its fix.
 
+    For `cpuperf train` to print before it starts: a driver too old for torch's CUDA, GPUs whose
+    memory other processes hold, a CPU-only torch on a GPU host. Empty = nothing in the way.
+    `environ` (the launch environment) limits the GPUs to CUDA_VISIBLE_DEVICES.
+    """
+    import dataclasses
 
-def check_stack(facts: HostFacts) -> List[Finding]:
-    """The compat matrix's findings on the installed stack (IPEX/oneCCL vs torch, Python wheels, EOL)."""
-    if facts.software is None:
-        return []
-    from cpuperf.compat_cmd import doctor_check
-
-    return [f if isinstance(f, Finding) else Finding(f["id"], f["severity"], f["message"], f.get("fix"))
-            for f in doctor_check(facts)]
-
-
-CHECKS.append(check_stack)
+    if environ is not None and facts.gpus:
+        facts = dataclasses.replace(facts, gpus=visible_gpus(facts, environ))
+    findings = [f for f in check_torch(facts) if f.id == "cpu-torch-on-gpu-host"] + check_gpus(facts)
+    return [f"{f.message} (fix: {f.fix})" if f.fix else f.message for f in findings]
 
 
 def diagnose(facts: HostFacts) -> List[Finding]:
@@ -242,6 +248,3 @@ def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
         "findings": [f.to_json() for f in findings],
     }
 
-from cpuperf.gpucheck import check_gpus  # noqa: E402  (gpucheck imports doctor lazily)
-
-register_check(check_gpus)

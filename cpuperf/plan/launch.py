@@ -3,10 +3,10 @@
 Pure planning over HostFacts + Recommendation (+ hosts, the launcher environment): one process run
 directly (pinned in a preexec), several ranks on one node through torchrun or mpirun (Open MPI vs
 Intel MPI/MPICH hydra argv), several nodes through a hostfile (torchrun c10d per node, or mpirun from
-the first node) or a Slurm allocation (srun). Each rank is pinned by `python -m cpuperf.rankexec`,
+the first node) or a Slurm allocation (srun). Each rank is pinned by `python -m cpuperf.run.rankexec`,
 which reads its local rank from the launcher and a slot table from CPUPERF_RANK_SLOTS. The runtime
 variables (OMP_NUM_THREADS, CCL_*, KMP_*, I_MPI_PIN_DOMAIN, MASTER_*, GLOO_SOCKET_IFNAME, LD_PRELOAD)
-are decided by cpuperf.envplan, never here.
+are decided by cpuperf.decide.runtime_env, never here.
 
 The edge (subprocess, signals, /proc) lives in cpuperf/launch_exec.py.
 """
@@ -20,14 +20,14 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.decide.placement import Placement
 from cpuperf.errors import LaunchFailedError, UsageError
-from cpuperf.hostfile import Host
-from cpuperf.placement import Placement
 from cpuperf.probe.facts import HostFacts
+from cpuperf.probe.hosts import Host
 
 SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
-SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.rankexec
+SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.run.rankexec
 LOGDIR_VAR = "CPUPERF_RANK_LOGDIR"  # where rankexec writes rank<R>.log and rank<R>.pid
 
 
@@ -160,7 +160,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                 job_id: str = "cpuperf") -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
-    env_vars: cpuperf.envplan EnvVar records (already merged by the caller into name -> value order);
+    env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
     pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
     """
     environ = environ or {}
@@ -194,10 +194,10 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     addr = env.get("MASTER_ADDR", master_addr)
     port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else master_port
     cmd = tuple(rank_command)
-    rankexec = (python, "-m", "cpuperf.rankexec", "--")
+    rankexec = (python, "-m", "cpuperf.run.rankexec", "--")
     if chosen != "direct":
         env[SLOTS_VAR] = slot_table(specs)
-        reasons[SLOTS_VAR] = "per-rank CPUs and threads for cpuperf.rankexec (by local rank)"
+        reasons[SLOTS_VAR] = "per-rank CPUs and threads for cpuperf.run.rankexec (by local rank)"
         if log_dir:
             env[LOGDIR_VAR] = log_dir
             reasons[LOGDIR_VAR] = "each rank's output goes to rank<R>.log here"
@@ -238,7 +238,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
             notes.append(f"start the same `cpuperf train` on each of the {nnodes} nodes with --node-rank 0..{nnodes - 1}")
         else:
             base += ["--standalone"]
-        argv = (*base, "-m", "cpuperf.rankexec", "--", *cmd)
+        argv = (*base, "-m", "cpuperf.run.rankexec", "--", *cmd)
         # torchrun runs its -m target with `python -u -m`; rankexec then execs the real command.
     elif chosen == "mpirun":
         assert mpi is not None  # choose_launcher checked

@@ -1,0 +1,19 @@
+"""A doctor finding: what is wrong, how bad, and the exact fix. Shared by every check module."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # error | warning | info
+    message: str
+    fix: Optional[str]
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,39 @@
+"""CUDA driver rules: which cuXYZ torch build a Linux NVIDIA driver runs (rows in compat/cuda.toml). Pure."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional, Sequence, Tuple
+
+from packaging.version import InvalidVersion, Version
+
+
+def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants: Sequence[Any]) -> Tuple[Optional[str], str]:
+    """The newest cuXYZ build of `offered` that this Linux driver runs, and why.
+
+    `variants` are matrix CudaVariant rows. pip's CUDA wheels ship their own CUDA runtime, so the
+    floor is CUDA minor-version compatibility (min_driver_linux: 11.x >= 450.80.02, 12.x >= 525.60.13,
+    13.x >= 580; NVIDIA CUDA Toolkit release notes, table 3, and the CUDA compatibility guide).
+    Below the toolkit's own driver (toolkit_driver_linux) PTX JIT of newer code is unavailable: said
+    in the reason. Returns (None, reason) when no offered build runs on this driver.
+    """
+    by_tag = {v.tag: v for v in variants}
+    rows = [by_tag[t] for t in offered if t in by_tag]
+    if not rows:
+        return None, f"no CUDA build data for {', '.join(offered) or 'this torch'}"
+    rows.sort(key=lambda v: Version(v.cuda) if re.match(r"^\d+(\.\d+)*$", v.cuda) else Version("0"), reverse=True)
+    if not driver:
+        return None, "the NVIDIA driver version is unknown"
+    try:
+        have = Version(driver)
+    except InvalidVersion:
+        return None, f"cannot read the NVIDIA driver version {driver!r}"
+    for v in rows:
+        if have >= Version(v.min_driver_linux):
+            full = not v.toolkit_driver_linux or have >= Version(v.toolkit_driver_linux)
+            why = f"driver {driver} >= {v.min_driver_linux} (CUDA {v.cuda} minor-version compatibility)"
+            if not full:
+                why += f"; PTX JIT of newer code needs {v.toolkit_driver_linux}"
+            return v.tag, why
+    oldest = rows[-1]
+    return None, f"driver {driver} is older than CUDA {oldest.cuda} needs ({oldest.min_driver_linux})"
