@@ -159,7 +159,7 @@ def bench(
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
 
 
-TRAIN_SETS_HELP = "Override a decision (dtype, compile, threads_per_rank...) or a worker setting (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable)."
+TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -186,6 +186,7 @@ def train(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node (--auto)."),
     hf_flags: str = typer.Option("auto", "--hf-flags", help="For `-- python script.py`: add Trainer flags auto (HF Trainer scripts only), always or never."),
+    sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help="Plan for a recorded host (/proc, /sys under DIR); with --dry-run only."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -195,7 +196,7 @@ def train(
                          time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
                          ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
-                         device=device, unit=unit, hf_flags=hf_flags, user_argv=list(ctx.args))
+                         device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot, user_argv=list(ctx.args))
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
 
 

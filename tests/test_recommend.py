@@ -8,9 +8,10 @@ import os
 import pytest
 from hosts import fixture_host, make_host
 
-from cpuperf.decide.recommend import Measurements, parse_sets, recommend
+from cpuperf.decide.recommend import Measurements, recommend
 from cpuperf.decide.workload import PRESETS, resolve_workload
 from cpuperf.errors import UsageError
+from cpuperf.knowledge.knobs import parse_assignments as parse_sets
 from cpuperf.probe import probe_host
 
 AVX512 = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
@@ -86,7 +87,8 @@ def test_container_limited_to_four_cpus_gets_four_threads(tmp_path, monkeypatch)
     assert recommend(facts, PRESETS["tiny"]).get("threads_per_rank") == 4
     facts = facts_for(tmp_path / "s", monkeypatch, cores_per_socket=32, cgroup={"cpuset.cpus.effective": "8-11"})
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("threads_per_rank") == 4 and rec.get("affinity") == "8-11"
+    assert rec.get("threads_per_rank") == 4 and rec.get("affinity") == "auto"
+    assert rec.decision("affinity").evidence["cpus"] == "8-11"
 
 
 def test_measured_slow_bf16_is_vetoed(tmp_path, monkeypatch):

@@ -14,8 +14,9 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts)."""
     import os
 
-    from cpuperf.decide.recommend import parse_sets, recommend
+    from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
+    from cpuperf.knowledge.knobs import coerce_entry, merge, parse_assignments
     from cpuperf.probe import probe_host
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
@@ -25,10 +26,11 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts is not None and nnodes == 1:
         nnodes = len(hosts)
-    overrides: Dict[str, str] = {}
+    overrides: Dict[str, Any] = {}
     if config:
-        overrides.update(load_settings_file(config))
-    overrides.update(parse_sets(sets))
+        for key, raw in load_settings_file(config).items():
+            overrides = merge(overrides, coerce_entry(key, raw))
+    overrides = merge(overrides, parse_assignments(sets))
     meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts) if facts.live else None)
     rec = recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
                     measurements=meas, overrides=overrides, environ=os.environ if facts.live else {})
@@ -63,14 +65,28 @@ def _toml(text: str) -> Dict[str, Any]:
     return tomllib.loads(text)
 
 
-def renderings(facts, rec, hosts) -> Dict[str, Any]:
+def job_plan(facts: Any, rec: Any, hosts: Any, environ: Optional[Dict[str, str]] = None) -> Any:
+    """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
+    from cpuperf.plan.job import JobRequest, plan_job
+    from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
+
+    nnodes = max(1, int(rec.get("nnodes")))
+    master = None if hosts else ("127.0.0.1" if nnodes > 1 else None)  # placeholder a user replaces
+    request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
+                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
+    return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
+                    python="python")
+
+
+def renderings(facts: Any, rec: Any, hosts: Any, jp: Any = None) -> Dict[str, Any]:
     """Environment, launch line, HF flags and accelerate config for a recommendation."""
-    from cpuperf.plan.recommend_launch import recommend_env, recommend_launch
+    from cpuperf.plan.launch_view import launch_view
     from cpuperf.render import recommendation as render
 
+    jp = jp or job_plan(facts, rec, hosts)
     transformers = rec.stack.get("transformers")
-    env = recommend_env(facts, rec, hosts)
-    launch = recommend_launch(facts, rec, hosts)
+    env = jp.env_map()
+    launch = launch_view(jp.launch)
     return {
         "env": env,
         "launch": launch,

@@ -160,7 +160,7 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
         return {}
     per_workload: Dict[str, Dict[str, float]] = {name: {} for name in libs}
     for workload in workloads:
-        settings = {"workload": workload, "size": "small", "threads": threads, "seconds": seconds}
+        settings = {"workload": workload, "size": "small", "threads_per_rank": threads, "seconds": seconds}
         samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
         for _ in range(rounds):
             for name in samples:
@@ -184,7 +184,7 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
 
 def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0) -> Dict[str, Any]:
     """Compile time and steady speed-up of torch.compile on the built-in LM (slow: tens of seconds)."""
-    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
+    settings = {"workload": "lm", "size": "small", "threads_per_rank": threads, "seconds": seconds}
     env = {"OMP_NUM_THREADS": str(threads)}
     eager = _benchrun(settings, env, python)
     compiled = _benchrun({**settings, "compile": True}, env, python, timeout=900)

@@ -142,8 +142,14 @@ class Run:
         else:
             self.device = torch.device("cpu")
             self.device_name = "cpu"
-        if s.threads is not None:
-            torch.set_num_threads(s.threads)
+        if s.threads_per_rank is not None:
+            torch.set_num_threads(s.threads_per_rank)
+        if s.fp32_math_mode == "bf16":
+            try:  # torch >= 2.9: oneDNN runs the remaining fp32 matmuls in bf16 (AMX hosts)
+                torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+            except AttributeError as exc:
+                raise MissingFeatureError(f"fp32_math_mode bf16 needs a newer torch ({exc})",
+                                          hint="set fp32_math_mode none") from exc
         if s.device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = s.tf32
             torch.backends.cudnn.allow_tf32 = s.tf32
