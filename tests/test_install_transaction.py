@@ -103,10 +103,16 @@ def txn_index(tmp_path_factory):
     sleepy = wheels / "sleepy"
     sleepy.mkdir()
     slow_ipex = ipex_wheel(sleepy, "2.7.0", body="import time\ntime.sleep(60)\n")
+    big = wheels / "big"
+    big.mkdir()
+    # 6 MB that do not compress: a disk with 2 MB free fills up half-way through the unpack
+    huge = build_wheel(big, "torch", "2.7.0+cpu", {"torch/__init__.py": '__version__ = "2.7.0+cpu"\n',
+                                                   "torch/lib/libhuge.so": os.urandom(6 << 20).hex()[: 6 << 20]})
     root = base / "www"
     write_index(root / "good", [t26, t27, helper])
     write_index(root / "corrupt", [t26, broken])
     write_index(root / "stall", [t26, t27])
+    write_index(root / "big", [t26, huge])
     write_index(root / "sleepy", [t26, t27, slow_ipex])
     state = dict(stall_began=threading.Event(), release=threading.Event(), seen={})
     handler = functools.partial(type("H", (_Handler,), state), directory=str(root))
@@ -114,7 +120,7 @@ def txn_index(tmp_path_factory):
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield SimpleNamespace(good=f"{url}/good/simple", corrupt=f"{url}/corrupt/simple", stall=f"{url}/stall/simple",
+    yield SimpleNamespace(good=f"{url}/good/simple", big=f"{url}/big/simple", corrupt=f"{url}/corrupt/simple", stall=f"{url}/stall/simple",
                           sleepy=f"{url}/sleepy/simple", state=SimpleNamespace(**state))
     state["release"].set()
     server.shutdown()
@@ -328,6 +334,46 @@ def test_sigkill_after_pip_changed_things_is_recovered(venv, txn_index, home):
     assert_as_before(venv, home, freeze, files)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs mount (root only) to fill up."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_full_disk_names_the_path_and_restores(small_disk, txn_index, home):
+    python = make_venv(small_disk / "v", home)
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--index-url", txn_index.good,
+                    "torch==2.6.0+cpu", "helper-pkg==1.0"], check=True, capture_output=True,
+                   env=hermetic_env(home), timeout=300)
+    freeze, files = pip_freeze(python, home), tree(python)
+    used = int(subprocess.run(["df", "--output=used", "-k", str(small_disk)], capture_output=True, text=True,
+                              check=True).stdout.split()[-1])
+    subprocess.run(["mount", "-o", f"remount,size={used + 2048}k", str(small_disk)], check=True)
+    proc = cli(["install", "--python", python, "--index-url", txn_index.big, "--torch", "2.7.0", "--yes", "--json"],
+               home)
+    assert proc.returncode == 4, (proc.stdout, proc.stderr)
+    err = json.loads(proc.stdout)["error"]
+    # pip says only "[Errno 28] No space left on device": the site-packages it was writing is named
+    assert "no space left on device (" + str(small_disk / "v" / "lib") in err["message"], err
+    assert "restored" in err["message"] and "\n" not in err["message"], err
+    assert_as_before(python, home, freeze, files)
+
+
+def test_hash_mismatch_is_named_in_one_line(venv, txn_index, home, tmp_path):
+    freeze = pip_freeze(venv, home)
+    lock = tmp_path / "cluster.lock.txt"
+    lock.write_text("torch==2.7.0+cpu --hash=sha256:" + "0" * 64 + "\n")
+    proc = cli(["install", "--python", venv, "--index-url", txn_index.good, "--from-lock", str(lock), "--yes"], home)
+    line = _err(proc, 4)
+    assert "hash mismatch: torch==2.7.0+cpu (expected sha256 000000000000..., got " in line, proc.stderr
+    assert pip_freeze(venv, home) == freeze
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -397,3 +443,42 @@ def test_write_lock_and_download_into_impossible_paths(tmp_path, txn_index, home
 def test_recover_takes_no_install_options(tmp_path, home):
     proc = cli(["install", "--venv", str(tmp_path / "v"), "--recover", "--torch", "2.7"], home, timeout=60)
     assert "--recover" in _err(proc, 2)
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def test_tree_diff_names_new_trees_once_and_ignores_caches():
+    from cpuperf.plan import install as ip
+
+    before = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (10, 1), "torch/__pycache__/": (-1, 0),
+                      "torch/__pycache__/__init__.cpython-311.pyc": (99, 1),
+                      "torch-2.6.0.dist-info/RECORD": (300, 1), "six.py": (5, 1)}}
+    now = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (12, 2), "torch/new.py": (1, 2),
+                   "torch/__pycache__/": (-1, 0), "torch/__pycache__/__init__.cpython-311.pyc": (120, 2),
+                   "torch-2.6.0.dist-info/RECORD": (310, 2), "functorch/": (-1, 0), "functorch/a/": (-1, 0),
+                   "functorch/a/b.py": (1, 2)},
+           "/elsewhere": {"x": (1, 1)}}
+    d = ip.tree_diff(before, now)
+    assert d.added == (("/sp", "functorch/"), ("/sp", "torch/new.py"))  # the new tree once, whole
+    assert d.missing == (("/sp", "six.py"),)
+    assert d.changed == (("/sp", "torch/__init__.py"),)  # not the .pyc, not RECORD
+    assert ip.tree_diff(before, before) == ip.TreeDiff((), (), ())
+
+
+def test_error_summary_finds_the_cause():
+    from cpuperf.plan import install as ip
+
+    zlib_err = ("ERROR: Exception:\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+                "    raise\nzlib.error: Error -3 while decompressing data: invalid stored block lengths\n")
+    assert ip.error_summary(zlib_err) == "zlib.error: Error -3 while decompressing data: invalid stored block lengths"
+    enospc = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device: '/sp/torch/x.so'\n"
+    assert ip.error_summary(enospc, "/other") == "no space left on device (/sp/torch/x.so)"
+    assert ip.error_summary("OSError: [Errno 28] No space left on device\n", "/sp") == "no space left on device (/sp)"
+    hashes = ("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE. If you have updated...\n"
+              "    torch==2.7.0+cpu from http://x/torch.whl:\n        Expected sha256 " + "a" * 64 + "\n"
+              "             Got        " + "b" * 64 + "\n")
+    assert ip.error_summary(hashes) == "hash mismatch: torch==2.7.0+cpu (expected sha256 aaaaaaaaaaaa..., got bbbbbbbbbbbb...)"
+    assert ip.error_summary("Collecting x\nERROR: No matching distribution found for torch==9.9\n") == \
+        "No matching distribution found for torch==9.9"
+    assert ip.error_summary("") == "pip gave no error message"

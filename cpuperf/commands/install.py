@@ -554,7 +554,8 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
             raise PipFailedError(f"could not create {plan.target.create_venv}: {err[-300:]}")
     pip = pd.Pip(plan.target.python, plan.env, log)
     txn = _begin(plan, pip, run_dir)
-    site = next(iter(txn.tree), None)
+    # where a full disk is reported when pip names no file: site-packages, not a venv's bin/
+    site = next((r for r in sorted(txn.tree, key=lambda r: "-packages" not in r)), None)
     try:
         _stash(plan, txn, out)
         out.info(f"installing with pip (log: {log}) ...")
