@@ -79,13 +79,14 @@ def install(
     write_lock: Optional[str] = typer.Option(None, "--write-lock", metavar="FILE", help="Write the exact pins (FILE.json or requirements style)."),
     from_lock: Optional[str] = typer.Option(None, "--from-lock", metavar="FILE", help="Install exactly the pins of a lock file."),
     allow_cuda_torch: bool = typer.Option(False, "--allow-cuda-torch", help="Allow a CUDA torch (nvidia-* packages) on a host without an NVIDIA GPU."),
+    recover: bool = typer.Option(False, "--recover", help="Restore the environment an install killed half-way left (from its journal)."),
 ) -> None:
     """Install the matching torch (+ IPEX, oneCCL) wheels; verify; restore the environment on failure."""
     from cpuperf.commands import install as cmd
     opts = cmd.Options(torch=torch, with_=tuple((with_ or "").split(",")) if with_ else (), python=python,
                        venv=venv, dry_run=dry_run, yes=yes, index_url=index_url, find_links=tuple(find_links or ()),
                        download=download, write_lock=write_lock, from_lock=from_lock,
-                       allow_cuda_torch=allow_cuda_torch)
+                       allow_cuda_torch=allow_cuda_torch, recover=recover)
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), opts))
 
 

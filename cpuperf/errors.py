@@ -18,7 +18,10 @@ class ExitCode(enum.IntEnum):
     UNREACHABLE = 7  # a package index or host could not be reached
     LAUNCH_FAILED = 8  # a launcher or tool is missing, or a rank died without its own code
     UNSUPPORTED_PLATFORM = 9  # macOS, Windows: cpuperf serves Linux
-    INTERRUPTED = 130  # Ctrl-C
+    INSTALL_UNFINISHED = 10  # an earlier install was killed half-way: `cpuperf install --recover`
+    HANGUP = 129  # SIGHUP (128 + 1): the terminal went away
+    INTERRUPTED = 130  # Ctrl-C (SIGINT, 128 + 2)
+    TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`
 
 
 class CpuperfError(Exception):

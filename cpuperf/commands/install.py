@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -16,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from cpuperf import fsutil
 from cpuperf.errors import (
     CpuperfError,
     ExitCode,
@@ -46,6 +49,7 @@ class Options:
     write_lock: Optional[str] = None
     from_lock: Optional[str] = None
     allow_cuda_torch: bool = False
+    recover: bool = False
 
 
 def load_matrix_for_install() -> Any:
@@ -191,12 +195,30 @@ def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: 
 
 
 def run(out: Output, opts: Options) -> int:
-    """The whole command; returns the exit code (errors are raised as CpuperfError)."""
-    if not (opts.dry_run or opts.download or opts.yes) and not sys.stdin.isatty():
+    """The whole command; returns the exit code (errors are raised as CpuperfError).
+
+    SIGINT, SIGTERM and SIGHUP stop pip's whole process group and restore the environment; a stop
+    before pip changed anything says so."""
+    with pd.stops_as_exceptions():
+        try:
+            return _run(out, opts)
+        except KeyboardInterrupt as exc:  # stopped while planning: nothing was changed
+            raise CpuperfError(f"interrupted by {pd.describe_stop(exc)}; nothing was changed",
+                               code=stop_code(exc)) from None
+
+
+def _run(out: Output, opts: Options) -> int:
+    if opts.recover and (opts.dry_run or opts.download or opts.torch or opts.with_ or opts.from_lock):
+        raise UsageError("--recover only restores; it takes --python or --venv and nothing else",
+                         hint="cpuperf install --recover --python PATH")
+    if not (opts.dry_run or opts.download or opts.yes or opts.recover) and not sys.stdin.isatty():
         _confirm(opts, out, None)  # refuses at once: nobody could answer the question later
     environ = dict(os.environ)
     env = ip.child_env(environ)
     target = _target(opts, env)
+    if opts.recover:
+        return recover(out, target.python, environ)
+    _refuse_unfinished(target.python, environ, out, changes=not (opts.dry_run or opts.download))
     facts = _facts(target)
     if not facts.platform.startswith("linux"):
         from cpuperf.errors import UnsupportedPlatformError
@@ -206,8 +228,11 @@ def run(out: Output, opts: Options) -> int:
     if not target.create_venv and not pd.has_pip(target.python, env):
         raise UsageError(f"{target.python} has no pip", hint=f"{target.python} -m ensurepip --upgrade")
 
-    run_dir = Path(tempfile.mkdtemp(prefix="cpuperf-install-")) if (opts.dry_run or opts.download) \
-        else pd.new_run_dir(environ)
+    try:
+        run_dir = Path(tempfile.mkdtemp(prefix="cpuperf-install-")) if (opts.dry_run or opts.download) \
+            else pd.new_run_dir(environ)
+    except OSError as exc:
+        raise _cache_error(exc, "cpuperf's install directory") from exc
     log = run_dir / "pip.log"
     pip = pd.Pip(query_python, env, log)
 
@@ -217,7 +242,11 @@ def run(out: Output, opts: Options) -> int:
         try:
             lock = ip.parse_lock(Path(opts.from_lock).read_text(encoding="utf-8"))
         except OSError as exc:
-            raise UsageError(f"cannot read the lock file {opts.from_lock}: {exc.strerror}") from exc
+            raise UsageError(f"cannot read the lock file {opts.from_lock}: {exc.strerror or exc}",
+                             hint="name a lock written by `cpuperf install --write-lock FILE`") from exc
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"the lock file {opts.from_lock} is not UTF-8 text (byte {exc.start})",
+                             hint="name a lock written by `cpuperf install --write-lock FILE`") from exc
         except ip.PlanError as exc:
             raise UsageError(f"{opts.from_lock}: {exc}") from exc
     sources = _sources(opts, config, lock)
@@ -363,8 +392,7 @@ def _dry_run(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path, out: Output, igno
     out.info(f"asking pip what it would install ({len(plan.requirements)} pinned package(s)) ...")
     res = pip.run(args, timeout=1800)
     if res.returncode != 0:
-        digest = ip.error_digest(res.stderr)
-        raise PipFailedError("pip cannot satisfy the plan (nothing was changed):\n  " + "\n  ".join(digest),
+        raise PipFailedError("pip cannot satisfy the plan (nothing was changed): " + ip.error_summary(res.stderr),
                              hint=f"full log: {pip.log}")
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
@@ -382,24 +410,35 @@ def _write_lock(plan: ip.InstallPlan, path: str, out: Output) -> None:
     have = {canonicalize_name(p.name) for p in lock.packages}
     extra = [p for p in plan.requirements if canonicalize_name(p.name) not in have and plan.packages]
     lock = dataclasses.replace(lock, packages=lock.packages + tuple(extra))
-    Path(path).write_text(ip.render_lock(lock, ip.lock_format(path)), encoding="utf-8")
+    try:
+        fsutil.atomic_write_bytes(path, ip.render_lock(lock, ip.lock_format(path)).encode("utf-8"))
+    except OSError as exc:
+        raise _path_error(exc, "--write-lock", path) from exc
     out.info(f"wrote the lock file {path} ({len(lock.packages)} pinned packages)")
 
 
 def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
     """Build a wheelhouse for an air-gapped install: every planned package, exact pins, plus a lock."""
-    os.makedirs(dest, exist_ok=True)
+    try:
+        os.makedirs(dest, exist_ok=True)
+        probe = Path(tempfile.mkstemp(dir=dest, prefix=".cpuperf-write-test-")[1])
+        probe.unlink()
+    except OSError as exc:
+        raise _path_error(exc, "--download", dest) from exc
     pins = [p.requirement() for p in (plan.packages or plan.requirements)]
     out.info(f"downloading {len(pins)} wheel(s) into {dest} ...")
     res = pip.run(["download", "--no-deps", "--only-binary", ":all:", "--dest", dest, *plan.sources.pip_args(),
                    *pins], timeout=7200)
     if res.returncode != 0:
-        raise PipFailedError("pip download failed:\n  " + "\n  ".join(ip.error_digest(res.stderr)),
+        raise PipFailedError("pip download failed: " + ip.error_summary(res.stderr, dest),
                              hint=f"full log: {pip.log}")
     lock_path = os.path.join(dest, "cpuperf.lock.txt")
     lock = ip.lock_from_plan(plan)
-    Path(lock_path).write_text(ip.render_lock(dataclasses.replace(lock, index_urls=(), find_links=()),
-                                              "requirements"), encoding="utf-8")
+    try:
+        fsutil.atomic_write_bytes(lock_path, ip.render_lock(dataclasses.replace(lock, index_urls=(), find_links=()),
+                                                            "requirements").encode("utf-8"))
+    except OSError as exc:
+        raise _path_error(exc, "--download", lock_path) from exc
     result = {"status": "downloaded", "dir": os.path.abspath(dest), "lock": lock_path,
               "next": f"cpuperf install --find-links {dest} --from-lock {lock_path} --yes"}
     if out.json_mode:
@@ -408,6 +447,14 @@ def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
         out.product(f"downloaded {len(pins)} wheel(s) into {dest}\n"
                     f"on the air-gapped node: {result['next']}")
     return int(ExitCode.OK)
+
+
+def _path_error(exc: OSError, option: str, path: str) -> CpuperfError:
+    if exc.errno == errno.ENOSPC:
+        return UsageError(f"{option} {path}: no space left on device ({exc.filename or path})",
+                          hint="free some space, or name a path on another disk")
+    return UsageError(f"{option} {path}: cannot write there ({exc.strerror or exc})",
+                      hint="name a writable path")
 
 
 def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None:
@@ -424,6 +471,78 @@ def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None
 
 # --------------------------------------------------------------------------- execute
 
+_STOP_CODES = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED,
+               signal.SIGHUP: ExitCode.HANGUP}
+
+
+def stop_code(exc: BaseException) -> ExitCode:
+    """130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP (128 + the signal, as a shell reports it)."""
+    return _STOP_CODES.get(signal.Signals(pd.stop_signal(exc)), ExitCode.INTERRUPTED)
+
+
+def _cache_error(exc: OSError, what: str) -> CpuperfError:
+    where = exc.filename or what
+    if exc.errno == errno.ENOSPC:
+        return UsageError(f"no space left on device ({where}); nothing was changed",
+                          hint="free some space, or set XDG_CACHE_HOME to a directory on another disk")
+    return UsageError(f"cannot write {what} ({where}: {exc.strerror or exc}); nothing was changed",
+                      hint="make it writable, or set XDG_CACHE_HOME to a writable directory")
+
+
+@dataclass
+class _Txn:
+    """One install as a transaction: the state before, the stash, the journal that outlives a SIGKILL."""
+
+    pip: pd.Pip
+    run_dir: Path
+    before: str
+    tree: ip.Tree
+    journal: Path
+
+    @property
+    def stash_dir(self) -> Path:
+        return self.run_dir / "stash"
+
+    def restore(self, message: str, code: ExitCode) -> CpuperfError:
+        """Undo everything pip did; the error to raise says what happened and whether the restore held."""
+        res = pd.restore(self.pip, self.before, self.stash_dir, self.tree)
+        try:
+            pd.mark_journal(self.journal, "restored" if res.ok else "restore-incomplete", problems=res.problems)
+        except OSError:
+            pass  # the journal stays 'running': the next install asks for --recover, which is right
+        if not res.ok:
+            state = "RESTORE INCOMPLETE: " + "; ".join(res.problems)
+        elif not ip.parse_freeze(self.before):
+            state = "the new environment was emptied again"
+        else:
+            state = "the environment was restored to its previous state"
+        hint = f"full log: {self.pip.log} (state before: {self.run_dir / 'freeze-before.txt'})"
+        if not res.ok:
+            hint = f"cpuperf install --recover --python {self.pip.python} retries the restore; " + hint
+        return CpuperfError(f"{message}; {state}", hint=hint, code=code)
+
+
+def _begin(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path) -> _Txn:
+    """Record the state before (freeze and every file under site-packages) and write the journal."""
+    try:
+        before = pd.freeze(pip)
+        tree = pd.snapshot_tree(plan.target.python, plan.env)
+    except OSError as exc:
+        raise PipFailedError(f"cannot record the environment before changing it ({exc}); nothing was changed") from exc
+    journal = run_dir / pd.JOURNAL
+    try:
+        fsutil.atomic_write_bytes(run_dir / "freeze-before.txt", before.encode("utf-8"))
+        fsutil.atomic_write_bytes(run_dir / "tree-before.json", json.dumps(tree).encode("utf-8"))
+        pd.write_journal(journal, {
+            "schema": "cpuperf.install-journal/1", "state": "running", "python": plan.target.python,
+            "pid": os.getpid(), "pid_start": pd.process_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "freeze_before": str(run_dir / "freeze-before.txt"), "tree_before": str(run_dir / "tree-before.json"),
+            "stash": str(run_dir / "stash"), "log": str(pip.log), "argv": plan.argv()})
+    except OSError as exc:
+        raise _cache_error(exc, f"the install journal under {run_dir}") from exc
+    return _Txn(pip, run_dir, before, tree, journal)
+
 
 def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str, str]) -> int:
     start = time.monotonic()
@@ -434,48 +553,32 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
         if not ok:
             raise PipFailedError(f"could not create {plan.target.create_venv}: {err[-300:]}")
     pip = pd.Pip(plan.target.python, plan.env, log)
-    before = pd.freeze(pip)
-    (run_dir / "freeze-before.txt").write_text(before, encoding="utf-8")
-    before_map = ip.parse_freeze(before)
-    listing = pd.site_listing(plan.target.python, plan.env)
-    stash_dir = run_dir / "stash"
-    replaced = [(p.name, before_map[canonicalize_name(p.name)]) for p in plan.packages
-                if canonicalize_name(p.name) in before_map]
-    if replaced:
-        out.info(f"keeping wheels of the {len(replaced)} package(s) this replaces, under {stash_dir} ...")
-        kept = pd.stash(pip, replaced, stash_dir, plan.sources.pip_args())
-        lost = {n: w for n, w in kept.items() if w.startswith("ERROR")}
-        if lost:
-            raise PipFailedError("cannot keep a copy of what this install would replace, so nothing was changed: "
-                                 + "; ".join(f"{n}: {w[7:]}" for n, w in lost.items()),
-                                 hint=f"full log: {log}")
-
-    def fail(message: str, digest: List[str], code: ExitCode = ExitCode.PIP_FAILED) -> CpuperfError:
-        res = pd.restore(pip, before, stash_dir, listing)
-        state = ("the environment was restored to its previous state" if res.ok
-                 else "RESTORE INCOMPLETE: " + "; ".join(res.problems))
-        if not before_map and res.ok:
-            state = "the new environment was emptied again"
-        text = f"{message}; {state}" + ("".join("\n  " + d for d in digest))
-        return CpuperfError(text, hint=f"full log: {log} (state before: {run_dir / 'freeze-before.txt'})", code=code)
-
-    out.info(f"installing with pip (log: {log}) ...")
+    txn = _begin(plan, pip, run_dir)
+    # where a full disk is reported when pip names no file: site-packages, not a venv's bin/
+    site = next((r for r in sorted(txn.tree, key=lambda r: "-packages" not in r)), None)
     try:
+        _stash(plan, txn, out)
+        out.info(f"installing with pip (log: {log}) ...")
         res = pip.run(plan.pip_install_args(), timeout=7200)
-    except KeyboardInterrupt:
-        raise fail("interrupted", [], ExitCode.INTERRUPTED) from None
-    if res.returncode != 0:
-        raise fail(f"pip failed (exit {res.returncode})", ip.error_digest(res.stderr))
-
-    expected = _expected_versions(plan, pip)
-    modules = _modules(plan)
-    out.info("verifying: importing " + ", ".join(modules.values()) + " in the target interpreter ...")
-    try:
+        if res.returncode != 0:
+            raise txn.restore(f"pip failed (exit {res.returncode}): {ip.error_summary(res.stderr, site)}",
+                              ExitCode.PIP_FAILED)
+        expected = _expected_versions(plan, pip)
+        modules = _modules(plan)
+        out.info("verifying: importing " + ", ".join(modules.values()) + " in the target interpreter ...")
         ver = pd.verify(plan.target.python, plan.env, expected, modules)
-    except KeyboardInterrupt:
-        raise fail("interrupted", [], ExitCode.INTERRUPTED) from None
-    if not ver.ok:
-        raise fail("verification failed after pip ran", ver.problems)
+        if not ver.ok:
+            raise txn.restore("verification failed after pip ran: " + "; ".join(ver.problems), ExitCode.PIP_FAILED)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: pip's group is dead already
+        raise txn.restore(f"interrupted by {pd.describe_stop(exc)}", stop_code(exc)) from None
+    except OSError as exc:  # cpuperf's own writes (the full disk pip also hit): still undo pip's work
+        raise txn.restore(f"install failed: {ip.error_summary(str(exc), exc.filename or site)}",
+                          ExitCode.PIP_FAILED) from None
+    try:
+        pd.mark_journal(txn.journal, "done")
+    except OSError as exc:
+        out.warn(f"installed, but the journal {txn.journal} could not be closed ({exc.strerror}); "
+                 "remove it, or the next install will ask for --recover")
     seconds = time.monotonic() - start
     result = {"status": "installed", "verify": ver.to_json(), "seconds": round(seconds, 1), "log": str(log),
               "freeze_before": str(run_dir / "freeze-before.txt")}
@@ -483,6 +586,92 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
         out.json(plan.to_json(result))
     else:
         render_result(out, plan, ver, seconds, log)
+    return int(ExitCode.OK)
+
+
+def _stash(plan: ip.InstallPlan, txn: _Txn, out: Output) -> None:
+    """Keep a wheel of every package pip will replace, so a restore can put it back offline."""
+    before_map = ip.parse_freeze(txn.before)
+    replaced = [(p.name, before_map[canonicalize_name(p.name)]) for p in plan.packages
+                if canonicalize_name(p.name) in before_map]
+    if not replaced:
+        return
+    out.info(f"keeping wheels of the {len(replaced)} package(s) this replaces, under {txn.stash_dir} ...")
+    try:
+        kept = pd.stash(txn.pip, replaced, txn.stash_dir, plan.sources.pip_args())
+    except OSError as exc:
+        pd.mark_journal(txn.journal, "restored")
+        raise _cache_error(exc, f"the stash {txn.stash_dir}") from exc
+    lost = {n: w for n, w in kept.items() if w.startswith("ERROR")}
+    if lost:
+        pd.mark_journal(txn.journal, "restored")  # nothing was changed yet
+        raise PipFailedError("cannot keep a copy of what this install would replace, so nothing was changed: "
+                             + "; ".join(f"{n}: {w[7:]}" for n, w in lost.items()),
+                             hint=f"full log: {txn.pip.log}")
+
+
+# --------------------------------------------------------------------------- recover
+
+
+def _refuse_unfinished(python: str, environ: Mapping[str, str], out: Output, changes: bool) -> None:
+    """An install that was killed (SIGKILL, a power cut) left its journal: nothing goes on until
+    `--recover` has put the environment back."""
+    for path, data in pd.unfinished_journals(environ, python):
+        if pd.install_running(data):
+            msg = f"another cpuperf install (pid {data.get('pid')}) is changing {python} right now"
+            hint = "wait for it to finish"
+        else:
+            msg = (f"an earlier install into {python} (started {data.get('started')}) did not finish; "
+                   f"the environment may be half-installed (journal: {path})")
+            hint = f"cpuperf install --recover --python {python}"
+        if not changes:
+            out.warn(f"{msg}; {hint}")
+            return
+        raise CpuperfError(msg, hint=hint, code=ExitCode.INSTALL_UNFINISHED)
+
+
+def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
+    """`cpuperf install --recover`: restore the environment from the journal an unfinished install left."""
+    found = pd.unfinished_journals(environ, python)
+    if not found:
+        others = pd.unfinished_journals(environ)
+        if others:
+            other = others[0][1].get("python")
+            raise UsageError(f"no unfinished install into {python}; there is one into {other}",
+                             hint=f"cpuperf install --recover --python {other}")
+        if out.json_mode:
+            out.json({"status": "nothing-to-recover", "python": python})
+        else:
+            out.product(f"nothing to recover: no unfinished install into {python}")
+        return int(ExitCode.OK)
+    env = ip.child_env(environ)
+    done: List[Dict[str, Any]] = []
+    for path, data in found:
+        if pd.install_running(data):
+            raise CpuperfError(f"another cpuperf install (pid {data.get('pid')}) is changing {python} right now",
+                               hint="wait for it to finish", code=ExitCode.INSTALL_UNFINISHED)
+        try:
+            before = Path(str(data["freeze_before"])).read_text(encoding="utf-8")
+            raw = json.loads(Path(str(data["tree_before"])).read_text(encoding="utf-8"))
+            tree: ip.Tree = {r: {k: (int(v[0]), int(v[1])) for k, v in f.items()} for r, f in raw.items()}
+        except (OSError, KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+            raise CpuperfError(f"the journal {path} names a state that cannot be read ({exc})",
+                               hint="compare `pip freeze` with what you expect by hand, then delete the journal",
+                               code=ExitCode.INSTALL_UNFINISHED) from exc
+        out.info(f"restoring {python} to its state before the install of {data.get('started')} ...")
+        log = path.parent / "recover.log"
+        res = pd.restore(pd.Pip(python, env, log), before, Path(str(data.get("stash", ""))), tree)
+        pd.mark_journal(path, "restored" if res.ok else "restore-incomplete", problems=res.problems)
+        if not res.ok:
+            raise PipFailedError("RESTORE INCOMPLETE: " + "; ".join(res.problems), hint=f"full log: {log}")
+        done.append({"journal": str(path), "started": data.get("started"), "removed": len(res.removed),
+                     "reinstalled": res.reinstalled, "uninstalled": res.uninstalled})
+    if out.json_mode:
+        out.json({"status": "restored", "python": python, "restores": done})
+    else:
+        out.product(f"restored {python} to its state before the unfinished install "
+                    f"({sum(d['removed'] for d in done)} leftover path(s) removed, "
+                    f"{sum(len(d['reinstalled']) for d in done)} package(s) reinstalled)")
     return int(ExitCode.OK)
 
 

@@ -617,6 +617,86 @@ def error_digest(text: str, limit: int = 8) -> List[str]:
     return out[:limit]
 
 
+# --------------------------------------------------------------------------- the site-packages tree
+
+# {root directory: {relative path ('dir/' for directories): (size, mtime_ns)}}
+Tree = Dict[str, Dict[str, Tuple[int, int]]]
+# Byte-code caches come and go with every import; they are deleted when new, never missed.
+_CACHE = re.compile(r"(^|/)__pycache__/|\.py[co]$")
+# What pip writes per install (not per wheel): a reinstall from the stash changes these.
+_INSTALL_META = re.compile(r"\.dist-info/(RECORD|INSTALLER|REQUESTED|direct_url\.json)$")
+
+
+@dataclass(frozen=True)
+class TreeDiff:
+    """How a tree differs from its snapshot: (root, rel) pairs; a new directory is listed alone."""
+
+    added: Tuple[Tuple[str, str], ...]
+    missing: Tuple[Tuple[str, str], ...]
+    changed: Tuple[Tuple[str, str], ...]
+
+
+def tree_diff(before: Tree, now: Tree) -> TreeDiff:
+    """What appeared (topmost new directories only), went missing, or changed size since `before`."""
+    added: List[Tuple[str, str]] = []
+    missing: List[Tuple[str, str]] = []
+    changed: List[Tuple[str, str]] = []
+    for root, files in now.items():
+        old = before.get(root)
+        if old is None:
+            continue  # a root that did not exist before is not ours to judge
+        new_dirs = {rel for rel in files if rel.endswith("/") and rel not in old}
+        for rel in sorted(files):
+            if rel in old:
+                if not rel.endswith("/") and files[rel][0] != old[rel][0] and not _CACHE.search(rel) \
+                        and not _INSTALL_META.search(rel):
+                    changed.append((root, rel))
+                continue
+            parts = rel.rstrip("/").split("/")
+            if any("/".join(parts[:i]) + "/" in new_dirs for i in range(1, len(parts))):
+                continue  # inside a new directory, which goes whole
+            added.append((root, rel))
+    for root, old in before.items():
+        files = now.get(root, {})
+        missing += [(root, rel) for rel in sorted(old)
+                    if rel not in files and not rel.endswith("/") and not _CACHE.search(rel)]
+    return TreeDiff(tuple(added), tuple(missing), tuple(changed))
+
+
+# pip's own failure lines that say nothing of the cause; the cause is further down (the traceback).
+_VAGUE = ("ERROR: Exception:", "ERROR: Could not install packages due to an OSError.")
+
+
+def error_summary(text: str, where: Optional[str] = None) -> str:
+    """One line for the user from pip's stderr: the real cause (zlib error, ENOSPC, hash mismatch),
+    not `ERROR: Exception:`. `where` names the place a full disk is reported at when pip names none."""
+    m = re.search(r"\[Errno 28\] No space left on device(?:: '([^']*)')?", text)
+    if m or "No space left on device" in text:
+        return f"no space left on device ({(m.group(1) if m else None) or where or 'the target'})"
+    if "DO NOT MATCH THE HASHES" in text:
+        names = re.findall(r"^\s+(\S+==\S+) from ", text, re.M)
+        exp = re.search(r"Expected sha256 (\w+)", text)
+        got = re.search(r"Got\s+(\w+)", text)
+        detail = f" (expected sha256 {exp.group(1)[:12]}..., got {got.group(1)[:12]}...)" if exp and got else ""
+        return f"hash mismatch: {', '.join(names) or 'a downloaded wheel'}{detail}"
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    if "Traceback (most recent call last):" in text:
+        # the exception line ends the traceback: 'zlib.error: Error -3 while decompressing data: ...'
+        tail = [ln for ln in lines if ln and not ln.startswith((" ", "\t", "Traceback", "During handling",
+                                                                "The above exception"))]
+        exc = [ln for ln in tail if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|error|Interrupt|Exit)\b.*", ln)]
+        if exc:
+            return exc[-1]
+    errors = [ln for ln in lines if ln.startswith("ERROR:") and ln.strip() not in _VAGUE]
+    if errors:
+        return errors[0][len("ERROR:"):].strip()
+    m = re.search(r"due to an OSError: (.+)$", text, re.M)
+    if m:
+        return m.group(1).strip()
+    rest = [ln.strip() for ln in lines if ln.strip()]
+    return rest[-1] if rest else "pip gave no error message"
+
+
 # --------------------------------------------------------------------------- lock files
 
 
@@ -669,12 +749,26 @@ def parse_lock(text: str) -> Lock:
             data = json.loads(text)
         except ValueError as exc:
             raise PlanError(f"the lock file is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise PlanError("the lock file is JSON but not an object")
         if data.get("schema") != LOCK_SCHEMA:
             raise PlanError(f"the lock file's schema is {data.get('schema')!r}, expected {LOCK_SCHEMA!r}")
-        pkgs = tuple(PlannedPackage(p["name"], p["version"], p.get("source") or "lock", "pinned by the lock file",
-                                    sha256=p.get("sha256"), url=p.get("url")) for p in data.get("packages", []))
+        raw = data.get("packages", [])
+        if not isinstance(raw, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                                                and isinstance(p.get("version"), str) for p in raw):
+            raise PlanError("the lock file's packages must be a list of {\"name\": ..., \"version\": ...} objects")
+        bad = [p for p in raw if not _valid_pin(p["name"], p["version"])]
+        if bad:
+            raise PlanError(f"the lock file's pin {bad[0]['name'][:40]!r}=={bad[0]['version'][:40]!r} is not an exact pin")
+        pkgs = tuple(PlannedPackage(p["name"], p["version"], str(p.get("source") or "lock"), "pinned by the lock file",
+                                    sha256=_opt_str(p.get("sha256")), url=_opt_str(p.get("url"))) for p in raw)
+        if not pkgs:
+            raise PlanError("the lock file pins no packages")
+        lists = [data.get(k, []) for k in ("index_urls", "find_links")]
+        if not all(isinstance(v, list) and all(isinstance(u, str) for u in v) for v in lists):
+            raise PlanError("the lock file's index_urls and find_links must be lists of strings")
         return Lock(str(data.get("python", "")), str(data.get("platform", "")), str(data.get("device", "cpu")),
-                    pkgs, tuple(data.get("index_urls", [])), tuple(data.get("find_links", [])))
+                    pkgs, tuple(lists[0]), tuple(lists[1]))
     python = platform = ""
     device = "cpu"
     index_urls: List[str] = []
@@ -702,12 +796,26 @@ def parse_lock(text: str) -> Lock:
             if part.startswith("--hash=sha256:"):
                 sha = part.split(":", 1)[1]
         name, sep, version = parts[0].partition("==")
-        if not sep:
-            raise PlanError(f"lock line {line!r} is not an exact pin (name==version)")
+        if not sep or not _valid_pin(name, version):
+            raise PlanError(f"lock line {line[:80]!r} is not an exact pin (name==version)")
         pkgs_l.append(PlannedPackage(name, version, "lock", "pinned by the lock file", sha256=sha))
     if not pkgs_l:
         raise PlanError("the lock file pins no packages")
     return Lock(python, platform, device, tuple(pkgs_l), tuple(index_urls), tuple(find_links))
+
+
+def _valid_pin(name: str, version: str) -> bool:
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        return False
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def _opt_str(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
 
 
 def plan_from_lock(lock: Lock, facts: Any, sources: SourceSet, target: Target, *,

@@ -15,10 +15,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.fsutil import atomic_write_bytes
+from cpuperf.plan import install as ip
 from cpuperf.plan.install import Source, parse_freeze, restore_steps
 
 # Seconds to wait for an index before declaring it unreachable; pip's own default is 15 s with
@@ -66,25 +69,31 @@ class Pip:
     def _log(self, text: str) -> None:
         if self.log is None:
             return
-        with open(self.log, "a", encoding="utf-8") as fh:
-            fh.write(text if text.endswith("\n") else text + "\n")
+        try:
+            with open(self.log, "a", encoding="utf-8") as fh:
+                fh.write(text if text.endswith("\n") else text + "\n")
+        except OSError:
+            pass  # a full disk must not stop the restore that follows; pip's output is in memory too
 
     def run(self, args: Sequence[str], timeout: float = 3600.0, stream: Optional[Callable[[str], None]] = None,
             env: Optional[Mapping[str, str]] = None) -> PipResult:
-        """Run pip; Ctrl-C waits for pip to stop (it got the signal too), then propagates."""
+        """Run pip in a session of its own; any stop of ours (Ctrl-C, SIGTERM, SIGHUP) kills its whole
+        process group before it propagates, so no orphan pip goes on installing."""
         argv = [self.python, "-m", "pip", *args]
         self._log(f"$ {' '.join(argv)}")
         start = time.monotonic()
+        # A session of its own: a terminal's Ctrl-C reaches cpuperf only, and cpuperf decides (and
+        # kills the group); killpg then reaches every child pip started (build backends too).
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env) if env is not None else self.env, stdin=subprocess.DEVNULL)
+                                env=dict(env) if env is not None else self.env, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent)
         try:
             out, err = proc.communicate(timeout=timeout)
-        except KeyboardInterrupt:
-            _stop(proc)
-            self._log("interrupted (Ctrl-C)")
-            raise
-        except subprocess.TimeoutExpired:
-            _stop(proc)
+        except BaseException as exc:  # KeyboardInterrupt / Stopped, and TimeoutExpired
+            kill_group(proc)
+            if not isinstance(exc, subprocess.TimeoutExpired):
+                self._log(f"stopped ({describe_stop(exc)}); pip's process group was killed")
+                raise
             out, err = "", f"ERROR: pip did not finish within {timeout:.0f} s"
         seconds = time.monotonic() - start
         self._log(out)
@@ -93,19 +102,98 @@ class Pip:
         return PipResult(argv, proc.returncode if proc.returncode is not None else -1, out, err, seconds)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Give pip a moment to finish its own Ctrl-C handling, then terminate it."""
-    for sig, wait in ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        if sig is not None:
-            try:
-                proc.send_signal(sig)
-            except OSError:
-                pass
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when cpuperf dies, even by SIGKILL (Linux prctl
+    PR_SET_PDEATHSIG), so a killed cpuperf leaves no pip installing on its own."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to pip's process group, SIGKILL after a short grace; returns once pip is reaped."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:  # the group is gone already
+            pass
         try:
             proc.wait(timeout=wait)
-            return
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            break
+        except subprocess.TimeoutExpired:
             continue
+    # pip exited on SIGTERM, but a child it started may linger in the group: it goes too.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- stop signals
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while an install runs (a KeyboardInterrupt, so every Ctrl-C path handles it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_signal(exc: BaseException) -> int:
+    """The signal behind a stop: Stopped carries it; a plain KeyboardInterrupt is SIGINT."""
+    return exc.signum if isinstance(exc, Stopped) else int(signal.SIGINT)
+
+
+def describe_stop(exc: BaseException) -> str:
+    """'SIGINT', 'SIGTERM', 'SIGHUP'."""
+    return signal.Signals(stop_signal(exc)).name
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+@contextmanager
+def stops_as_exceptions() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise Stopped in the main thread, so the install can kill pip and
+    restore; without this SIGTERM/SIGHUP end the process on the spot and leave pip running."""
+    if not _main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def stops_held() -> Iterator[List[int]]:
+    """Hold stop signals off (a restore cut half-way is worse than none); yields those that came."""
+    came: List[int] = []
+    if not _main_thread():
+        yield came
+        return
+    old = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield came
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -300,52 +388,78 @@ def _wheel_matches(filename: str, name: str, version: str) -> bool:
     return len(parts) >= 2 and canonicalize_name(parts[0]) == canonicalize_name(name) and parts[1] == version
 
 
-_LISTING = r"""
-import json, os, sysconfig
+# The whole tree pip may change: purelib, platlib and, in a venv, its bin/ (console scripts). A
+# venv's own bin/ is the venv's; a system interpreter's scripts dir (/usr/bin) is shared with the
+# rest of the system, so it is left out. One scandir walk: ~0.1 s for a torch-sized tree (15k files).
+_TREE = r"""
+import json, os, sys, sysconfig
 paths = sysconfig.get_paths()
+roots = {paths["purelib"], paths["platlib"]}
+if sys.prefix != sys.base_prefix:
+    roots.add(paths["scripts"])
 out = {}
-for d in {paths["purelib"], paths["platlib"]}:
-    try:
-        out[d] = sorted(os.listdir(d))
-    except OSError:
-        pass
-print(json.dumps(out))
+for root in sorted(roots):
+    files = {}
+    cut = len(root) + 1
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                        files[e.path[cut:] + "/"] = [-1, 0]
+                    else:
+                        st = e.stat(follow_symlinks=False)
+                        files[e.path[cut:]] = [st.st_size, st.st_mtime_ns]
+                except OSError:
+                    pass
+    if os.path.isdir(root):
+        out[root] = files
+json.dump(out, sys.stdout)
 """
 
 
-def site_listing(python: str, env: Mapping[str, str]) -> Dict[str, List[str]]:
-    """Top-level entries of the target's site-packages, to remove what a broken install left behind."""
+def snapshot_tree(python: str, env: Mapping[str, str]) -> ip.Tree:
+    """Every file (size, mtime) and directory under the target's site-packages (and a venv's bin/)."""
     try:
-        res = subprocess.run([python, "-I", "-c", _LISTING], capture_output=True, text=True, timeout=60,
+        res = subprocess.run([python, "-I", "-c", _TREE], capture_output=True, text=True, timeout=300,
                              env=dict(env), stdin=subprocess.DEVNULL)
-        return json.loads(res.stdout) if res.returncode == 0 else {}
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return {}
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OSError(f"cannot list the site-packages of {python}: {exc}") from exc
+    if res.returncode != 0:
+        raise OSError(f"cannot list the site-packages of {python}: {res.stderr.strip()[-300:]}")
+    try:
+        data = json.loads(res.stdout)
+    except ValueError as exc:
+        raise OSError(f"cannot list the site-packages of {python}: {exc}") from exc
+    return {root: {rel: (int(v[0]), int(v[1])) for rel, v in files.items()} for root, files in data.items()}
 
 
-def _remove_leftovers(before: Mapping[str, List[str]], now: Mapping[str, List[str]]) -> List[str]:
-    """Delete site-packages entries that did not exist before (pip cannot uninstall a dist it did
-    not finish installing: it has no RECORD)."""
+def remove_added(added: Sequence[Tuple[str, str]]) -> Tuple[List[str], List[str]]:
+    """Delete what appeared since the snapshot (topmost new directories whole); (removed, failures)."""
     import shutil
 
-    removed = []
-    for directory, names in now.items():
-        old = set(before.get(directory, ()))
-        if directory not in before:
+    removed: List[str] = []
+    failed: List[str] = []
+    for root, rel in added:
+        path = os.path.join(root, rel.rstrip("/"))
+        try:
+            if rel.endswith("/") and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
             continue
-        for name in names:
-            if name in old or name == "__pycache__":
-                continue
-            path = os.path.join(directory, name)
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
-                removed.append(path)
-            except OSError:
-                continue
-    return removed
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror or exc}")
+    return removed, failed
 
 
 @dataclass
@@ -354,47 +468,132 @@ class RestoreResult:
     uninstalled: List[str]
     reinstalled: List[str]
     problems: List[str]
+    removed: List[str]
 
 
-def restore(pip: Pip, before_text: str, stash_dir: Path,
-            listing: Optional[Mapping[str, List[str]]] = None) -> RestoreResult:
-    """Put the environment back to the `before` freeze: uninstall what is new, reinstall from the stash."""
-    # Ctrl-C during a restore would leave the environment half-way: hold it off until the end.
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
-    try:
+def restore(pip: Pip, before_text: str, stash_dir: Path, tree: ip.Tree) -> RestoreResult:
+    """Put the environment back as it was: the `before` freeze, and the same files under site-packages
+    (what a failed or killed pip unpacked is deleted, what it replaced is reinstalled from the stash)."""
+    with stops_held():
         before = parse_freeze(before_text)
+        problems: List[str] = []
         now = parse_freeze(freeze(pip))
         steps = restore_steps(before, now)
-        problems: List[str] = []
         if steps.uninstall:
-            res = pip.run(["uninstall", "-y", *steps.uninstall], timeout=1800)
-            left = [n for n in steps.uninstall if n in parse_freeze(freeze(pip))]
-            if left and listing:
-                removed = _remove_leftovers(listing, site_listing(pip.python, pip.env))
-                pip._log("removed what a broken install left behind: " + ", ".join(removed))
-                left = [n for n in steps.uninstall if n in parse_freeze(freeze(pip))]
-            if left:
-                problems.append(f"pip uninstall failed: {res.stderr.strip()[-300:]}")
-        plain = [f"{n}=={v}" for n, v in steps.reinstall if not (v.startswith("-e ") or " @ " in v)]
-        direct = [v for _, v in steps.reinstall if v.startswith("-e ") or " @ " in v]
+            pip.run(["uninstall", "-y", *steps.uninstall], timeout=1800)  # checked by the final comparison
+        diff = ip.tree_diff(tree, snapshot_tree(pip.python, pip.env))
+        removed, failed = remove_added(diff.added)
+        problems += [f"cannot remove {f}" for f in failed]
+        # What pip replaced comes back from the stash: each pin whose version changed, and every stashed
+        # one when files that were there are missing or changed (a replacement cut half-way).
+        stashed = {n for n, v in before.items() if _in_stash(stash_dir, n, v)}
+        pins = dict(steps.reinstall)
+        if diff.missing or diff.changed:
+            pins.update({n: before[n] for n in stashed})
+        plain = sorted(f"{n}=={v}" for n, v in pins.items() if not _direct(v))
         if plain:
-            res = pip.run(["install", "--no-deps", "--no-index", "--find-links", str(stash_dir), *plain], timeout=1800)
+            res = pip.run(["install", "--no-deps", "--no-index", "--force-reinstall", "--find-links", str(stash_dir),
+                           *plain], timeout=1800)
             if res.returncode != 0:
-                problems.append(f"reinstalling from the stash failed: {res.stderr.strip()[-300:]}")
-        for line in direct:
+                problems.append(f"reinstalling from the stash failed: {ip.error_summary(res.stderr)}")
+        for line in sorted(v for v in pins.values() if _direct(v)):
             args = ["install", "--no-deps"] + (["-e", line[3:]] if line.startswith("-e ") else [line])
             res = pip.run(args, timeout=1800)
             if res.returncode != 0:
-                problems.append(f"reinstalling {line} failed: {res.stderr.strip()[-300:]}")
-        after = parse_freeze(freeze(pip))
-        remaining = restore_steps(before, after)
-        if remaining.uninstall or remaining.reinstall:
-            problems.append("still different from before: "
-                            + ", ".join([f"+{n}" for n in remaining.uninstall] + [f"{n}=={v}" for n, v in remaining.reinstall]))
-        return RestoreResult(not problems, list(steps.uninstall), [f"{n}=={v}" for n, v in steps.reinstall], problems)
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
+                problems.append(f"reinstalling {line} failed: {ip.error_summary(res.stderr)}")
+        # The reinstall compiles .pyc files and writes REQUESTED where there were none: they go too.
+        extra, failed = remove_added(ip.tree_diff(tree, snapshot_tree(pip.python, pip.env)).added)
+        removed += extra
+        problems += [f"cannot remove {f}" for f in failed]
+        problems += _differences(before, parse_freeze(freeze(pip)), ip.tree_diff(tree, snapshot_tree(pip.python, pip.env)))
+        pip._log(f"restore: removed {len(removed)} path(s) that appeared: " + ", ".join(removed[:50]))
+        return RestoreResult(not problems, list(steps.uninstall), plain, problems, removed)
+
+
+def _direct(version: str) -> bool:
+    return version.startswith("-e ") or " @ " in version
+
+
+def _in_stash(stash_dir: Path, name: str, version: str) -> bool:
+    try:
+        return any(_wheel_matches(f, name, version) for f in os.listdir(stash_dir))
+    except OSError:
+        return False
+
+
+def _differences(before: Mapping[str, str], after: Mapping[str, str], diff: ip.TreeDiff) -> List[str]:
+    problems: List[str] = []
+    remaining = restore_steps(before, after)
+    if remaining.uninstall or remaining.reinstall:
+        problems.append("pip freeze still differs: " + ", ".join(
+            [f"+{n}" for n in remaining.uninstall] + [f"{n}=={v}" for n, v in remaining.reinstall]))
+    for what, paths in (("new", diff.added), ("missing", diff.missing), ("changed", diff.changed)):
+        if paths:
+            shown = ", ".join(os.path.join(r, p) for r, p in paths[:3])
+            problems.append(f"{len(paths)} {what} file(s) under site-packages ({shown}{', ...' if len(paths) > 3 else ''})")
+    return problems
+
+
+# --------------------------------------------------------------------------- the journal
+
+JOURNAL = "journal.json"
+UNFINISHED = ("running", "restore-incomplete")
+
+
+def write_journal(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomically: a power cut leaves the old journal or the new one, never half of one."""
+    atomic_write_bytes(path, (json.dumps(dict(data), indent=1) + "\n").encode("utf-8"))
+
+
+def mark_journal(path: Path, state: str, **extra: Any) -> None:
+    """Record how the install ended ('done', 'restored', 'restore-incomplete')."""
+    data = read_journal(path) or {}
+    data.update(extra, state=state, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    write_journal(path, data)
+
+
+def read_journal(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == "cpuperf.install-journal/1" else None
+
+
+def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None) -> List[Tuple[Path, Dict[str, Any]]]:
+    """Journals of installs that neither finished nor were restored (SIGKILL, a power cut), newest first."""
+    root = cache_dir(environ) / "installs"
+    try:
+        dirs = sorted(root.iterdir(), reverse=True)
+    except OSError:
+        return []
+    found = []
+    for d in dirs:
+        data = read_journal(d / JOURNAL)
+        if data is None or data.get("state") not in UNFINISHED:
+            continue
+        if python is None or data.get("python") == python:
+            found.append((d / JOURNAL, data))
+    return found
+
+
+def install_running(data: Mapping[str, Any]) -> bool:
+    """Is the cpuperf that wrote this journal still alive (another install going on right now)?"""
+    pid = data.get("pid")
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    # a pid is reused after a reboot or a long time: its start time (ticks after boot) tells them apart
+    started = process_start(pid)
+    return started is not None and str(data.get("pid_start")) == started
+
+
+def process_start(pid: int) -> Optional[str]:
+    """Field 22 of /proc/PID/stat: when the process started (ticks since boot)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _main_thread() -> bool:
