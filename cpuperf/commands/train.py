@@ -7,6 +7,7 @@ probe -> recommendation (--auto) -> TrainSettings + runtime env (cpuperf.decide.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -62,8 +63,10 @@ def split_sets(items: Sequence[str]) -> Tuple[Dict[str, str], Dict[str, Any]]:
         elif key in fields or key.startswith("model."):
             try:
                 value: Any = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = raw
+            if isinstance(value, float) and not math.isfinite(value):  # 1e999, NaN: not a setting, not JSON
+                raise UsageError(f"--set {key}={raw}: not a finite number", hint=f"e.g. --set {key}=0.001")
             if key.startswith("model."):
                 settings.setdefault("model", {})[key[6:]] = value
             else:
@@ -280,6 +283,10 @@ def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
     from cpuperf.run.launcher import check_hosts, local_node_rank
 
     hosts = b["hosts"]
+    if hosts:  # every host of a hostfile resolves before anything starts (exit 7), one node or many
+        from cpuperf.probe.hosts import require_resolvable
+
+        require_resolvable(hosts)
     if not hosts or b["nnodes"] <= 1:
         return b
     hosts = hosts[:b["nnodes"]]

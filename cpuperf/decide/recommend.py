@@ -388,6 +388,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     # overrides ---------------------------------------------------------------------------------------------
     for key, raw in ov.items():
         value = coerce(key, raw)
+        _check_host_bound(key, value, facts)
         old = decisions.get(key)
         put(Decision(key, value, f"set by the user (cpuperf chose {old.value!r}: {old.reason})" if old else "set by the user",
                      old.evidence if old else {}, overridden=True))
@@ -396,6 +397,15 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
 
     ordered = tuple(decisions[i] for i in DECISION_IDS if i in decisions)
     return Recommendation(ordered, placement, workload, tuple(notes), stack)
+
+
+def _check_host_bound(key: str, value: Any, facts: HostFacts) -> None:
+    """Threads or ranks beyond the host's usable CPUs are refused (exit 2), never planned."""
+    if key in ("threads_per_rank", "nproc_per_node") and isinstance(value, int):
+        usable = len(facts.usable_cpus()) or 1
+        if value > usable:
+            raise UsageError(f"--set {key}={value}: this host has {usable} usable CPU(s)",
+                             hint=f"choose 1..{usable}")
 
 
 def coerce(key: str, raw: Any) -> Any:
