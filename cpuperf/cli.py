@@ -273,6 +273,9 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     try:
         if _pending is not None:
             raise _pending
+        if args and not set(args) & {"-h", "--help", "--version"} and os.environ.get("CPUPERF_COMPAT_DIR"):
+            from cpuperf.knowledge.matrix import check_env_dir
+            check_env_dir()
         if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
             return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)

@@ -634,6 +634,14 @@ def _cached(extra: str) -> Matrix:
     return load_matrix(extra or None, environ={})
 
 
+def check_env_dir(environ: Mapping[str, str] | None = None) -> None:
+    """With $CPUPERF_COMPAT_DIR set, load it once up front: malformed or unreadable extra data is exit 6
+    under every command, not only under those whose code path happens to consult the matrix."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_DIR, "").strip():
+        _cached(env[ENV_DIR])
+
+
 def default_matrix() -> Matrix:
     """The shipped data plus $CPUPERF_COMPAT_DIR, loaded once per distinct directory."""
     return _cached(os.environ.get(ENV_DIR, ""))
