@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from cpuperf import __version__
-from cpuperf.errors import CpuperfError, ExitCode
+from cpuperf.errors import CpuperfError, ExitCode, one_line
 from cpuperf.output import Output
 
 app = typer.Typer(
@@ -41,6 +41,18 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """cpuperf: the right PyTorch stack and settings for this machine."""
+
+
+def _finite(option: str, value: float, maximum: Optional[float] = None) -> float:
+    """Durations and sizes are finite and positive: `nan` never stops, `inf` never ends."""
+    import math
+
+    from cpuperf.errors import UsageError
+
+    if not (math.isfinite(value) and value > 0) or (maximum is not None and value > maximum):
+        bound = f"0 < S <= {maximum:g}" if maximum is not None else "a finite number of seconds > 0"
+        raise UsageError(f"{option} {value!r}: expected {bound}", hint=f"e.g. {option} 60")
+    return value
 
 
 def _finish(code: int) -> None:
@@ -148,8 +160,8 @@ def recommend(
 @app.command()
 def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
-    size: int = typer.Option(512, "--size", min=64, help="GEMM size."),
-    seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per measurement."),
+    size: int = typer.Option(512, "--size", min=64, max=8192, help="GEMM size (n of the n x n matrices)."),
+    seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per GEMM measurement (at most 600)."),
     allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading tcmalloc/jemalloc."),
     compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain (tens of seconds)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -157,6 +169,7 @@ def bench(
 ) -> None:
     """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
+    _finite("--seconds", seconds, maximum=600.0)
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
 
 
@@ -193,6 +206,8 @@ def train(
 ) -> None:
     """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
     from cpuperf.commands import train as cmd
+    if time_budget is not None:
+        _finite("--time-budget", time_budget)
     args = cmd.TrainArgs(auto=auto, dry_run=dry_run, sets=list(sets), model=model, max_steps=max_steps,
                          time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
@@ -218,6 +233,30 @@ def _ccl_env_main(argv: List[str]) -> int:
     return cmd.run(Output(json_mode=json_out, quiet=quiet), opts)
 
 
+def _report(out: Output, exc: CpuperfError) -> int:
+    """One error line (plus a hint line) on stderr, and the JSON object on stdout with --json."""
+    exc.message = one_line(exc.message) or type(exc).__name__
+    exc.hint = one_line(exc.hint) if exc.hint else None
+    if out.json_mode:
+        out.json(exc.to_json())
+    out.error(exc.message, exc.hint)
+    return int(exc.code)
+
+
+def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
+    """Failures a user or the host causes, raised below a command's own checks, as their error class."""
+    from cpuperf.errors import UsageError, from_os_error
+
+    if isinstance(exc, RecursionError):
+        return UsageError("input is nested too deeply", hint="flatten the TOML/JSON file or value")
+    if isinstance(exc, UnicodeError):
+        return UsageError(f"input is not valid UTF-8 text ({one_line(str(exc), 120)})",
+                          hint="save the file as UTF-8")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return from_os_error(exc)
+    return None
+
+
 def _json_requested(argv: List[str]) -> bool:
     # Only cpuperf's own options: a user's command after `--` may have a --json of its own.
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
@@ -236,6 +275,9 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     try:
         if _pending is not None:
             raise _pending
+        if args and not set(args) & {"-h", "--help", "--version"} and os.environ.get("CPUPERF_COMPAT_DIR"):
+            from cpuperf.knowledge.matrix import check_env_dir
+            check_env_dir()
         if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
             return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
@@ -243,10 +285,7 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     except CpuperfError as exc:
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise
-        if out.json_mode:
-            out.json(exc.to_json())
-        out.error(exc.message, exc.hint)
-        return int(exc.code)
+        return _report(out, exc)
     except (typer.Exit, getattr(click_exc, "Exit", typer.Exit)) as exc:  # noqa: B030  (click 8.2 moved Exit)
         return int(exc.exit_code or 0)
     except typer.Abort:
@@ -256,7 +295,9 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
         if out.json_mode:
             out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
                                 "message": exc.format_message(), "hint": "cpuperf --help"}})
-        exc.show()
+        # One line, as every other error: click's own show() prints a usage block first.
+        ctx = getattr(exc, "ctx", None)
+        out.error(one_line(exc.format_message()), f"{ctx.command_path if ctx else 'cpuperf'} --help")
         return int(ExitCode.USAGE)
     except KeyboardInterrupt:
         out.error("interrupted")
@@ -271,7 +312,10 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     except Exception as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise
-        message = f"internal error: {type(exc).__name__}: {exc}"
+        known = _known_failure(exc)
+        if known is not None:  # the host or the input caused it: its own class and exit code
+            return _report(out, known)
+        message = f"internal error: {type(exc).__name__}: {one_line(str(exc))}"
         if out.json_mode:
             out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal",
                                 "message": message, "hint": "rerun with CPUPERF_DEBUG=1 and report it"}})

@@ -59,7 +59,8 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     p.add_argument("--hostfile", metavar="FILE", help="hosts, one per line; the first is MASTER_ADDR")
     p.add_argument("--master-addr", metavar="HOST", help="rendezvous host (default 127.0.0.1, or the hostfile's first)")
     p.add_argument("--master-port", type=port, metavar="PORT", help="rendezvous port (default 29500)")
-    p.add_argument("--shell", metavar="SHELL", help="bash, zsh, fish or dotenv (default: from $SHELL, else bash)")
+    p.add_argument("--shell", metavar="SHELL", help="sh (default: POSIX, for sh, bash, zsh and dash), bash, zsh, fish or dotenv; "
+                        "never guessed from $SHELL")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (schema cpuperf.ccl-env/1)")
     p.add_argument("--quiet", "-q", action="store_true", help="no messages on stderr")
     p.add_argument("--explain", action="store_true", help="a table of variable, value, source, reason on stderr")
@@ -187,7 +188,7 @@ def run(out: Output, opts: Options) -> int:
     if out.json_mode:
         out.json(cclenv.to_json(result))
     else:
-        shell = opts.shell or cclenv.default_shell(os.environ)
+        shell = opts.shell or cclenv.DEFAULT_SHELL
         out.product(cclenv.render(result, shell))
     return int(ExitCode.OK)
 

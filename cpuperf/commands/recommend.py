@@ -40,20 +40,28 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 def load_settings_file(path: str) -> Dict[str, str]:
     """A TOML or JSON file of decision overrides: {dtype = "fp32", compile = false}."""
     import json
-    from pathlib import Path
 
+    from cpuperf.data import MAX_DEPTH, too_deep
     from cpuperf.errors import UsageError
 
+    hint = "write KEY = VALUE lines (TOML) or a JSON object, in UTF-8"
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(1024 * 1024 + 1)  # bounded: a settings file is a few lines
     except OSError as exc:
-        raise UsageError(f"cannot read settings file {path}: {exc.strerror}") from exc
+        raise UsageError(f"cannot read settings file {path}: {exc.strerror}", hint="check the path") from exc
+    if len(raw) > 1024 * 1024 or b"\0" in raw:
+        raise UsageError(f"settings file {path} is {'over 1 MiB' if len(raw) > 1024 * 1024 else 'binary'}", hint=hint)
     try:
+        text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else _toml(text)
-    except ValueError as exc:
-        raise UsageError(f"settings file {path} is malformed: {exc}", hint="write KEY = VALUE lines (TOML) or a JSON object") from exc
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        why = str(exc).splitlines()[0] if str(exc) else "nested too deeply"
+        raise UsageError(f"settings file {path} is malformed: {why}", hint=hint) from exc
     if not isinstance(data, dict):
-        raise UsageError(f"settings file {path} must hold a table of decisions")
+        raise UsageError(f"settings file {path} must hold a table of decisions", hint=hint)
+    if too_deep(data, MAX_DEPTH):
+        raise UsageError(f"settings file {path} nests deeper than {MAX_DEPTH} levels", hint=hint)
     return {str(k): ("none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)) for k, v in data.items()}
 
 
@@ -163,9 +171,15 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     facts = probe_host()
     if threads is None:
         threads = plan_placement(facts).threads_per_rank
+    usable = len(facts.usable_cpus()) or 1
+    if not 1 <= threads <= usable:  # 100000 threads would fork until the machine runs out of processes
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
+                         hint=f"choose 1..{usable}")
     out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
              + (", torch.compile (slow)" if compile else "") + " ...")
-    results = measure.run_micro(facts, threads, allocators=allocators, compile=compile)
+    results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, size=size, seconds=seconds)
     path = measure.save(facts, results)
     results["cache"] = str(path)
     if out.json_mode:

@@ -92,6 +92,10 @@ def _where(a: TrainArgs, hosts: Any, nnodes: int, launcher: str) -> Tuple[Option
     """Multi-node, before anything is planned: every host checked, this node's rank and address."""
     from cpuperf.run.launcher import check_hosts, local_node_rank
 
+    if hosts and not a.dry_run:  # every host of a hostfile resolves before anything starts (exit 7)
+        from cpuperf.probe.hosts import require_resolvable
+
+        require_resolvable(hosts)
     if not hosts or nnodes <= 1 or a.dry_run:
         return a.node_rank, None
     addresses = check_hosts(hosts, ssh=launcher == "mpirun")

@@ -16,6 +16,9 @@ from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
 from cpuperf.probe.facts import HostFacts
 
+# Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
+OVERSUBSCRIBE_LIMIT = 4
+
 
 @dataclass(frozen=True)
 class Core:
@@ -150,6 +153,10 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
         if threads_per_rank * nproc > logical:
             raise UsageError(f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
                              hint=f"use at most {max(1, logical // nproc)} threads per rank, or --set oversubscribe=true")
+    logical = max(1, len(facts.usable_cpus()))
+    if oversubscribe and max(nproc, nproc * (threads_per_rank or 1)) > OVERSUBSCRIBE_LIMIT * logical:
+        raise UsageError(f"{nproc} rank(s) x {threads_per_rank or 1} thread(s) is more than {OVERSUBSCRIBE_LIMIT}x "
+                         f"the {logical} usable CPUs, even oversubscribed", hint=f"use at most {OVERSUBSCRIBE_LIMIT * logical} threads in all")
     if nproc > len(cores):  # oversubscribed: ranks share cores, round robin
         cores = [cores[i % len(cores)] for i in range(nproc)]
     if budget < len(cores):

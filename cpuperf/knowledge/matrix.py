@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterable, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from cpuperf.data import MAX_DEPTH, too_deep
+from cpuperf.errors import BadDataError
+
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - exercised on 3.9/3.10 only
@@ -42,13 +45,14 @@ class Problem:
         return f"{self.file}: {self.row}: {self.problem}"
 
 
-class MatrixError(ValueError):
-    """The compat data is malformed; `problems` lists every bad row, not just the first."""
+class MatrixError(BadDataError):
+    """The compat data is malformed or unreadable (exit 6); `problems` lists every bad row, not just the first."""
 
     def __init__(self, problems: Iterable[Problem]):
         self.problems: tuple[Problem, ...] = tuple(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the compatibility data:\n{lines}")
+        listed = "; ".join(str(p) for p in self.problems)  # one line: the error boundary prints one
+        super().__init__(f"{len(self.problems)} problem(s) in the compatibility data: {listed}",
+                         hint=f"fix the listed rows, or unset {ENV_DIR}")
 
 
 # --------------------------------------------------------------------------- rows
@@ -437,11 +441,19 @@ def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[An
     name = path.name
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(Problem(name, "file", f"cannot read: {exc}"))
+        if too_deep(data):
+            raise RecursionError
+    except OSError as exc:
+        problems.append(Problem(name, "file", f"cannot read: {exc.strerror or exc}"))
+        return []
+    except UnicodeDecodeError as exc:
+        problems.append(Problem(name, "file", f"not UTF-8 text (byte {exc.start})"))
         return []
     except tomllib.TOMLDecodeError as exc:
         problems.append(Problem(name, "file", f"not valid TOML: {exc}"))
+        return []
+    except RecursionError:
+        problems.append(Problem(name, "file", f"nested deeper than {MAX_DEPTH} levels"))
         return []
     defaults: dict[str, Any] = {}
     rows: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -547,9 +559,15 @@ def shipped_dir() -> Path:
 SUBJECTS = ("ipex", "oneccl", "torch", "cuda", "eol", "hf")
 
 
-def _toml_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.toml")
-                  if p.is_file() and p.name.lower().startswith(SUBJECTS))
+def _toml_files(directory: Path, problems: list[Problem] | None = None) -> list[Path]:
+    try:  # glob() hides an unreadable directory as an empty one: list it, and say so when it fails
+        names = os.listdir(directory)
+    except OSError as exc:
+        if problems is not None:
+            problems.append(Problem(str(directory), "directory", f"cannot read it: {exc.strerror or exc}"))
+        return []
+    return sorted(directory / n for n in names
+                  if n.endswith(".toml") and n.lower().startswith(SUBJECTS) and (directory / n).is_file())
 
 
 def extra_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -578,12 +596,12 @@ def load_matrix(
     if not base.is_dir():
         problems.append(Problem(str(base), "directory", "shipped compat data not found"))
     else:
-        layers.append(_toml_files(base))
+        layers.append(_toml_files(base, problems))
     for extra in extras:
         if not extra.is_dir():
             problems.append(Problem(str(extra), "directory", f"{ENV_DIR} names no such directory"))
         else:
-            layers.append(_toml_files(extra))
+            layers.append(_toml_files(extra, problems))
 
     merged: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {k: {} for k in _SCHEMA}
     files: list[str] = []
@@ -614,6 +632,14 @@ def load_matrix(
 @lru_cache(maxsize=8)
 def _cached(extra: str) -> Matrix:
     return load_matrix(extra or None, environ={})
+
+
+def check_env_dir(environ: Mapping[str, str] | None = None) -> None:
+    """With $CPUPERF_COMPAT_DIR set, load it once up front: malformed or unreadable extra data is exit 6
+    under every command, not only under those whose code path happens to consult the matrix."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_DIR, "").strip():
+        _cached(env[ENV_DIR])
 
 
 def default_matrix() -> Matrix:

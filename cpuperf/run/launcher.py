@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from cpuperf.errors import LaunchFailedError, UnreachableError
 from cpuperf.plan.launch import LaunchPlan, RankObservation
-from cpuperf.probe.hosts import Host
+from cpuperf.probe.hosts import Host, require_resolvable
 
 
 @dataclass
@@ -33,18 +33,6 @@ class ExecResult:
 
 
 # -- hosts -------------------------------------------------------------------------------------------
-
-def resolve(host: str, timeout: float = 3.0) -> Optional[str]:
-    """The host's first IPv4/IPv6 address, or None."""
-    socket.setdefaulttimeout(timeout)
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError, OSError):
-        return None
-    finally:
-        socket.setdefaulttimeout(None)
-    return str(infos[0][4][0]) if infos else None
-
 
 def routable(ip: str) -> bool:
     """The kernel has a route to ip (a UDP connect sends nothing)."""
@@ -78,11 +66,10 @@ def tcp_open(ip: str, port: int, timeout: float = 2.0) -> bool:
 
 def check_hosts(hosts: Sequence[Host], *, ssh: bool) -> Dict[str, str]:
     """Every host resolves and is routable (and answers on ssh when mpirun must log in): name -> ip."""
+    addresses = require_resolvable(hosts)  # the one resolver (cpuperf.probe.hosts), with its timeout
     found: Dict[str, str] = {}
     for h in hosts:
-        ip = resolve(h.name)
-        if ip is None:
-            raise UnreachableError(f"host {h.name} does not resolve", hint="check the hostfile and /etc/hosts or DNS")
+        ip = addresses[h.name]
         if not routable(ip):
             raise UnreachableError(f"host {h.name} ({ip}) is unreachable: no route", hint=f"ip route get {ip}")
         if ssh and not is_local(ip) and not tcp_open(ip, 22):

@@ -37,24 +37,63 @@ def host_id(facts: HostFacts) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+_NUMBERS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_fp16_gflops", "compile_seconds", "step_seconds",
+            "compile_speedup")
+
+
+def _validated(data: Any) -> Dict[str, Any]:
+    """A measurements object with finite positive numbers where the engine does arithmetic; else ValueError."""
+    import math
+
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    for key in _NUMBERS:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{key} is not a positive number")
+    speedups = data.get("allocator_speedup", {})
+    if not isinstance(speedups, dict):
+        raise ValueError("allocator_speedup is not an object")
+    for key, value in speedups.items():
+        ok = isinstance(value, dict) if key.endswith("_by_workload") else \
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        if not ok:
+            raise ValueError(f"allocator_speedup.{key} is not a positive number")
+    return data
+
+
 def load_cached(facts: HostFacts) -> Optional[Measurements]:
     if not facts.live:
         return None
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = _validated(json.loads(path.read_bytes().decode("utf-8")))
+        return Measurements.from_json({**data, "source": f"cache {path}"})
+    except FileNotFoundError:
         return None
-    return Measurements.from_json({**data, "source": f"cache {path}"})
+    except OSError as exc:  # unreadable: say so once, measure or decide without it
+        sys.stderr.write(f"note: ignoring the measurement cache {path}: {exc.strerror}\n")
+        return None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        # Corrupt (a torn write, a hand edit): remove it, so the next bench or --auto run measures again.
+        try:
+            path.unlink()
+            what = "removed"
+        except OSError:
+            what = "ignored"
+        sys.stderr.write(f"note: {what} the corrupt measurement cache {path} ({type(exc).__name__})\n")
+        return None
 
 
 def load_file(path: str) -> Measurements:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        data = _validated(json.loads(Path(path).read_bytes().decode("utf-8")))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         from cpuperf.errors import UsageError
 
-        raise UsageError(f"cannot read measurements {path}: {exc}", hint="pass a JSON file written by cpuperf bench --json") from exc
+        why = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise UsageError(f"cannot read measurements {path}: {why}", hint="pass a JSON file written by cpuperf bench --json") from exc
     return Measurements.from_json({**data, "source": f"file {path}"})
 
 
@@ -103,11 +142,12 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
 
 
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
-              compile: bool = False) -> Dict[str, Any]:
-    """The micro-benchmarks the engine uses where its rules are unsure."""
+              compile: bool = False, size: int = 512, seconds: float = 1.0) -> Dict[str, Any]:
+    """The micro-benchmarks the engine uses where its rules are unsure (size, seconds: the GEMM's)."""
     started = time.time()
     results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
-    results.update(gemm_rates(python, threads=threads))
+    results.update(gemm_rates(python, size=size, seconds=seconds, threads=threads))
+    results.update(gemm_size=size, gemm_seconds=seconds)
     if allocators:
         results["allocator_speedup"] = allocator_speedups(facts, threads, python)
     if compile:
