@@ -78,6 +78,8 @@ def renderings(facts, rec, hosts) -> Dict[str, Any]:
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", "29500"))),
+        "accelerate_launch_args": render.accelerate_launch_args(rec),
+        "data_notes": render.hf_notes(rec),
     }
 
 
@@ -94,7 +96,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "workload": rec.workload.to_json(),
         "placement": rec.placement.to_json(),
         "stack": rec.stack,
-        "notes": list(rec.notes),
+        "notes": list(rec.notes) + extra["data_notes"],
         **extra,
     }
     if out.json_mode:
@@ -112,7 +114,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         out.product(render.launch_line(extra["launch"]))
     else:
         _table(out, result)
-    for note in rec.notes:
+    for note in result["notes"]:
         out.info(f"note: {note}")
     return 0
 
