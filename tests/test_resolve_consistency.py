@@ -3,8 +3,11 @@ torch releases, `--why-not` agreeing with the answer, and torch releases the dat
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from cli_util import run_cli, run_json
+from packaging.version import Version
 
 from cpuperf.knowledge.matrix import load_matrix
 from cpuperf.knowledge.resolve import ResolveError, resolve, torch_reasons, why_not
@@ -54,15 +57,13 @@ def test_exact_patch_without_a_wheel_points_to_the_patch_that_has_one(m):
 
 
 def test_advice_never_names_a_torch_without_a_wheel_for_this_python(m):
-    import re
-
     for py in sorted({p for r in m.torch for p in r.python}):
         for row in m.torch:
             for wants in (frozenset({"ipex"}), frozenset({"oneccl"}), frozenset({"ipex", "oneccl"})):
                 res = resolve(py, str(row.version), wants, matrix=m)
                 for rej in res.rejected:
                     for named in re.findall(r"install torch (\d+\.\d+\.\d+)", rej.reason):
-                        trow = m.torch_release(__import__("packaging.version").version.Version(named))
+                        trow = m.torch_release(Version(named))
                         assert trow is not None and not torch_reasons(trow, py, "linux_x86_64"), (py, row.version, rej)
 
 
