@@ -16,7 +16,7 @@ from cpuperf.probe import probe_host
 
 AVX512 = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"]
 SPR = AVX512 + ["avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
-ZEN4 = AVX512 + ["avx512_vnni", "avx512_bf16", "avx512_vbmi"]
+ZEN4 = AVX512 + ["avx512_vnni", "avx512_bf16", "avx512vbmi"]
 NEW_TORCH = json.dumps({"torch": "2.13.0+cpu"})
 LEGACY = json.dumps({"torch": "2.8.0+cpu", "intel_extension_for_pytorch": "2.8.0"})
 

@@ -102,6 +102,8 @@ def renderings(facts: Any, rec: Any, hosts: Any, jp: Any = None) -> Dict[str, An
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", "29500"))),
+        "accelerate_launch_args": render.accelerate_launch_args(rec),
+        "data_notes": render.hf_notes(rec),
     }
 
 
@@ -118,7 +120,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "workload": rec.workload.to_json(),
         "placement": rec.placement.to_json(),
         "stack": rec.stack,
-        "notes": list(rec.notes),
+        "notes": list(rec.notes) + extra["data_notes"],
         **extra,
     }
     if out.json_mode:
@@ -136,7 +138,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         out.product(render.launch_line(extra["launch"]))
     else:
         _table(out, result)
-    for note in rec.notes:
+    for note in result["notes"]:
         out.info(f"note: {note}")
     return 0
 

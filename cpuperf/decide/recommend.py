@@ -130,9 +130,41 @@ def _parse_cc(text: str) -> Tuple[int, int]:
     return int(major), int(minor)
 
 
+# The bf16 evidence per architecture, in each one's own terms: x86 avx512_bf16/AMX; Arm's BF16 and
+# I8MM extensions and SVE from cpuinfo 'Features' (arch/arm64/kernel/cpuinfo.c); POWER10's MMA.
+_BF16_EVIDENCE = {"aarch64": ("bf16", "svebf16", "i8mm", "sve", "sve2", "sme"), "ppc64le": ("mma", "vsx")}
+
+
 def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
-    return {"microarchitecture": facts.cpu.microarchitecture, "avx512_bf16": "avx512_bf16" in facts.cpu.isa,
-            "amx_bf16": "amx_bf16" in facts.cpu.isa, "amx_usable": facts.cpu.amx_usable}
+    cpu = facts.cpu
+    if cpu.arch in _BF16_EVIDENCE:
+        return {"microarchitecture": cpu.microarchitecture, **{f: f in cpu.isa for f in _BF16_EVIDENCE[cpu.arch]}}
+    return {"microarchitecture": cpu.microarchitecture, "avx512_bf16": "avx512_bf16" in cpu.isa,
+            "amx_bf16": "amx_bf16" in cpu.isa, "amx_usable": cpu.amx_usable}
+
+
+def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -> Tuple[str, str]:
+    """fp32 or bf16 on Arm/POWER, and why: bf16 only with a hardware bf16 path and a measured win."""
+    cpu = facts.cpu
+    where = f"{cpu.arch} ({cpu.microarchitecture})"
+    if cpu.arch == "aarch64":
+        hw = "bf16" in cpu.isa
+        extra = [f for f in ("svebf16", "i8mm", "sve2", "sve") if f in cpu.isa]
+        has = f"Arm BF16 (bf16{', ' + ', '.join(extra) if extra else ''} in cpuinfo Features)"
+        lacks = "no Arm BF16 extension ('bf16' is not in cpuinfo Features)"
+    elif cpu.arch == "ppc64le":
+        hw = "mma" in cpu.isa
+        has, lacks = "POWER10 MMA (bf16 outer-product matrix unit)", "no MMA (it arrived with POWER10)"
+    else:
+        hw, has, lacks = False, "", "no known bf16 unit"
+    if not hw:
+        return "fp32", f"{where} has {lacks}: bf16 would be emulated and slower than fp32"
+    if ratio is not None and ratio >= threshold * 1.2:
+        return "bf16", f"{where} has {has} and bf16 GEMM measured {ratio:.2f}x fp32 here: bf16 autocast"
+    if ratio is not None:
+        return "fp32", f"{where} has {has}, but bf16 GEMM measured only {ratio:.2f}x fp32 here: fp32 kept"
+    return "fp32", (f"{where} has {has}; fp32 kept until a measurement shows bf16 faster on this host "
+                    "(run `cpuperf bench`)")
 
 
 # -- memory plan ------------------------------------------------------------------------------------
@@ -366,11 +398,7 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
     native = facts.cpu.bf16_native and (amx_ok or "avx512_bf16" in facts.cpu.isa)
     floor = tuning["dtype"]["min_bf16_over_fp32_gemm"]
     if facts.cpu.arch != "x86_64":
-        dtype = "fp32"
-        why = (f"{facts.cpu.arch} ({facts.cpu.microarchitecture}): cpuperf keeps fp32 unless a measurement on "
-               "this host shows bf16 faster")
-        if ratio is not None and ratio >= floor * 1.2:
-            dtype, why = "bf16", f"measured bf16 GEMM {ratio:.2f}x fp32 on this {facts.cpu.arch} host"
+        dtype, why = _non_x86_dtype(facts, ratio, floor)
     elif not native:
         dtype = "fp32"
         why = (f"{facts.cpu.microarchitecture} has no avx512_bf16 or usable AMX: bf16 would be emulated and "

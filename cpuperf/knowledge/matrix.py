@@ -186,6 +186,23 @@ class HfOption:
     replacement: str
     source: str
     reason: str = ""
+    verified: bool = False  # only verified rows are rendered as flags or config keys
+
+    def valid_in(self, version: Version) -> bool:
+        """True when `version` has this option: introduced <= version < removed (an unverified row: never)."""
+        v = Version(version.base_version)
+        return self.verified and (self.introduced is None or v >= self.introduced) and \
+            (self.removed is None or v < self.removed)
+
+
+@dataclass(frozen=True)
+class HfData:
+    """The newest release of a package that the hf rows were checked against."""
+
+    package: str
+    through: Version
+    source: str
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,7 +215,15 @@ class Matrix:
     oneccl: tuple[OnecclRelease, ...]
     eol: tuple[EolNotice, ...]
     hf: tuple[HfOption, ...]
+    hf_data: tuple[HfData, ...] = ()
     files: tuple[str, ...] = ()
+
+    def hf_through(self, package: str) -> Version | None:
+        """The newest `package` release the hf rows were checked against; None = unknown."""
+        for row in self.hf_data:
+            if row.package == package:
+                return row.through
+        return None
 
     def torch_release(self, version: Version) -> TorchRelease | None:
         """The torch row for `version` (local label ignored), or None."""
@@ -388,11 +413,18 @@ _SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
     "hf": {
         "package": (_choice("transformers", "accelerate"), True),
         "name": (_nonempty, True),
-        "kind": (_choice("trainer-arg", "launch-flag", "value"), True),
+        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key"), True),
         "introduced": (_opt_version, False),
         "deprecated": (_opt_version, False),
         "removed": (_opt_version, False),
         "replacement": (_str, False),
+        "verified": (_bool, False),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "hf_data": {
+        "package": (_choice("transformers", "accelerate"), True),
+        "through": (_version, True),
         "source": (_nonempty, True),
         "reason": (_str, False),
     },
@@ -412,6 +444,7 @@ _DEFAULTS: dict[str, Any] = {
     "deprecated": None,
     "removed": None,
     "replacement": "",
+    "verified": False,
 }
 # Top-level scalars a file may set as defaults for its rows.
 _FILE_DEFAULTS = {"cpu_index_url": "torch"}
@@ -428,11 +461,13 @@ def _key(kind: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return (row["component"],)
     if kind == "hf":
         return (row["package"], row["name"])
+    if kind == "hf_data":
+        return (row["package"],)
     return (row["version"],)
 
 
 def _label(kind: str, index: int, raw: Mapping[str, Any]) -> str:
-    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name")
+    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name") or raw.get("package")
     return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
 
 
@@ -515,6 +550,11 @@ def _row_checks(kind: str, row: Mapping[str, Any]) -> list[str]:
         ba = row["built_against"]
         if ba is not None and not row["torch"].contains(ba, prereleases=True):
             out.append(f"built_against {ba} does not satisfy torch {row['torch']}")
+    if kind == "hf" and row["introduced"] is not None and row["removed"] is not None \
+            and row["removed"] <= row["introduced"]:
+        out.append(f"removed {row['removed']} is not after introduced {row['introduced']}")
+    if kind == "hf" and row["verified"] and "unverified" in (row["source"] + row["reason"]).lower():
+        out.append("verified = true but the source or reason says unverified")
     if kind == "oneccl" and row["device"] == "cpu" and not row["index_url"]:
         out.append("a CPU release needs an index_url (the bindings are not on PyPI)")
     return out
@@ -528,6 +568,7 @@ def _build(kind: str, row: dict[str, Any]) -> Any:
         "oneccl": OnecclRelease,
         "eol": EolNotice,
         "hf": HfOption,
+        "hf_data": HfData,
     }[kind]
     return cls(**row)
 
@@ -541,6 +582,8 @@ def _sort_key(kind: str, row: Any) -> tuple[Any, ...]:
         return (Version(row.cuda) if re.match(r"^\d+(\.\d+)*$", row.cuda) else Version("0"), row.tag)
     if kind == "eol":
         return (row.component,)
+    if kind == "hf_data":
+        return (row.package,)
     return (row.package, row.name)
 
 
