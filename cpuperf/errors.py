@@ -18,6 +18,7 @@ class ExitCode(enum.IntEnum):
     UNREACHABLE = 7  # a package index or host could not be reached
     LAUNCH_FAILED = 8  # a launcher or tool is missing, or a rank died without its own code
     UNSUPPORTED_PLATFORM = 9  # macOS, Windows: cpuperf serves Linux
+    BUSY = 10  # another live run holds the run directory (--out)
     INTERRUPTED = 130  # Ctrl-C
 
 
