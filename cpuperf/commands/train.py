@@ -39,6 +39,7 @@ class TrainArgs:
     launcher: Optional[str] = None
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
+    rdzv_timeout: Optional[float] = None
     device: str = "auto"
     unit: str = "socket"
     hf_flags: str = "auto"
@@ -242,7 +243,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                        master_addr=a.master_addr, master_port=a.master_port, pin=a.auto,
                        threads=v["threads_per_rank"] if (a.auto and rec.decision("threads_per_rank").overridden) else None,
                        log_dir=log_dir, environ=environ, euid=os.geteuid(),
-                       local_addr=local_addr, job_id=_job_id(hosts, a.master_port))
+                       local_addr=local_addr, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout)
     return {"facts": facts, "rec": rec, "hosts": hosts, "plan": plan, "settings": settings,
             "decisions": decisions, "notes": notes, "hf": hf, "out_dir": out_dir_abs, "addresses": addresses,
             "nnodes": nnodes, "user": bool(user)}
@@ -309,7 +310,7 @@ def _resolve_nodes(a: TrainArgs, b: Dict[str, Any]) -> Dict[str, Any]:
                        hosts=hosts, nnodes=b["nnodes"], node_rank=node_rank, master_addr=a.master_addr,
                        master_port=a.master_port, pin=a.auto, log_dir=old.log_dir, environ=dict(os.environ),
                        euid=os.geteuid(), local_addr=addresses.get(hosts[node_rank].name),
-                       job_id=_job_id(hosts, a.master_port))
+                       job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout)
     return {**b, "plan": replace(plan), "addresses": addresses}
 
 
@@ -348,17 +349,22 @@ def run_train(out: Output, a: TrainArgs) -> int:
         out.warn(w)
     verification = {"ranks": [o.to_json() for o in observed], "warnings": warnings,
                     "worker_runtime": runtime}
+    ckpt = os.path.join(b["out_dir"], "checkpoint.pt")
+    has_ckpt = not b["user"] and os.path.isfile(ckpt)
     if res.interrupted:
-        out.error("interrupted; the ranks were asked to stop (a checkpoint is written at the next step)",
-                  "cpuperf train --resume continues from it" if not b["user"] else None)
+        # Say "checkpoint" only where one exists: a run stopped before its first step has none.
+        message = f"interrupted ({res.signal_name or 'SIGINT'}); the ranks were stopped" + (
+            f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
+        hint = "cpuperf train --resume continues from it" if has_ckpt else None
+        out.error(message, hint)
         if out.json_mode:
-            out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": "interrupted",
-                                "hint": "cpuperf train --resume"}, "launch": launch})
+            out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": message,
+                                "hint": hint}, "launch": launch})
         return int(ExitCode.INTERRUPTED)
     if res.code != 0:
-        code, message = _failure(plan, res, b)
-        hint = ("fix the cause, then cpuperf train --resume continues from the last checkpoint"
-                if not b["user"] else None)
+        code, message, hint = _failure(plan, res, b)
+        if hint is None and has_ckpt:
+            hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint"
         if out.json_mode:
             out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
                                 "message": message, "hint": hint}, "launch": launch, "verification": verification})
@@ -386,25 +392,40 @@ def run_train(out: Output, a: TrainArgs) -> int:
     return 0
 
 
-def _failure(plan: Any, res: Any, b: Dict[str, Any]) -> Tuple[int, str]:
-    """(exit code, one-line message) naming the rank that failed first and its log."""
-    from cpuperf.plan.launch import first_failure
+def _failure(plan: Any, res: Any, b: Dict[str, Any]) -> Tuple[int, str, Optional[str]]:
+    """(exit code, one-line message, hint or None) naming what failed first: the rank's own error
+    when it left one, a rendezvous that timed out with the nodes that never joined, else the rank
+    and its log."""
+    from cpuperf.plan.launch import first_failure, rendezvous_timed_out
 
-    if plan.launcher == "direct":
-        return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code)
-    parsed = first_failure(res.launcher_output, res.died_first)
+    if plan.launcher == "torchrun" and plan.nnodes > 1 and rendezvous_timed_out(res.launcher_output):
+        others = [h for i, h in enumerate(plan.hosts[:plan.nnodes]) if i != plan.node_rank] or ["the other nodes"]
+        timeout = plan.env.get("CPUPERF_RDZV_TIMEOUT", "?")
+        return int(ExitCode.UNREACHABLE), (
+            f"the rendezvous at {plan.master_addr}:{plan.master_port} did not complete within {timeout} s: "
+            f"not joined: {', '.join(others)}"), "start cpuperf train on every node of the hostfile, or raise --rdzv-timeout"
+    parsed = first_failure(res.launcher_output, res.died_first) if plan.launcher != "direct" else (0, res.code)
     rank = parsed[0] if parsed else None
+    errors = res.rank_errors
+    own = errors.get(rank) if rank is not None else None
+    if own is None and errors:
+        own = errors[min(errors)]
+    if own is not None:  # the worker's own one line, said once, with its code and hint
+        who = f"rank {own.get('rank', rank)}: " if plan.world_size > 1 else ""
+        return int(own.get("code") or res.code or 1), who + str(own["message"]), own.get("hint")
+    if plan.launcher == "direct":
+        return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code), None
     code = parsed[1] if parsed and parsed[1] else None
     if rank is None:
         return res.code or int(ExitCode.LAUNCH_FAILED), (f"{plan.launcher} failed with exit code {res.code}; "
-                                                          f"log: {os.path.join(plan.log_dir or '', 'launcher.log')}")
+                                                          f"log: {os.path.join(plan.log_dir or '', 'launcher.log')}"), None
     log = os.path.join(plan.log_dir or "", f"rank{rank}.log")
     if code is None:
         code = res.code or int(ExitCode.LAUNCH_FAILED)
         how = f"{plan.launcher} exited with {res.code}"
     else:
         how = f"exit code {code}{_signal_name(code)}"
-    return code, f"rank {rank} failed first ({how}); log: {log}"
+    return code, f"rank {rank} failed first ({how}); log: {log}", None
 
 
 def _signal_name(code: int) -> str:

@@ -607,6 +607,8 @@ class Run:
                    "world_size": self.world,
                    "rank_launcher": self.info.launcher if self.info else None,
                    "backend": self.backend, "device": self.device_name,
+                   "master": ({"addr": self.info.master_addr, "port": self.info.master_port}
+                              if self.info and self.world > 1 else None),
                    "resumed_from": self.resumed_from,
                    "tokenizer": {"vocab_size": self.tok.vocab_size, "cached": self.tokenizer_cached,
                                  "seconds": round(self.tokenizer_s, 3)},
