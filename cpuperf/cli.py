@@ -197,6 +197,7 @@ def train(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="torchrun, mpirun or srun (default: direct for one rank, srun in Slurm, else torchrun)."),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="A"),
     master_port: Optional[int] = typer.Option(None, "--master-port", metavar="P", min=1, max=65535),
+    rdzv_timeout: Optional[float] = typer.Option(None, "--rdzv-timeout", metavar="SECONDS", help="Several ranks: how long the rendezvous may take before the missing nodes are named (default 300)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node (--auto)."),
     hf_flags: str = typer.Option("auto", "--hf-flags", help="For `-- python script.py`: add Trainer flags auto (HF Trainer scripts only), always or never."),
@@ -212,7 +213,8 @@ def train(
                          time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
                          ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
-                         device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot, user_argv=list(ctx.args))
+                         rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot,
+                         user_argv=list(ctx.args))
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
 
 

@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     UNSUPPORTED_PLATFORM = 9  # macOS, Windows: cpuperf serves Linux
     FILESYSTEM = 10  # a file or directory cannot be read or written (permissions, read-only, disk full)
     INSTALL_UNFINISHED = 11  # an earlier install was killed half-way: `cpuperf install --recover`
+    BUSY = 12  # another live run holds the run directory (--out)
     HANGUP = 129  # SIGHUP (128 + 1): the terminal went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT, 128 + 2)
     TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`

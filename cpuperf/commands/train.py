@@ -38,6 +38,7 @@ class TrainArgs:
     launcher: Optional[str] = None
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
+    rdzv_timeout: Optional[float] = None
     device: str = "auto"
     unit: str = "socket"
     hf_flags: str = "auto"
@@ -198,7 +199,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                          node_rank=node_rank, launcher=a.launcher, master_addr=master, master_port=a.master_port,
                          local_addr=local_addr, out_dir=out_dir, resume=a.resume, max_steps=a.max_steps,
                          time_budget=a.time_budget, seed=a.seed, preset=a.model if not a.user_argv else None,
-                         hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port))
+                         hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout)
     cmd, settings, hf = _rank_command(a, rec, request, out_dir)
     return plan_job(facts, rec, request, environ=environ, rank_command=cmd, settings=settings,
                     mpi=mpi[1] if (mpi and a.launcher == "mpirun") else None, socket_ifname=ifname,
@@ -261,15 +262,20 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     for w in warnings:
         out.warn(w)
     verification = {"ranks": [o.to_json() for o in observed], "warnings": warnings, "worker_runtime": runtime}
+    ckpt = os.path.join(jp.request.out_dir, "checkpoint.pt")
+    has_ckpt = not user and os.path.isfile(ckpt)
     if res.interrupted:
-        out.error("interrupted; the ranks were asked to stop (a checkpoint is written at the next step)",
-                  "cpuperf train --resume continues from it" if not user else None)
+        # Say "checkpoint" only where one exists: a run stopped before its first step has none.
+        message = f"interrupted ({res.signal_name or 'SIGINT'}); the ranks were stopped" + (
+            f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
+        hint = "cpuperf train --resume continues from it" if has_ckpt else None
+        out.error(message, hint)
         if out.json_mode:
-            out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": "interrupted",
-                                "hint": "cpuperf train --resume"}, "launch": launch})
+            out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": message,
+                                "hint": hint}, "launch": launch})
         return int(ExitCode.INTERRUPTED)
     if res.code != 0:
-        return _report_failure(out, jp, res, launch, verification)
+        return _report_failure(out, jp, res, launch, verification, has_ckpt)
     result = _result(jp, res, summary, launch, verification)
     if out.json_mode:
         out.json(result)
@@ -278,10 +284,11 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     return 0
 
 
-def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], verification: Dict[str, Any]) -> int:
-    user = bool(jp.request.user_argv)
-    code, message = _failure(jp.launch, res)
-    hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint" if not user else None
+def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], verification: Dict[str, Any],
+                    has_ckpt: bool) -> int:
+    code, message, hint = _failure(jp.launch, res)
+    if hint is None and has_ckpt:
+        hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint"
     if out.json_mode:
         out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
                             "message": message, "hint": hint}, "launch": launch, "verification": verification})
@@ -308,25 +315,40 @@ def _result(jp: Any, res: Any, summary: Optional[Dict[str, Any]], launch: Dict[s
             "verification": verification}
 
 
-def _failure(plan: Any, res: Any) -> Tuple[int, str]:
-    """(exit code, one-line message) naming the rank that failed first and its log."""
-    from cpuperf.plan.launch import first_failure
+def _failure(plan: Any, res: Any) -> Tuple[int, str, Optional[str]]:
+    """(exit code, one-line message, hint or None) naming what failed first: the rank's own error
+    when it left one, a rendezvous that timed out with the nodes that never joined, else the rank
+    and its log."""
+    from cpuperf.plan.launch import first_failure, rendezvous_timed_out
 
-    if plan.launcher == "direct":
-        return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code)
-    parsed = first_failure(res.launcher_output, res.died_first)
+    if plan.launcher == "torchrun" and plan.nnodes > 1 and rendezvous_timed_out(res.launcher_output):
+        others = [h for i, h in enumerate(plan.hosts[:plan.nnodes]) if i != plan.node_rank] or ["the other nodes"]
+        timeout = plan.env.get("CPUPERF_RDZV_TIMEOUT", "?")
+        return int(ExitCode.UNREACHABLE), (
+            f"the rendezvous at {plan.master_addr}:{plan.master_port} did not complete within {timeout} s: "
+            f"not joined: {', '.join(others)}"), "start cpuperf train on every node of the hostfile, or raise --rdzv-timeout"
+    parsed = first_failure(res.launcher_output, res.died_first) if plan.launcher != "direct" else (0, res.code)
     rank = parsed[0] if parsed else None
+    errors = res.rank_errors
+    own = errors.get(rank) if rank is not None else None
+    if own is None and errors:
+        own = errors[min(errors)]
+    if own is not None:  # the worker's own one line, said once, with its code and hint
+        who = f"rank {own.get('rank', rank)}: " if plan.world_size > 1 else ""
+        return int(own.get("code") or res.code or 1), who + str(own["message"]), own.get("hint")
+    if plan.launcher == "direct":
+        return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code), None
     code = parsed[1] if parsed and parsed[1] else None
     if rank is None:
         return res.code or int(ExitCode.LAUNCH_FAILED), (f"{plan.launcher} failed with exit code {res.code}; "
-                                                          f"log: {os.path.join(plan.log_dir or '', 'launcher.log')}")
+                                                          f"log: {os.path.join(plan.log_dir or '', 'launcher.log')}"), None
     log = os.path.join(plan.log_dir or "", f"rank{rank}.log")
     if code is None:
         code = res.code or int(ExitCode.LAUNCH_FAILED)
         how = f"{plan.launcher} exited with {res.code}"
     else:
         how = f"exit code {code}{_signal_name(code)}"
-    return code, f"rank {rank} failed first ({how}); log: {log}"
+    return code, f"rank {rank} failed first ({how}); log: {log}", None
 
 
 def _signal_name(code: int) -> str:

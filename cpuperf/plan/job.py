@@ -57,6 +57,7 @@ class JobRequest:
     preset: Optional[str] = None
     hf_flags: str = "auto"
     job_id: str = "cpuperf"
+    rdzv_timeout: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id)
+                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
                    hf or {})
 
