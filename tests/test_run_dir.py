@@ -100,7 +100,7 @@ def test_second_run_into_a_busy_out_is_refused(tmp_path):
 def test_two_workers_at_once_one_is_refused(tmp_path):
     out = tmp_path / "run"
     cfg = json.dumps({"preset": "micro", "out_dir": str(out), "max_steps": 40, "log_every": 1,
-                      "eval_every": 0, "ckpt_every": 5, "threads": 1, "progress": "off"})
+                      "eval_every": 0, "ckpt_every": 5, "threads_per_rank": 1, "progress": "off"})
     env = cli_env({"OMP_NUM_THREADS": "1"})
     procs = [subprocess.Popen([sys.executable, "-m", "cpuperf.train.worker", "--config", cfg, "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
