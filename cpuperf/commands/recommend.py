@@ -16,11 +16,11 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 
     from cpuperf.decide.recommend import parse_sets, recommend
     from cpuperf.decide.workload import resolve_workload
-    from cpuperf.probe import probe_host
+    from cpuperf.probe import probe_host, with_load
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
 
-    facts = probe_host(sysroot=sysroot, python=python)
+    facts = with_load(probe_host(sysroot=sysroot, python=python))
     workload = resolve_workload(model, params, seq_len, batch_size, steps)
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts is not None and nnodes == 1:

@@ -141,6 +141,10 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
 
     environ = dict(os.environ if environ is None else environ)
     facts = facts or probe_host()
+    if facts.load is None and facts.live and environ.get("CPUPERF_LOAD_WINDOW") != "0":
+        from cpuperf.probe import with_load
+
+        facts = with_load(facts)  # threads per rank avoid CPUs other work keeps busy now
     decision_sets, setting_sets = split_sets(a.sets)
     hosts = read_hostfile(a.hostfile) if a.hostfile else None
     nnodes = a.nnodes or (len(hosts) if hosts else None) or slurm_allocation(environ) or 1

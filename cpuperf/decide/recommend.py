@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 from packaging.version import InvalidVersion, Version
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
@@ -268,6 +269,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
 
     # placement: ranks and threads --------------------------------------------------------------------
     total_nodes = max(1, nnodes)
+    load_ev: Dict[str, Any] = {}
     if on_gpu:
         nproc = nproc_per_node or max(1, len(gpus))
         placement = plan_placement(facts, min(nproc, max(1, len(facts.topology.cpus))) if facts.topology.cpus else None, unit)
@@ -276,6 +278,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     else:
         want_ccl = bool(facts.software and ccl_compatible(torch_v, stack.get("oneccl_bind_pt"), py)[0])
         placement = plan_placement(facts, nproc_per_node, unit, ccl=want_ccl, nnodes=total_nodes)
+        placement, load_ev, load_note = adjust_placement(placement, facts.load, ov)
+        notes.extend([load_note] if load_note else [])
         put(Decision("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
                      {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
                       "usable_physical_cores": placement.cpu_budget}))
@@ -283,7 +287,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     world = decisions["nproc_per_node"].value * total_nodes
     put(Decision("threads_per_rank", placement.threads_per_rank, "; ".join(placement.reasons[:-1]) or "usable physical cores",
                  {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
-                  "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers}))
+                  "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers,
+                  **load_ev}))
     from cpuperf.probe.parse import format_cpulist
 
     affinity = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None

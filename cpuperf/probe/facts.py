@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from cpuperf.probe.load import LoadFacts
+
 # ISA flags cpuperf reasons about, in Linux /proc/cpuinfo spelling (x86) and Arm 'Features' spelling.
 X86_ISA = (
     "sse4_2", "avx", "f16c", "fma", "avx2", "avx512f", "avx512cd", "avx512dq", "avx512bw", "avx512vl",
@@ -149,6 +151,7 @@ class HostFacts:
     platform: str  # 'linux', 'darwin', 'win32'
     sysroot: Optional[str]
     overrides: Tuple[str, ...] = ()  # the CPUPERF_OVERRIDE_* facts in force
+    load: Optional[LoadFacts] = None  # other work right now; None = not probed (see probe.with_load)
 
     @property
     def live(self) -> bool:
