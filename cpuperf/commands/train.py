@@ -157,15 +157,21 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     user = list(a.user_argv)
     steps = a.max_steps if a.max_steps is not None else (None if a.time_budget else 400)
     workload = resolve_workload(a.model if (a.model and not user) else None, None, None, a.batch_size, steps)
-    meas = measure.load_cached(facts) if facts.live else None
-    if (meas is None and a.auto and not a.dry_run and facts.live and not facts.gpus
+
+    def log(msg: str) -> None:
+        sys.stderr.write(f"cpuperf train: {msg}\n")
+
+    meas = None
+    if (a.auto and not a.dry_run and facts.live and not facts.gpus
             and environ.get("CPUPERF_MEASURE", "1") != "0"):
         # Where a rule is unsure (native bf16 that may still be slower; an allocator that may or may
-        # not help), measure once and cache per host; CPUPERF_MEASURE=0 skips it.
+        # not help), measure once and cache per host and torch build; a cached one taken under load,
+        # unsteady or expired is measured again; CPUPERF_MEASURE=0 skips it.
         from cpuperf.decide.placement import plan_placement
 
-        meas = measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
-                                         log=lambda msg: sys.stderr.write(msg + "\n"))
+        meas = measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank, log=log)
+    elif facts.live:
+        meas = measure.load_cached(facts, log)
     rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
                     measurements=meas, overrides=decision_sets, environ=environ if facts.live else {})
     v = rec.values()
