@@ -58,12 +58,12 @@ def _import_torch() -> Any:
     return torch
 
 
-def _peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None) -> Any:
-    """The MFU denominator (gpu.Peak) from settings.peak_tflops or compat/gpu_peaks.toml; None if unknown.
+def _peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None, cfg: Any = None) -> Any:
+    """The MFU denominator (gpu.Peak) from settings.peak_tflops, compat/gpu_peaks.toml, or on CPU the
+    sustained GEMM rate at the model's own shapes (cfg) in its dtype (cpuperf.train.peak); None if unknown.
 
-    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. Unknown
-    (a card not in the table; every CPU: peaks depend on SKU, clocks and ISA) gets a measured GEMM
-    peak in Run.run.
+    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. A card not
+    in the table gets a measured GEMM peak in Run.run.
     """
     from cpuperf.train.gpu import Peak, math_dtype, table_peak
 
@@ -71,8 +71,25 @@ def _peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None
     if s.peak_tflops is not None:
         return Peak(s.peak_tflops, math_dtype(dt, s.tf32 and s.device == "cuda"), "settings.peak_tflops")
     if s.device != "cuda":
-        return None
+        if cfg is None:
+            return None
+        from cpuperf.train.peak import cpu_peak
+
+        torch = _import_torch()
+        return cpu_peak(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len, dt, torch.get_num_threads())
     return table_peak(device_name, dt, s.tf32)
+
+
+def _mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int, cfg: Any) -> tuple:
+    """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu)."""
+    from cpuperf.train.peak import bounded_mfu, measure_cpu_peak, workload_shapes
+
+    torch = _import_torch()
+    remeasure = None
+    if s.device != "cuda" and s.peak_tflops is None and peak is not None:
+        shapes = workload_shapes(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len)
+        remeasure = lambda: measure_cpu_peak(shapes, peak.dtype, repeats=7, seconds=0.5)  # noqa: E731
+    return bounded_mfu(achieved, peak, world, remeasure, torch.get_num_threads())
 
 
 def _checksum(model: Any) -> int:
@@ -487,7 +504,7 @@ class Run:
             why = "; ".join(f"not {k}: {v}" for k, v in attention.get("why_not", {}).items())
             sys.stderr.write(f"cpuperf train: attention kernel {attention['kernel']}"
                              + (f" ({why})" if why else "") + "\n")
-        peak = _peak_tflops(s, self.device_name, self.amp.name)
+        peak = _peak_tflops(s, self.device_name, self.amp.name, self.cfg)
         if peak is None and is0:
             # A card compat/gpu_peaks.toml does not know, or a CPU: measure its GEMM peak once.
             peak = measure_peak(self.device, self.amp.name, s.tf32 and s.device == "cuda")
@@ -681,7 +698,7 @@ class Run:
         if is0:
             tps = sps_total * tokens_per_sample if sps_total is not None else None
             achieved = tps * fpt / 1e12 if tps is not None else None
-            mfu = (achieved / (peak.tflops * self.world)) if achieved is not None and peak else None
+            mfu, peak, peak_notes = _mfu(s, achieved, peak, self.world, self.cfg)
             summary = {
                 "schema": SCHEMA, "status": status, "steps": self.step,
                 "steps_this_run": self.step - start_step, "resumed_from": self.resumed_from,
@@ -697,7 +714,7 @@ class Run:
                           **dataclasses.asdict(self.cfg)},
                 "achieved_tflops": round(achieved, 4) if achieved is not None else None,
                 "mfu": round(mfu, 5) if mfu is not None else None,
-                "peak": peak.to_json() if peak is not None else None,
+                "peak": peak.to_json() if peak is not None else None, **peak_notes,
                 "amp": {"dtype": self.amp.name, "autocast": self.amp.autocast,
                         "grad_scaler": self.amp.grad_scaler},
                 "attention_kernel": attention,
