@@ -2,7 +2,7 @@
 
 Load changes from second to second, so it is not part of the cached HostFacts snapshot: the commands
 that decide from it (doctor, recommend, train, bench) probe it once and attach it with `with_load`.
-A live host is sampled over a short window (default 0.3 s; CPUPERF_LOAD_WINDOW overrides, 0 skips the
+A live host is sampled over a short window (default 0.2 s, compat/tuning.toml; CPUPERF_LOAD_WINDOW overrides, 0 skips the
 window); a --sysroot tree gives its recorded /proc/loadavg and pressure files and no per-CPU figure
 (a single recorded /proc/stat says nothing about the last second).
 """
@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.probe.sources import Sources
 
-DEFAULT_WINDOW_S = 0.3
+DEFAULT_WINDOW_S = 0.2  # compat/tuning.toml [load].window_s when readable
 _SAMPLES = 4  # procs_running readings spread over the window (one reading is a coin toss)
 
 
@@ -99,13 +99,23 @@ def _pressure(src: Sources) -> Tuple[Optional[float], Optional[str]]:
     return None, None
 
 
+def _default_window() -> float:
+    try:
+        from cpuperf.data import load_builtin
+
+        return float(load_builtin("tuning.toml")["load"]["window_s"])
+    except Exception:  # a probe never raises; the built-in default applies
+        return DEFAULT_WINDOW_S
+
+
 def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None) -> LoadFacts:
     """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises."""
     if window_s is None:
+        window_s = _default_window()
         try:
-            window_s = float(src.environ.get("CPUPERF_LOAD_WINDOW", DEFAULT_WINDOW_S))
+            window_s = float(src.environ.get("CPUPERF_LOAD_WINDOW", window_s))
         except ValueError:
-            window_s = DEFAULT_WINDOW_S
+            pass
     psi, psi_path = _pressure(src)
     one, running = parse_loadavg(src.read("/proc/loadavg"))
     if not src.live or window_s <= 0:
