@@ -164,13 +164,15 @@ def bench(
     seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per GEMM measurement (at most 600)."),
     allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading tcmalloc/jemalloc."),
     compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain (tens of seconds)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again even if a fresh, trusted measurement is cached."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
     _finite("--seconds", seconds, maximum=600.0)
-    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
+    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_,
+                        refresh))
 
 
 TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."

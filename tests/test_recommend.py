@@ -10,7 +10,7 @@ from hosts import fixture_host, make_host
 
 from cpuperf.decide.recommend import Measurements, recommend
 from cpuperf.decide.workload import PRESETS, resolve_workload
-from cpuperf.errors import UsageError
+from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.knowledge.knobs import parse_assignments as parse_sets
 from cpuperf.probe import probe_host
 
@@ -151,12 +151,18 @@ def test_cuda_visible_devices_is_respected(tmp_path, monkeypatch):
     assert rec.get("device") == "cpu"
 
 
-def test_huge_model_gets_zero_offload_on_gpu(tmp_path, monkeypatch):
-    facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["t4"]])
+def test_huge_model_gets_zero_offload_on_gpu_only_where_host_ram_holds_it(tmp_path, monkeypatch):
+    # 7B with AdamW: 112 GB of state. A T4 holds none of it; a host with 128 GiB available holds it.
+    facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["t4"]], node_mem_bytes=256 << 30)
     w = resolve_workload("gpt2-small", params="7B")
     rec = recommend(facts, w)
-    assert rec.get("optimizer") in ("adafactor", "adamw_8bit")
-    assert rec.get("zero") is not None
+    zero = rec.get("zero")
+    assert zero is not None and zero["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert rec.get("batch_size") >= 1
+    # The default recorded host has 32 GiB available: the offloaded state has nowhere to go.
+    small = facts_for(tmp_path / "small", monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["t4"]])
+    with pytest.raises(IncompatibleHostError, match="do not fit"):
+        recommend(small, w)
 
 
 def test_overrides_are_applied_and_marked(tmp_path, monkeypatch):

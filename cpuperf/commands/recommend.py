@@ -17,11 +17,11 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import coerce_entry, merge, parse_assignments
-    from cpuperf.probe import probe_host
+    from cpuperf.probe import probe_host, with_load
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
 
-    facts = probe_host(sysroot=sysroot, python=python)
+    facts = with_load(probe_host(sysroot=sysroot, python=python))
     workload = resolve_workload(model, params, seq_len, batch_size, steps)
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts is not None and nnodes == 1:
@@ -31,7 +31,13 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
         for key, raw in load_settings_file(config).items():
             overrides = merge(overrides, coerce_entry(key, raw))
     overrides = merge(overrides, parse_assignments(sets))
-    meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts) if facts.live else None)
+
+    def log(msg: str) -> None:  # which measurement decides, with its figure (stderr: never the product)
+        import sys
+
+        sys.stderr.write(f"cpuperf: {msg}\n")
+
+    meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts, log) if facts.live else None)
     rec = recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
                     measurements=meas, overrides=overrides, environ=os.environ if facts.live else {})
     return facts, rec, hosts
@@ -165,7 +171,7 @@ def _table(out: Output, result: Dict[str, Any]) -> None:
 
 
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
-              compile: bool = False) -> int:
+              compile: bool = False, refresh: bool = False) -> int:
     from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
@@ -179,17 +185,35 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
 
         raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
                          hint=f"choose 1..{usable}")
-    out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
-             + (", torch.compile (slow)" if compile else "") + " ...")
-    results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, size=size, seconds=seconds)
-    path = measure.save(facts, results)
-    results["cache"] = str(path)
+    cached, path = measure.read_cached(facts)
+    usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
+    if cached is not None and usable and not flags and not refresh:
+        out.info(f"cached measurement ({measure.describe(cached)}); cpuperf bench --refresh measures again")
+        results = {**cached, "cache": str(path), "from_cache": True}
+    else:
+        if cached is not None and (flags or not usable):
+            out.info(f"measuring again: the cached one is {'; '.join(flags)}")
+        out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
+                 + (", torch.compile (slow)" if compile else "") + " ...")
+        results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size)
+        path = measure.save(facts, results)
+        results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
+        _, flags = measure.assess(results, facts)
+    results["trusted"] = not flags
+    results["flags"] = flags
     if out.json_mode:
         out.json({"schema": "cpuperf.bench/1", **results})
     else:
         ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+        reps = results.get("repeats") or {}
+        spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
         lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)"]
+                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
+        load = results.get("load") or {}
+        if load.get("figure"):
+            lines.append(f"load around it: {load['figure']}")
+        if flags:
+            lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
         for name, r in (results.get("allocator_speedup") or {}).items():
             lines.append(f"{name} preloaded: {r:.2f}x the default allocator")
         if results.get("compile_speedup"):

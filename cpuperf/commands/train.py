@@ -79,14 +79,16 @@ def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     from cpuperf.decide.placement import plan_placement
     from cpuperf.run import measure
 
-    meas = measure.load_cached(facts) if facts.live else None
-    if (meas is None and a.auto and not a.dry_run and facts.live and not facts.gpus
+    def log(msg: str) -> None:
+        sys.stderr.write(f"cpuperf train: {msg}\n")
+
+    if (a.auto and not a.dry_run and facts.live and not facts.gpus
             and environ.get("CPUPERF_MEASURE", "1") != "0"):
-        # Native bf16 that may still be slower, an allocator that may or may not help: measured once
-        # per host and cached; CPUPERF_MEASURE=0 skips it.
-        meas = measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
-                                         log=lambda msg: sys.stderr.write(msg + "\n"))
-    return meas
+        # Where a rule is unsure (native bf16 that may still be slower; an allocator that may or may
+        # not help), measure once and cache per host and torch build; a cached one taken under load,
+        # unsteady or expired is measured again; CPUPERF_MEASURE=0 skips it.
+        return measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank, log=log)
+    return measure.load_cached(facts, log) if facts.live else None
 
 
 def _where(a: TrainArgs, hosts: Any, nnodes: int, launcher: str) -> Tuple[Optional[int], Optional[str]]:
@@ -180,6 +182,10 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
         raise UsageError("--sysroot describes a recorded host: it can be planned for, not trained on",
                          hint="add --dry-run")
     facts = facts or probe_host(sysroot=a.sysroot)
+    if facts.load is None and facts.live and environ.get("CPUPERF_LOAD_WINDOW") != "0":
+        from cpuperf.probe import with_load
+
+        facts = with_load(facts)  # threads per rank avoid CPUs other work keeps busy now
     decided, worker = split_constraints(a)
     hosts, nnodes = _nodes(a, environ)
     nproc = a.nproc_per_node or a.ppn

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from packaging.version import InvalidVersion, Version
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
@@ -170,40 +171,17 @@ def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -
 # -- memory plan ------------------------------------------------------------------------------------
 
 def _activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool) -> float:
-    rule = load_builtin("tuning.toml")["memory"]
-    t, d, h, layers = w.seq_len, w.d_model, max(1, w.n_head), w.n_layer
-    per_layer_16bit = t * d * (rule["activation_coeff"] + rule["activation_attn_coeff"] * h * t / d)
-    scale = 2.0 if dtype == "fp32" else 1.0
-    if checkpointing:
-        # Only block inputs are kept, plus one block recomputed at a time.
-        return (layers * 2 * t * d * 2 + per_layer_16bit) * scale + t * w.vocab * 4
-    return layers * per_layer_16bit * scale + t * w.vocab * 4 * 2  # logits + their grad in fp32
+    from cpuperf.decide.memory import activation_bytes_per_sample
+
+    return activation_bytes_per_sample(w, dtype, checkpointing, load_builtin("tuning.toml")["memory"])
 
 
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu]) -> Tuple[Optional[int], str]:
-    rule = load_builtin("tuning.toml")["memory"]
-    if device == "cuda" and gpu is not None:
-        if gpu.memory_bytes is None:
-            return None, "GPU memory unknown"
-        if gpu.memory_free_bytes is not None and gpu.memory_free_bytes < gpu.memory_bytes * rule["gpu_headroom"]:
-            # Another process holds part of the card: only what is free now can be planned for.
-            return (int(gpu.memory_free_bytes * rule["gpu_headroom"]),
-                    f"{gpu.name}: {gpu.memory_free_bytes / 2**30:.1f} GiB free of {gpu.memory_bytes / 2**30:.0f} GiB "
-                    f"x {rule['gpu_headroom']}")
-        return int(gpu.memory_bytes * rule["gpu_headroom"]), f"{gpu.name}: {gpu.memory_bytes / 2**30:.0f} GiB x {rule['gpu_headroom']}"
-    total: Optional[float] = facts.memory.available_bytes or facts.memory.total_bytes
-    limit = facts.limits.memory_limit_bytes
-    if limit:
-        total = min(total, float(limit)) if total else float(limit)
-    if total is None:
-        return None, "memory unknown"
-    per_rank = total / max(1, placement.nproc_per_node)
-    nodes = {n.id: n for n in facts.topology.numa_nodes}
-    slot_node = placement.slots[0].node if placement.slots else None
-    node_bytes = nodes[slot_node].memory_bytes if slot_node in nodes else None
-    if node_bytes and placement.nproc_per_node > 1:
-        per_rank = min(per_rank, float(node_bytes))
-    return int(per_rank * rule["headroom"]), f"{per_rank / 2**30:.1f} GiB per rank x {rule['headroom']}"
+    """Bytes one rank may use and how (cpuperf.decide.memory owns the computation)."""
+    from cpuperf.decide.memory import memory_budget as budget
+
+    per_rank, how, _ = budget(facts, placement, device, gpu, load_builtin("tuning.toml")["memory"])
+    return per_rank, how
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -336,6 +314,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
     nnodes = int(fixed.get("nnodes") or 1)
     oversubscribe = bool(fixed.get("oversubscribe"))
     threads = fixed.get("threads_per_rank")
+    load_ev: Dict[str, Any] = {}
     if ctx.value("device") == "cuda":
         nproc = int(fixed.get("nproc_per_node") or max(1, len(gpus)))
         if nproc > max(1, len(gpus)) and not oversubscribe:
@@ -351,6 +330,10 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
                                         and cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python).ccl_available)
         placement = plan_placement(facts, fixed.get("nproc_per_node"), unit, ccl=want_ccl, nnodes=nnodes,
                                    threads_per_rank=threads, oversubscribe=oversubscribe)
+        # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
+        # user set threads or affinity: theirs stands, with a note).
+        placement, load_ev, load_note = adjust_placement(placement, facts.load, fixed)
+        ctx.notes.extend([load_note] if load_note else [])
         ctx.choose("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
                    {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
                     "usable_physical_cores": placement.cpu_budget})
@@ -358,7 +341,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
     ctx.choose("threads_per_rank", placement.threads_per_rank,
                "; ".join(r for r in placement.reasons[:-1] if "as asked" not in r) or "usable physical cores",
                {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
-                "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers})
+                "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers, **load_ev})
     from cpuperf.probe.parse import format_cpulist
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
@@ -563,93 +546,37 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
 def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions: Dict[str, Decision],
                  tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
                  fixed: Optional[Mapping[str, Any]] = None) -> List[Decision]:
-    """Batch, accumulation, checkpointing, optimizer, data loading and ZeRO from one memory budget.
+    """Batch, accumulation, checkpointing, optimizer and ZeRO from one MemoryPlan (cpuperf.decide.memory).
 
-    `fixed` holds the user's values: the plan is computed around them (a set batch decides the
-    accumulation and whether checkpointing is needed), never patched afterwards.
+    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards.
     """
     fixed = fixed or {}
-    rule = tuning["memory"]
-    dtype = decisions["dtype"].value
+    from cpuperf.decide.memory import plan_memory, zero_config
+
     on_gpu = gpu is not None
-    budget, budget_why = memory_budget(facts, placement, "cuda" if on_gpu else "cpu", gpu)
-    optimizer = "adamw"
     tv = _version(torch_v)
-    opt_rule = tuning["optimizer"]
-    if on_gpu and (tv is None or tv >= Version(opt_rule["fused_cuda_min_torch"])):
-        optimizer, opt_why = "adamw_fused", "fused AdamW kernel (one launch for all parameters)"
-    else:
-        opt_why = "AdamW (foreach implementation)"
-    state_bytes = w.params * rule["bytes_per_param_adamw"]
-    bytes_per_param = {"adamw": "bytes_per_param_adamw", "adamw_fused": "bytes_per_param_adamw",
-                       "adamw_8bit": "bytes_per_param_adamw_8bit", "adafactor": "bytes_per_param_adafactor"}
-    if "optimizer" in fixed:
-        optimizer, opt_why = fixed["optimizer"], "as set"
-        state_bytes = w.params * rule[bytes_per_param[optimizer]]
-    evidence: Dict[str, Any] = {"params": w.params, "budget_bytes": budget, "budget": budget_why,
-                                "weights_grads_optimizer_bytes": state_bytes}
-    checkpointing = False
-    per_device = int(fixed.get("batch_size") or max(1, math.ceil(w.batch_size / max(1, world))))
-    multiple = 1
-    if on_gpu:
-        multiple = tuning["gpu_batch"]["fp16_tensor_core_multiple"] if dtype == "fp16" else tuning["gpu_batch"]["multiple"]
-    zero = None
-    if budget is not None:
-        if state_bytes > budget * 0.8 and "optimizer" not in fixed:
-            installed = stack_has(facts, "bitsandbytes")
-            if installed:
-                optimizer, opt_why = "adamw_8bit", "optimizer state does not fit: 8-bit AdamW (bitsandbytes installed)"
-                state_bytes = w.params * rule["bytes_per_param_adamw_8bit"]
-            else:
-                optimizer, opt_why = "adafactor", ("optimizer state does not fit: factored Adafactor "
-                                                  "(bitsandbytes is not installed for 8-bit AdamW)")
-                state_bytes = w.params * rule["bytes_per_param_adafactor"]
-            evidence["weights_grads_optimizer_bytes"] = state_bytes
-        free = budget - state_bytes
-        act = _activation_bytes_per_sample(w, dtype, False)
-        fit = int(free // act) if free > 0 else 0
-        want_ck = fixed.get("grad_checkpointing")
-        if want_ck or (want_ck is None and fit < max(1, per_device if "batch_size" in fixed else 1)):
-            act_ck = _activation_bytes_per_sample(w, dtype, True)
-            fit_ck = int(free // act_ck) if free > 0 else 0
-            if fit_ck >= 1 or want_ck:
-                checkpointing, fit, act = True, fit_ck, act_ck
-            else:
-                fit = 0
-        evidence.update(activation_bytes_per_sample=int(act), max_batch_that_fits=fit)
-        if fit < 1:
-            zero = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                          "offload_param": {"device": "cpu", "pin_memory": True}},
-                    "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": w.batch_size,
-                    "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"}}
-            per_device = 1
-        elif "batch_size" in fixed:
-            pass  # the user's batch; its fit is in the evidence
-        elif on_gpu:
-            # Largest Tensor-Core-friendly size that fits; fall back to multiples of 8, then to what fits.
-            if fit >= multiple:
-                cap = (fit // multiple) * multiple
-            elif fit >= 8:
-                cap = (fit // 8) * 8
-            else:
-                cap = fit
-            needed = per_device
-            steps_needed = max(1, math.ceil(needed / cap))
-            per_device = min(cap, math.ceil(needed / steps_needed))
-        else:
-            per_device = min(per_device, fit)
+    fused_ok = tv is None or tv >= Version(tuning["optimizer"]["fused_cuda_min_torch"])
+    plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning)
+    evidence = {"params": w.params, **plan.evidence()}
+    per_device, c = int(fixed.get("batch_size") or plan.per_rank_batch), plan.candidate
     accum = int(fixed.get("grad_accum_steps") or max(1, math.ceil(w.batch_size / (per_device * max(1, world)))))
-    why_batch = (f"{per_device} samples per rank per step fit in {budget_why}" if budget is not None
+    why_batch = (f"{per_device} sample(s) per rank per step: {plan.per_rank_bytes() / 2**30:.2f} GiB of "
+                 f"{plan.budget_bytes / 2**30:.2f} GiB ({plan.budget})" if plan.budget_bytes is not None
                  else f"{per_device} samples per rank (memory unknown)")
-    if on_gpu and multiple > 1:
-        why_batch += f"; a multiple of {multiple} for Tensor Cores where the global batch allows"
+    if on_gpu:
+        why_batch += "; a multiple of 8 for Tensor Cores where the global batch allows"
+    act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
+    ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
+              + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))
+    zero = zero_config(plan, w, decisions["dtype"].value)
     out = [
         Decision("batch_size", per_device, why_batch, evidence),
         Decision("grad_accum_steps", accum, f"reaches the global batch {w.batch_size} over {world} rank(s)"
                  if accum > 1 else "the global batch fits in one step", {"global_batch": w.batch_size, "world_size": world}),
-        Decision("grad_checkpointing", checkpointing, "activations do not fit otherwise" if checkpointing
-                 else "activations fit without recomputation", {}),
-        Decision("optimizer", optimizer, opt_why, {"torch": torch_v}),
+        Decision("grad_checkpointing", c.checkpointing, ck_why, {"activation_bytes_per_sample_no_checkpointing": act_no,
+                                                                 "activation_bytes_per_sample_checkpointing": act_ck}),
+        Decision("optimizer", c.optimizer, plan.optimizer_reason,
+                 {"torch": torch_v, "optimizer_bytes": plan.optimizer_bytes}),
     ]
     # Data loading: the built-in corpus is in memory; workers would steal compute cores on CPU.
     spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
@@ -664,8 +591,8 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
         out.append(Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
                             if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare}))
         out.append(Decision("pin_memory", False, "no device copies on CPU training", {}))
-    out.append(Decision("zero", zero, "the model does not fit even with checkpointing: DeepSpeed ZeRO-3 with CPU offload"
-                        if zero else "not needed: the model fits", {}))
+    out.append(Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
+                        else "not needed: the model fits each rank", {"plan": c.name}))
     return out
 
 

@@ -71,4 +71,13 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     return facts
 
 
-__all__ = ["probe_host", "HostFacts", "Sources"]
+def with_load(facts: HostFacts, window_s: Optional[float] = None) -> HostFacts:
+    """`facts` with the load on its usable CPUs attached (sampled now when live; recorded for a snapshot)."""
+    import dataclasses
+
+    from cpuperf.probe.load import load_for
+
+    return dataclasses.replace(facts, load=load_for(facts.sysroot, facts.usable_cpus(), window_s))
+
+
+__all__ = ["probe_host", "with_load", "HostFacts", "Sources"]

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from cpuperf.probe.load import LoadFacts
+
 # ISA flags cpuperf reasons about, as Linux prints them in /proc/cpuinfo (x86: the quoted names in
 # arch/x86/include/asm/cpufeatures.h; AMX-FP16 and AVX-VNNI-INT8 have none, so they never appear) and in
 # the Arm 'Features' line (arch/arm64/kernel/cpuinfo.c hwcap_str).
@@ -151,6 +153,7 @@ class HostFacts:
     platform: str  # 'linux', 'darwin', 'win32'
     sysroot: Optional[str]
     overrides: Tuple[str, ...] = ()  # the CPUPERF_OVERRIDE_* facts in force
+    load: Optional[LoadFacts] = None  # other work right now; None = not probed (see probe.with_load)
 
     @property
     def live(self) -> bool:

@@ -129,3 +129,11 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
         openmp=_libraries(src, OPENMP_LIBS, extra),
         allocators=_libraries(src, ALLOCATOR_LIBS, extra),
     )
+
+
+def torch_git_version(info: Optional[PackageInfo], src: Optional[Sources] = None) -> Optional[str]:
+    """The git hash torch was built from (torch/version.py, read without importing torch); None if unknown."""
+    if info is None or not info.location:
+        return None
+    text = (src or Sources()).read(os.path.join(info.location, "torch", "version.py"))
+    return parse.torch_version_py(text).get("git_version")

@@ -74,12 +74,12 @@ def import_torch() -> Any:
     return torch
 
 
-def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None) -> Any:
-    """The MFU denominator (gpu.Peak) from settings.peak_tflops or compat/gpu_peaks.toml; None if unknown.
+def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None, cfg: Any = None) -> Any:
+    """The MFU denominator (gpu.Peak) from settings.peak_tflops, compat/gpu_peaks.toml, or on CPU the
+    sustained GEMM rate at the model's own shapes (cfg) in its dtype (cpuperf.train.peak); None if unknown.
 
-    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. Unknown
-    (a card not in the table; every CPU: peaks depend on SKU, clocks and ISA) gets a measured GEMM
-    peak in Run.prepare.
+    `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. A card not
+    in the table gets a measured GEMM peak in Run.prepare.
     """
     from cpuperf.train.gpu import Peak, math_dtype, table_peak
 
@@ -87,8 +87,28 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None)
     if s.peak_tflops is not None:
         return Peak(s.peak_tflops, math_dtype(dt, s.tf32 and s.device == "cuda"), "settings.peak_tflops")
     if s.device != "cuda":
-        return None
+        if cfg is None:
+            return None
+        import torch
+
+        from cpuperf.train.peak import cpu_peak
+
+        return cpu_peak(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len, dt, torch.get_num_threads())
     return table_peak(device_name, dt, s.tf32)
+
+
+def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int, cfg: Any) -> tuple:
+    """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu)."""
+    import torch
+
+    from cpuperf.train.peak import bounded_mfu as bound
+    from cpuperf.train.peak import measure_cpu_peak, workload_shapes
+
+    remeasure = None
+    if s.device != "cuda" and s.peak_tflops is None and peak is not None:
+        shapes = workload_shapes(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len)
+        remeasure = lambda: measure_cpu_peak(shapes, peak.dtype, repeats=7, seconds=0.5)  # noqa: E731
+    return bound(achieved, peak, world, remeasure, torch.get_num_threads())
 
 
 def checksum(model: Any) -> int:
@@ -600,7 +620,7 @@ class Run:
             sys.stderr.write(f"cpuperf train: note: no checkpoint at {self.ckpt_path}; "
                              "starting from step 0\n")
         self.attention = self.attention_report()
-        self.peak = peak_tflops(s, self.device_name, self.amp.name)
+        self.peak = peak_tflops(s, self.device_name, self.amp.name, self.cfg)
         if self.peak is None and self.is0:
             from cpuperf.train.gpu import measure_peak
 
@@ -824,7 +844,7 @@ class Run:
         tps = sps * self.cfg.seq_len if sps is not None else None
         achieved = tps * self.fpt / 1e12 if tps is not None else None
         peak = self.peak
-        mfu = (achieved / (peak.tflops * self.world)) if achieved is not None and peak else None
+        mfu, peak, peak_notes = bounded_mfu(self.s, achieved, peak, self.world, self.cfg)
         summary = {
             "schema": SCHEMA, "status": st.status, "steps": self.step,
             "steps_this_run": self.step - st.start_step, "resumed_from": self.resumed_from,
@@ -837,7 +857,7 @@ class Run:
             "model": {"params": self.n_params, "flops_per_token": self.fpt,
                       **dataclasses.asdict(self.cfg)},
             "achieved_tflops": _round(achieved, 4), "mfu": _round(mfu, 5),
-            "peak": peak.to_json() if peak is not None else None,
+            "peak": peak.to_json() if peak is not None else None, **peak_notes,
             "amp": {"dtype": self.amp.name, "autocast": self.amp.autocast,
                     "grad_scaler": self.amp.grad_scaler},
             "attention_kernel": self.attention, "batch_trial": self.batch_trial,
