@@ -81,9 +81,15 @@ def worker_settings(rec: Any, auto: bool, a: TrainArgs, world: int, extra: Dict[
 
     s: Dict[str, Any] = {}
     decisions: List[Dict[str, Any]] = []
-    preset = a.model or "tiny"
-    s["preset"] = preset
     wl = rec.workload
+    preset = a.model or "tiny"
+    if wl.source == "hf-config":
+        # A Hugging Face config.json: the built-in GPT-2-style model with its shape (vocab_size only
+        # grows the embedding; the built-in tokenizer stays).
+        preset = "tiny"
+        extra = {**extra, "model": {"n_layer": wl.n_layer, "n_head": wl.n_head, "d_model": wl.d_model,
+                                    "seq_len": wl.seq_len, "vocab_size": wl.vocab, **extra.get("model", {})}}
+    s["preset"] = preset
     if auto:
         v = rec.values()
         s.update(dtype=v["dtype"], compile=bool(v["compile"]), ipex=bool(v["ipex"]), device=v["device"],
@@ -134,7 +140,8 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     from cpuperf.decide import runtime_env as envplan
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
-    from cpuperf.plan.launch import hf_command, plan_launch, script_path, slurm_allocation
+    from cpuperf.plan import user_script
+    from cpuperf.plan.launch import plan_launch, slurm_allocation
     from cpuperf.probe import probe_host
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
@@ -151,8 +158,14 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     if not a.auto and nproc is None:
         nproc = 1
     user = list(a.user_argv)
+    user_cmd = user_script.parse_command(user) if user else None
+    if user_cmd and user_cmd.launcher:
+        if (nproc or 1) > 1 or a.launcher:
+            raise UsageError(f"your command starts its own launcher ({user_cmd.launcher}): cpuperf adds none on top",
+                             hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
+        nproc = 1  # the user's launcher starts the ranks; cpuperf runs it directly, pinned
     steps = a.max_steps if a.max_steps is not None else (None if a.time_budget else 400)
-    workload = resolve_workload(a.model if (a.model and not user) else None, None, None, a.batch_size, steps)
+    workload = resolve_workload(a.model, None, None, a.batch_size, steps)
     meas = measure.load_cached(facts) if facts.live else None
     if (meas is None and a.auto and not a.dry_run and facts.live and not facts.gpus
             and environ.get("CPUPERF_MEASURE", "1") != "0"):
@@ -214,20 +227,19 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
 
     # What each rank runs.
     hf: Dict[str, Any] = {}
-    if user:
+    script = None
+    placement = rec.placement
+    if user and user_cmd is not None:
         from cpuperf.render import recommendation as render
-        source = None
-        path = script_path(user)
-        if path:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    source = fh.read()
-            except OSError:
-                source = None
-        ours = render.hf_flags(rec, rec.stack.get("transformers")) if a.auto else []
-        cmd, dropped, why = hf_command(user, ours, a.hf_flags if a.auto else "never", source)
-        hf = {"added": cmd[len(user):], "kept_yours": dropped, "why": why,
-              "transformers": rec.stack.get("transformers")}
+
+        source = _read_script(user_cmd.script)
+        ours, skipped = render.speed_flags(rec) if a.auto else ([], [])
+        script = user_script.plan_script(user, ours, a.hf_flags if a.auto else "never", source,
+                                         rec.stack.get("transformers"), skipped)
+        cmd = list(script.argv)
+        hf = script.to_json()
+        if user_cmd.launcher:
+            placement = user_script.own_launcher_placement(placement, user_cmd.nproc)
         settings: Optional[Dict[str, Any]] = None
         decisions = [{"id": d.id, "value": d.value, "reason": d.reason, "overridden": d.overridden}
                      for d in rec.decisions] if a.auto else []
@@ -237,7 +249,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     node_rank = a.node_rank
     addresses: Dict[str, str] = {}
     local_addr = None
-    plan = plan_launch(facts, rec.placement, rank_command=cmd, env_vars=env_vars, launcher=a.launcher, hosts=hosts,
+    plan = plan_launch(facts, placement, rank_command=cmd, env_vars=env_vars, launcher=a.launcher, hosts=hosts,
                        nnodes=nnodes, node_rank=node_rank if node_rank is not None else 0,
                        master_addr=a.master_addr, master_port=a.master_port, pin=a.auto,
                        threads=v["threads_per_rank"] if (a.auto and rec.decision("threads_per_rank").overridden) else None,
@@ -245,7 +257,19 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                        local_addr=local_addr, job_id=_job_id(hosts, a.master_port))
     return {"facts": facts, "rec": rec, "hosts": hosts, "plan": plan, "settings": settings,
             "decisions": decisions, "notes": notes, "hf": hf, "out_dir": out_dir_abs, "addresses": addresses,
-            "nnodes": nnodes, "user": bool(user)}
+            "nnodes": nnodes, "user": bool(user), "script": script,
+            "applied": user_script.applied(plan, script) if script is not None else None}
+
+
+def _read_script(path: Optional[str]) -> Optional[str]:
+    """The user's script text, to see how it parses its arguments (None: unreadable)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def _job_id(hosts: Any, port: Optional[int]) -> str:
@@ -327,7 +351,8 @@ def run_train(out: Output, a: TrainArgs) -> int:
     launch = _plan_json(b)
     if a.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": a.auto, "launch": launch, "settings": b["settings"],
-                  "decisions": b["decisions"], "hf_flags": b["hf"] or None, "notes": b["notes"]}
+                  "decisions": b["decisions"], "hf_flags": b["hf"] or None, "applied": b["applied"],
+                  "workload": b["rec"].workload.to_json(), "notes": b["notes"]}
         if out.json_mode:
             out.json(result)
         else:
@@ -338,7 +363,13 @@ def run_train(out: Output, a: TrainArgs) -> int:
     out.info(f"cpuperf train: {plan.launcher} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)"))
-    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=b["user"] and not out.json_mode)
+    if b["applied"] is not None:
+        from cpuperf.plan.user_script import applied_lines
+
+        for line in applied_lines(b["applied"]):
+            out.info(line)
+    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=b["user"] and not out.json_mode,
+                  tee_stderr=b["script"] is not None and bool(b["script"].added))
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if not b["user"] and b["settings"] is not None:
@@ -359,6 +390,11 @@ def run_train(out: Output, a: TrainArgs) -> int:
         code, message = _failure(plan, res, b)
         hint = ("fix the cause, then cpuperf train --resume continues from the last checkpoint"
                 if not b["user"] else None)
+        from cpuperf.plan.user_script import rejected_flags
+
+        rejected = rejected_flags(res.code, res.wall_s, res.launcher_output, b["script"])
+        if rejected:
+            message, hint = rejected
         if out.json_mode:
             out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
                                 "message": message, "hint": hint}, "launch": launch, "verification": verification})
@@ -366,7 +402,8 @@ def run_train(out: Output, a: TrainArgs) -> int:
         return code
     if b["user"]:
         result = {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
-                  "wall_s": round(res.wall_s, 3), "hf_flags": b["hf"] or None, "decisions": b["decisions"],
+                  "wall_s": round(res.wall_s, 3), "hf_flags": b["hf"] or None, "applied": b["applied"],
+                  "decisions": b["decisions"],
                   "launch": launch, "verification": verification}
     else:
         if summary is None and plan.node_rank != 0:
@@ -446,10 +483,10 @@ def _print_plan(out: Output, b: Dict[str, Any], launch: Dict[str, Any]) -> None:
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
     for note in plan.notes:
         lines.append(f"# {note}")
-    if b["hf"]:
-        lines.append(f"# HF flags: {' '.join(b['hf']['added']) or '(none)'} ({b['hf']['why']})")
-        if b["hf"]["kept_yours"]:
-            lines.append(f"# not added (you decided): {' '.join(b['hf']['kept_yours'])}")
+    if b["applied"] is not None:
+        from cpuperf.plan.user_script import applied_lines
+
+        lines.extend("# " + line for line in applied_lines(b["applied"]))
     env = {k: v for k, v in plan.env.items()}
     lines.append(shell_line(plan.argv, env))
     out.product("\n".join(lines))

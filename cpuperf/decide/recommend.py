@@ -536,10 +536,15 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
     optimizer = "adamw"
     tv = _version(torch_v)
     opt_rule = tuning["optimizer"]
-    if on_gpu and (tv is None or tv >= Version(opt_rule["fused_cuda_min_torch"])):
-        optimizer, opt_why = "adamw_fused", "fused AdamW kernel (one launch for all parameters)"
+    # Same family (AdamW), fastest implementation the installed torch has: fused on CUDA and, since
+    # torch 2.4, on CPU (one kernel over all parameters; ~6x faster steps measured on CPU, issue 15).
+    fused_min = opt_rule["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
+    if (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min)):
+        optimizer, opt_why = "adamw_fused", (f"fused AdamW kernel (one kernel for all parameters; torch >= {fused_min} "
+                                             f"on {'CUDA' if on_gpu else 'CPU'})")
     else:
-        opt_why = "AdamW (foreach implementation)"
+        opt_why = (f"AdamW (foreach implementation): fused needs torch >= {fused_min}" if tv is not None
+                   else "AdamW (foreach implementation): torch version unknown")
     state_bytes = w.params * rule["bytes_per_param_adamw"]
     evidence: Dict[str, Any] = {"params": w.params, "budget_bytes": budget, "budget": budget_why,
                                 "weights_grads_optimizer_bytes": state_bytes}

@@ -221,11 +221,12 @@ class _Watch(threading.Thread):
 
 
 def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
-            stdout_is_product: bool = False) -> ExecResult:
+            stdout_is_product: bool = False, tee_stderr: bool = False) -> ExecResult:
     """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
 
     stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
-    stderr, keeping our stdout for the one summary object.
+    stderr, keeping our stdout for the one summary object. tee_stderr: a direct child's stderr still
+    goes to ours, and its tail is kept in launcher_output (to explain a rejected flag).
     """
     env = dict(os.environ if environ is None else environ)
     env.update(plan.env)
@@ -246,7 +247,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         proc = subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec if affinity else None,
                                 start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
-                                stderr=None if direct else subprocess.STDOUT)
+                                stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
     except FileNotFoundError:
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
@@ -267,6 +268,17 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
                         echo.write(raw.decode("utf-8", "replace"))
                         echo.flush()
         reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+    elif tee_stderr:
+        def tee() -> None:
+            assert proc.stderr is not None
+            for raw in iter(proc.stderr.readline, b""):
+                text = raw.decode("utf-8", "replace")
+                sys.stderr.write(text)
+                sys.stderr.flush()
+                captured.append(text)
+                del captured[:-200]
+        reader = threading.Thread(target=tee, daemon=True)
         reader.start()
 
     interrupted = False
