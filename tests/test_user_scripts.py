@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_util import cli_env, run_cli
+
 from cpuperf.data import load_builtin
 from cpuperf.plan.user_script import (
     Flag,
@@ -70,8 +70,11 @@ def test_the_parser_decides_whether_trainer_flags_are_safe():
 def test_no_hyperparameters_and_no_slower_optimizer():
     flags, skipped = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
     args = [a for f in flags for a in f.args]
-    assert args == ["--use_cpu", "--bf16"]  # no batch size, no --optim: 5.x's default is fused already
+    assert args == ["--use_cpu"]  # no batch size, no --optim: 5.x's default is fused already
     assert any(n == "--optim" and "already fused" in w for n, w in skipped)
+    assert any(n == "--bf16" and "AMX" in w for n, w in skipped)  # measured slower here without AMX
+    flags, _ = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0", 1, TUNING, ALL, bf16_gemm_ratio=4.0)
+    assert [f.args for f in flags] == [("--use_cpu",), ("--bf16",)]
     # transformers 4.x defaults to foreach adamw_torch: the fused kernel of the same family, if torch has it
     flags, _ = speed_flags(CPU_BF16, set(), "4.46.0", "2.5.1", 1, TUNING, ALL)
     assert ("--optim", "adamw_torch_fused") in [f.args for f in flags]
@@ -82,7 +85,7 @@ def test_no_hyperparameters_and_no_slower_optimizer():
     flags, _ = speed_flags(values, {"batch_size", "optimizer"}, "5.23.0", "2.13.0", 1, TUNING, ALL)
     assert [f.args for f in flags][-2:] == [("--per_device_train_batch_size", "4"), ("--optim", "adafactor")]
     # a flag the installed transformers lacks is left out, and said so
-    flags, skipped = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0", 1, TUNING, ALL - {"bf16"})
+    flags, skipped = speed_flags(CPU_BF16, {"dtype"}, "5.23.0", "2.13.0", 1, TUNING, ALL - {"bf16"})
     assert [f.args for f in flags] == [("--use_cpu",)] and skipped[0][0] == "--bf16"
 
 

@@ -235,7 +235,8 @@ def _optim_flag(values: Mapping[str, Any], overridden: Set[str], ok: Set[str], t
 
 def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_version: Optional[str],
                 torch_version: Optional[str], world: int, tuning: Mapping[str, Any],
-                supported: Optional[Set[str]] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
+                supported: Optional[Set[str]] = None,
+                bf16_gemm_ratio: Optional[float] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer flags that only change speed, candidates left out with why); hyperparameters only when --set."""
     if supported is None:
         from cpuperf.knowledge.hf_flags import supported_flags
@@ -256,7 +257,12 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
             want("use_cpu", ("--use_cpu",), "device: cpu")
         else:
             want("no_cuda", ("--no_cuda",), "device: cpu")
-    if values["dtype"] in ("bf16", "fp16"):
+    gain = tuning["hf_trainer"]["cpu_bf16_min_gemm_ratio"]
+    if values["dtype"] in ("bf16", "fp16") and values["device"] == "cpu" and "dtype" not in overridden \
+            and (bf16_gemm_ratio or 0.0) < gain:
+        skipped.append(("--" + values["dtype"], f"on CPU only where bf16 GEMM measured >= {gain}x fp32 (AMX) or "
+                        "you --set dtype: autocast costs more than it gains on small models"))
+    elif values["dtype"] in ("bf16", "fp16"):
         want(values["dtype"], ("--" + values["dtype"],), f"dtype: {values['dtype']} autocast")
     if values.get("tf32") and values["device"] == "cuda":
         want("tf32", ("--tf32", "true"), "TF32 matmuls on Ampere and newer")

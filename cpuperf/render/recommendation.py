@@ -17,8 +17,11 @@ def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None
     v = rec.values()
     overridden = {d.id for d in rec.decisions if d.overridden}
     world = int(v["nproc_per_node"]) * int(v.get("nnodes") or 1)
+    ev = rec.decision("dtype").evidence
+    ratio = (ev["gemm_bf16_gflops"] / ev["gemm_fp32_gflops"]) if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") \
+        else None
     return plan_flags(v, overridden, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
-                      world, load_builtin("tuning.toml"))
+                      world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio)
 
 
 def hf_flags(rec: Recommendation, transformers_version: Optional[str]) -> List[str]:
