@@ -184,7 +184,7 @@ def train(
     auto: bool = typer.Option(False, "--auto", help="Apply the recommendation: dtype, IPEX/compile, threads, pinning, env, ranks, backend."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (argv, env, decisions) and do not run it."),
     sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=TRAIN_SETS_HELP),
-    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset: tiny (default), gpt2-small, micro."),
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset (tiny (default), gpt2-small, micro), or a Hugging Face config.json: sizes the memory plan, and the built-in model's shape."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Optimizer steps (default 400: ~2-3 minutes on 2 cores)."),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", metavar="S", help="Stop after S seconds of training."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Global batch (samples per optimizer step)."),

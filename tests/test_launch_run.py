@@ -180,5 +180,5 @@ def test_hf_trainer_script_gets_only_flags_its_transformers_accepts(tmp_path):
     # the user's batch size is kept, never duplicated
     assert argv.count("--per_device_train_batch_size") == 1
     assert argv[argv.index("--per_device_train_batch_size") + 1] == "2"
-    assert "--per_device_train_batch_size" in data["hf_flags"]["kept_yours"]
+    assert "--per_device_train_batch_size" not in data["hf_flags"]["added"]  # a hyperparameter: never ours
     assert data["launch"]["launcher"] == "direct"

@@ -555,7 +555,8 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
 
     on_gpu = gpu is not None
     tv = _version(torch_v)
-    fused_ok = tv is None or tv >= Version(tuning["optimizer"]["fused_cuda_min_torch"])
+    fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
+    fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
     plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning)
     evidence = {"params": w.params, **plan.evidence()}
     per_device, c = int(fixed.get("batch_size") or plan.per_rank_batch), plan.candidate

@@ -277,7 +277,8 @@ def lock_run_dir(run_dir: str) -> DirLock:
     return lock
 
 
-def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool) -> subprocess.Popen[bytes]:
+def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
+           tee_stderr: bool = False) -> subprocess.Popen[bytes]:
     """Popen the plan's argv in its own process group, pinned, dying with us (PR_SET_PDEATHSIG)."""
     affinity = plan.affinity
     parent = os.getpid()
@@ -292,7 +293,7 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool) -> su
         return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=True,
                                 stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
-                                stderr=None if direct else subprocess.STDOUT)
+                                stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
     except FileNotFoundError:
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
@@ -380,7 +381,7 @@ def _rank_errors(errors_dir: str) -> Dict[int, Dict[str, Any]]:
 
 
 def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
-            stdout_is_product: bool = False, run_dir: Optional[str] = None) -> ExecResult:
+            stdout_is_product: bool = False, run_dir: Optional[str] = None, tee_stderr: bool = False) -> ExecResult:
     """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
 
     stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
@@ -396,15 +397,31 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         env[ERRORS_VAR] = errors_dir
         if lock is not None:
             env[LOCK_TOKEN_VAR] = lock.holder.token
-        return _run(plan, env, echo, stdout_is_product, errors_dir)
+        return _run(plan, env, echo, stdout_is_product, errors_dir, tee_stderr)
     finally:
         shutil.rmtree(errors_dir, ignore_errors=True)
         if lock is not None:
             lock.release()
 
 
+def _tee(proc: subprocess.Popen, captured: List[str]) -> threading.Thread:
+    """A direct child's stderr still goes to ours; its tail is kept (to explain a rejected flag)."""
+    def tee() -> None:
+        assert proc.stderr is not None
+        for raw in iter(proc.stderr.readline, b""):
+            text = raw.decode("utf-8", "replace")
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            captured.append(text)
+            del captured[:-200]
+
+    thread = threading.Thread(target=tee, daemon=True)
+    thread.start()
+    return thread
+
+
 def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_is_product: bool,
-         errors_dir: str) -> ExecResult:
+         errors_dir: str, tee_stderr: bool = False) -> ExecResult:
     if plan.log_dir:
         Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
         for stale in Path(plan.log_dir).glob("rank*.pid"):
@@ -412,11 +429,11 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     direct = plan.launcher == "direct"
     launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
     t0 = time.monotonic()
-    proc = _start(plan, env, stdout_is_product)
+    proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
     watch = _Watch(plan, proc.pid if direct else None, echo)
     watch.start()
     captured: List[str] = []
-    reader = None if direct else _pump(proc, launcher_log, echo, captured)
+    reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))
     with _Stopper(proc) as stopper:
         try:
             code = stopper.wait()
