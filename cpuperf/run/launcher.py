@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UnreachableError, UsageError
+from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UnreachableError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation
 from cpuperf.probe.hosts import Host, require_resolvable
@@ -271,7 +271,7 @@ def lock_run_dir(run_dir: str) -> DirLock:
         raise CpuperfError(f"run directory {run_dir} is in use by another run{who}",
                            hint="wait for that run to end, or pass another --out", code=ExitCode.BUSY) from None
     except OSError as exc:
-        raise UsageError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
+        raise FilesystemError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
     if lock.stale is not None:
         sys.stderr.write(f"note: took over the stale lock of a run that is gone ({lock.stale.describe()})\n")
     return lock
