@@ -519,7 +519,9 @@ class _Txn:
         hint = f"full log: {self.pip.log} (state before: {self.run_dir / 'freeze-before.txt'})"
         if not res.ok:
             hint = f"cpuperf install --recover --python {self.pip.python} retries the restore; " + hint
-        return CpuperfError(f"{message}; {state}", hint=hint, code=code)
+        # The outcome before pip's cause: a long cause is cut to one line, the outcome must survive.
+        head, sep, cause = message.partition(": ")
+        return CpuperfError(f"{head}; {state}" + (f": {cause}" if sep else ""), hint=hint, code=code)
 
 
 def _begin(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path) -> _Txn:
