@@ -90,8 +90,9 @@ def test_synthetic_load_gets_a_finding_and_fewer_threads(busy_loop):
     assert threads["value"] < ncpus and f"CPU {cpu} " in threads["reason"]
     assert str(cpu) in threads["evidence"]["load"]["busy_cpus"]
     assert threads["evidence"]["load"]["threads_without_load"] == ncpus
-    affinity = next(d for d in rec["decisions"] if d["id"] == "affinity")["value"]
-    assert len(parse_cpulist(affinity) or ()) == threads["value"]  # pinned to the CPUs it computes on
+    affinity = next(d for d in rec["decisions"] if d["id"] == "affinity")
+    assert affinity["value"] == "auto"
+    assert len(parse_cpulist(affinity["evidence"]["cpus"]) or ()) == threads["value"]  # pinned where it computes
 
 
 def test_window_zero_skips_sampling():

@@ -247,12 +247,12 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto)."""
     fixed = user_constraints(overrides)
-    base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
-    fixed.update(base)
     if nproc_per_node is not None:
         fixed.setdefault("nproc_per_node", nproc_per_node)
     if nnodes and nnodes > 1:
         fixed.setdefault("nnodes", nnodes)
+    base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
+    fixed.update(base)
     ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
                    stack_versions(facts), fixed, tuple(base))
     if facts.software is None:
