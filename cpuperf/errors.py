@@ -95,4 +95,4 @@ def from_os_error(exc: OSError) -> FilesystemError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FilesystemError(f"cannot use {path}: {why}",
                                hint="choose a path you can write (--out DIR, CPUPERF_CACHE_DIR, HOME)")
-    return FilesystemError(f"{path}: {why}", hint="check the path")
+    return FilesystemError(f"cannot use {path}: {why}", hint="check the path (a file where a directory should be?)")
