@@ -140,6 +140,8 @@ CASES = [
     Case("train-time-budget-inf", ["train", "--dry-run", "--time-budget", "inf"], USAGE, needle="--time-budget"),
     Case("train-time-budget-negative", ["train", "--dry-run", "--time-budget", "-5"], USAGE),
     Case("train-lr-overflow", ["train", "--dry-run", "--set", "lr=1e999"], USAGE, needle="lr"),
+    Case("recommend-params-inf", ["recommend", "--sysroot", "{sysroot}", "--params", "1e999"], USAGE, needle="--params"),
+    Case("recommend-params-nan", ["recommend", "--sysroot", "{sysroot}", "--params", "nan"], USAGE, needle="--params"),
     Case("train-bad-port", ["train", "--dry-run", "--master-port", "0"], USAGE),
     # configs: nested too deep, binary, not UTF-8, unreadable
     Case("config-deep-toml", ["recommend", "--sysroot", "{sysroot}", "--config", "{deep_toml}"], USAGE),
