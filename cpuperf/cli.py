@@ -232,9 +232,10 @@ def _ccl_env_main(argv: List[str]) -> int:
 
 
 def _report(out: Output, exc: CpuperfError) -> int:
-    """One error line (plus a hint line) on stderr, and the JSON object on stdout with --json."""
-    exc.message = one_line(exc.message) or type(exc).__name__
-    exc.hint = one_line(exc.hint) if exc.hint else None
+    """The error line (plus a hint line) on stderr, and the JSON object on stdout with --json.
+
+    cpuperf's own messages are printed as written (install's carry pip's error lines on purpose);
+    third-party text is cut to one line where it is caught (_known_failure, the internal-error line)."""
     if out.json_mode:
         out.json(exc.to_json())
     out.error(exc.message, exc.hint)
