@@ -6,6 +6,7 @@ its exit code; a traceback only with CPUPERF_DEBUG=1.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import List, Optional
@@ -242,6 +243,11 @@ def _report(out: Output, exc: CpuperfError) -> int:
     return int(exc.code)
 
 
+_FILE_ERRNOS = {getattr(errno, name) for name in (
+    "EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR", "ENOENT", "EEXIST", "ENAMETOOLONG",
+    "ELOOP", "EIO", "EFBIG", "ETXTBSY") if hasattr(errno, name)}
+
+
 def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
     """Failures a user or the host causes, raised below a command's own checks, as their error class."""
     from cpuperf.errors import UsageError, from_os_error
@@ -251,7 +257,7 @@ def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
     if isinstance(exc, UnicodeError):
         return UsageError(f"input is not valid UTF-8 text ({one_line(str(exc), 120)})",
                           hint="save the file as UTF-8")
-    if isinstance(exc, OSError) and exc.errno is not None:
+    if isinstance(exc, OSError) and exc.errno in _FILE_ERRNOS:
         return from_os_error(exc)
     return None
 

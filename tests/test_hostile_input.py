@@ -308,3 +308,22 @@ def test_bench_size_and_seconds_are_used(tmp_path: Path) -> None:
     assert result["gemm_fp32_gflops"] > 0
     cached = json.loads(Path(result["cache"]).read_text())
     assert cached["gemm_size"] == 64
+
+
+def test_multi_line_third_party_errors_are_one_line_unless_debug(monkeypatch, capsys) -> None:
+    """A library's multi-line error (a traceback text, a compiler dump) is summarised in one line."""
+    from cpuperf import cli
+    from cpuperf.commands import compat
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("Traceback (most recent call last):\n  File x, line 1\nValueError: deep inside")
+
+    monkeypatch.setattr(compat, "run", boom)
+    monkeypatch.delenv("CPUPERF_DEBUG", raising=False)
+    assert cli.main(["compat"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len([line for line in err if line.startswith("error: ")]) == 1 and len(err) <= 2, err
+    assert "ValueError: deep inside" in err[0] and "+2 more line(s)" in err[0] and "CPUPERF_DEBUG=1" in err[0]
+    monkeypatch.setenv("CPUPERF_DEBUG", "1")
+    with pytest.raises(RuntimeError):
+        cli.main(["compat"])
