@@ -6,6 +6,7 @@ its exit code; a traceback only with CPUPERF_DEBUG=1.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import List, Optional
@@ -238,13 +239,19 @@ def _ccl_env_main(argv: List[str]) -> int:
 
 
 def _report(out: Output, exc: CpuperfError) -> int:
-    """One error line (plus a hint line) on stderr, and the JSON object on stdout with --json."""
-    exc.message = one_line(exc.message) or type(exc).__name__
-    exc.hint = one_line(exc.hint) if exc.hint else None
+    """The error line (plus a hint line) on stderr, and the JSON object on stdout with --json.
+
+    cpuperf's own messages are printed as written (install's carry pip's error lines on purpose);
+    third-party text is cut to one line where it is caught (_known_failure, the internal-error line)."""
     if out.json_mode:
         out.json(exc.to_json())
     out.error(exc.message, exc.hint)
     return int(exc.code)
+
+
+_FILE_ERRNOS = {getattr(errno, name) for name in (
+    "EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR", "ENOENT", "EEXIST", "ENAMETOOLONG",
+    "ELOOP", "EIO", "EFBIG", "ETXTBSY") if hasattr(errno, name)}
 
 
 def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
@@ -256,7 +263,7 @@ def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
     if isinstance(exc, UnicodeError):
         return UsageError(f"input is not valid UTF-8 text ({one_line(str(exc), 120)})",
                           hint="save the file as UTF-8")
-    if isinstance(exc, OSError) and exc.errno is not None:
+    if isinstance(exc, OSError) and exc.errno in _FILE_ERRNOS:
         return from_os_error(exc)
     return None
 

@@ -110,8 +110,10 @@ def test_usage_errors_and_version():
 
 def test_missing_sysroot_is_a_usage_error_not_a_host_with_no_cores(tmp_path):
     proc = run_cli(["doctor", "--sysroot", str(tmp_path / "nothing-here"), "--json"])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert json.loads(proc.stdout)["error"]["code"] == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"] == 2 and "nothing-here" in err["message"]
 
 
 def test_doctor_and_help_never_import_torch():
