@@ -440,6 +440,13 @@ def test_write_lock_and_download_into_impossible_paths(tmp_path, txn_index, home
     assert "--download" in _err(proc, 2)
 
 
+def test_venv_that_is_a_file(tmp_path, home):
+    f = tmp_path / "venv-file"
+    f.write_text("x")
+    proc = cli(["install", "--venv", str(f), "--dry-run"], home, timeout=60)
+    assert "is a file" in _err(proc, 2)
+
+
 def test_recover_takes_no_install_options(tmp_path, home):
     proc = cli(["install", "--venv", str(tmp_path / "v"), "--recover", "--torch", "2.7"], home, timeout=60)
     assert "--recover" in _err(proc, 2)

@@ -74,7 +74,13 @@ def _target(opts: Options, env: Mapping[str, str]) -> ip.Target:
         python = os.path.join(venv, "bin", "python")
         if os.path.exists(python):
             return ip.Target(python, pd.python_version(python, env) or "")
-        if os.path.exists(venv) and os.listdir(venv):
+        if os.path.exists(venv) and not os.path.isdir(venv):
+            raise UsageError(f"--venv {venv} is a file, not a directory", hint="name a new directory, or an existing venv")
+        try:
+            occupied = os.path.exists(venv) and bool(os.listdir(venv))
+        except OSError as exc:
+            raise UsageError(f"--venv {venv}: {exc.strerror or exc}", hint="name a new directory, or an existing venv") from exc
+        if occupied:
             raise UsageError(f"{venv} exists but is not a virtual environment (no bin/python)",
                              hint="name a new directory, or an existing venv")
         return ip.Target(python, "%d.%d.%d" % sys.version_info[:3], create_venv=venv)
@@ -553,7 +559,7 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
         if not ok:
             raise PipFailedError(f"could not create {plan.target.create_venv}: {err[-300:]}")
     pip = pd.Pip(plan.target.python, plan.env, log)
-    txn = _begin(plan, pip, run_dir)
+    txn = _begin(plan, pip, run_dir)  # a stop before this changed nothing: run() says so
     # where a full disk is reported when pip names no file: site-packages, not a venv's bin/
     site = next((r for r in sorted(txn.tree, key=lambda r: "-packages" not in r)), None)
     try:
