@@ -296,6 +296,9 @@ def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):
     assert refused.returncode == 10, (refused.stdout, refused.stderr)
     e = json.loads(refused.stdout)["error"]
     assert "did not finish" in e["message"] and e["hint"] == f"cpuperf install --recover --python {venv}"
+    # the same environment spelled another way is refused too (the journal keys on site-packages)
+    other = cli(["install", "--python", venv + "3", "--index-url", txn_index.good, "--torch", "2.7.0", "--yes"], home)
+    assert other.returncode == 10, other.stderr
     # a dry run only warns
     dry = cli(["install", "--python", venv, "--index-url", txn_index.good, "--torch", "2.7.0", "--dry-run"], home)
     assert dry.returncode == 0 and "--recover" in dry.stderr, dry.stderr
@@ -458,10 +461,10 @@ def test_recover_takes_no_install_options(tmp_path, home):
 def test_tree_diff_names_new_trees_once_and_ignores_caches():
     from cpuperf.plan import install as ip
 
-    before = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (10, 1), "torch/__pycache__/": (-1, 0),
+    before = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (10, 1), "torch/same.py": (7, 1), "torch/__pycache__/": (-1, 0),
                       "torch/__pycache__/__init__.cpython-311.pyc": (99, 1),
                       "torch-2.6.0.dist-info/RECORD": (300, 1), "six.py": (5, 1)}}
-    now = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (12, 2), "torch/new.py": (1, 2),
+    now = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (12, 2), "torch/new.py": (1, 2), "torch/same.py": (7, 5),
                    "torch/__pycache__/": (-1, 0), "torch/__pycache__/__init__.cpython-311.pyc": (120, 2),
                    "torch-2.6.0.dist-info/RECORD": (310, 2), "functorch/": (-1, 0), "functorch/a/": (-1, 0),
                    "functorch/a/b.py": (1, 2)},
@@ -470,7 +473,8 @@ def test_tree_diff_names_new_trees_once_and_ignores_caches():
     assert d.added == (("/sp", "functorch/"), ("/sp", "torch/new.py"))  # the new tree once, whole
     assert d.missing == (("/sp", "six.py"),)
     assert d.changed == (("/sp", "torch/__init__.py"),)  # not the .pyc, not RECORD
-    assert ip.tree_diff(before, before) == ip.TreeDiff((), (), ())
+    assert d.touched == (("/sp", "torch/same.py"),) and d.damaged()  # same size, rewritten
+    assert ip.tree_diff(before, before) == ip.TreeDiff((), (), ()) and not ip.tree_diff(before, before).damaged()
 
 
 def test_error_summary_finds_the_cause():

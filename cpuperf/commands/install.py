@@ -541,6 +541,7 @@ def _begin(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path) -> _Txn:
         fsutil.atomic_write_bytes(run_dir / "tree-before.json", json.dumps(tree).encode("utf-8"))
         pd.write_journal(journal, {
             "schema": "cpuperf.install-journal/1", "state": "running", "python": plan.target.python,
+            "site": pd.site_key(plan.target.python, plan.env),
             "pid": os.getpid(), "pid_start": pd.process_start(os.getpid()),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "freeze_before": str(run_dir / "freeze-before.txt"), "tree_before": str(run_dir / "tree-before.json"),
@@ -622,7 +623,7 @@ def _stash(plan: ip.InstallPlan, txn: _Txn, out: Output) -> None:
 def _refuse_unfinished(python: str, environ: Mapping[str, str], out: Output, changes: bool) -> None:
     """An install that was killed (SIGKILL, a power cut) left its journal: nothing goes on until
     `--recover` has put the environment back."""
-    for path, data in pd.unfinished_journals(environ, python):
+    for path, data in pd.unfinished_journals(environ, python, pd.site_key(python, ip.child_env(environ))):
         if pd.install_running(data):
             msg = f"another cpuperf install (pid {data.get('pid')}) is changing {python} right now"
             hint = "wait for it to finish"
@@ -638,7 +639,8 @@ def _refuse_unfinished(python: str, environ: Mapping[str, str], out: Output, cha
 
 def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
     """`cpuperf install --recover`: restore the environment from the journal an unfinished install left."""
-    found = pd.unfinished_journals(environ, python)
+    env = ip.child_env(environ)
+    found = pd.unfinished_journals(environ, python, pd.site_key(python, env))
     if not found:
         others = pd.unfinished_journals(environ)
         if others:
@@ -650,7 +652,6 @@ def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
         else:
             out.product(f"nothing to recover: no unfinished install into {python}")
         return int(ExitCode.OK)
-    env = ip.child_env(environ)
     done: List[Dict[str, Any]] = []
     for path, data in found:
         if pd.install_running(data):

@@ -509,7 +509,7 @@ def _restore(pip: Pip, before_text: str, stash_dir: Path, tree: ip.Tree) -> Rest
     # one when files that were there are missing or changed (a replacement cut half-way).
     stashed = {n for n, v in before.items() if _in_stash(stash_dir, n, v)}
     pins = dict(steps.reinstall)
-    if diff.missing or diff.changed:
+    if diff.damaged():
         pins.update({n: before[n] for n in stashed})
     plain = sorted(f"{n}=={v}" for n, v in pins.items() if not _direct(v))
     if plain:
@@ -581,7 +581,8 @@ def read_journal(path: Path) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) and data.get("schema") == "cpuperf.install-journal/1" else None
 
 
-def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None) -> List[Tuple[Path, Dict[str, Any]]]:
+def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None,
+                        site: Optional[str] = None) -> List[Tuple[Path, Dict[str, Any]]]:
     """Journals of installs that neither finished nor were restored (SIGKILL, a power cut), newest first."""
     root = cache_dir(environ) / "installs"
     try:
@@ -593,9 +594,20 @@ def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None
         data = read_journal(d / JOURNAL)
         if data is None or data.get("state") not in UNFINISHED:
             continue
-        if python is None or data.get("python") == python:
+        if python is None or data.get("python") == python or (site is not None and data.get("site") == site):
             found.append((d / JOURNAL, data))
     return found
+
+
+def site_key(python: str, env: Mapping[str, str]) -> Optional[str]:
+    """The interpreter's site-packages (real path): what an install changes, however the python is
+    spelled (bin/python, bin/python3, a symlink); None when it does not run (a venv not made yet)."""
+    try:
+        res = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, timeout=60, env=dict(env), stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return os.path.realpath(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip() else None
 
 
 def install_running(data: Mapping[str, Any]) -> bool:
