@@ -69,7 +69,7 @@ def auto_config(steps: int) -> Dict[str, Any]:
     decisions = {d["id"]: d["value"] for d in plan["decisions"]}
     slot = (launch.get("per_rank") or [{}])[0]
     return {"name": "auto", "env": dict(launch.get("env") or {}), "cpus": slot.get("cpus") or None,
-            "settings": {"dtype": settings["dtype"], "threads": settings.get("threads"), "compile": settings["compile"],
+            "settings": {"dtype": settings["dtype"], "threads_per_rank": settings.get("threads_per_rank"), "compile": settings["compile"],
                          "ipex": settings["ipex"], "fp32_math_mode": decisions.get("fp32_math_mode")},
             "decisions": {k: decisions.get(k) for k in ("dtype", "threads_per_rank", "compile", "ipex", "allocator", "affinity")}}
 
@@ -82,12 +82,12 @@ def sweep_configs(quick: bool) -> List[Dict[str, Any]]:
     facts = probe_host()
     cores = plan_placement(facts).threads_per_rank
     logical = len(facts.usable_cpus())
-    out = [{"name": "threads=1", "env": {"OMP_NUM_THREADS": "1"}, "settings": {"threads": 1}},
-           {"name": f"threads={cores}", "env": {"OMP_NUM_THREADS": str(cores)}, "settings": {"threads": cores}},
+    out = [{"name": "threads=1", "env": {"OMP_NUM_THREADS": "1"}, "settings": {"threads_per_rank": 1}},
+           {"name": f"threads={cores}", "env": {"OMP_NUM_THREADS": str(cores)}, "settings": {"threads_per_rank": cores}},
            {"name": "bf16", "settings": {"dtype": "bf16"}}]
     if logical > cores:
         out.append({"name": f"threads={logical} (SMT)", "env": {"OMP_NUM_THREADS": str(logical)},
-                    "settings": {"threads": logical}})
+                    "settings": {"threads_per_rank": logical}})
     allocators = facts.software.allocators if facts.software else {}
     for name in ("tcmalloc", "jemalloc"):
         libs = [p for p in allocators.get(name, ()) if "minimal" not in p and "debug" not in p]

@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from cpuperf import __version__
-from cpuperf.errors import CpuperfError, ExitCode
+from cpuperf.errors import CpuperfError, ExitCode, one_line
 from cpuperf.output import Output
 
 app = typer.Typer(
@@ -41,6 +41,18 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """cpuperf: the right PyTorch stack and settings for this machine."""
+
+
+def _finite(option: str, value: float, maximum: Optional[float] = None) -> float:
+    """Durations and sizes are finite and positive: `nan` never stops, `inf` never ends."""
+    import math
+
+    from cpuperf.errors import UsageError
+
+    if not (math.isfinite(value) and value > 0) or (maximum is not None and value > maximum):
+        bound = f"0 < S <= {maximum:g}" if maximum is not None else "a finite number of seconds > 0"
+        raise UsageError(f"{option} {value!r}: expected {bound}", hint=f"e.g. {option} 60")
+    return value
 
 
 def _finish(code: int) -> None:
@@ -148,19 +160,22 @@ def recommend(
 @app.command()
 def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
-    size: int = typer.Option(512, "--size", min=64, help="GEMM size."),
-    seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per measurement."),
+    size: int = typer.Option(512, "--size", min=64, max=8192, help="GEMM size (n of the n x n matrices)."),
+    seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per GEMM measurement (at most 600)."),
     allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading tcmalloc/jemalloc."),
     compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain (tens of seconds)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again even if a fresh, trusted measurement is cached."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
-    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_))
+    _finite("--seconds", seconds, maximum=600.0)
+    _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_,
+                        refresh))
 
 
-TRAIN_SETS_HELP = "Override a decision (dtype, compile, threads_per_rank...) or a worker setting (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable)."
+TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -184,19 +199,24 @@ def train(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="torchrun, mpirun or srun (default: direct for one rank, srun in Slurm, else torchrun)."),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="A"),
     master_port: Optional[int] = typer.Option(None, "--master-port", metavar="P", min=1, max=65535),
+    rdzv_timeout: Optional[float] = typer.Option(None, "--rdzv-timeout", metavar="SECONDS", help="Several ranks: how long the rendezvous may take before the missing nodes are named (default 300)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node (--auto)."),
     hf_flags: str = typer.Option("auto", "--hf-flags", help="For `-- python script.py`: add Trainer flags auto (HF Trainer scripts only), always or never."),
+    sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help="Plan for a recorded host (/proc, /sys under DIR); with --dry-run only."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
     from cpuperf.commands import train as cmd
+    if time_budget is not None:
+        _finite("--time-budget", time_budget)
     args = cmd.TrainArgs(auto=auto, dry_run=dry_run, sets=list(sets), model=model, max_steps=max_steps,
                          time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
                          ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
-                         device=device, unit=unit, hf_flags=hf_flags, user_argv=list(ctx.args))
+                         rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot,
+                         user_argv=list(ctx.args))
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
 
 
@@ -217,6 +237,30 @@ def _ccl_env_main(argv: List[str]) -> int:
     return cmd.run(Output(json_mode=json_out, quiet=quiet), opts)
 
 
+def _report(out: Output, exc: CpuperfError) -> int:
+    """One error line (plus a hint line) on stderr, and the JSON object on stdout with --json."""
+    exc.message = one_line(exc.message) or type(exc).__name__
+    exc.hint = one_line(exc.hint) if exc.hint else None
+    if out.json_mode:
+        out.json(exc.to_json())
+    out.error(exc.message, exc.hint)
+    return int(exc.code)
+
+
+def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
+    """Failures a user or the host causes, raised below a command's own checks, as their error class."""
+    from cpuperf.errors import UsageError, from_os_error
+
+    if isinstance(exc, RecursionError):
+        return UsageError("input is nested too deeply", hint="flatten the TOML/JSON file or value")
+    if isinstance(exc, UnicodeError):
+        return UsageError(f"input is not valid UTF-8 text ({one_line(str(exc), 120)})",
+                          hint="save the file as UTF-8")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return from_os_error(exc)
+    return None
+
+
 def _json_requested(argv: List[str]) -> bool:
     # Only cpuperf's own options: a user's command after `--` may have a --json of its own.
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
@@ -235,6 +279,9 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     try:
         if _pending is not None:
             raise _pending
+        if args and not set(args) & {"-h", "--help", "--version"} and os.environ.get("CPUPERF_COMPAT_DIR"):
+            from cpuperf.knowledge.matrix import check_env_dir
+            check_env_dir()
         if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
             return _ccl_env_main(args[1:])
         result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
@@ -242,10 +289,7 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     except CpuperfError as exc:
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise
-        if out.json_mode:
-            out.json(exc.to_json())
-        out.error(exc.message, exc.hint)
-        return int(exc.code)
+        return _report(out, exc)
     except (typer.Exit, getattr(click_exc, "Exit", typer.Exit)) as exc:  # noqa: B030  (click 8.2 moved Exit)
         return int(exc.exit_code or 0)
     except typer.Abort:
@@ -255,7 +299,9 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
         if out.json_mode:
             out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
                                 "message": exc.format_message(), "hint": "cpuperf --help"}})
-        exc.show()
+        # One line, as every other error: click's own show() prints a usage block first.
+        ctx = getattr(exc, "ctx", None)
+        out.error(one_line(exc.format_message()), f"{ctx.command_path if ctx else 'cpuperf'} --help")
         return int(ExitCode.USAGE)
     except KeyboardInterrupt:
         out.error("interrupted")
@@ -270,7 +316,10 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     except Exception as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise
-        message = f"internal error: {type(exc).__name__}: {exc}"
+        known = _known_failure(exc)
+        if known is not None:  # the host or the input caused it: its own class and exit code
+            return _report(out, known)
+        message = f"internal error: {type(exc).__name__}: {one_line(str(exc))}"
         if out.json_mode:
             out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal",
                                 "message": message, "hint": "rerun with CPUPERF_DEBUG=1 and report it"}})

@@ -15,8 +15,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["ccl-env"]:
         try:
+            import os
+
             from cpuperf.commands import ccl_env as cclenv
             from cpuperf.output import Output
+
+            if os.environ.get("CPUPERF_COMPAT_DIR") and "--help" not in args and "-h" not in args:
+                from cpuperf.knowledge.matrix import check_env_dir  # exit 6 here as under every command
+                check_env_dir()
 
             opts, json_out, quiet = cclenv.parse_args(args[1:])
             return cclenv.run(Output(json_mode=json_out, quiet=quiet), opts)

@@ -18,7 +18,9 @@ class ExitCode(enum.IntEnum):
     UNREACHABLE = 7  # a package index or host could not be reached
     LAUNCH_FAILED = 8  # a launcher or tool is missing, or a rank died without its own code
     UNSUPPORTED_PLATFORM = 9  # macOS, Windows: cpuperf serves Linux
-    INSTALL_UNFINISHED = 10  # an earlier install was killed half-way: `cpuperf install --recover`
+    FILESYSTEM = 10  # a file or directory cannot be read or written (permissions, read-only, disk full)
+    INSTALL_UNFINISHED = 11  # an earlier install was killed half-way: `cpuperf install --recover`
+    BUSY = 12  # another live run holds the run directory (--out)
     HANGUP = 129  # SIGHUP (128 + 1): the terminal went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT, 128 + 2)
     TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`
@@ -71,3 +73,30 @@ class LaunchFailedError(CpuperfError):
 
 class UnsupportedPlatformError(CpuperfError):
     code = ExitCode.UNSUPPORTED_PLATFORM
+
+
+class FilesystemError(CpuperfError, OSError):
+    code = ExitCode.FILESYSTEM
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """A message as one line: the first line of a multi-line text, with a count of the rest."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0] if len(lines) == 1 else f"{lines[0]} (+{len(lines) - 1} more line(s); CPUPERF_DEBUG=1 shows all)"
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
+def from_os_error(exc: OSError) -> FilesystemError:
+    """An OSError the host caused (permissions, read-only, full disk) as one line naming the path."""
+    import errno
+
+    path = exc.filename if exc.filename is not None else "a file"
+    why = exc.strerror or type(exc).__name__
+    if exc.errno == errno.ENOSPC:
+        return FilesystemError(f"no space left on the device holding {path}", hint="free some space, or choose another path")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return FilesystemError(f"cannot use {path}: {why}",
+                               hint="choose a path you can write (--out DIR, CPUPERF_CACHE_DIR, HOME)")
+    return FilesystemError(f"{path}: {why}", hint="check the path")

@@ -1,12 +1,18 @@
-"""Atomic file writes: a crash or Ctrl-C leaves either the old file or the new one, never half."""
+"""Atomic file writes (a crash or Ctrl-C leaves the old file or the new one, never half); directory locks."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
+import json
 import os
+import socket
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Iterator, Optional, Union
 
 
 @contextlib.contextmanager
@@ -37,3 +43,97 @@ def atomic_writer(path: Union[str, Path]) -> Iterator[IO[bytes]]:
 def atomic_write_bytes(path: Union[str, Path], data: bytes) -> None:
     with atomic_writer(path) as fh:
         fh.write(data)
+
+
+# -- a directory that belongs to one process at a time ----------------------------------------------
+
+LOCK_NAME = ".lock"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds (or last held) a directory lock, as recorded in its lock file."""
+
+    pid: int
+    host: str
+    started: float  # time.time() when the lock was taken
+    token: str  # lets a launcher hand the lock to the process it starts
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid} on {self.host}, since {when}"
+
+    def dead_here(self) -> bool:
+        """The holder ran on this host and its pid is gone (only then can we tell)."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
+class LockBusy(Exception):
+    """Another live process holds the lock."""
+
+    def __init__(self, path: str, holder: Optional[LockHolder]):
+        super().__init__(path)
+        self.path = path
+        self.holder = holder
+
+
+@dataclass
+class DirLock:
+    """An flock(2) on DIR/.lock, held while `fd` is open (the kernel drops it when the process dies)."""
+
+    path: str
+    fd: int
+    holder: LockHolder
+    stale: Optional[LockHolder]  # the record of a dead holder this lock took over, if any
+
+    def release(self) -> None:
+        """Clear the record (so the next run sees no stale lock) and drop the lock."""
+        if self.fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+        os.close(self.fd)
+        self.fd = -1
+
+
+def read_lock_holder(path: Union[str, Path]) -> Optional[LockHolder]:
+    """The record in a lock file; None when absent, empty or malformed (binary, truncated)."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(4096).decode("utf-8"))
+        return LockHolder(int(data["pid"]), str(data["host"]), float(data["started"]), str(data["token"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def acquire_dir_lock(directory: Union[str, Path], token: str = "") -> DirLock:
+    """Lock `directory` for this process (creating it); LockBusy if a live process holds it.
+
+    flock, not a pid file alone: the kernel releases it when the holder dies however it dies, so a
+    record left behind by a dead holder is stale by construction and is taken over (see DirLock.stale).
+    """
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    path = os.path.join(str(directory), LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LockBusy(path, read_lock_holder(path)) from None
+    except OSError:
+        os.close(fd)
+        raise
+    stale = read_lock_holder(path)
+    holder = LockHolder(os.getpid(), socket.gethostname(), time.time(), token)
+    record = json.dumps(dataclasses.asdict(holder)).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record + b"\n", 0)
+    return DirLock(path, fd, holder, stale)

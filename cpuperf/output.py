@@ -26,7 +26,12 @@ class Output:
 
     def json(self, obj: Any) -> None:
         """Write one JSON object to stdout."""
-        sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+        try:  # NaN and Infinity are not JSON: a script's parser would reject the whole object
+            text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
+        except ValueError:
+            text = json.dumps(_finite(json.loads(json.dumps(obj, default=_json_default))), indent=2,
+                              sort_keys=False, allow_nan=False)
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
     def table(self, renderable: Any) -> None:
@@ -48,6 +53,19 @@ class Output:
     def err_renderable(self, renderable: Any) -> None:
         if not self.quiet:
             stderr_console().print(renderable)
+
+
+def _finite(obj: Any) -> Any:
+    """Non-finite floats (which inputs should have refused already) as null."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _json_default(obj: Any) -> Any:

@@ -30,7 +30,7 @@ from cpuperf.render import shell as cclenv
 from cpuperf.run import vendor_env as envsources
 
 SHELLS = {"bash": ["bash", "--norc", "--noprofile", "-c"], "zsh": ["zsh", "-f", "-c"],
-          "fish": ["fish", "--no-config", "-c"]}
+          "dash": ["dash", "-c"], "sh": ["sh", "-c"], "fish": ["fish", "--no-config", "-c"]}
 HOSTILE = ["two words", "it's", 'say "hi"', "$(touch {canary}/dollar)", "`touch {canary}/tick`",
            "line1\nline2", "back\\slash", "; touch {canary}/semi #", "'; touch {canary}/q; '", "$HOME ${HOME}",
            "tab\there", "glob * ?", "\\'", "'\\''"]
@@ -91,10 +91,10 @@ SETVARS = textwrap.dedent('''\
 
 @pytest.fixture(scope="module")
 def ccl_venv(tmp_path_factory) -> Path:
-    """torch 2.7 + oneccl_bind_pt 2.7 (metadata and env script only): the ccl backend is usable."""
+    """torch 2.7.0 + oneccl_bind_pt 2.7.0 (metadata and env script only): the matrix says ccl is usable."""
     venv = make_venv(tmp_path_factory.mktemp("cclvenv") / "venv")
     site = site_packages(venv)
-    add_dist(site, "torch", "2.7.1+cpu", {"torch/__init__.py": ""})
+    add_dist(site, "torch", "2.7.0+cpu", {"torch/__init__.py": ""})
     add_dist(site, "oneccl_bind_pt", "2.7.0+cpu", {
         "oneccl_bindings_for_pytorch/__init__.py": "raise ImportError('never imported by cpuperf')\n",
         "oneccl_bindings_for_pytorch/env/setvars.sh": SETVARS})
@@ -120,11 +120,13 @@ def ccl_json(args: List[str], env: Optional[Dict[str, str]] = None) -> dict:
 # -- pure: the plan -----------------------------------------------------------------------------------
 
 def test_backend_choice_names_the_reason():
-    gloo = envplan.choose_backend("2.13.0+cpu", None)
-    assert gloo.name == "gloo" and "oneccl_bind_pt is not installed; its last CPU release 2.7 supports torch 2.7" \
-        in gloo.reason and "2.13.0+cpu is newer" in gloo.reason
-    assert envplan.choose_backend("2.7.1+cpu", ("oneccl_bind_pt", "2.7.0+cpu")).name == "ccl"
-    mismatch = envplan.choose_backend("2.8.0", ("oneccl_bind_pt", "2.7.0+cpu"))
+    from cpuperf.knowledge.addons import cpu_ddp_backend
+
+    gloo = cpu_ddp_backend("2.13.0+cpu", None)
+    assert gloo.name == "gloo" and "oneccl_bind_pt is not installed" in gloo.reason \
+        and "last CPU release 2.7.0" in gloo.reason and "2.13.0+cpu is newer" in gloo.reason
+    assert cpu_ddp_backend("2.7.0+cpu", "2.7.0+cpu").name == "ccl"
+    mismatch = cpu_ddp_backend("2.8.0", "2.7.0+cpu")
     assert mismatch.name == "gloo" and "built for torch 2.7" in mismatch.reason
 
 
@@ -240,10 +242,9 @@ def test_quoting_rules():
     assert cclenv.one_line("a\nb\rc") == "a?b?c"
 
 
-def test_default_shell_and_unknown_shell():
-    assert cclenv.default_shell({"SHELL": "/usr/bin/fish"}) == "fish"
-    assert cclenv.default_shell({"SHELL": "/bin/tcsh"}) == "bash"
-    assert cclenv.default_shell({}) == "bash"
+def test_default_shell_is_posix_and_unknown_shell_refused():
+    assert cclenv.DEFAULT_SHELL == "sh"
+    assert render_one("X", "v", "sh") == render_one("X", "v", "bash") == render_one("X", "v", "zsh")
     with pytest.raises(UsageError):
         cclenv.check_shell("csh")
 
@@ -265,8 +266,8 @@ VALUES = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Co"), black
                  max_size=40)
 
 
-def _roundtrip(shell: str, value: str, tmp: Path) -> str:
-    code = render_one("CPUPERF_T", value, shell)
+def _roundtrip(shell: str, value: str, tmp: Path, rendered_for: Optional[str] = None) -> str:
+    code = render_one("CPUPERF_T", value, rendered_for or shell)
     script = tmp / f"code.{shell}"
     script.write_text(code, encoding="utf-8")
     out = tmp / "env0"
@@ -295,6 +296,44 @@ def test_quoting_round_trips_arbitrary_text_in_real_shell(shell, tmp_path_factor
         value = value.replace("{canary}", str(tmp))
         assert _roundtrip(shell, value, tmp) == value
     assert list(tmp.glob("dollar")) == list(tmp.glob("tick")) == list(tmp.glob("semi")) == list(tmp.glob("q")) == []
+
+
+# Hostile fragments glued together by hypothesis: quotes, substitutions, backticks, newlines,
+# backslashes, fish's escapes, comment starters, non-ASCII text.
+FRAGMENTS = ["'", '"', "\\", "\\'", "'\\''", "$(touch {canary}/dollar)", "`touch {canary}/tick`", "${HOME}",
+             "\n", "\r", "\t", "; touch {canary}/semi #", "(touch {canary}/paren)", "{a,b}", "*", "~", "!",
+             "%", "&", "|", "#", "\u00e9", "\u2028", "\U0001f600", "\x7f", "\x1b[31m", " "]
+HOSTILE_VALUES = st.lists(st.one_of(st.sampled_from(FRAGMENTS), VALUES), max_size=8).map("".join)
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "dash", "fish"])
+def test_default_output_is_injection_safe_in_every_shell(shell, tmp_path_factory):
+    """The default (POSIX sh) output in bash, zsh and dash, and --shell fish in fish: every hostile
+    value comes back byte-identical and nothing runs (no canary file appears)."""
+    need(shell)
+    tmp = tmp_path_factory.mktemp(f"inj-{shell}")
+    rendered_for = "fish" if shell == "fish" else cclenv.DEFAULT_SHELL
+    canary = tmp / "canary"
+    canary.mkdir()
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(HOSTILE_VALUES)
+    def check(value):
+        value = value.replace("{canary}", str(canary))
+        assert _roundtrip(shell, value, tmp, rendered_for).encode() == value.encode()
+        assert list(canary.iterdir()) == []  # nothing in any value ran
+
+    check()
+
+
+def test_default_output_ignores_login_shell(tmp_path):
+    """$SHELL=fish (the login shell) must not turn the default into fish syntax."""
+    proc = run_cli(["ccl-env"], {"SHELL": "/usr/bin/fish", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line and not line.startswith("#")]
+    assert lines and all(line.startswith("export ") for line in lines), proc.stdout
+    fish = run_cli(["ccl-env", "--shell", "fish"], {"HOME": str(tmp_path)})
+    assert fish.returncode == 0 and "set -gx " in fish.stdout
 
 
 # -- real shells: eval, the JSON's variables, idempotence ---------------------------------------------
@@ -486,10 +525,12 @@ def test_unit_numa_and_preload_flag(tmp_path):
     assert "LD_PRELOAD" not in ccl_json(["--sysroot", host])["env"]
 
 
-def test_does_not_import_torch_typer_or_rich_or_scan_all_metadata():
+def test_does_not_import_torch_typer_or_rich():
+    # The installed stack is read the way every command reads it (package metadata, CPUPERF_OVERRIDE_PACKAGES),
+    # so ccl-env and train agree on the backend; torch itself is never imported.
     code = ("import sys, io, contextlib\nfrom cpuperf.entry import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['ccl-env', '-q'])\n"
-            "bad = [m for m in ('torch', 'rich', 'typer', 'pydantic', 'importlib.metadata', 'psutil')"
+            "bad = [m for m in ('torch', 'rich', 'typer', 'pydantic', 'psutil')"
             " if m in sys.modules]\n"
             "print(rc, bad)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)

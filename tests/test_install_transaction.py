@@ -275,7 +275,7 @@ def test_corrupt_wheel_leaves_no_half_unpacked_files(venv, txn_index, home):
 
 def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):
     """SIGKILL mid-download: pip dies with cpuperf (parent-death signal), the next install refuses
-    with exit 10 and names --recover, and --recover leaves the environment as it was."""
+    with exit 11 and names --recover, and --recover leaves the environment as it was."""
     freeze, files = pip_freeze(venv, home), tree(venv)
     reset_stall(txn_index)
     proc = start(["install", "--python", venv, "--index-url", txn_index.stall, "--torch", "2.7.0", "--yes"], home)
@@ -293,7 +293,7 @@ def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):
     assert pips_of(venv) == [], "pip outlived a SIGKILLed cpuperf"
     refused = cli(["install", "--python", venv, "--index-url", txn_index.good, "--torch", "2.7.0", "--yes",
                    "--json"], home)
-    assert refused.returncode == 10, (refused.stdout, refused.stderr)
+    assert refused.returncode == 11, (refused.stdout, refused.stderr)
     e = json.loads(refused.stdout)["error"]
     assert "did not finish" in e["message"] and e["hint"] == f"cpuperf install --recover --python {venv}"
     # the same environment spelled another way is refused too (the journal keys on site-packages)

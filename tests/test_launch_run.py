@@ -57,7 +57,7 @@ def test_auto_single_process_real_run(tmp_path):
     assert records[0]["type"] == "settings" and records[0]["settings"]["dtype"] == expected
     assert records[-1]["type"] == "summary"
     rank0 = data["verification"]["ranks"][0]
-    assert rank0["omp_num_threads"] == str(data["settings"]["threads"])
+    assert rank0["omp_num_threads"] == str(data["settings"]["threads_per_rank"])
     assert len(rank0["allowed_cpus"]) <= ncores and data["verification"]["warnings"] == []
     assert Path(data["checkpoint"]).is_file()
     decisions = {d["id"]: d for d in data["decisions"]}
@@ -67,7 +67,7 @@ def test_auto_single_process_real_run(tmp_path):
 def test_plain_run_without_auto_uses_defaults(tmp_path):
     data, _ = train_json([*MICRO, "--max-steps", "5", "--set", "dtype=fp32"], tmp_path)
     s = data["settings"]
-    assert s["dtype"] == "fp32" and s["compile"] is False and s["threads"] is None and data["world_size"] == 1
+    assert s["dtype"] == "fp32" and s["compile"] is False and s["threads_per_rank"] is None and data["world_size"] == 1
     assert data["launch"]["affinity"] is None and "OMP_NUM_THREADS" not in data["launch"]["env"]
 
 

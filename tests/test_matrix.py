@@ -247,3 +247,19 @@ def test_env_dir_is_pathsep_separated(tmp_path):
     (b / "ipex-new.toml").write_text(EXTRA_IPEX.replace("https://example.invalid/whl/", "https://later.invalid/"))
     m = load_matrix(environ={ENV_DIR: f"{a}{os.pathsep}{b}"})
     assert next(r for r in m.ipex if str(r.version) == "2.9.0").index_url == "https://later.invalid/"
+
+
+def test_oneccl_local_labels_follow_the_builds_setup_py():
+    # intel/torch-ccl setup.py create_version(): no local label before v1.12.0, '+cpu' appended from v1.12.0
+    m = load_matrix(environ={})
+    labels = {str(r.version): r.local for r in m.oneccl if r.device == "cpu"}
+    assert labels["1.10.0"] == "" and labels["1.11.0"] == ""
+    assert labels["1.12.0"] == "+cpu" and labels["1.12.100"] == "+cpu"
+
+
+def test_hf_rows_claiming_verified_while_saying_unverified_are_rejected(tmp_path):
+    (tmp_path / "hf-x.toml").write_text(
+        '[[hf]]\npackage = "transformers"\nname = "bf16"\nkind = "trainer-arg"\nintroduced = "4.13.0"\n'
+        'verified = true\nsource = "memory"\nreason = "unverified"\n')
+    with pytest.raises(MatrixError, match="unverified"):
+        load_matrix(tmp_path, environ={})

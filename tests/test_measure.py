@@ -56,3 +56,93 @@ def test_allocator_speedups_measure_real_preloads(tmp_path, monkeypatch):
     libs = set(measure.allocator_libraries(facts))
     assert {k for k in ratios if not k.endswith("_by_workload")} == libs
     assert all(ratios[name] > 0 and set(ratios[f"{name}_by_workload"]) == {"lm", "mlp"} for name in libs)
+
+
+# -- measurements with a life span ------------------------------------------------------------------
+
+def _steady(**extra):
+    rep = {"n": 3, "median": 200.0, "min": 195.0, "max": 204.0, "spread": 0.045}
+    return {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 200.0, "threads": 2,
+            "repeats": {"gemm_fp32_gflops": {**rep, "median": 100.0, "min": 98.0, "max": 101.0, "spread": 0.03},
+                        "gemm_bf16_gflops": rep},
+            "load": {"under_load": False, "busy_cpus": {}, "figure": "load average 0.1"}, **extra}
+
+
+def _dtype(data):
+    return next(d for d in data["decisions"] if d["id"] == "dtype")
+
+
+def test_a_steady_measurement_is_used_and_printed_with_its_figure(tmp_path, monkeypatch):
+    from cli_util import run_json
+
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0"}
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    measure.save(probe_host(use_cache=False), _steady())
+    data, proc = run_json(["recommend"], env)
+    if not probe_host().cpu.bf16_native:
+        pytest.skip("dtype uses the measurement only where bf16 is native")
+    assert _dtype(data)["evidence"]["gemm_bf16_gflops"] == 200.0
+    assert "NOT TRUSTED" not in _dtype(data)["evidence"]["measured"]
+    assert "using measurement" in proc.stderr and "bf16 GEMM 200.0 GFLOP/s" in proc.stderr
+
+
+def test_a_measurement_under_load_is_never_used_silently(tmp_path, monkeypatch):
+    from cli_util import run_json
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    facts = probe_host(use_cache=False)
+    loaded = _steady(load={"under_load": True, "busy_cpus": {"1": 1.0}, "figure": "CPU 1 100% busy, load average 160"})
+    measure.save(facts, loaded)
+    usable, flags = measure.assess(measure.read_cached(facts)[0], facts)
+    assert usable and any("under load" in f and "load average 160" in f for f in flags)
+    got = measure.load_cached(facts)
+    assert got is not None and "NOT TRUSTED" in got.source and "load average 160" in got.source
+    data, proc = run_json(["recommend"], {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0"})
+    assert "NOT TRUSTED" in proc.stderr and "load average 160" in proc.stderr
+    if facts.cpu.bf16_native:
+        assert "NOT TRUSTED" in _dtype(data)["evidence"]["measured"]
+    # A wide spread is flagged the same way.
+    wide = _steady()
+    wide["repeats"]["gemm_fp32_gflops"].update(min=40.0, max=100.0, spread=0.6)
+    measure.save(facts, wide)
+    assert any("spread 60%" in f for f in measure.assess(measure.read_cached(facts)[0], facts)[1])
+
+
+def test_a_changed_torch_build_or_an_old_entry_invalidates_it(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.13.0+cpu"}))
+    facts = probe_host(use_cache=False)
+    path = measure.save(facts, _steady())
+    assert measure.load_cached(facts) is not None
+    # Another build: another key, so the entry is not found; and a recorded file naming another build
+    # at this host's key is refused with the reason.
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.13.0+cu128"}))
+    other = probe_host(use_cache=False)
+    assert measure.host_id(other) != measure.host_id(facts) and measure.load_cached(other) is None
+    record = json.loads(path.read_text())
+    record["torch_build"] = {"version": "2.12.0+cpu", "local": "cpu", "git": "abc"}
+    path.write_text(json.dumps(record))
+    said = []
+    assert measure.load_cached(facts, said.append) is None and "another torch build" in said[0]
+    record = {**json.loads(path.read_text()), "torch_build": measure.torch_build(facts),
+              "measured_at": int(time.time()) - 40 * 86400}
+    path.write_text(json.dumps(record))
+    assert measure.load_cached(facts, said.append) is None and "40 days old" in said[-1]
+
+
+def test_bench_reuses_a_trusted_entry_and_refresh_measures_again(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from cli_util import run_json
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    measure.save(probe_host(use_cache=False), _steady())
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path)}
+    args = ["bench", "--no-allocators", "--seconds", "0.2", "--size", "128", "--threads", "1"]
+    data, _ = run_json(args, env)
+    assert data["from_cache"] is True and data["gemm_bf16_gflops"] == 200.0
+    data, _ = run_json([*args, "--refresh"], env)
+    assert data["from_cache"] is False and data["gemm_bf16_gflops"] != 200.0
+    assert data["repeats"]["gemm_fp32_gflops"]["n"] >= 3 and "under_load" in data["load"]
+    assert data["torch_build"]["version"] and data["trusted"] == (not data["flags"])

@@ -23,8 +23,8 @@ def _load(*argv: str) -> TrainSettings:
 def test_set_overrides_config_and_flags_win() -> None:
     s = _load("--config", '{"preset": "micro", "model": {"n_layer": 3}, "lr": 0.01}',
               "--set", "lr=0.002", "--set", "model.d_model=32", "--set", "optimizer=adamw_fused",
-              "--set", "threads=null", "--out-dir", "/tmp/x", "--resume")
-    assert (s.preset, s.lr, s.optimizer, s.threads) == ("micro", 0.002, "adamw_fused", None)
+              "--set", "threads_per_rank=null", "--out-dir", "/tmp/x", "--resume")
+    assert (s.preset, s.lr, s.optimizer, s.threads_per_rank) == ("micro", 0.002, "adamw_fused", None)
     assert s.model == {"n_layer": 3, "d_model": 32}
     assert (s.out_dir, s.resume) == ("/tmp/x", True)
     assert _load() == TrainSettings()

@@ -14,9 +14,9 @@ def test_defaults_round_trip_through_json(tmp_path) -> None:
     s = TrainSettings()
     assert TrainSettings.from_json(s.to_json()) == s
     p = tmp_path / "s.json"
-    p.write_text(json.dumps({"preset": "micro", "lr": 1, "threads": 2, "model": {"n_layer": 1}}))
+    p.write_text(json.dumps({"preset": "micro", "lr": 1, "threads_per_rank": 2, "model": {"n_layer": 1}}))
     t = TrainSettings.from_json(str(p))
-    assert (t.preset, t.lr, t.threads, t.model) == ("micro", 1.0, 2, {"n_layer": 1})
+    assert (t.preset, t.lr, t.threads_per_rank, t.model) == ("micro", 1.0, 2, {"n_layer": 1})
     assert isinstance(t.lr, float)
 
 
@@ -28,7 +28,7 @@ def test_defaults_round_trip_through_json(tmp_path) -> None:
     ({"dtype": "fp16"}, "fp16 needs device cuda"),
     ({"ddp_backend": "nccl"}, "nccl needs device cuda"),
     ({"max_steps": None, "time_budget_s": None}, "needs an end"),
-    ({"threads": 0}, "threads must be >= 1"),
+    ({"threads_per_rank": 0}, "threads_per_rank must be >= 1"),
     ({"model": {"d_model": -1}}, "model.d_model must be a positive integer"),
     ({"model": {"width": 3}}, "unknown model override"),
     ([], "must be a JSON object"),

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny shapes so the suite stays fast on 2 cores.
 MICRO = {"preset": "micro", "batch_size": 8, "log_every": 5, "eval_every": 10, "ckpt_every": 10,
-         "eval_batches": 2, "warmup": 5, "lr": 0.003, "progress": "plain", "threads": 1}
+         "eval_batches": 2, "warmup": 5, "lr": 0.003, "progress": "plain", "threads_per_rank": 1}
 
 
 @pytest.fixture(scope="module")

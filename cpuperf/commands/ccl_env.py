@@ -7,7 +7,7 @@ for --explain, a subprocess only when a script exists or several nodes need the 
 from __future__ import annotations
 
 import os
-from typing import List, Mapping, NamedTuple, NoReturn, Optional, Tuple
+from typing import Any, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
 
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
@@ -59,7 +59,8 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     p.add_argument("--hostfile", metavar="FILE", help="hosts, one per line; the first is MASTER_ADDR")
     p.add_argument("--master-addr", metavar="HOST", help="rendezvous host (default 127.0.0.1, or the hostfile's first)")
     p.add_argument("--master-port", type=port, metavar="PORT", help="rendezvous port (default 29500)")
-    p.add_argument("--shell", metavar="SHELL", help="bash, zsh, fish or dotenv (default: from $SHELL, else bash)")
+    p.add_argument("--shell", metavar="SHELL", help="sh (default: POSIX, for sh, bash, zsh and dash), bash, zsh, fish or dotenv; "
+                        "never guessed from $SHELL")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (schema cpuperf.ccl-env/1)")
     p.add_argument("--quiet", "-q", action="store_true", help="no messages on stderr")
     p.add_argument("--explain", action="store_true", help="a table of variable, value, source, reason on stderr")
@@ -79,7 +80,6 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
 def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     """Everything but printing: returns a cclenv.CclEnv. Raises CpuperfError on bad input."""
     from cpuperf.decide import runtime_env as envplan
-    from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
     from cpuperf.render import shell as cclenv
     from cpuperf.run import vendor_env as envsources
@@ -97,18 +97,14 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     nodes = envplan.node_count(hosts, opts.nnodes)
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
 
-    stack = envsources.discover(opts.python, env)
-    torch = stack.get("torch")
-    bindings = stack.get("bindings")
-    backend = envplan.choose_backend(torch.version if torch else None,
-                                     (bindings.name, bindings.version) if bindings else None)
+    stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
+    facts = probe_host(sysroot=opts.sysroot, python=opts.python)  # the stack as every command sees it
+    rec = _decisions(facts, opts, nodes, env)
+    placement = rec.placement
+    backend = _backend(facts, rec)
     if opts.require_ccl and backend.name != "ccl":
-        raise IncompatibleHostError(f"the ccl backend is not available: {backend.reason}",
-                                    hint="install torch 2.7 with oneccl_bind_pt 2.7.0+cpu, or drop --require-ccl")
-
-    facts = probe_host(sysroot=opts.sysroot, software=False)
-    placement = plan_placement(facts, opts.nproc_per_node, opts.unit, ccl=backend.name == "ccl", nnodes=nodes)
-
+        raise IncompatibleHostError(f"the ccl backend is not available: {backend.reason.removeprefix('gloo: ')}",
+                                    hint="cpuperf compat --with oneccl shows the torch it needs, or drop --require-ccl")
     sources, notes = envsources.plan_sources(stack, backend.name)
     notes = list(stack.notes) + notes
     wanted: List[envplan.EnvVar] = []
@@ -136,8 +132,8 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
         ifname = envsources.route_interface(kept_addr or master)
     libraries = envsources.find_libraries(stack) if opts.preload else envplan.Libraries()
     tuned = envplan.runtime_env(facts, placement, backend=backend.name, hosts=hosts, master_addr=opts.master_addr,
-                                master_port=opts.master_port, preload=opts.preload, nnodes=nodes,
-                                mpi="intelmpi" if intel_mpi else None, libraries=libraries,
+                                master_port=opts.master_port, preload=opts.preload, allocator=rec.get("allocator"),
+                                nnodes=nodes, mpi="intelmpi" if intel_mpi else None, libraries=libraries,
                                 socket_ifname=ifname, environ=env)
     notes += list(tuned.notes)
     merged = envplan.merge_env(env, list(wanted) + list(tuned.vars), override=opts.override, force=sorted(forced))
@@ -158,11 +154,33 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
                                 "python": stack.executable, "prefix": stack.prefix})
 
 
+def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) -> Any:
+    """The same decisions `recommend` and `train --auto` make here (backend, ranks, threads, allocator)."""
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.run import measure
+
+    meas = measure.load_cached(facts) if facts.live else None
+    return recommend(facts, resolve_workload(None, None, None, None, 400), nproc_per_node=opts.nproc_per_node,
+                     nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
+
+
+def _backend(facts: Any, rec: Any) -> Any:
+    """The job's DDP backend; for one rank, the one several ranks would use (the env is for either)."""
+    from cpuperf.knowledge.addons import Backend, cpu_ddp_backend
+
+    chosen = rec.decision("ddp_backend")
+    if chosen.value in ("ccl", "gloo"):
+        return Backend(chosen.value, chosen.reason, chosen.value == "ccl")
+    return cpu_ddp_backend(rec.stack.get("torch"), rec.stack.get("oneccl_bind_pt"),
+                           facts.software.python if facts.software else None)
+
+
 def run(out: Output, opts: Options) -> int:
     from cpuperf.render import shell as cclenv
     result = build(opts)
     if result.backend != "ccl":
-        out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason}")
+        out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo")
     for note in result.notes:
         out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
     if opts.explain:
@@ -170,7 +188,7 @@ def run(out: Output, opts: Options) -> int:
     if out.json_mode:
         out.json(cclenv.to_json(result))
     else:
-        shell = opts.shell or cclenv.default_shell(os.environ)
+        shell = opts.shell or cclenv.DEFAULT_SHELL
         out.product(cclenv.render(result, shell))
     return int(ExitCode.OK)
 

@@ -14,14 +14,14 @@ def _gib(n: Optional[int]) -> str:
 
 def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapshot: Optional[str]) -> int:
     from cpuperf.decide import doctor
-    from cpuperf.probe import probe_host
+    from cpuperf.probe import probe_host, with_load
 
     if save_snapshot:
         from cpuperf.probe.snapshot import save_snapshot as save
 
         count = save(save_snapshot, sysroot=sysroot)
         out.info(f"saved {count} probe files under {save_snapshot} (use: cpuperf doctor --sysroot {save_snapshot})")
-    facts = probe_host(sysroot=sysroot, python=python)
+    facts = with_load(probe_host(sysroot=sysroot, python=python))
     if not facts.platform.startswith("linux"):
         out.info(f"cpuperf serves Linux hosts; this is {facts.platform}: nothing to diagnose here")
         if out.json_mode:

@@ -14,22 +14,30 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts)."""
     import os
 
-    from cpuperf.decide.recommend import parse_sets, recommend
+    from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
-    from cpuperf.probe import probe_host
+    from cpuperf.knowledge.knobs import coerce_entry, merge, parse_assignments
+    from cpuperf.probe import probe_host, with_load
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
 
-    facts = probe_host(sysroot=sysroot, python=python)
+    facts = with_load(probe_host(sysroot=sysroot, python=python))
     workload = resolve_workload(model, params, seq_len, batch_size, steps)
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts is not None and nnodes == 1:
         nnodes = len(hosts)
-    overrides: Dict[str, str] = {}
+    overrides: Dict[str, Any] = {}
     if config:
-        overrides.update(load_settings_file(config))
-    overrides.update(parse_sets(sets))
-    meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts) if facts.live else None)
+        for key, raw in load_settings_file(config).items():
+            overrides = merge(overrides, coerce_entry(key, raw))
+    overrides = merge(overrides, parse_assignments(sets))
+
+    def log(msg: str) -> None:  # which measurement decides, with its figure (stderr: never the product)
+        import sys
+
+        sys.stderr.write(f"cpuperf: {msg}\n")
+
+    meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts, log) if facts.live else None)
     rec = recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
                     measurements=meas, overrides=overrides, environ=os.environ if facts.live else {})
     return facts, rec, hosts
@@ -38,20 +46,28 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 def load_settings_file(path: str) -> Dict[str, str]:
     """A TOML or JSON file of decision overrides: {dtype = "fp32", compile = false}."""
     import json
-    from pathlib import Path
 
+    from cpuperf.data import MAX_DEPTH, too_deep
     from cpuperf.errors import UsageError
 
+    hint = "write KEY = VALUE lines (TOML) or a JSON object, in UTF-8"
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(1024 * 1024 + 1)  # bounded: a settings file is a few lines
     except OSError as exc:
-        raise UsageError(f"cannot read settings file {path}: {exc.strerror}") from exc
+        raise UsageError(f"cannot read settings file {path}: {exc.strerror}", hint="check the path") from exc
+    if len(raw) > 1024 * 1024 or b"\0" in raw:
+        raise UsageError(f"settings file {path} is {'over 1 MiB' if len(raw) > 1024 * 1024 else 'binary'}", hint=hint)
     try:
+        text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else _toml(text)
-    except ValueError as exc:
-        raise UsageError(f"settings file {path} is malformed: {exc}", hint="write KEY = VALUE lines (TOML) or a JSON object") from exc
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        why = str(exc).splitlines()[0] if str(exc) else "nested too deeply"
+        raise UsageError(f"settings file {path} is malformed: {why}", hint=hint) from exc
     if not isinstance(data, dict):
-        raise UsageError(f"settings file {path} must hold a table of decisions")
+        raise UsageError(f"settings file {path} must hold a table of decisions", hint=hint)
+    if too_deep(data, MAX_DEPTH):
+        raise UsageError(f"settings file {path} nests deeper than {MAX_DEPTH} levels", hint=hint)
     return {str(k): ("none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)) for k, v in data.items()}
 
 
@@ -63,14 +79,28 @@ def _toml(text: str) -> Dict[str, Any]:
     return tomllib.loads(text)
 
 
-def renderings(facts, rec, hosts) -> Dict[str, Any]:
+def job_plan(facts: Any, rec: Any, hosts: Any, environ: Optional[Dict[str, str]] = None) -> Any:
+    """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
+    from cpuperf.plan.job import JobRequest, plan_job
+    from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
+
+    nnodes = max(1, int(rec.get("nnodes")))
+    master = None if hosts else ("127.0.0.1" if nnodes > 1 else None)  # placeholder a user replaces
+    request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
+                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
+    return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
+                    python="python")
+
+
+def renderings(facts: Any, rec: Any, hosts: Any, jp: Any = None) -> Dict[str, Any]:
     """Environment, launch line, HF flags and accelerate config for a recommendation."""
-    from cpuperf.plan.recommend_launch import recommend_env, recommend_launch
+    from cpuperf.plan.launch_view import launch_view
     from cpuperf.render import recommendation as render
 
+    jp = jp or job_plan(facts, rec, hosts)
     transformers = rec.stack.get("transformers")
-    env = recommend_env(facts, rec, hosts)
-    launch = recommend_launch(facts, rec, hosts)
+    env = jp.env_map()
+    launch = launch_view(jp.launch)
     return {
         "env": env,
         "launch": launch,
@@ -78,6 +108,8 @@ def renderings(facts, rec, hosts) -> Dict[str, Any]:
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", "29500"))),
+        "accelerate_launch_args": render.accelerate_launch_args(rec),
+        "data_notes": render.hf_notes(rec),
     }
 
 
@@ -94,7 +126,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "workload": rec.workload.to_json(),
         "placement": rec.placement.to_json(),
         "stack": rec.stack,
-        "notes": list(rec.notes),
+        "notes": list(rec.notes) + extra["data_notes"],
         **extra,
     }
     if out.json_mode:
@@ -112,7 +144,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         out.product(render.launch_line(extra["launch"]))
     else:
         _table(out, result)
-    for note in rec.notes:
+    for note in result["notes"]:
         out.info(f"note: {note}")
     return 0
 
@@ -139,7 +171,7 @@ def _table(out: Output, result: Dict[str, Any]) -> None:
 
 
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
-              compile: bool = False) -> int:
+              compile: bool = False, refresh: bool = False) -> int:
     from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
@@ -147,17 +179,41 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     facts = probe_host()
     if threads is None:
         threads = plan_placement(facts).threads_per_rank
-    out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
-             + (", torch.compile (slow)" if compile else "") + " ...")
-    results = measure.run_micro(facts, threads, allocators=allocators, compile=compile)
-    path = measure.save(facts, results)
-    results["cache"] = str(path)
+    usable = len(facts.usable_cpus()) or 1
+    if not 1 <= threads <= usable:  # 100000 threads would fork until the machine runs out of processes
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
+                         hint=f"choose 1..{usable}")
+    cached, path = measure.read_cached(facts)
+    usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
+    if cached is not None and usable and not flags and not refresh:
+        out.info(f"cached measurement ({measure.describe(cached)}); cpuperf bench --refresh measures again")
+        results = {**cached, "cache": str(path), "from_cache": True}
+    else:
+        if cached is not None and (flags or not usable):
+            out.info(f"measuring again: the cached one is {'; '.join(flags)}")
+        out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
+                 + (", torch.compile (slow)" if compile else "") + " ...")
+        results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size)
+        path = measure.save(facts, results)
+        results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
+        _, flags = measure.assess(results, facts)
+    results["trusted"] = not flags
+    results["flags"] = flags
     if out.json_mode:
         out.json({"schema": "cpuperf.bench/1", **results})
     else:
         ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+        reps = results.get("repeats") or {}
+        spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
         lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)"]
+                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
+        load = results.get("load") or {}
+        if load.get("figure"):
+            lines.append(f"load around it: {load['figure']}")
+        if flags:
+            lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
         for name, r in (results.get("allocator_speedup") or {}).items():
             lines.append(f"{name} preloaded: {r:.2f}x the default allocator")
         if results.get("compile_speedup"):

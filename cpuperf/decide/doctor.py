@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
+from cpuperf.decide.load import check_load
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import HostFacts, PackageInfo
 
@@ -166,6 +167,7 @@ def check_stack(facts: HostFacts) -> List[Finding]:
 
 CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
     check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries, check_stack, check_gpus,
+    check_load,
 ]
 
 
@@ -243,6 +245,7 @@ def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
             "memory": {"total_bytes": facts.memory.total_bytes,
                        "available_bytes": facts.memory.available_bytes},
             "gpus": [asdict(g) for g in facts.gpus] if facts.gpus is not None else None,
+            "load": asdict(facts.load) if facts.load is not None else None,
         },
         "software": software,
         "findings": [f.to_json() for f in findings],

@@ -16,6 +16,9 @@ from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
 from cpuperf.probe.facts import HostFacts
 
+# Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
+OVERSUBSCRIBE_LIMIT = 4
+
 
 @dataclass(frozen=True)
 class Core:
@@ -123,8 +126,13 @@ def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
 
 
 def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit: str = "socket",
-                   ccl: bool = False, nnodes: int = 1) -> Placement:
-    """Ranks, their cores and thread counts for this host."""
+                   ccl: bool = False, nnodes: int = 1, threads_per_rank: Optional[int] = None,
+                   oversubscribe: bool = False) -> Placement:
+    """Ranks, their cores and thread counts for this host.
+
+    `nproc_per_node` and `threads_per_rank` are the user's constraints when given: the cores are laid
+    out around them, and a count the usable cores cannot hold is refused unless `oversubscribe`.
+    """
     if unit not in ("socket", "numa"):
         raise UsageError(f"unknown placement unit {unit!r}", hint="use 'socket' or 'numa'")
     cores = usable_cores(facts)
@@ -137,9 +145,20 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     nproc = default_nproc(facts, unit) if chosen_default else int(nproc_per_node or 1)
     if nproc < 1:
         raise UsageError("--nproc-per-node must be at least 1")
-    if nproc > len(cores):
-        raise UsageError(f"--nproc-per-node {nproc} exceeds the {len(cores)} usable physical cores",
-                         hint=f"use at most --nproc-per-node {len(cores)}")
+    if nproc > len(cores) and not oversubscribe:
+        raise UsageError(f"nproc_per_node {nproc} exceeds the {len(cores)} usable physical cores",
+                         hint=f"use at most {len(cores)}, or --set oversubscribe=true to share cores")
+    if threads_per_rank is not None and not oversubscribe:
+        logical = len(facts.usable_cpus())
+        if threads_per_rank * nproc > logical:
+            raise UsageError(f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
+                             hint=f"use at most {max(1, logical // nproc)} threads per rank, or --set oversubscribe=true")
+    logical = max(1, len(facts.usable_cpus()))
+    if oversubscribe and max(nproc, nproc * (threads_per_rank or 1)) > OVERSUBSCRIBE_LIMIT * logical:
+        raise UsageError(f"{nproc} rank(s) x {threads_per_rank or 1} thread(s) is more than {OVERSUBSCRIBE_LIMIT}x "
+                         f"the {logical} usable CPUs, even oversubscribed", hint=f"use at most {OVERSUBSCRIBE_LIMIT * logical} threads in all")
+    if nproc > len(cores):  # oversubscribed: ranks share cores, round robin
+        cores = [cores[i % len(cores)] for i in range(nproc)]
     if budget < len(cores):
         # Quota/Slurm: keep the first `budget` cores, still split by unit.
         cores = cores[:max(budget, nproc)]
@@ -154,10 +173,14 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
         worker_cpus = primaries[:workers] if workers else ()
         compute = primaries[workers:] if workers else primaries
         threads = max(1, min(len(compute), per_rank_budget - workers if workers else per_rank_budget))
+        if threads_per_rank is not None:
+            compute, threads = _fit_threads(group, compute, worker_cpus, threads_per_rank)
         sockets = {c.socket for c in group}
         nodes = {c.node for c in group}
         slots.append(RankSlot(rank, sockets.pop() if len(sockets) == 1 else None,
                               nodes.pop() if len(nodes) == 1 else None, primaries, compute, worker_cpus, threads))
+    if threads_per_rank is not None:
+        reasons.append(f"{threads_per_rank} thread(s) per rank, as asked")
     if chosen_default:
         reasons.append(f"one rank per {unit} with usable cores: {nproc}")
     else:
@@ -165,3 +188,14 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     if workers:
         reasons.append(f"{workers} oneCCL worker core(s) per rank, taken from its compute threads")
     return Placement(nproc, unit if nproc > 1 else "cores", tuple(slots), workers, budget, tuple(reasons))
+
+
+def _fit_threads(group: List[Core], compute: Tuple[int, ...], worker_cpus: Tuple[int, ...],
+                 threads: int) -> Tuple[Tuple[int, ...], int]:
+    """A rank's CPUs for an asked thread count: its first cores, then their SMT siblings, then shared."""
+    if threads <= len(compute):
+        return compute[:threads], threads
+    siblings = tuple(cpu for core in group for cpu in core.cpus if cpu not in worker_cpus)
+    if threads <= len(siblings):
+        return siblings[:threads], threads
+    return siblings or compute, threads  # oversubscribed: more threads than CPUs, as asked

@@ -8,35 +8,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
+from cpuperf.knowledge.addons import addon_compatible, alternative, cpu_ddp_backend, newer_than_last, retirement
 from cpuperf.knowledge.gpu import visible_gpus
+from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, coerce
 from cpuperf.probe.facts import Gpu, HostFacts
 
 SCHEMA = "cpuperf.recommend/1"
 
-DECISION_IDS = (
-    "device", "dtype", "tf32", "fp32_math_mode", "nproc_per_node", "nnodes", "threads_per_rank", "affinity",
-    "ddp_backend", "ipex", "compile", "allocator", "attention", "batch_size", "grad_accum_steps",
-    "grad_checkpointing", "optimizer", "dataloader_workers", "pin_memory", "zero",
-)
-_BOOL_IDS = {"tf32", "ipex", "compile", "grad_checkpointing", "pin_memory"}
-_INT_IDS = {"nproc_per_node", "nnodes", "threads_per_rank", "batch_size", "grad_accum_steps", "dataloader_workers"}
-_CHOICES: Dict[str, Set[Any]] = {
-    "device": {"cpu", "cuda"},
-    "dtype": {"fp32", "bf16", "fp16"},
-    "ddp_backend": {"gloo", "ccl", "mpi", "nccl", None},
-    "allocator": {"tcmalloc", "jemalloc", None},
-    "optimizer": {"adamw", "adamw_fused", "adafactor", "adamw_8bit"},
-    "attention": {"sdpa", "flash", "mem_efficient", "math"},
-    "fp32_math_mode": {"bf16", None},
-}
+# The ids (and their types and allowed values) are the one vocabulary in cpuperf.knowledge.knobs.
 
 
 @dataclass(frozen=True)
@@ -79,6 +67,7 @@ class Recommendation:
     workload: Workload
     notes: Tuple[str, ...]
     stack: Dict[str, Optional[str]]
+    oversubscribe: bool = False
 
     def get(self, decision_id: str) -> Any:
         for d in self.decisions:
@@ -117,39 +106,14 @@ def stack_versions(facts: HostFacts) -> Dict[str, Optional[str]]:
     return {name: (info.version if info else None) for name, info in facts.software.packages.items()}
 
 
-def _matrix_verdict(package: str, version: str, torch: str, python: Optional[str]) -> List[str]:
-    """Reasons from the compat matrix why `package==version` does not fit torch (empty = it fits)."""
-    from cpuperf.knowledge.resolve import why_not
-
-    py = ".".join((python or "3.11").split(".")[:2])
-    try:
-        return why_not(package, version, py, torch)
-    except ValueError as exc:  # a version the matrix cannot parse
-        return [str(exc)]
-
-
-def _addon_compatible(dist: str, label: str, torch: Optional[str], version: Optional[str],
-                      python: Optional[str], missing: str) -> Tuple[bool, str]:
-    if _version(version) is None:
-        return False, missing
-    if _version(torch) is None:
-        return False, "torch is not installed"
-    reasons = _matrix_verdict(dist, str(version), str(torch), python)
-    if reasons:
-        return False, "; ".join(reasons)
-    return True, f"{label} {version} matches torch {torch}"
-
-
 def ipex_compatible(torch: Optional[str], ipex: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
     """IPEX demands torch of its own major.minor (it kills the process at import otherwise)."""
-    return _addon_compatible("intel_extension_for_pytorch", "IPEX", torch, ipex, python,
-                             "intel_extension_for_pytorch is not installed")
+    return addon_compatible("ipex", torch, ipex, python)
 
 
 def ccl_compatible(torch: Optional[str], bindings: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
     """oneCCL bindings are built for one (sometimes two) exact torch releases."""
-    return _addon_compatible("oneccl_bind_pt", "oneccl_bind_pt", torch, bindings, python,
-                             "oneccl_bind_pt is not installed (its last CPU release, 2.7, supports torch 2.7)")
+    return addon_compatible("oneccl", torch, bindings, python)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -167,284 +131,336 @@ def _parse_cc(text: str) -> Tuple[int, int]:
     return int(major), int(minor)
 
 
+# The bf16 evidence per architecture, in each one's own terms: x86 avx512_bf16/AMX; Arm's BF16 and
+# I8MM extensions and SVE from cpuinfo 'Features' (arch/arm64/kernel/cpuinfo.c); POWER10's MMA.
+_BF16_EVIDENCE = {"aarch64": ("bf16", "svebf16", "i8mm", "sve", "sve2", "sme"), "ppc64le": ("mma", "vsx")}
+
+
 def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
-    return {"microarchitecture": facts.cpu.microarchitecture, "avx512_bf16": "avx512_bf16" in facts.cpu.isa,
-            "amx_bf16": "amx_bf16" in facts.cpu.isa, "amx_usable": facts.cpu.amx_usable}
+    cpu = facts.cpu
+    if cpu.arch in _BF16_EVIDENCE:
+        return {"microarchitecture": cpu.microarchitecture, **{f: f in cpu.isa for f in _BF16_EVIDENCE[cpu.arch]}}
+    return {"microarchitecture": cpu.microarchitecture, "avx512_bf16": "avx512_bf16" in cpu.isa,
+            "amx_bf16": "amx_bf16" in cpu.isa, "amx_usable": cpu.amx_usable}
+
+
+def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -> Tuple[str, str]:
+    """fp32 or bf16 on Arm/POWER, and why: bf16 only with a hardware bf16 path and a measured win."""
+    cpu = facts.cpu
+    where = f"{cpu.arch} ({cpu.microarchitecture})"
+    if cpu.arch == "aarch64":
+        hw = "bf16" in cpu.isa
+        extra = [f for f in ("svebf16", "i8mm", "sve2", "sve") if f in cpu.isa]
+        has = f"Arm BF16 (bf16{', ' + ', '.join(extra) if extra else ''} in cpuinfo Features)"
+        lacks = "no Arm BF16 extension ('bf16' is not in cpuinfo Features)"
+    elif cpu.arch == "ppc64le":
+        hw = "mma" in cpu.isa
+        has, lacks = "POWER10 MMA (bf16 outer-product matrix unit)", "no MMA (it arrived with POWER10)"
+    else:
+        hw, has, lacks = False, "", "no known bf16 unit"
+    if not hw:
+        return "fp32", f"{where} has {lacks}: bf16 would be emulated and slower than fp32"
+    if ratio is not None and ratio >= threshold * 1.2:
+        return "bf16", f"{where} has {has} and bf16 GEMM measured {ratio:.2f}x fp32 here: bf16 autocast"
+    if ratio is not None:
+        return "fp32", f"{where} has {has}, but bf16 GEMM measured only {ratio:.2f}x fp32 here: fp32 kept"
+    return "fp32", (f"{where} has {has}; fp32 kept until a measurement shows bf16 faster on this host "
+                    "(run `cpuperf bench`)")
 
 
 # -- memory plan ------------------------------------------------------------------------------------
 
 def _activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool) -> float:
-    rule = load_builtin("tuning.toml")["memory"]
-    t, d, h, layers = w.seq_len, w.d_model, max(1, w.n_head), w.n_layer
-    per_layer_16bit = t * d * (rule["activation_coeff"] + rule["activation_attn_coeff"] * h * t / d)
-    scale = 2.0 if dtype == "fp32" else 1.0
-    if checkpointing:
-        # Only block inputs are kept, plus one block recomputed at a time.
-        return (layers * 2 * t * d * 2 + per_layer_16bit) * scale + t * w.vocab * 4
-    return layers * per_layer_16bit * scale + t * w.vocab * 4 * 2  # logits + their grad in fp32
+    from cpuperf.decide.memory import activation_bytes_per_sample
+
+    return activation_bytes_per_sample(w, dtype, checkpointing, load_builtin("tuning.toml")["memory"])
 
 
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu]) -> Tuple[Optional[int], str]:
-    rule = load_builtin("tuning.toml")["memory"]
-    if device == "cuda" and gpu is not None:
-        if gpu.memory_bytes is None:
-            return None, "GPU memory unknown"
-        if gpu.memory_free_bytes is not None and gpu.memory_free_bytes < gpu.memory_bytes * rule["gpu_headroom"]:
-            # Another process holds part of the card: only what is free now can be planned for.
-            return (int(gpu.memory_free_bytes * rule["gpu_headroom"]),
-                    f"{gpu.name}: {gpu.memory_free_bytes / 2**30:.1f} GiB free of {gpu.memory_bytes / 2**30:.0f} GiB "
-                    f"x {rule['gpu_headroom']}")
-        return int(gpu.memory_bytes * rule["gpu_headroom"]), f"{gpu.name}: {gpu.memory_bytes / 2**30:.0f} GiB x {rule['gpu_headroom']}"
-    total: Optional[float] = facts.memory.available_bytes or facts.memory.total_bytes
-    limit = facts.limits.memory_limit_bytes
-    if limit:
-        total = min(total, float(limit)) if total else float(limit)
-    if total is None:
-        return None, "memory unknown"
-    per_rank = total / max(1, placement.nproc_per_node)
-    nodes = {n.id: n for n in facts.topology.numa_nodes}
-    slot_node = placement.slots[0].node if placement.slots else None
-    node_bytes = nodes[slot_node].memory_bytes if slot_node in nodes else None
-    if node_bytes and placement.nproc_per_node > 1:
-        per_rank = min(per_rank, float(node_bytes))
-    return int(per_rank * rule["headroom"]), f"{per_rank / 2**30:.1f} GiB per rank x {rule['headroom']}"
+    """Bytes one rank may use and how (cpuperf.decide.memory owns the computation)."""
+    from cpuperf.decide.memory import memory_budget as budget
+
+    per_rank, how, _ = budget(facts, placement, device, gpu, load_builtin("tuning.toml")["memory"])
+    return per_rank, how
 
 
 # -- the engine -------------------------------------------------------------------------------------
 
+@dataclass
+class _Context:
+    """What every decision step reads: the host, the stack, the user's constraints, what is decided so far."""
+
+    facts: HostFacts
+    workload: Workload
+    meas: Measurements
+    tuning: Mapping[str, Any]
+    stack: Dict[str, Optional[str]]
+    fixed: Dict[str, Any]
+    baseline: Tuple[str, ...] = ()  # fixed by the plain baseline, not by the user
+    decisions: Dict[str, Decision] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def torch(self) -> Optional[str]:
+        return self.stack.get("torch")
+
+    @property
+    def python(self) -> Optional[str]:
+        return self.facts.software.python if self.facts.software else None
+
+    def choose(self, id: str, value: Any, reason: str, evidence: Optional[Dict[str, Any]] = None,
+               needs_torch: bool = False) -> Any:
+        """cpuperf's choice, unless the user fixed this knob: then theirs, with ours in the reason."""
+        if id in self.baseline and id in self.fixed:
+            d = Decision(id, self.fixed[id], "the plain baseline (no --auto)", evidence or {})
+        elif id in self.fixed:
+            mine = "none" if value is None else repr(value)
+            d = Decision(id, self.fixed[id], f"set by you (cpuperf would choose {mine}: {reason})",
+                         evidence or {}, overridden=True)
+        else:
+            d = Decision(id, value, reason, evidence or {}, needs_torch=needs_torch)
+        self.decisions[id] = d
+        return d.value
+
+    def value(self, id: str) -> Any:
+        return self.decisions[id].value
+
+
+def user_constraints(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """--set / --config values for recommend: decisions and `oversubscribe`, typed; anything else exits 2."""
+    fixed: Dict[str, Any] = {}
+    for key, raw in (overrides or {}).items():
+        knob = BY_ID.get(key)
+        if knob is not None and not (knob.decided or key == "oversubscribe"):
+            raise UsageError(f"--set {key}: a setting of the built-in training loop, not a decision",
+                             hint=f"cpuperf train --set {key}=...; decisions: " + ", ".join(DECISION_IDS))
+        fixed[key] = coerce(key, raw)
+    return fixed
+
+
 def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[int] = None,
               nnodes: int = 1, unit: str = "socket", device: str = "auto",
-              measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, str]] = None,
-              environ: Optional[Mapping[str, str]] = None) -> Recommendation:
-    """Decide every setting for this host and workload."""
-    environ = environ or {}
-    meas = measurements or Measurements()
-    tuning = load_builtin("tuning.toml")
-    stack = stack_versions(facts)
-    torch_v = stack.get("torch")
+              measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
+              environ: Optional[Mapping[str, str]] = None,
+              baseline: Optional[Mapping[str, Any]] = None) -> Recommendation:
+    """Decide every setting for this host and workload; the user's values (overrides) are constraints
+    applied where each knob is decided, so placement, memory plan and backend are built around them.
+    `baseline` fixes knobs the same way without calling them the user's (train without --auto)."""
+    fixed = user_constraints(overrides)
+    base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
+    fixed.update(base)
+    if nproc_per_node is not None:
+        fixed.setdefault("nproc_per_node", nproc_per_node)
+    if nnodes and nnodes > 1:
+        fixed.setdefault("nnodes", nnodes)
+    ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
+                   stack_versions(facts), fixed, tuple(base))
+    if facts.software is None:
+        ctx.notes.append("the installed stack is unknown (snapshot): decisions that need torch assume a recent CPU torch")
+    elif ctx.torch is None:
+        ctx.notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
+                         "would install; run it first")
+    gpus = _decide_device(ctx, device, environ or {})
+    on_gpu = ctx.value("device") == "cuda"
+    gpu = gpus[0] if (on_gpu and gpus) else None
+    placement = _decide_placement(ctx, gpus, unit)
+    world = ctx.value("nproc_per_node") * ctx.value("nnodes")
+    if gpu is not None:
+        _decide_dtype_gpu(ctx, gpu)
+    else:
+        _decide_dtype_cpu(ctx)
+    _decide_backend(ctx, world, on_gpu)
+    _decide_ipex(ctx, on_gpu)
+    d = _decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ctx.value("ipex"), placement, facts)
+    ctx.choose(d.id, d.value, d.reason, d.evidence, d.needs_torch)
+    _choose_allocator(ctx, on_gpu)
+    d = _decide_attention(workload, ctx.value("dtype"), gpu)
+    ctx.choose(d.id, d.value, d.reason, d.evidence)
+    for d in _memory_plan(facts, workload, placement, ctx.decisions, ctx.tuning, gpu, world, ctx.torch, fixed=fixed):
+        ctx.choose(d.id, d.value, d.reason, d.evidence, d.needs_torch)
+    if fixed.get("dtype") == "bf16" and not on_gpu and not facts.cpu.bf16_native:
+        ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
+    ordered = tuple(ctx.decisions[i] for i in DECISION_IDS if i in ctx.decisions)
+    return Recommendation(ordered, placement, workload, tuple(ctx.notes), ctx.stack, oversubscribe=bool(fixed.get("oversubscribe")))
+
+
+def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tuple[Gpu, ...]:
+    facts = ctx.facts
+    gpus = visible_gpus(facts, environ)
     torch_info = facts.software.packages.get("torch") if facts.software else None
     torch_build = torch_info.build if torch_info else None
-    py = facts.software.python if facts.software else None
-    notes: List[str] = []
-    decisions: Dict[str, Decision] = {}
-    ov = dict(overrides or {})
-    unknown = sorted(set(ov) - set(DECISION_IDS))
-    if unknown:
-        raise UsageError(f"unknown decision {unknown[0]!r} in --set",
-                         hint="decisions: " + ", ".join(DECISION_IDS))
-
-    def put(d: Decision) -> None:
-        decisions[d.id] = d
-
-    if facts.software is None:
-        notes.append("the installed stack is unknown (snapshot): decisions that need torch assume a recent CPU torch")
-    elif torch_v is None:
-        notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
-                     "would install; run it first")
-
-    # device ---------------------------------------------------------------------------------------
-    gpus = visible_gpus(facts, environ)
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device {device!r}: use auto, cpu or cuda")
-    chosen_device = "cpu"
-    reason = "no NVIDIA GPU visible"
-    if device == "cpu":
-        reason = "asked for CPU"
-    elif gpus and torch_build in ("cuda", None):
-        chosen_device, reason = "cuda", f"{len(gpus)} NVIDIA GPU(s) visible"
+    if device != "auto":
+        ctx.fixed.setdefault("device", device)
+    chosen, reason = "cpu", "no NVIDIA GPU visible"
+    if gpus and torch_build in ("cuda", None):
+        chosen, reason = "cuda", f"{len(gpus)} NVIDIA GPU(s) visible"
         if torch_build is None and facts.software is not None:
             reason += " (torch not installed yet: install the CUDA build)"
     elif gpus and torch_build == "cpu":
         reason = "the installed torch is a CPU-only build; GPUs are unused (cpuperf doctor has the fix)"
-        notes.append(reason)
-    elif device == "cuda":
-        raise UsageError("--device cuda but no usable NVIDIA GPU or CUDA torch",
+        ctx.notes.append(reason)
+    if ctx.fixed.get("device") == "cuda" and chosen != "cuda":
+        raise UsageError("device cuda asked for, but there is no usable NVIDIA GPU with a CUDA torch",
                          hint="run cpuperf doctor for the exact fix")
-    put(Decision("device", ov.get("device", chosen_device) if "device" not in ov else ov["device"], reason,
-                 {"gpus": [g.name for g in gpus], "torch_build": torch_build}))
-    on_gpu = decisions["device"].value == "cuda"
-    gpu = gpus[0] if (on_gpu and gpus) else None
+    ctx.choose("device", chosen, reason, {"gpus": [g.name for g in gpus], "torch_build": torch_build})
+    return gpus
 
-    # placement: ranks and threads --------------------------------------------------------------------
-    total_nodes = max(1, nnodes)
-    if on_gpu:
-        nproc = nproc_per_node or max(1, len(gpus))
-        placement = plan_placement(facts, min(nproc, max(1, len(facts.topology.cpus))) if facts.topology.cpus else None, unit)
-        put(Decision("nproc_per_node", nproc, "one rank per visible GPU" if nproc_per_node is None else "as asked",
-                     {"visible_gpus": len(gpus)}))
+
+def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placement:
+    """Ranks and threads: the user's counts are laid out first, everything after builds on them."""
+    facts, fixed = ctx.facts, ctx.fixed
+    nnodes = int(fixed.get("nnodes") or 1)
+    oversubscribe = bool(fixed.get("oversubscribe"))
+    threads = fixed.get("threads_per_rank")
+    load_ev: Dict[str, Any] = {}
+    if ctx.value("device") == "cuda":
+        nproc = int(fixed.get("nproc_per_node") or max(1, len(gpus)))
+        if nproc > max(1, len(gpus)) and not oversubscribe:
+            raise UsageError(f"nproc_per_node {nproc} but {len(gpus)} GPU(s) are visible",
+                             hint=f"use at most {len(gpus)} (one rank per GPU)")
+        cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
+        placement = plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
+                                   oversubscribe=oversubscribe)
+        ctx.choose("nproc_per_node", nproc, "one rank per visible GPU", {"visible_gpus": len(gpus)})
     else:
-        want_ccl = bool(facts.software and ccl_compatible(torch_v, stack.get("oneccl_bind_pt"), py)[0])
-        placement = plan_placement(facts, nproc_per_node, unit, ccl=want_ccl, nnodes=total_nodes)
-        put(Decision("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
-                     {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
-                      "usable_physical_cores": placement.cpu_budget}))
-    put(Decision("nnodes", total_nodes, "one node" if total_nodes == 1 else f"{total_nodes} nodes, as asked", {}))
-    world = decisions["nproc_per_node"].value * total_nodes
-    put(Decision("threads_per_rank", placement.threads_per_rank, "; ".join(placement.reasons[:-1]) or "usable physical cores",
-                 {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
-                  "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers}))
+        backend = fixed.get("ddp_backend")
+        want_ccl = backend == "ccl" or (backend is None and "ddp_backend" not in fixed and facts.software is not None
+                                        and cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python).ccl_available)
+        placement = plan_placement(facts, fixed.get("nproc_per_node"), unit, ccl=want_ccl, nnodes=nnodes,
+                                   threads_per_rank=threads, oversubscribe=oversubscribe)
+        # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
+        # user set threads or affinity: theirs stands, with a note).
+        placement, load_ev, load_note = adjust_placement(placement, facts.load, fixed)
+        ctx.notes.extend([load_note] if load_note else [])
+        ctx.choose("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
+                   {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
+                    "usable_physical_cores": placement.cpu_budget})
+    ctx.choose("nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
+    ctx.choose("threads_per_rank", placement.threads_per_rank,
+               "; ".join(r for r in placement.reasons[:-1] if "as asked" not in r) or "usable physical cores",
+               {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
+                "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers, **load_ev})
     from cpuperf.probe.parse import format_cpulist
 
-    affinity = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
-    put(Decision("affinity", affinity, "each rank pinned to its own physical cores (no SMT siblings)",
-                 {"slots": [list(s.cpus) for s in placement.slots]}))
+    pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
+    ctx.choose("affinity", "auto" if pinned else None,
+               f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to",
+               {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned})
+    return placement
 
-    # dtype -------------------------------------------------------------------------------------------
-    if on_gpu and gpu is not None:
-        cc = _cc(gpu)
-        if cc >= _parse_cc(tuning["dtype"]["fp16_gpu_below_cc"]):
-            dtype, why = "bf16", f"{gpu.name} (compute capability {gpu.compute_capability}) has native bf16"
-        elif cc >= _parse_cc(tuning["dtype"]["fp32_gpu_below_cc"]):
-            dtype, why = "fp16", f"{gpu.name} (cc {gpu.compute_capability}) has fp16 Tensor Cores but no bf16: fp16 autocast with a gradient scaler"
-        else:
-            dtype, why = "fp32", f"{gpu.name} (cc {gpu.compute_capability}) predates Tensor Cores"
-        put(Decision("dtype", dtype, why, {"compute_capability": gpu.compute_capability}))
-        tf32 = cc >= (8, 0)
-        put(Decision("tf32", tf32, "TF32 Tensor Cores for fp32 matmul and cuDNN" if tf32 else "no TF32 before Ampere",
-                     {"compute_capability": gpu.compute_capability}))
-        put(Decision("fp32_math_mode", None, "CPU-only setting", {}))
+
+def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> None:
+    tuning = ctx.tuning
+    cc = _cc(gpu)
+    if cc >= _parse_cc(tuning["dtype"]["fp16_gpu_below_cc"]):
+        dtype, why = "bf16", f"{gpu.name} (compute capability {gpu.compute_capability}) has native bf16"
+    elif cc >= _parse_cc(tuning["dtype"]["fp32_gpu_below_cc"]):
+        dtype, why = "fp16", f"{gpu.name} (cc {gpu.compute_capability}) has fp16 Tensor Cores but no bf16: fp16 autocast with a gradient scaler"
     else:
-        evidence = _cpu_evidence(facts)
-        ratio = None
-        if meas.gemm_bf16_gflops and meas.gemm_fp32_gflops:
-            ratio = meas.gemm_bf16_gflops / meas.gemm_fp32_gflops
-            evidence.update(gemm_fp32_gflops=meas.gemm_fp32_gflops, gemm_bf16_gflops=meas.gemm_bf16_gflops,
-                            measured=meas.source)
-        amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
-        native = facts.cpu.bf16_native and (amx_ok or "avx512_bf16" in facts.cpu.isa)
-        if facts.cpu.arch != "x86_64":
-            dtype = "fp32"
-            why = (f"{facts.cpu.arch} ({facts.cpu.microarchitecture}): cpuperf keeps fp32 unless a measurement on "
-                   "this host shows bf16 faster")
-            if ratio is not None and ratio >= tuning["dtype"]["min_bf16_over_fp32_gemm"] * 1.2:
-                dtype, why = "bf16", f"measured bf16 GEMM {ratio:.2f}x fp32 on this {facts.cpu.arch} host"
-        elif not native:
-            dtype = "fp32"
-            why = (f"{facts.cpu.microarchitecture} has no avx512_bf16 or usable AMX: bf16 would be emulated and "
-                   "slower than fp32")
-            if ratio is not None:
-                why += f" (measured bf16/fp32 GEMM {ratio:.2f}x)"
-        elif ratio is not None and ratio < tuning["dtype"]["min_bf16_over_fp32_gemm"]:
-            dtype, why = "fp32", f"bf16 is native but measured slower than fp32 here ({ratio:.2f}x GEMM)"
-        else:
-            engine = "AMX" if amx_ok and "amx_bf16" in facts.cpu.isa else "avx512_bf16"
-            dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
-            if ratio is not None:
-                why += f", measured {ratio:.2f}x fp32 GEMM"
-        put(Decision("dtype", dtype, why, evidence))
-        put(Decision("tf32", False, "TF32 is an NVIDIA GPU mode", {}))
-        tv = _version(torch_v)
-        mm = tuning["fp32_math_mode"]
-        if amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
-            put(Decision("fp32_math_mode", mm["value"], "AMX host with torch >= " + mm["min_torch"] +
-                         ": oneDNN runs remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision)",
-                         {"torch": torch_v}, needs_torch=True))
-        else:
-            put(Decision("fp32_math_mode", None, "needs an AMX host and torch >= " + mm["min_torch"], {"torch": torch_v}))
+        dtype, why = "fp32", f"{gpu.name} (cc {gpu.compute_capability}) predates Tensor Cores"
+    ctx.choose("dtype", dtype, why, {"compute_capability": gpu.compute_capability})
+    tf32 = cc >= (8, 0)
+    ctx.choose("tf32", tf32, "TF32 Tensor Cores for fp32 matmul and cuDNN" if tf32 else "no TF32 before Ampere",
+               {"compute_capability": gpu.compute_capability})
+    if ctx.fixed.get("fp32_math_mode"):
+        raise UsageError("fp32_math_mode is a CPU (oneDNN) setting", hint="on a GPU, tf32 plays that part")
+    ctx.choose("fp32_math_mode", None, "CPU-only setting", {})
 
-    # backend -----------------------------------------------------------------------------------------
+
+def _decide_dtype_cpu(ctx: _Context) -> None:
+    facts, meas, tuning = ctx.facts, ctx.meas, ctx.tuning
+    evidence = _cpu_evidence(facts)
+    ratio = None
+    if meas.gemm_bf16_gflops and meas.gemm_fp32_gflops:
+        ratio = meas.gemm_bf16_gflops / meas.gemm_fp32_gflops
+        evidence.update(gemm_fp32_gflops=meas.gemm_fp32_gflops, gemm_bf16_gflops=meas.gemm_bf16_gflops,
+                        measured=meas.source)
+    amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
+    native = facts.cpu.bf16_native and (amx_ok or "avx512_bf16" in facts.cpu.isa)
+    floor = tuning["dtype"]["min_bf16_over_fp32_gemm"]
+    if facts.cpu.arch != "x86_64":
+        dtype, why = _non_x86_dtype(facts, ratio, floor)
+    elif not native:
+        dtype = "fp32"
+        why = (f"{facts.cpu.microarchitecture} has no avx512_bf16 or usable AMX: bf16 would be emulated and "
+               "slower than fp32")
+        if ratio is not None:
+            why += f" (measured bf16/fp32 GEMM {ratio:.2f}x)"
+    elif ratio is not None and ratio < floor:
+        dtype, why = "fp32", f"bf16 is native but measured slower than fp32 here ({ratio:.2f}x GEMM)"
+    else:
+        engine = "AMX" if amx_ok and "amx_bf16" in facts.cpu.isa else "avx512_bf16"
+        dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
+        if ratio is not None:
+            why += f", measured {ratio:.2f}x fp32 GEMM"
+    ctx.choose("dtype", dtype, why, evidence)
+    if ctx.fixed.get("tf32"):
+        raise UsageError("tf32 is an NVIDIA GPU mode", hint="on a CPU, fp32_math_mode=bf16 plays that part (AMX hosts)")
+    ctx.choose("tf32", False, "TF32 is an NVIDIA GPU mode", {})
+    tv = _version(ctx.torch)
+    mm = tuning["fp32_math_mode"]
+    if amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
+        ctx.choose("fp32_math_mode", mm["value"], "AMX host with torch >= " + mm["min_torch"] +
+                   ": oneDNN runs remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision)",
+                   {"torch": ctx.torch}, needs_torch=True)
+    else:
+        ctx.choose("fp32_math_mode", None, "needs an AMX host and torch >= " + mm["min_torch"], {"torch": ctx.torch})
+
+
+def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
+    asked = ctx.fixed.get("ddp_backend")
     if world <= 1:
-        put(Decision("ddp_backend", None, "one rank: no process group", {}))
-    elif on_gpu:
-        put(Decision("ddp_backend", "nccl", "NCCL for NVIDIA GPUs", {}))
-    else:
-        ok, why = ccl_compatible(torch_v, stack.get("oneccl_bind_pt"), py)
-        if ok:
-            put(Decision("ddp_backend", "ccl", why, {"oneccl_bind_pt": stack.get("oneccl_bind_pt")}))
-        else:
-            put(Decision("ddp_backend", "gloo", f"gloo: {why}", {"oneccl_bind_pt": stack.get("oneccl_bind_pt"),
-                                                                  "torch": torch_v}))
-
-    # IPEX vs torch.compile -----------------------------------------------------------------------------
-    ipex_ok, ipex_why = ipex_compatible(torch_v, stack.get("intel_extension_for_pytorch"), py)
-    avx512 = "avx512f" in facts.cpu.isa
+        if asked:
+            ctx.notes.append(f"ddp_backend={asked} has no effect with one rank")
+        ctx.choose("ddp_backend", None, "one rank: no process group", {})
+        return
     if on_gpu:
-        put(Decision("ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {}))
-    elif not ipex_ok:
-        extra = ""
-        tv = _version(torch_v)
-        if tv is not None and tv >= Version("2.9"):
-            extra = " (IPEX is archived; its last release 2.8 supports torch 2.8: torch.compile and autocast are the native path)"
-        put(Decision("ipex", False, ipex_why + extra, {"torch": torch_v, "ipex": stack.get("intel_extension_for_pytorch")}))
-    elif not avx512:
-        put(Decision("ipex", False, f"{ipex_why}, but this CPU has no AVX-512: IPEX brings little here",
-                     {"isa": list(facts.cpu.isa)}))
+        if asked in ("ccl", "gloo", "mpi"):
+            ctx.notes.append(f"ddp_backend={asked} on GPUs: NCCL is many times faster for GPU tensors")
+        ctx.choose("ddp_backend", "nccl", "NCCL for NVIDIA GPUs", {})
+        return
+    if asked == "nccl":
+        raise UsageError("ddp_backend=nccl needs NVIDIA GPUs", hint="use gloo (or ccl with oneccl_bind_pt) on CPUs")
+    backend = cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python)
+    if asked == "ccl" and not backend.ccl_available:
+        raise UsageError(f"ddp_backend=ccl cannot run here: {backend.reason.removeprefix('gloo: ')}",
+                         hint="cpuperf install --torch 2.7 --with oneccl, or use ddp_backend=gloo")
+    ctx.choose("ddp_backend", backend.name, backend.reason,
+               {"oneccl_bind_pt": ctx.stack.get("oneccl_bind_pt"), "torch": ctx.torch})
+
+
+def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
+    facts = ctx.facts
+    ok, why = addon_compatible("ipex", ctx.torch, ctx.stack.get("intel_extension_for_pytorch"), ctx.python)
+    if ctx.fixed.get("ipex") and (on_gpu or not ok):
+        raise UsageError(f"ipex=true cannot run here: {'IPEX is for CPU training' if on_gpu else why}",
+                         hint="cpuperf compat --with ipex shows the matching wheels, or use compile=true")
+    evidence = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
+    if on_gpu:
+        ctx.choose("ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {})
+    elif not ok:
+        if newer_than_last("ipex", ctx.torch):
+            why += f" (IPEX is {retirement('ipex')}: {alternative('ipex')})"
+        ctx.choose("ipex", False, why, evidence)
+    elif "avx512f" not in facts.cpu.isa:
+        ctx.choose("ipex", False, f"{why}, but this CPU has no AVX-512: IPEX brings little here",
+                   {"isa": list(facts.cpu.isa)})
     else:
-        put(Decision("ipex", True, f"{ipex_why} on an AVX-512 host: ipex.optimize(model, optimizer)",
-                     {"torch": torch_v, "ipex": stack.get("intel_extension_for_pytorch")}, needs_torch=True))
-    put(_decide_compile(workload, meas, tuning, torch_v, on_gpu, decisions["ipex"].value, placement, facts))
-
-    # allocator -------------------------------------------------------------------------------------------
-    put(_decide_allocator(facts, meas, on_gpu))
-
-    # attention -------------------------------------------------------------------------------------------
-    put(_decide_attention(workload, decisions["dtype"].value, gpu))
-
-    # memory plan -------------------------------------------------------------------------------------------
-    for d in _memory_plan(facts, workload, placement, decisions, tuning, gpu, world, torch_v):
-        put(d)
-
-    # overrides ---------------------------------------------------------------------------------------------
-    for key, raw in ov.items():
-        value = coerce(key, raw)
-        old = decisions.get(key)
-        put(Decision(key, value, f"set by the user (cpuperf chose {old.value!r}: {old.reason})" if old else "set by the user",
-                     old.evidence if old else {}, overridden=True))
-    if "dtype" in ov and decisions["dtype"].value == "bf16" and not on_gpu and not facts.cpu.bf16_native:
-        notes.append("dtype=bf16 was forced on a CPU without native bf16: expect it to be several times slower than fp32")
-
-    ordered = tuple(decisions[i] for i in DECISION_IDS if i in decisions)
-    return Recommendation(ordered, placement, workload, tuple(notes), stack)
+        ctx.choose("ipex", True, f"{why} on an AVX-512 host: ipex.optimize(model, optimizer)", evidence,
+                   needs_torch=True)
 
 
-def coerce(key: str, raw: Any) -> Any:
-    """A --set value as the decision's plain type; a bad value is a usage error."""
-    if not isinstance(raw, str):
-        return raw
-    text = raw.strip()
-    if text.lower() in ("none", "null", ""):
-        value: Any = None
-    elif key in _BOOL_IDS:
-        if text.lower() in ("1", "true", "yes", "on"):
-            value = True
-        elif text.lower() in ("0", "false", "no", "off"):
-            value = False
-        else:
-            raise UsageError(f"--set {key}={raw}: expected true or false")
-    elif key in _INT_IDS:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(f"--set {key}={raw}: expected an integer") from None
-        if value < (0 if key == "dataloader_workers" else 1):
-            raise UsageError(f"--set {key}={raw}: out of range")
-    else:
-        value = text
-    if key in _CHOICES and value not in _CHOICES[key]:
-        allowed = ", ".join(str(c) for c in sorted(_CHOICES[key], key=str))
-        raise UsageError(f"--set {key}={raw}: expected one of {allowed}")
-    return value
-
-
-def split_assignment(item: str) -> Tuple[str, str]:
-    """'dtype=fp32' -> ('dtype', 'fp32'); anything without a key and '=' is a usage error."""
-    key, sep, value = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=fp32")
-    return key, value
-
-
-def parse_sets(items: List[str]) -> Dict[str, str]:
-    """['dtype=fp32', 'compile=false'] -> {'dtype': 'fp32', 'compile': 'false'}."""
-    out: Dict[str, str] = {}
-    for item in items:
-        key, value = split_assignment(item)
-        if key not in DECISION_IDS:
-            raise UsageError(f"unknown decision {key!r} in --set", hint="decisions: " + ", ".join(DECISION_IDS))
-        out[key] = value
-    return out
+def _choose_allocator(ctx: _Context, on_gpu: bool) -> None:
+    d = _decide_allocator(ctx.facts, ctx.meas, on_gpu)
+    asked = ctx.fixed.get("allocator")
+    if asked:
+        available = ctx.facts.software.allocators if ctx.facts.software else {}
+        if ctx.facts.software is not None and not available.get(asked):
+            pkg = {"tcmalloc": "libgoogle-perftools4", "jemalloc": "libjemalloc2"}[asked]
+            raise UsageError(f"allocator={asked} is not installed on this host", hint=f"apt-get install -y {pkg}")
+    ctx.choose(d.id, d.value, d.reason, d.evidence)
 
 
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
@@ -528,80 +544,39 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
 
 
 def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions: Dict[str, Decision],
-                 tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str]) -> List[Decision]:
-    rule = tuning["memory"]
-    dtype = decisions["dtype"].value
+                 tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
+                 fixed: Optional[Mapping[str, Any]] = None) -> List[Decision]:
+    """Batch, accumulation, checkpointing, optimizer and ZeRO from one MemoryPlan (cpuperf.decide.memory).
+
+    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards.
+    """
+    fixed = fixed or {}
+    from cpuperf.decide.memory import plan_memory, zero_config
+
     on_gpu = gpu is not None
-    budget, budget_why = memory_budget(facts, placement, "cuda" if on_gpu else "cpu", gpu)
-    optimizer = "adamw"
     tv = _version(torch_v)
-    opt_rule = tuning["optimizer"]
-    if on_gpu and (tv is None or tv >= Version(opt_rule["fused_cuda_min_torch"])):
-        optimizer, opt_why = "adamw_fused", "fused AdamW kernel (one launch for all parameters)"
-    else:
-        opt_why = "AdamW (foreach implementation)"
-    state_bytes = w.params * rule["bytes_per_param_adamw"]
-    evidence: Dict[str, Any] = {"params": w.params, "budget_bytes": budget, "budget": budget_why,
-                                "weights_grads_optimizer_bytes": state_bytes}
-    checkpointing = False
-    per_device = max(1, math.ceil(w.batch_size / max(1, world)))
-    multiple = 1
-    if on_gpu:
-        multiple = tuning["gpu_batch"]["fp16_tensor_core_multiple"] if dtype == "fp16" else tuning["gpu_batch"]["multiple"]
-    zero = None
-    if budget is not None:
-        if state_bytes > budget * 0.8:
-            installed = stack_has(facts, "bitsandbytes")
-            if installed:
-                optimizer, opt_why = "adamw_8bit", "optimizer state does not fit: 8-bit AdamW (bitsandbytes installed)"
-                state_bytes = w.params * rule["bytes_per_param_adamw_8bit"]
-            else:
-                optimizer, opt_why = "adafactor", ("optimizer state does not fit: factored Adafactor "
-                                                  "(bitsandbytes is not installed for 8-bit AdamW)")
-                state_bytes = w.params * rule["bytes_per_param_adafactor"]
-            evidence["weights_grads_optimizer_bytes"] = state_bytes
-        free = budget - state_bytes
-        act = _activation_bytes_per_sample(w, dtype, False)
-        fit = int(free // act) if free > 0 else 0
-        if fit < 1:
-            act_ck = _activation_bytes_per_sample(w, dtype, True)
-            fit_ck = int(free // act_ck) if free > 0 else 0
-            if fit_ck >= 1:
-                checkpointing, fit, act = True, fit_ck, act_ck
-            else:
-                fit = 0
-        evidence.update(activation_bytes_per_sample=int(act), max_batch_that_fits=fit)
-        if fit < 1:
-            zero = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                          "offload_param": {"device": "cpu", "pin_memory": True}},
-                    "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": w.batch_size,
-                    "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"}}
-            per_device = 1
-        elif on_gpu:
-            # Largest Tensor-Core-friendly size that fits; fall back to multiples of 8, then to what fits.
-            if fit >= multiple:
-                cap = (fit // multiple) * multiple
-            elif fit >= 8:
-                cap = (fit // 8) * 8
-            else:
-                cap = fit
-            needed = per_device
-            steps_needed = max(1, math.ceil(needed / cap))
-            per_device = min(cap, math.ceil(needed / steps_needed))
-        else:
-            per_device = min(per_device, fit)
-    accum = max(1, math.ceil(w.batch_size / (per_device * max(1, world))))
-    why_batch = (f"{per_device} samples per rank per step fit in {budget_why}" if budget is not None
+    fused_ok = tv is None or tv >= Version(tuning["optimizer"]["fused_cuda_min_torch"])
+    plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning)
+    evidence = {"params": w.params, **plan.evidence()}
+    per_device, c = int(fixed.get("batch_size") or plan.per_rank_batch), plan.candidate
+    accum = int(fixed.get("grad_accum_steps") or max(1, math.ceil(w.batch_size / (per_device * max(1, world)))))
+    why_batch = (f"{per_device} sample(s) per rank per step: {plan.per_rank_bytes() / 2**30:.2f} GiB of "
+                 f"{plan.budget_bytes / 2**30:.2f} GiB ({plan.budget})" if plan.budget_bytes is not None
                  else f"{per_device} samples per rank (memory unknown)")
-    if on_gpu and multiple > 1:
-        why_batch += f"; a multiple of {multiple} for Tensor Cores where the global batch allows"
+    if on_gpu:
+        why_batch += "; a multiple of 8 for Tensor Cores where the global batch allows"
+    act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
+    ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
+              + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))
+    zero = zero_config(plan, w, decisions["dtype"].value)
     out = [
         Decision("batch_size", per_device, why_batch, evidence),
         Decision("grad_accum_steps", accum, f"reaches the global batch {w.batch_size} over {world} rank(s)"
                  if accum > 1 else "the global batch fits in one step", {"global_batch": w.batch_size, "world_size": world}),
-        Decision("grad_checkpointing", checkpointing, "activations do not fit otherwise" if checkpointing
-                 else "activations fit without recomputation", {}),
-        Decision("optimizer", optimizer, opt_why, {"torch": torch_v}),
+        Decision("grad_checkpointing", c.checkpointing, ck_why, {"activation_bytes_per_sample_no_checkpointing": act_no,
+                                                                 "activation_bytes_per_sample_checkpointing": act_ck}),
+        Decision("optimizer", c.optimizer, plan.optimizer_reason,
+                 {"torch": torch_v, "optimizer_bytes": plan.optimizer_bytes}),
     ]
     # Data loading: the built-in corpus is in memory; workers would steal compute cores on CPU.
     spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
@@ -616,8 +591,8 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
         out.append(Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
                             if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare}))
         out.append(Decision("pin_memory", False, "no device copies on CPU training", {}))
-    out.append(Decision("zero", zero, "the model does not fit even with checkpointing: DeepSpeed ZeRO-3 with CPU offload"
-                        if zero else "not needed: the model fits", {}))
+    out.append(Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
+                        else "not needed: the model fits each rank", {"plan": c.name}))
     return out
 
 

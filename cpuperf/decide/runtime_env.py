@@ -207,7 +207,8 @@ def _first(paths: Sequence[str]) -> Optional[str]:
 
 def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
-                master_port: Optional[int] = None, preload: bool = False, nnodes: Optional[int] = None,
+                master_port: Optional[int] = None, preload: bool = False, allocator: Optional[str] = None,
+                nnodes: Optional[int] = None,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None) -> RuntimeEnv:
@@ -265,7 +266,9 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
             adds.append(iomp)
         else:
             notes.append("--preload: libiomp5 not found (pip install intel-openmp); OpenMP stays as torch ships it")
-        alloc_name = next((n for n in ("tcmalloc", "jemalloc") if libraries.allocators.get(n)), None)
+        # The allocator the plan decided; without a decision, the first one installed.
+        alloc_name = allocator if allocator and libraries.allocators.get(allocator) else \
+            next((n for n in ("tcmalloc", "jemalloc") if libraries.allocators.get(n)), None)
         if alloc_name:
             adds.append(_first(libraries.allocators[alloc_name]) or "")
             if alloc_name == "jemalloc":

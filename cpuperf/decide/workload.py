@@ -129,7 +129,7 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
     if params is not None:
         count = parse_count(params)
         # Explicit size: keep the preset's aspect, scale layers/width to match roughly.
-        base = replace(base, params=count, source="explicit", name=f"{base.name}@{params}")
+        base = replace(_scaled(base, count), params=count, source="explicit", name=f"{base.name}@{params}")
     if seq_len is not None:
         if seq_len < 1:
             raise UsageError("--seq-len must be positive")
@@ -143,6 +143,19 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
             raise UsageError("--steps must be positive")
         base = replace(base, steps=steps)
     return base
+
+
+def _scaled(base: Workload, count: int) -> Workload:
+    """Depth and width for `count` parameters at the base's width/depth ratio (12*L*d^2 ~ count).
+
+    The memory plan's activations follow the shapes: a 7B model with the tiny preset's 4 x 256
+    layers would claim its activations are a few MiB.
+    """
+    aspect = base.d_model / max(1, base.n_layer)
+    layers = max(1, round((count / (12.0 * aspect * aspect)) ** (1.0 / 3.0)))
+    head_dim = max(1, base.head_dim)
+    d_model = max(head_dim, int(round(aspect * layers / head_dim)) * head_dim)
+    return replace(base, n_layer=layers, d_model=d_model, n_head=max(1, d_model // head_dim))
 
 
 def parse_count(text: str) -> int:

@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterable, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from cpuperf.data import MAX_DEPTH, too_deep
+from cpuperf.errors import BadDataError
+
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - exercised on 3.9/3.10 only
@@ -42,13 +45,14 @@ class Problem:
         return f"{self.file}: {self.row}: {self.problem}"
 
 
-class MatrixError(ValueError):
-    """The compat data is malformed; `problems` lists every bad row, not just the first."""
+class MatrixError(BadDataError):
+    """The compat data is malformed or unreadable (exit 6); `problems` lists every bad row, not just the first."""
 
     def __init__(self, problems: Iterable[Problem]):
         self.problems: tuple[Problem, ...] = tuple(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the compatibility data:\n{lines}")
+        listed = "; ".join(str(p) for p in self.problems)  # one line: the error boundary prints one
+        super().__init__(f"{len(self.problems)} problem(s) in the compatibility data: {listed}",
+                         hint=f"fix the listed rows, or unset {ENV_DIR}")
 
 
 # --------------------------------------------------------------------------- rows
@@ -182,6 +186,23 @@ class HfOption:
     replacement: str
     source: str
     reason: str = ""
+    verified: bool = False  # only verified rows are rendered as flags or config keys
+
+    def valid_in(self, version: Version) -> bool:
+        """True when `version` has this option: introduced <= version < removed (an unverified row: never)."""
+        v = Version(version.base_version)
+        return self.verified and (self.introduced is None or v >= self.introduced) and \
+            (self.removed is None or v < self.removed)
+
+
+@dataclass(frozen=True)
+class HfData:
+    """The newest release of a package that the hf rows were checked against."""
+
+    package: str
+    through: Version
+    source: str
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -194,7 +215,15 @@ class Matrix:
     oneccl: tuple[OnecclRelease, ...]
     eol: tuple[EolNotice, ...]
     hf: tuple[HfOption, ...]
+    hf_data: tuple[HfData, ...] = ()
     files: tuple[str, ...] = ()
+
+    def hf_through(self, package: str) -> Version | None:
+        """The newest `package` release the hf rows were checked against; None = unknown."""
+        for row in self.hf_data:
+            if row.package == package:
+                return row.through
+        return None
 
     def torch_release(self, version: Version) -> TorchRelease | None:
         """The torch row for `version` (local label ignored), or None."""
@@ -384,11 +413,18 @@ _SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
     "hf": {
         "package": (_choice("transformers", "accelerate"), True),
         "name": (_nonempty, True),
-        "kind": (_choice("trainer-arg", "launch-flag", "value"), True),
+        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key"), True),
         "introduced": (_opt_version, False),
         "deprecated": (_opt_version, False),
         "removed": (_opt_version, False),
         "replacement": (_str, False),
+        "verified": (_bool, False),
+        "source": (_nonempty, True),
+        "reason": (_str, False),
+    },
+    "hf_data": {
+        "package": (_choice("transformers", "accelerate"), True),
+        "through": (_version, True),
         "source": (_nonempty, True),
         "reason": (_str, False),
     },
@@ -408,6 +444,7 @@ _DEFAULTS: dict[str, Any] = {
     "deprecated": None,
     "removed": None,
     "replacement": "",
+    "verified": False,
 }
 # Top-level scalars a file may set as defaults for its rows.
 _FILE_DEFAULTS = {"cpu_index_url": "torch"}
@@ -424,11 +461,13 @@ def _key(kind: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return (row["component"],)
     if kind == "hf":
         return (row["package"], row["name"])
+    if kind == "hf_data":
+        return (row["package"],)
     return (row["version"],)
 
 
 def _label(kind: str, index: int, raw: Mapping[str, Any]) -> str:
-    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name")
+    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name") or raw.get("package")
     return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
 
 
@@ -437,11 +476,19 @@ def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[An
     name = path.name
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(Problem(name, "file", f"cannot read: {exc}"))
+        if too_deep(data):
+            raise RecursionError
+    except OSError as exc:
+        problems.append(Problem(name, "file", f"cannot read: {exc.strerror or exc}"))
+        return []
+    except UnicodeDecodeError as exc:
+        problems.append(Problem(name, "file", f"not UTF-8 text (byte {exc.start})"))
         return []
     except tomllib.TOMLDecodeError as exc:
         problems.append(Problem(name, "file", f"not valid TOML: {exc}"))
+        return []
+    except RecursionError:
+        problems.append(Problem(name, "file", f"nested deeper than {MAX_DEPTH} levels"))
         return []
     defaults: dict[str, Any] = {}
     rows: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -503,6 +550,11 @@ def _row_checks(kind: str, row: Mapping[str, Any]) -> list[str]:
         ba = row["built_against"]
         if ba is not None and not row["torch"].contains(ba, prereleases=True):
             out.append(f"built_against {ba} does not satisfy torch {row['torch']}")
+    if kind == "hf" and row["introduced"] is not None and row["removed"] is not None \
+            and row["removed"] <= row["introduced"]:
+        out.append(f"removed {row['removed']} is not after introduced {row['introduced']}")
+    if kind == "hf" and row["verified"] and "unverified" in (row["source"] + row["reason"]).lower():
+        out.append("verified = true but the source or reason says unverified")
     if kind == "oneccl" and row["device"] == "cpu" and not row["index_url"]:
         out.append("a CPU release needs an index_url (the bindings are not on PyPI)")
     return out
@@ -516,6 +568,7 @@ def _build(kind: str, row: dict[str, Any]) -> Any:
         "oneccl": OnecclRelease,
         "eol": EolNotice,
         "hf": HfOption,
+        "hf_data": HfData,
     }[kind]
     return cls(**row)
 
@@ -529,6 +582,8 @@ def _sort_key(kind: str, row: Any) -> tuple[Any, ...]:
         return (Version(row.cuda) if re.match(r"^\d+(\.\d+)*$", row.cuda) else Version("0"), row.tag)
     if kind == "eol":
         return (row.component,)
+    if kind == "hf_data":
+        return (row.package,)
     return (row.package, row.name)
 
 
@@ -547,9 +602,15 @@ def shipped_dir() -> Path:
 SUBJECTS = ("ipex", "oneccl", "torch", "cuda", "eol", "hf")
 
 
-def _toml_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.toml")
-                  if p.is_file() and p.name.lower().startswith(SUBJECTS))
+def _toml_files(directory: Path, problems: list[Problem] | None = None) -> list[Path]:
+    try:  # glob() hides an unreadable directory as an empty one: list it, and say so when it fails
+        names = os.listdir(directory)
+    except OSError as exc:
+        if problems is not None:
+            problems.append(Problem(str(directory), "directory", f"cannot read it: {exc.strerror or exc}"))
+        return []
+    return sorted(directory / n for n in names
+                  if n.endswith(".toml") and n.lower().startswith(SUBJECTS) and (directory / n).is_file())
 
 
 def extra_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -578,12 +639,12 @@ def load_matrix(
     if not base.is_dir():
         problems.append(Problem(str(base), "directory", "shipped compat data not found"))
     else:
-        layers.append(_toml_files(base))
+        layers.append(_toml_files(base, problems))
     for extra in extras:
         if not extra.is_dir():
             problems.append(Problem(str(extra), "directory", f"{ENV_DIR} names no such directory"))
         else:
-            layers.append(_toml_files(extra))
+            layers.append(_toml_files(extra, problems))
 
     merged: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {k: {} for k in _SCHEMA}
     files: list[str] = []
@@ -614,6 +675,14 @@ def load_matrix(
 @lru_cache(maxsize=8)
 def _cached(extra: str) -> Matrix:
     return load_matrix(extra or None, environ={})
+
+
+def check_env_dir(environ: Mapping[str, str] | None = None) -> None:
+    """With $CPUPERF_COMPAT_DIR set, load it once up front: malformed or unreadable extra data is exit 6
+    under every command, not only under those whose code path happens to consult the matrix."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_DIR, "").strip():
+        _cached(env[ENV_DIR])
 
 
 def default_matrix() -> Matrix:

@@ -330,8 +330,12 @@ def _pick_oneccl(m: Matrix, torch: Version, python: str, platform: str) -> _Pick
         if winner is not None:
             reason = f"{reason}: use {winner.version}"
         elif row.device == "cpu" and not row.accepts(torch) and _minor(row.version) == _minor(torch):
-            want = spec_text(row.torch)
-            reason = f"{reason}: install torch {want} to use it, or use the built-in 'gloo' backend"
+            fits = [t.version for t in m.torch if row.accepts(t.version) and not torch_reasons(t, python, platform)]
+            if fits:
+                reason = f"{reason}: install torch {max(fits)} to use it, or use the built-in 'gloo' backend"
+            else:
+                reason = (f"{reason}; no torch release it supports has a {platform} wheel for Python {python}: "
+                          "use the built-in 'gloo' backend")
         pick.rejected.append(Rejection("oneccl", f"{row.version}{row.local if row.device != 'cpu' else ''}", reason))
     if winner is None and not any(r.device == "cpu" for r, _ in losers):
         eol = _eol_text(m, "oneccl", torch)
@@ -384,6 +388,7 @@ def resolve(
     notes: list[str] = []
 
     installed = parse_version(installed_torch, "installed torch version") if installed_torch else None
+    asked = torch is not None
     if torch is None and installed is not None:
         notes.append(f"keeping the installed torch {installed}")
         torch = str(installed)
@@ -391,11 +396,32 @@ def resolve(
         return _best_stack(m, py, wants, plat, notes)
 
     requested, exact = _requested_torch(torch)
+    if asked:
+        _check_known_torch(m, requested, exact)
     if installed is not None and _base(installed) != _base(requested):
         notes.append(f"torch {installed} is installed; this plan replaces it")
     if not exact:
         return _best_in_minor(m, py, wants, plat, requested, notes)
     return _pinned(m, py, wants, plat, requested, notes)
+
+
+def _check_known_torch(m: Matrix, t: Version, exact: bool) -> None:
+    """A torch release (or minor) the data does not list is an input error, not a silent 'ok'."""
+    known = m.torch_release(t) is not None if exact else any(_minor(r.version) == _minor(t) for r in m.torch)
+    if known or not m.torch:
+        return
+    newest = m.torch[-1].version
+    what = f"torch {t}" if exact else f"torch {t.major}.{t.minor}"
+    if _base(t) > newest:
+        raise ResolveError(f"{what} is not in cpuperf's data (data ends at torch {newest}; "
+                           f"extend with CPUPERF_COMPAT_DIR)")
+    raise ResolveError(f"{what} is not a torch release (known: {m.torch[0].version} ... {newest})")
+
+
+def _same_minor_with_wheel(m: Matrix, t: Version, py: str, plat: str) -> TorchRelease | None:
+    """The newest release of t's minor that has a wheel for `py`, if any."""
+    rows = [r for r in m.torch if _minor(r.version) == _minor(t) and not torch_reasons(r, py, plat)]
+    return max(rows, key=lambda r: r.version) if rows else None
 
 
 def _pinned(m: Matrix, py: str, wants: frozenset[str], plat: str, t: Version, notes: list[str]) -> Resolution:
@@ -411,7 +437,9 @@ def _pinned(m: Matrix, py: str, wants: frozenset[str], plat: str, t: Version, no
     else:
         why = torch_reasons(row, py, plat)
         if why:
-            rejected.append(Rejection("torch", str(t), why[0]))
+            alt = _same_minor_with_wheel(m, t, py, plat)
+            hint = f"; torch {alt.version} has one" if alt is not None else ""
+            rejected.append(Rejection("torch", str(t), why[0] + hint))
             torch_out = None
     if t.local and not t.local.startswith("cpu"):
         notes.append(f"torch {t} is a +{t.local} build; the Intel CPU add-ons are validated with +cpu builds")
@@ -449,8 +477,10 @@ def _best_in_minor(m: Matrix, py: str, wants: frozenset[str], plat: str, req: Ve
             return _from_picks(m, py, wants, plat, row, picks, notes)
     if not rows:
         return _pinned(m, py, wants, plat, Version(f"{req.base_version}.0"), notes)
-    # nothing in this minor fits: explain against its newest release
-    return _pinned(m, py, wants, plat, max(r.version for r in rows), notes)
+    # nothing in this minor fits every wish: explain against the release `--with`-less resolution would pick
+    # (the newest with a wheel for this Python), else against the newest release of the minor
+    alt = _same_minor_with_wheel(m, req, py, plat)
+    return _pinned(m, py, wants, plat, alt.version if alt is not None else max(r.version for r in rows), notes)
 
 
 def _from_picks(m: Matrix, py: str, wants: frozenset[str], plat: str, row: TorchRelease,

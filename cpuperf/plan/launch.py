@@ -14,6 +14,7 @@ The edge (subprocess, signals, /proc) lives in cpuperf/launch_exec.py.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import sys
@@ -29,6 +30,8 @@ SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
 SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.run.rankexec
 LOGDIR_VAR = "CPUPERF_RANK_LOGDIR"  # where rankexec writes rank<R>.log and rank<R>.pid
+RDZV_TIMEOUT_VAR = "CPUPERF_RDZV_TIMEOUT"  # the worker's init_process_group bound (cpuperf.train.loop)
+DEFAULT_RDZV_TIMEOUT_S = 300  # --rdzv-timeout: how long node 0 waits for the others to join
 
 
 @dataclass(frozen=True)
@@ -157,15 +160,18 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                 pin: bool = True, threads: Optional[int] = None, log_dir: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
                 python: Optional[str] = None, local_addr: Optional[str] = None,
-                job_id: str = "cpuperf") -> LaunchPlan:
+                job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None) -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
     pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
+    rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
     """
     environ = environ or {}
     python = python or sys.executable
     nproc = placement.nproc_per_node
+    if rdzv_timeout is not None and not (math.isfinite(rdzv_timeout) and 0 < rdzv_timeout <= 7 * 86400):
+        raise UsageError(f"--rdzv-timeout {rdzv_timeout}: give seconds, more than 0 and at most a week")
     host_names = tuple(h.name for h in hosts) if hosts else ()
     slurm_nodes = slurm_allocation(environ)
     if slurm_nodes is not None and nnodes == 1 and not hosts:
@@ -218,26 +224,19 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
             reasons.setdefault("OMP_NUM_THREADS", "the rank's physical cores")
     elif chosen == "torchrun":
         flavour = "torchrun"
-        base = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+        base, port, addr = _torchrun_base(python, nproc, nnodes, node_rank, addr, port, master_port, job_id,
+                                          local_addr, rdzv_timeout)
         if nnodes > 1:
-            if addr is None:
-                raise UsageError("torchrun over several nodes needs a rendezvous address",
-                                 hint="pass --hostfile FILE or --master-addr HOST")
-            rdzv_port = port or 29500
-            base += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                     f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job_id}",
-                     # The node holding the endpoint hosts the store; saying so avoids torchrun's
-                     # hostname match, which fails when names resolve elsewhere (containers, netns).
-                     f"--rdzv-conf=is_host={'true' if node_rank == 0 else 'false'}"]
-            if local_addr:
-                base.append(f"--local-addr={local_addr}")
             line = []
             for r in range(nnodes):
                 line.append(f"node {host_names[r] if r < len(host_names) else r}: cpuperf train ... --node-rank {r}")
             node_commands = tuple(line)
             notes.append(f"start the same `cpuperf train` on each of the {nnodes} nodes with --node-rank 0..{nnodes - 1}")
-        else:
-            base += ["--standalone"]
+        elif port is None:
+            for name in ("MASTER_ADDR", "MASTER_PORT"):  # torchrun --standalone sets its own
+                env.pop(name, None)
+                reasons.pop(name, None)
+            notes.append("rendezvous: torchrun --standalone picks a free port (pass --master-port to fix one)")
         argv = (*base, "-m", "cpuperf.run.rankexec", "--", *cmd)
         # torchrun runs its -m target with `python -u -m`; rankexec then execs the real command.
     elif chosen == "mpirun":
@@ -285,11 +284,55 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     if world > 1 and chosen != "torchrun":
         env.setdefault("MASTER_ADDR", addr or "127.0.0.1")
         env.setdefault("MASTER_PORT", str(port or 29500))
+    if world > 1:
+        env[RDZV_TIMEOUT_VAR] = _seconds(rdzv_timeout)
+        reasons[RDZV_TIMEOUT_VAR] = "how long the ranks' process group may take to form (--rdzv-timeout)"
     return LaunchPlan(launcher=chosen, flavour=flavour, argv=tuple(argv), env=env, env_reasons=reasons,
                       per_rank=specs, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
                       hosts=host_names, master_addr=addr if world > 1 else None,
                       master_port=port if world > 1 else None, affinity=affinity, log_dir=log_dir,
                       rank_command=cmd, notes=tuple(notes), node_commands=node_commands)
+
+
+def _seconds(value: Optional[float]) -> str:
+    t = DEFAULT_RDZV_TIMEOUT_S if value is None else value
+    return str(int(t)) if float(t).is_integer() else f"{t:g}"
+
+
+def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: Optional[str],
+                   port: Optional[int], asked_port: Optional[int], job_id: str, local_addr: Optional[str],
+                   rdzv_timeout: Optional[float]) -> Tuple[List[str], Optional[int], Optional[str]]:
+    """(torchrun argv up to the target, the rendezvous port, its address).
+
+    One node: --standalone picks its own free port, so a port the user asked for (--master-port)
+    gets a c10d rendezvous on 127.0.0.1 at that port instead; the ranks' MASTER_PORT is then the
+    store's port, which torchrun's agent hosts (torch/distributed/elastic/agent/server/api.py).
+    Several nodes: c10d at addr:port, join_timeout bounded by rdzv_timeout.
+    """
+    base = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    timeout = _seconds(rdzv_timeout)
+    if nnodes <= 1:
+        if asked_port is None:
+            return [*base, "--standalone"], None, addr
+        return [*base, "--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{asked_port}",
+                f"--rdzv-id={job_id}", f"--rdzv-conf=is_host=true,join_timeout={timeout}"], asked_port, "127.0.0.1"
+    if addr is None:
+        raise UsageError("torchrun over several nodes needs a rendezvous address",
+                         hint="pass --hostfile FILE or --master-addr HOST")
+    rdzv_port = port or 29500
+    base += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job_id}",
+             # The node holding the endpoint hosts the store; saying so avoids torchrun's
+             # hostname match, which fails when names resolve elsewhere (containers, netns).
+             f"--rdzv-conf=is_host={'true' if node_rank == 0 else 'false'},join_timeout={timeout}"]
+    if local_addr:
+        base.append(f"--local-addr={local_addr}")
+    return base, rdzv_port, addr
+
+
+def rendezvous_timed_out(text: str) -> bool:
+    """torchrun's rendezvous did not complete in time (node 0 waited for nodes that never came)."""
+    return "RendezvousTimeoutError" in text
 
 
 # -- a user's own script ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from cpuperf.probe.cpu import probe_cpu
 from cpuperf.probe.facts import HostFacts, Limits, Memory
 from cpuperf.probe.gpus import probe_gpus
 from cpuperf.probe.software import probe_software
-from cpuperf.probe.sources import Sources
+from cpuperf.probe.sources import Sources, check_sysroot
 from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
 
 _CACHE: Dict[Tuple, HostFacts] = {}
@@ -35,8 +35,8 @@ def probe_limits(src: Sources) -> Limits:
 def probe_memory(src: Sources) -> Memory:
     info = parse.parse_meminfo(src.read("/proc/meminfo"))
     total = info.get("MemTotal")
-    override = src.override("memory_total")
-    if override:
+    override = src.override_number("memory_total", integer=True)
+    if override is not None:
         total = int(override)
     return Memory(total_bytes=total, available_bytes=info.get("MemAvailable"))
 
@@ -45,6 +45,8 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
                environ: Optional[Mapping[str, str]] = None, software: bool = True,
                use_cache: bool = True) -> HostFacts:
     """Probe a host once. `sysroot` reads a recorded tree; `python` inspects another interpreter."""
+    if sysroot is not None:
+        check_sysroot(sysroot)
     src = Sources(sysroot=sysroot, environ=environ)
     overrides = tuple(sorted(k[len("CPUPERF_OVERRIDE_"):].lower() for k in src.environ
                              if k.startswith("CPUPERF_OVERRIDE_")))
@@ -69,4 +71,13 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     return facts
 
 
-__all__ = ["probe_host", "HostFacts", "Sources"]
+def with_load(facts: HostFacts, window_s: Optional[float] = None) -> HostFacts:
+    """`facts` with the load on its usable CPUs attached (sampled now when live; recorded for a snapshot)."""
+    import dataclasses
+
+    from cpuperf.probe.load import load_for
+
+    return dataclasses.replace(facts, load=load_for(facts.sysroot, facts.usable_cpus(), window_s))
+
+
+__all__ = ["probe_host", "with_load", "HostFacts", "Sources"]

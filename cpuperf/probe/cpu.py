@@ -39,6 +39,12 @@ def _model_matches(entry: Dict[str, Any], model: Optional[int], stepping: Option
     return False
 
 
+# x86-64 psABI levels (System V AMD64 psABI, "Micro-architecture levels"), in Linux flag spelling:
+# the honest name for a CPU whose family/model the table does not know and no generation fits.
+_PSABI_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+_PSABI_V3 = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe")
+
+
 def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
              stepping: Optional[int], flags: Tuple[str, ...]) -> Tuple[str, str]:
     """(microarchitecture, how it was named): by family/model first, else by features."""
@@ -47,12 +53,21 @@ def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
         if entry["family"] == family and _model_matches(entry, model, stepping):
             return entry["name"], "model"
     present = set(flags)
-    best = None
-    for entry in entries:
-        if set(entry["features"]) <= present and (best is None or entry["order"] > best["order"]):
-            best = entry
-    if best is not None:
+    fits = [e for e in entries if e["features"] and set(e["features"]) <= present]
+    if fits:
+        newest = max(fits, key=lambda e: e["order"])
+        # Generations with the same flags cannot be told apart: claim only the oldest of them.
+        same = [e for e in fits if set(e["features"]) == set(newest["features"])]
+        best = min(same, key=lambda e: e["order"])
+        # Never give an AVX-512 part the name of a generation without it (e.g. 'zen' for a Zen 4).
+        if "avx512f" in best["features"] or "avx512f" not in present:
+            return best["name"], "features"
+    if set(_PSABI_V4) <= present:
+        return "x86_64_v4", "features"
+    if fits:
         return best["name"], "features"
+    if set(_PSABI_V3) <= present:
+        return "x86_64_v3", "features"
     return ("x86_64" if "lm" in present else "unknown"), "none"
 
 
@@ -111,9 +126,12 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
         cpu_line = next((b["cpu"] for b in blocks if "cpu" in b), "")
         generation = cpu_line.split()[0].lower() if cpu_line else "unknown"  # 'POWER9' -> 'power9'
         flags = tuple(w.strip(",").lower() for w in cpu_line.split()[1:])
+        gen = parse.int_auto(generation[5:]) if generation.startswith("power") else None
+        # cpuinfo names only the generation: VSX is ISA 2.06 (POWER7+), MMA is ISA 3.1 (POWER10+).
+        implied = {"vsx": gen is not None and gen >= 7, "mma": gen is not None and gen >= 10}
         facts = dict(arch=arch, vendor="IBM", model_name=cpu_line or None, family=None, model=None,
                      stepping=None, microarchitecture=generation if generation.startswith("power") else "unknown",
-                     isa=tuple(f for f in POWER_ISA if f in flags or (f == "vsx" and generation >= "power7")),
+                     isa=tuple(f for f in POWER_ISA if f in flags or implied.get(f, False)),
                      flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
                      microarchitecture_source="model" if generation.startswith("power") else "none")
     else:

@@ -11,13 +11,17 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-# ISA flags cpuperf reasons about, in Linux /proc/cpuinfo spelling (x86) and Arm 'Features' spelling.
+from cpuperf.probe.load import LoadFacts
+
+# ISA flags cpuperf reasons about, as Linux prints them in /proc/cpuinfo (x86: the quoted names in
+# arch/x86/include/asm/cpufeatures.h; AMX-FP16 and AVX-VNNI-INT8 have none, so they never appear) and in
+# the Arm 'Features' line (arch/arm64/kernel/cpuinfo.c hwcap_str).
 X86_ISA = (
     "sse4_2", "avx", "f16c", "fma", "avx2", "avx512f", "avx512cd", "avx512dq", "avx512bw", "avx512vl",
-    "avx512_vnni", "avx512_vbmi", "avx512_vpopcntdq", "avx_vnni", "avx512_bf16", "avx512_fp16",
-    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx_complex",
+    "avx512_vnni", "avx512vbmi", "avx512_vbmi2", "avx512_vpopcntdq", "avx_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8",
 )
-ARM_ISA = ("asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm", "sme", "sme2")
+ARM_ISA = ("asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "svebf16", "i8mm", "svei8mm", "sme", "sme2")
 POWER_ISA = ("altivec", "vsx", "mma")
 
 
@@ -149,6 +153,7 @@ class HostFacts:
     platform: str  # 'linux', 'darwin', 'win32'
     sysroot: Optional[str]
     overrides: Tuple[str, ...] = ()  # the CPUPERF_OVERRIDE_* facts in force
+    load: Optional[LoadFacts] = None  # other work right now; None = not probed (see probe.with_load)
 
     @property
     def live(self) -> bool:

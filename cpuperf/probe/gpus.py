@@ -85,7 +85,7 @@ def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
         if not isinstance(rows, list):
             raise ValueError("not a list")
         return tuple(gpu_from_row(row, i) for i, row in enumerate(rows))
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
         raise UsageError(f"CPUPERF_OVERRIDE_GPUS is not a JSON list of GPUs ({exc})",
                          hint='e.g. CPUPERF_OVERRIDE_GPUS=\'[{"name": "NVIDIA A100", "compute_capability": "8.0", "memory_bytes": 85899345920}]\'') from exc
 

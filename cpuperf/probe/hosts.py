@@ -1,17 +1,28 @@
-"""Hostfiles (Open MPI `host slots=N`, Intel MPI/MPICH `host:N`, plain `host`) and host validation.
+"""Hostfiles (Open MPI `host slots=N`, Intel MPI/MPICH `host:N`, plain `host`), host validation, and
+the one host resolver (resolve / resolve_all: getaddrinfo with a real timeout).
 
 Every host name that reaches a shell, an env var or a launcher passes through valid_host() first.
+Parsing is linear in the file and bounded (MAX_HOSTFILE_BYTES, MAX_HOSTS): a hostfile is input.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import queue
 import re
+import socket
+import threading
+from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import UnreachableError, UsageError
+
+# Far above any real cluster (the largest have ~10^4 nodes), far below what makes parsing slow.
+MAX_HOSTS = 65536
+MAX_HOSTFILE_BYTES = 16 * 1024 * 1024
+RESOLVE_TIMEOUT_S = 3.0
+_RESOLVER_THREADS = 16
 
 # RFC 1123 host names: labels of letters, digits and hyphens, not starting or ending with a hyphen.
 _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
@@ -47,6 +58,9 @@ def parse_hostfile_text(text: str, origin: str = "hostfile") -> Tuple[Host, ...]
     """Parse a hostfile; a malformed line is a UsageError naming the line."""
     hosts: List[Host] = []
     for number, raw in enumerate(text.splitlines(), 1):
+        if len(hosts) >= MAX_HOSTS:
+            raise UsageError(f"{origin} names more than {MAX_HOSTS} hosts",
+                             hint="list each node once; cpuperf reads at most that many")
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -75,17 +89,99 @@ def parse_hostfile_text(text: str, origin: str = "hostfile") -> Tuple[Host, ...]
         hosts.append(Host(name, slots))
     if not hosts:
         raise UsageError(f"{origin} names no hosts", hint="write one host per line")
-    names = [h.name for h in hosts]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    # A Counter, not list.count per name: a hostfile of 10^6 lines takes a second, not minutes.
+    dupes = sorted(n for n, count in Counter(h.name for h in hosts).items() if count > 1)
     if dupes:
-        raise UsageError(f"{origin} names {', '.join(dupes)} more than once",
+        shown = ", ".join(dupes[:5]) + (f" (and {len(dupes) - 5} more)" if len(dupes) > 5 else "")
+        raise UsageError(f"{origin} names {shown} more than once",
                          hint="list each host once, with its slot count")
     return tuple(hosts)
 
 
 def read_hostfile(path: str) -> Tuple[Host, ...]:
+    """Read and parse a hostfile: unreadable, too large, binary or non-UTF-8 files are a UsageError."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_HOSTFILE_BYTES + 1)  # bounded: /dev/zero or a huge file must not hang
     except OSError as exc:
-        raise UsageError(f"cannot read hostfile {path}: {exc.strerror}", hint="check the path") from exc
+        raise UsageError(f"cannot read hostfile {path}: {exc.strerror or exc}", hint="check the path") from exc
+    if len(data) > MAX_HOSTFILE_BYTES:
+        raise UsageError(f"hostfile {path} is larger than {MAX_HOSTFILE_BYTES // (1024 * 1024)} MiB",
+                         hint="write one host per line")
+    if b"\0" in data:
+        raise UsageError(f"hostfile {path} is a binary file, not text", hint="write one host per line")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"hostfile {path} is not UTF-8 text (byte {exc.start})",
+                         hint="write one host per line, in UTF-8") from exc
     return parse_hostfile_text(text, origin=path)
+
+
+# -- resolving ---------------------------------------------------------------------------------------
+
+def _lookup(host: str) -> Optional[str]:
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError, ValueError):
+        return None
+    return str(infos[0][4][0]) if infos else None
+
+
+def resolve_all(names: Iterable[str], timeout: float = RESOLVE_TIMEOUT_S) -> Dict[str, Optional[str]]:
+    """name -> first IPv4/IPv6 address, or None when it does not resolve within `timeout`.
+
+    getaddrinfo has no timeout of its own (socket.setdefaulttimeout does not bound it), so lookups run
+    in daemon worker threads and the caller waits at most `timeout` per round of workers: a stuck DNS
+    server costs seconds, never a hang, and no process-wide socket state changes.
+    """
+    unique = list(dict.fromkeys(names))
+    found: Dict[str, Optional[str]] = {}
+    todo: queue.Queue[str] = queue.Queue()
+    for name in unique:
+        try:
+            found[name] = str(ipaddress.ip_address(name))  # a literal address needs no lookup
+        except ValueError:
+            todo.put(name)
+    pending = todo.qsize()
+    if pending:
+        done: Dict[str, Optional[str]] = {}
+        finished = threading.Condition()
+
+        def work() -> None:
+            while True:
+                try:
+                    name = todo.get_nowait()
+                except queue.Empty:
+                    return
+                ip = _lookup(name)
+                with finished:
+                    done[name] = ip
+                    finished.notify_all()
+
+        workers = min(_RESOLVER_THREADS, pending)
+        for _ in range(workers):
+            threading.Thread(target=work, daemon=True, name="cpuperf-resolve").start()
+        with finished:  # each round of workers gets `timeout`; a stuck lookup is abandoned, not awaited
+            finished.wait_for(lambda: len(done) == pending, timeout=timeout * -(-pending // workers))
+            for name in unique:
+                if name not in found:
+                    found[name] = done.get(name)
+    return found
+
+
+def resolve(host: str, timeout: float = RESOLVE_TIMEOUT_S) -> Optional[str]:
+    """The host's first IPv4/IPv6 address, or None (unresolvable, or no answer within `timeout`)."""
+    return resolve_all([host], timeout)[host]
+
+
+def require_resolvable(hosts: Sequence[Host], timeout: float = RESOLVE_TIMEOUT_S) -> Dict[str, str]:
+    """Every host resolves (name -> address), else UnreachableError (exit 7) naming the ones that do not."""
+    found = resolve_all([h.name for h in hosts], timeout)
+    missing = [name for name, ip in found.items() if ip is None]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise UnreachableError(f"host{'s' if len(missing) > 1 else ''} {shown} "
+                               f"do{'' if len(missing) > 1 else 'es'} not resolve",
+                               hint="check the hostfile and /etc/hosts or DNS")
+    return {name: ip for name, ip in found.items() if ip is not None}

@@ -7,28 +7,49 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+from cpuperf.errors import UsageError
 
-def parse_cpulist(text: Optional[str]) -> Optional[Tuple[int, ...]]:
-    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11). Multi-digit ids and strides ('0-8:2') work."""
+# Linux's NR_CPUS tops out at 8192 (x86_64 MAXSMP); 65535 leaves room and keeps a hostile list such as
+# '0-99999999' from costing minutes and gigabytes.
+MAX_CPU_ID = 65535
+
+
+def parse_cpulist(text: Optional[str], origin: str = "cpu list") -> Optional[Tuple[int, ...]]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11). Multi-digit ids and strides ('0-8:2') work.
+
+    Malformed text, or ids above MAX_CPU_ID, is a UsageError naming `origin` and the text.
+    """
     if text is None:
         return None
     text = text.strip()
     if not text:
         return ()
+
+    def bad(why: str) -> UsageError:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return UsageError(f"{origin} {shown!r}: {why}",
+                          hint=f"write CPU ids 0..{MAX_CPU_ID} as '0-3,8' (ranges, commas, ':stride')")
+
     cpus: set = set()
+    named = 0  # ids named in all ranges together: overlapping ranges must not multiply the work
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        stride = 1
-        if ":" in part:
-            part, stride_text = part.split(":", 1)
-            stride = int(stride_text)
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.update(range(int(lo), int(hi) + 1, max(stride, 1)))
-        else:
-            cpus.add(int(part))
+        m = re.fullmatch(r"(\d{1,9})(?:-(\d{1,9})(?::(\d{1,9}))?)?", part)
+        if m is None:
+            raise bad(f"cannot read {part[:30]!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        stride = int(m.group(3)) if m.group(3) is not None else 1
+        if hi > MAX_CPU_ID:
+            raise bad(f"CPU id {hi} is above {MAX_CPU_ID}")
+        if hi < lo or stride < 1:
+            raise bad(f"{part!r} is not an ascending range")
+        named += (hi - lo) // stride + 1
+        if named > 2 * (MAX_CPU_ID + 1):
+            raise bad(f"names more than {2 * (MAX_CPU_ID + 1)} CPU ids")
+        cpus.update(range(lo, hi + 1, stride))
     return tuple(sorted(cpus))
 
 
@@ -53,6 +74,8 @@ def parse_cpumask(text: Optional[str]) -> Optional[Tuple[int, ...]]:
     digits = text.strip().replace(",", "")
     if not digits:
         return ()
+    if len(digits) > (MAX_CPU_ID + 1) // 4:  # more bits than CPU ids: not a mask cpuperf can use
+        return None
     try:
         value = int(digits, 16)
     except ValueError:

@@ -42,6 +42,9 @@ def save_snapshot(dest: str, environ: Optional[Mapping[str, str]] = None,
     probe_topology(src, blocks)
     cgroup_memory_limit(src)
     src.read("/proc/meminfo")
+    from cpuperf.probe.load import probe_load
+
+    probe_load(src, window_s=0)  # /proc/loadavg and the pressure file, as recorded figures
     count = 0
     for path in sorted(src.files):
         target = os.path.join(dest, path.lstrip("/"))

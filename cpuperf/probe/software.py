@@ -32,7 +32,8 @@ def scan_interpreter(src: Sources, python: Optional[str]) -> dict:
     if not os.path.exists(python):
         raise UsageError(f"no Python interpreter at {python}",
                          hint="pass --python PATH of an existing interpreter")
-    result = src.run([python, "-I", pkgscan.__file__], timeout=20.0)
+    runner = src if src.live else Sources(environ=src.environ)  # a real interpreter, even beside a sysroot
+    result = runner.run([python, "-I", pkgscan.__file__], timeout=20.0)
     if result is None or result.returncode != 0:
         raise ProbeFailedError(f"could not inspect the packages of {python}",
                                hint=(result.stderr.strip().splitlines() or [""])[-1] if result else None)
@@ -94,9 +95,13 @@ def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str
 
 
 def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Software]:
-    """The stack of this (or another) interpreter; None for a snapshot unless overridden."""
+    """The stack of this (or another) interpreter; None for a snapshot unless overridden.
+
+    An explicit `python` is a real interpreter on this machine: its stack is read even with a sysroot
+    (the recorded tree describes the hardware, not the packages).
+    """
     override = src.override("packages")
-    if not src.live:
+    if not src.live and python is None:
         if override is None:
             return None
         overridden = apply_package_override({k: None for k in pkgscan.PACKAGES}, override)
@@ -124,3 +129,11 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
         openmp=_libraries(src, OPENMP_LIBS, extra),
         allocators=_libraries(src, ALLOCATOR_LIBS, extra),
     )
+
+
+def torch_git_version(info: Optional[PackageInfo], src: Optional[Sources] = None) -> Optional[str]:
+    """The git hash torch was built from (torch/version.py, read without importing torch); None if unknown."""
+    if info is None or not info.location:
+        return None
+    text = (src or Sources()).read(os.path.join(info.location, "torch", "version.py"))
+    return parse.torch_version_py(text).get("git_version")

@@ -8,12 +8,37 @@ affinity, environment, tools, GPUs, packages) come back as None = unknown.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Iterable, List, Mapping, Optional, Sequence
+
+
+def check_sysroot(sysroot: str) -> None:
+    """A --sysroot must be a readable recorded host: missing, empty or unreadable is a UsageError (exit 2),
+    never a host with 0 cores. The one check here that raises: it guards input, it is not a probe."""
+    from cpuperf.errors import UsageError
+
+    hint = "record one with: cpuperf doctor --save-snapshot DIR"
+    if not sysroot.strip():
+        raise UsageError("--sysroot is empty: name a directory", hint=hint)
+    root = Path(sysroot)
+    if not root.is_dir():
+        raise UsageError(f"--sysroot {sysroot}: {'not a directory' if root.exists() else 'no such directory'}",
+                         hint=hint)
+    try:
+        os.listdir(root)
+    except OSError as exc:
+        raise UsageError(f"--sysroot {sysroot}: cannot read it ({exc.strerror})", hint=hint) from exc
+    cpuinfo = root / "proc" / "cpuinfo"
+    cpu_dir = root / "sys" / "devices" / "system" / "cpu"
+    readable = os.access(cpuinfo, os.R_OK) and cpuinfo.is_file()
+    if not readable and not (cpu_dir.is_dir() and os.access(cpu_dir, os.R_OK | os.X_OK)):
+        raise UsageError(f"--sysroot {sysroot} holds no readable proc/cpuinfo or sys/devices/system/cpu",
+                         hint=hint)
 
 
 class Sources:
@@ -71,6 +96,23 @@ class Sources:
     def override(self, fact: str) -> Optional[str]:
         """CPUPERF_OVERRIDE_<FACT>: applies to snapshots too (that is how tests describe hosts)."""
         return self.environ.get(f"CPUPERF_OVERRIDE_{fact.upper()}")
+
+    def override_number(self, fact: str, integer: bool = False) -> Optional[float]:
+        """A numeric CPUPERF_OVERRIDE_<FACT>: None when unset or empty; else finite and > 0, or a UsageError."""
+        text = self.override(fact)
+        if text is None or not text.strip():
+            return None
+        name = f"CPUPERF_OVERRIDE_{fact.upper()}"
+        try:
+            value = float(int(text.strip())) if integer else float(text.strip())
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and value > 0):
+            from cpuperf.errors import UsageError
+
+            kind = "a positive whole number" if integer else "a positive number"
+            raise UsageError(f"{name}={text[:40]!r} is not {kind}", hint=f"unset {name}, or set it to e.g. 4")
+        return value
 
     def affinity(self) -> Optional[List[int]]:
         if not self.live or not hasattr(os, "sched_getaffinity"):

@@ -139,9 +139,8 @@ def _cgroup_dirs(src: Sources, controller: str) -> Tuple[Optional[int], List[str
 
 def cgroup_cpu_quota(src: Sources) -> Tuple[Optional[int], Optional[float]]:
     """(cgroup version, the tightest CPU quota along our cgroup's ancestry, in CPUs)."""
-    override = src.override("cpu_quota")
-    if override is not None:
-        return None, (float(override) if override.strip() else None)
+    if src.override("cpu_quota") is not None:
+        return None, src.override_number("cpu_quota")
     version, dirs = _cgroup_dirs(src, "cpu")
     quotas = []
     for d in dirs:
@@ -205,7 +204,7 @@ def probe_topology(src: Sources, cpuinfo_blocks: List[Dict[str, str]]) -> Topolo
     affinity = src.affinity()
     override = src.override("allowed_cpus")
     if override is not None:
-        allowed: Optional[Tuple[int, ...]] = parse.parse_cpulist(override)
+        allowed: Optional[Tuple[int, ...]] = parse.parse_cpulist(override, origin="CPUPERF_OVERRIDE_ALLOWED_CPUS")
     elif affinity is not None:
         allowed = tuple(affinity) if cpuset is None else tuple(c for c in affinity if c in set(cpuset)) or tuple(affinity)
     else:

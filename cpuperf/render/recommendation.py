@@ -17,8 +17,16 @@ def _v(text: Optional[str]) -> Optional[Version]:
         return None
 
 
+def hf_notes(rec: Recommendation) -> List[str]:
+    """Why some renderings are empty: the installed transformers/accelerate is newer than cpuperf's data."""
+    from cpuperf.knowledge.hf_flags import data_note
+
+    notes = [data_note(pkg, rec.stack.get(pkg)) for pkg in ("transformers", "accelerate")]
+    return [n for n in notes if n]
+
+
 def hf_flags(rec: Recommendation, transformers_version: Optional[str]) -> List[str]:
-    """TrainingArguments flags the installed transformers understands (none it removed)."""
+    """TrainingArguments flags the installed transformers has (verified rows only; none past the data)."""
     from cpuperf.knowledge.hf_flags import supported_flags
 
     flags_ok = supported_flags(transformers_version)
@@ -38,18 +46,20 @@ def hf_flags(rec: Recommendation, transformers_version: Optional[str]) -> List[s
         out += ["--tf32", "true"]
     if v["ipex"] and "use_ipex" in flags_ok:
         out.append("--use_ipex")
-    if v["ddp_backend"] and "ddp_backend" in flags_ok and (v["ddp_backend"] != "ccl" or "ddp_backend_ccl" in flags_ok):
-        out += ["--ddp_backend", v["ddp_backend"]]
+    backend = v["ddp_backend"]
+    if backend and "ddp_backend" in flags_ok and f"ddp_backend_{backend}" in flags_ok:
+        out += ["--ddp_backend", backend]
     if "per_device_train_batch_size" in flags_ok:
         out += ["--per_device_train_batch_size", str(v["batch_size"])]
-    if v["grad_accum_steps"] > 1:
+    if v["grad_accum_steps"] > 1 and "gradient_accumulation_steps" in flags_ok:
         out += ["--gradient_accumulation_steps", str(v["grad_accum_steps"])]
     if v["grad_checkpointing"] and "gradient_checkpointing" in flags_ok:
         out.append("--gradient_checkpointing")
-    optim = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adafactor": "adafactor",
-             "adamw_8bit": "adamw_bnb_8bit"}.get(v["optimizer"])
-    if optim and "optim" in flags_ok and (optim != "adamw_torch_fused" or "optim_fused" in flags_ok):
-        out += ["--optim", optim]
+    optim = {"adamw": ("adamw_torch", "optim_adamw"), "adamw_fused": ("adamw_torch_fused", "optim_fused"),
+             "adafactor": ("adafactor", "optim_adafactor"), "adamw_8bit": ("adamw_bnb_8bit", "optim_8bit")
+             }.get(v["optimizer"])
+    if optim and "optim" in flags_ok and optim[1] in flags_ok:
+        out += ["--optim", optim[0]]
     if "dataloader_num_workers" in flags_ok:
         out += ["--dataloader_num_workers", str(v["dataloader_workers"])]
     if v["device"] == "cuda" and "dataloader_pin_memory" in flags_ok:
@@ -59,8 +69,27 @@ def hf_flags(rec: Recommendation, transformers_version: Optional[str]) -> List[s
     return out
 
 
-def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main_port: int = 29500) -> str:
-    """An accelerate config file (YAML) for these decisions."""
+def accelerate_launch_args(rec: Recommendation, accelerate_version: Optional[str] = None) -> List[str]:
+    """`accelerate launch` flags for the plan: threads per rank (a launch flag: config files reject it)."""
+    from cpuperf.knowledge.accelerate import launch_flag_ok
+
+    version = accelerate_version if accelerate_version is not None else rec.stack.get("accelerate")
+    v = rec.values()
+    threads = v.get("threads_per_rank")
+    if v["device"] == "cpu" and threads and launch_flag_ok("--num_cpu_threads_per_process", version):
+        return ["--num_cpu_threads_per_process", str(threads)]
+    return []
+
+
+def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main_port: int = 29500,
+                      accelerate_version: Optional[str] = None) -> str:
+    """An accelerate config file (YAML) with only the keys the installed accelerate's loader accepts."""
+    from cpuperf.knowledge.accelerate import config_keys, data_note
+
+    version = accelerate_version if accelerate_version is not None else rec.stack.get("accelerate")
+    keys = config_keys(version)
+    if not keys:
+        return f"# {data_note('accelerate', version) or 'no accelerate config keys are known'}\n"
     v = rec.values()
     nproc, nnodes = v["nproc_per_node"], v["nnodes"]
     world = nproc * nnodes
@@ -69,22 +98,27 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
     else:
         dist = "MULTI_CPU" if world > 1 else "NO"
     mp = {"bf16": "bf16", "fp16": "fp16"}.get(v["dtype"], "no")
-    lines = [
-        "compute_environment: LOCAL_MACHINE",
-        f"distributed_type: {dist}",
-        f"mixed_precision: {mp}",
-        f"num_machines: {nnodes}",
-        f"num_processes: {world}",
-        "machine_rank: 0",
-        f"main_process_ip: {main_address}" if nnodes > 1 else "main_process_ip: null",
-        f"main_process_port: {main_port}" if nnodes > 1 else "main_process_port: null",
-        f"use_cpu: {'true' if v['device'] == 'cpu' else 'false'}",
-        "rdzv_backend: static",
-        "same_network: true",
+    entries = [
+        ("compute_environment", "LOCAL_MACHINE"),
+        ("distributed_type", dist),
+        ("mixed_precision", mp),
+        ("num_machines", str(nnodes)),
+        ("num_processes", str(world)),
+        ("machine_rank", "0"),
+        ("main_process_ip", main_address if nnodes > 1 else "null"),
+        ("main_process_port", str(main_port) if nnodes > 1 else "null"),
+        ("use_cpu", "true" if v["device"] == "cpu" else "false"),
+        ("rdzv_backend", "static"),
+        ("same_network", "true"),
     ]
-    if v["compile"]:
+    lines = []
+    launch = accelerate_launch_args(rec, version)
+    if launch:
+        lines.append(f"# threads per rank: accelerate launch {' '.join(launch)} (a launch flag, not a config key)")
+    lines += [f"{key}: {value}" for key, value in entries if key in keys]
+    if v["compile"] and "dynamo_config" in keys:
         lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
-    if v["ipex"]:
+    if v["ipex"] and "ipex_config" in keys:
         lines += ["ipex_config:", "  ipex: true"]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,8 @@
-"""Render a merged runtime environment as code for bash, zsh, fish, a dotenv file, or JSON. Pure.
+"""Render a merged runtime environment as code for POSIX sh (bash, zsh, dash), fish, a dotenv file, or JSON. Pure.
+
+The default is POSIX sh, never a guess from $SHELL: the login shell is not the shell that evaluates the
+output (a bash job script run by a fish user), and `export NAME='value'` means the same in sh, bash,
+zsh and dash. fish syntax only when asked for (--shell fish).
 
 Safety: every value is single-quoted with the target shell's own escaping, names are checked
 against ^[A-Za-z_][A-Za-z0-9_]*$ and a reserved list, comments are one printable line. Output is a
@@ -7,32 +11,26 @@ plain assignment of each final value, so evaluating it twice changes nothing.
 
 from __future__ import annotations
 
-import os
 import re
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from cpuperf.decide.runtime_env import EnvVar, Kept, valid_name
 from cpuperf.errors import UsageError
 
 SCHEMA = "cpuperf.ccl-env/1"
-SHELLS = ("bash", "zsh", "fish", "dotenv")
+SHELLS = ("sh", "bash", "zsh", "fish", "dotenv")
+DEFAULT_SHELL = "sh"
 _DOTENV_SAFE = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")
-
-
-def default_shell(environ: Mapping[str, str]) -> str:
-    """The shell named by $SHELL when cpuperf knows it; bash (POSIX quoting) otherwise."""
-    name = os.path.basename(environ.get("SHELL", "") or "")
-    return name if name in ("bash", "zsh", "fish") else "bash"
 
 
 def check_shell(name: str) -> str:
     if name not in SHELLS:
-        raise UsageError(f"unknown shell {name!r}", hint="use --shell bash, zsh, fish or dotenv (or --json)")
+        raise UsageError(f"unknown shell {name!r}", hint="use --shell sh (default; bash, zsh, dash), bash, zsh, fish or dotenv (or --json)")
     return name
 
 
 def quote_posix(value: str) -> str:
-    """bash/zsh/sh: inside '...' nothing is special; a quote is written '\\''."""
+    """sh/bash/zsh/dash: inside '...' nothing is special; a quote is written '\\''."""
     return "'" + value.replace("'", "'\\''") + "'"
 
 
@@ -93,7 +91,7 @@ def _comment_for(env: CclEnv, name: str) -> str:
 
 
 def render(env: CclEnv, shell: str) -> str:
-    """Code for `eval` (bash/zsh), `| source` (fish) or a dotenv file: comments + plain assignments."""
+    """Code for `eval` (sh, bash, zsh, dash), `| source` (fish) or a dotenv file: comments + plain assignments."""
     check_shell(shell)
     lines = [f"# {one_line(env.header)}"] if env.header else []
     for name, value in env.final.items():

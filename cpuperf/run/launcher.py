@@ -1,25 +1,42 @@
-"""The edge of cpuperf.plan.launch: start a LaunchPlan, watch its ranks, forward Ctrl-C, report who failed.
+"""The edge of cpuperf.plan.launch: start a LaunchPlan, watch its ranks, forward signals, report who failed.
 
 Rank processes are found through the pid files cpuperf.run.rankexec writes (or the child itself for a
 direct launch); what they really run with is read from /proc/<pid>/{status,maps,environ}.
+
+Nothing outlives cpuperf: the run directory is locked for the run's life (a second run into it is
+refused before it touches anything), the child gets SIGTERM from the kernel when cpuperf dies
+(PR_SET_PDEATHSIG, also set by rankexec in every rank), SIGTERM/SIGHUP to cpuperf stop the child
+and, after a grace period, its whole process group.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from cpuperf.errors import LaunchFailedError, UnreachableError
+from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UnreachableError, UsageError
+from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation
-from cpuperf.probe.hosts import Host
+from cpuperf.probe.hosts import Host, require_resolvable
+from cpuperf.run.rankexec import die_with_parent
+
+LOCK_TOKEN_VAR = "CPUPERF_RUN_LOCK"  # the worker finds the run directory locked under this token
+ERRORS_VAR = "CPUPERF_RANK_ERRORS"  # the worker leaves rank<R>.json here instead of an error line
+STOP_GRACE_S = 20.0  # after SIGTERM/SIGHUP: time for a checkpoint before the group is killed
 
 
 @dataclass
@@ -30,21 +47,11 @@ class ExecResult:
     launcher_output: str
     observations: Dict[int, RankObservation] = field(default_factory=dict)
     wall_s: float = 0.0
+    rank_errors: Dict[int, Dict[str, Any]] = field(default_factory=dict)  # rank -> {code, message, hint}
+    signal_name: Optional[str] = None  # the signal that stopped cpuperf (SIGINT, SIGTERM, SIGHUP)
 
 
 # -- hosts -------------------------------------------------------------------------------------------
-
-def resolve(host: str, timeout: float = 3.0) -> Optional[str]:
-    """The host's first IPv4/IPv6 address, or None."""
-    socket.setdefaulttimeout(timeout)
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError, OSError):
-        return None
-    finally:
-        socket.setdefaulttimeout(None)
-    return str(infos[0][4][0]) if infos else None
-
 
 def routable(ip: str) -> bool:
     """The kernel has a route to ip (a UDP connect sends nothing)."""
@@ -78,11 +85,10 @@ def tcp_open(ip: str, port: int, timeout: float = 2.0) -> bool:
 
 def check_hosts(hosts: Sequence[Host], *, ssh: bool) -> Dict[str, str]:
     """Every host resolves and is routable (and answers on ssh when mpirun must log in): name -> ip."""
+    addresses = require_resolvable(hosts)  # the one resolver (cpuperf.probe.hosts), with its timeout
     found: Dict[str, str] = {}
     for h in hosts:
-        ip = resolve(h.name)
-        if ip is None:
-            raise UnreachableError(f"host {h.name} does not resolve", hint="check the hostfile and /etc/hosts or DNS")
+        ip = addresses[h.name]
         if not routable(ip):
             raise UnreachableError(f"host {h.name} ({ip}) is unreachable: no route", hint=f"ip route get {ip}")
         if ssh and not is_local(ip) and not tcp_open(ip, 22):
@@ -159,7 +165,11 @@ class _Watch(threading.Thread):
         self.dead_order: List[int] = []
         self.died_first: List[int] = []
         self.observations: Dict[int, RankObservation] = {}
-        self._log_pos = 0
+        self._log_pos = 0  # rank logs are appended to: echo only what this run adds
+        if plan.log_dir and direct_pid is None:
+            rank0 = plan.node_rank * plan.nproc_per_node
+            with contextlib.suppress(OSError):
+                self._log_pos = os.path.getsize(os.path.join(plan.log_dir, f"rank{rank0}.log"))
 
     def _pids(self) -> None:
         if self.direct_pid is not None:
@@ -220,88 +230,208 @@ class _Watch(threading.Thread):
         self.tick()
 
 
-def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
-            stdout_is_product: bool = False) -> ExecResult:
-    """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
+class _EchoFilter:
+    """Hides Python tracebacks and torchrun's failure banner from the live echo (launcher.log keeps all).
 
-    stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
-    stderr, keeping our stdout for the one summary object.
+    cpuperf says what failed in one line of its own; CPUPERF_DEBUG=1 shows everything.
     """
-    env = dict(os.environ if environ is None else environ)
-    env.update(plan.env)
-    if plan.log_dir:
-        Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
-        for stale in Path(plan.log_dir).glob("rank*.pid"):
-            stale.unlink()
+
+    _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+    def __init__(self) -> None:
+        self.state = "show"  # show | traceback | banner
+
+    def show(self, line: str) -> bool:
+        text = line.rstrip("\n")
+        if self.state == "banner":
+            if text.startswith("====="):
+                self.state = "show"
+            return False
+        if text.startswith("Traceback (most recent call last):"):
+            self.state = "traceback"
+            return False
+        if text.startswith("=====") and self.state == "show":
+            self.state = "banner"
+            return False
+        if self.state == "traceback":
+            if not text or text[:1].isspace():
+                return False
+            if self._EXC_LINE.match(text) or text.startswith(("The above exception", "During handling")):
+                return False
+            self.state = "show"
+        return True
+
+
+def lock_run_dir(run_dir: str) -> DirLock:
+    """The run directory's lock for this run; one line and exit 10 when another live run holds it."""
+    try:
+        lock = acquire_dir_lock(run_dir, token=uuid.uuid4().hex)
+    except LockBusy as exc:
+        who = f" ({exc.holder.describe()})" if exc.holder else ""
+        raise CpuperfError(f"run directory {run_dir} is in use by another run{who}",
+                           hint="wait for that run to end, or pass another --out", code=ExitCode.BUSY) from None
+    except OSError as exc:
+        raise UsageError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
+    if lock.stale is not None:
+        sys.stderr.write(f"note: took over the stale lock of a run that is gone ({lock.stale.describe()})\n")
+    return lock
+
+
+def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool) -> subprocess.Popen[bytes]:
+    """Popen the plan's argv in its own process group, pinned, dying with us (PR_SET_PDEATHSIG)."""
     affinity = plan.affinity
+    parent = os.getpid()
 
     def preexec() -> None:  # runs in the child between fork and exec
+        die_with_parent(parent)
         if affinity:
             os.sched_setaffinity(0, affinity)
 
     direct = plan.launcher == "direct"
-    launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
-    t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec if affinity else None,
-                                start_new_session=True, stdin=subprocess.DEVNULL,
+        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=True,
+                                stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=None if direct else subprocess.STDOUT)
     except FileNotFoundError:
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
         raise LaunchFailedError(f"cannot start {plan.argv[0]}: {exc.strerror}") from exc
-    watch = _Watch(plan, proc.pid if direct else None, echo)
-    watch.start()
-    captured: List[str] = []
-    reader: Optional[threading.Thread] = None
-    if not direct:
-        def pump() -> None:
-            assert proc.stdout is not None
-            with open(launcher_log, "wb") if launcher_log else open(os.devnull, "wb") as log:
-                for raw in iter(proc.stdout.readline, b""):
-                    log.write(raw)
-                    log.flush()
-                    captured.append(raw.decode("utf-8", "replace"))
-                    if echo is not None:
-                        echo.write(raw.decode("utf-8", "replace"))
-                        echo.flush()
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
 
-    interrupted = False
 
-    def forward(signum: int, frame: object) -> None:
-        nonlocal interrupted
-        interrupted = True
+def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Optional[TextIO],
+          captured: List[str]) -> threading.Thread:
+    """A thread copying the launcher's output to launcher.log (appended), `captured` and the echo."""
+    quiet = None if os.environ.get("CPUPERF_DEBUG") == "1" else _EchoFilter()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with open(launcher_log, "ab") if launcher_log else open(os.devnull, "wb") as log:
+            for raw in iter(proc.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace")
+                captured.append(line)
+                if echo is not None and (quiet is None or quiet.show(line)):
+                    echo.write(line)
+                    echo.flush()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    return reader
+
+
+class _Stopper:
+    """Signal handling while the child runs: SIGINT to the child; SIGTERM/SIGHUP end the whole group."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+        self.signum: Optional[int] = None
+        self.deadline: Optional[float] = None
+        self.old: Dict[int, Any] = {}
+
+    def forward(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        # The worker checkpoints on SIGTERM (SIGHUP would kill it outright); torchrun stops its ranks.
+        sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+        if signum != signal.SIGINT and self.deadline is None:
+            self.deadline = time.monotonic() + STOP_GRACE_S
         try:
-            proc.send_signal(signum)  # the launcher (or the worker) stops its ranks cleanly
+            self.proc.send_signal(sent)
         except ProcessLookupError:
             pass
 
-    old: Dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, forward)
-    try:
+    def __enter__(self) -> _Stopper:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self.old[sig] = signal.signal(sig, self.forward)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.old.items():
+            signal.signal(signum, handler)
+
+    def wait(self) -> int:
+        """The child's exit status; past the grace period after SIGTERM/SIGHUP, SIGKILL its group."""
         while True:
             try:
-                code = proc.wait()
-                break
+                return self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    kill_tree(self.proc.pid)
             except KeyboardInterrupt:  # pragma: no cover - handler installed above
-                forward(signal.SIGINT, None)
+                self.forward(signal.SIGINT, None)
+
+
+def _rank_errors(errors_dir: str) -> Dict[int, Dict[str, Any]]:
+    """The error records ranks left (rank<R>.json), by rank."""
+    found: Dict[int, Dict[str, Any]] = {}
+    for name in sorted(os.listdir(errors_dir)):
+        m = re.fullmatch(r"rank(\d+)\.json", name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(errors_dir, name), encoding="utf-8") as fh:
+                rec = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("message"):
+            found[int(m.group(1))] = rec
+    return found
+
+
+def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
+            stdout_is_product: bool = False, run_dir: Optional[str] = None) -> ExecResult:
+    """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
+
+    stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
+    stderr, keeping our stdout for the one summary object. run_dir (default: the log directory's
+    parent, cpuperf train's --out) is locked before anything in it is touched.
+    """
+    run_dir = run_dir or (os.path.dirname(plan.log_dir) if plan.log_dir else None)
+    lock = lock_run_dir(run_dir) if run_dir else None
+    errors_dir = tempfile.mkdtemp(prefix="cpuperf-rank-errors-")
+    try:
+        env = dict(os.environ if environ is None else environ)
+        env.update(plan.env)
+        env[ERRORS_VAR] = errors_dir
+        if lock is not None:
+            env[LOCK_TOKEN_VAR] = lock.holder.token
+        return _run(plan, env, echo, stdout_is_product, errors_dir)
     finally:
-        for signum_, handler in old.items():
-            signal.signal(signum_, handler)
-        watch.stop.set()
-        watch.join(timeout=5)
-        if reader is not None:
-            reader.join(timeout=5)
+        shutil.rmtree(errors_dir, ignore_errors=True)
+        if lock is not None:
+            lock.release()
+
+
+def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_is_product: bool,
+         errors_dir: str) -> ExecResult:
+    if plan.log_dir:
+        Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
+        for stale in Path(plan.log_dir).glob("rank*.pid"):
+            stale.unlink()
+    direct = plan.launcher == "direct"
+    launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
+    t0 = time.monotonic()
+    proc = _start(plan, env, stdout_is_product)
+    watch = _Watch(plan, proc.pid if direct else None, echo)
+    watch.start()
+    captured: List[str] = []
+    reader = None if direct else _pump(proc, launcher_log, echo, captured)
+    with _Stopper(proc) as stopper:
+        try:
+            code = stopper.wait()
+        finally:
+            kill_tree(proc.pid)  # whatever the child left in its group (it has exited)
+            watch.stop.set()
+            watch.join(timeout=5)
+            if reader is not None:
+                reader.join(timeout=5)
     if code < 0:
         code = 128 - code  # killed by a signal: the shell's convention
-    return ExecResult(code=code, interrupted=interrupted, died_first=list(watch.died_first),
+    name = signal.Signals(stopper.signum).name if stopper.signum else None
+    return ExecResult(code=code, interrupted=stopper.signum is not None, died_first=list(watch.died_first),
                       launcher_output="".join(captured)[-200_000:], observations=watch.observations,
-                      wall_s=time.monotonic() - t0)
+                      wall_s=time.monotonic() - t0, rank_errors=_rank_errors(errors_dir), signal_name=name)
 
 
 def kill_tree(pid: int) -> None:

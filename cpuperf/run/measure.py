@@ -1,7 +1,11 @@
-"""Measurements for the engine: micro-benchmarks run in a child process, cached per host identity.
+"""Measurements for the engine: micro-benchmarks run in a child process, cached with a life span.
 
 `cpuperf bench` fills the cache; `recommend` reads it (never with --sysroot: a snapshot's host is
-not this one).
+not this one). Each entry records when it was taken, the torch build, the load on the host just
+before and after, and the spread of its repeats. The key is the host identity and the torch build;
+an entry expires after [measure].max_age_days. One taken under load or with a wide spread is not
+trusted: `train --auto` measures again, `recommend` uses it with the flag in its source, and
+`cpuperf bench --refresh` redoes it.
 """
 
 from __future__ import annotations
@@ -9,15 +13,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import Measurements
 from cpuperf.errors import ProbeFailedError
 from cpuperf.probe.facts import HostFacts
+
+SCHEMA = "cpuperf.measurement/2"
 
 
 def cache_dir() -> Path:
@@ -26,35 +34,144 @@ def cache_dir() -> Path:
     return Path(base) / "measurements"
 
 
-def host_id(facts: HostFacts) -> str:
-    """Same CPU, same CPUs allowed, same torch -> same measurements."""
-    torch = None
+def torch_build(facts: HostFacts) -> Dict[str, Optional[str]]:
+    """The torch build measurements belong to: version, local label, git hash (from its metadata)."""
+    from cpuperf.probe.software import torch_git_version
+
     info = facts.software.packages.get("torch") if facts.software is not None else None
-    if info is not None:
-        torch = info.version
+    if info is None:
+        return {"version": None, "local": None, "git": None}
+    return {"version": info.version, "local": info.local, "git": torch_git_version(info)}
+
+
+def host_id(facts: HostFacts) -> str:
+    """Same CPU, same CPUs allowed, same torch build -> same measurements."""
     key = json.dumps([facts.cpu.model_name, facts.cpu.microarchitecture, list(facts.cpu.isa),
-                      list(facts.usable_cpus()), facts.topology.cpu_quota, torch], sort_keys=True)
+                      list(facts.usable_cpus()), facts.topology.cpu_quota, torch_build(facts)], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def load_cached(facts: HostFacts) -> Optional[Measurements]:
-    if not facts.live:
-        return None
+_NUMBERS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_fp16_gflops", "compile_seconds", "step_seconds",
+            "compile_speedup")
+
+
+def _validated(data: Any) -> Dict[str, Any]:
+    """A measurements object with finite positive numbers where the engine does arithmetic; else ValueError."""
+    import math
+
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    for key in _NUMBERS:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{key} is not a positive number")
+    speedups = data.get("allocator_speedup", {})
+    if not isinstance(speedups, dict):
+        raise ValueError("allocator_speedup is not an object")
+    for key, value in speedups.items():
+        ok = isinstance(value, dict) if key.endswith("_by_workload") else \
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        if not ok:
+            raise ValueError(f"allocator_speedup.{key} is not a positive number")
+    return data
+
+
+def _rules() -> Dict[str, Any]:
+    return load_builtin("tuning.toml")["measure"]
+
+
+def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) -> Tuple[bool, List[str]]:
+    """(usable, flags): expired or another torch build -> unusable; under load or unsteady -> flagged."""
+    rules = _rules()
+    now = time.time() if now is None else now
+    age_days = (now - float(data.get("measured_at") or 0)) / 86400
+    if data.get("torch_build") != torch_build(facts):
+        return False, [f"measured with another torch build ({data.get('torch_build')})"]
+    if age_days > rules["max_age_days"]:
+        return False, [f"{age_days:.0f} days old (expires after {rules['max_age_days']})"]
+    flags: List[str] = []
+    load = data.get("load") or {}
+    if load.get("under_load"):
+        flags.append(f"taken under load ({load.get('figure') or 'busy CPUs'})")
+    if "load" not in data:
+        flags.append("the load during it was not recorded")
+    for name, rep in (data.get("repeats") or {}).items():
+        spread = rep.get("spread")
+        if spread is not None and spread > rules["max_spread"]:
+            flags.append(f"{name} spread {spread * 100:.0f}% over {rep.get('n')} repeats "
+                         f"(min {rep.get('min'):.1f}, median {rep.get('median'):.1f}, max {rep.get('max'):.1f})")
+    return True, flags
+
+
+def describe(data: Dict[str, Any], now: Optional[float] = None) -> str:
+    """'fp32 GEMM 231.0 GFLOP/s, bf16 GEMM 412.3 GFLOP/s, 3 repeats each, 2.1 h ago'."""
+    now = time.time() if now is None else now
+    parts = [f"{k[5:9]} GEMM {data[k]:.1f} GFLOP/s" for k in ("gemm_fp32_gflops", "gemm_bf16_gflops")
+             if isinstance(data.get(k), (int, float))]
+    reps = data.get("repeats") or {}
+    if reps:
+        parts.append(f"median of {min(r.get('n', 0) for r in reps.values())} repeats")
+    age = (now - float(data.get("measured_at") or now)) / 3600
+    parts.append(f"{age:.1f} h ago" if age < 48 else f"{age / 24:.0f} days ago")
+    return ", ".join(parts)
+
+
+def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = _validated(json.loads(path.read_bytes().decode("utf-8")))
+    except FileNotFoundError:
+        return None, path
+    except OSError as exc:  # unreadable: say so once, measure or decide without it
+        sys.stderr.write(f"note: ignoring the measurement cache {path}: {exc.strerror}\n")
+        return None, path
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        # Corrupt (a torn write, a hand edit): removed, so the next bench or --auto run measures again.
+        try:
+            path.unlink()
+            what = "removed"
+        except OSError:
+            what = "ignored"
+        sys.stderr.write(f"note: {what} the corrupt measurement cache {path} ({type(exc).__name__})\n")
+        return None, path
+    return data, path
+
+
+def load_cached(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
+    """This host's cached measurements, or None (none, expired, another torch build).
+
+    An untrusted entry is still returned (recommend never measures) but its source says why, so the
+    decisions that use it carry the flag in their evidence; `log` gets the same line.
+    """
+    if not facts.live:
         return None
-    return Measurements.from_json({**data, "source": f"cache {path}"})
+    data, path = read_cached(facts)
+    if data is None:
+        return None
+    usable, flags = assess(data, facts)
+    if not usable:
+        if log:
+            log(f"cached measurement {path} not used: {'; '.join(flags)} (cpuperf bench --refresh measures again)")
+        return None
+    source = f"cache {path}: {describe(data)}"
+    if flags:
+        source += " - NOT TRUSTED: " + "; ".join(flags)
+        if log:
+            log(f"warning: measurement {source}; run cpuperf bench --refresh on a quiet host")
+    elif log:
+        log(f"using measurement {source}")
+    return Measurements.from_json({**data, "source": source})
 
 
 def load_file(path: str) -> Measurements:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        data = _validated(json.loads(Path(path).read_bytes().decode("utf-8")))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         from cpuperf.errors import UsageError
 
-        raise UsageError(f"cannot read measurements {path}: {exc}", hint="pass a JSON file written by cpuperf bench --json") from exc
+        why = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise UsageError(f"cannot read measurements {path}: {why}", hint="pass a JSON file written by cpuperf bench --json") from exc
     return Measurements.from_json({**data, "source": f"file {path}"})
 
 
@@ -62,56 +179,95 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
     from cpuperf.fsutil import atomic_write_bytes
 
     path = cache_dir() / f"{host_id(facts)}.json"
-    atomic_write_bytes(path, json.dumps(results, indent=2).encode())
+    record = {"schema": SCHEMA, "host_id": host_id(facts), "torch_build": torch_build(facts),
+              "measured_at": int(time.time()), **results}
+    atomic_write_bytes(path, json.dumps(record, indent=2).encode())
     return path
+
+
+def load_now(facts: HostFacts, threads: int) -> Dict[str, Any]:
+    """The load on this host now, and whether fewer than `threads` CPUs are free of other work."""
+    from cpuperf.decide.load import describe as describe_load
+    from cpuperf.decide.load import taken_cpus
+    from cpuperf.probe.load import load_for
+
+    cpus = facts.usable_cpus()
+    load = load_for(None, cpus)
+    taken = taken_cpus(load, cpus)
+    return {"under_load": len(cpus) - len(taken) < threads, "busy_cpus": {str(c): v for c, v in taken.items()},
+            "loadavg_1m": load.loadavg_1m, "runnable_others": load.runnable_others,
+            "psi_some_avg10": load.psi_some_avg10, "figure": describe_load(load, taken)}
+
+
+def _spread(values: List[float]) -> Dict[str, Any]:
+    med = statistics.median(values)
+    return {"n": len(values), "median": round(med, 3), "min": round(min(values), 3), "max": round(max(values), 3),
+            "spread": round((max(values) - min(values)) / med, 4) if med > 0 else None}
 
 
 # Runs in a child interpreter: torch is never imported by cpuperf's own process.
 _GEMM_SCRIPT = r"""
 import json, sys, time
 import torch
-n = int(sys.argv[1]); seconds = float(sys.argv[2]); threads = int(sys.argv[3])
+n = int(sys.argv[1]); seconds = float(sys.argv[2]); threads = int(sys.argv[3]); repeats = int(sys.argv[4])
 if threads > 0:
     torch.set_num_threads(threads)
 out = {"threads": torch.get_num_threads(), "torch": torch.__version__}
 for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
     a = torch.randn(n, n, dtype=dtype); b = torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # warm-up: oneDNN primitive creation
-    count, start = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b); count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            break
-    out["gemm_%s_gflops" % name] = 2.0 * n ** 3 * count / elapsed / 1e9
+    rates = []
+    for _ in range(repeats):
+        count, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b); count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        rates.append(2.0 * n ** 3 * count / elapsed / 1e9)
+    out["gemm_%s_rates" % name] = rates
 print(json.dumps(out))
 """
 
 
 def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1.0,
-               threads: int = 0, timeout: float = 120.0) -> Dict[str, Any]:
-    """fp32 and bf16 GEMM rates (GFLOP/s), measured in a child process."""
+               threads: int = 0, timeout: float = 300.0, repeats: Optional[int] = None) -> Dict[str, Any]:
+    """fp32 and bf16 GEMM rates (GFLOP/s, the median of `repeats` runs of `seconds`), in a child process."""
+    repeats = max(1, int(repeats or _rules()["repeats"]))
     try:
-        proc = subprocess.run([python, "-c", _GEMM_SCRIPT, str(size), str(seconds), str(threads)],
+        proc = subprocess.run([python, "-c", _GEMM_SCRIPT, str(size), str(seconds), str(threads), str(repeats)],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ProbeFailedError(f"the GEMM benchmark took over {timeout:.0f} s", hint="retry on an idle host") from exc
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise ProbeFailedError(f"the GEMM benchmark failed: {last}", hint="check that torch imports: cpuperf doctor")
-    return json.loads(proc.stdout)
+    raw = json.loads(proc.stdout)
+    out: Dict[str, Any] = {"threads": raw["threads"], "torch": raw["torch"], "repeats": {}}
+    for name in ("fp32", "bf16"):
+        stats = _spread(raw[f"gemm_{name}_rates"])
+        out[f"gemm_{name}_gflops"] = stats["median"]
+        out["repeats"][f"gemm_{name}_gflops"] = stats
+    return out
 
 
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
-              compile: bool = False) -> Dict[str, Any]:
-    """The micro-benchmarks the engine uses where its rules are unsure."""
+              compile: bool = False, seconds: float = 1.0, size: int = 512) -> Dict[str, Any]:
+    """The micro-benchmarks the engine uses where its rules are unsure, with the load around them."""
     started = time.time()
+    before = load_now(facts, threads)
     results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
-    results.update(gemm_rates(python, threads=threads))
+    # Three shorter repeats in the time one long run took: a spread, not just a figure.
+    results.update(gemm_rates(python, size=size, seconds=max(0.1, seconds / 2), threads=threads))
+    results.update(gemm_size=size, gemm_seconds=seconds)
     if allocators:
         results["allocator_speedup"] = allocator_speedups(facts, threads, python)
     if compile:
         results.update(compile_measurement(threads, python))
+    after = load_now(facts, threads)
+    worst = before if before["under_load"] or not after["under_load"] else after
+    results["load"] = {**worst, "under_load": before["under_load"] or after["under_load"],
+                       "before": before["figure"], "after": after["figure"]}
     results["duration_s"] = round(time.time() - started, 2)
     return results
 
@@ -160,7 +316,7 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
         return {}
     per_workload: Dict[str, Dict[str, float]] = {name: {} for name in libs}
     for workload in workloads:
-        settings = {"workload": workload, "size": "small", "threads": threads, "seconds": seconds}
+        settings = {"workload": workload, "size": "small", "threads_per_rank": threads, "seconds": seconds}
         samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
         for _ in range(rounds):
             for name in samples:
@@ -184,7 +340,7 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
 
 def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0) -> Dict[str, Any]:
     """Compile time and steady speed-up of torch.compile on the built-in LM (slow: tens of seconds)."""
-    settings = {"workload": "lm", "size": "small", "threads": threads, "seconds": seconds}
+    settings = {"workload": "lm", "size": "small", "threads_per_rank": threads, "seconds": seconds}
     env = {"OMP_NUM_THREADS": str(threads)}
     eager = _benchrun(settings, env, python)
     compiled = _benchrun({**settings, "compile": True}, env, python, timeout=900)
@@ -196,17 +352,24 @@ def compile_measurement(threads: int, python: str = sys.executable, seconds: flo
 
 
 def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
-                      log: Optional[Any] = None) -> Optional[Measurements]:
-    """Measure once per host where a rule is unsure: native bf16 (is it faster?) and installed allocators."""
+                      log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
+    """Measure once per host and torch build where a rule is unsure (native bf16, installed allocators).
+
+    A cached entry that is expired, from another torch build, taken under load or unsteady is
+    measured again; if the new one is no better it is used with its flag (never silently).
+    """
     if not facts.live:
         return None
-    cached = load_cached(facts)
     need_dtype = facts.cpu.bf16_native
     need_alloc = bool(allocator_libraries(facts))
-    if cached is not None or not (need_dtype or need_alloc):
-        return cached
+    data, _ = read_cached(facts)
+    usable, flags = assess(data, facts) if data is not None else (False, ["no measurement yet"])
+    if usable and not flags:
+        return load_cached(facts, log)
+    if not (need_dtype or need_alloc):
+        return load_cached(facts, log) if usable else None
     if log:
-        log("measuring this host once (GEMM rates, allocators); cached for later runs ...")
+        log(f"measuring this host ({'; '.join(flags)}): GEMM rates, allocators; cached for later runs ...")
     results = run_micro(facts, threads, python, allocators=need_alloc)
     save(facts, results)
-    return Measurements.from_json({**results, "source": "measured now"})
+    return load_cached(facts, log)

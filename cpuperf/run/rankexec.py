@@ -4,14 +4,16 @@ Started by torchrun / mpirun / srun once per rank. Reads the local rank from the
 (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID) and its slot from
 CPUPERF_RANK_SLOTS (a JSON list indexed by local rank: {"cpus": [...], "threads": N}); sets the CPU
 affinity and OMP_NUM_THREADS, sends its output to CPUPERF_RANK_LOGDIR/rank<R>.log, records its pid
-in rank<R>.pid (the pid survives exec: cpuperf train reads /proc/<pid> of each rank), then execs.
-Kept import-light: it runs once per rank before the real command.
+in rank<R>.pid (the pid survives exec: cpuperf train reads /proc/<pid> of each rank), asks the
+kernel for SIGTERM when its parent (the launcher) dies, so no rank trains on as an orphan, then
+execs. Kept import-light: it runs once per rank before the real command.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import List, Mapping, Optional, Tuple
 
@@ -36,6 +38,28 @@ def slot_for(environ: Mapping[str, str]) -> Tuple[int, int, Optional[dict]]:
     return (rank if rank is not None else local), local, slot
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
+    """Linux: deliver `signum` to this process when its parent dies (survives exec; see prctl(2)).
+
+    If `parent` is already gone (we were re-parented before the call), act as if it had just died.
+    Elsewhere, or without libc, a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
@@ -57,13 +81,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {exc.strerror}\n")
         if slot.get("threads"):
             os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
+    # The launcher is our parent (torchrun's agent, orted, slurmstepd): when it dies, so do we.
+    die_with_parent(os.getppid())
     logdir = os.environ.get("CPUPERF_RANK_LOGDIR")
     if logdir:
         try:
             os.makedirs(logdir, exist_ok=True)
             with open(os.path.join(logdir, f"rank{rank}.pid"), "w") as fh:
                 fh.write(f"{os.getpid()}\n")
-            fd = os.open(os.path.join(logdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            # Appended, never truncated: a resumed run's log follows the earlier one's.
+            fd = os.open(os.path.join(logdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(fd, 1)

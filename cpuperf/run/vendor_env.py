@@ -384,31 +384,6 @@ def find_libraries(stack: Stack) -> Libraries:
     return Libraries(openmp=scan(OPENMP_LIBS), allocators=scan(ALLOCATOR_LIBS))
 
 
-def _resolve(host: str, timeout: float = 3.0) -> Optional[str]:
-    import ipaddress
-
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        pass
-    import socket
-    import threading
-
-    box: List[str] = []
-
-    def work() -> None:
-        try:
-            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-            box.extend(str(i[4][0]) for i in infos)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return box[0] if box else None
-
-
 def _iface_holding(ip: str) -> Optional[str]:
     try:
         import psutil
@@ -447,7 +422,9 @@ def _iface_by_subnet(ip: str) -> Optional[str]:
 
 def route_interface(host: str, timeout: float = 3.0) -> Optional[str]:
     """The network interface this host uses to reach `host` (None when it cannot tell)."""
-    ip = _resolve(host, timeout)
+    from cpuperf.probe.hosts import resolve
+
+    ip = resolve(host, timeout)
     if ip is None:
         return None
     ip_tool = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)

@@ -93,8 +93,8 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
     workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
     batch = int(cfg.get("batch", BATCH[workload]))
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
+    if cfg.get("threads_per_rank"):
+        torch.set_num_threads(int(cfg["threads_per_rank"]))
     torch.manual_seed(0)
     model, loss_fn = _build(workload, size, batch)
     model.train()

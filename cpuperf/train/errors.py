@@ -19,6 +19,7 @@ class TrainExit(enum.IntEnum):
     BAD_CONFIG = int(ExitCode.USAGE)  # the settings are malformed or contradict each other
     MISSING_FEATURE = int(ExitCode.INCOMPATIBLE_HOST)  # asked for IPEX / oneCCL / MPI / CUDA that this host or env lacks
     DIST_INIT_FAILED = int(ExitCode.LAUNCH_FAILED)  # torch.distributed could not start (matches LAUNCH_FAILED)
+    BUSY = int(ExitCode.BUSY)  # another live run holds out_dir
     INTERRUPTED = int(ExitCode.INTERRUPTED)  # SIGINT (Ctrl-C): 128 + 2, a checkpoint was written
     TERMINATED = 143  # SIGTERM: 128 + 15, a checkpoint was written
 
@@ -45,3 +46,13 @@ class DistInitError(TrainError):
     """torch.distributed failed to initialise."""
 
     code = TrainExit.DIST_INIT_FAILED
+
+
+class RunDirBusyError(TrainError):
+    """Another live run holds the run directory's lock."""
+
+    code = TrainExit.BUSY
+
+
+class DiskFullError(TrainError):
+    """A write hit ENOSPC: said as such, with the path, not as the library's own wording."""

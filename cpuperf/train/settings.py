@@ -31,7 +31,7 @@ class TrainSettings:
     dtype: str = "fp32"
     compile: bool = False
     ipex: bool = False
-    threads: Optional[int] = None
+    threads_per_rank: Optional[int] = None  # None: torch's default
     batch_size: int = 16  # per rank, per micro-step
     grad_accum_steps: int = 1
     grad_checkpointing: bool = False
@@ -55,6 +55,7 @@ class TrainSettings:
     dataloader_workers: int = 0
     progress: str = "auto"
     tf32: bool = True
+    fp32_math_mode: Optional[str] = None  # 'bf16': oneDNN runs fp32 matmuls in bf16 (AMX hosts)
     bpe_merges: int = 512
     tokenizer_cache: Optional[str] = None  # default: <out_dir>
     peak_tflops: Optional[float] = None  # MFU denominator; default: compat/gpu_peaks.toml or measured
@@ -123,14 +124,15 @@ class TrainSettings:
         one_of("device", DEVICES)
         one_of("ddp_backend", BACKENDS, allow_none=True)
         one_of("progress", PROGRESS)
+        one_of("fp32_math_mode", ("bf16",), allow_none=True)
         for name in ("batch_size", "grad_accum_steps", "log_every", "eval_batches", "bpe_merges"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("warmup", "eval_every", "ckpt_every", "dataloader_workers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (got {getattr(self, name)})")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1 or null (got {self.threads})")
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            raise ConfigError(f"threads_per_rank must be >= 1 or null (got {self.threads_per_rank})")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1 or null (got {self.max_steps})")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
@@ -165,9 +167,9 @@ class TrainSettings:
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
     """Check `value` against the type of the field's default; ints are accepted for floats."""
-    optional_int = {"threads", "max_steps"}
+    optional_int = {"threads_per_rank", "max_steps"}
     optional_float = {"time_budget_s", "peak_tflops"}
-    optional_str = {"ddp_backend", "tokenizer_cache"}
+    optional_str = {"ddp_backend", "tokenizer_cache", "fp32_math_mode"}
     if value is None:
         if key in optional_int | optional_float | optional_str:
             return None

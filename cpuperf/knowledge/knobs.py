@@ -1,0 +1,185 @@
+"""The one vocabulary of settings: every knob's id, type, allowed values and who honours it.
+
+`recommend` decides the knobs marked `decided`, `--set`/`--config` constrain any knob by the same id, the
+launch plan carries the `launch` ones (ranks, threads, pinning, preload) and the built-in worker reads the
+`worker` ones under the same names (cpuperf.train.settings.TrainSettings), so a value means one thing
+from the command line to the rank that runs it. Pure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.errors import UsageError
+
+# A rank count or thread count past this is a typo, not a plan (the largest x86 servers have ~1k CPUs).
+MAX_COUNT = 4096
+
+
+@dataclass(frozen=True)
+class Knob:
+    id: str
+    kind: str  # bool | int | float | choice | str | dict
+    choices: Tuple[Any, ...] = ()
+    minimum: Optional[float] = None
+    decided: bool = False  # recommend decides it (a Decision with this id)
+    worker: bool = False  # the built-in loop's setting of the same name
+    launch: bool = False  # carried by the launch plan (ranks, threads, CPUs, env)
+    doc: str = ""
+
+
+def _k(id: str, kind: str, **kw: Any) -> Knob:
+    return Knob(id, kind, **kw)
+
+
+KNOBS: Tuple[Knob, ...] = (
+    # decided by recommend --------------------------------------------------------------------------
+    _k("device", "choice", choices=("cpu", "cuda"), decided=True, worker=True),
+    _k("dtype", "choice", choices=("fp32", "bf16", "fp16"), decided=True, worker=True),
+    _k("tf32", "bool", decided=True, worker=True),
+    _k("fp32_math_mode", "choice", choices=("bf16", None), decided=True, worker=True),
+    _k("nproc_per_node", "int", minimum=1, decided=True, launch=True),
+    _k("nnodes", "int", minimum=1, decided=True, launch=True),
+    _k("threads_per_rank", "int", minimum=1, decided=True, worker=True, launch=True),
+    _k("affinity", "choice", choices=("auto", None), decided=True, launch=True,
+       doc="auto: each rank pinned to its own cores; none: unpinned"),
+    _k("ddp_backend", "choice", choices=("gloo", "ccl", "mpi", "nccl", None), decided=True, worker=True),
+    _k("ipex", "bool", decided=True, worker=True),
+    _k("compile", "bool", decided=True, worker=True),
+    _k("allocator", "choice", choices=("tcmalloc", "jemalloc", None), decided=True, launch=True),
+    _k("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
+    _k("batch_size", "int", minimum=1, decided=True, worker=True),
+    _k("grad_accum_steps", "int", minimum=1, decided=True, worker=True),
+    _k("grad_checkpointing", "bool", decided=True, worker=True),
+    _k("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
+    _k("dataloader_workers", "int", minimum=0, decided=True, worker=True),
+    _k("pin_memory", "bool", decided=True),
+    _k("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
+    # placement options ---------------------------------------------------------------------------------
+    _k("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
+    # the built-in loop only -------------------------------------------------------------------------
+    _k("preset", "choice", choices=("tiny", "gpt2-small", "micro"), worker=True),
+    _k("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),
+    _k("lr", "float", minimum=0.0, worker=True),
+    _k("min_lr_ratio", "float", minimum=0.0, worker=True),
+    _k("weight_decay", "float", minimum=0.0, worker=True),
+    _k("grad_clip", "float", minimum=0.0, worker=True),
+    _k("warmup", "int", minimum=0, worker=True),
+    _k("max_steps", "int", minimum=1, worker=True),
+    _k("time_budget_s", "float", minimum=0.0, worker=True),
+    _k("eval_every", "int", minimum=0, worker=True),
+    _k("eval_batches", "int", minimum=1, worker=True),
+    _k("ckpt_every", "int", minimum=0, worker=True),
+    _k("log_every", "int", minimum=1, worker=True),
+    _k("seed", "int", minimum=0, worker=True),
+    _k("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
+    _k("bpe_merges", "int", minimum=1, worker=True),
+    _k("peak_tflops", "float", minimum=0.0, worker=True),
+    _k("confirm_batch", "bool", worker=True),
+)
+
+BY_ID: Dict[str, Knob] = {k.id: k for k in KNOBS}
+DECISION_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.decided)
+WORKER_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.worker)
+# The model's shape keys the built-in loop takes under model.*
+MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
+# Settings of a run that the command line owns (--out, --resume, --max-steps): not --set keys.
+_NOT_SETTABLE = {"out_dir": "--out", "resume": "--resume", "tokenizer_cache": "--out"}
+
+
+def known_ids() -> str:
+    """Every id --set takes, for error hints."""
+    return ", ".join(k.id for k in KNOBS if k.kind != "dict") + ", model.<" + "|".join(MODEL_KEYS) + ">"
+
+
+def split_assignment(item: str) -> Tuple[str, str]:
+    """'KEY=VALUE' -> (KEY, VALUE); anything else is a usage error."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=bf16")
+    return key, value
+
+
+def _bool(key: str, text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"--set {key}={text}: expected true or false")
+
+
+def _number(key: str, text: str, kind: str, minimum: Optional[float]) -> Any:
+    try:
+        value: Any = int(text) if kind == "int" else float(text)
+    except ValueError:
+        raise UsageError(f"--set {key}={text}: expected {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind == "float" and not math.isfinite(value):
+        raise UsageError(f"--set {key}={text}: expected a finite number")
+    if minimum is not None and value < minimum:
+        raise UsageError(f"--set {key}={text}: must be at least {minimum:g}")
+    if kind == "int" and key in ("nproc_per_node", "nnodes", "threads_per_rank") and value > MAX_COUNT:
+        raise UsageError(f"--set {key}={text}: more than {MAX_COUNT} is not a plan for any host")
+    return value
+
+
+def coerce(key: str, raw: Any) -> Any:
+    """One --set / --config value as its knob's plain type; a bad key or value is a usage error."""
+    knob = BY_ID.get(key)
+    if knob is None:
+        if key in _NOT_SETTABLE:
+            raise UsageError(f"--set {key}: set it with {_NOT_SETTABLE[key]}")
+        raise UsageError(f"unknown setting {key!r} in --set", hint="settings: " + known_ids())
+    if not isinstance(raw, str):
+        text = json.dumps(raw) if isinstance(raw, bool) or raw is None else str(raw)
+    else:
+        text = raw.strip()
+    if text.lower() in ("none", "null", "") and (None in knob.choices or knob.kind in ("float", "int")
+                                                  and key in ("peak_tflops", "time_budget_s", "max_steps")):
+        return None
+    if knob.kind == "bool":
+        return _bool(key, text)
+    if knob.kind in ("int", "float"):
+        return _number(key, text, knob.kind, knob.minimum)
+    if knob.kind == "choice":
+        value = None if text.lower() in ("none", "null") else text
+        if value not in knob.choices:
+            allowed = ", ".join("none" if c is None else str(c) for c in knob.choices)
+            raise UsageError(f"--set {key}={text}: expected one of {allowed}")
+        return value
+    return text
+
+
+def parse_assignments(items: Sequence[str]) -> Dict[str, Any]:
+    """--set KEY=VALUE items -> {id: typed value}; model.X keys gather under 'model'."""
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, raw = split_assignment(item)
+        out.update(coerce_entry(key, raw))
+    return out
+
+
+def coerce_entry(key: str, raw: Any) -> Dict[str, Any]:
+    """One key/value (from --set or a --config file) -> {id: typed value}."""
+    if key.startswith("model."):
+        sub = key[len("model."):]
+        if sub not in MODEL_KEYS:
+            raise UsageError(f"unknown model setting {key!r}", hint="model." + ", model.".join(MODEL_KEYS))
+        value = _number(key, str(raw).strip(), "int", 1)
+        return {"model": {sub: value}}
+    return {key: coerce(key, raw)}
+
+
+def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
+    """Constraints from a config file, then --set on top (model.* merged key by key)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if key == "model":
+            out["model"] = {**out.get("model", {}), **value}
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,227 @@
+"""The one plan of a job: decisions -> placement -> runtime env -> worker settings -> launch.
+
+`recommend`, `ccl-env`, `train --dry-run` and `train` all render (or run) a JobPlan made here, so what cpuperf
+says is what it launches. The command layer probes (facts, measurements, the route to the master, the
+script's text) and hands the answers in; everything here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.decide import runtime_env as envplan
+from cpuperf.decide.recommend import Recommendation
+from cpuperf.errors import UsageError
+from cpuperf.knowledge.knobs import BY_ID
+from cpuperf.plan.launch import LaunchPlan, plan_launch
+from cpuperf.probe.facts import HostFacts
+from cpuperf.probe.hosts import Host
+
+# What the built-in loop can run (cpuperf.train.settings); a value outside these cannot be honoured there.
+WORKER_OPTIMIZERS = ("adamw", "adamw_fused")
+WORKER_ATTENTION = ("sdpa",)
+PLAIN_REASON = "no --auto: fp32, eager, torch's own thread count, no pinning (the baseline --auto is compared with)"
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """A variable the launch sets, with why (what plan_launch reads)."""
+
+    name: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the user asked for: mode, constraints (typed --set/--config values) and launch options."""
+
+    auto: bool = True
+    constraints: Mapping[str, Any] = field(default_factory=dict)
+    user_argv: Tuple[str, ...] = ()
+    hosts: Optional[Tuple[Host, ...]] = None
+    nnodes: int = 1
+    node_rank: Optional[int] = None
+    launcher: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    local_addr: Optional[str] = None
+    out_dir: str = "runs/train"
+    resume: bool = False
+    max_steps: Optional[int] = None
+    time_budget: Optional[float] = None
+    seed: Optional[int] = None
+    preset: Optional[str] = None
+    hf_flags: str = "auto"
+    job_id: str = "cpuperf"
+    rdzv_timeout: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    facts: HostFacts
+    rec: Recommendation
+    request: JobRequest
+    env: Tuple[EnvEntry, ...]
+    launch: LaunchPlan
+    settings: Optional[Dict[str, Any]]  # the built-in worker's settings; None for a user's command
+    decisions: Tuple[Dict[str, Any], ...]
+    notes: Tuple[str, ...]
+    hf: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> Optional[str]:
+        return self.rec.get("ddp_backend")
+
+    def env_map(self) -> Dict[str, str]:
+        return {e.name: e.value for e in self.env}
+
+
+def user_set(rec: Recommendation, knob: str) -> bool:
+    """True when the user fixed this knob (--set/--config)."""
+    return rec.decision(knob).overridden
+
+
+def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
+                 socket_ifname: Optional[str] = None, environ: Mapping[str, str],
+                 libraries: Optional[envplan.Libraries] = None) -> Tuple[List[envplan.EnvVar], List[str]]:
+    """The runtime variables of this plan (cpuperf.decide.runtime_env owns each one) and notes.
+
+    --auto: all of them. Plain: only what the user's own keys imply (threads, allocator) and what
+    several ranks need to meet (rendezvous, gloo interface, oneCCL).
+    """
+    v = rec.values()
+    world = v["nproc_per_node"] * v["nnodes"]
+    backend = v["ddp_backend"] if v["ddp_backend"] in ("ccl", "gloo") else "gloo"
+    preload = bool(v["allocator"]) and (request.auto or user_set(rec, "allocator"))
+    rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
+                             master_addr=request.master_addr, master_port=request.master_port, preload=preload,
+                             allocator=v["allocator"], nnodes=v["nnodes"], mpi=mpi, socket_ifname=socket_ifname,
+                             libraries=libraries, environ=environ)
+    keep = set()
+    if request.auto:
+        keep = {e.name for e in rt.vars}
+    else:
+        if user_set(rec, "threads_per_rank"):
+            keep.add("OMP_NUM_THREADS")
+        if preload:
+            keep |= {"LD_PRELOAD", "MALLOC_CONF"}
+    if world > 1:
+        keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
+    if v["device"] != "cpu":
+        keep.discard("OMP_NUM_THREADS")
+    if world <= 1:
+        keep = {n for n in keep if not n.startswith(("MASTER_", "GLOO_", "CCL_"))}
+    return [e for e in rt.vars if e.name in keep], list(rt.notes)
+
+
+def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int,
+               environ: Mapping[str, str]) -> Tuple[Tuple[EnvEntry, ...], List[str]]:
+    """Our variables merged over the user's environment: theirs kept unless an option or the job needs ours."""
+    force = [n for n, given in (("MASTER_ADDR", request.master_addr), ("MASTER_PORT", request.master_port)) if given]
+    if world > 1:
+        force += ["MASTER_ADDR", "MASTER_PORT"]  # ours, not a stale value from the shell
+    merged = envplan.merge_env(environ, list(wanted), force=force)
+    notes = [f"kept your {k.name}={k.value} (cpuperf would set {k.wanted})" for k in merged.kept]
+    reasons = {e.name: e.reason for e in wanted}
+    return tuple(EnvEntry(n, merged.final[n], reasons.get(n, "")) for n in merged.final), notes
+
+
+def check_worker_can_honour(rec: Recommendation) -> None:
+    """The built-in loop's limits: a value it cannot run is refused (exit 2), never dropped."""
+    v = rec.values()
+    if v["optimizer"] not in WORKER_OPTIMIZERS:
+        why = "set by you" if user_set(rec, "optimizer") else "the memory plan's choice"
+        raise UsageError(f"optimizer {v['optimizer']} ({why}): the built-in loop has " + ", ".join(WORKER_OPTIMIZERS),
+                         hint="--set optimizer=adamw, or bring your own script after --")
+    if user_set(rec, "attention") and v["attention"] not in WORKER_ATTENTION:
+        raise UsageError(f"attention {v['attention']}: the built-in loop uses torch's SDPA dispatcher",
+                         hint="leave attention unset; the worker reports the kernel SDPA ran")
+    for knob in ("zero", "pin_memory"):
+        if user_set(rec, knob) and v[knob]:
+            raise UsageError(f"{knob}={v[knob]}: the built-in loop has no such setting",
+                             hint="it applies to your own script: cpuperf recommend renders it")
+
+
+def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> Dict[str, Any]:
+    """The built-in worker's settings (cpuperf.train.settings.TrainSettings, same ids as the knobs)."""
+    check_worker_can_honour(rec)
+    v = rec.values()
+    world = v["nproc_per_node"] * v["nnodes"]
+    s: Dict[str, Any] = {"preset": request.preset or "tiny"}
+    if request.auto:
+        s.update(dtype=v["dtype"], compile=bool(v["compile"]), ipex=bool(v["ipex"]), device=v["device"],
+                 threads_per_rank=v["threads_per_rank"] if v["device"] == "cpu" else None,
+                 batch_size=int(v["batch_size"]), grad_accum_steps=int(v["grad_accum_steps"]),
+                 grad_checkpointing=bool(v["grad_checkpointing"]), optimizer=v["optimizer"],
+                 dataloader_workers=int(v["dataloader_workers"] or 0), tf32=bool(v["tf32"]),
+                 fp32_math_mode=v["fp32_math_mode"])
+    else:
+        per_rank = max(1, math.ceil(rec.workload.batch_size / max(1, world)))
+        s.update(dtype="fp32", compile=False, ipex=False, threads_per_rank=None, batch_size=per_rank,
+                 device=v["device"])
+        for d in rec.decisions:  # plain = the baseline plus exactly the user's keys
+            if d.overridden and BY_ID[d.id].worker:
+                s[d.id] = d.value
+    if v["ddp_backend"] and world > 1:
+        s["ddp_backend"] = v["ddp_backend"]
+    if request.max_steps is not None:
+        s["max_steps"] = request.max_steps
+    if request.time_budget is not None:
+        s["time_budget_s"] = request.time_budget
+        if request.max_steps is None:
+            s["max_steps"] = None
+    if request.seed is not None:
+        s["seed"] = request.seed
+    s.update(out_dir=out_dir, resume=request.resume, progress="plain")
+    for key, value in request.constraints.items():
+        knob = BY_ID.get(key)
+        if knob is not None and knob.worker and not knob.decided:
+            if key == "model":
+                s.setdefault("model", {}).update(value)
+            else:
+                s[key] = value
+    return s
+
+
+def decision_records(rec: Recommendation, auto: bool) -> Tuple[Dict[str, Any], ...]:
+    """The decisions as the train reports show them (plain mode: the baseline and the user's keys)."""
+    rows = [{"id": d.id, "value": d.value, "reason": d.reason, "overridden": d.overridden}
+            for d in rec.decisions if auto or d.overridden]
+    if not auto:
+        rows.insert(0, {"id": "plain", "value": True, "reason": PLAIN_REASON, "overridden": False})
+    return tuple(rows)
+
+
+def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, environ: Mapping[str, str],
+             rank_command: Sequence[str], settings: Optional[Dict[str, Any]] = None,
+             mpi: Optional[str] = None, socket_ifname: Optional[str] = None, log_dir: Optional[str] = None,
+             python: Optional[str] = None, euid: int = 1000, hf: Optional[Dict[str, Any]] = None,
+             libraries: Optional[envplan.Libraries] = None) -> JobPlan:
+    """The whole plan, built once: env from the decisions, then the launch that carries both."""
+    v = rec.values()
+    world = v["nproc_per_node"] * v["nnodes"]
+    notes: List[str] = list(rec.notes)
+    wanted, env_notes = runtime_vars(facts, rec, request, mpi=mpi, socket_ifname=socket_ifname, environ=environ,
+                                     libraries=libraries)
+    env, merge_notes = merged_env(wanted, request, world, environ)
+    notes += merge_notes + env_notes
+    pin = v["device"] == "cpu" and v["affinity"] == "auto" and (request.auto or user_set(rec, "affinity"))
+    threads = v["threads_per_rank"] if v["device"] == "cpu" and (request.auto or user_set(rec, "threads_per_rank")) else None
+    launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
+                         hosts=request.hosts, nnodes=v["nnodes"],
+                         node_rank=request.node_rank if request.node_rank is not None else 0,
+                         master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
+                         log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
+                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout)
+    return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
+                   hf or {})
+
+
+def worker_command(python: str, settings: Mapping[str, Any]) -> List[str]:
+    """How each rank starts the built-in loop."""
+    return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings, separators=(",", ":"))]
+

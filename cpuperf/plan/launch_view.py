@@ -1,0 +1,22 @@
+"""How `recommend` shows the launch line of its JobPlan (cpuperf.plan.job): the command a user would type."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from cpuperf.plan.launch import SLOTS_VAR, LaunchPlan
+
+SCRIPT_PLACEHOLDER = "your_script.py"
+
+
+def launch_view(plan: LaunchPlan) -> Dict[str, Any]:
+    """{"launcher", "argv", "env"}: plan_launch's command for `python your_script.py`, as typed by hand."""
+    argv = list(plan.argv)
+    if plan.launcher == "torchrun":
+        argv = ["torchrun", *argv[3:]]  # `python -m torch.distributed.run` is the `torchrun` script
+    extra = {SLOTS_VAR: plan.env[SLOTS_VAR]} if SLOTS_VAR in plan.env else {}
+    if plan.launcher == "direct" and plan.affinity:
+        from cpuperf.probe.parse import format_cpulist
+
+        argv = ["taskset", "-c", format_cpulist(plan.affinity), *argv]
+    return {"launcher": None if plan.launcher == "direct" else plan.launcher, "argv": argv, "env": extra}

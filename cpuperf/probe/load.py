@@ -1,0 +1,147 @@
+"""Other work on this host right now: load average, per-CPU busy time over a short window, CPU pressure.
+
+Load changes from second to second, so it is not part of the cached HostFacts snapshot: the commands
+that decide from it (doctor, recommend, train, bench) probe it once and attach it with `with_load`.
+A live host is sampled over a short window (default 0.2 s, compat/tuning.toml; CPUPERF_LOAD_WINDOW overrides, 0 skips the
+window); a --sysroot tree gives its recorded /proc/loadavg and pressure files and no per-CPU figure
+(a single recorded /proc/stat says nothing about the last second).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from cpuperf.probe.sources import Sources
+
+DEFAULT_WINDOW_S = 0.2  # compat/tuning.toml [load].window_s when readable
+_SAMPLES = 4  # procs_running readings spread over the window (one reading is a coin toss)
+
+
+@dataclass(frozen=True)
+class LoadFacts:
+    """Load by others while cpuperf itself sleeps; None = unknown."""
+
+    window_s: float  # 0 = no window (snapshot, or skipped)
+    loadavg_1m: Optional[float]
+    runnable_others: Optional[float]  # mean runnable tasks besides this process over the window
+    cpu_busy: Optional[Tuple[Tuple[int, float], ...]]  # (cpu, busy fraction 0..1) over the window
+    psi_some_avg10: Optional[float]  # % of the last 10 s some task waited for a CPU
+    psi_source: Optional[str]  # the pressure file read
+    source: str  # 'live' | 'snapshot'
+
+    def busy(self) -> Dict[int, float]:
+        return dict(self.cpu_busy or ())
+
+
+def parse_loadavg(text: Optional[str]) -> Tuple[Optional[float], Optional[int]]:
+    """'3.95 1.67 0.82 8/124 17943' -> (3.95, 8 running)."""
+    if not text:
+        return None, None
+    parts = text.split()
+    try:
+        one = float(parts[0])
+    except (IndexError, ValueError):
+        return None, None
+    running: Optional[int] = None
+    if len(parts) > 3 and "/" in parts[3]:
+        try:
+            running = int(parts[3].split("/")[0])
+        except ValueError:
+            running = None
+    return one, running
+
+
+def parse_stat_cpus(text: Optional[str]) -> Dict[int, Tuple[int, int]]:
+    """/proc/stat -> {cpu: (busy jiffies, total jiffies)}; guest time is already in user time."""
+    out: Dict[int, Tuple[int, int]] = {}
+    for line in (text or "").splitlines():
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *fields = line.split()
+        try:
+            cpu = int(name[3:])
+            vals = [int(v) for v in fields[:8]]
+        except ValueError:
+            continue
+        vals += [0] * (8 - len(vals))
+        user, nice, system, idle, iowait, irq, softirq, steal = vals
+        busy = user + nice + system + irq + softirq + steal  # steal: a hypervisor gave the CPU to others
+        out[cpu] = (busy, busy + idle + iowait)
+    return out
+
+
+def parse_psi_some_avg10(text: Optional[str]) -> Optional[float]:
+    """'some avg10=94.41 avg60=...' -> 94.41."""
+    for line in (text or "").splitlines():
+        if line.startswith("some "):
+            for field in line.split()[1:]:
+                key, _, value = field.partition("=")
+                if key == "avg10":
+                    try:
+                        return float(value)
+                    except ValueError:
+                        return None
+    return None
+
+
+def _pressure(src: Sources) -> Tuple[Optional[float], Optional[str]]:
+    """This cgroup's cpu.pressure (the nearest one that has it), else the host's /proc/pressure/cpu."""
+    from cpuperf.probe.topology import _cgroup_dirs
+
+    version, dirs = _cgroup_dirs(src, "cpu")
+    candidates: List[str] = [f"{d}/cpu.pressure" for d in dirs] if version == 2 else []
+    for path in [*candidates, "/proc/pressure/cpu"]:
+        value = parse_psi_some_avg10(src.read(path))
+        if value is not None:
+            return value, path
+    return None, None
+
+
+def _default_window() -> float:
+    try:
+        from cpuperf.data import load_builtin
+
+        return float(load_builtin("tuning.toml")["load"]["window_s"])
+    except Exception:  # a probe never raises; the built-in default applies
+        return DEFAULT_WINDOW_S
+
+
+def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None) -> LoadFacts:
+    """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises."""
+    if window_s is None:
+        window_s = _default_window()
+        try:
+            window_s = float(src.environ.get("CPUPERF_LOAD_WINDOW", window_s))
+        except ValueError:
+            pass
+    psi, psi_path = _pressure(src)
+    one, running = parse_loadavg(src.read("/proc/loadavg"))
+    if not src.live or window_s <= 0:
+        others = None if running is None else max(0.0, running - 1.0)  # the reader itself is running
+        return LoadFacts(0.0, one, others, None, psi, psi_path, "live" if src.live else "snapshot")
+    before = parse_stat_cpus(src.read("/proc/stat"))
+    counts: List[int] = []
+    start = time.monotonic()
+    for _ in range(_SAMPLES):
+        time.sleep(window_s / _SAMPLES)
+        _, r = parse_loadavg(src.read("/proc/loadavg"))
+        if r is not None:
+            counts.append(r)
+    elapsed = time.monotonic() - start
+    after = parse_stat_cpus(src.read("/proc/stat"))
+    wanted = set(cpus) if cpus else set(after)
+    busy: List[Tuple[int, float]] = []
+    for cpu in sorted(wanted & set(before) & set(after)):
+        d_busy, d_total = after[cpu][0] - before[cpu][0], after[cpu][1] - before[cpu][1]
+        if d_total > 0:
+            busy.append((cpu, round(min(1.0, max(0.0, d_busy / d_total)), 3)))
+    others = round(sum(max(0, c - 1) for c in counts) / len(counts), 2) if counts else None
+    return LoadFacts(round(elapsed, 3), one, others, tuple(busy) if busy else None, psi, psi_path, "live")
+
+
+def load_for(sysroot: Optional[str], cpus: Optional[Sequence[int]] = None,
+             window_s: Optional[float] = None) -> LoadFacts:
+    """probe_load for a live host (sysroot None) or a recorded tree."""
+    return probe_load(Sources(sysroot=sysroot), cpus, window_s)

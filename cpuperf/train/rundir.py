@@ -1,0 +1,70 @@
+"""A run directory belongs to one run: a lock for the run's life, and no silent overwrite of a finished run.
+
+Rank 0 claims out_dir before anything else. `cpuperf train` takes the same lock before it starts any
+rank (so a refused run never touches another run's logs) and hands it on through CPUPERF_RUN_LOCK:
+the worker then finds the lock held under that token and goes on without taking it again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Optional
+
+from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
+from cpuperf.train.checkpoint import CKPT_NAME
+from cpuperf.train.errors import ConfigError, RunDirBusyError
+
+METRICS_NAME = "metrics.jsonl"
+TOKEN_VAR = "CPUPERF_RUN_LOCK"  # the token of a lock a launcher holds for this run
+
+
+def busy_message(out_dir: str, holder_text: Optional[str]) -> str:
+    """The one line for a run directory held by another run."""
+    who = f" ({holder_text})" if holder_text else ""
+    return f"run directory {out_dir} is in use by another run{who}"
+
+
+BUSY_HINT = "wait for that run to end, or pass another --out"
+
+
+def existing_run(out_dir: Path) -> Optional[str]:
+    """What makes out_dir an existing run (a checkpoint, a non-empty metrics file), or None."""
+    ckpt = out_dir / CKPT_NAME
+    if ckpt.exists():
+        return f"a checkpoint ({ckpt})"
+    metrics = out_dir / METRICS_NAME
+    if metrics.exists() and metrics.stat().st_size > 0:
+        return f"metrics ({metrics})"
+    return None
+
+
+def claim(out_dir: str, resume: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[DirLock]:
+    """Lock out_dir for this run (None: a launcher holds it for us) and refuse to overwrite a run.
+
+    RunDirBusyError when another live run holds it; ConfigError (exit 2) when it already holds a
+    run and resume is off.
+    """
+    environ = os.environ if environ is None else environ
+    lock: Optional[DirLock] = None
+    try:
+        lock = acquire_dir_lock(out_dir)
+    except LockBusy as exc:
+        token = environ.get(TOKEN_VAR, "")
+        if not (token and exc.holder is not None and exc.holder.token == token):
+            raise RunDirBusyError(busy_message(out_dir, exc.holder.describe() if exc.holder else None),
+                                  hint=BUSY_HINT) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot lock run directory {out_dir}: {exc.strerror}",
+                          hint="pass a writable --out") from None
+    if lock is not None and lock.stale is not None:
+        sys.stderr.write(f"cpuperf train: note: took over the stale lock of a run that is gone "
+                         f"({lock.stale.describe()})\n")
+    what = existing_run(Path(out_dir))
+    if what is not None and not resume:
+        if lock is not None:
+            lock.release()
+        raise ConfigError(f"{out_dir} already holds a run: {what}; not overwriting it",
+                          hint="pass --resume to continue it, or another --out")
+    return lock

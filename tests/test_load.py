@@ -1,0 +1,100 @@
+"""Load awareness: other runnable work on the job's CPUs -> a doctor finding and fewer threads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from cli_util import run_json
+from hosts import make_host, write
+
+from cpuperf.decide.load import adjust_placement, check_load
+from cpuperf.decide.placement import plan_placement
+from cpuperf.probe import probe_host, with_load
+from cpuperf.probe.load import LoadFacts, parse_loadavg, parse_psi_some_avg10, parse_stat_cpus
+from cpuperf.probe.parse import parse_cpulist
+
+
+def test_parsers_read_the_kernel_formats():
+    assert parse_loadavg("3.95 1.67 0.82 8/124 17943\n") == (3.95, 8)
+    assert parse_loadavg("") == (None, None)
+    stat = "cpu  1 2 3 4 5 6 7 8 0 0\ncpu0 10 0 5 80 5 0 0 0 0 0\ncpu1 90 0 0 10 0 0 0 0\nintr 1\n"
+    assert parse_stat_cpus(stat) == {0: (15, 100), 1: (90, 100)}
+    assert parse_psi_some_avg10("some avg10=94.41 avg60=45.15 avg300=13.58 total=1\nfull avg10=0.00\n") == 94.41
+
+
+def _loaded(busy):
+    return LoadFacts(0.3, 2.0, 1.0, tuple(busy.items()), 40.0, "/proc/pressure/cpu", "live")
+
+
+def test_busy_cpu_is_dropped_from_the_rank_and_the_figure_is_kept(tmp_path):
+    facts = probe_host(sysroot=str(make_host(tmp_path, cores_per_socket=4)))
+    placement = plan_placement(facts)
+    new, ev, note = adjust_placement(placement, _loaded({0: 0.02, 1: 0.97, 2: 0.1, 3: 0.0}))
+    assert placement.threads_per_rank == 4 and new.threads_per_rank == 3
+    assert new.slots[0].compute_cpus == (0, 2, 3) and note is None
+    assert ev["load"]["busy_cpus"] == {"1": 0.97} and ev["load"]["threads_without_load"] == 4
+    assert "CPU 1 97%" in new.reasons[-2] and new.reasons[-1] == placement.reasons[-1]
+    # A user's --set threads_per_rank stands, with the figure in a note.
+    same, _, note = adjust_placement(placement, _loaded({1: 0.97}), {"threads_per_rank": "4"})
+    assert same == placement and note is not None and "CPU 1 97%" in note
+    # Nothing busy: nothing changes.
+    assert adjust_placement(placement, _loaded({0: 0.1, 1: 0.2}))[0] == placement
+
+
+def test_recorded_tree_gives_recorded_figures_and_a_finding(tmp_path):
+    root = make_host(tmp_path, cores_per_socket=2)
+    write(root, "/proc/loadavg", "9.50 8.00 7.00 7/300 4242\n")
+    write(root, "/proc/pressure/cpu", "some avg10=61.50 avg60=50.00 avg300=40.00 total=1\n")
+    facts = with_load(probe_host(sysroot=str(root)))
+    assert facts.load is not None and facts.load.source == "snapshot"
+    assert (facts.load.loadavg_1m, facts.load.runnable_others, facts.load.cpu_busy) == (9.5, 6.0, None)
+    found = check_load(facts)
+    assert [f.id for f in found] == ["cpu-load"] and "load average 9.5" in found[0].message
+    data, _ = run_json(["doctor", "--sysroot", str(root)])
+    assert data["host"]["load"]["psi_some_avg10"] == 61.5
+    assert any(f["id"] == "cpu-load" and "6 runnable" in f["message"] for f in data["findings"])
+    quiet = make_host(tmp_path / "quiet", cores_per_socket=2)
+    write(quiet, "/proc/loadavg", "0.10 0.10 0.10 1/300 4242\n")
+    assert check_load(with_load(probe_host(sysroot=str(quiet)))) == []
+
+
+@pytest.fixture
+def busy_loop():
+    """A busy loop pinned to the last CPU the job would use, in a real child process."""
+    facts = probe_host()
+    cpus = [c for s in plan_placement(facts).slots for c in s.compute_cpus]
+    if len(cpus) < 2:
+        pytest.skip("needs at least 2 usable cores")
+    cpu = cpus[-1]
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    time.sleep(0.5)
+    try:
+        yield cpu, len(cpus)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_synthetic_load_gets_a_finding_and_fewer_threads(busy_loop):
+    cpu, ncpus = busy_loop
+    doc, _ = run_json(["doctor"], expect_rc=None)
+    finding = [f for f in doc["findings"] if f["id"] == "cpu-load"]
+    assert finding and f"CPU {cpu} " in finding[0]["message"], doc["host"]["load"]
+    assert dict(doc["host"]["load"]["cpu_busy"])[cpu] >= 0.5
+    rec, _ = run_json(["recommend"])
+    threads = next(d for d in rec["decisions"] if d["id"] == "threads_per_rank")
+    assert threads["value"] < ncpus and f"CPU {cpu} " in threads["reason"]
+    assert str(cpu) in threads["evidence"]["load"]["busy_cpus"]
+    assert threads["evidence"]["load"]["threads_without_load"] == ncpus
+    affinity = next(d for d in rec["decisions"] if d["id"] == "affinity")["value"]
+    assert len(parse_cpulist(affinity) or ()) == threads["value"]  # pinned to the CPUs it computes on
+
+
+def test_window_zero_skips_sampling():
+    start = time.monotonic()
+    load = with_load(probe_host(), window_s=0).load
+    assert load is not None and load.cpu_busy is None and time.monotonic() - start < 0.25

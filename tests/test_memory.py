@@ -1,0 +1,71 @@
+"""The memory plan: one computation, plans that agree with themselves, exit 3 when nothing fits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_util import run_cli
+from hosts import make_host
+
+from cpuperf.decide.recommend import recommend
+from cpuperf.decide.workload import resolve_workload
+from cpuperf.errors import IncompatibleHostError
+from cpuperf.probe import probe_host
+
+NEW_TORCH = json.dumps({"torch": "2.13.0+cpu"})
+
+
+def _host(tmp_path, monkeypatch, gib, **kw):
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", NEW_TORCH)
+    # make_host writes MemAvailable = half of MemTotal.
+    return probe_host(sysroot=str(make_host(tmp_path, node_mem_bytes=gib << 30, **kw)))
+
+
+@pytest.mark.parametrize("params", ["50M", "350M", "1B", "2B"])
+def test_every_plan_fits_its_own_budget_and_checkpoints_only_when_it_must(tmp_path, monkeypatch, params):
+    facts = _host(tmp_path, monkeypatch, 48)
+    rec = recommend(facts, resolve_workload(params=params, batch_size=32))
+    ev = rec.decision("batch_size").evidence
+    batch, ck = rec.get("batch_size"), rec.get("grad_checkpointing")
+    assert ev["weights_grads_optimizer_bytes"] + batch * ev["activation_bytes_per_sample"] <= ev["budget_bytes"]
+    assert ev["per_rank_bytes"] <= ev["budget_bytes"]
+    if ck:  # checkpointing is chosen only where one sample without it does not fit
+        assert ev["weights_grads_optimizer_bytes"] + ev["activation_bytes_per_sample_no_checkpointing"] > ev["budget_bytes"]
+    accum = rec.get("grad_accum_steps")
+    assert 0 <= batch * accum - 32 < accum  # near-equal micro-batches reach the global batch
+    assert rec.get("zero") is None
+
+
+def test_too_big_for_the_host_exits_3_with_the_figures(tmp_path, monkeypatch):
+    facts = _host(tmp_path, monkeypatch, 48)  # 24 GiB available
+    with pytest.raises(IncompatibleHostError) as err:
+        recommend(facts, resolve_workload(params="7B"))
+    msg = err.value.message
+    assert "weights 26.1 GiB" in msg and "GiB usable per rank" in msg and "offload does not apply" in msg
+    assert "--nnodes" in (err.value.hint or "")
+
+
+def test_cpu_ranks_shard_with_zero3_and_never_offload(tmp_path, monkeypatch):
+    # 4 nodes x 1 rank, 24 GiB available each: 3B with Adafactor (27 GB) fits only sharded.
+    facts = _host(tmp_path, monkeypatch, 48)
+    rec = recommend(facts, resolve_workload(params="3B"), nnodes=4)
+    zero = rec.get("zero")
+    assert zero is not None and zero["zero_optimization"] == {"stage": 3}
+    assert "offload" not in json.dumps(zero)
+    with pytest.raises(IncompatibleHostError):
+        recommend(facts, resolve_workload(params="3B"))  # one node alone cannot
+
+
+@pytest.mark.parametrize("params", ["7B", "13B", "70B"])
+def test_big_models_on_this_host_coherent_plan_or_exit_3(params):
+    proc = run_cli(["recommend", "--params", params, "--json"], {"CPUPERF_LOAD_WINDOW": "0"})
+    assert proc.returncode in (0, 3), proc.stderr
+    data = json.loads(proc.stdout)
+    assert "offload_" not in proc.stdout and "ZeRO-3 with CPU offload" not in proc.stdout
+    if proc.returncode == 3:
+        assert data["error"]["name"] == "incompatible_host" and "GiB" in data["error"]["message"]
+        assert "Traceback" not in proc.stderr
+        return
+    ev = next(d for d in data["decisions"] if d["id"] == "batch_size")["evidence"]
+    assert ev["per_rank_bytes"] <= ev["budget_bytes"]

@@ -1,0 +1,195 @@
+"""compat/microarch.toml against the kernel's own tables, through `cpuperf doctor --sysroot` with recorded
+/proc/cpuinfo files; and Arm/POWER dtype evidence in their own terms."""
+
+from __future__ import annotations
+
+import pytest
+from cli_util import run_json
+from hosts import CPUINFO, make_host, write
+
+from cpuperf.data import load_builtin
+from cpuperf.decide.recommend import Measurements, recommend
+from cpuperf.decide.workload import PRESETS
+from cpuperf.probe import probe_host
+from cpuperf.probe.cpu import name_x86
+from cpuperf.probe.facts import ARM_ISA, X86_ISA
+
+# Linux arch/x86/kernel/cpu/amd.c, bsp_init_amd(), "Figure out Zen generations" (v6.18 with tip commit
+# 847ebc44 "x86/CPU/AMD: Extend Zen6 model range"): family -> [(first model, last model, generation)].
+KERNEL_AMD = {
+    0x17: [(0x00, 0x2f, "zen"), (0x50, 0x5f, "zen"), (0x30, 0x4f, "zen2"), (0x60, 0x7f, "zen2"),
+           (0x90, 0x91, "zen2"), (0xa0, 0xaf, "zen2")],
+    0x19: [(0x00, 0x0f, "zen3"), (0x20, 0x5f, "zen3"), (0x10, 0x1f, "zen4"), (0x60, 0xaf, "zen4")],
+    0x1a: [(0x00, 0x2f, "zen5"), (0x40, 0x4f, "zen5"), (0x60, 0x7f, "zen5"), (0x50, 0x5f, "zen6"),
+           (0x80, 0xaf, "zen6"), (0xc0, 0xcf, "zen6")],
+}
+
+# Linux arch/x86/include/asm/intel-family.h (INTEL_* = IFM(family, model)): the models cpuperf names.
+KERNEL_INTEL = {
+    (6, 0x3C): "haswell", (6, 0x3F): "haswell", (6, 0x45): "haswell", (6, 0x46): "haswell",
+    (6, 0x3D): "broadwell", (6, 0x47): "broadwell", (6, 0x4F): "broadwell", (6, 0x56): "broadwell",
+    (6, 0x4E): "skylake", (6, 0x5E): "skylake", (6, 0x8E): "skylake", (6, 0x9E): "skylake",
+    (6, 0xA5): "skylake", (6, 0xA6): "skylake", (6, 0x66): "cannonlake",
+    (6, 0x6A): "icelake", (6, 0x6C): "icelake", (6, 0x7D): "icelake", (6, 0x7E): "icelake",
+    (6, 0x9D): "icelake", (6, 0x8C): "icelake", (6, 0x8D): "icelake", (6, 0xA7): "icelake",
+    (6, 0x8F): "sapphirerapids", (6, 0xCF): "emeraldrapids", (6, 0xAD): "graniterapids",
+    (6, 0xAE): "graniterapids", (19, 0x01): "diamondrapids",
+    (6, 0x97): "alderlake", (6, 0x9A): "alderlake", (6, 0xBE): "alderlake_n",
+    (6, 0xB7): "raptorlake", (6, 0xBA): "raptorlake", (6, 0xBF): "raptorlake",
+    (6, 0xAA): "meteorlake", (6, 0xAC): "meteorlake",
+    (6, 0xC5): "arrowlake", (6, 0xC6): "arrowlake", (6, 0xB5): "arrowlake", (6, 0xBD): "lunarlake",
+    (6, 0xCC): "pantherlake",
+    (6, 0xAF): "sierraforest", (6, 0xB6): "grandridge", (6, 0xDD): "clearwaterforest",
+}
+
+# Names Linux prints in /proc/cpuinfo for the x86 features cpuperf uses: the quoted name in each comment of
+# arch/x86/include/asm/cpufeatures.h (a flag without one is never printed).
+KERNEL_X86_NAMES = {
+    "sse4_2", "avx", "f16c", "fma", "avx2", "bmi1", "bmi2", "movbe", "adx", "rdseed", "rdrand", "fsgsbase",
+    "xsaveopt", "clflushopt", "xsavec", "clwb", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl",
+    "avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq",
+    "avx512_bf16", "avx512_fp16", "avx512_vp2intersect", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
+    "gfni", "vaes", "vpclmulqdq", "serialize", "movdiri", "sha_ni", "clzero", "wbnoinvd", "rdpid", "pku",
+    "abm", "lm",
+}
+# ... and spellings that never appear: no /proc/cpuinfo name, or not Linux's spelling.
+NEVER_PRINTED = {"amx_fp16", "avx_ifma", "avx_vnni_int8", "amx_complex", "avx512_vbmi", "avx512_ifma"}
+# Arm: arch/arm64/kernel/cpuinfo.c hwcap_str[] names.
+KERNEL_ARM_NAMES = {"asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "svebf16", "i8mm", "svei8mm",
+                    "sme", "sme2"}
+
+ZEN4 = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
+        "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16", "gfni", "vaes",
+        "vpclmulqdq", "sha_ni", "clzero", "clwb", "wbnoinvd", "rdpid", "pku", "lm"]
+
+
+def _table():
+    return load_builtin("microarch.toml")
+
+
+def test_every_feature_name_is_one_linux_prints():
+    for entry in _table()["x86"]:
+        assert set(entry["features"]) <= KERNEL_X86_NAMES, (entry["name"], set(entry["features"]) - KERNEL_X86_NAMES)
+    assert set(X86_ISA) <= KERNEL_X86_NAMES and not set(X86_ISA) & NEVER_PRINTED
+    assert set(ARM_ISA) <= KERNEL_ARM_NAMES
+
+
+@pytest.mark.parametrize("family", sorted(KERNEL_AMD))
+def test_amd_ranges_cover_the_kernel_ranges(family):
+    for lo, hi, name in KERNEL_AMD[family]:
+        for model in range(lo, hi + 1):
+            assert name_x86("AuthenticAMD", family, model, 0, ()) == (name, "model"), (hex(family), hex(model))
+
+
+def test_amd_models_outside_the_kernel_ranges_are_not_named_by_model():
+    covered = {(f, m) for f, ranges in KERNEL_AMD.items() for lo, hi, _ in ranges for m in range(lo, hi + 1)}
+    for family in KERNEL_AMD:
+        for model in range(256):
+            if (family, model) not in covered:
+                assert name_x86("AuthenticAMD", family, model, 0, ())[1] != "model", (hex(family), hex(model))
+
+
+def test_intel_models_match_intel_family_h():
+    for (family, model), name in KERNEL_INTEL.items():
+        stepping = 0
+        assert name_x86("GenuineIntel", family, model, stepping, ()) == (name, "model"), (family, hex(model))
+    assert name_x86("GenuineIntel", 6, 0x55, 4, ())[0] == "skylake_avx512"
+    assert name_x86("GenuineIntel", 6, 0x55, 7, ())[0] == "cascadelake"
+    assert name_x86("GenuineIntel", 6, 0x55, 11, ())[0] == "cooperlake"
+
+
+def test_alder_lake_n_has_e_cores_only():
+    entries = {e["name"]: e for e in _table()["x86"]}
+    assert entries["alderlake_n"]["hybrid"] is False and entries["alderlake"]["hybrid"] is True
+    assert 0xBE not in entries["alderlake"]["models"]
+
+
+def test_feature_fallback_never_names_an_avx512_bf16_part_zen():
+    for family, model in ((0x1b, 0x00), (0x1a, 0xf0), (0x19, 0xf0)):  # models the kernel does not list
+        name, how = name_x86("AuthenticAMD", family, model, 0, tuple(ZEN4))
+        assert how == "features" and name in ("zen4", "x86_64_v4"), (hex(family), hex(model), name)
+    # AVX-512 without the Zen 4 set still never falls back to a pre-AVX-512 generation
+    plain = ("avx2", "fma", "bmi2", "sha_ni", "clzero", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+    assert name_x86("AuthenticAMD", 0x1b, 0, 0, plain)[0] == "x86_64_v4"
+
+
+def _doctor_cpu(root):
+    rep, _ = run_json(["doctor", "--sysroot", str(root)], expect_rc=None)
+    return rep["host"]["cpu"]
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in CPUINFO.iterdir() if p.name.startswith("linux-")))
+def test_doctor_names_recorded_hosts(tmp_path, fixture):
+    write(tmp_path, "/proc/cpuinfo", (CPUINFO / fixture).read_text())
+    cpu = _doctor_cpu(tmp_path)
+    assert cpu["microarchitecture"] == fixture.split("-", 2)[2]
+    line = next(x for x in (CPUINFO / fixture).read_text().splitlines() if x.lower().startswith(("flags", "features")))
+    listed = set(line.split(":", 1)[1].split())
+    assert set(cpu["isa"]) == {f for f in (X86_ISA if cpu["arch"] == "x86_64" else ARM_ISA) if f in listed}
+
+
+@pytest.mark.parametrize("family,model,flags,name", [
+    (0x19, 0x61, ZEN4, "zen4"),      # Raphael: amd.c 0x60-0xaf
+    (0x1a, 0x44, ZEN4, "zen5"),      # Granite Ridge: amd.c 0x40-0x4f
+    (0x1a, 0x60, ZEN4, "zen5"),      # amd.c 0x60-0x7f
+    (0x1a, 0x50, ZEN4, "zen6"),      # amd.c 0x50-0x5f
+])
+def test_doctor_names_amd_generations_and_lists_vbmi(tmp_path, family, model, flags, name):
+    cpu = _doctor_cpu(make_host(tmp_path, vendor="AuthenticAMD", family=family, model=model, flags=flags))
+    assert cpu["microarchitecture"] == name and cpu["microarchitecture_source"] == "model"
+    assert "avx512vbmi" in cpu["isa"] and cpu["bf16_native"] is True
+
+
+def test_doctor_clearwater_forest_and_alder_lake_n(tmp_path):
+    ecore = ["avx2", "fma", "avx_vnni", "gfni", "vaes", "serialize", "lm"]
+    assert _doctor_cpu(make_host(tmp_path / "c", model=0xDD, flags=ecore))["microarchitecture"] == "clearwaterforest"
+    assert _doctor_cpu(make_host(tmp_path / "n", model=0xBE, flags=ecore))["microarchitecture"] == "alderlake_n"
+
+
+# --------------------------------------------------------------------------- Arm and POWER dtype evidence
+
+
+def _arm_host(tmp_path, features=None):
+    write(tmp_path, "/proc/cpuinfo", (CPUINFO / "linux-amazon-neoverse_v1").read_text())
+    if features is not None:
+        text = "".join(f"Features\t: {features}\n" if line.startswith("Features") else line + "\n"
+                       for line in (CPUINFO / "linux-amazon-neoverse_v1").read_text().splitlines())
+        write(tmp_path, "/proc/cpuinfo", text)
+    return tmp_path
+
+
+def test_arm_dtype_evidence_is_arm_features(tmp_path):
+    facts = probe_host(sysroot=str(_arm_host(tmp_path)))
+    d = recommend(facts, PRESETS["tiny"]).decision("dtype")
+    assert d.value == "fp32"
+    assert d.evidence["bf16"] is True and d.evidence["i8mm"] is True and d.evidence["sve"] is True
+    assert "avx512_bf16" not in d.evidence and "amx_bf16" not in d.evidence
+    assert "Arm BF16" in d.reason and "fp32 kept" in d.reason and "cpuperf bench" in d.reason
+    fast = Measurements(gemm_fp32_gflops=100.0, gemm_bf16_gflops=300.0, source="recorded")
+    d = recommend(facts, PRESETS["tiny"], measurements=fast).decision("dtype")
+    assert d.value == "bf16" and "3.00x" in d.reason and "Arm BF16" in d.reason
+
+
+def test_arm_without_bf16_keeps_fp32_even_when_a_measurement_looks_fast(tmp_path):
+    facts = probe_host(sysroot=str(_arm_host(tmp_path, "fp asimd evtstrm aes pmull sha1 sha2 crc32 asimddp")))
+    fast = Measurements(gemm_fp32_gflops=100.0, gemm_bf16_gflops=300.0, source="recorded")
+    d = recommend(facts, PRESETS["tiny"], measurements=fast).decision("dtype")
+    assert d.value == "fp32" and d.evidence["bf16"] is False and "no Arm BF16" in d.reason
+
+
+@pytest.mark.parametrize("gen,mma", [("POWER9", False), ("POWER10", True)])
+def test_power_dtype_evidence_is_mma(tmp_path, gen, mma):
+    write(tmp_path, "/proc/cpuinfo", f"processor\t: 0\ncpu\t\t: {gen} (architected), altivec supported\n"
+                                     "clock\t\t: 3000MHz\nrevision\t: 2.0 (pvr 0080 0200)\n\n")
+    facts = probe_host(sysroot=str(tmp_path))
+    assert ("mma" in facts.cpu.isa) is mma and "vsx" in facts.cpu.isa
+    d = recommend(facts, PRESETS["tiny"]).decision("dtype")
+    assert d.value == "fp32" and d.evidence["mma"] is mma and "avx512_bf16" not in d.evidence
+    assert ("MMA" in d.reason) and (("no MMA" in d.reason) is not mma)
+
+
+def test_recommend_json_on_a_recorded_arm_host(tmp_path):
+    root = _arm_host(tmp_path)
+    rep, _ = run_json(["recommend", "--sysroot", str(root)])
+    d = next(x for x in rep["decisions"] if x["id"] == "dtype")
+    assert d["value"] == "fp32" and d["evidence"]["bf16"] is True and "Arm BF16" in d["reason"]
