@@ -22,6 +22,7 @@ from cpuperf import fsutil
 from cpuperf.errors import (
     CpuperfError,
     ExitCode,
+    FilesystemError,
     IncompatibleHostError,
     PipFailedError,
     UnreachableError,
@@ -457,10 +458,10 @@ def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
 
 def _path_error(exc: OSError, option: str, path: str) -> CpuperfError:
     if exc.errno == errno.ENOSPC:
-        return UsageError(f"{option} {path}: no space left on device ({exc.filename or path})",
-                          hint="free some space, or name a path on another disk")
-    return UsageError(f"{option} {path}: cannot write there ({exc.strerror or exc})",
-                      hint="name a writable path")
+        return FilesystemError(f"{option} {path}: no space left on device ({exc.filename or path})",
+                               hint="free some space, or name a path on another disk")
+    return FilesystemError(f"{option} {path}: cannot write there ({exc.strerror or exc})",
+                           hint="name a writable path")
 
 
 def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None:
@@ -489,10 +490,10 @@ def stop_code(exc: BaseException) -> ExitCode:
 def _cache_error(exc: OSError, what: str) -> CpuperfError:
     where = exc.filename or what
     if exc.errno == errno.ENOSPC:
-        return UsageError(f"no space left on device ({where}); nothing was changed",
-                          hint="free some space, or set XDG_CACHE_HOME to a directory on another disk")
-    return UsageError(f"cannot write {what} ({where}: {exc.strerror or exc}); nothing was changed",
-                      hint="make it writable, or set XDG_CACHE_HOME to a writable directory")
+        return FilesystemError(f"no space left on device ({where}); nothing was changed",
+                               hint="free some space, or set CPUPERF_CACHE_DIR to a directory on another disk")
+    return FilesystemError(f"cannot write {what} ({where}: {exc.strerror or exc}); nothing was changed",
+                           hint="make it writable, or set CPUPERF_CACHE_DIR to a writable directory")
 
 
 @dataclass

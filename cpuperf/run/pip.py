@@ -30,7 +30,9 @@ INDEX_TIMEOUT = 3.0
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    """~/.cache/cpuperf (XDG_CACHE_HOME respected)."""
+    """$CPUPERF_CACHE_DIR, else ~/.cache/cpuperf (XDG_CACHE_HOME respected), as run/measure.py has it."""
+    if environ.get("CPUPERF_CACHE_DIR"):
+        return Path(environ["CPUPERF_CACHE_DIR"])
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cpuperf"
 
