@@ -244,18 +244,7 @@ def _run(out: Output, opts: Options) -> int:
     pip = pd.Pip(query_python, env, log)
 
     config = ip.parse_pip_config_list(pd.pip_config(pip))
-    lock = None
-    if opts.from_lock:
-        try:
-            lock = ip.parse_lock(Path(opts.from_lock).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise UsageError(f"cannot read the lock file {opts.from_lock}: {exc.strerror or exc}",
-                             hint="name a lock written by `cpuperf install --write-lock FILE`") from exc
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"the lock file {opts.from_lock} is not UTF-8 text (byte {exc.start})",
-                             hint="name a lock written by `cpuperf install --write-lock FILE`") from exc
-        except ip.PlanError as exc:
-            raise UsageError(f"{opts.from_lock}: {exc}") from exc
+    lock = _read_lock(opts.from_lock) if opts.from_lock else None
     sources = _sources(opts, config, lock)
     proxy = config.get("proxy") or None
     device = ip.host_device(facts)
@@ -305,6 +294,19 @@ def _run(out: Output, opts: Options) -> int:
         render_plan(out, plan, product=False)
     _confirm(opts, out, plan)
     return _execute(plan, out, run_dir, env)
+
+
+def _read_lock(path: str) -> ip.Lock:
+    """The --from-lock file; unreadable, not UTF-8 or malformed is a usage error naming the file."""
+    hint = "name a lock written by `cpuperf install --write-lock FILE`"
+    try:
+        return ip.parse_lock(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read the lock file {path}: {exc.strerror or exc}", hint=hint) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the lock file {path} is not UTF-8 text (byte {exc.start})", hint=hint) from exc
+    except ip.PlanError as exc:
+        raise UsageError(f"{path}: {exc}", hint=hint) from exc
 
 
 def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
@@ -428,8 +430,9 @@ def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
     """Build a wheelhouse for an air-gapped install: every planned package, exact pins, plus a lock."""
     try:
         os.makedirs(dest, exist_ok=True)
-        probe = Path(tempfile.mkstemp(dir=dest, prefix=".cpuperf-write-test-")[1])
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=dest, prefix=".cpuperf-write-test-")  # fail now, not after pip ran
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise _path_error(exc, "--download", dest) from exc
     pins = [p.requirement() for p in (plan.packages or plan.requirements)]
