@@ -296,6 +296,9 @@ def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):
     assert refused.returncode == 11, (refused.stdout, refused.stderr)
     e = json.loads(refused.stdout)["error"]
     assert "did not finish" in e["message"] and e["hint"] == f"cpuperf install --recover --python {venv}"
+    # the same environment spelled another way is refused too (the journal keys on site-packages)
+    other = cli(["install", "--python", venv + "3", "--index-url", txn_index.good, "--torch", "2.7.0", "--yes"], home)
+    assert other.returncode == 11, other.stderr
     # a dry run only warns
     dry = cli(["install", "--python", venv, "--index-url", txn_index.good, "--torch", "2.7.0", "--dry-run"], home)
     assert dry.returncode == 0 and "--recover" in dry.stderr, dry.stderr
@@ -410,23 +413,30 @@ def test_unreadable_lock_and_directory_lock(tmp_path, home):
     assert "cannot read the lock file" in _err(proc, 2)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
-def test_unwritable_cache_is_a_usage_error_as_non_root(venv, txn_index, tmp_path, home):
+def test_unwritable_cache_is_a_filesystem_error(venv, txn_index, tmp_path, home):
+    """A read-only cache directory, with permissions binding (root drops CAP_DAC_OVERRIDE for the child)."""
+    from test_hostile_input import _without_dac_override
+
     ro = tmp_path / "ro"
     ro.mkdir()
-    ro.chmod(0o500)
-    proc = cli(["install", "--python", venv, "--index-url", txn_index.good, "--torch", "2.7.0", "--yes"], home,
-               {"XDG_CACHE_HOME": str(ro)})
-    assert "XDG_CACHE_HOME" in proc.stderr and "cannot write" in _err(proc, 2)
+    ro.chmod(0o555)
+    tmp_path.chmod(0o755)
+    env = cli_env(hermetic_env(home))
+    env.update({k: v for k, v in hermetic_env(home).items() if k.startswith("PIP_")})
+    env.update(CPUPERF_CACHE_DIR=str(ro / "cpuperf"), PIP_CACHE_DIR=str(tmp_path / "pipcache"))
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", "install", "--python", venv, "--index-url",
+                           txn_index.good, "--torch", "2.7.0", "--yes"], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=str(REPO), stdin=subprocess.DEVNULL, preexec_fn=_without_dac_override())
+    assert "CPUPERF_CACHE_DIR" in proc.stderr and "cannot write" in _err(proc, 10)
+    assert str(ro) in proc.stderr
 
 
-def test_cache_path_that_is_a_file_is_a_usage_error(venv, txn_index, tmp_path, home):
-    """Works as root too: a regular file where the cache directory should be."""
+def test_cache_path_that_is_a_file_is_a_filesystem_error(venv, txn_index, tmp_path, home):
     blocker = tmp_path / "cache"
     blocker.write_text("not a directory")
     proc = cli(["install", "--python", venv, "--index-url", txn_index.good, "--torch", "2.7.0", "--yes"], home,
-               {"XDG_CACHE_HOME": str(blocker)})
-    assert "cannot write" in _err(proc, 2) and "XDG_CACHE_HOME" in proc.stderr
+               {"CPUPERF_CACHE_DIR": str(blocker / "cpuperf")})
+    assert "cannot write" in _err(proc, 10) and "CPUPERF_CACHE_DIR" in proc.stderr
 
 
 def test_write_lock_and_download_into_impossible_paths(tmp_path, txn_index, home):
@@ -434,10 +444,17 @@ def test_write_lock_and_download_into_impossible_paths(tmp_path, txn_index, home
     blocker.write_text("x")
     proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", txn_index.good, "--torch", "2.7.0",
                 "--dry-run", "--write-lock", str(blocker / "lock.txt")], home)
-    assert "--write-lock" in _err(proc, 2)
+    assert "--write-lock" in _err(proc, 10)
     proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", txn_index.good, "--torch", "2.7.0",
                 "--download", str(blocker / "house")], home)
-    assert "--download" in _err(proc, 2)
+    assert "--download" in _err(proc, 10)
+
+
+def test_venv_that_is_a_file(tmp_path, home):
+    f = tmp_path / "venv-file"
+    f.write_text("x")
+    proc = cli(["install", "--venv", str(f), "--dry-run"], home, timeout=60)
+    assert "is a file" in _err(proc, 2)
 
 
 def test_recover_takes_no_install_options(tmp_path, home):
@@ -451,10 +468,10 @@ def test_recover_takes_no_install_options(tmp_path, home):
 def test_tree_diff_names_new_trees_once_and_ignores_caches():
     from cpuperf.plan import install as ip
 
-    before = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (10, 1), "torch/__pycache__/": (-1, 0),
+    before = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (10, 1), "torch/same.py": (7, 1), "torch/__pycache__/": (-1, 0),
                       "torch/__pycache__/__init__.cpython-311.pyc": (99, 1),
                       "torch-2.6.0.dist-info/RECORD": (300, 1), "six.py": (5, 1)}}
-    now = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (12, 2), "torch/new.py": (1, 2),
+    now = {"/sp": {"torch/": (-1, 0), "torch/__init__.py": (12, 2), "torch/new.py": (1, 2), "torch/same.py": (7, 5),
                    "torch/__pycache__/": (-1, 0), "torch/__pycache__/__init__.cpython-311.pyc": (120, 2),
                    "torch-2.6.0.dist-info/RECORD": (310, 2), "functorch/": (-1, 0), "functorch/a/": (-1, 0),
                    "functorch/a/b.py": (1, 2)},
@@ -463,7 +480,8 @@ def test_tree_diff_names_new_trees_once_and_ignores_caches():
     assert d.added == (("/sp", "functorch/"), ("/sp", "torch/new.py"))  # the new tree once, whole
     assert d.missing == (("/sp", "six.py"),)
     assert d.changed == (("/sp", "torch/__init__.py"),)  # not the .pyc, not RECORD
-    assert ip.tree_diff(before, before) == ip.TreeDiff((), (), ())
+    assert d.touched == (("/sp", "torch/same.py"),) and d.damaged()  # same size, rewritten
+    assert ip.tree_diff(before, before) == ip.TreeDiff((), (), ()) and not ip.tree_diff(before, before).damaged()
 
 
 def test_error_summary_finds_the_cause():

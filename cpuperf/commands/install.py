@@ -22,6 +22,7 @@ from cpuperf import fsutil
 from cpuperf.errors import (
     CpuperfError,
     ExitCode,
+    FilesystemError,
     IncompatibleHostError,
     PipFailedError,
     UnreachableError,
@@ -74,7 +75,13 @@ def _target(opts: Options, env: Mapping[str, str]) -> ip.Target:
         python = os.path.join(venv, "bin", "python")
         if os.path.exists(python):
             return ip.Target(python, pd.python_version(python, env) or "")
-        if os.path.exists(venv) and os.listdir(venv):
+        if os.path.exists(venv) and not os.path.isdir(venv):
+            raise UsageError(f"--venv {venv} is a file, not a directory", hint="name a new directory, or an existing venv")
+        try:
+            occupied = os.path.exists(venv) and bool(os.listdir(venv))
+        except OSError as exc:
+            raise UsageError(f"--venv {venv}: {exc.strerror or exc}", hint="name a new directory, or an existing venv") from exc
+        if occupied:
             raise UsageError(f"{venv} exists but is not a virtual environment (no bin/python)",
                              hint="name a new directory, or an existing venv")
         return ip.Target(python, "%d.%d.%d" % sys.version_info[:3], create_venv=venv)
@@ -237,18 +244,7 @@ def _run(out: Output, opts: Options) -> int:
     pip = pd.Pip(query_python, env, log)
 
     config = ip.parse_pip_config_list(pd.pip_config(pip))
-    lock = None
-    if opts.from_lock:
-        try:
-            lock = ip.parse_lock(Path(opts.from_lock).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise UsageError(f"cannot read the lock file {opts.from_lock}: {exc.strerror or exc}",
-                             hint="name a lock written by `cpuperf install --write-lock FILE`") from exc
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"the lock file {opts.from_lock} is not UTF-8 text (byte {exc.start})",
-                             hint="name a lock written by `cpuperf install --write-lock FILE`") from exc
-        except ip.PlanError as exc:
-            raise UsageError(f"{opts.from_lock}: {exc}") from exc
+    lock = _read_lock(opts.from_lock) if opts.from_lock else None
     sources = _sources(opts, config, lock)
     proxy = config.get("proxy") or None
     device = ip.host_device(facts)
@@ -298,6 +294,19 @@ def _run(out: Output, opts: Options) -> int:
         render_plan(out, plan, product=False)
     _confirm(opts, out, plan)
     return _execute(plan, out, run_dir, env)
+
+
+def _read_lock(path: str) -> ip.Lock:
+    """The --from-lock file; unreadable, not UTF-8 or malformed is a usage error naming the file."""
+    hint = "name a lock written by `cpuperf install --write-lock FILE`"
+    try:
+        return ip.parse_lock(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read the lock file {path}: {exc.strerror or exc}", hint=hint) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the lock file {path} is not UTF-8 text (byte {exc.start})", hint=hint) from exc
+    except ip.PlanError as exc:
+        raise UsageError(f"{path}: {exc}", hint=hint) from exc
 
 
 def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
@@ -421,8 +430,9 @@ def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
     """Build a wheelhouse for an air-gapped install: every planned package, exact pins, plus a lock."""
     try:
         os.makedirs(dest, exist_ok=True)
-        probe = Path(tempfile.mkstemp(dir=dest, prefix=".cpuperf-write-test-")[1])
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=dest, prefix=".cpuperf-write-test-")  # fail now, not after pip ran
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise _path_error(exc, "--download", dest) from exc
     pins = [p.requirement() for p in (plan.packages or plan.requirements)]
@@ -451,10 +461,10 @@ def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
 
 def _path_error(exc: OSError, option: str, path: str) -> CpuperfError:
     if exc.errno == errno.ENOSPC:
-        return UsageError(f"{option} {path}: no space left on device ({exc.filename or path})",
-                          hint="free some space, or name a path on another disk")
-    return UsageError(f"{option} {path}: cannot write there ({exc.strerror or exc})",
-                      hint="name a writable path")
+        return FilesystemError(f"{option} {path}: no space left on device ({exc.filename or path})",
+                               hint="free some space, or name a path on another disk")
+    return FilesystemError(f"{option} {path}: cannot write there ({exc.strerror or exc})",
+                           hint="name a writable path")
 
 
 def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None:
@@ -483,10 +493,10 @@ def stop_code(exc: BaseException) -> ExitCode:
 def _cache_error(exc: OSError, what: str) -> CpuperfError:
     where = exc.filename or what
     if exc.errno == errno.ENOSPC:
-        return UsageError(f"no space left on device ({where}); nothing was changed",
-                          hint="free some space, or set XDG_CACHE_HOME to a directory on another disk")
-    return UsageError(f"cannot write {what} ({where}: {exc.strerror or exc}); nothing was changed",
-                      hint="make it writable, or set XDG_CACHE_HOME to a writable directory")
+        return FilesystemError(f"no space left on device ({where}); nothing was changed",
+                               hint="free some space, or set CPUPERF_CACHE_DIR to a directory on another disk")
+    return FilesystemError(f"cannot write {what} ({where}: {exc.strerror or exc}); nothing was changed",
+                           hint="make it writable, or set CPUPERF_CACHE_DIR to a writable directory")
 
 
 @dataclass
@@ -537,6 +547,7 @@ def _begin(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path) -> _Txn:
         fsutil.atomic_write_bytes(run_dir / "tree-before.json", json.dumps(tree).encode("utf-8"))
         pd.write_journal(journal, {
             "schema": "cpuperf.install-journal/1", "state": "running", "python": plan.target.python,
+            "site": pd.site_key(plan.target.python, plan.env),
             "pid": os.getpid(), "pid_start": pd.process_start(os.getpid()),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "freeze_before": str(run_dir / "freeze-before.txt"), "tree_before": str(run_dir / "tree-before.json"),
@@ -555,7 +566,7 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
         if not ok:
             raise PipFailedError(f"could not create {plan.target.create_venv}: {err[-300:]}")
     pip = pd.Pip(plan.target.python, plan.env, log)
-    txn = _begin(plan, pip, run_dir)
+    txn = _begin(plan, pip, run_dir)  # a stop before this changed nothing: run() says so
     # where a full disk is reported when pip names no file: site-packages, not a venv's bin/
     site = next((r for r in sorted(txn.tree, key=lambda r: "-packages" not in r)), None)
     try:
@@ -618,7 +629,7 @@ def _stash(plan: ip.InstallPlan, txn: _Txn, out: Output) -> None:
 def _refuse_unfinished(python: str, environ: Mapping[str, str], out: Output, changes: bool) -> None:
     """An install that was killed (SIGKILL, a power cut) left its journal: nothing goes on until
     `--recover` has put the environment back."""
-    for path, data in pd.unfinished_journals(environ, python):
+    for path, data in pd.unfinished_journals(environ, python, pd.site_key(python, ip.child_env(environ))):
         if pd.install_running(data):
             msg = f"another cpuperf install (pid {data.get('pid')}) is changing {python} right now"
             hint = "wait for it to finish"
@@ -634,7 +645,8 @@ def _refuse_unfinished(python: str, environ: Mapping[str, str], out: Output, cha
 
 def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
     """`cpuperf install --recover`: restore the environment from the journal an unfinished install left."""
-    found = pd.unfinished_journals(environ, python)
+    env = ip.child_env(environ)
+    found = pd.unfinished_journals(environ, python, pd.site_key(python, env))
     if not found:
         others = pd.unfinished_journals(environ)
         if others:
@@ -646,7 +658,6 @@ def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
         else:
             out.product(f"nothing to recover: no unfinished install into {python}")
         return int(ExitCode.OK)
-    env = ip.child_env(environ)
     done: List[Dict[str, Any]] = []
     for path, data in found:
         if pd.install_running(data):

@@ -633,7 +633,12 @@ class TreeDiff:
 
     added: Tuple[Tuple[str, str], ...]
     missing: Tuple[Tuple[str, str], ...]
-    changed: Tuple[Tuple[str, str], ...]
+    changed: Tuple[Tuple[str, str], ...]  # another size
+    touched: Tuple[Tuple[str, str], ...] = ()  # same size, another mtime: rewritten
+
+    def damaged(self) -> bool:
+        """Did files that were there go missing or get rewritten (so what owned them is reinstalled)?"""
+        return bool(self.missing or self.changed or self.touched)
 
 
 def tree_diff(before: Tree, now: Tree) -> TreeDiff:
@@ -641,6 +646,7 @@ def tree_diff(before: Tree, now: Tree) -> TreeDiff:
     added: List[Tuple[str, str]] = []
     missing: List[Tuple[str, str]] = []
     changed: List[Tuple[str, str]] = []
+    touched: List[Tuple[str, str]] = []
     for root, files in now.items():
         old = before.get(root)
         if old is None:
@@ -648,9 +654,12 @@ def tree_diff(before: Tree, now: Tree) -> TreeDiff:
         new_dirs = {rel for rel in files if rel.endswith("/") and rel not in old}
         for rel in sorted(files):
             if rel in old:
-                if not rel.endswith("/") and files[rel][0] != old[rel][0] and not _CACHE.search(rel) \
-                        and not _INSTALL_META.search(rel):
+                if rel.endswith("/") or _CACHE.search(rel) or _INSTALL_META.search(rel):
+                    continue
+                if files[rel][0] != old[rel][0]:
                     changed.append((root, rel))
+                elif files[rel][1] != old[rel][1]:
+                    touched.append((root, rel))
                 continue
             parts = rel.rstrip("/").split("/")
             if any("/".join(parts[:i]) + "/" in new_dirs for i in range(1, len(parts))):
@@ -660,7 +669,7 @@ def tree_diff(before: Tree, now: Tree) -> TreeDiff:
         files = now.get(root, {})
         missing += [(root, rel) for rel in sorted(old)
                     if rel not in files and not rel.endswith("/") and not _CACHE.search(rel)]
-    return TreeDiff(tuple(added), tuple(missing), tuple(changed))
+    return TreeDiff(tuple(added), tuple(missing), tuple(changed), tuple(touched))
 
 
 # pip's own failure lines that say nothing of the cause; the cause is further down (the traceback).

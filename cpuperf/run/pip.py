@@ -30,7 +30,9 @@ INDEX_TIMEOUT = 3.0
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    """~/.cache/cpuperf (XDG_CACHE_HOME respected)."""
+    """$CPUPERF_CACHE_DIR, else ~/.cache/cpuperf (XDG_CACHE_HOME respected), as run/measure.py has it."""
+    if environ.get("CPUPERF_CACHE_DIR"):
+        return Path(environ["CPUPERF_CACHE_DIR"])
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cpuperf"
 
@@ -84,10 +86,21 @@ class Pip:
         start = time.monotonic()
         # A session of its own: a terminal's Ctrl-C reaches cpuperf only, and cpuperf decides (and
         # kills the group); killpg then reaches every child pip started (build backends too).
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env) if env is not None else self.env, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        # Stops are held while pip starts: one landing between fork and `try` would leave pip unkilled.
+        held = _main_thread()
+        if held:
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=dict(env) if env is not None else self.env, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+        except BaseException:
+            if held:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            raise
+        try:
+            if held:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending stop lands here
             out, err = proc.communicate(timeout=timeout)
         except BaseException as exc:  # KeyboardInterrupt / Stopped, and TimeoutExpired
             kill_group(proc)
@@ -105,6 +118,7 @@ class Pip:
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when cpuperf dies, even by SIGKILL (Linux prctl
     PR_SET_PDEATHSIG), so a killed cpuperf leaves no pip installing on its own."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the mask Pip.run held is inherited
     try:
         import ctypes
 
@@ -473,41 +487,50 @@ class RestoreResult:
 
 def restore(pip: Pip, before_text: str, stash_dir: Path, tree: ip.Tree) -> RestoreResult:
     """Put the environment back as it was: the `before` freeze, and the same files under site-packages
-    (what a failed or killed pip unpacked is deleted, what it replaced is reinstalled from the stash)."""
+    (what a failed or killed pip unpacked is deleted, what it replaced is reinstalled from the stash).
+    Never raises for the OS's reasons: what could not be done is in the result's problems."""
     with stops_held():
-        before = parse_freeze(before_text)
-        problems: List[str] = []
-        now = parse_freeze(freeze(pip))
-        steps = restore_steps(before, now)
-        if steps.uninstall:
-            pip.run(["uninstall", "-y", *steps.uninstall], timeout=1800)  # checked by the final comparison
-        diff = ip.tree_diff(tree, snapshot_tree(pip.python, pip.env))
-        removed, failed = remove_added(diff.added)
-        problems += [f"cannot remove {f}" for f in failed]
-        # What pip replaced comes back from the stash: each pin whose version changed, and every stashed
-        # one when files that were there are missing or changed (a replacement cut half-way).
-        stashed = {n for n, v in before.items() if _in_stash(stash_dir, n, v)}
-        pins = dict(steps.reinstall)
-        if diff.missing or diff.changed:
-            pins.update({n: before[n] for n in stashed})
-        plain = sorted(f"{n}=={v}" for n, v in pins.items() if not _direct(v))
-        if plain:
-            res = pip.run(["install", "--no-deps", "--no-index", "--force-reinstall", "--find-links", str(stash_dir),
-                           *plain], timeout=1800)
-            if res.returncode != 0:
-                problems.append(f"reinstalling from the stash failed: {ip.error_summary(res.stderr)}")
-        for line in sorted(v for v in pins.values() if _direct(v)):
-            args = ["install", "--no-deps"] + (["-e", line[3:]] if line.startswith("-e ") else [line])
-            res = pip.run(args, timeout=1800)
-            if res.returncode != 0:
-                problems.append(f"reinstalling {line} failed: {ip.error_summary(res.stderr)}")
-        # The reinstall compiles .pyc files and writes REQUESTED where there were none: they go too.
-        extra, failed = remove_added(ip.tree_diff(tree, snapshot_tree(pip.python, pip.env)).added)
-        removed += extra
-        problems += [f"cannot remove {f}" for f in failed]
-        problems += _differences(before, parse_freeze(freeze(pip)), ip.tree_diff(tree, snapshot_tree(pip.python, pip.env)))
-        pip._log(f"restore: removed {len(removed)} path(s) that appeared: " + ", ".join(removed[:50]))
-        return RestoreResult(not problems, list(steps.uninstall), plain, problems, removed)
+        try:
+            return _restore(pip, before_text, stash_dir, tree)
+        except OSError as exc:  # pip itself broken (freeze fails), site-packages unreadable
+            pip._log(f"restore stopped: {exc}")
+            return RestoreResult(False, [], [], [f"the restore stopped: {exc}"], [])
+
+
+def _restore(pip: Pip, before_text: str, stash_dir: Path, tree: ip.Tree) -> RestoreResult:
+    before = parse_freeze(before_text)
+    problems: List[str] = []
+    now = parse_freeze(freeze(pip))
+    steps = restore_steps(before, now)
+    if steps.uninstall:
+        pip.run(["uninstall", "-y", *steps.uninstall], timeout=1800)  # checked by the final comparison
+    diff = ip.tree_diff(tree, snapshot_tree(pip.python, pip.env))
+    removed, failed = remove_added(diff.added)
+    problems += [f"cannot remove {f}" for f in failed]
+    # What pip replaced comes back from the stash: each pin whose version changed, and every stashed
+    # one when files that were there are missing or changed (a replacement cut half-way).
+    stashed = {n for n, v in before.items() if _in_stash(stash_dir, n, v)}
+    pins = dict(steps.reinstall)
+    if diff.damaged():
+        pins.update({n: before[n] for n in stashed})
+    plain = sorted(f"{n}=={v}" for n, v in pins.items() if not _direct(v))
+    if plain:
+        res = pip.run(["install", "--no-deps", "--no-index", "--force-reinstall", "--find-links", str(stash_dir),
+                       *plain], timeout=1800)
+        if res.returncode != 0:
+            problems.append(f"reinstalling from the stash failed: {ip.error_summary(res.stderr)}")
+    for line in sorted(v for v in pins.values() if _direct(v)):
+        args = ["install", "--no-deps"] + (["-e", line[3:]] if line.startswith("-e ") else [line])
+        res = pip.run(args, timeout=1800)
+        if res.returncode != 0:
+            problems.append(f"reinstalling {line} failed: {ip.error_summary(res.stderr)}")
+    # The reinstall compiles .pyc files and writes REQUESTED where there were none: they go too.
+    extra, failed = remove_added(ip.tree_diff(tree, snapshot_tree(pip.python, pip.env)).added)
+    removed += extra
+    problems += [f"cannot remove {f}" for f in failed]
+    problems += _differences(before, parse_freeze(freeze(pip)), ip.tree_diff(tree, snapshot_tree(pip.python, pip.env)))
+    pip._log(f"restore: removed {len(removed)} path(s) that appeared: " + ", ".join(removed[:50]))
+    return RestoreResult(not problems, list(steps.uninstall), plain, problems, removed)
 
 
 def _direct(version: str) -> bool:
@@ -560,7 +583,8 @@ def read_journal(path: Path) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) and data.get("schema") == "cpuperf.install-journal/1" else None
 
 
-def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None) -> List[Tuple[Path, Dict[str, Any]]]:
+def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None,
+                        site: Optional[str] = None) -> List[Tuple[Path, Dict[str, Any]]]:
     """Journals of installs that neither finished nor were restored (SIGKILL, a power cut), newest first."""
     root = cache_dir(environ) / "installs"
     try:
@@ -572,9 +596,20 @@ def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None
         data = read_journal(d / JOURNAL)
         if data is None or data.get("state") not in UNFINISHED:
             continue
-        if python is None or data.get("python") == python:
+        if python is None or data.get("python") == python or (site is not None and data.get("site") == site):
             found.append((d / JOURNAL, data))
     return found
+
+
+def site_key(python: str, env: Mapping[str, str]) -> Optional[str]:
+    """The interpreter's site-packages (real path): what an install changes, however the python is
+    spelled (bin/python, bin/python3, a symlink); None when it does not run (a venv not made yet)."""
+    try:
+        res = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, timeout=60, env=dict(env), stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return os.path.realpath(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip() else None
 
 
 def install_running(data: Mapping[str, Any]) -> bool:
@@ -653,7 +688,7 @@ def verify(python: str, env: Mapping[str, str], expected: Mapping[str, str], mod
     try:
         res = subprocess.run([python, "-c", _VERIFY, json.dumps(dict(expected)), json.dumps(dict(modules))],
                              capture_output=True, text=True, timeout=timeout, env=dict(env),
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         out, err, rc = res.stdout, res.stderr, res.returncode
     except subprocess.TimeoutExpired:
         out, err, rc = "", f"verification did not finish within {timeout:.0f} s", -1
