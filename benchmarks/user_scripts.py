@@ -32,14 +32,14 @@ def _once(argv: List[str], auto: bool) -> Dict[str, Any]:
     cmd = [sys.executable, "-m", "cpuperf", "train", "--auto", "--json", "--out", "/tmp/cpuperf-bench-user",
            "--", *argv] if auto else argv
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"samples_per_s"')]
+    # Under `--json` the script's own output goes to stderr; cpuperf's result object is stdout.
+    lines = [ln for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.startswith('{"samples_per_s"')]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
     res = json.loads(lines[-1])
     if auto:
-        tail = proc.stdout[proc.stdout.index(lines[-1]) + len(lines[-1]):].strip()
         try:
-            res["applied"] = json.loads(tail).get("applied")
+            res["applied"] = json.loads(proc.stdout).get("applied")
         except ValueError:
             res["applied"] = None
     return res

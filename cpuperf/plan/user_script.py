@@ -274,11 +274,11 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
     if values["device"] == "cuda" and values.get("pin_memory") is False:
         want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
-    # torch.compile and IPEX change the code path and cost warm-up: only when you asked (--set).
+    # torch.compile changes the code path and costs minutes of warm-up: only when you asked (--set).
     if values.get("compile") and "compile" in overridden:
         want("torch_compile", ("--torch_compile",), "you set compile")
-    if values.get("ipex") and "ipex" in overridden:
-        want("use_ipex", ("--use_ipex",), "you set ipex")
+    if values.get("ipex"):  # installed by you, and recommend found it compatible
+        want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
     # Hyperparameters and memory trade-offs: the script's own unless you set them.
     if "batch_size" in overridden:
         want("per_device_train_batch_size", ("--per_device_train_batch_size", str(values["batch_size"])), "you set batch_size")

@@ -20,6 +20,8 @@ def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None
     ev = rec.decision("dtype").evidence
     ratio = (ev["gemm_bf16_gflops"] / ev["gemm_fp32_gflops"]) if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") \
         else None
+    if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
+        ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
     return plan_flags(v, overridden, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
                       world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio)
 
