@@ -250,6 +250,8 @@ class _EchoFilter:
     """
 
     _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+    # torch elastic's own error log lines ("E1122 16:24:28.097000 18579 torch/distributed/elastic/...")
+    _ELASTIC_ERROR = re.compile(r"^E\d{4} [\d:.]+ \d+ torch/distributed/")
 
     def __init__(self) -> None:
         self.state = "show"  # show | traceback | banner
@@ -263,8 +265,10 @@ class _EchoFilter:
         if text.startswith("Traceback (most recent call last):"):
             self.state = "traceback"
             return False
-        if text.startswith("=====") and self.state == "show":
+        if text.startswith("====="):  # torchrun's failure report, after its traceback or alone
             self.state = "banner"
+            return False
+        if self._ELASTIC_ERROR.match(text):
             return False
         if self.state == "traceback":
             if not text or text[:1].isspace():
