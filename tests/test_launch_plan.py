@@ -126,7 +126,7 @@ def test_hostfile_torchrun_multi_node_uses_first_host_as_rendezvous(tmp_path, mo
                     local_addr="10.99.0.2", python="py")
     assert p.launcher == "torchrun" and p.master_addr == "10.99.0.1"
     for arg in ("--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.99.0.1:29555",
-                "--local-addr=10.99.0.2", "--rdzv-conf=is_host=false"):
+                "--local-addr=10.99.0.2", "--rdzv-conf=is_host=false,join_timeout=300"):
         assert arg in p.argv
     mpi_facts = facts_for(tmp_path / "m", monkeypatch, mpi="openmpi", sockets=1, cores_per_socket=4)
     m = plan_launch(mpi_facts, rec.placement, rank_command=CMD, hosts=hosts, nnodes=2, launcher="mpirun",

@@ -407,9 +407,8 @@ def _failure(plan: Any, res: Any, b: Dict[str, Any]) -> Tuple[int, str, Optional
     parsed = first_failure(res.launcher_output, res.died_first) if plan.launcher != "direct" else (0, res.code)
     rank = parsed[0] if parsed else None
     errors = res.rank_errors
-    own = errors.get(rank) if rank is not None else None
-    if own is None and errors:
-        own = errors[min(errors)]
+    # Only the first-failing rank's own error: a peer that then lost its connection leaves one too.
+    own = errors.get(rank) if rank is not None else (errors[min(errors)] if errors else None)
     if own is not None:  # the worker's own one line, said once, with its code and hint
         who = f"rank {own.get('rank', rank)}: " if plan.world_size > 1 else ""
         return int(own.get("code") or res.code or 1), who + str(own["message"]), own.get("hint")
