@@ -305,17 +305,18 @@ def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: O
     """(torchrun argv up to the target, the rendezvous port, its address).
 
     One node: --standalone picks its own free port, so a port the user asked for (--master-port)
-    gets a c10d rendezvous on 127.0.0.1 at that port instead; the ranks' MASTER_PORT is then the
-    store's port, which torchrun's agent hosts (torch/distributed/elastic/agent/server/api.py).
-    Several nodes: c10d at addr:port, join_timeout bounded by rdzv_timeout.
+    gets the static rendezvous on 127.0.0.1 at that port instead: only there does torchrun hand the
+    ranks that port as MASTER_PORT (c10d gives them a fresh free port: RendezvousStoreInfo.build in
+    torch/distributed/elastic/rendezvous/api.py). Several nodes: c10d at addr:port, join_timeout
+    bounded by rdzv_timeout.
     """
     base = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     timeout = _seconds(rdzv_timeout)
     if nnodes <= 1:
         if asked_port is None:
             return [*base, "--standalone"], None, addr
-        return [*base, "--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{asked_port}",
-                f"--rdzv-id={job_id}", f"--rdzv-conf=is_host=true,join_timeout={timeout}"], asked_port, "127.0.0.1"
+        return [*base, "--nnodes=1", "--node-rank=0", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+                f"--master-port={asked_port}"], asked_port, "127.0.0.1"
     if addr is None:
         raise UsageError("torchrun over several nodes needs a rendezvous address",
                          hint="pass --hostfile FILE or --master-addr HOST")

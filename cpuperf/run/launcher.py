@@ -237,6 +237,8 @@ class _EchoFilter:
     """
 
     _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+    # torch elastic's own error log lines ("E1122 16:24:28.097000 18579 torch/distributed/elastic/...")
+    _ELASTIC_ERROR = re.compile(r"^E\d{4} [\d:.]+ \d+ torch/distributed/")
 
     def __init__(self) -> None:
         self.state = "show"  # show | traceback | banner
@@ -250,8 +252,10 @@ class _EchoFilter:
         if text.startswith("Traceback (most recent call last):"):
             self.state = "traceback"
             return False
-        if text.startswith("=====") and self.state == "show":
+        if text.startswith("====="):  # torchrun's failure report, after its traceback or alone
             self.state = "banner"
+            return False
+        if self._ELASTIC_ERROR.match(text):
             return False
         if self.state == "traceback":
             if not text or text[:1].isspace():
@@ -324,8 +328,8 @@ def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Opti
 class _Stopper:
     """Signal handling while the child runs: SIGINT to the child; SIGTERM/SIGHUP end the whole group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]):
-        self.proc = proc
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen[bytes]] = None  # set once started (signals may come first)
         self.signum: Optional[int] = None
         self.deadline: Optional[float] = None
         self.old: Dict[int, Any] = {}
@@ -336,10 +340,17 @@ class _Stopper:
         sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
         if signum != signal.SIGINT and self.deadline is None:
             self.deadline = time.monotonic() + STOP_GRACE_S
+        if self.proc is None:
+            return  # not started yet: started() passes it on
         try:
             self.proc.send_signal(sent)
         except ProcessLookupError:
             pass
+
+    def started(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        if self.signum is not None:
+            self.forward(self.signum, None)
 
     def __enter__(self) -> _Stopper:
         if threading.current_thread() is threading.main_thread():
@@ -353,6 +364,7 @@ class _Stopper:
 
     def wait(self) -> int:
         """The child's exit status; past the grace period after SIGTERM/SIGHUP, SIGKILL its group."""
+        assert self.proc is not None
         while True:
             try:
                 return self.proc.wait(timeout=0.2)
@@ -429,12 +441,14 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     direct = plan.launcher == "direct"
     launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
     t0 = time.monotonic()
-    proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
-    watch = _Watch(plan, proc.pid if direct else None, echo)
-    watch.start()
-    captured: List[str] = []
-    reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))
-    with _Stopper(proc) as stopper:
+    # Handlers first: a SIGTERM right after the start must reach the child, not end cpuperf alone.
+    with _Stopper() as stopper:
+        proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
+        stopper.started(proc)
+        watch = _Watch(plan, proc.pid if direct else None, echo)
+        watch.start()
+        captured: List[str] = []
+        reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))
         try:
             code = stopper.wait()
         finally:
