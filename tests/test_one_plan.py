@@ -101,6 +101,7 @@ CASES = [
     ("bpe_merges", "64", _setting("bpe_merges", 64)),
     ("peak_tflops", "1.5", _setting("peak_tflops", 1.5)),
     ("confirm_batch", "false", _setting("confirm_batch", False)),
+    ("tokenizer_cache", "/tmp/cpuperf-tok", _setting("tokenizer_cache", "/tmp/cpuperf-tok")),
     ("model.n_layer", "3", lambda p: p["settings"]["model"]["n_layer"] == 3),
     ("lr", "1e999", REFUSED),
     ("colour", "blue", REFUSED),

@@ -79,6 +79,7 @@ KNOBS: Tuple[Knob, ...] = (
     _k("bpe_merges", "int", minimum=1, worker=True),
     _k("peak_tflops", "float", minimum=0.0, worker=True),
     _k("confirm_batch", "bool", worker=True),
+    _k("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
 )
 
 BY_ID: Dict[str, Knob] = {k.id: k for k in KNOBS}
@@ -87,7 +88,7 @@ WORKER_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.worker)
 # The model's shape keys the built-in loop takes under model.*
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
 # Settings of a run that the command line owns (--out, --resume, --max-steps): not --set keys.
-_NOT_SETTABLE = {"out_dir": "--out", "resume": "--resume", "tokenizer_cache": "--out"}
+_NOT_SETTABLE = {"out_dir": "--out", "resume": "--resume"}
 
 
 def known_ids() -> str:
