@@ -529,7 +529,13 @@ class _Txn:
         hint = f"full log: {self.pip.log} (state before: {self.run_dir / 'freeze-before.txt'})"
         if not res.ok:
             hint = f"cpuperf install --recover --python {self.pip.python} retries the restore; " + hint
-        return CpuperfError(f"{message}; {state}", hint=hint, code=code)
+        # the cause is cut short (pip's long paths), so that what happened to the environment is always read
+        return CpuperfError(f"{_short(message)}; {state}", hint=hint, code=code)
+
+
+def _short(text: str, limit: int = 220) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _begin(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path) -> _Txn:
