@@ -84,6 +84,12 @@ def plot(results: List[Dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def write_report(out: Path, results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -> None:
-    (out / "summary.md").write_text(markdown(results, latency))
+def write_report(out: Path, results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]],
+                 user_results: Optional[List[Dict[str, Any]]] = None) -> None:
+    text = markdown(results, latency)
+    if user_results:
+        from benchmarks.user_scripts import markdown_rows
+
+        text += "\n".join(markdown_rows(user_results)) + "\n"
+    (out / "summary.md").write_text(text)
     plot(results, out / "throughput.png")

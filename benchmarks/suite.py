@@ -233,6 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-user-scripts", action="store_true", help="skip the HF Trainer / accelerate script rows")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--gpu", action="store_true", help="the NVIDIA GPU section instead (benchmarks/gpu.py)")
     ap.add_argument("--steps", type=int, default=30, help="--gpu: optimizer steps per run")
@@ -269,12 +270,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log)
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
+    user_results = []
+    if not args.skip_user_scripts and (not args.only or any(w in args.only for w in ("hf-trainer", "accelerate"))):
+        from benchmarks.user_scripts import bench_user_script
+
+        for name in ("hf-trainer", "accelerate"):
+            if args.only and name not in args.only:
+                continue
+            res = bench_user_script(name, args.rounds, steps=20, log=log)
+            (out / f"user-{name}.json").write_text(json.dumps(res, indent=2))
+            user_results.append(res)
     latency = None
     if not args.skip_latency:
         latency = tool_latency(repeat=9)
         (out / "latency.json").write_text(json.dumps(latency, indent=2))
     from benchmarks.report import write_report
 
-    write_report(out, results, latency)
+    write_report(out, results, latency, user_results)
     print((out / "summary.md").read_text())
     return 0

@@ -6,6 +6,7 @@ its exit code; a traceback only with CPUPERF_DEBUG=1.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import List, Optional
@@ -184,7 +185,7 @@ def train(
     auto: bool = typer.Option(False, "--auto", help="Apply the recommendation: dtype, IPEX/compile, threads, pinning, env, ranks, backend."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (argv, env, decisions) and do not run it."),
     sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=TRAIN_SETS_HELP),
-    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset: tiny (default), gpt2-small, micro."),
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset (tiny (default), gpt2-small, micro), or a Hugging Face config.json: sizes the memory plan, and the built-in model's shape."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Optimizer steps (default 400: ~2-3 minutes on 2 cores)."),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", metavar="S", help="Stop after S seconds of training."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Global batch (samples per optimizer step)."),
@@ -238,13 +239,19 @@ def _ccl_env_main(argv: List[str]) -> int:
 
 
 def _report(out: Output, exc: CpuperfError) -> int:
-    """One error line (plus a hint line) on stderr, and the JSON object on stdout with --json."""
-    exc.message = one_line(exc.message) or type(exc).__name__
-    exc.hint = one_line(exc.hint) if exc.hint else None
+    """The error line (plus a hint line) on stderr, and the JSON object on stdout with --json.
+
+    cpuperf's own messages are printed as written (install's carry pip's error lines on purpose);
+    third-party text is cut to one line where it is caught (_known_failure, the internal-error line)."""
     if out.json_mode:
         out.json(exc.to_json())
     out.error(exc.message, exc.hint)
     return int(exc.code)
+
+
+_FILE_ERRNOS = {getattr(errno, name) for name in (
+    "EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR", "ENOENT", "EEXIST", "ENAMETOOLONG",
+    "ELOOP", "EIO", "EFBIG", "ETXTBSY") if hasattr(errno, name)}
 
 
 def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
@@ -256,7 +263,7 @@ def _known_failure(exc: BaseException) -> Optional[CpuperfError]:
     if isinstance(exc, UnicodeError):
         return UsageError(f"input is not valid UTF-8 text ({one_line(str(exc), 120)})",
                           hint="save the file as UTF-8")
-    if isinstance(exc, OSError) and exc.errno is not None:
+    if isinstance(exc, OSError) and exc.errno in _FILE_ERRNOS:
         return from_os_error(exc)
     return None
 

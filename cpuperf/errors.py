@@ -84,7 +84,9 @@ def one_line(text: str, limit: int = 400) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     if not lines:
         return ""
-    first = lines[0] if len(lines) == 1 else f"{lines[0]} (+{len(lines) - 1} more line(s); CPUPERF_DEBUG=1 shows all)"
+    # A traceback's telling line is its last one (the exception); other texts lead with the point.
+    head = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    first = head if len(lines) == 1 else f"{head} (+{len(lines) - 1} more line(s); CPUPERF_DEBUG=1 shows all)"
     return first if len(first) <= limit else first[:limit - 3] + "..."
 
 
@@ -99,4 +101,4 @@ def from_os_error(exc: OSError) -> FilesystemError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FilesystemError(f"cannot use {path}: {why}",
                                hint="choose a path you can write (--out DIR, CPUPERF_CACHE_DIR, HOME)")
-    return FilesystemError(f"{path}: {why}", hint="check the path")
+    return FilesystemError(f"cannot use {path}: {why}", hint="check the path (a file where a directory should be?)")

@@ -108,11 +108,12 @@ def test_usage_errors_and_version():
     assert proc.returncode == 0 and proc.stdout.startswith("cpuperf ")
 
 
-def test_missing_sysroot_is_not_a_traceback(tmp_path):
+def test_missing_sysroot_is_a_usage_error_not_a_host_with_no_cores(tmp_path):
     proc = run_cli(["doctor", "--sysroot", str(tmp_path / "nothing-here"), "--json"])
     assert "Traceback" not in proc.stderr
-    assert proc.returncode in (0, 1)
-    assert json.loads(proc.stdout)["host"]["cpu"]["microarchitecture"] == "unknown"
+    assert proc.returncode == 2, proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"] == 2 and "nothing-here" in err["message"]
 
 
 def test_doctor_and_help_never_import_torch():

@@ -169,10 +169,10 @@ def test_recommend_json_on_recorded_cards(tmp_path, card, dtype, tf32, flag, mem
     assert batch * accum * 2 >= rep["workload"]["batch_size"]  # the global batch is kept
     args = rep["hf_args"]
     assert flag in args and ("--tf32" in args) is tf32
-    assert args[args.index("--per_device_train_batch_size") + 1] == str(batch)
-    assert ("--gradient_accumulation_steps" in args) is (accum > 1)
+    # Speed flags only: the batch plan is a decision to read, never a flag pasted over the script's own.
+    assert "--per_device_train_batch_size" not in args and "--gradient_accumulation_steps" not in args
     assert args[args.index("--optim") + 1] == "adamw_torch_fused"
-    assert args[args.index("--dataloader_pin_memory") + 1] == "true"
+    assert "--dataloader_pin_memory" not in args  # true is the Trainer's default
     assert "--use_cpu" not in args and "--no_cuda" not in args
 
 

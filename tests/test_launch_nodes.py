@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -119,3 +120,45 @@ def test_dry_run_shows_plan_and_runs_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "cpuperf.train.worker" in proc.stdout and "# dtype =" in proc.stdout
     assert not (tmp_path / "r").exists()
+
+
+def test_rendezvous_without_the_second_node_fails_in_bounded_time(tmp_path):
+    """Node 0 of a two-node hostfile whose node 1 never starts: a bounded wait, then one line naming it."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1\n127.0.0.2\n")
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = run_cli(["train", *MICRO, "--hostfile", str(hostfile), "--node-rank", "0", "--rdzv-timeout", "3",
+                    "--master-port", str(_free_port()), "--out", str(out), "--json"], timeout=90)
+    took = time.monotonic() - t0
+    assert proc.returncode == 7, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert took < 45, took  # 3 s of rendezvous plus start-up, not torchrun's default 600 s
+    err = json.loads(proc.stdout)["error"]
+    assert "127.0.0.2" in err["message"] and "within 3 s" in err["message"]
+    assert "--rdzv-timeout" in err["hint"]
+    assert "Traceback" not in proc.stderr and "checkpoint" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("error:")]) == 1
+    assert "RendezvousTimeoutError" in (out / "logs" / "launcher.log").read_text()  # the full story is kept
+
+
+def test_rdzv_timeout_reaches_torchrun_and_the_ranks(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("10.99.0.1\n10.99.0.2\n")
+    proc = run_cli(["train", *MICRO, "--hostfile", str(hostfile), "--node-rank", "0", "--rdzv-timeout", "42",
+                    "--dry-run", "--json", "--out", str(tmp_path / "r")])
+    assert proc.returncode == 0, proc.stderr
+    launch = json.loads(proc.stdout)["launch"]
+    assert "--rdzv-conf=is_host=true,join_timeout=42" in launch["argv"]
+    assert launch["env"]["CPUPERF_RDZV_TIMEOUT"] == "42"
+    for bad in ("nan", "0", "-5", "inf"):
+        proc = run_cli(["train", *MICRO, "--hostfile", str(hostfile), "--node-rank", "0", "--rdzv-timeout", bad,
+                        "--dry-run", "--out", str(tmp_path / "r")])
+        assert proc.returncode == 2 and "--rdzv-timeout" in proc.stderr and "Traceback" not in proc.stderr, bad
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

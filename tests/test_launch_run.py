@@ -90,6 +90,10 @@ def test_two_ranks_keep_ddp_in_sync(tmp_path, launcher):
         assert seen["omp_num_threads"] == str(plan[rank]["threads"])
     logs = Path(data["launch"]["log_dir"])
     assert (logs / "rank0.log").is_file() and (logs / "rank1.log").is_file()
+    # --master-port is the port the ranks really used (torchrun --standalone would pick its own)
+    first = json.loads(Path(data["metrics_file"]).read_text().splitlines()[0])
+    assert first["master"]["port"] == int(port), first["master"]
+    assert data["launch"]["master_port"] == int(port)
 
 
 def test_killed_rank_is_named_and_resume_finishes(tmp_path):
@@ -180,5 +184,50 @@ def test_hf_trainer_script_gets_only_flags_its_transformers_accepts(tmp_path):
     # the user's batch size is kept, never duplicated
     assert argv.count("--per_device_train_batch_size") == 1
     assert argv[argv.index("--per_device_train_batch_size") + 1] == "2"
-    assert "--per_device_train_batch_size" in data["hf_flags"]["kept_yours"]
+    assert "--per_device_train_batch_size" not in data["hf_flags"]["added"]  # a hyperparameter: never ours
     assert data["launch"]["launcher"] == "direct"
+
+
+def test_single_node_dry_run_shows_the_port_it_launches_with(tmp_path):
+    port = str(free_port())
+    proc = run_cli(["train", *MICRO, "--nproc-per-node", "2", "--master-port", port, "--dry-run", "--json",
+                    "--out", str(tmp_path / "r")])
+    assert proc.returncode == 0, proc.stderr
+    launch = json.loads(proc.stdout)["launch"]
+    assert f"--master-port={port}" in launch["argv"] and "--standalone" not in launch["argv"]
+    assert launch["master_port"] == int(port) and launch["env"]["MASTER_PORT"] == port
+    # no port asked: torchrun picks one, and the plan says so instead of showing one it will not use
+    proc = run_cli(["train", *MICRO, "--nproc-per-node", "2", "--dry-run", "--json", "--out", str(tmp_path / "r")])
+    launch = json.loads(proc.stdout)["launch"]
+    assert "--standalone" in launch["argv"] and launch["master_port"] is None
+    assert "MASTER_PORT" not in launch["env"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_failing_rank_is_one_error_line_with_one_hint(tmp_path, ranks):
+    proc = run_cli(["train", *MICRO, "--max-steps", "5", "--nproc-per-node", str(ranks),
+                    "--set", "model.vocab_size=10", "--out", str(tmp_path / "run"), "--json"], timeout=120)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-3000:])
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "vocab_size 10" in errors[0], proc.stderr
+    assert "--resume" not in proc.stderr and "Traceback" not in proc.stderr and "=====" not in proc.stderr
+    assert "vocab_size 10" in json.loads(proc.stdout)["error"]["message"]
+
+
+def test_full_disk_at_checkpoint_is_named(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        # metrics fit in 1 MiB, the ~1.8 MB checkpoint does not (the tokenizer cache lives elsewhere)
+        proc = run_cli(["train", *MICRO, "--max-steps", "5", "--set", f"tokenizer_cache={tmp_path / 'tok'}",
+                        "--out", str(mnt / "run")], timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert f"no space left on device ({mnt / 'run' / 'checkpoint.pt'})" in proc.stderr
+        assert "inline_container" not in proc.stderr and "Traceback" not in proc.stderr
+        assert not list((mnt / "run").glob(".checkpoint.pt.*"))  # no half-written temp file left
+    finally:
+        subprocess.run(["umount", str(mnt)])

@@ -63,35 +63,37 @@ def test_recorded_tree_gives_recorded_figures_and_a_finding(tmp_path):
 
 @pytest.fixture
 def busy_loop():
-    """A busy loop pinned to the last CPU the job would use, in a real child process."""
+    """A busy loop pinned to the last CPU the job would use, in a real child process (needs 2+ threads per rank)."""
     facts = probe_host()
-    cpus = [c for s in plan_placement(facts).slots for c in s.compute_cpus]
-    if len(cpus) < 2:
+    placement = plan_placement(facts)
+    cpus = [c for s in placement.slots for c in s.compute_cpus]
+    if placement.threads_per_rank < 2:
         pytest.skip("needs at least 2 usable cores")
     cpu = cpus[-1]
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
     proc = subprocess.Popen([sys.executable, "-c", code])
     time.sleep(0.5)
     try:
-        yield cpu, len(cpus)
+        yield cpu, placement.threads_per_rank
     finally:
         proc.kill()
         proc.wait()
 
 
 def test_synthetic_load_gets_a_finding_and_fewer_threads(busy_loop):
-    cpu, ncpus = busy_loop
+    cpu, threads_before = busy_loop
     doc, _ = run_json(["doctor"], expect_rc=None)
     finding = [f for f in doc["findings"] if f["id"] == "cpu-load"]
     assert finding and f"CPU {cpu} " in finding[0]["message"], doc["host"]["load"]
     assert dict(doc["host"]["load"]["cpu_busy"])[cpu] >= 0.5
     rec, _ = run_json(["recommend"])
     threads = next(d for d in rec["decisions"] if d["id"] == "threads_per_rank")
-    assert threads["value"] < ncpus and f"CPU {cpu} " in threads["reason"]
+    assert threads["value"] < threads_before and f"CPU {cpu} " in threads["reason"]
     assert str(cpu) in threads["evidence"]["load"]["busy_cpus"]
-    assert threads["evidence"]["load"]["threads_without_load"] == ncpus
-    affinity = next(d for d in rec["decisions"] if d["id"] == "affinity")["value"]
-    assert len(parse_cpulist(affinity) or ()) == threads["value"]  # pinned to the CPUs it computes on
+    assert threads["evidence"]["load"]["threads_without_load"] == threads_before
+    affinity = next(d for d in rec["decisions"] if d["id"] == "affinity")
+    assert affinity["value"] == "auto"
+    assert len(parse_cpulist(affinity["evidence"]["cpus"]) or ()) == threads["value"]  # pinned where it computes
 
 
 def test_window_zero_skips_sampling():

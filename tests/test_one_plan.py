@@ -137,6 +137,14 @@ def test_user_ranks_and_threads_shape_placement_memory_and_env(host):
     assert accum["value"] >= 1 and not accum["overridden"]  # derived from the user's batch, not patched later
 
 
+def test_plain_mode_keeps_the_nproc_option(host):
+    facts = probe_host(sysroot=host, environ={"CPUPERF_OVERRIDE_PACKAGES": STACK}, use_cache=False)
+    jp = build_plan(TrainArgs(auto=False, dry_run=True, nproc_per_node=2, model="micro", out_dir="/tmp/cpuperf-one-plan"),
+                    facts=facts, environ={})
+    assert jp.launch.world_size == 2 and jp.settings["dtype"] == "fp32"
+    assert [d["id"] for d in jp.decisions] == ["plain", "nproc_per_node"]  # the user's own option
+
+
 def test_oversubscribe_lets_ranks_share_cores(host):
     plan = _plan(host, ["nproc_per_node=20", "oversubscribe=true"], auto=True)
     assert plan["world"] == 20

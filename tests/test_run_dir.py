@@ -173,3 +173,19 @@ def test_no_rank_outlives_cpuperf(tmp_path, sig, ranks):
     if sig != signal.SIGKILL:
         assert proc.returncode == 130
         assert "Traceback" not in proc.stderr.read()
+
+
+def test_stop_before_the_first_step_claims_no_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, "--max-steps", "100000", "--json")
+    try:
+        assert wait_for(lambda: [p for p in survivors(str(out)) if p != proc.pid], timeout=60)
+        proc.send_signal(signal.SIGTERM)  # the worker is still starting: nothing to checkpoint
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    if not (out / "checkpoint.pt").exists():
+        assert "no checkpoint was written" in stderr and "the last checkpoint" not in stderr
+        assert json.loads(stdout)["error"]["hint"] is None

@@ -529,13 +529,9 @@ class _Txn:
         hint = f"full log: {self.pip.log} (state before: {self.run_dir / 'freeze-before.txt'})"
         if not res.ok:
             hint = f"cpuperf install --recover --python {self.pip.python} retries the restore; " + hint
-        # the cause is cut short (pip's long paths), so that what happened to the environment is always read
-        return CpuperfError(f"{_short(message)}; {state}", hint=hint, code=code)
-
-
-def _short(text: str, limit: int = 220) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+        # The outcome before pip's cause: a long cause is cut to one line, the outcome must survive.
+        head, sep, cause = message.partition(": ")
+        return CpuperfError(f"{head}; {state}" + (f": {cause}" if sep else ""), hint=hint, code=code)
 
 
 def _begin(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path) -> _Txn:

@@ -170,6 +170,22 @@ def _table(out: Output, result: Dict[str, Any]) -> None:
         out.info("* set by you: " + ", ".join(result["overridden"]))
 
 
+def _writable_dir(path: Any) -> None:
+    """Create `path` and check that files can be written in it; else a one-line FilesystemError (exit 10)."""
+    import os
+
+    from cpuperf.errors import from_os_error
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise from_os_error(exc) from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        import errno
+
+        raise from_os_error(PermissionError(errno.EACCES, "Permission denied", str(path)))
+
+
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
               compile: bool = False, refresh: bool = False) -> int:
     from cpuperf.decide.placement import plan_placement
@@ -185,6 +201,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
 
         raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
                          hint=f"choose 1..{usable}")
+    _writable_dir(measure.cache_dir())  # before minutes of measuring, not after
     cached, path = measure.read_cached(facts)
     usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
     if cached is not None and usable and not flags and not refresh:

@@ -151,21 +151,25 @@ def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str) -> Tuple[L
         except ConfigError as exc:
             raise UsageError(f"training settings: {exc.message}", hint=exc.hint) from exc
         return worker_command(sys.executable, settings), settings, {}
-    from cpuperf.plan.launch import hf_command, script_path
+    from cpuperf.plan import user_script
     from cpuperf.render import recommendation as render
 
-    source = None
-    path = script_path(user)
-    if path:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                source = fh.read()
-        except OSError:
-            source = None
-    ours = render.hf_flags(rec, rec.stack.get("transformers")) if a.auto else []
-    cmd, dropped, why = hf_command(user, ours, a.hf_flags if a.auto else "never", source)
-    return cmd, None, {"added": cmd[len(user):], "kept_yours": dropped, "why": why,
-                       "transformers": rec.stack.get("transformers")}
+    parsed = user_script.parse_command(user)
+    ours, skipped = render.speed_flags(rec) if a.auto else ([], [])
+    script = user_script.plan_script(user, ours, a.hf_flags if a.auto else "never", _read_script(parsed.script),
+                                     rec.stack.get("transformers"), skipped)
+    return list(script.argv), None, {**script.to_json(), "_script": script}
+
+
+def _read_script(path: Optional[str]) -> Optional[str]:
+    """The user's script text, to see how it parses its arguments (None: unreadable)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]] = None) -> Any:
@@ -189,8 +193,18 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     decided, worker = split_constraints(a)
     hosts, nnodes = _nodes(a, environ)
     nproc = a.nproc_per_node or a.ppn
+    own_launcher = None
+    if a.user_argv:
+        from cpuperf.plan.user_script import parse_command
+
+        own_launcher = parse_command(a.user_argv)
+        if own_launcher.launcher:
+            if (nproc or 1) > 1 or a.launcher:
+                raise UsageError(f"your command starts its own launcher ({own_launcher.launcher}): cpuperf adds none on top",
+                                 hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
+            nproc = 1  # the user's launcher starts the ranks; cpuperf runs it directly, pinned
     steps = a.max_steps if a.max_steps is not None else (None if a.time_budget else 400)
-    workload = resolve_workload(a.model if (a.model and not a.user_argv) else None, None, None, None, steps)
+    workload = resolve_workload(a.model, None, None, None, steps)
     rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
                     measurements=_measurements(a, facts, environ), overrides=decided,
                     environ=environ if facts.live else {}, baseline=None if a.auto else {"nproc_per_node": 1})
@@ -201,15 +215,37 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     node_rank, local_addr = _where(a, hosts, nnodes, launcher)
     master, ifname = _interface(a, hosts, nnodes, environ)
     out_dir = os.path.abspath(a.out_dir or "runs/train")
+    worker = _hf_config_shape(rec.workload, worker)
     request = JobRequest(auto=a.auto, constraints=worker, user_argv=tuple(a.user_argv), hosts=hosts, nnodes=nnodes,
                          node_rank=node_rank, launcher=a.launcher, master_addr=master, master_port=a.master_port,
                          local_addr=local_addr, out_dir=out_dir, resume=a.resume, max_steps=a.max_steps,
-                         time_budget=a.time_budget, seed=a.seed, preset=a.model if not a.user_argv else None,
-                         hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout)
+                         time_budget=a.time_budget, seed=a.seed,
+                         hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout,
+                         preset=_preset(a.model) if not a.user_argv else None)
     cmd, settings, hf = _rank_command(a, rec, request, out_dir)
+    if own_launcher is not None and own_launcher.launcher:
+        from dataclasses import replace
+
+        from cpuperf.plan.user_script import own_launcher_placement
+
+        rec = replace(rec, placement=own_launcher_placement(rec.placement, own_launcher.nproc))
     return plan_job(facts, rec, request, environ=environ, rank_command=cmd, settings=settings,
                     mpi=mpi[1] if (mpi and a.launcher == "mpirun") else None, socket_ifname=ifname,
                     log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf)
+
+
+def _preset(model: Optional[str]) -> Optional[str]:
+    """A built-in preset name, or None for a Hugging Face config.json (its shape goes in model.*)."""
+    return None if model and model.endswith(".json") else model
+
+
+def _hf_config_shape(workload: Any, worker: Dict[str, Any]) -> Dict[str, Any]:
+    """--model CONFIG.json for the built-in loop: its GPT-2-style shape (the built-in tokenizer stays)."""
+    if workload.source != "hf-config":
+        return worker
+    shape = {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
+             "seq_len": workload.seq_len, "vocab_size": workload.vocab}
+    return {**worker, "model": {**shape, **worker.get("model", {})}}
 
 
 def _job_id(hosts: Any, port: Optional[int]) -> str:
@@ -240,7 +276,8 @@ def run_train(out: Output, a: TrainArgs) -> int:
     launch = _plan_json(jp)
     if a.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": a.auto, "launch": launch, "settings": jp.settings,
-                  "decisions": list(jp.decisions), "hf_flags": jp.hf or None, "notes": list(jp.notes)}
+                  "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
+                  "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
         if out.json_mode:
             out.json(result)
         else:
@@ -259,7 +296,15 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     out.info(f"cpuperf train: {plan.launcher} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)"))
-    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode)
+    applied = _applied(jp)
+    if applied is not None:
+        from cpuperf.plan.user_script import applied_lines
+
+        for line in applied_lines(applied):
+            out.info(line)
+    script = jp.hf.get("_script")
+    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
+                  tee_stderr=script is not None and bool(script.added))
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if jp.settings is not None:
@@ -290,9 +335,28 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     return 0
 
 
+def _hf_json(jp: Any) -> Optional[Dict[str, Any]]:
+    return {k: v for k, v in jp.hf.items() if k != "_script"} or None
+
+
+def _applied(jp: Any) -> Optional[Dict[str, Any]]:
+    """Every flag, env var and launcher choice applied to a user's script (None for the built-in loop)."""
+    script = jp.hf.get("_script")
+    if script is None:
+        return None
+    from cpuperf.plan.user_script import applied
+
+    return applied(jp.launch, script)
+
+
 def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], verification: Dict[str, Any],
                     has_ckpt: bool) -> int:
     code, message, hint = _failure(jp.launch, res)
+    from cpuperf.plan.user_script import rejected_flags
+
+    rejected = rejected_flags(res.code, res.wall_s, res.launcher_output, jp.hf.get("_script"))
+    if rejected:
+        message, hint = rejected
     if hint is None and has_ckpt:
         hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint"
     if out.json_mode:
@@ -307,7 +371,8 @@ def _result(jp: Any, res: Any, summary: Optional[Dict[str, Any]], launch: Dict[s
     plan = jp.launch
     if jp.request.user_argv:
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
-                "wall_s": round(res.wall_s, 3), "hf_flags": jp.hf or None, "decisions": list(jp.decisions),
+                "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
+                "decisions": list(jp.decisions),
                 "launch": launch, "verification": verification}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
@@ -336,9 +401,9 @@ def _failure(plan: Any, res: Any) -> Tuple[int, str, Optional[str]]:
     parsed = first_failure(res.launcher_output, res.died_first) if plan.launcher != "direct" else (0, res.code)
     rank = parsed[0] if parsed else None
     errors = res.rank_errors
-    own = errors.get(rank) if rank is not None else None
-    if own is None and errors:
-        own = errors[min(errors)]
+    # The rank that failed first speaks; a rank killed by a signal leaves no error of its own, and
+    # its peers' errors (a broken connection) are consequences, not the cause.
+    own = errors.get(rank) if rank is not None else (errors[min(errors)] if errors else None)
     if own is not None:  # the worker's own one line, said once, with its code and hint
         who = f"rank {own.get('rank', rank)}: " if plan.world_size > 1 else ""
         return int(own.get("code") or res.code or 1), who + str(own["message"]), own.get("hint")
@@ -397,10 +462,11 @@ def _print_plan(out: Output, jp: Any) -> None:
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
     for note in plan.notes:
         lines.append(f"# {note}")
-    if jp.hf:
-        lines.append(f"# HF flags: {' '.join(jp.hf['added']) or '(none)'} ({jp.hf['why']})")
-        if jp.hf["kept_yours"]:
-            lines.append(f"# not added (you decided): {' '.join(jp.hf['kept_yours'])}")
+    applied = _applied(jp)
+    if applied is not None:
+        from cpuperf.plan.user_script import applied_lines
+
+        lines.extend("# " + line for line in applied_lines(applied))
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
     for note in jp.notes:

@@ -146,7 +146,8 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     if nproc < 1:
         raise UsageError("--nproc-per-node must be at least 1")
     if nproc > len(cores) and not oversubscribe:
-        raise UsageError(f"nproc_per_node {nproc} exceeds the {len(cores)} usable physical cores",
+        raise UsageError(f"nproc_per_node {nproc} exceeds the {len(cores)} usable physical cores "
+                         f"({len(facts.usable_cpus())} usable CPUs)",
                          hint=f"use at most {len(cores)}, or --set oversubscribe=true to share cores")
     if threads_per_rank is not None and not oversubscribe:
         logical = len(facts.usable_cpus())

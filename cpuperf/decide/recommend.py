@@ -247,12 +247,12 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto)."""
     fixed = user_constraints(overrides)
-    base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
-    fixed.update(base)
     if nproc_per_node is not None:
         fixed.setdefault("nproc_per_node", nproc_per_node)
     if nnodes and nnodes > 1:
         fixed.setdefault("nnodes", nnodes)
+    base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
+    fixed.update(base)
     ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
                    stack_versions(facts), fixed, tuple(base))
     if facts.software is None:
@@ -555,7 +555,8 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
 
     on_gpu = gpu is not None
     tv = _version(torch_v)
-    fused_ok = tv is None or tv >= Version(tuning["optimizer"]["fused_cuda_min_torch"])
+    fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
+    fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
     plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning)
     evidence = {"params": w.params, **plan.evidence()}
     per_device, c = int(fixed.get("batch_size") or plan.per_rank_batch), plan.candidate

@@ -167,6 +167,8 @@ def parse_count(text: str) -> int:
         value = float(number) * mult
     except ValueError:
         raise UsageError(f"--params {text!r} is not a count", hint="e.g. --params 124M or --params 7B") from None
-    if value < 1:
-        raise UsageError("--params must be positive")
+    if not value >= 1:  # also NaN
+        raise UsageError(f"--params {text!r} must be a positive count", hint="e.g. --params 124M or --params 7B")
+    if value > 1e15:  # also inf: 1e999 parses as infinity
+        raise UsageError(f"--params {text!r} is beyond any model (over 10^15)", hint="e.g. --params 7B")
     return int(value)

@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import UsageError
 
-# A rank count or thread count past this is a typo, not a plan (the largest x86 servers have ~1k CPUs).
+# A node count past this is a typo, not a plan (ranks and threads are bounded by the host, in placement).
 MAX_COUNT = 4096
 
 
@@ -122,8 +122,8 @@ def _number(key: str, text: str, kind: str, minimum: Optional[float]) -> Any:
         raise UsageError(f"--set {key}={text}: expected a finite number")
     if minimum is not None and value < minimum:
         raise UsageError(f"--set {key}={text}: must be at least {minimum:g}")
-    if kind == "int" and key in ("nproc_per_node", "nnodes", "threads_per_rank") and value > MAX_COUNT:
-        raise UsageError(f"--set {key}={text}: more than {MAX_COUNT} is not a plan for any host")
+    if kind == "int" and key == "nnodes" and value > MAX_COUNT:
+        raise UsageError(f"--set {key}={text}: more than {MAX_COUNT} nodes is not a plan cpuperf makes")
     return value
 
 

@@ -305,17 +305,18 @@ def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: O
     """(torchrun argv up to the target, the rendezvous port, its address).
 
     One node: --standalone picks its own free port, so a port the user asked for (--master-port)
-    gets a c10d rendezvous on 127.0.0.1 at that port instead; the ranks' MASTER_PORT is then the
-    store's port, which torchrun's agent hosts (torch/distributed/elastic/agent/server/api.py).
-    Several nodes: c10d at addr:port, join_timeout bounded by rdzv_timeout.
+    gets the static rendezvous on 127.0.0.1 at that port instead: only there does torchrun hand the
+    ranks that port as MASTER_PORT (c10d gives them a fresh free port: RendezvousStoreInfo.build in
+    torch/distributed/elastic/rendezvous/api.py). Several nodes: c10d at addr:port, join_timeout
+    bounded by rdzv_timeout.
     """
     base = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     timeout = _seconds(rdzv_timeout)
     if nnodes <= 1:
         if asked_port is None:
             return [*base, "--standalone"], None, addr
-        return [*base, "--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{asked_port}",
-                f"--rdzv-id={job_id}", f"--rdzv-conf=is_host=true,join_timeout={timeout}"], asked_port, "127.0.0.1"
+        return [*base, "--nnodes=1", "--node-rank=0", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+                f"--master-port={asked_port}"], asked_port, "127.0.0.1"
     if addr is None:
         raise UsageError("torchrun over several nodes needs a rendezvous address",
                          hint="pass --hostfile FILE or --master-addr HOST")
@@ -333,77 +334,6 @@ def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: O
 def rendezvous_timed_out(text: str) -> bool:
     """torchrun's rendezvous did not complete in time (node 0 waited for nodes that never came)."""
     return "RendezvousTimeoutError" in text
-
-
-# -- a user's own script ----------------------------------------------------------------------------
-
-_HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
-# Flags that say the same thing in different words: one given by the user rules out the others.
-_EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend"), ("--use_cpu", "--no_cuda"),
-              ("--torch_compile", "--torch_compile_backend"))
-
-
-def script_path(argv: Sequence[str]) -> Optional[str]:
-    """The .py file a command runs (`python x.py ...`, `x.py ...`), else None."""
-    args = list(argv)
-    if args and re.search(r"(^|/)python[0-9.]*$", args[0]):
-        args = args[1:]
-        while args and args[0].startswith("-") and args[0] not in ("-m",):
-            args = args[1:]
-    if args and args[0].endswith(".py"):
-        return args[0]
-    return None
-
-
-def looks_like_hf_trainer(source: str) -> bool:
-    """A script that builds TrainingArguments (directly or through HfArgumentParser)."""
-    return any(marker in source for marker in _HF_MARKERS)
-
-
-def _flag_groups(flags: Sequence[str]) -> List[List[str]]:
-    groups: List[List[str]] = []
-    for item in flags:
-        if item.startswith("--") or not groups:
-            groups.append([item])
-        else:
-            groups[-1].append(item)
-    return groups
-
-
-def user_flag_names(argv: Sequence[str]) -> set:
-    """'--fp16', '--per_device_train_batch_size=8' -> {'--fp16', '--per_device_train_batch_size'}; '-' and '_' alike."""
-    names = set()
-    for item in argv:
-        if item.startswith("--"):
-            names.add(item.split("=", 1)[0].replace("-", "_").replace("__", "--", 1))
-    return names
-
-
-def merge_hf_flags(user_argv: Sequence[str], ours: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """(flags to append, flags dropped because the user already decided): never duplicate or contradict."""
-    given = user_flag_names(user_argv)
-    add: List[str] = []
-    dropped: List[str] = []
-    for group in _flag_groups(ours):
-        name = group[0].replace("-", "_").replace("__", "--", 1)
-        clash = name in given or (("--no_" + name[2:]) in given)
-        for family in _EXCLUSIVE:
-            if name in family and any(other in given for other in family):
-                clash = True
-        (dropped if clash else add).extend(group)
-    return add, dropped
-
-
-def hf_command(user_argv: Sequence[str], ours: Sequence[str], mode: str, source: Optional[str]) -> Tuple[List[str], List[str], str]:
-    """(argv, dropped, why) for a user's command under --hf-flags auto|always|never."""
-    if mode not in ("auto", "always", "never"):
-        raise UsageError(f"--hf-flags {mode!r}: use auto, always or never")
-    if mode == "never":
-        return list(user_argv), [], "--hf-flags never"
-    if mode == "auto" and (source is None or not looks_like_hf_trainer(source)):
-        return list(user_argv), [], "the script does not look like a Hugging Face Trainer script (no TrainingArguments)"
-    add, dropped = merge_hf_flags(user_argv, ours)
-    return [*user_argv, *add], dropped, "Hugging Face Trainer script: flags its transformers version accepts"
 
 
 # -- what really happened ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ MAX_HOSTS = 65536
 MAX_HOSTFILE_BYTES = 16 * 1024 * 1024
 RESOLVE_TIMEOUT_S = 3.0
 _RESOLVER_THREADS = 16
+_MAX_ROUNDS = 10
 
 # RFC 1123 host names: labels of letters, digits and hyphens, not starting or ending with a hyphen.
 _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
@@ -162,8 +163,11 @@ def resolve_all(names: Iterable[str], timeout: float = RESOLVE_TIMEOUT_S) -> Dic
         workers = min(_RESOLVER_THREADS, pending)
         for _ in range(workers):
             threading.Thread(target=work, daemon=True, name="cpuperf-resolve").start()
-        with finished:  # each round of workers gets `timeout`; a stuck lookup is abandoned, not awaited
-            finished.wait_for(lambda: len(done) == pending, timeout=timeout * -(-pending // workers))
+        # Each round of workers gets `timeout`, 10 rounds at most: a stuck lookup is abandoned, not awaited,
+        # and a huge hostfile of stuck names costs seconds, not hours (the rest count as unresolved).
+        rounds = min(-(-pending // workers), _MAX_ROUNDS)
+        with finished:
+            finished.wait_for(lambda: len(done) == pending, timeout=timeout * rounds)
             for name in unique:
                 if name not in found:
                     found[name] = done.get(name)

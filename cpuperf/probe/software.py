@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -71,13 +72,29 @@ def _libraries(src: Sources, table: Dict[str, List[str]], extra_dirs: List[str])
     return out
 
 
+# PEP 440 public version plus an optional local label (packaging's VERSION_PATTERN is the full form).
+_VERSION = re.compile(r"^v?\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[A-Za-z0-9.]+)?$")
+_PYTHON = re.compile(r"^3\.\d{1,3}(\.\d{1,3})?t?$")
+
+
+def _python_override(src: Sources) -> Optional[str]:
+    """CPUPERF_OVERRIDE_PYTHON: 3.N, 3.N.M or 3.Nt, else a UsageError naming the variable."""
+    text = src.override("python")
+    if text is None or not text.strip():
+        return None
+    if not _PYTHON.match(text.strip()):
+        raise UsageError(f"CPUPERF_OVERRIDE_PYTHON={text[:40]!r} is not a Python version",
+                         hint="e.g. CPUPERF_OVERRIDE_PYTHON=3.11")
+    return text.strip()
+
+
 def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str) -> Dict[str, Optional[PackageInfo]]:
     """CPUPERF_OVERRIDE_PACKAGES='{"torch": "2.8.0+cpu", "intel_extension_for_pytorch": null}'."""
     try:
         wanted = json.loads(text)
         if not isinstance(wanted, dict):
             raise ValueError("not an object")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"CPUPERF_OVERRIDE_PACKAGES is not a JSON object ({exc})",
                          hint='e.g. CPUPERF_OVERRIDE_PACKAGES=\'{"torch": "2.8.0+cpu"}\'') from exc
     merged = dict(packages)
@@ -85,6 +102,9 @@ def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str
         if version is None or version == "":
             merged[name] = None
             continue
+        if not isinstance(version, str) or not _VERSION.match(version):
+            raise UsageError(f"CPUPERF_OVERRIDE_PACKAGES: {name!s:.40} = {version!r:.40} is not a version",
+                             hint='e.g. CPUPERF_OVERRIDE_PACKAGES=\'{"torch": "2.8.0+cpu"}\'')
         public, local = parse.split_local_version(str(version))
         build = None
         if name == "torch":
@@ -105,7 +125,7 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
         if override is None:
             return None
         overridden = apply_package_override({k: None for k in pkgscan.PACKAGES}, override)
-        return Software(python=src.override("python") or "3.11.0", python_abi="cp311", executable="",
+        return Software(python=_python_override(src) or "3.11.0", python_abi="cp311", executable="",
                         prefix="", packages=overridden, mpi=(), numactl=None, openmp={}, allocators={})
     scanned = scan_interpreter(src, python)
     packages: Dict[str, Optional[PackageInfo]] = {
@@ -117,7 +137,7 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
     torch = packages.get("torch")
     if torch and torch.location:
         extra += [os.path.join(torch.location, "torch", "lib"), os.path.join(torch.location, "torch.libs")]
-    python_version = src.override("python") or scanned["python"]
+    python_version = _python_override(src) or scanned["python"]
     return Software(
         python=python_version,
         python_abi="cp" + "".join(python_version.split(".")[:2]),

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any, Dict, List, Optional
-
-from packaging.version import InvalidVersion, Version
+from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf.decide.recommend import Recommendation
 
 
-def _v(text: Optional[str]) -> Optional[Version]:
-    try:
-        return Version(text) if text else None
-    except InvalidVersion:
-        return None
+def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None
+                ) -> Tuple[List[Any], List[Tuple[str, str]]]:
+    """(Trainer speed flags for this recommendation, candidates left out with why): cpuperf.plan.user_script."""
+    from cpuperf.data import load_builtin
+    from cpuperf.plan.user_script import speed_flags as plan_flags
+
+    v = rec.values()
+    overridden = {d.id for d in rec.decisions if d.overridden}
+    world = int(v["nproc_per_node"]) * int(v.get("nnodes") or 1)
+    ev = rec.decision("dtype").evidence
+    ratio = (ev["gemm_bf16_gflops"] / ev["gemm_fp32_gflops"]) if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") \
+        else None
+    if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
+        ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
+    return plan_flags(v, overridden, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
+                      world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio)
 
 
 def hf_notes(rec: Recommendation) -> List[str]:
@@ -26,47 +35,8 @@ def hf_notes(rec: Recommendation) -> List[str]:
 
 
 def hf_flags(rec: Recommendation, transformers_version: Optional[str]) -> List[str]:
-    """TrainingArguments flags the installed transformers has (verified rows only; none past the data)."""
-    from cpuperf.knowledge.hf_flags import supported_flags
-
-    flags_ok = supported_flags(transformers_version)
-    v = rec.values()
-    out: List[str] = []
-    cpu = v["device"] == "cpu"
-    if cpu:
-        if "use_cpu" in flags_ok:
-            out.append("--use_cpu")
-        elif "no_cuda" in flags_ok:
-            out.append("--no_cuda")
-    if v["dtype"] == "bf16" and "bf16" in flags_ok:
-        out.append("--bf16")
-    if v["dtype"] == "fp16" and "fp16" in flags_ok:
-        out.append("--fp16")
-    if v["tf32"] and "tf32" in flags_ok:
-        out += ["--tf32", "true"]
-    if v["ipex"] and "use_ipex" in flags_ok:
-        out.append("--use_ipex")
-    backend = v["ddp_backend"]
-    if backend and "ddp_backend" in flags_ok and f"ddp_backend_{backend}" in flags_ok:
-        out += ["--ddp_backend", backend]
-    if "per_device_train_batch_size" in flags_ok:
-        out += ["--per_device_train_batch_size", str(v["batch_size"])]
-    if v["grad_accum_steps"] > 1 and "gradient_accumulation_steps" in flags_ok:
-        out += ["--gradient_accumulation_steps", str(v["grad_accum_steps"])]
-    if v["grad_checkpointing"] and "gradient_checkpointing" in flags_ok:
-        out.append("--gradient_checkpointing")
-    optim = {"adamw": ("adamw_torch", "optim_adamw"), "adamw_fused": ("adamw_torch_fused", "optim_fused"),
-             "adafactor": ("adafactor", "optim_adafactor"), "adamw_8bit": ("adamw_bnb_8bit", "optim_8bit")
-             }.get(v["optimizer"])
-    if optim and "optim" in flags_ok and optim[1] in flags_ok:
-        out += ["--optim", optim[0]]
-    if "dataloader_num_workers" in flags_ok:
-        out += ["--dataloader_num_workers", str(v["dataloader_workers"])]
-    if v["device"] == "cuda" and "dataloader_pin_memory" in flags_ok:
-        out += ["--dataloader_pin_memory", "true" if v["pin_memory"] else "false"]
-    if v["compile"] and "torch_compile" in flags_ok:
-        out.append("--torch_compile")
-    return out
+    """TrainingArguments speed flags the installed transformers understands; hyperparameters only when --set."""
+    return [a for f in speed_flags(rec, transformers_version)[0] for a in f.args]
 
 
 def accelerate_launch_args(rec: Recommendation, accelerate_version: Optional[str] = None) -> List[str]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UnreachableError, UsageError
+from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UnreachableError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation
 from cpuperf.probe.hosts import Host, require_resolvable
@@ -237,6 +237,8 @@ class _EchoFilter:
     """
 
     _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+    # torch elastic's own error log lines ("E1122 16:24:28.097000 18579 torch/distributed/elastic/...")
+    _ELASTIC_ERROR = re.compile(r"^E\d{4} [\d:.]+ \d+ torch/distributed/")
 
     def __init__(self) -> None:
         self.state = "show"  # show | traceback | banner
@@ -250,8 +252,10 @@ class _EchoFilter:
         if text.startswith("Traceback (most recent call last):"):
             self.state = "traceback"
             return False
-        if text.startswith("=====") and self.state == "show":
+        if text.startswith("====="):  # torchrun's failure report, after its traceback or alone
             self.state = "banner"
+            return False
+        if self._ELASTIC_ERROR.match(text):
             return False
         if self.state == "traceback":
             if not text or text[:1].isspace():
@@ -271,13 +275,14 @@ def lock_run_dir(run_dir: str) -> DirLock:
         raise CpuperfError(f"run directory {run_dir} is in use by another run{who}",
                            hint="wait for that run to end, or pass another --out", code=ExitCode.BUSY) from None
     except OSError as exc:
-        raise UsageError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
+        raise FilesystemError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
     if lock.stale is not None:
         sys.stderr.write(f"note: took over the stale lock of a run that is gone ({lock.stale.describe()})\n")
     return lock
 
 
-def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool) -> subprocess.Popen[bytes]:
+def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
+           tee_stderr: bool = False) -> subprocess.Popen[bytes]:
     """Popen the plan's argv in its own process group, pinned, dying with us (PR_SET_PDEATHSIG)."""
     affinity = plan.affinity
     parent = os.getpid()
@@ -292,7 +297,7 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool) -> su
         return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=True,
                                 stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
-                                stderr=None if direct else subprocess.STDOUT)
+                                stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
     except FileNotFoundError:
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
@@ -323,8 +328,8 @@ def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Opti
 class _Stopper:
     """Signal handling while the child runs: SIGINT to the child; SIGTERM/SIGHUP end the whole group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]):
-        self.proc = proc
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen[bytes]] = None  # set once started (signals may come first)
         self.signum: Optional[int] = None
         self.deadline: Optional[float] = None
         self.old: Dict[int, Any] = {}
@@ -335,10 +340,17 @@ class _Stopper:
         sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
         if signum != signal.SIGINT and self.deadline is None:
             self.deadline = time.monotonic() + STOP_GRACE_S
+        if self.proc is None:
+            return  # not started yet: started() passes it on
         try:
             self.proc.send_signal(sent)
         except ProcessLookupError:
             pass
+
+    def started(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        if self.signum is not None:
+            self.forward(self.signum, None)
 
     def __enter__(self) -> _Stopper:
         if threading.current_thread() is threading.main_thread():
@@ -352,6 +364,7 @@ class _Stopper:
 
     def wait(self) -> int:
         """The child's exit status; past the grace period after SIGTERM/SIGHUP, SIGKILL its group."""
+        assert self.proc is not None
         while True:
             try:
                 return self.proc.wait(timeout=0.2)
@@ -380,7 +393,7 @@ def _rank_errors(errors_dir: str) -> Dict[int, Dict[str, Any]]:
 
 
 def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
-            stdout_is_product: bool = False, run_dir: Optional[str] = None) -> ExecResult:
+            stdout_is_product: bool = False, run_dir: Optional[str] = None, tee_stderr: bool = False) -> ExecResult:
     """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
 
     stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
@@ -396,15 +409,31 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         env[ERRORS_VAR] = errors_dir
         if lock is not None:
             env[LOCK_TOKEN_VAR] = lock.holder.token
-        return _run(plan, env, echo, stdout_is_product, errors_dir)
+        return _run(plan, env, echo, stdout_is_product, errors_dir, tee_stderr)
     finally:
         shutil.rmtree(errors_dir, ignore_errors=True)
         if lock is not None:
             lock.release()
 
 
+def _tee(proc: subprocess.Popen, captured: List[str]) -> threading.Thread:
+    """A direct child's stderr still goes to ours; its tail is kept (to explain a rejected flag)."""
+    def tee() -> None:
+        assert proc.stderr is not None
+        for raw in iter(proc.stderr.readline, b""):
+            text = raw.decode("utf-8", "replace")
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            captured.append(text)
+            del captured[:-200]
+
+    thread = threading.Thread(target=tee, daemon=True)
+    thread.start()
+    return thread
+
+
 def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_is_product: bool,
-         errors_dir: str) -> ExecResult:
+         errors_dir: str, tee_stderr: bool = False) -> ExecResult:
     if plan.log_dir:
         Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
         for stale in Path(plan.log_dir).glob("rank*.pid"):
@@ -412,12 +441,14 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     direct = plan.launcher == "direct"
     launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
     t0 = time.monotonic()
-    proc = _start(plan, env, stdout_is_product)
-    watch = _Watch(plan, proc.pid if direct else None, echo)
-    watch.start()
-    captured: List[str] = []
-    reader = None if direct else _pump(proc, launcher_log, echo, captured)
-    with _Stopper(proc) as stopper:
+    # Handlers first: a SIGTERM right after the start must reach the child, not end cpuperf alone.
+    with _Stopper() as stopper:
+        proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
+        stopper.started(proc)
+        watch = _Watch(plan, proc.pid if direct else None, echo)
+        watch.start()
+        captured: List[str] = []
+        reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))
         try:
             code = stopper.wait()
         finally:

@@ -29,8 +29,8 @@ SCHEMA = "cpuperf.measurement/2"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("CPUPERF_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cpuperf")
+    base = os.environ.get("CPUPERF_CACHE_DIR") or os.path.join(  # an empty XDG_CACHE_HOME means unset (XDG spec)
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cpuperf")
     return Path(base) / "measurements"
 
 

@@ -354,8 +354,10 @@ class Run:
         groups = [{"params": decay, "weight_decay": s.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         kw: dict[str, Any] = {"lr": s.lr, "betas": (0.9, 0.95), "eps": 1e-8}
-        if s.optimizer == "adamw_fused":
-            kw["fused"] = True
+        # The implementation recommend chose (fused where the installed torch has it, else foreach);
+        # IPEX swaps in its own fused step, so it gets the plain optimizer.
+        if getattr(self, "ipex", None) is None:
+            kw["fused" if s.optimizer == "adamw_fused" else "foreach"] = True
         try:
             return self.torch.optim.AdamW(groups, **kw)
         except (RuntimeError, ValueError, TypeError) as exc:

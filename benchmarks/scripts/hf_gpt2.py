@@ -1,0 +1,39 @@
+"""A Hugging Face Trainer workload: a small GPT-2 from a GPT2Config, synthetic data, no downloads.
+
+Arguments are TrainingArguments (HfArgumentParser). Prints one JSON line: samples/s over the timed
+steps (the first steps, warm-up, are excluded) and the optimizer implementation the Trainer built.
+"""
+
+import json
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+
+WARMUP = 3
+
+
+class Clock(TrainerCallback):
+    def __init__(self):
+        self.t = []
+
+    def on_step_end(self, args, state, control, **kw):
+        self.t.append(time.perf_counter())
+
+
+(args,) = HfArgumentParser((TrainingArguments,)).parse_args_into_dataclasses()
+torch.manual_seed(0)
+cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, n_positions=64, vocab_size=4096)
+model = GPT2LMHeadModel(cfg)
+g = torch.Generator().manual_seed(0)
+data = [{"input_ids": t, "labels": t} for t in torch.randint(0, cfg.vocab_size, (512, 64), generator=g)]
+clock = Clock()
+trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
+trainer.train()
+opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+steps = len(clock.t) - WARMUP
+sps = steps * args.per_device_train_batch_size / (clock.t[-1] - clock.t[WARMUP - 1])
+impl = "fused" if opt.defaults.get("fused") else ("foreach" if opt.defaults.get("foreach") else "default")
+print(json.dumps({"samples_per_s": sps, "optimizer": f"{type(opt).__name__} ({impl})", "optim": str(args.optim),
+                  "bf16": args.bf16, "params": sum(p.numel() for p in model.parameters()),
+                  "threads": torch.get_num_threads()}))

@@ -1,0 +1,88 @@
+"""A user's own script run plainly vs under `cpuperf train --auto`: a Hugging Face Trainer script and
+an accelerate script (benchmarks/scripts/), alternating rounds, medians; the optimizer named (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def _argv(workload: str, steps: int) -> List[str]:
+    if workload == "hf-trainer":
+        return [sys.executable, str(SCRIPTS / "hf_gpt2.py"), "--output_dir", "/tmp/cpuperf-bench-hf",
+                "--max_steps", str(steps), "--per_device_train_batch_size", "8", "--report_to", "none",
+                "--save_strategy", "no", "--disable_tqdm", "true", "--logging_strategy", "no"]
+    return ["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", str(SCRIPTS / "accel_gpt2.py"), "--steps", str(steps)]
+
+
+def _once(argv: List[str], auto: bool) -> Dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "KMP_", "MALLOC_CONF"))}
+    env.pop("LD_PRELOAD", None)
+    env.update(PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", NO_COLOR="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+    cmd = [sys.executable, "-m", "cpuperf", "train", "--auto", "--json", "--out", "/tmp/cpuperf-bench-user",
+           "--", *argv] if auto else argv
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    # Under `--json` the script's own output goes to stderr; cpuperf's result object is stdout.
+    lines = [ln for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.startswith('{"samples_per_s"')]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
+    res = json.loads(lines[-1])
+    if auto:
+        try:
+            res["applied"] = json.loads(proc.stdout).get("applied")
+        except ValueError:
+            res["applied"] = None
+    return res
+
+
+def bench_user_script(workload: str, rounds: int, steps: int, log: Callable[[str], None]) -> Dict[str, Any]:
+    """Alternating plain/auto rounds; the ratio per round and its median."""
+    argv = _argv(workload, steps)
+    runs: List[Dict[str, Dict[str, Any]]] = []
+    for r in range(rounds):
+        pair = {}
+        for name in (("plain", "auto") if r % 2 == 0 else ("auto", "plain")):
+            pair[name] = _once(argv, name == "auto")
+            log(f"  {workload} round {r + 1}/{rounds} {name:<6} "
+                + (f"{pair[name]['samples_per_s']:.2f} samples/s" if "samples_per_s" in pair[name] else pair[name]["error"]))
+        runs.append(pair)
+    ratios = [p["auto"]["samples_per_s"] / p["plain"]["samples_per_s"] for p in runs
+              if "samples_per_s" in p["auto"] and "samples_per_s" in p["plain"]]
+    auto0 = next((p["auto"] for p in runs if "samples_per_s" in p["auto"]), {})
+    plain0 = next((p["plain"] for p in runs if "samples_per_s" in p["plain"]), {})
+    med: Optional[float] = statistics.median(ratios) if ratios else None
+    return {"schema": "cpuperf.bench-user-script/1", "workload": workload, "rounds": rounds, "steps": steps,
+            "command": argv, "ratio_median": med, "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None, "ratios": ratios,
+            "plain_samples_per_s": [p["plain"].get("samples_per_s") for p in runs],
+            "auto_samples_per_s": [p["auto"].get("samples_per_s") for p in runs],
+            "optimizer_plain": plain0.get("optimizer"), "optimizer_auto": auto0.get("optimizer"),
+            "applied": auto0.get("applied"),
+            "targets": {"median >= 1.0": med is not None and med >= 1.0,
+                        "every round >= 0.97": bool(ratios) and min(ratios) >= 0.97}}
+
+
+def markdown_rows(results: List[Dict[str, Any]]) -> List[str]:
+    """Rows for the README's table: auto/plain, optimizer, what was applied."""
+    lines = ["", "| user script | auto / plain (min-max) | optimizer (plain -> auto) | applied by --auto | targets |",
+             "|---|---|---|---|---|"]
+    for r in results:
+        a = r.get("applied") or {}
+        applied = ", ".join([f"{k}={v}" for k, v in (a.get("env") or {}).items()] + list(a.get("flags") or [])
+                            + ([f"pinned {len(a['cpus'])} CPUs"] if a.get("cpus") else []))
+        ratio = "n/a" if r["ratio_median"] is None else \
+            f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+        ok = all(r["targets"].values())
+        lines.append(f"| {r['workload']} | {ratio} | {r['optimizer_plain']} -> {r['optimizer_auto']} | {applied or '-'} | "
+                     + ("met" if ok else "MISSED: " + ", ".join(k for k, v in r["targets"].items() if not v)) + " |")
+    return lines

@@ -1,0 +1,394 @@
+"""A user's own command under `cpuperf train -- ...`: find the script, read how it parses its
+arguments, and add only Trainer speed flags it will accept. Pure planning; the caller reads the file.
+
+First do no harm (issue 15): hyperparameters (batch size, learning rate, optimizer family, epochs)
+are the user's unless they `--set` them; a flag is added only where the script parses TrainingArguments
+from its command line (HfArgumentParser), the installed transformers has it, the user gave neither it
+nor its opposite, and it changes something (a value different from the Trainer's default).
+When the user's command is itself a launcher (torchrun, accelerate launch, mpirun...), cpuperf adds
+no launcher of its own: it runs that command directly with its environment, threads and pinning.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from packaging.version import InvalidVersion, Version
+
+from cpuperf.decide.placement import Placement
+from cpuperf.errors import UsageError
+
+HF_MODES = ("auto", "always", "never")
+_HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
+# Flags that say the same thing in different words: one given by the user rules out the others.
+_EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend", "--bf16_full_eval", "--fp16_full_eval"),
+              ("--use_cpu", "--no_cuda"), ("--torch_compile", "--torch_compile_backend", "--torch_compile_mode"),
+              ("--optim", "--optim_args"))
+# Launchers a user may put in front of their script; the module forms of python -m.
+_MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
+                     "accelerate.commands.launch": "accelerate"}
+_EXEC_LAUNCHERS = {"torchrun": "torchrun", "mpirun": "mpirun", "mpiexec": "mpirun", "mpiexec.hydra": "mpirun",
+                   "srun": "srun"}
+# Options naming the number of local processes, per launcher.
+_NPROC_OPTS = {"torchrun": ("--nproc_per_node", "--nproc-per-node"),
+               "accelerate": ("--num_processes", "--num-processes"),
+               "mpirun": ("-np", "-n", "--np", "-c"), "srun": ("--ntasks-per-node", "-n", "--ntasks")}
+# An option of a launcher whose value ends in .py would be mistaken for the script.
+_VALUE_OPTS = ("--config_file", "--config-file", "--deepspeed_config_file", "-f", "--hostfile", "--rdzv-conf")
+# Rejection by argparse (and HfArgumentParser, which is argparse): seconds within which it happens.
+REJECT_WINDOW_S = 20.0
+
+
+@dataclass(frozen=True)
+class UserCommand:
+    """The parts of the user's command: their launcher (if any), the script and its arguments."""
+
+    argv: Tuple[str, ...]
+    launcher: Optional[str]  # torchrun | accelerate | mpirun | srun | None
+    nproc: Optional[int]  # processes the user's launcher starts on this node (None: unknown or 1 rank)
+    script: Optional[str]
+    script_args: Tuple[str, ...]
+    module: Optional[str] = None  # `python -m pkg.train` (not a launcher)
+
+
+@dataclass(frozen=True)
+class Flag:
+    args: Tuple[str, ...]  # ("--bf16",) or ("--optim", "adamw_torch_fused")
+    why: str
+
+    @property
+    def name(self) -> str:
+        return _norm(self.args[0])
+
+
+@dataclass(frozen=True)
+class ScriptPlan:
+    """What cpuperf does to the user's command: the final argv, the flags added and those it left out."""
+
+    argv: Tuple[str, ...]
+    command: UserCommand
+    parser: str  # hf | argparse | args-file | in-code | other | unknown | n/a
+    mode: str
+    added: Tuple[Flag, ...]
+    not_added: Tuple[Tuple[str, str], ...]  # (flag, why)
+    why: str
+    transformers: Optional[str] = None
+    notes: Tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def added_args(self) -> List[str]:
+        return [a for f in self.added for a in f.args]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"added": self.added_args, "flags": [{"args": list(f.args), "why": f.why} for f in self.added],
+                "kept_yours": [n for n, w in self.not_added if w.startswith("you ")],
+                "not_added": [{"flag": n, "why": w} for n, w in self.not_added], "why": self.why,
+                "parser": self.parser, "mode": self.mode, "script": self.command.script,
+                "your_launcher": self.command.launcher, "transformers": self.transformers}
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def _is_python(token: str) -> bool:
+    return re.search(r"(^|/)python[0-9.]*$", token) is not None
+
+
+def _nproc(launcher: str, opts: Sequence[str]) -> Optional[int]:
+    names = _NPROC_OPTS.get(launcher, ())
+    for i, item in enumerate(opts):
+        key, eq, value = item.partition("=")
+        if key in names:
+            raw = value if eq else (opts[i + 1] if i + 1 < len(opts) else "")
+            try:
+                return int(raw)
+            except ValueError:
+                return None  # torchrun's 'auto'/'cpu' or a host list: unknown
+    return None
+
+
+def parse_command(argv: Sequence[str]) -> UserCommand:
+    """Find the script behind `python`, torchrun, `python -m torch.distributed.run`, `accelerate launch`, mpirun, srun."""
+    args = list(argv)
+    launcher: Optional[str] = None
+    i = 0
+    module: Optional[str] = None
+    while i < len(args):
+        tok = args[i]
+        base = os.path.basename(tok)
+        if launcher is None and base in _EXEC_LAUNCHERS and i == 0:
+            launcher = _EXEC_LAUNCHERS[base]
+        elif launcher is None and base == "accelerate" and i + 1 < len(args) and args[i + 1] == "launch":
+            launcher, i = "accelerate", i + 1
+        elif _is_python(tok):
+            j = i + 1
+            while j < len(args) and args[j].startswith("-") and args[j] != "-m":
+                j += 1  # python's own options (-u, -O, -X...)
+            if j + 1 < len(args) and args[j] == "-m":
+                mod = args[j + 1]
+                if mod in _MODULE_LAUNCHERS and launcher is None:
+                    launcher, i = _MODULE_LAUNCHERS[mod], j + 1
+                else:
+                    module = mod
+                    return UserCommand(tuple(args), launcher, _nproc(launcher, args[:j]) if launcher else None,
+                                       None, tuple(args[j + 2:]), module)
+            else:
+                i = j - 1
+        elif tok.endswith(".py") and not (i > 0 and args[i - 1] in _VALUE_OPTS):
+            nproc = _nproc(launcher, args[:i]) if launcher else None
+            return UserCommand(tuple(args), launcher, nproc, tok, tuple(args[i + 1:]), None)
+        i += 1
+    return UserCommand(tuple(args), launcher, _nproc(launcher, args) if launcher else None, None, (), module)
+
+
+def own_launcher_placement(placement: Placement, nproc: Optional[int]) -> Placement:
+    """The user's launcher as one process on all the placement's CPUs; its ranks share them.
+
+    The launcher's children inherit the affinity and OMP_NUM_THREADS; threads = cores / the ranks it
+    starts (unknown: no thread count, the launcher's own default stands).
+    """
+    if not placement.slots:
+        return placement
+    cpus = tuple(sorted({c for s in placement.slots for c in (s.compute_cpus or s.cpus)}))
+    threads = max(1, len(cpus) // nproc) if nproc else 0
+    slot = replace(placement.slots[0], local_rank=0, cpus=cpus, compute_cpus=cpus, ccl_worker_cpus=(),
+                   threads=threads)
+    return replace(placement, nproc_per_node=1, slots=(slot,), ccl_workers=0)
+
+
+# -- the script's parser ---------------------------------------------------------------------------
+
+def looks_like_hf_trainer(source: str) -> bool:
+    """A script that builds TrainingArguments (directly or through HfArgumentParser)."""
+    return any(marker in source for marker in _HF_MARKERS)
+
+
+def detect_parser(source: Optional[str], script_args: Sequence[str]) -> Tuple[str, str]:
+    """(kind, why): whether Trainer flags on the command line reach TrainingArguments."""
+    if source is None:
+        return "unknown", "the script could not be read: no Trainer flags"
+    if len(script_args) == 1 and script_args[0].endswith((".json", ".yaml", ".yml")):
+        return "args-file", (f"the script reads its arguments from {script_args[0]}: flags after it would be "
+                             "rejected (the `script.py args.json` pattern)")
+    if "HfArgumentParser" in source and "TrainingArguments" in source:
+        if "parse_args_into_dataclasses" not in source and "parse_known_args" not in source:
+            return "args-file", "HfArgumentParser reads a file, not the command line: no Trainer flags"
+        return "hf", "HfArgumentParser parses TrainingArguments from the command line"
+    if re.search(r"\bargparse\b|ArgumentParser\s*\(|\bclick\b|\btyper\b|\bfire\b|\bhydra\b", source):
+        return "argparse", "the script parses its own arguments: Trainer flags would be rejected"
+    if looks_like_hf_trainer(source):
+        return "in-code", "TrainingArguments is built in code: command-line flags would not reach it"
+    return "other", "not a Hugging Face Trainer script"
+
+
+# -- the flags -------------------------------------------------------------------------------------
+
+def _norm(flag: str) -> str:
+    """'--per-device-train-batch-size=8' -> '--per_device_train_batch_size'."""
+    return "--" + flag.split("=", 1)[0].lstrip("-").replace("-", "_")
+
+
+def _v(text: Optional[str]) -> Optional[Version]:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def _at_least(text: Optional[str], minimum: str) -> bool:
+    v = _v(text)
+    return v is not None and Version(v.base_version) >= Version(minimum)
+
+
+def trainer_default_fused(transformers_version: Optional[str], torch_version: Optional[str],
+                          tuning: Mapping[str, Any]) -> bool:
+    """Whether TrainingArguments' default optim is already adamw_torch_fused (compat/tuning.toml [hf_trainer])."""
+    rule = tuning["hf_trainer"]
+    return (_at_least(transformers_version, rule["default_fused_min_transformers"])
+            and _at_least(torch_version, rule["default_fused_min_torch"]))
+
+
+_OPTIM_NAMES = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adafactor": "adafactor",
+                "adamw_8bit": "adamw_bnb_8bit"}
+
+
+def _optim_flag(values: Mapping[str, Any], overridden: Set[str], ok: Set[str], tf_v: Optional[str],
+                torch_v: Optional[str], tuning: Mapping[str, Any]) -> Tuple[Optional[Flag], Optional[str]]:
+    """The same family (AdamW) in its fastest implementation; another family only when --set."""
+    if "optim" not in ok:
+        return None, "--optim: not in the installed transformers"
+    if "optimizer" in overridden:
+        name = _OPTIM_NAMES.get(values["optimizer"])
+        return (Flag(("--optim", name), "you set optimizer") if name else None), None
+    if trainer_default_fused(tf_v, torch_v, tuning):
+        return None, "--optim: the Trainer's default is already fused AdamW (adamw_torch_fused)"
+    on_cuda = values.get("device") == "cuda"
+    minimum = tuning["optimizer"]["fused_cuda_min_torch" if on_cuda else "fused_cpu_min_torch"]
+    if not _at_least(torch_v, minimum) or "optim_fused" not in ok:
+        return None, f"--optim: fused AdamW needs torch >= {minimum} and transformers with adamw_torch_fused"
+    return Flag(("--optim", "adamw_torch_fused"), f"same family as the default adamw_torch, fused kernel "
+                f"(torch >= {minimum} on {'CUDA' if on_cuda else 'CPU'})"), None
+
+
+def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_version: Optional[str],
+                torch_version: Optional[str], world: int, tuning: Mapping[str, Any],
+                supported: Optional[Set[str]] = None,
+                bf16_gemm_ratio: Optional[float] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
+    """(Trainer flags that only change speed, candidates left out with why); hyperparameters only when --set."""
+    if supported is None:
+        from cpuperf.knowledge.hf_flags import supported_flags
+
+        supported = set(supported_flags(transformers_version))
+    ok = supported
+    out: List[Flag] = []
+    skipped: List[Tuple[str, str]] = []
+
+    def want(flag_id: str, args: Tuple[str, ...], why: str) -> None:
+        if flag_id in ok:
+            out.append(Flag(args, why))
+        else:
+            skipped.append((args[0], f"not in transformers {transformers_version or '(not installed)'}"))
+
+    if values["device"] == "cpu":
+        if "use_cpu" in ok or "no_cuda" not in ok:
+            want("use_cpu", ("--use_cpu",), "device: cpu")
+        else:
+            want("no_cuda", ("--no_cuda",), "device: cpu")
+    gain = tuning["hf_trainer"]["cpu_bf16_min_gemm_ratio"]
+    if values["dtype"] in ("bf16", "fp16") and values["device"] == "cpu" and "dtype" not in overridden \
+            and (bf16_gemm_ratio or 0.0) < gain:
+        skipped.append(("--" + values["dtype"], f"on CPU only where bf16 GEMM measured >= {gain}x fp32 (AMX) or "
+                        "you --set dtype: autocast costs more than it gains on small models"))
+    elif values["dtype"] in ("bf16", "fp16"):
+        want(values["dtype"], ("--" + values["dtype"],), f"dtype: {values['dtype']} autocast")
+    if values.get("tf32") and values["device"] == "cuda":
+        want("tf32", ("--tf32", "true"), "TF32 matmuls on Ampere and newer")
+    backend = values.get("ddp_backend")
+    if backend and world > 1 and (backend != "ccl" or "ddp_backend_ccl" in ok):
+        want("ddp_backend", ("--ddp_backend", str(backend)), f"DDP backend {backend} over {world} ranks")
+    workers = int(values.get("dataloader_workers") or 0)
+    if workers > 0:  # the Trainer's default is 0; only a different value changes anything
+        want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
+    if values["device"] == "cuda" and values.get("pin_memory") is False:
+        want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
+    # torch.compile changes the code path and costs minutes of warm-up: only when you asked (--set).
+    if values.get("compile") and "compile" in overridden:
+        want("torch_compile", ("--torch_compile",), "you set compile")
+    if values.get("ipex"):  # installed by you, and recommend found it compatible
+        want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
+    # Hyperparameters and memory trade-offs: the script's own unless you set them.
+    if "batch_size" in overridden:
+        want("per_device_train_batch_size", ("--per_device_train_batch_size", str(values["batch_size"])), "you set batch_size")
+    if "grad_accum_steps" in overridden:
+        out.append(Flag(("--gradient_accumulation_steps", str(values["grad_accum_steps"])), "you set grad_accum_steps"))
+    if values.get("grad_checkpointing") and "grad_checkpointing" in overridden:
+        want("gradient_checkpointing", ("--gradient_checkpointing",), "you set grad_checkpointing")
+    opt, why_not = _optim_flag(values, overridden, ok, transformers_version, torch_version, tuning)
+    if opt is not None:
+        out.append(opt)
+    elif why_not:
+        skipped.append(("--optim", why_not.split(": ", 1)[-1]))
+    return out, skipped
+
+
+def user_flag_names(argv: Sequence[str]) -> Set[str]:
+    """'--fp16', '--per-device-train-batch-size=8' -> {'--fp16', '--per_device_train_batch_size'}."""
+    return {_norm(item) for item in argv if item.startswith("--")}
+
+
+def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
+                source: Optional[str] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
+    """(flags to add, (flag, why) left out): never one the user gave, its opposite or a synonym."""
+    given = user_flag_names(user_args)
+    add: List[Flag] = []
+    left: List[Tuple[str, str]] = []
+    sets_optim = source is not None and re.search(r"\boptim\s*=|\boptimizers\s*=", source) is not None
+    for flag in ours:
+        name = flag.name
+        clash = name in given or ("--no_" + name[2:]) in given
+        clash = clash or any(name in fam and given & set(fam) for fam in _EXCLUSIVE)
+        if clash:
+            left.append((" ".join(flag.args), "you decided (your command has it or its opposite)"))
+        elif name == "--optim" and sets_optim and not flag.why.startswith("you set"):
+            left.append((" ".join(flag.args), "the script chooses its optimizer in code"))
+        else:
+            add.append(flag)
+    return add, left
+
+
+def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, source: Optional[str],
+                transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
+    """The user's command with the Trainer flags that are safe for it (--hf-flags auto|always|never)."""
+    if mode not in HF_MODES:
+        raise UsageError(f"--hf-flags {mode!r}: use auto, always or never")
+    cmd = parse_command(user_argv)
+    parser, why = detect_parser(source, cmd.script_args) if (cmd.script or cmd.module) else ("n/a", "no Python script")
+    if cmd.module and source is None:
+        parser, why = "unknown", f"python -m {cmd.module}: the module's parser is unknown"
+    def made(argv: Sequence[str], added: Sequence[Flag], left: Sequence[Tuple[str, str]], why_: str) -> ScriptPlan:
+        return ScriptPlan(argv=tuple(argv), command=cmd, parser=parser, mode=mode, added=tuple(added),
+                          not_added=tuple(left), why=why_, transformers=transformers)
+
+    if mode == "never":
+        return made(user_argv, (), (), "--hf-flags never")
+    if mode == "auto" and parser != "hf":
+        return made(user_argv, (), (), why + " (--hf-flags always adds them anyway)")
+    add, left = merge_flags(cmd.script_args or user_argv, ours, source)
+    argv = tuple(user_argv) + tuple(a for f in add for a in f.args)
+    return made(argv, add, [*left, *skipped], why if mode == "auto" else "--hf-flags always")
+
+
+# -- what was applied, and a rejection ---------------------------------------------------------------
+
+def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
+    """Everything cpuperf applies to the user's command: launcher, env, CPUs, threads, flags."""
+    launcher: Dict[str, Any]
+    if script.command.launcher:
+        launcher = {"name": "direct", "yours": script.command.launcher,
+                    "why": f"your command is a launcher ({script.command.launcher}): cpuperf adds none on top"}
+    else:
+        launcher = {"name": plan.launcher, "yours": None, "why": (plan.notes[0] if plan.notes else "")}
+    spec = plan.per_rank[0] if plan.per_rank else None
+    internal = ("CPUPERF_RANK_SLOTS", "CPUPERF_RANK_LOGDIR")
+    return {"launcher": launcher, "env": {k: v for k, v in plan.env.items() if k not in internal},
+            "cpus": list(plan.affinity) if plan.affinity else (list(spec.cpus) if spec and spec.cpus else None),
+            "threads": spec.threads if spec and spec.threads else None,
+            "flags": script.added_args, "flags_why": {" ".join(f.args): f.why for f in script.added},
+            "flags_not_added": [{"flag": n, "why": w} for n, w in script.not_added],
+            "parser": script.parser, "hf_flags_mode": script.mode, "why_flags": script.why}
+
+
+def applied_lines(a: Mapping[str, Any]) -> List[str]:
+    """The applied list as text lines (stderr before the script starts; # comments in --dry-run)."""
+    from cpuperf.probe.parse import format_cpulist
+
+    lines = [f"applied: launcher {a['launcher']['name']}"
+             + (f" (your {a['launcher']['yours']} starts the ranks)" if a["launcher"]["yours"] else "")]
+    for k, v in a["env"].items():
+        lines.append(f"applied: env {k}={v}")
+    if a["cpus"]:
+        lines.append(f"applied: pinned to CPUs {format_cpulist(a['cpus'])}")
+    if a["threads"]:
+        lines.append(f"applied: {a['threads']} thread(s) per process")
+    for flag, why in a["flags_why"].items():
+        lines.append(f"applied: flag {flag} ({why})")
+    if not a["flags"]:
+        lines.append(f"applied: no Trainer flags ({a['why_flags']})")
+    for item in a["flags_not_added"]:
+        lines.append(f"not applied: {item['flag']} ({item['why']})")
+    return lines
+
+
+def rejected_flags(code: int, wall_s: float, output: str, script: Optional[ScriptPlan]) -> Optional[Tuple[str, str]]:
+    """(message, hint) when the script refused the flags cpuperf added ("unrecognized arguments"), else None."""
+    if script is None or not script.added or code != 2 or wall_s > REJECT_WINDOW_S:
+        return None
+    if "unrecognized arguments" not in output and "error: argument" not in output:
+        return None
+    rerun = ["cpuperf", "train", "--auto", "--hf-flags", "never", "--", *script.command.argv]
+    return (f"the script rejected the Trainer flags cpuperf added: {' '.join(script.added_args)}",
+            "run it without them: " + " ".join(shlex.quote(a) for a in rerun))
+
