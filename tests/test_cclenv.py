@@ -525,12 +525,12 @@ def test_unit_numa_and_preload_flag(tmp_path):
     assert "LD_PRELOAD" not in ccl_json(["--sysroot", host])["env"]
 
 
-def test_does_not_import_torch_typer_or_rich():
-    # The installed stack is read the way every command reads it (package metadata, CPUPERF_OVERRIDE_PACKAGES),
-    # so ccl-env and train agree on the backend; torch itself is never imported.
+def test_does_not_import_torch_typer_or_rich_or_importlib_metadata():
+    # The installed stack is read the way every command reads it (dist-info listings, CPUPERF_OVERRIDE_PACKAGES),
+    # so ccl-env and train agree on the backend; torch is never imported, nor the slow importlib.metadata.
     code = ("import sys, io, contextlib\nfrom cpuperf.entry import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['ccl-env', '-q'])\n"
-            "bad = [m for m in ('torch', 'rich', 'typer', 'pydantic', 'psutil')"
+            "bad = [m for m in ('torch', 'rich', 'typer', 'pydantic', 'importlib.metadata', 'psutil')"
             " if m in sys.modules]\n"
             "print(rc, bad)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)

@@ -32,10 +32,48 @@ PACKAGES = {
 }
 
 
-def _torch_version_py(dist) -> dict:
+def _norm(name: str) -> str:
+    """PEP 503 normalisation, as dist-info directory names write it (the one normaliser: cpuperf imports it)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _index(paths) -> dict:
+    """normalised name -> (site dir, metadata dir), first on the path wins (as importlib.metadata does).
+
+    One listing per sys.path entry instead of one full scan per name asked: ccl-env runs in every new
+    shell, so this is on its critical path."""
+    found: dict = {}
+    for entry in paths:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for fname in names:
+            if fname.endswith(".dist-info") or fname.endswith(".egg-info"):
+                stem = fname.rsplit(".", 1)[0]
+                name = stem.split("-", 1)[0]
+                found.setdefault(_norm(name), (entry, os.path.join(entry, fname)))
+    return found
+
+
+def _version(meta_dir: str) -> str | None:
+    """The Version: header of METADATA (dist-info) or PKG-INFO (egg-info)."""
+    for leaf in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(meta_dir, leaf), encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break  # end of the headers
+        except OSError:
+            continue
+    return None
+
+
+def _torch_version_py(site: str) -> dict:
     try:
-        path = dist.locate_file("torch/version.py")
-        with open(str(path), encoding="utf-8") as fh:
+        with open(os.path.join(site, "torch", "version.py"), encoding="utf-8") as fh:
             text = fh.read()
     except OSError:
         return {}
@@ -48,34 +86,34 @@ def _torch_version_py(dist) -> dict:
     return out
 
 
-def scan() -> dict:
-    from importlib import metadata
+def _torch_build(local, meta) -> str:
+    if meta.get("cuda"):
+        return "cuda"
+    if meta.get("hip"):
+        return "rocm"
+    if meta.get("xpu") or (local or "").startswith("xpu"):
+        return "xpu"
+    if local and local.startswith("cu"):
+        return "cuda"
+    return "cpu"
 
+
+def scan(paths=None) -> dict:
+    index = _index(sys.path if paths is None else paths)
     packages = {}
     for key, names in PACKAGES.items():
         info = None
         for name in names:
-            try:
-                dist = metadata.distribution(name)
-            except metadata.PackageNotFoundError:
+            hit = index.get(_norm(name))
+            version = _version(hit[1]) if hit else None
+            if hit is None or version is None:
                 continue
-            version = dist.version
             local = version.partition("+")[2] or None
-            info = {"version": version, "local": local, "build": None, "cuda": None,
-                    "location": str(dist.locate_file(""))}
+            info = {"version": version, "local": local, "build": None, "cuda": None, "location": hit[0]}
             if key == "torch":
-                meta = _torch_version_py(dist)
+                meta = _torch_version_py(hit[0])
                 info["cuda"] = meta.get("cuda")
-                if meta.get("cuda"):
-                    info["build"] = "cuda"
-                elif meta.get("hip"):
-                    info["build"] = "rocm"
-                elif meta.get("xpu") or (local or "").startswith("xpu"):
-                    info["build"] = "xpu"
-                elif local and local.startswith("cu"):
-                    info["build"] = "cuda"
-                else:
-                    info["build"] = "cpu"
+                info["build"] = _torch_build(local, meta)
             break
         packages[key] = info
     return {
