@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from cpuperf import fsutil
@@ -30,6 +29,7 @@ from cpuperf.errors import (
 )
 from cpuperf.output import Output
 from cpuperf.plan import install as ip
+from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.run import pip as pd
 
 OFFLINE_HINT = ("offline route: on a connected machine run `cpuperf install --download DIR` (same Python), "

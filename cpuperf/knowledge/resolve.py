@@ -23,26 +23,19 @@ from cpuperf.knowledge.matrix import (
     python_range,
     spec_text,
 )
+from cpuperf.probe.pkgscan import canonical_name
 
 SCHEMA = "cpuperf.compat/1"
 PLATFORMS = ("linux_x86_64", "linux_aarch64")
 
 # Short ids used in `want`, JSON keys and `rejected[].package`; pip names for commands and messages.
 PIP_NAME = {"torch": "torch", "ipex": "intel-extension-for-pytorch", "oneccl": "oneccl_bind_pt"}
+# Words users and pip use for the three components, by canonical (PEP 503) name.
 _ALIASES = {
-    "torch": "torch",
-    "pytorch": "torch",
-    "ipex": "ipex",
-    "intel-extension-for-pytorch": "ipex",
-    "intel_extension_for_pytorch": "ipex",
-    "oneccl": "oneccl",
-    "ccl": "oneccl",
-    "oneccl-bind-pt": "oneccl",
-    "oneccl_bind_pt": "oneccl",
-    "oneccl-bindings-for-pytorch": "oneccl",
-    "oneccl_bindings_for_pytorch": "oneccl",
+    "torch": "torch", "pytorch": "torch",
+    "ipex": "ipex", "intel-extension-for-pytorch": "ipex",
+    "oneccl": "oneccl", "ccl": "oneccl", "oneccl-bind-pt": "oneccl", "oneccl-bindings-for-pytorch": "oneccl",
     "torch-ccl": "oneccl",
-    "torch_ccl": "oneccl",
 }
 
 
@@ -55,7 +48,7 @@ class ResolveError(ValueError):
 
 def normalize_package(name: str) -> str:
     """'intel_extension_for_pytorch' -> 'ipex'; raises ResolveError for unknown names."""
-    key = name.strip().lower()
+    key = canonical_name(name.strip())
     if key not in _ALIASES:
         known = ", ".join(sorted({"torch", "ipex", "oneccl"}))
         raise ResolveError(f"unknown package {name!r}; known: {known} (or their pip names)")
@@ -624,20 +617,12 @@ def _pip(*args: str) -> str:
 
 
 # Installed distributions by pip name only: a bare "oneccl" there is the oneCCL runtime wheel, not the bindings.
-_INSTALLED = {
-    "torch": "torch",
-    "intel-extension-for-pytorch": "ipex",
-    "intel_extension_for_pytorch": "ipex",
-    "oneccl-bind-pt": "oneccl",
-    "oneccl_bind_pt": "oneccl",
-    "torch-ccl": "oneccl",
-    "torch_ccl": "oneccl",
-}
+_INSTALLED = {"torch": "torch", "intel-extension-for-pytorch": "ipex", "oneccl-bind-pt": "oneccl", "torch-ccl": "oneccl"}
 
 
 def _lookup(packages: Mapping[str, str | None], comp: str) -> str | None:
     for name, ver in packages.items():
-        if _INSTALLED.get(name.strip().lower()) == comp and ver:
+        if _INSTALLED.get(canonical_name(name.strip())) == comp and ver:
             return ver
     return None
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from cpuperf.knowledge.cuda import cuda_tag_for_driver
+from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
+from cpuperf.probe.pkgscan import key_for
 
 SCHEMA = "cpuperf.install/1"
 LOCK_SCHEMA = "cpuperf.lock/1"
@@ -389,9 +390,7 @@ def _installed(facts: Any, name: str) -> Optional[str]:
     software = getattr(facts, "software", None)
     if software is None:
         return None
-    key = {"intel-extension-for-pytorch": "intel_extension_for_pytorch", "oneccl-bind-pt": "oneccl_bind_pt"}.get(
-        canonicalize_name(name), name)
-    info = software.packages.get(key)
+    info = software.packages.get(key_for(name) or name)
     return info.version if info else None
 
 

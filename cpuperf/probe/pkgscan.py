@@ -32,9 +32,22 @@ PACKAGES = {
 }
 
 
-def _norm(name: str) -> str:
-    """PEP 503 normalisation, as dist-info directory names write it (the one normaliser: cpuperf imports it)."""
+def canonical_name(name: str) -> str:
+    """PEP 503 normalisation ('Intel_Extension.for-PyTorch' -> 'intel-extension-for-pytorch'): the one
+    package-name normaliser of cpuperf (standard library only, so it also runs inside another interpreter)."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_norm = canonical_name
+
+
+def key_for(name: str) -> str | None:
+    """The PACKAGES key a distribution name (any spelling) is scanned under, or None."""
+    want = canonical_name(name)
+    for key, names in PACKAGES.items():
+        if any(canonical_name(n) == want for n in names):
+            return key
+    return None
 
 
 def _index(paths) -> dict:

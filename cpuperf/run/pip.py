@@ -396,7 +396,7 @@ def stash(pip: Pip, packages: Sequence[Tuple[str, str]], dest: Path, source_args
 
 
 def _wheel_matches(filename: str, name: str, version: str) -> bool:
-    from packaging.utils import canonicalize_name
+    from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 
     parts = filename.split("-")
     return len(parts) >= 2 and canonicalize_name(parts[0]) == canonicalize_name(name) and parts[1] == version
