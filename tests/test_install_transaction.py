@@ -500,3 +500,37 @@ def test_error_summary_finds_the_cause():
     assert ip.error_summary("Collecting x\nERROR: No matching distribution found for torch==9.9\n") == \
         "No matching distribution found for torch==9.9"
     assert ip.error_summary("") == "pip gave no error message"
+
+
+def _journal(cache: Path, site: str, python: str, started: float) -> Path:
+    d = cache / "installs" / "20260101-000000"
+    d.mkdir(parents=True)
+    path = d / "journal.json"
+    path.write_text(json.dumps({"schema": "cpuperf.install-journal/1", "state": "running", "python": python,
+                                "site": site, "pid": 2 ** 22 + 7, "pid_start": "1",
+                                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}))
+    return path
+
+
+@pytest.mark.parametrize("recreated", [True, False], ids=["venv-made-again", "same-venv"])
+def test_a_journal_of_a_venv_made_again_is_closed_not_refused(tmp_path, recreated):
+    """`rm -rf .venv && python -m venv .venv` after a killed install: nothing is left to recover there."""
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    cfg = venv / "pyvenv.cfg"
+    started = cfg.stat().st_mtime + (-3600 if recreated else 3600)
+    journal = _journal(tmp_path / "cache", os.path.realpath(site), python, started)
+    env = {**os.environ, "CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", "install", "--python", python, "--yes",
+                           "--index-url", "http://127.0.0.1:9/simple"], capture_output=True, text=True,
+                          env=env, timeout=180)
+    state = json.loads(journal.read_text())["state"]
+    if recreated:
+        assert proc.returncode != 11 and "made again" in proc.stderr, proc.stderr
+        assert state == "superseded"
+    else:
+        assert proc.returncode == 11 and "--recover" in proc.stderr, proc.stderr
+        assert state == "running"

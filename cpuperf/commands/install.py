@@ -630,6 +630,12 @@ def _refuse_unfinished(python: str, environ: Mapping[str, str], out: Output, cha
     """An install that was killed (SIGKILL, a power cut) left its journal: nothing goes on until
     `--recover` has put the environment back."""
     for path, data in pd.unfinished_journals(environ, python, pd.site_key(python, ip.child_env(environ))):
+        if not pd.install_running(data) and pd.recreated_since(data):
+            if changes:
+                pd.mark_journal(path, "superseded")
+            out.info(f"note: an earlier install into {python} did not finish, but the venv was made again since "
+                     f"(journal {path} closed)")
+            continue
         if pd.install_running(data):
             msg = f"another cpuperf install (pid {data.get('pid')}) is changing {python} right now"
             hint = "wait for it to finish"

@@ -601,6 +601,27 @@ def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None
     return found
 
 
+def recreated_since(data: Mapping[str, Any]) -> bool:
+    """True when the journal's environment is a venv made again after that install started
+    (`rm -rf .venv && python -m venv .venv`): nothing of the half-install is left to recover."""
+    import calendar
+
+    site, started = data.get("site"), data.get("started")
+    if not isinstance(site, str) or not isinstance(started, str):
+        return False
+    try:
+        began = calendar.timegm(time.strptime(started, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return False
+    for up in Path(site).parents[:4]:  # venv/lib/pythonX.Y/site-packages -> venv/pyvenv.cfg
+        cfg = up / "pyvenv.cfg"
+        try:
+            return cfg.stat().st_mtime > began + 1
+        except OSError:
+            continue
+    return False
+
+
 def site_key(python: str, env: Mapping[str, str]) -> Optional[str]:
     """The interpreter's site-packages (real path): what an install changes, however the python is
     spelled (bin/python, bin/python3, a symlink); None when it does not run (a venv not made yet)."""
