@@ -456,9 +456,12 @@ def _print_plan(out: Output, jp: Any) -> None:
     for spec in plan.per_rank:
         lines.append(f"#   local rank {spec.local_rank}: CPUs {','.join(map(str, spec.cpus)) or 'unpinned'}, "
                      f"threads {spec.threads if spec.threads is not None else 'torch default'}")
+    # A user's script gets the launch-level decisions; its own hyperparameters stay its own (the applied
+    # list below says which Trainer flags, if any, carry a decision to it).
+    shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.user_argv else
+             ("dtype", "compile", "ipex", "threads_per_rank", "ddp_backend", "allocator", "batch_size", "optimizer", "plain"))
     for d in jp.decisions:
-        if d["overridden"] or d["id"] in ("dtype", "compile", "ipex", "threads_per_rank", "ddp_backend", "allocator",
-                                          "batch_size", "optimizer", "plain"):
+        if d["overridden"] or d["id"] in shown:
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
     for note in plan.notes:
         lines.append(f"# {note}")
