@@ -174,29 +174,13 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
         raise UsageError(f"--rdzv-timeout {rdzv_timeout}: give seconds, more than 0 and at most a week")
     host_names = tuple(h.name for h in hosts) if hosts else ()
     slurm_nodes = slurm_allocation(environ)
-    if slurm_nodes is not None and nnodes == 1 and not hosts:
-        nnodes = slurm_nodes
-    if hosts and nnodes > len(hosts):
-        raise UsageError(f"--nnodes {nnodes} but the hostfile names {len(hosts)} host(s)",
-                         hint="list every node in the hostfile, or lower --nnodes")
-    if nnodes > 1 and not hosts and slurm_nodes is None and master_addr is None:
-        raise UsageError(f"{nnodes} nodes need a hostfile, a Slurm allocation or --master-addr",
-                         hint="pass --hostfile FILE (first host = rank 0)")
+    nnodes = _node_count(nnodes, hosts, slurm_nodes, master_addr)
     world = nproc * nnodes
     mpi = mpi_flavour(facts)
     chosen, why = choose_launcher(launcher, world, nnodes, slurm_nodes, mpi)
     specs = rank_specs(placement, pin, threads)
-    env: Dict[str, str] = {}
-    reasons: Dict[str, str] = {}
-    for var in env_vars:
-        env[var.name] = var.value
-        reasons[var.name] = var.reason
+    env, reasons = _base_env(env_vars, world)
     notes: List[str] = [f"launcher: {why}"]
-    if world <= 1:
-        # No process group: the rendezvous variables would only confuse a user's script.
-        for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY"):
-            env.pop(name, None)
-            reasons.pop(name, None)
     addr = env.get("MASTER_ADDR", master_addr)
     port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else master_port
     cmd = tuple(rank_command)
@@ -226,47 +210,13 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
         flavour = "torchrun"
         base, port, addr = _torchrun_base(python, nproc, nnodes, node_rank, addr, port, master_port, job_id,
                                           local_addr, rdzv_timeout)
-        if nnodes > 1:
-            line = []
-            for r in range(nnodes):
-                line.append(f"node {host_names[r] if r < len(host_names) else r}: cpuperf train ... --node-rank {r}")
-            node_commands = tuple(line)
-            notes.append(f"start the same `cpuperf train` on each of the {nnodes} nodes with --node-rank 0..{nnodes - 1}")
-        elif port is None:
-            for name in ("MASTER_ADDR", "MASTER_PORT"):  # torchrun --standalone sets its own
-                env.pop(name, None)
-                reasons.pop(name, None)
-            notes.append("rendezvous: torchrun --standalone picks a free port (pass --master-port to fix one)")
+        node_commands = _torchrun_notes(nnodes, host_names, port, env, reasons, notes)
         argv = (*base, "-m", "cpuperf.run.rankexec", "--", *cmd)
         # torchrun runs its -m target with `python -u -m`; rankexec then execs the real command.
     elif chosen == "mpirun":
         assert mpi is not None  # choose_launcher checked
         path, flavour = mpi
-        exported = [k for k in env]
-        if flavour == "openmpi":
-            base = [path, "-np", str(world), "--bind-to", "none", "--map-by", "slot"]
-            if euid == 0:
-                base.append("--allow-run-as-root")  # Open MPI refuses root without it
-            if nproc > placement.cpu_budget:
-                base.append("--oversubscribe")  # Open MPI counts one slot per core
-            if hosts and nnodes > 1:
-                base += ["--host", ",".join(f"{h.name}:{nproc}" for h in hosts[:nnodes])]
-            for k in exported:
-                base += ["-x", f"{k}={env[k]}"]
-            for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
-                if k in environ and k not in env:
-                    base += ["-x", k]  # remote ranks need the same interpreter and packages
-        else:  # Intel MPI / MPICH hydra
-            base = [path, "-n", str(world), "-ppn", str(nproc)]
-            if hosts and nnodes > 1:
-                base += ["-hosts", ",".join(h.name for h in hosts[:nnodes])]
-            for k in exported:
-                base += ["-genv", k, env[k]]
-            for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):
-                if k in environ and k not in env:
-                    base += ["-genv", k, environ[k]]
-            if flavour == "intelmpi" and "I_MPI_PIN_DOMAIN" not in env:
-                base += ["-genv", "I_MPI_PIN", "0"]  # rankexec pins; Intel MPI's own pinning would fight it
+        base = _mpirun_base(path, flavour, world, nproc, placement.cpu_budget, euid, hosts, nnodes, env, environ)
         argv = (*base, *rankexec, *cmd)
         if nnodes > 1:
             notes.append("mpirun starts every node's ranks from here (passwordless ssh to each host)")
@@ -274,13 +224,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
         flavour = "slurm"
         argv = ("srun", f"--nodes={nnodes}", f"--ntasks-per-node={nproc}", f"--ntasks={world}",
                 "--cpu-bind=none", "--kill-on-bad-exit=1", "--export=ALL", *rankexec, *cmd)
-        if addr in (None, "127.0.0.1") and nnodes > 1:
-            nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
-            first = expand_nodelist(nodelist)[:1]
-            if first:
-                addr = first[0]
-                env["MASTER_ADDR"] = addr
-                reasons["MASTER_ADDR"] = "the first node of the Slurm allocation (rank 0 runs there)"
+        addr = _slurm_master(addr, nnodes, environ, env, reasons)
     if world > 1 and chosen != "torchrun":
         env.setdefault("MASTER_ADDR", addr or "127.0.0.1")
         env.setdefault("MASTER_PORT", str(port or 29500))
@@ -293,6 +237,92 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                       master_port=port if world > 1 else None, affinity=affinity, log_dir=log_dir,
                       rank_command=cmd, notes=tuple(notes), node_commands=node_commands)
 
+
+
+
+def _torchrun_notes(nnodes: int, host_names: Sequence[str], port: Optional[int], env: Dict[str, str],
+                    reasons: Dict[str, str], notes: List[str]) -> Tuple[str, ...]:
+    """What to start on each node (several nodes); on one node without a port, torchrun picks its own."""
+    if nnodes > 1:
+        notes.append(f"start the same `cpuperf train` on each of the {nnodes} nodes with --node-rank 0..{nnodes - 1}")
+        return tuple(f"node {host_names[r] if r < len(host_names) else r}: cpuperf train ... --node-rank {r}"
+                     for r in range(nnodes))
+    if port is None:
+        for name in ("MASTER_ADDR", "MASTER_PORT"):  # torchrun --standalone sets its own
+            env.pop(name, None)
+            reasons.pop(name, None)
+        notes.append("rendezvous: torchrun --standalone picks a free port (pass --master-port to fix one)")
+    return ()
+
+
+def _base_env(env_vars: Sequence[Any], world: int) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """(name -> value, name -> why) of the plan's runtime variables; one rank drops the rendezvous ones."""
+    env = {var.name: var.value for var in env_vars}
+    reasons = {var.name: var.reason for var in env_vars}
+    if world <= 1:
+        # No process group: the rendezvous variables would only confuse a user's script.
+        for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY"):
+            env.pop(name, None)
+            reasons.pop(name, None)
+    return env, reasons
+
+def _node_count(nnodes: int, hosts: Optional[Sequence[Host]], slurm_nodes: Optional[int],
+                master_addr: Optional[str]) -> int:
+    """The job's node count: asked, or the Slurm allocation's; refused where nothing says where rank 0 is."""
+    if slurm_nodes is not None and nnodes == 1 and not hosts:
+        nnodes = slurm_nodes
+    if hosts and nnodes > len(hosts):
+        raise UsageError(f"--nnodes {nnodes} but the hostfile names {len(hosts)} host(s)",
+                         hint="list every node in the hostfile, or lower --nnodes")
+    if nnodes > 1 and not hosts and slurm_nodes is None and master_addr is None:
+        raise UsageError(f"{nnodes} nodes need a hostfile, a Slurm allocation or --master-addr",
+                         hint="pass --hostfile FILE (first host = rank 0)")
+    return nnodes
+
+
+def _mpirun_base(path: str, flavour: str, world: int, nproc: int, cpu_budget: int, euid: int,
+                 hosts: Optional[Sequence[Host]], nnodes: int, env: Mapping[str, str],
+                 environ: Mapping[str, str]) -> List[str]:
+    """mpirun's own argv (Open MPI, or Intel MPI / MPICH hydra), exporting the plan's env to every rank."""
+    if flavour == "openmpi":
+        base = [path, "-np", str(world), "--bind-to", "none", "--map-by", "slot"]
+        if euid == 0:
+            base.append("--allow-run-as-root")  # Open MPI refuses root without it
+        if nproc > cpu_budget:
+            base.append("--oversubscribe")  # Open MPI counts one slot per core
+        if hosts and nnodes > 1:
+            base += ["--host", ",".join(f"{h.name}:{nproc}" for h in hosts[:nnodes])]
+        for k in env:
+            base += ["-x", f"{k}={env[k]}"]
+        for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
+            if k in environ and k not in env:
+                base += ["-x", k]  # remote ranks need the same interpreter and packages
+        return base
+    base = [path, "-n", str(world), "-ppn", str(nproc)]
+    if hosts and nnodes > 1:
+        base += ["-hosts", ",".join(h.name for h in hosts[:nnodes])]
+    for k in env:
+        base += ["-genv", k, env[k]]
+    for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):
+        if k in environ and k not in env:
+            base += ["-genv", k, environ[k]]
+    if flavour == "intelmpi" and "I_MPI_PIN_DOMAIN" not in env:
+        base += ["-genv", "I_MPI_PIN", "0"]  # rankexec pins; Intel MPI's own pinning would fight it
+    return base
+
+
+def _slurm_master(addr: Optional[str], nnodes: int, environ: Mapping[str, str], env: Dict[str, str],
+                  reasons: Dict[str, str]) -> Optional[str]:
+    """Inside an allocation of several nodes, rank 0 runs on its first node: that is the rendezvous."""
+    if addr not in (None, "127.0.0.1") or nnodes <= 1:
+        return addr
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    first = expand_nodelist(nodelist)[:1]
+    if first:
+        env["MASTER_ADDR"] = first[0]
+        reasons["MASTER_ADDR"] = "the first node of the Slurm allocation (rank 0 runs there)"
+        return first[0]
+    return addr
 
 def _seconds(value: Optional[float]) -> str:
     t = DEFAULT_RDZV_TIMEOUT_S if value is None else value
