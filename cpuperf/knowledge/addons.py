@@ -29,9 +29,9 @@ def _version(text: Optional[str]) -> Optional[Version]:
 
 def retirement(component: str) -> str:
     """'archived; last release 2.8.0 supports torch 2.8.*' from compat/eol.toml, or '' when not retired."""
-    from cpuperf.knowledge.matrix import default_matrix, spec_text
+    from cpuperf.knowledge.matrix import eol_notice, spec_text
 
-    notice = default_matrix().eol_notice(component)
+    notice = eol_notice(component)
     if notice is None:
         return ""
     return f"{notice.status}; its last CPU release {notice.last_release} supports torch {spec_text([notice.last_torch])}"
@@ -39,17 +39,17 @@ def retirement(component: str) -> str:
 
 def alternative(component: str) -> str:
     """What to use instead of a retired component (compat/eol.toml), or ''."""
-    from cpuperf.knowledge.matrix import default_matrix
+    from cpuperf.knowledge.matrix import eol_notice
 
-    notice = default_matrix().eol_notice(component)
+    notice = eol_notice(component)
     return notice.alternative if notice else ""
 
 
 def newer_than_last(component: str, torch: Optional[str]) -> bool:
     """True when `torch` is newer than anything the component's last release supports."""
-    from cpuperf.knowledge.matrix import default_matrix
+    from cpuperf.knowledge.matrix import eol_notice
 
-    notice = default_matrix().eol_notice(component)
+    notice = eol_notice(component)
     tv = _version(torch)
     if notice is None or tv is None:
         return False
@@ -61,14 +61,13 @@ def newer_than_last(component: str, torch: Optional[str]) -> bool:
 def addon_compatible(component: str, torch: Optional[str], version: Optional[str],
                      python: Optional[str] = None) -> Tuple[bool, str]:
     """(fits, why) for an installed add-on version against the installed torch, from the matrix."""
-    from cpuperf.knowledge.resolve import why_not
-
     dist, label = ADDONS[component]
     if _version(version) is None:
         retired = retirement(component)
         return False, f"{dist} is not installed" + (f" ({retired})" if retired else "")
     if _version(torch) is None:
         return False, "torch is not installed"
+    from cpuperf.knowledge.resolve import why_not  # the whole matrix: only when the add-on is there
     py = ".".join((python or "3.11").split(".")[:2])
     try:
         reasons = why_not(dist, str(version), py, str(torch))

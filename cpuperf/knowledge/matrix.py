@@ -624,6 +624,7 @@ def load_matrix(
     *,
     base_dir: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    subjects: tuple[str, ...] = (),
 ) -> Matrix:
     """Load the shipped compat data plus `extra_dir` (default: the $CPUPERF_COMPAT_DIR directories).
 
@@ -646,6 +647,8 @@ def load_matrix(
         else:
             layers.append(_toml_files(extra, problems))
 
+    if subjects:
+        layers = [[f for f in layer if f.name.startswith(subjects)] for layer in layers]
     merged: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {k: {} for k in _SCHEMA}
     files: list[str] = []
     for layer in layers:
@@ -675,6 +678,17 @@ def load_matrix(
 @lru_cache(maxsize=8)
 def _cached(extra: str) -> Matrix:
     return load_matrix(extra or None, environ={})
+
+
+@lru_cache(maxsize=8)
+def _cached_eol(extra: str) -> Matrix:
+    return load_matrix(extra or None, environ={}, subjects=("eol",))
+
+
+def eol_notice(component: str) -> EolNotice | None:
+    """The end-of-life row of 'ipex' or 'oneccl' (compat/eol.toml plus $CPUPERF_COMPAT_DIR), without
+    loading the rest of the matrix."""
+    return _cached_eol(os.environ.get(ENV_DIR, "")).eol_notice(component)
 
 
 def check_env_dir(environ: Mapping[str, str] | None = None) -> None:
