@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 import pytest
 from cli_util import run_cli, run_json
@@ -226,7 +226,3 @@ def test_config_file_and_set_use_the_same_ids(tmp_path):
     d = {x["id"]: x for x in rec["decisions"]}
     assert d["dtype"]["value"] == "bf16" and d["threads_per_rank"]["value"] == 3
     assert rec["env"]["OMP_NUM_THREADS"] == "3"
-
-
-def _unused(_: Optional[str]) -> None:
-    return None

@@ -23,10 +23,13 @@ class Clock(TrainerCallback):
 
 (args,) = HfArgumentParser((TrainingArguments,)).parse_args_into_dataclasses()
 torch.manual_seed(0)
-cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, n_positions=64, vocab_size=4096)
+# ~5M parameters: small, yet compute-bound like real models (a 0.9M toy is dominated by per-op overhead,
+# where one thread beats one per core and no launcher setting can show a gain).
+SEQ = 128
+cfg = GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=SEQ, vocab_size=8192)
 model = GPT2LMHeadModel(cfg)
 g = torch.Generator().manual_seed(0)
-data = [{"input_ids": t, "labels": t} for t in torch.randint(0, cfg.vocab_size, (512, 64), generator=g)]
+data = [{"input_ids": t, "labels": t} for t in torch.randint(0, cfg.vocab_size, (512, SEQ), generator=g)]
 clock = Clock()
 trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
 trainer.train()
