@@ -243,3 +243,23 @@ def test_builtin_loop_uses_the_fused_optimizer_where_torch_has_it():
 
     fused_ok = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 4)
     assert d.value == ("adamw_fused" if fused_ok else "adamw"), d.reason
+
+
+def test_accelerate_launch_gets_mixed_precision_only_where_the_rule_gave_bf16():
+    from cpuperf.plan.user_script import Flag, plan_script
+
+    bf16 = [Flag(("--bf16",), "dtype: bf16 autocast"), Flag(("--use_cpu",), "device: cpu")]
+    user = ["accelerate", "launch", "--num_processes", "1", "train.py", "--lr", "1e-3"]
+    plan = plan_script(user, bf16, "auto", "import argparse\nargparse.ArgumentParser().parse_args()\n")
+    assert plan.argv[:4] == ("accelerate", "launch", "--mixed_precision", "bf16")
+    assert plan.argv[4:] == tuple(user[2:])  # the script's own arguments untouched: argparse, no Trainer flags
+    assert [f.args for f in plan.added] == [("--mixed_precision", "bf16")]
+    # the user's own choice, a config file that may hold one, no bf16 decision, --hf-flags never: nothing added
+    for argv, ours, mode in ((["accelerate", "launch", "--mixed_precision", "no", "train.py"], bf16, "auto"),
+                             (["accelerate", "launch", "--config_file", "c.yaml", "train.py"], bf16, "auto"),
+                             (user, [Flag(("--use_cpu",), "device: cpu")], "auto"),
+                             (user, bf16, "never"),
+                             (["torchrun", "--nproc-per-node", "2", "train.py"], bf16, "auto")):
+        plan = plan_script(argv, ours, mode, "import argparse\nargparse.ArgumentParser().parse_args()\n")
+        assert "--mixed_precision" not in plan.argv[2:4] or argv[2] == "--mixed_precision", argv
+        assert all(f.args[0] != "--mixed_precision" for f in plan.added), argv

@@ -319,6 +319,31 @@ def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
     return add, left
 
 
+def launcher_flags(cmd: UserCommand, ours: Sequence[Flag]) -> List[Flag]:
+    """Speed flags for the user's own launcher: `accelerate launch --mixed_precision bf16` where the same
+    rule gave a Trainer `--bf16` (autocast in Accelerator), unless the user's launcher options already
+    choose (--mixed_precision, or a --config_file that may)."""
+    if cmd.launcher != "accelerate":
+        return []
+    opts = cmd.argv[:cmd.argv.index(cmd.script)] if cmd.script in cmd.argv else cmd.argv
+    if any(o.split("=", 1)[0] in ("--mixed_precision", "--mixed-precision", "--config_file", "--config-file")
+           for o in opts):
+        return []
+    for flag in ours:
+        if flag.args[0] in ("--bf16", "--fp16"):
+            return [Flag(("--mixed_precision", flag.args[0][2:]), f"{flag.why} (accelerate launch: Accelerator autocast)")]
+    return []
+
+
+def _with_launcher_flags(argv: Sequence[str], flags: Sequence[Flag]) -> Tuple[str, ...]:
+    """The user's command with `flags` right after `accelerate launch`."""
+    args = list(argv)
+    if flags and "launch" in args:
+        at = args.index("launch") + 1
+        args[at:at] = [a for f in flags for a in f.args]
+    return tuple(args)
+
+
 def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, source: Optional[str],
                 transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
     """The user's command with the Trainer flags that are safe for it (--hf-flags auto|always|never)."""
@@ -334,11 +359,13 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
 
     if mode == "never":
         return made(user_argv, (), (), "--hf-flags never")
+    launch = launcher_flags(cmd, ours)
+    base = _with_launcher_flags(user_argv, launch)
     if mode == "auto" and parser != "hf":
-        return made(user_argv, (), (), why + " (--hf-flags always adds them anyway)")
+        return made(base, launch, (), why + " (--hf-flags always adds them anyway)")
     add, left = merge_flags(cmd.script_args or user_argv, ours, source)
-    argv = tuple(user_argv) + tuple(a for f in add for a in f.args)
-    return made(argv, add, [*left, *skipped], why if mode == "auto" else "--hf-flags always")
+    argv = base + tuple(a for f in add for a in f.args)
+    return made(argv, [*launch, *add], [*left, *skipped], why if mode == "auto" else "--hf-flags always")
 
 
 # -- what was applied, and a rejection ---------------------------------------------------------------
