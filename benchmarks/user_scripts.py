@@ -20,7 +20,8 @@ def _argv(workload: str, steps: int) -> List[str]:
         return [sys.executable, str(SCRIPTS / "hf_gpt2.py"), "--output_dir", "/tmp/cpuperf-bench-hf",
                 "--max_steps", str(steps), "--per_device_train_batch_size", "8", "--report_to", "none",
                 "--save_strategy", "no", "--disable_tqdm", "true", "--logging_strategy", "no"]
-    return ["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+    # Mixed precision left to accelerate's default (a user who did not choose): cpuperf may add its own.
+    return ["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
             "--dynamo_backend", "no", str(SCRIPTS / "accel_gpt2.py"), "--steps", str(steps)]
 
 
@@ -78,7 +79,8 @@ def markdown_rows(results: List[Dict[str, Any]]) -> List[str]:
              "|---|---|---|---|---|"]
     for r in results:
         a = r.get("applied") or {}
-        applied = ", ".join([f"{k}={v}" for k, v in (a.get("env") or {}).items()] + list(a.get("flags") or [])
+        flags = list((a.get("flags_why") or {}).keys()) or list(a.get("flags") or [])  # "--optim X" as one
+        applied = ", ".join([f"{k}={v}" for k, v in (a.get("env") or {}).items()] + flags
                             + ([f"pinned {len(a['cpus'])} CPUs"] if a.get("cpus") else []))
         ratio = "n/a" if r["ratio_median"] is None else \
             f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
