@@ -37,7 +37,7 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
     cmd = [sys.executable, "-m", "cpuperf.train.bench", json.dumps(settings)]
     if config.get("run_cpu"):
         # run_cpu launches a script path with its own defaults (threads, allocator, OpenMP, pinning).
-        cmd = [sys.executable, "-m", "torch.backends.xeon.run_cpu", str(ROOT / "cpuperf" / "benchrun.py"),
+        cmd = [sys.executable, "-m", "torch.backends.xeon.run_cpu", str(ROOT / "cpuperf" / "train" / "bench.py"),
                json.dumps(settings)]
     cpus = config.get("cpus")
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
