@@ -100,3 +100,24 @@ def test_window_zero_skips_sampling():
     start = time.monotonic()
     load = with_load(probe_host(), window_s=0).load
     assert load is not None and load.cpu_busy is None and time.monotonic() - start < 0.25
+
+
+def test_a_process_that_is_just_ending_is_not_load():
+    """A CPU busy in the first window only (a child that exits) is sampled again and does not count;
+    one busy in both windows (the busy_loop test above) does."""
+    import os
+
+    from cpuperf.probe.load import probe_load
+    from cpuperf.probe.sources import Sources
+
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    code = (f"import os, sys, time\nos.sched_setaffinity(0, {{{cpu}}})\nprint('go', flush=True)\n"
+            "t = time.time()\nwhile time.time() - t < 0.15:\n    pass\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "go"
+        load = probe_load(Sources(), cpus=[cpu], window_s=0.1)
+    finally:
+        child.wait(timeout=30)
+    assert load.window_s >= 0.15  # the busy first window was confirmed by a second one
+    assert load.busy().get(cpu, 0.0) < 0.5, load

@@ -108,19 +108,13 @@ def _default_window() -> float:
         return DEFAULT_WINDOW_S
 
 
-def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None) -> LoadFacts:
-    """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises."""
-    if window_s is None:
-        window_s = _default_window()
-        try:
-            window_s = float(src.environ.get("CPUPERF_LOAD_WINDOW", window_s))
-        except ValueError:
-            pass
-    psi, psi_path = _pressure(src)
-    one, running = parse_loadavg(src.read("/proc/loadavg"))
-    if not src.live or window_s <= 0:
-        others = None if running is None else max(0.0, running - 1.0)  # the reader itself is running
-        return LoadFacts(0.0, one, others, None, psi, psi_path, "live" if src.live else "snapshot")
+# A CPU at least this busy in the first window is sampled once more before it counts (half busy:
+# compat/tuning.toml [load] busy_cpu_fraction, the figure the decision uses).
+_CONFIRM_AT = 0.5
+
+
+def _sample(src: Sources, window_s: float, cpus: Optional[Sequence[int]]) -> Tuple[List[Tuple[int, float]], List[int], float]:
+    """(per-CPU busy fraction by others, runnable counts seen, seconds) over one window while we sleep."""
     before = parse_stat_cpus(src.read("/proc/stat"))
     counts: List[int] = []
     start = time.monotonic()
@@ -137,6 +131,31 @@ def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Opt
         d_busy, d_total = after[cpu][0] - before[cpu][0], after[cpu][1] - before[cpu][1]
         if d_total > 0:
             busy.append((cpu, round(min(1.0, max(0.0, d_busy / d_total)), 3)))
+    return busy, counts, elapsed
+
+
+def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None) -> LoadFacts:
+    """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises."""
+    if window_s is None:
+        window_s = _default_window()
+        try:
+            window_s = float(src.environ.get("CPUPERF_LOAD_WINDOW", window_s))
+        except ValueError:
+            pass
+    psi, psi_path = _pressure(src)
+    one, running = parse_loadavg(src.read("/proc/loadavg"))
+    if not src.live or window_s <= 0:
+        others = None if running is None else max(0.0, running - 1.0)  # the reader itself is running
+        return LoadFacts(0.0, one, others, None, psi, psi_path, "live" if src.live else "snapshot")
+    busy, counts, elapsed = _sample(src, window_s, cpus)
+    if any(frac >= _CONFIRM_AT for _, frac in busy):
+        # Busy now: a process that is just exiting, or load that stays? A second window tells; each
+        # CPU keeps its lower figure, so only load seen in both decides threads for a whole run.
+        time.sleep(window_s)
+        again, counts2, elapsed2 = _sample(src, window_s, cpus)
+        second = dict(again)
+        busy = [(cpu, min(frac, second.get(cpu, frac))) for cpu, frac in busy]
+        counts, elapsed = counts + counts2, elapsed + elapsed2
     others = round(sum(max(0, c - 1) for c in counts) / len(counts), 2) if counts else None
     return LoadFacts(round(elapsed, 3), one, others, tuple(busy) if busy else None, psi, psi_path, "live")
 
