@@ -106,16 +106,6 @@ def stack_versions(facts: HostFacts) -> Dict[str, Optional[str]]:
     return {name: (info.version if info else None) for name, info in facts.software.packages.items()}
 
 
-def ipex_compatible(torch: Optional[str], ipex: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
-    """IPEX demands torch of its own major.minor (it kills the process at import otherwise)."""
-    return addon_compatible("ipex", torch, ipex, python)
-
-
-def ccl_compatible(torch: Optional[str], bindings: Optional[str], python: Optional[str] = None) -> Tuple[bool, str]:
-    """oneCCL bindings are built for one (sometimes two) exact torch releases."""
-    return addon_compatible("oneccl", torch, bindings, python)
-
-
 # -- helpers ---------------------------------------------------------------------------------------
 
 def _cc(gpu: Gpu) -> Tuple[int, int]:

@@ -28,6 +28,7 @@ class Knob:
     decided: bool = False  # recommend decides it (a Decision with this id)
     worker: bool = False  # the built-in loop's setting of the same name
     launch: bool = False  # carried by the launch plan (ranks, threads, CPUs, env)
+    nullable: bool = False  # 'none' means "decide for me" / "no limit"
     doc: str = ""
 
 
@@ -68,8 +69,8 @@ KNOBS: Tuple[Knob, ...] = (
     _k("weight_decay", "float", minimum=0.0, worker=True),
     _k("grad_clip", "float", minimum=0.0, worker=True),
     _k("warmup", "int", minimum=0, worker=True),
-    _k("max_steps", "int", minimum=1, worker=True),
-    _k("time_budget_s", "float", minimum=0.0, worker=True),
+    _k("max_steps", "int", minimum=1, worker=True, nullable=True),
+    _k("time_budget_s", "float", minimum=0.0, worker=True, nullable=True),
     _k("eval_every", "int", minimum=0, worker=True),
     _k("eval_batches", "int", minimum=1, worker=True),
     _k("ckpt_every", "int", minimum=0, worker=True),
@@ -77,7 +78,7 @@ KNOBS: Tuple[Knob, ...] = (
     _k("seed", "int", minimum=0, worker=True),
     _k("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
     _k("bpe_merges", "int", minimum=1, worker=True),
-    _k("peak_tflops", "float", minimum=0.0, worker=True),
+    _k("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
     _k("confirm_batch", "bool", worker=True),
     _k("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
 )
@@ -139,8 +140,7 @@ def coerce(key: str, raw: Any) -> Any:
         text = json.dumps(raw) if isinstance(raw, bool) or raw is None else str(raw)
     else:
         text = raw.strip()
-    if text.lower() in ("none", "null", "") and (None in knob.choices or knob.kind in ("float", "int")
-                                                  and key in ("peak_tflops", "time_budget_s", "max_steps")):
+    if text.lower() in ("none", "null", "") and (knob.nullable or None in knob.choices):
         return None
     if knob.kind == "bool":
         return _bool(key, text)

@@ -27,15 +27,6 @@ PLAIN_REASON = "no --auto: fp32, eager, torch's own thread count, no pinning (th
 
 
 @dataclass(frozen=True)
-class EnvEntry:
-    """A variable the launch sets, with why (what plan_launch reads)."""
-
-    name: str
-    value: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class JobRequest:
     """What the user asked for: mode, constraints (typed --set/--config values) and launch options."""
 
@@ -65,7 +56,7 @@ class JobPlan:
     facts: HostFacts
     rec: Recommendation
     request: JobRequest
-    env: Tuple[EnvEntry, ...]
+    env: Tuple[envplan.EnvVar, ...]
     launch: LaunchPlan
     settings: Optional[Dict[str, Any]]  # the built-in worker's settings; None for a user's command
     decisions: Tuple[Dict[str, Any], ...]
@@ -119,7 +110,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
 
 
 def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int,
-               environ: Mapping[str, str]) -> Tuple[Tuple[EnvEntry, ...], List[str]]:
+               environ: Mapping[str, str]) -> Tuple[Tuple[envplan.EnvVar, ...], List[str]]:
     """Our variables merged over the user's environment: theirs kept unless an option or the job needs ours."""
     force = [n for n, given in (("MASTER_ADDR", request.master_addr), ("MASTER_PORT", request.master_port)) if given]
     if world > 1:
@@ -127,7 +118,8 @@ def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int
     merged = envplan.merge_env(environ, list(wanted), force=force)
     notes = [f"kept your {k.name}={k.value} (cpuperf would set {k.wanted})" for k in merged.kept]
     reasons = {e.name: e.reason for e in wanted}
-    return tuple(EnvEntry(n, merged.final[n], reasons.get(n, "")) for n in merged.final), notes
+    return tuple(envplan.EnvVar(n, merged.final[n], "cpuperf" if n in reasons else "environment", reasons.get(n, ""))
+                 for n in merged.final), notes
 
 
 def check_worker_can_honour(rec: Recommendation) -> None:

@@ -38,8 +38,6 @@ def canonical_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-_norm = canonical_name
-
 
 def key_for(name: str) -> str | None:
     """The PACKAGES key a distribution name (any spelling) is scanned under, or None."""
@@ -65,7 +63,7 @@ def _index(paths) -> dict:
             if fname.endswith(".dist-info") or fname.endswith(".egg-info"):
                 stem = fname.rsplit(".", 1)[0]
                 name = stem.split("-", 1)[0]
-                found.setdefault(_norm(name), (entry, os.path.join(entry, fname)))
+                found.setdefault(canonical_name(name), (entry, os.path.join(entry, fname)))
     return found
 
 
@@ -117,7 +115,7 @@ def scan(paths=None) -> dict:
     for key, names in PACKAGES.items():
         info = None
         for name in names:
-            hit = index.get(_norm(name))
+            hit = index.get(canonical_name(name))
             version = _version(hit[1]) if hit else None
             if hit is None or version is None:
                 continue
