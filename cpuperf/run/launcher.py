@@ -218,6 +218,11 @@ class _Watch(threading.Thread):
                     self.died_first.append(rank)
                 continue
             obs = observe(rank, pid)
+            prev = self.observations.get(rank)
+            if obs is not None and prev is not None and obs.omp_num_threads is None:
+                # /proc/PID/environ of an exec'd process never changes, but reads empty while it exits:
+                # a late sample must not erase what an earlier one saw.
+                obs.omp_num_threads = prev.omp_num_threads
             # Keep the latest sample taken once torch (and its OpenMP runtime) is loaded.
             if obs is not None and (obs.openmp or rank not in self.observations):
                 self.observations[rank] = obs
