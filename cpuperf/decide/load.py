@@ -14,8 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.data import load_builtin
 from cpuperf.decide.findings import Finding
 from cpuperf.decide.placement import Placement
-from cpuperf.probe.facts import HostFacts
-from cpuperf.probe.load import LoadFacts
+from cpuperf.probe.facts import HostFacts, LoadFacts
 
 
 def busy_threshold() -> float:

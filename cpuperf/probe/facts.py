@@ -11,8 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from cpuperf.probe.load import LoadFacts
-
 # ISA flags cpuperf reasons about, as Linux prints them in /proc/cpuinfo (x86: the quoted names in
 # arch/x86/include/asm/cpufeatures.h; AMX-FP16 and AVX-VNNI-INT8 have none, so they never appear) and in
 # the Arm 'Features' line (arch/arm64/kernel/cpuinfo.c hwcap_str).
@@ -23,6 +21,22 @@ X86_ISA = (
 )
 ARM_ISA = ("asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "svebf16", "i8mm", "svei8mm", "sme", "sme2")
 POWER_ISA = ("altivec", "vsx", "mma")
+
+
+@dataclass(frozen=True)
+class LoadFacts:
+    """Load by others while cpuperf itself sleeps; None = unknown."""
+
+    window_s: float  # 0 = no window (snapshot, or skipped)
+    loadavg_1m: Optional[float]
+    runnable_others: Optional[float]  # mean runnable tasks besides this process over the window
+    cpu_busy: Optional[Tuple[Tuple[int, float], ...]]  # (cpu, busy fraction 0..1) over the window
+    psi_some_avg10: Optional[float]  # % of the last 10 s some task waited for a CPU
+    psi_source: Optional[str]  # the pressure file read
+    source: str  # 'live' | 'snapshot'
+
+    def busy(self) -> Dict[int, float]:
+        return dict(self.cpu_busy or ())
 
 
 @dataclass(frozen=True)

@@ -10,29 +10,13 @@ window); a --sysroot tree gives its recorded /proc/loadavg and pressure files an
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from cpuperf.probe.facts import LoadFacts
 from cpuperf.probe.sources import Sources
 
 DEFAULT_WINDOW_S = 0.2  # compat/tuning.toml [load].window_s when readable
 _SAMPLES = 4  # procs_running readings spread over the window (one reading is a coin toss)
-
-
-@dataclass(frozen=True)
-class LoadFacts:
-    """Load by others while cpuperf itself sleeps; None = unknown."""
-
-    window_s: float  # 0 = no window (snapshot, or skipped)
-    loadavg_1m: Optional[float]
-    runnable_others: Optional[float]  # mean runnable tasks besides this process over the window
-    cpu_busy: Optional[Tuple[Tuple[int, float], ...]]  # (cpu, busy fraction 0..1) over the window
-    psi_some_avg10: Optional[float]  # % of the last 10 s some task waited for a CPU
-    psi_source: Optional[str]  # the pressure file read
-    source: str  # 'live' | 'snapshot'
-
-    def busy(self) -> Dict[int, float]:
-        return dict(self.cpu_busy or ())
 
 
 def parse_loadavg(text: Optional[str]) -> Tuple[Optional[float], Optional[int]]:
@@ -88,9 +72,9 @@ def parse_psi_some_avg10(text: Optional[str]) -> Optional[float]:
 
 def _pressure(src: Sources) -> Tuple[Optional[float], Optional[str]]:
     """This cgroup's cpu.pressure (the nearest one that has it), else the host's /proc/pressure/cpu."""
-    from cpuperf.probe.topology import _cgroup_dirs
+    from cpuperf.probe.topology import cgroup_dirs
 
-    version, dirs = _cgroup_dirs(src, "cpu")
+    version, dirs = cgroup_dirs(src, "cpu")
     candidates: List[str] = [f"{d}/cpu.pressure" for d in dirs] if version == 2 else []
     for path in [*candidates, "/proc/pressure/cpu"]:
         value = parse_psi_some_avg10(src.read(path))

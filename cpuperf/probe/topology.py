@@ -107,7 +107,7 @@ def _from_cpuinfo(blocks: List[Dict[str, str]]) -> Tuple[List[LogicalCpu], int]:
     return cpus, len(cores)
 
 
-def _cgroup_dirs(src: Sources, controller: str) -> Tuple[Optional[int], List[str]]:
+def cgroup_dirs(src: Sources, controller: str) -> Tuple[Optional[int], List[str]]:
     """(cgroup version, directories from this process's cgroup up to the root)."""
     membership = parse.parse_proc_self_cgroup(src.read("/proc/self/cgroup"))
     if src.exists(f"{CGROUP}/cgroup.controllers"):
@@ -141,7 +141,7 @@ def cgroup_cpu_quota(src: Sources) -> Tuple[Optional[int], Optional[float]]:
     """(cgroup version, the tightest CPU quota along our cgroup's ancestry, in CPUs)."""
     if src.override("cpu_quota") is not None:
         return None, src.override_number("cpu_quota")
-    version, dirs = _cgroup_dirs(src, "cpu")
+    version, dirs = cgroup_dirs(src, "cpu")
     quotas = []
     for d in dirs:
         if version == 2:
@@ -155,7 +155,7 @@ def cgroup_cpu_quota(src: Sources) -> Tuple[Optional[int], Optional[float]]:
 
 
 def cgroup_cpuset(src: Sources) -> Optional[Tuple[int, ...]]:
-    version, dirs = _cgroup_dirs(src, "cpuset")
+    version, dirs = cgroup_dirs(src, "cpuset")
     for d in dirs:  # the nearest cgroup that says anything wins
         for name in ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"):
             cpus = parse.parse_cpulist(src.read(f"{d}/{name}"))
@@ -165,7 +165,7 @@ def cgroup_cpuset(src: Sources) -> Optional[Tuple[int, ...]]:
 
 
 def cgroup_memory_limit(src: Sources) -> Optional[int]:
-    version, dirs = _cgroup_dirs(src, "memory")
+    version, dirs = cgroup_dirs(src, "memory")
     limits = []
     for d in dirs:
         raw = src.read_first_line(f"{d}/memory.max") if version == 2 else \
