@@ -193,21 +193,22 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     decided, worker = split_constraints(a)
     hosts, nnodes = _nodes(a, environ)
     nproc = a.nproc_per_node or a.ppn
-    own_launcher = None
-    if a.user_argv:
-        from cpuperf.plan.user_script import parse_command
+    yours = _your_launcher(a, facts, environ)
+    if yours is not None:
+        if (nproc or 1) > 1 or a.launcher:
+            raise UsageError(f"your command starts its own launcher ({yours.launcher}): cpuperf adds none on top",
+                             hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
+        # Its ranks are planned (disjoint cores, threads = their share) only where cpuperf can place them.
+        from cpuperf.decide.placement import usable_cores
 
-        own_launcher = parse_command(a.user_argv)
-        if own_launcher.launcher:
-            if (nproc or 1) > 1 or a.launcher:
-                raise UsageError(f"your command starts its own launcher ({own_launcher.launcher}): cpuperf adds none on top",
-                                 hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
-            nproc = 1  # the user's launcher starts the ranks; cpuperf runs it directly, pinned
+        fits = yours.count is not None and yours.count <= max(1, len(usable_cores(facts)))
+        nproc = yours.count if (yours.place or fits) else 1
     steps = a.max_steps if a.max_steps is not None else (None if a.time_budget else 400)
     workload = resolve_workload(a.model, None, None, None, steps)
     rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
                     measurements=_measurements(a, facts, environ), overrides=decided,
-                    environ=environ if facts.live else {}, baseline=None if a.auto else {"nproc_per_node": 1})
+                    environ=environ if facts.live else {}, baseline=None if a.auto else {"nproc_per_node": 1},
+                    ranks_from=f"your launcher: {yours.source}" if yours is not None and a.auto else None)
     v = rec.values()
     world = v["nproc_per_node"] * nnodes
     mpi = mpi_flavour(facts)
@@ -223,15 +224,64 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                          hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout,
                          preset=_preset(a.model) if not a.user_argv else None)
     cmd, settings, hf = _rank_command(a, rec, request, out_dir)
-    if own_launcher is not None and own_launcher.launcher:
-        from dataclasses import replace
+    if yours is not None and yours.place and (yours.count or 1) > 1 and a.auto:
+        from cpuperf.plan.user_launcher import split_launcher, with_rank_step
 
-        from cpuperf.plan.user_script import own_launcher_placement
-
-        rec = replace(rec, placement=own_launcher_placement(rec.placement, own_launcher.nproc))
+        flagged = split_launcher(cmd)  # the command with its Trainer flags, as the launcher will see it
+        if flagged is not None:
+            cmd = list(with_rank_step(flagged, sys.executable, _launcher_python(flagged)))
     return plan_job(facts, rec, request, environ=environ, rank_command=cmd, settings=settings,
                     mpi=mpi[1] if (mpi and a.launcher == "mpirun") else None, socket_ifname=ifname,
-                    log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf)
+                    log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf, yours=yours)
+
+
+def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
+    """The user's own launcher and its ranks (cpuperf.plan.user_launcher.LauncherRanks), or None."""
+    if not a.user_argv:
+        return None
+    from cpuperf.decide.placement import usable_cores
+    from cpuperf.knowledge.gpu import visible_gpus
+    from cpuperf.plan.user_launcher import launcher_ranks, split_launcher
+
+    cmd = split_launcher(a.user_argv)
+    if cmd is None:
+        return None
+    return launcher_ranks(cmd, logical_cpus=len(facts.topology.cpus) or 1,
+                          physical_cores=max(1, len(usable_cores(facts))), gpus=len(visible_gpus(facts, environ)),
+                          has_default_config=cmd.launcher == "accelerate" and _accelerate_default_config(environ),
+                          environ=environ, interpreter=_launcher_python(cmd))
+
+
+def _launcher_python(cmd: Any) -> Optional[str]:
+    """The Python a launcher runs scripts with: the one named (`python -m torch.distributed.run`), else the
+    interpreter on the `#!` line of the launcher's script (a console script of that environment)."""
+    import shutil
+
+    first = cmd.prefix[0]
+    path = shutil.which(first)
+    if path is None:
+        return None
+    if cmd.prefix[1:2] == ("-m",) or os.path.basename(first).startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512).split(b"\n", 1)[0]
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].decode("utf-8", "replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+        return shutil.which(words[0]) if words else None
+    return words[0] if words and os.path.isfile(words[0]) else None
+
+
+def _accelerate_default_config(environ: Dict[str, str]) -> bool:
+    """accelerate reads its default config file when one exists (accelerate/commands/config/config_args.py:
+    $HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface; then accelerate/default_config.yaml)."""
+    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return os.path.isfile(os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml"))
 
 
 def _preset(model: Optional[str]) -> Optional[str]:

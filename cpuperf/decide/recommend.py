@@ -187,6 +187,7 @@ class _Context:
     stack: Dict[str, Optional[str]]
     fixed: Dict[str, Any]
     baseline: Tuple[str, ...] = ()  # fixed by the plain baseline, not by the user
+    ranks_from: Optional[Tuple[int, str]] = None  # (count, where): ranks a user's own launcher starts
     decisions: Dict[str, Decision] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 
@@ -232,19 +233,21 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
               nnodes: int = 1, unit: str = "socket", device: str = "auto",
               measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
               environ: Optional[Mapping[str, str]] = None,
-              baseline: Optional[Mapping[str, Any]] = None) -> Recommendation:
+              baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None) -> Recommendation:
     """Decide every setting for this host and workload; the user's values (overrides) are constraints
     applied where each knob is decided, so placement, memory plan and backend are built around them.
-    `baseline` fixes knobs the same way without calling them the user's (train without --auto)."""
+    `baseline` fixes knobs the same way without calling them the user's (train without --auto).
+    `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from)."""
     fixed = user_constraints(overrides)
-    if nproc_per_node is not None:
+    if nproc_per_node is not None and ranks_from is None:
         fixed.setdefault("nproc_per_node", nproc_per_node)
     if nnodes and nnodes > 1:
         fixed.setdefault("nnodes", nnodes)
     base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
     fixed.update(base)
     ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
-                   stack_versions(facts), fixed, tuple(base))
+                   stack_versions(facts), fixed, tuple(base),
+                   ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None)
     if facts.software is None:
         ctx.notes.append("the installed stack is unknown (snapshot): decisions that need torch assume a recent CPU torch")
     elif ctx.torch is None:
@@ -318,13 +321,16 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
         backend = fixed.get("ddp_backend")
         want_ccl = backend == "ccl" or (backend is None and "ddp_backend" not in fixed and facts.software is not None
                                         and cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python).ccl_available)
-        placement = plan_placement(facts, fixed.get("nproc_per_node"), unit, ccl=want_ccl, nnodes=nnodes,
+        asked = fixed.get("nproc_per_node") or (ctx.ranks_from[0] if ctx.ranks_from else None)
+        placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
                                    threads_per_rank=threads, oversubscribe=oversubscribe)
         # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
         # user set threads or affinity: theirs stands, with a note).
         placement, load_ev, load_note = adjust_placement(placement, facts.load, fixed)
         ctx.notes.extend([load_note] if load_note else [])
-        ctx.choose("nproc_per_node", placement.nproc_per_node, "; ".join(placement.reasons[-1:]),
+        ctx.choose("nproc_per_node", placement.nproc_per_node,
+                   f"{placement.nproc_per_node} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from
+                   else "; ".join(placement.reasons[-1:]),
                    {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
                     "usable_physical_cores": placement.cpu_budget})
     ctx.choose("nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})

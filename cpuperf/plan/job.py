@@ -192,7 +192,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
              rank_command: Sequence[str], settings: Optional[Dict[str, Any]] = None,
              mpi: Optional[str] = None, socket_ifname: Optional[str] = None, log_dir: Optional[str] = None,
              python: Optional[str] = None, euid: int = 1000, hf: Optional[Dict[str, Any]] = None,
-             libraries: Optional[envplan.Libraries] = None) -> JobPlan:
+             libraries: Optional[envplan.Libraries] = None, yours: Optional[Any] = None) -> JobPlan:
     """The whole plan, built once: env from the decisions, then the launch that carries both."""
     v = rec.values()
     world = v["nproc_per_node"] * v["nnodes"]
@@ -208,7 +208,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout)
+                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
                    hf or {})
 

@@ -30,6 +30,10 @@ SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
 SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.run.rankexec
 LOGDIR_VAR = "CPUPERF_RANK_LOGDIR"  # where rankexec writes rank<R>.log and rank<R>.pid
+PIDDIR_VAR = "CPUPERF_RANK_PIDDIR"  # a user's launcher: rankexec writes only rank<L>.pid here (output stays theirs)
+# Variables that place threads: set only where cpuperf places the ranks (a user's launcher may not be placed).
+PLACEMENT_VARS = ("OMP_NUM_THREADS", "KMP_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY",
+                  "I_MPI_PIN_DOMAIN", "CCL_WORKER_AFFINITY")
 RDZV_TIMEOUT_VAR = "CPUPERF_RDZV_TIMEOUT"  # the worker's init_process_group bound (cpuperf.train.loop)
 DEFAULT_RDZV_TIMEOUT_S = 300  # --rdzv-timeout: how long node 0 waits for the others to join
 
@@ -62,6 +66,8 @@ class LaunchPlan:
     rank_command: Tuple[str, ...]  # what each rank finally runs (after rankexec)
     notes: Tuple[str, ...] = ()
     node_commands: Tuple[str, ...] = ()  # torchrun multi-node: the command to start on every node
+    yours: Optional[Dict[str, Any]] = None  # the user's own launcher: LauncherRanks.to_json()
+    pid_dir: Optional[str] = None  # where each rank's pid file appears (rank<R>.pid), read by the watcher
 
     @property
     def world_size(self) -> int:
@@ -160,13 +166,18 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                 pin: bool = True, threads: Optional[int] = None, log_dir: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
                 python: Optional[str] = None, local_addr: Optional[str] = None,
-                job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None) -> LaunchPlan:
+                job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None,
+                yours: Optional[Any] = None) -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
     pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
+    yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
+    directly; `placement` then holds its ranks, placed through the per-rank step already in rank_command.
     """
+    if yours is not None:
+        return _plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir)
     environ = environ or {}
     python = python or sys.executable
     nproc = placement.nproc_per_node
@@ -235,7 +246,48 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                       per_rank=specs, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
                       hosts=host_names, master_addr=addr if world > 1 else None,
                       master_port=port if world > 1 else None, affinity=affinity, log_dir=log_dir,
-                      rank_command=cmd, notes=tuple(notes), node_commands=node_commands)
+                      rank_command=cmd, notes=tuple(notes), node_commands=node_commands,
+                      pid_dir=log_dir if chosen != "direct" else None)
+
+
+def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,
+                threads: Optional[int], log_dir: Optional[str]) -> LaunchPlan:
+    """The user's launcher, run directly. Placed: the launcher itself on all the ranks' CPUs, each rank
+    narrowed to its slot by the per-rank step (several ranks) and OMP_NUM_THREADS = its share. Not placed:
+    no pinning and no thread variables at all, so the launcher's own defaults stand."""
+    env, reasons = _base_env(env_vars, max(1, yours.count or 1))
+    for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):  # your launcher's rendezvous stays yours
+        env.pop(name, None)
+        reasons.pop(name, None)
+    placed = bool(yours.place) and pin
+    specs = rank_specs(placement, placed, threads if placed else None) if placed else tuple(
+        RankSpec(r, (), None) for r in range(max(1, yours.count or 1)))
+    notes = [f"launcher: yours ({yours.launcher}); {yours.count if yours.count is not None else 'an unknown number of'} "
+             f"rank(s) from {yours.source}; cpuperf adds no launcher of its own"]
+    affinity: Optional[Tuple[int, ...]] = None
+    if placed:
+        affinity = tuple(sorted({c for s in specs for c in s.cpus})) or None
+        share = min((s.threads for s in specs if s.threads), default=None)
+        if share:
+            env["OMP_NUM_THREADS"] = str(share)
+            reasons["OMP_NUM_THREADS"] = f"each of your launcher's {len(specs)} rank(s) computes on {share} core(s) of its own"
+        if len(specs) > 1:
+            env[SLOTS_VAR] = slot_table(specs)
+            reasons[SLOTS_VAR] = "per-rank CPUs and threads, applied by the per-rank step (cpuperf.run.rankexec) by local rank"
+            if log_dir:
+                env[PIDDIR_VAR] = log_dir
+                reasons[PIDDIR_VAR] = "each rank records its pid here, so cpuperf can check what it runs with"
+        notes.append(f"placement: {yours.why}")
+    else:
+        for name in PLACEMENT_VARS:
+            env.pop(name, None)
+            reasons.pop(name, None)
+        notes.append(f"placement: {yours.why}")
+    n = len(specs)
+    return LaunchPlan(launcher="direct", flavour=yours.launcher, argv=tuple(rank_command), env=env, env_reasons=reasons,
+                      per_rank=specs, nproc_per_node=n, nnodes=1, node_rank=0, hosts=(), master_addr=None,
+                      master_port=None, affinity=affinity, log_dir=log_dir, rank_command=tuple(rank_command),
+                      notes=tuple(notes), yours=yours.to_json(), pid_dir=log_dir if placed and n > 1 else None)
 
 
 

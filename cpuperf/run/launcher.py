@@ -175,19 +175,20 @@ class _Watch(threading.Thread):
         if self.direct_pid is not None:
             self.pids.setdefault(0, self.direct_pid)
             return
-        if not self.plan.log_dir:
+        pid_dir = self.plan.pid_dir or self.plan.log_dir
+        if not pid_dir:
             return
         base = self.plan.node_rank * self.plan.nproc_per_node
         for local in range(self.plan.nproc_per_node):
             rank = base + local
             if rank in self.pids:
                 continue
-            text = _read(os.path.join(self.plan.log_dir, f"rank{rank}.pid"))
+            text = _read(os.path.join(pid_dir, f"rank{rank}.pid"))
             if text and text.strip().isdigit():
                 self.pids[rank] = int(text.strip())
 
     def _tail(self) -> None:
-        if self.echo is None or not self.plan.log_dir or self.direct_pid is not None:
+        if self.echo is None or not self.plan.log_dir or self.direct_pid is not None or self.plan.launcher == "direct":
             return
         rank0 = self.plan.node_rank * self.plan.nproc_per_node
         path = os.path.join(self.plan.log_dir, f"rank{rank0}.log")
@@ -439,9 +440,9 @@ def _tee(proc: subprocess.Popen, captured: List[str]) -> threading.Thread:
 
 def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_is_product: bool,
          errors_dir: str, tee_stderr: bool = False) -> ExecResult:
-    if plan.log_dir:
-        Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
-        for stale in Path(plan.log_dir).glob("rank*.pid"):
+    for folder in {d for d in (plan.log_dir, plan.pid_dir) if d}:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        for stale in Path(folder).glob("rank*.pid"):
             stale.unlink()
     direct = plan.launcher == "direct"
     launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
@@ -450,7 +451,7 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     with _Stopper() as stopper:
         proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
         stopper.started(proc)
-        watch = _Watch(plan, proc.pid if direct else None, echo)
+        watch = _Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
         watch.start()
         captured: List[str] = []
         reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))

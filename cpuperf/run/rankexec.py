@@ -4,7 +4,7 @@ Started by torchrun / mpirun / srun once per rank. Reads the local rank from the
 (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID) and its slot from
 CPUPERF_RANK_SLOTS (a JSON list indexed by local rank: {"cpus": [...], "threads": N}); sets the CPU
 affinity and OMP_NUM_THREADS, sends its output to CPUPERF_RANK_LOGDIR/rank<R>.log, records its pid
-in rank<R>.pid (the pid survives exec: cpuperf train reads /proc/<pid> of each rank), asks the
+in rank<R>.pid (under a user's own launcher: only the pid, in CPUPERF_RANK_PIDDIR/rank<local>.pid) (the pid survives exec: cpuperf train reads /proc/<pid> of each rank), asks the
 kernel for SIGTERM when its parent (the launcher) dies, so no rank trains on as an orphan, then
 execs. Kept import-light: it runs once per rank before the real command.
 """
@@ -83,6 +83,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
     # The launcher is our parent (torchrun's agent, orted, slurmstepd): when it dies, so do we.
     die_with_parent(os.getppid())
+    piddir = os.environ.get("CPUPERF_RANK_PIDDIR")
+    if piddir:  # a user's launcher: its ranks' output stays where the launcher sends it
+        try:
+            with open(os.path.join(piddir, f"rank{local}.pid"), "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+        except OSError as exc:
+            sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot record its pid under {piddir}: {exc.strerror}\n")
     logdir = os.environ.get("CPUPERF_RANK_LOGDIR")
     if logdir:
         try:
