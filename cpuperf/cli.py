@@ -123,6 +123,8 @@ def compat(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
 
 
+LOAD_HELP = ("Plan around other work busy on this host now (fewer threads on the CPUs it keeps busy). Off by default: "
+             "load changes from second to second, so plans are made from stable facts and doctor reports load.")
 RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 
@@ -142,6 +144,8 @@ def recommend(
     config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="TOML/JSON file of decision overrides."),
     measurements: Optional[str] = typer.Option(None, "--measurements", metavar="FILE", help="Recorded measurements (cpuperf bench --json)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="Print only one rendering: env, hf, accelerate or launch."),
+    save: Optional[str] = typer.Option(None, "--save", metavar="FILE", help="Write the plan with the facts it was made from (JSON): `train --plan FILE` and `ccl-env --plan FILE` run or render exactly it, on every node."),
+    adapt_to_load: bool = typer.Option(False, "--adapt-to-load", help=LOAD_HELP),
     sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help=SYSROOT_HELP),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -155,7 +159,8 @@ def recommend(
     _finish(cmd.run_recommend(Output(json_mode=json_out, quiet=quiet), fmt, sysroot=sysroot, model=model,
                               params=params, seq_len=seq_len, batch_size=batch_size, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes, hostfile=hostfile, unit=unit,
-                              device=device, sets=sets, config=config, measurements=measurements))
+                              device=device, sets=sets, config=config, measurements=measurements, save=save,
+                              adapt_to_load=adapt_to_load))
 
 
 @app.command()
@@ -205,6 +210,9 @@ def train(
     unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node (--auto)."),
     hf_flags: str = typer.Option("auto", "--hf-flags", help="For `-- python script.py`: add Trainer flags auto (HF Trainer scripts only), always or never."),
     sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help="Plan for a recorded host (/proc, /sys under DIR); with --dry-run only."),
+    plan: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help="Run exactly this saved plan (cpuperf recommend --save FILE): nothing is decided again; a plan made for another host or stack is refused."),
+    replan: bool = typer.Option(False, "--replan", help="With --plan: where this host or stack differs, plan again from the plan's own inputs and this host's facts."),
+    adapt_to_load: bool = typer.Option(False, "--adapt-to-load", help=LOAD_HELP),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -217,7 +225,7 @@ def train(
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
                          ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
                          rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot,
-                         user_argv=list(ctx.args))
+                         user_argv=list(ctx.args), plan=plan, replan=replan, adapt_to_load=adapt_to_load)
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
 
 

@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     FILESYSTEM = 10  # a file or directory cannot be read or written (permissions, read-only, disk full)
     INSTALL_UNFINISHED = 11  # an earlier install was killed half-way: `cpuperf install --recover`
     BUSY = 12  # another live run holds the run directory (--out)
+    PLAN_MISMATCH = 13  # a saved plan (--plan) was made for another host or stack
     HANGUP = 129  # SIGHUP (128 + 1): the terminal went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT, 128 + 2)
     TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`
@@ -77,6 +78,10 @@ class UnsupportedPlatformError(CpuperfError):
 
 class FilesystemError(CpuperfError, OSError):
     code = ExitCode.FILESYSTEM
+
+
+class PlanMismatchError(CpuperfError):
+    code = ExitCode.PLAN_MISMATCH
 
 
 def one_line(text: str, limit: int = 400) -> str:

@@ -10,8 +10,11 @@ from cpuperf.output import Output
 def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], seq_len: Optional[int],
           batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: int,
           hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
-          measurements: Optional[str], python: Optional[str] = None):
-    """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts)."""
+          measurements: Optional[str], python: Optional[str] = None, adapt_to_load: bool = False):
+    """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts).
+
+    Load changes from second to second, so it shapes the plan only with adapt_to_load (--adapt-to-load);
+    otherwise the same host and stack give the same plan in every command, run after run."""
     import os
 
     from cpuperf.decide.recommend import recommend
@@ -21,8 +24,11 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
 
-    facts = with_load(probe_host(sysroot=sysroot, python=python))
-    workload = resolve_workload(model, params, seq_len, batch_size, steps)
+    facts = probe_host(sysroot=sysroot, python=python)
+    if adapt_to_load:
+        facts = with_load(facts)
+    # The built-in run length (train's default --max-steps) unless given: every command plans the same job.
+    workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps)
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts is not None and nnodes == 1:
         nnodes = len(hosts)
@@ -37,10 +43,29 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 
         sys.stderr.write(f"cpuperf: {msg}\n")
 
-    meas = measure.load_file(measurements) if measurements else (measure.load_cached(facts, log) if facts.live else None)
+    meas = measure.load_file(measurements) if measurements else planning_measurements(facts, log)
     rec = recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
                     measurements=meas, overrides=overrides, environ=os.environ if facts.live else {})
     return facts, rec, hosts
+
+
+def planning_measurements(facts: Any, log: Any) -> Any:
+    """The measurements every planning command (recommend, train --auto, its --dry-run) decides from: this
+    host's cached ones, measured once first where a rule is unsure and none is cached (CPUPERF_MEASURE=0:
+    never). A cached entry is used as it stands, flagged if it was taken under load; it is replaced only by
+    `cpuperf bench --refresh` or when it expires, so plans do not change from run to run."""
+    import os
+
+    from cpuperf.decide.placement import plan_placement
+    from cpuperf.run import measure
+
+    if not facts.live:
+        return None
+    data, _ = measure.read_cached(facts)
+    usable = data is not None and measure.assess(data, facts)[0]
+    if not usable and not facts.gpus and os.environ.get("CPUPERF_MEASURE", "1") != "0":
+        return measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank, log=log)
+    return measure.load_cached(facts, log)
 
 
 def load_settings_file(path: str) -> Dict[str, str]:
@@ -117,8 +142,10 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.decide.recommend import SCHEMA
     from cpuperf.render import recommendation as render
 
+    save = kwargs.pop("save", None)
     facts, rec, hosts = build(**kwargs)
-    extra = renderings(facts, rec, hosts)
+    jp = job_plan(facts, rec, hosts)
+    extra = renderings(facts, rec, hosts, jp)
     result = {
         "schema": SCHEMA,
         "decisions": [d.to_json() for d in rec.decisions],
@@ -129,6 +156,9 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "notes": list(rec.notes) + extra["data_notes"],
         **extra,
     }
+    if save:
+        result["saved"] = save_plan(save, facts, rec, jp, kwargs)
+        out.info(f"plan saved to {save}: run it with `cpuperf train --plan {save}` or `cpuperf ccl-env --plan {save}`")
     if out.json_mode:
         out.json(result)
         return 0
@@ -147,6 +177,26 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     for note in result["notes"]:
         out.info(f"note: {note}")
     return 0
+
+
+def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any]) -> str:
+    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
+    import socket
+
+    from cpuperf import __version__
+    from cpuperf.errors import from_os_error
+    from cpuperf.fsutil import atomic_write_bytes
+    from cpuperf.plan import saved
+
+    keep = ("model", "params", "seq_len", "batch_size", "steps", "nproc_per_node", "nnodes", "unit", "device", "sets",
+            "config", "adapt_to_load")
+    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in keep}, __version__,
+                      socket.gethostname() if facts.live else None)
+    try:
+        atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"))
+    except OSError as exc:
+        raise from_os_error(exc) from exc
+    return path
 
 
 def _table(out: Output, result: Dict[str, Any]) -> None:
@@ -238,3 +288,63 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         lines.append(f"cached at {path}")
         out.product("\n".join(lines))
     return 0
+
+
+def read_plan_file(path: str) -> Any:
+    """A saved plan (cpuperf.plan.saved.SavedPlan) from FILE: a regular file of bounded size, or one line (exit 2)."""
+    import os
+    import stat
+
+    from cpuperf.errors import UsageError, from_os_error
+    from cpuperf.plan import saved
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block us
+    except OSError as exc:
+        if exc.errno in (2, 20):  # ENOENT, ENOTDIR
+            raise UsageError(f"plan file {path} does not exist", hint="make one with: cpuperf recommend --save FILE") from None
+        raise from_os_error(exc) from exc
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"plan file {path} is not a regular file", hint="give the JSON file cpuperf recommend --save wrote")
+        raw = fh.read(saved.MAX_BYTES + 1)
+    if len(raw) > saved.MAX_BYTES:
+        raise UsageError(f"plan file {path} is over {saved.MAX_BYTES // 2**20} MiB: not a cpuperf plan",
+                         hint="make one with: cpuperf recommend --save FILE")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"plan file {path} is not UTF-8 text", hint="make one with: cpuperf recommend --save FILE") from None
+    return saved.read(path, text)
+
+
+def plan_fits(path: str, plan: Any, facts: Any, replan: bool) -> List[str]:
+    """The ways this host differs from the plan's; refused (exit 13) unless `replan` asks to plan again."""
+    from cpuperf.errors import PlanMismatchError
+    from cpuperf.plan import saved
+
+    diffs = saved.differences(plan, facts)
+    if diffs and not replan:
+        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
+        raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
+                                hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
+                                     "from this host's facts")
+    return diffs
+
+
+def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:
+    """The plan's own inputs decided again on this host's facts (--replan)."""
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.knowledge.knobs import parse_assignments
+
+    i = plan.inputs
+    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"))
+    overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
+    overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
+    import os
+
+    return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
+                     unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
+                     measurements=planning_measurements(facts, log), overrides=overrides,
+                     environ=os.environ if facts.live else {})

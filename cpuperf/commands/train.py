@@ -44,6 +44,9 @@ class TrainArgs:
     hf_flags: str = "auto"
     sysroot: Optional[str] = None
     user_argv: List[str] = field(default_factory=list)
+    plan: Optional[str] = None  # a saved plan to run as it stands (cpuperf recommend --save)
+    replan: bool = False
+    adapt_to_load: bool = False
 
 
 def split_constraints(a: TrainArgs) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -75,20 +78,34 @@ def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Any, int]:
 
 
 def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
-    """Cached measurements; with --auto on a live CPU host, measure once where a rule is unsure."""
-    from cpuperf.decide.placement import plan_placement
+    """--auto (its --dry-run too): what recommend decides from (cpuperf.commands.recommend.planning_measurements),
+    so both plan alike; plain: the cache as it is."""
+    from cpuperf.commands.recommend import planning_measurements
     from cpuperf.run import measure
 
     def log(msg: str) -> None:
         sys.stderr.write(f"cpuperf train: {msg}\n")
 
-    if (a.auto and not a.dry_run and facts.live and not facts.gpus
-            and environ.get("CPUPERF_MEASURE", "1") != "0"):
-        # Where a rule is unsure (native bf16 that may still be slower; an allocator that may or may
-        # not help), measure once and cache per host and torch build; a cached one taken under load,
-        # unsteady or expired is measured again; CPUPERF_MEASURE=0 skips it.
-        return measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank, log=log)
+    if a.auto:
+        return planning_measurements(facts, log)
     return measure.load_cached(facts, log) if facts.live else None
+
+
+# Options that decide something: a saved plan has decided them already.
+_PLAN_FIXES = ("sets", "model", "batch_size", "nproc_per_node", "ppn", "nnodes")
+
+
+def _saved_plan(a: TrainArgs, facts: Any) -> Tuple[Any, List[str]]:
+    """(the saved plan, how this host differs from it): refused (exit 13) where it differs, unless --replan."""
+    from cpuperf.commands.recommend import plan_fits, read_plan_file
+
+    given = [name for name in _PLAN_FIXES if getattr(a, name)]
+    if given or a.device != "auto" or a.unit != "socket":
+        what = (given or ["device" if a.device != "auto" else "unit"])[0].replace("_", "-")
+        raise UsageError(f"--plan {a.plan} fixes the decisions; --{'set' if what == 'sets' else what} would change them",
+                         hint="drop it, or make a new plan: cpuperf recommend ... --save FILE")
+    plan = read_plan_file(str(a.plan))
+    return plan, plan_fits(str(a.plan), plan, facts, a.replan)
 
 
 def _where(a: TrainArgs, hosts: Any, nnodes: int, launcher: str) -> Tuple[Optional[int], Optional[str]]:
@@ -186,10 +203,14 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
         raise UsageError("--sysroot describes a recorded host: it can be planned for, not trained on",
                          hint="add --dry-run")
     facts = facts or probe_host(sysroot=a.sysroot)
-    if facts.load is None and facts.live and environ.get("CPUPERF_LOAD_WINDOW") != "0":
+    if a.adapt_to_load and facts.load is None and facts.live:
         from cpuperf.probe import with_load
 
-        facts = with_load(facts)  # threads per rank avoid CPUs other work keeps busy now
+        facts = with_load(facts)  # --adapt-to-load: threads per rank avoid CPUs other work keeps busy now
+    saved_plan, diffs = _saved_plan(a, facts) if a.plan else (None, [])
+    if saved_plan is not None:
+        a.auto = True  # a saved plan is what recommend decided
+        a.nnodes = a.nnodes or int(saved_plan.rec.get("nnodes") or 1)
     decided, worker = split_constraints(a)
     hosts, nnodes = _nodes(a, environ)
     nproc = a.nproc_per_node or a.ppn
@@ -205,10 +226,14 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
         nproc = yours.count if (yours.place or fits) else 1
     steps = a.max_steps if a.max_steps is not None else (None if a.time_budget else 400)
     workload = resolve_workload(a.model, None, None, None, steps)
-    rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
-                    measurements=_measurements(a, facts, environ), overrides=decided,
-                    environ=environ if facts.live else {}, baseline=None if a.auto else {"nproc_per_node": 1},
-                    ranks_from=f"your launcher: {yours.source}" if yours is not None and a.auto else None)
+    if saved_plan is not None:
+        rec = _from_saved(a, saved_plan, diffs, facts, yours)
+        workload = rec.workload
+    else:
+        rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
+                        measurements=_measurements(a, facts, environ), overrides=decided,
+                        environ=environ if facts.live else {}, baseline=None if a.auto else {"nproc_per_node": 1},
+                        ranks_from=f"your launcher: {yours.source}" if yours is not None and a.auto else None)
     v = rec.values()
     world = v["nproc_per_node"] * nnodes
     mpi = mpi_flavour(facts)
@@ -222,7 +247,8 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                          local_addr=local_addr, out_dir=out_dir, resume=a.resume, max_steps=a.max_steps,
                          time_budget=a.time_budget, seed=a.seed,
                          hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout,
-                         preset=_preset(a.model) if not a.user_argv else None)
+                         preset=_preset(a.model or (saved_plan.inputs.get("model") if saved_plan else None))
+                         if not a.user_argv else None)
     cmd, settings, hf = _rank_command(a, rec, request, out_dir)
     if yours is not None and yours.place and (yours.count or 1) > 1 and a.auto:
         from cpuperf.plan.user_launcher import split_launcher, with_rank_step
@@ -232,7 +258,28 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
             cmd = list(with_rank_step(flagged, sys.executable, _launcher_python(flagged)))
     return plan_job(facts, rec, request, environ=environ, rank_command=cmd, settings=settings,
                     mpi=mpi[1] if (mpi and a.launcher == "mpirun") else None, socket_ifname=ifname,
-                    log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf, yours=yours)
+                    log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf, yours=yours,
+                    planned_env=saved_plan.env if saved_plan is not None and not diffs else None)
+
+
+def _from_saved(a: TrainArgs, plan: Any, diffs: List[str], facts: Any, yours: Any) -> Any:
+    """The saved plan's recommendation as it stands, or decided again here (--replan, where this host differs)."""
+    from dataclasses import replace
+
+    rec = plan.rec
+    if diffs:
+        from cpuperf.commands.recommend import replan_from
+
+        rec = replan_from(plan, facts, lambda m: sys.stderr.write(f"cpuperf train: {m}\n"))
+        rec = replace(rec, notes=(*rec.notes, f"--replan: planned again here ({'; '.join(diffs)})"))
+    else:
+        rec = replace(rec, notes=(*rec.notes, f"plan {a.plan} run as saved (made by cpuperf {plan.cpuperf}"
+                                  + (f" on {plan.made_on})" if plan.made_on else ")")))
+    if yours is not None and yours.count is not None and yours.count != rec.placement.nproc_per_node:
+        raise UsageError(f"plan {a.plan} places {rec.placement.nproc_per_node} rank(s) per node; your {yours.launcher} "
+                         f"starts {yours.count} ({yours.source})",
+                         hint=f"make the plan for it: cpuperf recommend --nproc-per-node {yours.count} --save {a.plan}")
+    return rec
 
 
 def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:

@@ -111,10 +111,12 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
                        f"x {rule['gpu_headroom']}"), b
         b = int(gpu.memory_bytes * rule["gpu_headroom"])
         return b, f"{gpu.name}: {gpu.memory_bytes / GIB:.0f} GiB x {rule['gpu_headroom']}", b
-    available = facts.memory.available_bytes or facts.memory.total_bytes
+    # Installed memory, not what is free this second: a plan is a function of stable facts (what other
+    # processes hold now is a doctor finding, and differs from run to run).
+    available = facts.memory.total_bytes or facts.memory.available_bytes
     limit = facts.limits.memory_limit_bytes
     usable: Optional[float] = float(available) if available else None
-    words = f"{available / GIB:.1f} GiB available" if available else ""
+    words = f"{available / GIB:.1f} GiB installed" if available else ""
     if limit and (usable is None or limit < usable):
         usable, words = float(limit), f"cgroup memory limit {limit / GIB:.1f} GiB"
     if usable is None:

@@ -192,13 +192,23 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
              rank_command: Sequence[str], settings: Optional[Dict[str, Any]] = None,
              mpi: Optional[str] = None, socket_ifname: Optional[str] = None, log_dir: Optional[str] = None,
              python: Optional[str] = None, euid: int = 1000, hf: Optional[Dict[str, Any]] = None,
-             libraries: Optional[envplan.Libraries] = None, yours: Optional[Any] = None) -> JobPlan:
-    """The whole plan, built once: env from the decisions, then the launch that carries both."""
+             libraries: Optional[envplan.Libraries] = None, yours: Optional[Any] = None,
+             planned_env: Optional[Sequence[envplan.EnvVar]] = None) -> JobPlan:
+    """The whole plan, built once: env from the decisions, then the launch that carries both.
+
+    planned_env: a saved plan's runtime variables, used as they are (only this launch's rendezvous
+    variables are added to them)."""
     v = rec.values()
     world = v["nproc_per_node"] * v["nnodes"]
     notes: List[str] = list(rec.notes)
     wanted, env_notes = runtime_vars(facts, rec, request, mpi=mpi, socket_ifname=socket_ifname, environ=environ,
                                      libraries=libraries)
+    if planned_env is not None:
+        from cpuperf.plan.saved import LAUNCH_VARS
+
+        saved_names = {e.name for e in planned_env}
+        wanted = [envplan.EnvVar(e.name, e.value, "cpuperf", e.reason, e.kind) for e in planned_env] + \
+            [e for e in wanted if e.name in LAUNCH_VARS and e.name not in saved_names]
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
     pin = v["device"] == "cpu" and v["affinity"] == "auto" and (request.auto or user_set(rec, "affinity"))
