@@ -27,6 +27,9 @@ class Options(NamedTuple):
     python: Optional[str] = None
     sysroot: Optional[str] = None
     unit: str = "socket"
+    plan: Optional[str] = None  # a saved plan (cpuperf recommend --save): rendered as it stands
+    replan: bool = False
+    adapt_to_load: bool = False
 
 
 def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
@@ -71,9 +74,17 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     p.add_argument("--python", metavar="PATH", help="the environment of another interpreter (a venv's python)")
     p.add_argument("--sysroot", metavar="DIR", help="read /proc and /sys under DIR (a recorded host)")
     p.add_argument("--unit", choices=("socket", "numa"), default="socket", help="one rank per socket or NUMA node")
+    p.add_argument("--plan", metavar="FILE", help="render this saved plan (cpuperf recommend --save FILE) as it stands")
+    p.add_argument("--replan", action="store_true", help="with --plan: plan again where this host or stack differs")
+    p.add_argument("--adapt-to-load", action="store_true",
+                   help="plan around other work busy on this host now (off: plans come from stable facts only)")
     ns = p.parse_args(argv)
+    if ns.plan and (ns.nproc_per_node or ns.unit != "socket"):
+        raise UsageError(f"--plan {ns.plan} fixes ranks and placement; drop --nproc-per-node/--unit",
+                         hint="or make a new plan: cpuperf recommend ... --save FILE")
     opts = Options(ns.nproc_per_node, ns.nnodes, ns.hostfile, ns.master_addr, ns.master_port, ns.shell,
-                   ns.explain, ns.override, ns.preload, ns.require_ccl, ns.python, ns.sysroot, ns.unit)
+                   ns.explain, ns.override, ns.preload, ns.require_ccl, ns.python, ns.sysroot, ns.unit,
+                   ns.plan, ns.replan, ns.adapt_to_load)
     return opts, ns.json, ns.quiet
 
 
@@ -94,12 +105,27 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
         from cpuperf.probe.hosts import read_hostfile
 
         hosts = read_hostfile(opts.hostfile)
+    saved_plan = None
+    if opts.plan:
+        from cpuperf.commands.recommend import read_plan_file
+
+        saved_plan = read_plan_file(opts.plan)  # a bad file is refused before anything is probed
+        if opts.nnodes is None and hosts is None:
+            opts = opts._replace(nnodes=int(saved_plan.rec.get("nnodes") or 1))
     nodes = envplan.node_count(hosts, opts.nnodes)
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
 
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     facts = probe_host(sysroot=opts.sysroot, python=opts.python)  # the stack as every command sees it
-    rec = _decisions(facts, opts, nodes, env)
+    if opts.adapt_to_load and facts.live:
+        from cpuperf.probe import with_load
+
+        facts = with_load(facts)
+    planned: Optional[List[envplan.EnvVar]] = None
+    if saved_plan is not None:
+        rec, planned = _from_plan(opts, saved_plan, facts, nodes, env)
+    else:
+        rec = _decisions(facts, opts, nodes, env)
     placement = rec.placement
     backend = _backend(facts, rec)
     if opts.require_ccl and backend.name != "ccl":
@@ -136,7 +162,17 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
                                 nnodes=nodes, mpi="intelmpi" if intel_mpi else None, libraries=libraries,
                                 socket_ifname=ifname, environ=env)
     notes += list(tuned.notes)
-    merged = envplan.merge_env(env, list(wanted) + list(tuned.vars), override=opts.override, force=sorted(forced))
+    tuned_vars = list(tuned.vars)
+    if planned is not None:  # the saved plan's variables as they are; this launch's rendezvous added
+        from cpuperf.plan.saved import LAUNCH_VARS
+
+        names = {v.name for v in planned}
+        tuned_vars = [v for v in planned if opts.preload or v.name not in ("LD_PRELOAD", "MALLOC_CONF")] + \
+            [v for v in tuned_vars if v.name in LAUNCH_VARS and v.name not in names]
+        if not opts.preload and any(v.name == "LD_PRELOAD" for v in planned):
+            notes.append("the plan preloads an allocator; ccl-env prints LD_PRELOAD only with --preload (it affects "
+                         "every later command of the shell)")
+    merged = envplan.merge_env(env, list(wanted) + tuned_vars, override=opts.override, force=sorted(forced))
     for name in merged.skipped:
         notes.append(f"skipped variable {cclenv.one_line(repr(name), 80)}: not a valid or allowed name")
     for name, value in merged.final.items():
@@ -163,6 +199,16 @@ def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) ->
     meas = measure.load_cached(facts) if facts.live else None
     return recommend(facts, resolve_workload(None, None, None, None, 400), nproc_per_node=opts.nproc_per_node,
                      nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
+
+
+def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list]]:
+    """(recommendation, its saved variables) of a saved plan; decided again only with --replan (exit 13 without)."""
+    from cpuperf.commands.recommend import plan_fits, replan_from
+
+    diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
+    if diffs:
+        return replan_from(plan, facts), None
+    return plan.rec, [v._replace(source="cpuperf") for v in plan.env]
 
 
 def _backend(facts: Any, rec: Any) -> Any:

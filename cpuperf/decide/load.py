@@ -1,4 +1,5 @@
-"""Other runnable work on the CPUs a job would use: fewer threads per rank, and a doctor finding.
+"""Other runnable work on the CPUs a job would use: a doctor finding, and fewer threads per rank when the user
+asks plans to adapt to it (--adapt-to-load; load changes from second to second, so it is never a silent input).
 
 Pure over LoadFacts (cpuperf.probe.load). An OpenMP team waits at every barrier for its slowest
 thread, so a rank with one thread on a CPU another process keeps busy runs at the speed of that
@@ -104,9 +105,10 @@ def check_load(facts: HostFacts) -> List[Finding]:
     if not taken and not crowded:
         return []
     adjusted, _, _ = adjust_placement(placement, load)
-    fix = (f"stop the other work on those CPUs, or train on the rest: `cpuperf train --auto` and `cpuperf recommend` "
-           f"use {adjusted.threads_per_rank} thread(s) per rank while it lasts (--set threads_per_rank=N); "
-           "then measure again on the quiet host: cpuperf bench --refresh")
+    fix = (f"stop the other work on those CPUs, or train on the rest: plans ignore load unless asked, and with "
+           f"--adapt-to-load (train, recommend, ccl-env) they use {adjusted.threads_per_rank} thread(s) per rank while it "
+           "lasts (or --set threads_per_rank=N); a cached measurement taken now is flagged: cpuperf bench --refresh on "
+           "the quiet host")
     return [Finding("cpu-load", "warning",
                     f"other runnable load on the CPUs the job would use ({len(cpus)} CPU(s)): {describe(load, taken)}",
                     fix)]
