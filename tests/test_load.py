@@ -14,7 +14,6 @@ from cpuperf.decide.load import adjust_placement, check_load
 from cpuperf.decide.placement import plan_placement
 from cpuperf.probe import probe_host, with_load
 from cpuperf.probe.load import LoadFacts, parse_loadavg, parse_psi_some_avg10, parse_stat_cpus
-from cpuperf.probe.parse import parse_cpulist
 
 
 def test_parsers_read_the_kernel_formats():
@@ -80,20 +79,32 @@ def busy_loop():
         proc.wait()
 
 
-def test_synthetic_load_gets_a_finding_and_fewer_threads(busy_loop):
+def _threads(argv):
+    rec, _ = run_json(argv)
+    return next(d for d in rec["decisions"] if d["id"] == "threads_per_rank")
+
+
+def test_load_is_a_finding_and_changes_a_plan_only_when_asked(busy_loop):
     cpu, threads_before = busy_loop
     doc, _ = run_json(["doctor"], expect_rc=None)
     finding = [f for f in doc["findings"] if f["id"] == "cpu-load"]
     assert finding and f"CPU {cpu} " in finding[0]["message"], doc["host"]["load"]
+    assert "--adapt-to-load" in finding[0]["fix"]
     assert dict(doc["host"]["load"]["cpu_busy"])[cpu] >= 0.5
-    rec, _ = run_json(["recommend"])
-    threads = next(d for d in rec["decisions"] if d["id"] == "threads_per_rank")
+    # Without --adapt-to-load the plan is the idle host's, in every command: load is no silent input.
+    threads = _threads(["recommend"])
+    assert threads["value"] == threads_before and "load" not in threads["evidence"]
+    env, _ = run_json(["ccl-env"])
+    assert env["env"]["OMP_NUM_THREADS"] == str(threads_before)
+    plan, _ = run_json(["train", "--auto", "--dry-run"])
+    assert plan["launch"]["env"]["OMP_NUM_THREADS"] == str(threads_before)
+    # Asked: fewer threads, with the figure, and ccl-env agrees in that moment.
+    threads = _threads(["recommend", "--adapt-to-load"])
     assert threads["value"] < threads_before and f"CPU {cpu} " in threads["reason"]
     assert str(cpu) in threads["evidence"]["load"]["busy_cpus"]
     assert threads["evidence"]["load"]["threads_without_load"] == threads_before
-    affinity = next(d for d in rec["decisions"] if d["id"] == "affinity")
-    assert affinity["value"] == "auto"
-    assert len(parse_cpulist(affinity["evidence"]["cpus"]) or ()) == threads["value"]  # pinned where it computes
+    env, _ = run_json(["ccl-env", "--adapt-to-load"])
+    assert env["env"]["OMP_NUM_THREADS"] == str(threads["value"])
 
 
 def test_window_zero_skips_sampling():

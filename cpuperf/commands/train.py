@@ -362,7 +362,7 @@ def _plan_json(jp: Any) -> Dict[str, Any]:
             "node_rank": plan.node_rank, "hosts": list(plan.hosts), "master_addr": plan.master_addr,
             "master_port": plan.master_port, "affinity": list(plan.affinity) if plan.affinity else None,
             "log_dir": plan.log_dir, "rank_command": list(plan.rank_command), "notes": list(plan.notes),
-            "node_commands": list(plan.node_commands)}
+            "node_commands": list(plan.node_commands), "yours": plan.yours}
 
 
 def run_train(out: Output, a: TrainArgs) -> int:
@@ -390,7 +390,8 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     plan, user = jp.launch, bool(jp.request.user_argv)
     for note in jp.notes:
         out.info(f"note: {note}")
-    out.info(f"cpuperf train: {plan.launcher} with {plan.world_size} rank(s)"
+    who = f"your {plan.yours['launcher']}" if plan.yours else plan.launcher
+    out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)"))
     applied = _applied(jp)
@@ -420,7 +421,7 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
         out.error(message, hint)
         if out.json_mode:
             out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": message,
-                                "hint": hint}, "launch": launch})
+                                "hint": hint}, "launch": launch, "applied": _applied(jp)})
         return int(ExitCode.INTERRUPTED)
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
@@ -458,7 +459,8 @@ def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], veri
         hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint"
     if out.json_mode:
         out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
-                            "message": message, "hint": hint}, "launch": launch, "verification": verification})
+                            "message": message, "hint": hint}, "launch": launch, "verification": verification,
+                  "applied": _applied(jp)})
     out.error(message, hint)
     return code
 
@@ -548,11 +550,14 @@ def _print_plan(out: Output, jp: Any) -> None:
     from cpuperf.plan.launch import shell_line
 
     plan = jp.launch
-    lines = [f"# launcher: {plan.launcher}" + (f" ({plan.flavour})" if plan.flavour and plan.flavour != plan.launcher else "")
-             + f", {plan.world_size} rank(s)"]
+    if plan.yours:
+        lines = [f"# launcher: yours ({plan.yours['launcher']}), {plan.world_size} rank(s) from {plan.yours['from']}"]
+    else:
+        lines = [f"# launcher: {plan.launcher}" + (f" ({plan.flavour})" if plan.flavour and plan.flavour != plan.launcher else "")
+                 + f", {plan.world_size} rank(s)"]
     for spec in plan.per_rank:
         lines.append(f"#   local rank {spec.local_rank}: CPUs {','.join(map(str, spec.cpus)) or 'unpinned'}, "
-                     f"threads {spec.threads if spec.threads is not None else 'torch default'}")
+                     f"threads {spec.threads if spec.threads is not None else 'the launcher or torch default'}")
     # A user's script gets the launch-level decisions; its own hyperparameters stay its own (the applied
     # list below says which Trainer flags, if any, carry a decision to it).
     shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.user_argv else

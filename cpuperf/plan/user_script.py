@@ -14,12 +14,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from packaging.version import InvalidVersion, Version
 
-from cpuperf.decide.placement import Placement
 from cpuperf.errors import UsageError
 
 HF_MODES = ("auto", "always", "never")
@@ -142,21 +141,6 @@ def parse_command(argv: Sequence[str]) -> UserCommand:
             return UserCommand(tuple(args), launcher, nproc, tok, tuple(args[i + 1:]), None)
         i += 1
     return UserCommand(tuple(args), launcher, _nproc(launcher, args) if launcher else None, None, (), module)
-
-
-def own_launcher_placement(placement: Placement, nproc: Optional[int]) -> Placement:
-    """The user's launcher as one process on all the placement's CPUs; its ranks share them.
-
-    The launcher's children inherit the affinity and OMP_NUM_THREADS; threads = cores / the ranks it
-    starts (unknown: no thread count, the launcher's own default stands).
-    """
-    if not placement.slots:
-        return placement
-    cpus = tuple(sorted({c for s in placement.slots for c in (s.compute_cpus or s.cpus)}))
-    threads = max(1, len(cpus) // nproc) if nproc else 0
-    slot = replace(placement.slots[0], local_rank=0, cpus=cpus, compute_cpus=cpus, ccl_worker_cpus=(),
-                   threads=threads)
-    return replace(placement, nproc_per_node=1, slots=(slot,), ccl_workers=0)
 
 
 # -- the script's parser ---------------------------------------------------------------------------
@@ -371,21 +355,41 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
 # -- what was applied, and a rejection ---------------------------------------------------------------
 
 def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
-    """Everything cpuperf applies to the user's command: launcher, env, CPUs, threads, flags."""
+    """Everything cpuperf applies to the user's command: launcher, every variable it sets, CPUs and threads (of
+    the process it starts and of each rank), flags, and what a flag changes beyond speed."""
     launcher: Dict[str, Any]
+    yours = plan.yours or {}
     if script.command.launcher:
         launcher = {"name": "direct", "yours": script.command.launcher,
                     "why": f"your command is a launcher ({script.command.launcher}): cpuperf adds none on top"}
     else:
         launcher = {"name": plan.launcher, "yours": None, "why": (plan.notes[0] if plan.notes else "")}
     spec = plan.per_rank[0] if plan.per_rank else None
-    internal = ("CPUPERF_RANK_SLOTS", "CPUPERF_RANK_LOGDIR")
-    return {"launcher": launcher, "env": {k: v for k, v in plan.env.items() if k not in internal},
+    ranks = [{"local_rank": r.local_rank, "cpus": list(r.cpus) or None, "threads": r.threads} for r in plan.per_rank]
+    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity) if yours \
+        else bool(plan.affinity or (spec and spec.threads))
+    per_rank = len(plan.per_rank) > 1 and placed
+    return {"launcher": launcher, "env": dict(plan.env),
+            "env_per_rank": {"OMP_NUM_THREADS": [r.threads for r in plan.per_rank]} if per_rank else {},
             "cpus": list(plan.affinity) if plan.affinity else (list(spec.cpus) if spec and spec.cpus else None),
             "threads": spec.threads if spec and spec.threads else None,
+            "ranks": ranks, "placement": {"placed_by_cpuperf": placed, "ranks": len(plan.per_rank),
+                                          "from": yours.get("from"), "why": yours.get("why")},
             "flags": script.added_args, "flags_why": {" ".join(f.args): f.why for f in script.added},
             "flags_not_added": [{"flag": n, "why": w} for n, w in script.not_added],
+            "behaviour": behaviour_notes(script, len(plan.per_rank) if yours else 1),
             "parser": script.parser, "hf_flags_mode": script.mode, "why_flags": script.why}
+
+
+def behaviour_notes(script: ScriptPlan, ranks: int) -> List[str]:
+    """What an added flag changes beyond speed (the user's intent, but it must be said)."""
+    notes = []
+    added = {f.name for f in script.added}
+    if ranks > 1 and added & {"--use_cpu", "--no_cuda"}:
+        flag = "--use_cpu" if "--use_cpu" in added else "--no_cuda"
+        notes.append(f"{flag} makes your launcher's {ranks} ranks one DDP job on this CPU host instead of {ranks} "
+                     f"independent copies: gradients are averaged and the global batch is {ranks}x the per-device batch")
+    return notes
 
 
 def applied_lines(a: Mapping[str, Any]) -> List[str]:
@@ -396,16 +400,28 @@ def applied_lines(a: Mapping[str, Any]) -> List[str]:
              + (f" (your {a['launcher']['yours']} starts the ranks)" if a["launcher"]["yours"] else "")]
     for k, v in a["env"].items():
         lines.append(f"applied: env {k}={v}")
-    if a["cpus"]:
-        lines.append(f"applied: pinned to CPUs {format_cpulist(a['cpus'])}")
-    if a["threads"]:
-        lines.append(f"applied: {a['threads']} thread(s) per process")
+    place = a.get("placement") or {}
+    if a["launcher"]["yours"]:
+        if a["cpus"]:
+            lines.append(f"applied: your {a['launcher']['yours']} runs on CPUs {format_cpulist(a['cpus'])}")
+        for r in (a.get("ranks") or []) if place.get("placed_by_cpuperf") else ():
+            where = f"CPUs {format_cpulist(r['cpus'])}" if r["cpus"] else "unpinned"
+            lines.append(f"applied: rank {r['local_rank']}: {where}, OMP_NUM_THREADS={r['threads']}")
+        if not place.get("placed_by_cpuperf"):
+            lines.append(f"not applied: pinning and thread counts ({place.get('why') or 'plain run: the launcher decides'})")
+    else:
+        if a["cpus"]:
+            lines.append(f"applied: pinned to CPUs {format_cpulist(a['cpus'])}")
+        if a["threads"]:
+            lines.append(f"applied: {a['threads']} thread(s) per process")
     for flag, why in a["flags_why"].items():
         lines.append(f"applied: flag {flag} ({why})")
     if not a["flags"]:
         lines.append(f"applied: no Trainer flags ({a['why_flags']})")
     for item in a["flags_not_added"]:
         lines.append(f"not applied: {item['flag']} ({item['why']})")
+    for note in a.get("behaviour") or ():
+        lines.append(f"note: {note}")
     return lines
 
 
