@@ -191,7 +191,8 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     name = cmd.launcher
     if name == "srun":
         count = _int(cmd.option(rule["nproc"]))
-        return LauncherRanks(name, count, cmd.spelled(rule["nproc"]) or "srun", False, rule["why_not"])
+        return LauncherRanks(name, count, cmd.spelled(rule["nproc"]) or "srun", False,
+                             rule["why_not"] + ": placement is left to the launcher")
     why = ""
     if name == "torchrun":
         count, source = _torchrun_count(cmd, logical_cpus, gpus)

@@ -1,0 +1,196 @@
+"""A user's own launcher under `cpuperf train --auto -- LAUNCHER ... script.py` (issue 23): the rank count is read
+from the launcher's own arguments in every spelling, each rank gets disjoint cores and OMP_NUM_THREADS equal to
+its share (read from inside the rank), and where cpuperf cannot place the ranks safely it leaves them alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from cli_util import run_cli
+
+from cpuperf.decide.placement import usable_cores
+from cpuperf.plan.user_launcher import launcher_ranks, split_launcher, with_rank_step
+from cpuperf.probe import probe_host
+
+SCRIPT = str(Path(__file__).parent / "fixtures" / "scripts" / "rank_report.py")
+PY = sys.executable
+BIN = os.path.dirname(PY)
+
+
+def _ranks(argv, cores=8, cpus=8, **kw):
+    cmd = split_launcher(argv)
+    assert cmd is not None
+    return launcher_ranks(cmd, logical_cpus=cpus, physical_cores=cores, interpreter=PY, **kw)
+
+
+# -- pure: the count in every spelling ------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, count", [
+    (["torchrun", "--nproc-per-node", "3", "t.py"], 3),
+    (["torchrun", "--nproc_per_node=4", "--standalone", "t.py", "--lr", "1"], 4),
+    (["/venv/bin/torchrun", "--nnodes", "1", "--nproc-per-node=2", "-m", "pkg.train"], 2),
+    (["torchrun", "t.py"], 1),  # torchrun's default
+    (["torchrun", "--nproc-per-node", "cpu", "t.py"], 8),  # os.cpu_count()
+    (["torchrun", "--nproc-per-node=auto", "t.py"], 8),  # no GPU: os.cpu_count()
+    (["python3", "-m", "torch.distributed.run", "--nproc_per_node", "2", "t.py"], 2),
+    (["python", "-u", "-m", "torch.distributed.launch", "--nproc-per-node=2", "t.py"], 2),
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "t.py"], 2),
+    (["accelerate", "launch", "--multi-gpu", "--num-processes=3", "--mixed_precision", "no", "t.py"], 3),
+    (["accelerate", "launch", "--num_processes", "2", "t.py"], 1),  # no --multi_gpu: one process
+    (["mpirun", "-np", "2", "python", "t.py"], 2),
+    (["mpirun", "-n", "3", "--allow-run-as-root", "python", "t.py"], 3),
+    (["mpirun", "--np", "2", "-x", "FOO=1", "python", "t.py"], 2),
+    (["mpiexec", "-c", "2", "python", "t.py"], 2),
+    (["mpirun", "--n=4", "python", "t.py"], 4),
+    (["mpiexec.hydra", "-n", "4", "-ppn", "2", "python", "t.py"], 2),  # per node wins
+    (["mpirun", "-N", "2", "--mca", "btl", "self,tcp", "python", "t.py"], 2),
+    (["mpirun", "python", "t.py"], 8),  # Open MPI: one rank per core
+])
+def test_the_rank_count_comes_from_the_launchers_own_arguments(argv, count):
+    ranks = _ranks(argv)
+    assert ranks.count == count and ranks.place, ranks
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["mpirun", "-np", "2", "--bind-to", "core", "python", "t.py"], "binds the ranks itself"),
+    (["mpirun", "-np", "2", "--host", "a,b", "python", "t.py"], "names hosts"),
+    (["mpirun", "-np", "2", "-hostfile", "h", "python", "t.py"], "names hosts"),
+    (["torchrun", "--nproc-per-node", "2", "--numa-binding", "node", "t.py"], "binds the ranks itself"),
+    (["torchrun", "--nproc-per-node", "12", "t.py"], "12 ranks on 8 usable physical core(s)"),
+    (["torchrun", "--nproc-per-node", "gpu", "t.py"], "not a number"),
+    (["accelerate", "launch", "--config_file", "c.yaml", "t.py"], "config file"),
+    (["accelerate", "launch", "--multi_gpu", "t.py"], "--num_processes"),
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_cpu_threads_per_process", "3", "t.py"],
+     "you set --num_cpu_threads_per_process 3"),
+    (["srun", "-n", "2", "python", "t.py"], "srun places the tasks"),
+])
+def test_where_cpuperf_cannot_place_it_leaves_placement_to_the_launcher_and_says_why(argv, why):
+    ranks = _ranks(argv)
+    assert not ranks.place and why in ranks.why and "left to the launcher" in ranks.why, ranks
+
+
+def test_binding_from_the_environment_is_the_users_too():
+    ranks = _ranks(["mpirun", "-np", "2", "python", "t.py"], environ={"I_MPI_PIN_DOMAIN": "core"})
+    assert not ranks.place and "I_MPI_PIN_DOMAIN" in ranks.why
+
+
+def test_an_accelerate_default_config_is_not_guessed():
+    ranks = _ranks(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "t.py"], has_default_config=True)
+    assert not ranks.place and ranks.count is None
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["torchrun", "--nproc-per-node=2", "t.py", "--x"],
+     ["torchrun", "--nproc-per-node=2", "--no-python", "STEP", PY, "-u", "t.py", "--x"]),
+    (["torchrun", "--nproc-per-node", "2", "-m", "pkg.train", "--x"],
+     ["torchrun", "--nproc-per-node", "2", "--no-python", "STEP", PY, "-u", "-m", "pkg.train", "--x"]),
+    (["torchrun", "--no_python", "--nproc-per-node", "2", "./prog", "a"],
+     ["torchrun", "--nproc-per-node", "2", "--no-python", "STEP", "./prog", "a"]),
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "t.py"],
+     ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--no_python", "STEP", PY, "-u", "t.py"]),
+    (["mpirun", "-np", "2", "python", "-u", "t.py"], ["mpirun", "-np", "2", "STEP", "python", "-u", "t.py"]),
+])
+def test_the_per_rank_step_runs_exactly_what_the_launcher_would_have_run(argv, expected):
+    cmd = split_launcher(argv)
+    step = ["/cpuperf/python", "-m", "cpuperf.run.rankexec", "--"]
+    want = []
+    for item in expected:
+        want += step if item == "STEP" else [item]
+    assert list(with_rank_step(cmd, "/cpuperf/python", PY)) == want
+
+
+# -- real launchers, read from inside each rank -----------------------------------------------------------
+
+def _cores():
+    return len(usable_cores(probe_host()))
+
+
+def _launch(tmp_path, launcher_argv, auto=True, extra=()):
+    report = tmp_path / "ranks"
+    report.mkdir(exist_ok=True)
+    argv = ["train", *(["--auto"] if auto else []), "--out", str(tmp_path / "run"), *extra, "--json", "--",
+            *launcher_argv]
+    proc = run_cli(argv, extra_env={"RANK_REPORT_DIR": str(report)}, timeout=240)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    seen = [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
+    return json.loads(proc.stdout), seen
+
+
+def _mpirun():
+    path = shutil.which("mpirun")
+    if path is None:
+        pytest.skip("no mpirun (apt-get install openmpi-bin)")
+    return [path, *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+
+
+SPELLINGS = {
+    "torchrun": lambda n: [os.path.join(BIN, "torchrun"), "--nproc-per-node", str(n), SCRIPT],
+    "torchrun=": lambda n: [os.path.join(BIN, "torchrun"), f"--nproc_per_node={n}", "--standalone", SCRIPT],
+    "torch.distributed.run": lambda n: [PY, "-m", "torch.distributed.run", f"--nproc-per-node={n}", SCRIPT],
+    "accelerate": lambda n: [os.path.join(BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes", str(n),
+                             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT],
+    "mpirun -np": lambda n: [*_mpirun(), "-np", str(n), PY, SCRIPT],
+    "mpirun -n": lambda n: [*_mpirun(), "-n", str(n), PY, SCRIPT],
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_each_rank_gets_its_own_cores_and_threads_equal_to_its_share(tmp_path, spelling, monkeypatch):
+    if spelling == "accelerate":
+        pytest.importorskip("accelerate")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no default accelerate config of the machine's
+    cores = _cores()
+    if cores < 2:
+        pytest.skip("needs 2 usable cores")
+    n = 2
+    result, seen = _launch(tmp_path, SPELLINGS[spelling](n))
+    assert len(seen) == n, seen
+    cpu_sets = [set(r["cpus"]) for r in seen]
+    assert not cpu_sets[0] & cpu_sets[1]  # disjoint
+    threads = [int(r["omp_num_threads"]) for r in seen]
+    assert all(t == len(c) for t, c in zip(threads, cpu_sets)) and all(t >= 1 for t in threads)
+    assert sum(threads) <= cores
+    applied = result["applied"]
+    assert applied["placement"]["placed_by_cpuperf"] and applied["placement"]["ranks"] == n
+    planned = {r["local_rank"]: set(r["cpus"]) for r in applied["ranks"]}
+    assert {r["local_rank"]: set(r["cpus"]) for r in seen} == planned  # what the plan said is what ran
+    assert "from your launcher" in next(d["reason"] for d in result["decisions"] if d["id"] == "nproc_per_node") \
+        or applied["placement"]["from"]
+
+
+def test_more_ranks_than_cores_are_left_to_the_launcher(tmp_path):
+    cores = _cores()
+    n = cores + 1
+    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](n))
+    assert len(seen) == n
+    applied = result["applied"]
+    assert not applied["placement"]["placed_by_cpuperf"] and "left to the launcher" in applied["placement"]["why"]
+    assert "OMP_NUM_THREADS" not in applied["env"]
+    everything = set(seen[0]["cpus"])
+    assert all(set(r["cpus"]) == everything for r in seen)  # nobody pinned them
+    assert {r["omp_num_threads"] for r in seen} == {"1"}  # torchrun's own default stands
+
+
+def test_dry_run_shows_each_ranks_cpus_and_says_the_count_came_from_the_launcher(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    proc = run_cli(["train", "--auto", "--dry-run", "--", *SPELLINGS["torchrun"](2)])
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "rank(s) from --nproc-per-node 2" in text and "from your launcher" in text
+    assert "#   local rank 0: CPUs" in text and "#   local rank 1: CPUs" in text
+    assert "unpinned" not in text  # one placement, stated once
+    assert "applied: rank 1: CPUs" in text
+
+
+def test_a_single_process_plan_equal_to_torchs_defaults_changes_nothing_but_says_so(tmp_path):
+    """One rank: pinned to the usable cores with one thread per core, which is what torch does anyway."""
+    result, seen = _launch(tmp_path, [PY, SCRIPT])
+    assert len(seen) == 1
+    assert set(seen[0]["cpus"]) >= {c.cpus[0] for c in usable_cores(probe_host())}
+    assert result["applied"]["threads"] == len(usable_cores(probe_host()))
