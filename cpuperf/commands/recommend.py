@@ -304,10 +304,12 @@ def read_plan_file(path: str) -> Any:
         if exc.errno in (2, 20):  # ENOENT, ENOTDIR
             raise UsageError(f"plan file {path} does not exist", hint="make one with: cpuperf recommend --save FILE") from None
         raise from_os_error(exc) from exc
-    with os.fdopen(fd, "rb") as fh:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(f"plan file {path} is not a regular file", hint="give the JSON file cpuperf recommend --save wrote")
-        raw = fh.read(saved.MAX_BYTES + 1)
+        raw = os.read(fd, saved.MAX_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(raw) > saved.MAX_BYTES:
         raise UsageError(f"plan file {path} is over {saved.MAX_BYTES // 2**20} MiB: not a cpuperf plan",
                          hint="make one with: cpuperf recommend --save FILE")

@@ -27,6 +27,7 @@ LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
 # The packages whose versions the decisions depend on; another version is another plan.
 STACK_PACKAGES = ("torch", "intel_extension_for_pytorch", "oneccl_bind_pt", "transformers", "accelerate")
 MEMORY_TOLERANCE = 0.98  # nodes of one model differ by what firmware reserves
+UNKNOWABLE = ("gpus", "amx_usable")  # None = not probed (a recorded host): not a difference
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def host_identity(facts: HostFacts) -> Dict[str, Any]:
             "threads_per_core": topo.threads_per_core, "numa_nodes": len(topo.numa_nodes),
             "usable_cpus": format_cpulist(facts.usable_cpus()), "cpu_quota": topo.cpu_quota,
             "memory_total_bytes": facts.memory.total_bytes, "memory_limit_bytes": facts.limits.memory_limit_bytes,
-            "gpus": [g.name for g in facts.gpus]}
+            "gpus": None if facts.gpus is None else [g.name for g in facts.gpus]}
 
 
 def stack_identity(facts: HostFacts) -> Dict[str, Optional[str]]:
@@ -186,6 +187,8 @@ def differences(plan: SavedPlan, facts: HostFacts) -> List[str]:
         if key == "memory_total_bytes" and isinstance(planned, int) and isinstance(now, int):
             if now < planned * MEMORY_TOLERANCE:
                 out.append(f"memory: planned for {planned / 2**30:.1f} GiB, this host has {now / 2**30:.1f} GiB")
+            continue
+        if key in UNKNOWABLE and (now is None or planned is None):
             continue
         if now != planned:
             out.append(f"{key.replace('_', ' ')}: planned for {_show(planned)}, this host has {_show(now)}")
