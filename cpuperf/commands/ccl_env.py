@@ -218,6 +218,9 @@ def _backend(facts: Any, rec: Any) -> Any:
     chosen = rec.decision("ddp_backend")
     if chosen.value in ("ccl", "gloo"):
         return Backend(chosen.value, chosen.reason, chosen.value == "ccl")
+    several = chosen.evidence.get("several_ranks")
+    if several in ("ccl", "gloo"):  # recorded with the plan: no second look at the matrix
+        return Backend(several, str(chosen.evidence.get("several_ranks_reason", "")), several == "ccl")
     return cpu_ddp_backend(rec.stack.get("torch"), rec.stack.get("oneccl_bind_pt"),
                            facts.software.python if facts.software else None)
 

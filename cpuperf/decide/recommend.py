@@ -7,7 +7,7 @@ decision can be overridden (`--set id=value`), and the result says which were.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
@@ -15,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from cpuperf.data import load_builtin
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
+from cpuperf.decide.records import Decision, Measurements, Recommendation
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, cpu_ddp_backend, newer_than_last, retirement
@@ -25,64 +26,6 @@ from cpuperf.probe.facts import Gpu, HostFacts
 SCHEMA = "cpuperf.recommend/1"
 
 # The ids (and their types and allowed values) are the one vocabulary in cpuperf.knowledge.knobs.
-
-
-@dataclass(frozen=True)
-class Decision:
-    id: str
-    value: Any
-    reason: str
-    evidence: Dict[str, Any] = field(default_factory=dict)
-    overridden: bool = False
-    needs_torch: bool = False
-
-    def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Measurements:
-    """Micro-benchmark results for this host (cpuperf bench), or recorded ones in tests."""
-
-    gemm_fp32_gflops: Optional[float] = None
-    gemm_bf16_gflops: Optional[float] = None
-    gemm_fp16_gflops: Optional[float] = None
-    compile_seconds: Optional[float] = None
-    step_seconds: Optional[float] = None  # eager fp32 step of the workload, if measured
-    compile_speedup: Optional[float] = None
-    # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
-    allocator_speedup: Dict[str, Any] = field(default_factory=dict)
-    source: str = "none"
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Measurements:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    decisions: Tuple[Decision, ...]
-    placement: Placement
-    workload: Workload
-    notes: Tuple[str, ...]
-    stack: Dict[str, Optional[str]]
-    oversubscribe: bool = False
-
-    def get(self, decision_id: str) -> Any:
-        for d in self.decisions:
-            if d.id == decision_id:
-                return d.value
-        raise KeyError(decision_id)
-
-    def decision(self, decision_id: str) -> Decision:
-        for d in self.decisions:
-            if d.id == decision_id:
-                return d
-        raise KeyError(decision_id)
-
-    def values(self) -> Dict[str, Any]:
-        return {d.id: d.value for d in self.decisions}
 
 
 # -- the stack -------------------------------------------------------------------------------------
@@ -410,7 +353,9 @@ def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
     if world <= 1:
         if asked:
             ctx.notes.append(f"ddp_backend={asked} has no effect with one rank")
-        ctx.choose("ddp_backend", None, "one rank: no process group", {})
+        several = cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python) if not on_gpu else None
+        ctx.choose("ddp_backend", None, "one rank: no process group",
+                   {"several_ranks": several.name, "several_ranks_reason": several.reason} if several else {})
         return
     if on_gpu:
         if asked in ("ccl", "gloo", "mpi"):

@@ -55,7 +55,7 @@ def newer_than_last(component: str, torch: Optional[str]) -> bool:
         return False
     base = Version(tv.base_version)
     return not notice.last_torch.contains(base, prereleases=True) and all(
-        base > Version(s.version.rstrip(".*")) for s in notice.last_torch)
+        base > pin.version for pin in notice.last_torch)
 
 
 def addon_compatible(component: str, torch: Optional[str], version: Optional[str],

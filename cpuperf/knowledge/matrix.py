@@ -12,10 +12,12 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:  # packaging.specifiers costs more to import than typer and rich together: not for ccl-env
+    from packaging.specifiers import SpecifierSet
 
 from cpuperf.data import MAX_DEPTH, too_deep
 from cpuperf.errors import BadDataError
@@ -78,7 +80,7 @@ def python_range(pys: Iterable[str]) -> str:
     return text
 
 
-def spec_text(specs: Iterable[SpecifierSet]) -> str:
+def spec_text(specs: Iterable[Any]) -> str:
     """Human form of torch specifiers: '==2.8.*' -> '2.8.*', '==1.12.0' -> '1.12.0'."""
     out = []
     for s in specs:
@@ -159,13 +161,48 @@ class OnecclRelease:
 
 
 @dataclass(frozen=True)
+class TorchPin:
+    """The newest torch a retired add-on covers: '==2.8.*' (a minor series) or '==2.7.0' (one release)."""
+
+    text: str  # as written, e.g. '==2.8.*'
+
+    @property
+    def version(self) -> Version:
+        return Version(self.text[2:].strip().rstrip(".*"))
+
+    def contains(self, version: Version, prereleases: bool = True) -> bool:
+        """PEP 440 '==' semantics for these two forms (a prefix match for '.*')."""
+        release = Version(version.base_version).release
+        pin = self.version.release
+        if self.text.rstrip().endswith(".*"):
+            return release[:len(pin)] == pin
+        return release + (0,) * (len(pin) - len(release)) == pin + (0,) * (len(release) - len(pin))
+
+    def __iter__(self) -> Iterator[TorchPin]:  # iterable like a one-clause SpecifierSet
+        return iter((self,))
+
+    def __str__(self) -> str:
+        return self.text.replace(" ", "")
+
+
+_PIN_RE = re.compile(r"^==\s*\d+(\.\d+)*(\.\*)?$")
+
+
+def _torch_pin(value: Any) -> TorchPin:
+    text = _nonempty(value).strip()
+    if not _PIN_RE.match(text):
+        raise _Bad(f"{text!r}: give the newest torch as '==X.Y.*' or '==X.Y.Z'")
+    return TorchPin(text)
+
+
+@dataclass(frozen=True)
 class EolNotice:
     """A retired component: last release, newest torch it covers, and what to use instead."""
 
     component: str
     status: str
     last_release: Version
-    last_torch: SpecifierSet
+    last_torch: TorchPin
     announced: str
     end_of_support: str
     alternative: str
@@ -290,6 +327,8 @@ def _opt_version(value: Any) -> Version | None:
 
 
 def _spec(value: Any) -> SpecifierSet:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     text = _nonempty(value)
     try:
         return SpecifierSet(text)
@@ -403,7 +442,7 @@ _SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
         "component": (_choice("ipex", "oneccl"), True),
         "status": (_choice("archived", "deprecated", "end-of-life"), True),
         "last_release": (_version, True),
-        "last_torch": (_spec, True),
+        "last_torch": (_torch_pin, True),
         "announced": (_date, False),
         "end_of_support": (_date, False),
         "alternative": (_nonempty, True),

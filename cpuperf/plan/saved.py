@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.recommend import Decision, Recommendation
+from cpuperf.decide.records import Decision, Recommendation
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
