@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     FILESYSTEM = 10  # a file or directory cannot be read or written (permissions, read-only, disk full)
     INSTALL_UNFINISHED = 11  # an earlier install was killed half-way: `cpuperf install --recover`
     BUSY = 12  # another live run holds the run directory (--out)
+    NODES_DIFFER = 13  # the nodes of a multi-node job differ in a way that breaks it (torch, oneCCL, Python, names)
     HANGUP = 129  # SIGHUP (128 + 1): the terminal went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT, 128 + 2)
     TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`
@@ -73,6 +74,10 @@ class LaunchFailedError(CpuperfError):
 
 class UnsupportedPlatformError(CpuperfError):
     code = ExitCode.UNSUPPORTED_PLATFORM
+
+
+class NodesDifferError(CpuperfError):
+    code = ExitCode.NODES_DIFFER
 
 
 class FilesystemError(CpuperfError, OSError):
