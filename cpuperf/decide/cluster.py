@@ -132,9 +132,13 @@ def check_reached(results: Sequence[NodeResult]) -> List[NodeFinding]:
         hit = [r for r in results if r.status == status]
         if hit:
             first = hit[0]
+            names = _names([r.name for r in hit])
+            fix = (install_hint(interp) if status == NO_PYTHON else
+                   "use Python >= 3.9 on those nodes" if "older than" in (first.error or "") else
+                   f"run `cpuperf doctor` on {first.name} for the whole story")
             out.append(NodeFinding("node-probe-failed", "error",
-                                   f"cpuperf's probe could not run on {_names([r.name for r in hit])} ({first.name}: {first.error})",
-                                   install_hint(interp), tuple(r.name for r in hit)))
+                                   f"cpuperf's probe could not run on {names} ({first.name}: {first.error})",
+                                   fix, tuple(r.name for r in hit)))
     missing = [r.facts for r in results if r.facts is not None and not r.facts.interpreter_found]
     if missing:
         out.append(NodeFinding("interpreter-missing", "error",

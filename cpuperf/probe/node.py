@@ -158,3 +158,50 @@ def main(argv: Sequence[str]) -> int:
     record["seconds"] = round(time.monotonic() - t0, 3)
     print(MARKER + json.dumps(record), flush=True)
     return 0
+
+
+SAVED_SCHEMA = "cpuperf.cluster-facts/1"
+
+
+def saved_json(results: Sequence[NodeResult], transport: str) -> Dict[str, Any]:
+    """The `doctor --save-facts` document: every node's outcome and facts, to plan from later."""
+    return {"schema": SAVED_SCHEMA, "transport": transport, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "nodes": [r.to_json() for r in results]}
+
+
+def parse_saved(text: str, origin: str) -> List[NodeResult]:
+    """Node results from a saved cluster document or one saved node record; a UsageError when neither."""
+    from cpuperf.errors import UsageError
+
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict) and data.get("schema") == SAVED_SCHEMA:
+            return [NodeResult.from_json(r) for r in data["nodes"]]
+        if isinstance(data, dict) and "status" in data and "name" in data:
+            return [NodeResult.from_json(data)]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise UsageError(f"{origin} is not a cpuperf facts file ({type(exc).__name__}: {exc})",
+                         hint="save one with: cpuperf doctor --hostfile FILE --save-facts PATH") from exc
+    raise UsageError(f"{origin} is not a cpuperf facts file (no {SAVED_SCHEMA} schema)",
+                     hint="save one with: cpuperf doctor --hostfile FILE --save-facts PATH")
+
+
+def read_saved(path: str) -> List[NodeResult]:
+    """Saved node facts from a file (one document or one node) or a directory of per-node files."""
+    import os
+
+    from cpuperf.errors import UsageError
+
+    files = ([os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")]
+             if os.path.isdir(path) else [path])
+    if not files:
+        raise UsageError(f"{path} holds no .json facts files", hint="cpuperf doctor --hostfile FILE --save-facts DIR/")
+    results: List[NodeResult] = []
+    for name in files:
+        try:
+            with open(name, encoding="utf-8") as fh:
+                text = fh.read(64 << 20)
+        except OSError as exc:
+            raise UsageError(f"cannot read facts file {name}: {exc.strerror or exc}", hint="check the path") from exc
+        results += parse_saved(text, name)
+    return results

@@ -1,0 +1,208 @@
+"""`cpuperf doctor --hostfile FILE` (or inside a Slurm allocation of several nodes): every node, one table."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from cpuperf.errors import ExitCode, UsageError
+from cpuperf.output import Output
+
+# Findings that mean "a node could not be reached" (exit 7); any other error breaks the job (exit 13).
+UNREACHED_IDS = ("node-unresolvable", "node-unreachable", "node-timeout")
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    hostfile: Optional[str]
+    launcher: Optional[str]
+    python: Optional[str]
+    timeout: float
+    parallel: int
+    save_facts: Optional[str]
+    facts: Optional[str]
+
+
+def node_names(hostfile: Optional[str], environ: Mapping[str, str]) -> List[str]:
+    """The hostfile's hosts, else the Slurm allocation's nodes."""
+    if hostfile:
+        from cpuperf.probe.hosts import read_hostfile
+
+        return [h.name for h in read_hostfile(hostfile)]
+    from cpuperf.plan.launch import expand_nodelist
+    from cpuperf.probe.hosts import check_host
+
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    return [check_host(n, "Slurm node") for n in expand_nodelist(nodelist)]
+
+
+def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool, environ: Mapping[str, str]) -> bool:
+    """--hostfile or --facts, or a Slurm allocation of several nodes (unless --this-node)."""
+    if hostfile or facts:
+        return True
+    if this_node:
+        return False
+    from cpuperf.plan.launch import slurm_allocation
+
+    return (slurm_allocation(environ) or 1) > 1 and bool(environ.get("SLURM_JOB_NODELIST"))
+
+
+def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Mapping[str, str]) -> Any:
+    from cpuperf.plan import nodes as plan
+    from cpuperf.plan.launch import slurm_allocation
+    from cpuperf.probe import probe_host
+    from cpuperf.run.nodes import probe_nodes
+    from cpuperf.run.probe_bundle import bundle_code, probe_args
+
+    mpi = None
+    if opts.launcher in (None, "mpirun"):
+        from cpuperf.plan.launch import mpi_flavour
+
+        mpi = mpi_flavour(probe_host())
+    in_slurm = opts.hostfile is None and slurm_allocation(environ) is not None
+    ssh_cmd = _ssh_command(environ)
+    transport, why = plan.choose_transport(opts.launcher, in_slurm, mpi, shutil.which(ssh_cmd[0]) if ssh_cmd else None)
+    interpreter = os.path.abspath(opts.python or sys.executable)
+    code, master = bundle_code(), names[0]
+
+    def argv_for(host: str) -> List[str]:
+        command = plan.python_command(code, interpreter, probe_args(host, master))
+        return plan.node_argv(transport, host, command, mpirun=mpi, ssh=ssh_cmd, euid=os.geteuid(),
+                              connect_timeout_s=min(10.0, opts.timeout))
+
+    out.info(f"probing {len(names)} node(s) through {transport} ({why}); {min(opts.parallel, len(names))} at a time, "
+             f"{opts.timeout:g} s each; the job's interpreter: {interpreter}")
+    results = probe_nodes(names, argv_for, transport, timeout=opts.timeout, parallel=opts.parallel)
+    return results, transport
+
+
+def _ssh_command(environ: Mapping[str, str]) -> List[str]:
+    """CPUPERF_SSH (e.g. 'ssh -p 2222', or a wrapper) else ssh."""
+    import shlex
+
+    raw = (environ.get("CPUPERF_SSH") or "").strip()
+    return shlex.split(raw) if raw else ["ssh"]
+
+
+def _save(out: Output, path: str, results: Sequence[Any], transport: str) -> None:
+    from cpuperf.errors import from_os_error
+    from cpuperf.fsutil import atomic_write_bytes
+    from cpuperf.probe.node import saved_json
+
+    try:
+        if path.endswith("/") or os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            for r in results:
+                atomic_write_bytes(os.path.join(path, f"{r.name}.json"), json.dumps(r.to_json(), indent=1).encode())
+            out.info(f"saved the facts of {len(results)} node(s) under {path} (reuse: --facts {path})")
+        else:
+            atomic_write_bytes(path, json.dumps(saved_json(results, transport), indent=1).encode())
+            out.info(f"saved the facts of {len(results)} node(s) to {path} (reuse: --facts {path})")
+    except OSError as exc:
+        raise from_os_error(exc) from exc
+
+
+def exit_code(findings: Sequence[Any]) -> int:
+    """7 when a node could not be reached, 13 when a skew breaks the job, else 0."""
+    errors = [f for f in findings if f.severity == "error"]
+    if any(f.id in UNREACHED_IDS for f in errors):
+        return int(ExitCode.UNREACHABLE)
+    return int(ExitCode.NODES_DIFFER) if errors else int(ExitCode.OK)
+
+
+def run(out: Output, opts: ClusterOptions, environ: Optional[Mapping[str, str]] = None) -> int:
+    from cpuperf.decide import cluster
+
+    environ = dict(os.environ if environ is None else environ)
+    if opts.timeout <= 0 or opts.timeout != opts.timeout or opts.timeout == float("inf"):
+        raise UsageError(f"--timeout {opts.timeout}: give a positive number of seconds")
+    if opts.parallel < 1:
+        raise UsageError(f"--parallel {opts.parallel}: give at least 1")
+    if opts.facts:
+        from cpuperf.probe.node import read_saved
+
+        results = read_saved(opts.facts)
+        transport = results[0].transport if results else "?"
+        out.info(f"read the facts of {len(results)} node(s) from {opts.facts} (nothing probed)")
+    else:
+        names = node_names(opts.hostfile, environ)
+        if not names:
+            raise UsageError("no nodes to probe", hint="pass --hostfile FILE, or run inside a Slurm allocation")
+        results, transport = _probe(out, opts, names, environ)
+    if opts.save_facts:
+        _save(out, opts.save_facts, results, transport)
+    findings = cluster.diagnose(results, transport)
+    rep = cluster.report(results, findings, transport)
+    if out.json_mode:
+        out.json(rep)
+    elif not out.quiet:
+        render(out, rep)
+    return exit_code(findings)
+
+
+def _gib(n: Optional[int]) -> str:
+    return "-" if not n else f"{n / 2**30:.0f}G"
+
+
+def _isa(row: Dict[str, Any]) -> str:
+    isa = set(row.get("isa") or ())
+    tiers = []
+    if "amx_bf16" in isa:
+        tiers.append("AMX" if row.get("amx_usable") else "AMX(blocked)")
+    if "avx512_bf16" in isa:
+        tiers.append("avx512_bf16")
+    elif "avx512f" in isa:
+        tiers.append("avx512")
+    elif "avx2" in isa:
+        tiers.append("avx2")
+    elif isa:
+        tiers.append(sorted(isa)[-1])
+    return " ".join(tiers) or "-"
+
+
+def _cells(row: Dict[str, Any]) -> List[str]:
+    if "microarchitecture" not in row:
+        return [row["name"], row["status"]] + ["-"] * 5 + [row.get("python") or "-"]
+    pk = row["packages"]
+    quota = "" if row["cpu_quota"] is None else f" q{row['cpu_quota']:g}"
+    python = (row["python"] or "-") + ("" if row.get("interpreter_found", True) else " (job's missing)")
+    mpi = ", ".join(m.replace("mpirun ", "").replace("srun slurm", "srun") for m in row["mpi"]) or "-"
+    return [row["name"], row["status"], row["microarchitecture"], _isa(row),
+            f"{row['cores']}/{row['cpus']} use {row['cpu_budget']}{quota}", str(row["numa_nodes"]),
+            _gib(row["memory_bytes"]), python, pk.get("torch") or "-",
+            "/".join(pk.get(p) or "-" for p in ("intel_extension_for_pytorch", "oneccl_bind_pt")),
+            " ".join(pk.get(p) or "-" for p in ("transformers", "accelerate")), mpi, row.get("rendezvous_ifname") or "-"]
+
+
+# cores/CPUs: physical cores / logical CPUs; use: the CPU budget (usable cores, cgroup quota qN, Slurm).
+HEADERS = ["node", "status", "CPU", "ISA", "cores/CPUs", "NUMA", "mem", "Python", "torch", "IPEX/oneCCL",
+           "transformers accelerate", "MPI", "iface"]
+
+
+def render(out: Output, rep: Dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from rich import box
+
+    t = Table(title=f"Nodes (reached through {rep['transport']})", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for h in HEADERS:
+        t.add_column(h, overflow="fold", no_wrap=h in ("node", "status", "torch"))
+    for row in rep["nodes"]:
+        cells = _cells(row)
+        t.add_row(*(cells + ["-"] * (len(HEADERS) - len(cells))))
+    out.table(t)
+    findings = rep["findings"]
+    if not findings:
+        out.product(f"The {len(rep['nodes'])} nodes agree: nothing would break or slow the job.")
+        return
+    f = Table(title="Skews", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in ("severity", "id", "nodes", "what", "fix"):
+        f.add_column(h, overflow="fold")
+    for item in findings:
+        f.add_row(item["severity"], item["id"], ", ".join(item["nodes"]), item["message"], item["fix"] or "")
+    out.table(f)
