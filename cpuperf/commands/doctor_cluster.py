@@ -184,9 +184,8 @@ HEADERS = ["node", "status", "CPU", "ISA", "cores/CPUs", "NUMA", "mem", "Python"
 
 
 def render(out: Output, rep: Dict[str, Any]) -> None:
-    from rich.table import Table
-
     from rich import box
+    from rich.table import Table
 
     t = Table(title=f"Nodes (reached through {rep['transport']})", title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False)

@@ -16,7 +16,7 @@ from cpuperf.decide.placement import cpu_budget, usable_cores
 from cpuperf.decide.recommend import bf16_native
 from cpuperf.errors import NodesDifferError
 from cpuperf.probe.facts import HostFacts
-from cpuperf.probe.node import NO_PYTHON, OK, PROBE_FAILED, TIMEOUT, UNREACHABLE, UNRESOLVABLE, NodeResult
+from cpuperf.probe.node import NO_PYTHON, PROBE_FAILED, TIMEOUT, UNREACHABLE, UNRESOLVABLE, NodeResult
 
 SCHEMA = "cpuperf.cluster-doctor/1"
 
@@ -276,6 +276,8 @@ def check_names(results: Sequence[NodeResult]) -> List[NodeFinding]:
     for r in probed:
         assert r.facts is not None
         got = r.facts.master_address
+        if r.facts.master is None:
+            continue  # recorded without a rendezvous host
         if got is None:
             wrong[r.name] = "nothing"
         elif _loopback(got) or (held and got not in held):

@@ -1,0 +1,234 @@
+"""`doctor --hostfile`: nodes as network namespaces reached through real mpirun (and the ssh transport),
+a stack skew made on purpose, unreachable and unresolvable nodes, saved facts, the pure cluster rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_util import cli_env, run_cli
+from hosts import make_host
+from netns import namespace_nodes
+
+from cpuperf.decide import cluster
+from cpuperf.plan import nodes as plan
+from cpuperf.probe import probe_host
+from cpuperf.probe.node import NodeFacts, NodeResult, read_saved
+
+TORCH = probe_host().software.packages["torch"]
+
+
+def _doctor(nodes, args, timeout=150):
+    argv = nodes.on_first([sys.executable, "-m", "cpuperf", "doctor", *args])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=cli_env(nodes.env()))
+
+
+@pytest.mark.skipif(TORCH is None, reason="needs torch in the test interpreter (the skew is made against it)")
+def test_a_node_with_another_torch_is_named_with_the_fix(tmp_path):
+    other = "2.12.0+cpu" if not TORCH.version.startswith("2.12.0") else "2.11.0+cpu"
+    with namespace_nodes(2, tmp_path) as nodes:
+        nodes.set_env(1, {"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": other})})
+        proc = _doctor(nodes, ["--hostfile", str(nodes.hostfile()), "--json"])
+    assert proc.returncode == 13, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rep = json.loads(proc.stdout)
+    assert rep["transport"] == "mpirun"
+    rows = {r["name"]: r for r in rep["nodes"]}
+    assert [r["status"] for r in rep["nodes"]] == ["ok", "ok"]
+    assert rows["10.99.0.1"]["packages"]["torch"] == TORCH.version
+    assert rows["10.99.0.2"]["packages"]["torch"] == other
+    assert rows["10.99.0.2"]["hostname"] == nodes.names[1]  # its own probe ran there, not on node 1
+    assert rows["10.99.0.1"]["rendezvous_ifname"] == f"{nodes.tag}v1"
+    assert rows["10.99.0.2"]["rendezvous_ifname"] == f"{nodes.tag}v2"
+    skew = next(f for f in rep["findings"] if f["id"] == "torch-differs")
+    assert skew["severity"] == "error" and "10.99.0.2" in skew["message"]
+    assert other in skew["message"] and TORCH.version in skew["message"]
+    # a tie (one node each) goes to the first node, the one the job is launched from
+    assert skew["nodes"] == ["10.99.0.2"] and f"torch=={TORCH.version}" in skew["fix"]
+    assert rep["constraints"]["refusal"] and "10.99.0.2" in rep["constraints"]["refusal"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_and_unresolvable_nodes_are_named_and_the_rest_reported(tmp_path):
+    with namespace_nodes(2, tmp_path) as nodes:
+        hostfile = nodes.hostfile(extra=["10.98.0.7", "no-such-node.invalid"])
+        t0 = time.monotonic()
+        proc = _doctor(nodes, ["--hostfile", str(hostfile), "--json", "--timeout", "20"])
+        took = time.monotonic() - t0
+        text = _doctor(nodes, ["--hostfile", str(hostfile), "--timeout", "20"])
+    assert proc.returncode == 7, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rep = json.loads(proc.stdout)
+    status = {r["name"]: r["status"] for r in rep["nodes"]}
+    assert status == {"10.99.0.1": "ok", "10.99.0.2": "ok", "10.98.0.7": "unreachable",
+                      "no-such-node.invalid": "unresolvable"}
+    ids = {f["id"]: f for f in rep["findings"]}
+    assert ids["node-unreachable"]["nodes"] == ["10.98.0.7"]
+    assert ids["node-unresolvable"]["nodes"] == ["no-such-node.invalid"]
+    assert took < 60, took
+    assert text.returncode == 7 and "node-unreachable" in text.stdout and "10.98.0.7" in text.stdout
+    assert "Traceback" not in text.stderr
+
+
+def test_nodes_that_agree_exit_0_over_ssh_too(tmp_path):
+    with namespace_nodes(2, tmp_path) as nodes:
+        proc = _doctor(nodes, ["--hostfile", str(nodes.hostfile()), "--launcher", "ssh", "--json"])
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rep = json.loads(proc.stdout)
+    assert rep["transport"] == "ssh" and [r["status"] for r in rep["nodes"]] == ["ok", "ok"]
+    assert not [f for f in rep["findings"] if f["severity"] == "error"]
+
+
+def test_saved_facts_plan_without_reaching_the_nodes(tmp_path):
+    with namespace_nodes(2, tmp_path) as nodes:
+        nodes.set_env(1, {"CPUPERF_OVERRIDE_PYTHON": "3.10"})
+        saved = tmp_path / "facts.json"
+        live = _doctor(nodes, ["--hostfile", str(nodes.hostfile()), "--json", "--save-facts", str(saved)])
+        per_node = tmp_path / "facts"
+        _doctor(nodes, ["--hostfile", str(nodes.hostfile()), "--save-facts", f"{per_node}/"])
+    assert live.returncode == 13, live.stderr[-2000:]
+    # the namespaces are gone: nothing is reachable, yet the saved facts give the same answer
+    again = run_cli(["doctor", "--facts", str(saved), "--json"])
+    assert again.returncode == 13, again.stderr
+    assert [f["id"] for f in json.loads(again.stdout)["findings"]] == [f["id"] for f in json.loads(live.stdout)["findings"]]
+    assert "python-differs" in again.stdout
+    assert sorted(p.name for p in per_node.iterdir()) == ["10.99.0.1.json", "10.99.0.2.json"]
+    results = read_saved(str(per_node))
+    hosts = cluster.hosts_of(results)
+    assert hosts["10.99.0.2"].software.python == "3.10"
+    bad = run_cli(["doctor", "--facts", str(tmp_path / "agent.sh")])
+    assert bad.returncode == 2 and "not a cpuperf facts file" in bad.stderr
+
+
+def test_a_hung_node_costs_its_timeout_not_the_run(tmp_path):
+    """A stand-in ssh that runs the probe locally for one node and hangs for the other."""
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do [ "$1" = -o ] && shift; shift; done\n'
+                    'host=$1; shift; [ "$1" = -- ] && shift\n'
+                    '[ "$host" = 127.0.0.2 ] && exec sleep 617\nexec sh -c "$*"\n')
+    fake.chmod(0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1\n127.0.0.2\n")
+    t0 = time.monotonic()
+    proc = run_cli(["doctor", "--hostfile", str(hostfile), "--launcher", "ssh", "--timeout", "4", "--json"],
+                   extra_env={"CPUPERF_SSH": str(fake)})
+    took = time.monotonic() - t0
+    assert proc.returncode == 7, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["nodes"]}
+    assert rows["127.0.0.1"]["status"] == "ok" and rows["127.0.0.2"]["status"] == "timeout"
+    assert "within 4 s" in rows["127.0.0.2"]["error"]
+    assert took < 30, took
+    left = subprocess.run(["pgrep", "-f", "sleep 617"], capture_output=True, text=True)
+    assert left.returncode == 1, left.stdout  # the hung node's process group was killed
+
+
+def test_the_bundle_runs_where_cpuperf_is_not_installed(tmp_path):
+    """python -I from an empty directory: only the bundle's own files; the same facts as in-process."""
+    from cpuperf.run.probe_bundle import bundle_code, probe_args
+
+    argv = plan.python_command(bundle_code(), "/usr/bin/python3", probe_args("me", "127.0.0.1"))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": os.environ["PATH"]})
+    from cpuperf.probe.node import read_output
+
+    facts, error = read_output(proc.stdout)
+    assert facts is not None and error is None, (proc.stdout[-1000:], proc.stderr[-2000:])
+    here = probe_host()
+    assert facts.host.cpu.microarchitecture == here.cpu.microarchitecture
+    assert facts.host.topology.physical_cores == here.topology.physical_cores
+    assert facts.interpreter == "/usr/bin/python3" and facts.interpreter_found
+    assert not list(Path(tmp_path).iterdir())  # nothing left behind
+    missing = plan.python_command(bundle_code(), "/nonexistent/bin/python", probe_args("me", "127.0.0.1"))
+    facts, _ = read_output(subprocess.run(missing, capture_output=True, text=True, timeout=60).stdout)
+    assert facts is not None and not facts.interpreter_found
+    res = NodeResult("me", "127.0.0.1", "ok", facts, None, 1.0, "ssh")
+    [f] = [f for f in cluster.check_reached([res]) if f.id == "interpreter-missing"]
+    assert "/nonexistent/bin/python" in f.message and f.nodes == ("me",)
+
+
+# -- transports (pure) ---------------------------------------------------------------------------
+
+def test_ssh_argv_carries_the_command_intact():
+    command = plan.python_command("print('it''s \"quoted\"')", "/opt/venv/bin/python", ["--name", "n 1"])
+    argv = plan.node_argv("ssh", "node01", command, ssh=["ssh", "-p", "2222"])
+    assert argv[:3] == ["ssh", "-p", "2222"] and "BatchMode=yes" in argv and argv[-3] == "node01"
+    assert shlex.split(argv[-1]) == command
+
+
+def test_transport_choice_and_launcher_argv():
+    assert plan.choose_transport(None, True, ("/usr/bin/mpirun", "openmpi"), "/usr/bin/ssh")[0] == "srun"
+    assert plan.choose_transport(None, False, ("/usr/bin/mpirun", "openmpi"), "/usr/bin/ssh")[0] == "mpirun"
+    assert plan.choose_transport(None, False, None, "/usr/bin/ssh")[0] == "ssh"
+    srun = plan.node_argv("srun", "cn07", ["true"])
+    assert "--nodelist=cn07" in srun and "--ntasks=1" in srun and srun[-1] == "true"
+    ompi = plan.node_argv("mpirun", "cn07", ["true"], mpirun=("/x/mpirun", "openmpi"), euid=0)
+    assert ompi[:5] == ["/x/mpirun", "-np", "1", "--host", "cn07"] and "--allow-run-as-root" in ompi
+    hydra = plan.node_argv("mpirun", "cn07", ["true"], mpirun=("/x/mpiexec.hydra", "intelmpi"))
+    assert hydra == ["/x/mpiexec.hydra", "-n", "1", "-hosts", "cn07", "true"]
+    from cpuperf.errors import UsageError
+
+    with pytest.raises(UsageError):
+        plan.choose_transport("rsh", False, None, None)
+
+
+# -- the rules, over recorded hosts (pure) ------------------------------------------------------------
+
+AVX512_BF16 = ("avx2", "fma", "avx512f", "avx512_bf16")
+
+
+def _node(tmp_path, name, *, cores=4, flags=AVX512_BF16, env=None, cgroup=None):
+    root = make_host(tmp_path / name, cores_per_socket=cores, flags=flags, cgroup=cgroup)
+    environ = {"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.8.0+cpu"}), **(env or {})}
+    host = probe_host(sysroot=str(root), environ=environ, use_cache=False)
+    facts = NodeFacts(name=name, hostname=name, interfaces={"eth0": (f"10.0.0.{len(name)}",)}, master=None,
+                      master_address=None, self_address=None, rendezvous_ifname="eth0", interpreter="/p",
+                      interpreter_found=True, python="3.11.7", host=host)
+    return NodeResult(name, None, "ok", facts, None, 0.1, "ssh")
+
+
+def test_constraints_dtype_threads_and_refusal(tmp_path):
+    a = _node(tmp_path, "node01", cores=8)
+    b = _node(tmp_path, "node02", cores=4)
+    same = cluster.constraints(cluster.hosts_of([a, b]))
+    assert same.bf16 and same.refusal is None
+    assert same.threads_per_node == {"node01": 8, "node02": 4}  # each node from its own cores
+    same.require_one_stack()
+    c = _node(tmp_path, "node03", flags=("avx2", "fma"), env={"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.7.1+cpu"})})
+    mixed = cluster.constraints(cluster.hosts_of([a, b, c]))
+    assert not mixed.bf16 and "node03" in mixed.dtype_reason
+    assert mixed.refusal is not None and "node03" in mixed.refusal and "node01" not in mixed.refusal.split("odd:")[1]
+    from cpuperf.errors import ExitCode, NodesDifferError
+
+    with pytest.raises(NodesDifferError) as err:
+        mixed.require_one_stack()
+    assert err.value.code == ExitCode.NODES_DIFFER and "2.8.0+cpu" in (err.value.hint or "")
+    ids = {f.id: f for f in cluster.diagnose([a, b, c], "ssh")}
+    assert ids["torch-differs"].nodes == ("node03",) and ids["torch-differs"].severity == "error"
+    assert ids["bf16-on-some-nodes"].nodes == ("node03",)
+    assert set(ids["fewer-cpus"].nodes) == {"node02", "node03"}
+
+
+def test_a_tighter_quota_is_a_straggler(tmp_path):
+    a = _node(tmp_path, "node01")
+    b = _node(tmp_path, "node02", cgroup={"cpu.max": "200000 100000"})
+    hosts = cluster.hosts_of([a, b])
+    assert cluster.threads_per_node(hosts) == {"node01": 4, "node02": 2}
+    [f] = [f for f in cluster.diagnose([a, b], "ssh") if f.id == "fewer-cpus"]
+    assert f.nodes == ("node02",) and "quota" in f.fix
+
+
+def test_names_resolving_to_the_wrong_address(tmp_path):
+    a, b = _node(tmp_path, "node01"), _node(tmp_path, "node02")
+    import dataclasses
+
+    a = dataclasses.replace(a, address="10.0.0.6", facts=dataclasses.replace(
+        a.facts, master="node01", master_address="10.0.0.6", interfaces={"eth0": ("10.0.0.6",), "lo": ("127.0.0.1",)}))
+    wrong_here = dataclasses.replace(b, address="10.0.0.99")
+    loop = dataclasses.replace(wrong_here, facts=dataclasses.replace(b.facts, master="node01", master_address="127.0.1.1"))
+    ids = {f.id: f for f in cluster.check_names([a, loop])}
+    assert ids["name-wrong-address"].nodes == ("node02",) and "10.0.0.99" in ids["name-wrong-address"].message
+    assert ids["master-wrong-address"].nodes == ("node02",) and "127.0.1.1" in ids["master-wrong-address"].message
