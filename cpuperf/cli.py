@@ -81,6 +81,8 @@ def doctor(
     facts: Optional[str] = typer.Option(None, "--facts", metavar="FILE|DIR",
                                         help="Diagnose nodes from saved facts (--save-facts) instead of probing them."),
     this_node: bool = typer.Option(False, "--this-node", help="Inside a Slurm allocation: this node only."),
+    collectives: bool = typer.Option(False, "--collectives", help="With the nodes: measure a short allreduce across them with each backend (gloo, mpi, ccl) they all have, and choose DDP's backend and bucket from it."),
+    bucket_mb: float = typer.Option(25.0, "--bucket-mb", metavar="MB", help="Allreduce size for --collectives (DDP's bucket_cap_mb default: 25)."),
 ) -> None:
     """Probe hardware and software, then say what is wrong and the exact fix."""
     import os
@@ -89,7 +91,8 @@ def doctor(
     out = Output(json_mode=json_out, quiet=quiet)
     if doctor_cluster.wants_cluster(hostfile, facts, this_node, os.environ) and sysroot is None:
         opts = doctor_cluster.ClusterOptions(hostfile=hostfile, launcher=launcher, python=python, timeout=timeout,
-                                             parallel=parallel, save_facts=save_facts, facts=facts)
+                                             parallel=parallel, save_facts=save_facts, facts=facts,
+                                             collectives=collectives, bucket_mb=bucket_mb)
         _finish(doctor_cluster.run(out, opts))
         return
     from cpuperf.commands import doctor as cmd

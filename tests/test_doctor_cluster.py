@@ -232,3 +232,45 @@ def test_names_resolving_to_the_wrong_address(tmp_path):
     ids = {f.id: f for f in cluster.check_names([a, loop])}
     assert ids["name-wrong-address"].nodes == ("node02",) and "10.0.0.99" in ids["name-wrong-address"].message
     assert ids["master-wrong-address"].nodes == ("node02",) and "127.0.1.1" in ids["master-wrong-address"].message
+
+
+# -- collectives ------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(TORCH is None, reason="the allreduce needs torch")
+def test_allreduce_across_the_nodes_is_measured_and_cached(tmp_path):
+    cache = tmp_path / "cache"
+    with namespace_nodes(2, tmp_path) as nodes:
+        argv = nodes.on_first([sys.executable, "-m", "cpuperf", "doctor", "--hostfile", str(nodes.hostfile()),
+                               "--collectives", "--bucket-mb", "4", "--json"])
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env=cli_env({**nodes.env(), "CPUPERF_CACHE_DIR": str(cache)}))
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    col = json.loads(proc.stdout)["collectives"]
+    assert col["world"] == 2 and col["nodes"] == ["10.99.0.1", "10.99.0.2"] and not col["failed"]
+    gloo = col["backends"]["gloo"]
+    assert gloo["bucket_bytes"] == 4 << 20 and gloo["seconds"] > 0 and gloo["busbw_gbps"] > 0 and gloo["latency_us"] > 0
+    for other in ("mpi", "ccl"):  # measured when every node has it, else the reason
+        assert "seconds" in col["backends"][other] or col["backends"][other]["skipped"]
+    assert col["choice"]["backend"] in col["backends"] and col["choice"]["bucket_cap_mb"] >= 4
+    os.environ["CPUPERF_CACHE_DIR"] = str(cache)
+    try:
+        from cpuperf.run.collectives import read_cached
+
+        assert read_cached(["10.99.0.1", "10.99.0.2"])["backends"]["gloo"] == gloo
+    finally:
+        del os.environ["CPUPERF_CACHE_DIR"]
+
+
+def test_ddp_choice_from_a_measurement():
+    fast_latency = {"world": 4, "backends": {
+        "gloo": {"bucket_bytes": 25 << 20, "seconds": 0.20, "algbw_gbps": 0.13, "latency_us": 300.0},
+        "ccl": {"bucket_bytes": 25 << 20, "seconds": 0.05, "algbw_gbps": 0.52, "latency_us": 40.0},
+        "mpi": {"skipped": "torch was built without MPI"}}}
+    choice = cluster.choose_ddp(fast_latency)
+    assert choice.backend == "ccl" and choice.bucket_cap_mb == 25 and "gloo" in choice.reason
+    slow_latency = {"world": 2, "backends": {
+        "gloo": {"bucket_bytes": 25 << 20, "seconds": 0.025, "algbw_gbps": 1.05, "latency_us": 5000.0}}}
+    choice = cluster.choose_ddp(slow_latency)
+    # latency 5 ms at ~1 GB/s: a bucket must be >= 9 x 5 ms x 1 GB/s ~ 45 MB for latency to stay under 10%
+    assert choice.backend == "gloo" and 40 <= choice.bucket_cap_mb <= 50
+    assert cluster.choose_ddp({"backends": {"gloo": {"skipped": "x"}}}) is None

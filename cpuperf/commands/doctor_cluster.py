@@ -25,6 +25,8 @@ class ClusterOptions:
     parallel: int
     save_facts: Optional[str]
     facts: Optional[str]
+    collectives: bool = False
+    bucket_mb: float = 25.0
 
 
 def node_names(hostfile: Optional[str], environ: Mapping[str, str]) -> List[str]:
@@ -77,7 +79,36 @@ def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Map
     out.info(f"probing {len(names)} node(s) through {transport} ({why}); {min(opts.parallel, len(names))} at a time, "
              f"{opts.timeout:g} s each; the job's interpreter: {interpreter}")
     results = probe_nodes(names, argv_for, transport, timeout=opts.timeout, parallel=opts.parallel)
-    return results, transport
+    collectives = None
+    if opts.collectives:
+        collectives = _collectives(out, opts, results, transport, mpi, ssh_cmd, interpreter)
+    return results, transport, collectives
+
+
+def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], transport: str, mpi: Any,
+                 ssh_cmd: List[str], interpreter: str) -> Optional[Dict[str, Any]]:
+    """Allreduce across the nodes (all of them reached, each with torch), cached for the DDP choice."""
+    from cpuperf.decide.cluster import choose_ddp, hosts_of
+    from cpuperf.plan import nodes as plan
+    from cpuperf.run.collectives import measure, worker_code
+
+    hosts = hosts_of(results)
+    missing = [r.name for r in results if r.name not in hosts or hosts[r.name].software is None
+               or hosts[r.name].software.packages.get("torch") is None]
+    if missing:
+        out.warn(f"allreduce not measured: {', '.join(missing[:5])} could not be probed or have no torch")
+        return {"skipped": f"not every node can run torch ({', '.join(missing[:5])})"}
+    code = worker_code()
+
+    def argv_for(host: str, args: Sequence[str]) -> List[str]:
+        return plan.node_argv(transport, host, plan.python_command(code, interpreter, list(args)), mpirun=mpi,
+                              ssh=ssh_cmd, euid=os.geteuid(), connect_timeout_s=min(10.0, opts.timeout))
+
+    out.info(f"measuring allreduce of {opts.bucket_mb:g} MiB across {len(results)} node(s) with each backend they all have")
+    measured = measure(results, argv_for, bucket_mb=opts.bucket_mb, timeout=max(120.0, opts.timeout * 2))
+    choice = choose_ddp(measured, opts.bucket_mb)
+    measured["choice"] = choice.to_json() if choice else None
+    return measured
 
 
 def _ssh_command(environ: Mapping[str, str]) -> List[str]:
@@ -126,17 +157,19 @@ def run(out: Output, opts: ClusterOptions, environ: Optional[Mapping[str, str]] 
         from cpuperf.probe.node import read_saved
 
         results = read_saved(opts.facts)
-        transport = results[0].transport if results else "?"
+        transport, collectives = (results[0].transport if results else "?"), None
         out.info(f"read the facts of {len(results)} node(s) from {opts.facts} (nothing probed)")
     else:
         names = node_names(opts.hostfile, environ)
         if not names:
             raise UsageError("no nodes to probe", hint="pass --hostfile FILE, or run inside a Slurm allocation")
-        results, transport = _probe(out, opts, names, environ)
+        results, transport, collectives = _probe(out, opts, names, environ)
     if opts.save_facts:
         _save(out, opts.save_facts, results, transport)
     findings = cluster.diagnose(results, transport)
     rep = cluster.report(results, findings, transport)
+    if collectives is not None:
+        rep["collectives"] = collectives
     if out.json_mode:
         out.json(rep)
     elif not out.quiet:
@@ -195,6 +228,8 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
         cells = _cells(row)
         t.add_row(*(cells + ["-"] * (len(HEADERS) - len(cells))))
     out.table(t)
+    if rep.get("collectives"):
+        _render_collectives(out, rep["collectives"])
     findings = rep["findings"]
     if not findings:
         out.product(f"The {len(rep['nodes'])} nodes agree: nothing would break or slow the job.")
@@ -205,3 +240,26 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
     for item in findings:
         f.add_row(item["severity"], item["id"], ", ".join(item["nodes"]), item["message"], item["fix"] or "")
     out.table(f)
+
+
+def _render_collectives(out: Output, col: Dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    if "backends" not in col:
+        out.product(f"allreduce: {col.get('skipped') or 'failed: ' + '; '.join(f'{n}: {w}' for n, w in col.get('failed', {}).items())}")
+        return
+    t = Table(title=f"Allreduce across {col['world']} node(s), {col['bucket_mb']:g} MiB (torch {col['torch']})",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in ("backend", "time", "algbw GB/s", "busbw GB/s", "latency"):
+        t.add_column(h)
+    for name, m in col["backends"].items():
+        if "skipped" in m:
+            t.add_row(name, "-", "-", "-", f"not measured: {m['skipped']}")
+        else:
+            busbw = "-" if m["busbw_gbps"] is None else f"{m['busbw_gbps']:g}"
+            t.add_row(name, f"{m['seconds'] * 1e3:.1f} ms", f"{m['algbw_gbps']:g}", busbw, f"{m['latency_us']:g} us")
+    out.table(t)
+    if col.get("choice"):
+        c = col["choice"]
+        out.product(f"DDP: backend {c['backend']}, bucket_cap_mb {c['bucket_cap_mb']} ({c['reason']})")

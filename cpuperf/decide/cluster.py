@@ -372,3 +372,43 @@ def report(results: Sequence[NodeResult], findings: Sequence[NodeFinding], trans
     return {"schema": SCHEMA, "transport": transport, "nodes": [_row(r) for r in results],
             "constraints": constraints(hosts).to_json() if hosts else None,
             "findings": [f.to_json() for f in findings]}
+
+
+# -- collectives -> DDP backend and bucket ---------------------------------------------------------
+
+# A bucket's allreduce costs about latency + bytes / bandwidth; the fixed latency should be at most
+# this share of it, else DDP spends its time in per-bucket overhead (fewer, larger buckets win).
+LATENCY_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class DdpChoice:
+    backend: str
+    bucket_cap_mb: int
+    reason: str
+    evidence: Dict[str, Any]
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def choose_ddp(measured: Mapping[str, Any], bucket_mb: float = 25.0) -> Optional[DdpChoice]:
+    """From an allreduce measurement (run.collectives): the fastest backend at the bucket size, and a
+    bucket_cap_mb large enough that per-bucket latency stays under LATENCY_SHARE. None: nothing measured."""
+    import math
+
+    rows = {b: m for b, m in (measured.get("backends") or {}).items() if isinstance(m, dict) and m.get("seconds")}
+    if not rows:
+        return None
+    best = min(rows, key=lambda b: rows[b]["seconds"])
+    m = rows[best]
+    latency_s, rate = m["latency_us"] / 1e6, m["bucket_bytes"] / m["seconds"]
+    need_mb = (1 - LATENCY_SHARE) / LATENCY_SHARE * latency_s * rate / 2**20
+    bucket = max(int(round(bucket_mb)), int(math.ceil(need_mb)))
+    others = ", ".join(f"{b} {rows[b]['algbw_gbps']:g} GB/s" for b in rows if b != best)
+    why = (f"{best}: {m['algbw_gbps']:g} GB/s allreduce of {m['bucket_bytes'] / 2**20:g} MiB across "
+           f"{measured.get('world', '?')} node(s), {m['latency_us']:g} us per call" + (f" (vs {others})" if others else ""))
+    why += (f"; bucket_cap_mb {bucket} keeps that latency under {LATENCY_SHARE:.0%} of a bucket's time"
+            if bucket > bucket_mb else f"; bucket_cap_mb {bucket} (DDP's default) already keeps latency under "
+            f"{LATENCY_SHARE:.0%}")
+    return DdpChoice(best, bucket, why, {"backends": dict(rows), "measured_at": measured.get("measured_at")})

@@ -140,6 +140,13 @@ def probe_nodes(names: Sequence[str], argv_for: Callable[[str], Sequence[str]], 
     addresses = resolve_all(names)
     reachable = [n for n in names if addresses.get(n) is not None]
     launched = run_each(reachable, argv_for, timeout=timeout, parallel=parallel, env=env, progress=progress)
+    # A launch that failed outright gets one more try: concurrent mpiruns can collide on their session
+    # directories ("A call to mkdir was unable to create the desired directory"), sshd drops
+    # connections past MaxStartups. A node that is really down fails again, fast; a hung one is not retried.
+    again = [n for n in reachable if launched[n].returncode not in (None, 0)
+             and nodefacts.read_output(launched[n].stdout) == (None, None)]
+    if again:
+        launched.update(run_each(again, argv_for, timeout=timeout, parallel=max(1, parallel // 4), env=env))
     results: List[NodeResult] = []
     for name in names:
         address = addresses.get(name)
