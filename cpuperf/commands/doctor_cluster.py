@@ -93,8 +93,11 @@ def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], tran
     from cpuperf.run.collectives import measure, worker_code
 
     hosts = hosts_of(results)
-    missing = [r.name for r in results if r.name not in hosts or hosts[r.name].software is None
-               or hosts[r.name].software.packages.get("torch") is None]
+    def has_torch(name: str) -> bool:
+        sw = hosts[name].software if name in hosts else None
+        return sw is not None and sw.packages.get("torch") is not None
+
+    missing = [r.name for r in results if not has_torch(r.name)]
     if missing:
         out.warn(f"allreduce not measured: {', '.join(missing[:5])} could not be probed or have no torch")
         return {"skipped": f"not every node can run torch ({', '.join(missing[:5])})"}

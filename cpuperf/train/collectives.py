@@ -93,7 +93,7 @@ def main(argv):
     # Agree first (over gloo) on the backends every node has: one missing on any rank would hang the rest.
     os.environ["MASTER_PORT"] = a["port"]
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
-    everyone = [None] * world
+    everyone = [dict(here) for _ in range(world)]
     dist.all_gather_object(everyone, here)
     dist.destroy_process_group()
     results = {}
