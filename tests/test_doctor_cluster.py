@@ -274,3 +274,26 @@ def test_ddp_choice_from_a_measurement():
     # latency 5 ms at ~1 GB/s: a bucket must be >= 9 x 5 ms x 1 GB/s ~ 45 MB for latency to stay under 10%
     assert choice.backend == "gloo" and 40 <= choice.bucket_cap_mb <= 50
     assert cluster.choose_ddp({"backends": {"gloo": {"skipped": "x"}}}) is None
+
+
+def test_inside_a_slurm_allocation_doctor_probes_its_nodes_through_srun(tmp_path):
+    """A stand-in srun (no Slurm here) that runs the step on this host: doctor's argv and node list are real."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "srun.log"
+    (bindir / "srun").write_text(f'#!/bin/sh\necho "$1 $2 $3" >> {log}\n'
+                                 'while [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bindir / "srun").chmod(0o755)
+    env = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]",
+           "PATH": f"{bindir}:{os.environ['PATH']}"}
+    proc = run_cli(["doctor", "--json"], extra_env=env)
+    assert proc.returncode == 13, proc.stderr
+    rep = json.loads(proc.stdout)
+    # the one skew: a loopback rendezvous address, which no other node could reach
+    assert [f["id"] for f in rep["findings"] if f["severity"] == "error"] == ["master-wrong-address"]
+    assert rep["transport"] == "srun" and [r["name"] for r in rep["nodes"]] == ["127.0.0.1", "127.0.0.2"]
+    assert [r["status"] for r in rep["nodes"]] == ["ok", "ok"]
+    lines = log.read_text().splitlines()
+    assert sorted(line.split()[2] for line in lines) == ["--nodelist=127.0.0.1", "--nodelist=127.0.0.2"]
+    this = run_cli(["doctor", "--this-node", "--json"], extra_env=env)
+    assert this.returncode in (0, 1) and "nodes" not in json.loads(this.stdout)

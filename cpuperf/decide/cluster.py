@@ -263,6 +263,8 @@ def check_names(results: Sequence[NodeResult]) -> List[NodeFinding]:
     probed = [r for r in results if r.facts is not None]
     for r in probed:
         assert r.facts is not None
+        if _loopback(r.address) and any(_loopback(a) for a in r.facts.addresses):
+            continue  # 127.0.0.0/8 is all this host's own (Linux answers on every address of it)
         if r.address and r.facts.addresses and r.address not in r.facts.addresses:
             out.append(NodeFinding("name-wrong-address", "error",
                                    f"{r.name} resolves to {r.address} here, but that node holds "
