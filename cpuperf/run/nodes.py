@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from cpuperf.errors import one_line
 from cpuperf.probe import node as nodefacts
 from cpuperf.probe.hosts import resolve_all
 from cpuperf.probe.node import NodeResult
@@ -111,7 +110,8 @@ def _why(result: Launched, transport: str, timeout: float) -> str:
         return marked
     text = "\n".join(line for line in (result.stderr + "\n" + result.stdout).splitlines()
                      if line.strip() and not set(line.strip()) <= set("-*="))  # Open MPI's banner rules
-    return one_line(text, 300) or f"{transport} exited with code {result.returncode}"
+    first = next((line.strip() for line in text.splitlines()), "")
+    return (first[:297] + "..." if len(first) > 300 else first) or f"{transport} exited with code {result.returncode}"
 
 
 def classify(name: str, address: Optional[str], result: Launched, transport: str, timeout: float) -> NodeResult:
