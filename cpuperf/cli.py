@@ -89,10 +89,14 @@ def doctor(
 
     from cpuperf.commands import doctor_cluster
     out = Output(json_mode=json_out, quiet=quiet)
+    if (hostfile or facts) and (sysroot or save_snapshot):
+        from cpuperf.errors import UsageError
+        raise UsageError("--sysroot and --save-snapshot describe one host; --hostfile and --facts, several",
+                         hint="use one or the other")
     if doctor_cluster.wants_cluster(hostfile, facts, this_node, os.environ) and sysroot is None:
-        opts = doctor_cluster.ClusterOptions(hostfile=hostfile, launcher=launcher, python=python, timeout=timeout,
-                                             parallel=parallel, save_facts=save_facts, facts=facts,
-                                             collectives=collectives, bucket_mb=bucket_mb)
+        opts = doctor_cluster.ClusterOptions(hostfile=hostfile, launcher=launcher, python=python,
+                                             timeout=_finite("--timeout", timeout, 3600.0), parallel=parallel, save_facts=save_facts, facts=facts,
+                                             collectives=collectives, bucket_mb=_finite("--bucket-mb", bucket_mb, 4096.0))
         _finish(doctor_cluster.run(out, opts))
         return
     from cpuperf.commands import doctor as cmd
