@@ -78,7 +78,13 @@ def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Map
 
     out.info(f"probing {len(names)} node(s) through {transport} ({why}); {min(opts.parallel, len(names))} at a time, "
              f"{opts.timeout:g} s each; the job's interpreter: {interpreter}")
-    results = probe_nodes(names, argv_for, transport, timeout=opts.timeout, parallel=opts.parallel)
+    step = max(1, len(names) // 4)
+
+    def progress(done: int, total: int) -> None:  # a 64-node run says where it is, four times
+        if total >= 8 and (done % step == 0 or done == total):
+            out.info(f"  {done}/{total} node(s) answered or gave up")
+
+    results = probe_nodes(names, argv_for, transport, timeout=opts.timeout, parallel=opts.parallel, progress=progress)
     collectives = None
     if opts.collectives:
         collectives = _collectives(out, opts, results, transport, mpi, ssh_cmd, interpreter)
