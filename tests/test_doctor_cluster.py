@@ -297,3 +297,13 @@ def test_inside_a_slurm_allocation_doctor_probes_its_nodes_through_srun(tmp_path
     assert sorted(line.split()[2] for line in lines) == ["--nodelist=127.0.0.1", "--nodelist=127.0.0.2"]
     this = run_cli(["doctor", "--this-node", "--json"], extra_env=env)
     assert this.returncode in (0, 1) and "nodes" not in json.loads(this.stdout)
+
+
+def test_amx_usable_on_some_nodes_only(tmp_path):
+    amx = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+    a = _node(tmp_path, "node01", flags=amx, env={"CPUPERF_OVERRIDE_AMX_USABLE": "1"})
+    b = _node(tmp_path, "node02", flags=amx, env={"CPUPERF_OVERRIDE_AMX_USABLE": "0"})
+    assert a.facts.host.cpu.amx_usable and b.facts.host.cpu.amx_usable is False
+    [f] = [f for f in cluster.diagnose([a, b], "ssh") if f.id == "amx-on-some-nodes"]
+    assert f.nodes == ("node02",) and f.severity == "warning" and "kernel >= 5.16" in f.fix
+    assert cluster.constraints(cluster.hosts_of([a, b])).bf16  # avx512_bf16 everywhere: bf16 stays native
