@@ -307,3 +307,27 @@ def test_amx_usable_on_some_nodes_only(tmp_path):
     [f] = [f for f in cluster.diagnose([a, b], "ssh") if f.id == "amx-on-some-nodes"]
     assert f.nodes == ("node02",) and f.severity == "warning" and "kernel >= 5.16" in f.fix
     assert cluster.constraints(cluster.hosts_of([a, b])).bf16  # avx512_bf16 everywhere: bf16 stays native
+
+
+def test_a_plan_from_saved_node_facts_is_the_plan_made_live(tmp_path):
+    """The bundle's facts, saved and read back, give the recommendation the live probe gives."""
+    import dataclasses
+
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.probe.node import parse_saved, read_output, saved_json
+    from cpuperf.run.probe_bundle import bundle_code, probe_args
+
+    argv = plan.python_command(bundle_code(), sys.executable, probe_args("me", "127.0.0.1"))
+    facts, error = read_output(subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout)
+    assert facts is not None and error is None
+    saved = json.dumps(saved_json([NodeResult("me", "127.0.0.1", "ok", facts, None, 1.0, "ssh")], "ssh"))
+    [back] = parse_saved(saved, "saved")
+    assert back.facts == facts  # the facts survive the file whole
+    workload = resolve_workload(params="10M", batch_size=8)
+    # load is a finding of the moment, not a fact to plan from; memory available moves between probes
+    steady = lambda h: dataclasses.replace(h, load=None, memory=dataclasses.replace(h.memory, available_bytes=None))
+    live = recommend(steady(probe_host(use_cache=False)), workload)
+    from_saved = recommend(steady(back.facts.host), workload)
+    assert from_saved.values() == live.values()
+    assert from_saved.placement == live.placement
