@@ -61,6 +61,16 @@ class Nodes:
         path.write_text("\n".join([*self.addresses[:count or self.count], *extra]) + "\n")
         return path
 
+    def set_hosts(self, index: int, entries: Dict[str, str]) -> None:
+        """That node's /etc/hosts (`ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts)."""
+        path = Path("/etc/netns") / self.names[index] / "hosts"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in entries.items()))
+
+    def name_table(self) -> Dict[str, str]:
+        """Each node's namespace name -> its address: the /etc/hosts a cluster would have."""
+        return dict(zip(self.names, self.addresses))
+
     def env(self) -> Dict[str, str]:
         """What the launching shell on node 1 needs: mpirun and ssh both go through the agent."""
         return {"OMPI_MCA_plm_rsh_agent": str(self.agent), "CPUPERF_SSH": str(self.agent)}
@@ -98,10 +108,11 @@ def namespace_nodes(count: int, workdir: Path) -> Iterator[Nodes]:
                 pytest.skip(f"ip {' '.join(step)} failed: {proc.stderr.strip()}")
         nodes.agent.write_text(AGENT)
         nodes.agent.chmod(0o755)
-        (workdir / "map").write_text("".join(f"{a} {n}\n" for a, n in zip(nodes.addresses, nodes.names)))
+        (workdir / "map").write_text("".join(f"{a} {n}\n{n} {n}\n" for a, n in zip(nodes.addresses, nodes.names)))
         for i in range(count):
             nodes.set_env(i, {})
         yield nodes
     finally:
         for name in reversed(made):
             _ip("netns", "del", name)  # a namespace's veth ends go with it
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)

@@ -331,3 +331,19 @@ def test_a_plan_from_saved_node_facts_is_the_plan_made_live(tmp_path):
     from_saved = recommend(steady(back.facts.host), workload)
     assert from_saved.values() == live.values()
     assert from_saved.placement == live.placement
+
+
+def test_a_name_that_resolves_to_the_wrong_address_on_one_node(tmp_path):
+    """Hostfile by name; node 2's /etc/hosts maps node 1 to Debian's 127.0.1.1: doctor names node 2."""
+    with namespace_nodes(2, tmp_path) as nodes:
+        table = nodes.name_table()
+        nodes.set_hosts(0, table)
+        nodes.set_hosts(1, {**table, nodes.names[0]: "127.0.1.1"})
+        hostfile = tmp_path / "names"
+        hostfile.write_text("\n".join(nodes.names) + "\n")
+        proc = _doctor(nodes, ["--hostfile", str(hostfile), "--json"])
+    assert proc.returncode == 13, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rep = json.loads(proc.stdout)
+    assert [r["status"] for r in rep["nodes"]] == ["ok", "ok"]
+    [f] = [f for f in rep["findings"] if f["id"] == "master-wrong-address"]
+    assert f["nodes"] == [nodes.names[1]] and "127.0.1.1" in f["message"] and "/etc/hosts" in f["fix"]
