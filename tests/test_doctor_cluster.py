@@ -347,3 +347,23 @@ def test_a_name_that_resolves_to_the_wrong_address_on_one_node(tmp_path):
     assert [r["status"] for r in rep["nodes"]] == ["ok", "ok"]
     [f] = [f for f in rep["findings"] if f["id"] == "master-wrong-address"]
     assert f["nodes"] == [nodes.names[1]] and "127.0.1.1" in f["message"] and "/etc/hosts" in f["fix"]
+
+
+def test_the_bundle_reads_its_data_without_a_toml_parser(tmp_path):
+    """Python 3.9/3.10 without tomli: the data travels as JSON too, and the probe names the CPU alike."""
+    from cpuperf.probe.node import read_output
+    from cpuperf.run.probe_bundle import bundle_code, probe_args
+
+    hide = ("import sys, importlib.machinery\nsys.modules['tomllib'] = None\n"
+            "class Hide:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        spec = importlib.machinery.PathFinder.find_spec(name, path) if name == 'tomli' else None\n"
+            "        if spec and 'cpuperf-probe-' not in (spec.origin or ''):\n"
+            "            raise ImportError('an installed tomli is hidden')\n"
+            "sys.meta_path.insert(0, Hide())\n")
+    no_toml = hide + bundle_code()
+    argv = plan.python_command(no_toml, sys.executable, probe_args("me", "127.0.0.1"))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    facts, error = read_output(proc.stdout)
+    assert facts is not None and error is None, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert facts.host.cpu.microarchitecture == probe_host().cpu.microarchitecture
