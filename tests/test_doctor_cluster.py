@@ -367,3 +367,26 @@ def test_the_bundle_reads_its_data_without_a_toml_parser(tmp_path):
     facts, error = read_output(proc.stdout)
     assert facts is not None and error is None, (proc.stdout[-1000:], proc.stderr[-2000:])
     assert facts.host.cpu.microarchitecture == probe_host().cpu.microarchitecture
+
+
+def test_ctrl_c_kills_every_node_launch(tmp_path):
+    import signal
+
+    fake = tmp_path / "ssh"
+    fake.write_text("#!/bin/sh\nexec sleep 618\n")
+    fake.chmod(0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1\n127.0.0.2\n127.0.0.3\n")
+    proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "doctor", "--hostfile", str(hostfile), "--launcher", "ssh"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env({"CPUPERF_SSH": str(fake)}))
+    for _ in range(100):  # until all three launches are running
+        if len(subprocess.run(["pgrep", "-f", "sleep 618"], capture_output=True, text=True).stdout.split()) == 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", "sleep 618"], capture_output=True, text=True)
+    assert left.returncode == 1, left.stdout
