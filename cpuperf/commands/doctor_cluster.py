@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -54,51 +52,31 @@ def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool
 
 
 def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Mapping[str, str]) -> Any:
-    from cpuperf.plan import nodes as plan
     from cpuperf.plan.launch import slurm_allocation
-    from cpuperf.probe import probe_host
-    from cpuperf.run.nodes import probe_nodes
-    from cpuperf.run.probe_bundle import bundle_code, probe_args
+    from cpuperf.run.nodes import choose_reach, probe_cluster
 
-    mpi = None
-    if opts.launcher in (None, "mpirun"):
-        from cpuperf.plan.launch import mpi_flavour
-
-        mpi = mpi_flavour(probe_host())
     in_slurm = opts.hostfile is None and slurm_allocation(environ) is not None
-    ssh_cmd = _ssh_command(environ)
-    transport, why = plan.choose_transport(opts.launcher, in_slurm, mpi, shutil.which(ssh_cmd[0]) if ssh_cmd else None)
-    interpreter = os.path.abspath(opts.python or sys.executable)
-    code, master = bundle_code(), names[0]
-
-    def argv_for(host: str) -> List[str]:
-        command = plan.python_command(code, interpreter, probe_args(host, master))
-        return plan.node_argv(transport, host, command, mpirun=mpi, ssh=ssh_cmd, euid=os.geteuid(),
-                              connect_timeout_s=min(10.0, opts.timeout))
-
-    out.info(f"probing {len(names)} node(s) through {transport} ({why}); {min(opts.parallel, len(names))} at a time, "
-             f"{opts.timeout:g} s each; the job's interpreter: {interpreter}")
+    reach = choose_reach(opts.launcher, in_slurm, opts.python, environ, opts.timeout)
+    out.info(f"probing {len(names)} node(s) through {reach.transport} ({reach.why}); "
+             f"{min(opts.parallel, len(names))} at a time, {opts.timeout:g} s each; the job's interpreter: {reach.interpreter}")
     step = max(1, len(names) // 4)
 
     def progress(done: int, total: int) -> None:  # a 64-node run says where it is, four times
         if total >= 8 and (done % step == 0 or done == total):
             out.info(f"  {done}/{total} node(s) answered or gave up")
 
-    results = probe_nodes(names, argv_for, transport, timeout=opts.timeout, parallel=opts.parallel, progress=progress)
-    collectives = None
-    if opts.collectives:
-        collectives = _collectives(out, opts, results, transport, mpi, ssh_cmd, interpreter)
-    return results, transport, collectives
+    results = probe_cluster(names, reach, timeout=opts.timeout, parallel=opts.parallel, progress=progress)
+    collectives = _collectives(out, opts, results, reach) if opts.collectives else None
+    return results, reach.transport, collectives
 
 
-def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], transport: str, mpi: Any,
-                 ssh_cmd: List[str], interpreter: str) -> Optional[Dict[str, Any]]:
+def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], reach: Any) -> Optional[Dict[str, Any]]:
     """Allreduce across the nodes (all of them reached, each with torch), cached for the DDP choice."""
     from cpuperf.decide.cluster import choose_ddp, hosts_of
-    from cpuperf.plan import nodes as plan
     from cpuperf.run.collectives import measure, worker_code
 
     hosts = hosts_of(results)
+
     def has_torch(name: str) -> bool:
         sw = hosts[name].software if name in hosts else None
         return sw is not None and sw.packages.get("torch") is not None
@@ -108,24 +86,12 @@ def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], tran
         out.warn(f"allreduce not measured: {', '.join(missing[:5])} could not be probed or have no torch")
         return {"skipped": f"not every node can run torch ({', '.join(missing[:5])})"}
     code = worker_code()
-
-    def argv_for(host: str, args: Sequence[str]) -> List[str]:
-        return plan.node_argv(transport, host, plan.python_command(code, interpreter, list(args)), mpirun=mpi,
-                              ssh=ssh_cmd, euid=os.geteuid(), connect_timeout_s=min(10.0, opts.timeout))
-
     out.info(f"measuring allreduce of {opts.bucket_mb:g} MiB across {len(results)} node(s) with each backend they all have")
-    measured = measure(results, argv_for, bucket_mb=opts.bucket_mb, timeout=max(120.0, opts.timeout * 2))
+    measured = measure(results, lambda host, args: reach.argv(host, code, args), bucket_mb=opts.bucket_mb,
+                       timeout=max(120.0, opts.timeout * 2))
     choice = choose_ddp(measured, opts.bucket_mb)
     measured["choice"] = choice.to_json() if choice else None
     return measured
-
-
-def _ssh_command(environ: Mapping[str, str]) -> List[str]:
-    """CPUPERF_SSH (e.g. 'ssh -p 2222', or a wrapper) else ssh."""
-    import shlex
-
-    raw = (environ.get("CPUPERF_SSH") or "").strip()
-    return shlex.split(raw) if raw else ["ssh"]
 
 
 def _save(out: Output, path: str, results: Sequence[Any], transport: str) -> None:

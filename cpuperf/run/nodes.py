@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.probe import node as nodefacts
 from cpuperf.probe.hosts import resolve_all
@@ -156,3 +156,59 @@ def probe_nodes(names: Sequence[str], argv_for: Callable[[str], Sequence[str]], 
             continue
         results.append(classify(name, address, launched[name], transport, timeout))
     return results
+
+
+# -- one cluster: how its nodes are reached, then probed ---------------------------------------------
+
+@dataclass(frozen=True)
+class Reach:
+    """How this cluster's nodes are reached: the transport and what its argv needs."""
+
+    transport: str
+    why: str
+    mpirun: Optional[Tuple[str, str]]
+    ssh: Tuple[str, ...]
+    interpreter: str  # the job's interpreter on the nodes
+    connect_timeout_s: float
+
+    def argv(self, host: str, program: str, args: Sequence[str]) -> List[str]:
+        """argv that runs `program` (python -c text) with `args` on `host`, with the job's interpreter."""
+        from cpuperf.plan import nodes as plan
+
+        return plan.node_argv(self.transport, host, plan.python_command(program, self.interpreter, list(args)),
+                              mpirun=self.mpirun, ssh=self.ssh, euid=os.geteuid(),
+                              connect_timeout_s=self.connect_timeout_s)
+
+
+def ssh_command(environ: Mapping[str, str]) -> Tuple[str, ...]:
+    """CPUPERF_SSH (e.g. 'ssh -p 2222', or a wrapper) else ssh."""
+    import shlex
+
+    raw = (environ.get("CPUPERF_SSH") or "").strip()
+    return tuple(shlex.split(raw)) if raw else ("ssh",)
+
+
+def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str], environ: Mapping[str, str],
+                 timeout: float = 60.0) -> Reach:
+    """The transport the job's own launcher gives (srun in Slurm, mpirun, else ssh); LaunchFailedError if none."""
+    import shutil
+    import sys
+
+    from cpuperf.plan import nodes as plan
+    from cpuperf.plan.launch import mpi_flavour
+    from cpuperf.probe import probe_host
+
+    mpi = mpi_flavour(probe_host()) if launcher in (None, "mpirun") else None
+    ssh = ssh_command(environ)
+    transport, why = plan.choose_transport(launcher, in_slurm, mpi, shutil.which(ssh[0]))
+    return Reach(transport, why, mpi, ssh, os.path.abspath(python or sys.executable), min(10.0, timeout))
+
+
+def probe_cluster(names: Sequence[str], reach: Reach, *, timeout: float = 60.0, parallel: int = 32,
+                  progress: Optional[Callable[[int, int], None]] = None) -> List[NodeResult]:
+    """cpuperf's probe on every node (the first is the rendezvous host): one NodeResult per name, in order."""
+    from cpuperf.run.probe_bundle import bundle_code, probe_args
+
+    code, master = bundle_code(), names[0]
+    return probe_nodes(names, lambda host: reach.argv(host, code, probe_args(host, master)), reach.transport,
+                       timeout=timeout, parallel=parallel, progress=progress)
