@@ -70,10 +70,37 @@ def doctor(
                                          help="Inspect the packages of another interpreter (a venv's python)."),
     save_snapshot: Optional[str] = typer.Option(None, "--save-snapshot", metavar="DIR",
                                                 help="Copy the files the probe reads under DIR, for a bug report."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE",
+                                           help="Probe every node of this hostfile (inside a Slurm allocation of several nodes: its nodes) and show the skews between them."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME",
+                                           help="Reach the nodes through srun, mpirun or ssh (default: srun in Slurm, else mpirun, else ssh)."),
+    timeout: float = typer.Option(60.0, "--timeout", metavar="S", help="Seconds each node has to answer."),
+    parallel: int = typer.Option(32, "--parallel", metavar="N", help="Nodes probed at once."),
+    save_facts: Optional[str] = typer.Option(None, "--save-facts", metavar="FILE|DIR/",
+                                             help="Save every node's facts (one file, or DIR/NODE.json), to plan from later without reaching the nodes."),
+    facts: Optional[str] = typer.Option(None, "--facts", metavar="FILE|DIR",
+                                        help="Diagnose nodes from saved facts (--save-facts) instead of probing them."),
+    this_node: bool = typer.Option(False, "--this-node", help="Inside a Slurm allocation: this node only."),
+    collectives: bool = typer.Option(False, "--collectives", help="With the nodes: measure a short allreduce across them with each backend (gloo, mpi, ccl) they all have, and choose DDP's backend and bucket from it."),
+    bucket_mb: float = typer.Option(25.0, "--bucket-mb", metavar="MB", help="Allreduce size for --collectives (DDP's bucket_cap_mb default: 25)."),
 ) -> None:
     """Probe hardware and software, then say what is wrong and the exact fix."""
+    import os
+
+    from cpuperf.commands import doctor_cluster
+    out = Output(json_mode=json_out, quiet=quiet)
+    if (hostfile or facts) and (sysroot or save_snapshot):
+        from cpuperf.errors import UsageError
+        raise UsageError("--sysroot and --save-snapshot describe one host; --hostfile and --facts, several",
+                         hint="use one or the other")
+    if doctor_cluster.wants_cluster(hostfile, facts, this_node, os.environ) and sysroot is None:
+        opts = doctor_cluster.ClusterOptions(hostfile=hostfile, launcher=launcher, python=python,
+                                             timeout=_finite("--timeout", timeout, 3600.0), parallel=parallel, save_facts=save_facts, facts=facts,
+                                             collectives=collectives, bucket_mb=_finite("--bucket-mb", bucket_mb, 4096.0))
+        _finish(doctor_cluster.run(out, opts))
+        return
     from cpuperf.commands import doctor as cmd
-    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), sysroot, python, save_snapshot))
+    _finish(cmd.run(out, sysroot, python, save_snapshot))
 
 
 @app.command()

@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     INSTALL_UNFINISHED = 11  # an earlier install was killed half-way: `cpuperf install --recover`
     BUSY = 12  # another live run holds the run directory (--out)
     PLAN_MISMATCH = 13  # a saved plan (--plan) was made for another host or stack
+    NODES_DIFFER = 14  # the nodes of a multi-node job differ in a way that breaks it (torch, oneCCL, Python, names)
     HANGUP = 129  # SIGHUP (128 + 1): the terminal went away
     INTERRUPTED = 130  # Ctrl-C (SIGINT, 128 + 2)
     TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`
@@ -74,6 +75,10 @@ class LaunchFailedError(CpuperfError):
 
 class UnsupportedPlatformError(CpuperfError):
     code = ExitCode.UNSUPPORTED_PLATFORM
+
+
+class NodesDifferError(CpuperfError):
+    code = ExitCode.NODES_DIFFER
 
 
 class FilesystemError(CpuperfError, OSError):

@@ -77,6 +77,16 @@ def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
             "amx_bf16": "amx_bf16" in cpu.isa, "amx_usable": cpu.amx_usable}
 
 
+def bf16_native(facts: HostFacts) -> bool:
+    """A hardware bf16 path cpuperf would use: x86 avx512_bf16 or usable AMX, Arm BF16, POWER10 MMA."""
+    cpu = facts.cpu
+    if cpu.arch == "x86_64":
+        amx_ok = cpu.amx_supported and cpu.amx_usable is not False
+        return cpu.bf16_native and (amx_ok or "avx512_bf16" in cpu.isa)
+    unit = {"aarch64": "bf16", "ppc64le": "mma"}.get(cpu.arch)
+    return unit is not None and unit in cpu.isa
+
+
 def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -> Tuple[str, str]:
     """fp32 or bf16 on Arm/POWER, and why: bf16 only with a hardware bf16 path and a measured win."""
     cpu = facts.cpu
@@ -317,7 +327,7 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
         evidence.update(gemm_fp32_gflops=meas.gemm_fp32_gflops, gemm_bf16_gflops=meas.gemm_bf16_gflops,
                         measured=meas.source)
     amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
-    native = facts.cpu.bf16_native and (amx_ok or "avx512_bf16" in facts.cpu.isa)
+    native = bf16_native(facts)
     floor = tuning["dtype"]["min_bf16_over_fp32_gemm"]
     if facts.cpu.arch != "x86_64":
         dtype, why = _non_x86_dtype(facts, ratio, floor)

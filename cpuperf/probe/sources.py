@@ -14,7 +14,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+
+def _ipv4_of(ifname: str) -> Optional[str]:
+    """The IPv4 address of an interface (ioctl SIOCGIFADDR, linux/sockios.h 0x8915); None if it has none."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except (OSError, ValueError):
+        return None
 
 
 def check_sysroot(sysroot: str) -> None:
@@ -158,6 +172,56 @@ class Sources:
 
     def python(self) -> str:
         return sys.executable
+
+    # -- network (live only) --------------------------------------------------------------
+    def hostname(self) -> Optional[str]:
+        if not self.live:
+            return None
+        import socket
+
+        try:
+            return socket.gethostname()
+        except OSError:
+            return None
+
+    def interface_addresses(self) -> Optional[Dict[str, List[str]]]:
+        """Interface name -> the addresses it holds: IPv4 by SIOCGIFADDR, IPv6 from /proc/net/if_inet6."""
+        if not self.live:
+            return None
+        import socket
+
+        try:
+            names = [name for _, name in socket.if_nameindex()]
+        except OSError:
+            return None
+        out: Dict[str, List[str]] = {name: [] for name in names}
+        for name in names:
+            ip = _ipv4_of(name)
+            if ip:
+                out[name].append(ip)
+        for line in (self.read("/proc/net/if_inet6") or "").splitlines():
+            parts = line.split()  # address, index, prefix length, scope, flags, name
+            if len(parts) == 6 and len(parts[0]) == 32:
+                try:
+                    packed = bytes.fromhex(parts[0])
+                    out.setdefault(parts[5], []).append(socket.inet_ntop(socket.AF_INET6, packed))
+                except (ValueError, OSError):
+                    continue
+        return out
+
+    def source_address_for(self, ip: str) -> Optional[str]:
+        """The local address the kernel's routing picks to reach `ip` (a UDP connect sends nothing)."""
+        if not self.live:
+            return None
+        import socket
+
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.connect((ip, 9))  # discard port; connect() on UDP only chooses the route
+                return str(sock.getsockname()[0])
+        except OSError:
+            return None
 
     def library_dirs(self) -> List[str]:
         """Where shared libraries are looked for: LD_LIBRARY_PATH, the env prefix, the system."""

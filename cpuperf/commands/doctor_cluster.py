@@ -1,0 +1,240 @@
+"""`cpuperf doctor --hostfile FILE` (or inside a Slurm allocation of several nodes): every node, one table."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from cpuperf.errors import ExitCode, UsageError
+from cpuperf.output import Output
+
+# Findings that mean "a node could not be reached" (exit 7); any other error breaks the job (exit 14).
+UNREACHED_IDS = ("node-unresolvable", "node-unreachable", "node-timeout")
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    hostfile: Optional[str]
+    launcher: Optional[str]
+    python: Optional[str]
+    timeout: float
+    parallel: int
+    save_facts: Optional[str]
+    facts: Optional[str]
+    collectives: bool = False
+    bucket_mb: float = 25.0
+
+
+def node_names(hostfile: Optional[str], environ: Mapping[str, str]) -> List[str]:
+    """The hostfile's hosts, else the Slurm allocation's nodes."""
+    if hostfile:
+        from cpuperf.probe.hosts import read_hostfile
+
+        return [h.name for h in read_hostfile(hostfile)]
+    from cpuperf.plan.launch import expand_nodelist
+    from cpuperf.probe.hosts import check_host
+
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    return [check_host(n, "Slurm node") for n in expand_nodelist(nodelist)]
+
+
+def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool, environ: Mapping[str, str]) -> bool:
+    """--hostfile or --facts, or a Slurm allocation of several nodes (unless --this-node)."""
+    if hostfile or facts:
+        return True
+    if this_node:
+        return False
+    from cpuperf.plan.launch import slurm_allocation
+
+    return (slurm_allocation(environ) or 1) > 1 and bool(environ.get("SLURM_JOB_NODELIST"))
+
+
+def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Mapping[str, str]) -> Any:
+    from cpuperf.plan.launch import slurm_allocation
+    from cpuperf.run.nodes import choose_reach, probe_cluster
+
+    in_slurm = opts.hostfile is None and slurm_allocation(environ) is not None
+    reach = choose_reach(opts.launcher, in_slurm, opts.python, environ, opts.timeout)
+    out.info(f"probing {len(names)} node(s) through {reach.transport} ({reach.why}); "
+             f"{min(opts.parallel, len(names))} at a time, {opts.timeout:g} s each; the job's interpreter: {reach.interpreter}")
+    step = max(1, len(names) // 4)
+
+    def progress(done: int, total: int) -> None:  # a 64-node run says where it is, four times
+        if total >= 8 and (done % step == 0 or done == total):
+            out.info(f"  {done}/{total} node(s) answered or gave up")
+
+    results = probe_cluster(names, reach, timeout=opts.timeout, parallel=opts.parallel, progress=progress)
+    collectives = _collectives(out, opts, results, reach) if opts.collectives else None
+    return results, reach.transport, collectives
+
+
+def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], reach: Any) -> Optional[Dict[str, Any]]:
+    """Allreduce across the nodes (all of them reached, each with torch), cached for the DDP choice."""
+    from cpuperf.decide.cluster import choose_ddp, hosts_of
+    from cpuperf.run.collectives import measure, worker_code
+
+    hosts = hosts_of(results)
+
+    def has_torch(name: str) -> bool:
+        sw = hosts[name].software if name in hosts else None
+        return sw is not None and sw.packages.get("torch") is not None
+
+    missing = [r.name for r in results if not has_torch(r.name)]
+    if missing:
+        out.warn(f"allreduce not measured: {', '.join(missing[:5])} could not be probed or have no torch")
+        return {"skipped": f"not every node can run torch ({', '.join(missing[:5])})"}
+    code = worker_code()
+    out.info(f"measuring allreduce of {opts.bucket_mb:g} MiB across {len(results)} node(s) with each backend they all have")
+    measured = measure(results, lambda host, args: reach.argv(host, code, args), bucket_mb=opts.bucket_mb,
+                       timeout=max(120.0, opts.timeout * 2))
+    choice = choose_ddp(measured, opts.bucket_mb)
+    measured["choice"] = choice.to_json() if choice else None
+    return measured
+
+
+def _save(out: Output, path: str, results: Sequence[Any], transport: str) -> None:
+    from cpuperf.errors import from_os_error
+    from cpuperf.fsutil import atomic_write_bytes
+    from cpuperf.probe.node import saved_json
+
+    try:
+        if path.endswith("/") or os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            for r in results:
+                atomic_write_bytes(os.path.join(path, f"{r.name}.json"), json.dumps(r.to_json(), indent=1).encode())
+            out.info(f"saved the facts of {len(results)} node(s) under {path} (reuse: --facts {path})")
+        else:
+            atomic_write_bytes(path, json.dumps(saved_json(results, transport), indent=1).encode())
+            out.info(f"saved the facts of {len(results)} node(s) to {path} (reuse: --facts {path})")
+    except OSError as exc:
+        raise from_os_error(exc) from exc
+
+
+def exit_code(findings: Sequence[Any]) -> int:
+    """7 when a node could not be reached, 14 when a skew breaks the job, else 0."""
+    errors = [f for f in findings if f.severity == "error"]
+    if any(f.id in UNREACHED_IDS for f in errors):
+        return int(ExitCode.UNREACHABLE)
+    return int(ExitCode.NODES_DIFFER) if errors else int(ExitCode.OK)
+
+
+def run(out: Output, opts: ClusterOptions, environ: Optional[Mapping[str, str]] = None) -> int:
+    from cpuperf.decide import cluster
+
+    environ = dict(os.environ if environ is None else environ)
+    if opts.timeout <= 0 or opts.timeout != opts.timeout or opts.timeout == float("inf"):
+        raise UsageError(f"--timeout {opts.timeout}: give a positive number of seconds")
+    if opts.parallel < 1:
+        raise UsageError(f"--parallel {opts.parallel}: give at least 1")
+    if opts.facts:
+        from cpuperf.probe.node import read_saved
+
+        results = read_saved(opts.facts)
+        transport, collectives = (results[0].transport if results else "?"), None
+        out.info(f"read the facts of {len(results)} node(s) from {opts.facts} (nothing probed)")
+    else:
+        names = node_names(opts.hostfile, environ)
+        if not names:
+            raise UsageError("no nodes to probe", hint="pass --hostfile FILE, or run inside a Slurm allocation")
+        results, transport, collectives = _probe(out, opts, names, environ)
+    if opts.save_facts:
+        _save(out, opts.save_facts, results, transport)
+    findings = cluster.diagnose(results, transport)
+    rep = cluster.report(results, findings, transport)
+    if collectives is not None:
+        rep["collectives"] = collectives
+    if out.json_mode:
+        out.json(rep)
+    elif not out.quiet:
+        render(out, rep)
+    return exit_code(findings)
+
+
+def _gib(n: Optional[int]) -> str:
+    return "-" if not n else f"{n / 2**30:.0f}G"
+
+
+def _isa(row: Dict[str, Any]) -> str:
+    isa = set(row.get("isa") or ())
+    tiers = []
+    if "amx_bf16" in isa:
+        tiers.append("AMX" if row.get("amx_usable") else "AMX(blocked)")
+    if "avx512_bf16" in isa:
+        tiers.append("avx512_bf16")
+    elif "avx512f" in isa:
+        tiers.append("avx512")
+    elif "avx2" in isa:
+        tiers.append("avx2")
+    elif isa:
+        tiers.append(sorted(isa)[-1])
+    return " ".join(tiers) or "-"
+
+
+def _cells(row: Dict[str, Any]) -> List[str]:
+    if "microarchitecture" not in row:
+        return [row["name"], row["status"]] + ["-"] * 5 + [row.get("python") or "-"]
+    pk = row["packages"]
+    quota = "" if row["cpu_quota"] is None else f" q{row['cpu_quota']:g}"
+    python = (row["python"] or "-") + ("" if row.get("interpreter_found", True) else " (job's missing)")
+    mpi = ", ".join(m.replace("mpirun ", "").replace("srun slurm", "srun") for m in row["mpi"]) or "-"
+    return [row["name"], row["status"], row["microarchitecture"], _isa(row),
+            f"{row['cores']}/{row['cpus']} use {row['cpu_budget']}{quota}", str(row["numa_nodes"]),
+            _gib(row["memory_bytes"]), python, pk.get("torch") or "-",
+            "/".join(pk.get(p) or "-" for p in ("intel_extension_for_pytorch", "oneccl_bind_pt")),
+            " ".join(pk.get(p) or "-" for p in ("transformers", "accelerate")), mpi, row.get("rendezvous_ifname") or "-"]
+
+
+# cores/CPUs: physical cores / logical CPUs; use: the CPU budget (usable cores, cgroup quota qN, Slurm).
+HEADERS = ["node", "status", "CPU", "ISA", "cores/CPUs", "NUMA", "mem", "Python", "torch", "IPEX/oneCCL",
+           "transformers accelerate", "MPI", "iface"]
+
+
+def render(out: Output, rep: Dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=f"Nodes (reached through {rep['transport']})", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for h in HEADERS:
+        t.add_column(h, overflow="fold", no_wrap=h in ("node", "status", "torch"))
+    for row in rep["nodes"]:
+        cells = _cells(row)
+        t.add_row(*(cells + ["-"] * (len(HEADERS) - len(cells))))
+    out.table(t)
+    if rep.get("collectives"):
+        _render_collectives(out, rep["collectives"])
+    findings = rep["findings"]
+    if not findings:
+        out.product(f"The {len(rep['nodes'])} nodes agree: nothing would break or slow the job.")
+        return
+    f = Table(title="Skews", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in ("severity", "id", "nodes", "what", "fix"):
+        f.add_column(h, overflow="fold")
+    for item in findings:
+        f.add_row(item["severity"], item["id"], ", ".join(item["nodes"]), item["message"], item["fix"] or "")
+    out.table(f)
+
+
+def _render_collectives(out: Output, col: Dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    if "backends" not in col:
+        out.product(f"allreduce: {col.get('skipped') or 'failed: ' + '; '.join(f'{n}: {w}' for n, w in col.get('failed', {}).items())}")
+        return
+    t = Table(title=f"Allreduce across {col['world']} node(s), {col['bucket_mb']:g} MiB (torch {col['torch']})",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in ("backend", "time", "algbw GB/s", "busbw GB/s", "latency"):
+        t.add_column(h)
+    for name, m in col["backends"].items():
+        if "skipped" in m:
+            t.add_row(name, "-", "-", "-", f"not measured: {m['skipped']}")
+        else:
+            busbw = "-" if m["busbw_gbps"] is None else f"{m['busbw_gbps']:g}"
+            t.add_row(name, f"{m['seconds'] * 1e3:.1f} ms", f"{m['algbw_gbps']:g}", busbw, f"{m['latency_us']:g} us")
+    out.table(t)
+    if col.get("choice"):
+        c = col["choice"]
+        out.product(f"DDP: backend {c['backend']}, bucket_cap_mb {c['bucket_cap_mb']} ({c['reason']})")

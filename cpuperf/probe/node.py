@@ -1,0 +1,207 @@
+"""One node of a cluster: its HostFacts plus who it is on the network, and the outcome of probing it.
+
+`main()` runs ON each node, inside the self-contained bundle cpuperf/run/probe_bundle.py builds from
+these very modules (standard library only: the node may not have cpuperf, or any package, installed).
+It prints one marked line of JSON that `NodeFacts.from_json` reads back on the launching host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from cpuperf.probe.facts import HostFacts
+from cpuperf.probe.sources import Sources
+
+SCHEMA = "cpuperf.node/1"
+MARKER = "CPUPERF-NODE-JSON:"  # launchers may add lines of their own; the record is the marked one
+ERROR_MARKER = "CPUPERF-NODE-ERROR:"
+
+# How a probe of one node ended.
+OK, UNRESOLVABLE, UNREACHABLE, TIMEOUT, NO_PYTHON, PROBE_FAILED = (
+    "ok", "unresolvable", "unreachable", "timeout", "no-python", "probe-failed")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node's own probe saw."""
+
+    name: str  # as the hostfile / Slurm node list names it
+    hostname: Optional[str]  # gethostname() on the node
+    interfaces: Dict[str, Tuple[str, ...]]  # interface -> the addresses it holds
+    master: Optional[str]  # the rendezvous host (the first node)
+    master_address: Optional[str]  # what the master's name resolves to ON this node
+    self_address: Optional[str]  # what this node's own name resolves to ON this node
+    rendezvous_ifname: Optional[str]  # the interface this node reaches the master through
+    interpreter: str  # the interpreter the job's ranks will run
+    interpreter_found: bool  # False: it is missing here, and another python3 ran the probe
+    python: str  # the version of the interpreter that ran the probe
+    host: Optional[HostFacts]  # None when cpuperf's probe could not run there (see error)
+    error: Optional[str] = None
+
+    @property
+    def addresses(self) -> Tuple[str, ...]:
+        return tuple(a for addrs in self.interfaces.values() for a in addrs)
+
+    def to_json(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["host"] = self.host.to_json() if self.host is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> NodeFacts:
+        host = data.get("host")
+        return cls(name=str(data["name"]), hostname=data.get("hostname"),
+                   interfaces={str(k): tuple(v) for k, v in (data.get("interfaces") or {}).items()},
+                   master=data.get("master"), master_address=data.get("master_address"),
+                   self_address=data.get("self_address"), rendezvous_ifname=data.get("rendezvous_ifname"),
+                   interpreter=str(data.get("interpreter") or ""),
+                   interpreter_found=bool(data.get("interpreter_found", True)),
+                   python=str(data.get("python") or "?"),
+                   host=HostFacts.from_json(host) if host else None, error=data.get("error"))
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """The outcome of probing one node from the launching host."""
+
+    name: str
+    address: Optional[str]  # what the name resolves to on the launching host
+    status: str  # ok | unresolvable | unreachable | timeout | no-python | probe-failed
+    facts: Optional[NodeFacts]
+    error: Optional[str]  # one line: why there are no facts (the launcher's or the probe's last words)
+    seconds: float
+    transport: str
+
+    def to_json(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["facts"] = self.facts.to_json() if self.facts is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> NodeResult:
+        facts = data.get("facts")
+        return cls(name=str(data["name"]), address=data.get("address"), status=str(data["status"]),
+                   facts=NodeFacts.from_json(facts) if facts else None, error=data.get("error"),
+                   seconds=float(data.get("seconds") or 0.0), transport=str(data.get("transport") or "?"))
+
+
+def read_output(text: str) -> Tuple[Optional[NodeFacts], Optional[str]]:
+    """(facts, error) from what a node printed: the marked JSON line, else its marked or last error line."""
+    error = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(MARKER):
+            try:
+                facts = NodeFacts.from_json(json.loads(line[len(MARKER):]))
+            except (ValueError, KeyError, TypeError) as exc:
+                return None, f"unreadable probe output ({exc})"
+            return facts, facts.error
+        if line.startswith(ERROR_MARKER):
+            error = line[len(ERROR_MARKER):].strip()
+    return None, error
+
+
+def _interface_holding(interfaces: Dict[str, Tuple[str, ...]], ip: Optional[str]) -> Optional[str]:
+    for name, addrs in interfaces.items():
+        if ip is not None and ip in addrs:
+            return name
+    return None
+
+
+def probe_node(name: str, master: Optional[str], interpreter: str, interpreter_found: bool,
+               src: Optional[Sources] = None, load_window_s: Optional[float] = None) -> NodeFacts:
+    """Probe THIS node (run on the node itself)."""
+    import platform
+
+    from cpuperf.probe.hosts import resolve_all
+
+    src = src or Sources()
+    interfaces = {k: tuple(v) for k, v in (src.interface_addresses() or {}).items()}
+    wanted = [n for n in (master, name) if n]
+    resolved = resolve_all(wanted) if wanted else {}
+    master_address = resolved.get(master) if master else None
+    source = src.source_address_for(master_address) if master_address else None
+    host, error = None, None
+    try:
+        from cpuperf.probe import probe_host, with_load
+
+        python = None if not interpreter_found else interpreter
+        host = with_load(probe_host(python=python, use_cache=False), load_window_s)
+    except Exception as exc:  # the node's facts are partial, never a traceback in doctor's table
+        error = f"cpuperf's probe failed on {name}: {type(exc).__name__}: {exc}"
+    return NodeFacts(name=name, hostname=src.hostname(), interfaces=interfaces, master=master,
+                     master_address=master_address, self_address=resolved.get(name),
+                     rendezvous_ifname=_interface_holding(interfaces, source), interpreter=interpreter,
+                     interpreter_found=interpreter_found, python=platform.python_version(), host=host,
+                     error=error)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`--name N --master M --interpreter P [--interpreter-missing]`: print the marked record."""
+    args: Dict[str, Any] = {"missing": False}
+    rest: List[str] = list(argv)
+    while rest:
+        flag = rest.pop(0)
+        if flag == "--interpreter-missing":
+            args["missing"] = True
+        elif flag in ("--name", "--master", "--interpreter", "--load-window") and rest:
+            args[flag[2:]] = rest.pop(0)
+    t0 = time.monotonic()
+    window = float(args["load-window"]) if "load-window" in args else None
+    facts = probe_node(args.get("name") or "", args.get("master"), args.get("interpreter") or "",
+                       not args["missing"], load_window_s=window)
+    record = facts.to_json()
+    record["seconds"] = round(time.monotonic() - t0, 3)
+    print(MARKER + json.dumps(record), flush=True)
+    return 0
+
+
+SAVED_SCHEMA = "cpuperf.cluster-facts/1"
+
+
+def saved_json(results: Sequence[NodeResult], transport: str) -> Dict[str, Any]:
+    """The `doctor --save-facts` document: every node's outcome and facts, to plan from later."""
+    return {"schema": SAVED_SCHEMA, "transport": transport, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "nodes": [r.to_json() for r in results]}
+
+
+def parse_saved(text: str, origin: str) -> List[NodeResult]:
+    """Node results from a saved cluster document or one saved node record; a UsageError when neither."""
+    from cpuperf.errors import UsageError
+
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict) and data.get("schema") == SAVED_SCHEMA:
+            return [NodeResult.from_json(r) for r in data["nodes"]]
+        if isinstance(data, dict) and "status" in data and "name" in data:
+            return [NodeResult.from_json(data)]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise UsageError(f"{origin} is not a cpuperf facts file ({type(exc).__name__}: {exc})",
+                         hint="save one with: cpuperf doctor --hostfile FILE --save-facts PATH") from exc
+    raise UsageError(f"{origin} is not a cpuperf facts file (no {SAVED_SCHEMA} schema)",
+                     hint="save one with: cpuperf doctor --hostfile FILE --save-facts PATH")
+
+
+def read_saved(path: str) -> List[NodeResult]:
+    """Saved node facts from a file (one document or one node) or a directory of per-node files."""
+    import os
+
+    from cpuperf.errors import UsageError
+
+    files = ([os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")]
+             if os.path.isdir(path) else [path])
+    if not files:
+        raise UsageError(f"{path} holds no .json facts files", hint="cpuperf doctor --hostfile FILE --save-facts DIR/")
+    results: List[NodeResult] = []
+    for name in files:
+        try:
+            with open(name, encoding="utf-8") as fh:
+                text = fh.read(64 << 20)
+        except OSError as exc:
+            raise UsageError(f"cannot read facts file {name}: {exc.strerror or exc}", hint="check the path") from exc
+        results += parse_saved(text, name)
+    return results

@@ -1,0 +1,214 @@
+"""Run one command on many nodes at once: bounded parallelism, a timeout per node, partial results.
+
+Every launch is its own process group: a node past its timeout has its whole group killed (ssh,
+mpirun and their children), and Ctrl-C kills every group still running before it propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.probe import node as nodefacts
+from cpuperf.probe.hosts import resolve_all
+from cpuperf.probe.node import NodeResult
+
+
+@dataclass(frozen=True)
+class Launched:
+    returncode: Optional[int]  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+class _Groups:
+    """The process groups started so far, to kill on timeout or interrupt."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.procs: List[subprocess.Popen] = []
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.append(proc)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            for proc in self.procs:
+                _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def launch(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
+           groups: Optional[_Groups] = None) -> Launched:
+    """Run argv in its own session with a timeout; never raises for a missing tool or a timeout."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", start_new_session=True,
+                                env=dict(env) if env is not None else None)
+    except OSError as exc:
+        return Launched(127, "", f"{argv[0]}: {exc.strerror or exc}", time.monotonic() - t0)
+    if groups is not None:
+        groups.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return Launched(proc.returncode, out, err, time.monotonic() - t0)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        out, err = proc.communicate()
+        return Launched(None, out or "", err or "", time.monotonic() - t0)
+
+
+def run_each(hosts: Sequence[str], argv_for: Callable[[str], Sequence[str]], *, timeout: float, parallel: int,
+             env: Optional[Mapping[str, str]] = None,
+             progress: Optional[Callable[[int, int], None]] = None) -> Dict[str, Launched]:
+    """argv_for(host) on every host, `parallel` at a time; host -> what happened."""
+    groups = _Groups()
+    done: Dict[str, Launched] = {}
+    count = [0]
+
+    def one(host: str) -> None:
+        done[host] = launch(argv_for(host), timeout, env, groups)
+        with groups.lock:
+            count[0] += 1
+            if progress is not None:
+                progress(count[0], len(hosts))
+
+    pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts))), thread_name_prefix="cpuperf-node")
+    try:
+        for future in [pool.submit(one, h) for h in hosts]:
+            future.result()
+    except BaseException:
+        groups.kill_all()  # Ctrl-C or SIGTERM: no node process outlives cpuperf
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return done
+
+
+def _why(result: Launched, transport: str, timeout: float) -> str:
+    """One line: the telling line of what the launcher or the node printed."""
+    if result.returncode is None:
+        return f"no answer within {timeout:g} s"
+    _, marked = nodefacts.read_output(result.stdout)
+    if marked:
+        return marked
+    text = "\n".join(line for line in (result.stderr + "\n" + result.stdout).splitlines()
+                     if line.strip() and not set(line.strip()) <= set("-*="))  # Open MPI's banner rules
+    first = next((line.strip() for line in text.splitlines()), "")
+    return (first[:297] + "..." if len(first) > 300 else first) or f"{transport} exited with code {result.returncode}"
+
+
+def classify(name: str, address: Optional[str], result: Launched, transport: str, timeout: float) -> NodeResult:
+    """A NodeResult from one launch."""
+    facts, error = nodefacts.read_output(result.stdout)
+    seconds = round(result.seconds, 3)
+    if facts is not None:
+        status = nodefacts.OK if facts.host is not None else nodefacts.PROBE_FAILED
+        return NodeResult(name, address, status, facts, error, seconds, transport)
+    if result.returncode is None:
+        status = nodefacts.TIMEOUT
+    elif result.returncode == 127 and "no Python" in (error or ""):
+        status = nodefacts.NO_PYTHON
+    elif error:
+        status = nodefacts.PROBE_FAILED
+    else:
+        status = nodefacts.UNREACHABLE
+    return NodeResult(name, address, status, None, _why(result, transport, timeout), seconds, transport)
+
+
+def probe_nodes(names: Sequence[str], argv_for: Callable[[str], Sequence[str]], transport: str, *,
+                timeout: float, parallel: int, env: Optional[Mapping[str, str]] = None,
+                progress: Optional[Callable[[int, int], None]] = None) -> List[NodeResult]:
+    """Resolve every name (bounded), then probe the ones that resolve; results in the names' order."""
+    t0 = time.monotonic()
+    addresses = resolve_all(names)
+    reachable = [n for n in names if addresses.get(n) is not None]
+    launched = run_each(reachable, argv_for, timeout=timeout, parallel=parallel, env=env, progress=progress)
+    # A launch that failed outright gets one more try: concurrent mpiruns can collide on their session
+    # directories ("A call to mkdir was unable to create the desired directory"), sshd drops
+    # connections past MaxStartups. A node that is really down fails again, fast; a hung one is not retried.
+    again = [n for n in reachable if launched[n].returncode not in (None, 0)
+             and nodefacts.read_output(launched[n].stdout) == (None, None)]
+    if again:
+        launched.update(run_each(again, argv_for, timeout=timeout, parallel=max(1, parallel // 4), env=env))
+    results: List[NodeResult] = []
+    for name in names:
+        address = addresses.get(name)
+        if address is None:
+            results.append(NodeResult(name, None, nodefacts.UNRESOLVABLE, None,
+                                      f"{name} does not resolve on this host", round(time.monotonic() - t0, 3), transport))
+            continue
+        results.append(classify(name, address, launched[name], transport, timeout))
+    return results
+
+
+# -- one cluster: how its nodes are reached, then probed ---------------------------------------------
+
+@dataclass(frozen=True)
+class Reach:
+    """How this cluster's nodes are reached: the transport and what its argv needs."""
+
+    transport: str
+    why: str
+    mpirun: Optional[Tuple[str, str]]
+    ssh: Tuple[str, ...]
+    interpreter: str  # the job's interpreter on the nodes
+    connect_timeout_s: float
+
+    def argv(self, host: str, program: str, args: Sequence[str]) -> List[str]:
+        """argv that runs `program` (python -c text) with `args` on `host`, with the job's interpreter."""
+        from cpuperf.plan import nodes as plan
+
+        return plan.node_argv(self.transport, host, plan.python_command(program, self.interpreter, list(args)),
+                              mpirun=self.mpirun, ssh=self.ssh, euid=os.geteuid(),
+                              connect_timeout_s=self.connect_timeout_s)
+
+
+def ssh_command(environ: Mapping[str, str]) -> Tuple[str, ...]:
+    """CPUPERF_SSH (e.g. 'ssh -p 2222', or a wrapper) else ssh."""
+    import shlex
+
+    raw = (environ.get("CPUPERF_SSH") or "").strip()
+    return tuple(shlex.split(raw)) if raw else ("ssh",)
+
+
+def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str], environ: Mapping[str, str],
+                 timeout: float = 60.0) -> Reach:
+    """The transport the job's own launcher gives (srun in Slurm, mpirun, else ssh); LaunchFailedError if none."""
+    import shutil
+    import sys
+
+    from cpuperf.plan import nodes as plan
+    from cpuperf.plan.launch import mpi_flavour
+    from cpuperf.probe import probe_host
+
+    mpi = mpi_flavour(probe_host()) if launcher in (None, "mpirun") else None
+    ssh = ssh_command(environ)
+    transport, why = plan.choose_transport(launcher, in_slurm, mpi, shutil.which(ssh[0]))
+    return Reach(transport, why, mpi, ssh, os.path.abspath(python or sys.executable), min(10.0, timeout))
+
+
+def probe_cluster(names: Sequence[str], reach: Reach, *, timeout: float = 60.0, parallel: int = 32,
+                  progress: Optional[Callable[[int, int], None]] = None) -> List[NodeResult]:
+    """cpuperf's probe on every node (the first is the rendezvous host): one NodeResult per name, in order."""
+    from cpuperf.run.probe_bundle import bundle_code, probe_args
+
+    code, master = bundle_code(), names[0]
+    return probe_nodes(names, lambda host: reach.argv(host, code, probe_args(host, master)), reach.transport,
+                       timeout=timeout, parallel=parallel, progress=progress)
