@@ -173,6 +173,8 @@ def recommend(
     fmt: Optional[str] = typer.Option(None, "--format", help="Print only one rendering: env, hf, accelerate or launch."),
     save: Optional[str] = typer.Option(None, "--save", metavar="FILE", help="Write the plan with the facts it was made from (JSON): `train --plan FILE` and `ccl-env --plan FILE` run or render exactly it, on every node."),
     adapt_to_load: bool = typer.Option(False, "--adapt-to-load", help=LOAD_HELP),
+    node_facts: Optional[str] = typer.Option(None, "--node-facts", metavar="FILE|DIR", help="With --hostfile: plan every node from its own saved facts (cpuperf doctor --hostfile FILE --save-facts DIR/), without reaching the nodes."),
+    probe_nodes: bool = typer.Option(False, "--probe-nodes", help="With --hostfile: probe every node now (srun, mpirun or ssh) and plan each from its own facts."),
     sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help=SYSROOT_HELP),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -187,7 +189,7 @@ def recommend(
                               params=params, seq_len=seq_len, batch_size=batch_size, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes, hostfile=hostfile, unit=unit,
                               device=device, sets=sets, config=config, measurements=measurements, save=save,
-                              adapt_to_load=adapt_to_load))
+                              adapt_to_load=adapt_to_load, node_facts=node_facts, probe_nodes=probe_nodes))
 
 
 @app.command()

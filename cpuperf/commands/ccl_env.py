@@ -205,7 +205,7 @@ def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[st
     """(recommendation, its saved variables) of a saved plan; decided again only with --replan (exit 13 without)."""
     from cpuperf.commands.recommend import plan_fits, replan_from
 
-    diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
+    plan, diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
     if diffs:
         return replan_from(plan, facts), None
     return plan.rec, [v._replace(source="cpuperf") for v in plan.env]

@@ -143,7 +143,11 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
+    node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs)
+    subs: List[Any] = []
+    if node_facts or probe_nodes:
+        facts, rec, subs = cluster_plan(out, facts, rec, hosts, node_facts)
     jp = job_plan(facts, rec, hosts)
     extra = renderings(facts, rec, hosts, jp)
     result = {
@@ -156,8 +160,11 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "notes": list(rec.notes) + extra["data_notes"],
         **extra,
     }
+    if subs:
+        result["nodes"] = {name: {"threads_per_rank": r.get("threads_per_rank"), "dtype": r.get("dtype"),
+                                  "nproc_per_node": r.get("nproc_per_node")} for name, _, r, _ in subs}
     if save:
-        result["saved"] = save_plan(save, facts, rec, jp, kwargs)
+        result["saved"] = save_plan(save, facts, rec, jp, kwargs, subs)
         out.info(f"plan saved to {save}: run it with `cpuperf train --plan {save}` or `cpuperf ccl-env --plan {save}`")
     if out.json_mode:
         out.json(result)
@@ -179,8 +186,56 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     return 0
 
 
-def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any]) -> str:
+def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Optional[str]) -> Any:
+    """One plan over the hostfile's nodes from each node's own facts (saved by `doctor --hostfile --save-facts`, or
+    probed now): bf16 only if every node runs it natively, threads from each node's cores, refused (exit 14)
+    where the stacks differ. Returns (first node's facts, its recommendation, [(name, facts, rec, job plan)])."""
+    import dataclasses
+    import os
+
+    from cpuperf.decide import cluster
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.errors import UnreachableError, UsageError
+
+    if not hosts:
+        raise UsageError("planning from every node's facts needs --hostfile FILE", hint="list the nodes, rank 0 first")
+    names = [h.name for h in hosts]
+    if node_facts:
+        from cpuperf.probe.node import read_saved
+
+        results = read_saved(node_facts)
+    else:
+        from cpuperf.run.nodes import choose_reach, probe_cluster
+
+        results = probe_cluster(names, choose_reach(None, bool(os.environ.get("SLURM_JOB_ID")), None, os.environ))
+    # Load of the moment rode along with each node's probe: a finding there, never an input here.
+    by_name = {n: dataclasses.replace(f, load=None) for n, f in cluster.hosts_of(results).items()}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise UnreachableError(f"no facts for node(s) {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""),
+                               hint="cpuperf doctor --hostfile FILE --save-facts DIR/ names why; then --node-facts DIR/")
+    cons = cluster.constraints({n: by_name[n] for n in names})
+    cons.require_one_stack()
+    fixed = {d.id: d.value for d in rec.decisions if d.overridden}
+    if not cons.bf16 and "dtype" not in fixed:
+        fixed["dtype"] = "fp32"
+    subs = []
+    for name in names:
+        node = by_name[name]
+        r = recommend(node, rec.workload, nnodes=len(names), overrides=fixed, environ={})
+        if "dtype" in fixed and not any(x.id == "dtype" and x.overridden for x in rec.decisions):
+            r = dataclasses.replace(r, decisions=tuple(
+                dataclasses.replace(x, reason=cons.dtype_reason, overridden=False) if x.id == "dtype" else x
+                for x in r.decisions))
+        subs.append((name, node, r, job_plan(node, r, hosts)))
+        out.info(f"node {name}: {r.get('nproc_per_node')} rank(s) x {r.get('threads_per_rank')} thread(s), {r.get('dtype')}")
+    first = subs[0]
+    return first[1], first[2], subs
+
+
+def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any], subs: Any = ()) -> str:
     """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
+    import dataclasses
     import socket
 
     from cpuperf import __version__
@@ -192,6 +247,9 @@ def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any]) 
             "config", "adapt_to_load")
     plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in keep}, __version__,
                       socket.gethostname() if facts.live else None)
+    if subs:
+        nodes = tuple((name, saved.make(f, r, j.env, plan.inputs, __version__, name)) for name, f, r, j in subs)
+        plan = dataclasses.replace(plan, nodes=nodes)
     try:
         atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"))
     except OSError as exc:
@@ -320,18 +378,31 @@ def read_plan_file(path: str) -> Any:
     return saved.read(path, text)
 
 
-def plan_fits(path: str, plan: Any, facts: Any, replan: bool) -> List[str]:
-    """The ways this host differs from the plan's; refused (exit 13) unless `replan` asks to plan again."""
+def this_node_names(hosts: Any = None, node_rank: Optional[int] = None) -> List[str]:
+    """The names this machine may have in a plan over several nodes: its hostfile entry, its host name."""
+    import socket
+
+    names = [hosts[node_rank].name] if hosts and node_rank is not None and node_rank < len(hosts) else []
+    full = socket.gethostname()
+    return names + [full, full.split(".")[0]]
+
+
+def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
+    """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
+    plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
     from cpuperf.errors import PlanMismatchError
     from cpuperf.plan import saved
 
+    plan, node = saved.for_this_node(plan, facts, list(names) or this_node_names())
     diffs = saved.differences(plan, facts)
+    if diffs and node:
+        diffs = [f"node {node}: {d}" for d in diffs]
     if diffs and not replan:
         more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
         raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
                                 hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
                                      "from this host's facts")
-    return diffs
+    return plan, diffs
 
 
 def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:

@@ -105,7 +105,14 @@ def _saved_plan(a: TrainArgs, facts: Any) -> Tuple[Any, List[str]]:
         raise UsageError(f"--plan {a.plan} fixes the decisions; --{'set' if what == 'sets' else what} would change them",
                          hint="drop it, or make a new plan: cpuperf recommend ... --save FILE")
     plan = read_plan_file(str(a.plan))
-    return plan, plan_fits(str(a.plan), plan, facts, a.replan)
+    hosts = None
+    if a.hostfile:
+        from cpuperf.probe.hosts import read_hostfile
+
+        hosts = read_hostfile(a.hostfile)
+    from cpuperf.commands.recommend import this_node_names
+
+    return plan_fits(str(a.plan), plan, facts, a.replan, this_node_names(hosts, a.node_rank))
 
 
 def _where(a: TrainArgs, hosts: Any, nnodes: int, launcher: str) -> Tuple[Optional[int], Optional[str]]:

@@ -41,8 +41,16 @@ class SavedPlan:
     rec: Recommendation
     env: Tuple[EnvVar, ...]
     made_on: Optional[str] = None  # the host name it was made on (information, never compared)
+    # Several nodes planned from each node's own facts (recommend --hostfile --node-facts): name -> its plan.
+    nodes: Tuple[Tuple[str, SavedPlan], ...] = ()
 
     def to_json(self) -> Dict[str, Any]:
+        data = self._own_json()
+        if self.nodes:
+            data["nodes"] = {name: sub._own_json() for name, sub in self.nodes}
+        return data
+
+    def _own_json(self) -> Dict[str, Any]:
         return {"schema": SCHEMA, "cpuperf": self.cpuperf, "made_on": self.made_on, "host": self.host,
                 "stack": self.stack, "inputs": self.inputs,
                 "decisions": [d.to_json() for d in self.rec.decisions],
@@ -144,6 +152,15 @@ def _decision(raw: Mapping[str, Any]) -> Decision:
 def loads(text: str) -> SavedPlan:
     """A saved plan from its JSON; ValueError naming what is wrong."""
     data = json.loads(text)
+    plan = _from_json(data)
+    nodes = data.get("nodes") or {}
+    if not isinstance(nodes, dict):
+        raise ValueError("nodes must map node names to plans")
+    subs = tuple((str(name), _from_json(sub)) for name, sub in nodes.items())
+    return SavedPlan(plan.cpuperf, plan.host, plan.stack, plan.inputs, plan.rec, plan.env, plan.made_on, subs)
+
+
+def _from_json(data: Any) -> SavedPlan:
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if data.get("schema") != SCHEMA:
@@ -177,6 +194,20 @@ def read(path: str, text: str) -> SavedPlan:
 
 
 # -- does it fit this host? --------------------------------------------------------------------------
+
+def for_this_node(plan: SavedPlan, facts: HostFacts, names: Sequence[str]) -> Tuple[SavedPlan, Optional[str]]:
+    """(the plan of this node, its name): a plan over several nodes holds one per node, found by this host's
+    names (its hostname, the hostfile entry it is), else the node whose facts this host has."""
+    if not plan.nodes:
+        return plan, None
+    by_name = dict(plan.nodes)
+    for name in names:
+        if name in by_name:
+            return by_name[name], name
+    for name, sub in plan.nodes:
+        if not differences(sub, facts):
+            return sub, name
+    return plan.nodes[0][1], plan.nodes[0][0]  # then its differences are named against the first node's
 
 def differences(plan: SavedPlan, facts: HostFacts) -> List[str]:
     """Each way this host or its stack differs from the one the plan was made for ('' when none)."""
