@@ -219,10 +219,16 @@ def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Opti
     fixed = {d.id: d.value for d in rec.decisions if d.overridden}
     if not cons.bf16 and "dtype" not in fixed:
         fixed["dtype"] = "fp32"
+    ddp = _measured_backend(names, fixed)
     subs = []
     for name in names:
         node = by_name[name]
         r = recommend(node, rec.workload, nnodes=len(names), overrides=fixed, environ={})
+        if ddp is not None and len(names) > 1:  # measured across these nodes: the figure goes in the plan
+            r = dataclasses.replace(r, decisions=tuple(
+                dataclasses.replace(x, value=ddp.backend, reason=ddp.reason,
+                                    evidence={**ddp.evidence, "bucket_cap_mb": ddp.bucket_cap_mb})
+                if x.id == "ddp_backend" else x for x in r.decisions))
         if "dtype" in fixed and not any(x.id == "dtype" and x.overridden for x in rec.decisions):
             r = dataclasses.replace(r, decisions=tuple(
                 dataclasses.replace(x, reason=cons.dtype_reason, overridden=False) if x.id == "dtype" else x
@@ -231,6 +237,18 @@ def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Opti
         out.info(f"node {name}: {r.get('nproc_per_node')} rank(s) x {r.get('threads_per_rank')} thread(s), {r.get('dtype')}")
     first = subs[0]
     return first[1], first[2], subs
+
+
+def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Any:
+    """The DDP backend and bucket size a cached allreduce across exactly these nodes chose
+    (`cpuperf doctor --hostfile FILE --collectives`), unless the user set the backend."""
+    if "ddp_backend" in fixed:
+        return None
+    from cpuperf.decide.cluster import choose_ddp
+    from cpuperf.run.collectives import read_cached
+
+    measured = read_cached(names)
+    return choose_ddp(measured) if measured else None
 
 
 def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any], subs: Any = ()) -> str:
