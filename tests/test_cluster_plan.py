@@ -90,3 +90,19 @@ def test_a_node_with_another_stack_is_refused_by_name(tmp_path, node_facts):
     _edit(facts / "127.0.0.2.json", old_torch)
     proc = run_cli(["recommend", "--hostfile", str(hostfile), "--node-facts", f"{facts}/"])
     assert proc.returncode == ExitCode.NODES_DIFFER and "127.0.0.2" in proc.stderr, proc.stderr
+
+
+def test_a_measured_allreduce_across_the_nodes_picks_the_backend_with_its_figure(tmp_path, node_facts, monkeypatch):
+    from cpuperf.run.collectives import cache_path
+
+    hostfile, facts = node_facts
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    path = cache_path(["127.0.0.1", "127.0.0.2"])
+    path.parent.mkdir(parents=True)
+    mib = 25 * 2**20
+    path.write_text(json.dumps({"world": 2, "measured_at": 1, "backends": {
+        "gloo": {"seconds": 0.1, "latency_us": 900.0, "bucket_bytes": mib, "algbw_gbps": 0.26}}}))
+    rec, _ = run_json(["recommend", "--hostfile", str(hostfile), "--node-facts", f"{facts}/"],
+                      {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")})
+    ddp = next(d for d in rec["decisions"] if d["id"] == "ddp_backend")
+    assert ddp["value"] == "gloo" and "0.26 GB/s" in ddp["reason"] and ddp["evidence"]["bucket_cap_mb"] >= 25
