@@ -116,7 +116,9 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
 
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
-    facts = probe_host(sysroot=opts.sysroot, python=opts.python)  # the stack as every command sees it
+    # The stack as every command sees it. The OpenMP and allocator libraries matter here only to what --preload
+    # renders (LD_PRELOAD, KMP_*): without it, none of the library search (dozens of globs).
+    facts = probe_host(sysroot=opts.sysroot, python=opts.python, libraries=opts.preload)
     if opts.adapt_to_load and facts.live:
         from cpuperf.probe import with_load
 

@@ -114,7 +114,7 @@ def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str
     return merged
 
 
-def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Software]:
+def probe_software(src: Sources, python: Optional[str] = None, libraries: bool = True) -> Optional[Software]:
     """The stack of this (or another) interpreter; None for a snapshot unless overridden.
 
     An explicit `python` is a real interpreter on this machine: its stack is read even with a sysroot
@@ -146,8 +146,9 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
         packages=packages,
         mpi=_launchers(src, scanned.get("bindir", "")),
         numactl=src.which("numactl"),
-        openmp=_libraries(src, OPENMP_LIBS, extra),
-        allocators=_libraries(src, ALLOCATOR_LIBS, extra),
+        # Library search (dozens of globs) only for the commands that preload or report them.
+        openmp=_libraries(src, OPENMP_LIBS, extra) if libraries else {},
+        allocators=_libraries(src, ALLOCATOR_LIBS, extra) if libraries else {},
     )
 
 
