@@ -239,8 +239,9 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     else:
         rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
                         measurements=_measurements(a, facts, environ), overrides=decided,
-                        environ=environ if facts.live else {}, baseline=None if a.auto else {"nproc_per_node": 1},
-                        ranks_from=f"your launcher: {yours.source}" if yours is not None and a.auto else None)
+                        environ=environ if facts.live else {},
+                        baseline=None if a.auto else ({} if yours is not None else {"nproc_per_node": 1}),
+                        ranks_from=f"your launcher: {yours.source}" if yours is not None else None)
     v = rec.values()
     world = v["nproc_per_node"] * nnodes
     mpi = mpi_flavour(facts)

@@ -282,7 +282,8 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
         for name in PLACEMENT_VARS:
             env.pop(name, None)
             reasons.pop(name, None)
-        notes.append(f"placement: {yours.why}")
+        notes.append(f"placement: {yours.why}" if pin or not yours.place
+                     else "placement: plain run (no --auto): your launcher's own")
     n = len(specs)
     return LaunchPlan(launcher="direct", flavour=yours.launcher, argv=tuple(rank_command), env=env, env_reasons=reasons,
                       per_rank=specs, nproc_per_node=n, nnodes=1, node_rank=0, hosts=(), master_addr=None,

@@ -368,13 +368,15 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
     ranks = [{"local_rank": r.local_rank, "cpus": list(r.cpus) or None, "threads": r.threads} for r in plan.per_rank]
     placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity) if yours \
         else bool(plan.affinity or (spec and spec.threads))
+    why = yours.get("why") if not yours or placed or not yours.get("placed_by_cpuperf") \
+        else "plain run (no --auto): your launcher's own"
     per_rank = len(plan.per_rank) > 1 and placed
     return {"launcher": launcher, "env": dict(plan.env),
             "env_per_rank": {"OMP_NUM_THREADS": [r.threads for r in plan.per_rank]} if per_rank else {},
             "cpus": list(plan.affinity) if plan.affinity else (list(spec.cpus) if spec and spec.cpus else None),
             "threads": spec.threads if spec and spec.threads else None,
             "ranks": ranks, "placement": {"placed_by_cpuperf": placed, "ranks": len(plan.per_rank),
-                                          "from": yours.get("from"), "why": yours.get("why")},
+                                          "from": yours.get("from"), "why": why},
             "flags": script.added_args, "flags_why": {" ".join(f.args): f.why for f in script.added},
             "flags_not_added": [{"flag": n, "why": w} for n, w in script.not_added],
             "behaviour": behaviour_notes(script, len(plan.per_rank) if yours else 1),
