@@ -82,3 +82,56 @@ def test_a_failed_run_reports_the_supervisor_too(tmp_path):
     assert "rank" in data["error"]["message"]
     sup = data["supervisor"]
     assert sup["wall_s"] > 0 and 0 <= sup["cpu_s"] and sup["cpu_share"] <= 1
+
+
+# -- the watcher itself, on real processes -------------------------------------------------------------
+
+def _plan(log_dir, nproc):
+    from cpuperf.plan.launch import LaunchPlan, RankSpec
+
+    return LaunchPlan(launcher="torchrun", flavour="torchrun", argv=("true",), env={}, env_reasons={},
+                      per_rank=tuple(RankSpec(i, (), None) for i in range(nproc)), nproc_per_node=nproc, nnodes=1,
+                      node_rank=0, hosts=(), master_addr=None, master_port=None, affinity=None,
+                      log_dir=str(log_dir), rank_command=("true",))
+
+
+@pytest.mark.parametrize("pidfds", [True, False])
+def test_the_first_rank_to_die_is_known_and_the_log_is_echoed(tmp_path, pidfds):
+    import io
+    import signal
+    import subprocess
+    import time
+
+    from cpuperf.run.watch import Watch
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.log").write_text("from an earlier run\n")  # appended to: only this run's lines are echoed
+    echo = io.StringIO()
+    ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    watch = Watch(_plan(logs, 3), None, echo, pidfds=pidfds)
+    watch.start()
+    try:
+        for i, p in enumerate(ranks):
+            (logs / f"rank{i}.pid").write_text(f"{p.pid}\n")
+        with open(logs / "rank0.log", "a") as fh:
+            fh.write("step 1\n")
+        deadline = time.monotonic() + 10
+        while len(watch.ranks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(watch.ranks) == 3
+        assert all((r.fd is not None) == pidfds for r in watch.ranks.values())
+        ranks[2].send_signal(signal.SIGKILL)
+        ranks[2].wait()  # reaped: a child of ours, like torchrun's ranks are torchrun's
+        time.sleep(0.6)  # more than one fallback poll
+        ranks[0].kill()
+        ranks[0].wait()
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+        watch.finish()
+    assert not watch.is_alive()
+    assert watch.died_first == [2]
+    assert all(r.dead for r in watch.ranks.values())
+    assert echo.getvalue() == "step 1\n"

@@ -138,7 +138,9 @@ class Watch(threading.Thread):
     finish() wakes it for a last look and ends it.
     """
 
-    def __init__(self, plan: LaunchPlan, direct_pid: Optional[int], echo: Optional[TextIO]):
+    def __init__(self, plan: LaunchPlan, direct_pid: Optional[int], echo: Optional[TextIO],
+                 pidfds: bool = True):
+        """pidfds=False: follow deaths by polling /proc (what happens where the kernel has no pidfds)."""
         super().__init__(daemon=True, name="cpuperf-watch")
         self.plan = plan
         self.direct_pid = direct_pid
@@ -146,7 +148,7 @@ class Watch(threading.Thread):
         self.ranks: Dict[int, _Rank] = {}
         self.died_first: List[int] = []
         self.observations: Dict[int, RankObservation] = {}
-        self.pidfds = True  # until pidfd_open says otherwise
+        self.pidfds = pidfds  # until pidfd_open says otherwise
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         now = time.monotonic()
