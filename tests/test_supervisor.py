@@ -135,3 +135,37 @@ def test_the_first_rank_to_die_is_known_and_the_log_is_echoed(tmp_path, pidfds):
     assert watch.died_first == [2]
     assert all(r.dead for r in watch.ranks.values())
     assert echo.getvalue() == "step 1\n"
+
+
+def test_a_job_that_ignores_sigterm_is_killed_when_the_grace_period_ends(tmp_path):
+    """The main thread blocks in waitpid; the grace period is a timer that SIGKILLs the child's group."""
+    import signal
+    import subprocess
+    import time
+
+    from cli_util import cli_env
+
+    from cpuperf.run.launcher import STOP_GRACE_S
+
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "print('ready', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([PY, "-m", "cpuperf", "train", "--json", "--out", str(tmp_path / "run"), "--", PY,
+                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "ready" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()  # the script's stdout goes to cpuperf's stderr under --json
+        assert "ready" in line
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=STOP_GRACE_S + 60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert STOP_GRACE_S - 1 <= took <= STOP_GRACE_S + 30, took
+    data = json.loads(stdout)
+    assert data["error"]["name"] == "interrupted" and data["supervisor"]["wall_s"] >= STOP_GRACE_S - 1
