@@ -85,11 +85,16 @@ def plot(results: List[Dict[str, Any]], path: Path) -> bool:
 
 
 def write_report(out: Path, results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]],
-                 user_results: Optional[List[Dict[str, Any]]] = None) -> None:
+                 user_results: Optional[List[Dict[str, Any]]] = None,
+                 launcher_results: Optional[List[Dict[str, Any]]] = None, name: str = "summary.md") -> None:
     text = markdown(results, latency)
     if user_results:
         from benchmarks.user_scripts import markdown_rows
 
         text += "\n".join(markdown_rows(user_results)) + "\n"
-    (out / "summary.md").write_text(text)
+    if launcher_results:
+        from benchmarks.user_launchers import markdown_rows as launcher_rows
+
+        text += "\n".join(launcher_rows(launcher_results)) + "\n"
+    (out / name).write_text(text)
     plot(results, out / "throughput.png")

@@ -234,6 +234,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-user-scripts", action="store_true", help="skip the HF Trainer / accelerate script rows")
+    ap.add_argument("--user-launchers", action="store_true",
+                    help="only the user-launcher workloads (DDP and HF Trainer under torchrun; plain vs auto vs hand)")
+    ap.add_argument("--skip-user-launchers", action="store_true", help="leave the user-launcher workloads out")
+    ap.add_argument("--ranks", type=int, default=2, help="user launchers: torchrun --nproc-per-node")
+    ap.add_argument("--launcher-steps", type=int, default=20, help="user launchers: timed steps per run")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--gpu", action="store_true", help="the NVIDIA GPU section instead (benchmarks/gpu.py)")
     ap.add_argument("--steps", type=int, default=30, help="--gpu: optimizer steps per run")
@@ -244,15 +249,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         from benchmarks import gpu
 
         return gpu.main(args.rounds, args.steps, args.batch, args.global_batch, Path(args.out))
+    if args.user_launchers:
+        return _user_launchers_only(args)
     quick = not args.full
     seconds = args.seconds or (4.0 if quick else 8.0)
     workloads = [("lm", "small"), ("mlp", "small")] if quick else \
         [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")]
+    launchers: Optional[List[str]] = None  # None: all of them
     if args.only:
         wanted = set(args.only.split(","))
         workloads = [(w, s) for w, s in workloads + [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")]
                      if f"{w}-{s}" in wanted]
         workloads = list(dict.fromkeys(workloads))
+        from benchmarks.user_launchers import WORKLOADS as LAUNCH_WORKLOADS
+
+        launchers = [w for w in LAUNCH_WORKLOADS if w in wanted]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -280,12 +291,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             res = bench_user_script(name, args.rounds, steps=20, log=log)
             (out / f"user-{name}.json").write_text(json.dumps(res, indent=2))
             user_results.append(res)
+    launcher_results = []
+    if not args.skip_user_launchers and (launchers is None or launchers):
+        from benchmarks.user_launchers import run_all
+
+        launcher_results = run_all(args.rounds, args.ranks, args.launcher_steps, out, log, launchers)
     latency = None
     if not args.skip_latency:
         latency = tool_latency(repeat=9)
         (out / "latency.json").write_text(json.dumps(latency, indent=2))
     from benchmarks.report import write_report
 
-    write_report(out, results, latency, user_results)
+    write_report(out, results, latency, user_results, launcher_results)
     print((out / "summary.md").read_text())
+    return 0
+
+
+def _user_launchers_only(args: argparse.Namespace) -> int:
+    """`--user-launchers`: just the user-launcher workloads (`--only launch-ddp,...` picks among them)."""
+    from benchmarks.report import write_report
+    from benchmarks.user_launchers import WORKLOADS as LAUNCH_WORKLOADS
+    from benchmarks.user_launchers import run_all
+
+    only = [w for w in (args.only.split(",") if args.only else []) if w in LAUNCH_WORKLOADS] or None
+    out = Path(args.out)
+    results = run_all(args.rounds, args.ranks, args.launcher_steps, out,
+                      lambda m: print(m, file=sys.stderr, flush=True), only)
+    write_report(out, [], None, None, results, name="summary-launchers.md")
+    print((out / "summary-launchers.md").read_text())
     return 0

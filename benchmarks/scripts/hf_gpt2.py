@@ -1,14 +1,19 @@
 """A Hugging Face Trainer workload: a small GPT-2 from a GPT2Config, synthetic data, no downloads.
 
-Arguments are TrainingArguments (HfArgumentParser). Prints one JSON line: samples/s over the timed
-steps (the first steps, warm-up, are excluded) and the optimizer implementation the Trainer built.
+Arguments are TrainingArguments (HfArgumentParser). Prints (rank 0) one JSON line: samples/s over the
+timed steps (the first steps, warm-up, are excluded) and the optimizer implementation the Trainer built.
+Runs as one process or under torchrun.
 """
 
-import json
+import os
+import sys
 import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import report, world_size  # noqa: E402
 
 WARMUP = 3
 
@@ -37,6 +42,8 @@ opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
 steps = len(clock.t) - WARMUP
 sps = steps * args.per_device_train_batch_size / (clock.t[-1] - clock.t[WARMUP - 1])
 impl = "fused" if opt.defaults.get("fused") else ("foreach" if opt.defaults.get("foreach") else "default")
-print(json.dumps({"samples_per_s": sps, "optimizer": f"{type(opt).__name__} ({impl})", "optim": str(args.optim),
-                  "bf16": args.bf16, "params": sum(p.numel() for p in model.parameters()),
-                  "threads": torch.get_num_threads()}))
+# Each process trains the same steps: the job's rate is the process's times the processes launched, whether
+# the Trainer ran them as one DDP job (args.world_size > 1) or as independent copies.
+report({"samples_per_s": sps * world_size(), "per_process_samples_per_s": sps, "world_size": world_size(),
+        "ddp": args.world_size > 1, "optimizer": f"{type(opt).__name__} ({impl})", "optim": str(args.optim),
+        "bf16": args.bf16, "params": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads()})

@@ -429,7 +429,8 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
         out.error(message, hint)
         if out.json_mode:
             out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": message,
-                                "hint": hint}, "launch": launch, "applied": _applied(jp)})
+                                "hint": hint}, "launch": launch, "applied": _applied(jp),
+                      "supervisor": _supervisor(res)})
         return int(ExitCode.INTERRUPTED)
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
@@ -468,7 +469,7 @@ def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], veri
     if out.json_mode:
         out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
                             "message": message, "hint": hint}, "launch": launch, "verification": verification,
-                  "applied": _applied(jp)})
+                  "applied": _applied(jp), "supervisor": _supervisor(res)})
     out.error(message, hint)
     return code
 
@@ -480,7 +481,7 @@ def _result(jp: Any, res: Any, summary: Optional[Dict[str, Any]], launch: Dict[s
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
                 "decisions": list(jp.decisions),
-                "launch": launch, "verification": verification}
+                "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
                    "world_size": plan.world_size, "settings": jp.settings,
@@ -490,7 +491,12 @@ def _result(jp: Any, res: Any, summary: Optional[Dict[str, Any]], launch: Dict[s
                                 hint=f"see the logs under {plan.log_dir}")
     summary = {k: val for k, val in summary.items() if k != "type"}
     return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "launch": launch,
-            "verification": verification}
+            "verification": verification, "supervisor": _supervisor(res)}
+
+
+def _supervisor(res: Any) -> Optional[Dict[str, float]]:
+    """cpuperf's own CPU time while the job ran: {cpu_s, wall_s, cpu_share (of one core)}."""
+    return res.supervisor.to_json() if res.supervisor is not None else None
 
 
 def _failure(plan: Any, res: Any) -> Tuple[int, str, Optional[str]]:

@@ -286,11 +286,13 @@ class LoadedLibs:
 
 def parse_maps(text: str) -> LoadedLibs:
     """Which OpenMP runtimes and malloc replacement appear in /proc/<pid>/maps text."""
-    paths: list[str] = []
+    paths: dict[str, None] = {}  # insertion-ordered set: a torch process maps hundreds of files, many times each
     for line in text.splitlines():
+        if "/" not in line:
+            continue  # anonymous mappings, [heap], [stack]
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/") and parts[5] not in paths:
-            paths.append(parts[5])
+        if len(parts) == 6 and parts[5].startswith("/"):
+            paths[parts[5]] = None
     found: list[str] = []
     openmp: list[str] = []
     allocator = "glibc"

@@ -1,7 +1,8 @@
 """The edge of cpuperf.plan.launch: start a LaunchPlan, watch its ranks, forward signals, report who failed.
 
 Rank processes are found through the pid files cpuperf.run.rankexec writes (or the child itself for a
-direct launch); what they really run with is read from /proc/<pid>/{status,maps,environ}.
+direct launch) and followed by cpuperf.run.watch, which costs next to nothing: cpuperf waits on the
+child without polling, and its own CPU time while the child runs is measured and reported.
 
 Nothing outlives cpuperf: the run directory is locked for the run's life (a second run into it is
 refused before it touches anything), the child gets SIGTERM from the kernel when cpuperf dies
@@ -11,7 +12,6 @@ and, after a grace period, its whole process group.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -33,22 +33,40 @@ from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation
 from cpuperf.probe.hosts import Host, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
+from cpuperf.run.watch import Watch
 
 LOCK_TOKEN_VAR = "CPUPERF_RUN_LOCK"  # the worker finds the run directory locked under this token
 ERRORS_VAR = "CPUPERF_RANK_ERRORS"  # the worker leaves rank<R>.json here instead of an error line
 STOP_GRACE_S = 20.0  # after SIGTERM/SIGHUP: time for a checkpoint before the group is killed
 
 
+@dataclass(frozen=True)
+class Supervisor:
+    """cpuperf's own CPU time (all its threads, user + system) from the child's start to its exit."""
+
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def cpu_share(self) -> float:
+        """Of one core, over the child's life."""
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> Dict[str, float]:
+        return {"cpu_s": round(self.cpu_s, 4), "wall_s": round(self.wall_s, 3), "cpu_share": round(self.cpu_share, 5)}
+
+
 @dataclass
 class ExecResult:
     code: int
     interrupted: bool
-    died_first: List[int]  # global ranks whose processes were seen gone first (one poll)
+    died_first: List[int]  # global ranks whose processes were seen gone first (at one moment)
     launcher_output: str
     observations: Dict[int, RankObservation] = field(default_factory=dict)
     wall_s: float = 0.0
     rank_errors: Dict[int, Dict[str, Any]] = field(default_factory=dict)  # rank -> {code, message, hint}
     signal_name: Optional[str] = None  # the signal that stopped cpuperf (SIGINT, SIGTERM, SIGHUP)
+    supervisor: Optional[Supervisor] = None  # cpuperf's own CPU time while the child ran
 
 
 # -- hosts -------------------------------------------------------------------------------------------
@@ -107,134 +125,7 @@ def local_node_rank(hosts: Sequence[Host], addresses: Dict[str, str]) -> Optiona
     return None
 
 
-# -- /proc -------------------------------------------------------------------------------------------
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[:1]
-    return state != ["Z"]
-
-
-def observe(rank: int, pid: int) -> Optional[RankObservation]:
-    """What a running rank really has: allowed CPUs, OS threads, OMP_NUM_THREADS, OpenMP, allocator."""
-    from cpuperf.probe.parse import parse_cpulist, parse_maps
-
-    status = _read(f"/proc/{pid}/status")
-    maps = _read(f"/proc/{pid}/maps")
-    if status is None or maps is None:
-        return None
-    obs = RankObservation(rank=rank, pid=pid)
-    for line in status.splitlines():
-        key, _, value = line.partition(":")
-        if key == "Cpus_allowed_list":
-            obs.allowed_cpus = tuple(parse_cpulist(value.strip()) or ())
-        elif key == "Threads":
-            obs.threads = int(value.strip())
-    environ = _read(f"/proc/{pid}/environ") or ""
-    for item in environ.split("\0"):
-        if item.startswith("OMP_NUM_THREADS="):
-            obs.omp_num_threads = item.split("=", 1)[1]
-    libs = parse_maps(maps)
-    obs.openmp = list(libs.openmp)
-    obs.allocator = libs.allocator
-    return obs
-
-
 # -- run ---------------------------------------------------------------------------------------------
-
-class _Watch(threading.Thread):
-    """Follows rank pid files: samples /proc, notes the first rank to vanish, tails rank 0's log."""
-
-    def __init__(self, plan: LaunchPlan, direct_pid: Optional[int], echo: Optional[TextIO]):
-        super().__init__(daemon=True)
-        self.plan = plan
-        self.direct_pid = direct_pid
-        self.echo = echo
-        self.stop = threading.Event()
-        self.pids: Dict[int, int] = {}
-        self.dead_order: List[int] = []
-        self.died_first: List[int] = []
-        self.observations: Dict[int, RankObservation] = {}
-        self._log_pos = 0  # rank logs are appended to: echo only what this run adds
-        if plan.log_dir and direct_pid is None:
-            rank0 = plan.node_rank * plan.nproc_per_node
-            with contextlib.suppress(OSError):
-                self._log_pos = os.path.getsize(os.path.join(plan.log_dir, f"rank{rank0}.log"))
-
-    def _pids(self) -> None:
-        if self.direct_pid is not None:
-            self.pids.setdefault(0, self.direct_pid)
-            return
-        pid_dir = self.plan.pid_dir or self.plan.log_dir
-        if not pid_dir:
-            return
-        base = self.plan.node_rank * self.plan.nproc_per_node
-        for local in range(self.plan.nproc_per_node):
-            rank = base + local
-            if rank in self.pids:
-                continue
-            text = _read(os.path.join(pid_dir, f"rank{rank}.pid"))
-            if text and text.strip().isdigit():
-                self.pids[rank] = int(text.strip())
-
-    def _tail(self) -> None:
-        if self.echo is None or not self.plan.log_dir or self.direct_pid is not None or self.plan.launcher == "direct":
-            return
-        rank0 = self.plan.node_rank * self.plan.nproc_per_node
-        path = os.path.join(self.plan.log_dir, f"rank{rank0}.log")
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(self._log_pos)
-                chunk = fh.read()
-        except OSError:
-            return
-        if chunk:
-            self._log_pos += len(chunk)
-            self.echo.write(chunk.decode("utf-8", "replace"))
-            self.echo.flush()
-
-    _ticks = 0
-    _first_tick = -1
-
-    def tick(self) -> None:
-        self._ticks += 1
-        self._pids()
-        for rank, pid in self.pids.items():
-            if rank in self.dead_order:
-                continue
-            if not alive(pid):
-                self.dead_order.append(rank)
-                if not self.died_first or self._ticks == self._first_tick:
-                    self._first_tick = self._ticks
-                    self.died_first.append(rank)
-                continue
-            obs = observe(rank, pid)
-            prev = self.observations.get(rank)
-            if obs is not None and prev is not None and obs.omp_num_threads is None:
-                # /proc/PID/environ of an exec'd process never changes, but reads empty while it exits:
-                # a late sample must not erase what an earlier one saw.
-                obs.omp_num_threads = prev.omp_num_threads
-            # Keep the latest sample taken once torch (and its OpenMP runtime) is loaded.
-            if obs is not None and (obs.openmp or rank not in self.observations):
-                self.observations[rank] = obs
-        self._tail()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.tick()
-            self.stop.wait(0.05)  # fine enough to tell which rank died first
-        self.tick()
-
 
 class _EchoFilter:
     """Hides Python tracebacks and torchrun's failure banner from the live echo (launcher.log keeps all).
@@ -332,12 +223,17 @@ def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Opti
 
 
 class _Stopper:
-    """Signal handling while the child runs: SIGINT to the child; SIGTERM/SIGHUP end the whole group."""
+    """Signal handling while the child runs: SIGINT to the child; SIGTERM/SIGHUP end the whole group.
+
+    The main thread blocks in waitpid (signal handlers still run: PEP 475 retries the wait after them);
+    the grace period after SIGTERM/SIGHUP is a timer that SIGKILLs the group, not a poll.
+    """
 
     def __init__(self) -> None:
         self.proc: Optional[subprocess.Popen[bytes]] = None  # set once started (signals may come first)
         self.signum: Optional[int] = None
         self.deadline: Optional[float] = None
+        self.timer: Optional[threading.Timer] = None
         self.old: Dict[int, Any] = {}
 
     def forward(self, signum: int, frame: object) -> None:
@@ -348,10 +244,19 @@ class _Stopper:
             self.deadline = time.monotonic() + STOP_GRACE_S
         if self.proc is None:
             return  # not started yet: started() passes it on
+        self._arm()
         try:
             self.proc.send_signal(sent)
         except ProcessLookupError:
             pass
+
+    def _arm(self) -> None:
+        """Past the deadline, SIGKILL the child's group (once; from a timer thread)."""
+        if self.deadline is None or self.timer is not None or self.proc is None:
+            return
+        self.timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), kill_tree, (self.proc.pid,))
+        self.timer.daemon = True
+        self.timer.start()
 
     def started(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
@@ -365,20 +270,23 @@ class _Stopper:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         for signum, handler in self.old.items():
             signal.signal(signum, handler)
 
     def wait(self) -> int:
-        """The child's exit status; past the grace period after SIGTERM/SIGHUP, SIGKILL its group."""
+        """The child's exit status (a blocking wait: no wake-ups while the child runs)."""
         assert self.proc is not None
         while True:
             try:
-                return self.proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                if self.deadline is not None and time.monotonic() > self.deadline:
-                    kill_tree(self.proc.pid)
+                code = self.proc.wait()
             except KeyboardInterrupt:  # pragma: no cover - handler installed above
                 self.forward(signal.SIGINT, None)
+                continue
+            if self.timer is not None:
+                self.timer.cancel()
+            return code
 
 
 def _rank_errors(errors_dir: str) -> Dict[int, Dict[str, Any]]:
@@ -450,17 +358,18 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     # Handlers first: a SIGTERM right after the start must reach the child, not end cpuperf alone.
     with _Stopper() as stopper:
         proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
+        cpu0, wall0 = time.process_time(), time.monotonic()
         stopper.started(proc)
-        watch = _Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
+        watch = Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
         watch.start()
         captured: List[str] = []
         reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))
         try:
             code = stopper.wait()
+            supervisor = Supervisor(cpu_s=time.process_time() - cpu0, wall_s=time.monotonic() - wall0)
         finally:
             kill_tree(proc.pid)  # whatever the child left in its group (it has exited)
-            watch.stop.set()
-            watch.join(timeout=5)
+            watch.finish(timeout=5)
             if reader is not None:
                 reader.join(timeout=5)
     if code < 0:
@@ -468,7 +377,8 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     name = signal.Signals(stopper.signum).name if stopper.signum else None
     return ExecResult(code=code, interrupted=stopper.signum is not None, died_first=list(watch.died_first),
                       launcher_output="".join(captured)[-200_000:], observations=watch.observations,
-                      wall_s=time.monotonic() - t0, rank_errors=_rank_errors(errors_dir), signal_name=name)
+                      wall_s=time.monotonic() - t0, rank_errors=_rank_errors(errors_dir), signal_name=name,
+                      supervisor=supervisor)
 
 
 def kill_tree(pid: int) -> None:
