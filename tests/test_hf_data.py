@@ -11,8 +11,12 @@ from hosts import make_host
 from packaging.version import Version
 
 from cpuperf.knowledge.accelerate import config_keys, launch_flag_ok
-from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, supported_flags
+from cpuperf.data import load_builtin
+from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, renamed_to, supported_flags
 from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.plan.user_script import speed_flags
+
+TUNING = load_builtin("tuning.toml")
 
 # Each TrainingArguments option cpuperf renders: (the last release without it, the first with it,
 # the last with it, the first without it). Read from transformers/training_args.py in the PyPI wheel of
@@ -35,7 +39,8 @@ TRAINER_RANGES = {
     "ddp_backend=xccl": ("5.0.0", "5.1.0", None, None),
     "dataloader_num_workers": ("3.2.0", "3.3.0", None, None),
     "dataloader_pin_memory": ("4.2.0", "4.3.0", None, None),
-    "gradient_checkpointing": ("4.10.0", "4.11.0", None, None),
+    "gradient_checkpointing": ("4.10.0", "4.11.0", None, None),  # deprecated alias from 5.23.0
+    "activation_checkpointing": ("5.22.0", "5.23.0", None, None),
     "optim": ("4.15.0", "4.16.0", None, None),
     "optim=adamw_torch": ("4.15.0", "4.16.0", None, None),
     "optim=adafactor": ("4.15.0", "4.16.0", None, None),
@@ -76,21 +81,32 @@ def _flag_id(name):
 
 
 @pytest.mark.parametrize("name", sorted(TRAINER_RANGES))
-def test_trainer_flag_is_offered_exactly_inside_its_range(m, name):
+def test_trainer_option_exists_exactly_inside_its_range(m, name):
+    before, first, last, gone = TRAINER_RANGES[name]
+    row = next(r for r in m.hf if r.package == "transformers" and r.name == name)
+    assert not row.valid_in(Version(before)) and row.valid_in(Version(first)), name
+    if last is not None:
+        assert row.valid_in(Version(last)) and not row.valid_in(Version(gone)), name
+    else:
+        assert row.valid_in(Version(NEWEST_TRANSFORMERS)), name
+
+
+@pytest.mark.parametrize("name", sorted(TRAINER_RANGES))
+def test_trainer_flag_is_offered_inside_its_range_until_deprecated(m, name):
     before, first, last, gone = TRAINER_RANGES[name]
     flag = _flag_id(name)
-    if flag == "no_cuda":  # offered only where use_cpu is not: check the option's own range instead
-        row = next(r for r in m.hf if r.name == name)
-        assert row.valid_in(Version(first))
-        assert not row.valid_in(Version(gone))
-        assert "no_cuda" in supported_flags("4.31.0", m) and "no_cuda" not in supported_flags("4.32.0", m)
-        return
+    row = next(r for r in m.hf if r.package == "transformers" and r.name == name)
     assert flag not in supported_flags(before, m), (name, before)
+    if row.deprecated is not None and row.deprecated <= Version(first):
+        return
     assert flag in supported_flags(first, m), (name, first)
-    if last is not None:
+    if row.deprecated is not None:  # offered up to the release before the deprecation, never from it on
+        assert flag not in supported_flags(str(row.deprecated), m), (name, row.deprecated)
+    elif last is not None:
         assert flag in supported_flags(last, m), (name, last)
+    if gone is not None:
         assert flag not in supported_flags(gone, m), (name, gone)
-    else:
+    if row.deprecated is None and last is None:
         assert flag in supported_flags(NEWEST_TRANSFORMERS, m)
 
 
@@ -100,6 +116,106 @@ def test_every_rendered_transformers_option_has_a_verified_row_and_a_range_here(
         assert name in rows, name
         assert rows[name].verified and "training_args.py" in rows[name].source, name
         assert name in TRAINER_RANGES or name in ("ddp_backend=nccl", "ddp_backend=mpi")
+
+
+# --------------------------------------------------------------------------- releases past the data
+
+
+def test_a_patch_release_past_the_data_inherits_its_minor(m):
+    newest = supported_flags(NEWEST_TRANSFORMERS, m)
+    assert {"use_cpu", "bf16", "activation_checkpointing"} <= newest
+    for patch in ("5.23.1", "5.23.17", "5.23.1+local", "5.23.1.post1"):
+        assert supported_flags(patch, m) == newest, patch
+    assert "patch release" in data_note("transformers", "5.23.1", m)
+
+
+def test_a_newer_minor_inherits_every_flag_not_deprecated_or_removed(m):
+    rows = {r.name: r for r in m.hf if r.package == "transformers"}
+    flags = supported_flags("5.24.0", m)
+    assert {"use_cpu", "bf16", "activation_checkpointing", "ddp_backend", "optim_fused"} <= flags
+    for flag in supported_flags(NEWEST_TRANSFORMERS, m):
+        row = rows[FLAG_ROWS[flag]]
+        assert (flag in flags) is (row.deprecated is None and row.removed is None), flag
+    assert "gradient_checkpointing" not in flags and "no_cuda" not in flags
+    assert supported_flags("5.99.3", m) == flags
+    note = data_note("transformers", "5.24.0", m)
+    assert note is not None and f"data ends at transformers {NEWEST_TRANSFORMERS}" in note
+    assert "carried over" in note
+
+
+def test_only_a_new_major_is_conservative(m):
+    assert supported_flags("6.0.0", m) == frozenset() == supported_flags("6.0.0rc1", m)
+    assert "new major" in data_note("transformers", "6.0.0", m)
+    assert supported_flags("not-a-version", m) == frozenset()
+    assert data_note("transformers", "4.57.7", m) is None  # a patch inside the data is simply known
+    assert supported_flags("4.57.7", m) == supported_flags("4.57.1", m)
+
+
+@pytest.mark.parametrize("version,keys", [("1.15.2", True), ("1.16.0", True), ("1.99.0", True), ("2.0.0", False)])
+def test_accelerate_past_the_data(m, version, keys):
+    got = config_keys(version, m)
+    assert bool(got) is keys
+    if keys:
+        assert {"use_cpu", "num_processes", "mixed_precision", "enable_cpu_affinity"} <= got
+        assert "ipex_config" not in got
+        assert launch_flag_ok("--num_cpu_threads_per_process", version, m)
+
+
+# --------------------------------------------------------------------------- deprecations
+
+
+def test_every_deprecated_row_names_its_replacement_and_renames_point_at_rows(m):
+    names = {(r.package, r.name) for r in m.hf}
+    for r in m.hf:
+        if r.deprecated is not None:
+            assert r.replacement, r.name
+        new = renamed_to(r)
+        if new is not None:
+            assert (r.package, new) in names, (r.name, new)
+
+
+def test_no_release_is_offered_a_deprecated_flag(m):
+    rows = {r.name: r for r in m.hf if r.package == "transformers"}
+    releases = sorted({str(v) for r in rows.values() for v in (r.introduced, r.deprecated, r.removed) if v} |
+                      {"5.23.4", "5.24.0", NEWEST_TRANSFORMERS})
+    for release in releases:
+        for flag in supported_flags(release, m):
+            row = rows[FLAG_ROWS[flag]]
+            assert row.deprecated is None or Version(release) < row.deprecated, (release, flag, row.deprecated)
+
+
+@pytest.mark.parametrize("release,spelling", [("5.22.0", "--gradient_checkpointing"),
+                                              ("5.23.0", "--activation_checkpointing"),
+                                              ("5.23.2", "--activation_checkpointing"),
+                                              ("5.24.0", "--activation_checkpointing"),
+                                              ("4.11.0", "--gradient_checkpointing")])
+def test_the_current_spelling_is_emitted(release, spelling):
+    values = {"device": "cpu", "dtype": "fp32", "grad_checkpointing": True, "compile": False, "ipex": False}
+    flags, _ = speed_flags(values, {"grad_checkpointing"}, release, "2.13.0", 1, TUNING)
+    args = [a for f in flags for a in f.args]
+    assert spelling in args
+    assert not ({"--gradient_checkpointing", "--activation_checkpointing"} - {spelling}) & set(args)
+
+
+@pytest.mark.parametrize("release,emitted", [("4.52.1", True), ("4.53.0", False), ("4.56.2", False), ("4.57.0", False)])
+def test_use_ipex_is_not_emitted_once_deprecated_and_the_notice_says_why(release, emitted):
+    values = {"device": "cpu", "dtype": "fp32", "compile": False, "ipex": True}
+    flags, skipped = speed_flags(values, set(), release, "2.8.0", 1, TUNING)
+    assert ("--use_ipex" in [a for f in flags for a in f.args]) is emitted
+    if not emitted:
+        why = dict(skipped)["--use_ipex"]
+        assert ("deprecated since transformers 4.53.0" in why or "removed in transformers 4.57.0" in why), why
+        assert "torch_compile" in why
+
+
+def test_recommend_json_emits_the_renamed_flag(tmp_path):
+    root = make_host(tmp_path, sockets=1, cores_per_socket=8, flags=SPR, model=143)
+    for release, want, not_want in (("5.23.0", "--activation_checkpointing", "--gradient_checkpointing"),
+                                    ("5.22.0", "--gradient_checkpointing", "--activation_checkpointing")):
+        pk = json.dumps({"torch": "2.13.0+cpu", "transformers": release})
+        rep, _ = run_json(["recommend", "--sysroot", str(root), "--set", "grad_checkpointing=true"],
+                          {"CPUPERF_OVERRIDE_PACKAGES": pk})
+        assert want in rep["hf_args"] and not_want not in rep["hf_args"], (release, rep["hf_args"])
 
 
 def test_an_unverified_row_is_never_rendered(tmp_path, m):
@@ -113,7 +229,7 @@ def test_an_unverified_row_is_never_rendered(tmp_path, m):
     assert "bf16" in supported_flags("4.40.0", m)
 
 
-def test_a_newer_transformers_than_the_data_gets_no_flags_and_a_note(m):
+def test_a_new_major_transformers_gets_no_flags_and_a_note(m):
     assert supported_flags("9.0.0", m) == frozenset()
     note = data_note("transformers", "9.0.0", m)
     assert note is not None and f"data ends at transformers {NEWEST_TRANSFORMERS}" in note
