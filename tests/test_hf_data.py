@@ -10,8 +10,8 @@ from cli_util import run_json
 from hosts import make_host
 from packaging.version import Version
 
-from cpuperf.knowledge.accelerate import config_keys, launch_flag_ok
 from cpuperf.data import load_builtin
+from cpuperf.knowledge.accelerate import config_keys, launch_flag_ok
 from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, renamed_to, supported_flags
 from cpuperf.knowledge.matrix import load_matrix
 from cpuperf.plan.user_script import speed_flags

@@ -239,7 +239,8 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
                 supported: Optional[Set[str]] = None,
                 bf16_gemm_ratio: Optional[float] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer flags that only change speed, candidates left out with why); hyperparameters only when --set."""
-    from cpuperf.knowledge.hf_flags import FLAG_ROWS, spelling, supported_flags, why_not
+    from cpuperf.knowledge.hf_flags import FLAG_ROWS, spelling, supported_flags
+    from cpuperf.knowledge.hf_flags import why_not as flag_why_not
 
     if supported is None:
         supported = set(supported_flags(transformers_version))
@@ -251,7 +252,7 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         # the current spelling for the installed release: a renamed option is emitted under its new name
         chosen = spelling(flag_id, ok)
         if chosen is None:
-            skipped.append((args[0], why_not(flag_id, transformers_version)))
+            skipped.append((args[0], flag_why_not(flag_id, transformers_version)))
         elif chosen == flag_id:
             out.append(Flag(args, why))
         else:
