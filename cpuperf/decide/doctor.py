@@ -50,7 +50,7 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
             "the CPU has AMX but the kernel refused tile state to this process (arch_prctl "
             "ARCH_REQ_XCOMP_PERM); AMX kernels will crash or be skipped",
             "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
-    if cpu.microarchitecture in ("unknown", "x86_64", "aarch64"):
+    if cpu.microarchitecture in ("unknown", "x86_64", "x86_64_v2", "x86_64_v3", "x86_64_v4", "aarch64"):
         out.append(Finding("unknown-microarchitecture", "info",
                            f"this CPU ({cpu.model_name or cpu.vendor or 'unknown'}) is not in cpuperf's table; "
                            "decisions use its ISA flags only",
