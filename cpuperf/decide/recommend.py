@@ -453,7 +453,7 @@ def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
 def _no_intel_build(what: str, facts: HostFacts) -> str:
     """Why an Intel CPU add-on does not apply to an Arm or POWER host, naming what the host is."""
     cpu = facts.cpu
-    return f"{what} publishes no {cpu.arch} build: it does not apply to this {cpu.arch} ({cpu.microarchitecture}) host"
+    return f"{what} has no {cpu.arch} build: it does not apply to this {cpu.arch} ({cpu.microarchitecture}) host"
 
 
 def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
