@@ -329,3 +329,39 @@ def test_old_accelerate_keeps_ipex_config_and_a_newer_one_gets_none(tmp_path):
     assert new["accelerate_config"].startswith("#") and "data ends at accelerate 1.15.0" in new["accelerate_config"]
     assert new["accelerate_launch_args"] == []
     assert any("data ends at accelerate" in n for n in new["notes"])
+
+
+# --------------------------------------------------------------------------- doctor: data older than the install
+
+
+def _doctor(tmp_path, packages):
+    root = make_host(tmp_path, sockets=1, cores_per_socket=4, flags=SPR, model=143)
+    rep, _ = run_json(["doctor", "--sysroot", str(root)], {"CPUPERF_OVERRIDE_PACKAGES": json.dumps(packages)},
+                      expect_rc=None)
+    return {f["id"]: f for f in rep["findings"]}
+
+
+def test_doctor_says_nothing_when_the_data_covers_the_install(tmp_path):
+    found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": NEWEST_TRANSFORMERS,
+                               "accelerate": NEWEST_ACCELERATE})
+    assert not [k for k in found if "than-data" in k or "outside-data" in k]
+
+
+def test_doctor_says_when_the_install_is_newer_than_the_data_and_what_cpuperf_does(tmp_path, m):
+    newest_torch = m.torch[-1].version
+    newer_torch = f"{newest_torch.major}.{newest_torch.minor + 1}.0+cpu"
+    found = _doctor(tmp_path, {"torch": newer_torch, "transformers": "5.24.0", "accelerate": "2.0.0"})
+    torch = found["torch-newer-than-data"]
+    assert f"data ends at torch {newest_torch}" in torch["message"] and newer_torch in torch["message"]
+    tf = found["transformers-newer-than-data"]
+    assert tf["severity"] == "info" and f"data ends at transformers {NEWEST_TRANSFORMERS}" in tf["message"]
+    assert "carried over" in tf["message"] and "deprecated or removed" in tf["message"]
+    acc = found["accelerate-newer-than-data"]
+    assert acc["severity"] == "warning" and "new major" in acc["message"] and "renders no" in acc["message"]
+    assert all("regen_compat" in f["fix"] and "CPUPERF_COMPAT_DIR" in f["fix"] for f in (torch, tf, acc))
+
+
+def test_doctor_on_a_patch_release_past_the_data(tmp_path):
+    found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": "5.23.2"})
+    f = found["transformers-newer-than-data"]
+    assert "patch release" in f["message"] and "used as they are" in f["message"]
