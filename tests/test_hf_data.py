@@ -365,3 +365,27 @@ def test_doctor_on_a_patch_release_past_the_data(tmp_path):
     found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": "5.23.2"})
     f = found["transformers-newer-than-data"]
     assert "patch release" in f["message"] and "used as they are" in f["message"]
+
+
+def test_the_installed_transformers_accepts_every_rendered_flag_without_a_deprecation_warning(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import importlib.metadata
+    import warnings
+
+    version = importlib.metadata.version("transformers")
+    values = {"device": "cpu", "dtype": "bf16", "grad_checkpointing": True, "compile": True, "ipex": False,
+              "batch_size": 4, "grad_accum_steps": 2, "dataloader_workers": 2, "optimizer": "adamw_fused"}
+    overridden = {"dtype", "grad_checkpointing", "compile", "batch_size", "grad_accum_steps", "optimizer"}
+    flags, _ = speed_flags(values, overridden, version, "2.13.0+cpu", 1, TUNING)
+    args = [a for f in flags for a in f.args]
+    assert args, f"nothing rendered for transformers {version}"
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a deprecated spelling warns at parse time
+        (parsed,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), *args])
+    if "--activation_checkpointing" in args:
+        assert parsed.activation_checkpointing is True
+    elif "--gradient_checkpointing" in args:
+        assert parsed.gradient_checkpointing is True
+    else:
+        raise AssertionError(f"no checkpointing flag rendered: {args}")
