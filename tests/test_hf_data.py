@@ -389,3 +389,15 @@ def test_the_installed_transformers_accepts_every_rendered_flag_without_a_deprec
         assert parsed.gradient_checkpointing is True
     else:
         raise AssertionError(f"no checkpointing flag rendered: {args}")
+
+
+def test_a_newer_accelerate_minor_gets_the_carried_over_config_with_the_note(tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    rep = _recommend(tmp_path, "1.16.0")
+    text = rep["accelerate_config"]
+    assert text.startswith("# accelerate 1.16.0 is newer than cpuperf's data (data ends at accelerate 1.15.0")
+    assert "use_cpu: true" in text and "ipex_config" not in text
+    assert rep["accelerate_launch_args"][0] == "--num_cpu_threads_per_process"
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    assert config_args.load_config_from_file(str(path)).use_cpu is True  # the installed loader takes it
