@@ -401,3 +401,20 @@ def test_a_newer_accelerate_minor_gets_the_carried_over_config_with_the_note(tmp
     path = tmp_path / "accelerate.yaml"
     path.write_text(text)
     assert config_args.load_config_from_file(str(path)).use_cpu is True  # the installed loader takes it
+
+
+def test_a_rename_recorded_in_extra_data_is_followed_even_to_an_option_cpuperf_has_no_id_for(tmp_path):
+    extra = tmp_path / "compat"
+    extra.mkdir()
+    (extra / "hf-local.toml").write_text(
+        '[[hf]]\npackage = "transformers"\nname = "use_cpu"\nkind = "trainer-arg"\nintroduced = "4.32.0"\n'
+        'deprecated = "5.23.0"\nreplacement = "--cpu_only"\nverified = true\nsource = "a local release note"\n\n'
+        '[[hf]]\npackage = "transformers"\nname = "cpu_only"\nkind = "trainer-arg"\nintroduced = "5.23.0"\n'
+        'verified = true\nsource = "a local release note"\n')
+    root = make_host(tmp_path / "host", sockets=1, cores_per_socket=4, flags=SPR, model=143)
+    for release, want, not_want in (("5.23.0", "--cpu_only", "--use_cpu"), ("5.22.0", "--use_cpu", "--cpu_only"),
+                                    ("5.24.0", "--cpu_only", "--use_cpu")):
+        pk = json.dumps({"torch": "2.13.0+cpu", "transformers": release})
+        rep, _ = run_json(["recommend", "--sysroot", str(root)],
+                          {"CPUPERF_OVERRIDE_PACKAGES": pk, "CPUPERF_COMPAT_DIR": str(extra)})
+        assert want in rep["hf_args"] and not_want not in rep["hf_args"], (release, rep["hf_args"])

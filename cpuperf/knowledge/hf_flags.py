@@ -156,24 +156,33 @@ def supported_flags(transformers_version: Optional[str], matrix: Optional[Matrix
 
 
 def current_flag(flag: str, transformers_version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[str]:
-    """The flag id to emit for `flag` in that release: itself, or the option it was renamed to; None if neither."""
+    """The option to emit for cpuperf's `flag` in that release: its own, or the one it was renamed to; None."""
     m = _matrix(matrix)
-    return spelling(flag, supported_flags(transformers_version, m), m)
+    return spelling(flag, supported_flags(transformers_version, m), transformers_version, m)
 
 
-def spelling(flag: str, ok: AbstractSet[str], matrix: Optional[Matrix] = None) -> Optional[str]:
-    """The flag id among `ok` (supported_flags) that says `flag`: itself, or what it was renamed to; None."""
-    rows = _rows(_matrix(matrix))
+def spelling(flag: str, ok: AbstractSet[str], transformers_version: Optional[str] = None,
+             matrix: Optional[Matrix] = None) -> Optional[str]:
+    """The option name that says cpuperf's `flag` in that release: its own when `flag` is in `ok`
+    (supported_flags), else the option it was renamed to (followed through the data's `replacement = "--name"`
+    rows, also to options cpuperf has no id for) when the release has it; None if neither."""
+    m = _matrix(matrix)
+    rows = _rows(m)
+    cov = coverage("transformers", transformers_version, m)
+    name = FLAG_ROWS.get(flag, flag)
     seen = set()
-    while flag not in seen:
-        if flag in ok:
-            return flag
-        seen.add(flag)
-        row = rows.get(FLAG_ROWS.get(flag, ""))
+    while name not in seen:
+        seen.add(name)
+        known = _FLAG_OF_ROW.get(name)
+        row = rows.get(name)
+        if known is not None and known in ok:
+            return name
+        if known is None and row is not None and option_valid(row, cov) and not _superseded(row, cov, rows):
+            return name  # a rename target only the data knows
         new = renamed_to(row) if row is not None else None
-        if new is None or new not in _FLAG_OF_ROW:
+        if new is None:
             return None
-        flag = _FLAG_OF_ROW[new]
+        name = new
     return None
 
 

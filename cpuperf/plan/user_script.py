@@ -250,13 +250,13 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
 
     def want(flag_id: str, args: Tuple[str, ...], why: str) -> None:
         # the current spelling for the installed release: a renamed option is emitted under its new name
-        chosen = spelling(flag_id, ok)
+        chosen = spelling(flag_id, ok, transformers_version)
         if chosen is None:
             skipped.append((args[0], flag_why_not(flag_id, transformers_version)))
-        elif chosen == flag_id:
+        elif chosen == FLAG_ROWS.get(flag_id, flag_id):
             out.append(Flag(args, why))
         else:
-            out.append(Flag(("--" + FLAG_ROWS[chosen], *args[1:]), f"{why} ({args[0]} is deprecated: renamed)"))
+            out.append(Flag(("--" + chosen, *args[1:]), f"{why} ({args[0]} is deprecated: renamed --{chosen})"))
 
     if values["device"] == "cpu":
         if "use_cpu" in ok or "no_cuda" not in ok:
