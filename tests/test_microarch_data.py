@@ -212,3 +212,24 @@ def test_recommend_json_on_a_recorded_arm_host(tmp_path):
     rep, _ = run_json(["recommend", "--sysroot", str(root)])
     d = next(x for x in rep["decisions"] if x["id"] == "dtype")
     assert d["value"] == "fp32" and d["evidence"]["bf16"] is True and "Arm BF16" in d["reason"]
+
+
+# archspec-json microarchitectures.json at 90b453f (2026-08-19): every Arm entry with a 'cpupart'.
+ARCHSPEC_ARM_PARTS = {"thunderx2": (0x43, 0x0af), "a64fx": (0x46, 0x001), "cortex_a72": (0x41, 0xd08),
+                      "neoverse_n1": (0x41, 0xd0c), "neoverse_v1": (0x41, 0xd40), "neoverse_v2": (0x41, 0xd4f),
+                      "neoverse_n2": (0x41, 0xd49), "ampere1": (0xc0, 0xac3), "ampere1a": (0xc0, 0xac4),
+                      "neoverse_v3ae": (0x41, 0xd83), "m1": (0x61, 0x022), "m2": (0x61, 0x032)}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHSPEC_ARM_PARTS))
+def test_every_archspec_arm_part_is_named_the_same(name):
+    from cpuperf.probe.cpu import name_arm
+
+    implementer, part = ARCHSPEC_ARM_PARTS[name]
+    assert name_arm(implementer, part)[0] == name and name_arm(implementer, part)[2] == "model"
+
+
+def test_azure_cobalt_is_a_neoverse_n2():
+    from cpuperf.probe.cpu import name_arm
+
+    assert name_arm(0x6d, 0xd49) == ("neoverse_n2", "Microsoft", "model")
