@@ -418,3 +418,16 @@ def test_a_rename_recorded_in_extra_data_is_followed_even_to_an_option_cpuperf_h
         rep, _ = run_json(["recommend", "--sysroot", str(root)],
                           {"CPUPERF_OVERRIDE_PACKAGES": pk, "CPUPERF_COMPAT_DIR": str(extra)})
         assert want in rep["hf_args"] and not_want not in rep["hf_args"], (release, rep["hf_args"])
+
+
+@pytest.mark.parametrize("release,rendered", [("5.23.0", True), ("5.23.1", True), ("5.24.0", True), ("5.30.2", True),
+                                              ("6.0.0", False)])
+def test_recommend_json_keeps_the_speed_flags_for_a_release_just_past_the_data(tmp_path, release, rendered):
+    root = make_host(tmp_path, sockets=1, cores_per_socket=8, flags=SPR, model=143)
+    pk = json.dumps({"torch": "2.13.0+cpu", "transformers": release})
+    rep, _ = run_json(["recommend", "--sysroot", str(root), "--set", "dtype=bf16"], {"CPUPERF_OVERRIDE_PACKAGES": pk})
+    assert ("--use_cpu" in rep["hf_args"] and "--bf16" in rep["hf_args"]) is rendered, rep["hf_args"]
+    if not rendered:
+        assert rep["hf_args"] == []
+    notes = [n for n in rep["notes"] if f"data ends at transformers {NEWEST_TRANSFORMERS}" in n]
+    assert bool(notes) is (release != NEWEST_TRANSFORMERS)
