@@ -132,3 +132,14 @@ def test_torch_wheel_names_give_python_tags():
     assert got["1.10.0"] == {"linux_x86_64": ["3.6"]}
     assert got["2.9.0"] == {"linux_aarch64": ["3.14t"], "linux_x86_64": ["3.13"]}
     assert Version("2.9.0") in {Version(v) for v in got}
+
+
+def test_a_newer_recorded_release_moves_the_data_end(tmp_path):
+    fixtures = tmp_path / "fx"
+    shutil.copytree(rc.FIXTURES, fixtures)
+    path = fixtures / "transformers_training_args.json"
+    data = json.loads(path.read_text())
+    data["releases"]["5.24.0"] = data["releases"]["5.23.0"]
+    path.write_text(json.dumps(data))
+    report = rc.check(ROOT / "compat", fixtures)
+    assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()

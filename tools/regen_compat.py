@@ -346,7 +346,12 @@ def regen_hf(text: str, fixtures: Path, report: Report) -> str:
     acc = json.loads((fixtures / "accelerate_config_args.json").read_text())["releases"]
     acc_records = {v: {"present": keys} for v, keys in acc.items()}
 
+    newest = {"transformers": max(tf, key=Version), "accelerate": max(acc, key=Version)}
+
     def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table == "hf_data":  # the rows were checked through the newest recorded release
+            package = json.loads(_get(body, "package") or '""')
+            return {"through": _q(newest[package])} if package in newest else None
         if table != "hf":
             return None
         package, kind, name = (json.loads(_get(body, k) or '""') for k in ("package", "kind", "name"))
