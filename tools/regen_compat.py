@@ -483,7 +483,12 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
     releases = {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in sorted(wanted):
-            wheel = _pip_download(f"transformers=={v}", tmp)
+            # x.y.0 first even when yanked (pip's index listing hides yanked releases; 4.57.0 is where use_ipex
+            # is gone), else the first release of the minor that has a wheel
+            x0 = Version(f"{v.major}.{v.minor}.0")
+            wheel = _pip_download(f"transformers=={x0}", tmp) if x0 != v else None
+            v = x0 if wheel is not None else v
+            wheel = wheel or _pip_download(f"transformers=={v}", tmp)
             if wheel is None:
                 continue
             with zipfile.ZipFile(wheel) as z:
