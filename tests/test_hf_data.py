@@ -10,9 +10,13 @@ from cli_util import run_json
 from hosts import make_host
 from packaging.version import Version
 
+from cpuperf.data import load_builtin
 from cpuperf.knowledge.accelerate import config_keys, launch_flag_ok
-from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, supported_flags
+from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, renamed_to, supported_flags
 from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.plan.user_script import speed_flags
+
+TUNING = load_builtin("tuning.toml")
 
 # Each TrainingArguments option cpuperf renders: (the last release without it, the first with it,
 # the last with it, the first without it). Read from transformers/training_args.py in the PyPI wheel of
@@ -35,7 +39,8 @@ TRAINER_RANGES = {
     "ddp_backend=xccl": ("5.0.0", "5.1.0", None, None),
     "dataloader_num_workers": ("3.2.0", "3.3.0", None, None),
     "dataloader_pin_memory": ("4.2.0", "4.3.0", None, None),
-    "gradient_checkpointing": ("4.10.0", "4.11.0", None, None),
+    "gradient_checkpointing": ("4.10.0", "4.11.0", None, None),  # deprecated alias from 5.23.0
+    "activation_checkpointing": ("5.22.0", "5.23.0", None, None),
     "optim": ("4.15.0", "4.16.0", None, None),
     "optim=adamw_torch": ("4.15.0", "4.16.0", None, None),
     "optim=adafactor": ("4.15.0", "4.16.0", None, None),
@@ -76,21 +81,32 @@ def _flag_id(name):
 
 
 @pytest.mark.parametrize("name", sorted(TRAINER_RANGES))
-def test_trainer_flag_is_offered_exactly_inside_its_range(m, name):
+def test_trainer_option_exists_exactly_inside_its_range(m, name):
+    before, first, last, gone = TRAINER_RANGES[name]
+    row = next(r for r in m.hf if r.package == "transformers" and r.name == name)
+    assert not row.valid_in(Version(before)) and row.valid_in(Version(first)), name
+    if last is not None:
+        assert row.valid_in(Version(last)) and not row.valid_in(Version(gone)), name
+    else:
+        assert row.valid_in(Version(NEWEST_TRANSFORMERS)), name
+
+
+@pytest.mark.parametrize("name", sorted(TRAINER_RANGES))
+def test_trainer_flag_is_offered_inside_its_range_until_deprecated(m, name):
     before, first, last, gone = TRAINER_RANGES[name]
     flag = _flag_id(name)
-    if flag == "no_cuda":  # offered only where use_cpu is not: check the option's own range instead
-        row = next(r for r in m.hf if r.name == name)
-        assert row.valid_in(Version(first))
-        assert not row.valid_in(Version(gone))
-        assert "no_cuda" in supported_flags("4.31.0", m) and "no_cuda" not in supported_flags("4.32.0", m)
-        return
+    row = next(r for r in m.hf if r.package == "transformers" and r.name == name)
     assert flag not in supported_flags(before, m), (name, before)
+    if row.deprecated is not None and row.deprecated <= Version(first):
+        return
     assert flag in supported_flags(first, m), (name, first)
-    if last is not None:
+    if row.deprecated is not None:  # offered up to the release before the deprecation, never from it on
+        assert flag not in supported_flags(str(row.deprecated), m), (name, row.deprecated)
+    elif last is not None:
         assert flag in supported_flags(last, m), (name, last)
+    if gone is not None:
         assert flag not in supported_flags(gone, m), (name, gone)
-    else:
+    if row.deprecated is None and last is None:
         assert flag in supported_flags(NEWEST_TRANSFORMERS, m)
 
 
@@ -100,6 +116,106 @@ def test_every_rendered_transformers_option_has_a_verified_row_and_a_range_here(
         assert name in rows, name
         assert rows[name].verified and "training_args.py" in rows[name].source, name
         assert name in TRAINER_RANGES or name in ("ddp_backend=nccl", "ddp_backend=mpi")
+
+
+# --------------------------------------------------------------------------- releases past the data
+
+
+def test_a_patch_release_past_the_data_inherits_its_minor(m):
+    newest = supported_flags(NEWEST_TRANSFORMERS, m)
+    assert {"use_cpu", "bf16", "activation_checkpointing"} <= newest
+    for patch in ("5.23.1", "5.23.17", "5.23.1+local", "5.23.1.post1"):
+        assert supported_flags(patch, m) == newest, patch
+    assert "patch release" in data_note("transformers", "5.23.1", m)
+
+
+def test_a_newer_minor_inherits_every_flag_not_deprecated_or_removed(m):
+    rows = {r.name: r for r in m.hf if r.package == "transformers"}
+    flags = supported_flags("5.24.0", m)
+    assert {"use_cpu", "bf16", "activation_checkpointing", "ddp_backend", "optim_fused"} <= flags
+    for flag in supported_flags(NEWEST_TRANSFORMERS, m):
+        row = rows[FLAG_ROWS[flag]]
+        assert (flag in flags) is (row.deprecated is None and row.removed is None), flag
+    assert "gradient_checkpointing" not in flags and "no_cuda" not in flags
+    assert supported_flags("5.99.3", m) == flags
+    note = data_note("transformers", "5.24.0", m)
+    assert note is not None and f"data ends at transformers {NEWEST_TRANSFORMERS}" in note
+    assert "carried over" in note
+
+
+def test_only_a_new_major_is_conservative(m):
+    assert supported_flags("6.0.0", m) == frozenset() == supported_flags("6.0.0rc1", m)
+    assert "new major" in data_note("transformers", "6.0.0", m)
+    assert supported_flags("not-a-version", m) == frozenset()
+    assert data_note("transformers", "4.57.7", m) is None  # a patch inside the data is simply known
+    assert supported_flags("4.57.7", m) == supported_flags("4.57.1", m)
+
+
+@pytest.mark.parametrize("version,keys", [("1.15.2", True), ("1.16.0", True), ("1.99.0", True), ("2.0.0", False)])
+def test_accelerate_past_the_data(m, version, keys):
+    got = config_keys(version, m)
+    assert bool(got) is keys
+    if keys:
+        assert {"use_cpu", "num_processes", "mixed_precision", "enable_cpu_affinity"} <= got
+        assert "ipex_config" not in got
+        assert launch_flag_ok("--num_cpu_threads_per_process", version, m)
+
+
+# --------------------------------------------------------------------------- deprecations
+
+
+def test_every_deprecated_row_names_its_replacement_and_renames_point_at_rows(m):
+    names = {(r.package, r.name) for r in m.hf}
+    for r in m.hf:
+        if r.deprecated is not None:
+            assert r.replacement, r.name
+        new = renamed_to(r)
+        if new is not None:
+            assert (r.package, new) in names, (r.name, new)
+
+
+def test_no_release_is_offered_a_deprecated_flag(m):
+    rows = {r.name: r for r in m.hf if r.package == "transformers"}
+    releases = sorted({str(v) for r in rows.values() for v in (r.introduced, r.deprecated, r.removed) if v} |
+                      {"5.23.4", "5.24.0", NEWEST_TRANSFORMERS})
+    for release in releases:
+        for flag in supported_flags(release, m):
+            row = rows[FLAG_ROWS[flag]]
+            assert row.deprecated is None or Version(release) < row.deprecated, (release, flag, row.deprecated)
+
+
+@pytest.mark.parametrize("release,spelling", [("5.22.0", "--gradient_checkpointing"),
+                                              ("5.23.0", "--activation_checkpointing"),
+                                              ("5.23.2", "--activation_checkpointing"),
+                                              ("5.24.0", "--activation_checkpointing"),
+                                              ("4.11.0", "--gradient_checkpointing")])
+def test_the_current_spelling_is_emitted(release, spelling):
+    values = {"device": "cpu", "dtype": "fp32", "grad_checkpointing": True, "compile": False, "ipex": False}
+    flags, _ = speed_flags(values, {"grad_checkpointing"}, release, "2.13.0", 1, TUNING)
+    args = [a for f in flags for a in f.args]
+    assert spelling in args
+    assert not ({"--gradient_checkpointing", "--activation_checkpointing"} - {spelling}) & set(args)
+
+
+@pytest.mark.parametrize("release,emitted", [("4.52.1", True), ("4.53.0", False), ("4.56.2", False), ("4.57.0", False)])
+def test_use_ipex_is_not_emitted_once_deprecated_and_the_notice_says_why(release, emitted):
+    values = {"device": "cpu", "dtype": "fp32", "compile": False, "ipex": True}
+    flags, skipped = speed_flags(values, set(), release, "2.8.0", 1, TUNING)
+    assert ("--use_ipex" in [a for f in flags for a in f.args]) is emitted
+    if not emitted:
+        why = dict(skipped)["--use_ipex"]
+        assert ("deprecated since transformers 4.53.0" in why or "removed in transformers 4.57.0" in why), why
+        assert "torch_compile" in why
+
+
+def test_recommend_json_emits_the_renamed_flag(tmp_path):
+    root = make_host(tmp_path, sockets=1, cores_per_socket=8, flags=SPR, model=143)
+    for release, want, not_want in (("5.23.0", "--activation_checkpointing", "--gradient_checkpointing"),
+                                    ("5.22.0", "--gradient_checkpointing", "--activation_checkpointing")):
+        pk = json.dumps({"torch": "2.13.0+cpu", "transformers": release})
+        rep, _ = run_json(["recommend", "--sysroot", str(root), "--set", "grad_checkpointing=true"],
+                          {"CPUPERF_OVERRIDE_PACKAGES": pk})
+        assert want in rep["hf_args"] and not_want not in rep["hf_args"], (release, rep["hf_args"])
 
 
 def test_an_unverified_row_is_never_rendered(tmp_path, m):
@@ -113,7 +229,7 @@ def test_an_unverified_row_is_never_rendered(tmp_path, m):
     assert "bf16" in supported_flags("4.40.0", m)
 
 
-def test_a_newer_transformers_than_the_data_gets_no_flags_and_a_note(m):
+def test_a_new_major_transformers_gets_no_flags_and_a_note(m):
     assert supported_flags("9.0.0", m) == frozenset()
     note = data_note("transformers", "9.0.0", m)
     assert note is not None and f"data ends at transformers {NEWEST_TRANSFORMERS}" in note
@@ -213,3 +329,105 @@ def test_old_accelerate_keeps_ipex_config_and_a_newer_one_gets_none(tmp_path):
     assert new["accelerate_config"].startswith("#") and "data ends at accelerate 1.15.0" in new["accelerate_config"]
     assert new["accelerate_launch_args"] == []
     assert any("data ends at accelerate" in n for n in new["notes"])
+
+
+# --------------------------------------------------------------------------- doctor: data older than the install
+
+
+def _doctor(tmp_path, packages):
+    root = make_host(tmp_path, sockets=1, cores_per_socket=4, flags=SPR, model=143)
+    rep, _ = run_json(["doctor", "--sysroot", str(root)], {"CPUPERF_OVERRIDE_PACKAGES": json.dumps(packages)},
+                      expect_rc=None)
+    return {f["id"]: f for f in rep["findings"]}
+
+
+def test_doctor_says_nothing_when_the_data_covers_the_install(tmp_path):
+    found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": NEWEST_TRANSFORMERS,
+                               "accelerate": NEWEST_ACCELERATE})
+    assert not [k for k in found if "than-data" in k or "outside-data" in k]
+
+
+def test_doctor_says_when_the_install_is_newer_than_the_data_and_what_cpuperf_does(tmp_path, m):
+    newest_torch = m.torch[-1].version
+    newer_torch = f"{newest_torch.major}.{newest_torch.minor + 1}.0+cpu"
+    found = _doctor(tmp_path, {"torch": newer_torch, "transformers": "5.24.0", "accelerate": "2.0.0"})
+    torch = found["torch-newer-than-data"]
+    assert f"data ends at torch {newest_torch}" in torch["message"] and newer_torch in torch["message"]
+    tf = found["transformers-newer-than-data"]
+    assert tf["severity"] == "info" and f"data ends at transformers {NEWEST_TRANSFORMERS}" in tf["message"]
+    assert "carried over" in tf["message"] and "deprecated or removed" in tf["message"]
+    acc = found["accelerate-newer-than-data"]
+    assert acc["severity"] == "warning" and "new major" in acc["message"] and "renders no" in acc["message"]
+    assert all("regen_compat" in f["fix"] and "CPUPERF_COMPAT_DIR" in f["fix"] for f in (torch, tf, acc))
+
+
+def test_doctor_on_a_patch_release_past_the_data(tmp_path):
+    found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": "5.23.2"})
+    f = found["transformers-newer-than-data"]
+    assert "patch release" in f["message"] and "used as they are" in f["message"]
+
+
+def test_the_installed_transformers_accepts_every_rendered_flag_without_a_deprecation_warning(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import importlib.metadata
+    import warnings
+
+    version = importlib.metadata.version("transformers")
+    values = {"device": "cpu", "dtype": "bf16", "grad_checkpointing": True, "compile": True, "ipex": False,
+              "batch_size": 4, "grad_accum_steps": 2, "dataloader_workers": 2, "optimizer": "adamw_fused"}
+    overridden = {"dtype", "grad_checkpointing", "compile", "batch_size", "grad_accum_steps", "optimizer"}
+    flags, _ = speed_flags(values, overridden, version, "2.13.0+cpu", 1, TUNING)
+    args = [a for f in flags for a in f.args]
+    assert args, f"nothing rendered for transformers {version}"
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a deprecated spelling warns at parse time
+        (parsed,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), *args])
+    if "--activation_checkpointing" in args:
+        assert parsed.activation_checkpointing is True
+    elif "--gradient_checkpointing" in args:
+        assert parsed.gradient_checkpointing is True
+    else:
+        raise AssertionError(f"no checkpointing flag rendered: {args}")
+
+
+def test_a_newer_accelerate_minor_gets_the_carried_over_config_with_the_note(tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    rep = _recommend(tmp_path, "1.16.0")
+    text = rep["accelerate_config"]
+    assert text.startswith("# accelerate 1.16.0 is newer than cpuperf's data (data ends at accelerate 1.15.0")
+    assert "use_cpu: true" in text and "ipex_config" not in text
+    assert rep["accelerate_launch_args"][0] == "--num_cpu_threads_per_process"
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    assert config_args.load_config_from_file(str(path)).use_cpu is True  # the installed loader takes it
+
+
+def test_a_rename_recorded_in_extra_data_is_followed_even_to_an_option_cpuperf_has_no_id_for(tmp_path):
+    extra = tmp_path / "compat"
+    extra.mkdir()
+    (extra / "hf-local.toml").write_text(
+        '[[hf]]\npackage = "transformers"\nname = "use_cpu"\nkind = "trainer-arg"\nintroduced = "4.32.0"\n'
+        'deprecated = "5.23.0"\nreplacement = "--cpu_only"\nverified = true\nsource = "a local release note"\n\n'
+        '[[hf]]\npackage = "transformers"\nname = "cpu_only"\nkind = "trainer-arg"\nintroduced = "5.23.0"\n'
+        'verified = true\nsource = "a local release note"\n')
+    root = make_host(tmp_path / "host", sockets=1, cores_per_socket=4, flags=SPR, model=143)
+    for release, want, not_want in (("5.23.0", "--cpu_only", "--use_cpu"), ("5.22.0", "--use_cpu", "--cpu_only"),
+                                    ("5.24.0", "--cpu_only", "--use_cpu")):
+        pk = json.dumps({"torch": "2.13.0+cpu", "transformers": release})
+        rep, _ = run_json(["recommend", "--sysroot", str(root)],
+                          {"CPUPERF_OVERRIDE_PACKAGES": pk, "CPUPERF_COMPAT_DIR": str(extra)})
+        assert want in rep["hf_args"] and not_want not in rep["hf_args"], (release, rep["hf_args"])
+
+
+@pytest.mark.parametrize("release,rendered", [("5.23.0", True), ("5.23.1", True), ("5.24.0", True), ("5.30.2", True),
+                                              ("6.0.0", False)])
+def test_recommend_json_keeps_the_speed_flags_for_a_release_just_past_the_data(tmp_path, release, rendered):
+    root = make_host(tmp_path, sockets=1, cores_per_socket=8, flags=SPR, model=143)
+    pk = json.dumps({"torch": "2.13.0+cpu", "transformers": release})
+    rep, _ = run_json(["recommend", "--sysroot", str(root), "--set", "dtype=bf16"], {"CPUPERF_OVERRIDE_PACKAGES": pk})
+    assert ("--use_cpu" in rep["hf_args"] and "--bf16" in rep["hf_args"]) is rendered, rep["hf_args"]
+    if not rendered:
+        assert rep["hf_args"] == []
+    notes = [n for n in rep["notes"] if f"data ends at transformers {NEWEST_TRANSFORMERS}" in n]
+    assert bool(notes) is (release != NEWEST_TRANSFORMERS)

@@ -38,7 +38,8 @@ KERNEL_INTEL = {
     (6, 0xB7): "raptorlake", (6, 0xBA): "raptorlake", (6, 0xBF): "raptorlake",
     (6, 0xAA): "meteorlake", (6, 0xAC): "meteorlake",
     (6, 0xC5): "arrowlake", (6, 0xC6): "arrowlake", (6, 0xB5): "arrowlake", (6, 0xBD): "lunarlake",
-    (6, 0xCC): "pantherlake",
+    (6, 0xCC): "pantherlake", (6, 0xD5): "wildcatlake", (18, 0x01): "novalake", (18, 0x03): "novalake",
+    (6, 0xD7): "bartlettlake", (6, 0x8A): "lakefield",
     (6, 0xAF): "sierraforest", (6, 0xB6): "grandridge", (6, 0xDD): "clearwaterforest",
 }
 
@@ -96,6 +97,24 @@ def test_intel_models_match_intel_family_h():
     assert name_x86("GenuineIntel", 6, 0x55, 4, ())[0] == "skylake_avx512"
     assert name_x86("GenuineIntel", 6, 0x55, 7, ())[0] == "cascadelake"
     assert name_x86("GenuineIntel", 6, 0x55, 11, ())[0] == "cooperlake"
+
+
+def test_a_newer_family_is_never_named_after_an_older_part():
+    client = ("avx2", "fma", "bmi1", "bmi2", "movbe", "abm", "avx", "f16c", "avx_vnni", "gfni", "vaes", "serialize",
+              "movdiri", "lm")
+    assert name_x86("GenuineIntel", 6, 0xF0, 0, client)[0] == "meteorlake"  # unknown model of a known family
+    assert name_x86("GenuineIntel", 20, 0x01, 0, client) == ("x86_64_v3", "features")
+    assert name_x86("GenuineIntel", 18, 0x01, 0, client) == ("novalake", "model")
+    assert name_x86("GenuineIntel", 19, 0x01, 0, client) == ("diamondrapids", "model")
+    assert name_x86("AuthenticAMD", 0x1b, 0x00, 0, tuple(ZEN4))[0] == "x86_64_v4"
+
+
+def test_new_family_host_gets_a_report_finding(tmp_path):
+    flags = ["avx2", "fma", "bmi1", "bmi2", "movbe", "abm", "avx", "f16c", "lm"]
+    rep, _ = run_json(["doctor", "--sysroot", str(make_host(tmp_path, family=20, model=1, flags=flags))],
+                      expect_rc=None)
+    assert rep["host"]["cpu"]["microarchitecture"] == "x86_64_v3"
+    assert any(f["id"] == "unknown-microarchitecture" for f in rep["findings"])
 
 
 def test_alder_lake_n_has_e_cores_only():
@@ -193,3 +212,24 @@ def test_recommend_json_on_a_recorded_arm_host(tmp_path):
     rep, _ = run_json(["recommend", "--sysroot", str(root)])
     d = next(x for x in rep["decisions"] if x["id"] == "dtype")
     assert d["value"] == "fp32" and d["evidence"]["bf16"] is True and "Arm BF16" in d["reason"]
+
+
+# archspec-json microarchitectures.json at 90b453f (2026-08-19): every Arm entry with a 'cpupart'.
+ARCHSPEC_ARM_PARTS = {"thunderx2": (0x43, 0x0af), "a64fx": (0x46, 0x001), "cortex_a72": (0x41, 0xd08),
+                      "neoverse_n1": (0x41, 0xd0c), "neoverse_v1": (0x41, 0xd40), "neoverse_v2": (0x41, 0xd4f),
+                      "neoverse_n2": (0x41, 0xd49), "ampere1": (0xc0, 0xac3), "ampere1a": (0xc0, 0xac4),
+                      "neoverse_v3ae": (0x41, 0xd83), "m1": (0x61, 0x022), "m2": (0x61, 0x032)}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHSPEC_ARM_PARTS))
+def test_every_archspec_arm_part_is_named_the_same(name):
+    from cpuperf.probe.cpu import name_arm
+
+    implementer, part = ARCHSPEC_ARM_PARTS[name]
+    assert name_arm(implementer, part)[0] == name and name_arm(implementer, part)[2] == "model"
+
+
+def test_azure_cobalt_is_a_neoverse_n2():
+    from cpuperf.probe.cpu import name_arm
+
+    assert name_arm(0x6d, 0xd49) == ("neoverse_n2", "Microsoft", "model")

@@ -49,12 +49,21 @@ def test_xpu_builds_are_never_a_cpu_answer(m):
     res = resolve("3.11", "2.0.1", {"oneccl"}, matrix=m)
     assert res.oneccl is None
     rej = rejected(res, "oneccl")
-    assert "XPU" in rej["2.0.100+xpu"]
+    assert "XPU" in rej["2.0.100+gpu"]  # version.txt at tag v2.0.100+gpu: the label was +gpu before 2.1.100
     assert "2.0.0" in rej and "2.0.1" in rej["2.0.0"]
     res8 = resolve("3.11", "2.8.0", {"oneccl"}, matrix=m)
     assert res8.oneccl is None
     assert any("XPU" in r.reason for r in res8.rejected)
     assert all(not (r.version or "").startswith("2.8.0+xpu") or "XPU" in r.reason for r in res8.rejected)
+
+
+@pytest.mark.parametrize("installed", ["1.13.100+gpu", "2.0.100+gpu", "2.1.100+xpu"])
+def test_an_installed_intel_gpu_build_is_named_as_one(m, installed):
+    from cpuperf.knowledge.resolve import installed_findings
+
+    torch = {"1.13.100+gpu": "1.13.0", "2.0.100+gpu": "2.0.1", "2.1.100+xpu": "2.1.0"}[installed]
+    found = installed_findings("3.10", {"torch": torch, "oneccl-bind-pt": installed}, platform="linux_x86_64", matrix=m)
+    assert any(f["id"] == "oneccl-xpu-build" for f in found), found
 
 
 def test_xpu_listed_but_cpu_chosen_for_same_number(m):

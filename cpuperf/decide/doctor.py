@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from packaging.version import InvalidVersion, Version
+
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
@@ -48,7 +50,7 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
             "the CPU has AMX but the kernel refused tile state to this process (arch_prctl "
             "ARCH_REQ_XCOMP_PERM); AMX kernels will crash or be skipped",
             "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
-    if cpu.microarchitecture in ("unknown", "x86_64", "aarch64"):
+    if cpu.microarchitecture in ("unknown", "x86_64", "x86_64_v2", "x86_64_v3", "x86_64_v4", "aarch64"):
         out.append(Finding("unknown-microarchitecture", "info",
                            f"this CPU ({cpu.model_name or cpu.vendor or 'unknown'}) is not in cpuperf's table; "
                            "decisions use its ISA flags only",
@@ -165,9 +167,61 @@ def check_stack(facts: HostFacts) -> List[Finding]:
             for f in installed_findings(pyver, packages, platform=plat)]
 
 
+_REGEN = ("refresh the data from a cpuperf checkout (python -m tools.regen_compat --live), "
+          "or extend it with CPUPERF_COMPAT_DIR")
+
+
+def check_data_age(facts: HostFacts) -> List[Finding]:
+    """Installed torch / transformers / accelerate newer than cpuperf's data, and what cpuperf does about it."""
+    from cpuperf.knowledge.hf_flags import coverage
+    from cpuperf.knowledge.matrix import default_matrix
+
+    if facts.software is None:
+        return []
+    m = default_matrix()
+    out: List[Finding] = []
+    torch = _pkg(facts, "torch")
+    if torch is not None and m.torch:
+        newest = m.torch[-1].version
+        try:
+            v = Version(Version(torch.version).base_version)
+        except InvalidVersion:
+            v = None
+        if v is not None and v > newest:
+            out.append(Finding(
+                "torch-newer-than-data", "info",
+                f"torch {torch.version} is newer than cpuperf's data (data ends at torch {newest}): its wheels and the "
+                "Intel add-ons' support for it are not checked; install plans pin only releases in the data",
+                _REGEN))
+    for name in ("transformers", "accelerate"):
+        info = _pkg(facts, name)
+        if info is None:
+            continue
+        cov = coverage(name, info.version)
+        what = "Trainer flags" if name == "transformers" else "accelerate config keys and launch flags"
+        if cov.kind == "patch":
+            out.append(Finding(f"{name}-newer-than-data", "info",
+                               f"{name} {info.version} is newer than cpuperf's data (data ends at {name} "
+                               f"{cov.through}): a patch release, so the {cov.through} {what} are used as they are",
+                               _REGEN))
+        elif cov.kind == "minor":
+            out.append(Finding(f"{name}-newer-than-data", "info",
+                               f"{name} {info.version} is newer than cpuperf's data (data ends at {name} "
+                               f"{cov.through}): the {cov.through} {what} are carried over, except those "
+                               "recorded as deprecated or removed", _REGEN))
+        elif cov.kind == "major":
+            out.append(Finding(f"{name}-newer-than-data", "warning",
+                               f"{name} {info.version} is newer than cpuperf's data (data ends at {name} "
+                               f"{cov.through}): a new major release, so cpuperf renders no {what} for it",
+                               _REGEN))
+        elif cov.note:
+            out.append(Finding(f"{name}-outside-data", "warning", cov.note, _REGEN))
+    return out
+
+
 CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
     check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries, check_stack, check_gpus,
-    check_load,
+    check_load, check_data_age,
 ]
 
 

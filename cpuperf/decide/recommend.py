@@ -111,6 +111,23 @@ def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -
                     "(run `cpuperf bench`)")
 
 
+def _non_x86_math_mode(facts: HostFacts) -> str:
+    """Why fp32 matmuls stay fp32 on Arm / POWER, in the host's own terms."""
+    cpu = facts.cpu
+    where = f"{cpu.arch} ({cpu.microarchitecture})"
+    if cpu.arch == "aarch64":
+        if "bf16" in cpu.isa:
+            return (f"{where} has Arm BF16 (bf16 in cpuinfo Features): cpuperf uses it through dtype=bf16 where a "
+                    "measurement shows it faster, and keeps fp32 matmuls in fp32 (no implicit precision trade)")
+        return f"{where} has no Arm BF16 extension: fp32 matmuls have no faster reduced-precision path here"
+    if cpu.arch == "ppc64le":
+        if "mma" in cpu.isa:
+            return (f"{where} has POWER10 MMA, but PyTorch's fp32-to-bf16 matmul mode is a oneDNN feature that does "
+                    "not target POWER: fp32 matmuls stay fp32")
+        return f"{where} has no MMA (it arrived with POWER10): fp32 matmuls have no reduced-precision path here"
+    return f"{where}: no reduced-precision matmul path is known for this CPU"
+
+
 # -- memory plan ------------------------------------------------------------------------------------
 
 def _activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool) -> float:
@@ -273,6 +290,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
     else:
         backend = fixed.get("ddp_backend")
         want_ccl = backend == "ccl" or (backend is None and "ddp_backend" not in fixed and facts.software is not None
+                                        and facts.cpu.arch == "x86_64"
                                         and cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python).ccl_available)
         asked = fixed.get("nproc_per_node") or (ctx.ranks_from[0] if ctx.ranks_from else None)
         placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
@@ -346,11 +364,15 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
     ctx.choose("dtype", dtype, why, evidence)
     if ctx.fixed.get("tf32"):
-        raise UsageError("tf32 is an NVIDIA GPU mode", hint="on a CPU, fp32_math_mode=bf16 plays that part (AMX hosts)")
+        raise UsageError("tf32 is an NVIDIA GPU mode",
+                         hint="on a CPU, fp32_math_mode=bf16 plays that part (AMX hosts)" if facts.cpu.arch == "x86_64"
+                         else "on this CPU, dtype=bf16 is the reduced-precision route where it measures faster")
     ctx.choose("tf32", False, "TF32 is an NVIDIA GPU mode", {})
     tv = _version(ctx.torch)
     mm = tuning["fp32_math_mode"]
-    if amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
+    if facts.cpu.arch != "x86_64":
+        ctx.choose("fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
+    elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
         ctx.choose("fp32_math_mode", mm["value"], "AMX host with torch >= " + mm["min_torch"] +
                    ": oneDNN runs remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision)",
                    {"torch": ctx.torch}, needs_torch=True)
@@ -374,6 +396,13 @@ def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
         return
     if asked == "nccl":
         raise UsageError("ddp_backend=nccl needs NVIDIA GPUs", hint="use gloo (or ccl with oneccl_bind_pt) on CPUs")
+    if ctx.facts.cpu.arch != "x86_64":
+        why = _no_intel_build("the oneCCL bindings (oneccl_bind_pt)", ctx.facts)
+        if asked == "ccl":
+            raise UsageError(f"ddp_backend=ccl cannot run here: {why}", hint="use ddp_backend=gloo")
+        ctx.choose("ddp_backend", "gloo", f"gloo, PyTorch's built-in CPU backend: {why}",
+                   {"oneccl_bind_pt": ctx.stack.get("oneccl_bind_pt"), "torch": ctx.torch})
+        return
     backend = cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python)
     if asked == "ccl" and not backend.ccl_available:
         raise UsageError(f"ddp_backend=ccl cannot run here: {backend.reason.removeprefix('gloo: ')}",
@@ -382,15 +411,27 @@ def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
                {"oneccl_bind_pt": ctx.stack.get("oneccl_bind_pt"), "torch": ctx.torch})
 
 
+def _no_intel_build(what: str, facts: HostFacts) -> str:
+    """Why an Intel CPU add-on does not apply to an Arm or POWER host, naming what the host is."""
+    cpu = facts.cpu
+    return f"{what} has no {cpu.arch} build: it does not apply to this {cpu.arch} ({cpu.microarchitecture}) host"
+
+
 def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
     facts = ctx.facts
     ok, why = addon_compatible("ipex", ctx.torch, ctx.stack.get("intel_extension_for_pytorch"), ctx.python)
+    if ctx.fixed.get("ipex") and not on_gpu and facts.cpu.arch != "x86_64":
+        raise UsageError(f"ipex=true cannot run here: {_no_intel_build('IPEX', facts)}",
+                         hint="use compile=true: torch.compile is the portable way to fuse CPU kernels")
     if ctx.fixed.get("ipex") and (on_gpu or not ok):
         raise UsageError(f"ipex=true cannot run here: {'IPEX is for CPU training' if on_gpu else why}",
                          hint="cpuperf compat --with ipex shows the matching wheels, or use compile=true")
     evidence = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
     if on_gpu:
         ctx.choose("ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {})
+    elif facts.cpu.arch != "x86_64":
+        ctx.choose("ipex", False, _no_intel_build("IPEX (intel_extension_for_pytorch)", facts) +
+                   "; torch.compile (compile=true) is the portable way to fuse CPU kernels", evidence)
     elif not ok:
         if newer_than_last("ipex", ctx.torch):
             why += f" (IPEX is {retirement('ipex')}: {alternative('ipex')})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import FrozenSet, Optional
 
-from cpuperf.knowledge.hf_flags import data_note, effective_version
+from cpuperf.knowledge.hf_flags import coverage, data_note, option_valid
 from cpuperf.knowledge.matrix import Matrix
 
 __all__ = ["config_keys", "data_note", "launch_flag_ok"]
@@ -23,18 +23,14 @@ def _matrix(matrix: Optional[Matrix]) -> Matrix:
 def config_keys(accelerate_version: Optional[str], matrix: Optional[Matrix] = None) -> FrozenSet[str]:
     """Config-file keys valid for that release (newest checked when None); empty outside the data."""
     m = _matrix(matrix)
-    version = effective_version("accelerate", accelerate_version, m)
-    if version is None:
-        return frozenset()
+    cov = coverage("accelerate", accelerate_version, m)
     return frozenset(r.name for r in m.hf
-                     if r.package == "accelerate" and r.kind == "config-key" and r.valid_in(version))
+                     if r.package == "accelerate" and r.kind == "config-key" and option_valid(r, cov))
 
 
 def launch_flag_ok(flag: str, accelerate_version: Optional[str], matrix: Optional[Matrix] = None) -> bool:
     """True when `accelerate launch` of that release accepts `flag` (e.g. --num_cpu_threads_per_process)."""
     m = _matrix(matrix)
-    version = effective_version("accelerate", accelerate_version, m)
-    if version is None:
-        return False
-    return any(r.package == "accelerate" and r.kind == "launch-flag" and r.name == flag and r.valid_in(version)
+    cov = coverage("accelerate", accelerate_version, m)
+    return any(r.package == "accelerate" and r.kind == "launch-flag" and r.name == flag and option_valid(r, cov)
                for r in m.hf)

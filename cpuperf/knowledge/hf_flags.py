@@ -1,16 +1,25 @@
 """Which TrainingArguments flags an installed transformers version accepts (data: compat/hf.toml).
 
-Only rows marked verified count, and only for releases up to the newest one the data was checked
-against: for a newer (or unparsable) release no flag is offered, since any guess could be rejected.
+Only rows marked verified count. A release the data does not list is placed against the newest
+release it was checked against (`through`, from [[hf_data]]):
+
+- a patch of that minor (through 5.23.0, installed 5.23.4) inherits the minor's rows unchanged;
+- a newer minor of the same major (5.24.0) inherits every option valid at `through` that is not
+  recorded as deprecated or removed, with the note "data ends at X";
+- a new major (6.0.0), or an unparsable version, gets nothing: any guess could be rejected.
+
+A deprecated option whose replacement (`replacement = "--name"`, a rename) exists in the release is
+never offered: the current spelling is.
 """
 
 from __future__ import annotations
 
-from typing import FrozenSet, Optional
+from dataclasses import dataclass
+from typing import AbstractSet, Dict, FrozenSet, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from cpuperf.knowledge.matrix import ENV_DIR, Matrix
+from cpuperf.knowledge.matrix import ENV_DIR, HfOption, Matrix
 
 # cpuperf's flag ids -> the option names in compat/hf.toml
 FLAG_ROWS = {
@@ -18,7 +27,8 @@ FLAG_ROWS = {
     "ddp_backend_ccl": "ddp_backend=ccl", "ddp_backend_gloo": "ddp_backend=gloo",
     "ddp_backend_xccl": "ddp_backend=xccl",
     "ddp_backend_nccl": "ddp_backend=nccl", "ddp_backend_mpi": "ddp_backend=mpi", "bf16": "bf16", "fp16": "fp16", "tf32": "tf32",
-    "gradient_checkpointing": "gradient_checkpointing", "optim": "optim",
+    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "activation_checkpointing",
+    "optim": "optim",
     "optim_adamw": "optim=adamw_torch", "optim_fused": "optim=adamw_torch_fused",
     "optim_adafactor": "optim=adafactor", "optim_8bit": "optim=adamw_bnb_8bit",
     "torch_compile": "torch_compile", "jit_mode_eval": "jit_mode_eval",
@@ -27,6 +37,7 @@ FLAG_ROWS = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "dataloader_num_workers": "dataloader_num_workers", "dataloader_pin_memory": "dataloader_pin_memory",
 }
+_FLAG_OF_ROW = {row: flag for flag, row in FLAG_ROWS.items()}
 
 
 def _matrix(matrix: Optional[Matrix]) -> Matrix:
@@ -35,47 +46,162 @@ def _matrix(matrix: Optional[Matrix]) -> Matrix:
     return matrix if matrix is not None else default_matrix()
 
 
-def data_note(package: str, version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[str]:
-    """Why nothing is rendered for this `package` release (newer than the data, or unparsable); None if known."""
-    if not version:
-        return None
+@dataclass(frozen=True)
+class Coverage:
+    """Where an installed release stands against the data.
+
+    kind: 'known' (inside the data), 'patch' (a patch of the newest checked minor), 'minor' (a newer minor
+    of a known major: options carried over), 'major' (a new major: nothing rendered), 'invalid', 'none'
+    (no data for the package). `at`: the release the rows are evaluated at (None = render nothing).
+    """
+
+    package: str
+    installed: Optional[str]
+    kind: str
+    at: Optional[Version]
+    through: Optional[Version]
+    note: Optional[str]
+
+    @property
+    def inherited(self) -> bool:
+        """True when options are carried over from `through` to a newer minor (deprecated/removed ones dropped)."""
+        return self.kind == "minor"
+
+
+def coverage(package: str, version: Optional[str], matrix: Optional[Matrix] = None) -> Coverage:
+    """Place an installed `package` release against the data (see the module docstring)."""
     m = _matrix(matrix)
     through = m.hf_through(package)
+    if not version:
+        return Coverage(package, None, "known", through, through, None)
     try:
         v = Version(version)
     except InvalidVersion:
-        return f"{package} {version} is not a PEP 440 version: no {package} options rendered"
+        return Coverage(package, version, "invalid", None, through,
+                        f"{package} {version} is not a PEP 440 version: no {package} options rendered")
     if through is None:
-        return f"no {package} release is covered by cpuperf's data: no {package} options rendered"
-    if Version(v.base_version) > through:
-        return (f"{package} {version} is newer than cpuperf's data (data ends at {package} {through}; "
-                f"extend with {ENV_DIR}): no {package} options rendered")
-    return None
+        return Coverage(package, version, "none", None, None,
+                        f"no {package} release is covered by cpuperf's data: no {package} options rendered")
+    base = Version(v.base_version)
+    if base <= through:
+        return Coverage(package, version, "known", base, through, None)
+    ends = f"data ends at {package} {through}"
+    if base.release[:2] == through.release[:2]:
+        return Coverage(package, version, "patch", base, through,
+                        f"{package} {version} is a patch release of {through.major}.{through.minor} newer than "
+                        f"cpuperf's data ({ends}): the {through.major}.{through.minor} options apply")
+    if base.major == through.major:
+        return Coverage(package, version, "minor", through, through,
+                        f"{package} {version} is newer than cpuperf's data ({ends}; extend with {ENV_DIR}): "
+                        f"options of {package} {through} carried over, except those recorded deprecated or removed")
+    return Coverage(package, version, "major", None, through,
+                    f"{package} {version} is a new major release, newer than cpuperf's data ({ends}; extend with "
+                    f"{ENV_DIR}): no {package} options rendered")
+
+
+def data_note(package: str, version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[str]:
+    """Why the rendering for this `package` release is reduced or extrapolated; None if the data covers it."""
+    return coverage(package, version, matrix).note
+
+
+def option_valid(row: HfOption, cov: Coverage) -> bool:
+    """True when `row` applies to the installed release placed by `cov`."""
+    if cov.at is None or not row.valid_in(cov.at):
+        return False
+    if cov.inherited and (row.deprecated is not None or row.removed is not None):
+        return False  # a newer minor may already have dropped what the data calls deprecated
+    return True
 
 
 def effective_version(package: str, version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[Version]:
-    """The release to check options against: the installed one, or the newest checked when none is installed;
-    None when the installed release is outside the data (see data_note)."""
-    m = _matrix(matrix)
-    if not version:
-        return m.hf_through(package)
-    if data_note(package, version, m) is not None:
-        return None
-    return Version(version)
+    """The release to check options against: the installed one (or the newest checked for a newer patch/minor,
+    or when none is installed); None when nothing may be rendered (see data_note)."""
+    return coverage(package, version, matrix).at
+
+
+def renamed_to(row: HfOption) -> Optional[str]:
+    """The option a deprecated row was renamed to (`replacement = "--name"`), or None for advice text."""
+    text = row.replacement.strip()
+    if text.startswith("--") and " " not in text:
+        return text[2:]
+    return None
+
+
+def _rows(m: Matrix, package: str = "transformers") -> Dict[str, HfOption]:
+    return {row.name: row for row in m.hf if row.package == package}
+
+
+def _superseded(row: HfOption, cov: Coverage, rows: Dict[str, HfOption]) -> bool:
+    """Deprecated at the installed release, with a replacement that the release has."""
+    if row.deprecated is None or cov.at is None or Version(cov.at.base_version) < row.deprecated:
+        return False
+    new = renamed_to(row)
+    if new is None:
+        return True  # deprecated with advice only (e.g. use_ipex): not offered; why_not() says what instead
+    return new in rows and option_valid(rows[new], cov)
 
 
 def supported_flags(transformers_version: Optional[str], matrix: Optional[Matrix] = None) -> FrozenSet[str]:
-    """Flag ids valid for that version; with no transformers installed, those of the newest checked release."""
+    """Flag ids to offer for that version (never a deprecated spelling); with no transformers installed, those of
+    the newest checked release."""
     m = _matrix(matrix)
-    version = effective_version("transformers", transformers_version, m)
-    if version is None:
-        return frozenset()
-    rows = {row.name: row for row in m.hf if row.package == "transformers"}
+    cov = coverage("transformers", transformers_version, m)
+    rows = _rows(m)
     ok = set()
     for flag, name in FLAG_ROWS.items():
         row = rows.get(name)
-        if row is not None and row.valid_in(version):
+        if row is not None and option_valid(row, cov) and not _superseded(row, cov, rows):
             ok.add(flag)
-    if "use_cpu" in ok:
-        ok.discard("no_cuda")  # a deprecated flag still works, but its replacement is preferred
     return frozenset(ok)
+
+
+def current_flag(flag: str, transformers_version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[str]:
+    """The option to emit for cpuperf's `flag` in that release: its own, or the one it was renamed to; None."""
+    m = _matrix(matrix)
+    return spelling(flag, supported_flags(transformers_version, m), transformers_version, m)
+
+
+def spelling(flag: str, ok: AbstractSet[str], transformers_version: Optional[str] = None,
+             matrix: Optional[Matrix] = None) -> Optional[str]:
+    """The option name that says cpuperf's `flag` in that release: its own when `flag` is in `ok`
+    (supported_flags), else the option it was renamed to (followed through the data's `replacement = "--name"`
+    rows, also to options cpuperf has no id for) when the release has it; None if neither."""
+    m = _matrix(matrix)
+    rows = _rows(m)
+    cov = coverage("transformers", transformers_version, m)
+    name = FLAG_ROWS.get(flag, flag)
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        known = _FLAG_OF_ROW.get(name)
+        row = rows.get(name)
+        if known is not None and known in ok:
+            return name
+        if known is None and row is not None and option_valid(row, cov) and not _superseded(row, cov, rows):
+            return name  # a rename target only the data knows
+        new = renamed_to(row) if row is not None else None
+        if new is None:
+            return None
+        name = new
+    return None
+
+
+def why_not(flag: str, transformers_version: Optional[str], matrix: Optional[Matrix] = None) -> str:
+    """Why `flag` is not offered for that release: not yet in it, removed, deprecated (and what instead)."""
+    m = _matrix(matrix)
+    cov = coverage("transformers", transformers_version, m)
+    release = f"transformers {transformers_version or cov.through or '(not installed)'}"
+    row = _rows(m).get(FLAG_ROWS.get(flag, ""))
+    if cov.at is None:
+        return cov.note or f"not in {release}"
+    if row is None or not row.verified:
+        return f"not in {release} (no verified data)"
+    instead = f": use {row.replacement}" if row.replacement else ""
+    if row.removed is not None and Version(cov.at.base_version) >= row.removed:
+        return f"removed in transformers {row.removed}{instead}"
+    if row.introduced is not None and Version(cov.at.base_version) < row.introduced:
+        return f"not in {release} (added in {row.introduced})"
+    if row.deprecated is not None:
+        gone = f", removed in {row.removed}" if row.removed is not None else ""
+        return f"deprecated since transformers {row.deprecated}{gone}{instead}"
+    return f"not in {release}"

@@ -703,7 +703,8 @@ def installed_findings(
     if ccl_s:
         cv = parse_version(ccl_s, "oneccl_bind_pt version")
         notice = m.eol_notice("oneccl")
-        if cv.local and cv.local.startswith("xpu"):
+        xpu_labels = {r.local.lstrip("+") for r in m.oneccl if r.device == "xpu" and r.local} | {"xpu"}
+        if cv.local and (cv.local.startswith("xpu") or cv.local in xpu_labels):
             add("oneccl-xpu-build", "error",
                 f"oneccl_bind_pt {cv} is the Intel GPU (XPU) build; it is not a CPU wheel",
                 _fix_oneccl(m, torch_v, py, plat))

@@ -25,7 +25,8 @@ HF_MODES = ("auto", "always", "never")
 _HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
 # Flags that say the same thing in different words: one given by the user rules out the others.
 _EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend", "--bf16_full_eval", "--fp16_full_eval"),
-              ("--use_cpu", "--no_cuda"), ("--torch_compile", "--torch_compile_backend", "--torch_compile_mode"),
+              ("--use_cpu", "--no_cuda"), ("--activation_checkpointing", "--gradient_checkpointing"),
+              ("--torch_compile", "--torch_compile_backend", "--torch_compile_mode"),
               ("--optim", "--optim_args"))
 # Launchers a user may put in front of their script; the module forms of python -m.
 _MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -222,19 +223,24 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
                 supported: Optional[Set[str]] = None,
                 bf16_gemm_ratio: Optional[float] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer flags that only change speed, candidates left out with why); hyperparameters only when --set."""
-    if supported is None:
-        from cpuperf.knowledge.hf_flags import supported_flags
+    from cpuperf.knowledge.hf_flags import FLAG_ROWS, spelling, supported_flags
+    from cpuperf.knowledge.hf_flags import why_not as flag_why_not
 
+    if supported is None:
         supported = set(supported_flags(transformers_version))
     ok = supported
     out: List[Flag] = []
     skipped: List[Tuple[str, str]] = []
 
     def want(flag_id: str, args: Tuple[str, ...], why: str) -> None:
-        if flag_id in ok:
+        # the current spelling for the installed release: a renamed option is emitted under its new name
+        chosen = spelling(flag_id, ok, transformers_version)
+        if chosen is None:
+            skipped.append((args[0], flag_why_not(flag_id, transformers_version)))
+        elif chosen == FLAG_ROWS.get(flag_id, flag_id):
             out.append(Flag(args, why))
         else:
-            skipped.append((args[0], f"not in transformers {transformers_version or '(not installed)'}"))
+            out.append(Flag(("--" + chosen, *args[1:]), f"{why} ({args[0]} is deprecated: renamed --{chosen})"))
 
     if values["device"] == "cpu":
         if "use_cpu" in ok or "no_cuda" not in ok:

@@ -53,7 +53,10 @@ def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
         if entry["family"] == family and _model_matches(entry, model, stepping):
             return entry["name"], "model"
     present = set(flags)
-    fits = [e for e in entries if e["features"] and set(e["features"]) <= present]
+    # A family newer than every family the table knows for this vendor (Intel's 18 and 19 followed 6) is a
+    # newer CPU than any row: naming it after an older part by its flags would understate it.
+    newer_family = bool(entries) and family is not None and family > max(e["family"] for e in entries)
+    fits = [] if newer_family else [e for e in entries if e["features"] and set(e["features"]) <= present]
     if fits:
         newest = max(fits, key=lambda e: e["order"])
         # Generations with the same flags cannot be told apart: claim only the oldest of them.

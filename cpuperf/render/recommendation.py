@@ -81,7 +81,8 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
         ("rdzv_backend", "static"),
         ("same_network", "true"),
     ]
-    lines = []
+    note = data_note("accelerate", version)
+    lines = [f"# {note}"] if note else []  # a release past the data: say the keys were carried over
     launch = accelerate_launch_args(rec, version)
     if launch:
         lines.append(f"# threads per rank: accelerate launch {' '.join(launch)} (a launch flag, not a config key)")

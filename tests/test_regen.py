@@ -1,0 +1,145 @@
+"""tools/regen_compat.py: the committed compat/ data equals what the recorded primary inputs give, the
+extractors read the real installed sources the same way, and a drift or a new kernel model is reported.
+The live mode (network) is never run here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from tools import regen_compat as rc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_data_equals_the_recorded_inputs():
+    report = rc.check()
+    assert report.changes == [], "\n".join(report.lines())
+    assert report.missing == [], "\n".join(report.lines())
+
+
+def test_the_check_command_exits_0_on_the_committed_data():
+    proc = subprocess.run([sys.executable, "-m", "tools.regen_compat"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "equals what the recorded inputs give" in proc.stderr
+
+
+def _copy(tmp_path):
+    compat = tmp_path / "compat"
+    shutil.copytree(ROOT / "compat", compat)
+    return compat
+
+
+def test_a_drifted_row_is_reported_and_rewritten(tmp_path):
+    compat = _copy(tmp_path)
+    hf = compat / "hf.toml"
+    text = hf.read_text()
+    drifted = text.replace('name = "bf16"\nkind = "trainer-arg"\nintroduced = "4.13.0"',
+                           'name = "bf16"\nkind = "trainer-arg"\nintroduced = "4.10.0"')
+    assert drifted != text
+    hf.write_text(drifted)
+    (compat / "microarch.toml").write_text((compat / "microarch.toml").read_text().replace("models = [213]",
+                                                                                        "models = [212]"))
+    texts, report = rc.regenerate(compat, rc.FIXTURES)
+    fields = {(c.file, c.field, c.old, c.new) for c in report.changes}
+    assert ("hf.toml", "introduced", '"4.10.0"', '"4.13.0"') in fields
+    assert ("microarch.toml", "models", "[212]", "[213]") in fields
+    assert texts["hf.toml"] == text  # the rewrite restores exactly the committed text
+
+
+def test_a_new_kernel_model_is_reported(tmp_path):
+    fixtures = tmp_path / "fx"
+    shutil.copytree(rc.FIXTURES, fixtures)
+    header = fixtures / "intel-family.h"
+    header.write_text(header.read_text().replace("/* \"Small Core\"",
+                                                 "#define INTEL_RAZORLAKE\t\t\tIFM(18, 0x05)\n\n/* \"Small Core\"", 1))
+    report = rc.check(ROOT / "compat", fixtures)
+    assert any("INTEL_RAZORLAKE IFM(18, 0x05)" in m for m in report.missing)
+
+
+def test_every_intel_define_is_mapped_or_deliberately_ignored():
+    _, unknown = rc.intel_models((rc.FIXTURES / "intel-family.h").read_text())
+    assert unknown == []
+    parsed = rc.parse_intel_family((rc.FIXTURES / "intel-family.h").read_text())
+    assert ("NOVALAKE", 18, 0x01) in parsed and ("DIAMONDRAPIDS_X", 19, 0x01) in parsed
+
+
+def test_amd_switch_parses_to_the_kernel_generations():
+    ranges = rc.amd_ranges((rc.FIXTURES / "amd-zen.c").read_text())
+    assert ranges[("zen", 0x17)] == [[0x00, 0x2f], [0x50, 0x5f]]
+    assert ranges[("zen6", 0x1a)] == [[0x50, 0x5f], [0x80, 0xaf], [0xc0, 0xcf]]
+    assert set(ranges) == {("zen", 0x17), ("zen2", 0x17), ("zen3", 0x19), ("zen4", 0x19), ("zen5", 0x1a),
+                           ("zen6", 0x1a)}
+
+
+def _records(name):
+    return json.loads((rc.FIXTURES / name).read_text())["releases"]
+
+
+def test_the_installed_transformers_reads_as_recorded():
+    transformers = pytest.importorskip("transformers")
+    import importlib.metadata
+
+    version = importlib.metadata.version("transformers")
+    records = _records("transformers_training_args.json")
+    if version not in records:
+        pytest.skip(f"transformers {version} is not a recorded release")
+    source = Path(transformers.__file__).with_name("training_args.py").read_text()
+    assert rc.extract_training_args(source, rc._tracked()) == records[version]
+
+
+def test_the_installed_accelerate_reads_as_recorded():
+    pytest.importorskip("accelerate")
+    import importlib.metadata
+    import importlib.util
+
+    version = importlib.metadata.version("accelerate")
+    records = _records("accelerate_config_args.json")
+    if version not in records:
+        pytest.skip(f"accelerate {version} is not a recorded release")
+    spec = importlib.util.find_spec("accelerate.commands.config.config_args")
+    assert spec is not None and spec.origin is not None
+    assert rc.extract_config_keys(Path(spec.origin).read_text()) == records[version]
+
+
+def test_deprecations_are_read_from_the_sources():
+    records = _records("transformers_training_args.json")
+    assert "gradient_checkpointing" in records["5.23.0"]["deprecated"]
+    assert "activation_checkpointing" in records["5.23.0"]["present"]
+    assert "activation_checkpointing" not in records["5.22.2"]["present"]
+    assert "no_cuda" in records["4.32.0"]["deprecated"] and "no_cuda" not in records["4.31.0"]["deprecated"]
+    assert "use_ipex" in records["4.53.0"]["deprecated"] and "use_ipex" not in records["4.57.0"]["present"]
+
+
+def test_derive_ranges_edges():
+    recs = {"1.0.0": {"present": []}, "1.1.0": {"present": ["a"]}, "1.2.0": {"present": ["a"], "deprecated": ["a"]},
+            "1.10.0": {"present": []}}
+    assert rc.derive_ranges(recs, "a") == ("1.1.0", "1.2.0", "1.10.0")  # versions sort as versions, not text
+    assert rc.derive_ranges(recs, "b") == (None, None, None)
+
+
+def test_torch_wheel_names_give_python_tags():
+    names = ["torch-1.10.0-cp36-cp36m-manylinux1_x86_64.whl", "torch-2.9.0-cp314-cp314t-manylinux_2_28_aarch64.whl",
+             "torch-2.9.0-cp313-cp313-manylinux_2_28_x86_64.whl", "torch-2.9.0-cp313-cp313-win_amd64.whl"]
+    got = rc.torch_pythons(names)
+    assert got["1.10.0"] == {"linux_x86_64": ["3.6"]}
+    assert got["2.9.0"] == {"linux_aarch64": ["3.14t"], "linux_x86_64": ["3.13"]}
+    assert Version("2.9.0") in {Version(v) for v in got}
+
+
+def test_a_newer_recorded_release_moves_the_data_end(tmp_path):
+    fixtures = tmp_path / "fx"
+    shutil.copytree(rc.FIXTURES, fixtures)
+    path = fixtures / "transformers_training_args.json"
+    data = json.loads(path.read_text())
+    data["releases"]["5.24.0"] = data["releases"]["5.23.0"]
+    path.write_text(json.dumps(data))
+    report = rc.check(ROOT / "compat", fixtures)
+    assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()

@@ -1,0 +1,598 @@
+"""Rebuild the derivable columns of compat/ from primary inputs, so anyone can refresh the data after a release.
+
+    python -m tools.regen_compat            # check: the committed data equals what the recorded inputs give
+    python -m tools.regen_compat --write    # rewrite compat/ from the recorded inputs
+    python -m tools.regen_compat --live --write
+        # first re-record the inputs (network: the package registry through pip, the kernel headers from a
+        # local Linux checkout given with --linux DIR), then rewrite compat/
+
+What is derived, and from what (recorded under tests/fixtures/regen/):
+- compat/hf.toml, transformers trainer-arg/value rows: introduced/deprecated/removed, from which options each
+  release's transformers/training_args.py declares (TrainingArguments fields, the ddp_backend choices,
+  OptimizerNames) and which it marks deprecated; one record per minor release (its first wheel) plus the last
+  patch of a major (transformers_training_args.json).
+- compat/hf.toml, accelerate config-key rows: introduced/removed, from the dataclass fields of BaseConfig /
+  ClusterConfig in accelerate/commands/config/config_args.py (the loader rejects any other key)
+  (accelerate_config_args.json).
+- compat/microarch.toml, Intel `models` and AMD `model_ranges`: from Linux arch/x86/include/asm/intel-family.h
+  and the 'Figure out Zen generations' switch of arch/x86/kernel/cpu/amd.c (intel-family.h, amd-zen.c).
+- compat/torch.toml, `python` / `python_aarch64`: from the Linux wheel file names of the registry's simple index
+  for torch (torch_wheels.txt).
+
+Curated columns (replacement, reason, cuda, the macro -> generation map below) stay as written: the script
+only rewrites the derived fields and says which rows the inputs name that the data lacks. The live mode is
+optional and never runs in CI (tests call check() on the recorded inputs only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPAT = ROOT / "compat"
+FIXTURES = ROOT / "tests" / "fixtures" / "regen"
+
+# --------------------------------------------------------------------------- transformers
+
+
+def _string(node: ast.AST) -> Optional[str]:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _help_text(call: ast.AST) -> str:
+    """The metadata help text of a dataclass `field(...)` (concatenated string constants)."""
+    if not isinstance(call, ast.Call):
+        return ""
+    for kw in call.keywords:
+        if kw.arg == "metadata" and isinstance(kw.value, ast.Dict):
+            for key, value in zip(kw.value.keys, kw.value.values):
+                if key is not None and _string(key) == "help":
+                    parts = [n.value for n in ast.walk(value) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                    return " ".join(parts)
+    return ""
+
+
+def _choices(call: ast.AST) -> List[str]:
+    if not isinstance(call, ast.Call):
+        return []
+    for kw in call.keywords:
+        if kw.arg == "metadata" and isinstance(kw.value, ast.Dict):
+            for key, value in zip(kw.value.keys, kw.value.values):
+                if key is not None and _string(key) == "choices" and isinstance(value, (ast.List, ast.Tuple)):
+                    return [s for s in (_string(e) for e in value.elts) if s is not None]
+    return []
+
+
+_DEPRECATED = re.compile(r"deprecat", re.I)
+
+
+def extract_training_args(source: str, tracked: Iterable[str]) -> Dict[str, List[str]]:
+    """{'present': [...], 'deprecated': [...]} among `tracked` option names (NAME or NAME=VALUE) for one release."""
+    tree = ast.parse(source)
+    fields: Dict[str, ast.AST] = {}
+    optims: set = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "TrainingArguments":
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    fields[stmt.target.id] = stmt.value if stmt.value is not None else ast.Constant(None)
+        if isinstance(node, ast.ClassDef) and node.name == "OptimizerNames":
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and _string(stmt.value) is not None:
+                    optims.add(_string(stmt.value))
+    warned = _deprecation_warnings(tree)
+    present, deprecated = [], []
+    for name in tracked:
+        option, _, value = name.partition("=")
+        if option not in fields:
+            continue
+        if value:
+            values = optims if option == "optim" else set(_choices(fields[option]))
+            if value in values:
+                present.append(name)
+            continue
+        present.append(name)
+        help_text = _help_text(fields[option])
+        if _DEPRECATED.search(help_text) and not re.search(r"deprecated (alias|in favor) of `?" + option, help_text) \
+                or option in warned:
+            deprecated.append(name)
+        elif re.search(r"deprecated alias of", help_text, re.I):
+            deprecated.append(name)
+    return {"present": sorted(present), "deprecated": sorted(deprecated)}
+
+
+def _deprecation_warnings(tree: ast.AST) -> set:
+    """Option names a warnings.warn / logger.warning in the module calls deprecated ('`no_cuda` is deprecated')."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("warn", "warning", "warning_once") and node.args:
+            text = " ".join(n.value for n in ast.walk(node.args[0]) if isinstance(n, ast.Constant)
+                            and isinstance(n.value, str))
+            for m in re.finditer(r"`?-?-?(\w+)`? (?:is|has been) deprecated", text):
+                out.add(m.group(1))
+    return out
+
+
+def derive_ranges(records: Mapping[str, Mapping[str, Sequence[str]]], name: str
+                  ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(introduced, deprecated, removed) of `name` over releases oldest to newest: the first release that has
+    it, the first that marks it deprecated, the first after that without it."""
+    introduced = deprecated = removed = None
+    seen = False
+    for release in sorted(records, key=Version):
+        rec = records[release]
+        has = name in rec["present"]
+        if has and not seen:
+            introduced, seen = release, True
+        if has and deprecated is None and name in rec.get("deprecated", ()):
+            deprecated = release
+        if seen and not has and removed is None:
+            removed = release
+    return introduced, deprecated, removed
+
+
+# --------------------------------------------------------------------------- accelerate
+
+
+def extract_config_keys(source: str) -> List[str]:
+    """Dataclass fields of BaseConfig and ClusterConfig in accelerate/commands/config/config_args.py."""
+    tree = ast.parse(source)
+    keys = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name in ("BaseConfig", "ClusterConfig"):
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    keys.add(stmt.target.id)
+    return sorted(keys)
+
+
+# --------------------------------------------------------------------------- CPUs
+
+# intel-family.h macro -> the microarchitecture name in compat/microarch.toml (curated: the kernel names the
+# platform, cpuperf the core generation). Macros not listed are ignored on purpose (pre-AVX CPUs, Atom and
+# Xeon Phi parts cpuperf does not plan for) only if they are in INTEL_IGNORED; any other is reported as new.
+INTEL_NAMES = {
+    "SANDYBRIDGE": "sandybridge", "SANDYBRIDGE_X": "sandybridge", "IVYBRIDGE": "ivybridge", "IVYBRIDGE_X": "ivybridge",
+    "HASWELL": "haswell", "HASWELL_X": "haswell", "HASWELL_L": "haswell", "HASWELL_G": "haswell",
+    "BROADWELL": "broadwell", "BROADWELL_G": "broadwell", "BROADWELL_X": "broadwell", "BROADWELL_D": "broadwell",
+    "SKYLAKE_L": "skylake", "SKYLAKE": "skylake", "KABYLAKE_L": "skylake", "KABYLAKE": "skylake",
+    "COMETLAKE": "skylake", "COMETLAKE_L": "skylake", "SKYLAKE_X": "skylake_avx512+",
+    "CANNONLAKE_L": "cannonlake",
+    "ICELAKE_X": "icelake", "ICELAKE_D": "icelake", "ICELAKE": "icelake", "ICELAKE_L": "icelake",
+    "ICELAKE_NNPI": "icelake", "ROCKETLAKE": "icelake", "TIGERLAKE_L": "icelake", "TIGERLAKE": "icelake",
+    "SAPPHIRERAPIDS_X": "sapphirerapids", "EMERALDRAPIDS_X": "emeraldrapids",
+    "GRANITERAPIDS_X": "graniterapids", "GRANITERAPIDS_D": "graniterapids",
+    "DIAMONDRAPIDS_X": "diamondrapids", "PANTHERCOVE_X": "diamondrapids", "BARTLETTLAKE": "bartlettlake",
+    "LAKEFIELD": "lakefield", "ALDERLAKE": "alderlake", "ALDERLAKE_L": "alderlake",
+    "RAPTORLAKE": "raptorlake", "RAPTORLAKE_P": "raptorlake", "RAPTORLAKE_S": "raptorlake",
+    "METEORLAKE": "meteorlake", "METEORLAKE_L": "meteorlake",
+    "ARROWLAKE_H": "arrowlake", "ARROWLAKE": "arrowlake", "ARROWLAKE_U": "arrowlake", "LUNARLAKE_M": "lunarlake",
+    "PANTHERLAKE_L": "pantherlake", "WILDCATLAKE_L": "wildcatlake", "NOVALAKE": "novalake", "NOVALAKE_L": "novalake",
+    "ATOM_GRACEMONT": "alderlake_n", "ATOM_CRESTMONT_X": "sierraforest", "ATOM_CRESTMONT": "grandridge",
+    "ATOM_DARKMONT_X": "clearwaterforest",
+}
+INTEL_IGNORED = re.compile(r"^(ANY|FAM\d_\w+|PENTIUM\w*|P4_\w+|QUARK\w*|CORE_\w+|CORE2_\w+|NEHALEM\w*|WESTMERE\w*|"
+                           r"ATOM_(BONNELL|SALTWELL|SILVERMONT|AIRMONT|GOLDMONT|TREMONT)\w*|XEON_PHI_\w+)$")
+_IFM = re.compile(r"^#define\s+INTEL_(\w+)\s+IFM\(\s*(\d+)\s*,\s*(0x[0-9A-Fa-f]+|\d+)\s*\)", re.M)
+
+
+def parse_intel_family(text: str) -> List[Tuple[str, int, int]]:
+    """(macro without INTEL_, family, model) for every IFM() define in intel-family.h."""
+    return [(m.group(1), int(m.group(2)), int(m.group(3), 0)) for m in _IFM.finditer(text)]
+
+
+def intel_models(text: str) -> Tuple[Dict[Tuple[str, int], List[int]], List[str]]:
+    """({(name, family): sorted models}, macros the map does not know): Intel rows of microarch.toml."""
+    out: Dict[Tuple[str, int], List[int]] = {}
+    unknown = []
+    for macro, family, model in parse_intel_family(text):
+        name = INTEL_NAMES.get(macro)
+        if name is None:
+            if not INTEL_IGNORED.match(macro):
+                unknown.append(f"INTEL_{macro} IFM({family}, {model:#04x})")
+            continue
+        out.setdefault((name, family), [])
+        if model not in out[(name, family)]:
+            out[(name, family)].append(model)
+    return {k: sorted(v) for k, v in out.items()}, unknown
+
+
+_ZEN_CASE = re.compile(r"case\s+(0x[0-9a-fA-F]+)(?:\s*\.\.\.\s*(0x[0-9a-fA-F]+))?\s*:")
+_ZEN_CAP = re.compile(r"X86_FEATURE_ZEN(\d?)\b")
+
+
+def amd_ranges(text: str) -> Dict[Tuple[str, int], List[List[int]]]:
+    """{(zenN, family): [[lo, hi], ...]} from the 'Figure out Zen generations' switch of amd.c."""
+    start = text.find("Figure out Zen generations")
+    if start < 0:
+        raise ValueError("amd.c: the 'Figure out Zen generations' switch is not there")
+    family: Optional[int] = None
+    pending: List[List[int]] = []
+    out: Dict[Tuple[str, int], List[List[int]]] = {}
+    lines = text[start:].splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        case = _ZEN_CASE.search(stripped)
+        if case and case.group(2) is None and _opens_model_switch(lines, i):
+            family, pending = int(case.group(1), 16), []
+            continue
+        if case:
+            lo = int(case.group(1), 16)
+            pending.append([lo, int(case.group(2), 16) if case.group(2) else lo])
+            continue
+        cap = _ZEN_CAP.search(stripped)
+        if cap and family is not None and pending:
+            name = "zen" + (cap.group(1) if cap.group(1) not in ("", "1") else "")
+            out.setdefault((name, family), []).extend(pending)
+            pending = []
+        if stripped.startswith("default:") and family is not None and not pending and _opens_model_switch(lines, i):
+            break
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _opens_model_switch(lines: Sequence[str], i: int) -> bool:
+    for nxt in lines[i + 1:]:
+        t = nxt.strip()
+        if not t or t.startswith(("/*", "*", "//")):
+            continue
+        return t.startswith("switch (c->x86_model)")
+    return False
+
+
+# --------------------------------------------------------------------------- torch wheels
+
+_WHEEL = re.compile(r"^torch-(?P<v>[^-]+)-(?P<py>cp\d+)-(?P<abi>cp\d+[dmu]*t?)-(?P<plat>[^ ]+)\.whl$")
+
+
+def torch_pythons(filenames: Iterable[str]) -> Dict[str, Dict[str, List[str]]]:
+    """{version: {'linux_x86_64': ['3.10', '3.13t', ...], 'linux_aarch64': [...]}} from wheel file names."""
+    out: Dict[str, Dict[str, set]] = {}
+    for name in filenames:
+        m = _WHEEL.match(name.strip())
+        if not m or "linux" not in m.group("plat"):
+            continue
+        plat = "linux_aarch64" if "aarch64" in m.group("plat") else "linux_x86_64" if "x86_64" in m.group("plat") \
+            else None
+        if plat is None:
+            continue
+        abi = m.group("abi")  # cp36m (pymalloc ABI of 3.7 and older) / cp311 / cp313t (free-threaded)
+        digits = re.sub(r"\D", "", abi)
+        py = f"{digits[0]}.{digits[1:]}" + ("t" if abi.endswith("t") else "")
+        out.setdefault(Version(m.group("v")).public, {}).setdefault(plat, set()).add(py)
+    return {v: {p: sorted(s, key=_py_key) for p, s in plats.items()} for v, plats in out.items()}
+
+
+def _py_key(py: str) -> Tuple[int, int, int]:
+    major, minor = py.rstrip("t").split(".")
+    return int(major), int(minor), int(py.endswith("t"))
+
+
+# --------------------------------------------------------------------------- rewriting the TOML text
+
+
+@dataclass
+class Change:
+    file: str
+    row: str
+    field: str
+    old: str
+    new: str
+
+
+@dataclass
+class Report:
+    changes: List[Change] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)  # what the inputs name that the data has no row for
+
+    def lines(self) -> List[str]:
+        out = [f"{c.file}: {c.row}: {c.field} {c.old} -> {c.new}" for c in self.changes]
+        return out + [f"not in the data: {m}" for m in self.missing]
+
+
+_BLOCK = re.compile(r"(?ms)^\[\[(\w+)\]\]\n.*?(?=^\[\[|^\[|\Z)")
+
+
+def _blocks(text: str) -> List[Tuple[int, int, str, str]]:
+    """(start, end, table, body) of every [[table]] row."""
+    return [(m.start(), m.end(), m.group(1), m.group(0)) for m in _BLOCK.finditer(text)]
+
+
+def _get(body: str, key: str) -> Optional[str]:
+    m = re.search(rf'(?m)^{key} = (.*)$', body)
+    return m.group(1) if m else None
+
+
+def _set(body: str, key: str, value: str) -> str:
+    return re.sub(rf'(?m)^{key} = .*$', lambda _: f"{key} = {value}", body, count=1)
+
+
+def _rewrite(text: str, fname: str, edit, report: Report) -> str:
+    """Apply edit(table, body) -> {field: new TOML value} to each row; record what changed."""
+    out, last = [], 0
+    for start, end, table, body in _blocks(text):
+        new_body = body
+        for key, value in (edit(table, body) or {}).items():
+            old = _get(new_body, key)
+            if old is None or old == value:
+                continue
+            ident = _get(body, "name") or _get(body, "version") or table
+            report.changes.append(Change(fname, f"[[{table}]] {ident}", key, old, value))
+            new_body = _set(new_body, key, value)
+        out.append(text[last:start] + new_body)
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _q(value: Optional[str]) -> str:
+    return json.dumps(value or "")
+
+
+def regen_hf(text: str, fixtures: Path, report: Report) -> str:
+    tf = json.loads((fixtures / "transformers_training_args.json").read_text())["releases"]
+    acc = json.loads((fixtures / "accelerate_config_args.json").read_text())["releases"]
+    acc_records = {v: {"present": keys} for v, keys in acc.items()}
+
+    newest = {"transformers": max(tf, key=Version), "accelerate": max(acc, key=Version)}
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table == "hf_data":  # the rows were checked through the newest recorded release
+            package = json.loads(_get(body, "package") or '""')
+            return {"through": _q(newest[package])} if package in newest else None
+        if table != "hf":
+            return None
+        package, kind, name = (json.loads(_get(body, k) or '""') for k in ("package", "kind", "name"))
+        if package == "transformers" and kind in ("trainer-arg", "value"):
+            intro, dep, gone = derive_ranges(tf, name)
+        elif package == "accelerate" and kind == "config-key":
+            intro, dep, gone = derive_ranges(acc_records, name)
+            dep = json.loads(_get(body, "deprecated") or '""') or None  # the loader does not mark deprecations
+        else:
+            return None
+        if intro is None:
+            report.missing.append(f"{package} {name}: in no recorded release")
+            return None
+        return {"introduced": _q(intro), "deprecated": _q(dep), "removed": _q(gone)}
+
+    return _rewrite(text, "hf.toml", edit, report)
+
+
+def regen_microarch(text: str, fixtures: Path, report: Report) -> str:
+    intel, unknown = intel_models((fixtures / "intel-family.h").read_text())
+    amd = amd_ranges((fixtures / "amd-zen.c").read_text())
+    report.missing.extend(f"intel-family.h {u}" for u in unknown)
+    seen = set()
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table != "x86":
+            return None
+        name, vendor = json.loads(_get(body, "name") or '""'), json.loads(_get(body, "vendor") or '""')
+        family = int(_get(body, "family") or "0")
+        if vendor == "GenuineIntel":
+            key = (name, family)
+            if name in ("skylake_avx512", "cascadelake", "cooperlake"):  # one model, told apart by stepping
+                key = ("skylake_avx512+", family)
+            if key not in intel:
+                report.missing.append(f"microarch.toml {name} (family {family}): no model in intel-family.h")
+                return None
+            seen.add(key)
+            return {"models": "[" + ", ".join(str(m) for m in intel[key]) + "]"}
+        if vendor == "AuthenticAMD" and (name, family) in amd:
+            seen.add((name, family))
+            return {"model_ranges": "[" + ", ".join(f"[{lo}, {hi}]" for lo, hi in amd[(name, family)]) + "]"}
+        return None
+
+    out = _rewrite(text, "microarch.toml", edit, report)
+    report.missing.extend(f"microarch.toml has no row for {n} (family {f}) of the kernel tables"
+                          for n, f in sorted(set(intel) | set(amd)) if (n, f) not in seen)
+    return out
+
+
+def regen_torch(text: str, fixtures: Path, report: Report) -> str:
+    names = (fixtures / "torch_wheels.txt").read_text().split()
+    pythons = torch_pythons(names)
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table != "torch":
+            return None
+        version = json.loads(_get(body, "version") or '""')
+        plats = pythons.get(version)
+        if plats is None:
+            report.missing.append(f"torch {version}: no wheel in the recorded simple index")
+            return None
+        out = {}
+        for plat, key in (("linux_x86_64", "python"), ("linux_aarch64", "python_aarch64")):
+            if plat in plats:
+                out[key] = "[" + ", ".join(json.dumps(p) for p in plats[plat]) + "]"
+        return out
+
+    out = _rewrite(text, "torch.toml", edit, report)
+    known = {json.loads(_get(b, "version") or '""') for _, _, t, b in _blocks(text) if t == "torch"}
+    oldest = min((Version(v) for v in known), default=None)
+    report.missing.extend(f"torch {v}: in the simple index, not in torch.toml" for v in sorted(pythons, key=Version)
+                          if v not in known and oldest is not None and Version(v) > oldest
+                          and not Version(v).is_prerelease)
+    return out
+
+
+REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch}
+
+
+def regenerate(compat: Path = COMPAT, fixtures: Path = FIXTURES) -> Tuple[Dict[str, str], Report]:
+    """{file name: regenerated text}, and what changed or is missing, from the recorded inputs."""
+    report = Report()
+    out = {name: fn((compat / name).read_text(encoding="utf-8"), fixtures, report) for name, fn in REGEN.items()}
+    return out, report
+
+
+def check(compat: Path = COMPAT, fixtures: Path = FIXTURES) -> Report:
+    """What regenerating would change (empty changes = the committed data equals the recorded inputs)."""
+    return regenerate(compat, fixtures)[1]
+
+
+# --------------------------------------------------------------------------- live recording (never in CI)
+
+
+def _pip_download(spec: str, dest: str) -> Optional[Path]:
+    before = set(Path(dest).iterdir())
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                           "-d", dest, "-q", spec], capture_output=True, text=True, timeout=600)
+    new = [p for p in Path(dest).iterdir() if p not in before and p.suffix == ".whl"]
+    if proc.returncode != 0 or not new:
+        name = spec.split("==", maxsplit=1)[0]
+        have = [p for p in Path(dest).glob(f"{name}-*.whl") if spec.split("==")[1] in p.name]
+        return have[0] if have else None
+    return new[0]
+
+
+def _versions(package: str) -> List[Version]:
+    proc = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package], capture_output=True,
+                          text=True, timeout=300)
+    m = re.search(r"Available versions: (.*)", proc.stdout)
+    return sorted(Version(v) for v in m.group(1).split(", ")) if m else []
+
+
+def _first_of_each_minor(versions: Iterable[Version], since: Version) -> List[Version]:
+    first: Dict[Tuple[int, int], Version] = {}
+    for v in sorted(versions):
+        if v >= since and not v.is_prerelease:
+            first.setdefault((v.major, v.minor), v)
+    return list(first.values())
+
+
+def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
+    versions = _versions("transformers")
+    wanted = _first_of_each_minor(versions, Version("2.8.0"))
+    for major in {v.major for v in wanted}:  # the last patch of every finished major: where removals show
+        last = max((v for v in versions if v.major == major and not v.is_prerelease), default=None)
+        if last is not None and last not in wanted and any(v.major > major for v in versions):
+            wanted.append(last)
+    releases = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in sorted(wanted):
+            # x.y.0 first even when yanked (pip's index listing hides yanked releases; 4.57.0 is where use_ipex
+            # is gone), else the first release of the minor that has a wheel
+            x0 = Version(f"{v.major}.{v.minor}.0")
+            wheel = _pip_download(f"transformers=={x0}", tmp) if x0 != v else None
+            v = x0 if wheel is not None else v
+            wheel = wheel or _pip_download(f"transformers=={v}", tmp)
+            if wheel is None:
+                continue
+            with zipfile.ZipFile(wheel) as z:
+                names = z.namelist()
+                src = z.read("transformers/training_args.py").decode() if "transformers/training_args.py" in names \
+                    else ""
+            releases[str(v)] = extract_training_args(src, tracked) if src else {"present": [], "deprecated": []}
+            wheel.unlink()
+    _dump(fixtures / "transformers_training_args.json", "transformers/training_args.py of the first wheel of "
+          "every minor release (and the last patch of each finished major)", releases)
+
+
+def record_accelerate(fixtures: Path) -> None:
+    releases = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in _first_of_each_minor(_versions("accelerate"), Version("0.1.0")):
+            wheel = _pip_download(f"accelerate=={v}", tmp)
+            if wheel is None:
+                continue
+            with zipfile.ZipFile(wheel) as z:
+                path = "accelerate/commands/config/config_args.py"
+                releases[str(v)] = extract_config_keys(z.read(path).decode()) if path in z.namelist() else []
+            wheel.unlink()
+    _dump(fixtures / "accelerate_config_args.json", "dataclass fields of BaseConfig/ClusterConfig in "
+          "accelerate/commands/config/config_args.py of the first wheel of every minor release", releases)
+
+
+def record_torch(fixtures: Path) -> None:
+    """The Linux wheel file names of torch in the simple index pip uses (pip's own finder)."""
+    from pip._internal.commands.download import DownloadCommand  # the registry's ordinary client
+
+    cmd = DownloadCommand("download", "")
+    options, _ = cmd.parse_args(["--only-binary", ":all:"])
+    from pip._internal.index.collector import parse_links
+
+    found: set = set()
+
+    def every_link(page_link):  # all files on the page, not only those this Python could install
+        response = finder._link_collector.fetch_response(page_link)
+        if response is not None:
+            found.update(link.filename for link in parse_links(response))
+        return []
+
+    with cmd.main_context():
+        session = cmd.get_default_session(options)
+        finder = cmd._build_package_finder(options=options, session=session)
+        for sources in finder._link_collector.collect_sources(project_name="torch", candidates_from_page=every_link):
+            for source in sources:
+                if source is not None:
+                    list(source.page_candidates())
+    names = sorted(n for n in found if n.endswith(".whl") and "linux" in n)
+    (fixtures / "torch_wheels.txt").write_text("\n".join(names) + "\n")
+
+
+def record_kernel(fixtures: Path, linux: Path) -> None:
+    (fixtures / "intel-family.h").write_text((linux / "arch/x86/include/asm/intel-family.h").read_text())
+    amd = (linux / "arch/x86/kernel/cpu/amd.c").read_text()
+    start = amd.index("\t/* Figure out Zen generations: */")
+    end = amd.index("warn:", start)
+    (fixtures / "amd-zen.c").write_text("/* Linux arch/x86/kernel/cpu/amd.c, bsp_init_amd(), excerpt */\n"
+                                        + amd[start:end])
+
+
+def _dump(path: Path, source: str, releases: Mapping[str, object]) -> None:
+    ordered = {k: releases[k] for k in sorted(releases, key=Version)}
+    path.write_text(json.dumps({"source": source, "releases": ordered}, indent=1, sort_keys=False) + "\n")
+
+
+def _tracked() -> List[str]:
+    text = (COMPAT / "hf.toml").read_text()
+    out = []
+    for _, _, table, body in _blocks(text):
+        if table == "hf" and json.loads(_get(body, "package") or '""') == "transformers":
+            out.append(json.loads(_get(body, "name") or '""'))
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.regen_compat", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="rewrite compat/ (default: only say what would change)")
+    ap.add_argument("--live", action="store_true", help="re-record the inputs first (network; never in CI)")
+    ap.add_argument("--linux", type=Path, help="a Linux source checkout to record the kernel tables from")
+    ap.add_argument("--fixtures", type=Path, default=FIXTURES)
+    args = ap.parse_args(argv)
+    if args.live:
+        record_transformers(args.fixtures, _tracked())
+        record_accelerate(args.fixtures)
+        record_torch(args.fixtures)
+        if args.linux:
+            record_kernel(args.fixtures, args.linux)
+    texts, report = regenerate(COMPAT, args.fixtures)
+    for line in report.lines():
+        print(line)
+    if args.write:
+        for name, text in texts.items():
+            (COMPAT / name).write_text(text, encoding="utf-8")
+    if not report.changes:
+        print("compat/ equals what the recorded inputs give", file=sys.stderr)
+    return 1 if report.changes and not args.write else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["check", "regenerate", "extract_training_args", "extract_config_keys", "intel_models", "amd_ranges",
+           "torch_pythons", "derive_ranges"]
