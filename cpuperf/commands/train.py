@@ -286,6 +286,10 @@ def run_train(out: Output, a: TrainArgs) -> int:
     return _execute(out, a, jp, launch)
 
 
+# The README's exit-code table: a stop by signal N exits 128 + N, as a shell reports it.
+_SIGNAL_CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
+
+
 def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
@@ -321,10 +325,11 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
             f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
         hint = "cpuperf train --resume continues from it" if has_ckpt else None
         out.error(message, hint)
+        code = _SIGNAL_CODES.get(res.signal_name or "SIGINT", ExitCode.INTERRUPTED)  # 128 + the signal
         if out.json_mode:
-            out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": message,
+            out.json({"error": {"code": int(code), "name": code.name.lower(), "message": message,
                                 "hint": hint}, "launch": launch})
-        return int(ExitCode.INTERRUPTED)
+        return int(code)
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
     result = _result(jp, res, summary, launch, verification)
