@@ -191,7 +191,7 @@ def train(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Global batch (samples per optimizer step)."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
-    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run directory (default runs/train): metrics, checkpoint, logs/."),
+    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run directory: metrics, checkpoint, logs/ (default: a new runs/train/version_N per run; with --resume the newest)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (--auto: one per socket)."),
     nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (default: the hostfile's hosts, or the Slurm allocation's)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This node's index in the hostfile (torchrun; default: found from its addresses)."),

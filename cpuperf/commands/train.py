@@ -214,7 +214,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     launcher, _ = choose_launcher(a.launcher, world, nnodes, slurm_allocation(environ), mpi)
     node_rank, local_addr = _where(a, hosts, nnodes, launcher)
     master, ifname = _interface(a, hosts, nnodes, environ)
-    out_dir = os.path.abspath(a.out_dir or "runs/train")
+    out_dir = _out_dir(a)
     worker = _hf_config_shape(rec.workload, worker)
     request = JobRequest(auto=a.auto, constraints=worker, user_argv=tuple(a.user_argv), hosts=hosts, nnodes=nnodes,
                          node_rank=node_rank, launcher=a.launcher, master_addr=master, master_port=a.master_port,
@@ -232,6 +232,20 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     return plan_job(facts, rec, request, environ=environ, rank_command=cmd, settings=settings,
                     mpi=mpi[1] if (mpi and a.launcher == "mpirun") else None, socket_ifname=ifname,
                     log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf)
+
+
+def _out_dir(a: TrainArgs) -> str:
+    """--out as given; else a new runs/train/version_N per run (the newest one with --resume)."""
+    if a.out_dir is not None:
+        return os.path.abspath(a.out_dir)
+    from cpuperf.train.rundir import default_run_dir
+
+    try:
+        return default_run_dir(resume=a.resume, create=not a.dry_run)
+    except OSError as exc:
+        from cpuperf.errors import from_os_error
+
+        raise from_os_error(exc) from None
 
 
 def _preset(model: Optional[str]) -> Optional[str]:
@@ -299,7 +313,8 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
         out.info(f"note: {note}")
     out.info(f"cpuperf train: {plan.launcher} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
-             + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)"))
+             + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)")
+             + f"; run directory {jp.request.out_dir}")
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
