@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import typer
 
@@ -56,6 +56,35 @@ def _finite(option: str, value: float, maximum: Optional[float] = None) -> float
     return value
 
 
+def _addons(value: Optional[str]) -> Tuple[str, ...]:
+    """--with LIST: comma-separated add-on names, none empty (`--with ''`, `ipex,`), each once."""
+    import re
+
+    from cpuperf.errors import UsageError
+
+    if value is None:
+        return ()
+    names = [w.strip() for w in value.split(",")]
+    hint = "e.g. --with ipex,oneccl"
+    if any(not n for n in names):
+        raise UsageError(f"--with {value!r}: an empty add-on name", hint=hint)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+            raise UsageError(f"--with {value!r}: {name!r} is not a package name", hint=hint)
+    return tuple(dict.fromkeys(names))
+
+
+def _platform_tag(value: Optional[str]) -> Optional[str]:
+    """--platform: a wheel platform tag (linux_x86_64); empty or not a tag is a usage error."""
+    import re
+
+    from cpuperf.errors import UsageError
+
+    if value is not None and not re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", value):
+        raise UsageError(f"--platform {value!r} is not a platform tag", hint="linux_x86_64 or linux_aarch64")
+    return value
+
+
 def _finish(code: int) -> None:
     if code:
         raise typer.Exit(code)
@@ -96,7 +125,7 @@ def install(
 ) -> None:
     """Install the matching torch (+ IPEX, oneCCL) wheels; verify; restore the environment on failure."""
     from cpuperf.commands import install as cmd
-    opts = cmd.Options(torch=torch, with_=tuple((with_ or "").split(",")) if with_ else (), python=python,
+    opts = cmd.Options(torch=torch, with_=_addons(with_), python=python,
                        venv=venv, dry_run=dry_run, yes=yes, index_url=index_url, find_links=tuple(find_links or ()),
                        download=download, write_lock=write_lock, from_lock=from_lock,
                        allow_cuda_torch=allow_cuda_torch, recover=recover)
@@ -120,7 +149,9 @@ def compat(
 ) -> None:
     """The torch / IPEX / oneCCL compatibility matrix, and the exact pins for your Python and torch."""
     from cpuperf.commands import compat as cmd
-    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
+    addons = _addons(with_)
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, ",".join(addons) or None, why_not,
+                    _platform_tag(platform)))
 
 
 RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."

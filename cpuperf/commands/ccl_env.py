@@ -97,6 +97,10 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     nodes = envplan.node_count(hosts, opts.nnodes)
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
 
+    if opts.python is not None:
+        from cpuperf.probe import check_python
+
+        check_python(opts.python)
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     facts = probe_host(sysroot=opts.sysroot, python=opts.python)  # the stack as every command sees it
     rec = _decisions(facts, opts, nodes, env)

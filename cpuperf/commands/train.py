@@ -82,8 +82,10 @@ def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     def log(msg: str) -> None:
         sys.stderr.write(f"cpuperf train: {msg}\n")
 
-    if (a.auto and not a.dry_run and facts.live and not facts.gpus
-            and environ.get("CPUPERF_MEASURE", "1") != "0"):
+    measure_ok = environ.get("CPUPERF_MEASURE", "1").strip() or "1"
+    if measure_ok not in ("0", "1"):
+        raise UsageError(f"CPUPERF_MEASURE={measure_ok[:40]!r} is not 0 or 1", hint="unset it, or 0 to skip measuring")
+    if a.auto and not a.dry_run and facts.live and not facts.gpus and measure_ok == "1":
         # Where a rule is unsure (native bf16 that may still be slower; an allocator that may or may
         # not help), measure once and cache per host and torch build; a cached one taken under load,
         # unsteady or expired is measured again; CPUPERF_MEASURE=0 skips it.
@@ -165,10 +167,11 @@ def _read_script(path: Optional[str]) -> Optional[str]:
     """The user's script text, to see how it parses its arguments (None: unreadable)."""
     if not path:
         return None
+    from cpuperf.fsutil import InputRefused, read_text_capped
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
+        return read_text_capped(path, errors="replace")
+    except (OSError, InputRefused):
         return None
 
 
