@@ -207,6 +207,18 @@ def bench(
                         refresh))
 
 
+@app.command()
+def plot(
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A directory cpuperf train wrote (its metrics.jsonl)."),
+    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write the pictures here (default: RUN_DIR)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Draw a run's loss and samples/s against the step: RUN_DIR/plot.svg, and plot.png with matplotlib."""
+    from cpuperf.commands import plot as cmd
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), run_dir, out_dir))
+
+
 TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."
 
 

@@ -351,11 +351,26 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
     result = _result(jp, res, summary, launch, verification)
+    if not user and summary is not None:
+        result["plot"] = _plot(out, jp.request.out_dir)
     if out.json_mode:
         out.json(result)
     elif not user:
         out.product(_human(result))
     return 0
+
+
+def _plot(out: Output, run_dir: str) -> List[str]:
+    """The run's picture (plot.svg, plot.png with matplotlib); a failure to draw never fails the run."""
+    from cpuperf.commands.plot import plot_run
+
+    try:
+        files = plot_run(run_dir)["files"]
+    except CpuperfError as exc:
+        out.warn(f"no plot of the run: {exc.message}")
+        return []
+    out.info("plot: " + ", ".join(files))
+    return list(files)
 
 
 def _hf_json(jp: Any) -> Optional[Dict[str, Any]]:
