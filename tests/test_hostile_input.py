@@ -29,6 +29,18 @@ DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_JSON = "[" * 100000 + "]" * 100000
 
 
+# Garbage in a recorded host's files: each is refused with the file and the value named (issue 25).
+GARBAGE_SYSROOT = [
+    ("meminfo", "proc/meminfo", "MemTotal: lots kB\n"),
+    ("cpu-max", "sys/fs/cgroup/cpu.max", "nan 100000\n"),
+    ("cpu-max-negative", "sys/fs/cgroup/cpu.max", "-200000 100000\n"),
+    ("cpuset", "sys/fs/cgroup/cpuset.cpus.effective", "all of them\n"),
+    ("memory-max", "sys/fs/cgroup/memory.max", "-1\n"),
+    ("core-id", "sys/devices/system/cpu/cpu0/topology/core_id", "zero\n"),
+    ("present", "sys/devices/system/cpu/present", "0-3,x\n"),
+]
+
+
 class Case(NamedTuple):
     name: str
     args: List[str]
@@ -87,6 +99,15 @@ def _files(tmp: Path) -> Dict[str, str]:
     (closed_compat / "ipex-x.toml").write_text("")
     closed_compat.chmod(0o000)
     f["closed_compat"] = closed_compat
+    for name, rel, text in GARBAGE_SYSROOT:  # one recorded host per garbage file
+        root = make_host(tmp / f"garbage-{name}")
+        (root / "proc/self").mkdir(parents=True, exist_ok=True)
+        (root / "proc/self/cgroup").write_text("0::/\n")
+        (root / "sys/fs/cgroup").mkdir(parents=True, exist_ok=True)
+        (root / "sys/fs/cgroup/cgroup.controllers").write_text("cpu cpuset memory\n")
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+        f["garbage_" + name.replace("-", "_")] = root
     fifo = tmp / "pipe.json"  # a FIFO with no writer: a blocking open would hang forever
     os.mkfifo(fifo)
     f["fifo"] = fifo
@@ -186,6 +207,8 @@ CASES = [
     Case("cache-read-only", ["bench", "--threads", "1", "--size", "64", "--seconds", "0.1", "--no-allocators"],
          FILESYSTEM, env={"CPUPERF_CACHE_DIR": "{readonly}/cache"}, unprivileged=True, seconds=40,
          needle="readonly") if importlib.util.find_spec("torch") else None,
+    *[Case(f"sysroot-garbage-{name}", ["recommend", "--sysroot", "{garbage_" + name.replace("-", "_") + "}"], USAGE,
+           needle=rel.rsplit("/", 1)[1]) for name, rel, _ in GARBAGE_SYSROOT],
     # reads that must be bounded and never block: devices, FIFOs, sparse huge files (issue 25)
     *[Case(f"{what}-{name}", [*args, path], USAGE, needle=needle, seconds=20 if what == "lock" else 8.0)
       for name, path, needle in (("dev-zero", "/dev/zero", "character device"), ("fifo", "{fifo}", "FIFO"),

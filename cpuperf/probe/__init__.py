@@ -33,7 +33,7 @@ def probe_limits(src: Sources) -> Limits:
 
 
 def probe_memory(src: Sources) -> Memory:
-    info = parse.parse_meminfo(src.read("/proc/meminfo"))
+    info = parse.parse_meminfo(src.read("/proc/meminfo"), src.path("/proc/meminfo"))
     total = info.get("MemTotal")
     override = src.override_number("memory_total", integer=True)
     if override is not None:
