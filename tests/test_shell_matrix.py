@@ -129,3 +129,19 @@ def test_default_output_sourced_by_fish_style_breakout_stays_inert(shell, stack)
         assert not (tmp / "pwned").exists(), fmt
     assert "A" not in env.final or "A" not in cclenv.to_json(env)["env"]
     assert any(n.startswith("refused A:") for n in env.notes)
+
+
+@pytest.mark.parametrize("shell", list(SHELLS))
+def test_recommend_env_exports_are_inert_in_every_shell(shell, tmp_path):
+    """`cpuperf recommend --format env` prints export lines too: the same rule (written exactly, or refused)."""
+    need_all()
+    from cpuperf.render.recommendation import env_exports
+
+    env = {"A": "x\\", "B": f"; touch {tmp_path}/pwned #", "C": "it's", "D": f"$(touch {tmp_path}/pwned)",
+           "E": "line\nbreak", "OK": "0-3,8"}
+    code = tmp_path / "code.sh"
+    code.write_text(env_exports(env))
+    got = _evaluate(shell, code, tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    assert got.get("OK") == "0-3,8" and got.get("B") == env["B"] and got.get("D") == env["D"]
+    assert "A" not in got and "C" not in got and "E" not in got
