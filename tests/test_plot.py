@@ -83,6 +83,7 @@ def test_train_draws_the_plot_at_the_end(tmp_path):
     proc = run_cli(["train", "--model", "micro", "--max-steps", "6", "--set", "log_every=2", "--set", "eval_every=0",
                     "--out", str(out), "--json"], timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["plot"][0] == str(out / "plot.svg")
+    result = json.loads(proc.stdout)
+    assert result["plot"][0] == str(out / "plot.svg") and result["run_dir"] == str(out)
     assert f"plot: {out / 'plot.svg'}" in proc.stderr
     assert ET.parse(Path(out / "plot.svg")).getroot().tag.endswith("svg")

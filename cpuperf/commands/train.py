@@ -352,6 +352,7 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
     result = _result(jp, res, summary, launch, verification)
     if not user and summary is not None:
+        result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
         result["plot"] = _plot(out, jp.request.out_dir)
     if out.json_mode:
         out.json(result)
