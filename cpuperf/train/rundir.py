@@ -90,6 +90,8 @@ def default_run_dir(base: str = DEFAULT_BASE, *, resume: bool = False, create: b
     at once (mkdir fails if another run took the name first: the next number is tried)."""
     versions = _versions(base)
     if resume:
+        if not versions and existing_run(Path(base)) is not None:
+            return os.path.abspath(base)  # a run from before version_N directories: continue it in place
         if not versions:
             raise ConfigError(f"--resume: {base} holds no run (no {VERSION_PREFIX}N directory)",
                               hint="pass --out DIR naming the run to continue")
