@@ -39,3 +39,24 @@ def test_a_workload_whose_modules_are_missing_says_why_and_the_table_keeps_going
     assert lines == [f"  hf-trainer: {res['skipped']}"]
     rows = user_scripts.markdown_rows([res])
     assert rows[-1].startswith("| hf-trainer | not run: cpuperf_no_such_module not installed")
+
+
+def test_default_run_dir_numbers_like_lightning(tmp_path):
+    import pytest
+
+    from cpuperf.train.errors import ConfigError
+    from cpuperf.train.rundir import default_run_dir
+
+    base = str(tmp_path / "runs" / "train")
+    assert default_run_dir(base) == f"{base}/version_0" and not (tmp_path / "runs").exists()  # a plan creates nothing
+    with pytest.raises(ConfigError):
+        default_run_dir(base, resume=True)  # nothing to resume
+    first, second = default_run_dir(base, create=True), default_run_dir(base, create=True)
+    assert (first, second) == (f"{base}/version_0", f"{base}/version_1")
+    (tmp_path / "runs" / "train" / "version_7").mkdir()
+    (tmp_path / "runs" / "train" / "version_x").mkdir()  # not a version: ignored
+    assert default_run_dir(base, create=True) == f"{base}/version_8"
+    assert default_run_dir(base, resume=True) == f"{base}/version_8"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):
+        default_run_dir(str(tmp_path / "file" / "train"), create=True)
