@@ -317,7 +317,7 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     out.info(f"cpuperf train: {plan.launcher} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)")
-             + f"; run directory {jp.request.out_dir}")
+             + (f"; run directory {jp.request.out_dir}" if a.out_dir is None else ""))  # new per run: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
