@@ -46,8 +46,31 @@ def _once(argv: List[str], auto: bool) -> Dict[str, Any]:
     return res
 
 
+# What each script imports: without it the workload cannot run, and says so (the rest of the suite goes on).
+NEEDS = {"hf-trainer": ("transformers", "accelerate"), "accelerate": ("transformers", "accelerate")}
+
+
+def missing_modules(workload: str) -> List[str]:
+    """The modules `workload` needs that this interpreter cannot import (pip install -e '.[bench]')."""
+    import importlib.util
+
+    return [m for m in NEEDS.get(workload, ()) if importlib.util.find_spec(m) is None]
+
+
+def skipped(workload: str, why: str) -> Dict[str, Any]:
+    """A result for a workload that could not run: the table says why instead of a figure."""
+    return {"schema": "cpuperf.bench-user-script/1", "workload": workload, "skipped": why, "ratio_median": None,
+            "ratio_min": None, "ratio_max": None, "ratios": [], "optimizer_plain": None, "optimizer_auto": None,
+            "applied": None, "targets": {}}
+
+
 def bench_user_script(workload: str, rounds: int, steps: int, log: Callable[[str], None]) -> Dict[str, Any]:
     """Alternating plain/auto rounds; the ratio per round and its median."""
+    missing = missing_modules(workload)
+    if missing:
+        why = f"not run: {', '.join(missing)} not installed (pip install -e '.[bench]')"
+        log(f"  {workload}: {why}")
+        return skipped(workload, why)
     argv = _argv(workload, steps)
     runs: List[Dict[str, Dict[str, Any]]] = []
     for r in range(rounds):
@@ -84,6 +107,9 @@ def markdown_rows(results: List[Dict[str, Any]]) -> List[str]:
                             + ([f"pinned {len(a['cpus'])} CPUs"] if a.get("cpus") else []))
         ratio = "n/a" if r["ratio_median"] is None else \
             f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+        if r.get("skipped"):
+            lines.append(f"| {r['workload']} | {r['skipped']} | - | - | - |")
+            continue
         ok = all(r["targets"].values())
         lines.append(f"| {r['workload']} | {ratio} | {r['optimizer_plain']} -> {r['optimizer_auto']} | {applied or '-'} | "
                      + ("met" if ok else "MISSED: " + ", ".join(k for k, v in r["targets"].items() if not v)) + " |")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import typer
 
@@ -53,6 +53,35 @@ def _finite(option: str, value: float, maximum: Optional[float] = None) -> float
     if not (math.isfinite(value) and value > 0) or (maximum is not None and value > maximum):
         bound = f"0 < S <= {maximum:g}" if maximum is not None else "a finite number of seconds > 0"
         raise UsageError(f"{option} {value!r}: expected {bound}", hint=f"e.g. {option} 60")
+    return value
+
+
+def _addons(value: Optional[str]) -> Tuple[str, ...]:
+    """--with LIST: comma-separated add-on names, none empty (`--with ''`, `ipex,`), each once."""
+    import re
+
+    from cpuperf.errors import UsageError
+
+    if value is None:
+        return ()
+    names = [w.strip() for w in value.split(",")]
+    hint = "e.g. --with ipex,oneccl"
+    if any(not n for n in names):
+        raise UsageError(f"--with {value!r}: an empty add-on name", hint=hint)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+            raise UsageError(f"--with {value!r}: {name!r} is not a package name", hint=hint)
+    return tuple(dict.fromkeys(names))
+
+
+def _platform_tag(value: Optional[str]) -> Optional[str]:
+    """--platform: a wheel platform tag (linux_x86_64); empty or not a tag is a usage error."""
+    import re
+
+    from cpuperf.errors import UsageError
+
+    if value is not None and not re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", value):
+        raise UsageError(f"--platform {value!r} is not a platform tag", hint="linux_x86_64 or linux_aarch64")
     return value
 
 
@@ -123,7 +152,7 @@ def install(
 ) -> None:
     """Install the matching torch (+ IPEX, oneCCL) wheels; verify; restore the environment on failure."""
     from cpuperf.commands import install as cmd
-    opts = cmd.Options(torch=torch, with_=tuple((with_ or "").split(",")) if with_ else (), python=python,
+    opts = cmd.Options(torch=torch, with_=_addons(with_), python=python,
                        venv=venv, dry_run=dry_run, yes=yes, index_url=index_url, find_links=tuple(find_links or ()),
                        download=download, write_lock=write_lock, from_lock=from_lock,
                        allow_cuda_torch=allow_cuda_torch, recover=recover)
@@ -147,7 +176,9 @@ def compat(
 ) -> None:
     """The torch / IPEX / oneCCL compatibility matrix, and the exact pins for your Python and torch."""
     from cpuperf.commands import compat as cmd
-    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, with_, why_not, platform))
+    addons = _addons(with_)
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), python, torch, ",".join(addons) or None, why_not,
+                    _platform_tag(platform)))
 
 
 LOAD_HELP = ("Plan around other work busy on this host now (fewer threads on the CPUs it keeps busy). Off by default: "
@@ -210,6 +241,18 @@ def bench(
                         refresh))
 
 
+@app.command()
+def plot(
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A directory cpuperf train wrote (its metrics.jsonl)."),
+    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write the pictures here (default: RUN_DIR)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Draw a run's loss and samples/s against the step: RUN_DIR/plot.svg, and plot.png with matplotlib."""
+    from cpuperf.commands import plot as cmd
+    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), run_dir, out_dir))
+
+
 TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."
 
 
@@ -225,7 +268,7 @@ def train(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Global batch (samples per optimizer step)."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
-    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run directory (default runs/train): metrics, checkpoint, logs/."),
+    out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run directory: metrics, checkpoint, logs/ (default: a new runs/train/version_N per run; with --resume the newest)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (--auto: one per socket)."),
     nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (default: the hostfile's hosts, or the Slurm allocation's)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This node's index in the hostfile (torchrun; default: found from its addresses)."),

@@ -1,4 +1,6 @@
-"""Atomic file writes (a crash or Ctrl-C leaves the old file or the new one, never half); directory locks."""
+"""Atomic file writes (a crash or Ctrl-C leaves the old file or the new one, never half); directory locks;
+bounded reads of files a user names (a device, a FIFO or a huge file is refused, never read until memory
+runs out or blocked on forever)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,57 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Optional, Union
+
+# Far above any config, lock, hostfile, RECORD or /proc file a real host has (cpuinfo of 1024 CPUs is ~1.5
+# MB); far below what makes a read or a parse hurt.
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+
+
+class InputRefused(ValueError):
+    """A file that must not be read: not a regular file, or larger than the cap. One line, the path named."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_capped(path: Union[str, Path], limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. InputRefused for a device, FIFO, socket,
+    directory or a bigger file (opened without blocking, so a FIFO with no writer cannot hang us);
+    OSError (missing, permissions) passes through."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputRefused(f"{os.fspath(path)} is {_kind(st.st_mode)}, not a file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise InputRefused(f"{os.fspath(path)} is larger than {limit // (1024 * 1024)} MiB")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text_capped(path: Union[str, Path], limit: int = MAX_INPUT_BYTES, errors: str = "strict") -> str:
+    """read_capped as UTF-8 text (UnicodeDecodeError with errors='strict')."""
+    return read_capped(path, limit).decode("utf-8", errors)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,18 @@ DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_JSON = "[" * 100000 + "]" * 100000
 
 
+# Garbage in a recorded host's files: each is refused with the file and the value named (issue 25).
+GARBAGE_SYSROOT = [
+    ("meminfo", "proc/meminfo", "MemTotal: lots kB\n"),
+    ("cpu-max", "sys/fs/cgroup/cpu.max", "nan 100000\n"),
+    ("cpu-max-negative", "sys/fs/cgroup/cpu.max", "-200000 100000\n"),
+    ("cpuset", "sys/fs/cgroup/cpuset.cpus.effective", "all of them\n"),
+    ("memory-max", "sys/fs/cgroup/memory.max", "-1\n"),
+    ("core-id", "sys/devices/system/cpu/cpu0/topology/core_id", "zero\n"),
+    ("present", "sys/devices/system/cpu/present", "0-3,x\n"),
+]
+
+
 class Case(NamedTuple):
     name: str
     args: List[str]
@@ -87,6 +99,28 @@ def _files(tmp: Path) -> Dict[str, str]:
     (closed_compat / "ipex-x.toml").write_text("")
     closed_compat.chmod(0o000)
     f["closed_compat"] = closed_compat
+    for name, rel, text in GARBAGE_SYSROOT:  # one recorded host per garbage file
+        root = make_host(tmp / f"garbage-{name}")
+        (root / "proc/self").mkdir(parents=True, exist_ok=True)
+        (root / "proc/self/cgroup").write_text("0::/\n")
+        (root / "sys/fs/cgroup").mkdir(parents=True, exist_ok=True)
+        (root / "sys/fs/cgroup/cgroup.controllers").write_text("cpu cpuset memory\n")
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+        f["garbage_" + name.replace("-", "_")] = root
+    fifo = tmp / "pipe.json"  # a FIFO with no writer: a blocking open would hang forever
+    os.mkfifo(fifo)
+    f["fifo"] = fifo
+    sparse = tmp / "huge.json"  # 64 MiB of holes: over every input cap
+    with open(sparse, "wb") as fh:
+        fh.truncate(64 * 1024 * 1024)
+    f["huge_json"] = sparse
+    put("nan-config.json", b'{"n_layer": 2, "n_embd": NaN, "n_head": 2, "vocab_size": 64, "n_positions": 32}')
+    put("nan-measurements.json", b'{"schema": "cpuperf.measurements/1", "gemm_fp32_gflops": NaN}')
+    (tmp / "a-dir").mkdir()
+    f["a_dir"] = tmp / "a-dir"
+    put("not-python", b"#!/bin/sh\necho 3.11\n", mode=0o755)
+    put("hangs-python", b"#!/bin/sh\nsleep 600\n", mode=0o755)
     readonly = tmp / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)
@@ -173,6 +207,54 @@ CASES = [
     Case("cache-read-only", ["bench", "--threads", "1", "--size", "64", "--seconds", "0.1", "--no-allocators"],
          FILESYSTEM, env={"CPUPERF_CACHE_DIR": "{readonly}/cache"}, unprivileged=True, seconds=40,
          needle="readonly") if importlib.util.find_spec("torch") else None,
+    *[Case(f"sysroot-garbage-{name}", ["recommend", "--sysroot", "{garbage_" + name.replace("-", "_") + "}"], USAGE,
+           needle=rel.rsplit("/", 1)[1]) for name, rel, _ in GARBAGE_SYSROOT],
+    # reads that must be bounded and never block: devices, FIFOs, sparse huge files (issue 25)
+    *[Case(f"{what}-{name}", [*args, path], USAGE, needle=needle, seconds=20 if what == "lock" else 8.0)
+      for name, path, needle in (("dev-zero", "/dev/zero", "character device"), ("fifo", "{fifo}", "FIFO"),
+                                 ("huge", "{huge_json}", "larger than"), ("dir", "{a_dir}", "directory"))
+      for what, args in (("model", ["train", "--dry-run", "--model"]), ("recommend-model", ["recommend", "--model"]),
+                         ("hostfile", ["ccl-env", "--hostfile"]), ("config", ["recommend", "--config"]),
+                         ("measurements", ["recommend", "--measurements"]),
+                         ("lock", ["install", "--dry-run", "--yes", "--from-lock"]))
+      if not (name == "dir" and what in ("model", "recommend-model"))],  # a directory is a HF cache dir there
+    Case("model-nan", ["train", "--dry-run", "--model", "{nan_config_json}"], USAGE, needle="NaN"),
+    Case("measurements-nan", ["recommend", "--measurements", "{nan_measurements_json}"], USAGE,
+         needle="gemm_fp32_gflops"),
+    # --python that is not a Python: one line, exit 2, within the check's timeout
+    *[Case(f"python-{name}-{cmd[0]}", [*cmd, "--python", path], USAGE, needle="Python", seconds=25)
+      for name, path in (("a-script", "{not_python}"), ("true", "/bin/true"), ("a-dir", "{a_dir}"),
+                         ("hangs", "{hangs_python}"))
+      for cmd in (["doctor"], ["ccl-env"])],
+    # typed values: empty names, rank counts of 0, unknown or malformed overrides, garbage in env vars
+    Case("with-empty", ["compat", "--with", ""], USAGE, needle="empty add-on"),
+    Case("with-trailing-comma", ["install", "--dry-run", "--yes", "--with", "ipex,"], USAGE, needle="empty add-on"),
+    Case("with-not-a-name", ["compat", "--with", "ipex,$(id)"], USAGE, needle="not a package name"),
+    Case("platform-empty", ["compat", "--platform", ""], USAGE, needle="--platform"),
+    Case("ranks-zero", ["train", "--dry-run", "--nproc-per-node", "0"], USAGE),
+    Case("ranks-zero-set", ["recommend", "--set", "nproc_per_node=0"], USAGE, needle="nproc_per_node"),
+    Case("ranks-zero-ccl-env", ["ccl-env", "--nproc-per-node", "0"], USAGE),
+    Case("override-unknown", ["doctor"], USAGE, env={"CPUPERF_OVERRIDE_CPU_COUNT": "4"},
+         needle="CPUPERF_OVERRIDE_CPU_COUNT"),
+    Case("override-isa-shell", ["recommend"], USAGE, env={"CPUPERF_OVERRIDE_ISA": "avx2;reboot"},
+         needle="CPUPERF_OVERRIDE_ISA"),
+    Case("override-microarch-subst", ["ccl-env"], USAGE, env={"CPUPERF_OVERRIDE_MICROARCH": "$(id)"},
+         needle="CPUPERF_OVERRIDE_MICROARCH"),
+    Case("override-amx-maybe", ["doctor"], USAGE, env={"CPUPERF_OVERRIDE_AMX_USABLE": "maybe"},
+         needle="CPUPERF_OVERRIDE_AMX_USABLE"),
+    Case("override-packages-empty-name", ["recommend"], USAGE, env={"CPUPERF_OVERRIDE_PACKAGES": '{"": "1.0"}'},
+         needle="CPUPERF_OVERRIDE_PACKAGES"),
+    Case("slurm-garbage", ["recommend"], USAGE, env={"SLURM_CPUS_PER_TASK": "four"}, needle="SLURM_CPUS_PER_TASK"),
+    Case("slurm-zero", ["ccl-env"], USAGE, env={"SLURM_NTASKS": "0"}, needle="SLURM_NTASKS"),
+    Case("load-window-nan", ["train", "--dry-run"], USAGE, env={"CPUPERF_LOAD_WINDOW": "nan"},
+         needle="CPUPERF_LOAD_WINDOW"),
+    Case("measure-switch-garbage", ["train", "--auto", "--max-steps", "1", "--out", "{tmp}/never2"], USAGE,
+         env={"CPUPERF_MEASURE": "maybe"}, needle="CPUPERF_MEASURE"),
+    # output paths of the wrong kind, refused before any work
+    Case("write-lock-a-dir", ["install", "--dry-run", "--yes", "--write-lock", "{a_dir}"], FILESYSTEM,
+         needle="a-dir"),
+    Case("download-a-file", ["install", "--yes", "--download", "{plainfile}"], FILESYSTEM, needle="plainfile"),
+    Case("snapshot-a-file", ["doctor", "--save-snapshot", "{plainfile}"], FILESYSTEM, needle="plainfile"),
     # ccl-env's own options
     Case("ccl-env-unknown-shell", ["ccl-env", "--shell", "csh"], USAGE, needle="csh"),
     Case("ccl-env-bad-count", ["ccl-env", "--nproc-per-node", "many"], USAGE),

@@ -108,7 +108,14 @@ def txn_index(tmp_path_factory):
     # 6 MB that do not compress: a disk with 2 MB free fills up half-way through the unpack
     huge = build_wheel(big, "torch", "2.7.0+cpu", {"torch/__init__.py": '__version__ = "2.7.0+cpu"\n',
                                                    "torch/lib/libhuge.so": os.urandom(6 << 20).hex()[: 6 << 20]})
+    many = wheels / "many"
+    many.mkdir()
+    # 6000 small files: an unpack long enough to be stopped half-way (SIGINT while pip writes them)
+    many_files = {"torch/__init__.py": '__version__ = "2.7.0+cpu"\n'}
+    many_files.update({f"torch/m{i // 100:02d}/f{i:04d}.py": f"X = {i}\n" * 20 for i in range(6000)})
+    manyw = build_wheel(many, "torch", "2.7.0+cpu", many_files)
     root = base / "www"
+    write_index(root / "many", [t26, manyw])
     write_index(root / "good", [t26, t27, helper])
     write_index(root / "corrupt", [t26, broken])
     write_index(root / "stall", [t26, t27])
@@ -120,7 +127,7 @@ def txn_index(tmp_path_factory):
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield SimpleNamespace(good=f"{url}/good/simple", big=f"{url}/big/simple", corrupt=f"{url}/corrupt/simple", stall=f"{url}/stall/simple",
+    yield SimpleNamespace(good=f"{url}/good/simple", big=f"{url}/big/simple", many=f"{url}/many/simple", corrupt=f"{url}/corrupt/simple", stall=f"{url}/stall/simple",
                           sleepy=f"{url}/sleepy/simple", state=SimpleNamespace(**state))
     state["release"].set()
     server.shutdown()
@@ -271,6 +278,47 @@ def test_corrupt_wheel_leaves_no_half_unpacked_files(venv, txn_index, home):
     assert "part_" in log or "removed" in log  # the restore says what it deleted
     assert_as_before(venv, home, freeze, files)
     assert not list(Path(venv).parent.parent.glob("lib/python3*/site-packages/functorch"))
+
+
+def test_sigint_during_the_unpack_restores_every_file(venv, txn_index, home):
+    """Ctrl-C while pip is writing the new torch's 6000 files: pip's group is killed, every file it wrote is
+    removed, the torch it replaced is back (the site-packages tree compared), exit 130."""
+    freeze, files = pip_freeze(venv, home), tree(venv)
+    site = next(Path(venv).parent.parent.glob("lib/python3*/site-packages"))
+    proc = start(["install", "--python", venv, "--index-url", txn_index.many, "--torch", "2.7.0", "--yes"], home)
+    lines: List[str] = []
+    _drain(proc, lines)
+    deadline = time.monotonic() + 180
+    while not (site / "torch" / "m00").exists():  # the unpack has begun
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=180) == 130, "".join(lines)
+    text = "".join(lines)
+    assert "restored" in text and "Traceback" not in text, text
+    assert pips_of(venv) == []
+    assert_as_before(venv, home, freeze, files)
+
+
+def test_read_only_site_packages_changes_nothing_and_says_so(venv, txn_index, home):
+    """site-packages on a read-only mount: one line naming it, a filesystem or pip code, nothing changed."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    freeze, files = pip_freeze(venv, home), tree(venv)
+    site = str(next(Path(venv).parent.parent.glob("lib/python3*/site-packages")))
+    if subprocess.run(["mount", "--bind", site, site], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", site], check=True, capture_output=True)
+        proc = cli(["install", "--python", venv, "--index-url", txn_index.good, "--torch", "2.7.0", "--yes",
+                    "--json"], home)
+    finally:
+        subprocess.run(["umount", site], capture_output=True)
+    assert proc.returncode in (4, 10), (proc.returncode, proc.stdout, proc.stderr)
+    err = json.loads(proc.stdout)["error"]
+    assert "\n" not in err["message"] and "Traceback" not in proc.stderr, err
+    assert "read-only" in err["message"].lower() and site in err["message"], err
+    assert_as_before(venv, home, freeze, files)
 
 
 def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):

@@ -87,7 +87,7 @@ def test_second_run_into_a_busy_out_is_refused(tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
-    assert first.returncode == 130, stderr[-2000:]
+    assert first.returncode == 143, stderr[-2000:]  # SIGTERM: 128 + 15, as the README's table says
     records = all_json_lines(out / "metrics.jsonl")
     assert [r["type"] for r in records].count("settings") == 1  # only the first run wrote
     import torch
@@ -171,7 +171,7 @@ def test_no_rank_outlives_cpuperf(tmp_path, sig, ranks):
         if proc.poll() is None:
             proc.kill()
     if sig != signal.SIGKILL:
-        assert proc.returncode == 130
+        assert proc.returncode == 128 + sig  # SIGHUP 129, SIGTERM 143
         assert "Traceback" not in proc.stderr.read()
 
 
@@ -185,7 +185,33 @@ def test_stop_before_the_first_step_claims_no_checkpoint(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr[-2000:]
+    assert proc.returncode == 143, stderr[-2000:]
     if not (out / "checkpoint.pt").exists():
         assert "no checkpoint was written" in stderr and "the last checkpoint" not in stderr
         assert json.loads(stdout)["error"]["hint"] is None
+
+
+def test_readme_line_runs_twice_without_out_each_in_a_new_version_dir(tmp_path):
+    """`cpuperf train --auto` twice in a row (the README's first line): runs/train/version_0, then version_1,
+    both exit 0 and say where they wrote; --resume without --out continues the newest; --dry-run creates nothing."""
+    env = {"PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = ["train", "--auto", *MICRO, "--max-steps", "3"]
+    dry = run_cli([*args, "--dry-run", "--json"], extra_env=env, cwd=str(tmp_path))
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["settings"]["out_dir"] == str(tmp_path / "runs" / "train" / "version_0")
+    assert not (tmp_path / "runs").exists()  # a plan writes nothing
+    for n in (0, 1):
+        proc = run_cli(args, extra_env=env, cwd=str(tmp_path), timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        where = tmp_path / "runs" / "train" / f"version_{n}"
+        assert f"run directory {where}" in proc.stderr
+        assert (where / "checkpoint.pt").is_file()
+    resumed = run_cli(["train", "--auto", *MICRO, "--max-steps", "5", "--resume"], extra_env=env,
+                      cwd=str(tmp_path), timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"run directory {tmp_path / 'runs' / 'train' / 'version_1'}" in resumed.stderr
+    assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["version_0", "version_1"]
+    # --out keeps its meaning: an existing run is refused without --resume
+    again = run_cli([*args, "--out", str(tmp_path / "runs" / "train" / "version_0")], extra_env=env,
+                    cwd=str(tmp_path), timeout=180)
+    assert again.returncode == 2 and "already holds a run" in again.stderr

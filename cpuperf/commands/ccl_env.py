@@ -115,6 +115,10 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     nodes = envplan.node_count(hosts, opts.nnodes)
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env)
 
+    if opts.python is not None:
+        from cpuperf.probe import check_python
+
+        check_python(opts.python)
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     # The stack as every command sees it. The OpenMP and allocator libraries matter here only to what --preload
     # renders (LD_PRELOAD, KMP_*): without it, none of the library search (dozens of globs).
@@ -177,9 +181,12 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     merged = envplan.merge_env(env, list(wanted) + tuned_vars, override=opts.override, force=sorted(forced))
     for name in merged.skipped:
         notes.append(f"skipped variable {cclenv.one_line(repr(name), 80)}: not a valid or allowed name")
+    for item in merged.invalid:
+        notes.append(envplan.describe_invalid(item))
     for name, value in merged.final.items():
-        if not cclenv.printable_value(value):
-            notes.append(f"skipped {name}: its value is not valid text")
+        why = envplan.shell_safe(value)
+        if why is not None:
+            notes.append(f"refused {name}: {why}; it is not written (set it yourself if you need it)")
     if merged.kept:
         notes.append("kept your " + ", ".join(k.name for k in merged.kept) + " (--override replaces them)")
     header = (f"cpuperf ccl-env: backend {backend.name}; {nodes} node(s) x {placement.nproc_per_node} rank(s), "
@@ -187,7 +194,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     source_json = tuple(s.to_json() for s in sources)
     return cclenv.CclEnv(backend=backend.name, backend_reason=backend.reason, final=merged.final,
                          vars=merged.vars, kept=merged.kept, sources=source_json, notes=tuple(notes),
-                         skipped=merged.skipped, placement=placement.to_json(), header=header,
+                         skipped=merged.skipped, placement=placement.to_json(), header=header, invalid=merged.invalid,
                          extra={"nnodes": nodes, "nproc_per_node": placement.nproc_per_node,
                                 "python": stack.executable, "prefix": stack.prefix})
 

@@ -214,7 +214,29 @@ def run(out: Output, opts: Options) -> int:
                                code=stop_code(exc)) from None
 
 
+def _check_outputs(opts: Options) -> None:
+    """Paths the command will write, checked before any work: a lock file that is a directory, a download
+    directory that is a file, or a parent that is not a directory is one line, exit 10."""
+    from cpuperf.errors import FilesystemError
+
+    checks = [(opts.write_lock, "--write-lock", False), (opts.download, "--download", True)]
+    for path, option, is_dir in checks:
+        if path is None:
+            continue
+        if not path.strip():
+            raise UsageError(f"{option} is empty: name a {'directory' if is_dir else 'file'}")
+        target = Path(path)
+        if is_dir and target.exists() and not target.is_dir():
+            raise FilesystemError(f"{option} {path} is a file, not a directory", hint="name a directory")
+        if not is_dir and target.is_dir():
+            raise FilesystemError(f"{option} {path} is a directory, not a file", hint="name a file, e.g. cluster.lock.json")
+        parent = target.absolute().parent
+        if parent.exists() and not parent.is_dir():
+            raise FilesystemError(f"{option} {path}: {parent} is not a directory", hint="check the path")
+
+
 def _run(out: Output, opts: Options) -> int:
+    _check_outputs(opts)
     if opts.recover and (opts.dry_run or opts.download or opts.torch or opts.with_ or opts.from_lock):
         raise UsageError("--recover only restores; it takes --python or --venv and nothing else",
                          hint="cpuperf install --recover --python PATH")
@@ -298,9 +320,13 @@ def _run(out: Output, opts: Options) -> int:
 
 def _read_lock(path: str) -> ip.Lock:
     """The --from-lock file; unreadable, not UTF-8 or malformed is a usage error naming the file."""
+    from cpuperf.fsutil import InputRefused, read_text_capped
+
     hint = "name a lock written by `cpuperf install --write-lock FILE`"
     try:
-        return ip.parse_lock(Path(path).read_text(encoding="utf-8"))
+        return ip.parse_lock(read_text_capped(path))
+    except InputRefused as exc:
+        raise UsageError(f"lock file {exc}", hint=hint) from None
     except OSError as exc:
         raise UsageError(f"cannot read the lock file {path}: {exc.strerror or exc}", hint=hint) from exc
     except UnicodeDecodeError as exc:

@@ -76,13 +76,16 @@ def load_settings_file(path: str) -> Dict[str, str]:
     from cpuperf.errors import UsageError
 
     hint = "write KEY = VALUE lines (TOML) or a JSON object, in UTF-8"
+    from cpuperf.fsutil import InputRefused, read_capped
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(1024 * 1024 + 1)  # bounded: a settings file is a few lines
+        raw = read_capped(path, 1024 * 1024)  # bounded and never blocking: a settings file is a few lines
     except OSError as exc:
         raise UsageError(f"cannot read settings file {path}: {exc.strerror}", hint="check the path") from exc
-    if len(raw) > 1024 * 1024 or b"\0" in raw:
-        raise UsageError(f"settings file {path} is {'over 1 MiB' if len(raw) > 1024 * 1024 else 'binary'}", hint=hint)
+    except InputRefused as exc:
+        raise UsageError(f"settings file {exc}", hint=hint) from None
+    if b"\0" in raw:
+        raise UsageError(f"settings file {path} is binary", hint=hint)
     try:
         text = raw.decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else _toml(text)

@@ -86,6 +86,9 @@ def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     def log(msg: str) -> None:
         sys.stderr.write(f"cpuperf train: {msg}\n")
 
+    measure_ok = environ.get("CPUPERF_MEASURE", "1").strip() or "1"
+    if measure_ok not in ("0", "1"):
+        raise UsageError(f"CPUPERF_MEASURE={measure_ok[:40]!r} is not 0 or 1", hint="unset it, or 0 to skip measuring")
     if a.auto:
         return planning_measurements(facts, log)
     return measure.load_cached(facts, log) if facts.live else None
@@ -189,10 +192,11 @@ def _read_script(path: Optional[str]) -> Optional[str]:
     """The user's script text, to see how it parses its arguments (None: unreadable)."""
     if not path:
         return None
+    from cpuperf.fsutil import InputRefused, read_text_capped
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
+        return read_text_capped(path, errors="replace")
+    except (OSError, InputRefused):
         return None
 
 
@@ -248,7 +252,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     launcher, _ = choose_launcher(a.launcher, world, nnodes, slurm_allocation(environ), mpi)
     node_rank, local_addr = _where(a, hosts, nnodes, launcher)
     master, ifname = _interface(a, hosts, nnodes, environ)
-    out_dir = os.path.abspath(a.out_dir or "runs/train")
+    out_dir = _out_dir(a)
     worker = _hf_config_shape(rec.workload, worker)
     request = JobRequest(auto=a.auto, constraints=worker, user_argv=tuple(a.user_argv), hosts=hosts, nnodes=nnodes,
                          node_rank=node_rank, launcher=a.launcher, master_addr=master, master_port=a.master_port,
@@ -339,6 +343,20 @@ def _accelerate_default_config(environ: Dict[str, str]) -> bool:
     return os.path.isfile(os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml"))
 
 
+def _out_dir(a: TrainArgs) -> str:
+    """--out as given; else a new runs/train/version_N per run (the newest one with --resume)."""
+    if a.out_dir is not None:
+        return os.path.abspath(a.out_dir)
+    from cpuperf.train.rundir import default_run_dir
+
+    try:
+        return default_run_dir(resume=a.resume, create=not a.dry_run)
+    except OSError as exc:
+        from cpuperf.errors import from_os_error
+
+        raise from_os_error(exc) from None
+
+
 def _preset(model: Optional[str]) -> Optional[str]:
     """A built-in preset name, or None for a Hugging Face config.json (its shape goes in model.*)."""
     return None if model and model.endswith(".json") else model
@@ -391,6 +409,10 @@ def run_train(out: Output, a: TrainArgs) -> int:
     return _execute(out, a, jp, launch)
 
 
+# The README's exit-code table: a stop by signal N exits 128 + N, as a shell reports it.
+_SIGNAL_CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
+
+
 def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
@@ -401,7 +423,8 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
     who = f"your {plan.yours['launcher']}" if plan.yours else plan.launcher
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
-             + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)"))
+             + (", tuned (--auto)" if a.auto else ", plain defaults (no --auto)")
+             + (f"; run directory {jp.request.out_dir}" if a.out_dir is None else ""))  # new per run: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
@@ -427,19 +450,36 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
             f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
         hint = "cpuperf train --resume continues from it" if has_ckpt else None
         out.error(message, hint)
+        code = _SIGNAL_CODES.get(res.signal_name or "SIGINT", ExitCode.INTERRUPTED)  # 128 + the signal
         if out.json_mode:
-            out.json({"error": {"code": int(ExitCode.INTERRUPTED), "name": "interrupted", "message": message,
+            out.json({"error": {"code": int(code), "name": code.name.lower(), "message": message,
                                 "hint": hint}, "launch": launch, "applied": _applied(jp),
                       "supervisor": _supervisor(res)})
-        return int(ExitCode.INTERRUPTED)
+        return int(code)
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
     result = _result(jp, res, summary, launch, verification)
+    if not user and summary is not None:
+        result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
+        result["plot"] = _plot(out, jp.request.out_dir)
     if out.json_mode:
         out.json(result)
     elif not user:
         out.product(_human(result))
     return 0
+
+
+def _plot(out: Output, run_dir: str) -> List[str]:
+    """The run's picture (plot.svg, plot.png with matplotlib); a failure to draw never fails the run."""
+    from cpuperf.commands.plot import plot_run
+
+    try:
+        files = plot_run(run_dir)["files"]
+    except CpuperfError as exc:
+        out.warn(f"no plot of the run: {exc.message}")
+        return []
+    out.info("plot: " + ", ".join(files))
+    return list(files)
 
 
 def _hf_json(jp: Any) -> Optional[Dict[str, Any]]:

@@ -70,11 +70,84 @@ class Kept(NamedTuple):
         return dict(self._asdict())
 
 
+class Invalid(NamedTuple):
+    """A variable the user already set whose value is not valid for it: replaced, reported, never echoed."""
+
+    name: str
+    value: str  # the user's value (for the report on stderr only)
+    why: str
+
+    def to_json(self) -> Dict[str, str]:
+        return {"name": self.name, "why": self.why}
+
+
 class Merged(NamedTuple):
     final: Dict[str, str]  # every managed name -> its value after eval, in first-seen order
     vars: Tuple[EnvVar, ...]  # every variable applied, in order (kept ones included)
     kept: Tuple[Kept, ...]
     skipped: Tuple[str, ...]  # names refused (invalid or reserved)
+    invalid: Tuple[Invalid, ...] = ()  # the user's values refused (not valid for their variable)
+
+
+# Characters no single quoting writes safely for sh, bash, zsh, dash AND fish at once: fish reads \\ and
+# \' as escapes inside '...', POSIX shells do not, so one text cannot mean the same to both (fish docs,
+# "Quotes"; POSIX 2.2.2). Control characters (newline, ESC, U+2028) have no business in a variable.
+_SHELL_UNSAFE = frozenset("'\\")
+
+
+def shell_safe(value: str) -> Optional[str]:
+    """None when `value` can be written, single-quoted, for every shell and dotenv; else why not."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid text (undecodable bytes)"
+    if any(ch in _SHELL_UNSAFE for ch in value):
+        return "it holds a quote or a backslash, which no quoting makes mean the same in sh and fish"
+    if not value.isprintable():
+        return "it holds a control character (newline, tab, escape)"
+    return None
+
+
+_COUNT = re.compile(r"^[1-9][0-9]{0,4}$")
+_OMP_THREADS = re.compile(r"^[1-9][0-9]{0,4}(,[1-9][0-9]{0,4})*$")  # OpenMP 5.x: a list for nested levels
+_CPU_LIST = re.compile(r"^(auto|[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*)$")
+_IFNAMES = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")  # IFNAMSIZ 16 incl. NUL
+_TUNING_TEXT = re.compile(r"^[A-Za-z0-9_.,:/+=@%\[\]-]*$")  # oneCCL, Intel MPI, OpenMP and libfabric knobs
+
+
+def _port_ok(value: str) -> bool:
+    return _COUNT.match(value) is not None and int(value) <= 65535
+
+
+def _host_ok(value: str) -> bool:
+    from cpuperf.probe.hosts import valid_host
+
+    return valid_host(value)
+
+
+_VALUE_RULES: Dict[str, Tuple[Any, str]] = {
+    "OMP_NUM_THREADS": (_OMP_THREADS.match, "not a positive whole number (or a list such as 4,2)"),
+    "MASTER_PORT": (_port_ok, "not a port in 1..65535"),
+    "MASTER_ADDR": (_host_ok, "not a host name or IP address"),
+    "CCL_WORKER_COUNT": (_COUNT.match, "not a positive whole number"),
+    "CCL_WORKER_AFFINITY": (_CPU_LIST.match, "not 'auto' or a list of CPUs (0,1,4-7)"),
+    "KMP_BLOCKTIME": (lambda v: v == "infinite" or re.match(r"^[0-9]{1,9}(ms|us|s)?$", v), "not a time (0, 200ms, infinite)"),
+    "GLOO_SOCKET_IFNAME": (_IFNAMES.match, "not a network interface name"),
+}
+_TUNING_PREFIXES = ("CCL_", "I_MPI_", "KMP_", "FI_", "MALLOC_CONF", "GLOO_", "OMP_")
+
+
+def user_value_problem(name: str, value: str) -> Optional[str]:
+    """Why the user's own `value` of a variable cpuperf manages cannot be kept (None: it can)."""
+    unsafe = shell_safe(value)
+    if unsafe is not None:
+        return unsafe
+    rule = _VALUE_RULES.get(name)
+    if rule is not None:
+        return None if rule[0](value) else rule[1]
+    if name.startswith(_TUNING_PREFIXES) and not path_like(name) and not _TUNING_TEXT.match(value):
+        return "not a value this setting takes (letters, digits and _.,:/+=@%[]- only)"
+    return None
 
 
 _MEMO: Dict[str, Any] = {}
@@ -318,6 +391,7 @@ def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override:
     applied: List[EnvVar] = []
     kept: List[Kept] = []
     skipped: List[str] = []
+    invalid: List[Invalid] = []
     for var in wanted:
         if not valid_name(var.name):
             if var.name not in skipped:
@@ -327,7 +401,12 @@ def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override:
             if last_set[var.name] is not var:
                 continue
             user_value = current.get(var.name)
-            if user_value is not None and user_value != var.value and not override and var.name not in forced:
+            mine = user_value is not None and user_value != var.value and not override and var.name not in forced
+            problem = user_value_problem(var.name, user_value) if mine and user_value is not None else None
+            if problem is not None and user_value is not None:
+                invalid.append(Invalid(var.name, user_value, problem))
+                final[var.name] = var.value
+            elif mine and user_value is not None:
                 kept.append(Kept(var.name, user_value, var.value))
                 final[var.name] = user_value
             else:
@@ -339,4 +418,10 @@ def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override:
             merged = _dedupe(entries + existing) if var.kind == PREPEND else _dedupe(existing + entries)
             final[var.name] = ":".join(merged)
         applied.append(var)
-    return Merged(final, tuple(applied), tuple(kept), tuple(skipped))
+    return Merged(final, tuple(applied), tuple(kept), tuple(skipped), tuple(invalid))
+
+
+def describe_invalid(item: Invalid) -> str:
+    """One line for stderr: the variable, its value as a repr (never raw), why it was replaced."""
+    shown = repr(item.value) if len(item.value) <= 60 else repr(item.value[:57]) + "..."
+    return f"your {item.name}={shown} is not kept ({item.why}): cpuperf's value is used instead"

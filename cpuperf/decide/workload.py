@@ -67,13 +67,27 @@ def _builtin_presets() -> Dict[str, Workload]:
 PRESETS: Dict[str, Workload] = _builtin_presets()
 
 
+def _no_constant(name: str) -> Any:
+    """json's NaN / Infinity / -Infinity: not a number any config field may hold."""
+    raise ValueError(f"{name} is not a finite number")
+
+
 def from_hf_config(path: str, batch_size: int = 8) -> Workload:
     """A Hugging Face config.json (GPT-2, Llama, BERT... key names differ by family)."""
+    from cpuperf.fsutil import InputRefused, read_capped
+
+    hint = "pass a Hugging Face config.json, or --params/--seq-len"
     try:
-        cfg = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read model config {path}: {exc}",
-                         hint="pass a Hugging Face config.json, or --params/--seq-len") from exc
+        cfg = json.loads(read_capped(path, 4 * 1024 * 1024).decode("utf-8"), parse_constant=_no_constant)
+    except InputRefused as exc:
+        raise UsageError(f"model config {exc}", hint=hint) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read model config {path}: {exc.strerror or exc}", hint=hint) from None
+    except ValueError as exc:  # not UTF-8, not JSON, NaN/Infinity
+        raise UsageError(f"model config {path} is malformed: {str(exc).splitlines()[0][:120]}",
+                         hint=hint) from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"model config {path} is not a JSON object", hint=hint)
 
     def pick(*keys: str, default: Optional[int] = None) -> Optional[int]:
         for key in keys:

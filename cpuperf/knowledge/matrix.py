@@ -512,13 +512,18 @@ def _label(kind: str, index: int, raw: Mapping[str, Any]) -> str:
 
 def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     """Parse one TOML file into (kind, key, fields) rows, appending every problem found."""
+    from cpuperf.fsutil import InputRefused, read_text_capped
+
     name = path.name
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text_capped(path))
         if too_deep(data):
             raise RecursionError
     except OSError as exc:
         problems.append(Problem(name, "file", f"cannot read: {exc.strerror or exc}"))
+        return []
+    except InputRefused as exc:
+        problems.append(Problem(name, "file", f"cannot read: {exc}"))
         return []
     except UnicodeDecodeError as exc:
         problems.append(Problem(name, "file", f"not UTF-8 text (byte {exc.start})"))

@@ -9,6 +9,7 @@ own `--dry-run --report` (parse_report), and a CPU host refuses any plan that dr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass, replace
@@ -681,6 +682,12 @@ def error_summary(text: str, where: Optional[str] = None) -> str:
     m = re.search(r"\[Errno 28\] No space left on device(?:: '([^']*)')?", text)
     if m or "No space left on device" in text:
         return f"no space left on device ({(m.group(1) if m else None) or where or 'the target'})"
+    m = re.search(r"\[Errno (30|13)\] (Read-only file system|Permission denied)(?:: '([^']*)')?", text)
+    if m:  # pip names a bare 'RECORD': say which site-packages could not be written
+        named = m.group(3) or ""
+        place = named if os.path.isabs(named) else where or named or "the target"
+        why = "read-only file system" if m.group(1) == "30" else "permission denied"
+        return f"{why}: cannot write {place}" + (f" ({named})" if named and place != named else "")
     if "DO NOT MATCH THE HASHES" in text:
         names = re.findall(r"^\s+(\S+==\S+) from ", text, re.M)
         exp = re.search(r"Expected sha256 (\w+)", text)

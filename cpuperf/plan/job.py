@@ -116,7 +116,8 @@ def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int
     if world > 1:
         force += ["MASTER_ADDR", "MASTER_PORT"]  # ours, not a stale value from the shell
     merged = envplan.merge_env(environ, list(wanted), force=force)
-    notes = [f"kept your {k.name}={k.value} (cpuperf would set {k.wanted})" for k in merged.kept]
+    notes = [f"kept your {k.name}={k.value!r} (cpuperf would set {k.wanted})" for k in merged.kept]
+    notes += [envplan.describe_invalid(item) for item in merged.invalid]
     reasons = {e.name: e.reason for e in wanted}
     return tuple(envplan.EnvVar(n, merged.final[n], "cpuperf" if n in reasons else "environment", reasons.get(n, ""))
                  for n in merged.final), notes

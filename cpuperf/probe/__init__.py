@@ -10,14 +10,14 @@ from cpuperf.probe.cpu import probe_cpu
 from cpuperf.probe.facts import HostFacts, Limits, Memory
 from cpuperf.probe.gpus import probe_gpus
 from cpuperf.probe.software import probe_software
-from cpuperf.probe.sources import Sources, check_sysroot
+from cpuperf.probe.sources import Sources, check_python, check_sysroot
 from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
 
 _CACHE: Dict[Tuple, HostFacts] = {}
 
 
 def _int_env(src: Sources, name: str) -> Optional[int]:
-    return parse.int_auto(src.env(name))
+    return src.env_count(name)
 
 
 def probe_limits(src: Sources) -> Limits:
@@ -33,12 +33,20 @@ def probe_limits(src: Sources) -> Limits:
 
 
 def probe_memory(src: Sources) -> Memory:
-    info = parse.parse_meminfo(src.read("/proc/meminfo"))
+    info = parse.parse_meminfo(src.read("/proc/meminfo"), src.path("/proc/meminfo"))
     total = info.get("MemTotal")
     override = src.override_number("memory_total", integer=True)
     if override is not None:
         total = int(override)
     return Memory(total_bytes=total, available_bytes=info.get("MemAvailable"))
+
+
+def _platform(src: Sources) -> str:
+    """sys.platform (linux, darwin, win32); CPUPERF_OVERRIDE_PLATFORM describes another; a snapshot is Linux."""
+    override = src.override_name("platform")
+    if override is not None:
+        return override
+    return sys.platform if src.live else "linux"
 
 
 def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
@@ -47,7 +55,10 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     """Probe a host once. `sysroot` reads a recorded tree; `python` inspects another interpreter."""
     if sysroot is not None:
         check_sysroot(sysroot)
+    if python is not None:
+        check_python(python)
     src = Sources(sysroot=sysroot, environ=environ)
+    src.check_overrides()
     overrides = tuple(sorted(k[len("CPUPERF_OVERRIDE_"):].lower() for k in src.environ
                              if k.startswith("CPUPERF_OVERRIDE_")))
     key = (src.sysroot, python, software, libraries, tuple((k, src.environ[k]) for k in sorted(src.environ)
@@ -62,7 +73,7 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
         limits=probe_limits(src),
         gpus=probe_gpus(src),
         software=probe_software(src, python, libraries) if software else None,
-        platform=sys.platform if src.live else "linux",
+        platform=_platform(src),
         sysroot=src.sysroot,
         overrides=overrides,
     )
@@ -80,4 +91,4 @@ def with_load(facts: HostFacts, window_s: Optional[float] = None) -> HostFacts:
     return dataclasses.replace(facts, load=load_for(facts.sysroot, facts.usable_cpus(), window_s))
 
 
-__all__ = ["probe_host", "with_load", "HostFacts", "Sources"]
+__all__ = ["probe_host", "with_load", "check_python", "HostFacts", "Sources"]

@@ -94,12 +94,12 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
 
         arch = platform.machine() or "unknown"
     first = blocks[0] if blocks else {}
-    override_isa = src.override("isa")
+    override_isa = src.override_words("isa")
 
     if arch == "x86_64":
         flags = tuple(first.get("flags", "").split())
         if override_isa is not None:
-            flags = tuple(f for f in override_isa.replace(",", " ").split())
+            flags = override_isa
         vendor = first.get("vendor_id")
         family = parse.int_auto(first.get("cpu family"))
         model = parse.int_auto(first.get("model"))
@@ -116,7 +116,7 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
     elif arch == "aarch64":
         flags = tuple(first.get("features", "").split())
         if override_isa is not None:
-            flags = tuple(override_isa.replace(",", " ").split())
+            flags = override_isa
         implementer = parse.int_auto(first.get("cpu implementer"))
         part = parse.int_auto(first.get("cpu part"))
         uarch, vendor, how = name_arm(implementer, part)
@@ -143,13 +143,13 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
                      flags=(), bf16_native=False, amx_supported=False, amx_usable=False,
                      microarchitecture_source="none")
 
-    override_uarch = src.override("microarch")
+    override_uarch = src.override_name("microarch")
     if override_uarch:
         facts["microarchitecture"] = override_uarch
         facts["microarchitecture_source"] = "override"
-    amx_override = src.override("amx_usable")
+    amx_override = src.override_bool("amx_usable")
     if amx_override is not None and facts["amx_supported"]:
-        facts["amx_usable"] = amx_override.lower() in ("1", "true", "yes")
+        facts["amx_usable"] = amx_override
     return CpuFacts(**facts)  # type: ignore[arg-type]  # keys and types checked by CpuFacts' fields
 
 

@@ -101,14 +101,14 @@ def parse_hostfile_text(text: str, origin: str = "hostfile") -> Tuple[Host, ...]
 
 def read_hostfile(path: str) -> Tuple[Host, ...]:
     """Read and parse a hostfile: unreadable, too large, binary or non-UTF-8 files are a UsageError."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_HOSTFILE_BYTES + 1)  # bounded: /dev/zero or a huge file must not hang
+    from cpuperf.fsutil import InputRefused, read_capped
+
+    try:  # bounded, never blocking: /dev/zero, a FIFO or a huge file must not hang
+        data = read_capped(path, MAX_HOSTFILE_BYTES)
     except OSError as exc:
         raise UsageError(f"cannot read hostfile {path}: {exc.strerror or exc}", hint="check the path") from exc
-    if len(data) > MAX_HOSTFILE_BYTES:
-        raise UsageError(f"hostfile {path} is larger than {MAX_HOSTFILE_BYTES // (1024 * 1024)} MiB",
-                         hint="write one host per line")
+    except InputRefused as exc:
+        raise UsageError(f"hostfile {exc}", hint="write one host per line") from None
     if b"\0" in data:
         raise UsageError(f"hostfile {path} is a binary file, not text", hint="write one host per line")
     try:

@@ -121,11 +121,7 @@ def _sample(src: Sources, window_s: float, cpus: Optional[Sequence[int]]) -> Tup
 def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None) -> LoadFacts:
     """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises."""
     if window_s is None:
-        window_s = _default_window()
-        try:
-            window_s = float(src.environ.get("CPUPERF_LOAD_WINDOW", window_s))
-        except ValueError:
-            pass
+        window_s = src.env_seconds("CPUPERF_LOAD_WINDOW", _default_window())
     psi, psi_path = _pressure(src)
     one, running = parse_loadavg(src.read("/proc/loadavg"))
     if not src.live or window_s <= 0:

@@ -145,12 +145,33 @@ def int_auto(text: Optional[str]) -> Optional[int]:
     return _int(text, 16) if text.lower().startswith("0x") else _int(text)
 
 
-def parse_meminfo(text: Optional[str]) -> Dict[str, int]:
-    """/proc/meminfo or a NUMA node's meminfo -> {'MemTotal': bytes, ...}."""
+def _garbage(origin: str, text: str, expected: str) -> UsageError:
+    """A recorded or kernel file whose value is not its type: one line naming the file and the value."""
+    shown = text.strip() if len(text.strip()) <= 60 else text.strip()[:57] + "..."
+    return UsageError(f"{origin}: {shown!r} is not {expected}",
+                      hint="record the host again (cpuperf doctor --save-snapshot DIR), or fix that file")
+
+
+def checked_int(text: Optional[str], origin: str, minimum: int = 0) -> Optional[int]:
+    """A whole number from a /proc or /sys file: None when absent or empty; else >= minimum, or a UsageError."""
+    if text is None or not text.strip():
+        return None
+    value = int_auto(text)
+    if value is None or value < minimum:
+        raise _garbage(origin, text, f"a whole number >= {minimum}")
+    return value
+
+
+def parse_meminfo(text: Optional[str], origin: str = "meminfo") -> Dict[str, int]:
+    """/proc/meminfo or a NUMA node's meminfo -> {'MemTotal': bytes, ...}. A MemTotal or MemAvailable line
+    that is not a number is a UsageError naming `origin`."""
     out: Dict[str, int] = {}
     if not text:
         return out
     for line in text.splitlines():
+        if re.match(r"^(?:Node\s+\d+\s+)?(MemTotal|MemAvailable):", line.strip()) and \
+                not re.match(r"^(?:Node\s+\d+\s+)?\w+:\s+\d{1,19}(\s+kB)?\s*$", line.strip()):
+            raise _garbage(origin, line, "a size in kB")
         # node meminfo lines read 'Node 0 MemTotal:  1234 kB'
         match = re.match(r"^(?:Node\s+\d+\s+)?([A-Za-z_()0-9]+):\s+(\d+)(?:\s+kB)?", line.strip())
         if match:
@@ -161,12 +182,15 @@ def parse_meminfo(text: Optional[str]) -> Dict[str, int]:
     return out
 
 
-def parse_cgroup_v2_cpu_max(text: Optional[str]) -> Optional[float]:
-    """'200000 100000' -> 2.0 CPUs; 'max 100000' -> None (no quota)."""
-    if not text:
+def parse_cgroup_v2_cpu_max(text: Optional[str], origin: str = "cpu.max") -> Optional[float]:
+    """'200000 100000' -> 2.0 CPUs; 'max 100000' -> None (no quota); anything else a UsageError."""
+    if not text or not text.strip():
         return None
     parts = text.split()
-    if len(parts) < 1 or parts[0] == "max":
+    if len(parts) > 2 or not re.fullmatch(r"max|[1-9][0-9]{0,17}", parts[0]) \
+            or (len(parts) == 2 and not re.fullmatch(r"[1-9][0-9]{0,17}", parts[1])):
+        raise _garbage(origin, text, "'QUOTA PERIOD' or 'max PERIOD' (microseconds)")
+    if parts[0] == "max":
         return None
     quota = _int(parts[0])
     period = _int(parts[1]) if len(parts) > 1 else 100000
@@ -176,7 +200,11 @@ def parse_cgroup_v2_cpu_max(text: Optional[str]) -> Optional[float]:
 
 
 def parse_cgroup_v1_quota(quota_text: Optional[str], period_text: Optional[str]) -> Optional[float]:
-    """cfs_quota_us=-1 means no quota."""
+    """cfs_quota_us=-1 means no quota; text that is not a number is a UsageError."""
+    if quota_text and not re.fullmatch(r"-1|[1-9][0-9]{0,17}", quota_text.strip()):
+        raise _garbage("cpu.cfs_quota_us", quota_text, "-1 or a number of microseconds")
+    if period_text and not re.fullmatch(r"[1-9][0-9]{0,17}", period_text.strip()):
+        raise _garbage("cpu.cfs_period_us", period_text, "a number of microseconds")
     quota = _int(quota_text) if quota_text else None
     period = _int(period_text) if period_text else None
     if quota is None or quota <= 0 or not period:

@@ -99,6 +99,9 @@ def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str
                          hint='e.g. CPUPERF_OVERRIDE_PACKAGES=\'{"torch": "2.8.0+cpu"}\'') from exc
     merged = dict(packages)
     for name, version in wanted.items():
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", name):
+            raise UsageError(f"CPUPERF_OVERRIDE_PACKAGES: {name!r:.40} is not a package name",
+                             hint='e.g. CPUPERF_OVERRIDE_PACKAGES=\'{"torch": "2.8.0+cpu"}\'')
         if version is None or version == "":
             merged[name] = None
             continue

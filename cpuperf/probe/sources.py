@@ -10,11 +10,26 @@ from __future__ import annotations
 import glob
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence
+
+# The facts CPUPERF_OVERRIDE_<FACT> may set (README: "CPUPERF_OVERRIDE_<FACT> overrides single facts").
+OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
+             "gpus", "platform")
+_WORD = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.+-]{0,63}$")
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+def _refuse(fact: str, text: str, expected: str) -> NoReturn:
+    from cpuperf.errors import UsageError
+
+    name = f"CPUPERF_OVERRIDE_{fact.upper()}"
+    raise UsageError(f"{name}={text[:40]!r} is not {expected}", hint=f"unset {name}, or set it to {expected}")
 
 
 def _ipv4_of(ifname: str) -> Optional[str]:
@@ -55,6 +70,38 @@ def check_sysroot(sysroot: str) -> None:
                          hint=hint)
 
 
+PYTHON_CHECK_TIMEOUT_S = 15.0  # a cold interpreter on a loaded node starts in ~1 s; a hung one never answers
+_PYTHON_CHECK = "import sys; print('cpuperf-python', *sys.version_info[:3])"
+
+
+def check_python(python: str, what: str = "--python") -> str:
+    """A --python must be a Python interpreter: it runs `-I -c` and answers within a timeout; anything else
+    (a missing path, a directory, /bin/sleep, a script that hangs, a Python 2) is one UsageError line."""
+    from cpuperf.errors import UsageError
+
+    hint = "pass the path of a Python 3 interpreter (a venv's bin/python)"
+    if not python.strip():
+        raise UsageError(f"{what} is empty", hint=hint)
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return python
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        why = "no such file" if not os.path.exists(python) else "not an executable file"
+        raise UsageError(f"{what} {python!r} is not a Python interpreter: {why}", hint=hint)
+    try:
+        proc = subprocess.run([python, "-I", "-c", _PYTHON_CHECK], capture_output=True, text=True,
+                              timeout=PYTHON_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, errors="replace")
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{what} {python!r} is not a Python interpreter: it did not answer within "
+                         f"{PYTHON_CHECK_TIMEOUT_S:g} s", hint=hint) from None
+    except OSError as exc:
+        raise UsageError(f"{what} {python!r} cannot run: {exc.strerror or exc}", hint=hint) from None
+    words = proc.stdout.split()
+    if proc.returncode != 0 or len(words) != 4 or words[0] != "cpuperf-python" or words[1] != "3":
+        raise UsageError(f"{what} {python!r} is not a Python 3 interpreter (`-I -c 'import sys'` "
+                         f"exited {proc.returncode})", hint=hint)
+    return python
+
+
 class Sources:
     """Access to one host: the live one (sysroot=None) or a recorded tree."""
 
@@ -71,10 +118,12 @@ class Sources:
         return path if self.sysroot is None else self.sysroot + path
 
     def read(self, path: str) -> Optional[str]:
+        """A file's text, bounded (fsutil.MAX_INPUT_BYTES; a FIFO or device in a recorded tree is unknown, None)."""
+        from cpuperf.fsutil import InputRefused, read_text_capped
+
         try:
-            with open(self.path(path), encoding="utf-8", errors="replace") as fh:
-                return fh.read()
-        except OSError:
+            return read_text_capped(self.path(path), errors="replace")
+        except (OSError, InputRefused):
             return None
 
     def read_first_line(self, path: str) -> Optional[str]:
@@ -111,6 +160,47 @@ class Sources:
         """CPUPERF_OVERRIDE_<FACT>: applies to snapshots too (that is how tests describe hosts)."""
         return self.environ.get(f"CPUPERF_OVERRIDE_{fact.upper()}")
 
+    def override_words(self, fact: str) -> Optional[tuple]:
+        """A list CPUPERF_OVERRIDE_<FACT> (ISA flags, comma or space separated): None when unset; each word a
+        flag name (letters, digits, _ and .), else a UsageError naming the variable."""
+        text = self.override(fact)
+        if text is None:
+            return None
+        words = tuple(text.replace(",", " ").split())
+        bad = next((w for w in words if not _WORD.match(w)), None)
+        if bad is not None:
+            _refuse(fact, text, "a list of CPU flag names (e.g. avx2,avx512f)")
+        return words
+
+    def override_name(self, fact: str) -> Optional[str]:
+        """A name CPUPERF_OVERRIDE_<FACT> (a microarchitecture): None when unset or empty; else a lower-case
+        identifier, or a UsageError."""
+        text = self.override(fact)
+        if text is None or not text.strip():
+            return None
+        if not _NAME.match(text.strip()):
+            _refuse(fact, text, "a name such as icelake or zen4 (letters, digits, _)")
+        return text.strip()
+
+    def override_bool(self, fact: str) -> Optional[bool]:
+        """A yes/no CPUPERF_OVERRIDE_<FACT>: None when unset or empty; 1/true/yes or 0/false/no, else a UsageError."""
+        text = self.override(fact)
+        if text is None or not text.strip():
+            return None
+        value = text.strip().lower()
+        if value not in _TRUE + _FALSE:
+            _refuse(fact, text, "1 or 0 (true/false, yes/no)")
+        return value in _TRUE
+
+    def check_overrides(self) -> None:
+        """Every CPUPERF_OVERRIDE_* set must be one cpuperf knows: a typo is refused, not silently ignored."""
+        for key in sorted(self.environ):
+            if key.startswith("CPUPERF_OVERRIDE_") and key[len("CPUPERF_OVERRIDE_"):].lower() not in OVERRIDES:
+                from cpuperf.errors import UsageError
+
+                raise UsageError(f"{key} is not an override cpuperf knows",
+                                 hint="known: " + ", ".join("CPUPERF_OVERRIDE_" + o.upper() for o in OVERRIDES))
+
     def override_number(self, fact: str, integer: bool = False) -> Optional[float]:
         """A numeric CPUPERF_OVERRIDE_<FACT>: None when unset or empty; else finite and > 0, or a UsageError."""
         text = self.override(fact)
@@ -126,6 +216,36 @@ class Sources:
 
             kind = "a positive whole number" if integer else "a positive number"
             raise UsageError(f"{name}={text[:40]!r} is not {kind}", hint=f"unset {name}, or set it to e.g. 4")
+        return value
+
+    def env_count(self, name: str) -> Optional[int]:
+        """A whole-number variable of this process (SLURM_CPUS_PER_TASK, ...): None when unset or empty; a
+        positive whole number, else a UsageError naming the variable and its value."""
+        text = self.env(name)
+        if text is None or not text.strip():
+            return None
+        if not re.fullmatch(r"[0-9]{1,9}", text.strip()) or int(text) < 1:
+            from cpuperf.errors import UsageError
+
+            raise UsageError(f"{name}={text[:40]!r} is not a positive whole number",
+                             hint=f"unset {name}, or set it to a count such as 4")
+        return int(text)
+
+    def env_seconds(self, name: str, default: float) -> float:
+        """A duration variable (CPUPERF_LOAD_WINDOW): `default` when unset or empty; a finite number >= 0
+        (0 = skip), else a UsageError naming the variable."""
+        text = self.environ.get(name)
+        if text is None or not text.strip():
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and 0 <= value <= 3600):
+            from cpuperf.errors import UsageError
+
+            raise UsageError(f"{name}={text[:40]!r} is not a number of seconds in 0..3600",
+                             hint=f"unset {name}, or set it to e.g. 0.2 (0 skips)")
         return value
 
     def affinity(self) -> Optional[List[int]]:

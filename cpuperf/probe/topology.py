@@ -26,7 +26,7 @@ def _numbered(names: Optional[List[str]], prefix: str) -> List[int]:
 
 def _read_list(src: Sources, path_list: str, path_mask: Optional[str] = None) -> Optional[Tuple[int, ...]]:
     """A cpulist file, or the older hex cpumap mask beside it."""
-    value = parse.parse_cpulist(src.read(path_list)) if src.exists(path_list) else None
+    value = parse.parse_cpulist(src.read(path_list), origin=src.path(path_list)) if src.exists(path_list) else None
     if value is None and path_mask is not None:
         value = parse.parse_cpumask(src.read(path_mask))
     return value
@@ -35,11 +35,12 @@ def _read_list(src: Sources, path_list: str, path_mask: Optional[str] = None) ->
 def online_cpus(src: Sources) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """(online, offline) CPU ids from /sys; both empty when /sys says nothing."""
     present_dirs = _numbered(src.listdir(SYS_CPU), "cpu")
-    online = parse.parse_cpulist(src.read(f"{SYS_CPU}/online"))
+    online = parse.parse_cpulist(src.read(f"{SYS_CPU}/online"), origin=src.path(f"{SYS_CPU}/online"))
     if online is None:
         online = tuple(c for c in present_dirs
                        if (src.read_first_line(f"{SYS_CPU}/cpu{c}/online") or "1") != "0")
-    present = set(present_dirs) | set(parse.parse_cpulist(src.read(f"{SYS_CPU}/present")) or ())
+    present = set(present_dirs) | set(parse.parse_cpulist(src.read(f"{SYS_CPU}/present"),
+                                                          origin=src.path(f"{SYS_CPU}/present")) or ())
     offline = tuple(sorted(present - set(online)))
     return tuple(online), offline
 
@@ -50,7 +51,7 @@ def numa_nodes(src: Sources) -> Tuple[NumaNode, ...]:
     for node_id in _numbered(src.listdir(SYS_NODE), "node"):
         base = f"{SYS_NODE}/node{node_id}"
         cpus = _read_list(src, f"{base}/cpulist", f"{base}/cpumap") or ()
-        mem = parse.parse_meminfo(src.read(f"{base}/meminfo")).get("MemTotal")
+        mem = parse.parse_meminfo(src.read(f"{base}/meminfo"), src.path(f"{base}/meminfo")).get("MemTotal")
         nodes.append(NumaNode(id=node_id, cpus=tuple(cpus), memory_bytes=mem))
     return tuple(nodes)
 
@@ -73,9 +74,11 @@ def _from_sysfs(src: Sources, online: Tuple[int, ...], nodes: Tuple[NumaNode, ..
     core_groups: Set[Tuple[int, ...]] = set()
     for cpu in online:
         topo = f"{SYS_CPU}/cpu{cpu}/topology"
-        package = parse.int_auto(src.read_first_line(f"{topo}/physical_package_id"))
-        core = parse.int_auto(src.read_first_line(f"{topo}/core_id"))
-        die = parse.int_auto(src.read_first_line(f"{topo}/die_id")) or 0
+        # -1: the kernel's "unknown" on some arm hosts; text that is no number is garbage, said as such
+        package = parse.checked_int(src.read_first_line(f"{topo}/physical_package_id"),
+                                    src.path(f"{topo}/physical_package_id"), minimum=-1)
+        core = parse.checked_int(src.read_first_line(f"{topo}/core_id"), src.path(f"{topo}/core_id"), minimum=-1)
+        die = parse.checked_int(src.read_first_line(f"{topo}/die_id"), src.path(f"{topo}/die_id"), minimum=-1) or 0
         if package is None or core is None:  # no topology dir: ask cpuinfo about this CPU
             block = by_cpuinfo.get(cpu, {})
             package = parse.int_auto(block.get("physical id")) if package is None else package
@@ -145,7 +148,7 @@ def cgroup_cpu_quota(src: Sources) -> Tuple[Optional[int], Optional[float]]:
     quotas = []
     for d in dirs:
         if version == 2:
-            quota = parse.parse_cgroup_v2_cpu_max(src.read(f"{d}/cpu.max"))
+            quota = parse.parse_cgroup_v2_cpu_max(src.read(f"{d}/cpu.max"), src.path(f"{d}/cpu.max"))
         else:
             quota = parse.parse_cgroup_v1_quota(src.read(f"{d}/cpu.cfs_quota_us"),
                                                 src.read(f"{d}/cpu.cfs_period_us"))
@@ -158,7 +161,7 @@ def cgroup_cpuset(src: Sources) -> Optional[Tuple[int, ...]]:
     version, dirs = cgroup_dirs(src, "cpuset")
     for d in dirs:  # the nearest cgroup that says anything wins
         for name in ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"):
-            cpus = parse.parse_cpulist(src.read(f"{d}/{name}"))
+            cpus = parse.parse_cpulist(src.read(f"{d}/{name}"), origin=src.path(f"{d}/{name}"))
             if cpus:
                 return cpus
     return None
@@ -170,7 +173,8 @@ def cgroup_memory_limit(src: Sources) -> Optional[int]:
     for d in dirs:
         raw = src.read_first_line(f"{d}/memory.max") if version == 2 else \
             src.read_first_line(f"{d}/memory.limit_in_bytes")
-        value = parse.int_auto(raw) if raw and raw != "max" else None
+        where = src.path(f"{d}/memory.max" if version == 2 else f"{d}/memory.limit_in_bytes")
+        value = parse.checked_int(raw, where, minimum=0) if raw and raw != "max" else None
         # cgroup v1 reports 'no limit' as a huge page-aligned number.
         if value and value < (1 << 60):
             limits.append(value)

@@ -102,4 +102,13 @@ def launch_line(launch: Dict[str, Any]) -> str:
 
 
 def env_exports(env: Dict[str, str]) -> str:
-    return "".join(f"export {k}={shlex.quote(str(val))}\n" for k, val in env.items())
+    """`export NAME='value'` lines, inert in sh, bash, zsh, dash and fish alike (render/shell.py's rule): a
+    value no single quoting writes the same for all of them is left out with a comment saying why."""
+    from cpuperf.decide.runtime_env import shell_safe, valid_name
+
+    lines = []
+    for k, val in env.items():
+        why = shell_safe(str(val)) if valid_name(k) else "not a valid variable name"
+        lines.append(f"export {k}='{val}'\n" if why is None else
+                     f"# {k if valid_name(k) else 'a variable'} not written: {why}\n")
+    return "".join(lines)

@@ -4,9 +4,13 @@ The default is POSIX sh, never a guess from $SHELL: the login shell is not the s
 output (a bash job script run by a fish user), and `export NAME='value'` means the same in sh, bash,
 zsh and dash. fish syntax only when asked for (--shell fish).
 
-Safety: every value is single-quoted with the target shell's own escaping, names are checked
-against ^[A-Za-z_][A-Za-z0-9_]*$ and a reserved list, comments are one printable line. Output is a
-plain assignment of each final value, so evaluating it twice changes nothing.
+Safety: any output may be evaluated by any shell (a fish user sources the default; a bash job script
+reads a dotenv file), so every format must be inert in sh, bash, zsh, dash and fish alike. A value is
+written only when single quotes mean the same to all of them: no quote, no backslash (fish escapes
+\\ and \' inside '...', POSIX shells do not) and no control character; any other value is refused with a
+note (runtime_env.shell_safe). Names are checked against ^[A-Za-z_][A-Za-z0-9_]*$ and a reserved list;
+comments are one line with no quote, backslash, $ or backquote. Output is a plain assignment of each
+final value, so evaluating it twice changes nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from cpuperf.decide.runtime_env import EnvVar, Kept, valid_name
+from cpuperf.decide.runtime_env import EnvVar, Invalid, Kept, shell_safe, valid_name
 from cpuperf.errors import UsageError
 
 SCHEMA = "cpuperf.ccl-env/1"
 SHELLS = ("sh", "bash", "zsh", "fish", "dotenv")
 DEFAULT_SHELL = "sh"
-_DOTENV_SAFE = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")
+# Written bare in a dotenv file (docker's --env-file takes values literally): nothing any shell expands,
+# and no leading '=' (zsh's =cmd expansion) or '~'.
+_DOTENV_SAFE = re.compile(r"^[A-Za-z0-9_./:,@+-][A-Za-z0-9_./:,@+=-]*$")
+_COMMENT_UNSAFE = str.maketrans({"'": "?", '"': "?", "\\": "?", "$": "?", "`": "?"})
 
 
 def check_shell(name: str) -> str:
@@ -29,21 +36,30 @@ def check_shell(name: str) -> str:
     return name
 
 
+def _refuse_unsafe(value: str) -> None:
+    why = shell_safe(value)
+    if why is not None:
+        raise UsageError(f"value {one_line(repr(value), 80)} cannot be written for every shell: {why}")
+
+
 def quote_posix(value: str) -> str:
-    """sh/bash/zsh/dash: inside '...' nothing is special; a quote is written '\\''."""
-    return "'" + value.replace("'", "'\\''") + "'"
+    """sh/bash/zsh/dash (and fish reading the same text): '...' around a shell-safe value."""
+    _refuse_unsafe(value)
+    return "'" + value + "'"
 
 
 def quote_fish(value: str) -> str:
-    """fish: inside '...' only \\\\ and \\' are escapes (fish docs, 'Quotes')."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """fish (and POSIX shells reading the same text): '...' around a shell-safe value."""
+    _refuse_unsafe(value)
+    return "'" + value + "'"
 
 
 def quote_dotenv(value: str) -> str:
-    """Unquoted when plainly safe; else single quotes with \\\\ and \\' escaped (python-dotenv's rules)."""
+    """Bare when nothing in it is special to anyone; else single quotes around a shell-safe value."""
+    _refuse_unsafe(value)
     if value and _DOTENV_SAFE.match(value):
         return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "'" + value + "'"
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -52,13 +68,14 @@ def one_line(text: str, limit: int = 300) -> str:
     return clean if len(clean) <= limit else clean[:limit - 3] + "..."
 
 
+def comment(text: str, limit: int = 300) -> str:
+    """A comment line's text: one line, and nothing a shell that did not treat '#' as a comment would expand."""
+    return one_line(text, limit).translate(_COMMENT_UNSAFE)
+
+
 def printable_value(value: str) -> bool:
-    """Values that can be written as text (undecodable bytes from the environment cannot)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\0" not in value
+    """Values that can be written for every shell (see runtime_env.shell_safe)."""
+    return shell_safe(value) is None
 
 
 class CclEnv(NamedTuple):
@@ -75,6 +92,7 @@ class CclEnv(NamedTuple):
     placement: Optional[Dict[str, Any]] = None
     header: str = ""
     extra: Optional[Dict[str, Any]] = None
+    invalid: Tuple[Invalid, ...] = ()
 
     def provenance(self, name: str) -> List[EnvVar]:
         return [v for v in self.vars if v.name == name]
@@ -93,11 +111,11 @@ def _comment_for(env: CclEnv, name: str) -> str:
 def render(env: CclEnv, shell: str) -> str:
     """Code for `eval` (sh, bash, zsh, dash), `| source` (fish) or a dotenv file: comments + plain assignments."""
     check_shell(shell)
-    lines = [f"# {one_line(env.header)}"] if env.header else []
+    lines = [f"# {comment(env.header)}"] if env.header else []
     for name, value in env.final.items():
         if not valid_name(name) or not printable_value(value):
             continue  # refused earlier with a note; never written
-        lines.append(f"# {one_line(_comment_for(env, name))}")
+        lines.append(f"# {comment(_comment_for(env, name))}")
         if shell == "fish":
             lines.append(f"set -gx {name} {quote_fish(value)}")
         elif shell == "dotenv":
@@ -119,6 +137,7 @@ def to_json(env: CclEnv) -> Dict[str, Any]:
         "notes": list(env.notes),
         "vars": [v.to_json() for v in env.vars],
         "skipped": list(env.skipped),
+        "invalid": [i.to_json() for i in env.invalid],
         "placement": env.placement,
     }
     obj.update(env.extra or {})

@@ -166,8 +166,10 @@ def load_cached(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) ->
 
 def load_file(path: str) -> Measurements:
     try:
-        data = _validated(json.loads(Path(path).read_bytes().decode("utf-8")))
-    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        from cpuperf.fsutil import read_capped  # a device or FIFO is refused, never read forever
+
+        data = _validated(json.loads(read_capped(path).decode("utf-8")))
+    except (OSError, ValueError, RecursionError) as exc:  # fsutil.InputRefused is a ValueError  # UnicodeDecodeError is a ValueError
         from cpuperf.errors import UsageError
 
         why = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__

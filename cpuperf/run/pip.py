@@ -223,10 +223,12 @@ def pip_config(pip: Pip) -> str:
 
 
 def read_text(path: str) -> str:
+    """A pip configuration's constraint file, bounded; unreadable or refused reads as empty."""
+    from cpuperf.fsutil import InputRefused, read_text_capped
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except OSError:
+        return read_text_capped(path, errors="replace")
+    except (OSError, InputRefused):
         return ""
 
 

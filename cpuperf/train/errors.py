@@ -21,6 +21,7 @@ class TrainExit(enum.IntEnum):
     DIST_INIT_FAILED = int(ExitCode.LAUNCH_FAILED)  # torch.distributed could not start (matches LAUNCH_FAILED)
     BUSY = int(ExitCode.BUSY)  # another live run holds out_dir
     INTERRUPTED = int(ExitCode.INTERRUPTED)  # SIGINT (Ctrl-C): 128 + 2, a checkpoint was written
+    FILESYSTEM = int(ExitCode.FILESYSTEM)  # a file cannot be written: no space left, read-only, permissions
     TERMINATED = 143  # SIGTERM: 128 + 15, a checkpoint was written
 
 
@@ -56,3 +57,5 @@ class RunDirBusyError(TrainError):
 
 class DiskFullError(TrainError):
     """A write hit ENOSPC: said as such, with the path, not as the library's own wording."""
+
+    code = TrainExit.FILESYSTEM  # the README's exit code 10

@@ -68,3 +68,44 @@ def claim(out_dir: str, resume: bool, environ: Optional[Mapping[str, str]] = Non
         raise ConfigError(f"{out_dir} already holds a run: {what}; not overwriting it",
                           hint="pass --resume to continue it, or another --out")
     return lock
+
+
+DEFAULT_BASE = os.path.join("runs", "train")
+VERSION_PREFIX = "version_"
+
+
+def _versions(base: str) -> list[int]:
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    return sorted(int(n[len(VERSION_PREFIX):]) for n in names
+                  if n.startswith(VERSION_PREFIX) and n[len(VERSION_PREFIX):].isdigit()
+                  and len(n) - len(VERSION_PREFIX) <= 9)
+
+
+def default_run_dir(base: str = DEFAULT_BASE, *, resume: bool = False, create: bool = False) -> str:
+    """The run directory when --out is not given, as Lightning's version_N: a new BASE/version_N per run
+    (one more than the highest there), or with `resume` the newest one. `create` makes the new one
+    at once (mkdir fails if another run took the name first: the next number is tried)."""
+    versions = _versions(base)
+    if resume:
+        if not versions and existing_run(Path(base)) is not None:
+            return os.path.abspath(base)  # a run from before version_N directories: continue it in place
+        if not versions:
+            raise ConfigError(f"--resume: {base} holds no run (no {VERSION_PREFIX}N directory)",
+                              hint="pass --out DIR naming the run to continue")
+        return os.path.abspath(os.path.join(base, f"{VERSION_PREFIX}{versions[-1]}"))
+    number = versions[-1] + 1 if versions else 0
+    while True:
+        path = os.path.abspath(os.path.join(base, f"{VERSION_PREFIX}{number}"))
+        if not create:
+            return path
+        try:
+            os.makedirs(base, exist_ok=True)
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            if not os.path.isdir(base):
+                raise
+            number += 1

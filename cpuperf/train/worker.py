@@ -171,6 +171,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Terminated as exc:
         sys.stderr.write(f"cpuperf train: {signal.Signals(exc.signum).name} before training started\n")
         return int(TrainExit.TERMINATED)
+    except OSError as exc:  # a file the run writes (metrics, logs, the run directory): exit 10, the path named
+        if debug:
+            raise
+        from cpuperf.errors import from_os_error
+
+        fs = from_os_error(exc)
+        return _report(TrainError(fs.message, hint=fs.hint, code=TrainExit.FILESYSTEM), args.json)  # type: ignore[arg-type]
     except Exception as exc:
         if debug:
             raise

@@ -1,0 +1,62 @@
+"""Newcomer paths: the README's benchmark line installs what its workloads import, or a workload that
+cannot run says why and the rest goes on."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from benchmarks import user_scripts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _extra(name: str) -> list:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return [re.split(r"[<>=!~ \[]", req, maxsplit=1)[0].lower() for req in data["project"]["optional-dependencies"][name]]
+
+
+def test_bench_extra_installs_every_module_a_workload_imports():
+    bench = set(_extra("bench"))
+    needed = {m for mods in user_scripts.NEEDS.values() for m in mods}
+    assert needed <= bench, needed - bench
+    # and NEEDS is true to the scripts: every third-party module they import is listed
+    for script in (ROOT / "benchmarks" / "scripts").glob("*.py"):
+        imported = set(re.findall(r"^\s*(?:from|import) (transformers|accelerate)\b", script.read_text(), re.M))
+        assert imported <= needed, (script.name, imported - needed)
+
+
+def test_a_workload_whose_modules_are_missing_says_why_and_the_table_keeps_going(monkeypatch):
+    monkeypatch.setitem(user_scripts.NEEDS, "hf-trainer", ("cpuperf_no_such_module",))
+    lines: list = []
+    res = user_scripts.bench_user_script("hf-trainer", rounds=3, steps=5, log=lines.append)
+    assert res["skipped"] == "not run: cpuperf_no_such_module not installed (pip install -e '.[bench]')"
+    assert lines == [f"  hf-trainer: {res['skipped']}"]
+    rows = user_scripts.markdown_rows([res])
+    assert rows[-1].startswith("| hf-trainer | not run: cpuperf_no_such_module not installed")
+
+
+def test_default_run_dir_numbers_like_lightning(tmp_path):
+    import pytest
+
+    from cpuperf.train.errors import ConfigError
+    from cpuperf.train.rundir import default_run_dir
+
+    base = str(tmp_path / "runs" / "train")
+    assert default_run_dir(base) == f"{base}/version_0" and not (tmp_path / "runs").exists()  # a plan creates nothing
+    with pytest.raises(ConfigError):
+        default_run_dir(base, resume=True)  # nothing to resume
+    first, second = default_run_dir(base, create=True), default_run_dir(base, create=True)
+    assert (first, second) == (f"{base}/version_0", f"{base}/version_1")
+    (tmp_path / "runs" / "train" / "version_7").mkdir()
+    (tmp_path / "runs" / "train" / "version_x").mkdir()  # not a version: ignored
+    assert default_run_dir(base, create=True) == f"{base}/version_8"
+    assert default_run_dir(base, resume=True) == f"{base}/version_8"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):
+        default_run_dir(str(tmp_path / "file" / "train"), create=True)
