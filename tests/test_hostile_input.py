@@ -246,7 +246,7 @@ CASES = [
          needle="CPUPERF_OVERRIDE_PACKAGES"),
     Case("slurm-garbage", ["recommend"], USAGE, env={"SLURM_CPUS_PER_TASK": "four"}, needle="SLURM_CPUS_PER_TASK"),
     Case("slurm-zero", ["ccl-env"], USAGE, env={"SLURM_NTASKS": "0"}, needle="SLURM_NTASKS"),
-    Case("load-window-nan", ["train", "--dry-run"], USAGE, env={"CPUPERF_LOAD_WINDOW": "nan"},
+    Case("load-window-nan", ["recommend", "--adapt-to-load"], USAGE, env={"CPUPERF_LOAD_WINDOW": "nan"},
          needle="CPUPERF_LOAD_WINDOW"),
     Case("measure-switch-garbage", ["train", "--auto", "--max-steps", "1", "--out", "{tmp}/never2"], USAGE,
          env={"CPUPERF_MEASURE": "maybe"}, needle="CPUPERF_MEASURE"),
