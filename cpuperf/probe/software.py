@@ -21,7 +21,11 @@ OPENMP_LIBS = {
 ALLOCATOR_LIBS = {
     "tcmalloc": ["libtcmalloc.so*", "libtcmalloc_minimal.so*"],
     "jemalloc": ["libjemalloc.so*"],
+    "mimalloc": ["libmimalloc.so*"],
 }
+# Folders inside site-packages where allocator wheels put their library: cmeel-mimalloc ships
+# cmeel.prefix/lib/libmimalloc.so (its wheel's file list; `cpuperf install` adds it, no root needed).
+WHEEL_LIB_DIRS = ("cmeel.prefix/lib",)
 LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra", "srun", "torchrun")
 
 
@@ -147,7 +151,8 @@ def probe_software(src: Sources, python: Optional[str] = None) -> Optional[Softw
         mpi=_launchers(src, scanned.get("bindir", "")),
         numactl=src.which("numactl"),
         openmp=_libraries(src, OPENMP_LIBS, extra),
-        allocators=_libraries(src, ALLOCATOR_LIBS, extra),
+        allocators=_libraries(src, ALLOCATOR_LIBS, extra + [os.path.join(site, sub) for site in scanned.get("site_dirs", [])
+                                                            for sub in WHEEL_LIB_DIRS]),
     )
 
 

@@ -15,18 +15,27 @@ from typing import Any, Dict, Tuple
 
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
-             "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256}}
+             "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256},
+             # GPT-2 small's width and depth (the gpt2-small preset) at a 256-token context: ~85M parameters,
+             # optimizer state ~1.4 GB: big enough for the allocator and memory levers, a few steps a run.
+             "gpt2": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 256}}
 MLP_SHAPES = {"small": (1024, 1024, 4), "large": (2048, 4096, 4)}  # (input, hidden, layers)
 CONV_SHAPES = {"small": (64, 32), "large": (128, 64)}  # (image side, base channels)
 BATCH = {"lm": 16, "mlp": 256, "conv": 32}
+SIZE_BATCH = {("lm", "gpt2"): 4}
 
 
-def flops_per_sample(workload: str, size: str) -> float:
+def lm_shape(size: str, shape: Any = None) -> Dict[str, int]:
+    """The LM's shape: an explicit one (a model cpuperf plans for: `cpuperf bench --compile --model`) or a size."""
+    return dict(shape) if shape else LM_SHAPES[size]
+
+
+def flops_per_sample(workload: str, size: str, shape: Any = None) -> float:
     """Training FLOPs per sample (forward + backward = 3x forward matmul FLOPs)."""
     if workload == "lm":
         from cpuperf.train.model import flops_per_token, make_config
 
-        cfg = make_config("tiny", LM_SHAPES[size])
+        cfg = make_config("tiny", lm_shape(size, shape))
         return flops_per_token(cfg) * cfg.seq_len
     if workload == "mlp":
         d_in, hidden, layers = MLP_SHAPES[size]
@@ -41,7 +50,7 @@ def flops_per_sample(workload: str, size: str) -> float:
     return 6.0 * (macs + c_in * 10)
 
 
-def _build(workload: str, size: str, batch: int) -> Tuple[Any, Any]:
+def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any, Any]:
     import torch
     from torch import nn
 
@@ -49,7 +58,7 @@ def _build(workload: str, size: str, batch: int) -> Tuple[Any, Any]:
     if workload == "lm":
         from cpuperf.train.model import build_model, make_config
 
-        cfg = make_config("tiny", LM_SHAPES[size])
+        cfg = make_config("tiny", lm_shape(size, shape))
         model = build_model(cfg)
         x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
         y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
@@ -92,11 +101,11 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
-    batch = int(cfg.get("batch", BATCH[workload]))
+    batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
     if cfg.get("threads_per_rank"):
         torch.set_num_threads(int(cfg["threads_per_rank"]))
     torch.manual_seed(0)
-    model, loss_fn = _build(workload, size, batch)
+    model, loss_fn = _build(workload, size, batch, cfg.get("shape"))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     dtype = cfg.get("dtype", "fp32")
@@ -147,9 +156,10 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "first_step_s": first,
         "threads": torch.get_num_threads(),
         "allowed_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "allocator": next((a for a in ("tcmalloc", "jemalloc") if f"lib{a}" in maps), None),
+        "allocator": next((a for a in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{a}" in maps), None),
+        "batch": batch,
         "openmp": next((o for o in ("libiomp5", "libgomp", "libomp") if o in maps), None),
-        "flops_per_sample": flops_per_sample(workload, size),
+        "flops_per_sample": flops_per_sample(workload, size, cfg.get("shape")),
         "torch": torch.__version__,
     }
 
