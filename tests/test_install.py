@@ -419,7 +419,7 @@ def test_download_then_air_gapped_install(tmp_path, index, pip_home):
     data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--find-links", str(house), "--from-lock",
                         str(lock), "--dry-run", "--json"], pip_home))
     assert "--no-index" in data["argv"] and data["find_links"] == [str(house)]
-    assert [p["version"] for p in data["packages"]] == ["2.7.0+cpu"]
+    assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu"), ("cmeel-mimalloc", "3.4.3")]
 
 
 @pytest.mark.skipif(not list(Path("/opt/wheels").glob("torch-*+cpu-*.whl")),
