@@ -102,12 +102,23 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
     workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
     batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    pin = cfg.get("cpus_per_rank")  # [[cpus of rank 0], [cpus of rank 1], ...]: pinned ranks
+    if pin and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, pin[int(os.environ.get("LOCAL_RANK", "0")) % len(pin)])
     if cfg.get("threads_per_rank"):
         torch.set_num_threads(int(cfg["threads_per_rank"]))
+    if world > 1:  # data parallel over ranks started by torchrun: the global batch split between them
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model, loss_fn = _build(workload, size, batch, cfg.get("shape"))
+    model, loss_fn = _build(workload, size, max(1, batch // world), cfg.get("shape"))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    fused: Dict[str, Any] = {"fused": True} if cfg.get("optimizer") == "adamw_fused" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
     dtype = cfg.get("dtype", "fp32")
     if cfg.get("ipex"):
         import intel_extension_for_pytorch as ipex  # noqa: F401  (legacy stacks only)
@@ -140,9 +151,14 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         step()
         count += 1
         elapsed = time.perf_counter() - start
-        if count >= min_steps and elapsed >= seconds:
-            break
-        if elapsed >= seconds * 2:  # emulated bf16 can be 100x slower: never run for minutes
+        done = (count >= min_steps and elapsed >= seconds) or elapsed >= seconds * 2  # emulated bf16: never minutes
+        if world > 1:  # every rank stops at the same step (DDP's all-reduces must pair up)
+            import torch.distributed as dist
+
+            flag = torch.tensor([1.0 if done else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            done = bool(flag.item())
+        if done:
             break
     maps = ""
     try:
@@ -150,8 +166,16 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
             maps = fh.read()
     except OSError:
         pass
+    if world > 1:
+        import torch.distributed as dist
+
+        slowest = torch.tensor([elapsed])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the job is as fast as its slowest rank
+        elapsed = float(slowest.item())
+        dist.destroy_process_group()
     return {
-        "samples_per_s": count * batch / elapsed,
+        "samples_per_s": count * max(1, batch // world) * world / elapsed,
+        "ranks": world, "rank": rank,
         "steps": count,
         "first_step_s": first,
         "threads": torch.get_num_threads(),
@@ -171,7 +195,9 @@ def main(argv: Any = None) -> int:
     except ValueError as exc:
         print(json.dumps({"error": f"bad settings JSON: {exc}"}))
         return 2
-    print(json.dumps(run(cfg)))
+    result = run(cfg)
+    if result.get("rank", 0) == 0:  # one line per job, from rank 0
+        print(json.dumps(result))
     return 0
 
 
