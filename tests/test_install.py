@@ -449,6 +449,29 @@ def test_real_ipex_28_on_pypi_is_refused_on_a_cpu_host(tmp_path):
     assert any(p["name"].startswith("nvidia-") for p in data["packages"])
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CPUPERF_SLOW") != "1", reason="set CPUPERF_SLOW=1 (needs the package registry)")
+def test_the_real_allocator_wheel_installs_without_root_and_preloads(tmp_path):
+    """The registry's cmeel-mimalloc in a fresh venv: the probe finds its library, and a Python started
+    with it in LD_PRELOAD runs with mimalloc mapped (what `--auto` does once a measurement favours it)."""
+    from cpuperf.plan.install import allocator_wheel
+
+    name, version = allocator_wheel()
+    python = str(tmp_path / "v" / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "v")], check=True, timeout=300)
+    subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", f"{name}=={version}"],
+                   check=True, capture_output=True, timeout=600)
+    doctor = json.loads(run_cli(["doctor", "--json", "--python", python], timeout=120,
+                                extra_env={"PYTHONPATH": str(REPO)}, cwd=str(REPO)).stdout)
+    libs = doctor["software"]["allocators"]["mimalloc"]
+    assert libs and all(str(tmp_path) in p for p in libs)
+    from cpuperf.decide.runtime_env import preloadable
+
+    maps = subprocess.run([python, "-c", "print(open('/proc/self/maps').read())"], capture_output=True, text=True,
+                          env={**os.environ, "LD_PRELOAD": preloadable(libs) or ""}, timeout=60)
+    assert maps.returncode == 0 and "libmimalloc" in maps.stdout and "ERROR: ld.so" not in maps.stderr
+
+
 # --------------------------------------------------------------------------- pure functions
 
 

@@ -495,11 +495,12 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
     evidence["crossover_steps"] = crossover
     steps = w.steps
     evidence["steps"] = steps
-    how = "measured here for this model" if own else "assumed (not measured for this model: cpuperf bench --compile " \
-        "--model ... measures it)"
+    model = w.name if w.source == "preset" else "CONFIG"
+    how = "measured here for this model" if own else \
+        f"assumed: not measured for this model here (`cpuperf bench --compile --model {model}` measures it)"
     if crossover is None:
-        return Decision("compile", False, f"torch.compile gains nothing in steady state ({speedup:.2f}x, {how}): "
-                        "its compile time never pays back", evidence)
+        return Decision("compile", False, f"no steady-state gain from torch.compile ({speedup:.2f}x, {how}): its "
+                        "compile time never pays back", evidence)
     figure = (f"compile ~{compile_s:.0f} s, {speedup:.2f}x per step of {step_s:.2f} s ({how}): pays back after "
               f"{crossover} steps")
     if steps is None:
