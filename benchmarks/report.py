@@ -37,7 +37,7 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
         m = results[0]["machine"]
         lines.append(f"Machine: {m['cpu']} ({m['microarchitecture']}, {m['physical_cores']} cores, "
                      f"bf16 native: {m['bf16_native']}), torch {m['torch']}; {results[0]['rounds']} alternating rounds "
-                     f"(order rotated each round), {results[0]['seconds_per_run']:.0f} s timed per run, medians with "
+                     f"(order rotated each round), {results[0]['seconds_per_run']:g} s timed per run, medians with "
                      "(min-max) of the per-round ratios.")
         den = results[0].get("mfu_denominator") or {}
         if den.get("tflops"):
