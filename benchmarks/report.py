@@ -56,12 +56,13 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
                          f"({r['best_sweep']}) | {_fmt(spread['auto_vs_run_cpu'])} | {(auto['median'] or 0):.1f} | "
                          f"{_mfu(r)} | {_decisions(r['auto_decisions'])} | {_targets(r)} |")
         lines.append("")
-        levers = results[0].get("levers") or {}
-        if levers:
-            lines.append("Sweep levers on this host (" + ("screened once, the best kept for the rounds" if
-                                                       results[0]["mode"] == "quick" else "the whole product every round")
-                         + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (pruned: {v['pruned']})" if v["pruned"] else "")
-                                             for k, v in levers.items()) + ".")
+        for r in results:
+            levers = r.get("levers") or {}
+            if levers:
+                lines.append(f"- {r['workload']} sweep (" + ("product screened once, the best kept for the rounds"
+                                                             if r["mode"] == "quick" else "the whole product every round")
+                             + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (pruned: {v['pruned']})" if v["pruned"] else "")
+                                                 for k, v in levers.items()) + ".")
         for r in results:
             reasons = r.get("auto_reasons") or {}
             if reasons:

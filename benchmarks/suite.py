@@ -216,11 +216,18 @@ def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool) -> Dict[st
 
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
                    peak: Dict[str, float], log, hardware: Optional[Dict[str, Any]] = None,
-                   keep: int = 3) -> Dict[str, Any]:
+                   keep: int = 2) -> Dict[str, Any]:
     auto = auto_config(steps, workload)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}]
     points, lever_info = sweep_configs(quick)
     screening: Dict[str, Any] = {}
+    if quick and (workload, size) != ("lm", "small") and len(lever_info["compile"]["values"]) > 1:
+        # Within the quick budget compile is screened on one workload: a compiled run costs about a
+        # minute of compilation on 2 cores (the gpt2-sized LM several).
+        points = [c for c in points if not c["settings"].get("compile")]
+        lever_info["compile"] = {**lever_info["compile"], "values": ["eager"],
+                                 "pruned": "quick: compile is screened on lm-small only (a compiled run costs "
+                                           "minutes of compilation); --full sweeps it here"}
     if quick:
         points, screening = screen(points, workload, size, max(1.0, seconds / 2), keep, log)
     configs += points
@@ -322,7 +329,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "screened once, its best --keep points in the rounds")
     ap.add_argument("--full", action="store_true", help="every workload, the whole sweep product in every round")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians and spread over them)")
-    ap.add_argument("--keep", type=int, default=3, help="--quick: sweep points kept after screening")
+    ap.add_argument("--keep", type=int, default=2, help="--quick: sweep points kept after screening")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
@@ -338,7 +345,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return gpu.main(args.rounds, args.steps, args.batch, args.global_batch, Path(args.out))
     quick = not args.full
-    seconds = args.seconds or (4.0 if quick else 8.0)
+    seconds = args.seconds or (3.0 if quick else 8.0)
     every = [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")] + [("lm", "gpt2")]
     workloads = [("lm", "small"), ("mlp", "small"), ("lm", "gpt2")] if quick else every
     if args.only:

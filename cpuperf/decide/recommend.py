@@ -463,7 +463,7 @@ def model_key(w: Workload) -> str:
 def compile_crossover(compile_s: float, step_s: float, speedup: float) -> Optional[int]:
     """Steps after which torch.compile has paid for its compilation (None: it never does)."""
     saved_per_step = step_s * (1 - 1 / speedup) if speedup > 0 else 0.0
-    return math.ceil(compile_s / saved_per_step) if saved_per_step > 0 else None
+    return math.ceil(round(compile_s / saved_per_step, 6)) if saved_per_step > 0 else None  # 400.0000001 is 400
 
 
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
