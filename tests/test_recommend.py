@@ -132,6 +132,21 @@ def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
     assert recommend(facts, long, measurements=slow).get("compile") is False
 
 
+def test_train_auto_measures_compile_only_for_runs_long_enough(tmp_path, monkeypatch):
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.recommend import compile_worth_measuring, model_key
+
+    tuning = load_builtin("tuning.toml")
+    meas = Measurements(gemm_fp32_gflops=100.0)
+    assert not compile_worth_measuring(resolve_workload("tiny", steps=50), meas, 2, tuning)
+    assert compile_worth_measuring(resolve_workload("gpt2-small", steps=100_000), meas, 2, tuning)
+    assert not compile_worth_measuring(resolve_workload("gpt2-small", steps=None), meas, 2, tuning)
+    w = resolve_workload("gpt2-small", steps=100_000)
+    done = Measurements(gemm_fp32_gflops=100.0, compile_by_model={model_key(w): {"compile_seconds": 1.0, "speedup": 1.0,
+                                                                                  "step_seconds": 1.0, "batch": 1}})
+    assert not compile_worth_measuring(w, done, 2, tuning)  # measured once per model
+
+
 GPUS = {
     "t4": {"name": "Tesla T4", "compute_capability": "7.5", "memory_bytes": 16 << 30},
     "a100": {"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0", "memory_bytes": 80 << 30},

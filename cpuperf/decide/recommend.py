@@ -466,6 +466,23 @@ def compile_crossover(compile_s: float, step_s: float, speedup: float) -> Option
     return math.ceil(round(compile_s / saved_per_step, 6)) if saved_per_step > 0 else None  # 400.0000001 is 400
 
 
+def estimated_step_seconds(w: Workload, meas: Measurements, rule: Mapping[str, Any], threads: int,
+                           per_rank_batch: int, on_gpu: bool = False) -> float:
+    """A step's time from its FLOPs at half the measured (or assumed) GEMM rate: for unmeasured models."""
+    flops = w.flops_per_token() * w.seq_len * per_rank_batch
+    rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, threads))) * 1e9 * 0.5
+    return flops / (100e12 * 0.3 if on_gpu else rate)
+
+
+def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, tuning: Mapping[str, Any]) -> bool:
+    """A CPU run long enough that measuring torch.compile for its model (minutes) is a small part of it."""
+    rule = tuning["compile"]
+    if w.steps is None or model_key(w) in meas.compile_by_model:
+        return False
+    run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
+    return run_s >= rule["measure_when_run_exceeds_s"]
+
+
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
                     on_gpu: bool, ipex: bool, placement: Placement, facts: HostFacts) -> Decision:
     tv = _version(torch_v)
@@ -486,9 +503,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
     else:
         compile_s = rule["assumed_compile_seconds_per_layer"] * max(1, w.n_layer)
         speedup = rule["assumed_speedup_gpu"] if on_gpu else rule["assumed_speedup_cpu"]
-        flops = w.flops_per_token() * w.seq_len * per_rank_batch
-        rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, placement.threads_per_rank))) * 1e9 * 0.5
-        step_s = flops / (100e12 * 0.3 if on_gpu else rate)
+        step_s = estimated_step_seconds(w, meas, rule, placement.threads_per_rank, per_rank_batch, on_gpu)
         evidence.update(compile_seconds=round(compile_s, 1), speedup=speedup, step_seconds_estimate=round(step_s, 4),
                         measured="assumed")
     crossover = compile_crossover(compile_s, step_s, speedup)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.recommend import Measurements
+from cpuperf.decide.recommend import Measurements, compile_worth_measuring
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import ProbeFailedError
 from cpuperf.probe.facts import HostFacts
@@ -397,14 +397,33 @@ def compile_measurement(threads: int, python: str = sys.executable, seconds: flo
 
 
 def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
-                      log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
-    """Measure once per host and torch build where a rule is unsure (native bf16, installed allocators).
+                      log: Optional[Callable[[str], Any]] = None,
+                      workload: Optional[Workload] = None) -> Optional[Measurements]:
+    """Measure once per host and torch build where a rule is unsure (native bf16, installed allocators),
+    and torch.compile for `workload`'s model where its run is long enough for compile to matter.
 
     A cached entry that is expired, from another torch build, taken under load or unsteady is
     measured again; if the new one is no better it is used with its flag (never silently).
     """
     if not facts.live:
         return None
+    got = _measure_if_unsure(facts, threads, python, log)
+    if workload is not None and compile_worth_measuring(workload, got or Measurements(), threads, _tuning()):
+        if log:
+            log(f"measuring torch.compile for {workload.name} ({workload.steps} steps: long enough for it to "
+                "matter); cached for later runs ...")
+        entry = compile_measurement(threads, python, workload=workload)
+        if entry:
+            data, _ = read_cached(facts)
+            base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")}
+            base.setdefault("load", load_now(facts, threads))
+            save(facts, {**base, **entry})
+            got = load_cached(facts, log)
+    return got
+
+
+def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
+                       log: Optional[Callable[[str], Any]]) -> Optional[Measurements]:
     need_dtype = facts.cpu.bf16_native
     need_alloc = bool(allocator_libraries(facts))
     data, _ = read_cached(facts)
