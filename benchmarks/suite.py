@@ -63,7 +63,11 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
     return json.loads(lines[-1])
 
 
-def auto_config(steps: int, workload: str = "lm") -> Dict[str, Any]:
+# The cpuperf model whose plan stands for a benchmark LM (the small LM is the tiny preset's shape).
+AUTO_MODEL = {("lm", "gpt2"): "gpt2-small"}
+
+
+def auto_config(steps: int, workload: str = "lm", size: str = "small") -> Dict[str, Any]:
     """Exactly what `cpuperf train --auto` applies: its measurements (once per host) and its plan.
 
     The allocator is the engine's decision for this workload's family (decide_allocator: the MLP's
@@ -78,8 +82,9 @@ def auto_config(steps: int, workload: str = "lm") -> Dict[str, Any]:
     meas = measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
                                      log=lambda m: print(m, file=sys.stderr, flush=True))
     env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+    model = ["--model", AUTO_MODEL[(workload, size)]] if (workload, size) in AUTO_MODEL else []
     proc = subprocess.run([sys.executable, "-m", "cpuperf", "train", "--auto", "--dry-run", "--json",
-                           "--max-steps", str(steps)], capture_output=True, text=True, env=env, timeout=300)
+                           "--max-steps", str(steps), *model], capture_output=True, text=True, env=env, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"cpuperf train --auto --dry-run failed: {proc.stderr.strip()[-500:]}")
     plan = json.loads(proc.stdout)
@@ -217,7 +222,7 @@ def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool) -> Dict[st
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
                    peak: Dict[str, float], log, hardware: Optional[Dict[str, Any]] = None,
                    keep: int = 2) -> Dict[str, Any]:
-    auto = auto_config(steps, workload)
+    auto = auto_config(steps, workload, size)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}]
     points, lever_info = sweep_configs(quick)
     screening: Dict[str, Any] = {}
