@@ -33,7 +33,9 @@ def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
 
 # Per-workload run lengths: the gpt2-sized LM (85M parameters, ~1.4 GB of training state) runs a few
 # steps (one warm-up), enough for the allocator and memory levers to show, within the quick budget.
-RUN_SHAPE = {("lm", "gpt2"): {"steps": 3, "warmup": 1}}
+RUN_SHAPE = {("lm", "gpt2"): {"steps": 2, "warmup": 1}}
+# Sweep points kept after the quick screening, per workload (the gpt2-sized LM's runs are the long ones).
+QUICK_KEEP = {("lm", "gpt2"): 1}
 
 
 def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
@@ -334,7 +336,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "screened once, its best --keep points in the rounds")
     ap.add_argument("--full", action="store_true", help="every workload, the whole sweep product in every round")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians and spread over them)")
-    ap.add_argument("--keep", type=int, default=2, help="--quick: sweep points kept after screening")
+    ap.add_argument("--keep", type=int, default=None, help="--quick: sweep points kept after screening "
+                    "(default 2; 1 for the gpt2-sized LM)")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
@@ -375,7 +378,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results = []
     for workload, size in workloads:
         res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log,
-                             hardware=hardware, keep=args.keep)
+                             hardware=hardware, keep=args.keep or QUICK_KEEP.get((workload, size), 2))
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
     user_results = []

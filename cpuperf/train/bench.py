@@ -16,13 +16,14 @@ from typing import Any, Dict, Tuple
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
              "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256},
-             # GPT-2 small's width and depth (the gpt2-small preset) at a 256-token context: ~85M parameters,
-             # optimizer state ~1.4 GB: big enough for the allocator and memory levers, a few steps a run.
-             "gpt2": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 256}}
+             # GPT-2 small's width and depth (the gpt2-small preset) at a 128-token context: ~85M parameters,
+             # weights, gradients and AdamW state ~1.4 GB: big enough for the allocator and memory levers;
+             # a step ~2-3 s on 2 cores at batch 2, so a run is a few steps.
+             "gpt2": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 128}}
 MLP_SHAPES = {"small": (1024, 1024, 4), "large": (2048, 4096, 4)}  # (input, hidden, layers)
 CONV_SHAPES = {"small": (64, 32), "large": (128, 64)}  # (image side, base channels)
 BATCH = {"lm": 16, "mlp": 256, "conv": 32}
-SIZE_BATCH = {("lm", "gpt2"): 4}
+SIZE_BATCH = {("lm", "gpt2"): 2}
 
 
 def lm_shape(size: str, shape: Any = None) -> Dict[str, int]:
