@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-TARGETS = {"auto_vs_default": 1.0, "auto_vs_best_sweep": 0.95, "auto_vs_run_cpu": 1.0}
-
 
 def _fmt(r: Optional[Dict[str, Any]]) -> str:
     if not r or r.get("median") is None:
@@ -14,27 +12,62 @@ def _fmt(r: Optional[Dict[str, Any]]) -> str:
     return f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
 
 
+def _decisions(d: Dict[str, Any]) -> str:
+    ranks = d.get("nproc_per_node") or 1
+    return (f"{d['dtype']}, {ranks}x{d['threads_per_rank']}" + (", compile" if d.get("compile") else "")
+            + (", ipex" if d.get("ipex") else "") + (f", {d['allocator']}" if d.get("allocator") else ""))
+
+
+def _targets(r: Dict[str, Any]) -> str:
+    t = r.get("targets") or {}
+    missed = [k for k, v in t.items() if v is False]
+    return "met" if t and not missed else ("MISSED: " + "; ".join(missed) if missed else "n/a")
+
+
+def _mfu(r: Dict[str, Any]) -> str:
+    den = r.get("mfu_denominator") or {}
+    mfu = f"{r['mfu_auto'] * 100:.1f}%" if r.get("mfu_auto") else "n/a"
+    ach = f"{r['pct_of_achievable_auto']:.0f}%" if r.get("pct_of_achievable_auto") else "n/a"
+    return f"{mfu} / {ach}" if den.get("tflops") else f"n/a / {ach}"
+
+
 def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -> str:
     lines = []
     if results:
         m = results[0]["machine"]
         lines.append(f"Machine: {m['cpu']} ({m['microarchitecture']}, {m['physical_cores']} cores, "
-                     f"bf16 native: {m['bf16_native']}), torch {m['torch']}; {results[0]['rounds']} alternating rounds, "
-                     f"{results[0]['seconds_per_run']:.0f} s timed per run, medians with (min-max) over rounds.")
+                     f"bf16 native: {m['bf16_native']}), torch {m['torch']}; {results[0]['rounds']} alternating rounds "
+                     f"(order rotated each round), {results[0]['seconds_per_run']:g} s timed per run, medians with "
+                     "(min-max) of the per-round ratios.")
+        den = results[0].get("mfu_denominator") or {}
+        if den.get("tflops"):
+            lines.append(f"MFU = achieved / hardware peak ({den['source'].split(';')[0]}); "
+                         "% of achievable = achieved / measured 1024x1024 GEMM rate.")
+        else:
+            lines.append(f"MFU not reported: {den.get('why_none')}; % of achievable = achieved / measured GEMM rate.")
         lines.append("")
-        lines.append("| workload | auto / default | auto / best of sweep (best) | auto / run_cpu | auto samples/s | MFU | auto decisions | targets |")
+        lines.append("| workload | auto / default | auto / best of sweep (best) | auto / run_cpu | auto samples/s | "
+                     "MFU / % of achievable | auto decisions | targets |")
         lines.append("|---|---|---|---|---|---|---|---|")
         for r in results:
             spread = r["ratio_spread"]
-            misses = [k for k, t in TARGETS.items() if r["ratios"].get(k) is not None and r["ratios"][k] < t]
             auto = next(c for c in r["configs"] if c["name"] == "auto")
-            d = r["auto_decisions"]
-            dec = f"{d['dtype']}, {d['threads_per_rank']} threads" + (", compile" if d["compile"] else "") + \
-                (", ipex" if d["ipex"] else "") + (f", {d['allocator']}" if d["allocator"] else "")
-            mfu = f"{r['mfu_auto'] * 100:.1f}%" if r.get("mfu_auto") else "n/a"
             lines.append(f"| {r['workload']} | {_fmt(spread['auto_vs_default'])} | {_fmt(spread['auto_vs_best_sweep'])} "
-                         f"({r['best_sweep']}) | {_fmt(spread['auto_vs_run_cpu'])} | {auto['median']:.1f} | {mfu} | {dec} | "
-                         + ("met" if not misses else "MISSED: " + ", ".join(misses)) + " |")
+                         f"({r['best_sweep']}) | {_fmt(spread['auto_vs_run_cpu'])} | {(auto['median'] or 0):.1f} | "
+                         f"{_mfu(r)} | {_decisions(r['auto_decisions'])} | {_targets(r)} |")
+        lines.append("")
+        for r in results:
+            levers = r.get("levers") or {}
+            if levers:
+                lines.append(f"- {r['workload']} sweep (" + ("product screened once, the best kept for the rounds"
+                                                             if r["mode"] == "quick" else "the whole product every round")
+                             + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (pruned: {v['pruned']})" if v["pruned"] else "")
+                                                 for k, v in levers.items()) + ".")
+        for r in results:
+            reasons = r.get("auto_reasons") or {}
+            if reasons:
+                lines.append(f"- {r['workload']}: allocator: {reasons.get('allocator', 'n/a')}; compile: "
+                             f"{reasons.get('compile', 'n/a')}")
         lines.append("")
         lines.append("First-step (warm-up / compile) seconds, median: " + "; ".join(
             f"{r['workload']}: " + ", ".join(f"{k} {sorted(x for x in v if x)[len([x for x in v if x]) // 2]:.1f}"

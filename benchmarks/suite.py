@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -31,10 +31,25 @@ def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
     return env
 
 
+# Per-workload run lengths: the gpt2-sized LM (85M parameters, ~1.4 GB of training state) runs a few
+# steps (one warm-up), enough for the allocator and memory levers to show, within the quick budget.
+RUN_SHAPE = {("lm", "gpt2"): {"steps": 2, "warmup": 1}}
+# Sweep points kept after the quick screening, per workload (the gpt2-sized LM's runs are the long ones).
+QUICK_KEEP = {("lm", "gpt2"): 1}
+
+
 def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
     settings = dict(config.get("settings", {}))
-    settings.update(workload=workload, size=size, seconds=seconds)
+    settings.update(workload=workload, size=size, seconds=seconds, **RUN_SHAPE.get((workload, size), {}))
     cmd = [sys.executable, "-m", "cpuperf.train.bench", json.dumps(settings)]
+    if int(config.get("ranks") or 1) > 1:  # data parallel: torchrun starts the ranks (gloo), rank 0 reports
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(config["ranks"]),
+               "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "cpuperf.train.bench", json.dumps(settings)]
     if config.get("run_cpu"):
         # run_cpu launches a script path with its own defaults (threads, allocator, OpenMP, pinning).
         cmd = [sys.executable, "-m", "torch.backends.xeon.run_cpu", str(ROOT / "cpuperf" / "train" / "bench.py"),
@@ -50,59 +65,92 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
     return json.loads(lines[-1])
 
 
-def auto_config(steps: int) -> Dict[str, Any]:
-    """Exactly what `cpuperf train --auto` applies: its measurements (once per host) and its plan."""
+# The cpuperf model whose plan stands for a benchmark LM (the small LM is the tiny preset's shape).
+AUTO_MODEL = {("lm", "gpt2"): "gpt2-small"}
+
+
+def auto_config(steps: int, workload: str = "lm", size: str = "small") -> Dict[str, Any]:
+    """Exactly what `cpuperf train --auto` applies: its measurements (once per host) and its plan.
+
+    The allocator is the engine's decision for this workload's family (decide_allocator: the MLP's
+    measured ratio for the MLP, the LM's for transformers), as the engine decides per workload.
+    """
     from cpuperf.decide.placement import plan_placement
+    from cpuperf.decide.recommend import decide_allocator
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
 
     facts = probe_host()
-    measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
-                              log=lambda m: print(m, file=sys.stderr, flush=True))
+    meas = measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank,
+                                     log=lambda m: print(m, file=sys.stderr, flush=True))
     env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+    model = ["--model", AUTO_MODEL[(workload, size)]] if (workload, size) in AUTO_MODEL else []
     proc = subprocess.run([sys.executable, "-m", "cpuperf", "train", "--auto", "--dry-run", "--json",
-                           "--max-steps", str(steps)], capture_output=True, text=True, env=env, timeout=300)
+                           "--max-steps", str(steps), *model], capture_output=True, text=True, env=env, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"cpuperf train --auto --dry-run failed: {proc.stderr.strip()[-500:]}")
     plan = json.loads(proc.stdout)
     launch, settings = plan["launch"], plan["settings"]
     decisions = {d["id"]: d["value"] for d in plan["decisions"]}
-    slot = (launch.get("per_rank") or [{}])[0]
-    return {"name": "auto", "env": dict(launch.get("env") or {}), "cpus": slot.get("cpus") or None,
-            "settings": {"dtype": settings["dtype"], "threads_per_rank": settings.get("threads_per_rank"), "compile": settings["compile"],
-                         "ipex": settings["ipex"], "fp32_math_mode": decisions.get("fp32_math_mode")},
-            "decisions": {k: decisions.get(k) for k in ("dtype", "threads_per_rank", "compile", "ipex", "allocator", "affinity")}}
+    run_env = {k: v for k, v in (launch.get("env") or {}).items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    family = "lm" if workload == "lm" else "mlp"
+    if meas is not None and workload != "lm":
+        decisions["allocator"] = decide_allocator(facts, meas, False, family).value
+    if decisions.get("allocator"):
+        libs = measure.allocator_libraries(facts)
+        run_env.update(measure.allocator_env(decisions["allocator"], libs[decisions["allocator"]]))
+    slots = [r.get("cpus") for r in launch.get("per_rank") or [] if r.get("cpus")]
+    ranks = int(launch.get("nproc_per_node") or 1)
+    out = {"name": "auto", "env": run_env, "ranks": ranks,
+           "settings": {"dtype": settings["dtype"], "threads_per_rank": settings.get("threads_per_rank"),
+                        "compile": settings["compile"], "ipex": settings["ipex"],
+                        "fp32_math_mode": decisions.get("fp32_math_mode"), "optimizer": settings.get("optimizer")},
+           "decisions": {k: decisions.get(k) for k in ("dtype", "threads_per_rank", "nproc_per_node", "compile", "ipex",
+                                                       "allocator", "affinity", "optimizer")},
+           "reasons": {d["id"]: d["reason"] for d in plan["decisions"] if d["id"] in ("compile", "allocator", "dtype")}}
+    if slots and len(slots) == ranks:
+        out["settings"]["cpus_per_rank"] = slots
+    return out
 
 
-def sweep_configs(quick: bool) -> List[Dict[str, Any]]:
-    """The knobs the engine decides, one at a time around the defaults (at most 6 in quick mode)."""
-    from cpuperf.decide.placement import plan_placement
+def sweep_configs(quick: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The sweep's points (the whole product of the host's levers) and the levers with what was pruned."""
+    from benchmarks import sweep
     from cpuperf.probe import probe_host
 
     facts = probe_host()
-    cores = plan_placement(facts).threads_per_rank
-    logical = len(facts.usable_cpus())
-    out = [{"name": "threads=1", "env": {"OMP_NUM_THREADS": "1"}, "settings": {"threads_per_rank": 1}},
-           {"name": f"threads={cores}", "env": {"OMP_NUM_THREADS": str(cores)}, "settings": {"threads_per_rank": cores}},
-           {"name": "bf16", "settings": {"dtype": "bf16"}}]
-    if logical > cores:
-        out.append({"name": f"threads={logical} (SMT)", "env": {"OMP_NUM_THREADS": str(logical)},
-                    "settings": {"threads_per_rank": logical}})
-    allocators = facts.software.allocators if facts.software else {}
-    for name in ("tcmalloc", "jemalloc"):
-        libs = [p for p in allocators.get(name, ()) if "minimal" not in p and "debug" not in p]
-        if libs:
-            env = {"LD_PRELOAD": libs[0]}
-            if name == "jemalloc":
-                from cpuperf.data import load_builtin
-
-                env["MALLOC_CONF"] = load_builtin("tuning.toml")["allocator"]["jemalloc_malloc_conf"]
-            out.append({"name": name, "env": env, "settings": {}})
+    found = sweep.levers(facts, full=not quick)
+    points = sweep.product(facts, found)
     if facts.software and facts.software.packages.get("intel_extension_for_pytorch"):
-        out.append({"name": "ipex", "settings": {"ipex": True}})
-    if not quick:
-        out.append({"name": "compile", "settings": {"compile": True}})
-    return out[:6] if quick else out
+        points.append({"name": "ipex", "settings": {"ipex": True}, "sweep": True, "point": {"ipex": True}})
+    return points, {k: v.to_json() for k, v in found.items()}
+
+
+def screen(points: List[Dict[str, Any]], workload: str, size: str, seconds: float, keep: int, log) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """Quick mode: one short run of every eager point, then compile on the best eager base only; the `keep`
+    fastest go into the alternating rounds. Returns (kept points, every point's screening figure)."""
+    figures: Dict[str, Any] = {}
+
+    def run(c: Dict[str, Any]) -> float:
+        res = run_config(c, workload, size, seconds)
+        figures[c["name"]] = {"samples_per_s": res.get("samples_per_s"), "first_step_s": res.get("first_step_s"),
+                              "error": res.get("error")}
+        log(f"  {workload}/{size} screen {c['name']:<40} " + (f"{res['samples_per_s']:8.2f} samples/s"
+                                                                if res.get("samples_per_s") else str(res.get("error"))))
+        return float(res.get("samples_per_s") or 0.0)
+
+    eager = [c for c in points if not c["settings"].get("compile")]
+    speed = {c["name"]: run(c) for c in eager}
+    best_eager = max(eager, key=lambda c: speed[c["name"]])
+    compiled = [c for c in points if c["settings"].get("compile") and
+                {**c["point"], "compile": False} == best_eager["point"]]
+    for c in compiled:
+        speed[c["name"]] = run(c)
+    for c in points:
+        if c["name"] not in figures:
+            figures[c["name"]] = {"skipped": "quick: compile screened on the best eager point only"}
+    ranked = sorted((c for c in points if c["name"] in speed), key=lambda c: -speed[c["name"]])
+    return ranked[:keep], figures
 
 
 def summarise(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, Any]]]) -> Dict[str, Any]:
@@ -135,57 +183,121 @@ def machine_info() -> Dict[str, Any]:
 
 
 def peak_gemm(threads: int) -> Dict[str, float]:
+    """The achievable ceiling: measured GEMM rates (GFLOP/s), never an MFU denominator."""
     from cpuperf.run.measure import gemm_rates
 
     r = gemm_rates(threads=threads, size=1024, seconds=1.5)
     return {"fp32": r["gemm_fp32_gflops"], "bf16": r["gemm_bf16_gflops"]}
 
 
+def hardware_peaks(cores: int) -> Dict[str, Any]:
+    """cores x FLOPs/cycle x clock per dtype (compat/cpu_peaks.toml), with the clocks named."""
+    from cpuperf.train.peak import this_hardware_peak
+
+    out: Dict[str, Any] = {}
+    for dtype in ("fp32", "bf16"):
+        peak, info = this_hardware_peak(dtype, cores)
+        out[dtype] = {"tflops": peak.tflops if peak else None, "source": peak.source if peak else None, **info}
+    return out
+
+
+def _rotated(configs: List[Dict[str, Any]], r: int) -> List[Dict[str, Any]]:
+    """Round r runs the configurations in a rotated order: no configuration always runs first or last."""
+    k = r % len(configs)
+    return configs[k:] + configs[:k]
+
+
+def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool) -> Dict[str, Optional[bool]]:
+    def at_least(key: str, bar: float) -> Optional[bool]:
+        v = ratios.get(key)
+        return None if v is None else v >= bar
+
+    out = {"auto >= 1.0x default": at_least("auto_vs_default", 1.0),
+           "auto >= 0.97x best of sweep": at_least("auto_vs_best_sweep", 0.97),
+           "auto >= 1.0x run_cpu": at_least("auto_vs_run_cpu", 1.0)}
+    if lever_applied:
+        v = ratios.get("auto_vs_run_cpu")
+        out["auto > run_cpu (a measured lever applied)"] = None if v is None else v > 1.0
+    return out
+
+
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
-                   peak: Dict[str, float], log) -> Dict[str, Any]:
-    auto = auto_config(steps)
+                   peak: Dict[str, float], log, hardware: Optional[Dict[str, Any]] = None,
+                   keep: int = 2) -> Dict[str, Any]:
+    auto = auto_config(steps, workload, size)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}]
-    for c in sweep_configs(quick):
-        c["sweep"] = True
-        configs.append(c)
+    points, lever_info = sweep_configs(quick)
+    screening: Dict[str, Any] = {}
+    if quick and (workload, size) != ("lm", "small") and len(lever_info["compile"]["values"]) > 1:
+        # Within the quick budget compile is screened on one workload: a compiled run costs about a
+        # minute of compilation on 2 cores (the gpt2-sized LM several).
+        points = [c for c in points if not c["settings"].get("compile")]
+        lever_info["compile"] = {**lever_info["compile"], "values": ["eager"],
+                                 "pruned": "quick: compile is screened on lm-small only (a compiled run costs "
+                                           "minutes of compilation); --full sweeps it here"}
+    if quick:
+        points, screening = screen(points, workload, size, max(1.0, seconds / 2), keep, log)
+    configs += points
     all_rounds: List[Dict[str, Dict[str, Any]]] = []
     for r in range(rounds):
         results: Dict[str, Dict[str, Any]] = {}
-        for c in configs:
+        for c in _rotated(configs, r):
             res = run_config(c, workload, size, seconds)
             results[c["name"]] = res
             sps = res.get("samples_per_s")
-            log(f"  {workload}/{size} round {r + 1}/{rounds} {c['name']:<22} "
+            log(f"  {workload}/{size} round {r + 1}/{rounds} {c['name']:<40} "
                 + (f"{sps:8.2f} samples/s" if sps else res.get("error", "?")))
         all_rounds.append(results)
     summary = summarise(configs, all_rounds)
     auto_dtype = auto["settings"]["dtype"]
     fps = next((r["auto"].get("flops_per_sample") for r in all_rounds if r.get("auto", {}).get("flops_per_sample")), None)
-    mfu = None
-    if fps and summary["medians"].get("auto"):
-        rate = peak["bf16" if auto_dtype == "bf16" else "fp32"] * 1e9
-        mfu = fps * summary["medians"]["auto"] / rate if rate else None
+    achieved = fps * summary["medians"]["auto"] / 1e12 if fps and summary["medians"].get("auto") else None
+    hw = (hardware or {}).get("bf16" if auto_dtype == "bf16" else "fp32") or {}
+    mfu = achieved / hw["tflops"] if achieved and hw.get("tflops") else None
+    ceiling = peak.get("bf16" if auto_dtype == "bf16" else "fp32")
+    pct_achievable = achieved * 1e3 / ceiling * 100 if achieved and ceiling else None
+    achievable_note = None
+    if pct_achievable is not None and pct_achievable > 100:
+        # The ceiling was measured once at the start; a host busier then than during the runs gives >100%.
+        achievable_note = (f"{pct_achievable:.0f}% of the measured GEMM rate: the ceiling was measured while the host "
+                           "was busier; not reported")
+        pct_achievable = None
     ratios = {k: v["median"] for k, v in summary["ratios"].items()}
+    d = auto["decisions"]
+    lever_applied = bool(d.get("allocator") or d.get("compile") or d.get("ipex") or
+                         (d.get("dtype") == "bf16") or (d.get("nproc_per_node") or 1) > 1)
     return {
-        "schema": "cpuperf.bench-suite/1",
+        "schema": "cpuperf.bench-suite/2",
         "workload": f"{workload}-{size}",
         "mode": "quick" if quick else "full",
         "rounds": rounds,
         "seconds_per_run": seconds,
         "ratios": ratios,
         "ratio_spread": summary["ratios"],
+        "targets": _targets(ratios, lever_applied),
         "best_sweep": summary["best_sweep"],
-        "auto_decisions": auto["decisions"],
+        "auto_decisions": d,
+        "auto_reasons": auto.get("reasons", {}),
+        "levers": lever_info,
+        "screening": screening,
         "mfu_auto": mfu,
-        "peak_gemm_gflops": peak,
+        "mfu_denominator": {"kind": "hardware peak", "tflops": hw.get("tflops"), "source": hw.get("source"),
+                            "clock_used": hw.get("clock_used"), "clock_nominal_ghz": hw.get("clock_nominal_ghz"),
+                            "clock_measured_ghz": hw.get("clock_measured_ghz"),
+                            "why_none": hw.get("why_none")},
+        "pct_of_achievable_auto": pct_achievable,
+        "achievable_note": achievable_note,
+        "achievable_gemm_gflops": peak,
         "first_step_s": {c["name"]: [r.get(c["name"], {}).get("first_step_s") for r in all_rounds] for c in configs},
-        "configs": [{"name": c["name"], "settings": {**c.get("settings", {}), **({"env": c["env"]} if c.get("env") else {}),
-                                                     **({"cpus": c["cpus"]} if c.get("cpus") else {}),
-                                                     **({"launcher": "torch.backends.xeon.run_cpu"} if c.get("run_cpu") else {})},
+        "configs": [{"name": c["name"], "point": c.get("point"),
+                     "settings": {**c.get("settings", {}), **({"env": c["env"]} if c.get("env") else {}),
+                                  **({"ranks": c["ranks"]} if c.get("ranks") else {}),
+                                  **({"launcher": "torch.backends.xeon.run_cpu"} if c.get("run_cpu") else {})},
                      "samples_per_s": [r.get(c["name"], {}).get("samples_per_s") for r in all_rounds],
                      "median": summary["medians"].get(c["name"]),
                      "loaded": [{"allocator": r.get(c["name"], {}).get("allocator"), "openmp": r.get(c["name"], {}).get("openmp"),
-                                 "threads": r.get(c["name"], {}).get("threads")} for r in all_rounds][:1]}
+                                 "threads": r.get(c["name"], {}).get("threads"), "ranks": r.get(c["name"], {}).get("ranks")}
+                                for r in all_rounds][:1]}
                     for c in configs],
         "machine": machine_info(),
     }
@@ -227,9 +339,12 @@ def tool_latency(repeat: int) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="the default: LM and MLP at the small size, sweep of at most 6")
-    ap.add_argument("--full", action="store_true", help="every workload at both sizes, compile in the sweep")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="the default: small LM, MLP and the gpt2-sized LM; the sweep "
+                    "screened once, its best --keep points in the rounds")
+    ap.add_argument("--full", action="store_true", help="every workload, the whole sweep product in every round")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians and spread over them)")
+    ap.add_argument("--keep", type=int, default=None, help="--quick: sweep points kept after screening "
+                    "(default 2; 1 for the gpt2-sized LM)")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
@@ -252,14 +367,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.user_launchers:
         return _user_launchers_only(args)
     quick = not args.full
-    seconds = args.seconds or (4.0 if quick else 8.0)
-    workloads = [("lm", "small"), ("mlp", "small")] if quick else \
-        [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")]
+    seconds = args.seconds or (3.0 if quick else 8.0)
+    every = [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")] + [("lm", "gpt2")]
+    workloads = [("lm", "small"), ("mlp", "small"), ("lm", "gpt2")] if quick else every
     launchers: Optional[List[str]] = None  # None: all of them
     if args.only:
         wanted = set(args.only.split(","))
-        workloads = [(w, s) for w, s in workloads + [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")]
-                     if f"{w}-{s}" in wanted]
+        workloads = [(w, s) for w, s in workloads + every if f"{w}-{s}" in wanted]
         workloads = list(dict.fromkeys(workloads))
         from benchmarks.user_launchers import WORKLOADS as LAUNCH_WORKLOADS
 
@@ -273,12 +387,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from cpuperf.decide.placement import plan_placement
     from cpuperf.probe import probe_host
 
-    threads = plan_placement(probe_host()).threads_per_rank
+    placement = plan_placement(probe_host())
+    threads = placement.threads_per_rank
     peak = peak_gemm(threads)
-    log(f"peak GEMM on {threads} threads: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s")
+    hardware = hardware_peaks(threads * placement.nproc_per_node)
+    log(f"achievable GEMM on {threads} threads: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s; "
+        f"hardware peak fp32 {hardware['fp32'].get('tflops')} TFLOP/s ({hardware['fp32'].get('source') or hardware['fp32'].get('why_none')})")
     results = []
     for workload, size in workloads:
-        res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log)
+        res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log,
+                             hardware=hardware, keep=args.keep or QUICK_KEEP.get((workload, size), 2))
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
     user_results = []

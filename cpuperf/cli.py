@@ -228,8 +228,9 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
     size: int = typer.Option(512, "--size", min=64, max=8192, help="GEMM size (n of the n x n matrices)."),
     seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per GEMM measurement (at most 600)."),
-    allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading tcmalloc/jemalloc."),
-    compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain (tens of seconds)."),
+    allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading each allocator found (tcmalloc, jemalloc, mimalloc)."),
+    compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain for --model (tens of seconds to minutes)."),
+    model: Optional[str] = typer.Option(None, "--model", help="--compile: the model to measure (a preset or config.json; default tiny)."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again even if a fresh, trusted measurement is cached."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -238,7 +239,7 @@ def bench(
     from cpuperf.commands import recommend as cmd
     _finite("--seconds", seconds, maximum=600.0)
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_,
-                        refresh))
+                        refresh, model))
 
 
 @app.command()

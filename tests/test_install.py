@@ -25,7 +25,7 @@ import time
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import pytest
 from cli_util import cli_env, run_cli
@@ -47,7 +47,7 @@ if torch.__version__.split("+")[0].rsplit(".", 1)[0] != "{minor}":
 BROKEN_IPEX = 'import os\nos._exit(127)\n'
 
 
-def build_wheel(dest: Path, name: str, version: str, files: Dict[str, str], requires: Iterable[str] = (),
+def build_wheel(dest: Path, name: str, version: str, files: Dict[str, Any], requires: Iterable[str] = (),
                 extra_paths: Dict[str, str] = None) -> Path:
     """A pure-python wheel with correct METADATA, WHEEL and RECORD."""
     dist = name.replace("-", "_")
@@ -61,7 +61,7 @@ def build_wheel(dest: Path, name: str, version: str, files: Dict[str, str], requ
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     for rel, text in contents.items():
-        data = text.encode()
+        data = text if isinstance(text, bytes) else text.encode()
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         writer.writerow((rel, f"sha256={digest}", len(data)))
     writer.writerow((f"{di}/RECORD", "", ""))
@@ -86,6 +86,16 @@ def ipex_wheel(dest: Path, version: str, body: Optional[str] = None, extra_paths
 def oneccl_wheel(dest: Path, version: str) -> Path:
     return build_wheel(dest, "oneccl_bind_pt", version,
                        {"oneccl_bindings_for_pytorch/__init__.py": f'__version__ = "{version}"\n'})
+
+
+def allocator_wheel(dest: Path, version: str = "3.4.3") -> Path:
+    """Like cmeel-mimalloc: a real shared library under cmeel.prefix/lib (built here with cc)."""
+    src, lib = dest / "alloc.c", dest / "liballoc.so"
+    src.write_text("int cpuperf_test_allocator = 1;\n")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True).returncode:
+        pytest.skip("no C compiler to build the test allocator library")
+    return build_wheel(dest, "cmeel-mimalloc", version, {"cmeel.prefix/lib/libmimalloc.so": lib.read_bytes()})
 
 
 def write_index(root: Path, wheels: List[Path]) -> None:
@@ -126,7 +136,7 @@ def index(tmp_path_factory):
     wheels.mkdir()
     common = [torch_wheel(wheels, "2.6.0+cpu"), torch_wheel(wheels, "2.7.0+cpu"),
               oneccl_wheel(wheels, "2.7.0+cpu"),
-              build_wheel(wheels, "helper-pkg", "1.0", {"helper_pkg.py": "X = 1\n"})]
+              build_wheel(wheels, "helper-pkg", "1.0", {"helper_pkg.py": "X = 1\n"}), allocator_wheel(wheels)]
     good_ipex = ipex_wheel(wheels, "2.7.0")
     cu = wheels / "cu"
     cu.mkdir()
@@ -209,7 +219,7 @@ def used_env(tmp_path_factory, index, pip_home):
 
 
 def ok_json(proc, rc=0):
-    assert proc.returncode == rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert rc is None or proc.returncode == rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     assert "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout)
 
@@ -226,7 +236,8 @@ def test_fresh_venv_install_and_lock_round_trip(tmp_path, index, pip_home):
     assert data["schema"] == "cpuperf.install/1"
     assert data["result"]["status"] == "installed"
     names = {p["name"]: p["version"] for p in data["packages"]}
-    assert names == {"torch": "2.7.0+cpu", "intel_extension_for_pytorch": "2.7.0", "oneccl_bind_pt": "2.7.0+cpu"}
+    assert names == {"torch": "2.7.0+cpu", "intel_extension_for_pytorch": "2.7.0", "oneccl_bind_pt": "2.7.0+cpu",
+                     "cmeel-mimalloc": "3.4.3"}
     assert all(p["source"] == index.good for p in data["packages"])
     assert data["index_urls"] == [index.good]
     assert data["argv"][:3] == [str(venv / "bin" / "python"), "-m", "pip"]
@@ -246,12 +257,44 @@ def test_fresh_venv_install_and_lock_round_trip(tmp_path, index, pip_home):
     assert not other.exists()  # a dry run creates nothing
 
 
+def test_a_fresh_venv_after_install_offers_an_allocator(tmp_path, index, pip_home):
+    """No root: the allocator wheel lands in the venv's site-packages; the probe finds it there and
+    `recommend` has it to measure (`cpuperf bench`) and preload."""
+    venv = tmp_path / "fresh"
+    data = ok_json(cli(["install", "--venv", str(venv), "--index-url", index.good, "--torch", "2.7.0", "--yes",
+                        "--json"], pip_home))
+    assert ("cmeel-mimalloc", "3.4.3") in [(p["name"], p["version"]) for p in data["packages"]]
+    doctor = ok_json(cli(["doctor", "--json", "--python", str(venv / "bin" / "python")], pip_home), rc=None)
+    libs = doctor["software"]["allocators"]["mimalloc"]
+    assert libs and all(Path(p).is_file() and str(venv) in p for p in libs), libs
+    assert any(p.endswith("cmeel.prefix/lib/libmimalloc.so") for p in libs)
+    with open(libs[0], "rb") as fh:
+        assert fh.read(4) == b"\x7fELF"  # a shared library the loader can preload
+
+
+def test_no_allocator_wheel_where_no_source_offers_it(tmp_path, pip_home, index):
+    """An index without the wheel still installs torch: the allocator is skipped with a note."""
+    root = tmp_path / "www"
+    write_index(root / "plain", [index.wheels / "torch-2.7.0+cpu-py3-none-any.whl"])
+    handler = functools.partial(_Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/plain/simple"
+        data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--index-url", url, "--torch", "2.7.0",
+                            "--dry-run", "--json"], pip_home))
+    finally:
+        server.shutdown()
+    assert [p["name"] for p in data["packages"]] == ["torch"]
+    assert any("cmeel-mimalloc" in n for n in data["notes"])
+
+
 def test_cpu_dry_run_plans_cpu_build_without_nvidia(tmp_path, index, pip_home):
     proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run", "--json"],
                pip_home)
     data = ok_json(proc)
     # no --torch and nothing installed: the newest +cpu build the source really has
-    assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu")]
+    assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu"), ("cmeel-mimalloc", "3.4.3")]
     assert data["device"] == "cpu"
     assert not any(p["name"].startswith("nvidia") for p in data["packages"])
     # human mode: the plan is the product on stdout, commentary on stderr
@@ -376,7 +419,7 @@ def test_download_then_air_gapped_install(tmp_path, index, pip_home):
     data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--find-links", str(house), "--from-lock",
                         str(lock), "--dry-run", "--json"], pip_home))
     assert "--no-index" in data["argv"] and data["find_links"] == [str(house)]
-    assert [p["version"] for p in data["packages"]] == ["2.7.0+cpu"]
+    assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu"), ("cmeel-mimalloc", "3.4.3")]
 
 
 @pytest.mark.skipif(not list(Path("/opt/wheels").glob("torch-*+cpu-*.whl")),
@@ -404,6 +447,29 @@ def test_real_ipex_28_on_pypi_is_refused_on_a_cpu_host(tmp_path):
                    extra_env={"PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""}, cwd=str(REPO))
     data = ok_json(proc)
     assert any(p["name"].startswith("nvidia-") for p in data["packages"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CPUPERF_SLOW") != "1", reason="set CPUPERF_SLOW=1 (needs the package registry)")
+def test_the_real_allocator_wheel_installs_without_root_and_preloads(tmp_path):
+    """The registry's cmeel-mimalloc in a fresh venv: the probe finds its library, and a Python started
+    with it in LD_PRELOAD runs with mimalloc mapped (what `--auto` does once a measurement favours it)."""
+    from cpuperf.plan.install import allocator_wheel
+
+    name, version = allocator_wheel()
+    python = str(tmp_path / "v" / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "v")], check=True, timeout=300)
+    subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", f"{name}=={version}"],
+                   check=True, capture_output=True, timeout=600)
+    doctor = json.loads(run_cli(["doctor", "--json", "--python", python], timeout=120,
+                                extra_env={"PYTHONPATH": str(REPO)}, cwd=str(REPO)).stdout)
+    libs = doctor["software"]["allocators"]["mimalloc"]
+    assert libs and all(str(tmp_path) in p for p in libs)
+    from cpuperf.decide.runtime_env import preloadable
+
+    maps = subprocess.run([python, "-c", "print(open('/proc/self/maps').read())"], capture_output=True, text=True,
+                          env={**os.environ, "LD_PRELOAD": preloadable(libs) or ""}, timeout=60)
+    assert maps.returncode == 0 and "libmimalloc" in maps.stdout and "ERROR: ld.so" not in maps.stderr
 
 
 # --------------------------------------------------------------------------- pure functions

@@ -146,3 +146,26 @@ def test_bench_reuses_a_trusted_entry_and_refresh_measures_again(tmp_path, monke
     assert data["from_cache"] is False and data["gemm_bf16_gflops"] != 200.0
     assert data["repeats"]["gemm_fp32_gflops"]["n"] >= 3 and "under_load" in data["load"]
     assert data["torch_build"]["version"] and data["trusted"] == (not data["flags"])
+
+
+def test_compile_figures_are_per_model_kept_across_benches_and_validated(tmp_path, monkeypatch):
+    """A bench of one model's compile keeps the others'; the engine decides each model from its own."""
+    from cpuperf.decide.recommend import model_key, recommend
+    from cpuperf.decide.workload import PRESETS, resolve_workload
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    facts = probe_host(use_cache=False)
+    tiny, micro = PRESETS["tiny"], PRESETS["micro"]
+    entry = {"compile_seconds": 40.0, "speedup": 1.25, "step_seconds": 0.5, "batch": 16}
+    measure.save(facts, _steady(compile_by_model={model_key(tiny): entry}))
+    measure.save(facts, _steady(compile_by_model={model_key(micro): {**entry, "speedup": 0.9}}))
+    data, _ = measure.read_cached(facts)
+    assert set(data["compile_by_model"]) == {model_key(tiny), model_key(micro)}
+    meas = measure.load_cached(facts)
+    # 40 s / (0.5 s x (1 - 1/1.25)) = 400 steps to pay back.
+    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), measurements=meas).decision("compile")
+    assert long_tiny.value is True and long_tiny.evidence["crossover_steps"] == 400 and "1000" in long_tiny.reason
+    assert recommend(facts, resolve_workload("micro", steps=1000), measurements=meas).get("compile") is False
+    # A non-positive figure is a corrupt cache: removed, not used.
+    path = measure.save(facts, _steady(compile_by_model={model_key(tiny): {**entry, "speedup": -1}}))
+    assert measure.read_cached(facts)[0] is None and not path.exists()

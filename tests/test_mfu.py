@@ -9,13 +9,21 @@ import statistics
 import pytest
 
 from cpuperf.knowledge.gpu import Peak
-from cpuperf.train.peak import bounded_mfu, data_peak, workload_shapes
+from cpuperf.train.peak import (
+    bounded_mfu,
+    cpu_mfu,
+    data_peak,
+    hardware_peak,
+    measured_clock_hz,
+    nominal_clock_hz,
+    workload_shapes,
+)
 
 
 def test_data_peak_is_cores_times_flops_per_cycle_times_clock():
     zen5 = data_peak("zen5", "fp32", threads=2, clock_hz=2.6e9)
     assert zen5 is not None and zen5.tflops == pytest.approx(2 * 64 * 2.6e9 / 1e12, rel=1e-3)
-    assert "data:" in zen5.source and "58455" in zen5.source
+    assert "hardware:" in zen5.source and "58455" in zen5.source
     assert data_peak("zen5", "bf16", 2, 2.6e9).tflops == pytest.approx(2 * zen5.tflops, rel=1e-3)
     assert data_peak("zen3", "bf16", 2, 3e9) is None  # emulated bf16 has no data peak
     assert data_peak("no_such_cpu", "fp32", 2, 3e9) is None
@@ -29,8 +37,71 @@ def test_mfu_is_never_above_100_percent():
     assert notes["rejected_peak"]["tflops"] == 0.01
     # Still too low, and no data row for this CPU (unknown microarchitecture): no MFU, and it says why.
     mfu, peak, notes = bounded_mfu(0.02, Peak(0.01, "fp16", "measured"), 1, remeasure=lambda: low)
-    assert mfu is None and peak is None and "MFU not reported" in notes["peak_note"]
+    assert mfu is None and peak is None and "not reported" in notes["peak_note"]
     assert bounded_mfu(0.02, good, 1) == (pytest.approx(0.4), good, {})
+
+
+def test_variants_server_client_mobile_differ_where_the_hardware_does():
+    """Mobile Zen 5 has a 256-bit datapath (half the desktop rate); Xeon Silver one FMA unit, Gold 6xxx two;
+    client Ice Lake one FMA, Ice Lake-SP two; client P-cores without AVX-512 the AVX2 rate."""
+    def rate(uarch, name, dtype="fp32"):
+        peak, info = hardware_peak(uarch, dtype, 1, name, nominal_hz=1e9)
+        return info.get("flops_per_cycle") if peak else None
+
+    assert rate("zen5", "AMD Ryzen AI 9 HX 370 w/ Radeon 890M") == 32
+    assert rate("zen5", "AMD Ryzen 9 9950X 16-Core Processor") == 64
+    assert rate("zen5", "AMD EPYC 9555 64-Core Processor") == 64
+    assert rate("zen5", "AMD Ryzen AI 9 HX 370", "bf16") == 64 and rate("zen5", "AMD EPYC 9555", "bf16") == 128
+    assert rate("cascadelake", "Intel(R) Xeon(R) Silver 4210 CPU @ 2.20GHz") == 32
+    assert rate("cascadelake", "Intel(R) Xeon(R) Gold 5218 CPU @ 2.30GHz") == 32
+    assert rate("cascadelake", "Intel(R) Xeon(R) Gold 5222 CPU @ 3.80GHz") == 64
+    assert rate("cascadelake", "Intel(R) Xeon(R) Platinum 8280 CPU @ 2.70GHz") == 64
+    assert rate("icelake", "Intel(R) Core(TM) i7-1065G7 CPU @ 1.30GHz") == 32
+    assert rate("icelake", "Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz") == 64
+    assert rate("alderlake", "12th Gen Intel(R) Core(TM) i9-12900K") == 32
+    assert rate("sapphirerapids", "Intel(R) Xeon(R) Platinum 8480+", "bf16") == 1024
+    assert rate("zen3", "AMD EPYC 7763", "bf16") is None  # emulated: no hardware peak
+
+
+def test_every_peak_row_is_sourced_and_reachable():
+    from cpuperf.data import load_builtin
+
+    rows = load_builtin("cpu_peaks.toml")["cpu"]
+    names = {r["name"] for r in load_builtin("microarch.toml")["x86"]} | \
+        {r["name"] for table in ("arm",) for r in load_builtin("microarch.toml").get(table, [])}
+    for row in rows:
+        assert row["source"] and row["variant"] and row["fp32"] > 0, row
+        assert set(row["match"]) <= names | {"a64fx"}, set(row["match"]) - names
+    # A fallback row (no model_name) never stands before a variant of the same generation.
+    for i, row in enumerate(rows):
+        if not row.get("model_name"):
+            later = [r for r in rows[i + 1:] if set(r["match"]) & set(row["match"])]
+            assert not later, (row["match"], [r["variant"] for r in later])
+
+
+def test_the_clock_is_named_nominal_and_measured():
+    cpuinfo = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Gold 6230 CPU @ 2.10GHz\ncpu MHz\t\t: 3000.0\n"
+               "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Gold 6230 CPU @ 2.10GHz\ncpu MHz\t\t: 1000.0\n")
+    assert nominal_clock_hz(cpuinfo, None) == (2.1e9, "the model name")
+    assert nominal_clock_hz(cpuinfo, "3900000\n") == (3.9e9, "cpufreq cpuinfo_max_freq")
+    assert measured_clock_hz(cpuinfo) == pytest.approx(2.0e9) and measured_clock_hz(cpuinfo, [0]) == pytest.approx(3e9)
+    peak, info = hardware_peak("cascadelake", "fp32", 2, "Intel(R) Xeon(R) Gold 6230 CPU @ 2.10GHz", 2.1e9, 3.0e9)
+    # The higher clock: a peak the run could beat is no peak.
+    assert info["clock_used"] == "measured" and peak.tflops == pytest.approx(2 * 64 * 3.0e9 / 1e12)
+    assert "nominal 2.10 GHz" in peak.source and "measured 3.00 GHz" in peak.source
+
+
+def test_mfu_divides_by_the_hardware_and_the_measured_ceiling_stands_beside_it():
+    hw = Peak(0.2, "fp32", "hardware: ...")
+    ceiling = Peak(0.1, "fp32", "measured: ...")
+    mfu, frac, used, notes = cpu_mfu(0.05, hw, ceiling, 1)
+    assert mfu == pytest.approx(0.25) and frac == pytest.approx(0.5) and used is ceiling and not notes
+    # No hardware peak (emulated dtype, unknown CPU): no MFU at all, never the measured one in its place.
+    mfu, frac, _, _ = cpu_mfu(0.05, None, ceiling, 1)
+    assert mfu is None and frac == pytest.approx(0.5)
+    # Above the hardware: the table row or the clock is wrong; said, not reported.
+    mfu, _, _, notes = cpu_mfu(0.5, hw, ceiling, 1, remeasure=lambda: Peak(1.0, "fp32", "measured: again"))
+    assert mfu is None and "impossible" in notes["mfu_note"]
 
 
 def test_workload_shapes_are_the_model_linears():
@@ -48,10 +119,18 @@ def test_same_job_three_times_gives_a_narrow_mfu_band_below_100(tmp_path):
                                              eval_every=1000, ckpt_every=1000, log_every=50), "--json")
         assert p.returncode == 0, p.stderr[-2000:]
         summary = json.loads(p.stdout)
-        peak = summary["peak"]
-        assert peak["source"].startswith("measured: sustained fp32 GEMM at the workload's shapes"), peak
-        assert "median of 5" in peak["source"] and "spread" in peak["source"]
+        ceiling = summary["achievable"]
+        assert ceiling["source"].startswith("measured: sustained fp32 GEMM at the workload's shapes"), ceiling
+        assert "median of 5" in ceiling["source"] and "spread" in ceiling["source"]
+        assert 0 < summary["pct_of_achievable"] <= 100
+        if summary["peak"] is None:  # a CPU the table does not know: no MFU, and the summary says why
+            assert summary["mfu"] is None and "MFU not reported" in summary["mfu_note"]
+            mfus.append(summary["pct_of_achievable"] / 100)
+            continue
+        assert summary["peak"]["source"].startswith("hardware:"), summary["peak"]
+        assert summary["hardware_peak"]["clock_used"] in ("nominal", "measured")
         assert summary["mfu"] is not None and 0 < summary["mfu"] <= 1.0
+        assert summary["mfu"] < summary["pct_of_achievable"] / 100 + 1e-9  # the hardware is the higher bar
         mfus.append(summary["mfu"])
     # Measured on a shared, loaded 2-core host: 0.34-0.47 (the old 0.3 s 512x512 peak gave 17.8%-200.6%).
     assert max(mfus) / min(mfus) < 1.8, mfus

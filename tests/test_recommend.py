@@ -108,11 +108,43 @@ def test_allocator_only_when_measured_better(tmp_path, monkeypatch):
 
 def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch)
+    from cpuperf.decide.recommend import model_key
+
     short = resolve_workload("tiny", steps=30)
-    meas = Measurements(compile_seconds=50.0, step_seconds=0.8, compile_speedup=1.1, source="recorded")
-    assert recommend(facts, short, measurements=meas).get("compile") is False
+    batch = recommend(facts, short).decision("batch_size").value  # the step time below is at this batch
+    # 50 s of compilation, 0.8 s steps 1.1x faster: each step saves 0.8 * (1 - 1/1.1) = 0.0727 s -> 688 steps.
+    meas = Measurements(compile_by_model={model_key(short): {"compile_seconds": 50.0, "step_seconds": 0.8,
+                                                             "speedup": 1.1, "batch": short.batch_size}},
+                        source="recorded")
+    rec = recommend(facts, short, measurements=meas)
+    d = rec.decision("compile")
+    assert rec.get("compile") is False and d.evidence["crossover_steps"] == 688, (batch, d)
+    assert "pays back after 688 steps" in d.reason and "only 30" in d.reason
     long = resolve_workload("tiny", steps=100_000)
     assert recommend(facts, long, measurements=meas).get("compile") is True
+    # A measurement of another model is not this model's: assumed (no CPU gain), never compiled.
+    other = resolve_workload("micro", steps=100_000)
+    d = recommend(facts, other, measurements=meas).decision("compile")
+    assert d.value is False and d.evidence["measured"] == "assumed" and d.evidence["crossover_steps"] is None
+    # No steady gain measured: never pays, whatever the length.
+    slow = Measurements(compile_by_model={model_key(long): {"compile_seconds": 50.0, "step_seconds": 0.8,
+                                                            "speedup": 0.97, "batch": 16}})
+    assert recommend(facts, long, measurements=slow).get("compile") is False
+
+
+def test_train_auto_measures_compile_only_for_runs_long_enough(tmp_path, monkeypatch):
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.recommend import compile_worth_measuring, model_key
+
+    tuning = load_builtin("tuning.toml")
+    meas = Measurements(gemm_fp32_gflops=100.0)
+    assert not compile_worth_measuring(resolve_workload("tiny", steps=50), meas, 2, tuning)
+    assert compile_worth_measuring(resolve_workload("gpt2-small", steps=100_000), meas, 2, tuning)
+    assert not compile_worth_measuring(resolve_workload("gpt2-small", steps=None), meas, 2, tuning)
+    w = resolve_workload("gpt2-small", steps=100_000)
+    done = Measurements(gemm_fp32_gflops=100.0, compile_by_model={model_key(w): {"compile_seconds": 1.0, "speedup": 1.0,
+                                                                                  "step_seconds": 1.0, "batch": 1}})
+    assert not compile_worth_measuring(w, done, 2, tuning)  # measured once per model
 
 
 GPUS = {

@@ -59,9 +59,12 @@ def test_short_run_learns_and_writes_metrics(tmp_path, tok_cache) -> None:
     assert summary["samples_per_s"] > 0 and summary["tokens_per_s"] == pytest.approx(
         summary["samples_per_s"] * 32, rel=1e-3)
     assert summary["warmup_s"] > 0
-    # MFU against a GEMM peak measured on this CPU with the run's threads
-    assert summary["peak"]["source"].startswith("measured") and summary["peak"]["dtype"] == "fp32"
-    assert 0 < summary["mfu"] < 2 and summary["peak"]["tflops"] > 0
+    # MFU against the hardware peak (where compat/cpu_peaks.toml knows this CPU); the GEMM ceiling
+    # measured with the run's threads beside it
+    assert summary["achievable"]["source"].startswith("measured") and summary["achievable"]["dtype"] == "fp32"
+    assert 0 < summary["pct_of_achievable"] <= 100
+    if summary["peak"] is not None:
+        assert summary["peak"]["source"].startswith("hardware:") and 0 < summary["mfu"] <= 1
     assert summary["attention_kernel"]["kernel"] == "flash"  # the CPU flash kernel
     assert summary["amp"] == {"dtype": "fp32", "autocast": False, "grad_scaler": False}
     assert summary["batch_trial"] is None  # CPU: no trial step

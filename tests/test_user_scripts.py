@@ -67,6 +67,19 @@ def test_the_parser_decides_whether_trainer_flags_are_safe():
     assert plan_script(["python", "t.py"], ours, "never", hf).added == ()
 
 
+def test_torch_compile_for_a_trainer_when_measured_to_pay_back_on_cpu():
+    """recommend turns compile on (CPU) only where this model's measured crossover is below the run's steps."""
+    flags, _ = speed_flags(dict(CPU_BF16, compile=True), set(), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    compiled = [f for f in flags if f.args == ("--torch_compile",)]
+    assert compiled and "pay back" in compiled[0].why
+    flags, _ = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    assert all(f.name != "--torch_compile" for f in flags)
+    # On a GPU only when you set it (the engine's GPU gain is assumed, not measured).
+    gpu = dict(CPU_BF16, device="cuda", compile=True)
+    assert all(f.name != "--torch_compile" for f in speed_flags(gpu, set(), "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
+    assert any(f.name == "--torch_compile" for f in speed_flags(gpu, {"compile"}, "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
+
+
 def test_no_hyperparameters_and_no_slower_optimizer():
     flags, skipped = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
     args = [a for f in flags for a in f.args]

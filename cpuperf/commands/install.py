@@ -404,10 +404,16 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
                                        f"and no other source offers {pin.pip_name} {pin.version}", hint=OFFLINE_HINT)
     if device == "cuda" and torch_build is None and not isinstance(cuda_tag, str):
         cuda_tag = tag
+    alloc_name, _ = ip.allocator_wheel()
+    alloc_version = ip.pick_allocator_version(facts, pd.index_versions(pip, alloc_name, sources.pip_args())
+                                              if device == "cpu" else None)
+    if alloc_version is None and ip.host_device(facts) == "cpu":
+        notes.append(f"no package source offers {alloc_name} for this host: no allocator wheel planned")
     try:
         plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build,
                                cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
-                               allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix)
+                               allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix,
+                               allocator_version=alloc_version)
     except ip.PlanError as exc:
         raise IncompatibleHostError(str(exc)) from exc
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))

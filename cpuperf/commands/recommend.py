@@ -316,8 +316,10 @@ def _writable_dir(path: Any) -> None:
 
 
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
-              compile: bool = False, refresh: bool = False) -> int:
+              compile: bool = False, refresh: bool = False, model: Optional[str] = None) -> int:
     from cpuperf.decide.placement import plan_placement
+    from cpuperf.decide.recommend import model_key
+    from cpuperf.decide.workload import resolve_workload
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
 
@@ -331,17 +333,26 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
                          hint=f"choose 1..{usable}")
     _writable_dir(measure.cache_dir())  # before minutes of measuring, not after
+    workload = resolve_workload(model)
     cached, path = measure.read_cached(facts)
     usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
-    if cached is not None and usable and not flags and not refresh:
-        out.info(f"cached measurement ({measure.describe(cached)}); cpuperf bench --refresh measures again")
-        results = {**cached, "cache": str(path), "from_cache": True}
+    fresh = cached is not None and usable and not flags and not refresh
+    if fresh and compile and model_key(workload) not in (cached or {}).get("compile_by_model", {}):
+        # The rest is cached and trusted: only this model's torch.compile cost and gain are measured.
+        out.info(f"measuring torch.compile for {workload.name} on {threads} thread(s) (slow) ...")
+        results = {**(cached or {}), **measure.compile_measurement(threads, workload=workload)}
+        path = measure.save(facts, {k: v for k, v in results.items() if k not in ("schema", "host_id", "torch_build")})
+        results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
+    elif fresh:
+        out.info(f"cached measurement ({measure.describe(cached or {})}); cpuperf bench --refresh measures again")
+        results = {**(cached or {}), "cache": str(path), "from_cache": True}
     else:
         if cached is not None and (flags or not usable):
             out.info(f"measuring again: the cached one is {'; '.join(flags)}")
         out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
                  + (", torch.compile (slow)" if compile else "") + " ...")
-        results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size)
+        results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size,
+                                    workload=workload)
         path = measure.save(facts, results)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
@@ -361,9 +372,17 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         if flags:
             lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
         for name, r in (results.get("allocator_speedup") or {}).items():
-            lines.append(f"{name} preloaded: {r:.2f}x the default allocator")
-        if results.get("compile_speedup"):
-            lines.append(f"torch.compile: {results['compile_seconds']:.0f} s to compile, {results['compile_speedup']:.2f}x steady")
+            if not name.endswith("_by_workload"):
+                per = results["allocator_speedup"].get(f"{name}_by_workload") or {}
+                lines.append(f"{name} preloaded: " + ", ".join(f"{w} {x:.2f}x" for w, x in per.items())
+                             + " the default allocator")
+        for key, c in (results.get("compile_by_model") or {}).items():
+            from cpuperf.decide.recommend import compile_crossover
+
+            cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"])
+            lines.append(f"torch.compile for {c.get('model', key)}: {c['compile_seconds']:.0f} s to compile, "
+                         f"{c['speedup']:.2f}x steady at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
+                         + (f"pays back after {cross} steps" if cross else "never pays back"))
         lines.append(f"cached at {path}")
         out.product("\n".join(lines))
     return 0

@@ -133,8 +133,9 @@ def check_libraries(facts: HostFacts) -> List[Finding]:
     if not any(sw.allocators.values()):
         out.append(Finding(
             "no-fast-allocator", "info",
-            "neither tcmalloc nor jemalloc is installed; cpuperf measures whether preloading one helps",
-            "apt-get install -y libgoogle-perftools4 libjemalloc2"))
+            "no tcmalloc, jemalloc or mimalloc is installed; cpuperf measures whether preloading one helps "
+            "(as root, system ones too: apt-get install -y libgoogle-perftools4 libjemalloc2)",
+            "cpuperf install --yes   # adds the mimalloc wheel to this environment, no root needed"))
     oneccl_cpu = sw.packages.get("oneccl-cpu")
     if oneccl_cpu is not None and sw.packages.get("oneccl") is None:
         import os

@@ -445,14 +445,41 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
 
 
 def _choose_allocator(ctx: _Context, on_gpu: bool) -> None:
-    d = _decide_allocator(ctx.facts, ctx.meas, on_gpu)
+    d = decide_allocator(ctx.facts, ctx.meas, on_gpu, reference_workload(ctx.workload))
     asked = ctx.fixed.get("allocator")
     if asked:
         available = ctx.facts.software.allocators if ctx.facts.software else {}
         if ctx.facts.software is not None and not available.get(asked):
-            pkg = {"tcmalloc": "libgoogle-perftools4", "jemalloc": "libjemalloc2"}[asked]
-            raise UsageError(f"allocator={asked} is not installed on this host", hint=f"apt-get install -y {pkg}")
+            raise UsageError(f"allocator={asked} is not installed on this host", hint=_allocator_hint())
     ctx.choose(d.id, d.value, d.reason, d.evidence)
+
+
+def model_key(w: Workload) -> str:
+    """The shape torch.compile's cost and gain are measured for: layers, width, heads, sequence, vocabulary."""
+    return f"L{w.n_layer}-d{w.d_model}-h{w.n_head}-T{w.seq_len}-V{w.vocab}"
+
+
+def compile_crossover(compile_s: float, step_s: float, speedup: float) -> Optional[int]:
+    """Steps after which torch.compile has paid for its compilation (None: it never does)."""
+    saved_per_step = step_s * (1 - 1 / speedup) if speedup > 0 else 0.0
+    return math.ceil(round(compile_s / saved_per_step, 6)) if saved_per_step > 0 else None  # 400.0000001 is 400
+
+
+def estimated_step_seconds(w: Workload, meas: Measurements, rule: Mapping[str, Any], threads: int,
+                           per_rank_batch: int, on_gpu: bool = False) -> float:
+    """A step's time from its FLOPs at half the measured (or assumed) GEMM rate: for unmeasured models."""
+    flops = w.flops_per_token() * w.seq_len * per_rank_batch
+    rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, threads))) * 1e9 * 0.5
+    return flops / (100e12 * 0.3 if on_gpu else rate)
+
+
+def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, tuning: Mapping[str, Any]) -> bool:
+    """A CPU run long enough that measuring torch.compile for its model (minutes) is a small part of it."""
+    rule = tuning["compile"]
+    if w.steps is None or model_key(w) in meas.compile_by_model:
+        return False
+    run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
+    return run_s >= rule["measure_when_run_exceeds_s"]
 
 
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
@@ -463,60 +490,79 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
     if ipex:
         return Decision("compile", False, "IPEX optimize is used instead", {})
     rule = tuning["compile"]
-    compile_s = meas.compile_seconds or rule["assumed_compile_seconds_per_layer"] * max(1, w.n_layer)
-    speedup = meas.compile_speedup or (rule["assumed_speedup_gpu"] if on_gpu else rule["assumed_speedup_cpu"])
-    step_s = meas.step_seconds
-    evidence: Dict[str, Any] = {"compile_seconds": round(compile_s, 1), "speedup": speedup,
-                                "measured": meas.source if meas.compile_seconds else "assumed"}
-    if step_s is None:
-        # FLOP estimate: tokens per step x FLOPs per token over a rate (measured GEMM or a guess).
-        per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
-        flops = w.flops_per_token() * w.seq_len * per_rank_batch
-        rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, placement.threads_per_rank))) * 1e9 * 0.5
-        if on_gpu:
-            rate = 100e12 * 0.3
-        step_s = flops / rate
-        evidence["step_seconds_estimate"] = round(step_s, 4)
+    per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
+    own = meas.compile_by_model.get(model_key(w)) if not on_gpu else None
+    evidence: Dict[str, Any] = {"model": model_key(w)}
+    if own:
+        # Measured for this model: the step time scales with the rank's batch (the measurement's was own["batch"]).
+        compile_s, speedup = float(own["compile_seconds"]), float(own["speedup"])
+        step_s = float(own["step_seconds"]) * per_rank_batch / max(1.0, float(own.get("batch") or per_rank_batch))
+        evidence.update(compile_seconds=round(compile_s, 1), speedup=round(speedup, 3), step_seconds=round(step_s, 4),
+                        measured=meas.source)
     else:
-        evidence["step_seconds"] = step_s
+        compile_s = rule["assumed_compile_seconds_per_layer"] * max(1, w.n_layer)
+        speedup = rule["assumed_speedup_gpu"] if on_gpu else rule["assumed_speedup_cpu"]
+        step_s = estimated_step_seconds(w, meas, rule, placement.threads_per_rank, per_rank_batch, on_gpu)
+        evidence.update(compile_seconds=round(compile_s, 1), speedup=speedup, step_seconds_estimate=round(step_s, 4),
+                        measured="assumed")
+    crossover = compile_crossover(compile_s, step_s, speedup)
+    evidence["crossover_steps"] = crossover
     steps = w.steps
+    evidence["steps"] = steps
+    model = w.name if w.source == "preset" else "CONFIG"
+    how = "measured here for this model" if own else \
+        f"assumed: not measured for this model here (`cpuperf bench --compile --model {model}` measures it)"
+    if crossover is None:
+        return Decision("compile", False, f"no steady-state gain from torch.compile ({speedup:.2f}x, {how}): its "
+                        "compile time never pays back", evidence)
+    figure = (f"compile ~{compile_s:.0f} s, {speedup:.2f}x per step of {step_s:.2f} s ({how}): pays back after "
+              f"{crossover} steps")
     if steps is None:
-        return Decision("compile", False, "run length unknown: compile time cannot be shown to pay for itself", evidence)
-    saving = steps * step_s * (1 - 1 / speedup)
-    evidence.update(steps=steps, expected_saving_seconds=round(saving, 1))
-    if speedup <= 1.0:
-        return Decision("compile", False, "no measured speed-up from torch.compile on this host (cpuperf bench "
-                        "--compile measures it)", evidence)
-    if saving > compile_s:
-        return Decision("compile", True, f"{steps} steps save ~{saving:.0f} s against ~{compile_s:.0f} s of compilation",
-                        evidence, needs_torch=True)
-    return Decision("compile", False, f"{steps} steps would save ~{saving:.0f} s, less than ~{compile_s:.0f} s of compilation",
-                    evidence)
+        return Decision("compile", False, f"{figure}; the run length is unknown", evidence)
+    if steps > crossover:
+        return Decision("compile", True, f"{figure}; this run has {steps}", evidence, needs_torch=True)
+    return Decision("compile", False, f"{figure}; this run has only {steps}", evidence)
 
 
-def _decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool) -> Decision:
+def reference_workload(w: Optional[Workload]) -> str:
+    """The reference workload whose allocator measurement stands for `w` (cpuperf bench measures 'lm' and
+    'mlp'): every Workload cpuperf plans is a transformer LM; the MLP stands for dense non-LM models."""
+    return "lm" if w is None or w.n_layer > 0 else "mlp"
+
+
+def _allocator_hint() -> str:
+    rule = load_builtin("tuning.toml")["allocator"]
+    return (f"`cpuperf install` adds the {rule['wheel']} wheel (no root); system ones: {rule['system_install']}")
+
+
+def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm") -> Decision:
+    """The allocator to preload for a workload of this family: the measured best, only where it beats the default."""
     available = {}
     if facts.software is not None:
         available = {k: v for k, v in facts.software.allocators.items() if v}
     if on_gpu:
         return Decision("allocator", None, "host allocator does not matter for GPU training", {})
     if not available:
-        return Decision("allocator", None, "no tcmalloc or jemalloc installed (apt-get install libgoogle-perftools4 "
-                        "libjemalloc2 to let cpuperf measure them)", {})
+        return Decision("allocator", None, "no tcmalloc, jemalloc or mimalloc found: " + _allocator_hint(), {})
     rule = load_builtin("tuning.toml")["allocator"]
-    measured = {k: v for k, v in meas.allocator_speedup.items() if k in available and isinstance(v, (int, float))}
+    measured: Dict[str, float] = {}
+    for name in available:
+        by_workload = meas.allocator_speedup.get(f"{name}_by_workload") or {}
+        ratio = by_workload.get(family, meas.allocator_speedup.get(name) if not by_workload else None)
+        if isinstance(ratio, (int, float)):
+            measured[name] = float(ratio)
     if measured:
-        by_workload = {k: meas.allocator_speedup.get(f"{k}_by_workload", {}) for k in measured}
-        # A preload must help on average and hurt no reference workload.
-        good = {k: v for k, v in measured.items()
-                if v >= rule["min_speedup"] and min(by_workload[k].values() or [v]) >= rule["max_loss"]}
-        evidence = {"measured": measured, "by_workload": by_workload, "source": meas.source}
+        evidence = {"measured": {k: round(v, 3) for k, v in measured.items()}, "workload": family,
+                    "by_workload": {k: meas.allocator_speedup.get(f"{k}_by_workload", {}) for k in measured},
+                    "source": meas.source}
+        figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
+        good = {k: v for k, v in measured.items() if v >= rule["min_speedup"]}
         if good:
             best = max(good, key=lambda k: good[k])
-            return Decision("allocator", best, f"measured {good[best]:.2f}x the default allocator (geometric mean over "
-                            "the reference workloads)", evidence)
-        return Decision("allocator", None, f"measured: no allocator beat the default by {rule['min_speedup']:.2f}x "
-                        "without slowing a workload", evidence)
+            return Decision("allocator", best, f"measured on the {family} reference workload: {figures} the default "
+                            "allocator: the fastest is preloaded", evidence)
+        return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default; none "
+                        f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
                     "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
 

@@ -37,6 +37,9 @@ class Measurements:
     compile_speedup: Optional[float] = None
     # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
     allocator_speedup: Dict[str, Any] = field(default_factory=dict)
+    # model_key(workload) -> {"compile_seconds", "speedup", "step_seconds", "batch"}: torch.compile
+    # measured on this host for that model (cpuperf bench --compile --model NAME)
+    compile_by_model: Dict[str, Dict[str, float]] = field(default_factory=dict)
     source: str = "none"
 
     @classmethod

@@ -278,6 +278,20 @@ def _first(paths: Sequence[str]) -> Optional[str]:
     return ordered[0] if ordered else None
 
 
+# Allocators cpuperf can preload, in the order it falls back to without a measurement; the file
+# names each ships (Debian libgoogle-perftools4 / libtcmalloc-minimal4, libjemalloc2, the
+# cmeel-mimalloc wheel). Debug and profiler builds are never preloaded: they trade speed for checks.
+ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
+_NOT_FOR_SPEED = ("debug", "profiler")
+
+
+def preloadable(paths: Sequence[str]) -> Optional[str]:
+    """The library to LD_PRELOAD among an allocator's files: the full build, else the minimal one."""
+    usable = [p for p in paths if not any(t in os.path.basename(p) for t in _NOT_FOR_SPEED)]
+    full = [p for p in usable if "minimal" not in os.path.basename(p)]
+    return _first(full) or _first(usable)
+
+
 def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
                 master_port: Optional[int] = None, preload: bool = False, allocator: Optional[str] = None,
@@ -340,14 +354,14 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
         else:
             notes.append("--preload: libiomp5 not found (pip install intel-openmp); OpenMP stays as torch ships it")
         # The allocator the plan decided; without a decision, the first one installed.
-        alloc_name = allocator if allocator and libraries.allocators.get(allocator) else \
-            next((n for n in ("tcmalloc", "jemalloc") if libraries.allocators.get(n)), None)
+        alloc_name = allocator if allocator and preloadable(libraries.allocators.get(allocator, ())) else \
+            next((n for n in ALLOCATORS if preloadable(libraries.allocators.get(n, ()))), None)
         if alloc_name:
-            adds.append(_first(libraries.allocators[alloc_name]) or "")
+            adds.append(preloadable(libraries.allocators[alloc_name]) or "")
             if alloc_name == "jemalloc":
                 add("MALLOC_CONF", tuning["allocator"]["jemalloc_malloc_conf"], tuning["allocator"]["source"])
         else:
-            notes.append("--preload: neither tcmalloc nor jemalloc found (apt-get install libgoogle-perftools4)")
+            notes.append("--preload: no tcmalloc, jemalloc or mimalloc found (cpuperf install adds the mimalloc wheel)")
         if adds:
             add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
                 + " for every later command of this shell", PREPEND)

@@ -50,7 +50,7 @@ KNOBS: Tuple[Knob, ...] = (
     _k("ddp_backend", "choice", choices=("gloo", "ccl", "mpi", "nccl", None), decided=True, worker=True),
     _k("ipex", "bool", decided=True, worker=True),
     _k("compile", "bool", decided=True, worker=True),
-    _k("allocator", "choice", choices=("tcmalloc", "jemalloc", None), decided=True, launch=True),
+    _k("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
     _k("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
     _k("batch_size", "int", minimum=1, decided=True, worker=True),
     _k("grad_accum_steps", "int", minimum=1, decided=True, worker=True),

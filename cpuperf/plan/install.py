@@ -410,11 +410,12 @@ def default_sources(resolution: Any, cuda_index: Optional[str]) -> List[Source]:
 def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target, *,
                  torch_version: Optional[str] = None, cuda_tag: Optional[str] = None,
                  allow_cuda_torch: bool = False, environ: Optional[Mapping[str, str]] = None,
-                 matrix: Any = None) -> InstallPlan:
+                 matrix: Any = None, allocator_version: Optional[str] = None) -> InstallPlan:
     """Pin the resolution's packages for this host and say where they come from and why.
 
     `torch_version` is the exact build chosen from what the sources offer (e.g. '2.13.0+cpu');
     default: the resolution's torch with the host's label (+cpu, or +cuXYZ for the driver).
+    `allocator_version`: the allocator wheel's version the sources offer (None: not offered, not planned).
     """
     if resolution.torch is None:
         reasons = "; ".join(r.reason for r in getattr(resolution, "rejected", ())) or "no torch fits"
@@ -458,12 +459,72 @@ def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target
         act = _action(have, pin.version)
         reqs.append(PlannedPackage(pin.pip_name, pin.version, "installed" if act == "keep" else where, why,
                                    action=_action(have, pin.version), replaces=_replaced(have, pin.version)))
+    alloc = allocator_requirement(facts, where, allocator_version) if allocator_version else None
+    if alloc is not None:
+        reqs.append(alloc)
+    system_note = system_allocator_note(facts)
+    if system_note:
+        notes.append(system_note)
     for s in sources.skipped():
         warnings.append(f"skipped {s.location} ({s.detail}): unreachable ({s.error or 'no answer'})")
     env = child_env(environ or {})
     return InstallPlan(target=target, device=device, cuda_tag=cuda_tag, requirements=tuple(reqs),
                        sources=sources, env=env, allow_cuda_torch=allow_cuda_torch,
                        warnings=tuple(warnings), notes=tuple(notes))
+
+
+def allocator_wheel() -> Tuple[str, str]:
+    """(name, preferred version) of the wheel that ships an allocator (compat/tuning.toml [allocator])."""
+    from cpuperf.data import load_builtin
+
+    rule = load_builtin("tuning.toml")["allocator"]
+    return rule["wheel"], rule["wheel_version"]
+
+
+def pick_allocator_version(facts: Any, offered: Optional[Sequence[str]]) -> Optional[str]:
+    """The allocator wheel version to plan: the tested one if offered, else the newest offered; None where
+    this CPU has no build or no source offers it. GPU hosts get none: the engine never preloads one there."""
+    from cpuperf.data import load_builtin
+
+    rule = load_builtin("tuning.toml")["allocator"]
+    cpu = getattr(facts, "cpu", None)
+    if host_device(facts) == "cuda" or not offered or cpu is None or getattr(cpu, "arch", None) not in rule["wheel_platforms"]:
+        return None
+    if rule["wheel_version"] in offered:
+        return str(rule["wheel_version"])
+    valid = [v for v in offered if _valid_version(v)]
+    return str(max(valid, key=Version)) if valid else None
+
+
+def _valid_version(text: str) -> bool:
+    try:
+        Version(text)
+        return True
+    except InvalidVersion:
+        return False
+
+
+def allocator_requirement(facts: Any, where: str, version: str) -> Optional[PlannedPackage]:
+    """The wheel that ships a preloadable allocator (compat/tuning.toml [allocator]), where one is built
+    for this CPU: `--auto` then has an allocator to measure and preload without root."""
+    name, _ = allocator_wheel()
+    have = _installed(facts, name)
+    act = _action(have, version)
+    return PlannedPackage(name, version, "installed" if act == "keep" else where,
+                          "mimalloc for `--auto` to measure and preload (LD_PRELOAD; no root needed)",
+                          action=act, replaces=_replaced(have, version))
+
+
+def system_allocator_note(facts: Any) -> Optional[str]:
+    """The exact command that adds tcmalloc and jemalloc system-wide, where neither is found (needs root)."""
+    from cpuperf.data import load_builtin
+
+    software = getattr(facts, "software", None)
+    if software is None or any(software.allocators.get(n) for n in ("tcmalloc", "jemalloc")):
+        return None
+    cmd = load_builtin("tuning.toml")["allocator"]["system_install"]
+    return (f"no system tcmalloc or jemalloc: as root, `{cmd}` adds them for cpuperf bench to measure too "
+            "(cpuperf never runs the system package manager itself)")
 
 
 def _describe_sources(usable: Sequence[Source], no_index: bool) -> str:

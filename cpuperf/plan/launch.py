@@ -442,7 +442,7 @@ def check_observations(plan: LaunchPlan, observed: Sequence[RankObservation],
     by_local = {s.local_rank: s for s in plan.per_rank}
     want_alloc = None
     preload = plan.env.get("LD_PRELOAD", "")
-    for name in ("tcmalloc", "jemalloc"):
+    for name in ("tcmalloc", "jemalloc", "mimalloc"):
         if name in preload:
             want_alloc = name
     want_iomp = "libiomp5" in preload

@@ -264,9 +264,11 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
     if values["device"] == "cuda" and values.get("pin_memory") is False:
         want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
-    # torch.compile changes the code path and costs minutes of warm-up: only when you asked (--set).
-    if values.get("compile") and "compile" in overridden:
-        want("torch_compile", ("--torch_compile",), "you set compile")
+    # torch.compile costs minutes of warm-up: when you asked (--set), or on CPU where recommend measured
+    # it paying back within the run (compile time / per-step saving < steps; the plan shows the figure).
+    if values.get("compile") and ("compile" in overridden or values["device"] == "cpu"):
+        want("torch_compile", ("--torch_compile",), "you set compile" if "compile" in overridden
+             else "torch.compile measured to pay back within this run")
     if values.get("ipex"):  # installed by you, and recommend found it compatible
         want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
     # Hyperparameters and memory trade-offs: the script's own unless you set them.

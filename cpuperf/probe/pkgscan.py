@@ -29,6 +29,7 @@ PACKAGES = {
     "bitsandbytes": ["bitsandbytes"],
     "numpy": ["numpy"],
     "nvidia-ml-py": ["nvidia-ml-py", "pynvml"],
+    "cmeel-mimalloc": ["cmeel-mimalloc", "cmeel_mimalloc"],  # ships libmimalloc.so (an allocator without root)
 }
 
 
@@ -134,6 +135,9 @@ def scan(paths=None) -> dict:
         "prefix": sys.prefix,
         "bindir": os.path.dirname(sys.executable),
         "packages": packages,
+        # Where wheels put their files: an allocator wheel ships its .so there (cmeel.prefix/lib).
+        "site_dirs": [p for p in (sys.path if paths is None else paths)
+                      if os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages") and os.path.isdir(p)],
     }
 
 

@@ -21,7 +21,11 @@ OPENMP_LIBS = {
 ALLOCATOR_LIBS = {
     "tcmalloc": ["libtcmalloc.so*", "libtcmalloc_minimal.so*"],
     "jemalloc": ["libjemalloc.so*"],
+    "mimalloc": ["libmimalloc.so*"],
 }
+# Folders inside site-packages where allocator wheels put their library: cmeel-mimalloc ships
+# cmeel.prefix/lib/libmimalloc.so (its wheel's file list; `cpuperf install` adds it, no root needed).
+WHEEL_LIB_DIRS = ("cmeel.prefix/lib",)
 LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra", "srun", "torchrun")
 
 
@@ -151,7 +155,8 @@ def probe_software(src: Sources, python: Optional[str] = None, libraries: bool =
         numactl=src.which("numactl"),
         # Library search (dozens of globs) only for the commands that preload or report them.
         openmp=_libraries(src, OPENMP_LIBS, extra) if libraries else {},
-        allocators=_libraries(src, ALLOCATOR_LIBS, extra) if libraries else {},
+        allocators=_libraries(src, ALLOCATOR_LIBS, extra + [os.path.join(site, sub) for site in scanned.get("site_dirs", [])
+                                                            for sub in WHEEL_LIB_DIRS]) if libraries else {},
     )
 
 

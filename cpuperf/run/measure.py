@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.recommend import Measurements
+from cpuperf.decide.recommend import Measurements, compile_worth_measuring
+from cpuperf.decide.workload import Workload
 from cpuperf.errors import ProbeFailedError
 from cpuperf.probe.facts import HostFacts
 
@@ -51,8 +52,8 @@ def host_id(facts: HostFacts) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-_NUMBERS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_fp16_gflops", "compile_seconds", "step_seconds",
-            "compile_speedup")
+_NUMBERS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_fp16_gflops")
+_COMPILE_NUMBERS = ("compile_seconds", "speedup", "step_seconds", "batch")
 
 
 def _validated(data: Any) -> Dict[str, Any]:
@@ -66,6 +67,14 @@ def _validated(data: Any) -> Dict[str, Any]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or value <= 0):
             raise ValueError(f"{key} is not a positive number")
+    by_model = data.get("compile_by_model", {})
+    if not isinstance(by_model, dict) or not all(isinstance(v, dict) for v in by_model.values()):
+        raise ValueError("compile_by_model is not an object of objects")
+    for key, entry in by_model.items():
+        for name in _COMPILE_NUMBERS:
+            value = entry.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"compile_by_model.{key}.{name} is not a positive number")
     speedups = data.get("allocator_speedup", {})
     if not isinstance(speedups, dict):
         raise ValueError("allocator_speedup is not an object")
@@ -181,6 +190,11 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
     from cpuperf.fsutil import atomic_write_bytes
 
     path = cache_dir() / f"{host_id(facts)}.json"
+    previous, _ = read_cached(facts)
+    if previous is not None and assess(previous, facts)[0]:
+        # Compile figures are per model and slow to take: a later bench keeps the other models' ones.
+        results = {**results, "compile_by_model": {**(previous.get("compile_by_model") or {}),
+                                                   **(results.get("compile_by_model") or {})}}
     record = {"schema": SCHEMA, "host_id": host_id(facts), "torch_build": torch_build(facts),
               "measured_at": int(time.time()), **results}
     atomic_write_bytes(path, json.dumps(record, indent=2).encode())
@@ -254,7 +268,8 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
 
 
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
-              compile: bool = False, seconds: float = 1.0, size: int = 512) -> Dict[str, Any]:
+              compile: bool = False, seconds: float = 1.0, size: int = 512,
+              workload: Optional[Workload] = None) -> Dict[str, Any]:
     """The micro-benchmarks the engine uses where its rules are unsure, with the load around them."""
     started = time.time()
     before = load_now(facts, threads)
@@ -265,7 +280,7 @@ def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allo
     if allocators:
         results["allocator_speedup"] = allocator_speedups(facts, threads, python)
     if compile:
-        results.update(compile_measurement(threads, python))
+        results.update(compile_measurement(threads, python, workload=workload))
     after = load_now(facts, threads)
     worst = before if before["under_load"] or not after["under_load"] else after
     results["load"] = {**worst, "under_load": before["under_load"] or after["under_load"],
@@ -292,23 +307,38 @@ def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, 
 
 
 def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
-    """One preloadable library per installed allocator (no debug/minimal/profiler variants)."""
+    """One preloadable library per installed allocator (system or wheel; no debug/profiler builds)."""
+    from cpuperf.decide.runtime_env import preloadable
+
     out: Dict[str, str] = {}
     if facts.software is None:
         return out
     for name, paths in facts.software.allocators.items():
-        usable = [p for p in paths if not any(tag in os.path.basename(p) for tag in ("minimal", "debug", "profiler"))]
-        if usable:
-            out[name] = usable[0]
+        path = preloadable(paths)
+        if path:
+            out[name] = path
     return out
 
 
-def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 2,
+def allocator_env(name: str, library: str) -> Dict[str, str]:
+    """What preloading `name` sets: LD_PRELOAD, and for jemalloc the MALLOC_CONF the launchers export."""
+    env = {"LD_PRELOAD": library}
+    if name == "jemalloc":
+        env["MALLOC_CONF"] = _tuning()["allocator"]["jemalloc_malloc_conf"]
+    return env
+
+
+def _tuning() -> Dict[str, Any]:
+    return load_builtin("tuning.toml")
+
+
+def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 3,
                        seconds: float = 3.0, workloads: tuple = ("lm", "mlp")) -> Dict[str, Any]:
     """Throughput with each allocator preloaded over the default, per reference workload, alternating rounds.
 
     The effect depends on the allocation pattern (measured here: tcmalloc 1.04x on the small LM but
-    1.3x on the MLP), so the engine sees every workload's ratio and their geometric mean.
+    1.3x on the MLP), so the engine reads the ratio of the workload that stands for the model; the
+    geometric mean is kept as a summary. Every allocator found (system or wheel) is measured.
     """
     import math
     import statistics
@@ -324,44 +354,78 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
             for name in samples:
                 env = {"OMP_NUM_THREADS": str(threads)}
                 if name != "default":
-                    env["LD_PRELOAD"] = libs[name]
+                    env.update(allocator_env(name, libs[name]))
                 res = _benchrun(settings, env, python)
                 if res:
                     samples[name].append(res["samples_per_s"])
         base = statistics.median(samples["default"]) if samples["default"] else None
         for name in libs:
             if base and samples[name]:
-                per_workload[name][workload] = statistics.median(samples[name]) / base
+                per_workload[name][workload] = round(statistics.median(samples[name]) / base, 4)
     out: Dict[str, Any] = {}
     for name, ratios in per_workload.items():
         if ratios:
-            out[name] = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+            out[name] = round(math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios)), 4)
             out[f"{name}_by_workload"] = ratios
     return out
 
 
-def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0) -> Dict[str, Any]:
-    """Compile time and steady speed-up of torch.compile on the built-in LM (slow: tens of seconds)."""
-    settings = {"workload": "lm", "size": "small", "threads_per_rank": threads, "seconds": seconds}
+def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0,
+                        workload: Optional[Workload] = None, batch: int = 0) -> Dict[str, Any]:
+    """torch.compile's one-time cost and steady speed-up for one model on this host (slow: tens of seconds).
+
+    The same model eager and compiled in fresh processes: the compile time is the compiled first step
+    less the eager one; the speed-up the ratio of steady throughputs. Keyed by the model's shape, so a
+    decision uses only its own model's figures (compile_by_model).
+    """
+    from cpuperf.decide.recommend import model_key
+    from cpuperf.decide.workload import PRESETS
+
+    w = workload or PRESETS["tiny"]
+    batch = batch or max(1, min(w.batch_size, 16))
+    shape = {"n_layer": w.n_layer, "n_head": w.n_head, "d_model": w.d_model, "seq_len": w.seq_len, "vocab_size": w.vocab}
+    settings = {"workload": "lm", "shape": shape, "batch": batch, "threads_per_rank": threads, "seconds": seconds,
+                "steps": 3}
     env = {"OMP_NUM_THREADS": str(threads)}
     eager = _benchrun(settings, env, python)
-    compiled = _benchrun({**settings, "compile": True}, env, python, timeout=900)
+    compiled = _benchrun({**settings, "compile": True}, env, python, timeout=1800)
     if not eager or not compiled:
         return {}
-    return {"compile_seconds": max(0.0, compiled["first_step_s"] - eager["first_step_s"]),
-            "compile_speedup": compiled["samples_per_s"] / eager["samples_per_s"],
-            "step_seconds": 16.0 / eager["samples_per_s"]}
+    entry = {"compile_seconds": round(max(0.1, compiled["first_step_s"] - eager["first_step_s"]), 2),
+             "speedup": round(compiled["samples_per_s"] / eager["samples_per_s"], 4),
+             "step_seconds": round(batch / eager["samples_per_s"], 4), "batch": batch, "model": w.name,
+             "threads": threads}
+    return {"compile_by_model": {model_key(w): entry}}
 
 
 def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
-                      log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
-    """Measure once per host and torch build where a rule is unsure (native bf16, installed allocators).
+                      log: Optional[Callable[[str], Any]] = None,
+                      workload: Optional[Workload] = None) -> Optional[Measurements]:
+    """Measure once per host and torch build where a rule is unsure (native bf16, installed allocators),
+    and torch.compile for `workload`'s model where its run is long enough for compile to matter.
 
     A cached entry that is expired, from another torch build, taken under load or unsteady is
     measured again; if the new one is no better it is used with its flag (never silently).
     """
     if not facts.live:
         return None
+    got = _measure_if_unsure(facts, threads, python, log)
+    if workload is not None and compile_worth_measuring(workload, got or Measurements(), threads, _tuning()):
+        if log:
+            log(f"measuring torch.compile for {workload.name} ({workload.steps} steps: long enough for it to "
+                "matter); cached for later runs ...")
+        entry = compile_measurement(threads, python, workload=workload)
+        if entry:
+            data, _ = read_cached(facts)
+            base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")}
+            base.setdefault("load", load_now(facts, threads))
+            save(facts, {**base, **entry})
+            got = load_cached(facts, log)
+    return got
+
+
+def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
+                       log: Optional[Callable[[str], Any]]) -> Optional[Measurements]:
     need_dtype = facts.cpu.bf16_native
     need_alloc = bool(allocator_libraries(facts))
     data, _ = read_cached(facts)

@@ -15,18 +15,28 @@ from typing import Any, Dict, Tuple
 
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
-             "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256}}
+             "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256},
+             # GPT-2 small's width and depth (the gpt2-small preset) at a 128-token context: ~85M parameters,
+             # weights, gradients and AdamW state ~1.4 GB: big enough for the allocator and memory levers;
+             # a step ~2-3 s on 2 cores at batch 2, so a run is a few steps.
+             "gpt2": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 128}}
 MLP_SHAPES = {"small": (1024, 1024, 4), "large": (2048, 4096, 4)}  # (input, hidden, layers)
 CONV_SHAPES = {"small": (64, 32), "large": (128, 64)}  # (image side, base channels)
 BATCH = {"lm": 16, "mlp": 256, "conv": 32}
+SIZE_BATCH = {("lm", "gpt2"): 2}
 
 
-def flops_per_sample(workload: str, size: str) -> float:
+def lm_shape(size: str, shape: Any = None) -> Dict[str, int]:
+    """The LM's shape: an explicit one (a model cpuperf plans for: `cpuperf bench --compile --model`) or a size."""
+    return dict(shape) if shape else LM_SHAPES[size]
+
+
+def flops_per_sample(workload: str, size: str, shape: Any = None) -> float:
     """Training FLOPs per sample (forward + backward = 3x forward matmul FLOPs)."""
     if workload == "lm":
         from cpuperf.train.model import flops_per_token, make_config
 
-        cfg = make_config("tiny", LM_SHAPES[size])
+        cfg = make_config("tiny", lm_shape(size, shape))
         return flops_per_token(cfg) * cfg.seq_len
     if workload == "mlp":
         d_in, hidden, layers = MLP_SHAPES[size]
@@ -41,7 +51,7 @@ def flops_per_sample(workload: str, size: str) -> float:
     return 6.0 * (macs + c_in * 10)
 
 
-def _build(workload: str, size: str, batch: int) -> Tuple[Any, Any]:
+def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any, Any]:
     import torch
     from torch import nn
 
@@ -49,7 +59,7 @@ def _build(workload: str, size: str, batch: int) -> Tuple[Any, Any]:
     if workload == "lm":
         from cpuperf.train.model import build_model, make_config
 
-        cfg = make_config("tiny", LM_SHAPES[size])
+        cfg = make_config("tiny", lm_shape(size, shape))
         model = build_model(cfg)
         x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
         y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
@@ -92,13 +102,24 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
-    batch = int(cfg.get("batch", BATCH[workload]))
+    batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    pin = cfg.get("cpus_per_rank")  # [[cpus of rank 0], [cpus of rank 1], ...]: pinned ranks
+    if pin and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, pin[int(os.environ.get("LOCAL_RANK", "0")) % len(pin)])
     if cfg.get("threads_per_rank"):
         torch.set_num_threads(int(cfg["threads_per_rank"]))
+    if world > 1:  # data parallel over ranks started by torchrun: the global batch split between them
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model, loss_fn = _build(workload, size, batch)
+    model, loss_fn = _build(workload, size, max(1, batch // world), cfg.get("shape"))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    fused: Dict[str, Any] = {"fused": True} if cfg.get("optimizer") == "adamw_fused" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
     dtype = cfg.get("dtype", "fp32")
     if cfg.get("ipex"):
         import intel_extension_for_pytorch as ipex  # noqa: F401  (legacy stacks only)
@@ -131,9 +152,14 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         step()
         count += 1
         elapsed = time.perf_counter() - start
-        if count >= min_steps and elapsed >= seconds:
-            break
-        if elapsed >= seconds * 2:  # emulated bf16 can be 100x slower: never run for minutes
+        done = (count >= min_steps and elapsed >= seconds) or elapsed >= seconds * 2  # emulated bf16: never minutes
+        if world > 1:  # every rank stops at the same step (DDP's all-reduces must pair up)
+            import torch.distributed as dist
+
+            flag = torch.tensor([1.0 if done else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            done = bool(flag.item())
+        if done:
             break
     maps = ""
     try:
@@ -141,15 +167,24 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
             maps = fh.read()
     except OSError:
         pass
+    if world > 1:
+        import torch.distributed as dist
+
+        slowest = torch.tensor([elapsed])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the job is as fast as its slowest rank
+        elapsed = float(slowest.item())
+        dist.destroy_process_group()
     return {
-        "samples_per_s": count * batch / elapsed,
+        "samples_per_s": count * max(1, batch // world) * world / elapsed,
+        "ranks": world, "rank": rank,
         "steps": count,
         "first_step_s": first,
         "threads": torch.get_num_threads(),
         "allowed_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "allocator": next((a for a in ("tcmalloc", "jemalloc") if f"lib{a}" in maps), None),
+        "allocator": next((a for a in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{a}" in maps), None),
+        "batch": batch,
         "openmp": next((o for o in ("libiomp5", "libgomp", "libomp") if o in maps), None),
-        "flops_per_sample": flops_per_sample(workload, size),
+        "flops_per_sample": flops_per_sample(workload, size, cfg.get("shape")),
         "torch": torch.__version__,
     }
 
@@ -161,7 +196,9 @@ def main(argv: Any = None) -> int:
     except ValueError as exc:
         print(json.dumps({"error": f"bad settings JSON: {exc}"}))
         return 2
-    print(json.dumps(run(cfg)))
+    result = run(cfg)
+    if result.get("rank", 0) == 0:  # one line per job, from rank 0
+        print(json.dumps(result))
     return 0
 
 

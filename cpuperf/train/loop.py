@@ -19,7 +19,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Dict, Optional, TextIO
 
 from cpuperf.train import SCHEMA
 from cpuperf.train.errors import ConfigError, DiskFullError, DistInitError, MissingFeatureError, TrainError, TrainExit
@@ -87,28 +87,54 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
     if s.peak_tflops is not None:
         return Peak(s.peak_tflops, math_dtype(dt, s.tf32 and s.device == "cuda"), "settings.peak_tflops")
     if s.device != "cuda":
-        if cfg is None:
-            return None
         import torch
 
-        from cpuperf.train.peak import cpu_peak
+        from cpuperf.train.peak import this_hardware_peak
 
-        return cpu_peak(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len, dt, torch.get_num_threads())
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return this_hardware_peak(dt, torch.get_num_threads(), cpus)[0]
     return table_peak(device_name, dt, s.tf32)
 
 
+def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> tuple:
+    """(hardware peak info, the measured GEMM ceiling at the model's shapes) for a CPU run."""
+    import torch
+
+    from cpuperf.train.peak import cpu_peak, this_hardware_peak
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    _, info = this_hardware_peak(dtype, torch.get_num_threads(), cpus)
+    try:
+        achievable = cpu_peak(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len, dtype, torch.get_num_threads())
+    except Exception as exc:  # the report must never stop training
+        achievable, info = None, {**info, "achievable_note": f"measuring the GEMM ceiling failed: {type(exc).__name__}"}
+    return info, achievable
+
+
 def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int, cfg: Any) -> tuple:
-    """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu)."""
+    """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu); GPUs and a set peak."""
     import torch
 
     from cpuperf.train.peak import bounded_mfu as bound
-    from cpuperf.train.peak import measure_cpu_peak, workload_shapes
+
+    return bound(achieved, peak, world, None, torch.get_num_threads(), data_fallback=False)
+
+
+def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Any, achievable: Any, world: int,
+                   cfg: Any, info: Dict[str, Any]) -> Dict[str, Any]:
+    """The summary's MFU fields on CPU: MFU against the hardware peak, the measured ceiling beside it."""
+    from cpuperf.train.peak import cpu_mfu, measure_cpu_peak, workload_shapes
 
     remeasure = None
-    if s.device != "cuda" and s.peak_tflops is None and peak is not None:
+    if achievable is not None:
         shapes = workload_shapes(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len)
-        remeasure = lambda: measure_cpu_peak(shapes, peak.dtype, repeats=7, seconds=0.5)  # noqa: E731
-    return bound(achieved, peak, world, remeasure, torch.get_num_threads())
+        remeasure = lambda: measure_cpu_peak(shapes, achievable.dtype, repeats=7, seconds=0.5)  # noqa: E731
+    mfu, frac, ceiling, notes = cpu_mfu(achieved, hardware, achievable, world, remeasure)
+    if hardware is None and info.get("why_none"):
+        notes["mfu_note"] = f"MFU not reported: {info['why_none']}"
+    return {"mfu": _round(mfu, 5), "peak": hardware.to_json() if hardware is not None else None,
+            "hardware_peak": info, "achievable": ceiling.to_json() if ceiling is not None else None,
+            "pct_of_achievable": _round(frac * 100 if frac is not None else None, 2), **notes}
 
 
 def checksum(model: Any) -> int:
@@ -623,7 +649,11 @@ class Run:
                              "starting from step 0\n")
         self.attention = self.attention_report()
         self.peak = peak_tflops(s, self.device_name, self.amp.name, self.cfg)
-        if self.peak is None and self.is0:
+        self.peak_info: Dict[str, Any] = {}
+        self.achievable: Any = None
+        if s.device != "cuda" and s.peak_tflops is None:
+            self.peak_info, self.achievable = cpu_peak_parts(s, self.amp.name, self.cfg)
+        elif self.peak is None and self.is0:
             from cpuperf.train.gpu import measure_peak
 
             # A card compat/gpu_peaks.toml does not know, or a CPU: measure its GEMM peak once.
@@ -846,7 +876,11 @@ class Run:
         tps = sps * self.cfg.seq_len if sps is not None else None
         achieved = tps * self.fpt / 1e12 if tps is not None else None
         peak = self.peak
-        mfu, peak, peak_notes = bounded_mfu(self.s, achieved, peak, self.world, self.cfg)
+        if self.s.device != "cuda" and self.s.peak_tflops is None:
+            mfu_fields = cpu_mfu_report(self.s, achieved, peak, self.achievable, self.world, self.cfg, self.peak_info)
+        else:
+            mfu, peak, peak_notes = bounded_mfu(self.s, achieved, peak, self.world, self.cfg)
+            mfu_fields = {"mfu": _round(mfu, 5), "peak": peak.to_json() if peak is not None else None, **peak_notes}
         summary = {
             "schema": SCHEMA, "status": st.status, "steps": self.step,
             "steps_this_run": self.step - st.start_step, "resumed_from": self.resumed_from,
@@ -858,8 +892,7 @@ class Run:
             "threads": self.torch.get_num_threads(),
             "model": {"params": self.n_params, "flops_per_token": self.fpt,
                       **dataclasses.asdict(self.cfg)},
-            "achieved_tflops": _round(achieved, 4), "mfu": _round(mfu, 5),
-            "peak": peak.to_json() if peak is not None else None, **peak_notes,
+            "achieved_tflops": _round(achieved, 4), **mfu_fields,
             "amp": {"dtype": self.amp.name, "autocast": self.amp.autocast,
                     "grad_scaler": self.amp.grad_scaler},
             "attention_kernel": self.attention, "batch_trial": self.batch_trial,

@@ -1,15 +1,17 @@
-"""The MFU denominator on CPUs: the sustained GEMM rate at the workload's own shapes, or a data peak.
+"""MFU on CPUs: against the hardware peak, with the measured GEMM ceiling beside it as "% of achievable".
 
-A 0.3 s 512x512 torch.mm at start-up gave MFU 200.6% on one run and 17.8% on the next (issue 17):
-too short to be stable and at shapes the model never runs. Here the peak is the rate of the model's
-own linear layers (QKV, attention output, MLP up and down, LM head at batch x sequence rows) in the
-dtype the run computes in, timed over several repeats; the median is the peak and the spread is
-reported. The data peak (cores x FLOPs per cycle x clock, compat/cpu_peaks.toml) is the fallback
-where measuring fails or is implausible. torch is imported inside functions only.
+MFU divides by the hardware's peak, as nanoGPT and the GPU world do: cores x FLOPs per cycle for the
+dtype (the CPU's variant in compat/cpu_peaks.toml) x clock, naming the clock used (nominal and
+measured). No figure called MFU has a measured denominator. Beside it, the sustained GEMM rate at the
+model's own linear layers (QKV, attention output, MLP up and down, LM head at batch x sequence rows)
+in the dtype the run computes in, median over repeats with its spread: the achievable ceiling
+(a 0.3 s 512x512 torch.mm once gave 200.6% and 17.8% on consecutive runs: issue 17).
+torch is imported inside functions only.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -58,16 +60,43 @@ def measure_cpu_peak(shapes: Sequence[Shape], dtype: str, repeats: int = 5, seco
                 f"spread {spread * 100:.0f}%")
 
 
-def _clock_hz(cpuinfo: Optional[str], max_freq_khz: Optional[str]) -> Optional[float]:
+_GHZ_IN_NAME = re.compile(r"@\s*([0-9.]+)\s*GHz", re.I)
+
+
+def nominal_clock_hz(cpuinfo: Optional[str], max_freq_khz: Optional[str]) -> Tuple[Optional[float], str]:
+    """(Hz, where from): cpufreq's cpuinfo_max_freq (the highest clock the part runs), else the clock in
+    the model name ('@ 2.60GHz', Intel's base clock); (None, ...) where neither says."""
     if max_freq_khz and max_freq_khz.strip().isdigit():
-        return int(max_freq_khz.strip()) * 1e3
+        return int(max_freq_khz.strip()) * 1e3, "cpufreq cpuinfo_max_freq"
     for line in (cpuinfo or "").splitlines():
-        if line.lower().startswith("cpu mhz"):
-            try:
-                return float(line.split(":", 1)[1]) * 1e6
-            except (IndexError, ValueError):
-                return None
-    return None
+        if line.lower().startswith("model name"):
+            m = _GHZ_IN_NAME.search(line)
+            if m:
+                return float(m.group(1)) * 1e9, "the model name"
+            break
+    return None, "unknown"
+
+
+def measured_clock_hz(cpuinfo: Optional[str], cpus: Optional[Sequence[int]] = None) -> Optional[float]:
+    """The mean 'cpu MHz' /proc/cpuinfo reports for these CPUs now (all of them by default), in Hz."""
+    rates: List[float] = []
+    cpu: Optional[int] = None
+    for line in (cpuinfo or "").splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        try:
+            if key == "processor":
+                cpu = int(value)
+            elif key == "cpu mhz" and (cpus is None or cpu in cpus):
+                rates.append(float(value) * 1e6)
+        except ValueError:
+            continue
+    return statistics.fmean(rates) if rates else None
+
+
+def _clock_hz(cpuinfo: Optional[str], max_freq_khz: Optional[str]) -> Optional[float]:
+    nominal, _ = nominal_clock_hz(cpuinfo, max_freq_khz)
+    return nominal or measured_clock_hz(cpuinfo)
 
 
 def _read(path: str) -> Optional[str]:
@@ -78,23 +107,68 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def data_peak(microarchitecture: str, dtype: str, threads: int, clock_hz: Optional[float] = None) -> Optional[Peak]:
-    """cores x FLOPs/cycle/core x clock from compat/cpu_peaks.toml; None for CPUs it does not list."""
+def peak_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The compat/cpu_peaks.toml row for this CPU: the first variant whose model_name pattern matches."""
     from cpuperf.data import load_builtin
 
+    for row in load_builtin("cpu_peaks.toml").get("cpu", []):
+        if microarchitecture not in row["match"]:
+            continue
+        patterns = row.get("model_name")
+        if not patterns or any(re.search(p, model_name or "") for p in patterns):
+            return dict(row)
+    return None
+
+
+def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Optional[str] = None,
+                  nominal_hz: Optional[float] = None, measured_hz: Optional[float] = None,
+                  nominal_from: str = "given") -> Tuple[Optional[Peak], Dict[str, Any]]:
+    """cores x FLOPs/cycle/core (this CPU's variant) x clock: the MFU denominator, and its parts.
+
+    The clock is the higher of nominal and measured (a peak the run could beat is no peak); both are
+    named. (None, why) for a CPU or dtype the table has no peak for (emulated bf16 among them).
+    """
+    info: Dict[str, Any] = {"microarchitecture": microarchitecture, "model_name": model_name, "cores": cores,
+                            "clock_nominal_ghz": round(nominal_hz / 1e9, 3) if nominal_hz else None,
+                            "clock_nominal_from": nominal_from if nominal_hz else None,
+                            "clock_measured_ghz": round(measured_hz / 1e9, 3) if measured_hz else None}
+    row = peak_row(microarchitecture, model_name)
+    if row is None:
+        return None, {**info, "why_none": f"compat/cpu_peaks.toml has no row for {microarchitecture}"}
+    per_cycle = row.get("bf16") if dtype == "bf16" else row.get("fp32") if dtype == "fp32" else None
+    if per_cycle is None:
+        return None, {**info, "variant": row["variant"],
+                      "why_none": f"{microarchitecture} has no native {dtype} (emulated): no hardware peak"}
+    clock = max(c for c in (nominal_hz, measured_hz, 0.0) if c is not None)
+    if not clock:
+        return None, {**info, "variant": row["variant"], "why_none": "the clock is unknown"}
+    which = "nominal" if clock == nominal_hz else "measured"
+    info.update(variant=row["variant"], flops_per_cycle=per_cycle, clock_used=which,
+                clock_used_ghz=round(clock / 1e9, 3))
+    tflops = cores * per_cycle * clock / 1e12
+    clocks = ", ".join(f"{k} {v / 1e9:.2f} GHz" for k, v in (("nominal", nominal_hz), ("measured", measured_hz)) if v)
+    return Peak(float(f"{tflops:.4g}"), dtype,
+                f"hardware: {cores} core(s) x {per_cycle} {dtype} FLOPs/cycle x {clock / 1e9:.2f} GHz ({which} clock; "
+                f"{clocks}) - {microarchitecture}, {row['variant']}; {row['source']}", card=microarchitecture), info
+
+
+def this_hardware_peak(dtype: str, cores: int, cpus: Optional[Sequence[int]] = None) -> Tuple[Optional[Peak], Dict[str, Any]]:
+    """hardware_peak for this host: its microarchitecture, model name and clocks (read now)."""
+    cpuinfo = _read("/proc/cpuinfo")
+    nominal, nominal_from = nominal_clock_hz(cpuinfo, _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
+    name = next((l.partition(":")[2].strip() for l in (cpuinfo or "").splitlines() if l.lower().startswith("model name")),
+                None)
+    return hardware_peak(cpu_microarchitecture(), dtype, cores, name, nominal, measured_clock_hz(cpuinfo, cpus),
+                         nominal_from)
+
+
+def data_peak(microarchitecture: str, dtype: str, threads: int, clock_hz: Optional[float] = None,
+              model_name: Optional[str] = None) -> Optional[Peak]:
+    """cores x FLOPs/cycle/core x clock from compat/cpu_peaks.toml; None for CPUs it does not list."""
     if clock_hz is None:
         clock_hz = _clock_hz(_read("/proc/cpuinfo"), _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
-    if not clock_hz:
-        return None
-    for row in load_builtin("cpu_peaks.toml").get("cpu", []):
-        if microarchitecture in row["match"]:
-            per_cycle = row.get("bf16") if dtype == "bf16" else row.get("fp32")
-            if per_cycle is None:
-                return None
-            tflops = threads * per_cycle * clock_hz / 1e12
-            return Peak(float(f"{tflops:.4g}"), dtype, f"data: {threads} core(s) x {per_cycle} {dtype} FLOPs/cycle x "
-                        f"{clock_hz / 1e9:.2f} GHz ({microarchitecture}; {row['source']})", card=microarchitecture)
-    return None
+    peak, _ = hardware_peak(microarchitecture, dtype, threads, model_name, clock_hz)
+    return peak
 
 
 def cpu_microarchitecture() -> str:
@@ -108,21 +182,36 @@ def cpu_microarchitecture() -> str:
 
 
 def cpu_peak(d_model: int, vocab: int, rows: int, dtype: str, threads: int) -> Peak:
-    """The CPU MFU denominator: measured at the workload's shapes, or the data peak if that fails."""
-    try:
-        return measure_cpu_peak(workload_shapes(d_model, vocab, rows), dtype)
-    except Exception as exc:  # a failed measurement falls back to data, and says so
-        fallback = data_peak(cpu_microarchitecture(), dtype, threads)
-        if fallback is None:
-            raise
-        return Peak(fallback.tflops, dtype, f"{fallback.source} (measuring failed: {type(exc).__name__})", fallback.card)
+    """The achievable ceiling: the GEMM rate measured at the workload's shapes (never an MFU denominator)."""
+    return measure_cpu_peak(workload_shapes(d_model, vocab, rows), dtype)
+
+
+def cpu_mfu(achieved_tflops: Optional[float], hardware: Optional[Peak], achievable: Optional[Peak], world: int,
+            remeasure: Any = None) -> Tuple[Optional[float], Optional[float], Optional[Peak], Dict[str, Any]]:
+    """(MFU against the hardware peak, fraction of the achievable GEMM ceiling, the ceiling used, notes).
+
+    MFU above 100% means the table row or the clock is wrong: not reported, and the note says so. A
+    measured ceiling below the achieved rate was taken while the host was busy: measured again once.
+    """
+    notes: Dict[str, Any] = {}
+    mfu = None
+    if achieved_tflops is not None and hardware is not None and hardware.tflops > 0:
+        mfu = achieved_tflops / (hardware.tflops * world)
+        if mfu > 1.0:
+            notes["mfu_note"] = (f"{mfu * 100:.0f}% of the hardware peak is impossible: the table row or clock "
+                                 f"is wrong for this CPU ({hardware.source[:80]}): MFU not reported")
+            mfu = None
+    frac, ceiling, more = bounded_mfu(achieved_tflops, achievable, world, remeasure, data_fallback=False)
+    notes.update({k.replace("peak", "achievable"): v for k, v in more.items()})
+    return mfu, frac, ceiling, notes
 
 
 def bounded_mfu(achieved_tflops: Optional[float], peak: Optional[Peak], world: int,
-                remeasure: Any = None, threads: int = 1) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
-    """MFU never above 100%: a peak below the achieved rate is wrong, so measure again or fall back.
+                remeasure: Any = None, threads: int = 1,
+                data_fallback: bool = True) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
+    """achieved / peak never above 100%: a peak below the achieved rate is wrong, so measure again or fall back.
 
-    Returns (mfu, the peak used, notes for the report). `remeasure()` gives a longer measurement.
+    Returns (fraction, the peak used, notes for the report). `remeasure()` gives a longer measurement.
     """
     notes: Dict[str, Any] = {}
     if achieved_tflops is None or peak is None or peak.tflops <= 0:
@@ -136,11 +225,12 @@ def bounded_mfu(achieved_tflops: Optional[float], peak: Optional[Peak], world: i
         if again is not None and achieved_tflops / (again.tflops * world) <= 1.0:
             notes["peak_note"] = f"the first peak ({peak.tflops:g} TFLOP/s) was below the achieved rate: measured again"
             return achieved_tflops / (again.tflops * world), again, notes
-    data = data_peak(cpu_microarchitecture(), peak.dtype, threads) if peak.dtype in ("fp32", "bf16") else None
+    data = data_peak(cpu_microarchitecture(), peak.dtype, threads) \
+        if data_fallback and peak.dtype in ("fp32", "bf16") else None
     if data is not None and achieved_tflops / (data.tflops * world) <= 1.0:
         notes["peak_note"] = (f"the measured peak ({peak.tflops:g} TFLOP/s) was below the achieved rate "
                               f"({achieved_tflops / world:.4g} per rank): using the data peak")
         return achieved_tflops / (data.tflops * world), data, notes
     notes["peak_note"] = (f"no trustworthy peak: the measured {peak.tflops:g} TFLOP/s is below the achieved "
-                          f"{achieved_tflops / world:.4g} per rank (host busy while measuring?): MFU not reported")
+                          f"{achieved_tflops / world:.4g} per rank (host busy while measuring?): not reported")
     return None, None, notes

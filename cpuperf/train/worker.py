@@ -43,7 +43,9 @@ def _human(summary: dict) -> str:
         f"eval loss {f(summary['eval_loss'], '.4f')}",
         f"  {f(summary['samples_per_s'], '.1f')} samples/s, {f(summary['tokens_per_s'], '.0f')} "
         f"tokens/s, first step {f(summary['warmup_s'], '.2f')}s"
-        + (f", MFU {summary['mfu'] * 100:.1f}%" if summary.get("mfu") is not None else ""),
+        + (f", MFU {summary['mfu'] * 100:.1f}% of the hardware peak" if summary.get("mfu") is not None else "")
+        + (f", {summary['pct_of_achievable']:.0f}% of achievable (measured GEMM)"
+           if summary.get("pct_of_achievable") is not None else ""),
         f"  metrics {summary['metrics_file']}, checkpoint {summary['checkpoint']}",
     ]
     extra = []

@@ -1,0 +1,130 @@
+"""The exhaustive sweep: dtype x compile x allocator x ranks-times-threads x pinning, on this host.
+
+Every lever is detected on the host first; a lever that does not exist here (no native bf16, no C
+compiler for torch.compile, no allocator installed, one core) is pruned, and the results say why.
+--full runs the whole product in every round. --quick screens it first (one short run each, compile
+only on the best screened base: a compiled run costs a minute of compilation), then the best few go
+into the alternating rounds beside default, auto and run_cpu.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+
+@dataclass
+class Lever:
+    name: str
+    values: List[Any]
+    pruned: Optional[str] = None  # why only the default value is swept here
+    notes: List[str] = field(default_factory=list)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"values": [_label(self.name, v) for v in self.values], "pruned": self.pruned, "notes": self.notes}
+
+
+def _label(lever: str, value: Any) -> str:
+    if lever == "layout":
+        return f"{value[0]}x{value[1]}"
+    if lever == "compile":
+        return "compile" if value else "eager"
+    if lever == "pinning":
+        return "pinned" if value else "unpinned"
+    return str(value or "default")
+
+
+def levers(facts: Any, full: bool) -> Dict[str, Lever]:
+    """The levers this host has, each with the values to sweep (the first is the default's)."""
+    from cpuperf.decide.placement import plan_placement
+    from cpuperf.run.measure import allocator_libraries
+
+    out: Dict[str, Lever] = {}
+    dtype = Lever("dtype", ["fp32"])
+    if facts.cpu.bf16_native:
+        dtype.values.append("bf16")
+    elif full:
+        dtype.values.append("bf16")
+        dtype.notes.append(f"bf16 is emulated on {facts.cpu.microarchitecture} (no avx512_bf16/AMX): swept, expect it slow")
+    else:
+        dtype.pruned = (f"{facts.cpu.microarchitecture} has no native bf16 (no avx512_bf16, AMX or Arm BF16): emulated "
+                        "bf16 is several times slower than fp32 (--full sweeps it anyway)")
+    out["dtype"] = dtype
+
+    torch_info = facts.software.packages.get("torch") if facts.software else None
+    compile_ = Lever("compile", [False])
+    if torch_info is None:
+        compile_.pruned = "torch is not installed"
+    elif not (shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")):
+        compile_.pruned = "no C/C++ compiler on PATH: torch.compile's CPU backend (inductor) needs one"
+    else:
+        compile_.values.append(True)
+    out["compile"] = compile_
+
+    libs = allocator_libraries(facts)
+    alloc = Lever("allocator", [None, *sorted(libs)])
+    if not libs:
+        alloc.pruned = "no tcmalloc, jemalloc or mimalloc on this host (`cpuperf install` adds the mimalloc wheel)"
+    out["allocator"] = alloc
+
+    placement = plan_placement(facts)  # the host's cores, not today's load (probe_host without load)
+    cores = max(1, placement.threads_per_rank * placement.nproc_per_node)
+    layouts: List[Tuple[int, int]] = [(1, cores)]
+    for ranks in range(2, cores + 1):
+        if cores % ranks == 0:
+            layouts.append((ranks, cores // ranks))
+    logical = len(facts.usable_cpus())
+    if logical > cores:
+        layouts.append((1, logical))
+    layout = Lever("layout", layouts)
+    if len(layouts) == 1:
+        layout.pruned = f"{cores} usable core(s): one rank with all of them is the only layout"
+    out["layout"] = layout
+
+    pinning = Lever("pinning", [False, True])
+    if logical <= 1:
+        pinning.values = [False]
+        pinning.pruned = "one usable CPU: nothing to pin to"
+    out["pinning"] = pinning
+    return out
+
+
+def cpu_slots(facts: Any, ranks: int, threads: int) -> List[List[int]]:
+    """Each rank's CPUs: consecutive physical cores (one logical CPU per core unless SMT is swept)."""
+    usable = list(facts.usable_cpus())
+    per_core: Dict[Any, List[int]] = {}
+    for cpu in facts.topology.cpus:
+        if cpu.id in usable:
+            per_core.setdefault((cpu.socket, cpu.core), []).append(cpu.id)
+    firsts = [sorted(v)[0] for _, v in sorted(per_core.items())] or usable
+    pool = firsts if ranks * threads <= len(firsts) else usable
+    return [pool[r * threads:(r + 1) * threads] or pool[:threads] for r in range(ranks)]
+
+
+def config_for(facts: Any, dtype: str, compile_: bool, allocator: Optional[str], layout: Tuple[int, int],
+               pinned: bool) -> Dict[str, Any]:
+    """One sweep point as a suite configuration (settings for cpuperf.train.bench, env, ranks, CPUs)."""
+    from cpuperf.run.measure import allocator_env, allocator_libraries
+
+    ranks, threads = layout
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if allocator:
+        env.update(allocator_env(allocator, allocator_libraries(facts)[allocator]))
+    settings: Dict[str, Any] = {"dtype": dtype, "compile": compile_, "threads_per_rank": threads}
+    slots = cpu_slots(facts, ranks, threads)
+    if pinned:
+        settings["cpus_per_rank"] = slots
+    name = " ".join(_label(k, v) for k, v in (("dtype", dtype), ("compile", compile_), ("allocator", allocator),
+                                               ("layout", layout), ("pinning", pinned)))
+    return {"name": name, "env": env, "settings": settings, "ranks": ranks, "sweep": True,
+            "point": {"dtype": dtype, "compile": compile_, "allocator": allocator, "ranks": ranks,
+                      "threads_per_rank": threads, "pinned": pinned}}
+
+
+def product(facts: Any, found: Dict[str, Lever], with_compile: bool = True) -> List[Dict[str, Any]]:
+    """Every combination of the levers' values (compile left out where with_compile is False)."""
+    compiles = found["compile"].values if with_compile else [False]
+    return [config_for(facts, d, c, a, lay, p) for d, c, a, lay, p in itertools.product(
+        found["dtype"].values, compiles, found["allocator"].values, found["layout"].values, found["pinning"].values)]

@@ -1,0 +1,54 @@
+"""The benchmark sweep: every lever the host has, the product of their values, and pruning that says why."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from hosts import make_host
+
+from benchmarks import sweep
+from cpuperf.probe import probe_host
+
+
+def _facts(tmp_path, monkeypatch, allocators=None, **host):
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.13.0+cpu"}))
+    facts = probe_host(sysroot=str(make_host(tmp_path, **host)))
+    return replace(facts, software=replace(facts.software, allocators=allocators or {}))
+
+
+def test_a_four_core_host_without_bf16_sweeps_layouts_pinning_compile_and_prunes_the_rest(tmp_path, monkeypatch):
+    facts = _facts(tmp_path, monkeypatch, cores_per_socket=4, flags=("avx2", "fma"), vendor="AuthenticAMD",
+                   family=25, model=1)
+    found = sweep.levers(facts, full=False)
+    assert found["dtype"].values == ["fp32"] and "no native bf16" in found["dtype"].pruned
+    assert found["allocator"].values == [None] and "cpuperf install" in found["allocator"].pruned
+    assert found["layout"].values == [(1, 4), (2, 2), (4, 1)] and found["layout"].pruned is None
+    assert found["pinning"].values == [False, True]
+    points = sweep.product(facts, found)
+    compiles = len(found["compile"].values)
+    assert len(points) == 1 * compiles * 1 * 3 * 2 and len({p["name"] for p in points}) == len(points)
+    two_by_two = next(p for p in points if p["point"]["ranks"] == 2 and p["point"]["pinned"])
+    # Pinned ranks get disjoint cores; each rank's thread count matches its CPUs.
+    slots = two_by_two["settings"]["cpus_per_rank"]
+    assert len(slots) == 2 and not set(slots[0]) & set(slots[1]) and all(len(s) == 2 for s in slots)
+    assert two_by_two["env"]["OMP_NUM_THREADS"] == "2"
+    # --full sweeps emulated bf16 too, saying it is emulated.
+    full = sweep.levers(facts, full=True)
+    assert full["dtype"].values == ["fp32", "bf16"] and full["dtype"].pruned is None and full["dtype"].notes
+
+
+def test_installed_allocators_are_swept_with_what_preloading_sets(tmp_path, monkeypatch):
+    lib = tmp_path / "libjemalloc.so.2"
+    lib.write_bytes(b"\x7fELF")
+    mi = tmp_path / "libmimalloc.so"
+    mi.write_bytes(b"\x7fELF")
+    facts = _facts(tmp_path / "h", monkeypatch, cores_per_socket=1,
+                   allocators={"jemalloc": (str(lib),), "mimalloc": (str(mi),), "tcmalloc": ()})
+    found = sweep.levers(facts, full=False)
+    assert found["allocator"].values == [None, "jemalloc", "mimalloc"] and found["allocator"].pruned is None
+    assert "one rank" in found["layout"].pruned  # one core: a single layout
+    points = {p["point"]["allocator"]: p for p in sweep.product(facts, found, with_compile=False)
+              if not p["point"]["pinned"]}
+    assert points["jemalloc"]["env"]["LD_PRELOAD"] == str(lib) and "MALLOC_CONF" in points["jemalloc"]["env"]
+    assert points["mimalloc"]["env"]["LD_PRELOAD"] == str(mi) and "LD_PRELOAD" not in points[None]["env"]
