@@ -65,6 +65,8 @@ PRODUCED_ELSEWHERE = {
     4: ("test_install_transaction.py", "test_full_disk_names_the_path_and_restores"),
     5: ("test_cclenv.py", "test_failing_script_is_one_line_error_and_nothing_on_stdout"),
     11: ("test_install_transaction.py", "test_sigkill_leaves_a_journal_that_recover_restores"),
+    13: ("test_saved_plan.py", "test_a_plan_for_another_stack_is_refused_naming_the_difference"),
+    14: ("test_doctor_cluster.py", "test_a_node_with_another_torch_is_named_with_the_fix"),
     129: ("test_launch_run.py", "test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept"),
     130: ("test_launch_run.py", "test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept"),
     143: ("test_launch_run.py", "test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept"),

@@ -130,7 +130,9 @@ def test_same_job_three_times_gives_a_narrow_mfu_band_below_100(tmp_path):
         assert summary["peak"]["source"].startswith("hardware:"), summary["peak"]
         assert summary["hardware_peak"]["clock_used"] in ("nominal", "measured")
         assert summary["mfu"] is not None and 0 < summary["mfu"] <= 1.0
-        assert summary["mfu"] < summary["pct_of_achievable"] / 100 + 1e-9  # the hardware is the higher bar
+        # The hardware is the higher bar, up to the clock: the GEMM may run at a boost above the clock the
+        # peak names (nominal, or the one measured), so allow that margin and no more.
+        assert summary["mfu"] < summary["pct_of_achievable"] / 100 * 1.15 + 1e-9, summary["hardware_peak"]
         mfus.append(summary["mfu"])
     # Measured on a shared, loaded 2-core host: 0.34-0.47 (the old 0.3 s 512x512 peak gave 17.8%-200.6%).
     assert max(mfus) / min(mfus) < 1.8, mfus

@@ -73,7 +73,7 @@ def test_a_plan_for_another_stack_is_refused_naming_the_difference(tmp_path):
     other = json.dumps({"torch": "2.8.0+cpu", "transformers": "5.23.0"})
     for argv in (["train", "--plan", path, "--dry-run"], ["ccl-env", "--plan", path]):
         proc = run_cli(argv, {"CPUPERF_OVERRIDE_PACKAGES": other})
-        assert proc.returncode == ExitCode.PLAN_MISMATCH, proc.stderr
+        assert proc.returncode == ExitCode.PLAN_MISMATCH == 13, proc.stderr
         assert "torch: planned for 2.13.0+cpu, this host has 2.8.0+cpu" in proc.stderr and "--replan" in proc.stderr
     data, _ = run_json(["train", "--plan", path, "--replan", "--dry-run"], {"CPUPERF_OVERRIDE_PACKAGES": other})
     assert any("--replan" in n and "torch" in n for n in data["notes"])
