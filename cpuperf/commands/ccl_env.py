@@ -121,8 +121,8 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
         check_python(opts.python)
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     # The stack as every command sees it. The OpenMP and allocator libraries matter here only to what --preload
-    # renders (LD_PRELOAD, KMP_*): without it, none of the library search (dozens of globs).
-    facts = probe_host(sysroot=opts.sysroot, python=opts.python, libraries=opts.preload)
+    # renders (LD_PRELOAD, KMP_*), and the MPI launchers not at all (Intel MPI is found from its scripts).
+    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload)
     if opts.adapt_to_load and facts.live:
         from cpuperf.probe import with_load
 

@@ -51,7 +51,7 @@ def _platform(src: Sources) -> str:
 
 def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
                environ: Optional[Mapping[str, str]] = None, software: bool = True,
-               use_cache: bool = True, libraries: bool = True) -> HostFacts:
+               use_cache: bool = True, runtimes: bool = True) -> HostFacts:
     """Probe a host once. `sysroot` reads a recorded tree; `python` inspects another interpreter."""
     if sysroot is not None:
         check_sysroot(sysroot)
@@ -61,7 +61,7 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     src.check_overrides()
     overrides = tuple(sorted(k[len("CPUPERF_OVERRIDE_"):].lower() for k in src.environ
                              if k.startswith("CPUPERF_OVERRIDE_")))
-    key = (src.sysroot, python, software, libraries, tuple((k, src.environ[k]) for k in sorted(src.environ)
+    key = (src.sysroot, python, software, runtimes, tuple((k, src.environ[k]) for k in sorted(src.environ)
                                                 if k.startswith(("CPUPERF_OVERRIDE_", "SLURM_"))))
     if use_cache and key in _CACHE:
         return _CACHE[key]
@@ -72,7 +72,7 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
         memory=probe_memory(src),
         limits=probe_limits(src),
         gpus=probe_gpus(src),
-        software=probe_software(src, python, libraries) if software else None,
+        software=probe_software(src, python, runtimes) if software else None,
         platform=_platform(src),
         sysroot=src.sysroot,
         overrides=overrides,

@@ -121,7 +121,7 @@ def apply_package_override(packages: Dict[str, Optional[PackageInfo]], text: str
     return merged
 
 
-def probe_software(src: Sources, python: Optional[str] = None, libraries: bool = True) -> Optional[Software]:
+def probe_software(src: Sources, python: Optional[str] = None, runtimes: bool = True) -> Optional[Software]:
     """The stack of this (or another) interpreter; None for a snapshot unless overridden.
 
     An explicit `python` is a real interpreter on this machine: its stack is read even with a sysroot
@@ -151,12 +151,13 @@ def probe_software(src: Sources, python: Optional[str] = None, libraries: bool =
         executable=scanned["executable"],
         prefix=prefix,
         packages=packages,
-        mpi=_launchers(src, scanned.get("bindir", "")),
+        # MPI launchers (each asked its --version) and the runtime libraries (dozens of globs): only for the
+        # commands that launch, preload or report them (ccl-env without --preload needs neither).
+        mpi=_launchers(src, scanned.get("bindir", "")) if runtimes else (),
         numactl=src.which("numactl"),
-        # Library search (dozens of globs) only for the commands that preload or report them.
-        openmp=_libraries(src, OPENMP_LIBS, extra) if libraries else {},
+        openmp=_libraries(src, OPENMP_LIBS, extra) if runtimes else {},
         allocators=_libraries(src, ALLOCATOR_LIBS, extra + [os.path.join(site, sub) for site in scanned.get("site_dirs", [])
-                                                            for sub in WHEEL_LIB_DIRS]) if libraries else {},
+                                                            for sub in WHEEL_LIB_DIRS]) if runtimes else {},
     )
 
 
