@@ -25,6 +25,7 @@ from cpuperf.plan.user_script import (
     rejected_flags,
     speed_flags,
 )
+from cpuperf.probe import probe_host
 
 SCRIPTS = Path(__file__).parent / "fixtures" / "scripts"
 PY = sys.executable
@@ -178,7 +179,11 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
     if case in ("accelerate_launch", "torchrun_hf"):
         assert applied["launcher"]["yours"] in ("accelerate", "torchrun")
     if case in ("hf_parser", "torchrun_hf"):
-        assert "--use_cpu" in applied["flags"] and auto["speed"]["use_cpu"] == "True"
+        if probe_host().gpus:  # GPUs to keep off: the flag decides something
+            assert "--use_cpu" in applied["flags"] and auto["speed"]["use_cpu"] == "True"
+        else:  # one process on a host without GPUs is on the CPU anyway; the flag only cost time
+            assert "--use_cpu" not in applied["flags"]
+            assert any(f["flag"] == "--use_cpu" for f in applied["flags_not_added"])
         assert "--per_device_train_batch_size" not in applied["flags"]
         # never a slower optimizer than the script's default
         assert auto["optimizer"]["fused"] or not plain["optimizer"]["fused"]
@@ -187,24 +192,24 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
 
 
 def test_a_script_that_rejects_forced_flags_gets_the_command_without_them(tmp_path):
-    proc = run_cli(["train", "--auto", "--hf-flags", "always", "--out", str(tmp_path / "run"), "--",
-                    PY, str(SCRIPTS / "plain_loop.py"), "--steps", "1"],
+    proc = run_cli(["train", "--auto", "--hf-flags", "always", "--set", "dtype=bf16", "--out", str(tmp_path / "run"),
+                    "--", PY, str(SCRIPTS / "plain_loop.py"), "--steps", "1"],
                    extra_env={"FIXTURE_OUT": str(tmp_path / "o.json")}, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "rejected the Trainer flags cpuperf added: --use_cpu" in proc.stderr
+    assert "rejected the Trainer flags cpuperf added:" in proc.stderr and "--bf16" in proc.stderr
     assert f"cpuperf train --auto --hf-flags never -- {PY} {SCRIPTS / 'plain_loop.py'} --steps 1" in proc.stderr
 
 
 def test_dry_run_shows_the_same_applied_list(tmp_path):
     pytest.importorskip("transformers")
     argv = [PY, str(SCRIPTS / "hf_parser.py"), *_hf(tmp_path)]
-    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--", *argv])
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--set", "dtype=bf16", "--", *argv])
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    assert plan["applied"]["flags"] == plan["launch"]["argv"][len(argv):]
+    assert plan["applied"]["flags"] == plan["launch"]["argv"][len(argv):] and "--bf16" in plan["applied"]["flags"]
     assert plan["applied"]["env"]["OMP_NUM_THREADS"] == plan["launch"]["env"]["OMP_NUM_THREADS"]
-    text = run_cli(["train", "--auto", "--dry-run", "--", *argv])
-    assert text.returncode == 0 and "# applied: flag --use_cpu" in text.stdout
+    text = run_cli(["train", "--auto", "--dry-run", "--set", "dtype=bf16", "--", *argv])
+    assert text.returncode == 0 and "# applied: flag --bf16" in text.stdout
 
 
 def test_a_launcher_command_refuses_a_second_launcher(tmp_path):

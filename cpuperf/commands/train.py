@@ -163,7 +163,8 @@ def _interface(a: TrainArgs, hosts: Any, nnodes: int, environ: Dict[str, str]) -
     return master, ifname
 
 
-def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
+def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str,
+                  live: bool = True) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
     """(what each rank runs, the built-in worker's settings or None, the HF flags report)."""
     from cpuperf.plan.job import worker_command, worker_settings
 
@@ -182,7 +183,9 @@ def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str) -> Tuple[L
     from cpuperf.render import recommendation as render
 
     parsed = user_script.parse_command(user)
-    ours, skipped = render.speed_flags(rec) if a.auto else ([], [])
+    # A live host without GPUs: one process is on the CPU whatever the flags say (cpuperf.plan.user_script).
+    cpu_only = live and not rec.decision("device").evidence.get("gpus")
+    ours, skipped = render.speed_flags(rec, cpu_only_host=cpu_only) if a.auto else ([], [])
     script = user_script.plan_script(user, ours, a.hf_flags if a.auto else "never", _read_script(parsed.script),
                                      rec.stack.get("transformers"), skipped)
     return list(script.argv), None, {**script.to_json(), "_script": script}
@@ -261,7 +264,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                          hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout,
                          preset=_preset(a.model or (saved_plan.inputs.get("model") if saved_plan else None))
                          if not a.user_argv else None)
-    cmd, settings, hf = _rank_command(a, rec, request, out_dir)
+    cmd, settings, hf = _rank_command(a, rec, request, out_dir, live=facts.live)
     if yours is not None and yours.place and (yours.count or 1) > 1 and a.auto:
         from cpuperf.plan.user_launcher import split_launcher, with_rank_step
 
