@@ -35,7 +35,7 @@ def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
 # steps (one warm-up), enough for the allocator and memory levers to show, within the quick budget.
 RUN_SHAPE = {("lm", "gpt2"): {"steps": 2, "warmup": 1}}
 # Sweep points kept after the quick screening, per workload (the gpt2-sized LM's runs are the long ones).
-QUICK_KEEP = {("lm", "gpt2"): 1}
+QUICK_KEEP: Dict[Tuple[str, str], int] = {}
 
 
 def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
@@ -69,6 +69,20 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
 AUTO_MODEL = {("lm", "gpt2"): "gpt2-small"}
 
 
+def measure_compile_for(model: str, log) -> Optional[str]:
+    """`cpuperf bench --compile --model MODEL` once (cached per host and model), as a user would before
+    `train --auto`: the plan then decides compile from this host's measured crossover, not an assumption.
+    Returns why it was not measured, or None."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+    env.pop("LD_PRELOAD", None)
+    log(f"measuring torch.compile for --model {model} (cpuperf bench --compile; cached for later runs) ...")
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", "bench", "--compile", "--model", model, "--no-allocators",
+                           "--json"], capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return None
+
+
 def auto_config(steps: int, workload: str = "lm", size: str = "small") -> Dict[str, Any]:
     """Exactly what `cpuperf train --auto` applies: its measurements (once per host) and its plan.
 
@@ -94,8 +108,10 @@ def auto_config(steps: int, workload: str = "lm", size: str = "small") -> Dict[s
     decisions = {d["id"]: d["value"] for d in plan["decisions"]}
     run_env = {k: v for k, v in (launch.get("env") or {}).items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
     family = "lm" if workload == "lm" else "mlp"
+    reasons = {d["id"]: d["reason"] for d in plan["decisions"] if d["id"] in ("compile", "allocator", "dtype", "optimizer")}
     if meas is not None and workload != "lm":
-        decisions["allocator"] = decide_allocator(facts, meas, False, family).value
+        chosen = decide_allocator(facts, meas, False, family)
+        decisions["allocator"], reasons["allocator"] = chosen.value, chosen.reason
     if decisions.get("allocator"):
         libs = measure.allocator_libraries(facts)
         run_env.update(measure.allocator_env(decisions["allocator"], libs[decisions["allocator"]]))
@@ -107,7 +123,7 @@ def auto_config(steps: int, workload: str = "lm", size: str = "small") -> Dict[s
                         "fp32_math_mode": decisions.get("fp32_math_mode"), "optimizer": settings.get("optimizer")},
            "decisions": {k: decisions.get(k) for k in ("dtype", "threads_per_rank", "nproc_per_node", "compile", "ipex",
                                                        "allocator", "affinity", "optimizer")},
-           "reasons": {d["id"]: d["reason"] for d in plan["decisions"] if d["id"] in ("compile", "allocator", "dtype")}}
+           "reasons": reasons}
     if slots and len(slots) == ranks:
         out["settings"]["cpus_per_rank"] = slots
     return out
@@ -127,8 +143,9 @@ def sweep_configs(quick: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
 
 
 def screen(points: List[Dict[str, Any]], workload: str, size: str, seconds: float, keep: int, log) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """Quick mode: one short run of every eager point, then compile on the best eager base only; the `keep`
-    fastest go into the alternating rounds. Returns (kept points, every point's screening figure)."""
+    """Quick mode: one short run of every eager point with torch's default AdamW, then compile and the fused
+    AdamW, one lever at a time, on the best eager base only; the `keep` fastest go into the alternating
+    rounds. Returns (kept points, every point's screening figure)."""
     figures: Dict[str, Any] = {}
 
     def run(c: Dict[str, Any]) -> float:
@@ -139,16 +156,21 @@ def screen(points: List[Dict[str, Any]], workload: str, size: str, seconds: floa
                                                                 if res.get("samples_per_s") else str(res.get("error"))))
         return float(res.get("samples_per_s") or 0.0)
 
-    eager = [c for c in points if not c["settings"].get("compile")]
+    def base(c: Dict[str, Any]) -> bool:
+        return not c["settings"].get("compile") and not c["point"].get("optimizer")
+
+    eager = [c for c in points if base(c)]
     speed = {c["name"]: run(c) for c in eager}
     best_eager = max(eager, key=lambda c: speed[c["name"]])
-    compiled = [c for c in points if c["settings"].get("compile") and
-                {**c["point"], "compile": False} == best_eager["point"]]
-    for c in compiled:
+    one_lever = [c for c in points if not base(c) and
+                 ({**c["point"], "compile": False} == best_eager["point"] or
+                  {**c["point"], "optimizer": None} == best_eager["point"])]
+    for c in one_lever:
         speed[c["name"]] = run(c)
     for c in points:
         if c["name"] not in figures:
-            figures[c["name"]] = {"skipped": "quick: compile screened on the best eager point only"}
+            figures[c["name"]] = {"skipped": "quick: compile and the fused AdamW screened one at a time on the "
+                                             "best eager point only"}
     ranked = sorted((c for c in points if c["name"] in speed), key=lambda c: -speed[c["name"]])
     return ranked[:keep], figures
 
@@ -190,13 +212,15 @@ def peak_gemm(threads: int) -> Dict[str, float]:
     return {"fp32": r["gemm_fp32_gflops"], "bf16": r["gemm_bf16_gflops"]}
 
 
-def hardware_peaks(cores: int) -> Dict[str, Any]:
-    """cores x FLOPs/cycle x clock per dtype (compat/cpu_peaks.toml), with the clocks named."""
+def hardware_peaks(cores: int, achievable_gflops: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """cores x FLOPs/cycle x clock per dtype (compat/cpu_peaks.toml), with the clocks named; a clock the
+    measured GEMM beats gives way to the generation's highest boost clock (cpuperf.train.peak)."""
     from cpuperf.train.peak import this_hardware_peak
 
     out: Dict[str, Any] = {}
     for dtype in ("fp32", "bf16"):
-        peak, info = this_hardware_peak(dtype, cores)
+        gflops = (achievable_gflops or {}).get(dtype)
+        peak, info = this_hardware_peak(dtype, cores, achievable_tflops=gflops / 1e3 if gflops else None)
         out[dtype] = {"tflops": peak.tflops if peak else None, "source": peak.source if peak else None, **info}
     return out
 
@@ -224,9 +248,13 @@ def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool) -> Dict[st
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
                    peak: Dict[str, float], log, hardware: Optional[Dict[str, Any]] = None,
                    keep: int = 2) -> Dict[str, Any]:
+    points, lever_info = sweep_configs(quick)
+    compile_note = None
+    if (workload, size) == ("lm", "small") and len(lever_info["compile"]["values"]) > 1:
+        # The small LM is the tiny preset's shape; the gpt2-sized one would spend minutes compiling.
+        compile_note = measure_compile_for("tiny", log)
     auto = auto_config(steps, workload, size)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}]
-    points, lever_info = sweep_configs(quick)
     screening: Dict[str, Any] = {}
     if quick and (workload, size) != ("lm", "small") and len(lever_info["compile"]["values"]) > 1:
         # Within the quick budget compile is screened on one workload: a compiled run costs about a
@@ -278,11 +306,13 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         "best_sweep": summary["best_sweep"],
         "auto_decisions": d,
         "auto_reasons": auto.get("reasons", {}),
+        "compile_measurement_note": compile_note,
         "levers": lever_info,
         "screening": screening,
         "mfu_auto": mfu,
         "mfu_denominator": {"kind": "hardware peak", "tflops": hw.get("tflops"), "source": hw.get("source"),
-                            "clock_used": hw.get("clock_used"), "clock_nominal_ghz": hw.get("clock_nominal_ghz"),
+                            "clock_used": hw.get("clock_used"), "clock_used_ghz": hw.get("clock_used_ghz"),
+                            "clock_note": hw.get("clock_note"), "clock_nominal_ghz": hw.get("clock_nominal_ghz"),
                             "clock_measured_ghz": hw.get("clock_measured_ghz"),
                             "why_none": hw.get("why_none")},
         "pct_of_achievable_auto": pct_achievable,
@@ -339,12 +369,15 @@ def tool_latency(repeat: int) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="the default: small LM, MLP and the gpt2-sized LM; the sweep "
-                    "screened once, its best --keep points in the rounds")
-    ap.add_argument("--full", action="store_true", help="every workload, the whole sweep product in every round")
+    ap.add_argument("--quick", action="store_true", help="the default (~15 minutes on 2 cores): small LM, MLP and the "
+                    "gpt2-sized LM against defaults, run_cpu and the sweep (screened once, its best --keep points in "
+                    "the rounds), and the tools' latency")
+    ap.add_argument("--users", action="store_true", help="only your own scripts and launchers: the HF Trainer and "
+                    "accelerate scripts, DDP and the Trainer under torchrun (plain vs auto vs hand)")
+    ap.add_argument("--full", action="store_true", help="every workload, the whole sweep product in every round, "
+                    "and the --users part")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians and spread over them)")
-    ap.add_argument("--keep", type=int, default=None, help="--quick: sweep points kept after screening "
-                    "(default 2; 1 for the gpt2-sized LM)")
+    ap.add_argument("--keep", type=int, default=None, help="--quick: sweep points kept after screening (default 1)")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
@@ -366,8 +399,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return gpu.main(args.rounds, args.steps, args.batch, args.global_batch, Path(args.out))
     if args.user_launchers:
         return _user_launchers_only(args)
+    if args.users:
+        return _users_only(args)
     quick = not args.full
-    seconds = args.seconds or (3.0 if quick else 8.0)
+    seconds = args.seconds or (2.0 if quick else 8.0)
     every = [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")] + [("lm", "gpt2")]
     workloads = [("lm", "small"), ("mlp", "small"), ("lm", "gpt2")] if quick else every
     launchers: Optional[List[str]] = None  # None: all of them
@@ -390,15 +425,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     placement = plan_placement(probe_host())
     threads = placement.threads_per_rank
     peak = peak_gemm(threads)
-    hardware = hardware_peaks(threads * placement.nproc_per_node)
+    # The GEMM ran on one rank's threads; every rank's cores together beat at most that many times it.
+    hardware = hardware_peaks(threads * placement.nproc_per_node,
+                              {k: v * placement.nproc_per_node for k, v in peak.items()})
     log(f"achievable GEMM on {threads} threads: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s; "
         f"hardware peak fp32 {hardware['fp32'].get('tflops')} TFLOP/s ({hardware['fp32'].get('source') or hardware['fp32'].get('why_none')})")
     results = []
     for workload, size in workloads:
         res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log,
-                             hardware=hardware, keep=args.keep or QUICK_KEEP.get((workload, size), 2))
+                             hardware=hardware, keep=args.keep or QUICK_KEEP.get((workload, size), 1))
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
+    user_results: List[Dict[str, Any]] = []
+    launcher_results: List[Dict[str, Any]] = []
+    if args.full or args.only:  # --quick leaves them to --users: together they take ~30 minutes on 2 cores
+        user_results, launcher_results = _user_parts(args, out, log, launchers)
+    latency = None
+    if not args.skip_latency:
+        latency = tool_latency(repeat=9)
+        (out / "latency.json").write_text(json.dumps(latency, indent=2))
+    from benchmarks.report import write_report
+
+    write_report(out, results, latency, user_results, launcher_results)
+    print((out / "summary.md").read_text())
+    return 0
+
+
+def _user_parts(args: argparse.Namespace, out: Path, log, launchers: Optional[List[str]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Your own scripts (HF Trainer, accelerate: plain vs auto) and launchers (plain vs auto vs hand)."""
     user_results = []
     if not args.skip_user_scripts and (not args.only or any(w in args.only for w in ("hf-trainer", "accelerate"))):
         from benchmarks.user_scripts import bench_user_script
@@ -414,14 +468,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         from benchmarks.user_launchers import run_all
 
         launcher_results = run_all(args.rounds, args.ranks, args.launcher_steps, out, log, launchers)
-    latency = None
-    if not args.skip_latency:
-        latency = tool_latency(repeat=9)
-        (out / "latency.json").write_text(json.dumps(latency, indent=2))
-    from benchmarks.report import write_report
+    return user_results, launcher_results
 
-    write_report(out, results, latency, user_results, launcher_results)
-    print((out / "summary.md").read_text())
+
+def _users_only(args: argparse.Namespace) -> int:
+    """`--users`: your own scripts and launchers only (`--only hf-trainer,launch-ddp,...` picks among them)."""
+    from benchmarks.report import write_report
+    from benchmarks.user_launchers import WORKLOADS as LAUNCH_WORKLOADS
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = set(args.only.split(",")) if args.only else None
+    launchers = [w for w in LAUNCH_WORKLOADS if wanted is None or w in wanted]
+    user_results, launcher_results = _user_parts(args, out, lambda m: print(m, file=sys.stderr, flush=True),
+                                                 launchers)
+    write_report(out, [], None, user_results, launcher_results, name="summary-users.md")
+    print((out / "summary-users.md").read_text())
     return 0
 
 

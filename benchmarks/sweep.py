@@ -1,10 +1,11 @@
-"""The exhaustive sweep: dtype x compile x allocator x ranks-times-threads x pinning, on this host.
+"""The exhaustive sweep: dtype x compile x optimizer x allocator x ranks-times-threads x pinning, on this host.
 
 Every lever is detected on the host first; a lever that does not exist here (no native bf16, no C
 compiler for torch.compile, no allocator installed, one core) is pruned, and the results say why.
---full runs the whole product in every round. --quick screens it first (one short run each, compile
-only on the best screened base: a compiled run costs a minute of compilation), then the best few go
-into the alternating rounds beside default, auto and run_cpu.
+--full runs the whole product in every round. --quick screens it first (one short run of every eager
+point with torch's default AdamW, then compile and the fused AdamW each on the best screened base: a
+compiled run costs a minute of compilation), then the best few go into the alternating rounds beside
+default, auto and run_cpu.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ def _label(lever: str, value: Any) -> str:
         return "compile" if value else "eager"
     if lever == "pinning":
         return "pinned" if value else "unpinned"
+    if lever == "optimizer":
+        return value or "adamw"
     return str(value or "default")
 
 
 def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     """The levers this host has, each with the values to sweep (the first is the default's)."""
+    from cpuperf.data import load_builtin
     from cpuperf.decide.placement import plan_placement
     from cpuperf.run.measure import allocator_libraries
 
@@ -62,6 +66,17 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     else:
         compile_.values.append(True)
     out["compile"] = compile_
+
+    # AdamW's fused CPU kernel (torch >= the tuning table's version) against torch's default (foreach).
+    optimizer = Lever("optimizer", [None])
+    fused_min = load_builtin("tuning.toml")["optimizer"]["fused_cpu_min_torch"]
+    if torch_info is None:
+        optimizer.pruned = "torch is not installed"
+    elif _version_tuple(torch_info.version) < _version_tuple(fused_min):
+        optimizer.pruned = f"torch {torch_info.version} has no fused AdamW on CPU (since {fused_min})"
+    else:
+        optimizer.values.append("adamw_fused")
+    out["optimizer"] = optimizer
 
     libs = allocator_libraries(facts)
     alloc = Lever("allocator", [None, *sorted(libs)])
@@ -91,6 +106,15 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     return out
 
 
+def _version_tuple(version: str) -> Tuple[int, ...]:
+    """'2.13.0+cpu' -> (2, 13, 0): enough to compare torch releases here."""
+    parts = []
+    for piece in version.split("+", 1)[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def cpu_slots(facts: Any, ranks: int, threads: int) -> List[List[int]]:
     """Each rank's CPUs: consecutive physical cores (one logical CPU per core unless SMT is swept)."""
     usable = list(facts.usable_cpus())
@@ -104,7 +128,7 @@ def cpu_slots(facts: Any, ranks: int, threads: int) -> List[List[int]]:
 
 
 def config_for(facts: Any, dtype: str, compile_: bool, allocator: Optional[str], layout: Tuple[int, int],
-               pinned: bool) -> Dict[str, Any]:
+               pinned: bool, optimizer: Optional[str] = None) -> Dict[str, Any]:
     """One sweep point as a suite configuration (settings for cpuperf.train.bench, env, ranks, CPUs)."""
     from cpuperf.run.measure import allocator_env, allocator_libraries
 
@@ -113,18 +137,23 @@ def config_for(facts: Any, dtype: str, compile_: bool, allocator: Optional[str],
     if allocator:
         env.update(allocator_env(allocator, allocator_libraries(facts)[allocator]))
     settings: Dict[str, Any] = {"dtype": dtype, "compile": compile_, "threads_per_rank": threads}
+    if optimizer:
+        settings["optimizer"] = optimizer
     slots = cpu_slots(facts, ranks, threads)
     if pinned:
         settings["cpus_per_rank"] = slots
-    name = " ".join(_label(k, v) for k, v in (("dtype", dtype), ("compile", compile_), ("allocator", allocator),
-                                               ("layout", layout), ("pinning", pinned)))
+    labels = [("dtype", dtype), ("compile", compile_)] + ([("optimizer", optimizer)] if optimizer else []) + \
+        [("allocator", allocator), ("layout", layout), ("pinning", pinned)]
+    name = " ".join(_label(k, v) for k, v in labels)
     return {"name": name, "env": env, "settings": settings, "ranks": ranks, "sweep": True,
-            "point": {"dtype": dtype, "compile": compile_, "allocator": allocator, "ranks": ranks,
-                      "threads_per_rank": threads, "pinned": pinned}}
+            "point": {"dtype": dtype, "compile": compile_, "optimizer": optimizer, "allocator": allocator,
+                      "ranks": ranks, "threads_per_rank": threads, "pinned": pinned}}
 
 
 def product(facts: Any, found: Dict[str, Lever], with_compile: bool = True) -> List[Dict[str, Any]]:
     """Every combination of the levers' values (compile left out where with_compile is False)."""
     compiles = found["compile"].values if with_compile else [False]
-    return [config_for(facts, d, c, a, lay, p) for d, c, a, lay, p in itertools.product(
-        found["dtype"].values, compiles, found["allocator"].values, found["layout"].values, found["pinning"].values)]
+    optimizers = found["optimizer"].values if "optimizer" in found else [None]
+    return [config_for(facts, d, c, a, lay, p, o) for d, c, o, a, lay, p in itertools.product(
+        found["dtype"].values, compiles, optimizers, found["allocator"].values, found["layout"].values,
+        found["pinning"].values)]

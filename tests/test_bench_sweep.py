@@ -25,9 +25,14 @@ def test_a_four_core_host_without_bf16_sweeps_layouts_pinning_compile_and_prunes
     assert found["allocator"].values == [None] and "cpuperf install" in found["allocator"].pruned
     assert found["layout"].values == [(1, 4), (2, 2), (4, 1)] and found["layout"].pruned is None
     assert found["pinning"].values == [False, True]
+    # torch 2.13 has AdamW's fused CPU kernel: swept beside torch's default, and named in the point.
+    assert found["optimizer"].values == [None, "adamw_fused"] and found["optimizer"].pruned is None
     points = sweep.product(facts, found)
     compiles = len(found["compile"].values)
-    assert len(points) == 1 * compiles * 1 * 3 * 2 and len({p["name"] for p in points}) == len(points)
+    assert len(points) == 1 * compiles * 2 * 1 * 3 * 2 and len({p["name"] for p in points}) == len(points)
+    fused = [p for p in points if p["point"]["optimizer"] == "adamw_fused"]
+    assert len(fused) == len(points) // 2 and all(p["settings"]["optimizer"] == "adamw_fused" for p in fused)
+    assert all("adamw_fused" in p["name"] for p in fused)
     two_by_two = next(p for p in points if p["point"]["ranks"] == 2 and p["point"]["pinned"])
     # Pinned ranks get disjoint cores; each rank's thread count matches its CPUs.
     slots = two_by_two["settings"]["cpus_per_rank"]
@@ -52,3 +57,11 @@ def test_installed_allocators_are_swept_with_what_preloading_sets(tmp_path, monk
               if not p["point"]["pinned"]}
     assert points["jemalloc"]["env"]["LD_PRELOAD"] == str(lib) and "MALLOC_CONF" in points["jemalloc"]["env"]
     assert points["mimalloc"]["env"]["LD_PRELOAD"] == str(mi) and "LD_PRELOAD" not in points[None]["env"]
+
+
+def test_a_torch_without_fused_cpu_adamw_prunes_the_optimizer_lever_and_says_why(tmp_path, monkeypatch):
+    facts = _facts(tmp_path, monkeypatch, cores_per_socket=2)
+    facts = replace(facts, software=replace(facts.software, packages={
+        **facts.software.packages, "torch": replace(facts.software.packages["torch"], version="2.3.1+cpu")}))
+    found = sweep.levers(facts, full=False)
+    assert found["optimizer"].values == [None] and "2.3.1+cpu has no fused AdamW on CPU (since 2.4)" in found["optimizer"].pruned

@@ -169,3 +169,15 @@ def test_compile_figures_are_per_model_kept_across_benches_and_validated(tmp_pat
     # A non-positive figure is a corrupt cache: removed, not used.
     path = measure.save(facts, _steady(compile_by_model={model_key(tiny): {**entry, "speedup": -1}}))
     assert measure.read_cached(facts)[0] is None and not path.exists()
+
+
+def test_a_bench_without_allocators_keeps_the_measured_allocator_figures(tmp_path, monkeypatch):
+    """`cpuperf bench --compile --no-allocators` re-measures the GEMMs: the allocator decision keeps its evidence."""
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    facts = probe_host(use_cache=False)
+    speedup = {"mimalloc": 1.1, "mimalloc_by_workload": {"lm": 0.9, "mlp": 1.3}}
+    measure.save(facts, _steady(allocator_speedup=speedup))
+    measure.save(facts, _steady())  # what run_micro(allocators=False) writes
+    assert measure.read_cached(facts)[0]["allocator_speedup"] == speedup
+    measure.save(facts, _steady(allocator_speedup={"mimalloc": 0.95}))  # measured anew: replaced
+    assert measure.read_cached(facts)[0]["allocator_speedup"] == {"mimalloc": 0.95}

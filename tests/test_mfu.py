@@ -128,12 +128,45 @@ def test_same_job_three_times_gives_a_narrow_mfu_band_below_100(tmp_path):
             mfus.append(summary["pct_of_achievable"] / 100)
             continue
         assert summary["peak"]["source"].startswith("hardware:"), summary["peak"]
-        assert summary["hardware_peak"]["clock_used"] in ("nominal", "measured")
+        assert summary["hardware_peak"]["clock_used"] in ("nominal", "measured", "boost")
         assert summary["mfu"] is not None and 0 < summary["mfu"] <= 1.0
-        # The hardware is the higher bar, up to the clock: the GEMM may run at a boost above the clock the
-        # peak names (nominal, or the one measured), so allow that margin and no more.
-        assert summary["mfu"] < summary["pct_of_achievable"] / 100 * 1.15 + 1e-9, summary["hardware_peak"]
+        # The hardware is the higher bar: a clock the GEMM beats gave way to the generation's boost clock
+        # (the ceiling may be re-measured higher once at the end: 2% for that).
+        assert summary["mfu"] <= summary["pct_of_achievable"] / 100 * 1.02 + 1e-9, summary["hardware_peak"]
         mfus.append(summary["mfu"])
     # Measured on a shared, loaded 2-core host: 0.34-0.47 (the old 0.3 s 512x512 peak gave 17.8%-200.6%).
     assert max(mfus) / min(mfus) < 1.8, mfus
     assert statistics.median(mfus) < 1.0
+
+
+def test_a_clock_the_measured_gemm_beats_gives_way_to_the_generations_boost_clock():
+    """A VM reports its TSC (2.45 GHz on an EPYC 7763 guest) while the cores boost: the GEMM then beats
+    cores x FLOPs/cycle x that clock, so the peak takes the generation's highest rated boost clock, named."""
+    at_tsc = 2 * 32 * 2.45e9 / 1e12  # 0.1568 TFLOP/s
+    peak, info = hardware_peak("zen3", "fp32", 2, "AMD EPYC", None, 2.45e9, achievable_tflops=0.1678)
+    assert info["clock_used"] == "boost" and info["clock_boost_part"] == "EPYC 72F3"
+    assert peak.tflops == pytest.approx(2 * 32 * 4.1e9 / 1e12, rel=1e-3) and peak.tflops > 0.1678 > at_tsc
+    assert "beats" in info["clock_note"] and "boost 4.10 GHz (EPYC 72F3" in peak.source
+    # A desktop part of the same generation takes its own segment's boost clock.
+    _, info = hardware_peak("zen3", "fp32", 2, "AMD Ryzen 9 5950X 16-Core Processor", None, 3.4e9, achievable_tflops=0.3)
+    assert info["clock_used"] == "boost" and info["clock_used_ghz"] == 4.9
+    # Not beaten: the reported clocks stand, and no boost is named.
+    peak, info = hardware_peak("zen3", "fp32", 2, "AMD EPYC", None, 2.45e9, achievable_tflops=0.12)
+    assert info["clock_used"] == "measured" and "clock_note" not in info and peak.tflops == pytest.approx(at_tsc, rel=1e-3)
+    # Beaten and no boost row (or beaten even at the boost clock): no peak at all, and why.
+    peak, info = hardware_peak("haswell", "fp32", 2, "Intel(R) Xeon(R) CPU E5-2680 v3 @ 2.50GHz", 2.5e9, None,
+                               achievable_tflops=0.2)
+    assert peak is None and "no boost clock for haswell" in info["why_none"]
+    peak, info = hardware_peak("zen3", "fp32", 2, "AMD EPYC", None, 2.45e9, achievable_tflops=0.3)
+    assert peak is None and "beats" in info["why_none"]
+
+
+def test_every_boost_row_is_sourced_and_names_a_known_generation():
+    from cpuperf.data import load_builtin
+
+    names = {r["name"] for r in load_builtin("microarch.toml")["x86"]}
+    rows = load_builtin("cpu_peaks.toml")["boost"]
+    assert rows
+    for row in rows:
+        assert row["source"] and row["part"] and 1.0 < row["ghz"] < 7.0, row
+        assert set(row["match"]) <= names, set(row["match"]) - names

@@ -195,6 +195,9 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
         # Compile figures are per model and slow to take: a later bench keeps the other models' ones.
         results = {**results, "compile_by_model": {**(previous.get("compile_by_model") or {}),
                                                    **(results.get("compile_by_model") or {})}}
+        if "allocator_speedup" not in results and previous.get("allocator_speedup"):
+            # `bench --no-allocators` measured the rest again: the allocator figures stand until measured anew.
+            results["allocator_speedup"] = previous["allocator_speedup"]
     record = {"schema": SCHEMA, "host_id": host_id(facts), "torch_build": torch_build(facts),
               "measured_at": int(time.time()), **results}
     atomic_write_bytes(path, json.dumps(record, indent=2).encode())

@@ -97,18 +97,23 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
 
 
 def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> tuple:
-    """(hardware peak info, the measured GEMM ceiling at the model's shapes) for a CPU run."""
+    """(hardware peak, its info, the measured GEMM ceiling at the model's shapes) for a CPU run.
+
+    The ceiling is measured first: a hardware peak it beats was taken at a clock the cores do not run at.
+    """
     import torch
 
     from cpuperf.train.peak import cpu_peak, this_hardware_peak
 
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    _, info = this_hardware_peak(dtype, torch.get_num_threads(), cpus)
+    note = {}
     try:
         achievable = cpu_peak(cfg.d_model, cfg.vocab_size, s.batch_size * cfg.seq_len, dtype, torch.get_num_threads())
     except Exception as exc:  # the report must never stop training
-        achievable, info = None, {**info, "achievable_note": f"measuring the GEMM ceiling failed: {type(exc).__name__}"}
-    return info, achievable
+        achievable, note = None, {"achievable_note": f"measuring the GEMM ceiling failed: {type(exc).__name__}"}
+    hardware, info = this_hardware_peak(dtype, torch.get_num_threads(), cpus,
+                                        achievable.tflops if achievable is not None else None)
+    return hardware, {**info, **note}, achievable
 
 
 def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int, cfg: Any) -> tuple:
@@ -652,7 +657,7 @@ class Run:
         self.peak_info: Dict[str, Any] = {}
         self.achievable: Any = None
         if s.device != "cuda" and s.peak_tflops is None:
-            self.peak_info, self.achievable = cpu_peak_parts(s, self.amp.name, self.cfg)
+            self.peak, self.peak_info, self.achievable = cpu_peak_parts(s, self.amp.name, self.cfg)
         elif self.peak is None and self.is0:
             from cpuperf.train.gpu import measure_peak
 

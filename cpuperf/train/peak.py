@@ -120,13 +120,28 @@ def peak_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict
     return None
 
 
+def boost_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The compat/cpu_peaks.toml [[boost]] row for this CPU: its generation's highest rated boost clock."""
+    from cpuperf.data import load_builtin
+
+    for row in load_builtin("cpu_peaks.toml").get("boost", []):
+        patterns = row.get("model_name")
+        if microarchitecture in row["match"] and (not patterns or any(re.search(p, model_name or "") for p in patterns)):
+            return dict(row)
+    return None
+
+
 def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Optional[str] = None,
                   nominal_hz: Optional[float] = None, measured_hz: Optional[float] = None,
-                  nominal_from: str = "given") -> Tuple[Optional[Peak], Dict[str, Any]]:
+                  nominal_from: str = "given",
+                  achievable_tflops: Optional[float] = None) -> Tuple[Optional[Peak], Dict[str, Any]]:
     """cores x FLOPs/cycle/core (this CPU's variant) x clock: the MFU denominator, and its parts.
 
     The clock is the higher of nominal and measured (a peak the run could beat is no peak); both are
-    named. (None, why) for a CPU or dtype the table has no peak for (emulated bf16 among them).
+    named. Where the GEMM measured on these cores (`achievable_tflops`) beats that peak, the cores run
+    above those clocks (turbo, or a VM reporting its TSC): the generation's highest rated boost clock
+    is used instead, named with its part; without one, no peak. (None, why) for a CPU or dtype the
+    table has no peak for (emulated bf16 among them).
     """
     info: Dict[str, Any] = {"microarchitecture": microarchitecture, "model_name": model_name, "cores": cores,
                             "clock_nominal_ghz": round(nominal_hz / 1e9, 3) if nominal_hz else None,
@@ -143,23 +158,37 @@ def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Op
     if not clock:
         return None, {**info, "variant": row["variant"], "why_none": "the clock is unknown"}
     which = "nominal" if clock == nominal_hz else "measured"
-    info.update(variant=row["variant"], flops_per_cycle=per_cycle, clock_used=which,
-                clock_used_ghz=round(clock / 1e9, 3))
+    info.update(variant=row["variant"], flops_per_cycle=per_cycle)
     tflops = cores * per_cycle * clock / 1e12
     clocks = ", ".join(f"{k} {v / 1e9:.2f} GHz" for k, v in (("nominal", nominal_hz), ("measured", measured_hz)) if v)
+    if achievable_tflops is not None and achievable_tflops > tflops:
+        beaten = (f"the GEMM measured on these {cores} core(s), {achievable_tflops * 1e3:.4g} GFLOP/s, beats "
+                  f"{tflops * 1e3:.4g} at the {which} clock {clock / 1e9:.2f} GHz: the cores run faster than "
+                  "the clocks reported (turbo, or a VM reporting its TSC)")
+        boost = boost_row(microarchitecture, model_name)
+        if boost is None or cores * per_cycle * boost["ghz"] * 1e9 / 1e12 < achievable_tflops:
+            return None, {**info, "why_none": f"{beaten}, and compat/cpu_peaks.toml has no boost clock for "
+                                              f"{microarchitecture} above it"}
+        clock, which = boost["ghz"] * 1e9, "boost"
+        tflops = cores * per_cycle * clock / 1e12
+        clocks += f", boost {boost['ghz']:.2f} GHz ({boost['part']}, the generation's highest)"
+        info.update(clock_note=f"{beaten}; the generation's highest rated boost clock is used instead",
+                    clock_boost_ghz=boost["ghz"], clock_boost_part=boost["part"], clock_boost_source=boost["source"])
+    info.update(clock_used=which, clock_used_ghz=round(clock / 1e9, 3))
     return Peak(float(f"{tflops:.4g}"), dtype,
                 f"hardware: {cores} core(s) x {per_cycle} {dtype} FLOPs/cycle x {clock / 1e9:.2f} GHz ({which} clock; "
                 f"{clocks}) - {microarchitecture}, {row['variant']}; {row['source']}", card=microarchitecture), info
 
 
-def this_hardware_peak(dtype: str, cores: int, cpus: Optional[Sequence[int]] = None) -> Tuple[Optional[Peak], Dict[str, Any]]:
+def this_hardware_peak(dtype: str, cores: int, cpus: Optional[Sequence[int]] = None,
+                       achievable_tflops: Optional[float] = None) -> Tuple[Optional[Peak], Dict[str, Any]]:
     """hardware_peak for this host: its microarchitecture, model name and clocks (read now)."""
     cpuinfo = _read("/proc/cpuinfo")
     nominal, nominal_from = nominal_clock_hz(cpuinfo, _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
     name = next((l.partition(":")[2].strip() for l in (cpuinfo or "").splitlines() if l.lower().startswith("model name")),
                 None)
     return hardware_peak(cpu_microarchitecture(), dtype, cores, name, nominal, measured_clock_hz(cpuinfo, cpus),
-                         nominal_from)
+                         nominal_from, achievable_tflops)
 
 
 def data_peak(microarchitecture: str, dtype: str, threads: int, clock_hz: Optional[float] = None,

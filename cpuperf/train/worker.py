@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from cpuperf.train.errors import ConfigError, TrainError, TrainExit
 from cpuperf.train.loop import Run, Stop, Terminated, install_signal_handlers
@@ -29,6 +29,14 @@ from cpuperf.train.settings import TrainSettings
 
 _Stop = Stop  # the name older callers use
 ERRORS_VAR = "CPUPERF_RANK_ERRORS"  # a directory where a rank leaves rank<R>.json on error
+
+
+def _peak_clock(summary: Dict[str, Any]) -> str:
+    """' (262 GFLOP/s at 4.10 GHz, boost clock)': the CPU peak MFU divides by, with the clock it assumes."""
+    hw, peak = summary.get("hardware_peak") or {}, summary.get("peak") or {}
+    if not hw.get("clock_used_ghz") or not peak.get("tflops"):
+        return ""
+    return f" ({peak['tflops'] * 1e3:.0f} GFLOP/s at {hw['clock_used_ghz']:.2f} GHz, {hw['clock_used']} clock)"
 
 
 def _human(summary: dict) -> str:
@@ -43,7 +51,8 @@ def _human(summary: dict) -> str:
         f"eval loss {f(summary['eval_loss'], '.4f')}",
         f"  {f(summary['samples_per_s'], '.1f')} samples/s, {f(summary['tokens_per_s'], '.0f')} "
         f"tokens/s, first step {f(summary['warmup_s'], '.2f')}s"
-        + (f", MFU {summary['mfu'] * 100:.1f}% of the hardware peak" if summary.get("mfu") is not None else "")
+        + (f", MFU {summary['mfu'] * 100:.1f}% of the hardware peak{_peak_clock(summary)}"
+           if summary.get("mfu") is not None else "")
         + (f", {summary['pct_of_achievable']:.0f}% of achievable (measured GEMM)"
            if summary.get("pct_of_achievable") is not None else ""),
         f"  metrics {summary['metrics_file']}, checkpoint {summary['checkpoint']}",
