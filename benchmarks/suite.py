@@ -60,9 +60,18 @@ def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float)
                           preexec_fn=preexec, cwd=str(ROOT))
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"exit {proc.returncode}: {tail}"}
+        return {"error": f"exit {proc.returncode}: {_failure_line(proc.stderr)}"}
     return json.loads(lines[-1])
+
+
+def _failure_line(stderr: str) -> str:
+    """The line that says why a run failed: the last exception or signal line (torchrun ends its report
+    with a rule of '=' characters), else the last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not set(ln.strip()) <= set("=-")]
+    for ln in reversed(lines):
+        if "Error" in ln or "Exception" in ln or "Signal" in ln or "exitcode" in ln:
+            return ln[:300]
+    return (lines or ["?"])[-1][:300]
 
 
 # The cpuperf model whose plan stands for a benchmark LM (the small LM is the tiny preset's shape).
