@@ -15,7 +15,8 @@ def _fmt(r: Optional[Dict[str, Any]]) -> str:
 def _decisions(d: Dict[str, Any]) -> str:
     ranks = d.get("nproc_per_node") or 1
     return (f"{d['dtype']}, {ranks}x{d['threads_per_rank']}" + (", compile" if d.get("compile") else "")
-            + (", ipex" if d.get("ipex") else "") + (f", {d['allocator']}" if d.get("allocator") else ""))
+            + (", ipex" if d.get("ipex") else "") + (f", {d['allocator']}" if d.get("allocator") else "")
+            + (", fused AdamW" if d.get("optimizer") == "adamw_fused" else ""))
 
 
 def _targets(r: Dict[str, Any]) -> str:
@@ -41,8 +42,11 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
                      "(min-max) of the per-round ratios.")
         den = results[0].get("mfu_denominator") or {}
         if den.get("tflops"):
-            lines.append(f"MFU = achieved / hardware peak ({den['source'].split(';')[0]}); "
-                         "% of achievable = achieved / measured 1024x1024 GEMM rate.")
+            clock = f"{den['clock_used_ghz']:.2f} GHz, the {den['clock_used']} clock" if den.get("clock_used_ghz") else ""
+            lines.append(f"MFU = achieved / hardware peak: {den['tflops'] * 1e3:.0f} GFLOP/s = "
+                         f"{den['source'].split(' (')[0].removeprefix('hardware: ')}"
+                         + (f" ({clock}" + (f"; {den['clock_note']}" if den.get("clock_note") else "") + ")" if clock else "")
+                         + ". % of achievable = achieved / measured 1024x1024 GEMM rate.")
         else:
             lines.append(f"MFU not reported: {den.get('why_none')}; % of achievable = achieved / measured GEMM rate.")
         lines.append("")

@@ -85,8 +85,9 @@ def measure_compile_for(model: str, log) -> Optional[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
     env.pop("LD_PRELOAD", None)
     log(f"measuring torch.compile for --model {model} (cpuperf bench --compile; cached for later runs) ...")
-    proc = subprocess.run([sys.executable, "-m", "cpuperf", "bench", "--compile", "--model", model, "--no-allocators",
-                           "--json"], capture_output=True, text=True, env=env, timeout=1800)
+    # Allocators too: on a host with nothing cached this is its first measurement, and the plan needs them.
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", "bench", "--compile", "--model", model, "--json"],
+                          capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
     return None
