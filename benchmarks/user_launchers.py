@@ -71,6 +71,12 @@ def _env(result: str) -> Dict[str, str]:
     return env
 
 
+def _failure_line(stderr: str) -> str:
+    from benchmarks.suite import _failure_line as line
+
+    return line(stderr)
+
+
 def run_once(config: str, argv: List[str], work: Path) -> Dict[str, Any]:
     """One fresh job: the script's result, what each rank saw from inside, and (auto) cpuperf's report."""
     shutil.rmtree(work, ignore_errors=True)
@@ -83,12 +89,12 @@ def run_once(config: str, argv: List[str], work: Path) -> Dict[str, Any]:
     try:
         out = json.loads(result.read_text())
     except (OSError, ValueError):
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"exit {proc.returncode}: {tail}"}
+        return {"error": f"exit {proc.returncode}: {_failure_line(proc.stderr)}"}
     out["ranks_seen"] = [json.loads(p.read_text()) for p in sorted(work.glob("result.json.rank*.json"),
                                                                     key=lambda p: int(p.name.split("rank")[1][:-5]))]
-    if proc.returncode != 0:
-        out["error"] = f"exit {proc.returncode}"
+    if proc.returncode != 0:  # the script reported, then the job failed (at exit, or another rank)
+        out["error"] = f"exit {proc.returncode}: {_failure_line(proc.stderr)}"
+        (work / "stderr.txt").write_text(proc.stderr)
     if config == "auto":
         try:
             report = json.loads(proc.stdout)

@@ -65,3 +65,16 @@ def test_a_torch_without_fused_cpu_adamw_prunes_the_optimizer_lever_and_says_why
         **facts.software.packages, "torch": replace(facts.software.packages["torch"], version="2.3.1+cpu")}))
     found = sweep.levers(facts, full=False)
     assert found["optimizer"].values == [None] and "2.3.1+cpu has no fused AdamW on CPU (since 2.4)" in found["optimizer"].pruned
+
+
+def test_a_failed_run_is_recorded_with_the_line_that_says_why():
+    from benchmarks.suite import _failure_line
+
+    torchrun = ("terminate called without an active exception\nTraceback (most recent call last):\n"
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                "=======================================================\ncpuperf.train.bench FAILED\n"
+                "  traceback : Signal 6 (SIGABRT) received by PID 22397\n"
+                "=======================================================\n")
+    assert _failure_line(torchrun) == "traceback : Signal 6 (SIGABRT) received by PID 22397"
+    assert _failure_line("loading\nValueError: bad shape\n") == "ValueError: bad shape"
+    assert _failure_line("just this\n") == "just this" and _failure_line("") == "?"

@@ -170,3 +170,11 @@ def test_every_boost_row_is_sourced_and_names_a_known_generation():
     for row in rows:
         assert row["source"] and row["part"] and 1.0 < row["ghz"] < 7.0, row
         assert set(row["match"]) <= names, set(row["match"]) - names
+
+
+def test_the_train_line_names_the_peak_and_its_clock():
+    from cpuperf.train.worker import _peak_clock
+
+    summary = {"peak": {"tflops": 0.2624}, "hardware_peak": {"clock_used": "boost", "clock_used_ghz": 4.1}}
+    assert _peak_clock(summary) == " (262 GFLOP/s at 4.10 GHz, boost clock)"
+    assert _peak_clock({"peak": {"tflops": 312.0}}) == ""  # a GPU's table peak: no CPU clock to name

@@ -238,3 +238,30 @@ def test_allocator_needs_a_gain_that_hurts_no_workload(monkeypatch):
     assert recommend(facts, PRESETS["tiny"], measurements=mixed).get("allocator") is None
     unmeasured = recommend(facts, PRESETS["tiny"], measurements=Measurements())
     assert unmeasured.get("allocator") is None and "unmeasured" in unmeasured.decision("allocator").reason
+
+
+def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
+    """mimalloc measured faster in one process, yet two-rank gloo jobs aborted at exit with it preloaded
+    (compat/tuning.toml not_with_ranks): one rank gets it, several ranks the next measured allocator or none."""
+    from dataclasses import replace
+
+    from cpuperf.decide.recommend import decide_allocator
+
+    facts = probe_host()
+    if facts.software is None:
+        pytest.skip("needs a live host")
+    sw = replace(facts.software, allocators={"mimalloc": ("/venv/cmeel.prefix/lib/libmimalloc.so",),
+                                             "tcmalloc": ("/usr/lib/libtcmalloc.so.4",)})
+    facts = replace(facts, software=sw, gpus=())
+    only_mi = Measurements(allocator_speedup={"mimalloc_by_workload": {"lm": 1.2, "mlp": 1.3}})
+    assert decide_allocator(facts, only_mi, False, "lm", world=1).value == "mimalloc"
+    several = decide_allocator(facts, only_mi, False, "lm", world=2)
+    assert several.value is None and "aborted jobs at exit" in several.reason
+    assert several.evidence["not_with_ranks"]["allocators"] == ["mimalloc"]
+    both = Measurements(allocator_speedup={"mimalloc_by_workload": {"lm": 1.2}, "tcmalloc_by_workload": {"lm": 1.1}})
+    picked = decide_allocator(facts, both, False, "lm", world=2)
+    assert picked.value == "tcmalloc" and "not mimalloc" in picked.reason
+    # Through the engine: the ranks of the plan decide it.
+    two = recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 2})
+    assert two.get("allocator") is None
+    assert recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 1}).get("allocator") == "mimalloc"

@@ -236,7 +236,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     _decide_ipex(ctx, on_gpu)
     d = _decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ctx.value("ipex"), placement, facts)
     ctx.choose(d.id, d.value, d.reason, d.evidence, d.needs_torch)
-    _choose_allocator(ctx, on_gpu)
+    _choose_allocator(ctx, on_gpu, world)
     d = _decide_attention(workload, ctx.value("dtype"), gpu)
     ctx.choose(d.id, d.value, d.reason, d.evidence)
     for d in _memory_plan(facts, workload, placement, ctx.decisions, ctx.tuning, gpu, world, ctx.torch, fixed=fixed):
@@ -444,8 +444,8 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
                    needs_torch=True)
 
 
-def _choose_allocator(ctx: _Context, on_gpu: bool) -> None:
-    d = decide_allocator(ctx.facts, ctx.meas, on_gpu, reference_workload(ctx.workload))
+def _choose_allocator(ctx: _Context, on_gpu: bool, world: int = 1) -> None:
+    d = decide_allocator(ctx.facts, ctx.meas, on_gpu, reference_workload(ctx.workload), world)
     asked = ctx.fixed.get("allocator")
     if asked:
         available = ctx.facts.software.allocators if ctx.facts.software else {}
@@ -535,8 +535,10 @@ def _allocator_hint() -> str:
     return (f"`cpuperf install` adds the {rule['wheel']} wheel (no root); system ones: {rule['system_install']}")
 
 
-def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm") -> Decision:
-    """The allocator to preload for a workload of this family: the measured best, only where it beats the default."""
+def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm",
+                     world: int = 1) -> Decision:
+    """The allocator to preload for a workload of this family: the measured best, only where it beats the
+    default, and never one known to abort jobs of several ranks (`world` > 1) at exit."""
     available = {}
     if facts.software is not None:
         available = {k: v for k, v in facts.software.allocators.items() if v}
@@ -557,10 +559,19 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
                     "source": meas.source}
         figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
         good = {k: v for k, v in measured.items() if v >= rule["min_speedup"]}
+        unsafe = sorted(k for k in good if world > 1 and k in rule.get("not_with_ranks", []))
+        if unsafe:
+            evidence["not_with_ranks"] = {"allocators": unsafe, "world": world, "source": rule["not_with_ranks_source"]}
+            good = {k: v for k, v in good.items() if k not in unsafe}
+        not_here = (f"; not {', '.join(unsafe)}: with {world} ranks it aborted jobs at exit after training "
+                    "(terminate called without an active exception; compat/tuning.toml)") if unsafe else ""
         if good:
             best = max(good, key=lambda k: good[k])
             return Decision("allocator", best, f"measured on the {family} reference workload: {figures} the default "
-                            "allocator: the fastest is preloaded", evidence)
+                            f"allocator: the fastest is preloaded{not_here}", evidence)
+        if unsafe:
+            return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default"
+                            f"{not_here}: the default is kept", evidence)
         return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default; none "
                         f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
