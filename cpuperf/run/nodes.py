@@ -34,13 +34,17 @@ class _Groups:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.procs: List[subprocess.Popen] = []
+        self.closed = False  # after kill_all: a launch still starting is killed as it registers
 
     def add(self, proc: subprocess.Popen) -> None:
         with self.lock:
             self.procs.append(proc)
+            if self.closed:  # Ctrl-C came between this thread's Popen and here: it must not outlive cpuperf
+                _kill(proc)
 
     def kill_all(self) -> None:
         with self.lock:
+            self.closed = True
             for proc in self.procs:
                 _kill(proc)
 
@@ -57,6 +61,8 @@ def launch(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]]
            groups: Optional[_Groups] = None) -> Launched:
     """Run argv in its own session with a timeout; never raises for a missing tool or a timeout."""
     t0 = time.monotonic()
+    if groups is not None and groups.closed:  # interrupted before this launch started
+        return Launched(None, "", "interrupted", 0.0)
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 text=True, errors="replace", start_new_session=True,
