@@ -377,9 +377,12 @@ def test_ctrl_c_kills_every_node_launch(tmp_path):
     fake.chmod(0o755)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.1\n127.0.0.2\n127.0.0.3\n")
+    # As from a terminal: Ctrl-C's default action. A suite started in the background by a non-interactive
+    # shell hands its children SIGINT ignored, and cpuperf rightly keeps an inherited ignore (nohup's way).
     proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "doctor", "--hostfile", str(hostfile), "--launcher", "ssh"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env({"CPUPERF_SSH": str(fake)}))
+                            env=cli_env({"CPUPERF_SSH": str(fake)}),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for _ in range(100):  # until all three launches are running
         if len(subprocess.run(["pgrep", "-f", "sleep 618"], capture_output=True, text=True).stdout.split()) == 3:
             break
