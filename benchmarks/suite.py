@@ -120,7 +120,7 @@ def auto_config(steps: int, workload: str = "lm", size: str = "small") -> Dict[s
     family = "lm" if workload == "lm" else "mlp"
     reasons = {d["id"]: d["reason"] for d in plan["decisions"] if d["id"] in ("compile", "allocator", "dtype", "optimizer")}
     if meas is not None and workload != "lm":
-        chosen = decide_allocator(facts, meas, False, family)
+        chosen = decide_allocator(facts, meas, False, family, int(launch.get("nproc_per_node") or 1))
         decisions["allocator"], reasons["allocator"] = chosen.value, chosen.reason
     if decisions.get("allocator"):
         libs = measure.allocator_libraries(facts)

@@ -41,6 +41,8 @@ def _label(lever: str, value: Any) -> str:
 
 def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     """The levers this host has, each with the values to sweep (the first is the default's)."""
+    from packaging.version import Version
+
     from cpuperf.data import load_builtin
     from cpuperf.decide.placement import plan_placement
     from cpuperf.run.measure import allocator_libraries
@@ -72,7 +74,7 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     fused_min = load_builtin("tuning.toml")["optimizer"]["fused_cpu_min_torch"]
     if torch_info is None:
         optimizer.pruned = "torch is not installed"
-    elif _version_tuple(torch_info.version) < _version_tuple(fused_min):
+    elif Version(torch_info.version).release < Version(fused_min).release:
         optimizer.pruned = f"torch {torch_info.version} has no fused AdamW on CPU (since {fused_min})"
     else:
         optimizer.values.append("adamw_fused")
@@ -104,15 +106,6 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
         pinning.pruned = "one usable CPU: nothing to pin to"
     out["pinning"] = pinning
     return out
-
-
-def _version_tuple(version: str) -> Tuple[int, ...]:
-    """'2.13.0+cpu' -> (2, 13, 0): enough to compare torch releases here."""
-    parts = []
-    for piece in version.split("+", 1)[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
 
 
 def cpu_slots(facts: Any, ranks: int, threads: int) -> List[List[int]]:

@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from benchmarks.suite import _failure_line
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -69,12 +71,6 @@ def _env(result: str) -> Dict[str, str]:
     env.update(PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", NO_COLOR="1", BENCH_RESULT=result,
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
     return env
-
-
-def _failure_line(stderr: str) -> str:
-    from benchmarks.suite import _failure_line as line
-
-    return line(stderr)
 
 
 def run_once(config: str, argv: List[str], work: Path) -> Dict[str, Any]:
