@@ -22,3 +22,41 @@ def _clean_env(monkeypatch):
     _CACHE.clear()
     yield
     _CACHE.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The host-class matrix (test_host_classes.py): each cell's outcome, for the table printed at the end."""
+    outcome = yield
+    rep = outcome.get_result()
+    key = getattr(item, "funcargs", {}).get("cell")
+    if key is None or rep.when != "call" and not (rep.when == "setup" and rep.failed):
+        return
+    matrix = sys.modules[item.module.__name__].MATRIX
+    if rep.passed:
+        matrix[key] = "ok"
+    elif rep.failed:
+        matrix[key] = "FAIL"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the host-class matrix (classes x paths) when its tests ran."""
+    module = sys.modules.get("test_host_classes")
+    if module is None or not module.MATRIX:
+        return
+    matrix = module.MATRIX
+    classes = [c.name for c in module.CLASSES if any(k[0] == c.name for k in matrix)]
+    paths = list(dict.fromkeys(k[1] for k in matrix))
+    mark = {"ok": "ok", "FAIL": "FAIL"}
+    width = max(len(p) for p in paths)
+    tr = terminalreporter
+    tr.section("host-class matrix (classes x paths)")
+    tr.write_line(" " * width + " | " + " | ".join(f"{c:^11}" for c in classes))
+    for path in paths:
+        cells = [matrix.get((c, path), "-") for c in classes]
+        tr.write_line(f"{path:<{width}} | " + " | ".join(f"{mark.get(v, 'n/a' if v.startswith('n/a') else v):^11}" for v in cells))
+    green = sum(v == "ok" for v in matrix.values())
+    na = sum(v.startswith("n/a") for v in matrix.values())
+    failed = sum(v == "FAIL" for v in matrix.values())
+    tr.write_line(f"{green} cells ok, {failed} failed, {na} not applicable here: "
+                  + "; ".join(sorted({f"{k[0]}: {v[5:]}" for k, v in matrix.items() if v.startswith('n/a')})))

@@ -10,6 +10,9 @@ from hosts import make_host
 from cpuperf.probe import probe_host
 from cpuperf.run import measure
 
+# An avx512_bf16 host (Zen 4 / Cooper Lake class), through the override: the class, not the CPU running the suite.
+NATIVE_ISA = "sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16"
+
 
 def test_cache_round_trip_is_per_host(tmp_path, monkeypatch):
     monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
@@ -75,12 +78,12 @@ def _dtype(data):
 def test_a_steady_measurement_is_used_and_printed_with_its_figure(tmp_path, monkeypatch):
     from cli_util import run_json
 
-    env = {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0"}
+    # dtype uses the measurement where bf16 is native: that class, whatever CPU runs the suite
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0", "CPUPERF_OVERRIDE_ISA": NATIVE_ISA}
     monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
     measure.save(probe_host(use_cache=False), _steady())
     data, proc = run_json(["recommend"], env)
-    if not probe_host().cpu.bf16_native:
-        pytest.skip("dtype uses the measurement only where bf16 is native")
     assert _dtype(data)["evidence"]["gemm_bf16_gflops"] == 200.0
     assert "NOT TRUSTED" not in _dtype(data)["evidence"]["measured"]
     assert "using measurement" in proc.stderr and "bf16 GEMM 200.0 GFLOP/s" in proc.stderr
@@ -90,6 +93,7 @@ def test_a_measurement_under_load_is_never_used_silently(tmp_path, monkeypatch):
     from cli_util import run_json
 
     monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
     facts = probe_host(use_cache=False)
     loaded = _steady(load={"under_load": True, "busy_cpus": {"1": 1.0}, "figure": "CPU 1 100% busy, load average 160"})
     measure.save(facts, loaded)
@@ -97,10 +101,10 @@ def test_a_measurement_under_load_is_never_used_silently(tmp_path, monkeypatch):
     assert usable and any("under load" in f and "load average 160" in f for f in flags)
     got = measure.load_cached(facts)
     assert got is not None and "NOT TRUSTED" in got.source and "load average 160" in got.source
-    data, proc = run_json(["recommend"], {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0"})
+    data, proc = run_json(["recommend"], {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0",
+                                          "CPUPERF_OVERRIDE_ISA": NATIVE_ISA})
     assert "NOT TRUSTED" in proc.stderr and "load average 160" in proc.stderr
-    if facts.cpu.bf16_native:
-        assert "NOT TRUSTED" in _dtype(data)["evidence"]["measured"]
+    assert "NOT TRUSTED" in _dtype(data)["evidence"]["measured"]
     # A wide spread is flagged the same way.
     wide = _steady()
     wide["repeats"]["gemm_fp32_gflops"].update(min=40.0, max=100.0, spread=0.6)

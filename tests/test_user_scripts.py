@@ -179,7 +179,8 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
     if case in ("accelerate_launch", "torchrun_hf"):
         assert applied["launcher"]["yours"] in ("accelerate", "torchrun")
     if case in ("hf_parser", "torchrun_hf"):
-        if probe_host().gpus:  # GPUs to keep off: the flag decides something
+        # GPUs to keep off, or --bf16 (transformers >= 5 refuses it without --use_cpu on a CPU): it decides something
+        if probe_host().gpus or "--bf16" in applied["flags"]:
             assert "--use_cpu" in applied["flags"] and auto["speed"]["use_cpu"] == "True"
         else:  # one process on a host without GPUs is on the CPU anyway; the flag only cost time
             assert "--use_cpu" not in applied["flags"]

@@ -19,7 +19,11 @@ def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapsho
     if save_snapshot:
         from cpuperf.probe.snapshot import save_snapshot as save
 
-        count = save(save_snapshot, sysroot=sysroot)
+        count = save(save_snapshot, sysroot=sysroot, python=python)
+        if sysroot is None:
+            from cpuperf.run.measure import record_in_snapshot
+
+            count += record_in_snapshot(save_snapshot, probe_host(python=python))
         out.info(f"saved {count} probe files under {save_snapshot} (use: cpuperf doctor --sysroot {save_snapshot})")
     facts = with_load(probe_host(sysroot=sysroot, python=python))
     if not facts.platform.startswith("linux"):

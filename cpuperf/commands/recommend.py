@@ -50,22 +50,34 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 
 
 def planning_measurements(facts: Any, log: Any) -> Any:
-    """The measurements every planning command (recommend, train --auto, its --dry-run) decides from: this
-    host's cached ones, measured once first where a rule is unsure and none is cached (CPUPERF_MEASURE=0:
-    never). A cached entry is used as it stands, flagged if it was taken under load; it is replaced only by
-    `cpuperf bench --refresh` or when it expires, so plans do not change from run to run."""
-    import os
-
-    from cpuperf.decide.placement import plan_placement
+    """The measurements every planning command (recommend, ccl-env, train --dry-run, train --auto) decides
+    from: this host's cached ones as they stand (flagged if taken under load), else None, and the rules
+    decide, each saying it was not measured. Planning never measures and never needs torch: `cpuperf bench`
+    measures, and so does the start of a real `train --auto` where nothing is cached (measure_before_run)."""
     from cpuperf.run import measure
 
-    if not facts.live:
-        return None
+    return measure.load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
+
+
+def measure_before_run(facts: Any, threads: int, log: Any) -> Any:
+    """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
+    and cached, so the next plan in any command is the same one). CPUPERF_MEASURE=0 skips it. A measurement
+    that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
+    import os
+
+    from cpuperf.errors import ProbeFailedError
+    from cpuperf.run import measure
+
+    if not facts.live or facts.gpus or os.environ.get("CPUPERF_MEASURE", "1").strip() == "0":
+        return planning_measurements(facts, log)
     data, _ = measure.read_cached(facts)
-    usable = data is not None and measure.assess(data, facts)[0]
-    if not usable and not facts.gpus and os.environ.get("CPUPERF_MEASURE", "1") != "0":
-        return measure.measure_if_unsure(facts, plan_placement(facts).threads_per_rank, log=log)
-    return measure.load_cached(facts, log)
+    if data is not None and measure.assess(data, facts)[0]:
+        return measure.load_cached(facts, log)
+    try:
+        return measure.measure_if_unsure(facts, threads, log=log)
+    except ProbeFailedError as exc:
+        log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
+        return planning_measurements(facts, log)
 
 
 def load_settings_file(path: str) -> Dict[str, str]:

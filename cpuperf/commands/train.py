@@ -78,8 +78,8 @@ def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Any, int]:
 
 
 def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
-    """--auto (its --dry-run too): what recommend decides from (cpuperf.commands.recommend.planning_measurements),
-    so both plan alike; plain: the cache as it is."""
+    """--auto: what recommend decides from (the cache, else the rules), measured first where a real run starts
+    on a host with nothing cached; plain: the cache as it is."""
     from cpuperf.commands.recommend import planning_measurements
     from cpuperf.run import measure
 
@@ -89,9 +89,14 @@ def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     measure_ok = environ.get("CPUPERF_MEASURE", "1").strip() or "1"
     if measure_ok not in ("0", "1"):
         raise UsageError(f"CPUPERF_MEASURE={measure_ok[:40]!r} is not 0 or 1", hint="unset it, or 0 to skip measuring")
+    if a.auto and not a.dry_run and not a.plan:
+        from cpuperf.commands.recommend import measure_before_run
+        from cpuperf.decide.placement import plan_placement
+
+        return measure_before_run(facts, plan_placement(facts).threads_per_rank, log)
     if a.auto:
         return planning_measurements(facts, log)
-    return measure.load_cached(facts, log) if facts.live else None
+    return measure.load_cached(facts, log)
 
 
 # Options that decide something: a saved plan has decided them already.
@@ -163,8 +168,7 @@ def _interface(a: TrainArgs, hosts: Any, nnodes: int, environ: Dict[str, str]) -
     return master, ifname
 
 
-def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str,
-                  live: bool = True) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
+def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
     """(what each rank runs, the built-in worker's settings or None, the HF flags report)."""
     from cpuperf.plan.job import worker_command, worker_settings
 
@@ -183,9 +187,7 @@ def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str,
     from cpuperf.render import recommendation as render
 
     parsed = user_script.parse_command(user)
-    # A live host without GPUs: one process is on the CPU whatever the flags say (cpuperf.plan.user_script).
-    cpu_only = live and not rec.decision("device").evidence.get("gpus")
-    ours, skipped = render.speed_flags(rec, cpu_only_host=cpu_only) if a.auto else ([], [])
+    ours, skipped = render.speed_flags(rec) if a.auto else ([], [])
     script = user_script.plan_script(user, ours, a.hf_flags if a.auto else "never", _read_script(parsed.script),
                                      rec.stack.get("transformers"), skipped)
     return list(script.argv), None, {**script.to_json(), "_script": script}
@@ -264,7 +266,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                          hf_flags=a.hf_flags, job_id=_job_id(hosts, a.master_port), rdzv_timeout=a.rdzv_timeout,
                          preset=_preset(a.model or (saved_plan.inputs.get("model") if saved_plan else None))
                          if not a.user_argv else None)
-    cmd, settings, hf = _rank_command(a, rec, request, out_dir, live=facts.live)
+    cmd, settings, hf = _rank_command(a, rec, request, out_dir)
     if yours is not None and yours.place and (yours.count or 1) > 1 and a.auto:
         from cpuperf.plan.user_launcher import split_launcher, with_rank_step
 

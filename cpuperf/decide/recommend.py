@@ -362,6 +362,8 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
+        else:
+            why += f" (rule for {engine}, not measured on this host: `cpuperf bench` measures it)"
     ctx.choose("dtype", dtype, why, evidence)
     if ctx.fixed.get("tf32"):
         raise UsageError("tf32 is an NVIDIA GPU mode",

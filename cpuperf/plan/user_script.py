@@ -290,7 +290,21 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         out.append(opt)
     elif why_not:
         skipped.append(("--optim", why_not.split(": ", 1)[-1]))
+    _add_companions(out, skipped, want, transformers_version, on_gpu=values["device"] == "cuda")
     return out, skipped
+
+
+def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: Any, transformers_version: Optional[str],
+                    on_gpu: bool) -> None:
+    """Flags the installed release refuses alone get their companion (compat/couplings.toml): --bf16 on a
+    CPU needs --use_cpu in transformers >= 5, whatever the one-process rule said about --use_cpu."""
+    from cpuperf.knowledge.hf_couplings import companions
+
+    ids = {f.name[2:] for f in out}
+    for c in companions("transformers", transformers_version, ids, gpu_bf16=on_gpu):
+        skipped[:] = [(flag, why) for flag, why in skipped if flag != "--" + c.requires]
+        want(c.requires, ("--" + c.requires,), f"--{c.flag} on a CPU needs it: transformers {c.since}+ refuses "
+             f"--{c.flag} without --{c.requires} where no GPU has bf16")
 
 
 def user_flag_names(argv: Sequence[str]) -> Set[str]:

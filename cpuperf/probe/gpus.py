@@ -102,7 +102,9 @@ def probe_gpus(src: Sources) -> Optional[Tuple[Gpu, ...]]:
     if override is not None:
         return gpus_from_json(override) if override.strip() else ()
     if not src.live:
-        return None
+        from cpuperf.probe.recorded import recorded_gpus
+
+        return recorded_gpus(src)  # None (unknown) unless the snapshot recorded them
     if not _maybe_nvidia(src):
         return ()
     result = src.run([sys.executable, "-I", "-c", _NVML_SCRIPT], timeout=10.0)

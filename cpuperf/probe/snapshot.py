@@ -30,7 +30,7 @@ class RecordingSources(Sources):
 
 
 def save_snapshot(dest: str, environ: Optional[Mapping[str, str]] = None,
-                  sysroot: Optional[str] = None) -> int:
+                  sysroot: Optional[str] = None, python: Optional[str] = None) -> int:
     """Probe through a RecordingSources and copy what it read under dest. Returns the file count."""
     from cpuperf.probe import parse
     from cpuperf.probe.cpu import probe_cpu
@@ -56,4 +56,24 @@ def save_snapshot(dest: str, environ: Optional[Mapping[str, str]] = None,
             count += 1
         except OSError:
             continue
-    return count
+    return count + _save_stack(dest, src, python)
+
+
+def _save_stack(dest: str, src: RecordingSources, python: Optional[str]) -> int:
+    """The installed stack and GPUs beside the tree (probe/recorded.py), so `--sysroot DEST` plans exactly like
+    this host. A snapshot of a snapshot copies the record it has."""
+    import json
+
+    from cpuperf.probe.gpus import probe_gpus
+    from cpuperf.probe.recorded import STACK_FILE, stack_record
+    from cpuperf.probe.software import probe_software
+
+    record = stack_record(probe_software(src, python), probe_gpus(src))
+    if record["software"] is None and record["gpus"] is None:
+        return 0
+    target = os.path.join(dest, STACK_FILE.lstrip("/"))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1, sort_keys=True)
+    return 1
+

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
 from cpuperf.errors import ProbeFailedError, UsageError
@@ -129,6 +130,14 @@ def probe_software(src: Sources, python: Optional[str] = None, runtimes: bool = 
     """
     override = src.override("packages")
     if not src.live and python is None:
+        from cpuperf.probe.recorded import recorded_software
+
+        recorded = recorded_software(src)  # a snapshot taken by cpuperf records the stack beside the tree
+        if recorded is not None:
+            if override is None:
+                return recorded
+            return replace(recorded, packages=apply_package_override(recorded.packages, override),
+                           python=_python_override(src) or recorded.python)
         if override is None:
             return None
         overridden = apply_package_override({k: None for k in pkgscan.PACKAGES}, override)

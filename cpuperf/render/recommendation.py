@@ -8,7 +8,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from cpuperf.decide.recommend import Recommendation
 
 
-def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None, cpu_only_host: bool = False
+def cpu_only_host(rec: Recommendation) -> bool:
+    """No GPU visible to the job: one Trainer process is on the CPU whatever the flags say. Read from the facts
+    the plan was made from (live, recorded or overridden alike), so recommend and train render the same flags."""
+    return not rec.decision("device").evidence.get("gpus")
+
+
+def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None
                 ) -> Tuple[List[Any], List[Tuple[str, str]]]:
     """(Trainer speed flags for this recommendation, candidates left out with why): cpuperf.plan.user_script."""
     from cpuperf.data import load_builtin
@@ -23,7 +29,7 @@ def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None,
     if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
     return plan_flags(v, overridden, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
-                      world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio, gpus_visible=not cpu_only_host)
+                      world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio, gpus_visible=not cpu_only_host(rec))
 
 
 def hf_notes(rec: Recommendation) -> List[str]:

@@ -42,7 +42,8 @@ def torch_build(facts: HostFacts) -> Dict[str, Optional[str]]:
     info = facts.software.packages.get("torch") if facts.software is not None else None
     if info is None:
         return {"version": None, "local": None, "git": None}
-    return {"version": info.version, "local": info.local, "git": torch_git_version(info)}
+    # A recorded host's torch files are not on this machine: its build is its version and label.
+    return {"version": info.version, "local": info.local, "git": torch_git_version(info) if facts.live else None}
 
 
 def host_id(facts: HostFacts) -> str:
@@ -126,7 +127,14 @@ def describe(data: Dict[str, Any], now: Optional[float] = None) -> str:
     return ", ".join(parts)
 
 
+# A snapshot (doctor --save-snapshot) records this host's measurement beside its tree: the recorded host then
+# plans from the same figures as the live one did.
+RECORDED_FILE = ".cpuperf/measurements.json"
+
+
 def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
+    if not facts.live:
+        return _read_recorded(Path(str(facts.sysroot)) / RECORDED_FILE)
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
         data = _validated(json.loads(path.read_bytes().decode("utf-8")))
@@ -147,14 +155,38 @@ def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
     return data, path
 
 
+def _read_recorded(path: Path) -> Tuple[Optional[Dict[str, Any]], Path]:
+    """A snapshot's recorded measurement (read-only: never removed, even when it is bad)."""
+    from cpuperf.fsutil import InputRefused, read_capped
+
+    try:
+        return _validated(json.loads(read_capped(str(path)).decode("utf-8"))), path
+    except FileNotFoundError:
+        return None, path
+    except (OSError, InputRefused, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        sys.stderr.write(f"note: ignoring the recorded measurement {path} ({type(exc).__name__})\n")
+        return None, path
+
+
+def record_in_snapshot(dest: str, facts: HostFacts) -> bool:
+    """`doctor --save-snapshot DEST`: this host's cached measurement beside the tree, stamped with the build
+    a recorded host has (version and label: its torch files are not on the machine that reads it)."""
+    data, _ = read_cached(facts)
+    if data is None or not facts.live:
+        return False
+    target = Path(dest) / RECORDED_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stamped = {**data, "torch_build": {**(data.get("torch_build") or {}), "git": None}}
+    target.write_text(json.dumps(stamped, indent=1, sort_keys=True), encoding="utf-8")
+    return True
+
+
 def load_cached(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
     """This host's cached measurements, or None (none, expired, another torch build).
 
     An untrusted entry is still returned (recommend never measures) but its source says why, so the
     decisions that use it carry the flag in their evidence; `log` gets the same line.
     """
-    if not facts.live:
-        return None
     data, path = read_cached(facts)
     if data is None:
         return None

@@ -1,0 +1,437 @@
+"""The host-class matrix: every path of cpuperf, in every host class, on whatever machine runs the suite.
+
+A rule verified on one CPU is a guess for the others, and a test that reads "the right answer" from the host
+running it covers one class only. Here each class is described, never inherited from the machine: a recorded
+/proc + /sys tree (--sysroot) for the planning paths, and the same class's facts as overrides
+(CPUPERF_OVERRIDE_ISA / MICROARCH / AMX_USABLE / GPUS) on the live host for the real runs. bf16 autocast runs,
+emulated, on any x86 CPU, so every x86 class trains for real; Arm and POWER plans cannot execute on this
+machine's instruction set and a GPU class stops at the launch: those cells are planned, not run, and say so.
+
+Every cell runs the real command (real venvs, torchrun, mpirun, accelerate, real shells) and passes only when
+it exits 0 and what ran inside matches the plan: the flags the script received, its dtype, its CPUs and threads
+per rank. The measurement cache is a fresh directory: plans come from the rules, as on a host never measured.
+The matrix (classes x paths) is printed at the end of the run (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+from cli_util import cli_env
+from hosts import CPUINFO, make_host, write
+
+PY = sys.executable
+BIN = os.path.dirname(PY)
+SCRIPTS = Path(__file__).parent / "fixtures" / "scripts"
+GPUS = Path(__file__).parent / "fixtures" / "gpus"
+MATRIX: Dict[Tuple[str, str], str] = {}  # (class, path) -> "ok" | "FAIL" | "n/a: why"; printed by conftest.py
+
+
+def _flags(fixture: str) -> List[str]:
+    for line in (CPUINFO / fixture).read_text().splitlines():
+        if line.startswith("flags"):
+            return line.split(":", 1)[1].split()
+    raise AssertionError(fixture)
+
+
+ZEN3 = _flags("linux-ubuntu20.04-zen3")  # AVX2, no AVX-512
+CASCADE = _flags("linux-centos7-cascadelake")  # AVX-512 without bf16
+ZEN4 = ZEN3 + ["avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512ifma",
+               "avx512vbmi", "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq", "gfni"]
+SAPPHIRE = CASCADE + ["avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "avx_vnni"]
+
+
+@dataclass(frozen=True)
+class HostClass:
+    name: str
+    what: str
+    dtype: str  # the dtype every plan of this class must carry (from the rules: nothing is measured here)
+    isa: Tuple[str, ...] = ()
+    microarch: str = ""
+    family: int = 6
+    model: int = 85
+    vendor: str = "GenuineIntel"
+    amx_usable: Optional[bool] = None
+    gpus: Optional[str] = None  # a recorded NVML answer (tests/fixtures/gpus)
+    cpuinfo: Optional[Callable[[int], str]] = None  # non-x86: the recorded /proc/cpuinfo text for N CPUs
+    runs_here: bool = True  # x86 classes train for real here
+    why_not_here: str = ""
+    trainer_bf16: bool = False  # the Trainer gets --bf16 from the rule alone (AMX: the case the rule is for)
+    device: str = "cpu"
+    extra: Dict[str, str] = field(default_factory=dict)
+
+    def overrides(self) -> Dict[str, str]:
+        """The class on the live host: the facts that make it this class, nothing else."""
+        env = {"CPUPERF_OVERRIDE_ISA": " ".join(self.isa), "CPUPERF_OVERRIDE_MICROARCH": self.microarch,
+               "CPUPERF_OVERRIDE_GPUS": (GPUS / self.gpus).read_text() if self.gpus else "[]"}
+        if self.amx_usable is not None:
+            env["CPUPERF_OVERRIDE_AMX_USABLE"] = "1" if self.amx_usable else "0"
+        env.update(self.extra)
+        return env
+
+    def tree(self, root: Path) -> Path:
+        """The class as a recorded host: 2 cores like the machines this suite runs on (cgroup, NUMA, sysfs)."""
+        if root.exists():
+            return root
+        host = make_host(root, sockets=1, cores_per_socket=2, flags=self.isa or ("avx2", "fma"), vendor=self.vendor,
+                         family=self.family, model=self.model, name=f"{self.what} (recorded)")
+        if self.cpuinfo is not None:
+            write(host, "/proc/cpuinfo", self.cpuinfo(2))
+        return host
+
+
+def _arm_cpuinfo(n: int) -> str:
+    block = (CPUINFO / "linux-amazon-neoverse_v1").read_text().split("\n\n")[0]
+    lines = [ln for ln in block.splitlines() if not ln.startswith("processor")]
+    return "".join(f"processor\t: {c}\n" + "\n".join(lines) + "\n\n" for c in range(n))
+
+
+def _power10_cpuinfo(n: int) -> str:
+    return "".join(f"processor\t: {c}\ncpu\t\t: POWER10 (architected), altivec supported\nclock\t\t: 3000.000000MHz\n"
+                   "revision\t: 2.0 (pvr 0080 0200)\n\n" for c in range(n))
+
+
+CLASSES = [
+    HostClass("avx2", "x86 AVX2, no bf16 (Zen 3)", "fp32", tuple(ZEN3), "zen3", family=25, model=1, vendor="AuthenticAMD"),
+    HostClass("avx512", "AVX-512 without bf16 (Cascade Lake)", "fp32", tuple(CASCADE), "cascadelake", model=85),
+    HostClass("avx512-bf16", "avx512_bf16 (Zen 4 / Cooper Lake)", "bf16", tuple(ZEN4), "zen4", family=25, model=17,
+              vendor="AuthenticAMD"),
+    HostClass("amx", "AMX usable (Sapphire Rapids)", "bf16", tuple(SAPPHIRE), "sapphirerapids", model=143,
+              amx_usable=True, trainer_bf16=True),
+    HostClass("amx-denied", "AMX present, not permitted by the OS", "bf16", tuple(SAPPHIRE), "sapphirerapids",
+              model=143, amx_usable=False),
+    HostClass("neoverse", "Arm Neoverse V1 with BF16", "fp32", cpuinfo=_arm_cpuinfo, runs_here=False,
+              why_not_here="an aarch64 plan does not execute on this instruction set"),
+    HostClass("power10", "POWER10 (MMA)", "fp32", cpuinfo=_power10_cpuinfo, runs_here=False,
+              why_not_here="a ppc64le plan does not execute on this instruction set"),
+    HostClass("gpu", "NVIDIA H100 host (recorded NVML)", "bf16", tuple(ZEN3), "zen3", family=25, model=1,
+              vendor="AuthenticAMD", gpus="h100-80gb-hbm3.json", runs_here=False, device="cuda",
+              why_not_here="no GPU on this machine: planned up to the launch",
+              extra={"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cu128"})}),  # a GPU host's CUDA build
+]
+BY_NAME = {c.name: c for c in CLASSES}
+X86 = [c.name for c in CLASSES if c.runs_here]
+
+
+# -- the machinery: real processes, an isolated measurement cache, a venv without torch --------------------
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classes")
+    return {"root": root, "cache": root / "cache", "notorch": _venv_without_torch(root / "notorch")}
+
+
+def _venv_without_torch(path: Path) -> str:
+    """A real venv whose interpreter cannot import torch: cpuperf and its dependencies, nothing of torch's.
+
+    Built offline in a second: the test venv's packages are linked in (a .pth file naming a folder of links),
+    torch and its metadata left out; so pkgscan and import alike see a host before `cpuperf install`."""
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(path)], check=True, timeout=60)
+    import sysconfig
+
+    site_src = Path(sysconfig.get_paths()["purelib"])
+    site_dst = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    farm = path / "linked"
+    farm.mkdir()
+    for entry in site_src.iterdir():
+        low = entry.name.lower()
+        if low.startswith(("torch", "functorch", "_cpuperf", "__editable__", "cpuperf")) or entry.suffix == ".pth":
+            continue
+        (farm / entry.name).symlink_to(entry)
+    repo = Path(__file__).resolve().parent.parent
+    (site_dst / "cpuperf_test_links.pth").write_text(f"{farm}\n{repo}\n")
+    python = str(path / "bin" / "python")
+    check = subprocess.run([python, "-c", "import cpuperf, typer\ntry:\n import torch\nexcept ImportError:\n print('no torch')"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.stdout.strip() == "no torch", check.stderr
+    return python
+
+
+def _env(world, cls: Optional[HostClass], extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
+    env = cli_env({"CPUPERF_CACHE_DIR": str(world["cache"]), "HF_HOME": str(world["root"] / "hf"),
+                   "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false",
+                   "PATH": BIN + os.pathsep + os.environ.get("PATH", "")})
+    if cls is not None and cls.runs_here or cls is not None and cls.gpus:
+        env.update(cls.overrides())
+    for name, value in (extra or {}).items():  # None: not set at all
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def _cpuperf(world, cls, args: List[str], python: str = PY, extra: Optional[Dict[str, Optional[str]]] = None,
+             timeout: float = 300, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", "cpuperf", *args], capture_output=True, text=True, timeout=timeout,
+                          env=_env(world, cls, extra), cwd=str(cwd) if cwd else None)
+
+
+def _ok(proc: subprocess.CompletedProcess, what: str) -> Dict[str, Any]:
+    assert proc.returncode == 0, f"{what}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return json.loads(proc.stdout) if proc.stdout.lstrip().startswith("{") else {}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _decisions(data: Dict[str, Any]) -> Dict[str, Any]:
+    return {d["id"]: d["value"] for d in data["decisions"]}
+
+
+def _where(cls: HostClass, world) -> List[str]:
+    """How a planning path reaches the class: its recorded tree, or (x86 and GPU classes) the live host too."""
+    return ["--sysroot", str(cls.tree(world["root"] / f"tree-{cls.name}"))]
+
+
+@pytest.fixture
+def cell(request):
+    """The cell's (class, path) key; conftest.py records its outcome for the printed matrix."""
+    params = request.node.callspec.params
+    path = request.node.originalname.replace("test_", "").replace("_", "-")
+    key = (params["cls"], f"{path}-{params['launcher']}" if "launcher" in params else path)
+    MATRIX[key] = "FAIL"
+    return key
+
+
+def _not_here(key, cls: HostClass) -> None:
+    MATRIX[key] = f"n/a: {cls.why_not_here}"
+    pytest.skip(cls.why_not_here)
+
+
+def _need(tool: str, key) -> str:
+    path = shutil.which(tool, path=BIN + os.pathsep + os.environ.get("PATH", ""))
+    if path is None:
+        MATRIX[key] = f"n/a: {tool} not installed"
+        pytest.skip(f"{tool} is not installed")
+    return path
+
+
+# -- planning paths: every class -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_recommend_without_torch(world, cls, cell):
+    c = BY_NAME[cls]
+    for where in (_where(c, world), [] if (c.runs_here or c.gpus) else None):
+        if where is None:
+            continue
+        data = _ok(_cpuperf(world, c, ["recommend", "--json", *where], python=world["notorch"],
+                            extra={"CPUPERF_OVERRIDE_PACKAGES": None}), "recommend (no torch)")  # what is installed: none
+        assert data["stack"].get("torch") is None
+        decided = _decisions(data)
+        assert decided["dtype"] == c.dtype
+        dtype = next(d for d in data["decisions"] if d["id"] == "dtype")
+        if c.dtype == "bf16" and c.device == "cpu":
+            assert "not measured on this host" in dtype["reason"] and "cpuperf bench" in dtype["reason"]
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_recommend_with_torch(world, cls, cell):
+    c = BY_NAME[cls]
+    data = _ok(_cpuperf(world, c, ["recommend", "--json", *_where(c, world)]), "recommend")
+    assert _decisions(data)["dtype"] == c.dtype
+    if c.runs_here or c.gpus:
+        live = _ok(_cpuperf(world, c, ["recommend", "--json"]), "recommend (live)")
+        assert _decisions(live)["dtype"] == c.dtype and live["stack"].get("torch")
+        hf = live["hf_args"]
+        if "--bf16" in hf and c.device == "cpu":
+            assert "--use_cpu" in hf  # transformers >= 5 refuses --bf16 on a CPU without it
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_dry_run(world, cls, cell):
+    c = BY_NAME[cls]
+    where = _where(c, world)
+    plan = _ok(_cpuperf(world, c, ["train", "--auto", "--dry-run", "--json", *where]), "train --auto --dry-run")
+    rec = _ok(_cpuperf(world, c, ["recommend", "--json", *where]), "recommend")
+    assert _decisions(plan) == _decisions(rec)  # one plan in every command
+    assert plan["settings"]["dtype"] == c.dtype and plan["settings"]["device"] == c.device
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_ccl_env_in_every_shell(world, cls, cell):
+    c = BY_NAME[cls]
+    where = _where(c, world)
+    data = _ok(_cpuperf(world, c, ["ccl-env", "--json", *where]), "ccl-env --json")
+    want = {k: v for k, v in data["env"].items() if v is not None}
+    shells = {"sh": (["sh", "-c"], "sh"), "bash": (["bash", "--norc", "--noprofile", "-c"], "bash"),
+              "zsh": (["zsh", "-f", "-c"], "zsh"), "dash": (["dash", "-c"], "sh"), "fish": (["fish", "--no-config", "-c"], "fish")}
+    missing = [s for s in shells if shutil.which(s) is None]
+    if missing:
+        MATRIX[cell] = f"n/a: {' '.join(missing)} not installed"
+        pytest.skip(f"{missing} not installed (tests/run.sh installs them as root)")
+    for shell, (argv, fmt) in shells.items():
+        proc = _cpuperf(world, c, ["ccl-env", "--shell", fmt, *where])
+        _ok(proc, f"ccl-env --shell {fmt}")
+        code = world["root"] / f"env-{cls}.{shell}"
+        code.write_text(proc.stdout)
+        body = f"source {code}; env -0" if shell == "fish" else f'eval "$(cat {code})"; env -0'
+        got = subprocess.run(argv + [body], capture_output=True, env={"PATH": "/usr/bin:/bin", "HOME": str(world["root"])},
+                             timeout=60)
+        assert got.returncode == 0, (shell, got.stderr[-1000:])
+        seen = dict(item.split("=", 1) for item in got.stdout.decode().split("\0") if "=" in item)
+        for name, value in want.items():
+            assert seen.get(name) == str(value), (shell, name, seen.get(name), value)
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_saved_plan(world, cls, cell):
+    """recommend --save, then train --plan and ccl-env --plan: the saved plan, run as it stands."""
+    c = BY_NAME[cls]
+    where = _where(c, world) if not c.runs_here else []
+    plan_file = world["root"] / f"plan-{cls}.json"
+    _ok(_cpuperf(world, c, ["recommend", "--model", "micro", "--save", str(plan_file), "--json", *where]),
+        "recommend --save")  # the micro model: bf16 is emulated (slow) on CPUs without it
+    env_saved = _ok(_cpuperf(world, c, ["ccl-env", "--plan", str(plan_file), "--json", *where]), "ccl-env --plan")
+    env_fresh = _ok(_cpuperf(world, c, ["ccl-env", "--json", *where]), "ccl-env")
+    if c.device == "cpu":  # ccl-env decides the CPU collectives' environment; a GPU plan's is its own
+        assert env_saved["env"] == env_fresh["env"]
+    dry = _ok(_cpuperf(world, c, ["train", "--plan", str(plan_file), "--dry-run", "--json", *where]), "train --plan --dry-run")
+    assert dry["settings"]["dtype"] == c.dtype
+    if not c.runs_here:
+        return
+    out = world["root"] / f"run-plan-{cls}"
+    ran = _ok(_cpuperf(world, c, ["train", "--plan", str(plan_file), "--max-steps", "3", "--out", str(out), "--json"]),
+              "train --plan (real)")
+    assert ran["steps"] == 3 and ran["settings"]["dtype"] == c.dtype
+    assert ran["settings"]["threads_per_rank"] == dry["settings"]["threads_per_rank"]
+
+
+# -- real runs: every class whose plans execute here -------------------------------------------------------
+
+def _check_ranks(reports: List[Dict[str, Any]], applied: Dict[str, Any], n: int) -> None:
+    """What each rank really ran with is what the plan placed: its CPUs, OMP_NUM_THREADS, torch's threads."""
+    assert len(reports) == n, reports
+    if applied["placement"]["placed_by_cpuperf"]:
+        planned = {r["local_rank"]: r for r in applied["ranks"]}
+        for rep in reports:
+            mine = planned[rep.get("local_rank", rep.get("rank", 0))]
+            if mine["cpus"]:
+                assert sorted(rep["cpus"]) == sorted(mine["cpus"]), (rep, mine)
+            if mine["threads"]:
+                assert rep["omp_num_threads"] == str(mine["threads"]) and rep["torch_threads"] == mine["threads"]
+    elif applied.get("cpus"):
+        assert all(sorted(r["cpus"]) == sorted(applied["cpus"]) for r in reports)
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_builtin_run(world, cls, cell):
+    c = BY_NAME[cls]
+    if not c.runs_here:
+        _not_here(cell, c)
+    out = world["root"] / f"run-{cls}"
+    data = _ok(_cpuperf(world, c, ["train", "--auto", "--model", "micro", "--max-steps", "5", "--set", "eval_every=0",
+                                   "--out", str(out), "--json"]), "train --auto")
+    assert data["steps"] == 5 and data["settings"]["dtype"] == c.dtype == _decisions(data)["dtype"]
+    records = [json.loads(line) for line in Path(data["metrics_file"]).read_text().splitlines()]
+    assert records[0]["settings"]["dtype"] == c.dtype  # what the worker ran with
+    rank0 = data["verification"]["ranks"][0]
+    assert rank0["omp_num_threads"] == str(data["settings"]["threads_per_rank"])
+    assert data["verification"]["warnings"] == []
+
+
+def _hf_args(tmp: Path) -> List[str]:
+    return ["--output_dir", str(tmp / "o"), "--max_steps", "2", "--per_device_train_batch_size", "2",
+            "--report_to", "none", "--save_strategy", "no", "--logging_strategy", "no"]
+
+
+def _user_run(world, c: HostClass, key, argv: List[str], sets: Tuple[str, ...] = ()) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    seen = world["root"] / f"seen-{key[0]}-{key[1]}"
+    shutil.rmtree(seen, ignore_errors=True)
+    seen.mkdir()
+    args = ["train", "--auto", *[a for s in sets for a in ("--set", s)], "--out", str(world["root"] / f"u-{key[0]}-{key[1]}"),
+            "--json", "--", *argv]
+    proc = _cpuperf(world, c, args, extra={"FIXTURE_OUT_DIR": str(seen), "DDP_PORT": str(_free_port())},
+                    timeout=400, cwd=SCRIPTS)
+    data = _ok(proc, " ".join(argv[:3]))
+    return data, [json.loads(p.read_text()) for p in sorted(seen.glob("rank*.json"))]
+
+
+def _check_trainer(c: HostClass, data: Dict[str, Any], reports: List[Dict[str, Any]], forced_bf16: bool) -> None:
+    flags = data["applied"]["flags"]
+    bf16 = forced_bf16 or c.trainer_bf16
+    assert ("--bf16" in flags) == bf16, flags
+    for rep in reports:
+        assert rep["speed"]["bf16"] == str(bf16)  # what TrainingArguments really held
+        if bf16:
+            assert rep["speed"]["use_cpu"] == "True"  # the companion transformers >= 5 requires on a CPU
+        assert all(a in rep["argv"] for a in flags)
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_trainer_script(world, cls, cell):
+    c = BY_NAME[cls]
+    if not c.runs_here:
+        _not_here(cell, c)
+    data, reports = _user_run(world, c, cell, [PY, "hf_parser.py", *_hf_args(world["root"] / cell[0])])
+    _check_trainer(c, data, reports, forced_bf16=False)
+    _check_ranks(reports, data["applied"], 1)
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_trainer_script_set_bf16(world, cls, cell):
+    c = BY_NAME[cls]
+    if not c.runs_here:
+        _not_here(cell, c)
+    data, reports = _user_run(world, c, cell, [PY, "hf_parser.py", *_hf_args(world["root"] / cell[0])], ("dtype=bf16",))
+    _check_trainer(c, data, reports, forced_bf16=True)
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_trainer_torchrun_x2(world, cls, cell):
+    c = BY_NAME[cls]
+    if not c.runs_here:
+        _not_here(cell, c)
+    torchrun = _need("torchrun", cell)
+    data, reports = _user_run(world, c, cell, [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
+                                               "hf_parser.py", *_hf_args(world["root"] / cell[0])])
+    _check_trainer(c, data, reports, forced_bf16=False)
+    for rep in reports:
+        rep["local_rank"] = rep["rank"]
+    _check_ranks(reports, data["applied"], 2)
+
+
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_accelerate_launch(world, cls, cell):
+    c = BY_NAME[cls]
+    if not c.runs_here:
+        _not_here(cell, c)
+    accelerate = _need("accelerate", cell)
+    data, reports = _user_run(world, c, cell, [accelerate, "launch", "--num_processes", "1", "--num_machines", "1",
+                                               "--dynamo_backend", "no", "accelerate_loop.py", "--steps", "3"])
+    launched = data["applied"]["flags"]
+    want = launched[launched.index("--mixed_precision") + 1] if "--mixed_precision" in launched else "no"
+    assert want == ("bf16" if c.trainer_bf16 else "no"), launched  # autocast where the Trainer gets --bf16
+    assert reports and reports[0]["speed"]["mixed_precision"] == want, (launched, reports)
+    _check_ranks(reports, data["applied"], 1)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
+def test_ddp_script(world, cls, launcher, cell):
+    c = BY_NAME[cls]
+    if not c.runs_here:
+        _not_here(cell, c)
+    tool = _need(launcher, cell)
+    argv = [tool, "--nproc-per-node", "2", "--master-port", str(_free_port()), "ddp_loop.py"] if launcher == "torchrun" \
+        else [tool, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", "2", PY, "ddp_loop.py"]
+    data, reports = _user_run(world, c, cell, argv)
+    assert {r["world"] for r in reports} == {2}
+    assert len({round(r["checksum"], 5) for r in reports}) == 1  # DDP kept the replicas in sync
+    _check_ranks(reports, data["applied"], 2)
