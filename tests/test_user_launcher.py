@@ -61,8 +61,12 @@ def test_the_rank_count_comes_from_the_launchers_own_arguments(argv, count):
     (["mpirun", "-np", "2", "--host", "a,b", "python", "t.py"], "names hosts"),
     (["mpirun", "-np", "2", "-hostfile", "h", "python", "t.py"], "names hosts"),
     (["torchrun", "--nproc-per-node", "2", "--numa-binding", "node", "t.py"], "binds the ranks itself"),
-    (["torchrun", "--nproc-per-node", "12", "t.py"], "12 ranks on 8 usable physical core(s)"),
-    (["torchrun", "--nproc-per-node", "gpu", "t.py"], "not a number"),
+    (["mpirun", "--oversubscribe", "-np", "12", "python", "t.py"], "12 ranks on 8 usable physical core(s)"),
+    (["taskset", "-c", "1", "torchrun", "--nproc-per-node", "2", "t.py"], "`taskset -c 1` in front of torchrun"),
+    (["numactl", "--physcpubind=0-3", "torchrun", "--nproc-per-node", "2", "t.py"], "numactl --physcpubind=0-3"),
+    (["env", "-i", "PATH=/bin", "torchrun", "--nproc-per-node", "2", "t.py"], "clears the environment"),
+    (["mpirun", "-np", "2", "--weird-new-option", "python", "t.py"], "lacks --weird-new-option"),
+    (["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], "spans several nodes"),
     (["accelerate", "launch", "--config_file", "c.yaml", "t.py"], "config file"),
     (["accelerate", "launch", "--multi_gpu", "t.py"], "--num_processes"),
     (["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_cpu_threads_per_process", "3", "t.py"],
@@ -163,10 +167,16 @@ def test_each_rank_gets_its_own_cores_and_threads_equal_to_its_share(tmp_path, s
         or applied["placement"]["from"]
 
 
+def test_more_ranks_than_cores_are_refused_unless_oversubscribing_is_allowed(tmp_path):
+    cores = _cores()
+    proc = run_cli(["train", "--auto", "--dry-run", "--", *SPELLINGS["torchrun"](cores + 1)])
+    assert proc.returncode == 2 and f"this host has {cores} usable core(s)" in proc.stderr, proc.stderr
+
+
 def test_more_ranks_than_cores_are_left_to_the_launcher(tmp_path):
     cores = _cores()
     n = cores + 1
-    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](n))
+    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](n), extra=("--set", "oversubscribe=true"))
     assert len(seen) == n
     applied = result["applied"]
     assert not applied["placement"]["placed_by_cpuperf"] and "left to the launcher" in applied["placement"]["why"]

@@ -1,0 +1,95 @@
+"""No rank outlives cpuperf, whoever places the ranks (issue 32): `cpuperf train -- LAUNCHER ...` is killed with
+SIGKILL while its ranks run, and within a few seconds no process of the job is left. Real launchers (torchrun,
+Open MPI's mpirun), real processes; the ranks record their pids from inside."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_util import cli_env
+
+SCRIPT = str(Path(__file__).parent / "fixtures" / "scripts" / "rank_sleep.py")
+PY = sys.executable
+BIN = os.path.dirname(PY)
+
+
+def _mpirun():
+    path = shutil.which("mpirun")
+    if path is None:
+        pytest.skip("no mpirun (apt-get install openmpi-bin)")
+    return [path, *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+
+
+SPELLINGS = {
+    "torchrun": lambda: [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", SCRIPT],
+    "mpirun --oversubscribe -np 4": lambda: [*_mpirun(), "--oversubscribe", "-np", "4", PY, SCRIPT],
+    "mpirun --bind-to core -np 2": lambda: [*_mpirun(), "--bind-to", "core", "-np", "2", PY, SCRIPT],
+}
+EXPECTED = {"torchrun": 2, "mpirun --oversubscribe -np 4": 4, "mpirun --bind-to core -np 2": 2}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _job(marker: str):
+    """Every process whose environment carries this test's marker (the ranks, the launcher, its helpers)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return [p for p in found if _alive(p)]
+
+
+@pytest.mark.parametrize("auto", [True, False], ids=["auto", "plain"])
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_sigkill_of_cpuperf_leaves_no_rank_running(tmp_path, spelling, auto):
+    if spelling == "mpirun --bind-to core -np 2" and (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPUs")
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    marker = f"CPUPERF_TEST_JOB={tmp_path.name}"
+    argv = [PY, "-m", "cpuperf", "train", *(["--auto"] if auto else []), "--out", str(tmp_path / "run"), "--",
+            *SPELLINGS[spelling]()]
+    env = cli_env({"RANK_PID_DIR": str(pids), "CPUPERF_TEST_JOB": tmp_path.name, "HF_HOME": str(tmp_path / "hf")})
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(pids)) < EXPECTED[spelling]:
+            if proc.poll() is not None:
+                pytest.fail(f"cpuperf ended first ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.2)
+        ranks = [int(p) for p in os.listdir(pids)]
+        assert all(_alive(p) for p in ranks)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 8
+        while _job(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _job(marker)
+        assert not left, f"still running after SIGKILL of cpuperf: {left} (ranks {ranks})"
+    finally:
+        for pid in _job(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
