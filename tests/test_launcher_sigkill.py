@@ -93,3 +93,21 @@ def test_sigkill_of_cpuperf_leaves_no_rank_running(tmp_path, spelling, auto):
                 pass
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_process_the_launcher_orphaned_in_a_session_of_its_own_is_ended_with_the_run(tmp_path):
+    """The launcher exits and leaves a 'rank' behind in a new session (setsid): cpuperf train ends it."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    marker = f"CPUPERF_TEST_JOB={tmp_path.name}"
+    orphan = f"setsid {PY} {SCRIPT} & while [ -z \"$(ls {pids})\" ]; do sleep 0.1; done"
+    try:
+        proc = subprocess.run([PY, "-m", "cpuperf", "train", "--out", str(tmp_path / "run"), "--", "sh", "-c", orphan],
+                              env=cli_env({"RANK_PID_DIR": str(pids), "CPUPERF_TEST_JOB": tmp_path.name}),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        left = [int(p) for p in os.listdir(pids)]
+        assert left and not [p for p in left if _alive(p)], "the orphan outlived the run"
+    finally:
+        for pid in _job(marker):
+            os.kill(pid, signal.SIGKILL)

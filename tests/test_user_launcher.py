@@ -204,3 +204,35 @@ def test_a_single_process_plan_equal_to_torchs_defaults_changes_nothing_but_says
     assert len(seen) == 1
     assert set(seen[0]["cpus"]) >= {c.cpus[0] for c in usable_cores(probe_host())}
     assert result["applied"]["threads"] == len(usable_cores(probe_host()))
+
+
+def test_an_oversubscribed_mpirun_is_planned_for_the_ranks_it_starts(tmp_path):
+    """mpirun --oversubscribe -np 4 on fewer cores: every decision is made for 4 ranks, not 1 (issue 32)."""
+    mpirun = _mpirun()
+    n = _cores() * 2
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--", *mpirun, "--oversubscribe", "-np", str(n), PY,
+                    SCRIPT])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    values = {d["id"]: d["value"] for d in result["decisions"]}
+    assert values["nproc_per_node"] == n and values["ddp_backend"] == "gloo"
+    assert values["threads_per_rank"] == 1  # shared cores: one thread per rank
+    yours = result["launch"]["yours"]
+    assert yours["ranks"] == n and yours["oversubscribed"] and not yours["placed_by_cpuperf"]
+    assert "cpuperf.run.rankexec" in result["launch"]["argv"]  # every rank still dies with cpuperf
+
+
+def test_a_users_own_thread_count_that_the_plan_keeps_is_what_every_rank_gets(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    report = tmp_path / "ranks"
+    report.mkdir()
+    proc = run_cli(["train", "--auto", "--out", str(tmp_path / "run"), "--json", "--", *SPELLINGS["torchrun"](2)],
+                   extra_env={"RANK_REPORT_DIR": str(report), "OMP_NUM_THREADS": "7"}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
+    assert len(seen) == 2 and {r["omp_num_threads"] for r in seen} == {"7"}
+    assert not set(seen[0]["cpus"]) & set(seen[1]["cpus"])  # still pinned apart
+    result = json.loads(proc.stdout)
+    text = json.dumps(result)
+    assert "your OMP_NUM_THREADS=7 is kept: each rank runs 7 thread(s)" in text, text[-3000:]

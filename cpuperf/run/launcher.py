@@ -6,8 +6,10 @@ child without polling, and its own CPU time while the child runs is measured and
 
 Nothing outlives cpuperf: the run directory is locked for the run's life (a second run into it is
 refused before it touches anything), the child gets SIGTERM from the kernel when cpuperf dies
-(PR_SET_PDEATHSIG, also set by rankexec in every rank), SIGTERM/SIGHUP to cpuperf stop the child
-and, after a grace period, its whole process group.
+(PR_SET_PDEATHSIG, also set by rankexec in every rank, a user's own launcher's ranks included, so each
+rank follows its launcher), SIGTERM/SIGHUP to cpuperf stop the child and, after a grace period, its
+whole process group; once the child has ended, any process still carrying this run's environment marker
+(a rank its launcher orphaned, in another session or group) is killed.
 """
 
 from __future__ import annotations
