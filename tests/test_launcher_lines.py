@@ -247,3 +247,9 @@ def test_refused_counts_exit_2_with_one_line(tail, said):
     proc = run_cli(["train", "--auto", "--dry-run", "--", *tail])
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert said in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_table_names_its_source():
+    rules = load_builtin("launchers.toml")
+    tables = [rules[t] for t in ("torchrun", "accelerate", "mpirun", "srun")] + list(rules["wrappers"].values())
+    assert all(str(t.get("source", "")).strip() for t in tables)

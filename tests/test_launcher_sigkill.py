@@ -80,10 +80,12 @@ def test_sigkill_of_cpuperf_leaves_no_rank_running(tmp_path, spelling, auto):
         assert all(_alive(p) for p in ranks)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 8
+        killed = time.monotonic()
+        deadline = killed + 8
         while _job(marker) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.1)
         left = _job(marker)
+        print(f"{spelling} ({'auto' if auto else 'plain'}): job gone {time.monotonic() - killed:.1f} s after SIGKILL")
         assert not left, f"still running after SIGKILL of cpuperf: {left} (ranks {ranks})"
     finally:
         for pid in _job(marker):

@@ -132,8 +132,10 @@ class _Table:
 
     def resolve(self, name: str) -> Optional[str]:
         """The option `name` stands for: itself, or (argparse, getopt_long) the one long option it uniquely begins."""
-        if self.arity(name) is not None or not self.abbrev or not name.startswith("--"):
-            return name if self.arity(name) is not None else None
+        if self.arity(name) is not None:
+            return name
+        if not self.abbrev or not name.startswith("--"):
+            return None
         matches = [n for n in self.known() if n.startswith(name)]
         if len(matches) > 1:
             raise UsageError(f"{self.launcher} {name}: ambiguous, it could be " + ", ".join(matches[:4]),
@@ -271,9 +273,7 @@ def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: in
             given[key] = value
             i += 1
             continue
-        if name == "taskset" and key in ("-p", "--pid") or name == "chrt" and key in ("-p", "--pid"):
-            return None, [], False, None  # a pid, not a command
-        return None, [], False, None  # an option this table lacks: not read as a wrapper
+        return None, [], False, None  # -p PID (no command), or an option this table lacks: not read as a wrapper
     i += 1 if i < len(args) and args[i] == "--" else 0
     places = places or any(k in given for k in rule.get("places_with", ()))
     positional: List[str] = list(args[i:i + int(rule.get("positional", 0))])
