@@ -27,12 +27,22 @@ def _mpirun():
     return [path, *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
 
 
+def _accelerate():
+    pytest.importorskip("accelerate")
+    return [os.path.join(BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT]
+
+
 SPELLINGS = {
     "torchrun": lambda: [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", SCRIPT],
+    "python -m torch.distributed.run": lambda: [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", SCRIPT],
+    "accelerate launch": _accelerate,
+    "mpirun -np 2": lambda: [*_mpirun(), "-np", "2", PY, SCRIPT],
     "mpirun --oversubscribe -np 4": lambda: [*_mpirun(), "--oversubscribe", "-np", "4", PY, SCRIPT],
     "mpirun --bind-to core -np 2": lambda: [*_mpirun(), "--bind-to", "core", "-np", "2", PY, SCRIPT],
 }
-EXPECTED = {"torchrun": 2, "mpirun --oversubscribe -np 4": 4, "mpirun --bind-to core -np 2": 2}
+EXPECTED = {"torchrun": 2, "python -m torch.distributed.run": 2, "accelerate launch": 2, "mpirun -np 2": 2,
+            "mpirun --oversubscribe -np 4": 4, "mpirun --bind-to core -np 2": 2}
 
 
 def _alive(pid: int) -> bool:
@@ -60,7 +70,7 @@ def _job(marker: str):
 @pytest.mark.parametrize("auto", [True, False], ids=["auto", "plain"])
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_sigkill_of_cpuperf_leaves_no_rank_running(tmp_path, spelling, auto):
-    if spelling == "mpirun --bind-to core -np 2" and (os.cpu_count() or 1) < 2:
+    if EXPECTED[spelling] == 2 and (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 CPUs")
     pids = tmp_path / "pids"
     pids.mkdir()
