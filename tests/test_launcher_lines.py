@@ -165,6 +165,21 @@ def test_oversubscribe_and_host_lists_keep_the_launchers_count():
     assert ranks.count == 12 and not ranks.place
 
 
+def test_an_mpmd_line_is_left_whole_to_the_launcher():
+    cmd, ranks = _read("mpirun -np 2 ./a : -np 2 ./b")
+    assert ranks.count is None and not ranks.place and not ranks.step and "several programs" in ranks.why
+    assert cmd.target == ("./a", ":", "-np", "2", "./b")
+
+
+def test_the_rank_step_goes_only_where_it_runs_the_rank_exactly():
+    assert _read("accelerate launch --tpu --multi_gpu --num_processes 2 t.py")[1].step is False  # TPU: no --no_python
+    assert _read("torchrun --run-path --nproc-per-node 2 t.py")[1].step is False
+    assert _read("srun -n 2 ./app")[1].step is False
+    cmd = split_launcher("torchrun --nproc-per-node 2 t.py".split())
+    assert launcher_ranks(cmd, logical_cpus=8, physical_cores=8, interpreter=None).step is False  # which Python?
+    assert _read("torchrun --no-python --nproc-per-node 2 ./a.out")[1].step is True
+
+
 def test_wrappers_stay_in_front_of_the_launcher_with_the_rank_step_behind_it():
     cmd = split_launcher("env X=1 nice -n 5 torchrun --nproc-per-node 2 t.py --lr 1".split())
     assert cmd is not None and [w.name for w in cmd.wrappers] == ["env", "nice"] and cmd.wrapper_env == {"X": "1"}

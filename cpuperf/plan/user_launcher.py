@@ -392,6 +392,8 @@ def _accelerate_count(cmd: LauncherCommand, has_default_config: bool) -> Tuple[O
 
 def _mpirun_count(cmd: LauncherCommand, physical_cores: int) -> Tuple[Optional[int], str, str]:
     rule = rules()["mpirun"]
+    if ":" in cmd.target:  # MPMD: several programs, each with its own options (mpirun(1), hydra's usage line)
+        return None, "an MPMD line (`:`)", "your mpirun starts several programs (`:`): cpuperf plans one"
     for names, meaning in ((rule["per_node"], "processes per node"), (rule["nproc"], "processes to start")):
         raw = cmd.option(names)
         if raw is None:
@@ -513,15 +515,18 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     if not why and count is not None and count > physical_cores:
         why = (f"{count} ranks on {physical_cores} usable physical core(s): they cannot each have cores of their own, "
                "so cpuperf neither pins them nor sets their threads")
+    step = _steppable(cmd, interpreter)
     if not why and name in ("torchrun", "accelerate") and count and count > 1 and not _no_python(cmd) \
             and interpreter is None:
         why = f"the Python that {name} runs the script with could not be found"
+    if not why and count and count > 1 and not step:
+        why = f"cpuperf's per-rank step cannot run {name}'s ranks exactly as {name} would (it refuses --no-python here)"
     if why:
         return LauncherRanks(name, count, source, False, why + ": placement is left to the launcher", over,
-                             tuple(notes), user_threads, _steppable(cmd, interpreter))
+                             tuple(notes), user_threads, step)
     return LauncherRanks(name, count, source, True,
                          "each rank is pinned to its own cores by a per-rank step keyed on its local rank", over,
-                         tuple(notes), user_threads, True)
+                         tuple(notes), user_threads, step)
 
 
 def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:
@@ -531,9 +536,11 @@ def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:
     if not cmd.target or cmd.launcher == "srun":
         return False
     if cmd.launcher == "mpirun":
-        return True
+        return ":" not in cmd.target  # the step runs one program, not an MPMD line
     rule = rules()[cmd.launcher]
-    return not cmd.has(rule.get("unsupported", ())) and (_no_python(cmd) or interpreter is not None)
+    if cmd.has(rule.get("unsupported", ())) or cmd.has(rule.get("no_python_refused", ())):
+        return False
+    return _no_python(cmd) or interpreter is not None
 
 
 def _wrapper_notes(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[List[str], Optional[str]]:
