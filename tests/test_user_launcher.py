@@ -61,8 +61,12 @@ def test_the_rank_count_comes_from_the_launchers_own_arguments(argv, count):
     (["mpirun", "-np", "2", "--host", "a,b", "python", "t.py"], "names hosts"),
     (["mpirun", "-np", "2", "-hostfile", "h", "python", "t.py"], "names hosts"),
     (["torchrun", "--nproc-per-node", "2", "--numa-binding", "node", "t.py"], "binds the ranks itself"),
-    (["torchrun", "--nproc-per-node", "12", "t.py"], "12 ranks on 8 usable physical core(s)"),
-    (["torchrun", "--nproc-per-node", "gpu", "t.py"], "not a number"),
+    (["mpirun", "--oversubscribe", "-np", "12", "python", "t.py"], "12 ranks on 8 usable physical core(s)"),
+    (["taskset", "-c", "1", "torchrun", "--nproc-per-node", "2", "t.py"], "`taskset -c 1` in front of torchrun"),
+    (["numactl", "--physcpubind=0-3", "torchrun", "--nproc-per-node", "2", "t.py"], "numactl --physcpubind=0-3"),
+    (["env", "-i", "PATH=/bin", "torchrun", "--nproc-per-node", "2", "t.py"], "clears the environment"),
+    (["mpirun", "-np", "2", "--weird-new-option", "python", "t.py"], "lacks --weird-new-option"),
+    (["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], "spans several nodes"),
     (["accelerate", "launch", "--config_file", "c.yaml", "t.py"], "config file"),
     (["accelerate", "launch", "--multi_gpu", "t.py"], "--num_processes"),
     (["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_cpu_threads_per_process", "3", "t.py"],
@@ -163,10 +167,16 @@ def test_each_rank_gets_its_own_cores_and_threads_equal_to_its_share(tmp_path, s
         or applied["placement"]["from"]
 
 
+def test_more_ranks_than_cores_are_refused_unless_oversubscribing_is_allowed(tmp_path):
+    cores = _cores()
+    proc = run_cli(["train", "--auto", "--dry-run", "--", *SPELLINGS["torchrun"](cores + 1)])
+    assert proc.returncode == 2 and f"this host has {cores} usable core(s)" in proc.stderr, proc.stderr
+
+
 def test_more_ranks_than_cores_are_left_to_the_launcher(tmp_path):
     cores = _cores()
     n = cores + 1
-    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](n))
+    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](n), extra=("--set", "oversubscribe=true"))
     assert len(seen) == n
     applied = result["applied"]
     assert not applied["placement"]["placed_by_cpuperf"] and "left to the launcher" in applied["placement"]["why"]
@@ -194,3 +204,35 @@ def test_a_single_process_plan_equal_to_torchs_defaults_changes_nothing_but_says
     assert len(seen) == 1
     assert set(seen[0]["cpus"]) >= {c.cpus[0] for c in usable_cores(probe_host())}
     assert result["applied"]["threads"] == len(usable_cores(probe_host()))
+
+
+def test_an_oversubscribed_mpirun_is_planned_for_the_ranks_it_starts(tmp_path):
+    """mpirun --oversubscribe -np 4 on fewer cores: every decision is made for 4 ranks, not 1 (issue 32)."""
+    mpirun = _mpirun()
+    n = _cores() * 2
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--", *mpirun, "--oversubscribe", "-np", str(n), PY,
+                    SCRIPT])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    values = {d["id"]: d["value"] for d in result["decisions"]}
+    assert values["nproc_per_node"] == n and values["ddp_backend"] == "gloo"
+    assert values["threads_per_rank"] == 1  # shared cores: one thread per rank
+    yours = result["launch"]["yours"]
+    assert yours["ranks"] == n and yours["oversubscribed"] and not yours["placed_by_cpuperf"]
+    assert "cpuperf.run.rankexec" in result["launch"]["argv"]  # every rank still dies with cpuperf
+
+
+def test_a_users_own_thread_count_that_the_plan_keeps_is_what_every_rank_gets(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    report = tmp_path / "ranks"
+    report.mkdir()
+    proc = run_cli(["train", "--auto", "--out", str(tmp_path / "run"), "--json", "--", *SPELLINGS["torchrun"](2)],
+                   extra_env={"RANK_REPORT_DIR": str(report), "OMP_NUM_THREADS": "7"}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
+    assert len(seen) == 2 and {r["omp_num_threads"] for r in seen} == {"7"}
+    assert not set(seen[0]["cpus"]) & set(seen[1]["cpus"])  # still pinned apart
+    result = json.loads(proc.stdout)
+    text = json.dumps(result)
+    assert "your OMP_NUM_THREADS=7 is kept: each rank runs 7 thread(s)" in text, text[-3000:]

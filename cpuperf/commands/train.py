@@ -230,16 +230,15 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
     decided, worker = split_constraints(a)
     hosts, nnodes = _nodes(a, environ)
     nproc = a.nproc_per_node or a.ppn
-    yours = _your_launcher(a, facts, environ)
+    yours = _your_launcher(a, facts, environ, oversubscribe=bool(decided.get("oversubscribe")))
     if yours is not None:
         if (nproc or 1) > 1 or a.launcher:
             raise UsageError(f"your command starts its own launcher ({yours.launcher}): cpuperf adds none on top",
                              hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
-        # Its ranks are planned (disjoint cores, threads = their share) only where cpuperf can place them.
-        from cpuperf.decide.placement import usable_cores
-
-        fits = yours.count is not None and yours.count <= max(1, len(usable_cores(facts)))
-        nproc = yours.count if (yours.place or fits) else 1
+        # Every decision is made for the count the launcher starts (cpuperf.plan.user_launcher, issue 32).
+        nproc = yours.count or 1
+        if yours.oversubscribed:
+            decided.setdefault("oversubscribe", True)
     steps = a.max_steps if a.max_steps is not None else (None if a.time_budget else 400)
     workload = resolve_workload(a.model, None, None, None, steps)
     if saved_plan is not None:
@@ -267,7 +266,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                          preset=_preset(a.model or (saved_plan.inputs.get("model") if saved_plan else None))
                          if not a.user_argv else None)
     cmd, settings, hf = _rank_command(a, rec, request, out_dir)
-    if yours is not None and yours.place and (yours.count or 1) > 1 and a.auto:
+    if yours is not None and yours.step:  # every rank dies with cpuperf; placed ones are also pinned
         from cpuperf.plan.user_launcher import split_launcher, with_rank_step
 
         flagged = split_launcher(cmd)  # the command with its Trainer flags, as the launcher will see it
@@ -299,7 +298,7 @@ def _from_saved(a: TrainArgs, plan: Any, diffs: List[str], facts: Any, yours: An
     return rec
 
 
-def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
+def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str], oversubscribe: bool = False) -> Any:
     """The user's own launcher and its ranks (cpuperf.plan.user_launcher.LauncherRanks), or None."""
     if not a.user_argv:
         return None
@@ -313,7 +312,7 @@ def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     return launcher_ranks(cmd, logical_cpus=len(facts.topology.cpus) or 1,
                           physical_cores=max(1, len(usable_cores(facts))), gpus=len(visible_gpus(facts, environ)),
                           has_default_config=cmd.launcher == "accelerate" and _accelerate_default_config(environ),
-                          environ=environ, interpreter=_launcher_python(cmd))
+                          environ=environ, interpreter=_launcher_python(cmd), oversubscribe=oversubscribe)
 
 
 def _launcher_python(cmd: Any) -> Optional[str]:

@@ -177,7 +177,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     directly; `placement` then holds its ranks, placed through the per-rank step already in rank_command.
     """
     if yours is not None:
-        return _plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir)
+        return _plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir, environ or {})
     environ = environ or {}
     python = python or sys.executable
     nproc = placement.nproc_per_node
@@ -251,7 +251,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
 
 
 def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,
-                threads: Optional[int], log_dir: Optional[str]) -> LaunchPlan:
+                threads: Optional[int], log_dir: Optional[str], environ: Mapping[str, str]) -> LaunchPlan:
     """The user's launcher, run directly. Placed: the launcher itself on all the ranks' CPUs, each rank
     narrowed to its slot by the per-rank step (several ranks) and OMP_NUM_THREADS = its share. Not placed:
     no pinning and no thread variables at all, so the launcher's own defaults stand."""
@@ -263,12 +263,21 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
     specs = rank_specs(placement, placed, threads if placed else None) if placed else tuple(
         RankSpec(r, (), None) for r in range(max(1, yours.count or 1)))
     notes = [f"launcher: yours ({yours.launcher}); {yours.count if yours.count is not None else 'an unknown number of'} "
-             f"rank(s) from {yours.source}; cpuperf adds no launcher of its own"]
+             f"rank(s) from {yours.source}; cpuperf adds no launcher of its own", *getattr(yours, "notes", ())]
     affinity: Optional[Tuple[int, ...]] = None
+    # The user's own thread count, where the plan keeps it (merged env) or set in front of the launcher: every
+    # rank gets it, so no per-rank value of ours replaces it.
+    theirs = getattr(yours, "user_threads", None) or (environ.get("OMP_NUM_THREADS") if env.get("OMP_NUM_THREADS")
+                                                      == environ.get("OMP_NUM_THREADS") else None)
     if placed:
         affinity = tuple(sorted({c for s in specs for c in s.cpus})) or None
         share = min((s.threads for s in specs if s.threads), default=None)
-        if share:
+        if theirs:
+            specs = tuple(RankSpec(s.local_rank, s.cpus, None) for s in specs)
+            notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) on its "
+                         f"{len(specs[0].cpus) if specs else '?'} CPU(s)")
+            env["OMP_NUM_THREADS"] = theirs
+        elif share:
             env["OMP_NUM_THREADS"] = str(share)
             reasons["OMP_NUM_THREADS"] = f"each of your launcher's {len(specs)} rank(s) computes on {share} core(s) of its own"
         if len(specs) > 1:
@@ -282,6 +291,8 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
         for name in PLACEMENT_VARS:
             env.pop(name, None)
             reasons.pop(name, None)
+        if theirs or environ.get("OMP_NUM_THREADS"):
+            notes.append(f"your OMP_NUM_THREADS={theirs or environ['OMP_NUM_THREADS']} reaches every rank unchanged")
         notes.append(f"placement: {yours.why}" if pin or not yours.place
                      else "placement: plain run (no --auto): your launcher's own")
     n = len(specs)

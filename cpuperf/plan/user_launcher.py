@@ -1,28 +1,34 @@
 """A user's own launcher (`cpuperf train --auto -- torchrun --nproc-per-node 2 train.py`): how many ranks it
 starts on this node, whether cpuperf may place them, and the command with a per-rank step that does.
 
-Pure planning over the user's argv and the launcher rules in compat/launchers.toml. cpuperf places the
-ranks only where it knows their count from the launcher's own arguments and nothing of the user's
-already decides placement (a binding option, a host list, a config file it cannot read); otherwise it
-leaves placement to the launcher and says why. Placing means: the launcher's target becomes
-`python -m cpuperf.run.rankexec -- <the rank's own command>`, which pins the rank to its slot by its
-local rank (cpuperf.run.rankexec) and execs exactly what the launcher would have run.
+Pure planning over the user's argv and the launcher rules in compat/launchers.toml. The line is read as the
+launcher reads it: its own argument table says which options take a value, so the program it starts is found
+where the launcher finds it; the rank count is parsed as the launcher parses it and refused (exit 2) where the
+launcher would start none, refuse it, or start more than this host can hold without oversubscribing. Commands
+in front of the launcher (env, taskset, numactl, nice, chrt) are read too: the launcher behind them is found,
+and where they place the process they place every rank. cpuperf places the ranks only where it knows their
+count and nothing of the user's already decides placement; otherwise it leaves placement to the launcher and
+says why. Placing means: the launcher's target becomes `python -m cpuperf.run.rankexec -- <the rank's own
+command>`, which pins the rank to its slot by its local rank and execs exactly what the launcher would have run.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
+from cpuperf.errors import UsageError
 
 RANKEXEC = ("-m", "cpuperf.run.rankexec", "--")
 _MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
                      "accelerate.commands.launch": "accelerate"}
 _EXEC_LAUNCHERS = {"torchrun": "torchrun", "mpirun": "mpirun", "mpiexec": "mpirun", "mpiexec.hydra": "mpirun",
-                   "prterun": "mpirun", "srun": "srun"}
+                   "prterun": "mpirun", "orterun": "mpirun", "srun": "srun"}
+_PYTHON_VALUED = {"-X", "-W", "--check-hash-based-pycs"}  # python's own options that take a value
+_NAME_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def rules() -> Dict[str, Any]:
@@ -34,85 +40,270 @@ def is_python(token: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Wrapper:
+    """A command in front of the launcher (`taskset -c 1`, `env X=1`, `numactl -C 0-3`, `nice -n 5`, `chrt -f 1`)."""
+
+    name: str
+    argv: Tuple[str, ...]
+    env: Tuple[Tuple[str, str], ...] = ()  # env NAME=VALUE assignments, in order
+    places: bool = False  # it decides which CPUs the launcher (and so every rank) runs on
+    cpus: Optional[Tuple[int, ...]] = None  # taskset's CPU set, where it gives one
+
+    @property
+    def spelled(self) -> str:
+        return " ".join(self.argv)
+
+
+@dataclass(frozen=True)
 class LauncherCommand:
-    """The user's launcher command in three parts: how it is invoked, its own options, what each rank runs."""
+    """The user's launcher command in parts: wrappers, how it is invoked, its own options, what each rank runs."""
 
     launcher: str  # torchrun | accelerate | mpirun | srun
     prefix: Tuple[str, ...]  # ("torchrun",) | ("python", "-m", "torch.distributed.run") | ("accelerate", "launch")
     options: Tuple[str, ...]  # the launcher's own options, as given
     target: Tuple[str, ...]  # what the launcher starts per rank (its script/program and arguments)
+    parsed: Tuple[Tuple[str, Optional[str], Tuple[str, ...]], ...] = ()  # (canonical name, value or None, its words)
+    wrappers: Tuple[Wrapper, ...] = ()
+    unknown: Tuple[str, ...] = ()  # options the launcher's table lacks (mpirun, srun: their versions differ)
 
     def option(self, names: Sequence[str]) -> Optional[str]:
-        """The value of the last of `names` given (NAME VALUE or NAME=VALUE); '' for a flag."""
+        """The value of the last of `names` given (NAME VALUE or NAME=VALUE); '' for a flag; None: not given."""
+        keys = {_key(self.launcher, n) for n in names}
         found: Optional[str] = None
-        opts = self.options
-        for i, item in enumerate(opts):
-            key, eq, value = item.partition("=")
-            if key in names:
-                if eq:
-                    found = value
-                elif key in _flags(self.launcher):
-                    found = ""
-                else:
-                    found = opts[i + 1] if i + 1 < len(opts) else ""
+        for name, value, _ in self.parsed:
+            if name in keys:
+                found = "" if value is None else value
         return found
 
     def has(self, names: Sequence[str]) -> bool:
         return self.option(names) is not None
 
     def spelled(self, names: Sequence[str]) -> str:
-        """The option as the user wrote it: '--nproc-per-node=2' or '-np 4'."""
-        for i, item in enumerate(self.options):
-            key, eq, _ = item.partition("=")
-            if key in names:
-                return item if eq or i + 1 >= len(self.options) else f"{item} {self.options[i + 1]}"
-        return ""
+        """The option as the user wrote it: '--nproc-per-node=2' or '-np 4' (the last one given)."""
+        keys = {_key(self.launcher, n) for n in names}
+        said = ""
+        for name, _, words in self.parsed:
+            if name in keys and words:
+                said = " ".join(words)
+        return said
+
+    @property
+    def head(self) -> Tuple[str, ...]:
+        """Everything before the launcher's own options: wrappers and the launcher's invocation."""
+        return (*(t for w in self.wrappers for t in w.argv), *self.prefix)
+
+    @property
+    def wrapper_env(self) -> Dict[str, str]:
+        return {k: v for w in self.wrappers for k, v in w.env}
 
 
-def _flags(launcher: str) -> Tuple[str, ...]:
-    return tuple(rules().get(launcher, {}).get("flags", ()))
+def _key(launcher: str, name: str) -> str:
+    """Open MPI and hydra take a long option with one dash or two: their names are compared without dashes."""
+    return name.lstrip("-") if launcher == "mpirun" else name
+
+
+class _Table:
+    """One launcher's argument table (compat/launchers.toml), keyed as the launcher compares names."""
+
+    def __init__(self, launcher: str, rule: Mapping[str, Any]) -> None:
+        self.launcher = launcher
+        key = (lambda n: _key(launcher, n))
+        self.flags = {key(n) for n in (*rule.get("flags", ()), *rule.get("optional", ()))}
+        self.valued = {key(n) for n in rule.get("valued", ())}
+        self.families = tuple(rule.get("valued_families", ()))
+        self.two = {key(n) for n in rule.get("two_values", ())}
+        self.env_pair = {key(n) for n in rule.get("env_pair", ())}
+        self.abbrev = bool(rule.get("abbrev", launcher == "srun"))  # getopt_long takes unique prefixes too
+
+    def known(self) -> List[str]:
+        return sorted(self.flags | self.valued | self.two | self.env_pair)
+
+    def arity(self, name: str) -> Optional[int]:
+        """0, 1, 2 (two values), -1 (hydra's NAME=VALUE or NAME VALUE) or None (not in the table)."""
+        if name in self.flags:
+            return 0
+        if name in self.valued or (self.families and name.startswith(self.families)):
+            return 1
+        if name in self.two:
+            return 2
+        if name in self.env_pair:
+            return -1
+        return None
+
+    def resolve(self, name: str) -> Optional[str]:
+        """The option `name` stands for: itself, or (argparse, getopt_long) the one long option it uniquely begins."""
+        if self.arity(name) is not None:
+            return name
+        if not self.abbrev or not name.startswith("--"):
+            return None
+        matches = [n for n in self.known() if n.startswith(name)]
+        if len(matches) > 1:
+            raise UsageError(f"{self.launcher} {name}: ambiguous, it could be " + ", ".join(matches[:4]),
+                             hint="write the option in full, as your launcher would also ask")
+        return matches[0] if matches else None
+
+
+def _launcher_at(args: Sequence[str], i: int) -> Optional[Tuple[str, int]]:
+    """(launcher, index of its first option) when args[i:] starts a launcher."""
+    base = os.path.basename(args[i])
+    if base in _EXEC_LAUNCHERS:
+        return _EXEC_LAUNCHERS[base], i + 1
+    if base == "accelerate" and list(args[i + 1:i + 2]) == ["launch"]:
+        return "accelerate", i + 2
+    if not is_python(args[i]):
+        return None
+    j = i + 1
+    while j < len(args) and args[j].startswith("-") and not args[j].startswith("-m"):
+        j += 2 if args[j] in _PYTHON_VALUED else 1
+    if j < len(args) and args[j].startswith("-m"):
+        module, start = (args[j][2:], j + 1) if len(args[j]) > 2 else ((args[j + 1] if j + 1 < len(args) else ""), j + 2)
+        if module in _MODULE_LAUNCHERS:
+            return _MODULE_LAUNCHERS[module], start
+    return None
 
 
 def split_launcher(argv: Sequence[str]) -> Optional[LauncherCommand]:
     """`torchrun ...`, `python -m torch.distributed.run ...`, `accelerate launch ...`, `mpirun ...`, `srun ...`
-    -> its parts; None when the command is not one of these launchers."""
+    (behind env / taskset / numactl / nice / chrt, if any) -> its parts; None when it is none of these.
+    An option the launcher itself would refuse (torchrun and accelerate: not in their parser) exits 2."""
     args = list(argv)
-    if not args:
+    wrappers, i = _wrappers(args)
+    if i >= len(args):
         return None
-    base = os.path.basename(args[0])
-    if base in _EXEC_LAUNCHERS:
-        launcher, start = _EXEC_LAUNCHERS[base], 1
-    elif base == "accelerate" and args[1:2] == ["launch"]:
-        launcher, start = "accelerate", 2
-    elif is_python(args[0]):
-        j = 1
-        while j < len(args) and args[j].startswith("-") and args[j] != "-m":
-            j += 1  # python's own options (-u, -O, -X...)
-        if j + 1 < len(args) and args[j] == "-m" and args[j + 1] in _MODULE_LAUNCHERS:
-            launcher, start = _MODULE_LAUNCHERS[args[j + 1]], j + 2
-        else:
-            return None
-    else:
+    found = _launcher_at(args, i)
+    if found is None:
         return None
-    rule = rules().get(launcher, {})
-    flags = set(rule.get("flags", ()))
-    two = set(rule.get("two_values", ()))
+    launcher, start = found
+    table = _Table(launcher, rules().get(launcher, {}))
+    parsed, unknown, end, rest = _read_options(table, args, start)
+    return LauncherCommand(launcher, tuple(args[i:start]), tuple(args[start:end]), tuple(args[rest:]), tuple(parsed),
+                           tuple(wrappers), tuple(unknown))
+
+
+def _read_options(table: _Table, args: Sequence[str], start: int
+                  ) -> Tuple[List[Tuple[str, Optional[str], Tuple[str, ...]]], List[str], int, int]:
+    """(parsed options, unknown ones, end of the options, start of the target)."""
+    parsed: List[Tuple[str, Optional[str], Tuple[str, ...]]] = []
+    unknown: List[str] = []
     i = start
     while i < len(args):
         item = args[i]
         if item == "--":  # an explicit end of the launcher's options
-            return LauncherCommand(launcher, tuple(args[:start]), tuple(args[start:i]), tuple(args[i + 1:]))
+            return parsed, unknown, i, i + 1
         if not item.startswith("-") or item == "-":
             break
-        if "=" in item or item in flags:
-            i += 1
-        elif item in two:
-            i += 3
-        else:
-            i += 2  # an option and its value
+        step = _one_option(table, args, i, parsed, unknown)
+        i += step
     i = min(i, len(args))
-    return LauncherCommand(launcher, tuple(args[:start]), tuple(args[start:i]), tuple(args[i:]))
+    return parsed, unknown, i, i
 
+
+def _one_option(table: _Table, args: Sequence[str], i: int, parsed: List[Tuple[str, Optional[str], Tuple[str, ...]]],
+                unknown: List[str]) -> int:
+    """Reads the option at args[i] into `parsed`; returns how many words it took."""
+    item = args[i]
+    launcher = table.launcher
+    name, eq, attached = _key(launcher, item).partition("=")
+    if not eq and launcher in ("srun", "torchrun", "accelerate") and not item.startswith("--") and len(item) > 2:
+        name, attached, eq = item[:2], item[2:], "="  # -n4, -r3: a short option with its value attached
+        if table.arity(name) == 0 and launcher == "srun":
+            for n, letter in enumerate(item[1:]):  # -lv: short flags together
+                parsed.append((f"-{letter}", None, (item,) if n == 0 else ()))
+            return 1
+    resolved = table.resolve(name)
+    if resolved is None:
+        if launcher in ("torchrun", "accelerate"):
+            raise UsageError(f"{launcher} has no option {item.partition('=')[0]} (its parser refuses it)",
+                             hint=f"`{launcher} --help` lists its options; your script's own go after the script")
+        unknown.append(item)
+        takes = 0 if eq or i + 1 >= len(args) or args[i + 1].startswith("-") else 1
+        parsed.append((name, attached if eq else (args[i + 1] if takes else None), tuple(args[i:i + 1 + takes])))
+        return 1 + takes
+    arity = table.arity(resolved) or 0  # resolve() returns only names the table has
+    if eq or arity == 0:
+        if eq and arity == 0 and launcher in ("torchrun", "accelerate"):
+            raise UsageError(f"{launcher} {item}: {resolved} takes no value")
+        parsed.append((resolved, attached if eq else None, (item,)))
+        return 1
+    if arity == -1:  # hydra -genv NAME=VALUE | NAME VALUE
+        arity = 1 if i + 1 < len(args) and "=" in args[i + 1] else 2
+    words = list(args[i + 1:i + 1 + arity])
+    if len(words) < arity:
+        raise UsageError(f"{launcher} {item}: the option needs {arity} value(s) and your command ends there")
+    if launcher in ("torchrun", "accelerate") and words[0].startswith("-") and not _negative_number(words[0]):
+        raise UsageError(f"{launcher} {item}: expected one argument (argparse reads {words[0]} as an option)")
+    parsed.append((resolved, " ".join(words), tuple(args[i:i + 1 + arity])))
+    return 1 + arity
+
+
+def _negative_number(word: str) -> bool:
+    return re.fullmatch(r"-\d+$|-\d*\.\d+", word) is not None  # argparse's _negative_number_matcher
+
+
+# -- wrappers in front of the launcher -----------------------------------------------------------------
+
+def _wrappers(args: Sequence[str]) -> Tuple[List[Wrapper], int]:
+    """The wrappers at the start of args and the index of the command behind them."""
+    found: List[Wrapper] = []
+    table = rules().get("wrappers", {})
+    i = 0
+    while i < len(args) and os.path.basename(args[i]) in table:
+        name = os.path.basename(args[i])
+        end, env, places, cpus = _read_wrapper(name, table[name], args, i + 1)
+        if end is None:
+            break
+        found.append(Wrapper(name, tuple(args[i:end]), tuple(env), places, cpus))
+        i = end
+    return found, i
+
+
+def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: int
+                  ) -> Tuple[Optional[int], List[Tuple[str, str]], bool, Optional[Tuple[int, ...]]]:
+    """(index of the wrapped command or None, env assignments, places the CPUs, its CPU set)."""
+    flags, valued = set(rule.get("flags", ())), set(rule.get("valued", ()))
+    places = bool(rule.get("places"))
+    given: Dict[str, str] = {}
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":
+        key, eq, value = args[i].partition("=")
+        if key in valued and not eq and i + 1 < len(args):
+            given[key] = args[i + 1]
+            i += 2
+            continue
+        if key in valued or key in flags or (name == "nice" and re.fullmatch(r"-\d+", key)):
+            given[key] = value
+            i += 1
+            continue
+        return None, [], False, None  # -p PID (no command), or an option this table lacks: not read as a wrapper
+    i += 1 if i < len(args) and args[i] == "--" else 0
+    places = places or any(k in given for k in rule.get("places_with", ()))
+    positional: List[str] = list(args[i:i + int(rule.get("positional", 0))])
+    i += len(positional)
+    env: List[Tuple[str, str]] = []
+    while rule.get("assignments") and i < len(args) and _NAME_VALUE.match(args[i]):
+        k, _, v = args[i].partition("=")
+        env.append((k, v))
+        i += 1
+    cpus = _taskset_cpus(positional[0], "-c" in given or "--cpu-list" in given) if name == "taskset" and positional \
+        else None
+    return (i if i < len(args) else None), env, places, cpus
+
+
+def _taskset_cpus(spec: str, is_list: bool) -> Optional[Tuple[int, ...]]:
+    """taskset's mask (hex) or CPU list (0-3,5) as CPUs; None where it cannot be read."""
+    try:
+        if not is_list:
+            mask = int(spec, 16)
+            return tuple(c for c in range(mask.bit_length()) if mask >> c & 1)
+        cpus: List[int] = []
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+        return tuple(sorted(set(cpus)))
+    except ValueError:
+        return None
+
+
+# -- the rank count ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class LauncherRanks:
@@ -123,91 +314,198 @@ class LauncherRanks:
     source: str  # where the count comes from, in the user's words
     place: bool  # cpuperf pins each rank and sets its threads through the per-rank step
     why: str  # why not (place False), or how (place True)
+    oversubscribed: bool = False  # the launcher may start more ranks than cores (--oversubscribe, or hosts)
+    notes: Tuple[str, ...] = field(default=())  # what cpuperf read from wrappers and the user's variables
+    user_threads: Optional[str] = None  # the user's own OMP_NUM_THREADS, which every rank keeps
+    step: bool = False  # the per-rank step goes in front of every rank (placed or not: it ties the rank to cpuperf)
 
     def to_json(self) -> Dict[str, Any]:
         return {"launcher": self.launcher, "ranks": self.count, "from": self.source, "placed_by_cpuperf": self.place,
-                "why": self.why}
+                "why": self.why, "oversubscribed": self.oversubscribed, "notes": list(self.notes)}
 
 
-def _int(text: Optional[str]) -> Optional[int]:
-    return int(text) if text is not None and text.strip().isdigit() else None
+def _python_int(text: str) -> Optional[int]:
+    """int(text) as Python reads it (torchrun and accelerate do): None where int() raises."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
-def _torchrun_count(cmd: LauncherCommand, logical_cpus: int, gpus: int) -> Tuple[Optional[int], str]:
+def _plain_int(text: str) -> Optional[int]:
+    """A count in ASCII digits (mpirun, srun): anything else is refused rather than read as atoi would."""
+    return int(text) if re.fullmatch(r"\s*[0-9]+\s*", text) else None
+
+
+def _refuse_count(said: str, meaning: str, hint: str = "give a whole number of ranks, at least 1") -> UsageError:
+    return UsageError(f"{said}: {meaning}", hint=hint)
+
+
+def _torchrun_count(cmd: LauncherCommand, cpus: int, gpus: int, environ: Mapping[str, str]) -> Tuple[int, str]:
     rule = rules()["torchrun"]
     raw = cmd.option(rule["nproc"])
+    said = cmd.spelled(rule["nproc"])
+    if raw is None and environ.get(rule["nproc_env"]):
+        raw, said = environ[rule["nproc_env"]], f"{rule['nproc_env']}={environ[rule['nproc_env']]}"
     if raw is None:
         return int(rule["nproc_default"]), f"torchrun's default --nproc-per-node ({rule['nproc_default']})"
-    said = cmd.spelled(rule["nproc"])
-    if _int(raw) is not None:
-        return _int(raw), said
+    count = _python_int(raw)
+    if count is not None:
+        if count < 1:
+            raise _refuse_count(f"torchrun {said}" if not said.startswith(rule["nproc_env"]) else said,
+                                f"torchrun starts that many worker processes on this node; {count} starts none")
+        return count, said
     word = raw.strip().lower()
     if word == "cpu" or (word == "auto" and gpus == 0):
-        return logical_cpus, f"{said}: one rank per logical CPU (os.cpu_count() = {logical_cpus})"
-    if word in ("gpu", "auto") and gpus:
+        return cpus, f"{said}: one rank per CPU torchrun may run on (torch._utils.cpu_count() = {cpus})"
+    if word in ("gpu", "auto", "xpu") and gpus:
         return gpus, f"{said}: one rank per visible GPU ({gpus})"
-    return None, said
+    if word in ("gpu", "xpu"):
+        raise _refuse_count(f"torchrun {said}", f"one rank per {word.upper()}, and this host has none (torchrun "
+                            "stops: not available)", hint="give a number of ranks")
+    raise _refuse_count(f"torchrun {said}", f"torchrun reads it with int() and refuses {raw!r} "
+                        "(Unsupported nproc_per_node value)", hint="a whole number of ranks, or cpu / gpu / auto")
 
 
 def _accelerate_count(cmd: LauncherCommand, has_default_config: bool) -> Tuple[Optional[int], str, str]:
     """(count, source, why not placeable or '')."""
     rule = rules()["accelerate"]
+    raw = cmd.option(rule["nproc"])
+    said = cmd.spelled(rule["nproc"])
+    if raw is not None:
+        count = _python_int(raw)
+        if count is None:
+            raise _refuse_count(f"accelerate launch {said}", f"--num_processes is an int; accelerate's parser "
+                                f"refuses {raw!r}")
+        if count < 1:
+            raise _refuse_count(f"accelerate launch {said}", f"the number of processes to start; {count} starts none")
     if cmd.has(rule["config"]) or has_default_config:
         return None, "accelerate's config file", "the rank count is in an accelerate config file cpuperf does not read"
-    raw = cmd.option(rule["nproc"])
     if not cmd.has(rule["multi_process"]):
-        if raw is not None and (_int(raw) or 1) > 1:
-            return 1, f"{cmd.spelled(rule['nproc'])} without --multi_gpu", ""
+        if raw is not None and (_python_int(raw) or 1) > 1:
+            return 1, f"{said} without --multi_gpu", ""
         return 1, "accelerate's simple launcher (one process)", ""
-    count = _int(raw)
-    if count is None:
+    if raw is None:
         return None, "accelerate --multi_gpu", "--multi_gpu without --num_processes: the count is accelerate's own choice"
-    return count, cmd.spelled(rule["nproc"]), ""
+    return _python_int(raw), said, ""
 
 
 def _mpirun_count(cmd: LauncherCommand, physical_cores: int) -> Tuple[Optional[int], str, str]:
     rule = rules()["mpirun"]
-    if cmd.has(rule["hosts"]):
-        return None, cmd.spelled(rule["hosts"]), "your mpirun names hosts: cpuperf places ranks only on this node"
-    per_node = _int(cmd.option(rule["per_node"]))
-    count = _int(cmd.option(rule["nproc"]))
-    if per_node is not None:
-        return per_node, cmd.spelled(rule["per_node"]), ""
-    if count is not None:
-        return count, cmd.spelled(rule["nproc"]), ""
+    if ":" in cmd.target:  # MPMD: several programs, each with its own options (mpirun(1), hydra's usage line)
+        return None, "an MPMD line (`:`)", "your mpirun starts several programs (`:`): cpuperf plans one"
+    for names, meaning in ((rule["per_node"], "processes per node"), (rule["nproc"], "processes to start")):
+        raw = cmd.option(names)
+        if raw is None:
+            continue
+        said = f"mpirun {cmd.spelled(names)}"
+        count = _plain_int(raw)
+        if count is None:
+            raise _refuse_count(said, f"the number of {meaning} must be a whole number (hydra would read "
+                                f"{raw!r} with atoi, Open MPI refuses it)")
+        if count < 1:
+            raise _refuse_count(said, f"the number of {meaning}; {count} starts none")
+        hosts = cmd.spelled(rule["hosts"])
+        return count, cmd.spelled(names), (f"your mpirun names hosts ({hosts}): cpuperf places ranks only on this node"
+                                           if hosts else "")
+    hosts = cmd.spelled(rule["hosts"])
+    if hosts:
+        return None, hosts, f"your mpirun names hosts ({hosts}) and no rank count: the launcher decides it"
+    if cmd.has(rule["one_per_node"]):
+        return 1, cmd.spelled(rule["one_per_node"]), ""
     return physical_cores, f"mpirun's default (one rank per core: {physical_cores})", ""
+
+
+def _srun_count(cmd: LauncherCommand) -> Tuple[Optional[int], str]:
+    rule = rules()["srun"]
+    for names in (rule["per_node"], rule["nproc"]):
+        raw = cmd.option(names)
+        if raw is not None:
+            count = _plain_int(raw)
+            if count is None or count < 1:
+                raise _refuse_count(f"srun {cmd.spelled(names)}", "the number of tasks must be a whole number, at "
+                                    "least 1 (srun refuses it)")
+            return count, cmd.spelled(names)
+    return None, "srun"
+
+
+def _count_and_source(cmd: LauncherCommand, logical_cpus: int, physical_cores: int, gpus: int,
+                      has_default_config: bool, environ: Mapping[str, str]) -> Tuple[Optional[int], str, str]:
+    """(count, where it comes from, why cpuperf cannot place the ranks or '') for each launcher."""
+    rule = rules().get(cmd.launcher, {})
+    if cmd.launcher == "srun":
+        count, source = _srun_count(cmd)
+        return count, source, rule["why_not"]
+    if cmd.launcher == "torchrun":
+        taskset = next((w.cpus for w in cmd.wrappers if w.cpus), None)
+        count, source = _torchrun_count(cmd, len(taskset) if taskset else logical_cpus, gpus, environ)
+        why = ""
+        if cmd.has(rule["unsupported"]):
+            why = f"{cmd.spelled(rule['unsupported'])}: the script runs inside torchrun's own interpreter"
+        elif (_python_int(cmd.option(rule["hosts"]) or "1") or 2) > 1:
+            why = f"{cmd.spelled(rule['hosts'])}: your torchrun spans several nodes"
+        return count, source, why
+    if cmd.launcher == "accelerate":
+        count2, source, why = _accelerate_count(cmd, has_default_config)
+        if not why and cmd.has(rule["threads"]):
+            why = f"you set {cmd.spelled(rule['threads'])}"
+        return count2, source, why
+    count3, source, why = _mpirun_count(cmd, physical_cores)
+    env_bound = [v for v in rule["env_binding"] if environ.get(v)]
+    if not why and env_bound:
+        why = f"your environment binds the ranks ({env_bound[0]})"
+    if not why and cmd.unknown:
+        why = f"cpuperf's table of mpirun options lacks {cmd.unknown[0]}, so it cannot be sure where your program starts"
+    return count3, source, why
+
+
+def _oversubscribes(cmd: LauncherCommand) -> bool:
+    """The user's launcher line itself allows more ranks than cores (Open MPI --oversubscribe, :OVERSUBSCRIBE)."""
+    if cmd.launcher != "mpirun":
+        return False
+    rule = rules()["mpirun"]
+    return cmd.has(rule["oversubscribe"]) or "OVERSUBSCRIBE" in (cmd.option(["map-by"]) or "").upper().replace(
+        "NOOVERSUBSCRIBE", "")
+
+
+def _too_many(cmd: LauncherCommand, count: int, source: str, physical_cores: int) -> UsageError:
+    what = {"torchrun": "worker processes torchrun starts", "accelerate": "processes accelerate starts",
+            "mpirun": "processes mpirun starts (Open MPI gives each a slot, one per core, and refuses more)",
+            "srun": "tasks srun starts"}[cmd.launcher]
+    hint = ("add --oversubscribe to your mpirun (ranks then share cores), or start fewer" if cmd.launcher == "mpirun"
+            else "start fewer ranks, or pass cpuperf --set oversubscribe=true to share cores")
+    return UsageError(f"{cmd.launcher} {source}: {count} {what}, and this host has {physical_cores} usable core(s)",
+                      hint=hint)
 
 
 def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: int, gpus: int = 0,
                    has_default_config: bool = False, environ: Optional[Mapping[str, str]] = None,
-                   interpreter: Optional[str] = None) -> LauncherRanks:
+                   interpreter: Optional[str] = None, oversubscribe: bool = False) -> LauncherRanks:
     """The ranks the user's launcher starts on this node and whether cpuperf may place them.
 
+    A count the launcher would refuse, or that would start no rank, or more ranks than usable cores without
+    consent (the line's --oversubscribe, a host list, or cpuperf's --set oversubscribe=true), exits 2.
     interpreter: the Python the launcher runs a script with (None: unknown; then a script cannot be
     wrapped without changing which Python runs it).
     """
-    environ = environ or {}
-    rule = rules().get(cmd.launcher, {})
+    environ = {**(environ or {}), **cmd.wrapper_env}
     name = cmd.launcher
-    if name == "srun":
-        count = _int(cmd.option(rule["nproc"]))
-        return LauncherRanks(name, count, cmd.spelled(rule["nproc"]) or "srun", False,
-                             rule["why_not"] + ": placement is left to the launcher")
-    why = ""
-    if name == "torchrun":
-        count, source = _torchrun_count(cmd, logical_cpus, gpus)
-        if cmd.has(rule["unsupported"]):
-            why = f"{cmd.spelled(rule['unsupported'])}: the script runs inside torchrun's own interpreter"
-    elif name == "accelerate":
-        count, source, why = _accelerate_count(cmd, has_default_config)
-        if not why and cmd.has(rule["threads"]):
-            why = f"you set {cmd.spelled(rule['threads'])}"
-    else:
-        count, source, why = _mpirun_count(cmd, physical_cores)
-        env_bound = [v for v in rule["env_binding"] if environ.get(v)]
-        if not why and env_bound:
-            why = f"your environment binds the ranks ({env_bound[0]})"
+    count, source, why = _count_and_source(cmd, logical_cpus, physical_cores, gpus, has_default_config, environ)
+    spread = name == "mpirun" and bool(cmd.has(rules()["mpirun"]["hosts"]))
+    over = oversubscribe or _oversubscribes(cmd) or spread
+    if count is not None and count > physical_cores and not over and name != "srun":  # srun: Slurm's allocation
+        raise _too_many(cmd, count, source, physical_cores)
+    notes, user_threads = _wrapper_notes(cmd, environ)
+    placing = next((w for w in cmd.wrappers if w.places), None)
+    rule = rules().get(name, {})
     binding = rule.get("binding", ())
+    cleared = next((w for w in cmd.wrappers if w.name == "env" and set(w.argv[1:]) & {"-i", "--ignore-environment", "-"}),
+                   None)
+    if not why and cleared is not None:
+        why = f"`{cleared.spelled}` clears the environment that carries cpuperf's per-rank settings"
+    if not why and placing is not None:
+        cpus = f" (CPUs {','.join(map(str, placing.cpus))})" if placing.cpus else ""
+        why = f"`{placing.spelled}` in front of {name} places every rank it starts{cpus}"
     if not why and binding and cmd.has(binding):
         why = f"your launcher binds the ranks itself ({cmd.spelled(binding)})"
     if not why and count is None:
@@ -217,21 +515,52 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     if not why and count is not None and count > physical_cores:
         why = (f"{count} ranks on {physical_cores} usable physical core(s): they cannot each have cores of their own, "
                "so cpuperf neither pins them nor sets their threads")
+    step = _steppable(cmd, interpreter)
     if not why and name in ("torchrun", "accelerate") and count and count > 1 and not _no_python(cmd) \
             and interpreter is None:
         why = f"the Python that {name} runs the script with could not be found"
+    if not why and count and count > 1 and not step:
+        why = f"cpuperf's per-rank step cannot run {name}'s ranks exactly as {name} would (it refuses --no-python here)"
     if why:
-        return LauncherRanks(name, count, source, False, why + ": placement is left to the launcher")
+        return LauncherRanks(name, count, source, False, why + ": placement is left to the launcher", over,
+                             tuple(notes), user_threads, step)
     return LauncherRanks(name, count, source, True,
-                         "each rank is pinned to its own cores by a per-rank step keyed on its local rank")
+                         "each rank is pinned to its own cores by a per-rank step keyed on its local rank", over,
+                         tuple(notes), user_threads, step)
+
+
+def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:
+    """The per-rank step can run every rank as the launcher would have (it then dies with the launcher,
+    PR_SET_PDEATHSIG): mpirun always; torchrun / accelerate where the script's Python is known. srun's tasks
+    are children of slurmd, which ends them with the step."""
+    if not cmd.target or cmd.launcher == "srun":
+        return False
+    if cmd.launcher == "mpirun":
+        return ":" not in cmd.target  # the step runs one program, not an MPMD line
+    rule = rules()[cmd.launcher]
+    if cmd.has(rule.get("unsupported", ())) or cmd.has(rule.get("no_python_refused", ())):
+        return False
+    return _no_python(cmd) or interpreter is not None
+
+
+def _wrapper_notes(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[List[str], Optional[str]]:
+    """What the wrappers and the user's thread variable do to every rank, in words; the user's OMP_NUM_THREADS."""
+    notes = [f"`{w.spelled}` runs {cmd.launcher}: its setting applies to every rank" for w in cmd.wrappers
+             if not w.places]
+    threads = environ.get("OMP_NUM_THREADS") or None
+    if cmd.wrapper_env.get("OMP_NUM_THREADS"):
+        notes.append(f"your OMP_NUM_THREADS={threads} (set in front of {cmd.launcher}) is what every rank gets")
+    return notes, threads
 
 
 def _no_python(cmd: LauncherCommand) -> bool:
     return cmd.has(rules()[cmd.launcher].get("no_python", ()))
 
 
-def _drop(options: Sequence[str], names: Sequence[str]) -> Tuple[str, ...]:
-    return tuple(o for o in options if o.partition("=")[0] not in names)
+def _drop(cmd: LauncherCommand, names: Sequence[str]) -> Tuple[str, ...]:
+    """The launcher's options as written, less those named (each with the words it took)."""
+    keys = {_key(cmd.launcher, n) for n in names}
+    return tuple(word for name, _, words in cmd.parsed if name not in keys for word in words)
 
 
 def with_rank_step(cmd: LauncherCommand, python: str, interpreter: Optional[str]) -> Tuple[str, ...]:
@@ -239,11 +568,11 @@ def with_rank_step(cmd: LauncherCommand, python: str, interpreter: Optional[str]
 
     torchrun / accelerate: their --no-python runs our interpreter per rank, which then execs the rank's
     command as the launcher would have run it (`INTERPRETER -u script ...`, `-m module`, or the program
-    itself under the user's own --no-python). mpirun: the step goes in front of the program.
+    itself under the user's own --no-python). mpirun, srun: the step goes in front of the program.
     """
     step = (python, *RANKEXEC)
-    if cmd.launcher == "mpirun":
-        return (*cmd.prefix, *cmd.options, *step, *cmd.target)
+    if cmd.launcher in ("mpirun", "srun"):
+        return (*cmd.head, *cmd.options, *step, *cmd.target)
     rule = rules()[cmd.launcher]
     module, no_python = rule["module"], rule["no_python"]
     if cmd.has(no_python):
@@ -252,5 +581,5 @@ def with_rank_step(cmd: LauncherCommand, python: str, interpreter: Optional[str]
         rank_cmd = (interpreter or python, "-u", "-m", *cmd.target)
     else:
         rank_cmd = (interpreter or python, "-u", *cmd.target)
-    options = _drop(cmd.options, (*module, *no_python))
-    return (*cmd.prefix, *options, no_python[0], *step, *rank_cmd)
+    options = _drop(cmd, (*module, *no_python))
+    return (*cmd.head, *options, no_python[0], *step, *rank_cmd)

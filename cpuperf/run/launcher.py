@@ -6,8 +6,10 @@ child without polling, and its own CPU time while the child runs is measured and
 
 Nothing outlives cpuperf: the run directory is locked for the run's life (a second run into it is
 refused before it touches anything), the child gets SIGTERM from the kernel when cpuperf dies
-(PR_SET_PDEATHSIG, also set by rankexec in every rank), SIGTERM/SIGHUP to cpuperf stop the child
-and, after a grace period, its whole process group.
+(PR_SET_PDEATHSIG, also set by rankexec in every rank, a user's own launcher's ranks included, so each
+rank follows its launcher), SIGTERM/SIGHUP to cpuperf stop the child and, after a grace period, its
+whole process group; once the child has ended, any process still carrying this run's environment marker
+(a rank its launcher orphaned, in another session or group) is killed.
 """
 
 from __future__ import annotations
@@ -369,6 +371,7 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
             supervisor = Supervisor(cpu_s=time.process_time() - cpu0, wall_s=time.monotonic() - wall0)
         finally:
             kill_tree(proc.pid)  # whatever the child left in its group (it has exited)
+            end_leftovers(f"{ERRORS_VAR}={errors_dir}")  # and any process of the job that left the group
             watch.finish(timeout=5)
             if reader is not None:
                 reader.join(timeout=5)
@@ -379,6 +382,40 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
                       launcher_output="".join(captured)[-200_000:], observations=watch.observations,
                       wall_s=time.monotonic() - t0, rank_errors=_rank_errors(errors_dir), signal_name=name,
                       supervisor=supervisor)
+
+
+def job_processes(marker: str) -> List[int]:
+    """Processes whose environment holds `marker` (this run's own CPUPERF_RANK_ERRORS=DIR, inherited by every
+    process of the job, whatever launcher started it and whatever session or group it moved to)."""
+    needle = marker.encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read() + b"\0":
+                    found.append(int(name))
+        except OSError:
+            continue  # gone, or another user's
+    return found
+
+
+def end_leftovers(marker: str) -> List[int]:
+    """SIGKILL every process of the job still running after its launcher ended (a rank its launcher
+    orphaned); returns their pids. Children of ours among them are reaped."""
+    left = job_processes(marker)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in left:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return left
 
 
 def kill_tree(pid: int) -> None:

@@ -1,0 +1,270 @@
+"""Launcher lines read exactly as each launcher reads them (issue 32, the launchers.toml half of issue 35).
+
+The table holds lines in the shape the launchers' own documentation gives them (torch's torchrun docs and
+run.py docstring, accelerate's launch docs, Open MPI's mpirun(1), MPICH's Using_the_Hydra_Process_Manager,
+Intel MPI's Global Hydra Options, Slurm's srun(1)), each with the rank count and the program that launcher
+itself would start, on a host of 8 cores / 8 CPUs and no GPU. Pure and fast: nothing is started."""
+
+from __future__ import annotations
+
+import pytest
+from cli_util import run_cli
+
+from cpuperf.data import load_builtin
+from cpuperf.errors import UsageError
+from cpuperf.plan.user_launcher import launcher_ranks, split_launcher, with_rank_step
+
+PY = "/usr/bin/python3"
+
+# (the line, the launcher, ranks it starts on this node, the program each rank runs)
+LINES = [
+    # torchrun / torch.distributed.run (torch docs "torchrun (Elastic Launch)", run.py docstring)
+    ("torchrun --standalone --nnodes=1 --nproc-per-node=4 train.py --arg1 x", "torchrun", 4, "train.py --arg1 x"),
+    ("torchrun --nnodes=2 --nproc-per-node=4 --max-restarts=3 --rdzv-id=7 --rdzv-backend=c10d "
+     "--rdzv-endpoint=host:29400 train.py", "torchrun", 4, "train.py"),
+    ("torchrun --nnodes=1:4 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=h:1 train.py", "torchrun", 2,
+     "train.py"),
+    ("torchrun --nproc-per-node 4 -m my.module --lr 1", "torchrun", 4, "my.module --lr 1"),
+    ("torchrun --no-python --nproc-per-node=2 ./a.out -v", "torchrun", 2, "./a.out -v"),
+    ("torchrun --standalone --nproc-per-node=auto train.py", "torchrun", 8, "train.py"),
+    ("torchrun --nproc-per-node=cpu train.py", "torchrun", 8, "train.py"),
+    ("torchrun --tee 3 --log-dir /tmp/logs --nproc-per-node 2 train.py", "torchrun", 2, "train.py"),
+    ("torchrun -r 3 -t 3 --nproc_per_node 2 train.py", "torchrun", 2, "train.py"),
+    ("torchrun --local-ranks-filter 0 --nproc-per-node 2 train.py --lr 0.1", "torchrun", 2, "train.py --lr 0.1"),
+    ("torchrun --master-addr 127.0.0.1 --master-port 29501 --nproc-per-node 2 train.py", "torchrun", 2, "train.py"),
+    ("torchrun --nproc-per 3 train.py", "torchrun", 3, "train.py"),  # argparse: a unique prefix
+    ("torchrun train.py", "torchrun", 1, "train.py"),
+    ("python -m torch.distributed.run --nproc-per-node=2 train.py", "torchrun", 2, "train.py"),
+    ("python3 -X dev -m torch.distributed.run --nproc_per_node 2 train.py", "torchrun", 2, "train.py"),
+    ("python -m torch.distributed.launch --nproc-per-node=2 --use-env train.py", "torchrun", 2, "train.py"),
+    ("torchrun --nproc-per-node 2 -- train.py --nproc-per-node 9", "torchrun", 2, "train.py --nproc-per-node 9"),
+    # accelerate launch (accelerate docs: "Launching your code", CLI reference)
+    ("accelerate launch --multi_gpu --num_processes 2 train.py", "accelerate", 2, "train.py"),
+    ("accelerate launch --cpu train.py", "accelerate", 1, "train.py"),
+    ("accelerate launch --mixed_precision bf16 --num_processes 1 train.py", "accelerate", 1, "train.py"),
+    ("accelerate launch --multi_gpu --mixed_precision=fp16 --num_processes=2 train.py --a 1", "accelerate", 2,
+     "train.py --a 1"),
+    ("accelerate launch -m my.module --arg", "accelerate", 1, "my.module --arg"),
+    ("accelerate launch --multi-gpu --num-processes 4 --main_process_port 29501 train.py", "accelerate", 4,
+     "train.py"),
+    ("accelerate launch --num_processes 2 --num_machines 1 --multi_gpu --dynamo_backend no train.py", "accelerate",
+     2, "train.py"),
+    ("accelerate launch --no_python --multi_gpu --num_processes 2 ./prog a", "accelerate", 2, "./prog a"),
+    ("accelerate launch --use_fsdp --fsdp_sharding_strategy FULL_SHARD --multi_gpu --num_processes 2 train.py",
+     "accelerate", 2, "train.py"),
+    # Open MPI mpirun(1) (4.1 and 5.0)
+    ("mpirun -np 4 ./a.out", "mpirun", 4, "./a.out"),
+    ("mpirun -n 4 --map-by ppr:2:package ./a.out", "mpirun", 4, "./a.out"),
+    ("mpirun -N 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --oversubscribe -np 12 ./a.out", "mpirun", 12, "./a.out"),
+    ("mpirun -x LD_LIBRARY_PATH -x FOO=bar -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --mca btl tcp,self -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --bind-to core --map-by core -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --report-bindings -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --tag-output --timestamp-output -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --merge-stderr-to-stdout --pernode ./a.out", "mpirun", 1, "./a.out"),
+    ("mpirun --nolocal -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --use-hwthread-cpus -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("mpirun --allow-run-as-root -c 2 python t.py", "mpirun", 2, "python t.py"),
+    ("mpirun -np 2 --display-map --noprefix python t.py", "mpirun", 2, "python t.py"),
+    ("mpiexec -n 2 -s python t.py", "mpirun", 2, "python t.py"),
+    ("mpirun --np=2 python -u t.py", "mpirun", 2, "python -u t.py"),
+    ("mpirun -host a,b -np 4 ./a.out", "mpirun", 4, "./a.out"),
+    ("mpirun ./a.out", "mpirun", 8, "./a.out"),  # one rank per core
+    # MPICH hydra (Using_the_Hydra_Process_Manager), Intel MPI (Global Hydra Options)
+    ("mpiexec -f hostfile -n 32 ./app", "mpirun", 32, "./app"),
+    ("mpirun -genvall -np 4 python train.py", "mpirun", 4, "python train.py"),
+    ("mpiexec.hydra -genv OMP_NUM_THREADS 4 -n 2 ./app", "mpirun", 2, "./app"),
+    ("mpiexec.hydra -genv OMP_NUM_THREADS=4 -n 2 ./app", "mpirun", 2, "./app"),
+    ("mpiexec -n 2 -ppn 1 ./app", "mpirun", 1, "./app"),
+    ("mpiexec -bind-to core -n 2 ./app", "mpirun", 2, "./app"),
+    ("mpiexec -l -n 2 ./app", "mpirun", 2, "./app"),
+    ("mpiexec.hydra -print-rank-map -n 2 ./app", "mpirun", 2, "./app"),
+    ("mpiexec -envall -n 2 -wdir /tmp ./app", "mpirun", 2, "./app"),
+    ("mpiexec -prepend-rank -n 3 ./app arg", "mpirun", 3, "./app arg"),
+    ("mpiexec.hydra -perhost 2 -n 4 ./app", "mpirun", 2, "./app"),
+    ("mpiexec -n 2 -envlist PATH,HOME ./app", "mpirun", 2, "./app"),
+    ("mpiexec.hydra -silent-abort -ordered-output -n 2 ./app", "mpirun", 2, "./app"),
+    # srun(1)
+    ("srun -n 2 ./app", "srun", 2, "./app"),
+    ("srun -N1 -n4 -l ./app", "srun", 4, "./app"),
+    ("srun --ntasks=2 --cpu-bind=cores python t.py", "srun", 2, "python t.py"),
+    ("srun -lv -n2 ./app", "srun", 2, "./app"),
+    ("srun --kill-on-bad-exit -n 2 ./app", "srun", 2, "./app"),
+    ("srun --ntasks-per-node=2 --nodes=1 ./app", "srun", 2, "./app"),
+    ("srun -K -n 2 ./app", "srun", 2, "./app"),
+    ("srun --ntasks-per-n=2 ./app", "srun", 2, "./app"),  # getopt_long: a unique prefix
+    # wrappers in front of the launcher
+    ("env OMP_NUM_THREADS=2 torchrun --nproc-per-node 2 t.py", "torchrun", 2, "t.py"),
+    ("nice -n 10 mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("nice -5 torchrun --nproc-per-node 2 t.py", "torchrun", 2, "t.py"),
+    ("numactl --membind=0 torchrun --nproc-per-node 2 t.py", "torchrun", 2, "t.py"),
+    ("chrt -f 10 mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("taskset 0x3 mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("taskset -c 1 torchrun --nproc-per-node=cpu t.py", "torchrun", 1, "t.py"),  # torch counts the CPUs it may use
+]
+
+
+def _read(line: str, **kw):
+    cmd = split_launcher(line.split())
+    assert cmd is not None, line
+    return cmd, launcher_ranks(cmd, logical_cpus=8, physical_cores=8, interpreter=PY, **kw)
+
+
+def test_the_table_is_large_enough():
+    assert len(LINES) >= 40
+
+
+@pytest.mark.parametrize("line, launcher, count, target", LINES, ids=[row[0][:60] for row in LINES])
+def test_cpuperf_reads_the_count_and_the_program_as_the_launcher_does(line, launcher, count, target):
+    cmd, ranks = _read(line)
+    assert (cmd.launcher, ranks.count, " ".join(cmd.target)) == (launcher, count, target)
+
+
+@pytest.mark.parametrize("line, said", [
+    ("torchrun --nproc-per-node=0 t.py", "torchrun --nproc-per-node=0: torchrun starts that many worker processes"),
+    ("torchrun --nproc-per-node=-1 t.py", "-1 starts none"),
+    ("torchrun --nproc-per-node abc t.py", "torchrun reads it with int() and refuses 'abc'"),
+    ("torchrun --nproc-per-node \u00b2 t.py", "refuses '\u00b2'"),
+    ("torchrun --nproc-per-node 99999 t.py", "99999 worker processes torchrun starts, and this host has 8"),
+    ("torchrun --nproc-per-node gpu t.py", "this host has none"),
+    ("mpirun -np 0 ./a.out", "mpirun -np 0: the number of processes to start; 0 starts none"),
+    ("mpirun -np 4x ./a.out", "must be a whole number"),
+    ("mpirun -np 9 ./a.out", "Open MPI gives each a slot"),
+    ("mpiexec -n 2 -ppn 0 ./a.out", "processes per node; 0 starts none"),
+    ("accelerate launch --multi_gpu --num_processes two t.py", "accelerate's parser refuses 'two'"),
+    ("accelerate launch --multi_gpu --num_processes 0 t.py", "0 starts none"),
+    ("srun -n 0 ./a.out", "srun -n 0"),
+])
+def test_a_count_the_launcher_would_refuse_or_that_starts_nothing_is_refused_in_its_own_words(line, said):
+    with pytest.raises(UsageError) as err:
+        _read(line)
+    assert said in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize("line, said", [
+    ("torchrun --nproc 2 t.py", "ambiguous"),  # --nproc-per-node and --nproc_per_node
+    ("torchrun --bogus 1 t.py", "torchrun has no option --bogus"),
+    ("accelerate launch --num_proc 2 t.py", "accelerate has no option --num_proc"),  # allow_abbrev=False
+    ("torchrun --standalone=1 t.py", "takes no value"),
+])
+def test_an_option_the_launchers_parser_refuses_is_refused(line, said):
+    with pytest.raises(UsageError) as err:
+        split_launcher(line.split())
+    assert said in err.value.message
+
+
+def test_oversubscribe_and_host_lists_keep_the_launchers_count():
+    _, ranks = _read("mpirun --oversubscribe -np 12 ./a.out")
+    assert ranks.count == 12 and ranks.oversubscribed and not ranks.place and ranks.step
+    _, ranks = _read("mpirun --map-by core:OVERSUBSCRIBE -np 12 ./a.out")
+    assert ranks.count == 12 and ranks.oversubscribed
+    _, ranks = _read("mpirun -host a,b -np 12 ./a.out")
+    assert ranks.count == 12 and not ranks.place and "names hosts" in ranks.why
+    _, ranks = _read("torchrun --nproc-per-node 12 t.py", oversubscribe=True)  # cpuperf --set oversubscribe=true
+    assert ranks.count == 12 and not ranks.place
+
+
+def test_an_mpmd_line_is_left_whole_to_the_launcher():
+    cmd, ranks = _read("mpirun -np 2 ./a : -np 2 ./b")
+    assert ranks.count is None and not ranks.place and not ranks.step and "several programs" in ranks.why
+    assert cmd.target == ("./a", ":", "-np", "2", "./b")
+
+
+def test_the_rank_step_goes_only_where_it_runs_the_rank_exactly():
+    assert _read("accelerate launch --tpu --multi_gpu --num_processes 2 t.py")[1].step is False  # TPU: no --no_python
+    assert _read("torchrun --run-path --nproc-per-node 2 t.py")[1].step is False
+    assert _read("srun -n 2 ./app")[1].step is False
+    cmd = split_launcher("torchrun --nproc-per-node 2 t.py".split())
+    assert launcher_ranks(cmd, logical_cpus=8, physical_cores=8, interpreter=None).step is False  # which Python?
+    assert _read("torchrun --no-python --nproc-per-node 2 ./a.out")[1].step is True
+
+
+def test_wrappers_stay_in_front_of_the_launcher_with_the_rank_step_behind_it():
+    cmd = split_launcher("env X=1 nice -n 5 torchrun --nproc-per-node 2 t.py --lr 1".split())
+    assert cmd is not None and [w.name for w in cmd.wrappers] == ["env", "nice"] and cmd.wrapper_env == {"X": "1"}
+    assert list(with_rank_step(cmd, "/cp/python", PY)) == [
+        "env", "X=1", "nice", "-n", "5", "torchrun", "--nproc-per-node", "2", "--no-python",
+        "/cp/python", "-m", "cpuperf.run.rankexec", "--", PY, "-u", "t.py", "--lr", "1"]
+    cmd = split_launcher("mpirun -genvall -np 4 python train.py".split())
+    assert list(with_rank_step(cmd, "/cp/python", PY))[:5] == ["mpirun", "-genvall", "-np", "4", "/cp/python"]
+
+
+def test_a_thread_count_set_in_front_of_the_launcher_is_the_users():
+    _, ranks = _read("env OMP_NUM_THREADS=7 torchrun --nproc-per-node 2 t.py")
+    assert ranks.user_threads == "7" and any("OMP_NUM_THREADS=7" in n for n in ranks.notes)
+    _, ranks = _read("torchrun --nproc-per-node 2 t.py")
+    assert ranks.user_threads is None
+
+
+def test_pet_nproc_per_node_is_torchruns_default_for_the_option():
+    cmd = split_launcher("torchrun t.py".split())
+    ranks = launcher_ranks(cmd, logical_cpus=8, physical_cores=8, interpreter=PY, environ={"PET_NPROC_PER_NODE": "3"})
+    assert ranks.count == 3 and "PET_NPROC_PER_NODE=3" in ranks.source
+
+
+# -- the data ------------------------------------------------------------------------------------------
+
+def test_no_option_is_listed_that_no_launcher_has_and_reporting_is_not_binding():
+    rules = load_builtin("launchers.toml")
+    every = {n.lstrip("-") for table in ("torchrun", "accelerate", "mpirun", "srun")
+             for key in ("flags", "valued", "optional", "two_values", "env_pair", "binding", "hosts")
+             for n in rules[table].get(key, ())}
+    assert not {"x-all", "map-by-node"} & every
+    assert "report-bindings" not in rules["mpirun"]["binding"]
+    for name in ("genvall", "envall", "print-rank-map", "pernode", "nolocal", "merge-stderr-to-stdout"):
+        assert name in rules["mpirun"]["flags"], name
+
+
+def test_each_option_has_one_arity_across_open_mpi_and_hydra():
+    rule = load_builtin("launchers.toml")["mpirun"]
+    groups = [set(rule[k]) for k in ("flags", "optional", "valued", "two_values", "env_pair")]
+    for i, a in enumerate(groups):
+        for b in groups[i + 1:]:
+            assert not a & b, a & b
+    for key in ("nproc", "per_node", "binding", "hosts"):
+        listed = set(rule[key]) - set().union(*groups)
+        assert not listed, (key, listed)
+
+
+def _argparse_table(parser):
+    flags, valued = set(), set()
+    for action in parser._actions:
+        (flags if action.nargs == 0 else valued).update(action.option_strings)
+    return flags, valued
+
+
+def test_torchruns_table_is_the_installed_torchs_own_parser():
+    run = pytest.importorskip("torch.distributed.run")
+    flags, valued = _argparse_table(run.get_args_parser())
+    rule = load_builtin("launchers.toml")["torchrun"]
+    assert flags <= set(rule["flags"]) and valued <= set(rule["valued"]), (flags - set(rule["flags"]),
+                                                                            valued - set(rule["valued"]))
+
+
+def test_accelerates_table_is_the_installed_accelerates_own_parser():
+    launch = pytest.importorskip("accelerate.commands.launch")
+    flags, valued = _argparse_table(launch.launch_command_parser())
+    rule = load_builtin("launchers.toml")["accelerate"]
+    assert flags <= set(rule["flags"])
+    families = tuple(rule["valued_families"])
+    assert {v for v in valued if not v.startswith(families)} <= set(rule["valued"])
+
+
+# -- through the CLI: one line, exit 2 ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("tail, said", [
+    (["torchrun", "--nproc-per-node=0", "t.py"], "torchrun --nproc-per-node=0: torchrun starts that many"),
+    (["torchrun", "--nproc-per-node", "\u00b2", "t.py"], "Unsupported nproc_per_node value"),
+    (["mpirun", "-np", "99999", "./a.out"], "mpirun -np 99999: 99999 processes"),
+])
+def test_refused_counts_exit_2_with_one_line(tail, said):
+    proc = run_cli(["train", "--auto", "--dry-run", "--", *tail])
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert said in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_table_names_its_source():
+    rules = load_builtin("launchers.toml")
+    tables = [rules[t] for t in ("torchrun", "accelerate", "mpirun", "srun")] + list(rules["wrappers"].values())
+    assert all(str(t.get("source", "")).strip() for t in tables)
