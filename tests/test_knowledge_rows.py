@@ -1,0 +1,105 @@
+"""Rows of compat/ corrected against their primary sources (issue 35): each test fails on the old row.
+
+Where the primary source is installed here (torch's run_cpu.py, transformers' training_args.py), the test
+reads it; elsewhere it pins the value the cited release file gives (the source field names the file)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+import pytest
+from packaging.version import Version
+
+from cpuperf.data import load_builtin
+from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.knowledge.resolve import installed_findings, resolve
+from cpuperf.plan.user_script import trainer_default_fused
+
+
+@pytest.fixture(scope="module")
+def m():
+    return load_matrix(environ={})
+
+
+def _installed_file(dist: str, path: str) -> str:
+    try:
+        located = importlib.metadata.distribution(dist).locate_file(path)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{dist} is not installed")
+    if not located.exists():  # type: ignore[union-attr]
+        pytest.skip(f"{dist} has no {path}")
+    return located.read_text(encoding="utf-8")  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- tuning.toml
+
+
+def test_the_trainer_defaults_to_fused_adamw_from_4_54_on_torch_2_8():
+    tuning = load_builtin("tuning.toml")
+    assert trainer_default_fused("4.54.0", "2.8.0", tuning)  # the old row (5.0) said no
+    assert trainer_default_fused("4.57.6", "2.13.0+cpu", tuning)
+    assert not trainer_default_fused("4.53.3", "2.8.0", tuning)  # 4.53 has the fused branch commented out
+    assert not trainer_default_fused("4.54.0", "2.7.1", tuning)
+
+
+def test_the_installed_transformers_picks_fused_adamw_behind_the_torch_2_8_gate():
+    source = _installed_file("transformers", "transformers/training_args.py")
+    version = Version(importlib.metadata.version("transformers"))
+    tuning = load_builtin("tuning.toml")["hf_trainer"]
+    assert version >= Version(tuning["default_fused_min_transformers"])
+    assert re.search(r"is_torch_greater_or_equal_than_2_8:\s*\n\s*default_optim = \"adamw_torch_fused\"", source)
+    assert tuning["default_fused_min_torch"] == "2.8"
+
+
+def test_malloc_conf_is_the_string_run_cpu_exports():
+    conf = load_builtin("tuning.toml")["allocator"]["jemalloc_malloc_conf"]
+    assert "decay_ms" not in conf  # neither launcher sets dirty_decay_ms / muzzy_decay_ms
+    assert conf == "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+    run_cpu = _installed_file("torch", "torch/backends/xeon/run_cpu.py")
+    exported = re.search(r'"MALLOC_CONF",\s*"([^"]+)"', run_cpu)
+    assert exported is not None and exported.group(1) == conf
+
+
+def test_the_pin_domain_example_is_attributed_to_ipex():
+    import inspect
+
+    from cpuperf.decide.runtime_env import pin_domain
+
+    doc = inspect.getdoc(pin_domain) or ""
+    assert "intel-extension-for-pytorch" in doc and "launcher_distributed.py" in doc
+    assert "torch-ccl" not in doc  # intel/torch-ccl has no I_MPI_PIN_DOMAIN example
+
+
+# --------------------------------------------------------------------------- oneccl.toml
+
+
+def _xpu(m, version):
+    return [r for r in m.oneccl if r.device == "xpu" and r.version == Version(version)]
+
+
+def test_the_torch_2_5_xpu_bindings_are_2_5_0_plus_xpu(m):
+    assert _xpu(m, "2.5.1") == []  # no tag, no version.txt says 2.5.1
+    (row,) = _xpu(m, "2.5.0")
+    assert row.local == "+xpu" and "v2.5.0+xpu" in row.source
+    assert row.accepts(Version("2.5.0")) and row.accepts(Version("2.5.1"))  # IPEX 2.5.10+xpu pairs it with 2.5.1
+    found = installed_findings("3.11", {"torch": "2.5.1", "oneccl-bind-pt": "2.5.0+xpu"}, platform="linux_x86_64",
+                               matrix=m)
+    assert any(f["id"] == "oneccl-xpu-build" for f in found), found
+
+
+def test_the_torch_1_13_1_gpu_bindings_have_a_row(m):
+    (row,) = _xpu(m, "1.13.200")
+    assert row.local == "+gpu" and row.accepts(Version("1.13.1")) and not row.accepts(Version("1.13.0"))
+    assert row.python == frozenset({"3.7", "3.8", "3.9", "3.10"})
+    res = resolve("3.10", "1.13.1", frozenset({"oneccl"}), matrix=m)
+    assert any(r.version == "1.13.200+gpu" and "XPU" in r.reason for r in res.rejected), res.rejected
+
+
+# --------------------------------------------------------------------------- hf.toml
+
+
+def test_accelerate_ccl_was_never_deprecated_only_removed_in_1_13(m):
+    (row,) = [r for r in m.hf if r.package == "accelerate" and r.name == "ccl"]
+    assert row.deprecated is None  # 1.10.0-1.12.0 still choose 'ccl' in state.py without a warning
+    assert row.removed == Version("1.13.0") and row.valid_in(Version("1.12.0"))
