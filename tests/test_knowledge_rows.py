@@ -103,3 +103,75 @@ def test_accelerate_ccl_was_never_deprecated_only_removed_in_1_13(m):
     (row,) = [r for r in m.hf if r.package == "accelerate" and r.name == "ccl"]
     assert row.deprecated is None  # 1.10.0-1.12.0 still choose 'ccl' in state.py without a warning
     assert row.removed == Version("1.13.0") and row.valid_in(Version("1.12.0"))
+
+
+# --------------------------------------------------------------------------- cpu_peaks.toml, microarch.toml
+
+
+def _fp32_per_cycle(uarch, model_name):
+    from cpuperf.train.peak import hardware_peak
+
+    peak, info = hardware_peak(uarch, "fp32", 1, model_name, nominal_hz=1e9)
+    return info.get("flops_per_cycle") if peak else None
+
+
+@pytest.mark.parametrize("name, rate", [
+    ("AMD Ryzen 9 9955HX 16-Core Processor", 64),  # Fire Range: desktop CCDs, full 512-bit (old pattern: 32)
+    ("AMD Ryzen 9 9955HX3D 16-Core Processor", 64),
+    ("AMD Ryzen Z2 Extreme", 32),  # Strix Point silicon in a handheld (old pattern: 64)
+    ("AMD Ryzen AI Z2 Extreme", 32),
+    ("AMD Ryzen AI 9 HX 370 w/ Radeon 890M", 32),
+    ("AMD Ryzen AI 7 350 w/ Radeon 860M", 32),
+    ("AMD Ryzen AI Max+ 395 w/ Radeon 8060S", 64),
+    ("AMD Ryzen 9 9950X 16-Core Processor", 64),
+])
+def test_zen5_datapath_follows_the_silicon_not_the_suffix(name, rate):
+    assert _fp32_per_cycle("zen5", name) == rate
+
+
+@pytest.mark.parametrize("name, rate", [
+    ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", 64),
+    ("Intel(R) Xeon(R) Silver 4314 CPU @ 2.40GHz", 64),
+    ("Intel(R) Xeon(R) W-3375 CPU @ 2.50GHz", 64),
+    ("Intel Xeon Processor (Icelake)", 64),  # QEMU's Icelake-Server model
+    ("Intel(R) Xeon(R) W-1390P @ 3.50GHz", 32),  # Rocket Lake: one FMA unit (old pattern 'Xeon': 64)
+    ("Intel(R) Xeon(R) E-2388G CPU @ 3.20GHz", 32),
+    ("11th Gen Intel(R) Core(TM) i7-11700K @ 3.60GHz", 32),
+    ("Intel(R) Xeon(R) W-11955M CPU @ 2.60GHz", 32),  # Tiger Lake-H
+])
+def test_ice_lake_two_fma_units_only_on_ice_lake_sp_and_w(name, rate):
+    assert _fp32_per_cycle("icelake", name) == rate
+
+
+def test_newer_intel_client_parts_and_v3ae_have_a_datapath():
+    assert _fp32_per_cycle("wildcatlake", "Intel(R) Core(TM) 5 320") == 32
+    assert _fp32_per_cycle("bartlettlake", "Intel(R) Core(TM) 9 273PQE") == 32
+    assert _fp32_per_cycle("neoverse_v3ae", None) == 16  # GCC: 2 vector ops/cycle, V3 has 4
+    assert _fp32_per_cycle("neoverse_v3", None) == 32
+    # No vendor guide or compiler source gives these datapaths yet: no row, no MFU.
+    for uarch in ("novalake", "zen6"):
+        assert _fp32_per_cycle(uarch, None) is None
+
+
+def test_cascade_lake_boost_covers_the_refresh_parts():
+    from cpuperf.train.peak import boost_row
+
+    row = boost_row("cascadelake", "Intel(R) Xeon(R) Gold 6256 CPU @ 3.60GHz")
+    assert row is not None and row["ghz"] >= 4.5  # the old row said 4.4
+    assert boost_row("cascadelake", "Intel Xeon Processor (Cascadelake)")["ghz"] == 4.5
+    assert boost_row("cascadelake", "Intel(R) Xeon(R) W-2295 CPU @ 3.00GHz") is None  # Turbo Boost Max 3.0: no row
+
+
+def test_client_boost_rows_are_the_generations_highest():
+    from cpuperf.train.peak import boost_row
+
+    assert boost_row("raptorlake", "Intel(R) Core(TM) i9-14900KS")["ghz"] == 6.2
+    assert boost_row("alderlake", "12th Gen Intel(R) Core(TM) i9-12900K")["ghz"] == 5.5
+    assert boost_row("arrowlake", "Intel(R) Core(TM) Ultra 9 285K")["ghz"] == 5.7
+
+
+def test_panther_lake_r_is_named():
+    from cpuperf.probe.cpu import name_x86
+
+    assert name_x86("GenuineIntel", 6, 0xE5, 0, ()) == ("pantherlake", "model")
+    assert name_x86("GenuineIntel", 6, 0xD5, 0, ()) == ("wildcatlake", "model")

@@ -180,7 +180,7 @@ INTEL_NAMES = {
     "RAPTORLAKE": "raptorlake", "RAPTORLAKE_P": "raptorlake", "RAPTORLAKE_S": "raptorlake",
     "METEORLAKE": "meteorlake", "METEORLAKE_L": "meteorlake",
     "ARROWLAKE_H": "arrowlake", "ARROWLAKE": "arrowlake", "ARROWLAKE_U": "arrowlake", "LUNARLAKE_M": "lunarlake",
-    "PANTHERLAKE_L": "pantherlake", "WILDCATLAKE_L": "wildcatlake", "NOVALAKE": "novalake", "NOVALAKE_L": "novalake",
+    "PANTHERLAKE_L": "pantherlake", "PANTHERLAKE_R": "pantherlake", "WILDCATLAKE_L": "wildcatlake", "NOVALAKE": "novalake", "NOVALAKE_L": "novalake",
     "ATOM_GRACEMONT": "alderlake_n", "ATOM_CRESTMONT_X": "sierraforest", "ATOM_CRESTMONT": "grandridge",
     "ATOM_DARKMONT_X": "clearwaterforest",
 }
