@@ -175,3 +175,38 @@ def test_panther_lake_r_is_named():
 
     assert name_x86("GenuineIntel", 6, 0xE5, 0, ()) == ("pantherlake", "model")
     assert name_x86("GenuineIntel", 6, 0xD5, 0, ()) == ("wildcatlake", "model")
+
+
+# --------------------------------------------------------------------------- doctor at the data's edge
+
+
+def _doctor(tmp_path, **host):
+    from cli_util import run_json
+    from hosts import make_host
+
+    rep, _ = run_json(["doctor", "--sysroot", str(make_host(tmp_path, **host))], expect_rc=None)
+    return rep
+
+
+def test_doctor_says_a_cpu_newer_than_the_peak_data_gets_no_mfu(tmp_path):
+    """Nova Lake (family 18) is named by the kernel's model number but no guide gives its datapath yet."""
+    rep = _doctor(tmp_path, family=18, model=1, flags=["avx2", "fma", "avx_vnni", "lm"],
+                  name="Intel(R) Core(TM) Ultra 9 Nova")
+    assert rep["host"]["cpu"]["microarchitecture"] == "novalake"
+    (f,) = [f for f in rep["findings"] if f["id"] == "cpu-peak-not-in-data"]
+    assert "novalake" in f["message"] and "no MFU" in f["message"] and "ISA flags" in f["message"]
+
+
+def test_doctor_says_nothing_about_peaks_for_a_cpu_in_the_data(tmp_path):
+    rep = _doctor(tmp_path, family=6, model=0xE5, flags=["avx2", "fma", "avx_vnni", "lm"],
+                  name="Intel(R) Core(TM) Ultra 7 Panther Lake R")
+    assert rep["host"]["cpu"]["microarchitecture"] == "pantherlake"
+    assert not [f for f in rep["findings"] if f["id"] in ("cpu-peak-not-in-data", "unknown-microarchitecture")]
+
+
+def test_doctor_on_an_unknown_family_says_what_it_assumes(tmp_path):
+    rep = _doctor(tmp_path, family=20, model=1, flags=["avx2", "fma", "bmi1", "bmi2", "movbe", "abm", "avx", "f16c",
+                                                       "lm"])
+    (f,) = [f for f in rep["findings"] if f["id"] == "unknown-microarchitecture"]
+    assert "ISA flags only" in f["message"] and "no MFU" in f["message"] and "newer than its data" in f["message"]
+    assert not [f for f in rep["findings"] if f["id"] == "cpu-peak-not-in-data"]  # one finding, not two
