@@ -143,3 +143,47 @@ def test_a_newer_recorded_release_moves_the_data_end(tmp_path):
     path.write_text(json.dumps(data))
     report = rc.check(ROOT / "compat", fixtures)
     assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()
+
+
+def test_the_fused_adamw_default_is_derived_from_the_recorded_releases(tmp_path):
+    records = _records("transformers_default_optim.json")
+    assert records["4.53.0"]["fused_with_torch"] is None and records["4.54.0"]["fused_with_torch"] == "2.8"
+    assert rc.derive_fused_default(records) == ("4.54", "2.8")
+    # The edge must sit between two adjacent recorded minors, else it is not derived.
+    assert rc.derive_fused_default({k: v for k, v in records.items() if k != "4.53.0"}) == (None, None)
+    compat = _copy(tmp_path)
+    tuning = compat / "tuning.toml"
+    text = tuning.read_text()
+    tuning.write_text(text.replace('default_fused_min_transformers = "4.54"', 'default_fused_min_transformers = "5.0"'))
+    texts, report = rc.regenerate(compat, rc.FIXTURES)
+    assert ("tuning.toml", "default_fused_min_transformers", '"5.0"', '"4.54"') in {
+        (c.file, c.field, c.old, c.new) for c in report.changes}
+    assert texts["tuning.toml"] == text
+
+
+def test_the_installed_transformers_default_optim_reads_as_recorded():
+    transformers = pytest.importorskip("transformers")
+    import importlib.metadata
+
+    version = importlib.metadata.version("transformers")
+    records = _records("transformers_default_optim.json")
+    if version not in records:
+        pytest.skip(f"transformers {version} is not a recorded release")
+    source = Path(transformers.__file__).with_name("training_args.py").read_text()
+    assert rc.extract_default_optim(source) == records[version]
+
+
+def test_check_upstream_names_newer_inputs_and_what_the_data_would_change(tmp_path):
+    def newer_transformers(scratch):  # stands in for the network recorder: 5.24.0 appears upstream
+        path = scratch / "transformers_training_args.json"
+        data = json.loads(path.read_text())
+        data["releases"]["5.24.0"] = data["releases"]["5.23.0"]
+        path.write_text(json.dumps(data))
+
+    report, moved = rc.check_upstream(rc.FIXTURES, [newer_transformers])
+    assert moved == ["transformers_training_args.json"]
+    assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()
+    assert rc._print_upstream(report, moved) == 1
+    report, moved = rc.check_upstream(rc.FIXTURES, [])
+    assert moved == [] and report.changes == [] and rc._print_upstream(report, moved) == 0
+    assert (rc.FIXTURES / "transformers_training_args.json").read_text().count("5.24.0") == 0  # scratch only

@@ -5,6 +5,9 @@
     python -m tools.regen_compat --live --write
         # first re-record the inputs (network: the package registry through pip, the kernel headers from a
         # local Linux checkout given with --linux DIR), then rewrite compat/
+    python -m tools.regen_compat --check-upstream [--linux DIR]
+        # by hand, with network: record the newest inputs into a scratch copy and print which inputs are newer
+        # and what the data would change (exit 1 when anything would); nothing is written
 
 What is derived, and from what (recorded under tests/fixtures/regen/):
 - compat/hf.toml, transformers trainer-arg/value rows: introduced/deprecated/removed, from which options each
@@ -18,6 +21,9 @@ What is derived, and from what (recorded under tests/fixtures/regen/):
   and the 'Figure out Zen generations' switch of arch/x86/kernel/cpu/amd.c (intel-family.h, amd-zen.c).
 - compat/torch.toml, `python` / `python_aarch64`: from the Linux wheel file names of the registry's simple index
   for torch (torch_wheels.txt).
+- compat/tuning.toml, [hf_trainer] default_fused_min_transformers / default_fused_min_torch: the first minor whose
+  TrainingArguments defaults to adamw_torch_fused and its is_torch_greater_or_equal_than_X_Y gate, pinned by two
+  adjacent recorded minors (transformers_default_optim.json, from the same wheels).
 
 Curated columns (replacement, reason, cuda, the macro -> generation map below) stay as written: the script
 only rewrites the derived fields and says which rows the inputs name that the data lacks. The live mode is
@@ -30,13 +36,14 @@ import argparse
 import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.version import Version
 
@@ -124,6 +131,69 @@ def _deprecation_warnings(tree: ast.AST) -> set:
             for m in re.finditer(r"`?-?-?(\w+)`? (?:is|has been) deprecated", text):
                 out.add(m.group(1))
     return out
+
+
+_TORCH_GATE = re.compile(r"is_torch_greater_or_equal_than_(\d+)_(\d+)$")
+
+
+def extract_default_optim(source: str) -> Dict[str, Optional[str]]:
+    """TrainingArguments' default optim in one release: {'default': name, 'fused_with_torch': 'X.Y' or None}.
+
+    From 4.54 the class body reads `default_optim = "adamw_torch"` and, under `if is_torch_greater_or_equal_than_2_8`,
+    `default_optim = "adamw_torch_fused"`; older releases give the `optim` field a constant default."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "TrainingArguments":
+            return _class_default_optim(node)
+    return {"default": None, "fused_with_torch": None}
+
+
+def _class_default_optim(cls: ast.ClassDef) -> Dict[str, Optional[str]]:
+    default: Optional[str] = None
+    gate: Optional[str] = None
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "default_optim" for t in stmt.targets):
+            default = _string(stmt.value) or default
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "optim" \
+                and default is None and isinstance(stmt.value, ast.Call):
+            for kw in stmt.value.keywords:
+                if kw.arg == "default":
+                    default = _string(kw.value) or (kw.value.attr.lower() if isinstance(kw.value, ast.Attribute)
+                                                    else None)
+        elif isinstance(stmt, ast.If):
+            gate = _fused_gate(stmt) or gate
+    return {"default": default, "fused_with_torch": gate}
+
+
+def _fused_gate(node: ast.If) -> Optional[str]:
+    """'X.Y' when an `if is_torch_greater_or_equal_than_X_Y:` (at any depth) sets default_optim to the fused one."""
+    for inner in ast.walk(node):
+        if not isinstance(inner, ast.If) or not isinstance(inner.test, ast.Name):
+            continue
+        m = _TORCH_GATE.match(inner.test.id)
+        sets_fused = any(isinstance(b, ast.Assign) and _string(b.value) == "adamw_torch_fused"
+                         and any(isinstance(t, ast.Name) and t.id == "default_optim" for t in b.targets)
+                         for b in inner.body)
+        if m and sets_fused:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def derive_fused_default(records: Mapping[str, Mapping[str, Optional[str]]]) -> Tuple[Optional[str], Optional[str]]:
+    """(first minor 'X.Y' whose Trainer defaults to fused AdamW, its torch gate) when the recorded release just before
+    it does not; (None, None) when no recorded release has it or the edge lies between unrecorded minors."""
+    ordered = sorted(records, key=Version)
+    for i, release in enumerate(ordered):
+        gate = records[release].get("fused_with_torch")
+        if gate is None:
+            continue
+        v = Version(release)
+        before = Version(ordered[i - 1]) if i else None
+        if before is None or records[ordered[i - 1]].get("fused_with_torch") is not None or \
+                (before.major, before.minor + 1) != (v.major, v.minor):
+            return None, None  # the edge is not pinned by two adjacent recorded minors
+        return f"{v.major}.{v.minor}", gate
+    return None, None
 
 
 def derive_ranges(records: Mapping[str, Mapping[str, Sequence[str]]], name: str
@@ -428,7 +498,36 @@ def regen_torch(text: str, fixtures: Path, report: Report) -> str:
     return out
 
 
-REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch}
+def regen_tuning(text: str, fixtures: Path, report: Report) -> str:
+    """[hf_trainer] default_fused_min_transformers / _torch from the recorded default optim of each release."""
+    records = json.loads((fixtures / "transformers_default_optim.json").read_text())["releases"]
+    first, gate = derive_fused_default(records)
+    if first is None or gate is None:
+        report.missing.append("tuning.toml [hf_trainer]: no two adjacent recorded minors pin the fused-default edge")
+        return text
+    for key, value in (("default_fused_min_transformers", first), ("default_fused_min_torch", gate)):
+        text = _set_in_section(text, "hf_trainer", key, json.dumps(value), report)
+    return text
+
+
+def _set_in_section(text: str, section: str, key: str, value: str, report: Report) -> str:
+    m = re.search(rf"(?ms)^\[{section}\]\n.*?(?=^\[|\Z)", text)
+    if m is None:
+        report.missing.append(f"tuning.toml has no [{section}]")
+        return text
+    body = m.group(0)
+    old = _get(body, key)
+    if old is None:
+        report.missing.append(f"tuning.toml [{section}] has no {key}")
+        return text
+    if old == value:
+        return text
+    report.changes.append(Change("tuning.toml", f"[{section}]", key, old, value))
+    return text[:m.start()] + _set(body, key, value) + text[m.end():]
+
+
+REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch,
+         "tuning.toml": regen_tuning}
 
 
 def regenerate(compat: Path = COMPAT, fixtures: Path = FIXTURES) -> Tuple[Dict[str, str], Report]:
@@ -480,7 +579,8 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
         last = max((v for v in versions if v.major == major and not v.is_prerelease), default=None)
         if last is not None and last not in wanted and any(v.major > major for v in versions):
             wanted.append(last)
-    releases = {}
+    releases: Dict[str, object] = {}
+    optims: Dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in sorted(wanted):
             # x.y.0 first even when yanked (pip's index listing hides yanked releases; 4.57.0 is where use_ipex
@@ -496,9 +596,13 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
                 src = z.read("transformers/training_args.py").decode() if "transformers/training_args.py" in names \
                     else ""
             releases[str(v)] = extract_training_args(src, tracked) if src else {"present": [], "deprecated": []}
+            if src:
+                optims[str(v)] = extract_default_optim(src)
             wheel.unlink()
     _dump(fixtures / "transformers_training_args.json", "transformers/training_args.py of the first wheel of "
           "every minor release (and the last patch of each finished major)", releases)
+    _dump(fixtures / "transformers_default_optim.json", "TrainingArguments' default optim (default_optim and its "
+          "is_torch_greater_or_equal_than_X_Y gate) in transformers/training_args.py of the same wheels", optims)
 
 
 def record_accelerate(fixtures: Path) -> None:
@@ -552,6 +656,27 @@ def record_kernel(fixtures: Path, linux: Path) -> None:
                                         + amd[start:end])
 
 
+def _recorders(linux: Optional[Path]) -> List[Callable[[Path], None]]:
+    out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()), record_accelerate, record_torch]
+    if linux is not None:
+        out.append(lambda d: record_kernel(d, linux))
+    return out
+
+
+def check_upstream(fixtures: Path = FIXTURES, recorders: Optional[Sequence[Callable[[Path], None]]] = None,
+                   compat: Path = COMPAT) -> Tuple[Report, List[str]]:
+    """Record the newest inputs into a scratch copy of `fixtures` (nothing committed moves) and say what the data
+    would change, and which recorded inputs differ from the committed ones."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "regen"
+        shutil.copytree(fixtures, scratch)
+        for record in recorders if recorders is not None else _recorders(None):
+            record(scratch)
+        moved = [p.name for p in sorted(scratch.iterdir())
+                 if not (fixtures / p.name).exists() or (fixtures / p.name).read_bytes() != p.read_bytes()]
+        return check(compat, scratch), moved
+
+
 def _dump(path: Path, source: str, releases: Mapping[str, object]) -> None:
     ordered = {k: releases[k] for k in sorted(releases, key=Version)}
     path.write_text(json.dumps({"source": source, "releases": ordered}, indent=1, sort_keys=False) + "\n")
@@ -571,8 +696,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--write", action="store_true", help="rewrite compat/ (default: only say what would change)")
     ap.add_argument("--live", action="store_true", help="re-record the inputs first (network; never in CI)")
     ap.add_argument("--linux", type=Path, help="a Linux source checkout to record the kernel tables from")
+    ap.add_argument("--check-upstream", action="store_true",
+                    help="record the newest inputs into a scratch copy (network; never in CI) and print what the data "
+                         "would change; nothing is written")
     ap.add_argument("--fixtures", type=Path, default=FIXTURES)
     args = ap.parse_args(argv)
+    if args.check_upstream:
+        return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux)))
     if args.live:
         record_transformers(args.fixtures, _tracked())
         record_accelerate(args.fixtures)
@@ -590,9 +720,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 1 if report.changes and not args.write else 0
 
 
+def _print_upstream(report: Report, moved: Sequence[str]) -> int:
+    for name in moved:
+        print(f"newer input: {name}")
+    for line in report.lines():
+        print(line)
+    if moved or report.changes or report.missing:
+        print("update with: python -m tools.regen_compat --live --write (add rows the data lacks by hand)",
+              file=sys.stderr)
+        return 1
+    print("the recorded inputs are the newest upstream offers", file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["check", "regenerate", "extract_training_args", "extract_config_keys", "intel_models", "amd_ranges",
+__all__ = ["check", "check_upstream", "regenerate", "extract_training_args", "extract_default_optim", "extract_config_keys", "intel_models", "amd_ranges",
            "torch_pythons", "derive_ranges"]
