@@ -187,3 +187,43 @@ def test_check_upstream_names_newer_inputs_and_what_the_data_would_change(tmp_pa
     report, moved = rc.check_upstream(rc.FIXTURES, [])
     assert moved == [] and report.changes == [] and rc._print_upstream(report, moved) == 0
     assert (rc.FIXTURES / "transformers_training_args.json").read_text().count("5.24.0") == 0  # scratch only
+
+
+def test_oneccl_rows_are_the_release_tags_of_torch_ccl(tmp_path):
+    releases = rc.ccl_releases((rc.FIXTURES / "torch_ccl_tags.txt").read_text().splitlines())
+    assert releases[("2.5.0", "xpu")] == "+xpu" and ("2.5.1", "xpu") not in releases
+    assert releases[("1.13.200", "xpu")] == "+gpu" and releases[("2.4.0", "cpu")] == ""  # 2.4.0: only an rc0 tag
+    assert ("1.2.0", "cpu") not in releases  # before the names the data covers
+    # The old rows are what the check would have caught: a 2.5.1 XPU row, no 1.13.200 row.
+    compat = _copy(tmp_path)
+    oneccl = compat / "oneccl.toml"
+    text = oneccl.read_text()
+    start = text.index('[[oneccl]]\nversion = "1.13.200"')
+    old = text[:start] + text[text.index("[[oneccl]]", start + 1):]
+    oneccl.write_text(old.replace('version = "2.5.0"\ndevice = "xpu"', 'version = "2.5.1"\ndevice = "xpu"'))
+    report = rc.check(compat, rc.FIXTURES)
+    assert "oneccl.toml 2.5.1 (xpu): no release tag of intel/torch-ccl" in report.missing
+    assert "intel/torch-ccl v1.13.200 (xpu): a release tag oneccl.toml has no row for" in report.missing
+    assert "intel/torch-ccl v2.5.0 (xpu): a release tag oneccl.toml has no row for" in report.missing
+
+
+def test_torch_ccl_tags_are_recorded_from_a_real_clone(tmp_path):
+    repo = tmp_path / "torch-ccl"
+    repo.mkdir()
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env, timeout=60)
+
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "r")
+    for tag in ("v2.7.0+cpu", "v2.8.0+xpu", "v2.9.0+xpu+rc0"):
+        git("tag", tag)
+    fixtures = tmp_path / "fx"
+    fixtures.mkdir()
+    rc.record_torch_ccl(fixtures, repo)
+    lines = (fixtures / "torch_ccl_tags.txt").read_text().splitlines()
+    assert lines[0].startswith("# Recorded input") and [ln.split("\t")[0] for ln in lines[2:]] == \
+        ["v2.7.0+cpu", "v2.8.0+xpu", "v2.9.0+xpu+rc0"]
+    assert rc.ccl_releases(lines) == {("2.7.0", "cpu"): "", ("2.8.0", "xpu"): "+xpu", ("2.9.0", "xpu"): "+xpu"}

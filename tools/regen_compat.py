@@ -21,6 +21,8 @@ What is derived, and from what (recorded under tests/fixtures/regen/):
   and the 'Figure out Zen generations' switch of arch/x86/kernel/cpu/amd.c (intel-family.h, amd-zen.c).
 - compat/torch.toml, `python` / `python_aarch64`: from the Linux wheel file names of the registry's simple index
   for torch (torch_wheels.txt).
+- compat/oneccl.toml: which releases exist (one row per release tag of intel/torch-ccl from 1.10.0, CPU or XPU by the
+  tag's label) and the XPU builds' local label (+gpu/+xpu as the tag names it) (torch_ccl_tags.txt).
 - compat/tuning.toml, [hf_trainer] default_fused_min_transformers / default_fused_min_torch: the first minor whose
   TrainingArguments defaults to adamw_torch_fused and its is_torch_greater_or_equal_than_X_Y gate, pinned by two
   adjacent recorded minors (transformers_default_optim.json, from the same wheels).
@@ -350,6 +352,53 @@ def _py_key(py: str) -> Tuple[int, int, int]:
     return int(major), int(minor), int(py.endswith("t"))
 
 
+# --------------------------------------------------------------------------- oneCCL bindings (intel/torch-ccl tags)
+
+_CCL_TAG = re.compile(r"^v(?P<v>\d+\.\d+\.\d+)(?:\+(?P<label>cpu|gpu|xpu))?(?P<rc>\+rc\d+)?$")
+_FIRST_CCL = Version("1.10.0")  # the first release under the oneccl_bind_pt / torch_ccl names the data covers
+
+
+def ccl_releases(tag_lines: Iterable[str]) -> Dict[Tuple[str, str], str]:
+    """{(version, device): local label for XPU builds ('' for CPU)} from intel/torch-ccl's release tags.
+
+    A tag `vX.Y.Z[+cpu|+gpu|+xpu]` is a release; `...+rcN` counts only where no final tag of that build exists
+    (v2.4.0+cpu+rc0 is the only 2.4.0 tag). +gpu/+xpu tags are Intel GPU builds; the CPU wheels' '+cpu' local
+    label is added by setup.py, not named by every tag, so it is not derived."""
+    tags = [line.split("\t")[0].strip() for line in tag_lines if line.strip() and not line.startswith("#")]
+    finals = {t for t in tags if (m := _CCL_TAG.match(t)) and not m.group("rc")}
+    out: Dict[Tuple[str, str], str] = {}
+    for tag in tags:
+        m = _CCL_TAG.match(tag)
+        if m is None or Version(m.group("v")) < _FIRST_CCL:
+            continue
+        if m.group("rc") and tag[: m.start("rc")] in finals:
+            continue
+        label = m.group("label") or ""
+        device = "xpu" if label in ("gpu", "xpu") else "cpu"
+        out[(m.group("v"), device)] = f"+{label}" if device == "xpu" else ""
+    return out
+
+
+def regen_oneccl(text: str, fixtures: Path, report: Report) -> str:
+    releases = ccl_releases((fixtures / "torch_ccl_tags.txt").read_text().splitlines())
+    seen = set()
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table != "oneccl":
+            return None
+        key = (json.loads(_get(body, "version") or '""'), json.loads(_get(body, "device") or '""'))
+        if key not in releases:
+            report.missing.append(f"oneccl.toml {key[0]} ({key[1]}): no release tag of intel/torch-ccl")
+            return None
+        seen.add(key)
+        return {"local": _q(releases[key])} if key[1] == "xpu" else None
+
+    out = _rewrite(text, "oneccl.toml", edit, report)
+    report.missing.extend(f"intel/torch-ccl v{v} ({d}): a release tag oneccl.toml has no row for"
+                          for v, d in sorted(set(releases) - seen, key=lambda k: (Version(k[0]), k[1])))
+    return out
+
+
 # --------------------------------------------------------------------------- rewriting the TOML text
 
 
@@ -527,7 +576,7 @@ def _set_in_section(text: str, section: str, key: str, value: str, report: Repor
 
 
 REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch,
-         "tuning.toml": regen_tuning}
+         "tuning.toml": regen_tuning, "oneccl.toml": regen_oneccl}
 
 
 def regenerate(compat: Path = COMPAT, fixtures: Path = FIXTURES) -> Tuple[Dict[str, str], Report]:
@@ -656,10 +705,30 @@ def record_kernel(fixtures: Path, linux: Path) -> None:
                                         + amd[start:end])
 
 
-def _recorders(linux: Optional[Path]) -> List[Callable[[Path], None]]:
+def record_torch_ccl(fixtures: Path, checkout: Path) -> None:
+    """The release tags of an intel/torch-ccl clone (git fetch --tags first), with their commits."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=True,
+                              timeout=120).stdout
+
+    head = git("log", "-1", "--format=%h (%cs)").strip()
+    lines = ["# Recorded input for tools/regen_compat.py: the tags of https://github.com/intel/torch-ccl (tag<TAB>commit),",
+             f"# read from a clone whose newest commit is {head}; python -m tools.regen_compat --torch-ccl DIR re-records."]
+    for tag in sorted(git("tag").split(), key=_tag_key):
+        lines.append(f"{tag}\t{git('rev-parse', '--short=7', tag + '^{commit}').strip()}")
+    (fixtures / "torch_ccl_tags.txt").write_text("\n".join(lines) + "\n")
+
+
+def _tag_key(tag: str) -> Tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", tag)) or (0,)
+
+
+def _recorders(linux: Optional[Path], torch_ccl: Optional[Path] = None) -> List[Callable[[Path], None]]:
     out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()), record_accelerate, record_torch]
     if linux is not None:
         out.append(lambda d: record_kernel(d, linux))
+    if torch_ccl is not None:
+        out.append(lambda d: record_torch_ccl(d, torch_ccl))
     return out
 
 
@@ -696,19 +765,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--write", action="store_true", help="rewrite compat/ (default: only say what would change)")
     ap.add_argument("--live", action="store_true", help="re-record the inputs first (network; never in CI)")
     ap.add_argument("--linux", type=Path, help="a Linux source checkout to record the kernel tables from")
+    ap.add_argument("--torch-ccl", type=Path, help="an intel/torch-ccl clone to record the release tags from")
     ap.add_argument("--check-upstream", action="store_true",
                     help="record the newest inputs into a scratch copy (network; never in CI) and print what the data "
                          "would change; nothing is written")
     ap.add_argument("--fixtures", type=Path, default=FIXTURES)
     args = ap.parse_args(argv)
     if args.check_upstream:
-        return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux)))
+        return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux, args.torch_ccl)))
     if args.live:
         record_transformers(args.fixtures, _tracked())
         record_accelerate(args.fixtures)
         record_torch(args.fixtures)
         if args.linux:
             record_kernel(args.fixtures, args.linux)
+        if args.torch_ccl:
+            record_torch_ccl(args.fixtures, args.torch_ccl)
     texts, report = regenerate(COMPAT, args.fixtures)
     for line in report.lines():
         print(line)
