@@ -227,3 +227,28 @@ def test_torch_ccl_tags_are_recorded_from_a_real_clone(tmp_path):
     assert lines[0].startswith("# Recorded input") and [ln.split("\t")[0] for ln in lines[2:]] == \
         ["v2.7.0+cpu", "v2.8.0+xpu", "v2.9.0+xpu+rc0"]
     assert rc.ccl_releases(lines) == {("2.7.0", "cpu"): "", ("2.8.0", "xpu"): "+xpu", ("2.9.0", "xpu"): "+xpu"}
+
+
+def test_ipex_registry_state_is_derived_from_the_recorded_files(tmp_path):
+    wheels = rc.ipex_wheels((rc.FIXTURES / "ipex_wheels.txt").read_text().splitlines())
+    assert wheels["2.8.0"]["yanked"] is False and "3.13" in wheels["2.8.0"]["python"]
+    assert wheels["1.11.0"]["yanked"] is True
+    compat = _copy(tmp_path)
+    ipex = compat / "ipex.toml"
+    text = ipex.read_text()
+    start = text.index('version = "2.8.0"')
+    drifted = text[:start] + text[start:].replace("pypi_yanked = false", "pypi_yanked = true", 1)
+    drifted = drifted.replace('python = ["3.9", "3.10", "3.11", "3.12", "3.13"]\npypi = true\npypi_yanked = true',
+                              'python = ["3.9", "3.10", "3.11", "3.12"]\npypi = true\npypi_yanked = true', 1)
+    ipex.write_text(drifted)
+    texts, report = rc.regenerate(compat, rc.FIXTURES)
+    assert ("ipex.toml", "[[ipex]] \"2.8.0\"", "pypi_yanked", "true", "false") in {
+        (c.file, c.row, c.field, c.old, c.new) for c in report.changes}, report.lines()
+    assert "ipex.toml 2.8.0: the registry has a CPython 3.13 wheel the row lacks" in report.missing
+
+
+def test_ipex_wheel_lines_parse_with_and_without_the_yanked_mark():
+    lines = ["# header", "intel_extension_for_pytorch-2.8.0-cp313-cp313-manylinux_2_28_x86_64.whl",
+             "intel_extension_for_pytorch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl\tyanked",
+             "intel_extension_for_pytorch-2.7.0-cp311-cp311-win_amd64.whl"]
+    assert rc.ipex_wheels(lines) == {"2.8.0": {"python": ["3.12", "3.13"], "yanked": False}}

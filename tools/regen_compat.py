@@ -21,6 +21,8 @@ What is derived, and from what (recorded under tests/fixtures/regen/):
   and the 'Figure out Zen generations' switch of arch/x86/kernel/cpu/amd.c (intel-family.h, amd-zen.c).
 - compat/torch.toml, `python` / `python_aarch64`: from the Linux wheel file names of the registry's simple index
   for torch (torch_wheels.txt).
+- compat/ipex.toml, `pypi` / `pypi_yanked`: from the registry's intel-extension-for-pytorch files and their yanked
+  marks; a CPython tag a wheel has and the row's `python` lacks is reported (ipex_wheels.txt).
 - compat/oneccl.toml: which releases exist (one row per release tag of intel/torch-ccl from 1.10.0, CPU or XPU by the
   tag's label) and the XPU builds' local label (+gpu/+xpu as the tag names it) (torch_ccl_tags.txt).
 - compat/tuning.toml, [hf_trainer] default_fused_min_transformers / default_fused_min_torch: the first minor whose
@@ -399,6 +401,51 @@ def regen_oneccl(text: str, fixtures: Path, report: Report) -> str:
     return out
 
 
+# --------------------------------------------------------------------------- IPEX wheels on the registry
+
+_IPEX_WHEEL = re.compile(r"^intel_extension_for_pytorch-(?P<v>[^-]+)-(?P<py>cp\d+)-[^-]+-(?P<plat>[^\t ]+)\.whl"
+                         r"(?:\t(?P<yanked>yanked))?$")
+
+
+def ipex_wheels(lines: Iterable[str]) -> Dict[str, Dict[str, object]]:
+    """{version: {'python': [...], 'yanked': all files yanked}} of the Linux x86_64 wheels on the registry."""
+    out: Dict[str, Dict[str, object]] = {}
+    for line in lines:
+        m = _IPEX_WHEEL.match(line.strip("\n"))
+        if m is None or "linux" not in m.group("plat") or "x86_64" not in m.group("plat"):
+            continue
+        rec = out.setdefault(Version(m.group("v")).public, {"python": set(), "yanked": True})
+        digits = m.group("py")[2:]
+        rec["python"].add(f"{digits[0]}.{digits[1:]}")  # type: ignore[union-attr]
+        rec["yanked"] = bool(rec["yanked"]) and bool(m.group("yanked"))
+    return {v: {"python": sorted(r["python"], key=_py_key), "yanked": r["yanked"]}  # type: ignore[arg-type]
+            for v, r in out.items()}
+
+
+def regen_ipex(text: str, fixtures: Path, report: Report) -> str:
+    """pypi / pypi_yanked from the registry's files; a wheel's Python the row lacks is reported (the row's python is
+    the union of those files and the release's own docs table, so it is checked, not rewritten)."""
+    wheels = ipex_wheels((fixtures / "ipex_wheels.txt").read_text().splitlines())
+    known = set()
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table != "ipex":
+            return None
+        version = json.loads(_get(body, "version") or '""')
+        known.add(version)
+        rec = wheels.get(version)
+        python = set(json.loads(_get(body, "python") or "[]"))
+        for py in (rec or {}).get("python", []):  # type: ignore[union-attr]
+            if py not in python:
+                report.missing.append(f"ipex.toml {version}: the registry has a CPython {py} wheel the row lacks")
+        return {"pypi": "true" if rec else "false", "pypi_yanked": "true" if rec and rec["yanked"] else "false"}
+
+    out = _rewrite(text, "ipex.toml", edit, report)
+    report.missing.extend(f"intel-extension-for-pytorch {v}: on the registry, not in ipex.toml"
+                          for v in sorted(set(wheels) - known, key=Version))
+    return out
+
+
 # --------------------------------------------------------------------------- rewriting the TOML text
 
 
@@ -576,7 +623,7 @@ def _set_in_section(text: str, section: str, key: str, value: str, report: Repor
 
 
 REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch,
-         "tuning.toml": regen_tuning, "oneccl.toml": regen_oneccl}
+         "tuning.toml": regen_tuning, "oneccl.toml": regen_oneccl, "ipex.toml": regen_ipex}
 
 
 def regenerate(compat: Path = COMPAT, fixtures: Path = FIXTURES) -> Tuple[Dict[str, str], Report]:
@@ -669,31 +716,48 @@ def record_accelerate(fixtures: Path) -> None:
           "accelerate/commands/config/config_args.py of the first wheel of every minor release", releases)
 
 
-def record_torch(fixtures: Path) -> None:
-    """The Linux wheel file names of torch in the simple index pip uses (pip's own finder)."""
+def index_files(project: str) -> List[Tuple[str, bool]]:
+    """(file name, yanked) of every file on `project`'s page of the simple index pip uses (pip's own finder)."""
     from pip._internal.commands.download import DownloadCommand  # the registry's ordinary client
 
     cmd = DownloadCommand("download", "")
     options, _ = cmd.parse_args(["--only-binary", ":all:"])
     from pip._internal.index.collector import parse_links
 
-    found: set = set()
+    found: Dict[str, bool] = {}
 
     def every_link(page_link):  # all files on the page, not only those this Python could install
         response = finder._link_collector.fetch_response(page_link)
         if response is not None:
-            found.update(link.filename for link in parse_links(response))
+            for link in parse_links(response):
+                found[link.filename] = found.get(link.filename, False) or link.is_yanked
         return []
 
     with cmd.main_context():
         session = cmd.get_default_session(options)
         finder = cmd._build_package_finder(options=options, session=session)
-        for sources in finder._link_collector.collect_sources(project_name="torch", candidates_from_page=every_link):
+        for sources in finder._link_collector.collect_sources(project_name=project, candidates_from_page=every_link):
             for source in sources:
                 if source is not None:
                     list(source.page_candidates())
-    names = sorted(n for n in found if n.endswith(".whl") and "linux" in n)
+    return sorted(found.items())
+
+
+def record_torch(fixtures: Path) -> None:
+    """The Linux wheel file names of torch in the simple index."""
+    names = [n for n, _ in index_files("torch") if n.endswith(".whl") and "linux" in n]
     (fixtures / "torch_wheels.txt").write_text("\n".join(names) + "\n")
+
+
+def record_ipex(fixtures: Path) -> None:
+    """The wheel file names of intel-extension-for-pytorch in the simple index, each marked when yanked."""
+    import datetime
+
+    lines = [f"# Recorded input for tools/regen_compat.py: the wheel files of intel-extension-for-pytorch in the "
+             f"registry's simple index (name<TAB>yanked), read {datetime.date.today()}"]
+    lines += [f"{n}\t{'yanked' if y else ''}".rstrip() for n, y in index_files("intel-extension-for-pytorch")
+              if n.endswith(".whl")]
+    (fixtures / "ipex_wheels.txt").write_text("\n".join(lines) + "\n")
 
 
 def record_kernel(fixtures: Path, linux: Path) -> None:
@@ -724,7 +788,8 @@ def _tag_key(tag: str) -> Tuple[int, ...]:
 
 
 def _recorders(linux: Optional[Path], torch_ccl: Optional[Path] = None) -> List[Callable[[Path], None]]:
-    out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()), record_accelerate, record_torch]
+    out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()), record_accelerate, record_torch,
+                                         record_ipex]
     if linux is not None:
         out.append(lambda d: record_kernel(d, linux))
     if torch_ccl is not None:
@@ -777,6 +842,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record_transformers(args.fixtures, _tracked())
         record_accelerate(args.fixtures)
         record_torch(args.fixtures)
+        record_ipex(args.fixtures)
         if args.linux:
             record_kernel(args.fixtures, args.linux)
         if args.torch_ccl:
