@@ -231,8 +231,8 @@ def test_torch_ccl_tags_are_recorded_from_a_real_clone(tmp_path):
 
 def test_ipex_registry_state_is_derived_from_the_recorded_files(tmp_path):
     wheels = rc.ipex_wheels((rc.FIXTURES / "ipex_wheels.txt").read_text().splitlines())
-    assert wheels["2.8.0"]["yanked"] is False and "3.13" in wheels["2.8.0"]["python"]
-    assert wheels["1.11.0"]["yanked"] is True
+    assert wheels["2.8.0"].yanked is False and "3.13" in wheels["2.8.0"].python
+    assert wheels["1.11.0"].yanked is True
     compat = _copy(tmp_path)
     ipex = compat / "ipex.toml"
     text = ipex.read_text()
@@ -251,4 +251,4 @@ def test_ipex_wheel_lines_parse_with_and_without_the_yanked_mark():
     lines = ["# header", "intel_extension_for_pytorch-2.8.0-cp313-cp313-manylinux_2_28_x86_64.whl",
              "intel_extension_for_pytorch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl\tyanked",
              "intel_extension_for_pytorch-2.7.0-cp311-cp311-win_amd64.whl"]
-    assert rc.ipex_wheels(lines) == {"2.8.0": {"python": ["3.12", "3.13"], "yanked": False}}
+    assert rc.ipex_wheels(lines) == {"2.8.0": rc.IpexFiles(["3.12", "3.13"], False)}

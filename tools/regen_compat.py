@@ -407,19 +407,26 @@ _IPEX_WHEEL = re.compile(r"^intel_extension_for_pytorch-(?P<v>[^-]+)-(?P<py>cp\d
                          r"(?:\t(?P<yanked>yanked))?$")
 
 
-def ipex_wheels(lines: Iterable[str]) -> Dict[str, Dict[str, object]]:
-    """{version: {'python': [...], 'yanked': all files yanked}} of the Linux x86_64 wheels on the registry."""
-    out: Dict[str, Dict[str, object]] = {}
+@dataclass
+class IpexFiles:
+    """One IPEX version's Linux x86_64 wheels on the registry."""
+
+    python: List[str]
+    yanked: bool  # every file yanked
+
+
+def ipex_wheels(lines: Iterable[str]) -> Dict[str, IpexFiles]:
+    """{version: IpexFiles} of the Linux x86_64 wheels of intel-extension-for-pytorch on the registry."""
+    pythons: Dict[str, set] = {}
+    yanked: Dict[str, bool] = {}
     for line in lines:
         m = _IPEX_WHEEL.match(line.strip("\n"))
         if m is None or "linux" not in m.group("plat") or "x86_64" not in m.group("plat"):
             continue
-        rec = out.setdefault(Version(m.group("v")).public, {"python": set(), "yanked": True})
-        digits = m.group("py")[2:]
-        rec["python"].add(f"{digits[0]}.{digits[1:]}")  # type: ignore[union-attr]
-        rec["yanked"] = bool(rec["yanked"]) and bool(m.group("yanked"))
-    return {v: {"python": sorted(r["python"], key=_py_key), "yanked": r["yanked"]}  # type: ignore[arg-type]
-            for v, r in out.items()}
+        version, digits = Version(m.group("v")).public, m.group("py")[2:]
+        pythons.setdefault(version, set()).add(f"{digits[0]}.{digits[1:]}")
+        yanked[version] = yanked.get(version, True) and bool(m.group("yanked"))
+    return {v: IpexFiles(sorted(p, key=_py_key), yanked[v]) for v, p in pythons.items()}
 
 
 def regen_ipex(text: str, fixtures: Path, report: Report) -> str:
@@ -435,10 +442,10 @@ def regen_ipex(text: str, fixtures: Path, report: Report) -> str:
         known.add(version)
         rec = wheels.get(version)
         python = set(json.loads(_get(body, "python") or "[]"))
-        for py in (rec or {}).get("python", []):  # type: ignore[union-attr]
+        for py in rec.python if rec else []:
             if py not in python:
                 report.missing.append(f"ipex.toml {version}: the registry has a CPython {py} wheel the row lacks")
-        return {"pypi": "true" if rec else "false", "pypi_yanked": "true" if rec and rec["yanked"] else "false"}
+        return {"pypi": "true" if rec else "false", "pypi_yanked": "true" if rec and rec.yanked else "false"}
 
     out = _rewrite(text, "ipex.toml", edit, report)
     report.missing.extend(f"intel-extension-for-pytorch {v}: on the registry, not in ipex.toml"
