@@ -212,3 +212,17 @@ def test_doctor_on_an_unknown_family_says_what_it_assumes(tmp_path):
     (f,) = [f for f in rep["findings"] if f["id"] == "unknown-microarchitecture"]
     assert "ISA flags only" in f["message"] and "no MFU" in f["message"] and "newer than its data" in f["message"]
     assert not [f for f in rep["findings"] if f["id"] == "cpu-peak-not-in-data"]  # one finding, not two
+
+
+def test_an_installed_ipex_outside_the_data_is_named_with_what_cpuperf_assumes(m):
+    found = installed_findings("3.11", {"torch": "2.10.0", "intel-extension-for-pytorch": "2.10.10+xpu"},
+                               platform="linux_x86_64", matrix=m)
+    (xpu,) = [f for f in found if f["id"] == "ipex-xpu-build"]
+    assert "2.10.10+xpu" in xpu["message"] and "end at 2.8.0" in xpu["message"] and "absent" in xpu["message"]
+    found = installed_findings("3.11", {"torch": "2.9.1", "intel-extension-for-pytorch": "2.9.0+cpu"},
+                               platform="linux_x86_64", matrix=m)
+    (newer,) = [f for f in found if f["id"] == "ipex-newer-than-data"]
+    assert "newer than cpuperf's data" in newer["message"] and "own major.minor" in newer["message"]
+    healthy = installed_findings("3.11", {"torch": "2.8.0", "intel-extension-for-pytorch": "2.8.0+cpu"},
+                                 platform="linux_x86_64", matrix=m)
+    assert not [f for f in healthy if f["id"] in ("ipex-xpu-build", "ipex-newer-than-data")]
