@@ -226,3 +226,8 @@ def test_an_installed_ipex_outside_the_data_is_named_with_what_cpuperf_assumes(m
     healthy = installed_findings("3.11", {"torch": "2.8.0", "intel-extension-for-pytorch": "2.8.0+cpu"},
                                  platform="linux_x86_64", matrix=m)
     assert not [f for f in healthy if f["id"] in ("ipex-xpu-build", "ipex-newer-than-data")]
+
+
+def test_accelerate_ipex_flag_was_deprecated_from_1_8(m):
+    (row,) = [r for r in m.hf if r.package == "accelerate" and r.name == "--ipex"]
+    assert row.deprecated == Version("1.8.0") and row.removed == Version("1.10.0")  # the old row had no deprecation

@@ -252,3 +252,32 @@ def test_ipex_wheel_lines_parse_with_and_without_the_yanked_mark():
              "intel_extension_for_pytorch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl\tyanked",
              "intel_extension_for_pytorch-2.7.0-cp311-cp311-win_amd64.whl"]
     assert rc.ipex_wheels(lines) == {"2.8.0": rc.IpexFiles(["3.12", "3.13"], False)}
+
+
+def test_accelerate_launch_flags_and_backend_values_are_derived():
+    records = _records("accelerate_options.json")
+    assert rc.derive_ranges(records, "ccl") == ("0.4.0", None, "1.13.0")  # never warned about, removed in 1.13
+    assert rc.derive_ranges(records, "--ipex") == ("0.20.0", "1.8.0", "1.10.0")  # launch.py warns from 1.8.0
+    launch = ('p.add_argument("--ipex", action="store_true", help="use IPEX")\n'
+              'if args.ipex is not None:\n    logger.warning("ipex flag is deprecated, will be removed")\n')
+    state = 'if backend in (None, "ccl"):\n    backend = "ccl"\n'
+    assert rc.extract_accelerate_options(launch, state, ["--ipex", "ccl", "--gone"]) == \
+        {"present": ["--ipex", "ccl"], "deprecated": ["--ipex"]}
+    assert rc.extract_accelerate_options("", 'backend = "nccl"\n', ["ccl"])["present"] == []
+
+
+def test_the_installed_accelerate_options_read_as_recorded():
+    pytest.importorskip("accelerate")
+    import importlib.metadata
+    import importlib.util
+
+    version = importlib.metadata.version("accelerate")
+    records = _records("accelerate_options.json")
+    if version not in records:
+        pytest.skip(f"accelerate {version} is not a recorded release")
+    spec = importlib.util.find_spec("accelerate")
+    assert spec is not None and spec.origin is not None
+    root = Path(spec.origin).parent
+    got = rc.extract_accelerate_options((root / "commands" / "launch.py").read_text(), (root / "state.py").read_text(),
+                                        rc._tracked_accelerate())
+    assert got == records[version]

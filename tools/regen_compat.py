@@ -14,6 +14,9 @@ What is derived, and from what (recorded under tests/fixtures/regen/):
   release's transformers/training_args.py declares (TrainingArguments fields, the ddp_backend choices,
   OptimizerNames) and which it marks deprecated; one record per minor release (its first wheel) plus the last
   patch of a major (transformers_training_args.json).
+- compat/hf.toml, accelerate launch-flag and value rows: introduced/deprecated/removed, from the add_argument calls of
+  accelerate/commands/launch.py and the string constants of accelerate/state.py, with the deprecation each release's
+  help texts and warnings state (accelerate_options.json).
 - compat/hf.toml, accelerate config-key rows: introduced/removed, from the dataclass fields of BaseConfig /
   ClusterConfig in accelerate/commands/config/config_args.py (the loader rejects any other key)
   (accelerate_config_args.json).
@@ -231,6 +234,49 @@ def extract_config_keys(source: str) -> List[str]:
                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                     keys.add(stmt.target.id)
     return sorted(keys)
+
+
+def extract_accelerate_options(launch_source: str, state_source: str, tracked: Iterable[str]) -> Dict[str, List[str]]:
+    """{'present': [...], 'deprecated': [...]} among `tracked` launch flags (--name, from the add_argument calls of
+    accelerate/commands/launch.py) and backend values (a string constant of accelerate/state.py) of one release.
+    A flag is deprecated when its help says so or a warning says '<name> flag is deprecated'; a value when a warning
+    of state.py calls it deprecated."""
+    launch, state = ast.parse(launch_source) if launch_source else None, ast.parse(state_source) if state_source else None
+    flags: Dict[str, str] = {}
+    for node in ast.walk(launch) if launch else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            names = [a for a in (_string(x) for x in node.args) if a and a.startswith("--")]
+            help_text = next((" ".join(n.value for n in ast.walk(kw.value) if isinstance(n, ast.Constant)
+                                       and isinstance(n.value, str)) for kw in node.keywords if kw.arg == "help"), "")
+            flags.update({n: help_text for n in names})
+    warned = _warning_texts(launch) + _warning_texts(state)
+    values = {n.value for n in ast.walk(state) if isinstance(n, ast.Constant) and isinstance(n.value, str)} \
+        if state else set()
+    present, deprecated = [], []
+    for name in tracked:
+        if name.startswith("--"):
+            if name not in flags:
+                continue
+            bare = name[2:]
+            gone = _DEPRECATED.search(flags[name]) or any(re.search(rf"\b{bare} flag is deprecated", t) for t in warned)
+        else:
+            if name not in values:
+                continue
+            gone = any(re.search(rf"\b{name}\b.*deprecat|deprecat.*\b{name}\b", t, re.I) for t in warned)
+        present.append(name)
+        if gone:
+            deprecated.append(name)
+    return {"present": sorted(present), "deprecated": sorted(deprecated)}
+
+
+def _warning_texts(tree: Optional[ast.AST]) -> List[str]:
+    out = []
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("warn", "warning", "warning_once") and node.args:
+            out.append(" ".join(n.value for n in ast.walk(node.args[0]) if isinstance(n, ast.Constant)
+                                and isinstance(n.value, str)))
+    return out
 
 
 # --------------------------------------------------------------------------- CPUs
@@ -518,6 +564,7 @@ def regen_hf(text: str, fixtures: Path, report: Report) -> str:
     tf = json.loads((fixtures / "transformers_training_args.json").read_text())["releases"]
     acc = json.loads((fixtures / "accelerate_config_args.json").read_text())["releases"]
     acc_records = {v: {"present": keys} for v, keys in acc.items()}
+    opts = json.loads((fixtures / "accelerate_options.json").read_text())["releases"]
 
     newest = {"transformers": max(tf, key=Version), "accelerate": max(acc, key=Version)}
 
@@ -533,6 +580,8 @@ def regen_hf(text: str, fixtures: Path, report: Report) -> str:
         elif package == "accelerate" and kind == "config-key":
             intro, dep, gone = derive_ranges(acc_records, name)
             dep = json.loads(_get(body, "deprecated") or '""') or None  # the loader does not mark deprecations
+        elif package == "accelerate" and kind in ("launch-flag", "value"):
+            intro, dep, gone = derive_ranges(opts, name)
         else:
             return None
         if intro is None:
@@ -708,8 +757,13 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
           "is_torch_greater_or_equal_than_X_Y gate) in transformers/training_args.py of the same wheels", optims)
 
 
-def record_accelerate(fixtures: Path) -> None:
-    releases = {}
+def _member(z: zipfile.ZipFile, path: str) -> str:
+    return z.read(path).decode() if path in z.namelist() else ""
+
+
+def record_accelerate(fixtures: Path, tracked: Sequence[str] = ()) -> None:
+    releases: Dict[str, object] = {}
+    options: Dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in _first_of_each_minor(_versions("accelerate"), Version("0.1.0")):
             wheel = _pip_download(f"accelerate=={v}", tmp)
@@ -717,10 +771,15 @@ def record_accelerate(fixtures: Path) -> None:
                 continue
             with zipfile.ZipFile(wheel) as z:
                 path = "accelerate/commands/config/config_args.py"
-                releases[str(v)] = extract_config_keys(z.read(path).decode()) if path in z.namelist() else []
+                releases[str(v)] = extract_config_keys(_member(z, path)) if path in z.namelist() else []
+                options[str(v)] = extract_accelerate_options(_member(z, "accelerate/commands/launch.py"),
+                                                             _member(z, "accelerate/state.py"), tracked)
             wheel.unlink()
     _dump(fixtures / "accelerate_config_args.json", "dataclass fields of BaseConfig/ClusterConfig in "
           "accelerate/commands/config/config_args.py of the first wheel of every minor release", releases)
+    _dump(fixtures / "accelerate_options.json", "tracked launch flags (add_argument calls of "
+          "accelerate/commands/launch.py) and backend values (string constants of accelerate/state.py), with their "
+          "deprecation warnings, in the first wheel of every minor release", options)
 
 
 def index_files(project: str) -> List[Tuple[str, bool]]:
@@ -795,8 +854,8 @@ def _tag_key(tag: str) -> Tuple[int, ...]:
 
 
 def _recorders(linux: Optional[Path], torch_ccl: Optional[Path] = None) -> List[Callable[[Path], None]]:
-    out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()), record_accelerate, record_torch,
-                                         record_ipex]
+    out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()),
+                                         lambda d: record_accelerate(d, _tracked_accelerate()), record_torch, record_ipex]
     if linux is not None:
         out.append(lambda d: record_kernel(d, linux))
     if torch_ccl is not None:
@@ -823,6 +882,14 @@ def _dump(path: Path, source: str, releases: Mapping[str, object]) -> None:
     path.write_text(json.dumps({"source": source, "releases": ordered}, indent=1, sort_keys=False) + "\n")
 
 
+def _tracked_accelerate() -> List[str]:
+    """The accelerate launch-flag and value rows of hf.toml (config keys are all recorded)."""
+    text = (COMPAT / "hf.toml").read_text()
+    return [json.loads(_get(body, "name") or '""') for _, _, table, body in _blocks(text)
+            if table == "hf" and json.loads(_get(body, "package") or '""') == "accelerate"
+            and json.loads(_get(body, "kind") or '""') in ("launch-flag", "value")]
+
+
 def _tracked() -> List[str]:
     text = (COMPAT / "hf.toml").read_text()
     out = []
@@ -847,7 +914,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux, args.torch_ccl)))
     if args.live:
         record_transformers(args.fixtures, _tracked())
-        record_accelerate(args.fixtures)
+        record_accelerate(args.fixtures, _tracked_accelerate())
         record_torch(args.fixtures)
         record_ipex(args.fixtures)
         if args.linux:
