@@ -38,7 +38,7 @@ KERNEL_INTEL = {
     (6, 0xB7): "raptorlake", (6, 0xBA): "raptorlake", (6, 0xBF): "raptorlake",
     (6, 0xAA): "meteorlake", (6, 0xAC): "meteorlake",
     (6, 0xC5): "arrowlake", (6, 0xC6): "arrowlake", (6, 0xB5): "arrowlake", (6, 0xBD): "lunarlake",
-    (6, 0xCC): "pantherlake", (6, 0xD5): "wildcatlake", (18, 0x01): "novalake", (18, 0x03): "novalake",
+    (6, 0xCC): "pantherlake", (6, 0xE5): "pantherlake", (6, 0xD5): "wildcatlake", (18, 0x01): "novalake", (18, 0x03): "novalake",
     (6, 0xD7): "bartlettlake", (6, 0x8A): "lakefield",
     (6, 0xAF): "sierraforest", (6, 0xB6): "grandridge", (6, 0xDD): "clearwaterforest",
 }

@@ -143,3 +143,141 @@ def test_a_newer_recorded_release_moves_the_data_end(tmp_path):
     path.write_text(json.dumps(data))
     report = rc.check(ROOT / "compat", fixtures)
     assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()
+
+
+def test_the_fused_adamw_default_is_derived_from_the_recorded_releases(tmp_path):
+    records = _records("transformers_default_optim.json")
+    assert records["4.53.0"]["fused_with_torch"] is None and records["4.54.0"]["fused_with_torch"] == "2.8"
+    assert rc.derive_fused_default(records) == ("4.54", "2.8")
+    # The edge must sit between two adjacent recorded minors, else it is not derived.
+    assert rc.derive_fused_default({k: v for k, v in records.items() if k != "4.53.0"}) == (None, None)
+    compat = _copy(tmp_path)
+    tuning = compat / "tuning.toml"
+    text = tuning.read_text()
+    tuning.write_text(text.replace('default_fused_min_transformers = "4.54"', 'default_fused_min_transformers = "5.0"'))
+    texts, report = rc.regenerate(compat, rc.FIXTURES)
+    assert ("tuning.toml", "default_fused_min_transformers", '"5.0"', '"4.54"') in {
+        (c.file, c.field, c.old, c.new) for c in report.changes}
+    assert texts["tuning.toml"] == text
+
+
+def test_the_installed_transformers_default_optim_reads_as_recorded():
+    transformers = pytest.importorskip("transformers")
+    import importlib.metadata
+
+    version = importlib.metadata.version("transformers")
+    records = _records("transformers_default_optim.json")
+    if version not in records:
+        pytest.skip(f"transformers {version} is not a recorded release")
+    source = Path(transformers.__file__).with_name("training_args.py").read_text()
+    assert rc.extract_default_optim(source) == records[version]
+
+
+def test_check_upstream_names_newer_inputs_and_what_the_data_would_change(tmp_path):
+    def newer_transformers(scratch):  # stands in for the network recorder: 5.24.0 appears upstream
+        path = scratch / "transformers_training_args.json"
+        data = json.loads(path.read_text())
+        data["releases"]["5.24.0"] = data["releases"]["5.23.0"]
+        path.write_text(json.dumps(data))
+
+    report, moved = rc.check_upstream(rc.FIXTURES, [newer_transformers])
+    assert moved == ["transformers_training_args.json"]
+    assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()
+    assert rc._print_upstream(report, moved) == 1
+    report, moved = rc.check_upstream(rc.FIXTURES, [])
+    assert moved == [] and report.changes == [] and rc._print_upstream(report, moved) == 0
+    assert (rc.FIXTURES / "transformers_training_args.json").read_text().count("5.24.0") == 0  # scratch only
+
+
+def test_oneccl_rows_are_the_release_tags_of_torch_ccl(tmp_path):
+    releases = rc.ccl_releases((rc.FIXTURES / "torch_ccl_tags.txt").read_text().splitlines())
+    assert releases[("2.5.0", "xpu")] == "+xpu" and ("2.5.1", "xpu") not in releases
+    assert releases[("1.13.200", "xpu")] == "+gpu" and releases[("2.4.0", "cpu")] == ""  # 2.4.0: only an rc0 tag
+    assert ("1.2.0", "cpu") not in releases  # before the names the data covers
+    # The old rows are what the check would have caught: a 2.5.1 XPU row, no 1.13.200 row.
+    compat = _copy(tmp_path)
+    oneccl = compat / "oneccl.toml"
+    text = oneccl.read_text()
+    start = text.index('[[oneccl]]\nversion = "1.13.200"')
+    old = text[:start] + text[text.index("[[oneccl]]", start + 1):]
+    oneccl.write_text(old.replace('version = "2.5.0"\ndevice = "xpu"', 'version = "2.5.1"\ndevice = "xpu"'))
+    report = rc.check(compat, rc.FIXTURES)
+    assert "oneccl.toml 2.5.1 (xpu): no release tag of intel/torch-ccl" in report.missing
+    assert "intel/torch-ccl v1.13.200 (xpu): a release tag oneccl.toml has no row for" in report.missing
+    assert "intel/torch-ccl v2.5.0 (xpu): a release tag oneccl.toml has no row for" in report.missing
+
+
+def test_torch_ccl_tags_are_recorded_from_a_real_clone(tmp_path):
+    repo = tmp_path / "torch-ccl"
+    repo.mkdir()
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env, timeout=60)
+
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "r")
+    for tag in ("v2.7.0+cpu", "v2.8.0+xpu", "v2.9.0+xpu+rc0"):
+        git("tag", tag)
+    fixtures = tmp_path / "fx"
+    fixtures.mkdir()
+    rc.record_torch_ccl(fixtures, repo)
+    lines = (fixtures / "torch_ccl_tags.txt").read_text().splitlines()
+    assert lines[0].startswith("# Recorded input") and [ln.split("\t")[0] for ln in lines[2:]] == \
+        ["v2.7.0+cpu", "v2.8.0+xpu", "v2.9.0+xpu+rc0"]
+    assert rc.ccl_releases(lines) == {("2.7.0", "cpu"): "", ("2.8.0", "xpu"): "+xpu", ("2.9.0", "xpu"): "+xpu"}
+
+
+def test_ipex_registry_state_is_derived_from_the_recorded_files(tmp_path):
+    wheels = rc.ipex_wheels((rc.FIXTURES / "ipex_wheels.txt").read_text().splitlines())
+    assert wheels["2.8.0"].yanked is False and "3.13" in wheels["2.8.0"].python
+    assert wheels["1.11.0"].yanked is True
+    compat = _copy(tmp_path)
+    ipex = compat / "ipex.toml"
+    text = ipex.read_text()
+    start = text.index('version = "2.8.0"')
+    drifted = text[:start] + text[start:].replace("pypi_yanked = false", "pypi_yanked = true", 1)
+    drifted = drifted.replace('python = ["3.9", "3.10", "3.11", "3.12", "3.13"]\npypi = true\npypi_yanked = true',
+                              'python = ["3.9", "3.10", "3.11", "3.12"]\npypi = true\npypi_yanked = true', 1)
+    ipex.write_text(drifted)
+    texts, report = rc.regenerate(compat, rc.FIXTURES)
+    assert ("ipex.toml", "[[ipex]] \"2.8.0\"", "pypi_yanked", "true", "false") in {
+        (c.file, c.row, c.field, c.old, c.new) for c in report.changes}, report.lines()
+    assert "ipex.toml 2.8.0: the registry has a CPython 3.13 wheel the row lacks" in report.missing
+
+
+def test_ipex_wheel_lines_parse_with_and_without_the_yanked_mark():
+    lines = ["# header", "intel_extension_for_pytorch-2.8.0-cp313-cp313-manylinux_2_28_x86_64.whl",
+             "intel_extension_for_pytorch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl\tyanked",
+             "intel_extension_for_pytorch-2.7.0-cp311-cp311-win_amd64.whl"]
+    assert rc.ipex_wheels(lines) == {"2.8.0": rc.IpexFiles(["3.12", "3.13"], False)}
+
+
+def test_accelerate_launch_flags_and_backend_values_are_derived():
+    records = _records("accelerate_options.json")
+    assert rc.derive_ranges(records, "ccl") == ("0.4.0", None, "1.13.0")  # never warned about, removed in 1.13
+    assert rc.derive_ranges(records, "--ipex") == ("0.20.0", "1.8.0", "1.10.0")  # launch.py warns from 1.8.0
+    launch = ('p.add_argument("--ipex", action="store_true", help="use IPEX")\n'
+              'if args.ipex is not None:\n    logger.warning("ipex flag is deprecated, will be removed")\n')
+    state = 'if backend in (None, "ccl"):\n    backend = "ccl"\n'
+    assert rc.extract_accelerate_options(launch, state, ["--ipex", "ccl", "--gone"]) == \
+        {"present": ["--ipex", "ccl"], "deprecated": ["--ipex"]}
+    assert rc.extract_accelerate_options("", 'backend = "nccl"\n', ["ccl"])["present"] == []
+
+
+def test_the_installed_accelerate_options_read_as_recorded():
+    pytest.importorskip("accelerate")
+    import importlib.metadata
+    import importlib.util
+
+    version = importlib.metadata.version("accelerate")
+    records = _records("accelerate_options.json")
+    if version not in records:
+        pytest.skip(f"accelerate {version} is not a recorded release")
+    spec = importlib.util.find_spec("accelerate")
+    assert spec is not None and spec.origin is not None
+    root = Path(spec.origin).parent
+    got = rc.extract_accelerate_options((root / "commands" / "launch.py").read_text(), (root / "state.py").read_text(),
+                                        rc._tracked_accelerate())
+    assert got == records[version]

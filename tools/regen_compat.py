@@ -5,12 +5,18 @@
     python -m tools.regen_compat --live --write
         # first re-record the inputs (network: the package registry through pip, the kernel headers from a
         # local Linux checkout given with --linux DIR), then rewrite compat/
+    python -m tools.regen_compat --check-upstream [--linux DIR]
+        # by hand, with network: record the newest inputs into a scratch copy and print which inputs are newer
+        # and what the data would change (exit 1 when anything would); nothing is written
 
 What is derived, and from what (recorded under tests/fixtures/regen/):
 - compat/hf.toml, transformers trainer-arg/value rows: introduced/deprecated/removed, from which options each
   release's transformers/training_args.py declares (TrainingArguments fields, the ddp_backend choices,
   OptimizerNames) and which it marks deprecated; one record per minor release (its first wheel) plus the last
   patch of a major (transformers_training_args.json).
+- compat/hf.toml, accelerate launch-flag and value rows: introduced/deprecated/removed, from the add_argument calls of
+  accelerate/commands/launch.py and the string constants of accelerate/state.py, with the deprecation each release's
+  help texts and warnings state (accelerate_options.json).
 - compat/hf.toml, accelerate config-key rows: introduced/removed, from the dataclass fields of BaseConfig /
   ClusterConfig in accelerate/commands/config/config_args.py (the loader rejects any other key)
   (accelerate_config_args.json).
@@ -18,6 +24,13 @@ What is derived, and from what (recorded under tests/fixtures/regen/):
   and the 'Figure out Zen generations' switch of arch/x86/kernel/cpu/amd.c (intel-family.h, amd-zen.c).
 - compat/torch.toml, `python` / `python_aarch64`: from the Linux wheel file names of the registry's simple index
   for torch (torch_wheels.txt).
+- compat/ipex.toml, `pypi` / `pypi_yanked`: from the registry's intel-extension-for-pytorch files and their yanked
+  marks; a CPython tag a wheel has and the row's `python` lacks is reported (ipex_wheels.txt).
+- compat/oneccl.toml: which releases exist (one row per release tag of intel/torch-ccl from 1.10.0, CPU or XPU by the
+  tag's label) and the XPU builds' local label (+gpu/+xpu as the tag names it) (torch_ccl_tags.txt).
+- compat/tuning.toml, [hf_trainer] default_fused_min_transformers / default_fused_min_torch: the first minor whose
+  TrainingArguments defaults to adamw_torch_fused and its is_torch_greater_or_equal_than_X_Y gate, pinned by two
+  adjacent recorded minors (transformers_default_optim.json, from the same wheels).
 
 Curated columns (replacement, reason, cuda, the macro -> generation map below) stay as written: the script
 only rewrites the derived fields and says which rows the inputs name that the data lacks. The live mode is
@@ -30,13 +43,14 @@ import argparse
 import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.version import Version
 
@@ -126,6 +140,69 @@ def _deprecation_warnings(tree: ast.AST) -> set:
     return out
 
 
+_TORCH_GATE = re.compile(r"is_torch_greater_or_equal_than_(\d+)_(\d+)$")
+
+
+def extract_default_optim(source: str) -> Dict[str, Optional[str]]:
+    """TrainingArguments' default optim in one release: {'default': name, 'fused_with_torch': 'X.Y' or None}.
+
+    From 4.54 the class body reads `default_optim = "adamw_torch"` and, under `if is_torch_greater_or_equal_than_2_8`,
+    `default_optim = "adamw_torch_fused"`; older releases give the `optim` field a constant default."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "TrainingArguments":
+            return _class_default_optim(node)
+    return {"default": None, "fused_with_torch": None}
+
+
+def _class_default_optim(cls: ast.ClassDef) -> Dict[str, Optional[str]]:
+    default: Optional[str] = None
+    gate: Optional[str] = None
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "default_optim" for t in stmt.targets):
+            default = _string(stmt.value) or default
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "optim" \
+                and default is None and isinstance(stmt.value, ast.Call):
+            for kw in stmt.value.keywords:
+                if kw.arg == "default":
+                    default = _string(kw.value) or (kw.value.attr.lower() if isinstance(kw.value, ast.Attribute)
+                                                    else None)
+        elif isinstance(stmt, ast.If):
+            gate = _fused_gate(stmt) or gate
+    return {"default": default, "fused_with_torch": gate}
+
+
+def _fused_gate(node: ast.If) -> Optional[str]:
+    """'X.Y' when an `if is_torch_greater_or_equal_than_X_Y:` (at any depth) sets default_optim to the fused one."""
+    for inner in ast.walk(node):
+        if not isinstance(inner, ast.If) or not isinstance(inner.test, ast.Name):
+            continue
+        m = _TORCH_GATE.match(inner.test.id)
+        sets_fused = any(isinstance(b, ast.Assign) and _string(b.value) == "adamw_torch_fused"
+                         and any(isinstance(t, ast.Name) and t.id == "default_optim" for t in b.targets)
+                         for b in inner.body)
+        if m and sets_fused:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def derive_fused_default(records: Mapping[str, Mapping[str, Optional[str]]]) -> Tuple[Optional[str], Optional[str]]:
+    """(first minor 'X.Y' whose Trainer defaults to fused AdamW, its torch gate) when the recorded release just before
+    it does not; (None, None) when no recorded release has it or the edge lies between unrecorded minors."""
+    ordered = sorted(records, key=Version)
+    for i, release in enumerate(ordered):
+        gate = records[release].get("fused_with_torch")
+        if gate is None:
+            continue
+        v = Version(release)
+        before = Version(ordered[i - 1]) if i else None
+        if before is None or records[ordered[i - 1]].get("fused_with_torch") is not None or \
+                (before.major, before.minor + 1) != (v.major, v.minor):
+            return None, None  # the edge is not pinned by two adjacent recorded minors
+        return f"{v.major}.{v.minor}", gate
+    return None, None
+
+
 def derive_ranges(records: Mapping[str, Mapping[str, Sequence[str]]], name: str
                   ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
     """(introduced, deprecated, removed) of `name` over releases oldest to newest: the first release that has
@@ -159,6 +236,49 @@ def extract_config_keys(source: str) -> List[str]:
     return sorted(keys)
 
 
+def extract_accelerate_options(launch_source: str, state_source: str, tracked: Iterable[str]) -> Dict[str, List[str]]:
+    """{'present': [...], 'deprecated': [...]} among `tracked` launch flags (--name, from the add_argument calls of
+    accelerate/commands/launch.py) and backend values (a string constant of accelerate/state.py) of one release.
+    A flag is deprecated when its help says so or a warning says '<name> flag is deprecated'; a value when a warning
+    of state.py calls it deprecated."""
+    launch, state = ast.parse(launch_source) if launch_source else None, ast.parse(state_source) if state_source else None
+    flags: Dict[str, str] = {}
+    for node in ast.walk(launch) if launch else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            names = [a for a in (_string(x) for x in node.args) if a and a.startswith("--")]
+            help_text = next((" ".join(n.value for n in ast.walk(kw.value) if isinstance(n, ast.Constant)
+                                       and isinstance(n.value, str)) for kw in node.keywords if kw.arg == "help"), "")
+            flags.update({n: help_text for n in names})
+    warned = _warning_texts(launch) + _warning_texts(state)
+    values = {n.value for n in ast.walk(state) if isinstance(n, ast.Constant) and isinstance(n.value, str)} \
+        if state else set()
+    present, deprecated = [], []
+    for name in tracked:
+        if name.startswith("--"):
+            if name not in flags:
+                continue
+            bare = name[2:]
+            gone = _DEPRECATED.search(flags[name]) or any(re.search(rf"\b{bare} flag is deprecated", t) for t in warned)
+        else:
+            if name not in values:
+                continue
+            gone = any(re.search(rf"\b{name}\b.*deprecat|deprecat.*\b{name}\b", t, re.I) for t in warned)
+        present.append(name)
+        if gone:
+            deprecated.append(name)
+    return {"present": sorted(present), "deprecated": sorted(deprecated)}
+
+
+def _warning_texts(tree: Optional[ast.AST]) -> List[str]:
+    out = []
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("warn", "warning", "warning_once") and node.args:
+            out.append(" ".join(n.value for n in ast.walk(node.args[0]) if isinstance(n, ast.Constant)
+                                and isinstance(n.value, str)))
+    return out
+
+
 # --------------------------------------------------------------------------- CPUs
 
 # intel-family.h macro -> the microarchitecture name in compat/microarch.toml (curated: the kernel names the
@@ -180,7 +300,7 @@ INTEL_NAMES = {
     "RAPTORLAKE": "raptorlake", "RAPTORLAKE_P": "raptorlake", "RAPTORLAKE_S": "raptorlake",
     "METEORLAKE": "meteorlake", "METEORLAKE_L": "meteorlake",
     "ARROWLAKE_H": "arrowlake", "ARROWLAKE": "arrowlake", "ARROWLAKE_U": "arrowlake", "LUNARLAKE_M": "lunarlake",
-    "PANTHERLAKE_L": "pantherlake", "WILDCATLAKE_L": "wildcatlake", "NOVALAKE": "novalake", "NOVALAKE_L": "novalake",
+    "PANTHERLAKE_L": "pantherlake", "PANTHERLAKE_R": "pantherlake", "WILDCATLAKE_L": "wildcatlake", "NOVALAKE": "novalake", "NOVALAKE_L": "novalake",
     "ATOM_GRACEMONT": "alderlake_n", "ATOM_CRESTMONT_X": "sierraforest", "ATOM_CRESTMONT": "grandridge",
     "ATOM_DARKMONT_X": "clearwaterforest",
 }
@@ -280,6 +400,105 @@ def _py_key(py: str) -> Tuple[int, int, int]:
     return int(major), int(minor), int(py.endswith("t"))
 
 
+# --------------------------------------------------------------------------- oneCCL bindings (intel/torch-ccl tags)
+
+_CCL_TAG = re.compile(r"^v(?P<v>\d+\.\d+\.\d+)(?:\+(?P<label>cpu|gpu|xpu))?(?P<rc>\+rc\d+)?$")
+_FIRST_CCL = Version("1.10.0")  # the first release under the oneccl_bind_pt / torch_ccl names the data covers
+
+
+def ccl_releases(tag_lines: Iterable[str]) -> Dict[Tuple[str, str], str]:
+    """{(version, device): local label for XPU builds ('' for CPU)} from intel/torch-ccl's release tags.
+
+    A tag `vX.Y.Z[+cpu|+gpu|+xpu]` is a release; `...+rcN` counts only where no final tag of that build exists
+    (v2.4.0+cpu+rc0 is the only 2.4.0 tag). +gpu/+xpu tags are Intel GPU builds; the CPU wheels' '+cpu' local
+    label is added by setup.py, not named by every tag, so it is not derived."""
+    tags = [line.split("\t")[0].strip() for line in tag_lines if line.strip() and not line.startswith("#")]
+    finals = {t for t in tags if (m := _CCL_TAG.match(t)) and not m.group("rc")}
+    out: Dict[Tuple[str, str], str] = {}
+    for tag in tags:
+        m = _CCL_TAG.match(tag)
+        if m is None or Version(m.group("v")) < _FIRST_CCL:
+            continue
+        if m.group("rc") and tag[: m.start("rc")] in finals:
+            continue
+        label = m.group("label") or ""
+        device = "xpu" if label in ("gpu", "xpu") else "cpu"
+        out[(m.group("v"), device)] = f"+{label}" if device == "xpu" else ""
+    return out
+
+
+def regen_oneccl(text: str, fixtures: Path, report: Report) -> str:
+    releases = ccl_releases((fixtures / "torch_ccl_tags.txt").read_text().splitlines())
+    seen = set()
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table != "oneccl":
+            return None
+        key = (json.loads(_get(body, "version") or '""'), json.loads(_get(body, "device") or '""'))
+        if key not in releases:
+            report.missing.append(f"oneccl.toml {key[0]} ({key[1]}): no release tag of intel/torch-ccl")
+            return None
+        seen.add(key)
+        return {"local": _q(releases[key])} if key[1] == "xpu" else None
+
+    out = _rewrite(text, "oneccl.toml", edit, report)
+    report.missing.extend(f"intel/torch-ccl v{v} ({d}): a release tag oneccl.toml has no row for"
+                          for v, d in sorted(set(releases) - seen, key=lambda k: (Version(k[0]), k[1])))
+    return out
+
+
+# --------------------------------------------------------------------------- IPEX wheels on the registry
+
+_IPEX_WHEEL = re.compile(r"^intel_extension_for_pytorch-(?P<v>[^-]+)-(?P<py>cp\d+)-[^-]+-(?P<plat>[^\t ]+)\.whl"
+                         r"(?:\t(?P<yanked>yanked))?$")
+
+
+@dataclass
+class IpexFiles:
+    """One IPEX version's Linux x86_64 wheels on the registry."""
+
+    python: List[str]
+    yanked: bool  # every file yanked
+
+
+def ipex_wheels(lines: Iterable[str]) -> Dict[str, IpexFiles]:
+    """{version: IpexFiles} of the Linux x86_64 wheels of intel-extension-for-pytorch on the registry."""
+    pythons: Dict[str, set] = {}
+    yanked: Dict[str, bool] = {}
+    for line in lines:
+        m = _IPEX_WHEEL.match(line.strip("\n"))
+        if m is None or "linux" not in m.group("plat") or "x86_64" not in m.group("plat"):
+            continue
+        version, digits = Version(m.group("v")).public, m.group("py")[2:]
+        pythons.setdefault(version, set()).add(f"{digits[0]}.{digits[1:]}")
+        yanked[version] = yanked.get(version, True) and bool(m.group("yanked"))
+    return {v: IpexFiles(sorted(p, key=_py_key), yanked[v]) for v, p in pythons.items()}
+
+
+def regen_ipex(text: str, fixtures: Path, report: Report) -> str:
+    """pypi / pypi_yanked from the registry's files; a wheel's Python the row lacks is reported (the row's python is
+    the union of those files and the release's own docs table, so it is checked, not rewritten)."""
+    wheels = ipex_wheels((fixtures / "ipex_wheels.txt").read_text().splitlines())
+    known = set()
+
+    def edit(table: str, body: str) -> Optional[Dict[str, str]]:
+        if table != "ipex":
+            return None
+        version = json.loads(_get(body, "version") or '""')
+        known.add(version)
+        rec = wheels.get(version)
+        python = set(json.loads(_get(body, "python") or "[]"))
+        for py in rec.python if rec else []:
+            if py not in python:
+                report.missing.append(f"ipex.toml {version}: the registry has a CPython {py} wheel the row lacks")
+        return {"pypi": "true" if rec else "false", "pypi_yanked": "true" if rec and rec.yanked else "false"}
+
+    out = _rewrite(text, "ipex.toml", edit, report)
+    report.missing.extend(f"intel-extension-for-pytorch {v}: on the registry, not in ipex.toml"
+                          for v in sorted(set(wheels) - known, key=Version))
+    return out
+
+
 # --------------------------------------------------------------------------- rewriting the TOML text
 
 
@@ -345,6 +564,7 @@ def regen_hf(text: str, fixtures: Path, report: Report) -> str:
     tf = json.loads((fixtures / "transformers_training_args.json").read_text())["releases"]
     acc = json.loads((fixtures / "accelerate_config_args.json").read_text())["releases"]
     acc_records = {v: {"present": keys} for v, keys in acc.items()}
+    opts = json.loads((fixtures / "accelerate_options.json").read_text())["releases"]
 
     newest = {"transformers": max(tf, key=Version), "accelerate": max(acc, key=Version)}
 
@@ -360,6 +580,8 @@ def regen_hf(text: str, fixtures: Path, report: Report) -> str:
         elif package == "accelerate" and kind == "config-key":
             intro, dep, gone = derive_ranges(acc_records, name)
             dep = json.loads(_get(body, "deprecated") or '""') or None  # the loader does not mark deprecations
+        elif package == "accelerate" and kind in ("launch-flag", "value"):
+            intro, dep, gone = derive_ranges(opts, name)
         else:
             return None
         if intro is None:
@@ -428,7 +650,36 @@ def regen_torch(text: str, fixtures: Path, report: Report) -> str:
     return out
 
 
-REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch}
+def regen_tuning(text: str, fixtures: Path, report: Report) -> str:
+    """[hf_trainer] default_fused_min_transformers / _torch from the recorded default optim of each release."""
+    records = json.loads((fixtures / "transformers_default_optim.json").read_text())["releases"]
+    first, gate = derive_fused_default(records)
+    if first is None or gate is None:
+        report.missing.append("tuning.toml [hf_trainer]: no two adjacent recorded minors pin the fused-default edge")
+        return text
+    for key, value in (("default_fused_min_transformers", first), ("default_fused_min_torch", gate)):
+        text = _set_in_section(text, "hf_trainer", key, json.dumps(value), report)
+    return text
+
+
+def _set_in_section(text: str, section: str, key: str, value: str, report: Report) -> str:
+    m = re.search(rf"(?ms)^\[{section}\]\n.*?(?=^\[|\Z)", text)
+    if m is None:
+        report.missing.append(f"tuning.toml has no [{section}]")
+        return text
+    body = m.group(0)
+    old = _get(body, key)
+    if old is None:
+        report.missing.append(f"tuning.toml [{section}] has no {key}")
+        return text
+    if old == value:
+        return text
+    report.changes.append(Change("tuning.toml", f"[{section}]", key, old, value))
+    return text[:m.start()] + _set(body, key, value) + text[m.end():]
+
+
+REGEN = {"hf.toml": regen_hf, "microarch.toml": regen_microarch, "torch.toml": regen_torch,
+         "tuning.toml": regen_tuning, "oneccl.toml": regen_oneccl, "ipex.toml": regen_ipex}
 
 
 def regenerate(compat: Path = COMPAT, fixtures: Path = FIXTURES) -> Tuple[Dict[str, str], Report]:
@@ -480,7 +731,8 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
         last = max((v for v in versions if v.major == major and not v.is_prerelease), default=None)
         if last is not None and last not in wanted and any(v.major > major for v in versions):
             wanted.append(last)
-    releases = {}
+    releases: Dict[str, object] = {}
+    optims: Dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in sorted(wanted):
             # x.y.0 first even when yanked (pip's index listing hides yanked releases; 4.57.0 is where use_ipex
@@ -496,13 +748,22 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
                 src = z.read("transformers/training_args.py").decode() if "transformers/training_args.py" in names \
                     else ""
             releases[str(v)] = extract_training_args(src, tracked) if src else {"present": [], "deprecated": []}
+            if src:
+                optims[str(v)] = extract_default_optim(src)
             wheel.unlink()
     _dump(fixtures / "transformers_training_args.json", "transformers/training_args.py of the first wheel of "
           "every minor release (and the last patch of each finished major)", releases)
+    _dump(fixtures / "transformers_default_optim.json", "TrainingArguments' default optim (default_optim and its "
+          "is_torch_greater_or_equal_than_X_Y gate) in transformers/training_args.py of the same wheels", optims)
 
 
-def record_accelerate(fixtures: Path) -> None:
-    releases = {}
+def _member(z: zipfile.ZipFile, path: str) -> str:
+    return z.read(path).decode() if path in z.namelist() else ""
+
+
+def record_accelerate(fixtures: Path, tracked: Sequence[str] = ()) -> None:
+    releases: Dict[str, object] = {}
+    options: Dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in _first_of_each_minor(_versions("accelerate"), Version("0.1.0")):
             wheel = _pip_download(f"accelerate=={v}", tmp)
@@ -510,37 +771,59 @@ def record_accelerate(fixtures: Path) -> None:
                 continue
             with zipfile.ZipFile(wheel) as z:
                 path = "accelerate/commands/config/config_args.py"
-                releases[str(v)] = extract_config_keys(z.read(path).decode()) if path in z.namelist() else []
+                releases[str(v)] = extract_config_keys(_member(z, path)) if path in z.namelist() else []
+                options[str(v)] = extract_accelerate_options(_member(z, "accelerate/commands/launch.py"),
+                                                             _member(z, "accelerate/state.py"), tracked)
             wheel.unlink()
     _dump(fixtures / "accelerate_config_args.json", "dataclass fields of BaseConfig/ClusterConfig in "
           "accelerate/commands/config/config_args.py of the first wheel of every minor release", releases)
+    _dump(fixtures / "accelerate_options.json", "tracked launch flags (add_argument calls of "
+          "accelerate/commands/launch.py) and backend values (string constants of accelerate/state.py), with their "
+          "deprecation warnings, in the first wheel of every minor release", options)
 
 
-def record_torch(fixtures: Path) -> None:
-    """The Linux wheel file names of torch in the simple index pip uses (pip's own finder)."""
+def index_files(project: str) -> List[Tuple[str, bool]]:
+    """(file name, yanked) of every file on `project`'s page of the simple index pip uses (pip's own finder)."""
     from pip._internal.commands.download import DownloadCommand  # the registry's ordinary client
 
     cmd = DownloadCommand("download", "")
     options, _ = cmd.parse_args(["--only-binary", ":all:"])
     from pip._internal.index.collector import parse_links
 
-    found: set = set()
+    found: Dict[str, bool] = {}
 
     def every_link(page_link):  # all files on the page, not only those this Python could install
         response = finder._link_collector.fetch_response(page_link)
         if response is not None:
-            found.update(link.filename for link in parse_links(response))
+            for link in parse_links(response):
+                found[link.filename] = found.get(link.filename, False) or link.is_yanked
         return []
 
     with cmd.main_context():
         session = cmd.get_default_session(options)
         finder = cmd._build_package_finder(options=options, session=session)
-        for sources in finder._link_collector.collect_sources(project_name="torch", candidates_from_page=every_link):
+        for sources in finder._link_collector.collect_sources(project_name=project, candidates_from_page=every_link):
             for source in sources:
                 if source is not None:
                     list(source.page_candidates())
-    names = sorted(n for n in found if n.endswith(".whl") and "linux" in n)
+    return sorted(found.items())
+
+
+def record_torch(fixtures: Path) -> None:
+    """The Linux wheel file names of torch in the simple index."""
+    names = [n for n, _ in index_files("torch") if n.endswith(".whl") and "linux" in n]
     (fixtures / "torch_wheels.txt").write_text("\n".join(names) + "\n")
+
+
+def record_ipex(fixtures: Path) -> None:
+    """The wheel file names of intel-extension-for-pytorch in the simple index, each marked when yanked."""
+    import datetime
+
+    lines = [f"# Recorded input for tools/regen_compat.py: the wheel files of intel-extension-for-pytorch in the "
+             f"registry's simple index (name<TAB>yanked), read {datetime.date.today()}"]
+    lines += [f"{n}\t{'yanked' if y else ''}".rstrip() for n, y in index_files("intel-extension-for-pytorch")
+              if n.endswith(".whl")]
+    (fixtures / "ipex_wheels.txt").write_text("\n".join(lines) + "\n")
 
 
 def record_kernel(fixtures: Path, linux: Path) -> None:
@@ -552,9 +835,59 @@ def record_kernel(fixtures: Path, linux: Path) -> None:
                                         + amd[start:end])
 
 
+def record_torch_ccl(fixtures: Path, checkout: Path) -> None:
+    """The release tags of an intel/torch-ccl clone (git fetch --tags first), with their commits."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=True,
+                              timeout=120).stdout
+
+    head = git("log", "-1", "--format=%h (%cs)").strip()
+    lines = ["# Recorded input for tools/regen_compat.py: the tags of https://github.com/intel/torch-ccl (tag<TAB>commit),",
+             f"# read from a clone whose newest commit is {head}; python -m tools.regen_compat --torch-ccl DIR re-records."]
+    for tag in sorted(git("tag").split(), key=_tag_key):
+        lines.append(f"{tag}\t{git('rev-parse', '--short=7', tag + '^{commit}').strip()}")
+    (fixtures / "torch_ccl_tags.txt").write_text("\n".join(lines) + "\n")
+
+
+def _tag_key(tag: str) -> Tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", tag)) or (0,)
+
+
+def _recorders(linux: Optional[Path], torch_ccl: Optional[Path] = None) -> List[Callable[[Path], None]]:
+    out: List[Callable[[Path], None]] = [lambda d: record_transformers(d, _tracked()),
+                                         lambda d: record_accelerate(d, _tracked_accelerate()), record_torch, record_ipex]
+    if linux is not None:
+        out.append(lambda d: record_kernel(d, linux))
+    if torch_ccl is not None:
+        out.append(lambda d: record_torch_ccl(d, torch_ccl))
+    return out
+
+
+def check_upstream(fixtures: Path = FIXTURES, recorders: Optional[Sequence[Callable[[Path], None]]] = None,
+                   compat: Path = COMPAT) -> Tuple[Report, List[str]]:
+    """Record the newest inputs into a scratch copy of `fixtures` (nothing committed moves) and say what the data
+    would change, and which recorded inputs differ from the committed ones."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "regen"
+        shutil.copytree(fixtures, scratch)
+        for record in recorders if recorders is not None else _recorders(None):
+            record(scratch)
+        moved = [p.name for p in sorted(scratch.iterdir())
+                 if not (fixtures / p.name).exists() or (fixtures / p.name).read_bytes() != p.read_bytes()]
+        return check(compat, scratch), moved
+
+
 def _dump(path: Path, source: str, releases: Mapping[str, object]) -> None:
     ordered = {k: releases[k] for k in sorted(releases, key=Version)}
     path.write_text(json.dumps({"source": source, "releases": ordered}, indent=1, sort_keys=False) + "\n")
+
+
+def _tracked_accelerate() -> List[str]:
+    """The accelerate launch-flag and value rows of hf.toml (config keys are all recorded)."""
+    text = (COMPAT / "hf.toml").read_text()
+    return [json.loads(_get(body, "name") or '""') for _, _, table, body in _blocks(text)
+            if table == "hf" and json.loads(_get(body, "package") or '""') == "accelerate"
+            and json.loads(_get(body, "kind") or '""') in ("launch-flag", "value")]
 
 
 def _tracked() -> List[str]:
@@ -571,14 +904,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--write", action="store_true", help="rewrite compat/ (default: only say what would change)")
     ap.add_argument("--live", action="store_true", help="re-record the inputs first (network; never in CI)")
     ap.add_argument("--linux", type=Path, help="a Linux source checkout to record the kernel tables from")
+    ap.add_argument("--torch-ccl", type=Path, help="an intel/torch-ccl clone to record the release tags from")
+    ap.add_argument("--check-upstream", action="store_true",
+                    help="record the newest inputs into a scratch copy (network; never in CI) and print what the data "
+                         "would change; nothing is written")
     ap.add_argument("--fixtures", type=Path, default=FIXTURES)
     args = ap.parse_args(argv)
+    if args.check_upstream:
+        return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux, args.torch_ccl)))
     if args.live:
         record_transformers(args.fixtures, _tracked())
-        record_accelerate(args.fixtures)
+        record_accelerate(args.fixtures, _tracked_accelerate())
         record_torch(args.fixtures)
+        record_ipex(args.fixtures)
         if args.linux:
             record_kernel(args.fixtures, args.linux)
+        if args.torch_ccl:
+            record_torch_ccl(args.fixtures, args.torch_ccl)
     texts, report = regenerate(COMPAT, args.fixtures)
     for line in report.lines():
         print(line)
@@ -590,9 +932,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 1 if report.changes and not args.write else 0
 
 
+def _print_upstream(report: Report, moved: Sequence[str]) -> int:
+    for name in moved:
+        print(f"newer input: {name}")
+    for line in report.lines():
+        print(line)
+    if moved or report.changes or report.missing:
+        print("update with: python -m tools.regen_compat --live --write (add rows the data lacks by hand)",
+              file=sys.stderr)
+        return 1
+    print("the recorded inputs are the newest upstream offers", file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["check", "regenerate", "extract_training_args", "extract_config_keys", "intel_models", "amd_ranges",
+__all__ = ["check", "check_upstream", "regenerate", "extract_training_args", "extract_default_optim", "extract_config_keys", "intel_models", "amd_ranges",
            "torch_pythons", "derive_ranges"]

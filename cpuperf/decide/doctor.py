@@ -10,6 +10,7 @@ from packaging.version import InvalidVersion, Version
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
+from cpuperf.knowledge.cpu_peaks import peak_generations
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import HostFacts, PackageInfo
 
@@ -50,11 +51,18 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
             "the CPU has AMX but the kernel refused tile state to this process (arch_prctl "
             "ARCH_REQ_XCOMP_PERM); AMX kernels will crash or be skipped",
             "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
+    named = cpu.model_name or cpu.vendor or "unknown"
     if cpu.microarchitecture in ("unknown", "x86_64", "x86_64_v2", "x86_64_v3", "x86_64_v4", "aarch64"):
         out.append(Finding("unknown-microarchitecture", "info",
-                           f"this CPU ({cpu.model_name or cpu.vendor or 'unknown'}) is not in cpuperf's table; "
-                           "decisions use its ISA flags only",
+                           f"this CPU ({named}) is not in cpuperf's table (newer than its data, or unlisted); "
+                           "decisions use its ISA flags only, and training reports no MFU for it",
                            "report it with: cpuperf doctor --save-snapshot ./snapshot"))
+    elif cpu.microarchitecture not in peak_generations():
+        out.append(Finding("cpu-peak-not-in-data", "info",
+                           f"{cpu.microarchitecture} ({named}) has no FLOPs-per-cycle row in cpuperf's data "
+                           "(newer than the data, or no vendor guide gives its datapath): training reports no MFU "
+                           "for it, only the measured GEMM rate ('% of achievable'); placement and dtype use its "
+                           "ISA flags", None))
     return out
 
 

@@ -264,8 +264,10 @@ def _hexmask(cpus: Sequence[int]) -> str:
 def pin_domain(placement: Placement) -> Optional[str]:
     """Intel MPI's explicit domain list: each local rank's compute CPUs as a hex mask.
 
-    oneCCL workers sit outside the domains (CCL_WORKER_AFFINITY pins them), as intel/torch-ccl's
-    example does: I_MPI_PIN_DOMAIN=[0x000000FFFFF0,0xFFFFF0000000] with CCL_WORKER_AFFINITY=0,1,2,3,24,...
+    oneCCL workers sit outside the domains (CCL_WORKER_AFFINITY pins them), as IPEX's distributed
+    launcher does (intel/intel-extension-for-pytorch cpu/launch/launcher_distributed.py,
+    get_pin_domain_affinity: CCL_WORKER_AFFINITY="0,1,2,3,28,29,30,31" with
+    I_MPI_PIN_DOMAIN=[0xffffff0,0xffffff00000000] for 2 ranks on a 28-core-per-socket Xeon 8280).
     """
     masks = [_hexmask(s.compute_cpus or s.cpus) for s in placement.slots if (s.compute_cpus or s.cpus)]
     if len(masks) != len(placement.slots):

@@ -695,6 +695,15 @@ def installed_findings(
             add("ipex-no-wheel-for-python", "warning",
                 f"IPEX {iv} publishes no wheel for Python {py}; this install was built locally",
                 _pip("uninstall", "-y", "intel-extension-for-pytorch"))
+        newest = max((r.version for r in m.ipex), default=None)
+        if iv.local and iv.local.startswith("xpu"):
+            add("ipex-xpu-build", "warning",
+                f"IPEX {iv} is the Intel GPU (XPU) build, outside cpuperf's data (its CPU releases end at {newest}): "
+                "cpuperf plans CPU training as if IPEX were absent", _pip("uninstall", "-y", "intel-extension-for-pytorch"))
+        elif not rows and newest is not None and _base(iv) > newest:
+            add("ipex-newer-than-data", "info",
+                f"IPEX {iv} is newer than cpuperf's data (data ends at IPEX {newest}): its torch pairing is not "
+                "checked; cpuperf assumes it needs the torch of its own major.minor", "")
         if notice is not None:
             add("ipex-retired", "info",
                 f"IPEX is {notice.status} (last release {notice.last_release}); on torch>=2.9 use {notice.alternative}",
