@@ -122,7 +122,8 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     # The stack as every command sees it. The OpenMP and allocator libraries matter here only to what --preload
     # renders (LD_PRELOAD, KMP_*), and the MPI launchers not at all (Intel MPI is found from its scripts).
-    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload)
+    plan_preloads = saved_plan is not None and any(v.name == "LD_PRELOAD" for v in saved_plan.env)
+    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload or plan_preloads)
     if opts.adapt_to_load and facts.live:
         from cpuperf.probe import with_load
 

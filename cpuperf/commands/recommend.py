@@ -264,9 +264,7 @@ def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any], 
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
 
-    keep = ("model", "params", "seq_len", "batch_size", "steps", "nproc_per_node", "nnodes", "unit", "device", "sets",
-            "config", "adapt_to_load")
-    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in keep}, __version__,
+    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in saved.INPUT_KEYS}, __version__,
                       socket.gethostname() if facts.live else None)
     if subs:
         nodes = tuple((name, saved.make(f, r, j.env, plan.inputs, __version__, name)) for name, f, r, j in subs)
@@ -430,13 +428,17 @@ def this_node_names(hosts: Any = None, node_rank: Optional[int] = None) -> List[
 def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
     plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
-    from cpuperf.errors import PlanMismatchError
+    from cpuperf.errors import PlanMismatchError, UsageError
     from cpuperf.plan import saved
 
     plan, node = saved.for_this_node(plan, facts, list(names) or this_node_names())
     diffs = saved.differences(plan, facts)
     if diffs and node:
         diffs = [f"node {node}: {d}" for d in diffs]
+    foreign = saved.foreign_preloads(plan, facts) if not diffs else []
+    if foreign:  # never a library the probe does not know as an allocator or OpenMP runtime here
+        raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
+                         "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
     if diffs and not replan:
         more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
         raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
