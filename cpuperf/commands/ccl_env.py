@@ -129,8 +129,9 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
 
         facts = with_load(facts)
     planned: Optional[List[envplan.EnvVar]] = None
+    plan_diffs: List[str] = []
     if saved_plan is not None:
-        rec, planned = _from_plan(opts, saved_plan, facts, nodes, env)
+        rec, planned, plan_diffs = _from_plan(opts, saved_plan, facts, nodes, env)
     else:
         rec = _decisions(facts, opts, nodes, env)
     placement = rec.placement
@@ -168,7 +169,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
                                 master_port=opts.master_port, preload=opts.preload, allocator=rec.get("allocator"),
                                 nnodes=nodes, mpi="intelmpi" if intel_mpi else None, libraries=libraries,
                                 socket_ifname=ifname, environ=env)
-    notes += list(tuned.notes)
+    notes += [f"the plan differs from what cpuperf decides here: {d}" for d in plan_diffs] + list(tuned.notes)
     tuned_vars = list(tuned.vars)
     if planned is not None:  # the saved plan's variables as they are; this launch's rendezvous added
         from cpuperf.plan.saved import LAUNCH_VARS
@@ -196,7 +197,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     return cclenv.CclEnv(backend=backend.name, backend_reason=backend.reason, final=merged.final,
                          vars=merged.vars, kept=merged.kept, sources=source_json, notes=tuple(notes),
                          skipped=merged.skipped, placement=placement.to_json(), header=header, invalid=merged.invalid,
-                         extra={"nnodes": nodes, "nproc_per_node": placement.nproc_per_node,
+                         extra={"nnodes": nodes, "nproc_per_node": placement.nproc_per_node, "plan_differences": plan_diffs,
                                 "python": stack.executable, "prefix": stack.prefix})
 
 
@@ -211,14 +212,15 @@ def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) ->
                      nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
 
 
-def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list]]:
-    """(recommendation, its saved variables) of a saved plan; decided again only with --replan (exit 13 without)."""
-    from cpuperf.commands.recommend import plan_fits, replan_from
+def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list], List[str]]:
+    """(recommendation, its saved variables, how it differs from what cpuperf decides here) of a saved plan;
+    decided again only with --replan (exit 13 without)."""
+    from cpuperf.commands.recommend import fresh_differences, plan_fits, replan_from
 
     plan, diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
     if diffs:
-        return replan_from(plan, facts), None
-    return plan.rec, [v._replace(source="cpuperf") for v in plan.env]
+        return replan_from(plan, facts), None, []
+    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], fresh_differences(plan, facts)
 
 
 def _backend(facts: Any, rec: Any) -> Any:

@@ -308,6 +308,22 @@ def _decision(raw: Any, index: int) -> Decision:
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
 
 
+def _check_decision_set(decisions: Sequence[Decision]) -> None:
+    """Every decision recommend makes, once each, and nothing else (a run reads each one)."""
+    from cpuperf.knowledge.knobs import BY_ID
+
+    ids = [d.id for d in decisions]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a decision appears twice")
+    decided = [k for k, knob in BY_ID.items() if getattr(knob, "decided", False)]
+    extra = next((i for i in ids if i not in decided), None)
+    if extra is not None:
+        raise ValueError(f"decisions: {extra!r} is a setting, not a decision a plan holds")
+    missing = [k for k in decided if k not in ids]
+    if missing:
+        raise ValueError(f"decisions lack {', '.join(missing)}")
+
+
 def _env(raw: Any, index: int) -> EnvVar:
     w = f"env[{index}]"
     name = _need(raw, "name", str, w)
@@ -402,9 +418,7 @@ def _from_json(data: Any) -> SavedPlan:
     host = _host(data.get("host"))
     stack = _stack(data.get("stack"))
     decisions = tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, "")))
-    ids = [d.id for d in decisions]
-    if len(set(ids)) != len(ids):
-        raise ValueError("a decision appears twice")
+    _check_decision_set(decisions)
     env = tuple(_env(item, i) for i, item in enumerate(_need(data, "env", list, "")))
     names = [e.name for e in env]
     if len(set(names)) != len(names):
@@ -414,6 +428,9 @@ def _from_json(data: Any) -> SavedPlan:
     made_on = _need(data, "made_on", str, "", True) if "made_on" in data else None
     rec = Recommendation(decisions, _placement(data.get("placement"), host), _workload(data.get("workload")),
                          notes, stack, oversubscribe)
+    if rec.get("nproc_per_node") != rec.placement.nproc_per_node:
+        raise ValueError(f"decision nproc_per_node is {rec.get('nproc_per_node')} but the placement has "
+                         f"{rec.placement.nproc_per_node} rank slot(s)")
     return SavedPlan(_need(data, "cpuperf", str, ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
 
 
@@ -474,6 +491,35 @@ def differences(plan: SavedPlan, facts: HostFacts) -> List[str]:
         if now != planned:
             out.append(f"{key}: planned for {_show(planned, 'not installed')}, this host has {_show(now, 'not installed')}")
     return out
+
+
+def decision_differences(plan: SavedPlan, fresh: Recommendation, fresh_env: Sequence[EnvVar]) -> List[str]:
+    """Each way the plan's decisions, placement and variables differ from what cpuperf decides here from the same
+    facts and inputs ([] when none): a hand-edited or stale plan says so before it runs."""
+    out: List[str] = []
+    now = fresh.values()
+    for d in plan.rec.decisions:
+        if d.id in now and now[d.id] != d.value:
+            out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now[d.id])} here")
+    mine = [(s.cpus, s.threads) for s in plan.rec.placement.slots]
+    theirs = [(s.cpus, s.threads) for s in fresh.placement.slots]
+    if mine != theirs:
+        out.append(f"placement: the plan pins {_slots(mine)}, cpuperf would pin {_slots(theirs)}")
+    if plan.rec.oversubscribe != fresh.oversubscribe:
+        out.append(f"oversubscribe: the plan says {plan.rec.oversubscribe}, cpuperf decides {fresh.oversubscribe}")
+    planned = {e.name: e.value for e in plan.env}
+    wanted = {e.name: e.value for e in fresh_env if e.name not in LAUNCH_VARS}
+    for name in sorted(set(planned) | set(wanted)):
+        if planned.get(name) != wanted.get(name):
+            out.append(f"env {name}: the plan sets {_show(planned.get(name), 'nothing')}, "
+                       f"cpuperf would set {_show(wanted.get(name), 'nothing')}")
+    return out
+
+
+def _slots(slots: Sequence[Tuple[Tuple[int, ...], int]]) -> str:
+    from cpuperf.probe.parse import format_cpulist
+
+    return "; ".join(f"rank {i}: CPUs {format_cpulist(cpus)} x {threads} thread(s)" for i, (cpus, threads) in enumerate(slots))
 
 
 def _show(value: Any, none: str = "none") -> str:
