@@ -241,3 +241,63 @@ def test_save_facts_without_a_hostfile_saves_this_node(tmp_path):
     assert facts["nodes"][0]["name"] == socket.gethostname().split(".")[0]
     proc = run_cli(["doctor", "--facts", str(tmp_path / "facts.json"), "--json"])
     assert proc.returncode == 0, proc.stderr
+
+
+ISSUE_CASES = [
+    (("env", "CCL_X\n", "touch {c}/nl"), "env[1].name"),
+    (("env", "PROMPT_COMMAND", "touch {c}/pc"), "PROMPT_COMMAND"),
+    (("env", "fish_function_path", "{c}"), "fish_function_path"),
+    (("env", "PATH", "{c}"), "'PATH'"),
+    (("env", "MASTER_ADDR", "10.0.0.1"), "belongs to each launch"),
+    (("preload", EVIL_SO), "LD_PRELOAD"),
+    (("identity", "both"), "host.arch is missing"),
+    (("bool", "false"), "oversubscribe must be true or false"),
+    (("notes", "\x1b]0;pwned\x07\x1b[2Jhello"), "notes[0]"),
+    (("cpus", [57, 1000]), "CPU 57 is not one of host.usable_cpus"),
+]
+
+
+@pytest.mark.parametrize("edit,named", ISSUE_CASES, ids=[c[0][0] + "-" + str(i) for i, c in enumerate(ISSUE_CASES)])
+def test_the_issue_cases_are_refused_naming_the_field(saved_plan, tmp_path, edit, named):
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    plan, refuse = _edit_plan(saved_plan, _fill(edit, canary))
+    assert refuse or edit[1] == "MASTER_ADDR"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    for argv in (["ccl-env", "--plan", str(path), "--preload"], ["train", "--plan", str(path), "--dry-run"]):
+        proc = run_cli(argv)
+        _inert(proc)
+        assert proc.returncode == ExitCode.USAGE, (argv, proc.stdout[-500:])
+        assert named in proc.stderr.splitlines()[0], proc.stderr
+    assert list(canary.iterdir()) == []
+
+
+def test_a_plan_that_differs_from_a_fresh_one_says_so_and_runs_as_saved(saved_plan, tmp_path):
+    plan = copy.deepcopy(saved_plan)
+    threads = plan["placement"]["slots"][0]["threads"]
+    if threads < 2:
+        pytest.skip("needs a host with 2 usable CPUs or more")
+    for d in plan["decisions"]:
+        if d["id"] == "threads_per_rank":
+            d["value"] = 1
+    plan["placement"]["slots"][0]["threads"] = 1
+    plan["env"] = [{**e, "value": "1"} if e["name"] == "OMP_NUM_THREADS" else e for e in plan["env"]]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    proc = run_cli(["ccl-env", "--plan", str(path), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["env"]["OMP_NUM_THREADS"] == "1"  # what the plan says, never more
+    assert any(d.startswith("threads_per_rank: the plan says 1") for d in out["plan_differences"])
+    assert any(d.startswith("env OMP_NUM_THREADS: the plan sets 1") for d in out["plan_differences"])
+    assert "the plan differs from what cpuperf decides here: threads_per_rank" in proc.stderr
+    proc = run_cli(["train", "--plan", str(path), "--dry-run", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert any("threads_per_rank: the plan says 1" in n for n in out["notes"])
+    assert out["launch"]["env"]["OMP_NUM_THREADS"] == "1"
+    unchanged = tmp_path / "same.json"
+    unchanged.write_text(json.dumps(saved_plan))
+    proc = run_cli(["ccl-env", "--plan", str(unchanged), "--json"])
+    assert json.loads(proc.stdout)["plan_differences"] == []

@@ -198,7 +198,7 @@ def _stack(raw: Any) -> Dict[str, Optional[str]]:
         return {"python": None}
     _exact_keys(raw, ("python", *STACK_PACKAGES), "stack")
     python = _need(raw, "python", str, "stack")
-    if not re.fullmatch(r"3\.[0-9]{1,3}", python):
+    if not re.fullmatch(r"3\.[0-9]{1,3}t?", python):  # 't': a free-threaded build
         raise ValueError(f"stack.python must be a Python version like 3.11, not {python[:20]!r}")
     out: Dict[str, Optional[str]] = {"python": python}
     for name in STACK_PACKAGES:
@@ -353,6 +353,8 @@ def env_name_problem(name: str) -> Optional[str]:
     rules = _plan_env_data()
     if not envplan.NAME_RE.fullmatch(name):
         return "not a variable name"
+    if name in LAUNCH_VARS:
+        return "belongs to each launch (its hosts and port), never to a plan"
     if name in rules["names"]:
         return None
     if not name.startswith(tuple(rules["families"])) or not envplan.valid_name(name):
