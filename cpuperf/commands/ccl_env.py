@@ -220,7 +220,42 @@ def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[st
     plan, diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
     if diffs:
         return replan_from(plan, facts), None, []
-    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], fresh_differences(plan, facts)
+    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], _plan_differences(plan, facts, fresh_differences)
+
+
+def _plan_differences(plan: Any, facts: Any, compute: Any) -> List[str]:
+    """compute(plan, facts) (how the plan differs from a fresh one), remembered per plan, host and stack identity,
+    measurements, knowledge files and cpuperf version: ccl-env runs in every new shell, and the decision engine
+    costs ~40 ms there; a change to any of these decides again."""
+    import hashlib
+    import json
+
+    from cpuperf import __version__
+    from cpuperf.data import builtin_compat_dir, extra_compat_dirs
+    from cpuperf.fsutil import atomic_write_bytes, cache_root, read_capped
+    from cpuperf.plan import saved
+
+    stamps = []
+    for folder in (cache_root() / "measurements", builtin_compat_dir(), *extra_compat_dirs()):
+        try:
+            stamps += sorted((str(folder), e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(folder))
+        except OSError:
+            stamps.append((str(folder), "", 0, 0))
+    key = hashlib.sha256(json.dumps([__version__, saved.dumps(plan), saved.host_identity(facts),
+                                     saved.stack_identity(facts), stamps], default=str).encode()).hexdigest()[:32]
+    path = cache_root() / "plan-checks" / f"{key}.json"
+    try:
+        known = json.loads(read_capped(path, 1 << 20))
+        if isinstance(known, list) and all(isinstance(d, str) and d.isprintable() for d in known):
+            return known
+    except (OSError, ValueError, RecursionError):  # InputRefused is a ValueError: absent or unusable, decide again
+        pass
+    diffs = list(compute(plan, facts))
+    try:
+        atomic_write_bytes(path, json.dumps(diffs).encode("utf-8"))
+    except OSError:
+        pass  # a read-only cache costs the engine's time, nothing else
+    return diffs
 
 
 def _backend(facts: Any, rec: Any) -> Any:

@@ -393,9 +393,12 @@ def loads(text: str) -> SavedPlan:
     nodes = data.get("nodes") or {}
     if not isinstance(nodes, dict):
         raise ValueError("nodes must map node names to plans")
-    from cpuperf.probe.hosts import valid_host
+    if nodes:
+        from cpuperf.probe.hosts import valid_host  # (imports the resolver: only for plans over several nodes)
 
-    bad = next((name for name in nodes if not valid_host(name)), None)
+        bad = next((name for name in nodes if not valid_host(name)), None)
+    else:
+        bad = None
     if bad is not None:
         raise ValueError(f"nodes: {bad[:60]!r} is not a host name or IP address")
     subs = []
