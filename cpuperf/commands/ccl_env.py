@@ -225,18 +225,21 @@ def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[st
 
 def _plan_differences(plan: Any, facts: Any, compute: Any) -> List[str]:
     """compute(plan, facts) (how the plan differs from a fresh one), remembered per plan, host and stack identity,
-    measurements, knowledge files and cpuperf version: ccl-env runs in every new shell, and the decision engine
+    measurements, knowledge files, the engine's own files, GPU visibility and cpuperf version: ccl-env runs in every new shell, and the decision engine
     costs ~40 ms there; a change to any of these decides again."""
     import hashlib
     import json
+    from pathlib import Path
 
     from cpuperf import __version__
     from cpuperf.data import builtin_compat_dir, extra_compat_dirs
     from cpuperf.fsutil import atomic_write_bytes, cache_root, read_capped
     from cpuperf.plan import saved
 
-    stamps = []
-    for folder in (cache_root() / "measurements", builtin_compat_dir(), *extra_compat_dirs()):
+    engine = Path(__file__).resolve().parent.parent  # the rules themselves: an edited checkout decides again
+    stamps: List[Any] = sorted((k, v) for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "CPUPERF_")))
+    for folder in (cache_root() / "measurements", builtin_compat_dir(), *extra_compat_dirs(),
+                   engine / "decide", engine / "knowledge", engine / "plan"):
         try:
             stamps += sorted((str(folder), e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(folder))
         except OSError:
