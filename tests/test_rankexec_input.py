@@ -31,3 +31,15 @@ def test_a_good_slot_runs_the_command_pinned(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [f"[{cpu}]", "1"]
+
+
+@pytest.mark.parametrize("args", [[], ["--rank", "x", "--world", "2", "--master", "h", "--port", "1"],
+                                  ["--rank", "2", "--world", "2", "--master", "h", "--port", "1"],
+                                  ["--rank", "0", "--world", "2", "--master", "a;b", "--port", "1"],
+                                  ["--rank", "0", "--world", "2", "--master", "h", "--port", "99999"],
+                                  ["--rank", "0", "--world", "2", "--master", "h", "--port", "1", "--bucket-mb", "inf"]])
+def test_the_allreduce_worker_refuses_bad_arguments_in_one_line(args):
+    proc = subprocess.run([sys.executable, "-m", "cpuperf.train.collectives", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("cpuperf.train.collectives: ")
