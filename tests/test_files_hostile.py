@@ -305,3 +305,33 @@ def test_a_plan_that_differs_from_a_fresh_one_says_so_and_runs_as_saved(saved_pl
     unchanged.write_text(json.dumps(saved_plan))
     proc = run_cli(["ccl-env", "--plan", str(unchanged), "--json"])
     assert json.loads(proc.stdout)["plan_differences"] == []
+
+
+def test_the_plan_schema_knows_every_identity_field_the_plan_writes():
+    from cpuperf.plan import saved
+    from cpuperf.probe import probe_host
+
+    facts = probe_host()
+    assert tuple(saved.host_identity(facts)) == saved._HOST_FIELDS
+    assert set(saved.stack_identity(facts)) <= {"python", *saved.STACK_PACKAGES}
+
+
+@pytest.mark.parametrize("path,value,named", [
+    (("topology", "physical_cores"), "many", "physical_cores must be a whole number"),
+    (("topology", "physical_cores"), -4, "physical_cores must be in 1.."),
+    (("topology", "physical_cores"), 10**12, "physical_cores must be in 1.."),
+    (("memory", "total_bytes"), -1, "total_bytes must be in 1.."),
+    (("memory", "total_bytes"), 1e30, "total_bytes must be a whole number"),
+    (("cpu", "isa"), "avx2", "isa must be a list"),
+    (("software", "python"), "not.a.version", "python is not a Python version"),
+    (("topology", "cpu_quota"), float("nan"), "cpu_quota must be a finite number"),
+])
+def test_facts_fields_are_typed_and_ranged(path, value, named):
+    from cpuperf.probe import probe_host
+    from cpuperf.probe.facts_schema import FactsError, check_host
+
+    data = json.loads(json.dumps(probe_host().to_json()))
+    check_host(data)
+    data[path[0]][path[1]] = value
+    with pytest.raises(FactsError, match=re.escape(named)):
+        check_host(data)
