@@ -100,7 +100,6 @@ def dumps(plan: SavedPlan) -> str:
 
 # -- reading: a plan is data from elsewhere, checked field by field against this schema ------------------
 
-MAX_CPU = 1 << 16  # far above any host's CPU ids (Linux NR_CPUS is at most 8192)
 MAX_COUNT = 1 << 20  # cores, ranks, layers: far above any real value, far below overflow
 MAX_BYTES_MEMORY = 1 << 60
 _CHOICES = {"unit": ("socket", "numa"), "device": ("auto", "cpu", "cuda")}
@@ -158,9 +157,15 @@ def _exact_keys(data: Mapping[str, Any], keys: Sequence[str], where: str) -> Non
         raise ValueError(f"{where}.{extra[0][:40]!r} is not a field of a cpuperf plan")
 
 
-_HOST_FIELDS = ("arch", "vendor", "model_name", "microarchitecture", "isa", "bf16_native", "amx_usable", "sockets",
-                "physical_cores", "threads_per_core", "numa_nodes", "usable_cpus", "cpu_quota", "memory_total_bytes",
-                "memory_limit_bytes", "gpus")
+# Every field host_identity() writes: (JSON type, null allowed, range for numbers).
+_HOST_SCHEMA: Dict[str, Tuple[type, bool, Optional[Tuple[int, int]]]] = {
+    "arch": (str, False, None), "vendor": (str, True, None), "model_name": (str, True, None),
+    "microarchitecture": (str, False, None), "isa": (list, False, None), "bf16_native": (bool, False, None),
+    "amx_usable": (bool, True, None), "sockets": (int, False, (1, 4096)), "physical_cores": (int, False, (1, MAX_COUNT)),
+    "threads_per_core": (int, False, (1, 64)), "numa_nodes": (int, False, (0, 4096)), "usable_cpus": (str, False, None),
+    "cpu_quota": (float, True, (0, MAX_COUNT)), "memory_total_bytes": (int, True, (1, MAX_BYTES_MEMORY)),
+    "memory_limit_bytes": (int, True, (1, MAX_BYTES_MEMORY)), "gpus": (list, True, None)}
+_HOST_FIELDS = tuple(_HOST_SCHEMA)
 
 
 def _host(raw: Any) -> Dict[str, Any]:
@@ -168,20 +173,21 @@ def _host(raw: Any) -> Dict[str, Any]:
     from cpuperf.errors import UsageError
     from cpuperf.probe.parse import parse_cpulist
 
-    w = "host"
     _need({"host": raw}, "host", dict, "")
-    _exact_keys(raw, _HOST_FIELDS, w)
-    _need(raw, "arch", str, w), _need(raw, "vendor", str, w, True), _need(raw, "model_name", str, w, True)
-    _need(raw, "microarchitecture", str, w), _strings(raw, "isa", w), _need(raw, "bf16_native", bool, w)
-    _need(raw, "amx_usable", bool, w, True), _int(raw, "sockets", w, 1, 4096), _int(raw, "numa_nodes", w, 0, 4096)
-    _int(raw, "physical_cores", w, 1, MAX_COUNT), _int(raw, "threads_per_core", w, 1, 64)
-    quota = _need(raw, "cpu_quota", float, w, True)
-    if quota is not None and quota <= 0:
-        raise ValueError("host.cpu_quota must be positive")
-    _int(raw, "memory_total_bytes", w, 1, MAX_BYTES_MEMORY, True), _int(raw, "memory_limit_bytes", w, 1, MAX_BYTES_MEMORY, True)
-    _strings(raw, "gpus", w, True)
+    _exact_keys(raw, _HOST_FIELDS, "host")
+    for key, (kind, nullable, bounds) in _HOST_SCHEMA.items():
+        if kind is list:
+            _strings(raw, key, "host", nullable)
+            continue
+        value = _need(raw, key, kind, "host", nullable)
+        if value is None or bounds is None:
+            continue
+        if kind is float and value <= 0:  # a CPU quota: a positive share of CPUs
+            raise ValueError(f"host.{key} must be positive, not {value}")
+        if not bounds[0] <= value <= bounds[1]:
+            raise ValueError(f"host.{key} must be in {bounds[0]}..{bounds[1]}, not {value}")
     try:
-        cpus = parse_cpulist(_need(raw, "usable_cpus", str, w), "host.usable_cpus")
+        cpus = parse_cpulist(raw["usable_cpus"], "host.usable_cpus")
     except UsageError as exc:
         raise ValueError(exc.message) from None
     if not cpus:
@@ -217,7 +223,8 @@ def _inputs(raw: Any) -> Dict[str, Any]:
     w = "inputs"
     _need({"inputs": raw}, "inputs", dict, "")
     _exact_keys(raw, INPUT_KEYS, w)
-    _need(raw, "model", str, w, True) if "model" in raw else None
+    if "model" in raw:
+        _need(raw, "model", str, w, True)
     for key in ("params", "seq_len", "batch_size", "steps", "nproc_per_node"):
         if key in raw:
             _int(raw, key, w, 1, 1 << 50, True)
