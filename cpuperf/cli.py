@@ -128,6 +128,12 @@ def doctor(
                                              collectives=collectives, bucket_mb=_finite("--bucket-mb", bucket_mb, 4096.0))
         _finish(doctor_cluster.run(out, opts))
         return
+    if save_facts:  # this node's facts (a user who asks to save facts expects a file, not a silent no-op)
+        if sysroot:
+            from cpuperf.errors import UsageError
+            raise UsageError("--save-facts saves a live node's facts; --sysroot describes a recorded host",
+                             hint="use --save-snapshot DIR to keep a recorded host")
+        doctor_cluster.save_this_node(out, save_facts, python)
     from cpuperf.commands import doctor as cmd
     _finish(cmd.run(out, sysroot, python, save_snapshot))
 

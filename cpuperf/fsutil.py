@@ -22,6 +22,13 @@ from typing import IO, Iterator, Optional, Union
 MAX_INPUT_BYTES = 16 * 1024 * 1024
 
 
+def cache_root() -> Path:
+    """cpuperf's cache directory: CPUPERF_CACHE_DIR, else $XDG_CACHE_HOME/cpuperf, else ~/.cache/cpuperf."""
+    base = os.environ.get("CPUPERF_CACHE_DIR") or os.path.join(  # an empty XDG_CACHE_HOME means unset (XDG spec)
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cpuperf")
+    return Path(base)
+
+
 class InputRefused(ValueError):
     """A file that must not be read: not a regular file, or larger than the cap. One line, the path named."""
 

@@ -8,9 +8,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
+
+# Terminal control characters: C0 but tab and newline, DEL, C1 (ECMA-48 5.2/5.3: ESC and CSI start sequences
+# that clear the screen or set the window title), and the Unicode line/paragraph separators. A string from a
+# file, a node or a package is shown with these escaped, never sent raw to a terminal.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def inert(text: str) -> str:
+    """`text` with every terminal control character written as an escape (\\x1b, \\u2028): safe on any terminal."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
 
 
 @dataclass
@@ -20,7 +33,8 @@ class Output:
 
     # -- stdout: the product -------------------------------------------------------------
     def product(self, text: str) -> None:
-        """Write product text to stdout verbatim (adds a newline when missing)."""
+        """Write product text to stdout (adds a newline when missing); control characters escaped."""
+        text = inert(text)
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
         sys.stdout.flush()
 
@@ -35,8 +49,8 @@ class Output:
         sys.stdout.flush()
 
     def table(self, renderable: Any) -> None:
-        """Print a rich renderable (table) to stdout as the product."""
-        stdout_console().print(renderable)
+        """Print a rich renderable (table) to stdout as the product: cells as plain text, control characters escaped."""
+        stdout_console().print(_inert_renderable(renderable))
 
     # -- stderr: commentary -------------------------------------------------------------
     def info(self, text: str) -> None:
@@ -52,7 +66,7 @@ class Output:
 
     def err_renderable(self, renderable: Any) -> None:
         if not self.quiet:
-            stderr_console().print(renderable)
+            stderr_console().print(_inert_renderable(renderable))
 
 
 def _finite(obj: Any) -> Any:
@@ -77,7 +91,32 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def _inert_renderable(renderable: Any) -> Any:
+    """A rich Table with every cell and title as Text (never markup) with control characters escaped; other
+    renderables (str, Text) likewise. Tables are what doctor fills with names from nodes and facts files."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def cell(value: Any) -> Any:
+        if isinstance(value, str):
+            return Text(inert(value))
+        if isinstance(value, Text):
+            clean = inert(value.plain)
+            return value if clean == value.plain else Text(clean, style=value.style)
+        return value
+
+    if isinstance(renderable, Table):
+        for column in renderable.columns:
+            column._cells[:] = [cell(c) for c in column._cells]
+            column.header = cell(column.header)
+        if renderable.title is not None:
+            renderable.title = cell(renderable.title)
+        return renderable
+    return cell(renderable)
+
+
 def _err_write(text: str) -> None:
+    text = inert(text)
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 

@@ -87,3 +87,19 @@ def test_train_draws_the_plot_at_the_end(tmp_path):
     assert result["plot"][0] == str(out / "plot.svg") and result["run_dir"] == str(out)
     assert f"plot: {out / 'plot.svg'}" in proc.stderr
     assert ET.parse(Path(out / "plot.svg")).getroot().tag.endswith("svg")
+
+
+@pytest.mark.parametrize("big", [1e308, 1.7976931348623157e308])
+def test_values_near_the_float_limit_give_finite_coordinates(tmp_path, big):
+    lines = [{"type": "step", "step": 1, "loss": big, "samples_per_s": -big},
+             {"type": "step", "step": 2, "loss": -big, "samples_per_s": big},
+             {"type": "step", "step": 3, "loss": 1.0, "samples_per_s": 5.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    proc = run_cli(["plot", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    root = ET.parse(tmp_path / "plot.svg").getroot()
+    points = [p.get("points") for p in root.iter("{http://www.w3.org/2000/svg}polyline") if p.get("points")]
+    assert points
+    for coords in points:
+        for pair in coords.split():
+            assert all(abs(float(c)) < 2000 for c in pair.split(",")), coords

@@ -122,14 +122,16 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     # The stack as every command sees it. The OpenMP and allocator libraries matter here only to what --preload
     # renders (LD_PRELOAD, KMP_*), and the MPI launchers not at all (Intel MPI is found from its scripts).
-    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload)
+    plan_preloads = saved_plan is not None and any(v.name == "LD_PRELOAD" for v in saved_plan.env)
+    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload or plan_preloads)
     if opts.adapt_to_load and facts.live:
         from cpuperf.probe import with_load
 
         facts = with_load(facts)
     planned: Optional[List[envplan.EnvVar]] = None
+    plan_diffs: List[str] = []
     if saved_plan is not None:
-        rec, planned = _from_plan(opts, saved_plan, facts, nodes, env)
+        rec, planned, plan_diffs = _from_plan(opts, saved_plan, facts, nodes, env)
     else:
         rec = _decisions(facts, opts, nodes, env)
     placement = rec.placement
@@ -167,7 +169,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
                                 master_port=opts.master_port, preload=opts.preload, allocator=rec.get("allocator"),
                                 nnodes=nodes, mpi="intelmpi" if intel_mpi else None, libraries=libraries,
                                 socket_ifname=ifname, environ=env)
-    notes += list(tuned.notes)
+    notes += [f"the plan differs from what cpuperf decides here: {d}" for d in plan_diffs] + list(tuned.notes)
     tuned_vars = list(tuned.vars)
     if planned is not None:  # the saved plan's variables as they are; this launch's rendezvous added
         from cpuperf.plan.saved import LAUNCH_VARS
@@ -195,7 +197,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
     return cclenv.CclEnv(backend=backend.name, backend_reason=backend.reason, final=merged.final,
                          vars=merged.vars, kept=merged.kept, sources=source_json, notes=tuple(notes),
                          skipped=merged.skipped, placement=placement.to_json(), header=header, invalid=merged.invalid,
-                         extra={"nnodes": nodes, "nproc_per_node": placement.nproc_per_node,
+                         extra={"nnodes": nodes, "nproc_per_node": placement.nproc_per_node, "plan_differences": plan_diffs,
                                 "python": stack.executable, "prefix": stack.prefix})
 
 
@@ -210,14 +212,53 @@ def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) ->
                      nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
 
 
-def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list]]:
-    """(recommendation, its saved variables) of a saved plan; decided again only with --replan (exit 13 without)."""
-    from cpuperf.commands.recommend import plan_fits, replan_from
+def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list], List[str]]:
+    """(recommendation, its saved variables, how it differs from what cpuperf decides here) of a saved plan;
+    decided again only with --replan (exit 13 without)."""
+    from cpuperf.commands.recommend import fresh_differences, plan_fits, replan_from
 
     plan, diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
     if diffs:
-        return replan_from(plan, facts), None
-    return plan.rec, [v._replace(source="cpuperf") for v in plan.env]
+        return replan_from(plan, facts), None, []
+    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], _plan_differences(plan, facts, fresh_differences)
+
+
+def _plan_differences(plan: Any, facts: Any, compute: Any) -> List[str]:
+    """compute(plan, facts) (how the plan differs from a fresh one), remembered per plan, host and stack identity,
+    measurements, knowledge files, the engine's own files, GPU visibility and cpuperf version: ccl-env runs in every new shell, and the decision engine
+    costs ~40 ms there; a change to any of these decides again."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from cpuperf import __version__
+    from cpuperf.data import builtin_compat_dir, extra_compat_dirs
+    from cpuperf.fsutil import atomic_write_bytes, cache_root, read_capped
+    from cpuperf.plan import saved
+
+    engine = Path(__file__).resolve().parent.parent  # the rules themselves: an edited checkout decides again
+    stamps: List[Any] = sorted((k, v) for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "CPUPERF_")))
+    for folder in (cache_root() / "measurements", builtin_compat_dir(), *extra_compat_dirs(),
+                   engine / "decide", engine / "knowledge", engine / "plan"):
+        try:
+            stamps += sorted((str(folder), e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(folder))
+        except OSError:
+            stamps.append((str(folder), "", 0, 0))
+    key = hashlib.sha256(json.dumps([__version__, saved.dumps(plan), saved.host_identity(facts),
+                                     saved.stack_identity(facts), stamps], default=str).encode()).hexdigest()[:32]
+    path = cache_root() / "plan-checks" / f"{key}.json"
+    try:
+        known = json.loads(read_capped(path, 1 << 20))
+        if isinstance(known, list) and all(isinstance(d, str) and d.isprintable() for d in known):
+            return known
+    except (OSError, ValueError, RecursionError):  # InputRefused is a ValueError: absent or unusable, decide again
+        pass
+    diffs = list(compute(plan, facts))
+    try:
+        atomic_write_bytes(path, json.dumps(diffs).encode("utf-8"))
+    except OSError:
+        pass  # a read-only cache costs the engine's time, nothing else
+    return diffs
 
 
 def _backend(facts: Any, rec: Any) -> Any:

@@ -112,6 +112,26 @@ def _save(out: Output, path: str, results: Sequence[Any], transport: str) -> Non
         raise from_os_error(exc) from exc
 
 
+def save_this_node(out: Output, path: str, python: Optional[str]) -> None:
+    """`doctor --save-facts F` without nodes: this node's own facts, in the format --facts and --node-facts read."""
+    import socket
+    import sys
+    import time
+
+    from cpuperf.probe.hosts import valid_host
+    from cpuperf.probe.node import OK, NodeResult, probe_node
+
+    name = socket.gethostname().split(".")[0]
+    if not valid_host(name):
+        raise UsageError(f"this host's name {name[:60]!r} is not a host name a hostfile can hold",
+                         hint="save the facts with --hostfile FILE naming this node")
+    t0 = time.monotonic()
+    facts = probe_node(name, None, python or sys.executable, True)
+    if facts.host is None:
+        raise UsageError(facts.error or "cpuperf's probe failed on this node", hint="cpuperf doctor shows why")
+    _save(out, path, [NodeResult(name, None, OK, facts, None, round(time.monotonic() - t0, 3), "local")], "local")
+
+
 def exit_code(findings: Sequence[Any]) -> int:
     """7 when a node could not be reached, 14 when a skew breaks the job, else 0."""
     errors = [f for f in findings if f.severity == "error"]

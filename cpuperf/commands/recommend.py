@@ -276,9 +276,7 @@ def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any], 
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
 
-    keep = ("model", "params", "seq_len", "batch_size", "steps", "nproc_per_node", "nnodes", "unit", "device", "sets",
-            "config", "adapt_to_load")
-    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in keep}, __version__,
+    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in saved.INPUT_KEYS}, __version__,
                       socket.gethostname() if facts.live else None)
     if subs:
         nodes = tuple((name, saved.make(f, r, j.env, plan.inputs, __version__, name)) for name, f, r, j in subs)
@@ -442,13 +440,17 @@ def this_node_names(hosts: Any = None, node_rank: Optional[int] = None) -> List[
 def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
     plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
-    from cpuperf.errors import PlanMismatchError
+    from cpuperf.errors import PlanMismatchError, UsageError
     from cpuperf.plan import saved
 
     plan, node = saved.for_this_node(plan, facts, list(names) or this_node_names())
     diffs = saved.differences(plan, facts)
     if diffs and node:
         diffs = [f"node {node}: {d}" for d in diffs]
+    foreign = saved.foreign_preloads(plan, facts) if not diffs else []
+    if foreign:  # never a library the probe does not know as an allocator or OpenMP runtime here
+        raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
+                         "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
     if diffs and not replan:
         more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
         raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
@@ -457,8 +459,21 @@ def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -
     return plan, diffs
 
 
-def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:
-    """The plan's own inputs decided again on this host's facts (--replan)."""
+def fresh_differences(plan: Any, facts: Any) -> List[str]:
+    """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
+    cached measurements only (never measures): every decision, the placement and the variables."""
+    from cpuperf.plan import saved
+    from cpuperf.plan.job import JobRequest, runtime_vars
+
+    fresh = replan_from(plan, facts, cached_only=True)
+    nnodes = max(1, int(fresh.get("nnodes") or 1))  # the rendezvous is this launch's: a placeholder, not compared
+    request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
+    env, _ = runtime_vars(facts, fresh, request, environ={})
+    return saved.decision_differences(plan, fresh, env)
+
+
+def replan_from(plan: Any, facts: Any, log: Any = None, cached_only: bool = False) -> Any:
+    """The plan's own inputs decided again on this host's facts (--replan); `cached_only`: never measure."""
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import parse_assignments
@@ -471,5 +486,11 @@ def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:
 
     return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
                      unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
-                     measurements=planning_measurements(facts, log), overrides=overrides,
+                     measurements=_cached(facts) if cached_only else planning_measurements(facts, log), overrides=overrides,
                      environ=os.environ if facts.live else {})
+
+
+def _cached(facts: Any) -> Any:
+    from cpuperf.run import measure
+
+    return measure.load_cached(facts) if facts.live else None

@@ -289,7 +289,12 @@ def _from_saved(a: TrainArgs, plan: Any, diffs: List[str], facts: Any, yours: An
         rec = replan_from(plan, facts, lambda m: sys.stderr.write(f"cpuperf train: {m}\n"))
         rec = replace(rec, notes=(*rec.notes, f"--replan: planned again here ({'; '.join(diffs)})"))
     else:
-        rec = replace(rec, notes=(*rec.notes, f"plan {a.plan} run as saved (made by cpuperf {plan.cpuperf}"
+        from cpuperf.commands.recommend import fresh_differences
+
+        # Run as saved, never more; every way it differs from what cpuperf decides here is a note, said before
+        # the run starts (_execute) and carried in --json.
+        differ = [f"the plan differs from what cpuperf decides here: {d}" for d in fresh_differences(plan, facts)]
+        rec = replace(rec, notes=(*rec.notes, *differ, f"plan {a.plan} run as saved (made by cpuperf {plan.cpuperf}"
                                   + (f" on {plan.made_on})" if plan.made_on else ")")))
     if yours is not None and yours.count is not None and yours.count != rec.placement.nproc_per_node:
         raise UsageError(f"plan {a.plan} places {rec.placement.nproc_per_node} rank(s) per node; your {yours.launcher} "

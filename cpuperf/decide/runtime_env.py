@@ -116,7 +116,7 @@ _TUNING_TEXT = re.compile(r"^[A-Za-z0-9_.,:/+=@%\[\]-]*$")  # oneCCL, Intel MPI,
 
 
 def _port_ok(value: str) -> bool:
-    return _COUNT.match(value) is not None and int(value) <= 65535
+    return _COUNT.fullmatch(value) is not None and int(value) <= 65535
 
 
 def _host_ok(value: str) -> bool:
@@ -126,13 +126,13 @@ def _host_ok(value: str) -> bool:
 
 
 _VALUE_RULES: Dict[str, Tuple[Any, str]] = {
-    "OMP_NUM_THREADS": (_OMP_THREADS.match, "not a positive whole number (or a list such as 4,2)"),
+    "OMP_NUM_THREADS": (_OMP_THREADS.fullmatch, "not a positive whole number (or a list such as 4,2)"),
     "MASTER_PORT": (_port_ok, "not a port in 1..65535"),
     "MASTER_ADDR": (_host_ok, "not a host name or IP address"),
-    "CCL_WORKER_COUNT": (_COUNT.match, "not a positive whole number"),
-    "CCL_WORKER_AFFINITY": (_CPU_LIST.match, "not 'auto' or a list of CPUs (0,1,4-7)"),
-    "KMP_BLOCKTIME": (lambda v: v == "infinite" or re.match(r"^[0-9]{1,9}(ms|us|s)?$", v), "not a time (0, 200ms, infinite)"),
-    "GLOO_SOCKET_IFNAME": (_IFNAMES.match, "not a network interface name"),
+    "CCL_WORKER_COUNT": (_COUNT.fullmatch, "not a positive whole number"),
+    "CCL_WORKER_AFFINITY": (_CPU_LIST.fullmatch, "not 'auto' or a list of CPUs (0,1,4-7)"),
+    "KMP_BLOCKTIME": (lambda v: v == "infinite" or re.fullmatch(r"^[0-9]{1,9}(ms|us|s)?$", v), "not a time (0, 200ms, infinite)"),
+    "GLOO_SOCKET_IFNAME": (_IFNAMES.fullmatch, "not a network interface name"),
 }
 _TUNING_PREFIXES = ("CCL_", "I_MPI_", "KMP_", "FI_", "MALLOC_CONF", "GLOO_", "OMP_")
 
@@ -145,7 +145,7 @@ def user_value_problem(name: str, value: str) -> Optional[str]:
     rule = _VALUE_RULES.get(name)
     if rule is not None:
         return None if rule[0](value) else rule[1]
-    if name.startswith(_TUNING_PREFIXES) and not path_like(name) and not _TUNING_TEXT.match(value):
+    if name.startswith(_TUNING_PREFIXES) and not path_like(name) and not _TUNING_TEXT.fullmatch(value):
         return "not a value this setting takes (letters, digits and _.,:/+=@%[]- only)"
     return None
 
@@ -158,6 +158,7 @@ def data() -> Dict[str, Any]:
     if not _MEMO:
         table = load_builtin("cclenv.toml")
         _MEMO.update(table=table, reserved=frozenset(table["reserved"]["names"]),
+                     reserved_prefixes=tuple(table["reserved"].get("prefixes", ())),
                      paths=frozenset(table["paths"]["names"]))
     return _MEMO["table"]
 
@@ -168,7 +169,9 @@ _data = data
 def valid_name(name: str) -> bool:
     """A name a POSIX shell, fish and dotenv all accept, and no shell owns."""
     data()
-    return bool(NAME_RE.match(name)) and name not in _MEMO["reserved"]
+    # fullmatch: `$` in NAME_RE also matches before a final newline ("CCL_X\n" would pass .match).
+    return bool(NAME_RE.fullmatch(name)) and name not in _MEMO["reserved"] \
+        and not name.startswith(_MEMO["reserved_prefixes"])
 
 
 def path_like(name: str) -> bool:

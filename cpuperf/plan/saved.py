@@ -10,6 +10,8 @@ node of a homogeneous cluster; a node that differs is refused with the first dif
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -96,57 +98,299 @@ def dumps(plan: SavedPlan) -> str:
     return json.dumps(plan.to_json(), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
-# -- reading -----------------------------------------------------------------------------------------
+# -- reading: a plan is data from elsewhere, checked field by field against this schema ------------------
 
-def _need(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
-    value = data.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ValueError(f"{where}{key} is missing or not a {kind.__name__}")
+MAX_COUNT = 1 << 20  # cores, ranks, layers: far above any real value, far below overflow
+MAX_BYTES_MEMORY = 1 << 60
+_CHOICES = {"unit": ("socket", "numa"), "device": ("auto", "cpu", "cuda")}
+_TEXT_MAX = 4096
+INPUT_KEYS = ("model", "params", "seq_len", "batch_size", "steps", "nproc_per_node", "nnodes", "unit", "device", "sets",
+              "config", "adapt_to_load")
+
+
+def _where(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(kind: Any) -> str:
+    return {bool: "true or false", int: "a whole number", str: "a string", list: "a list", dict: "an object",
+            float: "a number"}.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def _need(data: Mapping[str, Any], key: str, kind: type, where: str, optional: bool = False) -> Any:
+    """data[key] of JSON type `kind` (bool is not an int here, an int is a float); ValueError naming the field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'plan'} is not an object")
+    if key not in data:
+        raise ValueError(f"{_where(where, key)} is missing")
+    value = data[key]
+    if value is None and optional:
+        return None
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok:
+        raise ValueError(f"{_where(where, key)} must be {_type_name(kind)}" + (" or null" if optional else ""))
+    if kind is str and (len(value) > _TEXT_MAX or not value.isprintable()):
+        raise ValueError(f"{_where(where, key)} holds a control character or is over {_TEXT_MAX} characters")
     return value
 
 
-def _slot(raw: Mapping[str, Any]) -> RankSlot:
-    def ints(key: str) -> Tuple[int, ...]:
-        values = _need(raw, key, list, "placement slot ")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 20 for v in values):
-            raise ValueError(f"placement slot {key} must list CPU numbers")
+def _int(data: Mapping[str, Any], key: str, where: str, low: int, high: int, optional: bool = False) -> Any:
+    value = _need(data, key, int, where, optional)
+    if value is not None and not low <= value <= high:
+        raise ValueError(f"{_where(where, key)} must be in {low}..{high}, not {value}")
+    return value
+
+
+def _strings(data: Mapping[str, Any], key: str, where: str, optional: bool = False) -> Any:
+    values = _need(data, key, list, where, optional)
+    if values is not None:
+        for i, _ in enumerate(values):
+            _need({f"{key}[{i}]": values[i]}, f"{key}[{i}]", str, where)
+    return values
+
+
+def _exact_keys(data: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    extra = sorted(str(k) for k in data if k not in keys)
+    if extra:
+        raise ValueError(f"{where}.{extra[0][:40]!r} is not a field of a cpuperf plan")
+
+
+# Every field host_identity() writes: (JSON type, null allowed, range for numbers).
+_HOST_SCHEMA: Dict[str, Tuple[type, bool, Optional[Tuple[int, int]]]] = {
+    "arch": (str, False, None), "vendor": (str, True, None), "model_name": (str, True, None),
+    "microarchitecture": (str, False, None), "isa": (list, False, None), "bf16_native": (bool, False, None),
+    "amx_usable": (bool, True, None), "sockets": (int, False, (1, 4096)), "physical_cores": (int, False, (1, MAX_COUNT)),
+    "threads_per_core": (int, False, (1, 64)), "numa_nodes": (int, False, (0, 4096)), "usable_cpus": (str, False, None),
+    "cpu_quota": (float, True, (0, MAX_COUNT)), "memory_total_bytes": (int, True, (1, MAX_BYTES_MEMORY)),
+    "memory_limit_bytes": (int, True, (1, MAX_BYTES_MEMORY)), "gpus": (list, True, None)}
+_HOST_FIELDS = tuple(_HOST_SCHEMA)
+
+
+def _host(raw: Any) -> Dict[str, Any]:
+    """The host identity, complete: every field host_identity() writes, typed and in range."""
+    from cpuperf.errors import UsageError
+    from cpuperf.probe.parse import parse_cpulist
+
+    _need({"host": raw}, "host", dict, "")
+    _exact_keys(raw, _HOST_FIELDS, "host")
+    for key, (kind, nullable, bounds) in _HOST_SCHEMA.items():
+        if kind is list:
+            _strings(raw, key, "host", nullable)
+            continue
+        value = _need(raw, key, kind, "host", nullable)
+        if value is None or bounds is None:
+            continue
+        if kind is float and value <= 0:  # a CPU quota: a positive share of CPUs
+            raise ValueError(f"host.{key} must be positive, not {value}")
+        if not bounds[0] <= value <= bounds[1]:
+            raise ValueError(f"host.{key} must be in {bounds[0]}..{bounds[1]}, not {value}")
+    try:
+        cpus = parse_cpulist(raw["usable_cpus"], "host.usable_cpus")
+    except UsageError as exc:
+        raise ValueError(exc.message) from None
+    if not cpus:
+        raise ValueError("host.usable_cpus names no CPU")
+    return dict(raw)
+
+
+def _stack(raw: Any) -> Dict[str, Optional[str]]:
+    """Python major.minor and every package version the decisions depend on (null: not installed)."""
+    from packaging.version import InvalidVersion, Version
+
+    _need({"stack": raw}, "stack", dict, "")
+    if raw == {"python": None}:  # made from a recorded host without software facts
+        return {"python": None}
+    _exact_keys(raw, ("python", *STACK_PACKAGES), "stack")
+    python = _need(raw, "python", str, "stack")
+    if not re.fullmatch(r"3\.[0-9]{1,3}t?", python):  # 't': a free-threaded build
+        raise ValueError(f"stack.python must be a Python version like 3.11, not {python[:20]!r}")
+    out: Dict[str, Optional[str]] = {"python": python}
+    for name in STACK_PACKAGES:
+        version = _need(raw, name, str, "stack", True)
+        if version is not None:
+            try:
+                Version(version)
+            except InvalidVersion:
+                raise ValueError(f"stack.{name} is not a version: {version[:40]!r}") from None
+        out[name] = version
+    return out
+
+
+def _inputs(raw: Any) -> Dict[str, Any]:
+    """What the plan was asked for (replan_from decides again from these)."""
+    w = "inputs"
+    _need({"inputs": raw}, "inputs", dict, "")
+    _exact_keys(raw, INPUT_KEYS, w)
+    if "model" in raw:
+        _need(raw, "model", str, w, True)
+    for key in ("params", "seq_len", "batch_size", "steps", "nproc_per_node"):
+        if key in raw:
+            _int(raw, key, w, 1, 1 << 50, True)
+    if "nnodes" in raw:
+        _int(raw, "nnodes", w, 1, 65536, True)
+    for key, allowed in _CHOICES.items():
+        if raw.get(key) is not None and raw.get(key) not in allowed:
+            raise ValueError(f"inputs.{key} must be one of {', '.join(allowed)}")
+    if "sets" in raw:
+        _strings(raw, "sets", w, True)
+    if "config" in raw:
+        _need(raw, "config", str, w, True)
+    if "adapt_to_load" in raw:
+        _need(raw, "adapt_to_load", bool, w, True)
+    return dict(raw)
+
+
+def _slot(raw: Any, index: int, usable: frozenset) -> RankSlot:
+    w = f"placement.slots[{index}]"
+
+    def cpus(key: str, nonempty: bool) -> Tuple[int, ...]:
+        values = _need(raw, key, list, w)
+        for cpu in values:
+            if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu not in usable:
+                shown = cpu if isinstance(cpu, int) else repr(cpu)[:20]
+                raise ValueError(f"{w}.{key}: CPU {shown} is not one of host.usable_cpus")
+        if nonempty and not values:
+            raise ValueError(f"{w}.{key} names no CPU")
         return tuple(values)
 
-    threads = _need(raw, "threads", int, "placement slot ")
-    if threads < 1:
-        raise ValueError("placement slot threads must be at least 1")
-    return RankSlot(_need(raw, "local_rank", int, "placement slot "), raw.get("socket"), raw.get("node"),
-                    ints("cpus"), ints("compute_cpus"), ints("ccl_worker_cpus"), threads)
+    if _int(raw, "local_rank", w, 0, MAX_COUNT) != index:
+        raise ValueError(f"{w}.local_rank must be {index} (slots are in local-rank order)")
+    socket, node = _int(raw, "socket", w, 0, 4096, True), _int(raw, "node", w, 0, 4096, True)
+    all_cpus = cpus("cpus", True)
+    threads = _int(raw, "threads", w, 1, len(usable))
+    return RankSlot(index, socket, node, all_cpus, cpus("compute_cpus", False), cpus("ccl_worker_cpus", False), threads)
 
 
-def _placement(raw: Mapping[str, Any]) -> Placement:
-    slots = tuple(_slot(s) for s in _need(raw, "slots", list, "placement "))
+def _placement(raw: Any, host: Mapping[str, Any]) -> Placement:
+    from cpuperf.probe.parse import parse_cpulist
+
+    w = "placement"
+    _need({"placement": raw}, "placement", dict, "")
+    usable = frozenset(parse_cpulist(host["usable_cpus"]) or ())
+    slots = tuple(_slot(s, i, usable) for i, s in enumerate(_need(raw, "slots", list, w)))
     if not slots:
         raise ValueError("placement has no rank slots")
-    return Placement(_need(raw, "nproc_per_node", int, "placement "), str(raw.get("unit", "cores")), slots,
-                     int(raw.get("ccl_workers") or 0), _need(raw, "cpu_budget", int, "placement "),
-                     tuple(str(r) for r in raw.get("reasons") or ()))
+    nproc = _int(raw, "nproc_per_node", w, 1, len(usable))
+    if nproc != len(slots):
+        raise ValueError(f"placement.nproc_per_node is {nproc} but placement.slots has {len(slots)}")
+    unit = _need(raw, "unit", str, w) if "unit" in raw else "cores"
+    reasons = _strings(raw, "reasons", w, True) or ()
+    workers = _int(raw, "ccl_workers", w, 0, len(usable), True) if "ccl_workers" in raw else 0
+    return Placement(nproc, unit, slots, workers or 0, _int(raw, "cpu_budget", w, 1, MAX_COUNT), tuple(reasons))
 
 
-def _workload(raw: Mapping[str, Any]) -> Workload:
+def _workload(raw: Any) -> Workload:
+    _need({"workload": raw}, "workload", dict, "")
     fields = Workload.__dataclass_fields__
-    missing = [k for k in fields if k not in raw]
-    if missing:
-        raise ValueError(f"workload lacks {', '.join(missing)}")
+    for key in fields:
+        if key in ("name", "source"):
+            _need(raw, key, str, "workload")
+        else:
+            _int(raw, key, "workload", 1, 1 << 50, key == "steps")
+    _exact_keys(raw, tuple(fields), "workload")
     return Workload(**{k: raw[k] for k in fields})
 
 
-def _decision(raw: Mapping[str, Any]) -> Decision:
+def _decision(raw: Any, index: int) -> Decision:
+    from cpuperf.errors import UsageError
     from cpuperf.knowledge.knobs import BY_ID, coerce
 
-    did = _need(raw, "id", str, "decision ")
+    w = f"decisions[{index}]"
+    did = _need(raw, "id", str, w)
     if did not in BY_ID:
-        raise ValueError(f"unknown decision {did!r}")
+        raise ValueError(f"{w}.id: unknown decision {did[:40]!r}")
     value = raw.get("value")
     if value is not None:
-        value = coerce(did, "true" if value is True else "false" if value is False else str(value))
-    return Decision(did, value, str(raw.get("reason", "")), dict(raw.get("evidence") or {}),
-                    bool(raw.get("overridden")), bool(raw.get("needs_torch")))
+        if not isinstance(value, (str, int, float, bool)) or isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{w} ({did}).value must be a string, number or true/false")
+        try:
+            value = coerce(did, "true" if value is True else "false" if value is False else str(value))
+        except UsageError as exc:
+            raise ValueError(f"{w} ({did}).value: {exc.message.replace('--set ', '')}") from None
+    evidence = _need(raw, "evidence", dict, w, True) if "evidence" in raw else None
+    flags = [_need(raw, k, bool, w) if k in raw else False for k in ("overridden", "needs_torch")]
+    reason = _need(raw, "reason", str, w) if "reason" in raw else ""
+    return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
+
+
+def _check_decision_set(decisions: Sequence[Decision]) -> None:
+    """Every decision recommend makes, once each, and nothing else (a run reads each one)."""
+    from cpuperf.knowledge.knobs import BY_ID
+
+    ids = [d.id for d in decisions]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a decision appears twice")
+    decided = [k for k, knob in BY_ID.items() if getattr(knob, "decided", False)]
+    extra = next((i for i in ids if i not in decided), None)
+    if extra is not None:
+        raise ValueError(f"decisions: {extra!r} is a setting, not a decision a plan holds")
+    missing = [k for k in decided if k not in ids]
+    if missing:
+        raise ValueError(f"decisions lack {', '.join(missing)}")
+
+
+def _env(raw: Any, index: int) -> EnvVar:
+    w = f"env[{index}]"
+    name = _need(raw, "name", str, w)
+    problem = env_name_problem(name)
+    if problem:
+        raise ValueError(f"{w}.name {name[:40]!r}: {problem}")
+    value = _need(raw, "value", str, w)
+    problem = env_value_problem(name, value)
+    if problem:
+        raise ValueError(f"{w} ({name}).value: {problem}")
+    kind = _need(raw, "kind", str, w) if "kind" in raw else "set"
+    if kind not in ("set", "prepend", "append") or kind != "set" and name != "LD_PRELOAD":
+        raise ValueError(f"{w} ({name}).kind must be 'set'" + (" or 'prepend'" if name == "LD_PRELOAD" else ""))
+    return EnvVar(name, value, "plan", _need(raw, "reason", str, w) if "reason" in raw else "", kind)
+
+
+def _plan_env_data() -> Dict[str, Any]:
+    from cpuperf.decide import runtime_env as envplan
+
+    return dict(envplan.data()["plan_env"])
+
+
+def env_name_problem(name: str) -> Optional[str]:
+    """Why a plan may not carry variable `name` (None: it may): only what cpuperf itself plans, matched whole."""
+    from cpuperf.decide import runtime_env as envplan
+
+    rules = _plan_env_data()
+    if not envplan.NAME_RE.fullmatch(name):
+        return "not a variable name"
+    if name in LAUNCH_VARS:
+        return "belongs to each launch (its hosts and port), never to a plan"
+    if name in rules["names"]:
+        return None
+    if not name.startswith(tuple(rules["families"])) or not envplan.valid_name(name):
+        return "not a variable cpuperf plans (a plan carries only OMP_*, KMP_*, CCL_*, I_MPI_*, ... and LD_PRELOAD)"
+    if name in rules["refused"] or any(part in name for part in rules["refused_parts"]):
+        return "names a file or loads code; a plan never sets it"
+    return None
+
+
+_PRELOAD_ENTRY = re.compile(r"/[A-Za-z0-9_.+/-]{1,4095}\.so(\.[0-9]+)*")
+_FAMILY_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%\[\]-]{0,1024}")  # tuning text: no '/', so no file is named
+
+
+def env_value_problem(name: str, value: str) -> Optional[str]:
+    """Why a plan's `value` for `name` cannot be used (None: it can): typed per variable."""
+    from cpuperf.decide import runtime_env as envplan
+
+    if name == "LD_PRELOAD":
+        bad = next((e for e in value.split(":") if not _PRELOAD_ENTRY.fullmatch(e) or "/../" in e), None)
+        return None if bad is None else f"{bad[:60]!r} is not an absolute path of a shared library"
+    unsafe = envplan.shell_safe(value)
+    if unsafe is not None:
+        return unsafe
+    typed = envplan.user_value_problem(name, value)
+    if typed is not None:
+        return typed
+    if not _FAMILY_VALUE.fullmatch(value):
+        return "not a value this setting takes (letters, digits and _.,:+=@%[]- only)"
+    return None
 
 
 def loads(text: str) -> SavedPlan:
@@ -156,32 +400,50 @@ def loads(text: str) -> SavedPlan:
     nodes = data.get("nodes") or {}
     if not isinstance(nodes, dict):
         raise ValueError("nodes must map node names to plans")
-    subs = tuple((str(name), _from_json(sub)) for name, sub in nodes.items())
-    return SavedPlan(plan.cpuperf, plan.host, plan.stack, plan.inputs, plan.rec, plan.env, plan.made_on, subs)
+    if nodes:
+        from cpuperf.probe.hosts import valid_host  # (imports the resolver: only for plans over several nodes)
+
+        bad = next((name for name in nodes if not valid_host(name)), None)
+    else:
+        bad = None
+    if bad is not None:
+        raise ValueError(f"nodes: {bad[:60]!r} is not a host name or IP address")
+    subs = []
+    for name, sub in nodes.items():
+        try:
+            subs.append((name, _from_json(sub)))
+        except ValueError as exc:
+            raise ValueError(f"nodes.{name}: {exc}") from None
+    return SavedPlan(plan.cpuperf, plan.host, plan.stack, plan.inputs, plan.rec, plan.env, plan.made_on, tuple(subs))
+
+
+_TOP = ("schema", "cpuperf", "made_on", "host", "stack", "inputs", "decisions", "placement", "workload", "notes",
+        "oversubscribe", "env", "nodes")
 
 
 def _from_json(data: Any) -> SavedPlan:
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if data.get("schema") != SCHEMA:
-        raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA!r}")
-    decisions = tuple(_decision(d) for d in _need(data, "decisions", list, ""))
-    ids = [d.id for d in decisions]
-    if len(set(ids)) != len(ids):
-        raise ValueError("a decision appears twice")
-    env = []
-    for item in _need(data, "env", list, ""):
-        name, value = _need(item, "name", str, "env "), _need(item, "value", str, "env ")
-        kind = str(item.get("kind", "set"))
-        if kind not in ("set", "prepend", "append"):
-            raise ValueError(f"env {name}: kind {kind!r}")
-        env.append(EnvVar(name, value, "plan", str(item.get("reason", "")), kind))
-    stack = {str(k): (None if v is None else str(v)) for k, v in _need(data, "stack", dict, "").items()}
-    rec = Recommendation(decisions, _placement(_need(data, "placement", dict, "")),
-                         _workload(_need(data, "workload", dict, "")),
-                         tuple(str(n) for n in data.get("notes") or ()), stack, bool(data.get("oversubscribe")))
-    return SavedPlan(str(data.get("cpuperf", "?")), _need(data, "host", dict, ""), stack,
-                     _need(data, "inputs", dict, ""), rec, tuple(env), data.get("made_on"))
+        raise ValueError(f"schema {str(data.get('schema'))[:40]!r}, expected {SCHEMA!r}")
+    _exact_keys(data, _TOP, "plan")
+    host = _host(data.get("host"))
+    stack = _stack(data.get("stack"))
+    decisions = tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, "")))
+    _check_decision_set(decisions)
+    env = tuple(_env(item, i) for i, item in enumerate(_need(data, "env", list, "")))
+    names = [e.name for e in env]
+    if len(set(names)) != len(names):
+        raise ValueError("env names a variable twice")
+    notes = tuple(_strings(data, "notes", "", True) or ())
+    oversubscribe = _need(data, "oversubscribe", bool, "") if "oversubscribe" in data else False
+    made_on = _need(data, "made_on", str, "", True) if "made_on" in data else None
+    rec = Recommendation(decisions, _placement(data.get("placement"), host), _workload(data.get("workload")),
+                         notes, stack, oversubscribe)
+    if rec.get("nproc_per_node") != rec.placement.nproc_per_node:
+        raise ValueError(f"decision nproc_per_node is {rec.get('nproc_per_node')} but the placement has "
+                         f"{rec.placement.nproc_per_node} rank slot(s)")
+    return SavedPlan(_need(data, "cpuperf", str, ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
 
 
 def read(path: str, text: str) -> SavedPlan:
@@ -191,6 +453,18 @@ def read(path: str, text: str) -> SavedPlan:
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise UsageError(f"plan file {path} is not a cpuperf plan: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                          hint="make one with: cpuperf recommend --save FILE") from None
+
+
+def foreign_preloads(plan: SavedPlan, facts: HostFacts) -> List[str]:
+    """The plan's LD_PRELOAD entries that are not an allocator or OpenMP runtime the probe found here (all of
+    them where the software was not probed): a plan preloads only what cpuperf itself would."""
+    import os
+
+    sw = facts.software
+    found = set() if sw is None else {p for paths in (*sw.allocators.values(), *sw.openmp.values()) for p in paths}
+    found |= {os.path.realpath(p) for p in found}
+    entries = [e for v in plan.env if v.name == "LD_PRELOAD" for e in v.value.split(":") if e]
+    return [e for e in entries if e not in found]
 
 
 # -- does it fit this host? --------------------------------------------------------------------------
@@ -229,6 +503,35 @@ def differences(plan: SavedPlan, facts: HostFacts) -> List[str]:
         if now != planned:
             out.append(f"{key}: planned for {_show(planned, 'not installed')}, this host has {_show(now, 'not installed')}")
     return out
+
+
+def decision_differences(plan: SavedPlan, fresh: Recommendation, fresh_env: Sequence[EnvVar]) -> List[str]:
+    """Each way the plan's decisions, placement and variables differ from what cpuperf decides here from the same
+    facts and inputs ([] when none): a hand-edited or stale plan says so before it runs."""
+    out: List[str] = []
+    now = fresh.values()
+    for d in plan.rec.decisions:
+        if d.id in now and now[d.id] != d.value:
+            out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now[d.id])} here")
+    mine = [(s.cpus, s.threads) for s in plan.rec.placement.slots]
+    theirs = [(s.cpus, s.threads) for s in fresh.placement.slots]
+    if mine != theirs:
+        out.append(f"placement: the plan pins {_slots(mine)}, cpuperf would pin {_slots(theirs)}")
+    if plan.rec.oversubscribe != fresh.oversubscribe:
+        out.append(f"oversubscribe: the plan says {plan.rec.oversubscribe}, cpuperf decides {fresh.oversubscribe}")
+    planned = {e.name: e.value for e in plan.env}
+    wanted = {e.name: e.value for e in fresh_env if e.name not in LAUNCH_VARS}
+    for name in sorted(set(planned) | set(wanted)):
+        if planned.get(name) != wanted.get(name):
+            out.append(f"env {name}: the plan sets {_show(planned.get(name), 'nothing')}, "
+                       f"cpuperf would set {_show(wanted.get(name), 'nothing')}")
+    return out
+
+
+def _slots(slots: Sequence[Tuple[Tuple[int, ...], int]]) -> str:
+    from cpuperf.probe.parse import format_cpulist
+
+    return "; ".join(f"rank {i}: CPUs {format_cpulist(cpus)} x {threads} thread(s)" for i, (cpus, threads) in enumerate(slots))
 
 
 def _show(value: Any, none: str = "none") -> str:

@@ -45,7 +45,7 @@ def valid_host(text: str) -> bool:
         return True
     except ValueError:
         pass
-    return bool(_HOSTNAME.match(text))
+    return bool(_HOSTNAME.fullmatch(text))  # fullmatch: `$` alone lets "node01\n" through
 
 
 def check_host(text: str, what: str = "address") -> str:

@@ -169,39 +169,80 @@ def saved_json(results: Sequence[NodeResult], transport: str) -> Dict[str, Any]:
             "nodes": [r.to_json() for r in results]}
 
 
-def parse_saved(text: str, origin: str) -> List[NodeResult]:
-    """Node results from a saved cluster document or one saved node record; a UsageError when neither."""
-    from cpuperf.errors import UsageError
+STATUSES = (OK, UNRESOLVABLE, UNREACHABLE, TIMEOUT, NO_PYTHON, PROBE_FAILED)
+MAX_FACTS_BYTES = 16 * 1024 * 1024  # the README's bound on a facts file
 
+
+def check_result(data: Any, where: str) -> None:
+    """A saved node result against the schema (facts_schema.FactsError naming the field)."""
+    from cpuperf.probe.facts_schema import FactsError, check
+    from cpuperf.probe.hosts import valid_host
+
+    check(NodeResult, data, where)
+    if not valid_host(data["name"]):
+        raise FactsError(f"{where}.name {data['name'][:60]!r} is not a host name or IP address")
+    if data["status"] not in STATUSES:
+        raise FactsError(f"{where}.status must be one of {', '.join(STATUSES)}")
+    if not 0 <= data.get("seconds", 0) <= 1e6:
+        raise FactsError(f"{where}.seconds must be in 0..1000000")
+    if data["status"] == OK and (not data.get("facts") or not data["facts"].get("host")):
+        raise FactsError(f"{where}: status ok but no host facts")
+
+
+def parse_saved(text: str, origin: str) -> List[NodeResult]:
+    """Node results from a saved cluster document or one saved node record; a UsageError naming the field when
+    neither, or when a field has the wrong type or an impossible value."""
+    from cpuperf.errors import UsageError
+    from cpuperf.probe.facts_schema import FactsError
+
+    hint = "save one with: cpuperf doctor --save-facts PATH (this node) or --hostfile FILE --save-facts DIR/"
     try:
         data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{origin} is not a cpuperf facts file (not JSON: {str(exc).splitlines()[0][:80]})", hint=hint) from None
+    try:
         if isinstance(data, dict) and data.get("schema") == SAVED_SCHEMA:
-            return [NodeResult.from_json(r) for r in data["nodes"]]
+            nodes = data.get("nodes")
+            if not isinstance(nodes, list) or not nodes:
+                raise FactsError("nodes must be a non-empty list")
+            for i, node in enumerate(nodes):
+                check_result(node, f"nodes[{i}]")
+            return [NodeResult.from_json(r) for r in nodes]
         if isinstance(data, dict) and "status" in data and "name" in data:
+            check_result(data, "node")
             return [NodeResult.from_json(data)]
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise UsageError(f"{origin} is not a cpuperf facts file ({type(exc).__name__}: {exc})",
-                         hint="save one with: cpuperf doctor --hostfile FILE --save-facts PATH") from exc
-    raise UsageError(f"{origin} is not a cpuperf facts file (no {SAVED_SCHEMA} schema)",
-                     hint="save one with: cpuperf doctor --hostfile FILE --save-facts PATH")
+    except (FactsError, RecursionError) as exc:
+        raise UsageError(f"{origin}: {str(exc)[:300]}", hint=hint) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # the schema should have caught it
+        raise UsageError(f"{origin} is not a cpuperf facts file ({type(exc).__name__})", hint=hint) from None
+    raise UsageError(f"{origin} is not a cpuperf facts file (no {SAVED_SCHEMA} schema)", hint=hint)
 
 
 def read_saved(path: str) -> List[NodeResult]:
-    """Saved node facts from a file (one document or one node) or a directory of per-node files."""
+    """Saved node facts from a file (one document or one node) or a directory of per-node files; each read bounded
+    and without blocking (a FIFO, a device or a file over 16 MiB is refused, never waited on)."""
     import os
 
     from cpuperf.errors import UsageError
+    from cpuperf.fsutil import InputRefused, read_capped
 
-    files = ([os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")]
-             if os.path.isdir(path) else [path])
+    hint = "give the file or directory cpuperf doctor --save-facts wrote"
+    try:
+        files = ([os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")]
+                 if os.path.isdir(path) else [path])
+    except OSError as exc:
+        raise UsageError(f"cannot read facts directory {path}: {exc.strerror or exc}", hint=hint) from None
     if not files:
         raise UsageError(f"{path} holds no .json facts files", hint="cpuperf doctor --hostfile FILE --save-facts DIR/")
     results: List[NodeResult] = []
     for name in files:
         try:
-            with open(name, encoding="utf-8") as fh:
-                text = fh.read(64 << 20)
+            text = read_capped(name, MAX_FACTS_BYTES).decode("utf-8")
         except OSError as exc:
-            raise UsageError(f"cannot read facts file {name}: {exc.strerror or exc}", hint="check the path") from exc
+            raise UsageError(f"cannot read facts file {name}: {exc.strerror or exc}", hint="check the path") from None
+        except InputRefused as exc:
+            raise UsageError(f"facts file {exc}", hint=hint) from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"facts file {name} is not UTF-8 text (byte {exc.start})", hint=hint) from None
         results += parse_saved(text, name)
     return results

@@ -56,7 +56,7 @@ def parse_metrics(text: str) -> Series:
         if rec.get("type") not in ("step", "eval"):
             continue  # settings, summary, runtime reports: not points
         step = rec.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 62:
             continue
         if rec["type"] == "step":
             got = [(_finite(rec.get("loss")), loss), (_finite(rec.get("samples_per_s")), speed)]
@@ -76,9 +76,11 @@ def parse_metrics(text: str) -> Series:
 
 def _scale(values: Sequence[float], lo_px: float, hi_px: float) -> Tuple[float, float, Any]:
     lo, hi = min(values), max(values)
-    if hi - lo < 1e-12:
+    # Halves: near 1e308, hi - lo overflows to inf (and inf/inf is nan in the SVG); hi/2 - lo/2 stays finite.
+    if hi / 2 - lo / 2 < 5e-13:
         lo, hi = lo - 0.5, hi + 0.5
-    return lo, hi, lambda v: hi_px - (v - lo) / (hi - lo) * (hi_px - lo_px)
+    span = hi / 2 - lo / 2
+    return lo, hi, lambda v: hi_px - (v / 2 - lo / 2) / span * (hi_px - lo_px)
 
 
 def _panel(x0: int, title: str, unit: str, lines: Sequence[Tuple[str, Sequence[Tuple[int, float]]]],

@@ -108,20 +108,42 @@ def _comment_for(env: CclEnv, name: str) -> str:
     return f"{name}: " + "; ".join(dict.fromkeys(parts))
 
 
+def checked_name(name: str) -> str:
+    """A variable name every shell reads as one plain word and none owns (matched whole: a final newline fails)."""
+    if not valid_name(name):
+        raise UsageError(f"variable name {one_line(repr(name), 80)} cannot be written: not a plain name, or a shell owns it")
+    return name
+
+
+def line_posix(name: str, value: str) -> str:
+    """sh, bash, zsh, dash: `export NAME='value'`."""
+    return f"export {checked_name(name)}={quote_posix(value)}"
+
+
+def line_fish(name: str, value: str) -> str:
+    """fish: `set -gx NAME 'value'`."""
+    return f"set -gx {checked_name(name)} {quote_fish(value)}"
+
+
+def line_dotenv(name: str, value: str) -> str:
+    """docker --env-file, systemd EnvironmentFile, `set -a; . FILE`: `NAME=value`."""
+    return f"{checked_name(name)}={quote_dotenv(value)}"
+
+
+# One renderer per shell; each checks the name and quotes the value itself, whatever its caller checked.
+RENDERERS = {"sh": line_posix, "bash": line_posix, "zsh": line_posix, "fish": line_fish, "dotenv": line_dotenv}
+
+
 def render(env: CclEnv, shell: str) -> str:
     """Code for `eval` (sh, bash, zsh, dash), `| source` (fish) or a dotenv file: comments + plain assignments."""
     check_shell(shell)
+    line = RENDERERS[shell]
     lines = [f"# {comment(env.header)}"] if env.header else []
     for name, value in env.final.items():
         if not valid_name(name) or not printable_value(value):
             continue  # refused earlier with a note; never written
         lines.append(f"# {comment(_comment_for(env, name))}")
-        if shell == "fish":
-            lines.append(f"set -gx {name} {quote_fish(value)}")
-        elif shell == "dotenv":
-            lines.append(f"{name}={quote_dotenv(value)}")
-        else:
-            lines.append(f"export {name}={quote_posix(value)}")
+        lines.append(line(name, value))
     return "\n".join(lines) + "\n"
 
 

@@ -30,9 +30,9 @@ SCHEMA = "cpuperf.measurement/2"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("CPUPERF_CACHE_DIR") or os.path.join(  # an empty XDG_CACHE_HOME means unset (XDG spec)
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cpuperf")
-    return Path(base) / "measurements"
+    from cpuperf.fsutil import cache_root
+
+    return cache_root() / "measurements"
 
 
 def torch_build(facts: HostFacts) -> Dict[str, Optional[str]]:

@@ -29,13 +29,35 @@ def _first_int(environ: Mapping[str, str], names: Tuple[str, ...]) -> Optional[i
     return None
 
 
+class SlotError(ValueError):
+    """CPUPERF_RANK_SLOTS is not the list cpuperf writes."""
+
+
 def slot_for(environ: Mapping[str, str]) -> Tuple[int, int, Optional[dict]]:
-    """(global rank, local rank, slot or None) from the launcher's variables."""
+    """(global rank, local rank, slot or None) from the launcher's variables; SlotError when the slot list is
+    not a JSON list of {"cpus": [CPU ids], "threads": N} objects."""
     local = _first_int(environ, LOCAL_RANK_VARS) or 0
     rank = _first_int(environ, RANK_VARS)
-    slots = json.loads(environ.get("CPUPERF_RANK_SLOTS") or "[]")
+    try:
+        slots = json.loads(environ.get("CPUPERF_RANK_SLOTS") or "[]")
+    except (ValueError, RecursionError):
+        raise SlotError("not JSON") from None
+    if not isinstance(slots, list):
+        raise SlotError("not a JSON list")
     slot = slots[local] if 0 <= local < len(slots) else None
+    if slot is not None:
+        _check_slot(slot, local)
     return (rank if rank is not None else local), local, slot
+
+
+def _check_slot(slot: object, local: int) -> None:
+    if not isinstance(slot, dict):
+        raise SlotError(f"slot {local} is not an object")
+    cpus, threads = slot.get("cpus") or [], slot.get("threads")
+    if not isinstance(cpus, list) or not all(type(c) is int and 0 <= c < 1 << 16 for c in cpus):
+        raise SlotError(f"slot {local}: cpus must list CPU numbers")
+    if threads is not None and not (type(threads) is int and 1 <= threads <= 1 << 16):
+        raise SlotError(f"slot {local}: threads must be a positive whole number")
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -69,16 +91,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         rank, local, slot = slot_for(os.environ)
-    except (ValueError, TypeError) as exc:
+    except SlotError as exc:
         sys.stderr.write(f"cpuperf.run.rankexec: CPUPERF_RANK_SLOTS is malformed ({exc})\n")
         return 2
     if slot:
-        cpus = [int(c) for c in slot.get("cpus") or []]
+        cpus = list(slot.get("cpus") or [])
         if cpus:
             try:
                 os.sched_setaffinity(0, cpus)
-            except OSError as exc:
-                sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {exc.strerror}\n")
+            except (OSError, ValueError) as exc:
+                why = getattr(exc, "strerror", None) or exc
+                sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {why}\n")
         if slot.get("threads"):
             os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
     # The launcher is our parent (torchrun's agent, orted, slurmstepd): when it dies, so do we.

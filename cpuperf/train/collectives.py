@@ -77,8 +77,40 @@ def _measure(dist, torch, nbytes, iters, world):
             "latency_us": round(statistics.median(lat) * 1e6, 1), "iters": iters}
 
 
+def _problem(a):
+    """Why these arguments cannot run (None: they can): one line for stderr, never a traceback."""
+    import math
+
+    for key in ("rank", "world", "master", "port"):
+        if key not in a:
+            return f"--{key} is required"
+    numbers = {"rank": (0, 1 << 20), "world": (1, 1 << 20), "port": (1, 65535), "iters": (1, 100000)}
+    for key, (low, high) in numbers.items():
+        if not a[key].isdigit() or not low <= int(a[key]) <= high:
+            return f"--{key} {a[key][:20]!r} is not a whole number in {low}..{high}"
+    if int(a["rank"]) >= int(a["world"]):
+        return f"--rank {a['rank']} is not below --world {a['world']}"
+    try:
+        bucket = float(a["bucket-mb"])
+    except ValueError:
+        bucket = -1.0
+    if not (math.isfinite(bucket) and 0 < bucket <= 4096):
+        return f"--bucket-mb {a['bucket-mb'][:20]!r} is not a size in MB (0..4096)"
+    import re  # standard library only: this file runs as `python -c` on nodes that may not have cpuperf
+
+    if not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", a["master"]):
+        return f"--master {a['master'][:40]!r} is not a host name or IP address"
+    if a["ifname"] and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", a["ifname"]):
+        return f"--ifname {a['ifname'][:40]!r} is not a network interface name"
+    return None
+
+
 def main(argv):
     a = _args(argv)
+    problem = _problem(a)
+    if problem:
+        sys.stderr.write(f"cpuperf.train.collectives: {problem}\n")
+        return 2
     rank, world = int(a["rank"]), int(a["world"])
     if a["ifname"]:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", a["ifname"])
