@@ -267,7 +267,8 @@ def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tu
     if ctx.fixed.get("device") == "cuda" and chosen != "cuda":
         raise UsageError("device cuda asked for, but there is no usable NVIDIA GPU with a CUDA torch",
                          hint="run cpuperf doctor for the exact fix")
-    ctx.choose("device", chosen, reason, {"gpus": [g.name for g in gpus], "torch_build": torch_build})
+    ctx.choose("device", chosen, reason, {"gpus": [g.name for g in gpus], "torch_build": torch_build,
+                                          "gpus_known": facts.gpus is not None})
     return gpus
 
 

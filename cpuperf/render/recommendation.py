@@ -10,8 +10,10 @@ from cpuperf.decide.recommend import Recommendation
 
 def cpu_only_host(rec: Recommendation) -> bool:
     """No GPU visible to the job: one Trainer process is on the CPU whatever the flags say. Read from the facts
-    the plan was made from (live, recorded or overridden alike), so recommend and train render the same flags."""
-    return not rec.decision("device").evidence.get("gpus")
+    the plan was made from (live, recorded or overridden alike), so recommend and train render the same flags;
+    a recorded host whose GPUs were not recorded may have some: --use_cpu keeps them off."""
+    evidence = rec.decision("device").evidence
+    return bool(evidence.get("gpus_known", True)) and not evidence.get("gpus")
 
 
 def speed_flags(rec: Recommendation, transformers_version: Optional[str] = None
