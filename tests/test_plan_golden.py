@@ -53,7 +53,7 @@ ALL, PLANNERS = tuple(COMMANDS), ("recommend", "train-dry-run")
 REQUESTS: Dict[str, Tuple[List[str], Tuple[str, ...]]] = {
     "default": ([], ALL),
     "nproc2": (["--nproc-per-node", "2"], ALL),
-    "set-bf16": (["--set", "dtype=bf16"], PLANNERS),  # x86 classes only (see _requests)
+    "set-bf16": (["--set", "dtype=bf16"], PLANNERS),  # x86 classes only (see _cases)
     "model-micro": (["--model", "micro"], PLANNERS),
     "trainer-script": (["--", "python", "train.py", "--output_dir", "o"], ("train-dry-run",)),
 }
@@ -117,7 +117,7 @@ def _plan(cls: HostClass, command: str, request: str, root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> Dict[Tuple[str, str, str], str]:
-    """Every (class, command, request) planned once, two child processes at a time (each is ~0.4 s of CPU)."""
+    """Every (class, command, request) planned once, 2 to 4 child processes at a time (each ~0.2-0.4 s of CPU)."""
     root = tmp_path_factory.mktemp("plans")
     (root / "run").mkdir()
     (root / "home").mkdir()
