@@ -4,10 +4,10 @@ For each transformers release below, the flags cpuperf would pass (recommend's h
 every CPU class, one rank and two, with and without --set dtype=bf16) are parsed by that release's own
 HfArgumentParser into TrainingArguments, which runs its __post_init__ checks (the couplings between flags:
 compat/couplings.toml). The release is installed for real from the registry into a throwaway directory
-(wheels cached under ~/.cache/cpuperf-tests/wheels, a few per release), next to the test venv's torch.
+(pip's cache under ~/.cache/cpuperf-tests/wheels keeps the downloads), next to the test venv's torch.
 
-CI checks the releases where the rules change: the last 4.x, the first release of each coupling (5.0.0) and
-the installed newest. CPUPERF_SLOW=1 adds the newest patch of every minor from 4.46 on.
+CI checks the releases where the rules change: either side of the bf16 -> use_cpu coupling (4.51.3, 4.52.1),
+the last 4.x, the first 5.x and the installed newest (through the host-class matrix). CPUPERF_SLOW=1 adds the newest patch of every minor from 4.46 on.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 from cli_util import cli_env
-from test_host_classes import CLASSES
+from test_host_classes import CLASSES, linked_venv
 
 PY = sys.executable
 WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cpuperf-tests" / "wheels"
-CORE = ["4.57.6", "5.0.0"]  # the last 4.x; the first release of the bf16 -> use_cpu coupling
-SLOW = ["4.46.3", "4.47.1", "4.48.3", "4.49.0", "4.50.3", "4.51.3", "4.52.4", "4.53.3", "4.54.1", "4.55.4", "4.56.2",
+CORE = ["4.51.3", "4.52.1", "4.57.6", "5.0.0"]  # the last without the bf16 -> use_cpu coupling, its first, the last 4.x, the first 5.x
+SLOW = ["4.46.3", "4.47.1", "4.48.3", "4.49.0", "4.50.3", "4.52.4", "4.53.3", "4.54.1", "4.55.4", "4.56.2",
         "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1",
         "5.13.1", "5.14.1", "5.15.1", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2", "5.21.1", "5.22.2"]
 RELEASES = CORE + (SLOW if os.environ.get("CPUPERF_SLOW") == "1" else [])
@@ -51,57 +50,25 @@ print(json.dumps(out))
 """
 
 
-def _installed(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
-
-
-def _requirements(wheel: Path) -> List[str]:
-    """The release's own requirements on the packages whose range moved across releases (hub, tokenizers)
-    that the test venv's versions do not satisfy: those are installed beside it."""
-    from packaging.requirements import Requirement
-
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        lines = zf.read(meta).decode().splitlines()
-    need = []
-    for line in lines:
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = Requirement(line.split(":", 1)[1].strip())
-        if req.marker is not None or req.name.lower() not in ("huggingface-hub", "tokenizers", "safetensors"):
-            continue
-        if not req.specifier.contains(_installed(req.name), prereleases=True):
-            need.append(str(req))
-    return need
+def _release(version: str, tmp: Path) -> str:
+    """A throwaway venv with that transformers release installed by pip, beside the test venv's torch (linked
+    in): pip adds the release and whatever of its requirements the linked packages do not satisfy."""
+    python = linked_venv(tmp / f"venv-{version}", ("transformers", "huggingface_hub", "tokenizers"))
+    proc = subprocess.run([PY, "-m", "pip", "--disable-pip-version-check", "-q", "--python", python, "install",
+                           f"transformers=={version}"], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PIP_CACHE_DIR": str(WHEELS)})
+    if proc.returncode != 0 and ("Could not find" in proc.stderr or "connection" in proc.stderr.lower()):
+        pytest.skip(f"transformers=={version}: the registry could not be reached ({proc.stderr.strip()[-200:]})")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return python
 
 
-def _pip(*args: str) -> None:
-    proc = subprocess.run([PY, "-m", "pip", "--disable-pip-version-check", "-q", *args], capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"pip {' '.join(args[:3])}: the registry could not be reached ({proc.stderr.strip()[-200:]})")
+def _free_port() -> int:
+    import socket
 
-
-def _release(version: str, tmp: Path) -> Path:
-    """The release (and the hub/tokenizers it requires) unpacked into a fresh directory, wheels cached."""
-    cache = WHEELS / f"transformers-{version}"
-    cache.mkdir(parents=True, exist_ok=True)
-    if not list(cache.glob("transformers-*.whl")):
-        _pip("download", "--no-deps", "-d", str(cache), f"transformers=={version}")
-    wheel = next(cache.glob("transformers-*.whl"))
-    extra = _requirements(wheel)
-    have = {p.name.split("-")[0].lower() for p in cache.glob("*.whl")}
-    missing = [r for r in extra if r.split("<")[0].split(">")[0].split("=")[0].replace("-", "_").lower() not in have]
-    if missing:
-        _pip("download", "--no-deps", "--only-binary", ":all:", "-d", str(cache), *missing)
-    target = tmp / f"site-{version}"
-    wanted = [str(wheel)] + [str(w) for w in cache.glob("*.whl") if not w.name.startswith("transformers-")
-                             and any(w.name.lower().startswith(r.split("<")[0].split(">")[0].split("=")[0].replace("-", "_").lower())
-                                     for r in extra)]
-    _pip("install", "--no-deps", "--no-index", "--target", str(target), *wanted)
-    return target
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _flags(version: str, cls, variant: List[str]) -> List[str]:
@@ -119,17 +86,23 @@ def _flags(version: str, cls, variant: List[str]) -> List[str]:
 @pytest.mark.parametrize("version", RELEASES)
 def test_every_class_flag_set_builds_training_arguments(version, tmp_path):
     pytest.importorskip("transformers")
-    site = _release(version, tmp_path)
+    python = _release(version, tmp_path)
     cases: Dict[str, List[str]] = {f"{cls.name}, {name}": _flags(version, cls, variant)
                                    for cls in CPU_CLASSES for name, variant in VARIANTS.items()}
-    argvs = list(dict.fromkeys(json.dumps(a) for a in cases.values()))
-    env = {**os.environ, "PYTHONPATH": str(site), "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([PY, "-c", PARSE, json.dumps([json.loads(a) for a in argvs])], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["version"] == version  # that release, not the venv's
-    by_argv = {json.dumps(r["argv"]): r for r in got["results"]}
+    by_argv: Dict[str, Dict[str, object]] = {}
+    for ranks in (False, True):
+        # A rank of a two-rank job parses its arguments inside the launcher's environment: a gloo group of its
+        # own (world 1) stands in for it, so --ddp_backend and --use_cpu are checked as the rank checks them.
+        argvs = list(dict.fromkeys(json.dumps(a) for case, a in cases.items() if case.endswith("two ranks") == ranks))
+        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
+        if ranks:
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        proc = subprocess.run([python, "-c", PARSE, json.dumps([json.loads(a) for a in argvs])], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["version"] == version  # that release, not the venv's
+        by_argv.update({json.dumps(r["argv"]): r for r in got["results"]})
     failures = {case: by_argv[json.dumps(argv)]["error"] for case, argv in cases.items() if not by_argv[json.dumps(argv)]["ok"]}
     assert not failures, failures
     for case, argv in cases.items():
@@ -159,3 +132,16 @@ def test_accelerate_launch_accepts_what_cpuperf_adds(tmp_path):
             assert parsed.training_script == "train.py"
             if "--num_cpu_threads_per_process" in args:
                 assert parsed.num_cpu_threads_per_process == int(args[args.index("--num_cpu_threads_per_process") + 1])
+
+
+@pytest.mark.parametrize("version, gpu_bf16, needed", [("4.51.3", False, False), ("4.52.1", False, True),
+                                                        ("5.23.0", False, True), ("5.23.0", True, False),
+                                                        (None, False, True), ("not.a.version", False, True)])
+def test_the_bf16_coupling_holds_from_its_first_release_on_a_cpu(version, gpu_bf16, needed):
+    """compat/couplings.toml: --bf16 needs --use_cpu from 4.52 where no GPU has bf16; an unknown release gets the
+    companion (harmless where the check is absent, a crash where it is present and missing)."""
+    from cpuperf.knowledge.hf_couplings import companions
+
+    got = companions("transformers", version, {"bf16"}, gpu_bf16=gpu_bf16)
+    assert [c.requires for c in got] == (["use_cpu"] if needed else [])
+    assert not companions("transformers", version, {"bf16", "use_cpu"}, gpu_bf16=gpu_bf16)

@@ -130,11 +130,11 @@ def world(tmp_path_factory):
     return {"root": root, "cache": root / "cache", "notorch": _venv_without_torch(root / "notorch")}
 
 
-def _venv_without_torch(path: Path) -> str:
-    """A real venv whose interpreter cannot import torch: cpuperf and its dependencies, nothing of torch's.
+def linked_venv(path: Path, leave_out: Tuple[str, ...]) -> str:
+    """A real venv with the test venv's packages, less those whose names start with `leave_out`.
 
-    Built offline in a second: the test venv's packages are linked in (a .pth file naming a folder of links),
-    torch and its metadata left out; so pkgscan and import alike see a host before `cpuperf install`."""
+    Built offline in a second: the packages are linked in (a .pth file naming a folder of links), so pip and
+    importlib.metadata see them as installed, and pip puts a release of its own in front where asked."""
     subprocess.run([PY, "-m", "venv", "--without-pip", str(path)], check=True, timeout=60)
     import sysconfig
 
@@ -145,12 +145,17 @@ def _venv_without_torch(path: Path) -> str:
     farm.mkdir()
     for entry in site_src.iterdir():
         low = entry.name.lower()
-        if low.startswith(("torch", "functorch", "_cpuperf", "__editable__", "cpuperf")) or entry.suffix == ".pth":
+        if low.startswith(leave_out + ("_cpuperf", "__editable__", "cpuperf")) or entry.suffix == ".pth":
             continue
         (farm / entry.name).symlink_to(entry)
     repo = Path(__file__).resolve().parent.parent
     (site_dst / "cpuperf_test_links.pth").write_text(f"{farm}\n{repo}\n")
-    python = str(path / "bin" / "python")
+    return str(path / "bin" / "python")
+
+
+def _venv_without_torch(path: Path) -> str:
+    """A venv whose interpreter cannot import torch: pkgscan and import alike see a host before `cpuperf install`."""
+    python = linked_venv(path, ("torch", "functorch"))
     check = subprocess.run([python, "-c", "import cpuperf, typer\ntry:\n import torch\nexcept ImportError:\n print('no torch')"],
                            capture_output=True, text=True, timeout=60)
     assert check.stdout.strip() == "no torch", check.stderr
@@ -249,7 +254,7 @@ def test_recommend_with_torch(world, cls, cell):
         assert _decisions(live)["dtype"] == c.dtype and live["stack"].get("torch")
         hf = live["hf_args"]
         if "--bf16" in hf and c.device == "cpu":
-            assert "--use_cpu" in hf  # transformers >= 5 refuses --bf16 on a CPU without it
+            assert "--use_cpu" in hf  # transformers >= 4.52 refuses --bf16 on a CPU without it
 
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
@@ -370,7 +375,7 @@ def _check_trainer(c: HostClass, data: Dict[str, Any], reports: List[Dict[str, A
     for rep in reports:
         assert rep["speed"]["bf16"] == str(bf16)  # what TrainingArguments really held
         if bf16:
-            assert rep["speed"]["use_cpu"] == "True"  # the companion transformers >= 5 requires on a CPU
+            assert rep["speed"]["use_cpu"] == "True"  # the companion transformers >= 4.52 requires on a CPU
         assert all(a in rep["argv"] for a in flags)
 
 

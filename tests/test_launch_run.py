@@ -211,7 +211,7 @@ def test_hf_trainer_script_gets_only_flags_its_transformers_accepts(tmp_path):
         # one process: --use_cpu only where GPUs are visible (without them it changes nothing and cost 5%)
         from cpuperf.probe import probe_host
 
-        # ... and where --bf16 is added: transformers >= 5 refuses it on a CPU without --use_cpu
+        # ... and where --bf16 is added: transformers >= 4.52 refuses it on a CPU without --use_cpu
         assert ("--use_cpu" in argv) == (bool(probe_host().gpus) or "--bf16" in argv)
     # the user's batch size is kept, never duplicated
     assert argv.count("--per_device_train_batch_size") == 1

@@ -179,7 +179,7 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
     if case in ("accelerate_launch", "torchrun_hf"):
         assert applied["launcher"]["yours"] in ("accelerate", "torchrun")
     if case in ("hf_parser", "torchrun_hf"):
-        # GPUs to keep off, or --bf16 (transformers >= 5 refuses it without --use_cpu on a CPU): it decides something
+        # GPUs to keep off, or --bf16 (transformers >= 4.52 refuses it without --use_cpu on a CPU): it decides something
         if probe_host().gpus or "--bf16" in applied["flags"]:
             assert "--use_cpu" in applied["flags"] and auto["speed"]["use_cpu"] == "True"
         else:  # one process on a host without GPUs is on the CPU anyway; the flag only cost time

@@ -297,7 +297,7 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
 def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: Any, transformers_version: Optional[str],
                     on_gpu: bool) -> None:
     """Flags the installed release refuses alone get their companion (compat/couplings.toml): --bf16 on a
-    CPU needs --use_cpu in transformers >= 5, whatever the one-process rule said about --use_cpu."""
+    CPU needs --use_cpu in transformers >= 4.52, whatever the one-process rule said about --use_cpu."""
     from cpuperf.knowledge.hf_couplings import companions
 
     ids = {f.name[2:] for f in out}
