@@ -213,6 +213,14 @@ def cell(request):
     return key
 
 
+def _runs_here(name: str, key) -> HostClass:
+    """The class, for a cell that trains for real: skipped (n/a, with why) where its plans cannot execute here."""
+    c = BY_NAME[name]
+    if not c.runs_here:
+        _not_here(key, c)
+    return c
+
+
 def _not_here(key, cls: HostClass) -> None:
     MATRIX[key] = f"n/a: {cls.why_not_here}"
     pytest.skip(cls.why_not_here)
@@ -335,9 +343,7 @@ def _check_ranks(reports: List[Dict[str, Any]], applied: Dict[str, Any], n: int)
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_builtin_run(world, cls, cell):
-    c = BY_NAME[cls]
-    if not c.runs_here:
-        _not_here(cell, c)
+    c = _runs_here(cls, cell)
     out = world["root"] / f"run-{cls}"
     data = _ok(_cpuperf(world, c, ["train", "--auto", "--model", "micro", "--max-steps", "5", "--set", "eval_every=0",
                                    "--out", str(out), "--json"]), "train --auto")
@@ -381,9 +387,7 @@ def _check_trainer(c: HostClass, data: Dict[str, Any], reports: List[Dict[str, A
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_trainer_script(world, cls, cell):
-    c = BY_NAME[cls]
-    if not c.runs_here:
-        _not_here(cell, c)
+    c = _runs_here(cls, cell)
     data, reports = _user_run(world, c, cell, [PY, "hf_parser.py", *_hf_args(world["root"] / cell[0])])
     _check_trainer(c, data, reports, forced_bf16=False)
     _check_ranks(reports, data["applied"], 1)
@@ -391,18 +395,14 @@ def test_trainer_script(world, cls, cell):
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_trainer_script_set_bf16(world, cls, cell):
-    c = BY_NAME[cls]
-    if not c.runs_here:
-        _not_here(cell, c)
+    c = _runs_here(cls, cell)
     data, reports = _user_run(world, c, cell, [PY, "hf_parser.py", *_hf_args(world["root"] / cell[0])], ("dtype=bf16",))
     _check_trainer(c, data, reports, forced_bf16=True)
 
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_trainer_torchrun_x2(world, cls, cell):
-    c = BY_NAME[cls]
-    if not c.runs_here:
-        _not_here(cell, c)
+    c = _runs_here(cls, cell)
     torchrun = _need("torchrun", cell)
     data, reports = _user_run(world, c, cell, [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
                                                "hf_parser.py", *_hf_args(world["root"] / cell[0])])
@@ -414,9 +414,7 @@ def test_trainer_torchrun_x2(world, cls, cell):
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_accelerate_launch(world, cls, cell):
-    c = BY_NAME[cls]
-    if not c.runs_here:
-        _not_here(cell, c)
+    c = _runs_here(cls, cell)
     accelerate = _need("accelerate", cell)
     data, reports = _user_run(world, c, cell, [accelerate, "launch", "--num_processes", "1", "--num_machines", "1",
                                                "--dynamo_backend", "no", "accelerate_loop.py", "--steps", "3"])
@@ -430,9 +428,7 @@ def test_accelerate_launch(world, cls, cell):
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_ddp_script(world, cls, launcher, cell):
-    c = BY_NAME[cls]
-    if not c.runs_here:
-        _not_here(cell, c)
+    c = _runs_here(cls, cell)
     tool = _need(launcher, cell)
     argv = [tool, "--nproc-per-node", "2", "--master-port", str(_free_port()), "ddp_loop.py"] if launcher == "torchrun" \
         else [tool, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", "2", PY, "ddp_loop.py"]
