@@ -465,15 +465,15 @@ def fresh_differences(plan: Any, facts: Any) -> List[str]:
     from cpuperf.plan import saved
     from cpuperf.plan.job import JobRequest, runtime_vars
 
-    fresh = replan_from(plan, facts, cached_only=True)
+    fresh = replan_from(plan, facts)
     nnodes = max(1, int(fresh.get("nnodes") or 1))  # the rendezvous is this launch's: a placeholder, not compared
     request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
     env, _ = runtime_vars(facts, fresh, request, environ={})
     return saved.decision_differences(plan, fresh, env)
 
 
-def replan_from(plan: Any, facts: Any, log: Any = None, cached_only: bool = False) -> Any:
-    """The plan's own inputs decided again on this host's facts (--replan); `cached_only`: never measure."""
+def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:
+    """The plan's own inputs decided again on this host's facts (--replan), from what planning reads (never measures)."""
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import parse_assignments
@@ -486,11 +486,6 @@ def replan_from(plan: Any, facts: Any, log: Any = None, cached_only: bool = Fals
 
     return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
                      unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
-                     measurements=_cached(facts) if cached_only else planning_measurements(facts, log), overrides=overrides,
+                     measurements=planning_measurements(facts, log), overrides=overrides,
                      environ=os.environ if facts.live else {})
 
-
-def _cached(facts: Any) -> Any:
-    from cpuperf.run import measure
-
-    return measure.load_cached(facts) if facts.live else None
