@@ -17,6 +17,8 @@ def _clean_env(monkeypatch):
             monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "120")
+    # The live host is bare metal unless a test names the virtual-machine class (as tests/cli_util.py does).
+    monkeypatch.setenv("CPUPERF_OVERRIDE_HYPERVISOR", "0")
     from cpuperf.probe import _CACHE
 
     _CACHE.clear()

@@ -102,6 +102,9 @@ def _power10_cpuinfo(n: int) -> str:
 
 CLASSES = [
     HostClass("avx2", "x86 AVX2, no bf16 (Zen 3)", "fp32", tuple(ZEN3), "zen3", family=25, model=1, vendor="AuthenticAMD"),
+    HostClass("avx2-vm", "x86 AVX2 cloud VM, one NUMA node (Zen 3 guest, `hypervisor` flag)", "fp32",
+              tuple(ZEN3) + ("hypervisor",), "zen3", family=25, model=1, vendor="AuthenticAMD",
+              extra={"CPUPERF_OVERRIDE_HYPERVISOR": "1"}),
     HostClass("avx512", "AVX-512 without bf16 (Cascade Lake)", "fp32", tuple(CASCADE), "cascadelake", model=85),
     HostClass("avx512-bf16", "avx512_bf16 (Zen 4 / Cooper Lake)", "bf16", tuple(ZEN4), "zen4", family=25, model=17,
               vendor="AuthenticAMD"),
@@ -326,7 +329,7 @@ def test_saved_plan(world, cls, cell):
 
 # -- real runs: every class whose plans execute here -------------------------------------------------------
 
-def _check_ranks(reports: List[Dict[str, Any]], applied: Dict[str, Any], n: int) -> None:
+def _check_ranks(reports: List[Dict[str, Any]], applied: Dict[str, Any], n: int, launcher_binds: bool = False) -> None:
     """What each rank really ran with is what the plan placed: its CPUs, OMP_NUM_THREADS, torch's threads."""
     assert len(reports) == n, reports
     if applied["placement"]["placed_by_cpuperf"]:
@@ -335,6 +338,8 @@ def _check_ranks(reports: List[Dict[str, Any]], applied: Dict[str, Any], n: int)
             mine = planned[rep.get("local_rank", rep.get("rank", 0))]
             if mine["cpus"]:
                 assert sorted(rep["cpus"]) == sorted(mine["cpus"]), (rep, mine)
+            elif not launcher_binds:  # placed without pinning (a VM's ranks on one NUMA node): every CPU
+                assert sorted(rep["cpus"]) == sorted(os.sched_getaffinity(0)), (rep, mine)
             if mine["threads"]:
                 assert rep["omp_num_threads"] == str(mine["threads"]) and rep["torch_threads"] == mine["threads"]
     elif applied.get("cpus"):
@@ -435,4 +440,7 @@ def test_ddp_script(world, cls, launcher, cell):
     data, reports = _user_run(world, c, cell, argv)
     assert {r["world"] for r in reports} == {2}
     assert len({round(r["checksum"], 5) for r in reports}) == 1  # DDP kept the replicas in sync
-    _check_ranks(reports, data["applied"], 2)
+    _check_ranks(reports, data["applied"], 2, launcher_binds=launcher == "mpirun")  # Open MPI binds by default
+    planned = [r["cpus"] for r in data["applied"]["ranks"]]
+    if launcher == "torchrun":  # a VM's two ranks on one node: unpinned; bare metal: disjoint CPUs
+        assert planned == [None, None] if "hypervisor" in c.isa else not set(planned[0]) & set(planned[1]), planned

@@ -265,3 +265,40 @@ def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
     two = recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 2})
     assert two.get("allocator") is None
     assert recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 1}).get("allocator") == "mimalloc"
+
+
+# -- pinning on a virtual machine -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host, nproc, pinned", [
+    (dict(flags=["avx2", "fma", "hypervisor"], cores_per_socket=8), 2, False),  # VM, one NUMA node: scheduler
+    (dict(flags=["avx2", "fma"], cores_per_socket=8), 2, True),  # bare metal: pinned
+    (dict(flags=["avx2", "fma", "hypervisor"], cores_per_socket=8), 1, True),  # one rank: nothing competes
+    (dict(flags=["avx2", "fma", "hypervisor"], cores_per_socket=8, nodes_per_socket=2), 2, True),  # locality
+    (dict(flags=["avx2", "fma", "hypervisor"], sockets=2, cores_per_socket=4), None, True),  # a rank per node
+])
+def test_ranks_sharing_one_numa_node_of_a_virtual_machine_are_not_pinned(tmp_path, monkeypatch, host, nproc, pinned):
+    monkeypatch.delenv("CPUPERF_OVERRIDE_HYPERVISOR")  # the recorded flags say it
+    facts = facts_for(tmp_path, monkeypatch, **host)
+    unit = "numa" if host.get("nodes_per_socket") else "socket"
+    rec = recommend(facts, PRESETS["tiny"], nproc_per_node=nproc, unit=unit)
+    assert (rec.get("affinity") == "auto") is pinned, rec.decision("affinity").reason
+    assert rec.get("threads_per_rank") == 8 // rec.get("nproc_per_node")  # threads are set either way
+    if not pinned:
+        assert "virtual machine" in rec.decision("affinity").reason
+
+
+def test_a_virtual_machines_ranks_are_pinned_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("CPUPERF_OVERRIDE_HYPERVISOR")
+    facts = facts_for(tmp_path, monkeypatch, flags=["avx2", "fma", "hypervisor"], cores_per_socket=8)
+    rec = recommend(facts, PRESETS["tiny"], nproc_per_node=2, overrides={"affinity": "auto"})
+    assert rec.get("affinity") == "auto" and rec.decision("affinity").overridden
+
+
+def test_the_hypervisor_override_makes_the_host_a_virtual_machine_or_bare_metal(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPUPERF_OVERRIDE_HYPERVISOR", "1")
+    assert "hypervisor" in facts_for(tmp_path / "a", monkeypatch, flags=["avx2"]).cpu.flags
+    monkeypatch.setenv("CPUPERF_OVERRIDE_HYPERVISOR", "0")
+    assert "hypervisor" not in facts_for(tmp_path / "b", monkeypatch, flags=["avx2", "hypervisor"]).cpu.flags
+    monkeypatch.setenv("CPUPERF_OVERRIDE_HYPERVISOR", "maybe")
+    with pytest.raises(UsageError, match="CPUPERF_OVERRIDE_HYPERVISOR"):
+        facts_for(tmp_path / "c", monkeypatch, flags=["avx2"])

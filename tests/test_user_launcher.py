@@ -114,12 +114,12 @@ def _cores():
     return len(usable_cores(probe_host()))
 
 
-def _launch(tmp_path, launcher_argv, auto=True, extra=()):
+def _launch(tmp_path, launcher_argv, auto=True, extra=(), env=None):
     report = tmp_path / "ranks"
     report.mkdir(exist_ok=True)
     argv = ["train", *(["--auto"] if auto else []), "--out", str(tmp_path / "run"), *extra, "--json", "--",
             *launcher_argv]
-    proc = run_cli(argv, extra_env={"RANK_REPORT_DIR": str(report)}, timeout=240)
+    proc = run_cli(argv, extra_env={"RANK_REPORT_DIR": str(report), **(env or {})}, timeout=240)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     seen = [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
     return json.loads(proc.stdout), seen
@@ -165,6 +165,36 @@ def test_each_rank_gets_its_own_cores_and_threads_equal_to_its_share(tmp_path, s
     assert {r["local_rank"]: set(r["cpus"]) for r in seen} == planned  # what the plan said is what ran
     assert "from your launcher" in next(d["reason"] for d in result["decisions"] if d["id"] == "nproc_per_node") \
         or applied["placement"]["from"]
+
+
+VM = {"CPUPERF_OVERRIDE_HYPERVISOR": "1"}
+
+
+def test_on_a_virtual_machine_ranks_on_one_numa_node_get_their_threads_but_keep_every_cpu(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](2), env=VM)
+    assert len(seen) == 2
+    everything = set(_usable())
+    assert all(set(r["cpus"]) == everything for r in seen), seen  # unpinned: the scheduler may move them
+    assert [r["omp_num_threads"] for r in seen] == ["1", "1"]  # each its share of the 2 cores
+    affinity = next(d for d in result["decisions"] if d["id"] == "affinity")
+    assert affinity["value"] is None and "virtual machine" in affinity["reason"]
+    applied = result["applied"]
+    assert applied["placement"]["placed_by_cpuperf"] and all(r["cpus"] is None for r in applied["ranks"])
+    assert "CPUs left as your launcher sets them" in applied["placement"]["why"]
+
+
+def test_on_a_virtual_machine_affinity_auto_pins_the_ranks_anyway(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    result, seen = _launch(tmp_path, SPELLINGS["torchrun"](2), extra=("--set", "affinity=auto"), env=VM)
+    cpu_sets = [set(r["cpus"]) for r in seen]
+    assert len(cpu_sets) == 2 and not cpu_sets[0] & cpu_sets[1]
+
+
+def _usable():
+    return probe_host().usable_cpus()
 
 
 def test_more_ranks_than_cores_are_refused_unless_oversubscribing_is_allowed(tmp_path):

@@ -625,6 +625,9 @@ def _print_plan(out: Output, jp: Any) -> None:
     # list below says which Trainer flags, if any, carry a decision to it).
     shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.user_argv else
              ("dtype", "compile", "ipex", "threads_per_rank", "ddp_backend", "allocator", "batch_size", "optimizer", "plain"))
+    # Ranks given thread counts but no CPUs: the plan decided against pinning, and says why.
+    if len(plan.per_rank) > 1 and any(s.threads for s in plan.per_rank) and not any(s.cpus for s in plan.per_rank):
+        shown = (*shown, "affinity")
     for d in jp.decisions:
         if d["overridden"] or d["id"] in shown:
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")

@@ -313,10 +313,28 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
     from cpuperf.probe.parse import format_cpulist
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
+    evidence: Dict[str, Any] = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
+    if pinned and _ranks_share_a_vm_numa_node(ctx, placement):
+        evidence["hypervisor"] = True
+        ctx.choose("affinity", None,
+                   f"{placement.nproc_per_node} ranks on one NUMA node of a virtual machine (`hypervisor` flag): "
+                   f"left to the OS scheduler, each with its thread count ({ctx.tuning['placement']['reason']}; "
+                   "--set affinity=auto pins them)", evidence)
+        return placement
     ctx.choose("affinity", "auto" if pinned else None,
-               f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to",
-               {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned})
+               f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to", evidence)
     return placement
+
+
+def _ranks_share_a_vm_numa_node(ctx: _Context, placement: Placement) -> bool:
+    """Several ranks of this node, all on one NUMA node, on a virtual machine: pinning them is measured to lose."""
+    if ctx.tuning["placement"]["pin_ranks_sharing_a_vm_numa_node"] or placement.nproc_per_node < 2:
+        return False
+    if "hypervisor" not in ctx.facts.cpu.flags:
+        return False
+    nodes = {cpu.node for cpu in ctx.facts.topology.cpus
+             if any(cpu.id in slot.cpus for slot in placement.slots)}
+    return len(nodes) <= 1
 
 
 def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> None:

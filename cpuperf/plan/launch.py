@@ -28,6 +28,9 @@ from cpuperf.probe.hosts import Host
 
 SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
+# A user's launcher's ranks given their thread counts, with pinning decided against.
+UNPINNED_RANKS = ("each rank's thread count set by a per-rank step keyed on its local rank; its CPUs left as your "
+                  "launcher sets them (the OS scheduler's under torchrun)")
 SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.run.rankexec
 LOGDIR_VAR = "CPUPERF_RANK_LOGDIR"  # where rankexec writes rank<R>.log and rank<R>.pid
 PIDDIR_VAR = "CPUPERF_RANK_PIDDIR"  # a user's launcher: rankexec writes only rank<L>.pid here (output stays theirs)
@@ -259,8 +262,9 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
     for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):  # your launcher's rendezvous stays yours
         env.pop(name, None)
         reasons.pop(name, None)
-    placed = bool(yours.place) and pin
-    specs = rank_specs(placement, placed, threads if placed else None) if placed else tuple(
+    # Placed: pinned and given thread counts, or (pinning decided against) thread counts alone.
+    placed = bool(yours.place) and (pin or threads is not None)
+    specs = rank_specs(placement, pin, threads) if placed else tuple(
         RankSpec(r, (), None) for r in range(max(1, yours.count or 1)))
     notes = [f"launcher: yours ({yours.launcher}); {yours.count if yours.count is not None else 'an unknown number of'} "
              f"rank(s) from {yours.source}; cpuperf adds no launcher of its own", *getattr(yours, "notes", ())]
@@ -286,7 +290,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
             if log_dir:
                 env[PIDDIR_VAR] = log_dir
                 reasons[PIDDIR_VAR] = "each rank records its pid here, so cpuperf can check what it runs with"
-        notes.append(f"placement: {yours.why}")
+        notes.append(f"placement: {yours.why if pin else UNPINNED_RANKS}")
     else:
         for name in PLACEMENT_VARS:
             env.pop(name, None)

@@ -395,10 +395,15 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
         launcher = {"name": plan.launcher, "yours": None, "why": (plan.notes[0] if plan.notes else "")}
     spec = plan.per_rank[0] if plan.per_rank else None
     ranks = [{"local_rank": r.local_rank, "cpus": list(r.cpus) or None, "threads": r.threads} for r in plan.per_rank]
-    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity) if yours \
+    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity or any(r.threads for r in plan.per_rank)) \
+        if yours \
         else bool(plan.affinity or (spec and spec.threads))
     why = yours.get("why") if not yours or placed or not yours.get("placed_by_cpuperf") \
         else "plain run (no --auto): your launcher's own"
+    if yours and placed and not plan.affinity:
+        from cpuperf.plan.launch import UNPINNED_RANKS
+
+        why = UNPINNED_RANKS
     per_rank = len(plan.per_rank) > 1 and placed
     return {"launcher": launcher, "env": dict(plan.env),
             "env_per_rank": {"OMP_NUM_THREADS": [r.threads for r in plan.per_rank]} if per_rank else {},

@@ -84,6 +84,15 @@ def name_arm(implementer: Optional[int], part: Optional[int]) -> Tuple[str, Opti
     return "aarch64" if implementer is not None else "unknown", vendors.get(implementer or -1), "none"
 
 
+def _with_hypervisor(flags: Tuple[str, ...], guest: Optional[bool]) -> Tuple[str, ...]:
+    """CPUPERF_OVERRIDE_HYPERVISOR: this host as a virtual machine (1) or bare metal (0), whatever its flags say.
+    The x86 `hypervisor` flag is CPUID.1:ECX[31], set by hypervisors for their guests."""
+    if guest is None:
+        return flags
+    bare = tuple(f for f in flags if f != "hypervisor")
+    return (*bare, "hypervisor") if guest else bare
+
+
 def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> CpuFacts:
     """Identify the CPU from cpuinfo; the ISA list is always what the OS exposes."""
     if blocks is None:
@@ -100,6 +109,7 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
         flags = tuple(first.get("flags", "").split())
         if override_isa is not None:
             flags = override_isa
+        flags = _with_hypervisor(flags, src.override_bool("hypervisor"))
         vendor = first.get("vendor_id")
         family = parse.int_auto(first.get("cpu family"))
         model = parse.int_auto(first.get("model"))

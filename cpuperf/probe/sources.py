@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence
 
 # The facts CPUPERF_OVERRIDE_<FACT> may set (README: "CPUPERF_OVERRIDE_<FACT> overrides single facts").
 OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
-             "gpus", "platform")
+             "gpus", "platform", "hypervisor")
 _WORD = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.+-]{0,63}$")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
