@@ -107,7 +107,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
         hosts = read_hostfile(opts.hostfile)
     saved_plan = None
     if opts.plan:
-        from cpuperf.commands.recommend import read_plan_file
+        from cpuperf.plan.saved import read_plan_file
 
         saved_plan = read_plan_file(opts.plan)  # a bad file is refused before anything is probed
         if opts.nnodes is None and hosts is None:
@@ -207,7 +207,7 @@ def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) ->
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.run import measure
 
-    meas = measure.load_cached(facts) if facts.live else None
+    meas = measure.planning_measurements(facts)
     return recommend(facts, resolve_workload(None, None, None, None, 400), nproc_per_node=opts.nproc_per_node,
                      nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
 
@@ -215,12 +215,15 @@ def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) ->
 def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list], List[str]]:
     """(recommendation, its saved variables, how it differs from what cpuperf decides here) of a saved plan;
     decided again only with --replan (exit 13 without)."""
-    from cpuperf.commands.recommend import fresh_differences, plan_fits, replan_from
+    from cpuperf.plan.saved import fresh_differences, plan_fits, replan_from
+    from cpuperf.run.measure import planning_measurements
 
     plan, diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
+    meas = planning_measurements(facts)
     if diffs:
-        return replan_from(plan, facts), None, []
-    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], _plan_differences(plan, facts, fresh_differences)
+        return replan_from(plan, facts, meas, env if facts.live else {}), None, []
+    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], \
+        _plan_differences(plan, facts, lambda p, f: fresh_differences(p, f, meas))
 
 
 def _plan_differences(plan: Any, facts: Any, compute: Any) -> List[str]:

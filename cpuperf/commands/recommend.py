@@ -43,41 +43,10 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 
         sys.stderr.write(f"cpuperf: {msg}\n")
 
-    meas = measure.load_file(measurements) if measurements else planning_measurements(facts, log)
+    meas = measure.load_file(measurements) if measurements else measure.planning_measurements(facts, log)
     rec = recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
                     measurements=meas, overrides=overrides, environ=os.environ if facts.live else {})
     return facts, rec, hosts
-
-
-def planning_measurements(facts: Any, log: Any) -> Any:
-    """The measurements every planning command (recommend, ccl-env, train --dry-run, train --auto) decides
-    from: this host's cached ones as they stand (flagged if taken under load), else None, and the rules
-    decide, each saying it was not measured. Planning never measures and never needs torch: `cpuperf bench`
-    measures, and so does the start of a real `train --auto` where nothing is cached (measure_before_run)."""
-    from cpuperf.run import measure
-
-    return measure.load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
-
-
-def measure_before_run(facts: Any, threads: int, log: Any) -> Any:
-    """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
-    and cached, so the next plan in any command is the same one). CPUPERF_MEASURE=0 skips it. A measurement
-    that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
-    import os
-
-    from cpuperf.errors import ProbeFailedError
-    from cpuperf.run import measure
-
-    if not facts.live or facts.gpus or os.environ.get("CPUPERF_MEASURE", "1").strip() == "0":
-        return planning_measurements(facts, log)
-    data, _ = measure.read_cached(facts)
-    if data is not None and measure.assess(data, facts)[0]:
-        return measure.load_cached(facts, log)
-    try:
-        return measure.measure_if_unsure(facts, threads, log=log)
-    except ProbeFailedError as exc:
-        log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
-        return planning_measurements(facts, log)
 
 
 def load_settings_file(path: str) -> Dict[str, str]:
@@ -397,95 +366,4 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         out.product("\n".join(lines))
     return 0
 
-
-def read_plan_file(path: str) -> Any:
-    """A saved plan (cpuperf.plan.saved.SavedPlan) from FILE: a regular file of bounded size, or one line (exit 2)."""
-    import os
-    import stat
-
-    from cpuperf.errors import UsageError, from_os_error
-    from cpuperf.plan import saved
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block us
-    except OSError as exc:
-        if exc.errno in (2, 20):  # ENOENT, ENOTDIR
-            raise UsageError(f"plan file {path} does not exist", hint="make one with: cpuperf recommend --save FILE") from None
-        raise from_os_error(exc) from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"plan file {path} is not a regular file", hint="give the JSON file cpuperf recommend --save wrote")
-        raw = os.read(fd, saved.MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > saved.MAX_BYTES:
-        raise UsageError(f"plan file {path} is over {saved.MAX_BYTES // 2**20} MiB: not a cpuperf plan",
-                         hint="make one with: cpuperf recommend --save FILE")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"plan file {path} is not UTF-8 text", hint="make one with: cpuperf recommend --save FILE") from None
-    return saved.read(path, text)
-
-
-def this_node_names(hosts: Any = None, node_rank: Optional[int] = None) -> List[str]:
-    """The names this machine may have in a plan over several nodes: its hostfile entry, its host name."""
-    import socket
-
-    names = [hosts[node_rank].name] if hosts and node_rank is not None and node_rank < len(hosts) else []
-    full = socket.gethostname()
-    return names + [full, full.split(".")[0]]
-
-
-def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
-    """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
-    plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
-    from cpuperf.errors import PlanMismatchError, UsageError
-    from cpuperf.plan import saved
-
-    plan, node = saved.for_this_node(plan, facts, list(names) or this_node_names())
-    diffs = saved.differences(plan, facts)
-    if diffs and node:
-        diffs = [f"node {node}: {d}" for d in diffs]
-    foreign = saved.foreign_preloads(plan, facts) if not diffs else []
-    if foreign:  # never a library the probe does not know as an allocator or OpenMP runtime here
-        raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
-                         "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
-    if diffs and not replan:
-        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
-        raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
-                                hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
-                                     "from this host's facts")
-    return plan, diffs
-
-
-def fresh_differences(plan: Any, facts: Any) -> List[str]:
-    """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
-    cached measurements only (never measures): every decision, the placement and the variables."""
-    from cpuperf.plan import saved
-    from cpuperf.plan.job import JobRequest, runtime_vars
-
-    fresh = replan_from(plan, facts)
-    nnodes = max(1, int(fresh.get("nnodes") or 1))  # the rendezvous is this launch's: a placeholder, not compared
-    request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
-    env, _ = runtime_vars(facts, fresh, request, environ={})
-    return saved.decision_differences(plan, fresh, env)
-
-
-def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:
-    """The plan's own inputs decided again on this host's facts (--replan), from what planning reads (never measures)."""
-    from cpuperf.decide.recommend import recommend
-    from cpuperf.decide.workload import resolve_workload
-    from cpuperf.knowledge.knobs import parse_assignments
-
-    i = plan.inputs
-    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"))
-    overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
-    overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
-    import os
-
-    return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
-                     unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
-                     measurements=planning_measurements(facts, log), overrides=overrides,
-                     environ=os.environ if facts.live else {})
 

@@ -80,7 +80,6 @@ def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Any, int]:
 def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     """--auto: what recommend decides from (the cache, else the rules), measured first where a real run starts
     on a host with nothing cached; plain: the cache as it is."""
-    from cpuperf.commands.recommend import planning_measurements
     from cpuperf.run import measure
 
     def log(msg: str) -> None:
@@ -90,12 +89,11 @@ def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
     if measure_ok not in ("0", "1"):
         raise UsageError(f"CPUPERF_MEASURE={measure_ok[:40]!r} is not 0 or 1", hint="unset it, or 0 to skip measuring")
     if a.auto and not a.dry_run and not a.plan:
-        from cpuperf.commands.recommend import measure_before_run
         from cpuperf.decide.placement import plan_placement
 
-        return measure_before_run(facts, plan_placement(facts).threads_per_rank, log)
+        return measure.measure_before_run(facts, plan_placement(facts).threads_per_rank, log)
     if a.auto:
-        return planning_measurements(facts, log)
+        return measure.planning_measurements(facts, log)
     return measure.load_cached(facts, log)
 
 
@@ -105,7 +103,7 @@ _PLAN_FIXES = ("sets", "model", "batch_size", "nproc_per_node", "ppn", "nnodes")
 
 def _saved_plan(a: TrainArgs, facts: Any) -> Tuple[Any, List[str]]:
     """(the saved plan, how this host differs from it): refused (exit 13) where it differs, unless --replan."""
-    from cpuperf.commands.recommend import plan_fits, read_plan_file
+    from cpuperf.plan.saved import plan_fits, read_plan_file
 
     given = [name for name in _PLAN_FIXES if getattr(a, name)]
     if given or a.device != "auto" or a.unit != "socket":
@@ -118,7 +116,7 @@ def _saved_plan(a: TrainArgs, facts: Any) -> Tuple[Any, List[str]]:
         from cpuperf.probe.hosts import read_hostfile
 
         hosts = read_hostfile(a.hostfile)
-    from cpuperf.commands.recommend import this_node_names
+    from cpuperf.probe.hosts import this_node_names
 
     return plan_fits(str(a.plan), plan, facts, a.replan, this_node_names(hosts, a.node_rank))
 
@@ -284,16 +282,19 @@ def _from_saved(a: TrainArgs, plan: Any, diffs: List[str], facts: Any, yours: An
 
     rec = plan.rec
     if diffs:
-        from cpuperf.commands.recommend import replan_from
+        from cpuperf.plan.saved import replan_from
+        from cpuperf.run.measure import planning_measurements
 
-        rec = replan_from(plan, facts, lambda m: sys.stderr.write(f"cpuperf train: {m}\n"))
+        meas = planning_measurements(facts, lambda m: sys.stderr.write(f"cpuperf train: {m}\n"))
+        rec = replan_from(plan, facts, meas, os.environ if facts.live else {})
         rec = replace(rec, notes=(*rec.notes, f"--replan: planned again here ({'; '.join(diffs)})"))
     else:
-        from cpuperf.commands.recommend import fresh_differences
+        from cpuperf.plan.saved import fresh_differences
+        from cpuperf.run.measure import planning_measurements
 
         # Run as saved, never more; every way it differs from what cpuperf decides here is a note, said before
         # the run starts (_execute) and carried in --json.
-        differ = [f"the plan differs from what cpuperf decides here: {d}" for d in fresh_differences(plan, facts)]
+        differ = [f"the plan differs from what cpuperf decides here: {d}" for d in fresh_differences(plan, facts, planning_measurements(facts))]
         rec = replace(rec, notes=(*rec.notes, *differ, f"plan {a.plan} run as saved (made by cpuperf {plan.cpuperf}"
                                   + (f" on {plan.made_on})" if plan.made_on else ")")))
     if yours is not None and yours.count is not None and yours.count != rec.placement.nproc_per_node:
@@ -480,7 +481,7 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
 
 def _plot(out: Output, run_dir: str) -> List[str]:
     """The run's picture (plot.svg, plot.png with matplotlib); a failure to draw never fails the run."""
-    from cpuperf.commands.plot import plot_run
+    from cpuperf.render.plot import plot_run
 
     try:
         files = plot_run(run_dir)["files"]

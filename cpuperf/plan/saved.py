@@ -540,3 +540,83 @@ def _show(value: Any, none: str = "none") -> str:
     if isinstance(value, list):
         return ",".join(map(str, value)) or "none"
     return str(value)
+
+
+def read_plan_file(path: str) -> SavedPlan:
+    """A saved plan (cpuperf.plan.saved.SavedPlan) from FILE: a regular file of bounded size, or one line (exit 2)."""
+    import os
+    import stat
+
+    from cpuperf.errors import UsageError, from_os_error
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block us
+    except OSError as exc:
+        if exc.errno in (2, 20):  # ENOENT, ENOTDIR
+            raise UsageError(f"plan file {path} does not exist", hint="make one with: cpuperf recommend --save FILE") from None
+        raise from_os_error(exc) from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"plan file {path} is not a regular file", hint="give the JSON file cpuperf recommend --save wrote")
+        raw = os.read(fd, MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_BYTES:
+        raise UsageError(f"plan file {path} is over {MAX_BYTES // 2**20} MiB: not a cpuperf plan",
+                         hint="make one with: cpuperf recommend --save FILE")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"plan file {path} is not UTF-8 text", hint="make one with: cpuperf recommend --save FILE") from None
+    return read(path, text)
+
+
+def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
+    """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
+    plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
+    from cpuperf.errors import PlanMismatchError
+    from cpuperf.probe.hosts import this_node_names
+
+    plan, node = for_this_node(plan, facts, list(names) or this_node_names())
+    diffs = differences(plan, facts)
+    if diffs and node:
+        diffs = [f"node {node}: {d}" for d in diffs]
+    foreign = foreign_preloads(plan, facts) if not diffs else []
+    if foreign:  # never a library the probe does not know as an allocator or OpenMP runtime here
+        raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
+                         "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
+    if diffs and not replan:
+        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
+        raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
+                                hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
+                                     "from this host's facts")
+    return plan, diffs
+
+
+def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> List[str]:
+    """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
+    measurements planning reads (never measures): every decision, the placement and the variables."""
+    from cpuperf.plan.job import JobRequest, runtime_vars
+
+    fresh = replan_from(plan, facts, measurements, environ={})
+    nnodes = max(1, int(fresh.get("nnodes") or 1))  # the rendezvous is this launch's: a placeholder, not compared
+    request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
+    env, _ = runtime_vars(facts, fresh, request, environ={})
+    return decision_differences(plan, fresh, env)
+
+
+def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Any, environ: Mapping[str, str]) -> Recommendation:
+    """The plan's own inputs decided again on this host's facts (--replan), from the measurements planning reads
+    (the caller's: a plan never measures) and the environment the caller hands in (none for a recorded host)."""
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.knowledge.knobs import parse_assignments
+
+    i = plan.inputs
+    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"))
+    overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
+    overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
+    return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
+                     unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
+                     measurements=measurements, overrides=overrides,
+                     environ=environ)

@@ -189,3 +189,10 @@ def require_resolvable(hosts: Sequence[Host], timeout: float = RESOLVE_TIMEOUT_S
                                f"do{'' if len(missing) > 1 else 'es'} not resolve",
                                hint="check the hostfile and /etc/hosts or DNS")
     return {name: ip for name, ip in found.items() if ip is not None}
+
+
+def this_node_names(hosts: Optional[Sequence[Host]] = None, node_rank: Optional[int] = None) -> List[str]:
+    """The names this machine may have in a plan over several nodes: its hostfile entry, its host name."""
+    names = [hosts[node_rank].name] if hosts and node_rank is not None and node_rank < len(hosts) else []
+    full = socket.gethostname()
+    return names + [full, full.split(".")[0]]

@@ -474,3 +474,27 @@ def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
     results = run_micro(facts, threads, python, allocators=need_alloc)
     save(facts, results)
     return load_cached(facts, log)
+
+
+def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
+    """The measurements every planning command (recommend, ccl-env, train --dry-run, train --auto) decides
+    from: this host's cached ones as they stand (flagged if taken under load), else None, and the rules
+    decide, each saying it was not measured. Planning never measures and never needs torch: `cpuperf bench`
+    measures, and so does the start of a real `train --auto` where nothing is cached (measure_before_run)."""
+    return load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
+
+
+def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]) -> Optional[Measurements]:
+    """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
+    and cached, so the next plan in any command is the same one). CPUPERF_MEASURE=0 skips it. A measurement
+    that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
+    if not facts.live or facts.gpus or os.environ.get("CPUPERF_MEASURE", "1").strip() == "0":
+        return planning_measurements(facts, log)
+    data, _ = read_cached(facts)
+    if data is not None and assess(data, facts)[0]:
+        return load_cached(facts, log)
+    try:
+        return measure_if_unsure(facts, threads, log=log)
+    except ProbeFailedError as exc:
+        log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
+        return planning_measurements(facts, log)
