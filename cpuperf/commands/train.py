@@ -418,7 +418,7 @@ def run_train(out: Output, a: TrainArgs) -> int:
     return _execute(out, a, jp, launch)
 
 
-# The README's exit-code table: a stop by signal N exits 128 + N, as a shell reports it.
+# docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 _SIGNAL_CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
 
 
