@@ -6,7 +6,7 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """Exit codes, the same for every command (listed in the README)."""
+    """Exit codes, the same for every command (listed in docs/exit-codes.md)."""
 
     OK = 0
     FOUND_ERROR = 1  # the command ran and found or hit an error (doctor: an error finding)

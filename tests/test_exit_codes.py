@@ -1,4 +1,4 @@
-"""Every exit code in the README's table is true: each is produced here by a real `cpuperf` process (the
+"""Every exit code in the table of docs/exit-codes.md is true: each is produced here by a real `cpuperf` process (the
 cheap ones), or named with the test that produces it with real pip, real signals or a full disk. A code
 added to the table without a producer fails this test."""
 
@@ -19,10 +19,10 @@ from cpuperf.errors import ExitCode
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_codes() -> List[int]:
-    """The codes of the README's "Exit codes" table."""
-    text = (ROOT / "README.md").read_text()
-    table = text.split("### Exit codes", 1)[1].split("\n\n", 2)[1]
+def documented_codes() -> List[int]:
+    """The codes of the table in docs/exit-codes.md."""
+    text = (ROOT / "docs" / "exit-codes.md").read_text()
+    table = text.split("## The codes", 1)[1].split("\n\n", 2)[1]
     return [int(m.group(1)) for m in re.finditer(r"^\| (\d+) \|", table, re.M)]
 
 
@@ -73,8 +73,8 @@ PRODUCED_ELSEWHERE = {
 }
 
 
-def test_every_readme_code_is_an_exit_code_and_has_a_producer():
-    codes = readme_codes()
+def test_every_documented_code_is_an_exit_code_and_has_a_producer():
+    codes = documented_codes()
     assert codes == sorted(codes) and len(codes) >= 16, codes
     assert set(codes) == {int(c) for c in ExitCode}, set(codes) ^ {int(c) for c in ExitCode}
     assert set(codes) == set(PRODUCED_HERE) | set(PRODUCED_ELSEWHERE)

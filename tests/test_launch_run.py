@@ -150,7 +150,7 @@ def _descendants(pid: int) -> List[int]:
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept(tmp_path, sig, code):
-    """The README's table: SIGINT 130, SIGTERM 143 (a batch scheduler), SIGHUP 129; the ranks are gone and
+    """The exit-code table (docs/exit-codes.md): SIGINT 130, SIGTERM 143 (a batch scheduler), SIGHUP 129; the ranks are gone and
     the last checkpoint is on disk and resumable."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "train", "--auto", *MICRO, "--max-steps", "100000",
@@ -257,7 +257,7 @@ def test_full_disk_at_checkpoint_is_named(tmp_path):
         # metrics fit in 1 MiB, the ~1.8 MB checkpoint does not (the tokenizer cache lives elsewhere)
         proc = run_cli(["train", *MICRO, "--max-steps", "5", "--set", f"tokenizer_cache={tmp_path / 'tok'}",
                         "--out", str(mnt / "run")], timeout=120)
-        assert proc.returncode == 10, proc.stderr  # the README's table: a file cannot be written
+        assert proc.returncode == 10, proc.stderr  # docs/exit-codes.md: a file cannot be written
         assert f"no space left on device ({mnt / 'run' / 'checkpoint.pt'})" in proc.stderr
         assert "inline_container" not in proc.stderr and "Traceback" not in proc.stderr
         assert not list((mnt / "run").glob(".checkpoint.pt.*"))  # no half-written temp file left

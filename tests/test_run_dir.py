@@ -87,7 +87,7 @@ def test_second_run_into_a_busy_out_is_refused(tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
-    assert first.returncode == 143, stderr[-2000:]  # SIGTERM: 128 + 15, as the README's table says
+    assert first.returncode == 143, stderr[-2000:]  # SIGTERM: 128 + 15, as docs/exit-codes.md says
     records = all_json_lines(out / "metrics.jsonl")
     assert [r["type"] for r in records].count("settings") == 1  # only the first run wrote
     import torch

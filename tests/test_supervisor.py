@@ -165,7 +165,7 @@ def test_a_job_that_ignores_sigterm_is_killed_when_the_grace_period_ends(tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143  # SIGTERM: 128 + 15, as the README's table says
+    assert proc.returncode == 143  # SIGTERM: 128 + 15, as docs/exit-codes.md says
     assert STOP_GRACE_S - 1 <= took <= STOP_GRACE_S + 30, took
     data = json.loads(stdout)
     assert data["error"]["name"] == "terminated" and data["supervisor"]["wall_s"] >= STOP_GRACE_S - 1

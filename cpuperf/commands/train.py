@@ -233,7 +233,7 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
         if (nproc or 1) > 1 or a.launcher:
             raise UsageError(f"your command starts its own launcher ({yours.launcher}): cpuperf adds none on top",
                              hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
-        # Every decision is made for the count the launcher starts (cpuperf.plan.user_launcher, issue 32).
+        # Every decision is made for the count the launcher starts (cpuperf.plan.user_launcher).
         nproc = yours.count or 1
         if yours.oversubscribed:
             decided.setdefault("oversubscribe", True)
@@ -419,7 +419,7 @@ def run_train(out: Output, a: TrainArgs) -> int:
     return _execute(out, a, jp, launch)
 
 
-# The README's exit-code table: a stop by signal N exits 128 + N, as a shell reports it.
+# docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 _SIGNAL_CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
 
 

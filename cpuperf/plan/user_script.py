@@ -1,7 +1,7 @@
 """A user's own command under `cpuperf train -- ...`: find the script, read how it parses its
 arguments, and add only Trainer speed flags it will accept. Pure planning; the caller reads the file.
 
-First do no harm (issue 15): hyperparameters (batch size, learning rate, optimizer family, epochs)
+First do no harm: hyperparameters (batch size, learning rate, optimizer family, epochs)
 are the user's unless they `--set` them; a flag is added only where the script parses TrainingArguments
 from its command line (HfArgumentParser), the installed transformers has it, the user gave neither it
 nor its opposite, and it changes something (a value different from the Trainer's default).

@@ -170,7 +170,7 @@ def saved_json(results: Sequence[NodeResult], transport: str) -> Dict[str, Any]:
 
 
 STATUSES = (OK, UNRESOLVABLE, UNREACHABLE, TIMEOUT, NO_PYTHON, PROBE_FAILED)
-MAX_FACTS_BYTES = 16 * 1024 * 1024  # the README's bound on a facts file
+MAX_FACTS_BYTES = 16 * 1024 * 1024  # the documented bound on a facts file (docs/commands.md)
 
 
 def check_result(data: Any, where: str) -> None:

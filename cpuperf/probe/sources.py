@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence
 
-# The facts CPUPERF_OVERRIDE_<FACT> may set (README: "CPUPERF_OVERRIDE_<FACT> overrides single facts").
+# The facts CPUPERF_OVERRIDE_<FACT> may set (docs/commands.md: "CPUPERF_OVERRIDE_<FACT> overrides one fact").
 OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
              "gpus", "platform", "hypervisor")
 _WORD = re.compile(r"^[A-Za-z0-9_.]{1,64}$")

@@ -58,4 +58,4 @@ class RunDirBusyError(TrainError):
 class DiskFullError(TrainError):
     """A write hit ENOSPC: said as such, with the path, not as the library's own wording."""
 
-    code = TrainExit.FILESYSTEM  # the README's exit code 10
+    code = TrainExit.FILESYSTEM  # exit code 10 (docs/exit-codes.md)

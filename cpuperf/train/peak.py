@@ -5,7 +5,7 @@ dtype (the CPU's variant in compat/cpu_peaks.toml) x clock, naming the clock use
 measured). No figure called MFU has a measured denominator. Beside it, the sustained GEMM rate at the
 model's own linear layers (QKV, attention output, MLP up and down, LM head at batch x sequence rows)
 in the dtype the run computes in, median over repeats with its spread: the achievable ceiling
-(a 0.3 s 512x512 torch.mm once gave 200.6% and 17.8% on consecutive runs: issue 17).
+(a 0.3 s 512x512 torch.mm once gave 200.6% and 17.8% on consecutive runs).
 torch is imported inside functions only.
 """
 
