@@ -28,6 +28,17 @@ class ExitCode(enum.IntEnum):
     TERMINATED = 143  # SIGTERM (128 + 15): a batch scheduler, `timeout`, `kill`
 
 
+# A stop by signal ends every cpuperf process (the CLI, an install, the built-in worker) with 128 + the signal,
+# as a shell reports it: the one map, by signal name.
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+_EXIT_ON_SIGNAL = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
+
+
+def exit_code_for_signal(name: str | None) -> ExitCode:
+    """SIGINT 130, SIGTERM 143, SIGHUP 129; anything else (or unknown) counts as an interrupt."""
+    return _EXIT_ON_SIGNAL.get(name or "SIGINT", ExitCode.INTERRUPTED)
+
+
 class CpuperfError(Exception):
     """An error meant for the user: one line of message, the next thing to try, an exit code."""
 

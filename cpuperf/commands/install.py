@@ -26,6 +26,7 @@ from cpuperf.errors import (
     PipFailedError,
     UnreachableError,
     UsageError,
+    exit_code_for_signal,
 )
 from cpuperf.output import Output
 from cpuperf.plan import install as ip
@@ -513,13 +514,9 @@ def _confirm(opts: Options, out: Output, plan: Optional[ip.InstallPlan]) -> None
 
 # --------------------------------------------------------------------------- execute
 
-_STOP_CODES = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED,
-               signal.SIGHUP: ExitCode.HANGUP}
-
-
 def stop_code(exc: BaseException) -> ExitCode:
     """130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP (128 + the signal, as a shell reports it)."""
-    return _STOP_CODES.get(signal.Signals(pd.stop_signal(exc)), ExitCode.INTERRUPTED)
+    return exit_code_for_signal(signal.Signals(pd.stop_signal(exc)).name)
 
 
 def _cache_error(exc: OSError, what: str) -> CpuperfError:

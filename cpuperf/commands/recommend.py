@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from cpuperf.boundary import DEFAULT_MASTER_PORT
 from cpuperf.output import Output
 
 
@@ -116,7 +117,7 @@ def renderings(facts: Any, rec: Any, hosts: Any, jp: Any = None) -> Dict[str, An
         "hf_args": render.hf_flags(rec, transformers),
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
-                                                      int(env.get("MASTER_PORT", "29500"))),
+                                                      int(env.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))),
         "accelerate_launch_args": render.accelerate_launch_args(rec),
         "data_notes": render.hf_notes(rec),
     }

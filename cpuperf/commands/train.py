@@ -11,7 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError
+from cpuperf.boundary import RDZV_TIMEOUT
+from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
 from cpuperf.output import Output
 
 SCHEMA = "cpuperf.train/1"
@@ -420,7 +421,6 @@ def run_train(out: Output, a: TrainArgs) -> int:
 
 
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
-_SIGNAL_CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
 
 
 def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
@@ -460,7 +460,7 @@ def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
             f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
         hint = "cpuperf train --resume continues from it" if has_ckpt else None
         out.error(message, hint)
-        code = _SIGNAL_CODES.get(res.signal_name or "SIGINT", ExitCode.INTERRUPTED)  # 128 + the signal
+        code = exit_code_for_signal(res.signal_name)  # 128 + the signal
         if out.json_mode:
             out.json({"error": {"code": int(code), "name": code.name.lower(), "message": message,
                                 "hint": hint}, "launch": launch, "applied": _applied(jp),
@@ -557,7 +557,7 @@ def _failure(plan: Any, res: Any) -> Tuple[int, str, Optional[str]]:
 
     if plan.launcher == "torchrun" and plan.nnodes > 1 and rendezvous_timed_out(res.launcher_output):
         others = [h for i, h in enumerate(plan.hosts[:plan.nnodes]) if i != plan.node_rank] or ["the other nodes"]
-        timeout = plan.env.get("CPUPERF_RDZV_TIMEOUT", "?")
+        timeout = plan.env.get(RDZV_TIMEOUT, "?")
         return int(ExitCode.UNREACHABLE), (
             f"the rendezvous at {plan.master_addr}:{plan.master_port} did not complete within {timeout} s: "
             f"not joined: {', '.join(others)}"), "start cpuperf train on every node of the hostfile, or raise --rdzv-timeout"

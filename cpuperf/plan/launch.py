@@ -21,6 +21,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import LaunchFailedError, UsageError
 from cpuperf.probe.facts import HostFacts
@@ -31,13 +32,13 @@ LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
 # A user's launcher's ranks given their thread counts, with pinning decided against.
 UNPINNED_RANKS = ("each rank's thread count set by a per-rank step keyed on its local rank; its CPUs left as your "
                   "launcher sets them (the OS scheduler's under torchrun)")
-SLOTS_VAR = "CPUPERF_RANK_SLOTS"  # JSON slot table read by cpuperf.run.rankexec
-LOGDIR_VAR = "CPUPERF_RANK_LOGDIR"  # where rankexec writes rank<R>.log and rank<R>.pid
-PIDDIR_VAR = "CPUPERF_RANK_PIDDIR"  # a user's launcher: rankexec writes only rank<L>.pid here (output stays theirs)
+SLOTS_VAR = RANK_SLOTS  # JSON slot table read by cpuperf.run.rankexec
+LOGDIR_VAR = RANK_LOGDIR  # where rankexec writes rank<R>.log and rank<R>.pid
+PIDDIR_VAR = RANK_PIDDIR  # a user's launcher: rankexec writes only rank<L>.pid here (output stays theirs)
 # Variables that place threads: set only where cpuperf places the ranks (a user's launcher may not be placed).
 PLACEMENT_VARS = ("OMP_NUM_THREADS", "KMP_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY",
                   "I_MPI_PIN_DOMAIN", "CCL_WORKER_AFFINITY")
-RDZV_TIMEOUT_VAR = "CPUPERF_RDZV_TIMEOUT"  # the worker's init_process_group bound (cpuperf.train.loop)
+RDZV_TIMEOUT_VAR = RDZV_TIMEOUT  # the worker's init_process_group bound (cpuperf.train.loop)
 DEFAULT_RDZV_TIMEOUT_S = 300  # --rdzv-timeout: how long node 0 waits for the others to join
 
 
@@ -241,7 +242,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
         addr = _slurm_master(addr, nnodes, environ, env, reasons)
     if world > 1 and chosen != "torchrun":
         env.setdefault("MASTER_ADDR", addr or "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(port or 29500))
+        env.setdefault("MASTER_PORT", str(port or DEFAULT_MASTER_PORT))
     if world > 1:
         env[RDZV_TIMEOUT_VAR] = _seconds(rdzv_timeout)
         reasons[RDZV_TIMEOUT_VAR] = "how long the ranks' process group may take to form (--rdzv-timeout)"
@@ -418,7 +419,7 @@ def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: O
     if addr is None:
         raise UsageError("torchrun over several nodes needs a rendezvous address",
                          hint="pass --hostfile FILE or --master-addr HOST")
-    rdzv_port = port or 29500
+    rdzv_port = port or DEFAULT_MASTER_PORT
     base += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
              f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job_id}",
              # The node holding the endpoint hosts the store; saying so avoids torchrun's

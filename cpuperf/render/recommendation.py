@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
+from cpuperf.boundary import DEFAULT_MASTER_PORT
 from cpuperf.decide.recommend import Recommendation
 
 
@@ -59,7 +60,7 @@ def accelerate_launch_args(rec: Recommendation, accelerate_version: Optional[str
     return []
 
 
-def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main_port: int = 29500,
+def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main_port: int = DEFAULT_MASTER_PORT,
                       accelerate_version: Optional[str] = None) -> str:
     """An accelerate config file (YAML) with only the keys the installed accelerate's loader accepts."""
     from cpuperf.knowledge.accelerate import config_keys, data_note

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
+from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
 from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UnreachableError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation
@@ -37,8 +38,8 @@ from cpuperf.probe.hosts import Host, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
 
-LOCK_TOKEN_VAR = "CPUPERF_RUN_LOCK"  # the worker finds the run directory locked under this token
-ERRORS_VAR = "CPUPERF_RANK_ERRORS"  # the worker leaves rank<R>.json here instead of an error line
+LOCK_TOKEN_VAR = RUN_LOCK  # the worker finds the run directory locked under this token
+ERRORS_VAR = RANK_ERRORS  # the worker leaves rank<R>.json here instead of an error line
 STOP_GRACE_S = 20.0  # after SIGTERM/SIGHUP: time for a checkpoint before the group is killed
 
 

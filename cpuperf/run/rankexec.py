@@ -17,8 +17,7 @@ import signal
 import sys
 from typing import List, Mapping, Optional, Tuple
 
-LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+from cpuperf.boundary import LOCAL_RANK_VARS, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RANK_VARS
 
 
 def _first_int(environ: Mapping[str, str], names: Tuple[str, ...]) -> Optional[int]:
@@ -39,7 +38,7 @@ def slot_for(environ: Mapping[str, str]) -> Tuple[int, int, Optional[dict]]:
     local = _first_int(environ, LOCAL_RANK_VARS) or 0
     rank = _first_int(environ, RANK_VARS)
     try:
-        slots = json.loads(environ.get("CPUPERF_RANK_SLOTS") or "[]")
+        slots = json.loads(environ.get(RANK_SLOTS) or "[]")
     except (ValueError, RecursionError):
         raise SlotError("not JSON") from None
     if not isinstance(slots, list):
@@ -106,14 +105,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
     # The launcher is our parent (torchrun's agent, orted, slurmstepd): when it dies, so do we.
     die_with_parent(os.getppid())
-    piddir = os.environ.get("CPUPERF_RANK_PIDDIR")
+    piddir = os.environ.get(RANK_PIDDIR)
     if piddir:  # a user's launcher: its ranks' output stays where the launcher sends it
         try:
             with open(os.path.join(piddir, f"rank{local}.pid"), "w") as fh:
                 fh.write(f"{os.getpid()}\n")
         except OSError as exc:
             sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot record its pid under {piddir}: {exc.strerror}\n")
-    logdir = os.environ.get("CPUPERF_RANK_LOGDIR")
+    logdir = os.environ.get(RANK_LOGDIR)
     if logdir:
         try:
             os.makedirs(logdir, exist_ok=True)

@@ -25,8 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from cpuperf.boundary import DEFAULT_MASTER_PORT as BOUNDARY_DEFAULT_PORT
+from cpuperf.boundary import LAUNCHER_RANK_VARS
+
 DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500  # torch.distributed's conventional default
+DEFAULT_MASTER_PORT = BOUNDARY_DEFAULT_PORT
 
 
 class LaunchEnvError(ValueError):
@@ -54,15 +57,7 @@ class RankInfo:
         return env
 
 
-_SOURCES = (
-    # launcher, rank, size, local rank, local size, required extra variable
-    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
-    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE", None),
-    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
-    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-     "SLURM_STEP_ID"),
-)
+_SOURCES = LAUNCHER_RANK_VARS  # launcher, rank, size, local rank, local size, required extra variable
 
 
 def _int(environ: Mapping[str, str], name: str) -> Optional[int]:

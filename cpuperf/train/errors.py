@@ -22,7 +22,8 @@ class TrainExit(enum.IntEnum):
     BUSY = int(ExitCode.BUSY)  # another live run holds out_dir
     INTERRUPTED = int(ExitCode.INTERRUPTED)  # SIGINT (Ctrl-C): 128 + 2, a checkpoint was written
     FILESYSTEM = int(ExitCode.FILESYSTEM)  # a file cannot be written: no space left, read-only, permissions
-    TERMINATED = 143  # SIGTERM: 128 + 15, a checkpoint was written
+    TERMINATED = int(ExitCode.TERMINATED)  # SIGTERM: 128 + 15, a checkpoint was written
+    HANGUP = int(ExitCode.HANGUP)  # SIGHUP: 128 + 1, a checkpoint was written
 
 
 class TrainError(CpuperfError):

@@ -21,12 +21,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, TextIO
 
+from cpuperf.boundary import RDZV_TIMEOUT
+from cpuperf.errors import exit_code_for_signal
 from cpuperf.train import SCHEMA
-from cpuperf.train.errors import ConfigError, DiskFullError, DistInitError, MissingFeatureError, TrainError, TrainExit
+from cpuperf.train.errors import ConfigError, DiskFullError, DistInitError, MissingFeatureError, TrainError
 from cpuperf.train.rundir import METRICS_NAME
 from cpuperf.train.settings import TrainSettings
 
-RDZV_TIMEOUT_VAR = "CPUPERF_RDZV_TIMEOUT"  # seconds; set by cpuperf train's launch plan
+RDZV_TIMEOUT_VAR = RDZV_TIMEOUT  # seconds; set by cpuperf train's launch plan
 # The process group's timeout also bounds every gloo collective (rank 0 writing a big checkpoint
 # while the others wait), so it never goes below torch's own 10-minute default.
 MIN_PG_TIMEOUT_S = 600
@@ -56,7 +58,7 @@ def install_signal_handlers(stop: Stop) -> None:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             raise Terminated(signum)
-        stop.signum = signal.SIGTERM if signum == signal.SIGHUP else signum
+        stop.signum = signum
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
@@ -621,8 +623,7 @@ class Run:
             self.torch.distributed.destroy_process_group()
         code = 0
         if st.status == "interrupted":
-            code = TrainExit.TERMINATED if self.stop.signum == signal.SIGTERM else \
-                TrainExit.INTERRUPTED
+            code = exit_code_for_signal(signal.Signals(self.stop.signum).name if self.stop.signum else None)
         return summary, int(code)
 
     def emit(self, rec: dict) -> None:

@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
+from cpuperf.boundary import RUN_LOCK
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.train.checkpoint import CKPT_NAME
 from cpuperf.train.errors import ConfigError, RunDirBusyError
 
 METRICS_NAME = "metrics.jsonl"
-TOKEN_VAR = "CPUPERF_RUN_LOCK"  # the token of a lock a launcher holds for this run
+TOKEN_VAR = RUN_LOCK  # the token of a lock a launcher holds for this run
 
 
 def busy_message(out_dir: str, holder_text: Optional[str]) -> str:

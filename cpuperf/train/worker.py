@@ -6,7 +6,7 @@ rank trains (loop.py). This module is the entry and the one error boundary.
 
 Exit codes (errors.TrainExit): 0 done, 1 failed, 2 bad config (or an existing run without --resume),
 3 missing IPEX/oneCCL/CUDA/MPI, 8 torch.distributed failed to start, 10 another run holds the run
-directory, 130 SIGINT and 143 SIGTERM/SIGHUP (both after a checkpoint once training has started).
+directory, 130 SIGINT, 143 SIGTERM and 129 SIGHUP (each after a checkpoint once training has started).
 No traceback unless CPUPERF_DEBUG=1. Under cpuperf train (CPUPERF_RANK_ERRORS set) an error goes to
 that directory as JSON instead of stderr, so the user reads it once, from cpuperf.
 """
@@ -20,6 +20,8 @@ import signal
 import sys
 from typing import Any, Dict, Optional
 
+from cpuperf.boundary import RANK_ERRORS
+from cpuperf.errors import exit_code_for_signal
 from cpuperf.train.errors import ConfigError, TrainError, TrainExit
 from cpuperf.train.loop import Run, Stop, Terminated, install_signal_handlers
 from cpuperf.train.loop import lr_lambda as _lr_lambda  # noqa: F401  (tests, older imports)
@@ -28,7 +30,7 @@ from cpuperf.train.rundir import METRICS_NAME  # noqa: F401
 from cpuperf.train.settings import TrainSettings
 
 _Stop = Stop  # the name older callers use
-ERRORS_VAR = "CPUPERF_RANK_ERRORS"  # a directory where a rank leaves rank<R>.json on error
+ERRORS_VAR = RANK_ERRORS  # a directory where a rank leaves rank<R>.json on error
 
 
 def _peak_clock(summary: Dict[str, Any]) -> str:
@@ -181,7 +183,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return int(TrainExit.INTERRUPTED)
     except Terminated as exc:
         sys.stderr.write(f"cpuperf train: {signal.Signals(exc.signum).name} before training started\n")
-        return int(TrainExit.TERMINATED)
+        return int(exit_code_for_signal(signal.Signals(exc.signum).name))
     except OSError as exc:  # a file the run writes (metrics, logs, the run directory): exit 10, the path named
         if debug:
             raise
