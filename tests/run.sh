@@ -31,4 +31,5 @@ pip install -q -e '.[test]'
 lint-imports                   # the layers contract in pyproject.toml
 ruff check cpuperf tests benchmarks
 mypy
+python -m tools.regen_compat --check   # compat/ equals what the recorded inputs give (no network)
 python -m pytest -q -p no:cacheprovider "$@"

@@ -90,6 +90,16 @@ def test_driver_too_old_for_torchs_cuda(tmp_path, monkeypatch) -> None:
     facts = facts_with(tmp_path / "new", monkeypatch, "t4-driver-470.json", {"torch": "2.9.0+cu128"})
     (f,) = check_gpus(facts)
     assert "ubuntu-drivers install --gpgpu" in f.fix and ">= 525.60.13" in f.fix
+    # 2.9 builds nothing for 470: the newest torch that does, as `cpuperf install` walks to it
+    assert f.fix.startswith("cpuperf install --torch 2.7.1 ") and "(cu118)" in f.fix
+
+
+def test_torch_2_15_on_a_driver_below_580_is_told_the_newest_torch_it_runs(tmp_path, monkeypatch) -> None:
+    """torch 2.15 builds only CUDA 13 (cu130/cu132, driver >= 580): the A100's 535 driver runs 2.14.1's cu126."""
+    facts = facts_with(tmp_path, monkeypatch, "a100-sxm4-80gb.json", {"torch": "2.15.0+cu132"})
+    (f,) = check_gpus(facts)
+    assert f.id == "driver-too-old" and "535.183.01" in f.message and "580" in f.message
+    assert f.fix.startswith("cpuperf install --torch 2.14.1 ") and "(cu126)" in f.fix and ">= 580" in f.fix
 
 
 @pytest.mark.parametrize("card", ["h100-80gb-hbm3.json", "a100-sxm4-80gb.json", "t4.json"])

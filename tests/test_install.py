@@ -319,6 +319,49 @@ def test_gpu_host_gets_the_cuda_build_for_its_driver(tmp_path, index, pip_home):
     assert ok_json(proc)["requirements"] == ["torch==2.7.0+cu128"]
 
 
+@pytest.fixture(scope="module")
+def cu13_index(tmp_path_factory):
+    """torch as the real indexes serve it around 2.15.0: 2.15.0 built for CUDA 13.0/13.2 only (plus the registry's
+    plain build), 2.14.1 also for CUDA 12.6."""
+    base = tmp_path_factory.mktemp("cu13")
+    wheels = base / "wheels"
+    wheels.mkdir()
+    built = [torch_wheel(wheels, v) for v in ("2.15.0+cu132", "2.15.0+cu130", "2.14.1+cu132", "2.14.1+cu126")]
+    plain = wheels / "plain"
+    plain.mkdir()
+    built.append(torch_wheel(plain, "2.15.0"))
+    write_index(base / "www" / "cu13", built)
+    handler = functools.partial(_Quiet, directory=str(base / "www"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/cu13/simple"
+    server.shutdown()
+
+
+def _gpu_host(driver: str) -> Dict[str, str]:
+    return {"CPUPERF_OVERRIDE_GPUS": json.dumps([{"name": "NVIDIA A100", "compute_capability": "8.0",
+                                                  "memory_bytes": 85899345920, "driver_version": driver}])}
+
+
+def test_a_driver_older_than_the_newest_torch_needs_gets_the_newest_torch_it_runs(tmp_path, cu13_index, pip_home):
+    """The real data: torch 2.15.0 builds only cu130/cu132 (CUDA 13.x needs driver >= 580), 2.14.1 still cu126."""
+    args = ["install", "--venv", str(tmp_path / "v"), "--index-url", cu13_index, "--dry-run", "--json"]
+    data = ok_json(cli(args, pip_home, _gpu_host("570.86.10")))
+    assert data["requirements"] == ["torch==2.14.1+cu126"]
+    assert any("torch 2.15.0 builds only cu130, cu132" in n and "planning torch 2.14.1" in n for n in data["notes"])
+    # a driver for CUDA 13: the newest torch, its newest CUDA
+    assert ok_json(cli(args, pip_home, _gpu_host("580.65.06")))["requirements"] == ["torch==2.15.0+cu132"]
+    # pinned to 2.15 on the old driver: refused, naming the release that has a build
+    proc = cli([*args, "--torch", "2.15.0"], pip_home, _gpu_host("570.86.10"))
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    err = json.loads(proc.stdout)["error"]
+    assert "580" in err["message"] and "--torch 2.14.1" in err["hint"]
+    # a driver too old for every build the data lists: one line naming the newest release's need
+    proc = cli(args, pip_home, _gpu_host("418.40"))
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
+    assert "torch 2.15.0 builds cu130, cu132" in json.loads(proc.stdout)["error"]["message"]
+
+
 def test_plan_pulling_nvidia_on_cpu_host_is_refused(tmp_path, index, pip_home):
     args = ["install", "--venv", str(tmp_path / "v"), "--index-url", index.cuda, "--torch", "2.7.0", "--dry-run",
             "--json"]

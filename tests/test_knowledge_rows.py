@@ -231,3 +231,63 @@ def test_an_installed_ipex_outside_the_data_is_named_with_what_cpuperf_assumes(m
 def test_accelerate_ipex_flag_was_deprecated_from_1_8(m):
     (row,) = [r for r in m.hf if r.package == "accelerate" and r.name == "--ipex"]
     assert row.deprecated == Version("1.8.0") and row.removed == Version("1.10.0")  # the old row had no deprecation
+
+
+# --------------------------------------------------------------------------- torch 2.15's CUDA builds
+
+
+def test_torch_2_15_builds_cuda_13_only(m):
+    (row,) = [r for r in m.torch if r.version == Version("2.15.0")]
+    assert row.cuda == ("cu130", "cu132")  # the old row listed none
+    assert "cuda-toolkit==13.2.2" in row.source and "#8739" in row.source
+
+
+@pytest.mark.parametrize("driver, want", [("570.86.10", ("2.14.1", "cu126")), ("535.104.05", ("2.14.1", "cu126")),
+                                          ("580.65.06", ("2.15.0", "cu132")), ("418.40", None)])
+def test_a_driver_below_cuda_13_walks_to_the_newest_torch_with_a_build(m, driver, want):
+    from cpuperf.knowledge.cuda import newest_release_for_driver
+
+    row, tag, why = newest_release_for_driver(m.torch, Version("2.15.0"), driver, m.cuda)
+    if want is None:
+        assert row is None and "torch 2.15.0 builds cu130, cu132" in why and "580" in why
+    else:
+        assert (str(row.version), tag) == want
+
+
+def test_an_installed_oneccl_newer_than_the_data_is_named_with_what_cpuperf_assumes(m):
+    found = installed_findings("3.11", {"torch": "2.9.0", "oneccl_bind_pt": "2.9.0+cpu"},
+                               platform="linux_x86_64", matrix=m)
+    (newer,) = [f for f in found if f["id"] == "oneccl-newer-than-data"]
+    assert "newer than cpuperf's data (data ends at 2.8.0+xpu)" in newer["message"]
+    assert "plans CPU DDP with gloo" in newer["message"] and newer["severity"] == "info"
+    assert not [f for f in found if f["id"] == "oneccl-unknown"]  # one finding, not two
+    from cpuperf.knowledge.addons import cpu_ddp_backend
+
+    assert cpu_ddp_backend("2.9.0", "2.9.0+cpu", "3.11").name == "gloo"  # what the finding says cpuperf does
+    healthy = installed_findings("3.11", {"torch": "2.7.0", "oneccl_bind_pt": "2.7.0+cpu"},
+                                 platform="linux_x86_64", matrix=m)
+    assert not [f for f in healthy if f["id"] in ("oneccl-newer-than-data", "oneccl-unknown")]
+
+
+# --------------------------------------------------------------------------- boost rows from ARK
+
+
+@pytest.mark.parametrize("micro, name, ghz", [
+    ("sapphirerapids", "Intel(R) Xeon(R) Gold 6416H", 4.2),
+    ("sapphirerapids", "Intel(R) Xeon(R) Platinum 8488C", 4.2),  # AWS m7i
+    ("sapphirerapids", "Intel(R) Xeon(R) CPU Max 9480", 4.2),
+    ("sapphirerapids", "Intel Xeon Processor (SapphireRapids)", 4.2),  # QEMU's model
+    ("sapphirerapids", "Intel(R) Xeon(R) w9-3495X", 4.8),  # Turbo Boost Max 3.0 on the workstation parts
+    ("icelake", "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", 3.7),  # AWS m6i
+    ("icelake", "Intel(R) Xeon(R) CPU @ 2.60GHz", 3.7),  # a cloud VM's generic name
+    ("icelake", "Intel(R) Xeon(R) D-2796NT CPU @ 2.00GHz", 3.7),
+    ("icelake", "Intel(R) Xeon(R) W-1390P @ 3.50GHz", 5.3),  # Rocket Lake's Xeon: the generation's row
+    ("icelake", "Intel(R) Xeon(R) E-2388G CPU @ 3.20GHz", 5.3),
+    ("icelake", "Intel(R) Xeon(R) W-3375 CPU @ 2.50GHz", 5.3),
+    ("icelake", "11th Gen Intel(R) Core(TM) i9-11900K @ 3.50GHz", 5.3),
+])
+def test_sapphire_rapids_and_ice_lake_have_their_segments_highest_boost(micro, name, ghz):
+    from cpuperf.train.peak import boost_row
+
+    row = boost_row(micro, name)
+    assert row is not None and row["ghz"] == ghz and "ark.intel.com" in row["source"]  # no row before

@@ -25,10 +25,24 @@ def test_committed_data_equals_the_recorded_inputs():
 
 
 def test_the_check_command_exits_0_on_the_committed_data():
-    proc = subprocess.run([sys.executable, "-m", "tools.regen_compat"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "equals what the recorded inputs give" in proc.stderr
+    for extra in ([], ["--check"]):  # tests/run.sh (CI) runs the --check form
+        proc = subprocess.run([sys.executable, "-m", "tools.regen_compat", *extra], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "equals what the recorded inputs give" in proc.stderr
+
+
+def test_check_fails_on_a_drifted_row_and_on_a_row_the_data_lacks(tmp_path):
+    fixtures = tmp_path / "fx"
+    shutil.copytree(rc.FIXTURES, fixtures)
+    wheels = fixtures / "torch_wheels.txt"
+    wheels.write_text(wheels.read_text() + "\ntorch-9.9.0-cp311-cp311-manylinux_2_28_x86_64.whl\n")
+    proc = subprocess.run([sys.executable, "-m", "tools.regen_compat", "--check", "--fixtures", str(fixtures)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "not in the data: torch 9.9.0" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "tools.regen_compat", "--check", "--write"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--check compares only" in proc.stderr
 
 
 def _copy(tmp_path):

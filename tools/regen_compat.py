@@ -901,6 +901,9 @@ def _tracked() -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.regen_compat", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="no network, nothing written (CI): exit 1 when compat/ differs from what the recorded inputs "
+                         "give or lacks a row they have")
     ap.add_argument("--write", action="store_true", help="rewrite compat/ (default: only say what would change)")
     ap.add_argument("--live", action="store_true", help="re-record the inputs first (network; never in CI)")
     ap.add_argument("--linux", type=Path, help="a Linux source checkout to record the kernel tables from")
@@ -910,6 +913,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "would change; nothing is written")
     ap.add_argument("--fixtures", type=Path, default=FIXTURES)
     args = ap.parse_args(argv)
+    if args.check and (args.write or args.live or args.check_upstream):
+        ap.error("--check compares only: it takes no --write, --live or --check-upstream")
     if args.check_upstream:
         return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux, args.torch_ccl)))
     if args.live:
@@ -927,8 +932,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.write:
         for name, text in texts.items():
             (COMPAT / name).write_text(text, encoding="utf-8")
-    if not report.changes:
+    if not report.changes and not (args.check and report.missing):
         print("compat/ equals what the recorded inputs give", file=sys.stderr)
+    if args.check:
+        return 1 if report.changes or report.missing else 0
     return 1 if report.changes and not args.write else 0
 
 

@@ -354,16 +354,11 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
 
     cuda_tag: Any = None
     cuda_index = None
+    cap: Optional[Version] = None
+    walk_notes: List[str] = []
     if device == "cuda":
         driver = next((g.driver_version for g in facts.gpus if g.driver_version), None)
-        # The newest release at or below the resolver's torch that has CUDA builds in the data
-        # (the newest release may not list its CUDA variants yet).
-        rows = [r for r in matrix.torch if r.cuda and r.version <= Version(Version(first.torch).base_version)]
-        row = rows[-1] if rows else None
-        tag, why = ip.cuda_tag_for_driver(driver, row.cuda if row else (), matrix.cuda)
-        if tag is None:
-            raise IncompatibleHostError(f"no CUDA build of torch {first.torch} fits this host: {why}",
-                                        hint="update the NVIDIA driver, or choose another --torch")
+        tag, cap, walk_notes = _cuda_release(matrix, first.torch, driver, pinned=bool(opts.torch))
         variant = matrix.cuda_variant(tag)
         cuda_index = variant.index_url if variant else None
         # any build the driver runs is acceptable; the newest torch (then the newest CUDA) wins
@@ -379,8 +374,13 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
     constraint_text = "\n".join(pd.read_text(p) for p in (config.get("constraint") or "").split())
     specs = ip.constraint_specs(constraint_text, "torch")
     versions = pd.index_versions(pip, "torch", sources.pip_args())
+    if cap is not None:  # releases above the walk's have no build this driver runs (their plain build neither)
+        versions = None if versions is None else [v for v in versions if _public(v) <= cap]
+        if versions is None:
+            opts = dataclasses.replace(opts, torch=str(cap))
     resolution, torch_build, notes = _choose_torch(opts, py, want, matrix, device, cuda_tag, versions, specs,
                                                    None if opts.torch else installed)
+    notes = walk_notes + notes
     if resolution is None:
         skipped = [s for s in sources.skipped() if "PyTorch" in s.detail]
         label = "+cpu" if device == "cpu" else "+" + (cuda_tag if isinstance(cuda_tag, str) else "/+".join(cuda_tag))
@@ -418,6 +418,40 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
     except ip.PlanError as exc:
         raise IncompatibleHostError(str(exc)) from exc
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
+
+
+def _public(version: str) -> Version:
+    try:
+        return Version(Version(version).base_version)
+    except InvalidVersion:
+        return Version("0")
+
+
+def _cuda_release(matrix: Any, torch: str, driver: Optional[str],
+                  pinned: bool) -> Tuple[str, Optional[Version], List[str]]:
+    """The CUDA build for this driver: (tag, cap or None, notes). The newest release may build only for a CUDA
+    the driver is too old for: unpinned, the install walks to the newest older release that has a build (its
+    version is the cap, said in a note); pinned (--torch), that is refused with the release to pin instead."""
+    from cpuperf.knowledge.cuda import newest_release_for_driver
+
+    ceiling = Version(Version(torch).base_version)
+    listed = [r for r in matrix.torch if r.cuda and r.version <= ceiling]
+    newest = listed[-1] if listed else None
+    row, tag, why = newest_release_for_driver(matrix.torch, ceiling, driver, matrix.cuda)
+    if row is None or tag is None:
+        raise IncompatibleHostError(f"no CUDA build of torch {torch} fits this host: {why}",
+                                    hint="update the NVIDIA driver, or choose another --torch")
+    if newest is None or row.version == newest.version:
+        return tag, None, []
+    _, why_not = ip.cuda_tag_for_driver(driver, newest.cuda, matrix.cuda)
+    if pinned:
+        raise IncompatibleHostError(f"no CUDA build of torch {torch} fits this host: torch {newest.version} builds "
+                                    f"{', '.join(newest.cuda)}: {why_not}",
+                                    hint=f"update the NVIDIA driver, or pin the newest torch with a build for it: "
+                                         f"--torch {row.version}")
+    note = (f"torch {newest.version} builds only {', '.join(newest.cuda)} ({why_not}): planning torch {row.version}, "
+            f"the newest release with a CUDA build for this driver ({tag}); update the driver for a newer torch")
+    return tag, row.version, [note]
 
 
 def _rejections(resolution: Any) -> str:

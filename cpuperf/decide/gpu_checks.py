@@ -80,6 +80,25 @@ def variant_for_driver(torch_version: str, driver: str, matrix: Any = None) -> O
     return m.cuda_variant(tag) if tag else None
 
 
+def _older_torch_fix(torch_version: str, driver: str) -> Optional[str]:
+    """`cpuperf install --torch X`: the newest older torch with a CUDA build this driver runs (the rule
+    `cpuperf install` walks by), or None."""
+    from packaging.version import InvalidVersion, Version
+
+    from cpuperf.knowledge.cuda import newest_release_for_driver
+    from cpuperf.knowledge.matrix import default_matrix
+
+    m = default_matrix()
+    try:
+        ceiling = Version(torch_version)
+    except InvalidVersion:
+        return None
+    row, tag, _why = newest_release_for_driver(m.torch, ceiling, driver, m.cuda)
+    if row is None:
+        return None
+    return f"cpuperf install --torch {row.version}   # the newest torch with a CUDA build ({tag}) driver {driver} runs"
+
+
 def _torch(facts: HostFacts) -> Any:
     return facts.software.packages.get("torch") if facts.software is not None else None
 
@@ -110,7 +129,9 @@ def check_driver(facts: HostFacts) -> List[Any]:
         fix = (f"python -m pip install --force-reinstall 'torch=={public}' --index-url {other.index_url}"
                f"   # CUDA {other.cuda} runs on driver {driver}; or upgrade the driver: {DRIVER_INSTALL}")
     else:
-        fix = f"{DRIVER_INSTALL}   # any driver >= {need}"
+        fix = _older_torch_fix(public, driver) or f"{DRIVER_INSTALL}   # any driver >= {need}"
+        if not fix.startswith(DRIVER_INSTALL):
+            fix += f"; or upgrade the driver: {DRIVER_INSTALL}   # any driver >= {need}"
     return [Finding(
         "driver-too-old", "error",
         f"NVIDIA driver {driver} is older than {need}, the minimum for CUDA {torch.cuda} ({tag}) that "

@@ -37,3 +37,22 @@ def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants:
             return v.tag, why
     oldest = rows[-1]
     return None, f"driver {driver} is older than CUDA {oldest.cuda} needs ({oldest.min_driver_linux})"
+
+
+def newest_release_for_driver(releases: Sequence[Any], ceiling: Version, driver: Optional[str],
+                              variants: Sequence[Any]) -> Tuple[Optional[Any], Optional[str], str]:
+    """The newest torch release at or below `ceiling` with a CUDA build this driver runs: (release, tag, why).
+
+    `releases` are matrix TorchRelease rows, oldest first. A newer release may build only for a CUDA the
+    driver is too old for (torch 2.15 dropped CUDA 12.6, so drivers below 580 run none of its builds): the
+    walk goes to older releases until one has a build. (None, None, why) when none has; `why` is the
+    newest release's reason then, which names the driver it needs.
+    """
+    listed = [r for r in releases if r.cuda and r.version <= ceiling]
+    first_why = ""
+    for row in reversed(listed):
+        tag, why = cuda_tag_for_driver(driver, row.cuda, variants)
+        if tag is not None:
+            return row, tag, why
+        first_why = first_why or f"torch {row.version} builds {', '.join(row.cuda)}: {why}"
+    return None, None, first_why or "no torch release in the data lists CUDA builds"

@@ -257,6 +257,12 @@ class _Pick:
     rejected: list[Rejection] = field(default_factory=list)
 
 
+def _newest_ccl(m: Matrix) -> str:
+    """The newest oneccl_bind_pt release in the data, with its local label (2.8.0+xpu)."""
+    row = max(m.oneccl, key=lambda r: r.version)
+    return f"{row.version}{row.local}"
+
+
 def _eol_text(m: Matrix, comp: str, torch: Version) -> str | None:
     """The end-of-life sentence when `torch` is newer than anything `comp` ever supported."""
     notice = m.eol_notice(comp)
@@ -728,6 +734,11 @@ def installed_findings(
                     if eol:
                         msg += f"; {eol}"
                 add("oneccl-torch-mismatch", "error", msg, _fix_oneccl(m, torch_v, py, plat))
+            elif not cpu_rows and _base(cv) > max((r.version for r in m.oneccl), default=_base(cv)):
+                add("oneccl-newer-than-data", "info",
+                    f"oneccl_bind_pt {cv} is newer than cpuperf's data (data ends at {_newest_ccl(m)}): which torch "
+                    "it was built for is not known, so cpuperf plans CPU DDP with gloo, as without the bindings "
+                    "(the ccl backend only with a release in the data)", "")
             elif not cpu_rows:
                 add("oneccl-unknown", "warning", f"oneccl_bind_pt {cv} is not a known CPU release",
                     _fix_oneccl(m, torch_v, py, plat))
