@@ -168,7 +168,7 @@ def _requested_match(text: str, request: Optional[str]) -> bool:
     return v.release[:len(r.release)] == r.release
 
 
-def _choose_torch(opts: Options, py: str, want: frozenset, matrix: Any, device: str, cuda_tag: Any,
+def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, device: str, cuda_tag: Any,
                   versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
     """(resolution, exact torch build or None = host default label, notes)."""
     from cpuperf.knowledge.resolve import resolve
@@ -338,6 +338,7 @@ def _read_lock(path: str) -> ip.Lock:
 def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
           config: Mapping[str, str], proxy: Optional[str], device: str, py: str,
           environ: Mapping[str, str]) -> ip.InstallPlan:
+    from cpuperf.knowledge.cuda import cuda_tag_for_driver
     from cpuperf.knowledge.resolve import ResolveError, resolve
 
     matrix = load_matrix_for_install()
@@ -359,7 +360,7 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
         # (the newest release may not list its CUDA variants yet).
         rows = [r for r in matrix.torch if r.cuda and r.version <= Version(Version(first.torch).base_version)]
         row = rows[-1] if rows else None
-        tag, why = ip.cuda_tag_for_driver(driver, row.cuda if row else (), matrix.cuda)
+        tag, why = cuda_tag_for_driver(driver, row.cuda if row else (), matrix.cuda)
         if tag is None:
             raise IncompatibleHostError(f"no CUDA build of torch {first.torch} fits this host: {why}",
                                         hint="update the NVIDIA driver, or choose another --torch")
@@ -759,7 +760,7 @@ def _oneccl_module(version: str) -> str:
         v = Version(Version(version).base_version)
         for row in m.oneccl:
             if row.version == v and row.device == "cpu":
-                return row.import_name
+                return str(row.import_name)
     except Exception:  # the import name is a nicety; the default is right for every release from 1.12
         pass
     return "oneccl_bindings_for_pytorch"

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.output import Output
+
+if TYPE_CHECKING:  # commands import their layers inside functions (fast start-up)
+    from cpuperf.decide.cluster import DdpChoice
+    from cpuperf.decide.records import Measurements, Recommendation
+    from cpuperf.plan.job import JobPlan
+    from cpuperf.plan.saved import SavedPlan
+    from cpuperf.probe.facts import HostFacts
+    from cpuperf.probe.hosts import Host
+
+    Log = Optional[Callable[[str], Any]]
+    # (node name, its facts, its recommendation, its job plan): one node of a plan over a hostfile
+    NodePlan = Tuple[str, HostFacts, Recommendation, JobPlan]
 
 
 def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], seq_len: Optional[int],
           batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: int,
           hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
-          measurements: Optional[str], python: Optional[str] = None, adapt_to_load: bool = False):
+          measurements: Optional[str], python: Optional[str] = None,
+          adapt_to_load: bool = False) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts).
 
     Load changes from second to second, so it shapes the plan only with adapt_to_load (--adapt-to-load);
@@ -49,7 +63,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     return facts, rec, hosts
 
 
-def planning_measurements(facts: Any, log: Any) -> Any:
+def planning_measurements(facts: HostFacts, log: Log) -> Optional[Measurements]:
     """The measurements every planning command (recommend, ccl-env, train --dry-run, train --auto) decides
     from: this host's cached ones as they stand (flagged if taken under load), else None, and the rules
     decide, each saying it was not measured. Planning never measures and never needs torch: `cpuperf bench`
@@ -59,7 +73,7 @@ def planning_measurements(facts: Any, log: Any) -> Any:
     return measure.load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
 
 
-def measure_before_run(facts: Any, threads: int, log: Any) -> Any:
+def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]) -> Optional[Measurements]:
     """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
     and cached, so the next plan in any command is the same one). CPUPERF_MEASURE=0 skips it. A measurement
     that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
@@ -112,14 +126,16 @@ def load_settings_file(path: str) -> Dict[str, str]:
 
 
 def _toml(text: str) -> Dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-    return tomllib.loads(text)
+    else:  # pragma: no cover - Python < 3.11
+        import tomli as tomllib
+    parsed: Dict[str, Any] = tomllib.loads(text)
+    return parsed
 
 
-def job_plan(facts: Any, rec: Any, hosts: Any, environ: Optional[Dict[str, str]] = None) -> Any:
+def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
+             environ: Optional[Dict[str, str]] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import JobRequest, plan_job
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
@@ -132,7 +148,8 @@ def job_plan(facts: Any, rec: Any, hosts: Any, environ: Optional[Dict[str, str]]
                     python="python")
 
 
-def renderings(facts: Any, rec: Any, hosts: Any, jp: Any = None) -> Dict[str, Any]:
+def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
+               jp: Optional[JobPlan] = None) -> Dict[str, Any]:
     """Environment, launch line, HF flags and accelerate config for a recommendation."""
     from cpuperf.plan.launch_view import launch_view
     from cpuperf.render import recommendation as render
@@ -201,7 +218,8 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     return 0
 
 
-def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Optional[str]) -> Any:
+def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
+                 node_facts: Optional[str]) -> Tuple[HostFacts, Recommendation, List[NodePlan]]:
     """One plan over the hostfile's nodes from each node's own facts (saved by `doctor --hostfile --save-facts`, or
     probed now): bf16 only if every node runs it natively, threads from each node's cores, refused (exit 14)
     where the stacks differ. Returns (first node's facts, its recommendation, [(name, facts, rec, job plan)])."""
@@ -254,7 +272,7 @@ def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Opti
     return first[1], first[2], subs
 
 
-def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Any:
+def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Optional[DdpChoice]:
     """The DDP backend and bucket size a cached allreduce across exactly these nodes chose
     (`cpuperf doctor --hostfile FILE --collectives`), unless the user set the backend."""
     if "ddp_backend" in fixed:
@@ -266,7 +284,8 @@ def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Any:
     return choose_ddp(measured) if measured else None
 
 
-def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any], subs: Any = ()) -> str:
+def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
+              subs: Sequence[NodePlan] = ()) -> str:
     """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
     import dataclasses
     import socket
@@ -398,7 +417,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     return 0
 
 
-def read_plan_file(path: str) -> Any:
+def read_plan_file(path: str) -> SavedPlan:
     """A saved plan (cpuperf.plan.saved.SavedPlan) from FILE: a regular file of bounded size, or one line (exit 2)."""
     import os
     import stat
@@ -428,7 +447,7 @@ def read_plan_file(path: str) -> Any:
     return saved.read(path, text)
 
 
-def this_node_names(hosts: Any = None, node_rank: Optional[int] = None) -> List[str]:
+def this_node_names(hosts: Optional[Sequence[Host]] = None, node_rank: Optional[int] = None) -> List[str]:
     """The names this machine may have in a plan over several nodes: its hostfile entry, its host name."""
     import socket
 
@@ -437,7 +456,8 @@ def this_node_names(hosts: Any = None, node_rank: Optional[int] = None) -> List[
     return names + [full, full.split(".")[0]]
 
 
-def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
+def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
+              names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
     plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
     from cpuperf.errors import PlanMismatchError, UsageError
@@ -459,7 +479,7 @@ def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -
     return plan, diffs
 
 
-def fresh_differences(plan: Any, facts: Any) -> List[str]:
+def fresh_differences(plan: SavedPlan, facts: HostFacts) -> List[str]:
     """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
     cached measurements only (never measures): every decision, the placement and the variables."""
     from cpuperf.plan import saved
@@ -472,7 +492,7 @@ def fresh_differences(plan: Any, facts: Any) -> List[str]:
     return saved.decision_differences(plan, fresh, env)
 
 
-def replan_from(plan: Any, facts: Any, log: Any = None) -> Any:
+def replan_from(plan: SavedPlan, facts: HostFacts, log: Log = None) -> Recommendation:
     """The plan's own inputs decided again on this host's facts (--replan), from what planning reads (never measures)."""
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload

@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError
 from cpuperf.output import Output
+
+if TYPE_CHECKING:
+    from cpuperf.plan.user_launcher import LauncherCommand
 
 SCHEMA = "cpuperf.train/1"
 DRY_RUN_SCHEMA = "cpuperf.train-plan/1"
@@ -320,7 +323,7 @@ def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str], oversubscr
                           environ=environ, interpreter=_launcher_python(cmd), oversubscribe=oversubscribe)
 
 
-def _launcher_python(cmd: Any) -> Optional[str]:
+def _launcher_python(cmd: LauncherCommand) -> Optional[str]:
     """The Python a launcher runs scripts with: the one named (`python -m torch.distributed.run`), else the
     interpreter on the `#!` line of the launcher's script (a console script of that environment)."""
     import shutil

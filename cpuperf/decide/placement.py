@@ -110,7 +110,11 @@ def ccl_worker_count(cores_per_rank: int) -> int:
 
 def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
     """Split cores into nproc groups along socket or NUMA boundaries where they line up."""
-    key = (lambda c: c.socket) if unit == "socket" else (lambda c: c.node if c.node is not None else c.socket)
+    def key(c: Core) -> Optional[int]:
+        if unit == "socket":
+            return c.socket
+        return c.node if c.node is not None else c.socket
+
     by_unit: Dict[Any, List[Core]] = {}
     for core in cores:
         by_unit.setdefault(key(core), []).append(core)

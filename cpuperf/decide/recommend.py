@@ -482,7 +482,8 @@ def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, tunin
     if w.steps is None or model_key(w) in meas.compile_by_model:
         return False
     run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
-    return run_s >= rule["measure_when_run_exceeds_s"]
+    threshold: float = rule["measure_when_run_exceeds_s"]
+    return run_s >= threshold
 
 
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],

@@ -160,7 +160,8 @@ def data() -> Dict[str, Any]:
         _MEMO.update(table=table, reserved=frozenset(table["reserved"]["names"]),
                      reserved_prefixes=tuple(table["reserved"].get("prefixes", ())),
                      paths=frozenset(table["paths"]["names"]))
-    return _MEMO["table"]
+    loaded: Dict[str, Any] = _MEMO["table"]
+    return loaded
 
 
 _data = data

@@ -13,7 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.decide.records import Decision, Recommendation
@@ -242,7 +242,7 @@ def _inputs(raw: Any) -> Dict[str, Any]:
     return dict(raw)
 
 
-def _slot(raw: Any, index: int, usable: frozenset) -> RankSlot:
+def _slot(raw: Any, index: int, usable: FrozenSet[int]) -> RankSlot:
     w = f"placement.slots[{index}]"
 
     def cpus(key: str, nonempty: bool) -> Tuple[int, ...]:

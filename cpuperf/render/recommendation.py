@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
-from cpuperf.decide.recommend import Recommendation
+from cpuperf.decide.records import Recommendation
 
 
 def cpu_only_host(rec: Recommendation) -> bool:

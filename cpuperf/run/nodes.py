@@ -33,10 +33,10 @@ class _Groups:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.procs: List[subprocess.Popen] = []
+        self.procs: List[subprocess.Popen[str]] = []
         self.closed = False  # after kill_all: a launch still starting is killed as it registers
 
-    def add(self, proc: subprocess.Popen) -> None:
+    def add(self, proc: subprocess.Popen[str]) -> None:
         with self.lock:
             self.procs.append(proc)
             if self.closed:  # Ctrl-C came between this thread's Popen and here: it must not outlive cpuperf
@@ -49,7 +49,7 @@ class _Groups:
                 _kill(proc)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -127,7 +127,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen[str]) -> None:
     """SIGTERM to pip's process group, SIGKILL after a short grace; returns once pip is reaped."""
     for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
         try:

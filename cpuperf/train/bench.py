@@ -34,7 +34,7 @@ def lm_shape(size: str, shape: Any = None) -> Dict[str, int]:
 def flops_per_sample(workload: str, size: str, shape: Any = None) -> float:
     """Training FLOPs per sample (forward + backward = 3x forward matmul FLOPs)."""
     if workload == "lm":
-        from cpuperf.train.model import flops_per_token, make_config
+        from cpuperf.knowledge.models import flops_per_token, make_config
 
         cfg = make_config("tiny", lm_shape(size, shape))
         return flops_per_token(cfg) * cfg.seq_len
@@ -57,7 +57,8 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
 
     g = torch.Generator().manual_seed(0)
     if workload == "lm":
-        from cpuperf.train.model import build_model, make_config
+        from cpuperf.knowledge.models import make_config
+        from cpuperf.train.model import build_model
 
         cfg = make_config("tiny", lm_shape(size, shape))
         model = build_model(cfg)
@@ -79,7 +80,7 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
             return nn.functional.cross_entropy(m(x), y)
     elif workload == "conv":
         side, ch = CONV_SHAPES[size]
-        convs: list = []
+        convs: list[Any] = []
         c_in = 3
         for c_out in (ch, ch * 2, ch * 4, ch * 8):
             convs += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),

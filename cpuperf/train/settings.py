@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from cpuperf.train.errors import ConfigError
 
@@ -27,7 +27,7 @@ class TrainSettings:
     """One worker run. None means "decide for me" (threads: torch's default; backend: by device)."""
 
     preset: str = "tiny"
-    model: dict = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
+    model: Dict[str, Any] = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
     dtype: str = "fp32"
     compile: bool = False
     ipex: bool = False
@@ -111,7 +111,7 @@ class TrainSettings:
     # ---- checks ---------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ConfigError for values out of range or contradicting each other."""
-        def one_of(name: str, allowed: tuple, allow_none: bool = False) -> None:
+        def one_of(name: str, allowed: Tuple[str, ...], allow_none: bool = False) -> None:
             v = getattr(self, name)
             if v is None and allow_none:
                 return

@@ -39,7 +39,7 @@ def _peak_clock(summary: Dict[str, Any]) -> str:
     return f" ({peak['tflops'] * 1e3:.0f} GFLOP/s at {hw['clock_used_ghz']:.2f} GHz, {hw['clock_used']} clock)"
 
 
-def _human(summary: dict) -> str:
+def _human(summary: Dict[str, Any]) -> str:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
@@ -151,7 +151,7 @@ def _report(err: TrainError, as_json: bool, debug_hint: bool = False) -> int:
     return int(err.code)
 
 
-def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[dict], int]:
+def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[Dict[str, Any]], int]:
     """Settings, the run directory (rank 0), the run."""
     from cpuperf.train.rundir import claim
 
