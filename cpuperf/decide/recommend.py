@@ -39,10 +39,6 @@ def _version(text: Optional[str]) -> Optional[Version]:
         return None
 
 
-def _major_minor(v: Optional[Version]) -> Optional[Tuple[int, int]]:
-    return (v.major, v.minor) if v is not None else None
-
-
 def stack_versions(facts: HostFacts) -> Dict[str, Optional[str]]:
     if facts.software is None:
         return {}
@@ -129,12 +125,6 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
 
 
 # -- memory plan ------------------------------------------------------------------------------------
-
-def _activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool) -> float:
-    from cpuperf.decide.memory import activation_bytes_per_sample
-
-    return activation_bytes_per_sample(w, dtype, checkpointing, load_builtin("tuning.toml")["memory"])
-
 
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu]) -> Tuple[Optional[int], str]:
     """Bytes one rank may use and how (cpuperf.decide.memory owns the computation)."""
@@ -648,7 +638,3 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
     out.append(Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
                         else "not needed: the model fits each rank", {"plan": c.name}))
     return out
-
-
-def stack_has(facts: HostFacts, name: str) -> bool:
-    return bool(facts.software and facts.software.packages.get(name))

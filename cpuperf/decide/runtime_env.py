@@ -240,24 +240,6 @@ def _minor(version: Optional[str]) -> Optional[Tuple[int, int]]:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def choose_backend(torch_version: Optional[str], bindings: Optional[Tuple[str, str]]) -> Backend:
-    """ccl when oneCCL bindings built for this torch minor are installed; gloo otherwise, with why."""
-    last = str(_data()["bindings"]["last_cpu_release"])
-    last_minor = ".".join(last.split(".")[:2])
-    if bindings is None:
-        why = f"oneccl_bind_pt is not installed; its last CPU release {last_minor} supports torch {last_minor}"
-        if torch_version and (_minor(torch_version) or (0, 0)) > (_minor(last) or (0, 0)):
-            why += f" and torch {torch_version} is newer"
-        return Backend("gloo", why + ": using gloo", False)
-    name, version = bindings
-    if torch_version is None:
-        return Backend("gloo", f"{name} {version} is installed but torch is not: using gloo", False)
-    if _minor(version) != _minor(torch_version):
-        return Backend("gloo", f"{name} {version} is built for torch {'.'.join(map(str, _minor(version) or ()))}"
-                       f" but torch {torch_version} is installed: using gloo", False)
-    return Backend("ccl", f"{name} {version} matches torch {torch_version}", True)
-
-
 def _hexmask(cpus: Sequence[int]) -> str:
     value = 0
     for cpu in cpus:

@@ -340,9 +340,6 @@ class InstallPlan:
     def argv(self) -> List[str]:
         return [self.target.python, "-m", "pip", *self.pip_install_args()]
 
-    def dry_run_argv(self, report_path: str) -> List[str]:
-        return [*self.argv(), "--dry-run", "--quiet", "--report", report_path]
-
     def cuda_payload(self) -> List[PlannedPackage]:
         return [p for p in self.packages if is_cuda_payload(p.name)]
 

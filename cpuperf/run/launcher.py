@@ -238,7 +238,7 @@ class _Stopper:
         self.timer: Optional[threading.Timer] = None
         self.old: Dict[int, Any] = {}
 
-    def forward(self, signum: int, frame: object) -> None:
+    def forward(self, signum: int, _frame: object) -> None:
         self.signum = signum
         # The worker checkpoints on SIGTERM (SIGHUP would kill it outright); torchrun stops its ranks.
         sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM

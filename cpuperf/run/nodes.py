@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.plan.nodes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from cpuperf.probe import node as nodefacts
 from cpuperf.probe.hosts import resolve_all
 from cpuperf.probe.node import NodeResult
@@ -195,7 +196,7 @@ def ssh_command(environ: Mapping[str, str]) -> Tuple[str, ...]:
 
 
 def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str], environ: Mapping[str, str],
-                 timeout: float = 60.0) -> Reach:
+                 timeout: float = DEFAULT_TIMEOUT_S) -> Reach:
     """The transport the job's own launcher gives (srun in Slurm, mpirun, else ssh); LaunchFailedError if none."""
     import shutil
     import sys
@@ -210,7 +211,7 @@ def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str],
     return Reach(transport, why, mpi, ssh, os.path.abspath(python or sys.executable), min(10.0, timeout))
 
 
-def probe_cluster(names: Sequence[str], reach: Reach, *, timeout: float = 60.0, parallel: int = 32,
+def probe_cluster(names: Sequence[str], reach: Reach, *, timeout: float = DEFAULT_TIMEOUT_S, parallel: int = DEFAULT_PARALLEL,
                   progress: Optional[Callable[[int, int], None]] = None) -> List[NodeResult]:
     """cpuperf's probe on every node (the first is the rendezvous host): one NodeResult per name, in order."""
     from cpuperf.run.probe_bundle import bundle_code, probe_args

@@ -176,7 +176,7 @@ def describe_stop(exc: BaseException) -> str:
     return signal.Signals(stop_signal(exc)).name
 
 
-def _raise_stopped(signum: int, frame: Any) -> None:
+def _raise_stopped(signum: int, _frame: Any) -> None:
     raise Stopped(signum)
 
 
@@ -202,7 +202,7 @@ def stops_held() -> Iterator[List[int]]:
     if not _main_thread():
         yield came
         return
-    old = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in STOP_SIGNALS}
+    old = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in STOP_SIGNALS}
     try:
         yield came
     finally:

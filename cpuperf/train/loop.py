@@ -52,7 +52,7 @@ class Stop:
 
 def install_signal_handlers(stop: Stop) -> None:
     """SIGINT/SIGTERM/SIGHUP: a clean stop with a checkpoint in the loop, an immediate one before it."""
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, _frame: Any) -> None:
         if stop.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: give up on the clean stop
         if not stop.armed:

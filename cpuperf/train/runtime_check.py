@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict
 from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
 from cpuperf.probe.parse import LoadedLibs, parse_maps  # noqa: F401  (the worker reports them)
@@ -108,8 +107,3 @@ def _safe(fn: Callable[[], _T]) -> Optional[_T]:
         return fn()
     except Exception:  # a probe must never fail the run
         return None
-
-
-def as_dict(libs: LoadedLibs) -> Dict[str, Any]:
-    """LoadedLibs as a plain dict."""
-    return asdict(libs)
