@@ -31,4 +31,5 @@ pip install -q -e '.[test]'
 lint-imports                   # the layers contract in pyproject.toml
 ruff check cpuperf tests benchmarks
 mypy
+vulture                        # dead code ([tool.vulture] in pyproject.toml; tools/vulture_whitelist.py)
 python -m pytest -q -p no:cacheprovider "$@"
