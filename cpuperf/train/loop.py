@@ -119,7 +119,8 @@ def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> Tuple[Optional[Pea
     return hardware, {**info, **note}, achievable
 
 
-def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int, cfg: Any) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
+def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int,
+                cfg: Any) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
     """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu); GPUs and a set peak."""
     import torch
 

@@ -16,14 +16,11 @@ from cpuperf.knowledge.models import (  # noqa: F401  (the worker's names for th
 )
 
 
-def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
-    """A torch nn.Module LM for `cfg`: forward(idx, targets=None) -> (logits, loss or None)."""
-    import math
-
+def _block_class(cfg: ModelConfig) -> Any:
+    """The transformer block for `cfg` (pre-LN causal self-attention + GELU MLP), as an nn.Module class."""
     import torch
     import torch.nn.functional as F
     from torch import nn
-    from torch.utils.checkpoint import checkpoint
 
     class CausalSelfAttention(nn.Module):
         def __init__(self) -> None:
@@ -52,6 +49,20 @@ def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
             x = x + self.attn(self.ln1(x))
             out: torch.Tensor = x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
             return out
+
+    return Block
+
+
+def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
+    """A torch nn.Module LM for `cfg`: forward(idx, targets=None) -> (logits, loss or None)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    Block = _block_class(cfg)
 
     class GPT(nn.Module):
         def __init__(self) -> None:
