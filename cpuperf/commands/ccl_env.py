@@ -92,7 +92,7 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     return opts, ns.json, ns.quiet
 
 
-def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
+def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:  # noqa: C901  (being reworked for start-up time: split then)
     """Everything but printing: returns a cclenv.CclEnv. Raises CpuperfError on bad input."""
     from cpuperf.decide import runtime_env as envplan
     from cpuperf.probe import probe_host
