@@ -390,31 +390,35 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     if out.json_mode:
         out.json({"schema": "cpuperf.bench/1", **results})
     else:
-        ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
-        reps = results.get("repeats") or {}
-        spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
-        lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
-        load = results.get("load") or {}
-        if load.get("figure"):
-            lines.append(f"load around it: {load['figure']}")
-        if flags:
-            lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
-        for name, r in (results.get("allocator_speedup") or {}).items():
-            if not name.endswith("_by_workload"):
-                per = results["allocator_speedup"].get(f"{name}_by_workload") or {}
-                lines.append(f"{name} preloaded: " + ", ".join(f"{w} {x:.2f}x" for w, x in per.items())
-                             + " the default allocator")
-        for key, c in (results.get("compile_by_model") or {}).items():
-            from cpuperf.decide.recommend import compile_crossover
-
-            cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"])
-            lines.append(f"torch.compile for {c.get('model', key)}: {c['compile_seconds']:.0f} s to compile, "
-                         f"{c['speedup']:.2f}x steady at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
-                         + (f"pays back after {cross} steps" if cross else "never pays back"))
-        lines.append(f"cached at {path}")
-        out.product("\n".join(lines))
+        out.product("\n".join(_bench_lines(results, flags) + [f"cached at {path}"]))
     return 0
+
+
+def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
+    """The bench figures as text: GEMM rates and their spread, load, trust, allocators, torch.compile."""
+    ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+    reps = results.get("repeats") or {}
+    spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
+    lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
+             f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
+    load = results.get("load") or {}
+    if load.get("figure"):
+        lines.append(f"load around it: {load['figure']}")
+    if flags:
+        lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
+    for name, r in (results.get("allocator_speedup") or {}).items():
+        if not name.endswith("_by_workload"):
+            per = results["allocator_speedup"].get(f"{name}_by_workload") or {}
+            lines.append(f"{name} preloaded: " + ", ".join(f"{w} {x:.2f}x" for w, x in per.items())
+                         + " the default allocator")
+    for key, c in (results.get("compile_by_model") or {}).items():
+        from cpuperf.decide.recommend import compile_crossover
+
+        cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"])
+        lines.append(f"torch.compile for {c.get('model', key)}: {c['compile_seconds']:.0f} s to compile, "
+                     f"{c['speedup']:.2f}x steady at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
+                     + (f"pays back after {cross} steps" if cross else "never pays back"))
+    return lines
 
 
 def read_plan_file(path: str) -> SavedPlan:

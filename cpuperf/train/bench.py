@@ -122,7 +122,7 @@ def _optimised(model: Any, cfg: Dict[str, Any], torch: Any, dtype: str) -> Tuple
         model, opt = ipex.optimize(model, optimizer=opt, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     if cfg.get("fp32_math_mode") == "bf16":
         try:
-            torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # type: ignore[attr-defined]
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         except AttributeError:
             pass
     if cfg.get("compile"):
