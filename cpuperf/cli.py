@@ -412,7 +412,7 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     try:  # recent typer vendors click
         from typer._click import exceptions as click_exc
     except ImportError:  # pragma: no cover - typer that depends on click
-        import click.exceptions as click_exc  # type: ignore[no-redef]
+        import click.exceptions as click_exc  # type: ignore[no-redef]  # the same module, unvendored
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)

@@ -188,7 +188,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from cpuperf.errors import from_os_error
 
         fs = from_os_error(exc)
-        return _report(TrainError(fs.message, hint=fs.hint, code=TrainExit.FILESYSTEM), args.json)  # type: ignore[arg-type]
+        return _report(TrainError(fs.message, hint=fs.hint, code=TrainExit.FILESYSTEM), args.json)  # type: ignore[arg-type]  # TrainExit, the worker's codes
     except Exception as exc:
         if debug:
             raise
