@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import typer
 
@@ -360,26 +360,65 @@ def _json_requested(argv: List[str]) -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
+def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -> int:
+    """Run the command line: the typer-free fast path's error, ccl-env's fast path, or the typer app."""
+    if pending is not None:
+        raise pending
+    if args and not set(args) & {"-h", "--help", "--version"} and os.environ.get("CPUPERF_COMPAT_DIR"):
+        from cpuperf.knowledge.matrix import check_env_dir
+        check_env_dir()
+    if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
+        return _ccl_env_main(args[1:])
+    result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
+    return int(result) if isinstance(result, int) else 0
+
+
+def _usage_error(out: Output, exc: Any) -> int:  # Any: click or typer's vendored click
+    """A click usage error (a click.ClickException) as one line, and as a JSON error object in --json mode."""
+    if out.json_mode:
+        out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
+                            "message": exc.format_message(), "hint": "cpuperf --help"}})
+    # One line, as every other error: click's own show() prints a usage block first.
+    ctx = getattr(exc, "ctx", None)
+    out.error(one_line(exc.format_message()), f"{ctx.command_path if ctx else 'cpuperf'} --help")
+    return int(ExitCode.USAGE)
+
+
+def _reader_left() -> int:
+    """`cpuperf ... | head`: the reader left; that is not an error of ours."""
+    try:
+        sys.stdout = open(os.devnull, "w")
+    except OSError:
+        pass
+    return 0
+
+
+def _unexpected(out: Output, exc: Exception) -> int:
+    """The last line of defence: a known host or input failure gets its own class and exit code; anything
+    else is one line, never a traceback."""
+    known = _known_failure(exc)
+    if known is not None:  # the host or the input caused it: its own class and exit code
+        return _report(out, known)
+    message = f"internal error: {type(exc).__name__}: {one_line(str(exc))}"
+    if out.json_mode:
+        out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal",
+                            "message": message, "hint": "rerun with CPUPERF_DEBUG=1 and report it"}})
+    out.error(message, "rerun with CPUPERF_DEBUG=1 and report it")
+    return int(ExitCode.FOUND_ERROR)
+
+
 def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:
     """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path)."""
     try:  # recent typer vendors click
         from typer._click import exceptions as click_exc
     except ImportError:  # pragma: no cover - typer that depends on click
-        import click.exceptions as click_exc  # type: ignore[no-redef]
+        import click.exceptions as click_exc  # type: ignore[no-redef]  # the same module, unvendored
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
     command = typer.main.get_command(app)
     try:
-        if _pending is not None:
-            raise _pending
-        if args and not set(args) & {"-h", "--help", "--version"} and os.environ.get("CPUPERF_COMPAT_DIR"):
-            from cpuperf.knowledge.matrix import check_env_dir
-            check_env_dir()
-        if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
-            return _ccl_env_main(args[1:])
-        result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
-        return int(result) if isinstance(result, int) else 0
+        return _dispatch(args, command, _pending)
     except CpuperfError as exc:
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise
@@ -390,35 +429,16 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
         out.error("interrupted")
         return int(ExitCode.INTERRUPTED)
     except click_exc.ClickException as exc:
-        if out.json_mode:
-            out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
-                                "message": exc.format_message(), "hint": "cpuperf --help"}})
-        # One line, as every other error: click's own show() prints a usage block first.
-        ctx = getattr(exc, "ctx", None)
-        out.error(one_line(exc.format_message()), f"{ctx.command_path if ctx else 'cpuperf'} --help")
-        return int(ExitCode.USAGE)
+        return _usage_error(out, exc)
     except KeyboardInterrupt:
         out.error("interrupted")
         return int(ExitCode.INTERRUPTED)
     except BrokenPipeError:
-        # `cpuperf ... | head`: the reader left; that is not an error of ours.
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return 0
+        return _reader_left()
     except Exception as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise
-        known = _known_failure(exc)
-        if known is not None:  # the host or the input caused it: its own class and exit code
-            return _report(out, known)
-        message = f"internal error: {type(exc).__name__}: {one_line(str(exc))}"
-        if out.json_mode:
-            out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal",
-                                "message": message, "hint": "rerun with CPUPERF_DEBUG=1 and report it"}})
-        out.error(message, "rerun with CPUPERF_DEBUG=1 and report it")
-        return int(ExitCode.FOUND_ERROR)
+        return _unexpected(out, exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

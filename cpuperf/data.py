@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 from cpuperf.errors import BadDataError
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib as _toml
-except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
-    import tomli as _toml  # type: ignore[no-redef]
+else:  # pragma: no cover - Python < 3.11
+    import tomli as _toml
 
 
 # Real data files nest 3-4 levels; hundreds of levels is an attack on the parser (RecursionError).
@@ -55,7 +56,7 @@ def load_toml(path: str) -> Dict[str, Any]:
     """Parse one TOML data file; a syntax error is a BadDataError naming the file."""
     try:
         with open(path, "rb") as fh:
-            data = _toml.load(fh)
+            data: Dict[str, Any] = _toml.load(fh)
     except OSError as exc:
         raise BadDataError(f"cannot read data file {path}: {exc.strerror}",
                            hint="reinstall cpuperf, or fix CPUPERF_COMPAT_DIR") from exc

@@ -51,7 +51,7 @@ class CpuperfError(Exception):
         if code is not None:
             self.code = code
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, dict[str, object]]:
         return {"error": {"code": int(self.code), "name": self.code.name.lower(),
                           "message": self.message, "hint": self.hint}}
 

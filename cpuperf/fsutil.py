@@ -118,18 +118,6 @@ class LockHolder:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         return f"pid {self.pid} on {self.host}, since {when}"
 
-    def dead_here(self) -> bool:
-        """The holder ran on this host and its pid is gone (only then can we tell)."""
-        if self.host != socket.gethostname():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
-
 
 class LockBusy(Exception):
     """Another live process holds the lock."""

@@ -11,7 +11,10 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # rich is imported where it draws (fast start-up)
+    from rich.console import Console
 
 # Terminal control characters: C0 but tab and newline, DEL, C1 (ECMA-48 5.2/5.3: ESC and CSI start sequences
 # that clear the screen or set the window title), and the Unicode line/paragraph separators. A string from a
@@ -129,7 +132,7 @@ def colour_allowed(stream: Any) -> bool:
     return bool(isatty and isatty())
 
 
-def _console(stream: Any):  # rich.console.Console
+def _console(stream: Any) -> Console:
     from rich.console import Console
 
     colour = colour_allowed(stream)
@@ -142,9 +145,9 @@ def _console(stream: Any):  # rich.console.Console
                    emoji=False)
 
 
-def stdout_console():
+def stdout_console() -> Console:
     return _console(sys.stdout)
 
 
-def stderr_console():
+def stderr_console() -> Console:
     return _console(sys.stderr)

@@ -65,6 +65,20 @@ def make_host(root: Path, *, sockets: int = 1, cores_per_socket: int = 4, thread
                                  f"MemAvailable:   {node_mem_bytes * sockets // 2048} kB\n")
     if not with_sys:
         return root
+    _write_sys_cpus(root, cpus, online, offline, cpumap_only)
+    _write_sys_nodes(root, cpus, sockets, cores_per_socket, nodes_per_socket, extra_cpuless_nodes, cpumap_only,
+                     node_mem_bytes)
+    if hybrid_efficient:
+        eff = set(hybrid_efficient)
+        write(root, "/sys/devices/cpu_core/cpus", fmt_list(c["id"] for c in online if c["id"] not in eff) + "\n")
+        write(root, "/sys/devices/cpu_atom/cpus", fmt_list(c["id"] for c in online if c["id"] in eff) + "\n")
+    if cgroup:
+        _write_cgroup(root, cgroup, cgroup_version)
+    return root
+
+
+def _write_sys_cpus(root: Path, cpus: List[Dict[str, int]], online: List[Dict[str, int]], offline: Sequence[int],
+                    cpumap_only: bool) -> None:
     total = len(cpus)
     write(root, "/sys/devices/system/cpu/present", f"0-{total - 1}\n")
     write(root, "/sys/devices/system/cpu/online", fmt_list(c["id"] for c in online) + "\n")
@@ -82,6 +96,10 @@ def make_host(root: Path, *, sockets: int = 1, cores_per_socket: int = 4, thread
         else:
             write(root, f"{base}/topology/thread_siblings_list", fmt_list(siblings) + "\n")
             write(root, f"{base}/topology/core_cpus_list", fmt_list(siblings) + "\n")
+
+
+def _write_sys_nodes(root: Path, cpus: List[Dict[str, int]], sockets: int, cores_per_socket: int,
+                     nodes_per_socket: int, extra_cpuless_nodes: int, cpumap_only: bool, node_mem_bytes: int) -> None:
     node_id = 0
     per_node = cores_per_socket // nodes_per_socket
     for s in range(sockets):
@@ -100,22 +118,19 @@ def make_host(root: Path, *, sockets: int = 1, cores_per_socket: int = 4, thread
         write(root, f"{base}/cpulist", "\n")
         write(root, f"{base}/meminfo", f"Node {node_id} MemTotal:       {16 << 20} kB\n")
         node_id += 1
-    if hybrid_efficient:
-        eff = set(hybrid_efficient)
-        write(root, "/sys/devices/cpu_core/cpus", fmt_list(c["id"] for c in online if c["id"] not in eff) + "\n")
-        write(root, "/sys/devices/cpu_atom/cpus", fmt_list(c["id"] for c in online if c["id"] in eff) + "\n")
-    if cgroup:
-        if cgroup_version == 2:
-            write(root, "/proc/self/cgroup", "0::/\n")
-            write(root, "/sys/fs/cgroup/cgroup.controllers", "cpuset cpu memory\n")
-            for name, value in cgroup.items():
-                write(root, f"/sys/fs/cgroup/{name}", value + "\n")
-        else:
-            write(root, "/proc/self/cgroup", "4:cpu,cpuacct:/\n3:cpuset:/\n2:memory:/\n")
-            for name, value in cgroup.items():
-                controller = "cpuset" if name.startswith("cpuset") else ("memory" if name.startswith("memory") else "cpu,cpuacct")
-                write(root, f"/sys/fs/cgroup/{controller}/{name}", value + "\n")
-    return root
+
+
+def _write_cgroup(root: Path, cgroup: Dict[str, str], cgroup_version: int) -> None:
+    if cgroup_version == 2:
+        write(root, "/proc/self/cgroup", "0::/\n")
+        write(root, "/sys/fs/cgroup/cgroup.controllers", "cpuset cpu memory\n")
+        for name, value in cgroup.items():
+            write(root, f"/sys/fs/cgroup/{name}", value + "\n")
+    else:
+        write(root, "/proc/self/cgroup", "4:cpu,cpuacct:/\n3:cpuset:/\n2:memory:/\n")
+        for name, value in cgroup.items():
+            controller = "cpuset" if name.startswith("cpuset") else ("memory" if name.startswith("memory") else "cpu,cpuacct")
+            write(root, f"/sys/fs/cgroup/{controller}/{name}", value + "\n")
 
 
 def fixture_host(root: Path, fixture: str) -> Path:

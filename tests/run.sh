@@ -31,5 +31,6 @@ pip install -q -e '.[test]'
 lint-imports                   # the layers contract in pyproject.toml
 ruff check cpuperf tests benchmarks
 mypy
+vulture                        # dead code ([tool.vulture] in pyproject.toml; tools/vulture_whitelist.py)
 python -m tools.regen_compat --check   # compat/ equals what the recorded inputs give (no network)
 python -m pytest -q -p no:cacheprovider "$@"

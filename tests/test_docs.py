@@ -181,10 +181,6 @@ def test_every_real_import_keeps_to_the_layer_table():
     assert not wrong, wrong
 
 
-def _pairs(cells: List[List[str]], known: Dict[str, Path]) -> Set[Tuple[str, str]]:
-    return {(page_module(ticks(row[0])[0], known) or "?", page_module(t, known) or "?") for row in cells for t in ticks(row[1])}
-
-
 def test_no_command_imports_another_and_the_page_says_the_contract_enforces_it():
     known = modules()
     real = {(name, target) for name, path in known.items() if name.startswith("cpuperf.commands.")

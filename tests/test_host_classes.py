@@ -122,7 +122,6 @@ CLASSES = [
               extra={"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cu128"})}),  # a GPU host's CUDA build
 ]
 BY_NAME = {c.name: c for c in CLASSES}
-X86 = [c.name for c in CLASSES if c.runs_here]
 
 
 # -- the machinery: real processes, an isolated measurement cache, a venv without torch --------------------

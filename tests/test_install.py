@@ -442,7 +442,7 @@ def test_ctrl_c_restores_the_environment(used_env, index, pip_home):
                 time.sleep(1.0)  # the import of the add-on is under way (it sleeps)
                 os.killpg(proc.pid, signal.SIGINT)
                 break
-        rest_out, rest_err = proc.communicate(timeout=180)
+        _rest_out, rest_err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,10 +7,14 @@ for --explain, a subprocess only when a script exists or several nodes need the 
 from __future__ import annotations
 
 import os
-from typing import Any, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
 
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
+
+if TYPE_CHECKING:
+    from cpuperf.decide.runtime_env import EnvVar
+    from cpuperf.render.shell import CclEnv
 
 
 class Options(NamedTuple):
@@ -88,7 +92,7 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     return opts, ns.json, ns.quiet
 
 
-def build(opts: Options, environ: Optional[Mapping[str, str]] = None):
+def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:  # noqa: C901  (being reworked for start-up time: split then)
     """Everything but printing: returns a cclenv.CclEnv. Raises CpuperfError on bad input."""
     from cpuperf.decide import runtime_env as envplan
     from cpuperf.probe import probe_host
@@ -212,7 +216,7 @@ def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) ->
                      nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
 
 
-def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[list], List[str]]:
+def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[List[EnvVar]], List[str]]:
     """(recommendation, its saved variables, how it differs from what cpuperf decides here) of a saved plan;
     decided again only with --replan (exit 13 without)."""
     from cpuperf.plan.saved import fresh_differences, plan_fits, replan_from
@@ -295,7 +299,7 @@ def run(out: Output, opts: Options) -> int:
     return int(ExitCode.OK)
 
 
-def _explain(out: Output, result) -> None:
+def _explain(out: Output, result: CclEnv) -> None:
     from rich.table import Table
     from rich.text import Text  # cells as Text: values like [0xff,0xff00] are not markup
 

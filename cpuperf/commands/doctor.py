@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from cpuperf.errors import ExitCode
 from cpuperf.output import Output
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn (fast start-up)
+    from rich.table import Table
 
 
 def _gib(n: Optional[int]) -> str:
@@ -42,18 +45,25 @@ def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapsho
 
 
 def render(out: Output, rep: Dict[str, Any]) -> None:
+    host = rep["host"]
+    out.table(_cpu_section(host["cpu"]))
+    out.table(_topology_section(host))
+    out.table(_gpu_section(host["gpus"]))
+    out.table(_software_section(rep["software"]))
+    _render_findings(out, rep["findings"])
+
+
+def _section(title: str) -> Table:
     from rich.table import Table
 
-    host = rep["host"]
-    cpu, topo = host["cpu"], host["topology"]
+    table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    table.add_column("key", style="bold")
+    table.add_column("value", overflow="fold")
+    return table
 
-    def section(title: str) -> Table:
-        table = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
-        table.add_column("key", style="bold")
-        table.add_column("value", overflow="fold")
-        return table
 
-    t = section("CPU")
+def _cpu_section(cpu: Dict[str, Any]) -> Table:
+    t = _section("CPU")
     t.add_row("model", f"{cpu['model_name'] or '?'} ({cpu['vendor'] or '?'}, {cpu['arch']})")
     t.add_row("microarchitecture", f"{cpu['microarchitecture']} (by {cpu['microarchitecture_source']})")
     t.add_row("ISA", " ".join(cpu["isa"]) or "-")
@@ -61,19 +71,20 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
     amx = cpu["amx"]
     usable = {True: "usable", False: "not usable", None: "unknown"}[amx["usable"]]
     t.add_row("AMX", f"supported, {usable}" if amx["supported"] else "no")
-    out.table(t)
+    return t
 
-    t = section("Topology")
+
+def _topology_section(host: Dict[str, Any]) -> Table:
+    from cpuperf.probe.parse import format_cpulist
+
+    topo = host["topology"]
+    t = _section("Topology")
     t.add_row("sockets / cores / CPUs", f"{topo['sockets']} / {topo['physical_cores']} / {topo['logical_cpus']}"
               f" ({topo['threads_per_core']} threads per core)")
     for node in topo["numa_nodes"]:
-        from cpuperf.probe.parse import format_cpulist
-
         t.add_row(f"NUMA node {node['id']}", f"CPUs {format_cpulist(node['cpus']) or '-'}, {_gib(node['memory_bytes'])}")
     allowed = topo["allowed_cpus"]
     if allowed is not None:
-        from cpuperf.probe.parse import format_cpulist
-
         t.add_row("allowed CPUs", format_cpulist(allowed))
     t.add_row("CPU quota", "none" if topo["cpu_quota"] is None else f"{topo['cpu_quota']:g} CPUs")
     if topo["hybrid"]:
@@ -84,10 +95,11 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
         t.add_row("/dev/shm", _gib(limits["shm_bytes"]))
     if limits.get("slurm_job_id"):
         t.add_row("Slurm job", f"{limits['slurm_job_id']} ({limits.get('slurm_cpus_per_task') or '?'} CPUs per task)")
-    out.table(t)
+    return t
 
-    t = section("GPUs")
-    gpus = host["gpus"]
+
+def _gpu_section(gpus: Optional[List[Dict[str, Any]]]) -> Table:
+    t = _section("GPUs")
     if gpus is None:
         t.add_row("NVIDIA", "unknown (snapshot)")
     elif not gpus:
@@ -96,28 +108,32 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
         free = f" ({_gib(g['memory_free_bytes'])} free)" if g.get("memory_free_bytes") is not None else ""
         t.add_row(f"GPU {g['index']}", f"{g['name']}, cc {g['compute_capability'] or '?'}, {_gib(g['memory_bytes'])}{free}, "
                   f"bf16 {'yes' if g['bf16'] else 'no'}, tf32 {'yes' if g['tf32'] else 'no'}, driver {g.get('driver_version') or '?'}")
-    out.table(t)
+    return t
 
-    sw = rep["software"]
-    t = section("Software")
+
+def _software_section(sw: Optional[Dict[str, Any]]) -> Table:
+    t = _section("Software")
     if sw is None:
         t.add_row("packages", "unknown (snapshot)")
-    else:
-        t.add_row("python", f"{sw['python']} ({sw['executable']})")
-        for name, info in sw["packages"].items():
-            if info is not None:
-                extra = f" (CUDA {info['cuda']})" if info.get("cuda") else ""
-                t.add_row(name, info["version"] + extra)
-        missing = [n for n, i in sw["packages"].items() if i is None]
-        t.add_row("not installed", ", ".join(missing) or "-")
-        t.add_row("launchers", ", ".join(f"{m['name']} ({m['flavour'] or '?'} {m['version'] or ''})".replace(" )", ")")
-                                         for m in sw["mpi"]) or "none")
-        t.add_row("numactl", sw["numactl"] or "not found")
-        t.add_row("OpenMP", ", ".join(k for k, v in sw["openmp"].items() if v) or "none found")
-        t.add_row("allocators", ", ".join(k for k, v in sw["allocators"].items() if v) or "none found")
-    out.table(t)
+        return t
+    t.add_row("python", f"{sw['python']} ({sw['executable']})")
+    for name, info in sw["packages"].items():
+        if info is not None:
+            extra = f" (CUDA {info['cuda']})" if info.get("cuda") else ""
+            t.add_row(name, info["version"] + extra)
+    missing = [n for n, i in sw["packages"].items() if i is None]
+    t.add_row("not installed", ", ".join(missing) or "-")
+    t.add_row("launchers", ", ".join(f"{m['name']} ({m['flavour'] or '?'} {m['version'] or ''})".replace(" )", ")")
+                                     for m in sw["mpi"]) or "none")
+    t.add_row("numactl", sw["numactl"] or "not found")
+    t.add_row("OpenMP", ", ".join(k for k, v in sw["openmp"].items() if v) or "none found")
+    t.add_row("allocators", ", ".join(k for k, v in sw["allocators"].items() if v) or "none found")
+    return t
 
-    findings = rep["findings"]
+
+def _render_findings(out: Output, findings: List[Dict[str, Any]]) -> None:
+    from rich.table import Table
+
     if not findings:
         out.product("No findings: this host is ready.")
         return

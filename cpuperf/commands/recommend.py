@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import sys
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT
 from cpuperf.output import Output
+
+if TYPE_CHECKING:  # commands import their layers inside functions (fast start-up)
+    from cpuperf.decide.cluster import DdpChoice
+    from cpuperf.decide.records import Recommendation
+    from cpuperf.plan.job import JobPlan
+    from cpuperf.probe.facts import HostFacts
+    from cpuperf.probe.hosts import Host
+
+    # (node name, its facts, its recommendation, its job plan): one node of a plan over a hostfile
+    NodePlan = Tuple[str, HostFacts, Recommendation, JobPlan]
 
 
 def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], seq_len: Optional[int],
           batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: int,
           hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
-          measurements: Optional[str], python: Optional[str] = None, adapt_to_load: bool = False):
+          measurements: Optional[str], python: Optional[str] = None,
+          adapt_to_load: bool = False) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts).
 
     Load changes from second to second, so it shapes the plan only with adapt_to_load (--adapt-to-load);
@@ -82,14 +94,16 @@ def load_settings_file(path: str) -> Dict[str, str]:
 
 
 def _toml(text: str) -> Dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-    return tomllib.loads(text)
+    else:  # pragma: no cover - Python < 3.11
+        import tomli as tomllib
+    parsed: Dict[str, Any] = tomllib.loads(text)
+    return parsed
 
 
-def job_plan(facts: Any, rec: Any, hosts: Any, environ: Optional[Dict[str, str]] = None) -> Any:
+def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
+             environ: Optional[Dict[str, str]] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import JobRequest, plan_job
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
@@ -102,7 +116,8 @@ def job_plan(facts: Any, rec: Any, hosts: Any, environ: Optional[Dict[str, str]]
                     python="python")
 
 
-def renderings(facts: Any, rec: Any, hosts: Any, jp: Any = None) -> Dict[str, Any]:
+def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
+               jp: Optional[JobPlan] = None) -> Dict[str, Any]:
     """Environment, launch line, HF flags and accelerate config for a recommendation."""
     from cpuperf.plan.launch_view import launch_view
     from cpuperf.render import recommendation as render
@@ -171,7 +186,8 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     return 0
 
 
-def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Optional[str]) -> Any:
+def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
+                 node_facts: Optional[str]) -> Tuple[HostFacts, Recommendation, List[NodePlan]]:
     """One plan over the hostfile's nodes from each node's own facts (saved by `doctor --hostfile --save-facts`, or
     probed now): bf16 only if every node runs it natively, threads from each node's cores, refused (exit 14)
     where the stacks differ. Returns (first node's facts, its recommendation, [(name, facts, rec, job plan)])."""
@@ -224,7 +240,7 @@ def cluster_plan(out: Output, facts: Any, rec: Any, hosts: Any, node_facts: Opti
     return first[1], first[2], subs
 
 
-def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Any:
+def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Optional[DdpChoice]:
     """The DDP backend and bucket size a cached allreduce across exactly these nodes chose
     (`cpuperf doctor --hostfile FILE --collectives`), unless the user set the backend."""
     if "ddp_backend" in fixed:
@@ -236,7 +252,8 @@ def _measured_backend(names: List[str], fixed: Dict[str, Any]) -> Any:
     return choose_ddp(measured) if measured else None
 
 
-def save_plan(path: str, facts: Any, rec: Any, jp: Any, inputs: Dict[str, Any], subs: Any = ()) -> str:
+def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
+              subs: Sequence[NodePlan] = ()) -> str:
     """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
     import dataclasses
     import socket
@@ -341,30 +358,34 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     if out.json_mode:
         out.json({"schema": "cpuperf.bench/1", **results})
     else:
-        ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
-        reps = results.get("repeats") or {}
-        spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
-        lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-                 f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
-        load = results.get("load") or {}
-        if load.get("figure"):
-            lines.append(f"load around it: {load['figure']}")
-        if flags:
-            lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
-        for name, r in (results.get("allocator_speedup") or {}).items():
-            if not name.endswith("_by_workload"):
-                per = results["allocator_speedup"].get(f"{name}_by_workload") or {}
-                lines.append(f"{name} preloaded: " + ", ".join(f"{w} {x:.2f}x" for w, x in per.items())
-                             + " the default allocator")
-        for key, c in (results.get("compile_by_model") or {}).items():
-            from cpuperf.decide.recommend import compile_crossover
-
-            cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"])
-            lines.append(f"torch.compile for {c.get('model', key)}: {c['compile_seconds']:.0f} s to compile, "
-                         f"{c['speedup']:.2f}x steady at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
-                         + (f"pays back after {cross} steps" if cross else "never pays back"))
-        lines.append(f"cached at {path}")
-        out.product("\n".join(lines))
+        out.product("\n".join(_bench_lines(results, flags) + [f"cached at {path}"]))
     return 0
+
+
+def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
+    """The bench figures as text: GEMM rates and their spread, load, trust, allocators, torch.compile."""
+    ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+    reps = results.get("repeats") or {}
+    spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
+    lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
+             f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
+    load = results.get("load") or {}
+    if load.get("figure"):
+        lines.append(f"load around it: {load['figure']}")
+    if flags:
+        lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
+    for name, r in (results.get("allocator_speedup") or {}).items():
+        if not name.endswith("_by_workload"):
+            per = results["allocator_speedup"].get(f"{name}_by_workload") or {}
+            lines.append(f"{name} preloaded: " + ", ".join(f"{w} {x:.2f}x" for w, x in per.items())
+                         + " the default allocator")
+    for key, c in (results.get("compile_by_model") or {}).items():
+        from cpuperf.decide.recommend import compile_crossover
+
+        cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"])
+        lines.append(f"torch.compile for {c.get('model', key)}: {c['compile_seconds']:.0f} s to compile, "
+                     f"{c['speedup']:.2f}x steady at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
+                     + (f"pays back after {cross} steps" if cross else "never pays back"))
+    return lines
 
 

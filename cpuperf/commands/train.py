@@ -9,11 +9,22 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
 from cpuperf.output import Output
+
+if TYPE_CHECKING:
+    from cpuperf.decide.records import Measurements, Recommendation
+    from cpuperf.decide.workload import Workload
+    from cpuperf.plan.job import JobPlan, JobRequest
+    from cpuperf.plan.launch import LaunchPlan
+    from cpuperf.plan.saved import SavedPlan
+    from cpuperf.plan.user_launcher import LauncherCommand, LauncherRanks
+    from cpuperf.probe.facts import HostFacts
+    from cpuperf.probe.hosts import Host
+    from cpuperf.run.launcher import ExecResult
 
 SCHEMA = "cpuperf.train/1"
 DRY_RUN_SCHEMA = "cpuperf.train-plan/1"
@@ -66,7 +77,7 @@ def split_constraints(a: TrainArgs) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return decided, worker
 
 
-def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Any, int]:
+def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Optional[Tuple[Host, ...]], int]:
     from cpuperf.plan.launch import slurm_allocation
     from cpuperf.probe.hosts import read_hostfile
 
@@ -78,7 +89,7 @@ def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Any, int]:
     return (tuple(hosts[:nnodes]) if hosts else None), nnodes
 
 
-def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
+def _measurements(a: TrainArgs, facts: HostFacts, environ: Dict[str, str]) -> Optional[Measurements]:
     """--auto: what recommend decides from (the cache, else the rules), measured first where a real run starts
     on a host with nothing cached; plain: the cache as it is."""
     from cpuperf.run import measure
@@ -102,7 +113,7 @@ def _measurements(a: TrainArgs, facts: Any, environ: Dict[str, str]) -> Any:
 _PLAN_FIXES = ("sets", "model", "batch_size", "nproc_per_node", "ppn", "nnodes")
 
 
-def _saved_plan(a: TrainArgs, facts: Any) -> Tuple[Any, List[str]]:
+def _saved_plan(a: TrainArgs, facts: HostFacts) -> Tuple[SavedPlan, List[str]]:
     """(the saved plan, how this host differs from it): refused (exit 13) where it differs, unless --replan."""
     from cpuperf.plan.saved import plan_fits, read_plan_file
 
@@ -122,7 +133,7 @@ def _saved_plan(a: TrainArgs, facts: Any) -> Tuple[Any, List[str]]:
     return plan_fits(str(a.plan), plan, facts, a.replan, this_node_names(hosts, a.node_rank))
 
 
-def _where(a: TrainArgs, hosts: Any, nnodes: int, launcher: str) -> Tuple[Optional[int], Optional[str]]:
+def _where(a: TrainArgs, hosts: Optional[Tuple[Host, ...]], nnodes: int, launcher: str) -> Tuple[Optional[int], Optional[str]]:
     """Multi-node, before anything is planned: every host checked, this node's rank and address."""
     from cpuperf.run.launcher import check_hosts, local_node_rank
 
@@ -148,7 +159,7 @@ def _where(a: TrainArgs, hosts: Any, nnodes: int, launcher: str) -> Tuple[Option
     return node_rank, addresses.get(hosts[node_rank].name)
 
 
-def _interface(a: TrainArgs, hosts: Any, nnodes: int, environ: Dict[str, str]) -> Tuple[Optional[str], Optional[str]]:
+def _interface(a: TrainArgs, hosts: Optional[Tuple[Host, ...]], nnodes: int, environ: Dict[str, str]) -> Tuple[Optional[str], Optional[str]]:
     """(master address, the local interface that reaches it) for a multi-node gloo job."""
     if nnodes <= 1:
         return a.master_addr, None
@@ -167,7 +178,7 @@ def _interface(a: TrainArgs, hosts: Any, nnodes: int, environ: Dict[str, str]) -
     return master, ifname
 
 
-def _rank_command(a: TrainArgs, rec: Any, request: Any, out_dir: str) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
+def _rank_command(a: TrainArgs, rec: Recommendation, request: JobRequest, out_dir: str) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
     """(what each rank runs, the built-in worker's settings or None, the HF flags report)."""
     from cpuperf.plan.job import worker_command, worker_settings
 
@@ -204,7 +215,7 @@ def _read_script(path: Optional[str]) -> Optional[str]:
         return None
 
 
-def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]] = None) -> Any:
+def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optional[Dict[str, str]] = None) -> JobPlan:
     """The job's one plan (cpuperf.plan.job.JobPlan): probe, constraints, decisions, env, launch; no side effects
     but probing (and, multi-node outside --dry-run, checking the hosts)."""
     from cpuperf.decide.recommend import recommend
@@ -277,7 +288,8 @@ def build_plan(a: TrainArgs, facts: Any = None, environ: Optional[Dict[str, str]
                     planned_env=saved_plan.env if saved_plan is not None and not diffs else None)
 
 
-def _from_saved(a: TrainArgs, plan: Any, diffs: List[str], facts: Any, yours: Any) -> Any:
+def _from_saved(a: TrainArgs, plan: SavedPlan, diffs: List[str], facts: HostFacts,
+                yours: Optional[LauncherRanks]) -> Recommendation:
     """The saved plan's recommendation as it stands, or decided again here (--replan, where this host differs)."""
     from dataclasses import replace
 
@@ -305,7 +317,8 @@ def _from_saved(a: TrainArgs, plan: Any, diffs: List[str], facts: Any, yours: An
     return rec
 
 
-def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str], oversubscribe: bool = False) -> Any:
+def _your_launcher(a: TrainArgs, facts: HostFacts, environ: Dict[str, str],
+                   oversubscribe: bool = False) -> Optional[LauncherRanks]:
     """The user's own launcher and its ranks (cpuperf.plan.user_launcher.LauncherRanks), or None."""
     if not a.user_argv:
         return None
@@ -322,7 +335,7 @@ def _your_launcher(a: TrainArgs, facts: Any, environ: Dict[str, str], oversubscr
                           environ=environ, interpreter=_launcher_python(cmd), oversubscribe=oversubscribe)
 
 
-def _launcher_python(cmd: Any) -> Optional[str]:
+def _launcher_python(cmd: LauncherCommand) -> Optional[str]:
     """The Python a launcher runs scripts with: the one named (`python -m torch.distributed.run`), else the
     interpreter on the `#!` line of the launcher's script (a console script of that environment)."""
     import shutil
@@ -373,7 +386,7 @@ def _preset(model: Optional[str]) -> Optional[str]:
     return None if model and model.endswith(".json") else model
 
 
-def _hf_config_shape(workload: Any, worker: Dict[str, Any]) -> Dict[str, Any]:
+def _hf_config_shape(workload: Workload, worker: Dict[str, Any]) -> Dict[str, Any]:
     """--model CONFIG.json for the built-in loop: its GPT-2-style shape (the built-in tokenizer stays)."""
     if workload.source != "hf-config":
         return worker
@@ -382,7 +395,7 @@ def _hf_config_shape(workload: Any, worker: Dict[str, Any]) -> Dict[str, Any]:
     return {**worker, "model": {**shape, **worker.get("model", {})}}
 
 
-def _job_id(hosts: Any, port: Optional[int]) -> str:
+def _job_id(hosts: Optional[Tuple[Host, ...]], port: Optional[int]) -> str:
     """The same rendezvous id on every node: derived from the hostfile and port, not from local paths."""
     import hashlib
 
@@ -390,7 +403,7 @@ def _job_id(hosts: Any, port: Optional[int]) -> str:
     return "cpuperf-" + hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
-def _plan_json(jp: Any) -> Dict[str, Any]:
+def _plan_json(jp: JobPlan) -> Dict[str, Any]:
     plan = jp.launch
     return {"launcher": plan.launcher, "flavour": plan.flavour, "argv": list(plan.argv), "env": plan.env,
             "env_reasons": plan.env_reasons, "per_rank": [{"local_rank": r.local_rank, "cpus": list(r.cpus),
@@ -423,7 +436,7 @@ def run_train(out: Output, a: TrainArgs) -> int:
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 
 
-def _execute(out: Output, a: TrainArgs, jp: Any, launch: Dict[str, Any]) -> int:
+def _execute(out: Output, a: TrainArgs, jp: JobPlan, launch: Dict[str, Any]) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
 
@@ -492,11 +505,11 @@ def _plot(out: Output, run_dir: str) -> List[str]:
     return list(files)
 
 
-def _hf_json(jp: Any) -> Optional[Dict[str, Any]]:
+def _hf_json(jp: JobPlan) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in jp.hf.items() if k != "_script"} or None
 
 
-def _applied(jp: Any) -> Optional[Dict[str, Any]]:
+def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
     """Every flag, env var and launcher choice applied to a user's script (None for the built-in loop)."""
     script = jp.hf.get("_script")
     if script is None:
@@ -506,7 +519,7 @@ def _applied(jp: Any) -> Optional[Dict[str, Any]]:
     return applied(jp.launch, script)
 
 
-def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], verification: Dict[str, Any],
+def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str, Any], verification: Dict[str, Any],
                     has_ckpt: bool) -> int:
     code, message, hint = _failure(jp.launch, res)
     from cpuperf.plan.user_script import rejected_flags
@@ -524,7 +537,7 @@ def _report_failure(out: Output, jp: Any, res: Any, launch: Dict[str, Any], veri
     return code
 
 
-def _result(jp: Any, res: Any, summary: Optional[Dict[str, Any]], launch: Dict[str, Any],
+def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], launch: Dict[str, Any],
             verification: Dict[str, Any]) -> Dict[str, Any]:
     plan = jp.launch
     if jp.request.user_argv:
@@ -544,12 +557,12 @@ def _result(jp: Any, res: Any, summary: Optional[Dict[str, Any]], launch: Dict[s
             "verification": verification, "supervisor": _supervisor(res)}
 
 
-def _supervisor(res: Any) -> Optional[Dict[str, float]]:
+def _supervisor(res: ExecResult) -> Optional[Dict[str, float]]:
     """cpuperf's own CPU time while the job ran: {cpu_s, wall_s, cpu_share (of one core)}."""
     return res.supervisor.to_json() if res.supervisor is not None else None
 
 
-def _failure(plan: Any, res: Any) -> Tuple[int, str, Optional[str]]:
+def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]]:
     """(exit code, one-line message, hint or None) naming what failed first: the rank's own error
     when it left one, a rendezvous that timed out with the nodes that never joined, else the rank
     and its log."""
@@ -610,7 +623,7 @@ def _human(r: Dict[str, Any]) -> str:
             f"metrics {r.get('metrics_file')}\ncheckpoint {r.get('checkpoint')}")
 
 
-def _print_plan(out: Output, jp: Any) -> None:
+def _print_plan(out: Output, jp: JobPlan) -> None:
     from cpuperf.plan.launch import shell_line
 
     plan = jp.launch

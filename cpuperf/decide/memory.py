@@ -83,7 +83,7 @@ class MemoryPlan:
 def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, rule: Mapping[str, Any]) -> float:
     """Korthikanti et al. 2022 eq. 1 per layer (16-bit; doubled in fp32) plus logits and their grad."""
     t, d, h, layers = w.seq_len, w.d_model, max(1, w.n_head), w.n_layer
-    per_layer_16bit = t * d * (rule["activation_coeff"] + rule["activation_attn_coeff"] * h * t / d)
+    per_layer_16bit: float = t * d * (rule["activation_coeff"] + rule["activation_attn_coeff"] * h * t / d)
     scale = 2.0 if dtype == "fp32" else 1.0
     if checkpointing:
         # Only block inputs are kept, plus one block recomputed at a time.

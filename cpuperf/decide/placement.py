@@ -110,7 +110,11 @@ def ccl_worker_count(cores_per_rank: int) -> int:
 
 def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
     """Split cores into nproc groups along socket or NUMA boundaries where they line up."""
-    key = (lambda c: c.socket) if unit == "socket" else (lambda c: c.node if c.node is not None else c.socket)
+    def key(c: Core) -> Optional[int]:
+        if unit == "socket":
+            return c.socket
+        return c.node if c.node is not None else c.socket
+
     by_unit: Dict[Any, List[Core]] = {}
     for core in cores:
         by_unit.setdefault(key(core), []).append(core)
@@ -143,21 +147,7 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     budget, reasons = cpu_budget(facts, cores)
     chosen_default = nproc_per_node is None
     nproc = default_nproc(facts, unit) if chosen_default else int(nproc_per_node or 1)
-    if nproc < 1:
-        raise UsageError("--nproc-per-node must be at least 1")
-    if nproc > len(cores) and not oversubscribe:
-        raise UsageError(f"nproc_per_node {nproc} exceeds the {len(cores)} usable physical cores "
-                         f"({len(facts.usable_cpus())} usable CPUs)",
-                         hint=f"use at most {len(cores)}, or --set oversubscribe=true to share cores")
-    if threads_per_rank is not None and not oversubscribe:
-        logical = len(facts.usable_cpus())
-        if threads_per_rank * nproc > logical:
-            raise UsageError(f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
-                             hint=f"use at most {max(1, logical // nproc)} threads per rank, or --set oversubscribe=true")
-    logical = max(1, len(facts.usable_cpus()))
-    if oversubscribe and max(nproc, nproc * (threads_per_rank or 1)) > OVERSUBSCRIBE_LIMIT * logical:
-        raise UsageError(f"{nproc} rank(s) x {threads_per_rank or 1} thread(s) is more than {OVERSUBSCRIBE_LIMIT}x "
-                         f"the {logical} usable CPUs, even oversubscribed", hint=f"use at most {OVERSUBSCRIBE_LIMIT * logical} threads in all")
+    _check_counts(facts, len(cores), nproc, threads_per_rank, oversubscribe)
     if nproc > len(cores):  # oversubscribed: ranks share cores, round robin
         cores = [cores[i % len(cores)] for i in range(nproc)]
     if budget < len(cores):
@@ -170,16 +160,7 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     # in the job, one rank per node across several nodes included.
     workers = ccl_worker_count(min(len(g) for g in groups)) if (ccl and nproc * max(1, nnodes) > 1) else 0
     for rank, group in enumerate(groups):
-        primaries = tuple(c.cpus[0] for c in group)
-        worker_cpus = primaries[:workers] if workers else ()
-        compute = primaries[workers:] if workers else primaries
-        threads = max(1, min(len(compute), per_rank_budget - workers if workers else per_rank_budget))
-        if threads_per_rank is not None:
-            compute, threads = _fit_threads(group, compute, worker_cpus, threads_per_rank)
-        sockets = {c.socket for c in group}
-        nodes = {c.node for c in group}
-        slots.append(RankSlot(rank, sockets.pop() if len(sockets) == 1 else None,
-                              nodes.pop() if len(nodes) == 1 else None, primaries, compute, worker_cpus, threads))
+        slots.append(_slot(rank, group, workers, per_rank_budget, threads_per_rank))
     if threads_per_rank is not None:
         reasons.append(f"{threads_per_rank} thread(s) per rank, as asked")
     if chosen_default:
@@ -189,6 +170,39 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
     if workers:
         reasons.append(f"{workers} oneCCL worker core(s) per rank, taken from its compute threads")
     return Placement(nproc, unit if nproc > 1 else "cores", tuple(slots), workers, budget, tuple(reasons))
+
+
+def _check_counts(facts: HostFacts, ncores: int, nproc: int, threads_per_rank: Optional[int], oversubscribe: bool) -> None:
+    """The user's rank and thread counts against the usable cores and CPUs (a usage error where they cannot fit)."""
+    if nproc < 1:
+        raise UsageError("--nproc-per-node must be at least 1")
+    if nproc > ncores and not oversubscribe:
+        raise UsageError(f"nproc_per_node {nproc} exceeds the {ncores} usable physical cores "
+                         f"({len(facts.usable_cpus())} usable CPUs)",
+                         hint=f"use at most {ncores}, or --set oversubscribe=true to share cores")
+    if threads_per_rank is not None and not oversubscribe:
+        logical = len(facts.usable_cpus())
+        if threads_per_rank * nproc > logical:
+            raise UsageError(f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
+                             hint=f"use at most {max(1, logical // nproc)} threads per rank, or --set oversubscribe=true")
+    logical = max(1, len(facts.usable_cpus()))
+    if oversubscribe and max(nproc, nproc * (threads_per_rank or 1)) > OVERSUBSCRIBE_LIMIT * logical:
+        raise UsageError(f"{nproc} rank(s) x {threads_per_rank or 1} thread(s) is more than {OVERSUBSCRIBE_LIMIT}x "
+                         f"the {logical} usable CPUs, even oversubscribed", hint=f"use at most {OVERSUBSCRIBE_LIMIT * logical} threads in all")
+
+
+def _slot(rank: int, group: List[Core], workers: int, per_rank_budget: int, threads_per_rank: Optional[int]) -> RankSlot:
+    """One rank's slot: its cores' first CPUs, the oneCCL workers' first, then compute threads."""
+    primaries = tuple(c.cpus[0] for c in group)
+    worker_cpus = primaries[:workers] if workers else ()
+    compute = primaries[workers:] if workers else primaries
+    threads = max(1, min(len(compute), per_rank_budget - workers if workers else per_rank_budget))
+    if threads_per_rank is not None:
+        compute, threads = _fit_threads(group, compute, worker_cpus, threads_per_rank)
+    sockets = {c.socket for c in group}
+    nodes = {c.node for c in group}
+    return RankSlot(rank, sockets.pop() if len(sockets) == 1 else None,
+                    nodes.pop() if len(nodes) == 1 else None, primaries, compute, worker_cpus, threads)
 
 
 def _fit_threads(group: List[Core], compute: Tuple[int, ...], worker_cpus: Tuple[int, ...],

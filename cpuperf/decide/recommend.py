@@ -39,10 +39,6 @@ def _version(text: Optional[str]) -> Optional[Version]:
         return None
 
 
-def _major_minor(v: Optional[Version]) -> Optional[Tuple[int, int]]:
-    return (v.major, v.minor) if v is not None else None
-
-
 def stack_versions(facts: HostFacts) -> Dict[str, Optional[str]]:
     if facts.software is None:
         return {}
@@ -129,12 +125,6 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
 
 
 # -- memory plan ------------------------------------------------------------------------------------
-
-def _activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool) -> float:
-    from cpuperf.decide.memory import activation_bytes_per_sample
-
-    return activation_bytes_per_sample(w, dtype, checkpointing, load_builtin("tuning.toml")["memory"])
-
 
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu]) -> Tuple[Optional[int], str]:
     """Bytes one rank may use and how (cpuperf.decide.memory owns the computation)."""
@@ -500,7 +490,8 @@ def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, tunin
     if w.steps is None or model_key(w) in meas.compile_by_model:
         return False
     run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
-    return run_s >= rule["measure_when_run_exceeds_s"]
+    threshold: float = rule["measure_when_run_exceeds_s"]
+    return run_s >= threshold
 
 
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
@@ -665,7 +656,3 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
     out.append(Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
                         else "not needed: the model fits each rank", {"plan": c.name}))
     return out
-
-
-def stack_has(facts: HostFacts, name: str) -> bool:
-    return bool(facts.software and facts.software.packages.get(name))

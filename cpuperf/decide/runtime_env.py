@@ -160,7 +160,8 @@ def data() -> Dict[str, Any]:
         _MEMO.update(table=table, reserved=frozenset(table["reserved"]["names"]),
                      reserved_prefixes=tuple(table["reserved"].get("prefixes", ())),
                      paths=frozenset(table["paths"]["names"]))
-    return _MEMO["table"]
+    loaded: Dict[str, Any] = _MEMO["table"]
+    return loaded
 
 
 _data = data
@@ -239,24 +240,6 @@ def _minor(version: Optional[str]) -> Optional[Tuple[int, int]]:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def choose_backend(torch_version: Optional[str], bindings: Optional[Tuple[str, str]]) -> Backend:
-    """ccl when oneCCL bindings built for this torch minor are installed; gloo otherwise, with why."""
-    last = str(_data()["bindings"]["last_cpu_release"])
-    last_minor = ".".join(last.split(".")[:2])
-    if bindings is None:
-        why = f"oneccl_bind_pt is not installed; its last CPU release {last_minor} supports torch {last_minor}"
-        if torch_version and (_minor(torch_version) or (0, 0)) > (_minor(last) or (0, 0)):
-            why += f" and torch {torch_version} is newer"
-        return Backend("gloo", why + ": using gloo", False)
-    name, version = bindings
-    if torch_version is None:
-        return Backend("gloo", f"{name} {version} is installed but torch is not: using gloo", False)
-    if _minor(version) != _minor(torch_version):
-        return Backend("gloo", f"{name} {version} is built for torch {'.'.join(map(str, _minor(version) or ()))}"
-                       f" but torch {torch_version} is installed: using gloo", False)
-    return Backend("ccl", f"{name} {version} matches torch {torch_version}", True)
-
-
 def _hexmask(cpus: Sequence[int]) -> str:
     value = 0
     for cpu in cpus:
@@ -320,79 +303,99 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
     if libraries is None:
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
-    out: List[EnvVar] = []
-    notes: List[str] = []
+    c = _Collected()
+    _thread_vars(c, placement, backend, mpi, nodes, tuning)
+    # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
+    preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
+    if preload:
+        preloaded = _preload_vars(c, libraries, allocator, tuning) + preloaded
+    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
+    c.add("MASTER_ADDR", addr, addr_why)
+    c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
+          else f"the default rendezvous port ({_data()['rendezvous']['source']})")
+    if backend == "gloo" and nodes > 1:
+        if socket_ifname:
+            c.add("GLOO_SOCKET_IFNAME", socket_ifname, f"the interface whose route reaches {addr}")
+        else:
+            c.notes.append(f"could not tell which interface reaches {addr}: set GLOO_SOCKET_IFNAME yourself "
+                           "(ip -o route get ADDR)")
+    if nodes > 1:
+        c.notes.append(f"{nodes} nodes: threads and pinning assume every node looks like this one")
+    return RuntimeEnv(tuple(c.vars), tuple(c.notes), addr, port, nodes)
+
+
+class _Collected:
+    """The variables (in order) and notes runtime_env gathers."""
+
+    def __init__(self) -> None:
+        self.vars: List[EnvVar] = []
+        self.notes: List[str] = []
+
+    def add(self, name: str, value: str, reason: str, kind: str = SET) -> None:
+        self.vars.append(EnvVar(name, value, "cpuperf", reason, kind))
+
+
+def _thread_vars(c: _Collected, placement: Placement, backend: str, mpi: Optional[str], nodes: int,
+                 tuning: Mapping[str, Any]) -> None:
+    """OMP_NUM_THREADS, oneCCL's workers and their cores, Intel MPI's pin domains."""
     nproc = placement.nproc_per_node
-
-    def add(name: str, value: str, reason: str, kind: str = SET) -> None:
-        out.append(EnvVar(name, value, "cpuperf", reason, kind))
-
     threads = placement.threads_per_rank
     why_threads = f"{threads} physical core(s) per rank, {nproc} rank(s) per node"
     if backend == "ccl" and placement.ccl_workers:
         why_threads += f", minus {placement.ccl_workers} oneCCL worker core(s)"
-    add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
+    c.add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
     if backend == "ccl":
         workers = placement.ccl_workers
         if workers:
-            add("CCL_WORKER_COUNT", str(workers), f"{tuning['ccl_workers']['reason']} ({tuning['ccl_workers']['source']})")
-            cpus = [c for s in placement.slots for c in s.ccl_worker_cpus]
-            add("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cpus),
-                "each local rank's oneCCL workers on its own first cores, in local-rank order")
+            c.add("CCL_WORKER_COUNT", str(workers), f"{tuning['ccl_workers']['reason']} ({tuning['ccl_workers']['source']})")
+            cpus = [cpu for s in placement.slots for cpu in s.ccl_worker_cpus]
+            c.add("CCL_WORKER_AFFINITY", ",".join(str(cpu) for cpu in cpus),
+                  "each local rank's oneCCL workers on its own first cores, in local-rank order")
         else:
-            add("CCL_WORKER_COUNT", "1", "no core is set aside (a single rank, or a rank of one core): oneCCL's default single worker")
+            c.add("CCL_WORKER_COUNT", "1", "no core is set aside (a single rank, or a rank of one core): oneCCL's default single worker")
     if mpi == "intelmpi":
         domain = pin_domain(placement)
         if domain:
-            add("I_MPI_PIN_DOMAIN", domain, "Intel MPI pins each local rank to its compute cores (hex masks, "
-                "local-rank order); oneCCL workers stay outside")
-            notes.append(f"I_MPI_PIN_DOMAIN names {nproc} domain(s): start exactly {nproc} rank(s) per node "
-                         f"(mpirun -ppn {nproc} -n {nproc * nodes})")
+            c.add("I_MPI_PIN_DOMAIN", domain, "Intel MPI pins each local rank to its compute cores (hex masks, "
+                  "local-rank order); oneCCL workers stay outside")
+            c.notes.append(f"I_MPI_PIN_DOMAIN names {nproc} domain(s): start exactly {nproc} rank(s) per node "
+                           f"(mpirun -ppn {nproc} -n {nproc * nodes})")
 
-    # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
-    preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
-    if preload:
-        adds: List[str] = []
-        iomp = _first(libraries.openmp.get("iomp", ()))
-        if iomp:
-            adds.append(iomp)
-        else:
-            notes.append("--preload: libiomp5 not found (pip install intel-openmp); OpenMP stays as torch ships it")
-        # The allocator the plan decided; without a decision, the first one installed.
-        alloc_name = allocator if allocator and preloadable(libraries.allocators.get(allocator, ())) else \
-            next((n for n in ALLOCATORS if preloadable(libraries.allocators.get(n, ()))), None)
-        if alloc_name:
-            adds.append(preloadable(libraries.allocators[alloc_name]) or "")
-            if alloc_name == "jemalloc":
-                add("MALLOC_CONF", tuning["allocator"]["jemalloc_malloc_conf"], tuning["allocator"]["source"])
-        else:
-            notes.append("--preload: no tcmalloc, jemalloc or mimalloc found (cpuperf install adds the mimalloc wheel)")
-        if adds:
-            add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
-                + " for every later command of this shell", PREPEND)
-            preloaded = adds + preloaded
+
+def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], tuning: Mapping[str, Any]) -> List[str]:
+    """--preload: libiomp5 and the allocator (the plan's, else the first installed); the libraries preloaded."""
+    adds: List[str] = []
+    iomp = _first(libraries.openmp.get("iomp", ()))
+    if iomp:
+        adds.append(iomp)
+    else:
+        c.notes.append("--preload: libiomp5 not found (pip install intel-openmp); OpenMP stays as torch ships it")
+    # The allocator the plan decided; without a decision, the first one installed.
+    alloc_name = allocator if allocator and preloadable(libraries.allocators.get(allocator, ())) else \
+        next((n for n in ALLOCATORS if preloadable(libraries.allocators.get(n, ()))), None)
+    if alloc_name:
+        adds.append(preloadable(libraries.allocators[alloc_name]) or "")
+        if alloc_name == "jemalloc":
+            c.add("MALLOC_CONF", tuning["allocator"]["jemalloc_malloc_conf"], tuning["allocator"]["source"])
+    else:
+        c.notes.append("--preload: no tcmalloc, jemalloc or mimalloc found (cpuperf install adds the mimalloc wheel)")
+    if adds:
+        c.add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
+              + " for every later command of this shell", PREPEND)
+    return adds
+
+
+def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], tuning: Mapping[str, Any]) -> None:
+    """KMP_AFFINITY / KMP_BLOCKTIME: only where libiomp5 is preloaded."""
     iomp_loaded = any(os.path.basename(p).startswith("libiomp5") for p in preloaded)
     if iomp_loaded:
         if nproc == 1 or mpi == "intelmpi":
-            add("KMP_AFFINITY", tuning["kmp"]["affinity"], f"libiomp5 is preloaded; {tuning['kmp']['source']}")
-            add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
+            c.add("KMP_AFFINITY", tuning["kmp"]["affinity"], f"libiomp5 is preloaded; {tuning['kmp']['source']}")
+            c.add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
         else:
-            add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
-            notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
-                         "to the same cores (launch with Intel MPI, or cpuperf launch)")
-
-    add("MASTER_ADDR", addr, addr_why)
-    add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
-        else f"the default rendezvous port ({_data()['rendezvous']['source']})")
-    if backend == "gloo" and nodes > 1:
-        if socket_ifname:
-            add("GLOO_SOCKET_IFNAME", socket_ifname, f"the interface whose route reaches {addr}")
-        else:
-            notes.append(f"could not tell which interface reaches {addr}: set GLOO_SOCKET_IFNAME yourself "
-                         "(ip -o route get ADDR)")
-    if nodes > 1:
-        notes.append(f"{nodes} nodes: threads and pinning assume every node looks like this one")
-    return RuntimeEnv(tuple(out), tuple(notes), addr, port, nodes)
+            c.add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
+            c.notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
+                           "to the same cores (launch with Intel MPI, or cpuperf launch)")
 
 
 def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override: bool = False,

@@ -39,13 +39,6 @@ class Workload:
         return asdict(self)
 
 
-def transformer_params(n_layer: int, d_model: int, vocab: int, seq_len: int, tied: bool = True) -> int:
-    """Decoder-only transformer: 12*L*d^2 (attention + 4x MLP) + embeddings (+ positions)."""
-    per_layer = 12 * d_model * d_model + 13 * d_model  # weights + biases + 2 LayerNorms
-    embed = vocab * d_model * (1 if tied else 2) + seq_len * d_model
-    return n_layer * per_layer + embed + 2 * d_model
-
-
 # The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for
 # exactly the model `cpuperf train` builds. Global batch defaults per preset: CPU default 16;
 # GPT-2-small shape (GPU workload) 32.

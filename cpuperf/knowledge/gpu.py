@@ -72,29 +72,45 @@ def sdpa_constraints(kernel: str, dtype: str, head_dim: int, device_type: str,
         out.append("the CPU flash kernel takes no attention dropout")
     if kernel == "flash":
         if device_type == "cuda":
-            if dtype not in ("fp16", "bf16"):
-                out.append(f"flash needs fp16 or bf16 inputs on CUDA (got {dtype})")
-            if cc is not None and cc < BF16_CC:
-                out.append(f"flash needs compute capability >= 8.0 (this card: {cc[0]}.{cc[1]})")
-            if head_dim % 8 or head_dim > 256:
-                out.append(f"flash needs a head size that is a multiple of 8 up to 256 (got {head_dim})")
-            if mask:
-                out.append("flash on CUDA takes no explicit attention mask (only is_causal)")
+            out += _flash_cuda_constraints(dtype, head_dim, cc, mask)
     elif kernel == "mem_efficient":
-        if device_type != "cuda":
-            out.append("the memory-efficient kernel is CUDA-only")
-        elif head_dim % 8 and dtype in ("fp16", "bf16"):
-            out.append(f"mem_efficient needs a head size that is a multiple of 8 in half precision (got {head_dim})")
-        elif dtype == "bf16" and cc is not None and cc < BF16_CC:
-            out.append("mem_efficient runs bf16 only on compute capability >= 8.0")
+        out += _mem_efficient_constraints(dtype, head_dim, device_type, cc)
     elif kernel == "cudnn":
-        if device_type != "cuda":
-            out.append("the cuDNN kernel is CUDA-only")
-        else:
-            if cc is not None and cc < BF16_CC:
-                out.append("cuDNN attention needs compute capability >= 8.0")
-            if dtype not in ("fp16", "bf16"):
-                out.append(f"cuDNN attention needs fp16 or bf16 (got {dtype})")
+        out += _cudnn_constraints(dtype, device_type, cc)
+    return out
+
+
+def _flash_cuda_constraints(dtype: str, head_dim: int, cc: Optional[Tuple[int, int]], mask: bool) -> List[str]:
+    out: List[str] = []
+    if dtype not in ("fp16", "bf16"):
+        out.append(f"flash needs fp16 or bf16 inputs on CUDA (got {dtype})")
+    if cc is not None and cc < BF16_CC:
+        out.append(f"flash needs compute capability >= 8.0 (this card: {cc[0]}.{cc[1]})")
+    if head_dim % 8 or head_dim > 256:
+        out.append(f"flash needs a head size that is a multiple of 8 up to 256 (got {head_dim})")
+    if mask:
+        out.append("flash on CUDA takes no explicit attention mask (only is_causal)")
+    return out
+
+
+def _mem_efficient_constraints(dtype: str, head_dim: int, device_type: str, cc: Optional[Tuple[int, int]]) -> List[str]:
+    if device_type != "cuda":
+        return ["the memory-efficient kernel is CUDA-only"]
+    if head_dim % 8 and dtype in ("fp16", "bf16"):
+        return [f"mem_efficient needs a head size that is a multiple of 8 in half precision (got {head_dim})"]
+    if dtype == "bf16" and cc is not None and cc < BF16_CC:
+        return ["mem_efficient runs bf16 only on compute capability >= 8.0"]
+    return []
+
+
+def _cudnn_constraints(dtype: str, device_type: str, cc: Optional[Tuple[int, int]]) -> List[str]:
+    if device_type != "cuda":
+        return ["the cuDNN kernel is CUDA-only"]
+    out: List[str] = []
+    if cc is not None and cc < BF16_CC:
+        out.append("cuDNN attention needs compute capability >= 8.0")
+    if dtype not in ("fp16", "bf16"):
+        out.append(f"cuDNN attention needs fp16 or bf16 (got {dtype})")
     return out
 
 

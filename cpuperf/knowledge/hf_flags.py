@@ -113,12 +113,6 @@ def option_valid(row: HfOption, cov: Coverage) -> bool:
     return True
 
 
-def effective_version(package: str, version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[Version]:
-    """The release to check options against: the installed one (or the newest checked for a newer patch/minor,
-    or when none is installed); None when nothing may be rendered (see data_note)."""
-    return coverage(package, version, matrix).at
-
-
 def renamed_to(row: HfOption) -> Optional[str]:
     """The option a deprecated row was renamed to (`replacement = "--name"`), or None for advice text."""
     text = row.replacement.strip()
@@ -153,12 +147,6 @@ def supported_flags(transformers_version: Optional[str], matrix: Optional[Matrix
         if row is not None and option_valid(row, cov) and not _superseded(row, cov, rows):
             ok.add(flag)
     return frozenset(ok)
-
-
-def current_flag(flag: str, transformers_version: Optional[str], matrix: Optional[Matrix] = None) -> Optional[str]:
-    """The option to emit for cpuperf's `flag` in that release: its own, or the one it was renamed to; None."""
-    m = _matrix(matrix)
-    return spelling(flag, supported_flags(transformers_version, m), transformers_version, m)
 
 
 def spelling(flag: str, ok: AbstractSet[str], transformers_version: Optional[str] = None,

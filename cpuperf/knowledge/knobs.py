@@ -85,7 +85,6 @@ KNOBS: Tuple[Knob, ...] = (
 
 BY_ID: Dict[str, Knob] = {k.id: k for k in KNOBS}
 DECISION_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.decided)
-WORKER_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.worker)
 # The model's shape keys the built-in loop takes under model.*
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
 # Settings of a run that the command line owns (--out, --resume, --max-steps): not --set keys.

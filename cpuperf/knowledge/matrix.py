@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,10 +23,10 @@ if TYPE_CHECKING:  # packaging.specifiers costs more to import than typer and ri
 from cpuperf.data import MAX_DEPTH, too_deep
 from cpuperf.errors import BadDataError
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - exercised on 3.9/3.10 only
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - exercised on 3.9/3.10 only
+    import tomli as tomllib
 
 ENV_DIR = "CPUPERF_COMPAT_DIR"
 PY_RE = re.compile(r"^3\.(\d{1,2})(t?)$")
@@ -510,8 +511,8 @@ def _label(kind: str, index: int, raw: Mapping[str, Any]) -> str:
     return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
 
 
-def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    """Parse one TOML file into (kind, key, fields) rows, appending every problem found."""
+def _read_table(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
+    """One TOML file's top table; None (with the problem appended) when it cannot be read or parsed."""
     from cpuperf.fsutil import InputRefused, read_text_capped
 
     name = path.name
@@ -521,18 +522,28 @@ def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[An
             raise RecursionError
     except OSError as exc:
         problems.append(Problem(name, "file", f"cannot read: {exc.strerror or exc}"))
-        return []
+        return None
     except InputRefused as exc:
         problems.append(Problem(name, "file", f"cannot read: {exc}"))
-        return []
+        return None
     except UnicodeDecodeError as exc:
         problems.append(Problem(name, "file", f"not UTF-8 text (byte {exc.start})"))
-        return []
+        return None
     except tomllib.TOMLDecodeError as exc:
         problems.append(Problem(name, "file", f"not valid TOML: {exc}"))
-        return []
+        return None
     except RecursionError:
         problems.append(Problem(name, "file", f"nested deeper than {MAX_DEPTH} levels"))
+        return None
+    table: dict[str, Any] = data
+    return table
+
+
+def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """Parse one TOML file into (kind, key, fields) rows, appending every problem found."""
+    name = path.name
+    data = _read_table(path, problems)
+    if data is None:
         return []
     defaults: dict[str, Any] = {}
     rows: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -549,36 +560,41 @@ def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[An
         if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
             problems.append(Problem(name, top, f"must be an array of tables ([[{top}]])"))
             continue
-        fields = _SCHEMA[top]
         for i, raw in enumerate(value):
-            label = _label(top, i, raw)
-            parsed: dict[str, Any] = {}
-            row_problems: list[str] = []
-            for fname in raw:
-                if fname not in fields:
-                    row_problems.append(f"unknown field {fname!r}")
-            for fname, (parser, required) in fields.items():
-                if fname not in raw:
-                    if required:
-                        row_problems.append(f"missing required field {fname!r}")
-                    elif fname in defaults:
-                        parsed[fname] = defaults[fname]
-                    elif fname == "cpu_index_url":
-                        parsed[fname] = _DEFAULT_CPU_INDEX
-                    else:
-                        parsed[fname] = _DEFAULTS.get(fname)
-                    continue
-                try:
-                    parsed[fname] = parser(raw[fname])
-                except _Bad as exc:
-                    row_problems.append(f"{fname}: {exc}")
-            if not row_problems:
-                row_problems.extend(_row_checks(top, parsed))
+            parsed, row_problems = _parse_row(top, raw, defaults)
             if row_problems:
-                problems.append(Problem(name, label, "; ".join(row_problems)))
+                problems.append(Problem(name, _label(top, i, raw), "; ".join(row_problems)))
                 continue
             rows.append((top, _key(top, parsed), parsed))
     return rows
+
+
+def _parse_row(kind: str, raw: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """One [[kind]] row's fields parsed (absent ones from the file's or the schema's defaults), and its problems."""
+    fields = _SCHEMA[kind]
+    parsed: dict[str, Any] = {}
+    row_problems: list[str] = []
+    for fname in raw:
+        if fname not in fields:
+            row_problems.append(f"unknown field {fname!r}")
+    for fname, (parser, required) in fields.items():
+        if fname not in raw:
+            if required:
+                row_problems.append(f"missing required field {fname!r}")
+            elif fname in defaults:
+                parsed[fname] = defaults[fname]
+            elif fname == "cpu_index_url":
+                parsed[fname] = _DEFAULT_CPU_INDEX
+            else:
+                parsed[fname] = _DEFAULTS.get(fname)
+            continue
+        try:
+            parsed[fname] = parser(raw[fname])
+        except _Bad as exc:
+            row_problems.append(f"{fname}: {exc}")
+    if not row_problems:
+        row_problems.extend(_row_checks(kind, parsed))
+    return parsed, row_problems
 
 
 def _row_checks(kind: str, row: Mapping[str, Any]) -> list[str]:

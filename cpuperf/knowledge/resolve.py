@@ -648,13 +648,26 @@ def installed_findings(
     py = normalize_python(python)
     plat = _check_platform(platform)
     m = matrix if matrix is not None else default_matrix()
+    torch_s, ipex_s, ccl_s = (_lookup(packages, c) for c in ("torch", "ipex", "oneccl"))
+    torch_v = parse_version(torch_s, "torch version") if torch_s else None
+    out = _python_findings(m, py, plat, torch_v)
+    if ipex_s:
+        out += _ipex_findings(m, py, plat, torch_v, parse_version(ipex_s, "IPEX version"))
+    if ccl_s:
+        out += _oneccl_findings(m, py, plat, torch_v, parse_version(ccl_s, "oneccl_bind_pt version"))
+    return out
+
+
+def _finding(fid: str, severity: str, message: str, fix: str) -> dict[str, str]:
+    return {"id": fid, "severity": severity, "message": message, "fix": fix}
+
+
+def _python_findings(m: Matrix, py: str, plat: str, torch_v: Version | None) -> list[dict[str, str]]:
+    """Python versions torch publishes no wheel for (any torch, or the installed one)."""
     out: list[dict[str, str]] = []
 
     def add(fid: str, severity: str, message: str, fix: str) -> None:
-        out.append({"id": fid, "severity": severity, "message": message, "fix": fix})
-
-    torch_s, ipex_s, ccl_s = (_lookup(packages, c) for c in ("torch", "ipex", "oneccl"))
-    torch_v = parse_version(torch_s, "torch version") if torch_s else None
+        out.append(_finding(fid, severity, message, fix))
 
     all_pys = {p for r in m.torch for p in r.pythons(plat)}
     if py not in all_pys:
@@ -672,81 +685,95 @@ def installed_findings(
             add("torch-no-wheel-for-python", "warning",
                 f"torch {torch_v} publishes no wheel for Python {py}: it was built locally or for another Python",
                 fix)
+    return out
 
-    if ipex_s:
-        iv = parse_version(ipex_s, "IPEX version")
-        notice = m.eol_notice("ipex")
-        rows = [r for r in m.ipex if r.version == _base(iv)]
-        if torch_v is not None and _minor(iv) != _minor(torch_v):
-            check = rows[0].import_check if rows else "exit127"
-            effect = {
-                "exit127": "`import intel_extension_for_pytorch` prints an error and exits the process with code 127",
-                "attributeerror": "`import intel_extension_for_pytorch` prints an error and raises AttributeError",
-                "none": "the import fails while loading its compiled extension",
-            }[check]
-            fit = _pick_ipex(m, torch_v, py, plat)
-            if fit.pin is not None:
-                fix = _pip("install", *fit.pin.pip_args())
-            else:
-                fix = _pip("uninstall", "-y", "intel-extension-for-pytorch")
-            msg = (f"IPEX {iv} needs torch {iv.major}.{iv.minor}.* but torch {torch_v} is installed: {effect}")
-            if fit.pin is None and notice is not None and _minor(torch_v) > _minor(notice.last_release):
-                msg += f"; IPEX is {notice.status} (last release {notice.last_release}): on torch>={torch_v.major}.{torch_v.minor} use {notice.alternative}"
-            add("ipex-torch-mismatch", "error", msg, fix)
-        elif rows and rows[0].status == "withdrawn":
-            fit = _pick_ipex(m, torch_v, py, plat) if torch_v else _Pick(None)
-            add("ipex-withdrawn", "warning", f"IPEX {iv} was withdrawn by its maintainers ({rows[0].yank_reason})",
-                _pip("install", *fit.pin.pip_args()) if fit.pin else _pip("uninstall", "-y", "intel-extension-for-pytorch"))
-        elif rows and py not in rows[0].python:
-            add("ipex-no-wheel-for-python", "warning",
-                f"IPEX {iv} publishes no wheel for Python {py}; this install was built locally",
-                _pip("uninstall", "-y", "intel-extension-for-pytorch"))
-        newest = max((r.version for r in m.ipex), default=None)
-        if iv.local and iv.local.startswith("xpu"):
-            add("ipex-xpu-build", "warning",
-                f"IPEX {iv} is the Intel GPU (XPU) build, outside cpuperf's data (its CPU releases end at {newest}): "
-                "cpuperf plans CPU training as if IPEX were absent", _pip("uninstall", "-y", "intel-extension-for-pytorch"))
-        elif not rows and newest is not None and _base(iv) > newest:
-            add("ipex-newer-than-data", "info",
-                f"IPEX {iv} is newer than cpuperf's data (data ends at IPEX {newest}): its torch pairing is not "
-                "checked; cpuperf assumes it needs the torch of its own major.minor", "")
-        if notice is not None:
-            add("ipex-retired", "info",
-                f"IPEX is {notice.status} (last release {notice.last_release}); on torch>=2.9 use {notice.alternative}",
-                _pip("uninstall", "-y", "intel-extension-for-pytorch"))
 
-    if ccl_s:
-        cv = parse_version(ccl_s, "oneccl_bind_pt version")
-        notice = m.eol_notice("oneccl")
-        xpu_labels = {r.local.lstrip("+") for r in m.oneccl if r.device == "xpu" and r.local} | {"xpu"}
-        if cv.local and (cv.local.startswith("xpu") or cv.local in xpu_labels):
-            add("oneccl-xpu-build", "error",
-                f"oneccl_bind_pt {cv} is the Intel GPU (XPU) build; it is not a CPU wheel",
+def _ipex_findings(m: Matrix, py: str, plat: str, torch_v: Version | None, iv: Version) -> list[dict[str, str]]:
+    """The installed IPEX against the installed torch, its Python, its build and its retirement."""
+    out: list[dict[str, str]] = []
+
+    def add(fid: str, severity: str, message: str, fix: str) -> None:
+        out.append(_finding(fid, severity, message, fix))
+
+    notice = m.eol_notice("ipex")
+    rows = [r for r in m.ipex if r.version == _base(iv)]
+    if torch_v is not None and _minor(iv) != _minor(torch_v):
+        check = rows[0].import_check if rows else "exit127"
+        effect = {
+            "exit127": "`import intel_extension_for_pytorch` prints an error and exits the process with code 127",
+            "attributeerror": "`import intel_extension_for_pytorch` prints an error and raises AttributeError",
+            "none": "the import fails while loading its compiled extension",
+        }[check]
+        fit = _pick_ipex(m, torch_v, py, plat)
+        if fit.pin is not None:
+            fix = _pip("install", *fit.pin.pip_args())
+        else:
+            fix = _pip("uninstall", "-y", "intel-extension-for-pytorch")
+        msg = (f"IPEX {iv} needs torch {iv.major}.{iv.minor}.* but torch {torch_v} is installed: {effect}")
+        if fit.pin is None and notice is not None and _minor(torch_v) > _minor(notice.last_release):
+            msg += f"; IPEX is {notice.status} (last release {notice.last_release}): on torch>={torch_v.major}.{torch_v.minor} use {notice.alternative}"
+        add("ipex-torch-mismatch", "error", msg, fix)
+    elif rows and rows[0].status == "withdrawn":
+        fit = _pick_ipex(m, torch_v, py, plat) if torch_v else _Pick(None)
+        add("ipex-withdrawn", "warning", f"IPEX {iv} was withdrawn by its maintainers ({rows[0].yank_reason})",
+            _pip("install", *fit.pin.pip_args()) if fit.pin else _pip("uninstall", "-y", "intel-extension-for-pytorch"))
+    elif rows and py not in rows[0].python:
+        add("ipex-no-wheel-for-python", "warning",
+            f"IPEX {iv} publishes no wheel for Python {py}; this install was built locally",
+            _pip("uninstall", "-y", "intel-extension-for-pytorch"))
+    newest = max((r.version for r in m.ipex), default=None)
+    if iv.local and iv.local.startswith("xpu"):
+        add("ipex-xpu-build", "warning",
+            f"IPEX {iv} is the Intel GPU (XPU) build, outside cpuperf's data (its CPU releases end at {newest}): "
+            "cpuperf plans CPU training as if IPEX were absent", _pip("uninstall", "-y", "intel-extension-for-pytorch"))
+    elif not rows and newest is not None and _base(iv) > newest:
+        add("ipex-newer-than-data", "info",
+            f"IPEX {iv} is newer than cpuperf's data (data ends at IPEX {newest}): its torch pairing is not "
+            "checked; cpuperf assumes it needs the torch of its own major.minor", "")
+    if notice is not None:
+        add("ipex-retired", "info",
+            f"IPEX is {notice.status} (last release {notice.last_release}); on torch>=2.9 use {notice.alternative}",
+            _pip("uninstall", "-y", "intel-extension-for-pytorch"))
+    return out
+
+
+def _oneccl_findings(m: Matrix, py: str, plat: str, torch_v: Version | None, cv: Version) -> list[dict[str, str]]:
+    """The installed oneCCL bindings against the installed torch, their build and their retirement."""
+    out: list[dict[str, str]] = []
+
+    def add(fid: str, severity: str, message: str, fix: str) -> None:
+        out.append(_finding(fid, severity, message, fix))
+
+    notice = m.eol_notice("oneccl")
+    xpu_labels = {r.local.lstrip("+") for r in m.oneccl if r.device == "xpu" and r.local} | {"xpu"}
+    if cv.local and (cv.local.startswith("xpu") or cv.local in xpu_labels):
+        add("oneccl-xpu-build", "error",
+            f"oneccl_bind_pt {cv} is the Intel GPU (XPU) build; it is not a CPU wheel",
+            _fix_oneccl(m, torch_v, py, plat))
+    elif torch_v is not None:
+        cpu_rows = [r for r in m.oneccl if r.version == _base(cv) and r.device == "cpu"]
+        if cpu_rows and not cpu_rows[0].accepts(torch_v):
+            msg = (f"oneccl_bind_pt {cv} is built for torch {spec_text(cpu_rows[0].torch)} but torch {torch_v} "
+                   f"is installed: the ccl backend will fail to load or crash")
+            fit = _pick_oneccl(m, torch_v, py, plat)
+            if fit.pin is None:
+                eol = _eol_text(m, "oneccl", torch_v)
+                if eol:
+                    msg += f"; {eol}"
+            add("oneccl-torch-mismatch", "error", msg, _fix_oneccl(m, torch_v, py, plat))
+        elif not cpu_rows and _base(cv) > max((r.version for r in m.oneccl), default=_base(cv)):
+            add("oneccl-newer-than-data", "info",
+                f"oneccl_bind_pt {cv} is newer than cpuperf's data (data ends at {_newest_ccl(m)}): which torch "
+                "it was built for is not known, so cpuperf plans CPU DDP with gloo, as without the bindings "
+                "(the ccl backend only with a release in the data)", "")
+        elif not cpu_rows:
+            add("oneccl-unknown", "warning", f"oneccl_bind_pt {cv} is not a known CPU release",
                 _fix_oneccl(m, torch_v, py, plat))
-        elif torch_v is not None:
-            cpu_rows = [r for r in m.oneccl if r.version == _base(cv) and r.device == "cpu"]
-            if cpu_rows and not cpu_rows[0].accepts(torch_v):
-                msg = (f"oneccl_bind_pt {cv} is built for torch {spec_text(cpu_rows[0].torch)} but torch {torch_v} "
-                       f"is installed: the ccl backend will fail to load or crash")
-                fit = _pick_oneccl(m, torch_v, py, plat)
-                if fit.pin is None:
-                    eol = _eol_text(m, "oneccl", torch_v)
-                    if eol:
-                        msg += f"; {eol}"
-                add("oneccl-torch-mismatch", "error", msg, _fix_oneccl(m, torch_v, py, plat))
-            elif not cpu_rows and _base(cv) > max((r.version for r in m.oneccl), default=_base(cv)):
-                add("oneccl-newer-than-data", "info",
-                    f"oneccl_bind_pt {cv} is newer than cpuperf's data (data ends at {_newest_ccl(m)}): which torch "
-                    "it was built for is not known, so cpuperf plans CPU DDP with gloo, as without the bindings "
-                    "(the ccl backend only with a release in the data)", "")
-            elif not cpu_rows:
-                add("oneccl-unknown", "warning", f"oneccl_bind_pt {cv} is not a known CPU release",
-                    _fix_oneccl(m, torch_v, py, plat))
-        if notice is not None:
-            add("oneccl-retired", "info",
-                f"the oneCCL bindings are {notice.status} (last CPU release {notice.last_release}); "
-                f"prefer {notice.alternative}",
-                _pip("uninstall", "-y", "oneccl_bind_pt"))
+    if notice is not None:
+        add("oneccl-retired", "info",
+            f"the oneCCL bindings are {notice.status} (last CPU release {notice.last_release}); "
+            f"prefer {notice.alternative}",
+            _pip("uninstall", "-y", "oneccl_bind_pt"))
     return out
 
 

@@ -340,9 +340,6 @@ class InstallPlan:
     def argv(self) -> List[str]:
         return [self.target.python, "-m", "pip", *self.pip_install_args()]
 
-    def dry_run_argv(self, report_path: str) -> List[str]:
-        return [*self.argv(), "--dry-run", "--quiet", "--report", report_path]
-
     def cuda_payload(self) -> List[PlannedPackage]:
         return [p for p in self.packages if is_cuda_payload(p.name)]
 
@@ -821,30 +818,40 @@ def parse_lock(text: str) -> Lock:
     """Read a lock written by render_lock (JSON or requirements style)."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise PlanError(f"the lock file is not valid JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise PlanError("the lock file is JSON but not an object")
-        if data.get("schema") != LOCK_SCHEMA:
-            raise PlanError(f"the lock file's schema is {data.get('schema')!r}, expected {LOCK_SCHEMA!r}")
-        raw = data.get("packages", [])
-        if not isinstance(raw, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
-                                                and isinstance(p.get("version"), str) for p in raw):
-            raise PlanError("the lock file's packages must be a list of {\"name\": ..., \"version\": ...} objects")
-        bad = [p for p in raw if not _valid_pin(p["name"], p["version"])]
-        if bad:
-            raise PlanError(f"the lock file's pin {bad[0]['name'][:40]!r}=={bad[0]['version'][:40]!r} is not an exact pin")
-        pkgs = tuple(PlannedPackage(p["name"], p["version"], str(p.get("source") or "lock"), "pinned by the lock file",
-                                    sha256=_opt_str(p.get("sha256")), url=_opt_str(p.get("url"))) for p in raw)
-        if not pkgs:
-            raise PlanError("the lock file pins no packages")
-        lists = [data.get(k, []) for k in ("index_urls", "find_links")]
-        if not all(isinstance(v, list) and all(isinstance(u, str) for u in v) for v in lists):
-            raise PlanError("the lock file's index_urls and find_links must be lists of strings")
-        return Lock(str(data.get("python", "")), str(data.get("platform", "")), str(data.get("device", "cpu")),
-                    pkgs, tuple(lists[0]), tuple(lists[1]))
+        return _parse_json_lock(text)
+    return _parse_requirements_lock(text)
+
+
+def _parse_json_lock(text: str) -> Lock:
+    """The JSON lock (render_lock's "json" format)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise PlanError(f"the lock file is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise PlanError("the lock file is JSON but not an object")
+    if data.get("schema") != LOCK_SCHEMA:
+        raise PlanError(f"the lock file's schema is {data.get('schema')!r}, expected {LOCK_SCHEMA!r}")
+    raw = data.get("packages", [])
+    if not isinstance(raw, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                                            and isinstance(p.get("version"), str) for p in raw):
+        raise PlanError("the lock file's packages must be a list of {\"name\": ..., \"version\": ...} objects")
+    bad = [p for p in raw if not _valid_pin(p["name"], p["version"])]
+    if bad:
+        raise PlanError(f"the lock file's pin {bad[0]['name'][:40]!r}=={bad[0]['version'][:40]!r} is not an exact pin")
+    pkgs = tuple(PlannedPackage(p["name"], p["version"], str(p.get("source") or "lock"), "pinned by the lock file",
+                                sha256=_opt_str(p.get("sha256")), url=_opt_str(p.get("url"))) for p in raw)
+    if not pkgs:
+        raise PlanError("the lock file pins no packages")
+    lists = [data.get(k, []) for k in ("index_urls", "find_links")]
+    if not all(isinstance(v, list) and all(isinstance(u, str) for u in v) for v in lists):
+        raise PlanError("the lock file's index_urls and find_links must be lists of strings")
+    return Lock(str(data.get("python", "")), str(data.get("platform", "")), str(data.get("device", "cpu")),
+                pkgs, tuple(lists[0]), tuple(lists[1]))
+
+
+def _parse_requirements_lock(text: str) -> Lock:
+    """The requirements-style lock: name==version lines, the header and index lines as comments."""
     python = platform = ""
     device = "cpu"
     index_urls: List[str] = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
-from cpuperf.decide.recommend import Recommendation
+from cpuperf.decide.records import Recommendation
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.plan.launch import LaunchPlan, plan_launch
@@ -65,7 +65,8 @@ class JobPlan:
 
     @property
     def backend(self) -> Optional[str]:
-        return self.rec.get("ddp_backend")
+        backend: Optional[str] = self.rec.get("ddp_backend")
+        return backend
 
     def env_map(self) -> Dict[str, str]:
         return {e.name: e.value for e in self.env}

@@ -185,8 +185,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     environ = environ or {}
     python = python or sys.executable
     nproc = placement.nproc_per_node
-    if rdzv_timeout is not None and not (math.isfinite(rdzv_timeout) and 0 < rdzv_timeout <= 7 * 86400):
-        raise UsageError(f"--rdzv-timeout {rdzv_timeout}: give seconds, more than 0 and at most a week")
+    _check_rdzv_timeout(rdzv_timeout)
     host_names = tuple(h.name for h in hosts) if hosts else ()
     slurm_nodes = slurm_allocation(environ)
     nnodes = _node_count(nnodes, hosts, slurm_nodes, master_addr)
@@ -201,26 +200,14 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     cmd = tuple(rank_command)
     rankexec = (python, "-m", "cpuperf.run.rankexec", "--")
     if chosen != "direct":
-        env[SLOTS_VAR] = slot_table(specs)
-        reasons[SLOTS_VAR] = "per-rank CPUs and threads for cpuperf.run.rankexec (by local rank)"
-        if log_dir:
-            env[LOGDIR_VAR] = log_dir
-            reasons[LOGDIR_VAR] = "each rank's output goes to rank<R>.log here"
+        _rankexec_env(env, reasons, specs, log_dir)
     affinity: Optional[Tuple[int, ...]] = None
     flavour: Optional[str] = None
     node_commands: Tuple[str, ...] = ()
-    if node_rank is None:
-        node_rank = 0
-    if not 0 <= node_rank < max(1, nnodes):
-        raise UsageError(f"--node-rank {node_rank} is outside 0..{nnodes - 1}")
-
+    node_rank = _node_rank(node_rank, nnodes)
     if chosen == "direct":
         argv: Tuple[str, ...] = cmd
-        if specs and specs[0].cpus:
-            affinity = specs[0].cpus
-        if specs and specs[0].threads is not None:
-            env["OMP_NUM_THREADS"] = str(specs[0].threads)
-            reasons.setdefault("OMP_NUM_THREADS", "the rank's physical cores")
+        affinity = _direct_rank(specs, env, reasons)
     elif chosen == "torchrun":
         flavour = "torchrun"
         base, port, addr = _torchrun_base(python, nproc, nnodes, node_rank, addr, port, master_port, job_id,
@@ -240,18 +227,55 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
         argv = ("srun", f"--nodes={nnodes}", f"--ntasks-per-node={nproc}", f"--ntasks={world}",
                 "--cpu-bind=none", "--kill-on-bad-exit=1", "--export=ALL", *rankexec, *cmd)
         addr = _slurm_master(addr, nnodes, environ, env, reasons)
-    if world > 1 and chosen != "torchrun":
-        env.setdefault("MASTER_ADDR", addr or "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(port or DEFAULT_MASTER_PORT))
     if world > 1:
-        env[RDZV_TIMEOUT_VAR] = _seconds(rdzv_timeout)
-        reasons[RDZV_TIMEOUT_VAR] = "how long the ranks' process group may take to form (--rdzv-timeout)"
+        _rendezvous_env(env, reasons, chosen, addr, port, rdzv_timeout)
     return LaunchPlan(launcher=chosen, flavour=flavour, argv=tuple(argv), env=env, env_reasons=reasons,
                       per_rank=specs, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
                       hosts=host_names, master_addr=addr if world > 1 else None,
                       master_port=port if world > 1 else None, affinity=affinity, log_dir=log_dir,
                       rank_command=cmd, notes=tuple(notes), node_commands=node_commands,
                       pid_dir=log_dir if chosen != "direct" else None)
+
+
+def _node_rank(node_rank: Optional[int], nnodes: int) -> int:
+    """This node's rank among the job's nodes (0 unless given); a rank outside them is a usage error."""
+    rank = 0 if node_rank is None else node_rank
+    if not 0 <= rank < max(1, nnodes):
+        raise UsageError(f"--node-rank {rank} is outside 0..{nnodes - 1}")
+    return rank
+
+
+def _check_rdzv_timeout(rdzv_timeout: Optional[float]) -> None:
+    if rdzv_timeout is not None and not (math.isfinite(rdzv_timeout) and 0 < rdzv_timeout <= 7 * 86400):
+        raise UsageError(f"--rdzv-timeout {rdzv_timeout}: give seconds, more than 0 and at most a week")
+
+
+def _rankexec_env(env: Dict[str, str], reasons: Dict[str, str], specs: Sequence[RankSpec], log_dir: Optional[str]) -> None:
+    """What cpuperf.run.rankexec reads in each rank a launcher starts: its slot, and where its log goes."""
+    env[SLOTS_VAR] = slot_table(specs)
+    reasons[SLOTS_VAR] = "per-rank CPUs and threads for cpuperf.run.rankexec (by local rank)"
+    if log_dir:
+        env[LOGDIR_VAR] = log_dir
+        reasons[LOGDIR_VAR] = "each rank's output goes to rank<R>.log here"
+
+
+def _direct_rank(specs: Sequence[RankSpec], env: Dict[str, str], reasons: Dict[str, str]) -> Optional[Tuple[int, ...]]:
+    """One rank run directly: the CPUs cpuperf pins it to (None: unpinned), its OpenMP threads in env."""
+    affinity = specs[0].cpus if specs and specs[0].cpus else None
+    if specs and specs[0].threads is not None:
+        env["OMP_NUM_THREADS"] = str(specs[0].threads)
+        reasons.setdefault("OMP_NUM_THREADS", "the rank's physical cores")
+    return affinity
+
+
+def _rendezvous_env(env: Dict[str, str], reasons: Dict[str, str], chosen: str, addr: Optional[str],
+                    port: Optional[int], rdzv_timeout: Optional[float]) -> None:
+    """Several ranks: where they meet (torchrun sets its own) and how long forming the group may take."""
+    if chosen != "torchrun":
+        env.setdefault("MASTER_ADDR", addr or "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(port or DEFAULT_MASTER_PORT))
+    env[RDZV_TIMEOUT_VAR] = _seconds(rdzv_timeout)
+    reasons[RDZV_TIMEOUT_VAR] = "how long the ranks' process group may take to form (--rdzv-timeout)"
 
 
 def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,

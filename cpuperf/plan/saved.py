@@ -13,7 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.decide.records import Decision, Recommendation
@@ -242,7 +242,7 @@ def _inputs(raw: Any) -> Dict[str, Any]:
     return dict(raw)
 
 
-def _slot(raw: Any, index: int, usable: frozenset) -> RankSlot:
+def _slot(raw: Any, index: int, usable: FrozenSet[int]) -> RankSlot:
     w = f"placement.slots[{index}]"
 
     def cpus(key: str, nonempty: bool) -> Tuple[int, ...]:
@@ -571,7 +571,8 @@ def read_plan_file(path: str) -> SavedPlan:
     return read(path, text)
 
 
-def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -> Any:
+def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
+              names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
     plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
     from cpuperf.errors import PlanMismatchError

@@ -107,7 +107,10 @@ class _Table:
 
     def __init__(self, launcher: str, rule: Mapping[str, Any]) -> None:
         self.launcher = launcher
-        key = (lambda n: _key(launcher, n))
+
+        def key(name: str) -> str:
+            return _key(launcher, name)
+
         self.flags = {key(n) for n in (*rule.get("flags", ()), *rule.get("optional", ()))}
         self.valued = {key(n) for n in rule.get("valued", ())}
         self.families = tuple(rule.get("valued_families", ()))

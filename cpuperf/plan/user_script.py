@@ -15,7 +15,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -247,6 +247,25 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         else:
             out.append(Flag(("--" + chosen, *args[1:]), f"{why} ({args[0]} is deprecated: renamed --{chosen})"))
 
+    _device_flags(values, ok, world, gpus_visible, want, skipped)
+    _precision_flags(values, overridden, tuning, bf16_gemm_ratio, want, skipped)
+    _runtime_flags(values, overridden, ok, world, want)
+    _hyperparameter_flags(values, overridden, want, out)
+    opt, why_not = _optim_flag(values, overridden, ok, transformers_version, torch_version, tuning)
+    if opt is not None:
+        out.append(opt)
+    elif why_not:
+        skipped.append(("--optim", why_not.split(": ", 1)[-1]))
+    _add_companions(out, skipped, want, transformers_version, on_gpu=values["device"] == "cuda")
+    return out, skipped
+
+
+_Want = Callable[[str, Tuple[str, ...], str], None]  # speed_flags' want(flag id, argv words, why)
+
+
+def _device_flags(values: Mapping[str, Any], ok: Set[str], world: int, gpus_visible: bool, want: _Want,
+                  skipped: List[Tuple[str, str]]) -> None:
+    """--use_cpu (or the older --no_cuda) only where it decides something."""
     if values["device"] == "cpu" and not gpus_visible and world <= 1:
         skipped.append(("--use_cpu", "one process on a host without GPUs runs on the CPU anyway (measured slower with it)"))
     elif values["device"] == "cpu":
@@ -254,6 +273,11 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
             want("use_cpu", ("--use_cpu",), "device: cpu")
         else:
             want("no_cuda", ("--no_cuda",), "device: cpu")
+
+
+def _precision_flags(values: Mapping[str, Any], overridden: Set[str], tuning: Mapping[str, Any],
+                     bf16_gemm_ratio: Optional[float], want: _Want, skipped: List[Tuple[str, str]]) -> None:
+    """--bf16/--fp16 where autocast pays (or you set dtype), --tf32 on CUDA."""
     gain = tuning["hf_trainer"]["cpu_bf16_min_gemm_ratio"]
     if values["dtype"] in ("bf16", "fp16") and values["device"] == "cpu" and "dtype" not in overridden \
             and (bf16_gemm_ratio or 0.0) < gain:
@@ -263,6 +287,10 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         want(values["dtype"], ("--" + values["dtype"],), f"dtype: {values['dtype']} autocast")
     if values.get("tf32") and values["device"] == "cuda":
         want("tf32", ("--tf32", "true"), "TF32 matmuls on Ampere and newer")
+
+
+def _runtime_flags(values: Mapping[str, Any], overridden: Set[str], ok: Set[str], world: int, want: _Want) -> None:
+    """DDP backend, data loading, torch.compile, IPEX."""
     backend = values.get("ddp_backend")
     if backend and world > 1 and (backend != "ccl" or "ddp_backend_ccl" in ok):
         want("ddp_backend", ("--ddp_backend", str(backend)), f"DDP backend {backend} over {world} ranks")
@@ -278,23 +306,19 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
              else "torch.compile measured to pay back within this run")
     if values.get("ipex"):  # installed by you, and recommend found it compatible
         want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
-    # Hyperparameters and memory trade-offs: the script's own unless you set them.
+
+
+def _hyperparameter_flags(values: Mapping[str, Any], overridden: Set[str], want: _Want, out: List[Flag]) -> None:
+    """Hyperparameters and memory trade-offs: the script's own unless you set them."""
     if "batch_size" in overridden:
         want("per_device_train_batch_size", ("--per_device_train_batch_size", str(values["batch_size"])), "you set batch_size")
     if "grad_accum_steps" in overridden:
         out.append(Flag(("--gradient_accumulation_steps", str(values["grad_accum_steps"])), "you set grad_accum_steps"))
     if values.get("grad_checkpointing") and "grad_checkpointing" in overridden:
         want("gradient_checkpointing", ("--gradient_checkpointing",), "you set grad_checkpointing")
-    opt, why_not = _optim_flag(values, overridden, ok, transformers_version, torch_version, tuning)
-    if opt is not None:
-        out.append(opt)
-    elif why_not:
-        skipped.append(("--optim", why_not.split(": ", 1)[-1]))
-    _add_companions(out, skipped, want, transformers_version, on_gpu=values["device"] == "cuda")
-    return out, skipped
 
 
-def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: Any, transformers_version: Optional[str],
+def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: _Want, transformers_version: Optional[str],
                     on_gpu: bool) -> None:
     """Flags the installed release refuses alone get their companion (compat/couplings.toml): --bf16 on a
     CPU needs --use_cpu in transformers >= 4.52, whatever the one-process rule said about --use_cpu."""

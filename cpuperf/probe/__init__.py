@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from cpuperf.probe import parse
 from cpuperf.probe.cpu import probe_cpu
@@ -13,7 +13,7 @@ from cpuperf.probe.software import probe_software
 from cpuperf.probe.sources import Sources, check_python, check_sysroot
 from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
 
-_CACHE: Dict[Tuple, HostFacts] = {}
+_CACHE: Dict[Tuple[Any, ...], HostFacts] = {}
 
 
 def _int_env(src: Sources, name: str) -> Optional[int]:

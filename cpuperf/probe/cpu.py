@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.probe import parse
@@ -106,47 +106,11 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
     override_isa = src.override_words("isa")
 
     if arch == "x86_64":
-        flags = tuple(first.get("flags", "").split())
-        if override_isa is not None:
-            flags = override_isa
-        flags = _with_hypervisor(flags, src.override_bool("hypervisor"))
-        vendor = first.get("vendor_id")
-        family = parse.int_auto(first.get("cpu family"))
-        model = parse.int_auto(first.get("model"))
-        stepping = parse.int_auto(first.get("stepping"))
-        uarch, how = name_x86(vendor, family, model, stepping, flags)
-        isa = tuple(f for f in X86_ISA if f in flags)
-        amx_supported = "amx_tile" in flags
-        bf16_native = "avx512_bf16" in flags or "amx_bf16" in flags
-        facts = dict(arch=arch, vendor=vendor, model_name=first.get("model name"), family=family,
-                     model=model, stepping=stepping, microarchitecture=uarch, isa=isa, flags=flags,
-                     bf16_native=bf16_native, amx_supported=amx_supported,
-                     amx_usable=_amx_usable(src) if amx_supported else False,
-                     microarchitecture_source=how)
+        facts = _x86_facts(src, first, override_isa)
     elif arch == "aarch64":
-        flags = tuple(first.get("features", "").split())
-        if override_isa is not None:
-            flags = override_isa
-        implementer = parse.int_auto(first.get("cpu implementer"))
-        part = parse.int_auto(first.get("cpu part"))
-        uarch, vendor, how = name_arm(implementer, part)
-        facts = dict(arch=arch, vendor=vendor, model_name=first.get("model name"), family=None,
-                     model=part, stepping=parse.int_auto(first.get("cpu variant")),
-                     microarchitecture=uarch, isa=tuple(f for f in ARM_ISA if f in flags),
-                     flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
-                     implementer=implementer, part=part, microarchitecture_source=how)
+        facts = _arm_facts(first, override_isa)
     elif arch == "ppc64le":
-        cpu_line = next((b["cpu"] for b in blocks if "cpu" in b), "")
-        generation = cpu_line.split()[0].lower() if cpu_line else "unknown"  # 'POWER9' -> 'power9'
-        flags = tuple(w.strip(",").lower() for w in cpu_line.split()[1:])
-        gen = parse.int_auto(generation[5:]) if generation.startswith("power") else None
-        # cpuinfo names only the generation: VSX is ISA 2.06 (POWER7+), MMA is ISA 3.1 (POWER10+).
-        implied = {"vsx": gen is not None and gen >= 7, "mma": gen is not None and gen >= 10}
-        facts = dict(arch=arch, vendor="IBM", model_name=cpu_line or None, family=None, model=None,
-                     stepping=None, microarchitecture=generation if generation.startswith("power") else "unknown",
-                     isa=tuple(f for f in POWER_ISA if f in flags or implied.get(f, False)),
-                     flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
-                     microarchitecture_source="model" if generation.startswith("power") else "none")
+        facts = _power_facts(blocks)
     else:
         facts = dict(arch=arch, vendor=first.get("vendor_id"), model_name=first.get("model name"),
                      family=None, model=None, stepping=None, microarchitecture="unknown", isa=(),
@@ -160,7 +124,55 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
     amx_override = src.override_bool("amx_usable")
     if amx_override is not None and facts["amx_supported"]:
         facts["amx_usable"] = amx_override
-    return CpuFacts(**facts)  # type: ignore[arg-type]  # keys and types checked by CpuFacts' fields
+    return CpuFacts(**facts)  # keys and types checked by CpuFacts' fields
+
+
+def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> Dict[str, Any]:
+    flags = tuple(first.get("flags", "").split())
+    if override_isa is not None:
+        flags = override_isa
+    flags = _with_hypervisor(flags, src.override_bool("hypervisor"))
+    vendor = first.get("vendor_id")
+    family = parse.int_auto(first.get("cpu family"))
+    model = parse.int_auto(first.get("model"))
+    stepping = parse.int_auto(first.get("stepping"))
+    uarch, how = name_x86(vendor, family, model, stepping, flags)
+    isa = tuple(f for f in X86_ISA if f in flags)
+    amx_supported = "amx_tile" in flags
+    bf16_native = "avx512_bf16" in flags or "amx_bf16" in flags
+    return dict(arch="x86_64", vendor=vendor, model_name=first.get("model name"), family=family,
+                model=model, stepping=stepping, microarchitecture=uarch, isa=isa, flags=flags,
+                bf16_native=bf16_native, amx_supported=amx_supported,
+                amx_usable=_amx_usable(src) if amx_supported else False,
+                microarchitecture_source=how)
+
+
+def _arm_facts(first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> Dict[str, Any]:
+    flags = tuple(first.get("features", "").split())
+    if override_isa is not None:
+        flags = override_isa
+    implementer = parse.int_auto(first.get("cpu implementer"))
+    part = parse.int_auto(first.get("cpu part"))
+    uarch, vendor, how = name_arm(implementer, part)
+    return dict(arch="aarch64", vendor=vendor, model_name=first.get("model name"), family=None,
+                model=part, stepping=parse.int_auto(first.get("cpu variant")),
+                microarchitecture=uarch, isa=tuple(f for f in ARM_ISA if f in flags),
+                flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
+                implementer=implementer, part=part, microarchitecture_source=how)
+
+
+def _power_facts(blocks: List[Dict[str, str]]) -> Dict[str, Any]:
+    cpu_line = next((b["cpu"] for b in blocks if "cpu" in b), "")
+    generation = cpu_line.split()[0].lower() if cpu_line else "unknown"  # 'POWER9' -> 'power9'
+    flags = tuple(w.strip(",").lower() for w in cpu_line.split()[1:])
+    gen = parse.int_auto(generation[5:]) if generation.startswith("power") else None
+    # cpuinfo names only the generation: VSX is ISA 2.06 (POWER7+), MMA is ISA 3.1 (POWER10+).
+    implied = {"vsx": gen is not None and gen >= 7, "mma": gen is not None and gen >= 10}
+    return dict(arch="ppc64le", vendor="IBM", model_name=cpu_line or None, family=None, model=None,
+                stepping=None, microarchitecture=generation if generation.startswith("power") else "unknown",
+                isa=tuple(f for f in POWER_ISA if f in flags or implied.get(f, False)),
+                flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
+                microarchitecture_source="model" if generation.startswith("power") else "none")
 
 
 def _amx_usable(src: Sources) -> Optional[bool]:

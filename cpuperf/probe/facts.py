@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, cast
 
 # ISA flags cpuperf reasons about, as Linux prints them in /proc/cpuinfo (x86: the quoted names in
 # arch/x86/include/asm/cpufeatures.h; AMX-FP16 and AVX-VNNI-INT8 have none, so they never appear) and in
@@ -189,7 +189,7 @@ class HostFacts:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> HostFacts:
-        return _build(cls, data)
+        return cast(HostFacts, _build(cls, data))  # _build rebuilds cls itself from its type hints
 
     @classmethod
     def loads(cls, text: str) -> HostFacts:

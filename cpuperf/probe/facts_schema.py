@@ -37,10 +37,6 @@ def _python_version(v: Any) -> Optional[str]:
     return None
 
 
-def _fraction(v: Any) -> Optional[str]:
-    return None if v is None or 0 <= v <= 1 else f"must be in 0..1, not {v}"
-
-
 # Ranges by field name (the last part of its path); types come from the dataclasses themselves.
 RANGES: Dict[str, Callable[[Any], Optional[str]]] = {
     "sockets": _positive(4096), "physical_cores": _positive(MAX_COUNT), "logical_cpus": _positive(MAX_COUNT),

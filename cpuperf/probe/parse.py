@@ -30,7 +30,7 @@ def parse_cpulist(text: Optional[str], origin: str = "cpu list") -> Optional[Tup
         return UsageError(f"{origin} {shown!r}: {why}",
                           hint=f"write CPU ids 0..{MAX_CPU_ID} as '0-3,8' (ranges, commas, ':stride')")
 
-    cpus: set = set()
+    cpus: Set[int] = set()
     named = 0  # ids named in all ranges together: overlapping ranges must not multiply the work
     for part in text.split(","):
         part = part.strip()

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+from typing import Any
 
 # distribution name -> names it has been published under
 PACKAGES = {
@@ -49,12 +50,12 @@ def key_for(name: str) -> str | None:
     return None
 
 
-def _index(paths) -> dict:
+def _index(paths: list[str]) -> dict[str, tuple[str, str]]:
     """normalised name -> (site dir, metadata dir), first on the path wins (as importlib.metadata does).
 
     One listing per sys.path entry instead of one full scan per name asked: ccl-env runs in every new
     shell, so this is on its critical path."""
-    found: dict = {}
+    found: dict[str, tuple[str, str]] = {}
     for entry in paths:
         try:
             names = os.listdir(entry or ".")
@@ -83,13 +84,13 @@ def _version(meta_dir: str) -> str | None:
     return None
 
 
-def _torch_version_py(site: str) -> dict:
+def _torch_version_py(site: str) -> dict[str, str | None]:
     try:
         with open(os.path.join(site, "torch", "version.py"), encoding="utf-8") as fh:
             text = fh.read()
     except OSError:
         return {}
-    out = {}
+    out: dict[str, str | None] = {}
     for key in ("cuda", "hip", "xpu"):
         match = re.search(r"^%s\s*(?::\s*[^=]+)?=\s*(.+)$" % key, text, re.M)
         if match:
@@ -98,7 +99,7 @@ def _torch_version_py(site: str) -> dict:
     return out
 
 
-def _torch_build(local, meta) -> str:
+def _torch_build(local: str | None, meta: dict[str, str | None]) -> str:
     if meta.get("cuda"):
         return "cuda"
     if meta.get("hip"):
@@ -110,7 +111,7 @@ def _torch_build(local, meta) -> str:
     return "cpu"
 
 
-def scan(paths=None) -> dict:
+def scan(paths: list[str] | None = None) -> dict[str, Any]:
     index = _index(sys.path if paths is None else paths)
     packages = {}
     for key, names in PACKAGES.items():

@@ -8,7 +8,7 @@ record is data from elsewhere: every field is typed here, once, and a bad one is
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf.errors import UsageError
 from cpuperf.probe.facts import Gpu, MpiLauncher, PackageInfo, Software
@@ -45,7 +45,7 @@ def _paths(value: Any, field: str) -> Dict[str, Tuple[str, ...]]:
     return {_str(k, field): tuple(_str(p, f"{field}.{k}") for p in _list(v, f"{field}.{k}")) for k, v in value.items()}
 
 
-def _list(value: Any, field: str) -> list:
+def _list(value: Any, field: str) -> List[Any]:
     if not isinstance(value, list):
         raise _Bad(f"{field} is not a list")
     return value
@@ -85,7 +85,7 @@ def software_from_record(data: Any) -> Software:
 
 
 def _python(value: Any) -> str:
-    text = _str(value, "python")
+    text: str = _str(value, "python")
     parts = text.split(".")
     if len(parts) < 2 or not all(p.isdigit() and p.isascii() for p in parts[:2]):
         raise _Bad(f"python {text[:40]!r} is not a Python version")

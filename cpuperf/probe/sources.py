@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 # The facts CPUPERF_OVERRIDE_<FACT> may set (docs/commands.md: "CPUPERF_OVERRIDE_<FACT> overrides one fact").
 OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
@@ -160,7 +160,7 @@ class Sources:
         """CPUPERF_OVERRIDE_<FACT>: applies to snapshots too (that is how tests describe hosts)."""
         return self.environ.get(f"CPUPERF_OVERRIDE_{fact.upper()}")
 
-    def override_words(self, fact: str) -> Optional[tuple]:
+    def override_words(self, fact: str) -> Optional[Tuple[str, ...]]:
         """A list CPUPERF_OVERRIDE_<FACT> (ISA flags, comma or space separated): None when unset; each word a
         flag name (letters, digits, _ and .), else a UsageError naming the variable."""
         text = self.override(fact)
@@ -279,7 +279,7 @@ class Sources:
         return None
 
     def run(self, argv: Sequence[str], timeout: float = 5.0,
-            env: Optional[Mapping[str, str]] = None) -> Optional[subprocess.CompletedProcess]:
+            env: Optional[Mapping[str, str]] = None) -> Optional[subprocess.CompletedProcess[str]]:
         """Run a tool (argv list, never a shell) with a timeout; None when it cannot run."""
         if not self.live:
             return None

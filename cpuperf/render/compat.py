@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cpuperf.knowledge.matrix import Matrix, python_range, spec_text
 from cpuperf.knowledge.resolve import PIP_NAME, Resolution
@@ -98,8 +98,3 @@ def resolution_lines(res: Resolution) -> list[str]:
         lines.append("Notes:")
         lines.extend(f"  - {n}" for n in res.notes)
     return lines
-
-
-def resolution_json(res: Resolution) -> dict[str, Any]:
-    """The cpuperf.compat/1 object (same as Resolution.to_json, here so the CLI imports one module)."""
-    return res.to_json()

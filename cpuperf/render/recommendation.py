@@ -6,7 +6,7 @@ import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT
-from cpuperf.decide.recommend import Recommendation
+from cpuperf.decide.records import Recommendation
 
 
 def cpu_only_host(rec: Recommendation) -> bool:

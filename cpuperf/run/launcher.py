@@ -239,7 +239,7 @@ class _Stopper:
         self.timer: Optional[threading.Timer] = None
         self.old: Dict[int, Any] = {}
 
-    def forward(self, signum: int, frame: object) -> None:
+    def forward(self, signum: int, _frame: object) -> None:
         self.signum = signum
         # The worker checkpoints on SIGTERM (SIGHUP would kill it outright); torchrun stops its ranks.
         sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
@@ -333,7 +333,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
             lock.release()
 
 
-def _tee(proc: subprocess.Popen, captured: List[str]) -> threading.Thread:
+def _tee(proc: subprocess.Popen[bytes], captured: List[str]) -> threading.Thread:
     """A direct child's stderr still goes to ours; its tail is kept (to explain a rejected flag)."""
     def tee() -> None:
         assert proc.stderr is not None
@@ -427,7 +427,7 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-def result_summary_from_metrics(path: str) -> Tuple[Optional[dict], Optional[dict]]:
+def result_summary_from_metrics(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
     """(last summary record, last settings record's runtime report) of a worker metrics file."""
     import json
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.recommend import Measurements, compile_worth_measuring
+from cpuperf.decide.recommend import compile_worth_measuring
+from cpuperf.decide.records import Measurements
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import ProbeFailedError
 from cpuperf.probe.facts import HostFacts
@@ -88,7 +89,8 @@ def _validated(data: Any) -> Dict[str, Any]:
 
 
 def _rules() -> Dict[str, Any]:
-    return load_builtin("tuning.toml")["measure"]
+    rules: Dict[str, Any] = load_builtin("tuning.toml")["measure"]
+    return rules
 
 
 def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) -> Tuple[bool, List[str]]:
@@ -338,7 +340,8 @@ def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, 
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
         return None
-    return json.loads(lines[-1])
+    result: Dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
@@ -368,7 +371,7 @@ def _tuning() -> Dict[str, Any]:
 
 
 def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 3,
-                       seconds: float = 3.0, workloads: tuple = ("lm", "mlp")) -> Dict[str, Any]:
+                       seconds: float = 3.0, workloads: Tuple[str, ...] = ("lm", "mlp")) -> Dict[str, Any]:
     """Throughput with each allocator preloaded over the default, per reference workload, alternating rounds.
 
     The effect depends on the allocation pattern (measured here: tcmalloc 1.04x on the small LM but
@@ -384,7 +387,7 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
     per_workload: Dict[str, Dict[str, float]] = {name: {} for name in libs}
     for workload in workloads:
         settings = {"workload": workload, "size": "small", "threads_per_rank": threads, "seconds": seconds}
-        samples: Dict[str, list] = {name: [] for name in ["default", *libs]}
+        samples: Dict[str, List[float]] = {name: [] for name in ["default", *libs]}
         for _ in range(rounds):
             for name in samples:
                 env = {"OMP_NUM_THREADS": str(threads)}

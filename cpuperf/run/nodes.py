@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.plan.nodes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from cpuperf.probe import node as nodefacts
 from cpuperf.probe.hosts import resolve_all
 from cpuperf.probe.node import NodeResult
@@ -33,10 +34,10 @@ class _Groups:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.procs: List[subprocess.Popen] = []
+        self.procs: List[subprocess.Popen[str]] = []
         self.closed = False  # after kill_all: a launch still starting is killed as it registers
 
-    def add(self, proc: subprocess.Popen) -> None:
+    def add(self, proc: subprocess.Popen[str]) -> None:
         with self.lock:
             self.procs.append(proc)
             if self.closed:  # Ctrl-C came between this thread's Popen and here: it must not outlive cpuperf
@@ -49,7 +50,7 @@ class _Groups:
                 _kill(proc)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -195,7 +196,7 @@ def ssh_command(environ: Mapping[str, str]) -> Tuple[str, ...]:
 
 
 def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str], environ: Mapping[str, str],
-                 timeout: float = 60.0) -> Reach:
+                 timeout: float = DEFAULT_TIMEOUT_S) -> Reach:
     """The transport the job's own launcher gives (srun in Slurm, mpirun, else ssh); LaunchFailedError if none."""
     import shutil
     import sys
@@ -210,7 +211,7 @@ def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str],
     return Reach(transport, why, mpi, ssh, os.path.abspath(python or sys.executable), min(10.0, timeout))
 
 
-def probe_cluster(names: Sequence[str], reach: Reach, *, timeout: float = 60.0, parallel: int = 32,
+def probe_cluster(names: Sequence[str], reach: Reach, *, timeout: float = DEFAULT_TIMEOUT_S, parallel: int = DEFAULT_PARALLEL,
                   progress: Optional[Callable[[int, int], None]] = None) -> List[NodeResult]:
     """cpuperf's probe on every node (the first is the rendezvous host): one NodeResult per name, in order."""
     from cpuperf.run.probe_bundle import bundle_code, probe_args

@@ -127,7 +127,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen[str]) -> None:
     """SIGTERM to pip's process group, SIGKILL after a short grace; returns once pip is reaped."""
     for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
         try:
@@ -176,7 +176,7 @@ def describe_stop(exc: BaseException) -> str:
     return signal.Signals(stop_signal(exc)).name
 
 
-def _raise_stopped(signum: int, frame: Any) -> None:
+def _raise_stopped(signum: int, _frame: Any) -> None:
     raise Stopped(signum)
 
 
@@ -202,7 +202,7 @@ def stops_held() -> Iterator[List[int]]:
     if not _main_thread():
         yield came
         return
-    old = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in STOP_SIGNALS}
+    old = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in STOP_SIGNALS}
     try:
         yield came
     finally:

@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import sys
-from typing import List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.boundary import LOCAL_RANK_VARS, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RANK_VARS
 
@@ -32,7 +32,7 @@ class SlotError(ValueError):
     """CPUPERF_RANK_SLOTS is not the list cpuperf writes."""
 
 
-def slot_for(environ: Mapping[str, str]) -> Tuple[int, int, Optional[dict]]:
+def slot_for(environ: Mapping[str, str]) -> Tuple[int, int, Optional[Dict[str, Any]]]:
     """(global rank, local rank, slot or None) from the launcher's variables; SlotError when the slot list is
     not a JSON list of {"cpus": [CPU ids], "threads": N} objects."""
     local = _first_int(environ, LOCAL_RANK_VARS) or 0

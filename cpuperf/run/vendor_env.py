@@ -392,7 +392,7 @@ def _iface_holding(ip: str) -> Optional[str]:
     try:
         for name, addrs in psutil.net_if_addrs().items():
             if any(a.address.split("%")[0] == ip for a in addrs):
-                return name
+                return str(name)  # psutil has no type stubs
     except OSError:
         return None
     return None
@@ -414,7 +414,7 @@ def _iface_by_subnet(ip: str) -> Optional[str]:
                 except ValueError:
                     continue
                 if target in net and name != "lo":
-                    return name
+                    return str(name)  # psutil has no type stubs
     except (ImportError, OSError, ValueError):
         return None
     return None

@@ -33,7 +33,7 @@ class TokenBatches:
         self.n_windows = (len(tokens) - 1 - seq_len) // seq_len
         if self.n_windows < 1:
             raise ValueError(f"the corpus ({len(tokens)} tokens) is too short for seq_len {seq_len}")
-        self._perms: dict[int, Any] = {}
+        self._perms: dict[int, tuple[Any, int]] = {}
 
     def __len__(self) -> int:
         return self.length

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
@@ -34,7 +34,7 @@ def lm_shape(size: str, shape: Any = None) -> Dict[str, int]:
 def flops_per_sample(workload: str, size: str, shape: Any = None) -> float:
     """Training FLOPs per sample (forward + backward = 3x forward matmul FLOPs)."""
     if workload == "lm":
-        from cpuperf.train.model import flops_per_token, make_config
+        from cpuperf.knowledge.models import flops_per_token, make_config
 
         cfg = make_config("tiny", lm_shape(size, shape))
         return flops_per_token(cfg) * cfg.seq_len
@@ -57,7 +57,8 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
 
     g = torch.Generator().manual_seed(0)
     if workload == "lm":
-        from cpuperf.train.model import build_model, make_config
+        from cpuperf.knowledge.models import make_config
+        from cpuperf.train.model import build_model
 
         cfg = make_config("tiny", lm_shape(size, shape))
         model = build_model(cfg)
@@ -79,7 +80,7 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
             return nn.functional.cross_entropy(m(x), y)
     elif workload == "conv":
         side, ch = CONV_SHAPES[size]
-        convs: list = []
+        convs: list[Any] = []
         c_in = 3
         for c_out in (ch, ch * 2, ch * 4, ch * 8):
             convs += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
@@ -96,13 +97,8 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
     return model, loss_fn
 
 
-def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
-    import contextlib
-
-    import torch
-
-    workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
-    batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
+def _place_rank(cfg: Dict[str, Any], torch: Any) -> Tuple[int, int]:
+    """(world size, rank) from torchrun's variables: this rank pinned, its threads set, its group joined."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     pin = cfg.get("cpus_per_rank")  # [[cpus of rank 0], [cpus of rank 1], ...]: pinned ranks
     if pin and hasattr(os, "sched_setaffinity"):
@@ -113,34 +109,29 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model, loss_fn = _build(workload, size, max(1, batch // world), cfg.get("shape"))
-    model.train()
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+    return world, rank
+
+
+def _optimised(model: Any, cfg: Dict[str, Any], torch: Any, dtype: str) -> Tuple[Any, Any]:
+    """(model, AdamW optimizer) with the settings under test: fused AdamW, IPEX, oneDNN bf16 math, compile."""
     fused: Dict[str, Any] = {"fused": True} if cfg.get("optimizer") == "adamw_fused" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
-    dtype = cfg.get("dtype", "fp32")
     if cfg.get("ipex"):
         import intel_extension_for_pytorch as ipex  # noqa: F401  (legacy stacks only)
 
         model, opt = ipex.optimize(model, optimizer=opt, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     if cfg.get("fp32_math_mode") == "bf16":
         try:
-            torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # type: ignore[attr-defined]
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         except AttributeError:
             pass
     if cfg.get("compile"):
         model = torch.compile(model)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
+    return model, opt
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with autocast:
-            loss = loss_fn(model)
-        loss.backward()
-        opt.step()
 
+def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int, torch: Any) -> Tuple[float, int, float]:
+    """(first step's seconds, steps timed, their seconds) after the warm-up; every rank stops at the same step."""
     t0 = time.perf_counter()
     step()  # the first step carries compile / oneDNN primitive creation
     first = time.perf_counter() - t0
@@ -161,6 +152,34 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
             done = bool(flag.item())
         if done:
             break
+    return first, count, elapsed
+
+
+def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    import contextlib
+
+    import torch
+
+    workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
+    batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
+    world, rank = _place_rank(cfg, torch)
+    torch.manual_seed(0)
+    model, loss_fn = _build(workload, size, max(1, batch // world), cfg.get("shape"))
+    model.train()
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    dtype = cfg.get("dtype", "fp32")
+    model, opt = _optimised(model, cfg, torch, dtype)
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+
+    first, count, elapsed = _timed_steps(step, cfg, world, torch)
     maps = ""
     try:
         with open("/proc/self/maps") as fh:

@@ -15,12 +15,13 @@ import os
 import statistics
 import sys
 import time
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 MARKER = "CPUPERF-COLLECTIVES-JSON:"
 BACKENDS = ("gloo", "mpi", "ccl")
 
 
-def _args(argv):
+def _args(argv: Sequence[str]) -> Dict[str, str]:
     out = {"bucket-mb": "25", "iters": "5", "ifname": ""}
     rest = list(argv)
     while rest:
@@ -30,11 +31,11 @@ def _args(argv):
     return out
 
 
-def _available():
+def _available() -> Dict[str, Optional[str]]:
     """{backend: None if usable here, else why not}."""
     import torch.distributed as dist
 
-    found = {"gloo": None if dist.is_gloo_available() else "torch was built without gloo",
+    found: Dict[str, Optional[str]] = {"gloo": None if dist.is_gloo_available() else "torch was built without gloo",
              "mpi": None if dist.is_mpi_available() else "torch was built without MPI (pip wheels have none)"}
     try:
         import oneccl_bindings_for_pytorch  # noqa: F401  (registers the 'ccl' backend)
@@ -51,7 +52,7 @@ def _available():
     return found
 
 
-def _measure(dist, torch, nbytes, iters, world):
+def _measure(dist: Any, torch: Any, nbytes: int, iters: int, world: int) -> Dict[str, Any]:
     bucket = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
     small = torch.ones(1, dtype=torch.float32)
     for _ in range(2):
@@ -77,7 +78,7 @@ def _measure(dist, torch, nbytes, iters, world):
             "latency_us": round(statistics.median(lat) * 1e6, 1), "iters": iters}
 
 
-def _problem(a):
+def _problem(a: Mapping[str, str]) -> Optional[str]:
     """Why these arguments cannot run (None: they can): one line for stderr, never a traceback."""
     import math
 
@@ -105,7 +106,7 @@ def _problem(a):
     return None
 
 
-def main(argv):
+def main(argv: Sequence[str]) -> int:
     a = _args(argv)
     problem = _problem(a)
     if problem:
@@ -128,7 +129,7 @@ def main(argv):
     everyone = [dict(here) for _ in range(world)]
     dist.all_gather_object(everyone, here)
     dist.destroy_process_group()
-    results = {}
+    results: Dict[str, Dict[str, Any]] = {}
     for i, backend in enumerate(BACKENDS):
         why = next((f"{why} (rank {r})" for r, got in enumerate(everyone) for b, why in got.items()
                     if b == backend and why), None)

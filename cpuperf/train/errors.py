@@ -29,7 +29,7 @@ class TrainExit(enum.IntEnum):
 class TrainError(CpuperfError):
     """A failure meant for the user: a one-line message, the next thing to try, an exit code."""
 
-    code = TrainExit.FAILED  # type: ignore[assignment]
+    code = TrainExit.FAILED  # type: ignore[assignment]  # the worker's own exit codes (TrainExit, not ExitCode)
 
 
 class ConfigError(TrainError, ValueError):

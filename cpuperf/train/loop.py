@@ -19,7 +19,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.errors import exit_code_for_signal
@@ -27,6 +27,9 @@ from cpuperf.train import SCHEMA
 from cpuperf.train.errors import ConfigError, DiskFullError, DistInitError, MissingFeatureError, TrainError
 from cpuperf.train.rundir import METRICS_NAME
 from cpuperf.train.settings import TrainSettings
+
+if TYPE_CHECKING:
+    from cpuperf.knowledge.gpu import Peak
 
 RDZV_TIMEOUT_VAR = RDZV_TIMEOUT  # seconds; set by cpuperf train's launch plan
 # The process group's timeout also bounds every gloo collective (rank 0 writing a big checkpoint
@@ -51,7 +54,7 @@ class Stop:
 
 def install_signal_handlers(stop: Stop) -> None:
     """SIGINT/SIGTERM/SIGHUP: a clean stop with a checkpoint in the loop, an immediate one before it."""
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, _frame: Any) -> None:
         if stop.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: give up on the clean stop
         if not stop.armed:
@@ -83,7 +86,7 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
     `dtype` is the precision the run really uses (the AMP plan's), default settings.dtype. A card not
     in the table gets a measured GEMM peak in Run.prepare.
     """
-    from cpuperf.train.gpu import Peak, math_dtype, table_peak
+    from cpuperf.knowledge.gpu import Peak, math_dtype, table_peak
 
     dt = dtype or s.dtype
     if s.peak_tflops is not None:
@@ -98,7 +101,7 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
     return table_peak(device_name, dt, s.tf32)
 
 
-def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> tuple:
+def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> Tuple[Optional[Peak], Dict[str, Any], Optional[Peak]]:
     """(hardware peak, its info, the measured GEMM ceiling at the model's shapes) for a CPU run.
 
     The ceiling is measured first: a hardware peak it beats was taken at a clock the cores do not run at.
@@ -118,7 +121,8 @@ def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> tuple:
     return hardware, {**info, **note}, achievable
 
 
-def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int, cfg: Any) -> tuple:
+def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int,
+                cfg: Any) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
     """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu); GPUs and a set peak."""
     import torch
 
@@ -255,7 +259,7 @@ class Run:
         self.ipex = None
         if self.s.ipex:
             try:
-                import intel_extension_for_pytorch as ipex  # type: ignore[import-not-found]
+                import intel_extension_for_pytorch as ipex
             except ImportError as exc:
                 raise MissingFeatureError(
                     f"ipex asked for, but intel_extension_for_pytorch does not import ({exc})",
@@ -293,7 +297,7 @@ class Run:
         torch = self.torch
         if backend == "ccl":
             try:
-                import oneccl_bindings_for_pytorch  # type: ignore[import-not-found]  # noqa
+                import oneccl_bindings_for_pytorch  # noqa
             except ImportError as exc:
                 raise MissingFeatureError(
                     f"ddp_backend ccl asked for, but oneccl_bindings_for_pytorch does not "
@@ -324,8 +328,8 @@ class Run:
         self.backend = backend
 
     def setup_data(self) -> None:
+        from cpuperf.knowledge.models import make_config
         from cpuperf.train.corpus import corpus_sha256, load_corpus, split_tokens
-        from cpuperf.train.model import make_config
         from cpuperf.train.tokenizer import load_or_train
 
         s = self.s
@@ -397,7 +401,7 @@ class Run:
             raise MissingFeatureError(f"optimizer {s.optimizer}: {exc}".splitlines()[0],
                                       hint="use optimizer adamw")
 
-    def restore(self, model: Any) -> dict:
+    def restore(self, model: Any) -> Dict[str, Any]:
         """Load the checkpoint into model, optimizer, scheduler, scaler and the RNGs; return it."""
         from cpuperf.train.checkpoint import load
 
@@ -428,9 +432,9 @@ class Run:
             torch.cuda.set_rng_state(rng["cuda"].cpu())
         return ck
 
-    def setup_batch_trial(self, model: Any, ck: dict) -> None:
+    def setup_batch_trial(self, model: Any, ck: Dict[str, Any]) -> None:
         s = self.s
-        self.batch_trial: Optional[dict] = None
+        self.batch_trial: Optional[Dict[str, Any]] = None
         if s.device == "cuda" and self.resumed_from is not None and ck.get("batch_trial"):
             # The batch the trial fitted when the run started; the data order depends on it.
             self.batch_trial = {**ck["batch_trial"], "from_checkpoint": True}
@@ -456,7 +460,7 @@ class Run:
                 raise MissingFeatureError(f"torch.compile failed: {exc}".splitlines()[0],
                                           hint="set compile false")
 
-    def trial_batch(self, model: Any) -> dict:
+    def trial_batch(self, model: Any) -> Dict[str, Any]:
         """CUDA only: one forward+backward at the planned batch; shrink it if it would not fit."""
         from cpuperf.data import load_builtin
         from cpuperf.train.gpu import BatchFitError, confirm_batch, cuda_memory
@@ -481,7 +485,7 @@ class Run:
             finally:
                 model.zero_grad(set_to_none=True)
 
-        report: Optional[dict] = None
+        report: Optional[Dict[str, Any]] = None
         failure = "no rank measured a batch"
         try:
             report = confirm_batch(step, s.batch_size, s.batch_size * s.grad_accum_steps * self.world,
@@ -604,7 +608,7 @@ class Run:
         return None
 
     # --------------------------------------------------------------------------------- loop
-    def run(self) -> tuple[Optional[dict], int]:
+    def run(self) -> tuple[Optional[Dict[str, Any]], int]:
         self.setup_dist()
         self.setup_data()
         self.setup_model()
@@ -626,7 +630,7 @@ class Run:
             code = exit_code_for_signal(signal.Signals(self.stop.signum).name if self.stop.signum else None)
         return summary, int(code)
 
-    def emit(self, rec: dict) -> None:
+    def emit(self, rec: Dict[str, Any]) -> None:
         """One JSON line in metrics.jsonl (rank 0 only)."""
         if self.metrics is None:
             return
@@ -639,7 +643,7 @@ class Run:
 
     def prepare(self) -> None:
         """Metrics file, runtime and attention reports, the MFU peak, the settings record."""
-        from cpuperf.train.model import flops_per_token, non_embedding_params
+        from cpuperf.knowledge.models import flops_per_token, non_embedding_params
         from cpuperf.train.runtime_check import runtime_report
 
         s = self.s  # the batch trial may have changed batch_size and grad_accum_steps
@@ -685,7 +689,7 @@ class Run:
                    "data": {"train_tokens": len(self.split.train), "eval_tokens": len(self.split.eval)},
                    "runtime": runtime})
 
-    def attention_report(self) -> dict:
+    def attention_report(self) -> Dict[str, Any]:
         from cpuperf.train.gpu import sdpa_report
 
         s, cfg = self.s, self.cfg
@@ -873,7 +877,7 @@ class Run:
             values = [int(p.item()) for p in parts]
         return [f"{v & (2**64 - 1):016x}" for v in values]
 
-    def summarise(self, st: LoopState) -> Optional[dict]:
+    def summarise(self, st: LoopState) -> Optional[Dict[str, Any]]:
         """Rank 0's summary record (also the last line of metrics.jsonl); None on other ranks."""
         checksums = self.rank_checksums()
         if not self.is0:

@@ -5,7 +5,7 @@ The shapes live in cpuperf.knowledge.models (torch-free); build_model() imports 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from cpuperf.knowledge.models import (  # noqa: F401  (the worker's names for the shapes)
     PRESETS,
@@ -16,14 +16,11 @@ from cpuperf.knowledge.models import (  # noqa: F401  (the worker's names for th
 )
 
 
-def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
-    """A torch nn.Module LM for `cfg`: forward(idx, targets=None) -> (logits, loss or None)."""
-    import math
-
+def _block_class(cfg: ModelConfig) -> Any:
+    """The transformer block for `cfg` (pre-LN causal self-attention + GELU MLP), as an nn.Module class."""
     import torch
     import torch.nn.functional as F
     from torch import nn
-    from torch.utils.checkpoint import checkpoint
 
     class CausalSelfAttention(nn.Module):
         def __init__(self) -> None:
@@ -36,7 +33,8 @@ def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
             hd = c // cfg.n_head
             q, k, v = self.qkv(x).view(b, t, 3, cfg.n_head, hd).permute(2, 0, 3, 1, 4)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.proj(y.transpose(1, 2).reshape(b, t, c))
+            out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, c))
+            return out
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -49,7 +47,22 @@ def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             x = x + self.attn(self.ln1(x))
-            return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+            out: torch.Tensor = x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+            return out
+
+    return Block
+
+
+def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
+    """A torch nn.Module LM for `cfg`: forward(idx, targets=None) -> (logits, loss or None)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    Block = _block_class(cfg)
 
     class GPT(nn.Module):
         def __init__(self) -> None:
@@ -77,7 +90,8 @@ def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
             elif isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-        def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
+        def forward(self, idx: torch.Tensor,
+                    targets: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
             t = idx.shape[1]
             if t > cfg.seq_len:
                 raise ValueError(f"sequence of {t} tokens is longer than seq_len {cfg.seq_len}")

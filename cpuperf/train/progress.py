@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Dict, Optional, TextIO
 
 
 def _fmt_eta(seconds: Optional[float]) -> str:
@@ -45,7 +45,7 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, completed=step)
 
-    def log(self, rec: dict, eta_s: Optional[float]) -> None:
+    def log(self, rec: Dict[str, Any], eta_s: Optional[float]) -> None:
         """Show one metrics record (step, loss, lr, samples_per_s, tokens_per_s)."""
         if self.mode == "rich":
             self._bar.update(self._task, completed=rec["step"], loss=f"{rec['loss']:.4f}",

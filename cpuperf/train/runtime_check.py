@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict
-from typing import Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
 from cpuperf.probe.parse import LoadedLibs, parse_maps  # noqa: F401  (the worker reports them)
 
@@ -64,14 +63,14 @@ def _affinity() -> Optional[list[int]]:
 
 def runtime_report(maps_text: Optional[str] = None, affinity: Optional[list[int]] = None,
                    environ: Optional[Mapping[str, str]] = None,
-                   cpuinfo_text: Optional[str] = None) -> dict:
+                   cpuinfo_text: Optional[str] = None) -> Dict[str, Any]:
     """A JSON-ready record of CPUs, threads, OpenMP runtime, allocator and tuning variables."""
     maps_text = _read_maps() if maps_text is None else maps_text
     cpuinfo_text = _read_cpuinfo() if cpuinfo_text is None else cpuinfo_text
     affinity = _affinity() if affinity is None else affinity
     environ = os.environ if environ is None else environ
     libs = parse_maps(maps_text)
-    report: dict = {
+    report: Dict[str, Any] = {
         "pid": os.getpid(),
         "allowed_cpus": compact_cpus(affinity) if affinity else None,
         "n_allowed_cpus": len(affinity) if affinity else None,
@@ -100,13 +99,11 @@ def runtime_report(maps_text: Optional[str] = None, affinity: Optional[list[int]
     return report
 
 
-def _safe(fn):  # type: ignore[no-untyped-def]
+_T = TypeVar("_T")
+
+
+def _safe(fn: Callable[[], _T]) -> Optional[_T]:
     try:
         return fn()
     except Exception:  # a probe must never fail the run
         return None
-
-
-def as_dict(libs: LoadedLibs) -> dict:
-    """LoadedLibs as a plain dict."""
-    return asdict(libs)

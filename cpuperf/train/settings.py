@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from cpuperf.train.errors import ConfigError
 
@@ -27,7 +27,7 @@ class TrainSettings:
     """One worker run. None means "decide for me" (threads: torch's default; backend: by device)."""
 
     preset: str = "tiny"
-    model: dict = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
+    model: Dict[str, Any] = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
     dtype: str = "fp32"
     compile: bool = False
     ipex: bool = False
@@ -111,7 +111,13 @@ class TrainSettings:
     # ---- checks ---------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ConfigError for values out of range or contradicting each other."""
-        def one_of(name: str, allowed: tuple, allow_none: bool = False) -> None:
+        self._check_choices()
+        self._check_ranges()
+        self._check_pairs()
+        self._check_model_overrides()
+
+    def _check_choices(self) -> None:
+        def one_of(name: str, allowed: Tuple[str, ...], allow_none: bool = False) -> None:
             v = getattr(self, name)
             if v is None and allow_none:
                 return
@@ -125,6 +131,8 @@ class TrainSettings:
         one_of("ddp_backend", BACKENDS, allow_none=True)
         one_of("progress", PROGRESS)
         one_of("fp32_math_mode", ("bf16",), allow_none=True)
+
+    def _check_ranges(self) -> None:
         for name in ("batch_size", "grad_accum_steps", "log_every", "eval_batches", "bpe_merges"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
@@ -143,6 +151,9 @@ class TrainSettings:
             raise ConfigError(f"lr must be > 0 (got {self.lr})")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+
+    def _check_pairs(self) -> None:
+        """Settings that only work with a given device."""
         if self.dtype == "fp16" and self.device != "cuda":
             raise ConfigError("dtype fp16 needs device cuda (fp16 autocast + GradScaler)",
                               hint="use dtype bf16 or fp32 on CPU")
@@ -150,6 +161,8 @@ class TrainSettings:
             raise ConfigError("ddp_backend nccl needs device cuda", hint="use gloo (or ccl) on CPU")
         if self.ipex and self.device != "cpu":
             raise ConfigError("ipex is for device cpu in this worker")
+
+    def _check_model_overrides(self) -> None:
         bad = sorted(set(self.model) - set(MODEL_KEYS))
         if bad:
             raise ConfigError(f"unknown model override(s): {', '.join(bad)}",

@@ -19,6 +19,7 @@ from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict
 
 TOKENIZER_SCHEMA = "cpuperf.tokenizer/1"
 # Every byte falls in exactly one branch, so the pre-tokens always concatenate back to the input.
@@ -142,13 +143,13 @@ class BPETokenizer:
         """Text for `ids` (invalid UTF-8, e.g. a cut multi-byte character, becomes U+FFFD)."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Dict[str, Any]:
         """JSON-ready form (schema, merges, the corpus it was trained on)."""
         return {"schema": TOKENIZER_SCHEMA, "corpus_sha256": self.corpus_sha256,
                 "vocab_size": self.vocab_size, "merges": [list(p) for p in self.merges]}
 
     @classmethod
-    def from_json(cls, obj: dict) -> BPETokenizer:
+    def from_json(cls, obj: Dict[str, Any]) -> BPETokenizer:
         """Inverse of to_json(); ValueError on another schema."""
         if obj.get("schema") != TOKENIZER_SCHEMA:
             raise ValueError(f"not a {TOKENIZER_SCHEMA} tokenizer file")

@@ -41,7 +41,7 @@ def _peak_clock(summary: Dict[str, Any]) -> str:
     return f" ({peak['tflops'] * 1e3:.0f} GFLOP/s at {hw['clock_used_ghz']:.2f} GHz, {hw['clock_used']} clock)"
 
 
-def _human(summary: dict) -> str:
+def _human(summary: Dict[str, Any]) -> str:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
@@ -153,7 +153,7 @@ def _report(err: TrainError, as_json: bool, debug_hint: bool = False) -> int:
     return int(err.code)
 
 
-def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[dict], int]:
+def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[Dict[str, Any]], int]:
     """Settings, the run directory (rank 0), the run."""
     from cpuperf.train.rundir import claim
 
@@ -190,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from cpuperf.errors import from_os_error
 
         fs = from_os_error(exc)
-        return _report(TrainError(fs.message, hint=fs.hint, code=TrainExit.FILESYSTEM), args.json)  # type: ignore[arg-type]
+        return _report(TrainError(fs.message, hint=fs.hint, code=TrainExit.FILESYSTEM), args.json)  # type: ignore[arg-type]  # TrainExit, the worker's codes
     except Exception as exc:
         if debug:
             raise

@@ -1,0 +1,37 @@
+"""Names the dead-code check (vulture, run by tests/run.sh) cannot see used: each is used by name from outside
+Python's call graph. Read by vulture only, never imported. A name added here needs its reason."""
+# ruff: noqa
+
+# Typer calls the app callback itself (`cpuperf --version`).
+_root
+
+# Record fields: filled from JSON (measurement files, snapshots, compat data) and written back by asdict().
+gemm_fp16_gflops  # decide.records.Measurements
+compile_seconds
+step_seconds
+compile_speedup
+announced  # knowledge.matrix.EolNotice (compat/eol.toml rows)
+end_of_support
+slurm_job_id  # probe.facts.Limits
+slurm_cpus_on_node
+slurm_ntasks
+slurm_nnodes
+
+# The launcher's local size: part of train.dist_env.RankInfo's value (tests compare whole RankInfos).
+local_world_size
+
+# knowledge.matrix's exact-version specifier takes packaging's SpecifierSet.contains(version, prereleases=...).
+prereleases
+
+# torch's oneDNN setting, assigned for its effect (train/bench.py, train/loop.py).
+_.fp32_precision
+
+# Called by frameworks with these names: pytest fixtures and hooks, http.server, transformers' TrainerCallback.
+_clean_env
+foreign_busy_process
+pytest_runtest_makereport
+pytest_terminal_summary
+_.log_message
+_.daemon_threads
+_.on_step_end
+control
