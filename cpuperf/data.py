@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 from cpuperf.errors import BadDataError
 
-if sys.version_info >= (3, 11):
+try:  # Python 3.11+; not a version check: the node probe bundle runs where tomllib may be absent
     import tomllib as _toml
-else:  # pragma: no cover - Python < 3.11
-    import tomli as _toml
+except ModuleNotFoundError:  # pragma: no cover - Python < 3.11, or the bundle's JSON stand-in
+    import tomli as _toml  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 
 # Real data files nest 3-4 levels; hundreds of levels is an attack on the parser (RecursionError).

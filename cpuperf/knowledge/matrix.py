@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,10 +22,10 @@ if TYPE_CHECKING:  # packaging.specifiers costs more to import than typer and ri
 from cpuperf.data import MAX_DEPTH, too_deep
 from cpuperf.errors import BadDataError
 
-if sys.version_info >= (3, 11):
+try:  # Python 3.11+; not a version check: the node probe bundle runs where tomllib may be absent
     import tomllib
-else:  # pragma: no cover - exercised on 3.9/3.10 only
-    import tomli as tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python < 3.11, or the bundle's JSON stand-in
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 ENV_DIR = "CPUPERF_COMPAT_DIR"
 PY_RE = re.compile(r"^3\.(\d{1,2})(t?)$")
