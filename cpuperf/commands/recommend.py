@@ -443,7 +443,7 @@ def plan_fits(path: str, plan: Any, facts: Any, replan: bool, names: Any = ()) -
     from cpuperf.errors import PlanMismatchError, UsageError
     from cpuperf.plan import saved
 
-    plan, node = saved.for_this_node(plan, facts, list(names) or this_node_names())
+    plan, node = saved.for_this_node(plan, facts, list(names) or (this_node_names() if plan.nodes else []))
     diffs = saved.differences(plan, facts)
     if diffs and node:
         diffs = [f"node {node}: {d}" for d in diffs]
