@@ -306,7 +306,7 @@ def _remembered(kind: str, facts: Any, parts: List[Any], compute: Callable[[], T
     # A recorded host's own measurement: .cpuperf/ in its tree (run.measure.RECORDED_FILE; measure imports the engine).
     recorded = [] if facts.live else [Path(str(facts.sysroot)) / ".cpuperf"]
     for folder in (cache_root() / "measurements", *recorded, builtin_compat_dir(), *extra_compat_dirs(),
-                   engine / "decide", engine / "knowledge", engine / "plan", engine / "run"):
+                   *(engine / part for part in ("decide", "knowledge", "plan", "run", "commands"))):
         try:
             stamps += sorted((str(folder), e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(folder))
         except OSError:
