@@ -575,7 +575,29 @@ def test_rendering_imports_no_decision_engine_once_decided(tmp_path, saved):
     assert first["rc"] == second["rc"] == 0 and "export OMP_NUM_THREADS=" in first["out"]
     assert second["out"] == third["out"] == first["out"]
     assert "cpuperf.decide.recommend" in first["modules"]  # the first run decides: this test can tell
-    assert [m for m in (*ENGINE, "tomllib") if m in second["modules"]] == []  # nor a data file parsed again
+    assert [m for m in (*ENGINE, "tomllib", "argparse") if m in second["modules"]] == []  # nor data parsed again
+
+
+_ARG_TOKENS = ["--plan", "--shell", "--json", "--quiet", "-q", "p.json", "fish", "-x", "--plan=", "--plan=p.json",
+               "--shell=sh", "--", "", "a=b", "--nproc-per-node", "2", "--json=1", "-", "--pla", "-h"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_ARG_TOKENS), min_size=1, max_size=6))
+def test_the_start_up_line_reads_as_argparse_reads_it(argv):
+    """A shell's start-up line (--plan FILE, --shell, --json, --quiet) is read without argparse: to the same options."""
+    from cpuperf.commands import ccl_env
+
+    fast = ccl_env._start_up_line(argv)
+    if fast is not None:
+        assert fast == ccl_env._parse_all(argv)
+
+
+def test_the_start_up_line_is_read_without_argparse():
+    from cpuperf.commands import ccl_env
+
+    for argv in (["--plan", "p.json"], ["--plan=p.json", "--shell", "fish", "-q"], ["--json"], ["--shell=dotenv", "--quiet"]):
+        assert ccl_env._start_up_line(argv) == ccl_env._parse_all(argv), argv
 
 
 def _remembered_entry(cache: Path) -> Path:

@@ -36,6 +36,36 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     """ccl-env's options -> (Options, --json, --quiet); a bad option is a UsageError (exit 2)."""
     if not argv:  # `eval "$(cpuperf ccl-env)"` in every new shell: skip building a parser
         return Options(), False, False
+    return _start_up_line(argv) or _parse_all(argv)
+
+
+_START_UP_FLAGS = {"--json": "json", "--quiet": "quiet", "-q": "quiet"}
+_START_UP_VALUES = ("--plan", "--shell")
+
+
+def _start_up_line(argv: List[str]) -> Optional[Tuple[Options, bool, bool]]:
+    """What a shell's start-up line passes (--plan FILE, --shell NAME, --json, --quiet, each once), read without
+    argparse (importing it and building the parser costs ~8 ms, most of it gettext looking for translations);
+    None for anything else, which _parse_all reads (the same result where both read it)."""
+    seen: dict[str, str] = {}
+    rest = iter(argv)
+    for arg in rest:
+        name, eq, value = arg.partition("=")
+        if arg in _START_UP_FLAGS:
+            key, value = _START_UP_FLAGS[arg], "yes"
+        elif name in _START_UP_VALUES:
+            value = value if eq else next(rest, "")
+            key = name[2:]
+        else:
+            return None
+        if key in seen or not value or value.startswith("-"):  # argparse's rules for these: _parse_all
+            return None
+        seen[key] = value
+    return Options(shell=seen.get("shell"), plan=seen.get("plan")), "json" in seen, "quiet" in seen
+
+
+def _parse_all(argv: List[str]) -> Tuple[Options, bool, bool]:
+    """Every option, with argparse (--help, usage errors)."""
     import argparse
 
     from cpuperf.errors import UsageError
