@@ -5,15 +5,9 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from cpuperf.errors import BadDataError
-
-try:  # Python 3.11+; not a version check: the node probe bundle runs where tomllib may be absent
-    import tomllib as _toml
-except ModuleNotFoundError:  # pragma: no cover - Python < 3.11, or the bundle's JSON stand-in
-    import tomli as _toml  # type: ignore[no-redef,import-not-found,unused-ignore]
-
 
 # Real data files nest 3-4 levels; hundreds of levels is an attack on the parser (RecursionError).
 MAX_DEPTH = 32
@@ -55,17 +49,74 @@ def load_toml(path: str) -> Dict[str, Any]:
     """Parse one TOML data file; a syntax error is a BadDataError naming the file."""
     try:
         with open(path, "rb") as fh:
-            data: Dict[str, Any] = _toml.load(fh)
+            raw = fh.read()
+            stamp = _stamp(path, os.fstat(fh.fileno()), raw)
     except OSError as exc:
         raise BadDataError(f"cannot read data file {path}: {exc.strerror}",
                            hint="reinstall cpuperf, or fix CPUPERF_COMPAT_DIR") from exc
+    remembered = _remembered_parse(path, stamp)
+    if remembered is not None:
+        return remembered
+    try:  # Python 3.11+
+        import tomllib as _toml
+    except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
+        import tomli as _toml  # type: ignore[no-redef,import-not-found,unused-ignore]
+    try:
+        data = _toml.loads(raw.decode("utf-8"))
     except (_toml.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise BadDataError(f"malformed data file {path}: {str(exc).splitlines()[0] if str(exc) else 'too deep'}",
                            hint="fix the file, or unset CPUPERF_COMPAT_DIR") from exc
     if too_deep(data):
         raise BadDataError(f"malformed data file {path}: nested deeper than {MAX_DEPTH} levels",
                            hint="fix the file, or unset CPUPERF_COMPAT_DIR")
-    return data
+    _remember_parse(path, stamp, data)
+    parsed: Dict[str, Any] = data
+    return parsed
+
+
+# tomllib is pure Python (~1 ms per kB) and ccl-env, which runs in every new shell, reads ~35 kB of TOML: the
+# parsed form is remembered as JSON (parsed in C), checked against the file's size, mtime, inode and checksum
+# (as Python checks a .pyc against its source) and the Python that parsed it.
+def _stamp(path: str, st: os.stat_result, raw: bytes) -> List[Any]:
+    import sys
+    import zlib
+
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, zlib.crc32(raw), sys.version]
+
+
+def _parse_path(stamp: List[Any]) -> Path:
+    import zlib
+
+    from cpuperf.fsutil import cache_root
+
+    return cache_root() / "compat-parsed" / f"{os.path.basename(stamp[0])}-{zlib.crc32(stamp[0].encode()):08x}.json"
+
+
+def _remembered_parse(path: str, stamp: List[Any]) -> Optional[Dict[str, Any]]:
+    """The remembered parse of this very file, None when there is none (or it is for another version of it)."""
+    import json
+
+    from cpuperf.fsutil import read_capped
+
+    try:
+        known = json.loads(read_capped(_parse_path(stamp)))
+        data = known["data"] if isinstance(known, dict) and known.get("stamp") == stamp else None
+    except (OSError, ValueError, RecursionError):  # InputRefused is a ValueError
+        return None
+    return data if isinstance(data, dict) and not too_deep(data) else None
+
+
+def _remember_parse(path: str, stamp: List[Any], data: Dict[str, Any]) -> None:
+    import json
+
+    from cpuperf.fsutil import atomic_write_bytes
+
+    try:
+        text = json.dumps({"stamp": stamp, "data": data})  # TypeError: a date or time (not JSON): parsed each time
+        if json.loads(text)["data"] == data:
+            atomic_write_bytes(_parse_path(stamp), text.encode("utf-8"))
+    except (OSError, TypeError, ValueError):
+        pass  # a read-only cache costs the parse, nothing else
 
 
 def load_builtin(name: str) -> Dict[str, Any]:

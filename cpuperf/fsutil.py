@@ -9,9 +9,7 @@ import dataclasses
 import fcntl
 import json
 import os
-import socket
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +71,8 @@ def read_text_capped(path: Union[str, Path], limit: int = MAX_INPUT_BYTES, error
 @contextlib.contextmanager
 def atomic_writer(path: Union[str, Path]) -> Iterator[IO[bytes]]:
     """Yield a binary file in path's directory; on success fsync it and os.replace() it into place."""
+    import tempfile  # (and random): not for the commands that only read, such as ccl-env in every new shell
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -174,6 +174,8 @@ def acquire_dir_lock(directory: Union[str, Path], token: str = "") -> DirLock:
     except OSError:
         os.close(fd)
         raise
+    import socket
+
     stale = read_lock_holder(path)
     holder = LockHolder(os.getpid(), socket.gethostname(), time.time(), token)
     record = json.dumps(dataclasses.asdict(holder)).encode()

@@ -545,6 +545,87 @@ def test_does_not_import_torch_typer_or_rich_or_importlib_metadata():
     assert proc.stdout.strip() == "0 []", proc.stdout + proc.stderr
 
 
+# The decision engine and what only it reads: `recommend` decides, ccl-env renders what it decided.
+ENGINE = ("cpuperf.decide.recommend", "cpuperf.decide.memory", "cpuperf.knowledge.matrix", "cpuperf.knowledge.resolve",
+          "cpuperf.run.measure", "cpuperf.plan.job")
+_RUN_MAIN = ("import json, sys, io, contextlib\nfrom cpuperf.entry import main\nout = io.StringIO()\n"
+             "with contextlib.redirect_stdout(out):\n    rc = main(sys.argv[1:])\n"
+             "print(json.dumps({'rc': rc, 'out': out.getvalue(), 'modules': sorted(sys.modules)}))\n")
+
+
+def _main_in_child(args: List[str], env: Dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _RUN_MAIN, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["deciding", "plan"])
+def test_rendering_imports_no_decision_engine_once_decided(tmp_path, saved):
+    """ccl-env runs in every new shell: the first run decides (the engine imported), later ones render what it
+    decided without importing the engine, byte for byte the same."""
+    env = cli_env({"CPUPERF_CACHE_DIR": str(tmp_path / "cache")})
+    args = ["ccl-env", "-q"]
+    if saved:
+        plan = tmp_path / "plan.json"
+        made = subprocess.run([sys.executable, "-m", "cpuperf", "recommend", "--save", str(plan), "--quiet"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert made.returncode == 0, made.stderr[-3000:]
+        args += ["--plan", str(plan)]
+    first, second, third = (_main_in_child(args, env) for _ in range(3))
+    assert first["rc"] == second["rc"] == 0 and "export OMP_NUM_THREADS=" in first["out"]
+    assert second["out"] == third["out"] == first["out"]
+    assert "cpuperf.decide.recommend" in first["modules"]  # the first run decides: this test can tell
+    assert [m for m in (*ENGINE, "tomllib", "argparse") if m in second["modules"]] == []  # nor data parsed again
+
+
+_ARG_TOKENS = ["--plan", "--shell", "--json", "--quiet", "-q", "p.json", "fish", "-x", "--plan=", "--plan=p.json",
+               "--shell=sh", "--", "", "a=b", "--nproc-per-node", "2", "--json=1", "-", "--pla", "-h"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_ARG_TOKENS), min_size=1, max_size=6))
+def test_the_start_up_line_reads_as_argparse_reads_it(argv):
+    """A shell's start-up line (--plan FILE, --shell, --json, --quiet) is read without argparse: to the same options."""
+    from cpuperf.commands import ccl_env
+
+    fast = ccl_env._start_up_line(argv)
+    if fast is not None:
+        assert fast == ccl_env._parse_all(argv)
+
+
+def test_the_start_up_line_is_read_without_argparse():
+    from cpuperf.commands import ccl_env
+
+    for argv in (["--plan", "p.json"], ["--plan=p.json", "--shell", "fish", "-q"], ["--json"], ["--shell=dotenv", "--quiet"]):
+        assert ccl_env._start_up_line(argv) == ccl_env._parse_all(argv), argv
+
+
+def _remembered_entry(cache: Path) -> Path:
+    entries = list((cache / "ccl-decisions").iterdir())
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+def test_remembered_decisions_are_keyed_by_the_facts_and_end_with_their_measurement(tmp_path):
+    host = make_host(tmp_path / "h", sockets=2, cores_per_socket=8)
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
+    assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "8"
+    entry = _remembered_entry(tmp_path / "cache")
+    known = json.loads(entry.read_text())
+    for slot in known["value"]["placement"]["slots"]:
+        slot["threads"] = 3
+    entry.write_text(json.dumps(known))  # what a run remembered is what the next one renders
+    assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "3"
+    entry.write_text(json.dumps({**known, "until": 1.0}))  # the measurement it was decided from has expired
+    assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "8"
+    entry.write_text('{"until": null, "value": {"placement": []}}')  # not what a run writes: decided again
+    assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "8"
+    shutil.rmtree(host)
+    make_host(host, sockets=2, cores_per_socket=4)  # other facts: decided for them
+    assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "4"
+    assert len(list((tmp_path / "cache" / "ccl-decisions").iterdir())) == 2
+
+
 def test_oneapi_components_sourced_unless_the_environment_provides_them(tmp_path):
     root = tmp_path / "oneapi"
     for comp, var in (("ccl", "CCL_ROOT"), ("mpi", "I_MPI_ROOT")):

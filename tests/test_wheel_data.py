@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -28,3 +30,28 @@ def test_installed_wheel_finds_its_data(tmp_path):
     run = subprocess.run([sys.executable, "-I", "-c", code, str(site)], capture_output=True, text=True,
                          cwd=str(tmp_path), timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_parsed_data_is_remembered_per_version_of_the_file(tmp_path):
+    """A data file is parsed once (tomllib is pure Python, and ccl-env reads data in every new shell); an edit,
+    even one that keeps the size and the mtime, is parsed again."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[rule]\nvalue = "aaaa"\n')
+    code = ("import json, sys\nfrom cpuperf.data import load_toml\n"
+            "print(json.dumps([load_toml(sys.argv[1]), 'tomllib' in sys.modules]))\n")
+    env = {**os.environ, "CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+
+    def load() -> list:
+        proc = subprocess.run([sys.executable, "-c", code, str(rules)], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    assert load() == [{"rule": {"value": "aaaa"}}, True]
+    assert load() == [{"rule": {"value": "aaaa"}}, False]  # remembered: no parser imported
+    before = rules.stat()
+    rules.write_text('[rule]\nvalue = "bbbb"\n')
+    os.utime(rules, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert load() == [{"rule": {"value": "bbbb"}}, True]
+    rules.write_text('[rule]\nvalue = "bbbb\n')  # malformed: refused each time, never remembered
+    proc = subprocess.run([sys.executable, "-c", code, str(rules)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0 and "malformed data file" in proc.stderr

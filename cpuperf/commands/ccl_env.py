@@ -7,7 +7,7 @@ for --explain, a subprocess only when a script exists or several nodes need the 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, NamedTuple, NoReturn, Optional, Tuple
 
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
@@ -40,6 +40,36 @@ def parse_args(argv: List[str]) -> Tuple[Options, bool, bool]:
     """ccl-env's options -> (Options, --json, --quiet); a bad option is a UsageError (exit 2)."""
     if not argv:  # `eval "$(cpuperf ccl-env)"` in every new shell: skip building a parser
         return Options(), False, False
+    return _start_up_line(argv) or _parse_all(argv)
+
+
+_START_UP_FLAGS = {"--json": "json", "--quiet": "quiet", "-q": "quiet"}
+_START_UP_VALUES = ("--plan", "--shell")
+
+
+def _start_up_line(argv: List[str]) -> Optional[Tuple[Options, bool, bool]]:
+    """What a shell's start-up line passes (--plan FILE, --shell NAME, --json, --quiet, each once), read without
+    argparse (importing it and building the parser costs ~8 ms, most of it gettext looking for translations);
+    None for anything else, which _parse_all reads (the same result where both read it)."""
+    seen: dict[str, str] = {}
+    rest = iter(argv)
+    for arg in rest:
+        name, eq, value = arg.partition("=")
+        if arg in _START_UP_FLAGS:
+            key, value = _START_UP_FLAGS[arg], "yes"
+        elif name in _START_UP_VALUES:
+            value = value if eq else next(rest, "")
+            key = name[2:]
+        else:
+            return None
+        if key in seen or not value or value.startswith("-"):  # argparse's rules for these: _parse_all
+            return None
+        seen[key] = value
+    return Options(shell=seen.get("shell"), plan=seen.get("plan")), "json" in seen, "quiet" in seen
+
+
+def _parse_all(argv: List[str]) -> Tuple[Options, bool, bool]:
+    """Every option, with argparse (--help, usage errors)."""
     import argparse
 
     from cpuperf.errors import UsageError
@@ -127,7 +157,9 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
     # The stack as every command sees it. The OpenMP and allocator libraries matter here only to what --preload
     # renders (LD_PRELOAD, KMP_*), and the MPI launchers not at all (Intel MPI is found from its scripts).
     plan_preloads = saved_plan is not None and any(v.name == "LD_PRELOAD" for v in saved_plan.env)
-    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload or plan_preloads)
+    # The GPUs matter only to whether a saved plan fits (ccl-env decides for the CPU): their probe is a child process.
+    facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload or plan_preloads,
+                       gpus=saved_plan is not None)
     if opts.adapt_to_load and facts.live:
         from cpuperf.probe import with_load
 
@@ -136,10 +168,9 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
     plan_diffs: List[str] = []
     if saved_plan is not None:
         rec, planned, plan_diffs = _from_plan(opts, saved_plan, facts, nodes, env)
+        placement, backend, allocator = rec.placement, _backend(facts, rec), rec.get("allocator")
     else:
-        rec = _decisions(facts, opts, nodes, env)
-    placement = rec.placement
-    backend = _backend(facts, rec)
+        placement, backend, allocator = _decided(facts, opts, nodes, env)
     if opts.require_ccl and backend.name != "ccl":
         raise IncompatibleHostError(f"the ccl backend is not available: {backend.reason.removeprefix('gloo: ')}",
                                     hint="cpuperf compat --with oneccl shows the torch it needs, or drop --require-ccl")
@@ -170,7 +201,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
         ifname = envsources.route_interface(kept_addr or master)
     libraries = envsources.find_libraries(stack) if opts.preload else envplan.Libraries()
     tuned = envplan.runtime_env(facts, placement, backend=backend.name, hosts=hosts, master_addr=opts.master_addr,
-                                master_port=opts.master_port, preload=opts.preload, allocator=rec.get("allocator"),
+                                master_port=opts.master_port, preload=opts.preload, allocator=allocator,
                                 nnodes=nodes, mpi="intelmpi" if intel_mpi else None, libraries=libraries,
                                 socket_ifname=ifname, environ=env)
     notes += [f"the plan differs from what cpuperf decides here: {d}" for d in plan_diffs] + list(tuned.notes)
@@ -205,15 +236,60 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
                                 "python": stack.executable, "prefix": stack.prefix})
 
 
-def _decisions(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) -> Any:
-    """The same decisions `recommend` and `train --auto` make here (backend, ranks, threads, allocator)."""
+def _decided(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Any, Optional[str]]:
+    """(placement, backend, allocator) as `recommend` and `train --auto` decide them here, remembered (see _remembered):
+    the engine runs when the facts, options, measurements or rules change, not in every new shell."""
+    if facts.load is not None:  # --adapt-to-load: the load of this moment, decided now
+        return _decide_now(facts, opts, nodes, env)[0]
+    import dataclasses
+
+    # Free memory moves from one run to the next; the decisions read it only where the total is unknown.
+    memory = facts.memory if facts.memory.total_bytes is None else dataclasses.replace(facts.memory, available_bytes=None)
+    gpus = None if facts.gpus is None else tuple(dataclasses.replace(g, memory_free_bytes=None) for g in facts.gpus)
+    stable = repr(dataclasses.replace(facts, memory=memory, gpus=gpus))
+
+    def compute() -> Tuple[Any, Optional[float]]:
+        (placement, backend, allocator), until = _decide_now(facts, opts, nodes, env)
+        return {"placement": placement.to_json(), "backend": list(backend[:2]), "allocator": allocator}, until
+
+    decided: Tuple[Any, Any, Optional[str]] = _remembered("ccl-decisions", facts, [stable, opts.nproc_per_node, opts.unit,
+                                                                               nodes], compute, _decisions_from)
+    return decided
+
+
+def _decide_now(facts: Any, opts: Options, nodes: int, env: Mapping[str, str]) -> Tuple[Tuple[Any, Any, Optional[str]], Optional[float]]:
+    """((placement, backend, allocator), when the measurement they used expires) from the decision engine."""
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.run import measure
 
     meas = measure.planning_measurements(facts)
-    return recommend(facts, resolve_workload(None, None, None, None, 400), nproc_per_node=opts.nproc_per_node,
-                     nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
+    rec = recommend(facts, resolve_workload(None, None, None, None, 400), nproc_per_node=opts.nproc_per_node,
+                    nnodes=nodes, unit=opts.unit, device="cpu", measurements=meas, environ=env if facts.live else {})
+    return (rec.placement, _backend(facts, rec), rec.get("allocator")), measure.expiry(facts) if meas else None
+
+
+def _decisions_from(raw: Any) -> Tuple[Any, Any, Optional[str]]:
+    """_decided's remembered JSON -> (Placement, Backend, allocator); TypeError/KeyError when it is not that."""
+    from cpuperf.decide.placement import Placement, RankSlot
+    from cpuperf.decide.runtime_env import Backend
+
+    def typed(value: Any, kind: Any) -> Any:
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"{value!r} is not {kind}")
+        return value
+
+    def ints(values: Any) -> Tuple[int, ...]:
+        return tuple(typed(v, int) for v in typed(values, list))
+
+    p = raw["placement"]
+    slots = tuple(RankSlot(typed(s["local_rank"], int), typed(s["socket"], (int, type(None))),
+                           typed(s["node"], (int, type(None))), ints(s["cpus"]), ints(s["compute_cpus"]),
+                           ints(s["ccl_worker_cpus"]), typed(s["threads"], int)) for s in typed(p["slots"], list))
+    placement = Placement(typed(p["nproc_per_node"], int), typed(p["unit"], str), slots, typed(p["ccl_workers"], int),
+                          typed(p["cpu_budget"], int), tuple(typed(r, str) for r in typed(p["reasons"], list)))
+    name, reason = (typed(v, str) for v in typed(raw["backend"], list))
+    return placement, Backend(name, reason, name == "ccl"), typed(raw["allocator"], (str, type(None)))
 
 
 def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[List[EnvVar]], List[str]]:
@@ -231,46 +307,72 @@ def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[st
 
 
 def _plan_differences(plan: Any, facts: Any, compute: Any) -> List[str]:
-    """compute(plan, facts) (how the plan differs from a fresh one), remembered per plan, host and stack identity,
-    measurements, knowledge files, the engine's own files, GPU visibility and cpuperf version: ccl-env runs in every new shell, and the decision engine
-    costs ~40 ms there; a change to any of these decides again."""
-    import hashlib
+    """compute(plan, facts) (how the plan differs from a fresh one), remembered per plan, host and stack identity
+    (see _remembered)."""
+    from cpuperf.plan import saved
+
+    def fresh() -> Tuple[List[str], Optional[float]]:
+        from cpuperf.run import measure
+
+        return list(compute(plan, facts)), measure.expiry(facts)
+
+    def checked(known: Any) -> List[str]:
+        if not (isinstance(known, list) and all(isinstance(d, str) and d.isprintable() for d in known)):
+            raise TypeError("not a list of printable lines")
+        return known
+
+    lines: List[str] = _remembered("plan-checks", facts,
+                                   [plan.to_json(), saved.host_identity(facts), saved.stack_identity(facts)], fresh, checked)
+    return lines
+
+
+def _remembered(kind: str, facts: Any, parts: List[Any], compute: Callable[[], Tuple[Any, Optional[float]]],
+                decode: Callable[[Any], Any]) -> Any:
+    """decode(what compute() returns: (JSON, when it expires)), remembered per `parts`, measurements, knowledge files,
+    the engine's own files, GPU visibility and cpuperf version: ccl-env runs in every new shell, and the decision
+    engine costs ~40-65 ms there; a change to any of these decides again. decode raises ValueError, TypeError or
+    KeyError on what is not its JSON (then it is computed again)."""
     import json
+    import time
+    import zlib
     from pathlib import Path
 
     from cpuperf import __version__
     from cpuperf.data import builtin_compat_dir, extra_compat_dirs
     from cpuperf.fsutil import atomic_write_bytes, cache_root, read_capped
-    from cpuperf.plan import saved
 
     engine = Path(__file__).resolve().parent.parent  # the rules themselves: an edited checkout decides again
     stamps: List[Any] = sorted((k, v) for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "CPUPERF_")))
-    for folder in (cache_root() / "measurements", builtin_compat_dir(), *extra_compat_dirs(),
-                   engine / "decide", engine / "knowledge", engine / "plan"):
+    # A recorded host's own measurement: .cpuperf/ in its tree (run.measure.RECORDED_FILE; measure imports the engine).
+    recorded = [] if facts.live else [Path(str(facts.sysroot)) / ".cpuperf"]
+    for folder in (cache_root() / "measurements", *recorded, builtin_compat_dir(), *extra_compat_dirs(),
+                   *(engine / part for part in ("decide", "knowledge", "plan", "run", "commands"))):
         try:
             stamps += sorted((str(folder), e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(folder))
         except OSError:
             stamps.append((str(folder), "", 0, 0))
-    key = hashlib.sha256(json.dumps([__version__, saved.dumps(plan), saved.host_identity(facts),
-                                     saved.stack_identity(facts), stamps], default=str).encode()).hexdigest()[:32]
-    path = cache_root() / "plan-checks" / f"{key}.json"
+    key = json.dumps([__version__, *parts, stamps], default=str)
+    # The entry holds its whole key (compared, so the file name need not be unique): no hashlib (OpenSSL) to load.
+    path = cache_root() / kind / f"{zlib.crc32(key.encode()):08x}{zlib.adler32(key.encode()):08x}.json"
     try:
-        known = json.loads(read_capped(path, 1 << 20))
-        if isinstance(known, list) and all(isinstance(d, str) and d.isprintable() for d in known):
-            return known
-    except (OSError, ValueError, RecursionError):  # InputRefused is a ValueError: absent or unusable, decide again
+        known = json.loads(read_capped(path, 4 << 20))
+        until = known["until"]
+        if known["key"] == key and (until is None or (isinstance(until, (int, float)) and time.time() <= until)):
+            return decode(known["value"])
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):  # InputRefused is a ValueError: decide again
         pass
-    diffs = list(compute(plan, facts))
+    value, until = compute()
+    text = json.dumps({"key": key, "until": until, "value": value})
     try:
-        atomic_write_bytes(path, json.dumps(diffs).encode("utf-8"))
+        atomic_write_bytes(path, text.encode("utf-8"))
     except OSError:
         pass  # a read-only cache costs the engine's time, nothing else
-    return diffs
+    return decode(json.loads(text)["value"])  # as a later run reads it: the same output either way
 
 
 def _backend(facts: Any, rec: Any) -> Any:
     """The job's DDP backend; for one rank, the one several ranks would use (the env is for either)."""
-    from cpuperf.knowledge.addons import Backend, cpu_ddp_backend
+    from cpuperf.decide.runtime_env import Backend
 
     chosen = rec.decision("ddp_backend")
     if chosen.value in ("ccl", "gloo"):
@@ -278,6 +380,8 @@ def _backend(facts: Any, rec: Any) -> Any:
     several = chosen.evidence.get("several_ranks")
     if several in ("ccl", "gloo"):  # recorded with the plan: no second look at the matrix
         return Backend(several, str(chosen.evidence.get("several_ranks_reason", "")), several == "ccl")
+    from cpuperf.knowledge.addons import cpu_ddp_backend  # reads the matrix: only for a plan that did not record it
+
     return cpu_ddp_backend(rec.stack.get("torch"), rec.stack.get("oneccl_bind_pt"),
                            facts.software.python if facts.software else None)
 

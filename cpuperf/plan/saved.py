@@ -578,7 +578,7 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
     from cpuperf.errors import PlanMismatchError
     from cpuperf.probe.hosts import this_node_names
 
-    plan, node = for_this_node(plan, facts, list(names) or this_node_names())
+    plan, node = for_this_node(plan, facts, list(names) or (this_node_names() if plan.nodes else []))
     diffs = differences(plan, facts)
     if diffs and node:
         diffs = [f"node {node}: {d}" for d in diffs]

@@ -51,8 +51,9 @@ def _platform(src: Sources) -> str:
 
 def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
                environ: Optional[Mapping[str, str]] = None, software: bool = True,
-               use_cache: bool = True, runtimes: bool = True) -> HostFacts:
-    """Probe a host once. `sysroot` reads a recorded tree; `python` inspects another interpreter."""
+               use_cache: bool = True, runtimes: bool = True, gpus: bool = True) -> HostFacts:
+    """Probe a host once. `sysroot` reads a recorded tree; `python` inspects another interpreter; gpus=False
+    leaves the GPUs unknown (None: their probe starts a child process)."""
     if sysroot is not None:
         check_sysroot(sysroot)
     if python is not None:
@@ -61,7 +62,7 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     src.check_overrides()
     overrides = tuple(sorted(k[len("CPUPERF_OVERRIDE_"):].lower() for k in src.environ
                              if k.startswith("CPUPERF_OVERRIDE_")))
-    key = (src.sysroot, python, software, runtimes, tuple((k, src.environ[k]) for k in sorted(src.environ)
+    key = (src.sysroot, python, software, runtimes, gpus, tuple((k, src.environ[k]) for k in sorted(src.environ)
                                                 if k.startswith(("CPUPERF_OVERRIDE_", "SLURM_"))))
     if use_cache and key in _CACHE:
         return _CACHE[key]
@@ -71,7 +72,7 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
         topology=probe_topology(src, blocks),
         memory=probe_memory(src),
         limits=probe_limits(src),
-        gpus=probe_gpus(src),
+        gpus=probe_gpus(src) if gpus else None,
         software=probe_software(src, python, runtimes) if software else None,
         platform=_platform(src),
         sysroot=src.sysroot,

@@ -12,10 +12,12 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import subprocess  # imported where a tool runs: ccl-env in every new shell usually runs none
 
 # The facts CPUPERF_OVERRIDE_<FACT> may set (docs/commands.md: "CPUPERF_OVERRIDE_<FACT> overrides one fact").
 OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
@@ -87,6 +89,8 @@ def check_python(python: str, what: str = "--python") -> str:
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         why = "no such file" if not os.path.exists(python) else "not an executable file"
         raise UsageError(f"{what} {python!r} is not a Python interpreter: {why}", hint=hint)
+    import subprocess
+
     try:
         proc = subprocess.run([python, "-I", "-c", _PYTHON_CHECK], capture_output=True, text=True,
                               timeout=PYTHON_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, errors="replace")
@@ -283,6 +287,8 @@ class Sources:
         """Run a tool (argv list, never a shell) with a timeout; None when it cannot run."""
         if not self.live:
             return None
+        import subprocess
+
         try:
             return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
                                   env=dict(env) if env is not None else dict(self.environ),

@@ -207,6 +207,21 @@ def load_cached(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) ->
     return Measurements.from_json({**data, "source": source})
 
 
+def expiry(facts: HostFacts) -> Optional[float]:
+    """When the measurement load_cached() reads for `facts` expires (seconds since the epoch); None without one
+    (or an expired one, which is not used). Silent: read_cached() reports a bad file. What remembers a decision
+    made from the measurement keeps it until then."""
+    from cpuperf.fsutil import InputRefused, read_capped
+
+    path = cache_dir() / f"{host_id(facts)}.json" if facts.live else Path(str(facts.sysroot)) / RECORDED_FILE
+    try:
+        data = _validated(json.loads(read_capped(str(path)).decode("utf-8")))
+        until = float(data.get("measured_at") or 0) + float(_rules()["max_age_days"]) * 86400
+    except (OSError, InputRefused, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    return until if until > time.time() else None
+
+
 def load_file(path: str) -> Measurements:
     try:
         from cpuperf.fsutil import read_capped  # a device or FIFO is refused, never read forever

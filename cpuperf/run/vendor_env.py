@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -89,6 +88,8 @@ def target_python(python: Optional[str]) -> Tuple[str, str, Tuple[str, ...]]:
         return sys.executable, sys.prefix, _site_dirs(sys.path)
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise UsageError(f"no Python interpreter at {python}", hint="pass --python PATH of an existing interpreter")
+    import subprocess  # here, not at the top: ccl-env in every new shell usually starts no child
+
     try:
         proc = subprocess.run([python, "-I", "-c", _PROBE_PY], capture_output=True, text=True, timeout=20,
                               stdin=subprocess.DEVNULL)
@@ -320,6 +321,8 @@ def script_env(source: EnvSource, environ: Optional[Mapping[str, str]] = None,
     if bash is None or env_tool is None:
         raise ProbeFailedError(f"bash and env are needed to read {source.script}",
                                hint="apt-get install -y bash coreutils")
+    import subprocess
+
     token = "__cpuperf_" + os.urandom(8).hex()  # no '=': can never be an environment entry
     argv = [bash, "--norc", "--noprofile", "-c", _SNIPPET, "cpuperf-source", source.script, token, env_tool]
     limit = float(timeout if timeout is not None else data["timeout_s"])
@@ -429,6 +432,8 @@ def route_interface(host: str, timeout: float = 3.0) -> Optional[str]:
         return None
     ip_tool = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
     if ip_tool:
+        import subprocess
+
         try:
             proc = subprocess.run([ip_tool, "-o", "route", "get", ip], capture_output=True, text=True,
                                   timeout=timeout, stdin=subprocess.DEVNULL)
