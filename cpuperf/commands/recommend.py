@@ -59,10 +59,11 @@ def planning_measurements(facts: Any, log: Any) -> Any:
     return measure.load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
 
 
-def measure_before_run(facts: Any, threads: int, log: Any) -> Any:
+def measure_before_run(facts: Any, threads: int, log: Any, workload: Any = None) -> Any:
     """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
-    and cached, so the next plan in any command is the same one). CPUPERF_MEASURE=0 skips it. A measurement
-    that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
+    and cached, so the next plan in any command is the same one); with `workload`, tune the plan's levers on
+    its shape where nothing is tuned for it yet (cpuperf.decide.tune, ~60 s). CPUPERF_MEASURE=0 skips both.
+    A measurement that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
     import os
 
     from cpuperf.errors import ProbeFailedError
@@ -72,12 +73,86 @@ def measure_before_run(facts: Any, threads: int, log: Any) -> Any:
         return planning_measurements(facts, log)
     data, _ = measure.read_cached(facts)
     if data is not None and measure.assess(data, facts)[0]:
-        return measure.load_cached(facts, log)
-    try:
-        return measure.measure_if_unsure(facts, threads, log=log)
-    except ProbeFailedError as exc:
-        log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
-        return planning_measurements(facts, log)
+        meas = measure.load_cached(facts, log)
+    else:
+        try:
+            meas = measure.measure_if_unsure(facts, threads, log=log)
+        except ProbeFailedError as exc:
+            log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
+            return planning_measurements(facts, log)
+    if workload is None:
+        return meas
+    from cpuperf.decide.recommend import shape_key
+
+    if meas is not None and shape_key(workload) in meas.tuned_by_shape:
+        return meas
+    log(f"tuning the plan's levers for {shape_key(workload)} on this host (about "
+        f"{_tune_rules()['budget_s']} s, once; cached for later runs) ...")
+    if tune_shape(facts, workload, meas, log) is None:
+        return meas
+    return measure.load_cached(facts)
+
+
+def _tune_rules() -> Dict[str, Any]:
+    from cpuperf.run.tune import rules
+
+    return rules()
+
+
+def tune_shape(facts: Any, workload: Any, meas: Any, log: Any, budget_s: Optional[float] = None) -> Any:
+    """Coordinate descent over this plan's levers on the reference loop at the workload's shape, each point run
+    with the env and CPUs its own plan gives (cpuperf.decide.tune); the result cached per host, torch build and
+    shape. Returns (result, candidates, entry), or None where there is nothing to tune (a GPU plan)."""
+    import time
+
+    from cpuperf.data import load_builtin
+    from cpuperf.decide import tune as dtune
+    from cpuperf.decide.recommend import recommend, shape_key
+    from cpuperf.run import measure
+    from cpuperf.run import tune as rtune
+
+    rule = rtune.rules()
+    budget = float(budget_s if budget_s is not None else rule["budget_s"])
+    rec = recommend(facts, workload, measurements=meas, shape_tuning=False, environ={})
+    if rec.get("device") != "cpu":
+        return None
+    start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, load_builtin("tuning.toml"))
+    base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule["seconds"], "steps": rule["steps"],
+            "warmup": rule["warmup"], "windows": rule["windows"], "run_steps": workload.steps or 0,
+            "shape": {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
+                      "seq_len": workload.seq_len, "vocab_size": workload.vocab}}
+
+    def run_one(p: Any) -> Any:
+        env, cpus = _point_env(facts, workload, meas, p)
+        return rtune.bench_point(p, base, env, cpus)
+
+    before = measure.load_now(facts, start.ranks * start.threads)
+    result = rtune.tune(start, cand, run_one, budget, int(rule["passes"]), log)
+    after = measure.load_now(facts, start.ranks * start.threads)
+    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
+             "shape": shape_key(workload),
+             "load": {**before, "under_load": before["under_load"] or after["under_load"], "after": after["figure"]}}
+    for line in rtune.summary(result, cand):
+        log(line)
+    if result.stopped != "failed":
+        measure.save_tuned(facts, "tuned_by_shape", shape_key(workload), entry)
+    return result, cand, entry
+
+
+def _point_env(facts: Any, workload: Any, meas: Any, p: Any) -> Any:
+    """(env, CPUs per rank) of the plan with `p`'s values: what `train --auto` would run at that point."""
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.tune import decision_values
+    from cpuperf.run import measure
+
+    sets = {k: ("none" if v is None else str(v).lower()) for k, v in decision_values(p).items()
+            if not (k == "optimizer" and v is None)}
+    rec = recommend(facts, workload, measurements=meas, overrides=sets, shape_tuning=False, environ={})
+    jp = job_plan(facts, rec, None)
+    env = dict(jp.env_map())
+    if p.allocator and "LD_PRELOAD" not in env:
+        env.update(measure.allocator_env(p.allocator, measure.allocator_libraries(facts)[p.allocator]))
+    return env, [list(r.cpus) for r in jp.launch.per_rank]
 
 
 def load_settings_file(path: str) -> Dict[str, str]:
@@ -395,6 +470,53 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
                          + (f"pays back after {cross} steps" if cross else "never pays back"))
         lines.append(f"cached at {path}")
         out.product("\n".join(lines))
+    return 0
+
+
+def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float], refresh: bool = False) -> int:
+    """`cpuperf bench --tune`: tune the plan's levers for --model's shape on this host (cached; --refresh redoes it)."""
+    import sys
+
+    from cpuperf.decide.recommend import shape_key
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.errors import ProbeFailedError
+    from cpuperf.probe import probe_host
+    from cpuperf.run import measure
+
+    facts = probe_host()
+    _writable_dir(measure.cache_dir())
+    workload = resolve_workload(model, None, None, None, 400)
+    meas = measure.load_cached(facts)
+    key = shape_key(workload)
+    cached = meas.tuned_by_shape.get(key) if meas is not None else None
+    if cached is None or refresh:
+        out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or _tune_rules()['budget_s']} s) ...")
+        got = tune_shape(facts, workload, meas, lambda m: sys.stderr.write(f"cpuperf bench: {m}\n"), budget_s)
+        if got is None:
+            raise ProbeFailedError("nothing to tune: the plan trains on a GPU", hint="--tune tunes CPU training")
+        entry = got[2]
+        if got[0].stopped == "failed":
+            raise ProbeFailedError("the rule's point failed to run: nothing tuned",
+                                   hint="check that torch imports: cpuperf doctor")
+    else:
+        out.info("cached tuning (cpuperf bench --tune --refresh tunes again)")
+        entry = cached
+    if out.json_mode:
+        out.json({"schema": "cpuperf.bench-tune/1", "shape": key, "cache": str(measure.cache_dir()), **entry})
+        return 0
+    from cpuperf.decide.tune import Point
+
+    best, start = entry.get("best_samples_per_s"), entry.get("start_samples_per_s")
+    lines = [f"tuned for {key}: {Point.from_json(entry['best']).label()}" + (f", {best:.2f} samples/s" if best else "")
+             + (f" vs the rule's point {start:.2f}" if start and best else "")]
+    for lever, fig in (entry.get("levers") or {}).items():
+        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in fig["alternatives"].items()))
+    for lever, why in (entry.get("skipped") or {}).items():
+        lines.append(f"  {lever}: not tuned: {why}")
+    if entry.get("stopped") == "budget":
+        lines.append(f"the {entry.get('budget_s')} s budget ended the search: the best point so far is kept")
+    out.product("\n".join(lines))
     return 0
 
 

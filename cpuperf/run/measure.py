@@ -76,6 +76,8 @@ def _validated(data: Any) -> Dict[str, Any]:
             value = entry.get(name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"compile_by_model.{key}.{name} is not a positive number")
+    for kind in ("tuned_by_shape", "tuned_by_command"):
+        _validate_tuned(kind, data.get(kind, {}))
     speedups = data.get("allocator_speedup", {})
     if not isinstance(speedups, dict):
         raise ValueError("allocator_speedup is not an object")
@@ -85,6 +87,26 @@ def _validated(data: Any) -> Dict[str, Any]:
         if not ok:
             raise ValueError(f"allocator_speedup.{key} is not a positive number")
     return data
+
+
+def _validate_tuned(kind: str, entries: Any) -> None:
+    """Tuning results (cpuperf.decide.tune): objects whose figures are positive numbers; else ValueError."""
+    import math
+
+    def positive(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+    if not isinstance(entries, dict):
+        raise ValueError(f"{kind} is not an object")
+    for key, entry in entries.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("best"), dict) \
+                or not isinstance(entry.get("levers", {}), dict):
+            raise ValueError(f"{kind}.{key} is not a tuning result")
+        for lever, fig in entry.get("levers", {}).items():
+            alts = fig.get("alternatives") if isinstance(fig, dict) else None
+            if not (isinstance(fig, dict) and positive(fig.get("figure")) and isinstance(fig.get("value"), str)
+                    and isinstance(alts, dict) and all(positive(v) for v in alts.values())):
+                raise ValueError(f"{kind}.{key}.levers.{lever} is not a measured figure")
 
 
 def _rules() -> Dict[str, Any]:
@@ -225,8 +247,8 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
     previous, _ = read_cached(facts)
     if previous is not None and assess(previous, facts)[0]:
         # Compile figures are per model and slow to take: a later bench keeps the other models' ones.
-        results = {**results, "compile_by_model": {**(previous.get("compile_by_model") or {}),
-                                                   **(results.get("compile_by_model") or {})}}
+        results = {**results, **{kind: {**(previous.get(kind) or {}), **(results.get(kind) or {})}
+                                     for kind in ("compile_by_model", "tuned_by_shape", "tuned_by_command")}}
         if "allocator_speedup" not in results and previous.get("allocator_speedup"):
             # `bench --no-allocators` measured the rest again: the allocator figures stand until measured anew.
             results["allocator_speedup"] = previous["allocator_speedup"]
@@ -234,6 +256,18 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
               "measured_at": int(time.time()), **results}
     atomic_write_bytes(path, json.dumps(record, indent=2).encode())
     return path
+
+
+def save_tuned(facts: HostFacts, kind: str, key: str, entry: Dict[str, Any]) -> Path:
+    """One tuning result into this host's cache (kind: tuned_by_shape | tuned_by_command), beside what is there;
+    the rest of the entry keeps its own time and load."""
+    data, _ = read_cached(facts)
+    usable = data is not None and assess(data, facts)[0]
+    base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")} if usable else {}
+    if "load" not in base and "load" in entry:
+        base["load"] = entry["load"]
+    base.setdefault("measured_at", entry.get("measured_at"))
+    return save(facts, {**base, kind: {**(base.get(kind) or {}), key: entry}})
 
 
 def load_now(facts: HostFacts, threads: int) -> Dict[str, Any]:

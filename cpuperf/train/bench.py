@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
@@ -148,10 +148,12 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         step()
     min_steps, seconds = int(cfg.get("steps", 10)), float(cfg.get("seconds", 5.0))
     count, start = 0, time.perf_counter()
+    marks = []  # the time at the end of each step: the windows' rates (tuning's short repeats in one process)
     while True:
         step()
         count += 1
         elapsed = time.perf_counter() - start
+        marks.append(elapsed)
         done = (count >= min_steps and elapsed >= seconds) or elapsed >= seconds * 2  # emulated bf16: never minutes
         if world > 1:  # every rank stops at the same step (DDP's all-reduces must pair up)
             import torch.distributed as dist
@@ -182,6 +184,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         dist.destroy_process_group()
     return {
         "samples_per_s": count * max(1, batch // world) * world / elapsed,
+        "window_rates": window_rates(marks, int(cfg.get("windows") or 1), max(1, batch // world) * world),
         "ranks": world, "rank": rank,
         "steps": count,
         "first_step_s": first,
@@ -193,6 +196,19 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "flops_per_sample": flops_per_sample(workload, size, cfg.get("shape")),
         "torch": torch.__version__,
     }
+
+
+def window_rates(marks: List[float], windows: int, batch: int) -> List[float]:
+    """samples/s over `windows` consecutive runs of steps (as equal in steps as the count allows)."""
+    windows = max(1, min(windows, len(marks)))
+    out, prev_t, prev_i = [], 0.0, 0
+    for w in range(1, windows + 1):
+        i = round(w * len(marks) / windows)
+        span = marks[i - 1] - prev_t
+        if span > 0:
+            out.append((i - prev_i) * batch / span)
+        prev_t, prev_i = marks[i - 1], i
+    return out
 
 
 def main(argv: Any = None) -> int:
