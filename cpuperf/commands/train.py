@@ -707,7 +707,7 @@ def _print_plan(out: Output, jp: Any) -> None:
     shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.user_argv else
              ("dtype", "compile", "ipex", "threads_per_rank", "ddp_backend", "allocator", "batch_size", "optimizer", "plain"))
     for d in jp.decisions:
-        if d["overridden"] or d["id"] in shown or "tuned" in d["evidence"]:
+        if d["overridden"] or d["id"] in shown or str(d["reason"]).startswith("tuned "):
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
     for note in plan.notes:
         lines.append(f"# {note}")

@@ -192,8 +192,8 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
         seen.update(points)
         rnd = _decide(incumbent, samples, failed, min_gain)
         rounds.append(rnd)
-        if not samples[incumbent]:
-            stopped = "budget" if out_of_time else "failed"
+        if not samples[incumbent]:  # the start never ran: nothing tuned; a later incumbent ran in its round
+            stopped = "failed" if incumbent == start or not out_of_time else "budget"
             break
         if rnd.winner is not None:
             incumbent = rnd.winner

@@ -77,7 +77,8 @@ def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], c
     return rates
 
 
-_TRAINER_RATE = re.compile(r"""['"]train_samples_per_second['"]\s*:\s*([0-9][0-9.eE+-]*)""")
+# transformers 5 prints its metrics formatted as strings ('4.145'), earlier releases as numbers
+_TRAINER_RATE = re.compile(r"""['"]train_samples_per_second['"]\s*:\s*['"]?([0-9][0-9.eE+-]*)""")
 
 
 def trainer_rate(output: str) -> Optional[float]:
