@@ -178,6 +178,9 @@ def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_p
     data["tuned_by_shape"]["K1"]["levers"]["pinning"]["figure"] = "fast"
     path.write_text(json.dumps(data))
     assert measure.load_cached(facts) is None and not path.exists()
+    # so is a point outside the one vocabulary (a recorded file comes from elsewhere)
+    measure.save_tuned(facts, "tuned_by_shape", "K1", {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}})
+    assert measure.load_cached(facts) is None
 
 
 # -- the user's command ------------------------------------------------------------------------------

@@ -102,11 +102,26 @@ def _validate_tuned(kind: str, entries: Any) -> None:
         if not isinstance(entry, dict) or not isinstance(entry.get("best"), dict) \
                 or not isinstance(entry.get("levers", {}), dict):
             raise ValueError(f"{kind}.{key} is not a tuning result")
+        if not _point_ok(entry["best"]):
+            raise ValueError(f"{kind}.{key}.best is not a point cpuperf can run")
         for lever, fig in entry.get("levers", {}).items():
             alts = fig.get("alternatives") if isinstance(fig, dict) else None
             if not (isinstance(fig, dict) and positive(fig.get("figure")) and isinstance(fig.get("value"), str)
                     and isinstance(alts, dict) and all(positive(v) for v in alts.values())):
                 raise ValueError(f"{kind}.{key}.levers.{lever} is not a measured figure")
+
+
+def _point_ok(best: Dict[str, Any]) -> bool:
+    """A tuned point's values from the closed sets of the one vocabulary (a recorded file comes from elsewhere)."""
+    from cpuperf.knowledge.knobs import BY_ID
+
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096
+
+    return (best.get("dtype") in BY_ID["dtype"].choices and best.get("allocator") in BY_ID["allocator"].choices
+            and best.get("optimizer") in (None, *BY_ID["optimizer"].choices) and count(best.get("ranks"))
+            and count(best.get("threads")) and isinstance(best.get("pinned"), bool)
+            and isinstance(best.get("compile", False), bool))
 
 
 def _rules() -> Dict[str, Any]:
