@@ -157,6 +157,8 @@ def test_tuned_figures_decide_and_show_in_the_plan(tmp_path):
     # a command's tuning applies only where the caller passes it
     got = tuned_decisions(entry, "on this command")
     assert got["affinity"][1].startswith("tuned on this command at 2026-11-24 ")
+    busy = tuned_decisions({**entry, "load": {"under_load": True, "figure": "load average 5"}}, "here")
+    assert busy["affinity"][1].endswith("; taken under load (load average 5)")
 
 
 def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_path, monkeypatch):
@@ -226,6 +228,26 @@ def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_p
     assert f"tuned here for {got['shape']}" in plan.stdout, plan.stdout
     assert "measuring" not in plan.stderr and "tuning" not in plan.stderr
     assert lever in json.dumps(got["levers"])
+
+
+def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from cpuperf.run import measure
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    facts = probe_host()
+    if facts.gpus:
+        pytest.skip("a GPU host plans for its GPUs")
+    # a trusted measurement is cached (nothing else to measure): only the tuning for this shape is missing
+    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 1.0, "allocator_speedup": {},
+                         "load": {"under_load": False, "busy_cpus": {}, "figure": "quiet"}})
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "CPUPERF_MEASURE": "1"}
+    proc = run_cli(["train", "--auto", "--model", "micro", "--max-steps", "2", "--out", str(tmp_path / "run")],
+                   extra_env=env, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tuning the plan's levers for " + shape_key(PRESETS["micro"]) in proc.stderr
+    got = measure.load_cached(probe_host(use_cache=False))
+    assert got is not None and shape_key(PRESETS["micro"]) in got.tuned_by_shape and got.gemm_fp32_gflops == 100.0
 
 
 def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):

@@ -84,10 +84,11 @@ def measure_before_run(facts: Any, threads: int, log: Any, workload: Any = None)
         return meas
     from cpuperf.decide.recommend import shape_key
 
-    if meas is not None and shape_key(workload) in meas.tuned_by_shape:
-        return meas
-    log(f"tuning the plan's levers for {shape_key(workload)} on this host (about "
-        f"{_tune_rules()['budget_s']} s, once; cached for later runs) ...")
+    entry = meas.tuned_by_shape.get(shape_key(workload)) if meas is not None else None
+    if entry is not None and not (entry.get("load") or {}).get("under_load"):
+        return meas  # tuned on a quiet host: kept; one tuned under load is tuned again here
+    log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {_tune_rules()['budget_s']} s"
+        + ("; the cached tuning was taken under load" if entry is not None else ", once") + "; cached for later runs) ...")
     if tune_shape(facts, workload, meas, log) is None:
         return meas
     return measure.load_cached(facts)

@@ -308,6 +308,9 @@ def tuned_decisions(entry: Mapping[str, Any], what: str) -> Dict[str, Tuple[Any,
     noise = entry.get("noise")
     how = ("" if entry.get("stopped") != "budget" else
            f"; the {entry.get('budget_s', '')} s budget ended the search: best so far")
+    load: Mapping[str, Any] = entry.get("load") or {}
+    if isinstance(load, Mapping) and load.get("under_load"):  # said, as for any measurement; a real --auto run tunes again
+        how += f"; taken under load ({load.get('figure') or 'busy CPUs'})"
     out: Dict[str, Tuple[Any, str, Dict[str, Any]]] = {}
     for lever, fig in (entry.get("levers") or {}).items():
         if lever not in DECISIONS or not isinstance(fig, Mapping):
