@@ -82,13 +82,16 @@ def measure_before_run(facts: Any, threads: int, log: Any, workload: Any = None)
             return planning_measurements(facts, log)
     if workload is None:
         return meas
+    from cpuperf.data import load_builtin
     from cpuperf.decide.recommend import shape_key
+    from cpuperf.decide.tune import too_noisy
 
     entry = meas.tuned_by_shape.get(shape_key(workload)) if meas is not None else None
-    if entry is not None and not (entry.get("load") or {}).get("under_load"):
-        return meas  # tuned on a quiet host: kept; one tuned under load is tuned again here
+    if entry is not None and not (entry.get("load") or {}).get("under_load") and \
+            not too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
+        return meas  # tuned on a quiet host: kept; one tuned under load or too noisy is tuned again here
     log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {_tune_rules()['budget_s']} s"
-        + ("; the cached tuning was taken under load" if entry is not None else ", once") + "; cached for later runs) ...")
+        + ("; the cached tuning was taken under load or too noisy" if entry is not None else ", once") + "; cached for later runs) ...")
     if tune_shape(facts, workload, meas, log) is None:
         return meas
     return measure.load_cached(facts)

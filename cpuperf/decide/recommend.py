@@ -16,7 +16,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import Decision, Measurements, Recommendation
-from cpuperf.decide.tune import tuned_decisions
+from cpuperf.decide.tune import too_noisy, tuned_decisions
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, cpu_ddp_backend, newer_than_last, retirement
@@ -229,7 +229,11 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     if tuned is None and shape_tuning and not base:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
-    if tuned is not None and device != "cuda" and not facts.gpus:
+    if tuned is not None and too_noisy(tuned[0], ctx.tuning["measure"]["max_spread"]):
+        ctx.notes.append(f"the tuning {tuned[1]} is not used: its repeats spread {tuned[0]['noise'] * 100:.0f}% "
+                         f"(over {ctx.tuning['measure']['max_spread'] * 100:.0f}%: the host was busy); the rules decide. "
+                         "Tune again on a quiet host")
+    elif tuned is not None and device != "cuda" and not facts.gpus:
         ctx.tuned = _applicable(tuned_decisions(tuned[0], tuned[1]), fixed, ctx.ranks_from is not None, nnodes)
         gone = ctx.tuned.get("allocator", (None,))[0]
         if gone and facts.software is not None and not facts.software.allocators.get(gone):

@@ -298,6 +298,13 @@ def decision_values(p: Point) -> Dict[str, Any]:
             "threads_per_rank": p.threads, "affinity": "auto" if p.pinned else None, "compile": p.compile}
 
 
+def too_noisy(entry: Mapping[str, Any], max_spread: float) -> bool:
+    """A tuning whose incumbent spread more than `max_spread` over its repeats: the host was not steady enough
+    for its figures to decide anything (a busy shared host made one Trainer run 60x slower than the next)."""
+    noise = entry.get("noise")
+    return isinstance(noise, (int, float)) and noise > max_spread
+
+
 def tuned_decisions(entry: Mapping[str, Any], what: str) -> Dict[str, Tuple[Any, str, Dict[str, Any]]]:
     """decision id -> (value, reason, evidence) for each lever a cached tuning measured; `what` names where."""
     import time
