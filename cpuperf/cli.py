@@ -238,12 +238,19 @@ def bench(
     compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain for --model (tens of seconds to minutes)."),
     model: Optional[str] = typer.Option(None, "--model", help="--compile: the model to measure (a preset or config.json; default tiny)."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again even if a fresh, trusted measurement is cached."),
+    tune: bool = typer.Option(False, "--tune", help="Tune the plan's levers jointly for --model's shape (dtype, allocator, optimizer, ranks x threads, pinning): ~60 s, cached."),
+    budget: Optional[float] = typer.Option(None, "--budget", metavar="S", help="--tune: seconds the search may take (default 60)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Measure this host (GEMM fp32 vs bf16, allocators, compile) and cache it for the engine."""
     from cpuperf.commands import recommend as cmd
     _finite("--seconds", seconds, maximum=600.0)
+    if budget is not None:
+        _finite("--budget", budget, maximum=3600.0)
+    if tune:
+        _finish(cmd.run_bench_tune(Output(json_mode=json_out, quiet=quiet), model, budget, refresh))
+        return
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_,
                         refresh, model))
 
@@ -292,6 +299,8 @@ def train(
     plan: Optional[str] = typer.Option(None, "--plan", metavar="FILE", help="Run exactly this saved plan (cpuperf recommend --save FILE): nothing is decided again; a plan made for another host or stack is refused."),
     replan: bool = typer.Option(False, "--replan", help="With --plan: where this host or stack differs, plan again from the plan's own inputs and this host's facts."),
     adapt_to_load: bool = typer.Option(False, "--adapt-to-load", help=LOAD_HELP),
+    tune: bool = typer.Option(False, "--tune", help="With `-- <Trainer command>`: tune the levers on the command itself (a few short runs per candidate); later --auto runs of it use the winner."),
+    budget: Optional[float] = typer.Option(None, "--budget", metavar="S", help="--tune: seconds the search may take (default 240)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -304,7 +313,10 @@ def train(
                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
                          ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
                          rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot,
-                         user_argv=list(ctx.args), plan=plan, replan=replan, adapt_to_load=adapt_to_load)
+                         user_argv=list(ctx.args), plan=plan, replan=replan, adapt_to_load=adapt_to_load,
+                         tune=tune, budget=budget)
+    if budget is not None:
+        _finite("--budget", budget, maximum=3600.0)
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
 
 

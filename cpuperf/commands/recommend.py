@@ -105,15 +105,9 @@ def _toml(text: str) -> Dict[str, Any]:
 def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
              environ: Optional[Dict[str, str]] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
-    from cpuperf.plan.job import JobRequest, plan_job
-    from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
+    from cpuperf.plan.job import placeholder_job
 
-    nnodes = max(1, int(rec.get("nnodes")))
-    master = None if hosts else ("127.0.0.1" if nnodes > 1 else None)  # placeholder a user replaces
-    request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
-                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
-    return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
-                    python="python")
+    return placeholder_job(facts, rec, hosts, environ)
 
 
 def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
@@ -359,6 +353,55 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         out.json({"schema": "cpuperf.bench/1", **results})
     else:
         out.product("\n".join(_bench_lines(results, flags) + [f"cached at {path}"]))
+    return 0
+
+
+def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float], refresh: bool = False) -> int:
+    """`cpuperf bench --tune`: tune the plan's levers for --model's shape on this host (cached; --refresh redoes it)."""
+    import sys
+
+    from cpuperf.decide.recommend import shape_key
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.errors import ProbeFailedError
+    from cpuperf.probe import probe_host
+    from cpuperf.run import measure
+    from cpuperf.run.tune import rules as tune_rules
+    from cpuperf.run.tune import tune_shape
+
+    facts = probe_host()
+    _writable_dir(measure.cache_dir())
+    workload = resolve_workload(model, None, None, None, 400)
+    meas = measure.load_cached(facts)
+    key = shape_key(workload)
+    cached = meas.tuned_by_shape.get(key) if meas is not None else None
+    if cached is None or refresh:
+        out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or tune_rules()['budget_s']} s) ...")
+        got = tune_shape(facts, workload, meas, lambda m: sys.stderr.write(f"cpuperf bench: {m}\n"), budget_s)
+        if got is None:
+            raise ProbeFailedError("nothing to tune: the plan trains on a GPU", hint="--tune tunes CPU training")
+        entry = got[2]
+        if got[0].stopped == "failed":
+            raise ProbeFailedError("the rule's point failed to run: nothing tuned",
+                                   hint="check that torch imports: cpuperf doctor")
+    else:
+        out.info("cached tuning (cpuperf bench --tune --refresh tunes again)")
+        entry = cached
+    if out.json_mode:
+        out.json({"schema": "cpuperf.bench-tune/1", "shape": key, "cache": str(measure.cache_dir()), **entry})
+        return 0
+    from cpuperf.decide.tune import Point
+
+    best, start = entry.get("best_samples_per_s"), entry.get("start_samples_per_s")
+    lines = [f"tuned for {key}: {Point.from_json(entry['best']).label()}" + (f", {best:.2f} samples/s" if best else "")
+             + (f" vs the rule's point {start:.2f}" if start and best else "")]
+    for lever, fig in (entry.get("levers") or {}).items():
+        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in fig["alternatives"].items()))
+    for lever, why in (entry.get("skipped") or {}).items():
+        lines.append(f"  {lever}: not tuned: {why}")
+    if entry.get("stopped") == "budget":
+        lines.append(f"the {entry.get('budget_s')} s budget ended the search: the best point so far is kept")
+    out.product("\n".join(lines))
     return 0
 
 

@@ -59,6 +59,8 @@ class TrainArgs:
     plan: Optional[str] = None  # a saved plan to run as it stands (cpuperf recommend --save)
     replan: bool = False
     adapt_to_load: bool = False
+    tune: bool = False  # --tune: tune the levers on the user's command itself (a few short runs per candidate)
+    budget: Optional[float] = None
 
 
 def split_constraints(a: TrainArgs) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -89,9 +91,11 @@ def _nodes(a: TrainArgs, environ: Dict[str, str]) -> Tuple[Optional[Tuple[Host, 
     return (tuple(hosts[:nnodes]) if hosts else None), nnodes
 
 
-def _measurements(a: TrainArgs, facts: HostFacts, environ: Dict[str, str]) -> Optional[Measurements]:
+def _measurements(a: TrainArgs, facts: HostFacts, environ: Dict[str, str],
+                  workload: Optional[Workload] = None) -> Optional[Measurements]:
     """--auto: what recommend decides from (the cache, else the rules), measured first where a real run starts
-    on a host with nothing cached; plain: the cache as it is."""
+    on a host with nothing cached (the built-in loop also tuned on its shape, when long enough); plain: the
+    cache as it is."""
     from cpuperf.run import measure
 
     def log(msg: str) -> None:
@@ -103,7 +107,8 @@ def _measurements(a: TrainArgs, facts: HostFacts, environ: Dict[str, str]) -> Op
     if a.auto and not a.dry_run and not a.plan:
         from cpuperf.decide.placement import plan_placement
 
-        return measure.measure_before_run(facts, plan_placement(facts).threads_per_rank, log)
+        return measure.measure_before_run(facts, plan_placement(facts).threads_per_rank, log,
+                                          workload if not a.user_argv and not a.sets else None)
     if a.auto:
         return measure.planning_measurements(facts, log)
     return measure.load_cached(facts, log)
@@ -215,9 +220,11 @@ def _read_script(path: Optional[str]) -> Optional[str]:
         return None
 
 
-def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optional[Dict[str, str]] = None) -> JobPlan:
+def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optional[Dict[str, str]] = None,
+               use_tuned: bool = True) -> JobPlan:
     """The job's one plan (cpuperf.plan.job.JobPlan): probe, constraints, decisions, env, launch; no side effects
-    but probing (and, multi-node outside --dry-run, checking the hosts)."""
+    but probing (and, multi-node outside --dry-run, checking the hosts). `use_tuned` False: the rules' plan,
+    without a cached tuning (the start of `--tune`)."""
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.plan.job import JobRequest, plan_job
@@ -255,8 +262,11 @@ def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optiona
         rec = _from_saved(a, saved_plan, diffs, facts, yours)
         workload = rec.workload
     else:
+        meas = _measurements(a, facts, environ, workload)
         rec = recommend(facts, workload, nproc_per_node=nproc, nnodes=nnodes, unit=a.unit, device=a.device,
-                        measurements=_measurements(a, facts, environ), overrides=decided,
+                        measurements=meas, overrides=decided,
+                        tuned=_command_tuning(a, meas) if use_tuned else None,
+                        shape_tuning=use_tuned and a.auto and not a.user_argv,
                         environ=environ if facts.live else {},
                         baseline=None if a.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                         ranks_from=f"your launcher: {yours.source}" if yours is not None else None)
@@ -286,6 +296,16 @@ def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optiona
                     mpi=mpi[1] if (mpi and a.launcher == "mpirun") else None, socket_ifname=ifname,
                     log_dir=os.path.join(out_dir, "logs"), euid=os.geteuid(), hf=hf, yours=yours,
                     planned_env=saved_plan.env if saved_plan is not None and not diffs else None)
+
+
+def _command_tuning(a: TrainArgs, meas: Optional[Measurements]) -> Optional[Tuple[Dict[str, Any], str]]:
+    """(the cached `train --tune` result for this command, where) for an --auto run of a user's command, else None."""
+    if not (a.auto and a.user_argv and meas is not None):
+        return None
+    from cpuperf.plan.user_script import command_key
+
+    entry = meas.tuned_by_command.get(command_key(a.user_argv))
+    return (entry, "on this command") if entry else None
 
 
 def _from_saved(a: TrainArgs, plan: SavedPlan, diffs: List[str], facts: HostFacts,
@@ -419,6 +439,8 @@ def run_train(out: Output, a: TrainArgs) -> int:
     """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code."""
     if a.user_argv and a.user_argv[0] == "--":
         a.user_argv = a.user_argv[1:]
+    if a.tune:
+        return _run_tune(out, a)
     jp = build_plan(a)
     launch = _plan_json(jp)
     if a.dry_run:
@@ -431,6 +453,68 @@ def run_train(out: Output, a: TrainArgs) -> int:
             _print_plan(out, jp)
         return 0
     return _execute(out, a, jp, launch)
+
+
+def _run_tune(out: Output, a: TrainArgs) -> int:
+    """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
+    each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
+    train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
+    import dataclasses
+    import tempfile
+    import time
+
+    from cpuperf.data import load_builtin
+    from cpuperf.decide import tune as dtune
+    from cpuperf.plan.user_script import command_key, detect_parser, parse_command, tuning_argv
+    from cpuperf.run import measure
+    from cpuperf.run import tune as rtune
+
+    _check_tunable(a)
+    parsed = parse_command(a.user_argv)
+    parser, why = detect_parser(_read_script(parsed.script), parsed.script_args)
+    if parser != "hf":
+        raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
+                         hint="it needs a Trainer script that parses TrainingArguments from its command line "
+                              "(HfArgumentParser)")
+    jp = build_plan(dataclasses.replace(a, auto=True, dry_run=True, tune=False), use_tuned=False)
+    if jp.rec.get("device") != "cpu":
+        raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
+    facts, rule = jp.facts, rtune.rules()
+    start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
+                                                        own_launcher=bool(jp.launch.yours))
+    budget = float(a.budget or rule["script_budget_s"])
+    out.info(f"cpuperf train: tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} "
+             f"steps per run, {rule['script_passes']} interleaved passes, budget {budget:.0f} s) ...")
+
+    def log(msg: str) -> None:
+        out.info(f"cpuperf train: {msg}")
+
+    with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work:
+        argv = tuning_argv(a.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
+        result = rtune.tune(start, cand, lambda p: rtune.script_point(p, list(cand.values), argv, work), budget,
+                            int(rule["script_passes"]), log)
+    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
+             "command": list(a.user_argv)}
+    lines = rtune.summary(result, cand)
+    if result.stopped == "failed":
+        raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
+                                hint="run it once with cpuperf train --auto -- ... to see why")
+    path = measure.save_tuned(facts, "tuned_by_command", command_key(a.user_argv), entry)
+    if out.json_mode:
+        out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
+    else:
+        out.product("\n".join(lines + [f"cached at {path}: `cpuperf train --auto -- <this command>` uses it"]))
+    return 0
+
+
+def _check_tunable(a: TrainArgs) -> None:
+    if not a.user_argv:
+        raise UsageError("--tune tunes your own Trainer command: cpuperf train --tune -- python train.py ...",
+                         hint="for the built-in loop: cpuperf bench --tune [--model NAME]")
+    if a.dry_run or a.plan or a.sysroot:
+        what = "--dry-run" if a.dry_run else "--plan" if a.plan else "--sysroot"
+        raise UsageError(f"--tune runs your command on this host: not with {what}",
+                         hint="cpuperf train --auto --dry-run -- ... shows the plan a tuning made")
 
 
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
@@ -643,7 +727,7 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     if len(plan.per_rank) > 1 and any(s.threads for s in plan.per_rank) and not any(s.cpus for s in plan.per_rank):
         shown = (*shown, "affinity")
     for d in jp.decisions:
-        if d["overridden"] or d["id"] in shown:
+        if d["overridden"] or d["id"] in shown or str(d["reason"]).startswith("tuned "):
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
     for note in plan.notes:
         lines.append(f"# {note}")

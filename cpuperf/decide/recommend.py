@@ -16,6 +16,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import Decision, Measurements, Recommendation
+from cpuperf.decide.tune import too_noisy, tuned_decisions
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, cpu_ddp_backend, newer_than_last, retirement
@@ -150,6 +151,7 @@ class _Context:
     ranks_from: Optional[Tuple[int, str]] = None  # (count, where): ranks a user's own launcher starts
     decisions: Dict[str, Decision] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    tuned: Dict[str, Tuple[Any, str, Dict[str, Any]]] = field(default_factory=dict)  # measured: cpuperf.decide.tune
 
     @property
     def torch(self) -> Optional[str]:
@@ -168,6 +170,9 @@ class _Context:
             mine = "none" if value is None else repr(value)
             d = Decision(id, self.fixed[id], f"set by you (cpuperf would choose {mine}: {reason})",
                          evidence or {}, overridden=True)
+        elif id in self.tuned:  # measured on this plan beats the rule (which it started from)
+            value, why, measured = self.tuned[id]
+            d = Decision(id, value, why, {**(evidence or {}), **measured}, needs_torch=needs_torch)
         else:
             d = Decision(id, value, reason, evidence or {}, needs_torch=needs_torch)
         self.decisions[id] = d
@@ -193,11 +198,14 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
               nnodes: int = 1, unit: str = "socket", device: str = "auto",
               measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
               environ: Optional[Mapping[str, str]] = None,
-              baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None) -> Recommendation:
+              baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
+              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True) -> Recommendation:
     """Decide every setting for this host and workload; the user's values (overrides) are constraints
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto).
-    `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from)."""
+    `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from).
+    `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
+    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune)."""
     fixed = user_constraints(overrides)
     if nproc_per_node is not None and ranks_from is None:
         fixed.setdefault("nproc_per_node", nproc_per_node)
@@ -208,6 +216,18 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
                    stack_versions(facts), fixed, tuple(base),
                    ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None)
+    if tuned is None and shape_tuning and not base:
+        entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
+        tuned = (entry, f"here for {shape_key(workload)}") if entry else None
+    if tuned is not None and too_noisy(tuned[0], ctx.tuning["measure"]["max_spread"]):
+        ctx.notes.append(f"the tuning {tuned[1]} is not used: its repeats spread {tuned[0]['noise'] * 100:.0f}% "
+                         f"(over {ctx.tuning['measure']['max_spread'] * 100:.0f}%: the host was busy); the rules decide. "
+                         "Tune again on a quiet host")
+    elif tuned is not None and device != "cuda" and not facts.gpus:
+        ctx.tuned = _applicable(tuned_decisions(tuned[0], tuned[1]), fixed, ctx.ranks_from is not None, nnodes)
+        gone = ctx.tuned.get("allocator", (None,))[0]
+        if gone and facts.software is not None and not facts.software.allocators.get(gone):
+            del ctx.tuned["allocator"]  # tuned with an allocator this environment no longer has: the rule decides
     if facts.software is None:
         ctx.notes.append("the installed stack is unknown (snapshot): decisions that need torch assume a recent CPU torch")
     elif ctx.torch is None:
@@ -235,6 +255,19 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
     ordered = tuple(ctx.decisions[i] for i in DECISION_IDS if i in ctx.decisions)
     return Recommendation(ordered, placement, workload, tuple(ctx.notes), ctx.stack, oversubscribe=bool(fixed.get("oversubscribe")))
+
+
+def shape_key(w: Workload) -> str:
+    """What a tuning result is cached for: the model's shape and the global batch."""
+    return f"{model_key(w)}-B{w.batch_size}"
+
+
+def _applicable(tuned: Dict[str, Tuple[Any, str, Dict[str, Any]]], fixed: Mapping[str, Any], launcher_ranks: bool,
+                nnodes: int) -> Dict[str, Tuple[Any, str, Dict[str, Any]]]:
+    """The tuned levers the user left open: ranks and threads only on one node where cpuperf starts the ranks."""
+    layout = ("nproc_per_node", "threads_per_rank")
+    keep_layout = not launcher_ranks and (nnodes or 1) <= 1 and not any(k in fixed for k in layout)
+    return {k: v for k, v in tuned.items() if k not in fixed and (keep_layout or k not in layout)}
 
 
 def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tuple[Gpu, ...]:
@@ -267,7 +300,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
     facts, fixed = ctx.facts, ctx.fixed
     nnodes = int(fixed.get("nnodes") or 1)
     oversubscribe = bool(fixed.get("oversubscribe"))
-    threads = fixed.get("threads_per_rank")
+    threads = fixed.get("threads_per_rank") or (ctx.tuned["threads_per_rank"][0] if "threads_per_rank" in ctx.tuned else None)
     load_ev: Dict[str, Any] = {}
     if ctx.value("device") == "cuda":
         nproc = int(fixed.get("nproc_per_node") or max(1, len(gpus)))
@@ -283,7 +316,8 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
         want_ccl = backend == "ccl" or (backend is None and "ddp_backend" not in fixed and facts.software is not None
                                         and facts.cpu.arch == "x86_64"
                                         and cpu_ddp_backend(ctx.torch, ctx.stack.get("oneccl_bind_pt"), ctx.python).ccl_available)
-        asked = fixed.get("nproc_per_node") or (ctx.ranks_from[0] if ctx.ranks_from else None)
+        asked = fixed.get("nproc_per_node") or (ctx.ranks_from[0] if ctx.ranks_from else None) or \
+            (ctx.tuned["nproc_per_node"][0] if "nproc_per_node" in ctx.tuned else None)
         placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
                                    threads_per_rank=threads, oversubscribe=oversubscribe)
         # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the

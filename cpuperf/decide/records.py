@@ -40,6 +40,9 @@ class Measurements:
     # model_key(workload) -> {"compile_seconds", "speedup", "step_seconds", "batch"}: torch.compile
     # measured on this host for that model (cpuperf bench --compile --model NAME)
     compile_by_model: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    # Joint tuning (cpuperf.decide.tune): shape_key(workload) -> result, and a user command's key -> result
+    tuned_by_shape: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    tuned_by_command: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     source: str = "none"
 
     @classmethod

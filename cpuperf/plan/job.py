@@ -229,3 +229,16 @@ def worker_command(python: str, settings: Mapping[str, Any]) -> List[str]:
     """How each rank starts the built-in loop."""
     return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings, separators=(",", ":"))]
 
+
+def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
+                    environ: Optional[Mapping[str, str]] = None) -> JobPlan:
+    """The plan `cpuperf train --auto -- python your_script.py` would run, with a placeholder for the script
+    (what recommend renders and what a tuning point runs with)."""
+    from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
+
+    nnodes = max(1, int(rec.get("nnodes")))
+    master = None if hosts else ("127.0.0.1" if nnodes > 1 else None)  # placeholder a user replaces
+    request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
+                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
+    return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
+                    python="python")

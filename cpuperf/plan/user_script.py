@@ -495,3 +495,59 @@ def rejected_flags(code: int, wall_s: float, output: str, script: Optional[Scrip
     return (f"the script rejected the Trainer flags cpuperf added: {' '.join(script.added_args)}",
             "run it without them: " + " ".join(shlex.quote(a) for a in rerun))
 
+
+
+# -- tuning on the command itself (cpuperf train --tune) ----------------------------------------------
+
+# Not part of what a command is: the flags cpuperf adds itself (speed_flags), the run length and where it
+# writes (a tuning run sets both). A later `--auto` run of the same command finds its tuning.
+_NOT_IN_KEY = ("--use_cpu", "--no_cuda", "--bf16", "--fp16", "--half_precision_backend", "--optim", "--optim_args",
+               "--ddp_backend", "--dataloader_num_workers", "--dataloader_pin_memory", "--torch_compile",
+               "--torch_compile_backend", "--torch_compile_mode", "--gradient_checkpointing",
+               "--activation_checkpointing", "--tf32", "--use_ipex", "--max_steps", "--num_train_epochs",
+               "--output_dir")
+
+
+def _pairs(args: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
+    """(option, value or None) items, `--k=v` split; a bare word after an option is its value."""
+    out: List[Tuple[str, Optional[str]]] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok.startswith("--") and "=" in tok:
+            key, _, value = tok.partition("=")
+            out.append((key, value))
+        elif tok.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out.append((tok, args[i + 1]))
+            i += 1
+        else:
+            out.append((tok, None))
+        i += 1
+    return out
+
+
+def command_key(argv: Sequence[str]) -> str:
+    """The key a tuning of this command is cached under: its argv normalized (script path resolved, `--k=v`
+    split, options sorted), without the flags cpuperf adds, the run length or the output directory."""
+    import hashlib
+    import json
+
+    cmd = parse_command(argv)
+    head = list(argv[:len(argv) - len(cmd.script_args)])
+    if cmd.script:
+        head = [os.path.realpath(t) if t == cmd.script else t for t in head]
+    kept = sorted((_norm(k) if k.startswith("-") else k, v or "") for k, v in _pairs(cmd.script_args)
+                  if _norm(k) not in _NOT_IN_KEY)
+    return hashlib.sha256(json.dumps([head, kept]).encode()).hexdigest()[:16]
+
+
+def tuning_argv(argv: Sequence[str], steps: int, out_dir: str) -> List[str]:
+    """The command for one short tuning run: --max_steps `steps` and --output_dir `out_dir` in place of its own."""
+    cmd = parse_command(argv)
+    head = list(argv[:len(argv) - len(cmd.script_args)])
+    rest: List[str] = []
+    for key, value in _pairs(cmd.script_args):
+        if _norm(key) in ("--max_steps", "--output_dir", "--num_train_epochs"):
+            continue
+        rest += [key] if value is None else [key, value]
+    return [*head, *rest, "--max_steps", str(steps), "--output_dir", out_dir]

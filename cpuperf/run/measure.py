@@ -77,6 +77,8 @@ def _validated(data: Any) -> Dict[str, Any]:
             value = entry.get(name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"compile_by_model.{key}.{name} is not a positive number")
+    for kind in ("tuned_by_shape", "tuned_by_command"):
+        _validate_tuned(kind, data.get(kind, {}))
     speedups = data.get("allocator_speedup", {})
     if not isinstance(speedups, dict):
         raise ValueError("allocator_speedup is not an object")
@@ -86,6 +88,41 @@ def _validated(data: Any) -> Dict[str, Any]:
         if not ok:
             raise ValueError(f"allocator_speedup.{key} is not a positive number")
     return data
+
+
+def _validate_tuned(kind: str, entries: Any) -> None:
+    """Tuning results (cpuperf.decide.tune): objects whose figures are positive numbers; else ValueError."""
+    import math
+
+    def positive(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+    if not isinstance(entries, dict):
+        raise ValueError(f"{kind} is not an object")
+    for key, entry in entries.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("best"), dict) \
+                or not isinstance(entry.get("levers", {}), dict):
+            raise ValueError(f"{kind}.{key} is not a tuning result")
+        if not _point_ok(entry["best"]):
+            raise ValueError(f"{kind}.{key}.best is not a point cpuperf can run")
+        for lever, fig in entry.get("levers", {}).items():
+            alts = fig.get("alternatives") if isinstance(fig, dict) else None
+            if not (isinstance(fig, dict) and positive(fig.get("figure")) and isinstance(fig.get("value"), str)
+                    and isinstance(alts, dict) and all(positive(v) for v in alts.values())):
+                raise ValueError(f"{kind}.{key}.levers.{lever} is not a measured figure")
+
+
+def _point_ok(best: Dict[str, Any]) -> bool:
+    """A tuned point's values from the closed sets of the one vocabulary (a recorded file comes from elsewhere)."""
+    from cpuperf.knowledge.knobs import BY_ID
+
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096
+
+    return (best.get("dtype") in BY_ID["dtype"].choices and best.get("allocator") in BY_ID["allocator"].choices
+            and best.get("optimizer") in (None, *BY_ID["optimizer"].choices) and count(best.get("ranks"))
+            and count(best.get("threads")) and isinstance(best.get("pinned"), bool)
+            and isinstance(best.get("compile", False), bool))
 
 
 def _rules() -> Dict[str, Any]:
@@ -242,8 +279,8 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
     previous, _ = read_cached(facts)
     if previous is not None and assess(previous, facts)[0]:
         # Compile figures are per model and slow to take: a later bench keeps the other models' ones.
-        results = {**results, "compile_by_model": {**(previous.get("compile_by_model") or {}),
-                                                   **(results.get("compile_by_model") or {})}}
+        results = {**results, **{kind: {**(previous.get(kind) or {}), **(results.get(kind) or {})}
+                                     for kind in ("compile_by_model", "tuned_by_shape", "tuned_by_command")}}
         if "allocator_speedup" not in results and previous.get("allocator_speedup"):
             # `bench --no-allocators` measured the rest again: the allocator figures stand until measured anew.
             results["allocator_speedup"] = previous["allocator_speedup"]
@@ -251,6 +288,18 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
               "measured_at": int(time.time()), **results}
     atomic_write_bytes(path, json.dumps(record, indent=2).encode())
     return path
+
+
+def save_tuned(facts: HostFacts, kind: str, key: str, entry: Dict[str, Any]) -> Path:
+    """One tuning result into this host's cache (kind: tuned_by_shape | tuned_by_command), beside what is there;
+    the rest of the entry keeps its own time and load."""
+    data, _ = read_cached(facts)
+    usable = data is not None and assess(data, facts)[0]
+    base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")} if usable else {}
+    if "load" not in base and "load" in entry:
+        base["load"] = entry["load"]
+    base.setdefault("measured_at", entry.get("measured_at"))
+    return save(facts, {**base, kind: {**(base.get(kind) or {}), key: entry}})
 
 
 def load_now(facts: HostFacts, threads: int) -> Dict[str, Any]:
@@ -502,17 +551,26 @@ def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], Any]] 
     return load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
 
 
-def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]) -> Optional[Measurements]:
+def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any],
+                       workload: Optional[Workload] = None) -> Optional[Measurements]:
     """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
-    and cached, so the next plan in any command is the same one). CPUPERF_MEASURE=0 skips it. A measurement
-    that fails (no torch in this interpreter) leaves the rules to decide, and says so."""
+    and cached, so the next plan in any command is the same one); with `workload` (the built-in loop), tune the
+    plan's levers on its shape where nothing is tuned for it yet and the run is long enough to pay for it
+    (cpuperf.run.tune). CPUPERF_MEASURE=0 skips both. A measurement that fails (no torch in this interpreter)
+    leaves the rules to decide, and says so."""
     if not facts.live or facts.gpus or os.environ.get("CPUPERF_MEASURE", "1").strip() == "0":
         return planning_measurements(facts, log)
     data, _ = read_cached(facts)
     if data is not None and assess(data, facts)[0]:
-        return load_cached(facts, log)
-    try:
-        return measure_if_unsure(facts, threads, log=log)
-    except ProbeFailedError as exc:
-        log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
-        return planning_measurements(facts, log)
+        meas = load_cached(facts, log)
+    else:
+        try:
+            meas = measure_if_unsure(facts, threads, log=log)
+        except ProbeFailedError as exc:
+            log(f"could not measure this host ({exc.message}): the rules decide; `cpuperf bench` measures later")
+            return planning_measurements(facts, log)
+    if workload is None:
+        return meas
+    from cpuperf.run.tune import tune_before_run
+
+    return tune_before_run(facts, workload, meas, log)

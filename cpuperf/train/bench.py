@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
@@ -130,8 +130,10 @@ def _optimised(model: Any, cfg: Dict[str, Any], torch: Any, dtype: str) -> Tuple
     return model, opt
 
 
-def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int, torch: Any) -> Tuple[float, int, float]:
-    """(first step's seconds, steps timed, their seconds) after the warm-up; every rank stops at the same step."""
+def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int,
+                 torch: Any) -> Tuple[float, int, float, List[float]]:
+    """(first step's seconds, steps timed, their seconds, the time at each step's end) after the warm-up; every
+    rank stops at the same step."""
     t0 = time.perf_counter()
     step()  # the first step carries compile / oneDNN primitive creation
     first = time.perf_counter() - t0
@@ -139,10 +141,12 @@ def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int, torc
         step()
     min_steps, seconds = int(cfg.get("steps", 10)), float(cfg.get("seconds", 5.0))
     count, start = 0, time.perf_counter()
+    marks: List[float] = []  # the time at the end of each step: the windows' rates (tuning's short repeats in one process)
     while True:
         step()
         count += 1
         elapsed = time.perf_counter() - start
+        marks.append(elapsed)
         done = (count >= min_steps and elapsed >= seconds) or elapsed >= seconds * 2  # emulated bf16: never minutes
         if world > 1:  # every rank stops at the same step (DDP's all-reduces must pair up)
             import torch.distributed as dist
@@ -152,7 +156,7 @@ def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int, torc
             done = bool(flag.item())
         if done:
             break
-    return first, count, elapsed
+    return first, count, elapsed, marks
 
 
 def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -179,7 +183,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         loss.backward()
         opt.step()
 
-    first, count, elapsed = _timed_steps(step, cfg, world, torch)
+    first, count, elapsed, marks = _timed_steps(step, cfg, world, torch)
     maps = ""
     try:
         with open("/proc/self/maps") as fh:
@@ -201,6 +205,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         dist.destroy_process_group()
     return {
         "samples_per_s": count * max(1, batch // world) * world / elapsed,
+        "window_rates": window_rates(marks, int(cfg.get("windows") or 1), max(1, batch // world) * world),
         "ranks": world, "rank": rank,
         "steps": count,
         "first_step_s": first,
@@ -212,6 +217,19 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "flops_per_sample": flops_per_sample(workload, size, cfg.get("shape")),
         "torch": torch.__version__,
     }
+
+
+def window_rates(marks: List[float], windows: int, batch: int) -> List[float]:
+    """samples/s over `windows` consecutive runs of steps (as equal in steps as the count allows)."""
+    windows = max(1, min(windows, len(marks)))
+    out, prev_t, prev_i = [], 0.0, 0
+    for w in range(1, windows + 1):
+        i = round(w * len(marks) / windows)
+        span = marks[i - 1] - prev_t
+        if span > 0:
+            out.append((i - prev_i) * batch / span)
+        prev_t, prev_i = marks[i - 1], i
+    return out
 
 
 def main(argv: Any = None) -> int:

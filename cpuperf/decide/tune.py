@@ -1,0 +1,334 @@
+"""Joint tuning (issue 33): coordinate descent over a plan's levers, from measured throughput.
+
+Pure. It starts from the rule's point (what recommend decides), measures the neighbours that change one
+lever at a time, moves while a neighbour beats the incumbent by more than the measured noise (the spread of
+the incumbent's own repeats, which are interleaved with the neighbours' so drift hits all alike), and stops
+when none does or the time budget is spent (keeping the best so far, and saying so). Running a point is a
+function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+SCHEMA = "cpuperf.tune/1"
+LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration: the values of every lever."""
+
+    dtype: str = "fp32"
+    allocator: Optional[str] = None
+    optimizer: Optional[str] = None  # a knob value (adamw, adamw_fused); None: the script's own
+    ranks: int = 1
+    threads: int = 1
+    pinned: bool = True
+    compile: bool = False
+
+    def get(self, lever: str) -> Any:
+        if lever == "layout":
+            return (self.ranks, self.threads)
+        if lever == "pinning":
+            return self.pinned
+        return getattr(self, lever)
+
+    def with_value(self, lever: str, value: Any) -> Point:
+        if lever == "layout":
+            return replace(self, ranks=int(value[0]), threads=int(value[1]))
+        if lever == "pinning":
+            return replace(self, pinned=bool(value))
+        return replace(self, **{lever: value})
+
+    def label(self) -> str:
+        return " ".join(label(lever, self.get(lever)) for lever in LEVERS)
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Point:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def label(lever: str, value: Any) -> str:
+    """A lever's value in words: 'mimalloc', 'default allocator', '1x2', 'pinned', 'eager'."""
+    if lever == "layout":
+        return f"{value[0]}x{value[1]}"
+    if lever == "pinning":
+        return "pinned" if value else "unpinned"
+    if lever == "compile":
+        return "compile" if value else "eager"
+    if lever == "allocator":
+        return value or "default allocator"
+    if lever == "optimizer":
+        return value or "default optimizer"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The values each lever may take here (the start's first), and why a lever is not tuned."""
+
+    values: Dict[str, Tuple[Any, ...]]
+    skipped: Dict[str, str] = field(default_factory=dict)
+    not_with_ranks: Tuple[str, ...] = ()  # allocators never preloaded into a job of several ranks
+
+    def allowed(self, p: Point) -> bool:
+        return not (p.ranks > 1 and p.allocator in self.not_with_ranks)
+
+
+def neighbours(p: Point, cand: Candidates) -> List[Tuple[str, Point]]:
+    """(lever, point) for every point that changes one lever of `p` to another allowed value."""
+    out = []
+    for lever in LEVERS:
+        for value in cand.values.get(lever, ()):
+            if value != p.get(lever):
+                q = p.with_value(lever, value)
+                if cand.allowed(q):
+                    out.append((lever, q))
+    return out
+
+
+@dataclass(frozen=True)
+class Round:
+    incumbent: Point
+    samples: Dict[Point, Tuple[float, ...]]  # every point measured in this round, interleaved
+    failed: Tuple[Point, ...]
+    noise: float  # the incumbent's spread: (max - min) / median of its repeats
+    winner: Optional[Point]  # the neighbour moved to, or None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    start: Point
+    best: Point
+    rounds: Tuple[Round, ...]
+    stopped: str  # converged | budget | failed
+    elapsed_s: float
+    runs: int
+
+    def median(self, p: Point) -> Optional[float]:
+        for r in reversed(self.rounds):
+            if r.samples.get(p):
+                return statistics.median(r.samples[p])
+        return None
+
+    def lever_figures(self) -> Dict[str, Dict[str, Any]]:
+        """Per lever: the best's value and figure, and each alternative measured beside it (one lever apart),
+        from the latest round that measured both (figures from one round only: drift between rounds)."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for rnd in reversed(self.rounds):
+            if not rnd.samples.get(self.best):
+                continue
+            best_fig = statistics.median(rnd.samples[self.best])
+            for lever in LEVERS:
+                alts = {label(lever, p.get(lever)): round(statistics.median(s), 3) for p, s in rnd.samples.items()
+                        if s and _differs_only_in(p, self.best, lever)}
+                if alts and lever not in out:
+                    out[lever] = {"value": label(lever, self.best.get(lever)), "figure": round(best_fig, 3),
+                                  "alternatives": alts}
+        return {lever: out[lever] for lever in LEVERS if lever in out}
+
+    def to_json(self) -> Dict[str, Any]:
+        """What the cache keeps: start, best, the per-lever figures, the noise, how it stopped."""
+        best = self.median(self.best)
+        return {"schema": SCHEMA, "start": self.start.to_json(), "best": self.best.to_json(),
+                "best_samples_per_s": round(best, 3) if best else None,
+                "start_samples_per_s": _round(self.median(self.start)),
+                "noise": round(self.rounds[-1].noise, 4) if self.rounds else None,
+                "levers": self.lever_figures(), "stopped": self.stopped, "elapsed_s": round(self.elapsed_s, 1),
+                "rounds": len(self.rounds), "runs": self.runs}
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return round(x, 3) if x is not None else None
+
+
+def _differs_only_in(p: Point, q: Point, lever: str) -> bool:
+    return p.get(lever) != q.get(lever) and all(p.get(o) == q.get(o) for o in LEVERS if o != lever)
+
+
+def spread(samples: Sequence[float]) -> float:
+    """(max - min) / median: 0 for one sample."""
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / med if len(samples) > 1 and med > 0 else 0.0
+
+
+def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Sequence[float]]], *,
+            budget_s: float, passes: int, min_gain: float, clock: Callable[[], float]) -> TuneResult:
+    """Coordinate descent from `start`. `run_one(point)` is one timed run: its samples/s figures (several short
+    windows of one process, or one), None or [] when it failed. A round runs the incumbent and its unseen
+    neighbours `passes` times, interleaved, then the incumbent once more, so its spread covers the round's drift."""
+    t0 = clock()
+    costs: List[float] = []  # the seconds each run took, to see whether the next one fits the budget
+    rounds: List[Round] = []
+    incumbent, seen, stopped = start, {start}, "converged"
+    while True:
+        points = [incumbent] + [q for _, q in neighbours(incumbent, cand) if q not in seen]
+        if len(points) == 1 and rounds:
+            break
+        schedule = points * max(1, passes) + [incumbent]
+        samples: Dict[Point, List[float]] = {p: [] for p in points}
+        failed: List[Point] = []
+        out_of_time = False
+        for p in schedule:
+            if p in failed:
+                continue
+            if costs and clock() - t0 + statistics.mean(costs) > budget_s:
+                out_of_time = True
+                break
+            began = clock()
+            got = [x for x in (run_one(p) or []) if x > 0]
+            costs.append(clock() - began)
+            if got:
+                samples[p].extend(got)
+            else:
+                failed.append(p)
+        seen.update(points)
+        rnd = _decide(incumbent, samples, failed, min_gain)
+        rounds.append(rnd)
+        if not samples[incumbent]:  # the start never ran: nothing tuned; a later incumbent ran in its round
+            stopped = "failed" if incumbent == start or not out_of_time else "budget"
+            break
+        if rnd.winner is not None:
+            incumbent = rnd.winner
+        if out_of_time:
+            stopped = "budget"
+            break
+        if rnd.winner is None:
+            break
+    return TuneResult(start, incumbent, tuple(rounds), stopped, clock() - t0, len(costs))
+
+
+def _decide(incumbent: Point, samples: Mapping[Point, List[float]], failed: Sequence[Point], min_gain: float) -> Round:
+    """The round's winner: the fastest neighbour, if its median beats the incumbent's by more than the noise."""
+    mine = samples[incumbent]
+    kept = {p: tuple(s) for p, s in samples.items() if s}
+    if not mine:
+        return Round(incumbent, kept, tuple(failed), 0.0, None)
+    noise = spread(mine)
+    base = statistics.median(mine)
+    rivals = [(statistics.median(s), p) for p, s in samples.items() if p != incumbent and s]
+    winner = None
+    if rivals:
+        fig, p = max(rivals, key=lambda t: t[0])
+        if fig > base * (1 + max(noise, min_gain)):
+            winner = p
+    return Round(incumbent, kept, tuple(failed), noise, winner)
+
+
+# -- the levers this host and plan have ---------------------------------------------------------------
+
+def start_point(rec: Any) -> Point:
+    """The rule's point: what recommend decided."""
+    v = rec.values()
+    return Point(dtype=v["dtype"], allocator=v.get("allocator"), optimizer=v.get("optimizer"),
+                 ranks=int(v["nproc_per_node"]), threads=int(v["threads_per_rank"]), pinned=v.get("affinity") == "auto",
+                 compile=bool(v.get("compile")))
+
+
+def candidates(facts: Any, rec: Any, tuning: Mapping[str, Any], script: bool = False,
+               own_launcher: bool = False) -> Candidates:
+    """What each lever may be on this host for this plan, and why a lever is left to the rule.
+
+    `script`: a user's script (the optimizer only as a Trainer flag, which the planner never adds towards a
+    slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
+    from packaging.version import Version
+
+    from cpuperf.decide.recommend import bf16_native
+    from cpuperf.decide.runtime_env import preloadable
+
+    values: Dict[str, Tuple[Any, ...]] = {}
+    skipped: Dict[str, str] = {}
+    start = start_point(rec)
+    fixed = {d.id for d in rec.decisions if d.overridden}
+
+    def offer(lever: str, options: Sequence[Any], why_not: Optional[str]) -> None:
+        mine = [d for d in DECISIONS[lever] if d in fixed]
+        if mine:
+            skipped[lever] = f"{mine[0]} is set by you"
+        elif why_not:
+            skipped[lever] = why_not
+        else:
+            values[lever] = tuple(dict.fromkeys([start.get(lever), *options]))
+
+    ev = rec.decision("dtype").evidence
+    ratio = (f" (GEMM {ev['gemm_fp32_gflops'] / ev['gemm_bf16_gflops']:.0f}x slower measured here)"
+             if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") else "")
+    offer("dtype", ["fp32", "bf16"], None if bf16_native(facts) else
+          f"{facts.cpu.microarchitecture} has no native bf16 (avx512_bf16, usable AMX, Arm BF16, POWER10 MMA): emulated "
+          f"bf16 runs many times slower than fp32{ratio}, so it is not a candidate")
+    installed = {k: preloadable(v) for k, v in (facts.software.allocators.items() if facts.software else [])}
+    libs = sorted(k for k, path in installed.items() if path)
+    offer("allocator", [None, *libs], None if libs else "no tcmalloc, jemalloc or mimalloc installed")
+    torch_v = rec.stack.get("torch")
+    fused_min = tuning["optimizer"]["fused_cpu_min_torch"]
+    no_fused = ("torch is not installed" if not torch_v else
+                f"torch {torch_v} has no fused AdamW on CPU (since {fused_min})"
+                if Version(torch_v).release < Version(fused_min).release else None)
+    offer("optimizer", ["adamw", "adamw_fused"], "the Trainer's optimizer is the script's (a flag is added only "
+          "towards the fused kernel)" if script else no_fused)
+    cores = start.ranks * start.threads
+    layouts = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
+    one_node = int(rec.get("nnodes") or 1) == 1
+    offer("layout", layouts, "your command's launcher starts the ranks" if own_launcher else
+          None if len(layouts) > 1 and one_node else
+          "several nodes: ranks follow the nodes" if not one_node else f"{cores} core(s): one layout")
+    offer("pinning", [True, False], None if len(facts.usable_cpus()) > 1 else "one usable CPU: nothing to pin to")
+    compile_d = rec.decision("compile")
+    offer("compile", [True, False], None if compile_d.value else
+          f"not tried: {compile_d.reason} (the compile-crossover rule)")
+    return Candidates(values, skipped, tuple(tuning["allocator"].get("not_with_ranks", [])))
+
+
+# -- the plan's side: what a cached result decides -----------------------------------------------------
+
+# Lever -> the decisions it sets (one vocabulary: cpuperf.knowledge.knobs).
+DECISIONS = {"dtype": ("dtype",), "allocator": ("allocator",), "optimizer": ("optimizer",),
+             "layout": ("nproc_per_node", "threads_per_rank"), "pinning": ("affinity",), "compile": ("compile",)}
+
+
+def decision_values(p: Point) -> Dict[str, Any]:
+    return {"dtype": p.dtype, "allocator": p.allocator, "optimizer": p.optimizer, "nproc_per_node": p.ranks,
+            "threads_per_rank": p.threads, "affinity": "auto" if p.pinned else None, "compile": p.compile}
+
+
+def too_noisy(entry: Mapping[str, Any], max_spread: float) -> bool:
+    """A tuning whose incumbent spread more than `max_spread` over its repeats: the host was not steady enough
+    for its figures to decide anything (a busy shared host made one Trainer run 60x slower than the next)."""
+    noise = entry.get("noise")
+    return isinstance(noise, (int, float)) and noise > max_spread
+
+
+def tuned_decisions(entry: Mapping[str, Any], what: str) -> Dict[str, Tuple[Any, str, Dict[str, Any]]]:
+    """decision id -> (value, reason, evidence) for each lever a cached tuning measured; `what` names where."""
+    import time
+
+    best = Point.from_json(entry.get("best") or {})
+    values = decision_values(best)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
+    noise = entry.get("noise")
+    how = ("" if entry.get("stopped") != "budget" else
+           f"; the {entry.get('budget_s', '')} s budget ended the search: best so far")
+    load: Mapping[str, Any] = entry.get("load") or {}
+    if isinstance(load, Mapping) and load.get("under_load"):  # said, as for any measurement; a real --auto run tunes again
+        how += f"; taken under load ({load.get('figure') or 'busy CPUs'})"
+    out: Dict[str, Tuple[Any, str, Dict[str, Any]]] = {}
+    for lever, fig in (entry.get("levers") or {}).items():
+        if lever not in DECISIONS or not isinstance(fig, Mapping):
+            continue
+        alts = ", ".join(f"{name} {x:.2f} ({x / fig['figure']:.2f}x)" for name, x in
+                         sorted(fig.get("alternatives", {}).items(), key=lambda kv: -kv[1])) if fig.get("figure") else ""
+        reason = (f"tuned {what} at {when}: {fig['value']} {fig['figure']:.2f} samples/s; alternatives: {alts}"
+                  + (f"; noise {noise * 100:.0f}%" if isinstance(noise, (int, float)) else "") + how)
+        evidence = {"tuned": {"lever": lever, "value": fig["value"], "samples_per_s": fig["figure"],
+                              "alternatives": dict(fig.get("alternatives", {})), "noise": noise,
+                              "measured_at": entry.get("measured_at"), "stopped": entry.get("stopped")}}
+        for decision in DECISIONS[lever]:
+            out[decision] = (values[decision], reason, evidence)
+    return out

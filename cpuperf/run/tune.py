@@ -1,0 +1,242 @@
+"""The timing edge of joint tuning (cpuperf.decide.tune): one timed run per point, in a fresh process.
+
+Two kinds of run: the built-in reference loop on the workload's shape (cpuperf.train.bench, under torchrun
+for several ranks), and a user's own Trainer command run by `cpuperf train --auto --set ...` itself for a
+few steps, its throughput read from the Trainer's own `train_samples_per_second`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.data import load_builtin
+from cpuperf.decide.tune import Candidates, Point, TuneResult, descend
+
+if TYPE_CHECKING:
+    from cpuperf.decide.records import Measurements
+    from cpuperf.decide.workload import Workload
+    from cpuperf.probe.facts import HostFacts
+
+# Variables a run inherits from nowhere but its plan: a caller's preload or thread count would leak in.
+_NOT_INHERITED = ("LD_PRELOAD", "MALLOC_CONF", "OMP_", "KMP_", "MASTER_", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def rules() -> Dict[str, Any]:
+    tune_rules: Dict[str, Any] = load_builtin("tuning.toml")["tune"]
+    return tune_rules
+
+
+def clean_env(extra: Mapping[str, str]) -> Dict[str, str]:
+    """This process's environment without what a plan sets, then `extra`; this cpuperf first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
+    env.update(extra)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    pkg_root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], cpus_per_rank: Sequence[Sequence[int]],
+                python: str = sys.executable, timeout: float = 300.0) -> Optional[List[float]]:
+    """One process of the reference loop at `point` with the plan's env and CPUs: the samples/s of each of its
+    timed windows (base['windows']), None if it failed. A process start costs seconds (torch's import): its
+    windows are the short repeats. A compiled point's figures carry its compile time over the run's steps."""
+    settings = {k: v for k, v in base.items() if k != "run_steps"}
+    settings.update(dtype=point.dtype, compile=point.compile, threads_per_rank=point.threads)
+    if point.optimizer:
+        settings["optimizer"] = point.optimizer
+    if point.pinned and cpus_per_rank:
+        settings["cpus_per_rank"] = [list(c) for c in cpus_per_rank]
+    cmd = [python, "-m", "cpuperf.train.bench", json.dumps(settings)]
+    if point.ranks > 1:  # data parallel as the plan runs it: torchrun starts the ranks (gloo), rank 0 reports
+        cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(point.ranks), "--master_addr",
+               "127.0.0.1", "--master_port", str(_free_port()), "-m", "cpuperf.train.bench", json.dumps(settings)]
+    # torchrun sets the rendezvous itself (the free port above): the plan's placeholder address stays out
+    full = clean_env({k: v for k, v in env.items() if not k.startswith("MASTER_")})
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return None
+    res = json.loads(lines[-1])
+    rates = [float(x) for x in res.get("window_rates") or [res["samples_per_s"]]]
+    steps = int(base.get("run_steps") or 0)
+    if point.compile and steps:
+        batch, first = float(res.get("batch") or 1), float(res.get("first_step_s") or 0.0)
+        rates = [steps * batch / (steps * batch / r + first) for r in rates if r > 0]
+    return rates
+
+
+# transformers 5 prints its metrics formatted as strings ('4.145'), earlier releases as numbers
+_TRAINER_RATE = re.compile(r"""['"]train_samples_per_second['"]\s*:\s*['"]?([0-9][0-9.eE+-]*)""")
+
+
+def trainer_rate(output: str) -> Optional[float]:
+    """The Trainer's own train_samples_per_second from what it printed (its final metrics), else None."""
+    found = _TRAINER_RATE.findall(output)
+    try:
+        return float(found[-1]) if found else None
+    except ValueError:
+        return None
+
+
+def script_point(point: Point, tuned: Sequence[str], argv: Sequence[str], workdir: str,
+                 python: str = sys.executable, timeout: float = 600.0) -> Optional[List[float]]:
+    """One short run of the user's command under `cpuperf train --auto`, the tuned levers set: samples/s or None."""
+    from cpuperf.decide.tune import DECISIONS, decision_values
+
+    values = decision_values(point)
+    sets: List[str] = []
+    for lever in tuned:
+        for decision in DECISIONS[lever]:
+            value = values[decision]
+            sets += ["--set", f"{decision}={'none' if value is None else str(value).lower()}"]
+    out_dir = os.path.join(workdir, f"run{time.monotonic_ns()}")
+    cmd = [python, "-m", "cpuperf", "train", "--auto", "--out", out_dir, *sets, "--", *argv]
+    env = clean_env({"CPUPERF_MEASURE": "0", "NO_COLOR": "1"})
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=os.getcwd())
+    except subprocess.TimeoutExpired:
+        return None
+    rate = trainer_rate(proc.stdout + "\n" + proc.stderr) if proc.returncode == 0 else None
+    return [rate] if rate else None
+
+
+def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[List[float]]], budget_s: float,
+         passes: int, log: Callable[[str], Any]) -> TuneResult:
+    """The descent with the real clock, each run said as it ends."""
+    rule = rules()
+
+    def timed(p: Point) -> Optional[List[float]]:
+        got = run_one(p)
+        log(f"  {p.label()}: " + (", ".join(f"{x:.2f}" for x in got) + " samples/s" if got else "failed"))
+        return got
+
+    return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
+                   clock=time.monotonic)
+
+
+def summary(result: TuneResult, cand: Candidates) -> List[str]:
+    """Lines for the user: the winner against the rule's point, each lever's figures, what was not tuned."""
+    best, start = result.median(result.best), result.median(result.start)
+    lines = [f"tuned: {result.best.label()}" + (f" {best:.2f} samples/s" if best else "")
+             + (f" vs the rule's point {start:.2f} ({best / start:.2f}x)" if best and start and result.best != result.start
+                else " (the rule's point)" if result.best == result.start else "")
+             + f"; {result.runs} runs in {result.elapsed_s:.0f} s, {len(result.rounds)} round(s)"]
+    noise = result.rounds[-1].noise if result.rounds else 0.0
+    max_spread = float(load_builtin("tuning.toml")["measure"]["max_spread"])
+    if noise > max_spread:
+        lines.append(f"too noisy to decide: the rule's point's repeats spread {noise * 100:.0f}% (over "
+                     f"{max_spread * 100:.0f}%): plans keep the rules' decisions; tune again on a quiet host")
+    if result.stopped == "budget":
+        lines.append("the time budget ended the search: the best point so far is kept")
+    elif result.stopped == "failed":
+        lines.append("the rule's point failed to run: nothing tuned")
+    for lever, fig in result.lever_figures().items():
+        alts = ", ".join(f"{k} {v:.2f}" for k, v in fig["alternatives"].items())
+        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives {alts}")
+    for lever, why in cand.skipped.items():
+        lines.append(f"  {lever}: not tuned: {why}")
+    return lines
+
+
+def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
+                    log: Callable[[str], Any]) -> Optional[Measurements]:
+    """The start of a real `train --auto` of the built-in loop: tune its shape where nothing quiet and steady is
+    tuned for it, and only where the run is long enough for the budget to be a small part of it (a short run
+    pays the budget and gains little: the rules decide it, and say how to tune)."""
+    from cpuperf.decide.recommend import shape_key
+    from cpuperf.decide.tune import too_noisy
+    from cpuperf.run import measure
+
+    entry = meas.tuned_by_shape.get(shape_key(workload)) if meas is not None else None
+    if entry is not None and not (entry.get("load") or {}).get("under_load") and \
+            not too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
+        return meas  # tuned on a quiet host: kept; one tuned under load or too noisy is tuned again here
+    rule = rules()
+    steps_needed = int(rule["tune_when_run_exceeds_steps"])
+    if (workload.steps or 0) < steps_needed:
+        if entry is None:
+            log(f"not tuned: a {workload.steps}-step run is shorter than the {steps_needed} steps that pay for "
+                f"about {rule['budget_s']} s of tuning (`cpuperf bench --tune` tunes this shape once, for every later run)")
+        return meas
+    log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {rule['budget_s']} s"
+        + ("; the cached tuning was taken under load or too noisy" if entry is not None else ", once")
+        + "; cached for later runs) ...")
+    if tune_shape(facts, workload, meas, log) is None:
+        return meas
+    return measure.load_cached(facts)
+
+
+def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements], log: Callable[[str], Any],
+               budget_s: Optional[float] = None) -> Optional[Tuple[TuneResult, Candidates, Dict[str, Any]]]:
+    """Coordinate descent over this plan's levers on the reference loop at the workload's shape, each point run
+    with the env and CPUs its own plan gives (cpuperf.decide.tune); the result cached per host, torch build and
+    shape. Returns (result, candidates, entry), or None where there is nothing to tune (a GPU plan)."""
+    import time
+
+    from cpuperf.data import load_builtin
+    from cpuperf.decide import tune as dtune
+    from cpuperf.decide.recommend import recommend, shape_key
+    from cpuperf.run import measure
+
+    rule = rules()
+    budget = float(budget_s if budget_s is not None else rule["budget_s"])
+    rec = recommend(facts, workload, measurements=meas, shape_tuning=False, environ={})
+    if rec.get("device") != "cpu":
+        return None
+    start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, load_builtin("tuning.toml"))
+    base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule["seconds"], "steps": rule["steps"],
+            "warmup": rule["warmup"], "windows": rule["windows"], "run_steps": workload.steps or 0,
+            "shape": {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
+                      "seq_len": workload.seq_len, "vocab_size": workload.vocab}}
+
+    def run_one(p: Point) -> Optional[List[float]]:
+        env, cpus = point_env(facts, workload, meas, p)
+        return bench_point(p, base, env, cpus)
+
+    before = measure.load_now(facts, start.ranks * start.threads)
+    result = tune(start, cand, run_one, budget, int(rule["passes"]), log)
+    after = measure.load_now(facts, start.ranks * start.threads)
+    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
+             "shape": shape_key(workload),
+             "load": {**before, "under_load": before["under_load"] or after["under_load"], "after": after["figure"]}}
+    for line in summary(result, cand):
+        log(line)
+    if result.stopped != "failed":
+        measure.save_tuned(facts, "tuned_by_shape", shape_key(workload), entry)
+    return result, cand, entry
+
+
+def point_env(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
+              p: Point) -> Tuple[Dict[str, str], List[List[int]]]:
+    """(env, CPUs per rank) of the plan with `p`'s values: what `train --auto` would run at that point."""
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.tune import decision_values
+    from cpuperf.plan.job import placeholder_job
+    from cpuperf.run import measure
+
+    sets = {k: ("none" if v is None else str(v).lower()) for k, v in decision_values(p).items()
+            if not (k == "optimizer" and v is None)}
+    rec = recommend(facts, workload, measurements=meas, overrides=sets, shape_tuning=False, environ={})
+    jp = placeholder_job(facts, rec, None)
+    env = dict(jp.env_map())
+    if p.allocator and "LD_PRELOAD" not in env:
+        env.update(measure.allocator_env(p.allocator, measure.allocator_libraries(facts)[p.allocator]))
+    return env, [list(r.cpus) for r in jp.launch.per_rank]

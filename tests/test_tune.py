@@ -1,0 +1,278 @@
+"""Joint tuning (issue 33): the descent on synthetic timing tables, the plan it decides, the command key,
+and two real short runs (`cpuperf bench --tune`, `cpuperf train --tune` on a Trainer fixture)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_util import run_cli
+
+from cpuperf.data import load_builtin
+from cpuperf.decide.recommend import recommend, shape_key
+from cpuperf.decide.records import Measurements
+from cpuperf.decide.tune import Candidates, Point, descend, tuned_decisions
+from cpuperf.decide.workload import PRESETS
+from cpuperf.plan.user_script import command_key, tuning_argv
+from cpuperf.probe import probe_host
+from cpuperf.run.tune import trainer_rate
+from cpuperf.train.bench import window_rates
+
+MAX_SPREAD = load_builtin("tuning.toml")["measure"]["max_spread"]
+START = Point(dtype="fp32", allocator=None, optimizer="adamw_fused", ranks=1, threads=2, pinned=True)
+CAND = Candidates({"allocator": (None, "tcmalloc", "mimalloc"), "optimizer": ("adamw_fused", "adamw"),
+                   "layout": ((1, 2), (2, 1)), "pinning": (True, False)}, {"dtype": "no native bf16"},
+                  not_with_ranks=("mimalloc",))
+
+
+class Clock:
+    """Synthetic time: every run costs `cost` seconds."""
+
+    def __init__(self, cost: float = 1.0):
+        self.t, self.cost = 0.0, cost
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def table_runner(table, clock, jitter=(0.0, 0.0, 0.0), ran=None):
+    """run_one from a table point -> samples/s (default 10): three windows, each off by `jitter`."""
+    def run(p):
+        clock.t += clock.cost
+        if ran is not None:
+            ran.append(p)
+        rate = table.get(p, 10.0)
+        return None if rate is None else [rate * (1 + j) for j in jitter]
+    return run
+
+
+def go(table, budget=1000.0, jitter=(0.0, 0.0, 0.0), min_gain=0.02, ran=None, cost=1.0, start=START):
+    clock = Clock(cost)
+    return descend(start, CAND, table_runner(table, clock, jitter, ran), budget_s=budget, passes=1,
+                   min_gain=min_gain, clock=clock)
+
+
+def test_descent_moves_one_lever_at_a_time_to_the_best_point():
+    tc = START.with_value("allocator", "tcmalloc")
+    tc_unpinned = tc.with_value("pinning", False)
+    result = go({tc: 12.0, tc_unpinned: 14.0, START.with_value("pinning", False): 10.5})
+    assert result.best == tc_unpinned and result.stopped == "converged"
+    assert [r.winner for r in result.rounds] == [tc, tc_unpinned, None]
+    figures = result.lever_figures()
+    assert figures["pinning"] == {"value": "unpinned", "figure": 14.0, "alternatives": {"pinned": 12.0}}
+    assert figures["allocator"]["alternatives"] == {"mimalloc": 10.0}  # measured beside the best itself
+
+
+def test_the_rule_point_stays_when_nothing_beats_it():
+    result = go({})
+    assert result.best == START and result.stopped == "converged" and len(result.rounds) == 1
+    # the start and each neighbour (tcmalloc, mimalloc, adamw, 2x1, unpinned), measured side by side
+    assert len(result.rounds[0].samples) == 6 and len(result.rounds[0].samples[START]) == 6  # run twice
+
+
+def test_a_win_inside_the_noise_is_no_win():
+    better = START.with_value("allocator", "tcmalloc")
+    # 5% faster, but the incumbent's own repeats spread 10%: stay
+    assert go({better: 10.5}, jitter=(-0.05, 0.0, 0.05)).best == START
+    # the same 5% with steady repeats (1% spread): move
+    assert go({better: 10.5}, jitter=(-0.005, 0.0, 0.005)).best == better
+    # steady, but under the floor of min_gain (2%): stay
+    assert go({better: 10.15}).best == START
+
+
+def test_the_budget_stops_early_and_keeps_the_best_so_far():
+    tc = START.with_value("allocator", "tcmalloc")
+    ran = []
+    result = go({tc: 12.0, tc.with_value("pinning", False): 20.0}, budget=4.5, ran=ran)
+    assert result.stopped == "budget" and len(ran) == 4  # a fifth run would end after 4.5 s
+    assert result.best == tc  # measured in the first runs: kept; its unpinned neighbour never ran
+
+
+def test_allocators_known_to_abort_multi_rank_jobs_are_never_run_with_ranks():
+    ran = []
+    go({START.with_value("layout", (2, 1)): 20.0}, ran=ran)
+    assert not any(p.ranks > 1 and p.allocator == "mimalloc" for p in ran)
+    assert any(p.ranks > 1 for p in ran)
+
+
+def test_a_failed_neighbour_is_dropped_and_a_failed_start_tunes_nothing():
+    crash = START.with_value("layout", (2, 1))
+    result = go({crash: None})
+    assert result.best == START and crash in result.rounds[0].failed
+    assert go({START: None}).stopped == "failed"
+    assert go({START: None}, budget=1.5).stopped == "failed"  # out of time too, but the start never ran
+
+
+def test_window_rates_split_one_process_into_short_repeats():
+    assert window_rates([0.1 * i for i in range(1, 7)], 3, 16) == pytest.approx([160.0, 160.0, 160.0])
+    assert len(window_rates([0.5], 3, 4)) == 1  # never more windows than steps
+
+
+NATIVE_ISA = "sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16"
+
+
+def test_bf16_is_a_candidate_only_where_it_is_native(monkeypatch):
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.tune import candidates
+
+    tuning = load_builtin("tuning.toml")
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", "sse4_2 avx avx2 fma f16c")
+    facts = probe_host(use_cache=False)
+    cand = candidates(facts, recommend(facts, PRESETS["micro"]), tuning)
+    if facts.cpu.arch != "x86_64" or facts.gpus:
+        pytest.skip("an x86 CPU plan")
+    assert "dtype" not in cand.values and "emulated bf16" in cand.skipped["dtype"]
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+    cand = candidates(facts, recommend(facts, PRESETS["micro"]), tuning)
+    assert set(cand.values["dtype"]) == {"fp32", "bf16"}
+    # what you set is yours: not a lever
+    cand = candidates(facts, recommend(facts, PRESETS["micro"], overrides={"dtype": "fp32"}), tuning)
+    assert cand.skipped["dtype"] == "dtype is set by you"
+
+
+# -- the plan from a cached result ---------------------------------------------------------------------
+
+def _entry():
+    tc = START.with_value("allocator", "tcmalloc")
+    result = go({tc: 12.0, tc.with_value("pinning", False): 14.0})
+    return {**result.to_json(), "measured_at": 1795516100}
+
+
+def test_tuned_figures_decide_and_show_in_the_plan(tmp_path):
+    facts = probe_host()
+    entry = _entry()
+    w = PRESETS["micro"]
+    meas = Measurements(tuned_by_shape={shape_key(w): entry}, source="test")
+    rec = recommend(facts, w, measurements=meas)
+    if rec.get("device") != "cpu":
+        pytest.skip("a GPU host plans for its GPUs")
+    d = rec.decision("affinity")
+    assert d.value is None and "tuned here for" in d.reason and "unpinned 14.00 samples/s" in d.reason
+    assert "pinned 12.00 (0.86x)" in d.reason and d.evidence["tuned"]["alternatives"] == {"pinned": 12.0}
+    # yours wins over the tuning; another shape is not this one's
+    assert recommend(facts, w, measurements=meas, overrides={"affinity": "auto"}).get("affinity") == "auto"
+    assert "tuned" not in recommend(facts, PRESETS["tiny"], measurements=meas).decision("affinity").evidence
+    if facts.software is not None and not facts.software.allocators.get("tcmalloc"):
+        assert "tuned" not in rec.decision("allocator").evidence  # not installed here: the rule decides
+    # a command's tuning applies only where the caller passes it
+    got = tuned_decisions(entry, "on this command")
+    assert got["affinity"][1].startswith("tuned on this command at 2026-11-24 ")
+    # too noisy to decide from: the rules decide, and the plan says why
+    noisy = Measurements(tuned_by_shape={shape_key(w): {**entry, "noise": 3.5}}, source="test")
+    rec = recommend(facts, w, measurements=noisy)
+    assert "tuned" not in rec.decision("affinity").evidence and any("spread 350%" in n for n in rec.notes)
+    busy = tuned_decisions({**entry, "load": {"under_load": True, "figure": "load average 5"}}, "here")
+    assert busy["affinity"][1].endswith("; taken under load (load average 5)")
+
+
+def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_path, monkeypatch):
+    from cpuperf.run import measure
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    facts = probe_host()
+    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 10.0, "load": {"under_load": False}})
+    old = measure.load_cached(facts)
+    assert old is not None and old.tuned_by_shape == {} and old.tuned_by_command == {}  # a /2 entry, no tuning
+    measure.save_tuned(facts, "tuned_by_shape", "K1", _entry())
+    measure.save_tuned(facts, "tuned_by_command", "C1", _entry())
+    got = measure.load_cached(facts)
+    assert got is not None and got.gemm_fp32_gflops == 100.0 and set(got.tuned_by_shape) == {"K1"}
+    assert set(got.tuned_by_command) == {"C1"}
+    # a hand-edited figure is no figure: the entry is dropped as corrupt, never decided from
+    path = next((tmp_path / "cache" / "measurements").glob("*.json"))
+    data = json.loads(path.read_text())
+    data["tuned_by_shape"]["K1"]["levers"]["pinning"]["figure"] = "fast"
+    path.write_text(json.dumps(data))
+    assert measure.load_cached(facts) is None and not path.exists()
+    # so is a point outside the one vocabulary (a recorded file comes from elsewhere)
+    measure.save_tuned(facts, "tuned_by_shape", "K1", {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}})
+    assert measure.load_cached(facts) is None
+
+
+# -- the user's command ------------------------------------------------------------------------------
+
+def test_command_key_ignores_what_cpuperf_adds_and_the_run_length(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    base = ["python", str(script), "--output_dir", "a", "--max_steps", "3", "--learning_rate", "0.1"]
+    same = ["python", str(script), "--learning_rate=0.1", "--output_dir", "b", "--bf16", "--optim",
+            "adamw_torch_fused", "--max_steps", "500"]
+    assert command_key(base) == command_key(same)
+    assert command_key(base) != command_key(["python", str(script), "--learning_rate", "0.2"])
+
+
+def test_tuning_argv_sets_the_steps_and_a_throwaway_output_dir():
+    argv = ["python", "t.py", "--max_steps=100", "--output_dir", "mine", "--seed", "1"]
+    assert tuning_argv(argv, 4, "/tmp/x") == ["python", "t.py", "--seed", "1", "--max_steps", "4",
+                                              "--output_dir", "/tmp/x"]
+
+
+def test_trainer_rate_is_read_from_the_trainers_own_metrics():
+    out = "{'loss': 4.1}\n{'train_runtime': 2.5, 'train_samples_per_second': 6.4, 'epoch': 1.0}\n"
+    assert trainer_rate(out) == 6.4 and trainer_rate("no metrics") is None
+    # transformers 5 prints them as strings
+    assert trainer_rate("{'train_runtime': '3.86', 'train_samples_per_second': '4.145', 'epoch': '1'}") == 4.145
+
+
+# -- real runs -----------------------------------------------------------------------------------------
+
+def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_path):
+    pytest.importorskip("torch")
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
+    proc = run_cli(["bench", "--tune", "--model", "micro", "--budget", "40", "--json"], extra_env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["shape"] == shape_key(PRESETS["micro"]) and got["runs"] >= 2 and got["levers"]
+    cache = json.loads(next((tmp_path / "cache" / "measurements").glob("*.json")).read_text())
+    assert got["shape"] in cache["tuned_by_shape"]
+    # the next plan reads it, says so per lever, and measures nothing (CPUPERF_MEASURE unset: --dry-run never does)
+    plan = run_cli(["train", "--auto", "--dry-run", "--model", "micro"], extra_env={**env, "CPUPERF_MEASURE": "1"})
+    assert plan.returncode == 0, plan.stderr
+    if got["noise"] <= MAX_SPREAD:
+        assert f"tuned here for {got['shape']}" in plan.stdout, plan.stdout
+    else:  # a busy host: the tuning is kept, but too noisy to decide from, and the plan says so
+        assert "is not used: its repeats spread" in plan.stdout + plan.stderr
+    assert "measuring" not in plan.stderr and "tuning the plan" not in plan.stderr
+
+
+def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from cpuperf.run import measure
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    facts = probe_host()
+    if facts.gpus:
+        pytest.skip("a GPU host plans for its GPUs")
+    # a trusted measurement is cached (nothing else to measure): only the tuning for this shape is missing
+    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 1.0, "allocator_speedup": {},
+                         "load": {"under_load": False, "busy_cpus": {}, "figure": "quiet"}})
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "CPUPERF_MEASURE": "1"}
+    proc = run_cli(["train", "--auto", "--model", "micro", "--max-steps", "2", "--out", str(tmp_path / "run")],
+                   extra_env=env, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tuning the plan's levers for " + shape_key(PRESETS["micro"]) in proc.stderr
+    got = measure.load_cached(probe_host(use_cache=False))
+    assert got is not None and shape_key(PRESETS["micro"]) in got.tuned_by_shape and got.gemm_fp32_gflops == 100.0
+
+
+def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):
+    pytest.importorskip("transformers")
+    scripts = Path(__file__).parent / "fixtures" / "scripts"
+    import sys
+
+    argv = [sys.executable, str(scripts / "hf_parser.py"), "--output_dir", str(tmp_path / "o"), "--max_steps", "3",
+            "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no"]
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "FIXTURE_OUT": str(tmp_path / "f.json")}
+    proc = run_cli(["train", "--tune", "--budget", "80", "--json", "--", *argv], extra_env=env, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["runs"] >= 2 and got["best_samples_per_s"] > 0, got
+    plan = run_cli(["train", "--auto", "--dry-run", "--", *argv], extra_env={**env, "CPUPERF_MEASURE": "1"})
+    assert plan.returncode == 0, plan.stderr
+    if got["levers"] and got["noise"] <= MAX_SPREAD:
+        assert "tuned on this command at" in plan.stdout, plan.stdout
+    elif got["levers"]:
+        assert "is not used: its repeats spread" in plan.stdout + plan.stderr
+    assert "tuning" not in plan.stderr
