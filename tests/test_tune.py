@@ -249,8 +249,14 @@ def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp
     measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 1.0, "allocator_speedup": {},
                          "load": {"under_load": False, "busy_cpus": {}, "figure": "quiet"}})
     env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "CPUPERF_MEASURE": "1"}
-    proc = run_cli(["train", "--auto", "--model", "micro", "--max-steps", "2", "--out", str(tmp_path / "run")],
-                   extra_env=env, timeout=400)
+    # a short run keeps the rules: the budget would be a large part of it
+    short = run_cli(["train", "--auto", "--model", "micro", "--max-steps", "2", "--out", str(tmp_path / "short")],
+                    extra_env=env, timeout=400)
+    assert short.returncode == 0, short.stderr[-3000:]
+    assert "not tuned: a 2-step run is shorter than" in short.stderr and "tuning the plan" not in short.stderr
+    # a run long enough to pay for the budget tunes first (stopped by its time budget once tuned)
+    proc = run_cli(["train", "--auto", "--model", "micro", "--max-steps", "5000", "--time-budget", "3",
+                    "--out", str(tmp_path / "run")], extra_env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tuning the plan's levers for " + shape_key(PRESETS["micro"]) in proc.stderr
     got = measure.load_cached(probe_host(use_cache=False))
@@ -275,4 +281,4 @@ def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):
         assert "tuned on this command at" in plan.stdout, plan.stdout
     elif got["levers"]:
         assert "is not used: its repeats spread" in plan.stdout + plan.stderr
-    assert "tuning" not in plan.stderr
+    assert "tuning the plan" not in plan.stderr and "on your command (" not in plan.stderr  # nothing ran again
