@@ -295,15 +295,22 @@ def _decisions_from(raw: Any) -> Tuple[Any, Any, Optional[str]]:
 def _from_plan(opts: Options, plan: Any, facts: Any, nodes: int, env: Mapping[str, str]) -> Tuple[Any, Optional[List[EnvVar]], List[str]]:
     """(recommendation, its saved variables, how it differs from what cpuperf decides here) of a saved plan;
     decided again only with --replan (exit 13 without)."""
-    from cpuperf.plan.saved import fresh_differences, plan_fits, replan_from
-    from cpuperf.run.measure import planning_measurements
+    from cpuperf.plan.saved import plan_fits
 
     plan, diffs = plan_fits(str(opts.plan), plan, facts, opts.replan)
-    meas = planning_measurements(facts)
     if diffs:
-        return replan_from(plan, facts, meas, env if facts.live else {}), None, []
-    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], \
-        _plan_differences(plan, facts, lambda p, f: fresh_differences(p, f, meas))
+        from cpuperf.plan.saved import replan_from
+        from cpuperf.run.measure import planning_measurements
+
+        return replan_from(plan, facts, planning_measurements(facts), env if facts.live else {}), None, []
+
+    def fresh(p: Any, f: Any) -> List[str]:  # only when nothing remembered answers: the engine loads here
+        from cpuperf.plan.saved import fresh_differences
+        from cpuperf.run.measure import planning_measurements
+
+        return fresh_differences(p, f, planning_measurements(f))
+
+    return plan.rec, [v._replace(source="cpuperf") for v in plan.env], _plan_differences(plan, facts, fresh)
 
 
 def _plan_differences(plan: Any, facts: Any, compute: Any) -> List[str]:
