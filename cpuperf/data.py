@@ -61,8 +61,12 @@ def load_toml(path: str) -> Dict[str, Any]:
         import tomllib as _toml
     except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
         import tomli as _toml  # type: ignore[no-redef,import-not-found,unused-ignore]
-    try:
-        data = _toml.loads(raw.decode("utf-8"))
+    try:  # load(file), not loads(text): the node probe bundle's stand-in parser reads the JSON beside fh.name
+        with open(path, "rb") as fh:
+            data = _toml.load(fh)
+    except OSError as exc:
+        raise BadDataError(f"cannot read data file {path}: {exc.strerror}",
+                           hint="reinstall cpuperf, or fix CPUPERF_COMPAT_DIR") from exc
     except (_toml.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise BadDataError(f"malformed data file {path}: {str(exc).splitlines()[0] if str(exc) else 'too deep'}",
                            hint="fix the file, or unset CPUPERF_COMPAT_DIR") from exc
