@@ -20,7 +20,7 @@ from cpuperf.plan.launch import (
 from cpuperf.probe import probe_host
 from cpuperf.probe.facts import MpiLauncher
 from cpuperf.probe.hosts import parse_hostfile_text
-from cpuperf.probe.slurm import expand_nodelist
+from cpuperf.probe.slurm import expand_nodelist, slurm_facts
 
 CMD = ["python", "-m", "cpuperf.train.worker", "--config", "{}"]
 
@@ -101,13 +101,15 @@ def test_slurm_allocation_uses_srun_and_first_node_as_master(tmp_path, monkeypat
     facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=4)
     rec = recommend(facts, PRESETS["micro"], nnodes=2)
     environ = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "cn[007-008]"}
-    p = plan_launch(facts, rec.placement, rank_command=CMD, environ=environ, python="py")
+    p = plan_launch(facts, rec.placement, rank_command=CMD, environ=environ, python="py", nnodes=2,
+                    slurm=slurm_facts(environ))
     assert p.launcher == "srun" and p.nnodes == 2 and p.world_size == 4
     assert p.argv[:4] == ("srun", "--nodes=2", "--ntasks-per-node=2", "--ntasks=4")
     assert p.env["MASTER_ADDR"] == "cn007" and p.master_addr == "cn007"
     # inside a job step (srun already ran us) there is no second srun
-    step = plan_launch(facts, rec.placement, rank_command=CMD, environ={**environ, "SLURM_STEP_ID": "0"},
-                       nnodes=1)
+    step_environ = {**environ, "SLURM_STEP_ID": "0"}
+    step = plan_launch(facts, rec.placement, rank_command=CMD, environ=step_environ, nnodes=1,
+                       slurm=slurm_facts(step_environ))
     assert step.launcher == "torchrun"
 
 

@@ -106,8 +106,9 @@ def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Hos
              environ: Optional[Dict[str, str]] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import placeholder_job
+    from cpuperf.probe.slurm import slurm_facts
 
-    return placeholder_job(facts, rec, hosts, environ)
+    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}))
 
 
 def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],

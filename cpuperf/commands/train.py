@@ -133,7 +133,7 @@ def _edge(request: PlanRequest, facts: HostFacts, environ: Dict[str, str], hostf
     return EdgeFacts(environ=environ, out_dir=_out_dir(request), python=sys.executable, euid=os.geteuid(),
                      workload=workload,
                      hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
-                     node_rank=node_rank, local_addr=local_addr, master_addr=master, socket_ifname=ifname,
+                     node_rank=node_rank, local_addr=local_addr, master_addr=master, socket_ifname=ifname, slurm=slurm,
                      worker_schema=_worker_settings, **_user_command(request, environ))
 
 

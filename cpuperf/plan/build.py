@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import UsageError
+from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Measurements, Recommendation
@@ -46,6 +47,7 @@ class EdgeFacts:
     script_text: Optional[str] = None  # the user's script, to see how it parses its arguments
     launcher_python: Optional[str] = None  # the Python the user's launcher runs scripts with
     accelerate_default_config: bool = False
+    slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
     # The built-in worker's own schema (cpuperf.train.settings, a layer above plan/): settings in, checked ones out.
     worker_schema: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None
 
@@ -116,7 +118,7 @@ def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, aut
                       local_addr=edge.local_addr, out_dir=edge.out_dir, resume=request.resume,
                       max_steps=request.max_steps, time_budget=request.time_budget, seed=request.seed,
                       hf_flags=request.hf_flags, job_id=_job_id(edge.hosts, request.master_port),
-                      rdzv_timeout=request.rdzv_timeout,
+                      rdzv_timeout=request.rdzv_timeout, slurm=edge.slurm,
                       preset=_preset(model) if not request.user_argv else None)
 
 

@@ -21,6 +21,7 @@ from cpuperf.plan.environment import with_launch_vars
 from cpuperf.plan.launch import LaunchPlan, plan_launch
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
+from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 # What the built-in loop can run (cpuperf.train.settings); a value outside these cannot be honoured there.
 WORKER_OPTIMIZERS = ("adamw", "adamw_fused")
@@ -51,6 +52,7 @@ class JobRequest:
     hf_flags: str = "auto"
     job_id: str = "cpuperf"
     rdzv_timeout: Optional[float] = None
+    slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (srun inside an allocation; its first node is rank 0)
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours)
+                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
                    hf or {})
 
@@ -232,24 +234,17 @@ def worker_command(python: str, settings: Mapping[str, Any]) -> List[str]:
     return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings, separators=(",", ":"))]
 
 
-def _slurm_first(environ: Mapping[str, str]) -> Optional[str]:
-    """The first node of the Slurm allocation in `environ` (rank 0 runs there), if any."""
-    from cpuperf.probe.slurm import slurm_facts
-
-    slurm = slurm_facts(environ)
-    return slurm.nodes[0] if slurm.allocation and slurm.nodes else None
-
-
 def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
-                    environ: Optional[Mapping[str, str]] = None) -> JobPlan:
+                    environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run, with a placeholder for the script
     (what recommend renders and what a tuning point runs with)."""
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
 
     nnodes = max(1, int(rec.get("nnodes")))
-    master = None if hosts else (_slurm_first(environ or {}) or "127.0.0.1" if nnodes > 1 else None)  # else a
-    # placeholder a user replaces
+    slurm_first = slurm.nodes[0] if slurm.allocation and slurm.nodes else None  # rank 0 runs there
+    master = None if hosts else (slurm_first or "127.0.0.1" if nnodes > 1 else None)  # else a placeholder a user
+    # replaces
     request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
-                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
+                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun", slurm=slurm)
     return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
                     python="python")

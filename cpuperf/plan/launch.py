@@ -26,7 +26,7 @@ from cpuperf.decide.placement import Placement
 from cpuperf.errors import LaunchFailedError, UsageError
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 from cpuperf.probe.hosts import Host
-from cpuperf.probe.slurm import slurm_facts
+from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
@@ -102,11 +102,6 @@ def mpi_flavour(facts: HostFacts) -> Optional[Tuple[str, str]]:
     return None
 
 
-def slurm_allocation(environ: Mapping[str, str]) -> Optional[int]:
-    """Nodes of the Slurm allocation we are in (a batch script or salloc shell, not a job step): cpuperf.probe.slurm."""
-    return slurm_facts(environ).allocation
-
-
 def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: Optional[int],
                     mpi: Optional[Tuple[str, str]]) -> Tuple[str, str]:
     """(launcher, why)."""
@@ -142,15 +137,16 @@ def slot_table(specs: Sequence[RankSpec]) -> str:
 
 def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequence[str],
                 env_vars: Sequence[Any] = (), launcher: Optional[str] = None,
-                hosts: Optional[Sequence[Host]] = None, nnodes: Optional[int] = None, node_rank: Optional[int] = None,
+                hosts: Optional[Sequence[Host]] = None, nnodes: int = 1, node_rank: Optional[int] = None,
                 master_addr: Optional[str] = None, master_port: Optional[int] = None,
                 pin: bool = True, threads: Optional[int] = None, log_dir: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
                 python: Optional[str] = None, local_addr: Optional[str] = None,
                 job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None,
-                yours: Optional[Any] = None) -> LaunchPlan:
+                yours: Optional[Any] = None, slurm: SlurmFacts = NO_SLURM) -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
+    nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
     pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
@@ -164,8 +160,8 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     nproc = placement.nproc_per_node
     _check_rdzv_timeout(rdzv_timeout)
     host_names = tuple(h.name for h in hosts) if hosts else ()
-    slurm_nodes = slurm_allocation(environ)
-    nnodes = _node_count(nnodes, hosts, slurm_nodes, master_addr)
+    slurm_nodes = slurm.allocation
+    _check_rank0_known(nnodes, hosts, slurm_nodes, master_addr)
     world = nproc * nnodes
     mpi = mpi_flavour(facts)
     chosen, why = choose_launcher(launcher, world, nnodes, slurm_nodes, mpi)
@@ -191,7 +187,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
         start = _Start((*base, *rankexec, *cmd), mpi[1], addr, port)
     else:
         start = _Start(_srun_argv(nnodes, nproc, (*rankexec, *cmd)), "slurm",
-                       _slurm_master(addr, nnodes, environ, env, reasons), port)
+                       _slurm_master(addr, nnodes, slurm, env, reasons), port)
     if world > 1:
         _rendezvous_env(env, reasons, chosen, start.addr, start.port, rdzv_timeout)
     return LaunchPlan(launcher=chosen, flavour=start.flavour, argv=start.argv, env=env, env_reasons=reasons,
@@ -346,17 +342,12 @@ def _base_env(env_vars: Sequence[Any], world: int) -> Tuple[Dict[str, str], Dict
             reasons.pop(name, None)
     return env, reasons
 
-def _node_count(nnodes: Optional[int], hosts: Optional[Sequence[Host]], slurm_nodes: Optional[int],
-                master_addr: Optional[str]) -> int:
-    """The job's node count (decide.nodes, the one rule; a caller's decided count stands), refused where nothing
-    says where rank 0 is."""
-    from cpuperf.decide.nodes import job_nodes
-
-    _, count = job_nodes(nnodes, hosts, slurm_nodes)
+def _check_rank0_known(count: int, hosts: Optional[Sequence[Host]], slurm_nodes: Optional[int],
+                       master_addr: Optional[str]) -> None:
+    """Several nodes are refused where nothing says where rank 0 is."""
     if count > 1 and not hosts and slurm_nodes is None and master_addr is None:
         raise UsageError(f"{count} nodes need a hostfile, a Slurm allocation or --master-addr",
                          hint="pass --hostfile FILE (first host = rank 0)")
-    return count
 
 
 def _mpirun_base(path: str, flavour: str, world: int, nproc: int, cpu_budget: int, euid: int,
@@ -393,12 +384,12 @@ def _mpirun_base(path: str, flavour: str, world: int, nproc: int, cpu_budget: in
     return base
 
 
-def _slurm_master(addr: Optional[str], nnodes: int, environ: Mapping[str, str], env: Dict[str, str],
+def _slurm_master(addr: Optional[str], nnodes: int, slurm: SlurmFacts, env: Dict[str, str],
                   reasons: Dict[str, str]) -> Optional[str]:
     """Inside an allocation of several nodes, rank 0 runs on its first node: that is the rendezvous."""
     if addr not in (None, "127.0.0.1") or nnodes <= 1:
         return addr
-    first = slurm_facts(environ).nodes[:1]
+    first = slurm.nodes[:1]
     if first:
         env["MASTER_ADDR"] = first[0]
         reasons["MASTER_ADDR"] = "the first node of the Slurm allocation (rank 0 runs there)"

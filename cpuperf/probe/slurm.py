@@ -15,6 +15,9 @@ class SlurmFacts:
     nodes: Tuple[str, ...]  # the job's node list, expanded; rank 0 runs on the first
 
 
+NO_SLURM = SlurmFacts(None, ())  # outside any Slurm job
+
+
 def slurm_facts(environ: Mapping[str, str]) -> SlurmFacts:
     """SLURM_JOB_ID, SLURM_STEP_ID, SLURM_NNODES and SLURM_JOB_NODELIST (or their older names), parsed once."""
     try:
