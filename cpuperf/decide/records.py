@@ -6,7 +6,7 @@ Kept apart from the engine (cpuperf.decide.recommend) so that reading a saved pl
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
@@ -72,7 +72,14 @@ class Recommendation:
                 return d
         raise KeyError(decision_id)
 
-    def values(self) -> Dict[str, Any]:
+    @property
+    def chosen(self) -> Dict[str, Any]:
+        """Each decision's value, by id."""
         return {d.id: d.value for d in self.decisions}
+
+    @property
+    def user_set(self) -> FrozenSet[str]:
+        """The ids of the decisions the user fixed (--set/--config)."""
+        return frozenset(d.id for d in self.decisions if d.overridden)
 
 

@@ -226,7 +226,7 @@ def _decide(incumbent: Point, samples: Mapping[Point, List[float]], failed: Sequ
 
 def start_point(rec: Any) -> Point:
     """The rule's point: what recommend decided."""
-    v = rec.values()
+    v = rec.chosen
     return Point(dtype=v["dtype"], allocator=v.get("allocator"), optimizer=v.get("optimizer"),
                  ranks=int(v["nproc_per_node"]), threads=int(v["threads_per_rank"]), pinned=v.get("affinity") == "auto",
                  compile=bool(v.get("compile")))

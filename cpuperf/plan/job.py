@@ -76,16 +76,11 @@ class JobPlan:
         return {e.name: e.value for e in self.env}
 
 
-def user_set(rec: Recommendation, knob: str) -> bool:
-    """True when the user fixed this knob (--set/--config)."""
-    return rec.decision(knob).overridden
-
-
 def rank_threads(rec: Recommendation, auto: bool) -> Optional[int]:
     """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting): the
     decided count on CPUs under --auto or where you set it; None (torch's own) otherwise, and on GPUs."""
-    v = rec.values()
-    if v["device"] != "cpu" or not (auto or user_set(rec, "threads_per_rank")):
+    v = rec.chosen
+    if v["device"] != "cpu" or not (auto or "threads_per_rank" in rec.user_set):
         return None
     threads: int = v["threads_per_rank"]
     return threads
@@ -99,10 +94,10 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     --auto: all of them. Plain: only what the user's own keys imply (threads, allocator) and what
     several ranks need to meet (rendezvous, gloo interface, oneCCL).
     """
-    v = rec.values()
+    v = rec.chosen
     world = v["nproc_per_node"] * v["nnodes"]
     backend = process_group_backend(v["ddp_backend"])
-    preload = bool(v["allocator"]) and (request.auto or user_set(rec, "allocator"))
+    preload = bool(v["allocator"]) and (request.auto or "allocator" in rec.user_set)
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              allocator=v["allocator"], nnodes=v["nnodes"], mpi=mpi, socket_ifname=socket_ifname,
@@ -134,16 +129,16 @@ def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int
 
 def check_worker_can_honour(rec: Recommendation) -> None:
     """The built-in loop's limits: a value it cannot run is refused (exit 2), never dropped."""
-    v = rec.values()
+    v = rec.chosen
     if v["optimizer"] not in WORKER_OPTIMIZERS:
-        why = "set by you" if user_set(rec, "optimizer") else "the memory plan's choice"
+        why = "set by you" if "optimizer" in rec.user_set else "the memory plan's choice"
         raise UsageError(f"optimizer {v['optimizer']} ({why}): the built-in loop has " + ", ".join(WORKER_OPTIMIZERS),
                          hint="--set optimizer=adamw, or bring your own script after --")
-    if user_set(rec, "attention") and v["attention"] not in WORKER_ATTENTION:
+    if "attention" in rec.user_set and v["attention"] not in WORKER_ATTENTION:
         raise UsageError(f"attention {v['attention']}: the built-in loop uses torch's SDPA dispatcher",
                          hint="leave attention unset; the worker reports the kernel SDPA ran")
     for knob in ("zero", "pin_memory"):
-        if user_set(rec, knob) and v[knob]:
+        if knob in rec.user_set and v[knob]:
             raise UsageError(f"{knob}={v[knob]}: the built-in loop has no such setting",
                              hint="it applies to your own script: cpuperf recommend renders it")
 
@@ -151,7 +146,7 @@ def check_worker_can_honour(rec: Recommendation) -> None:
 def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> Dict[str, Any]:
     """The built-in worker's settings (cpuperf.train.settings.TrainSettings, same ids as the knobs)."""
     check_worker_can_honour(rec)
-    v = rec.values()
+    v = rec.chosen
     world = v["nproc_per_node"] * v["nnodes"]
     s: Dict[str, Any] = {"preset": request.preset or "tiny"}
     if request.auto:
@@ -208,7 +203,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
 
     planned_env: a saved plan's runtime variables, used as they are (only this launch's rendezvous
     variables are added to them)."""
-    v = rec.values()
+    v = rec.chosen
     world = v["nproc_per_node"] * v["nnodes"]
     notes: List[str] = list(rec.notes)
     wanted, env_notes = runtime_vars(facts, rec, request, mpi=mpi, socket_ifname=socket_ifname, environ=environ,
@@ -217,7 +212,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
         wanted = with_launch_vars(planned_env, wanted)
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
-    pin = v["device"] == "cpu" and v["affinity"] == "auto" and (request.auto or user_set(rec, "affinity"))
+    pin = v["device"] == "cpu" and v["affinity"] == "auto" and (request.auto or "affinity" in rec.user_set)
     threads = rank_threads(rec, request.auto)
     launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
                          hosts=request.hosts, nnodes=v["nnodes"],

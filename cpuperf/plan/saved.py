@@ -505,7 +505,7 @@ def decision_differences(plan: SavedPlan, fresh: Recommendation, fresh_env: Sequ
     """Each way the plan's decisions, placement and variables differ from what cpuperf decides here from the same
     facts and inputs ([] when none): a hand-edited or stale plan says so before it runs."""
     out: List[str] = []
-    now = fresh.values()
+    now = fresh.chosen
     for d in plan.rec.decisions:
         if d.id in now and now[d.id] != d.value:
             out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now[d.id])} here")

@@ -563,7 +563,7 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
     """(Trainer speed flags for this recommendation, candidates left out with why): `speed_flags` over its values."""
     from cpuperf.data import load_builtin
 
-    v = rec.values()
+    v = rec.chosen
     overridden = {d.id for d in rec.decisions if d.overridden}
     world = int(v["nproc_per_node"]) * int(v.get("nnodes") or 1)
     ev = rec.decision("dtype").evidence

@@ -29,7 +29,7 @@ def accelerate_launch_args(rec: Recommendation, accelerate_version: Optional[str
     from cpuperf.knowledge.accelerate import launch_flag_ok
 
     version = accelerate_version if accelerate_version is not None else rec.stack.get("accelerate")
-    v = rec.values()
+    v = rec.chosen
     threads = v.get("threads_per_rank")
     if v["device"] == "cpu" and threads and launch_flag_ok("--num_cpu_threads_per_process", version):
         return ["--num_cpu_threads_per_process", str(threads)]
@@ -45,7 +45,7 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
     keys = config_keys(version)
     if not keys:
         return f"# {data_note('accelerate', version) or 'no accelerate config keys are known'}\n"
-    v = rec.values()
+    v = rec.chosen
     nproc, nnodes = v["nproc_per_node"], v["nnodes"]
     world = nproc * nnodes
     if v["device"] == "cuda":
