@@ -86,7 +86,27 @@ def test_the_budget_stops_early_and_keeps_the_best_so_far():
     ran = []
     result = go({tc: 12.0, tc.with_value("pinning", False): 20.0}, budget=4.5, ran=ran)
     assert result.stopped == "budget" and len(ran) == 4  # a fifth run would end after 4.5 s
-    assert result.best == tc  # measured in the first runs: kept; its unpinned neighbour never ran
+    # the round stopped with room for the winner's pair: tcmalloc ran again beside the start and won again
+    assert ran[2:] == [tc, START] and result.best == tc  # its unpinned neighbour never ran
+    # no room for the pair: nothing moves on one run's win
+    assert go({tc: 12.0}, budget=3.5).best == START
+
+
+def test_a_win_that_does_not_repeat_is_no_win():
+    """A neighbour that ran while other work paused looks fast once; run again right after the incumbent's
+    closing run it does not win, so the tuner stays (the plain-AdamW '3.50x' once seen under load)."""
+    burst = START.with_value("optimizer", "adamw")
+    clock, figures = Clock(), iter([35.0] + [10.0] * 20)
+
+    def run(p):
+        clock.t += clock.cost
+        return [next(figures)] * 3 if p == burst else [10.0] * 3
+
+    result = descend(START, CAND, run, budget_s=1000.0, passes=1, min_gain=0.02, clock=clock)
+    assert result.best == START and result.stopped == "converged"
+    assert result.rounds[0].confirmation == {burst: (10.0,) * 3, START: (10.0,) * 3}
+    # a real win repeats, and moves
+    assert go({burst: 35.0}).best == burst
 
 
 def test_allocators_known_to_abort_multi_rank_jobs_are_never_run_with_ranks():

@@ -2,7 +2,8 @@
 
 Pure. It starts from the rule's point (what recommend decides), measures the neighbours that change one
 lever at a time, moves while a neighbour beats the incumbent by more than the measured noise (the spread of
-the incumbent's own repeats, which are interleaved with the neighbours' so drift hits all alike), and stops
+the incumbent's own repeats, which are interleaved with the neighbours' so drift hits all alike) and wins again
+when run once more right after the incumbent's closing run, and stops
 when none does or the time budget is spent (keeping the best so far, and saying so). Running a point is a
 function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
 """
@@ -101,6 +102,7 @@ class Round:
     failed: Tuple[Point, ...]
     noise: float  # the incumbent's spread: (max - min) / median of its repeats
     winner: Optional[Point]  # the neighbour moved to, or None
+    confirmation: Dict[Point, Tuple[float, ...]] = field(default_factory=dict)  # the winner's pair, run after
 
 
 @dataclass(frozen=True)
@@ -163,34 +165,34 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
             budget_s: float, passes: int, min_gain: float, clock: Callable[[], float]) -> TuneResult:
     """Coordinate descent from `start`. `run_one(point)` is one timed run: its samples/s figures (several short
     windows of one process, or one), None or [] when it failed. A round runs the incumbent and its unseen
-    neighbours `passes` times, interleaved, then the incumbent once more, so its spread covers the round's drift."""
+    neighbours `passes` times, interleaved, then the incumbent once more, so its spread covers the round's drift;
+    its winner moves only when it wins again, run once more beside the incumbent (_confirmed). A round keeps
+    the budget for that pair: one the budget cuts short still confirms what it measured."""
     t0 = clock()
     costs: List[float] = []  # the seconds each run took, to see whether the next one fits the budget
+
+    def run(p: Point, keep: int = 0) -> Optional[List[float]]:
+        """One run's figures ([] when it failed), or None when it and `keep` more would not end in the budget."""
+        if costs and clock() - t0 + statistics.mean(costs) * (1 + keep) > budget_s:
+            return None
+        began = clock()
+        got = [x for x in (run_one(p) or []) if x > 0]
+        costs.append(clock() - began)
+        return got
+
     rounds: List[Round] = []
     incumbent, seen, stopped = start, {start}, "converged"
     while True:
         points = [incumbent] + [q for _, q in neighbours(incumbent, cand) if q not in seen]
         if len(points) == 1 and rounds:
             break
-        schedule = points * max(1, passes) + [incumbent]
         samples: Dict[Point, List[float]] = {p: [] for p in points}
         failed: List[Point] = []
-        out_of_time = False
-        for p in schedule:
-            if p in failed:
-                continue
-            if costs and clock() - t0 + statistics.mean(costs) > budget_s:
-                out_of_time = True
-                break
-            began = clock()
-            got = [x for x in (run_one(p) or []) if x > 0]
-            costs.append(clock() - began)
-            if got:
-                samples[p].extend(got)
-            else:
-                failed.append(p)
+        out_of_time = _run_round(points * max(1, passes) + [incumbent], lambda p: run(p, keep=2), samples, failed)
         seen.update(points)
         rnd = _decide(incumbent, samples, failed, min_gain)
+        if rnd.winner is not None:
+            rnd = _confirmed(rnd, run(rnd.winner), run(incumbent), min_gain)
         rounds.append(rnd)
         if not samples[incumbent]:  # the start never ran: nothing tuned; a later incumbent ran in its round
             stopped = "failed" if incumbent == start or not out_of_time else "budget"
@@ -203,6 +205,37 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
         if rnd.winner is None:
             break
     return TuneResult(start, incumbent, tuple(rounds), stopped, clock() - t0, len(costs))
+
+
+def _run_round(schedule: Sequence[Point], run: Callable[[Point], Optional[List[float]]],
+               samples: Dict[Point, List[float]], failed: List[Point]) -> bool:
+    """Run the round's schedule into `samples` (a point that fails is not run again): True when the budget
+    stopped it."""
+    for p in schedule:
+        if p in failed:
+            continue
+        got = run(p)
+        if got is None:
+            return True
+        if got:
+            samples[p].extend(got)
+        else:
+            failed.append(p)
+    return False
+
+
+def _confirmed(rnd: Round, again: Optional[Sequence[float]], beside: Optional[Sequence[float]],
+               min_gain: float) -> Round:
+    """The round's winner run once more (`again`), then the incumbent (`beside`): it must win that pair too.
+    Two processes started apart in time can differ by more than one process's windows do (other work starting
+    or ending between them), so a win seen in one run is not enough; side by side, both runs see the same
+    host. Unconfirmed, or not run: no move. The pair is kept apart from the round's figures (it may be drifted
+    from them)."""
+    assert rnd.winner is not None
+    pair = {p: tuple(s) for p, s in ((rnd.winner, again), (rnd.incumbent, beside)) if s}
+    won = len(pair) == 2 and statistics.median(pair[rnd.winner]) > (
+        statistics.median(pair[rnd.incumbent]) * (1 + max(rnd.noise, min_gain)))
+    return replace(rnd, winner=rnd.winner if won else None, confirmation=pair)
 
 
 def _decide(incumbent: Point, samples: Mapping[Point, List[float]], failed: Sequence[Point], min_gain: float) -> Round:
