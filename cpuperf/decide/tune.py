@@ -3,7 +3,7 @@
 Pure. It starts from the rule's point (what recommend decides), measures the neighbours that change one
 lever at a time, moves while a neighbour beats the incumbent by more than the measured noise (the spread of
 the incumbent's own repeats, which are interleaved with the neighbours' so drift hits all alike) and wins again
-when run once more right after the incumbent's closing run, and stops
+when run once more beside the incumbent, and stops
 when none does or the time budget is spent (keeping the best so far, and saying so). Running a point is a
 function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
 """
