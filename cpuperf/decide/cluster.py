@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import cpu_budget, usable_cores
 from cpuperf.errors import NodesDifferError
+from cpuperf.jsonable import as_json
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.node import NO_PYTHON, PROBE_FAILED, TIMEOUT, UNREACHABLE, UNRESOLVABLE, NodeResult
@@ -39,9 +40,7 @@ class NodeFinding:
     nodes: Tuple[str, ...]  # the nodes it concerns
 
     def to_json(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data["nodes"] = list(self.nodes)
-        return data
+        return as_json(self)
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class ClusterConstraints:
             raise NodesDifferError(self.refusal, hint=self.refusal_hint)
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
 
 def _names(items: Sequence[str], limit: int = 8) -> str:
@@ -392,7 +391,7 @@ class DdpChoice:
     evidence: Dict[str, Any]
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
 
 def choose_ddp(measured: Mapping[str, Any], bucket_mb: float = 25.0) -> Optional[DdpChoice]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
+
+from cpuperf.jsonable import as_json
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -16,4 +18,4 @@ class Finding:
     fix: Optional[str]
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)

@@ -9,11 +9,12 @@ or the Slurm allotment; on hybrid parts performance cores only.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import HostFacts
 
 # Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
@@ -52,9 +53,10 @@ class Placement:
         return min(s.threads for s in self.slots) if self.slots else 1
 
     def to_json(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data["threads_per_rank"] = self.threads_per_rank
-        return data
+        return as_json(self)
+
+    def json_computed(self) -> Dict[str, Any]:
+        return {"threads_per_rank": self.threads_per_rank}
 
 
 def usable_cores(facts: HostFacts) -> List[Core]:

@@ -5,11 +5,12 @@ Kept apart from the engine (cpuperf.decide.recommend) so that reading a saved pl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
+from cpuperf.jsonable import as_json
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Decision:
     needs_torch: bool = False
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
 
 @dataclass(frozen=True)

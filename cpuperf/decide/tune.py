@@ -11,8 +11,10 @@ function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.jsonable import as_json
 
 SCHEMA = "cpuperf.tune/1"
 LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
@@ -48,7 +50,7 @@ class Point:
         return " ".join(label(lever, self.get(lever)) for lever in LEVERS)
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Point:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import as_json
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Workload:
         return 6.0 * self.params + 12.0 * self.n_layer * self.d_model * self.seq_len
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
 
 # The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for

@@ -5,9 +5,10 @@ fused attention kernel cannot run. Pure (torch-free); the peaks are data in comp
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import Gpu, HostFacts
 
 # Ampere (compute capability 8.0) brought bf16 and TF32 Tensor Cores; Volta (7.0) fp16 ones.
@@ -28,7 +29,7 @@ class Peak:
     card: Optional[str] = None  # the table row's pattern
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
 
 def math_dtype(dtype: str, tf32: bool) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from packaging.version import Version
 
+from cpuperf.jsonable import NOT_IN_JSON, as_json
 from cpuperf.knowledge.matrix import (
     PY_RE,
     IpexRelease,
@@ -95,7 +96,7 @@ def _normalize_want(want: Iterable[str]) -> frozenset[str]:
 class Pin:
     """An exact pin and where pip finds it."""
 
-    package: str
+    package: str = field(metadata=NOT_IN_JSON)  # the compat/1 object holds the pin under its package's key
     version: str
     index_url: str | None
     index_kind: str  # index-url | extra-index-url | find-links | pypi
@@ -116,13 +117,10 @@ class Pin:
 
     def to_json(self) -> dict[str, Any]:
         """{"version", "index_url", ...} as in the cpuperf.compat/1 schema."""
-        return {
-            "version": self.version,
-            "index_url": self.index_url,
-            "index_kind": self.index_kind,
-            "on_pypi": self.on_pypi,
-            "pip_args": self.pip_args(),
-        }
+        return as_json(self)
+
+    def json_computed(self) -> dict[str, Any]:
+        return {"pip_args": self.pip_args()}
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ class Rejection:
 
     def to_json(self) -> dict[str, Any]:
         """{"package", "version", "reason"}."""
-        return {"package": self.package, "version": self.version, "reason": self.reason}
+        return as_json(self)
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
+from cpuperf.jsonable import NOT_IN_JSON, as_json
 from cpuperf.knowledge.cuda import cuda_tag_for_driver
 from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.probe.pkgscan import key_for
@@ -79,8 +80,10 @@ class Source:
         return [flag, self.location]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "location": self.location, "origin": self.origin,
-                        "reachable": self.reachable, "detail": self.detail, "error": self.error or None}
+        return as_json(self)
+
+    def json_computed(self) -> Dict[str, Any]:
+        return {"error": self.error or None}  # no error: null, not ""
 
 
 @dataclass(frozen=True)
@@ -292,16 +295,16 @@ class PlannedPackage:
     reason: str
     action: str = "install"  # install | upgrade | downgrade | reinstall | keep
     replaces: Optional[str] = None
-    requested: bool = True
-    url: Optional[str] = None
-    sha256: Optional[str] = None
+    # From pip's report and the lock: the plan's JSON shows none of them (the lock file writes url and sha256).
+    requested: bool = field(default=True, metadata=NOT_IN_JSON)
+    url: Optional[str] = field(default=None, metadata=NOT_IN_JSON)
+    sha256: Optional[str] = field(default=None, metadata=NOT_IN_JSON)
 
     def requirement(self) -> str:
         return f"{self.name}=={self.version}"
 
     def to_json(self) -> Dict[str, Any]:
-        return {"name": self.name, "version": self.version, "source": self.source, "reason": self.reason,
-                "action": self.action, "replaces": self.replaces}
+        return as_json(self)
 
 
 @dataclass(frozen=True)

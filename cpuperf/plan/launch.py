@@ -18,12 +18,13 @@ import math
 import re
 import shlex
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import LaunchFailedError, UsageError
+from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
@@ -79,10 +80,10 @@ class LaunchPlan:
         return self.nproc_per_node * self.nnodes
 
     def to_json(self) -> Dict[str, Any]:
-        data = asdict(self)
-        data["world_size"] = self.world_size
-        data["command"] = shell_line(self.argv, {})
-        return data
+        return as_json(self)
+
+    def json_computed(self) -> Dict[str, Any]:
+        return {"world_size": self.world_size, "command": shell_line(self.argv, {})}
 
 
 def shell_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
@@ -452,7 +453,7 @@ class RankObservation:
     allocator: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
 
 def check_observations(plan: LaunchPlan, observed: Sequence[RankObservation],

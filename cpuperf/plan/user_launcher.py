@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import NOT_IN_JSON, as_json, json_key
 
 RANKEXEC = ("-m", "cpuperf.run.rankexec", "--")
 _MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -313,18 +314,20 @@ class LauncherRanks:
     """How many ranks the user's launcher starts here, and whether cpuperf places them."""
 
     launcher: str
-    count: Optional[int]  # local ranks (None: cpuperf cannot tell)
-    source: str  # where the count comes from, in the user's words
-    place: bool  # cpuperf pins each rank and sets its threads through the per-rank step
+    count: Optional[int] = field(metadata=json_key("ranks"))  # local ranks (None: cpuperf cannot tell)
+    source: str = field(metadata=json_key("from"))  # where the count comes from, in the user's words
+    # cpuperf pins each rank and sets its threads through the per-rank step
+    place: bool = field(metadata=json_key("placed_by_cpuperf"))
     why: str  # why not (place False), or how (place True)
     oversubscribed: bool = False  # the launcher may start more ranks than cores (--oversubscribe, or hosts)
     notes: Tuple[str, ...] = field(default=())  # what cpuperf read from wrappers and the user's variables
-    user_threads: Optional[str] = None  # the user's own OMP_NUM_THREADS, which every rank keeps
-    step: bool = False  # the per-rank step goes in front of every rank (placed or not: it ties the rank to cpuperf)
+    # How the step runs each rank, not part of the plan's JSON: the user's own OMP_NUM_THREADS, which every rank
+    # keeps; whether the per-rank step goes in front of every rank (placed or not: it ties the rank to cpuperf).
+    user_threads: Optional[str] = field(default=None, metadata=NOT_IN_JSON)
+    step: bool = field(default=False, metadata=NOT_IN_JSON)
 
     def to_json(self) -> Dict[str, Any]:
-        return {"launcher": self.launcher, "ranks": self.count, "from": self.source, "placed_by_cpuperf": self.place,
-                "why": self.why, "oversubscribed": self.oversubscribed, "notes": list(self.notes)}
+        return as_json(self)
 
 
 def _python_int(text: str) -> Optional[int]:

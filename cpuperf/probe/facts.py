@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, cast
 
+from cpuperf.jsonable import as_json
+
 # ISA flags cpuperf reasons about, as Linux prints them in /proc/cpuinfo (x86: the quoted names in
 # arch/x86/include/asm/cpufeatures.h; AMX-FP16 and AVX-VNNI-INT8 have none, so they never appear) and in
 # the Arm 'Features' line (arch/arm64/kernel/cpuinfo.c hwcap_str).
@@ -198,7 +200,7 @@ class HostFacts:
         return online
 
     def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        return as_json(self)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)

@@ -7,12 +7,12 @@ It prints one marked line of JSON that `NodeFacts.from_json` reads back on the l
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.sources import Sources
 
@@ -47,9 +47,7 @@ class NodeFacts:
         return tuple(a for addrs in self.interfaces.values() for a in addrs)
 
     def to_json(self) -> Dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["host"] = self.host.to_json() if self.host is not None else None
-        return data
+        return as_json(self)
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> NodeFacts:
@@ -77,9 +75,7 @@ class NodeResult:
     transport: str
 
     def to_json(self) -> Dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["facts"] = self.facts.to_json() if self.facts is not None else None
-        return data
+        return as_json(self)
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> NodeResult:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.fsutil import atomic_write_bytes, cache_root
+from cpuperf.jsonable import as_json
 from cpuperf.plan import install as ip
 from cpuperf.plan.install import Source, parse_freeze, restore_steps
 
@@ -693,7 +694,10 @@ class VerifyResult:
     seconds: float
 
     def to_json(self) -> Dict[str, Any]:
-        return {"ok": self.ok, "checks": self.checks, "problems": self.problems, "seconds": round(self.seconds, 1)}
+        return as_json(self)
+
+    def json_computed(self) -> Dict[str, Any]:
+        return {"seconds": round(self.seconds, 1)}
 
 
 def verify(python: str, env: Mapping[str, str], expected: Mapping[str, str], modules: Mapping[str, str],

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from cpuperf.jsonable import as_json
 from cpuperf.train.errors import ConfigError
 
 PRESETS = ("tiny", "gpt2-small", "micro")
@@ -64,7 +65,7 @@ class TrainSettings:
     # ---- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON dict of every field."""
-        return dataclasses.asdict(self)
+        return as_json(self)
 
     def to_json(self) -> str:
         """JSON text of to_dict()."""
