@@ -184,6 +184,7 @@ def hermetic_env(home: Path) -> Dict[str, str]:
     env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_CACHE_DIR": str(home / "pip-cache"),
                 "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "5", "PIP_RETRIES": "0",
                 "XDG_CACHE_HOME": str(home / "cache"), "HOME": str(home),
+                "CPUPERF_CACHE_DIR": str(home / "cache" / "cpuperf"),  # not the suite's shared one
                 "PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""})
     return env
 
