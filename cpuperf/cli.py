@@ -308,16 +308,19 @@ def train(
     from cpuperf.commands import train as cmd
     if time_budget is not None:
         _finite("--time-budget", time_budget)
-    args = cmd.TrainArgs(auto=auto, dry_run=dry_run, sets=list(sets), model=model, max_steps=max_steps,
-                         time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
-                         nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
-                         ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
-                         rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot,
-                         user_argv=list(ctx.args), plan=plan, replan=replan, adapt_to_load=adapt_to_load,
-                         tune=tune, budget=budget)
+    from cpuperf.plan.request import PlanRequest
+    argv = ctx.args[1:] if ctx.args[:1] == ["--"] else ctx.args  # `train -- cmd`: the `--` may reach ctx.args
+    given = PlanRequest(auto=auto, dry_run=dry_run, model=model, max_steps=max_steps, time_budget=time_budget,
+                        seed=seed, resume=resume, out_dir=out_dir, nnodes=nnodes, node_rank=node_rank,
+                        launcher=launcher, master_addr=master_addr, master_port=master_port,
+                        rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags,
+                        user_argv=tuple(argv), plan=plan, replan=replan)
+    options = cmd.TrainOptions(sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
+                               sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
+                               budget=budget)
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
-    _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
+    _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), given, options))
 
 
 @app.command("ccl-env", add_help_option=False,

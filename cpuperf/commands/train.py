@@ -6,9 +6,10 @@ probe -> recommendation (--auto) -> TrainSettings + runtime env (cpuperf.decide.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
@@ -32,79 +33,57 @@ SCHEMA = "cpuperf.train/1"
 DRY_RUN_SCHEMA = "cpuperf.train-plan/1"
 
 
-@dataclass
-class TrainArgs:
-    auto: bool = False
-    dry_run: bool = False
-    sets: List[str] = field(default_factory=list)
-    model: Optional[str] = None
-    max_steps: Optional[int] = None
-    time_budget: Optional[float] = None
+@dataclass(frozen=True)
+class TrainOptions:
+    """What `train` reads besides the planner's request: the raw options the request types (--set, --batch-size,
+    --nproc-per-node/--ppn), where the facts come from, and --tune, which runs instead of one plan."""
+
+    sets: Tuple[str, ...] = ()
     batch_size: Optional[int] = None
-    seed: Optional[int] = None
-    resume: bool = False
-    out_dir: Optional[str] = None
     nproc_per_node: Optional[int] = None
-    nnodes: Optional[int] = None
-    node_rank: Optional[int] = None
-    hostfile: Optional[str] = None
     ppn: Optional[int] = None
-    launcher: Optional[str] = None
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    rdzv_timeout: Optional[float] = None
-    device: str = "auto"
-    unit: str = "socket"
-    hf_flags: str = "auto"
     sysroot: Optional[str] = None
-    user_argv: List[str] = field(default_factory=list)
-    plan: Optional[str] = None  # a saved plan to run as it stands (cpuperf recommend --save)
-    replan: bool = False
+    hostfile: Optional[str] = None
     adapt_to_load: bool = False
     tune: bool = False  # --tune: tune the levers on the user's command itself (a few short runs per candidate)
     budget: Optional[float] = None
 
 
-# Options that decide something: a saved plan has decided them already.
-_PLAN_FIXES = ("sets", "model", "batch_size", "nproc_per_node", "ppn", "nnodes")
+def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
+    """The request as the options gave it, completed with the values `o` types (the constraints, the ranks per
+    node); the combinations refused before anything is probed (exit 2)."""
+    from cpuperf.plan.request import check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints
+
+    check_sysroot(o.sysroot, given.dry_run)
+    if given.plan:
+        # Options that decide something: a saved plan has decided them already.
+        fixes = {"sets": o.sets, "model": given.model, "batch_size": o.batch_size, "nproc_per_node": o.nproc_per_node,
+                 "ppn": o.ppn, "nnodes": given.nnodes}
+        check_saved_plan_options(given.plan, [name for name, v in fixes.items() if v], given.device, given.unit)
+    decided, worker = split_constraints(o.sets, o.batch_size, given.user_argv)
+    nproc = o.nproc_per_node or o.ppn
+    check_own_launcher(given.user_argv, nproc, given.launcher)
+    return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc)
 
 
-def train_request(a: TrainArgs) -> PlanRequest:
-    """The options as the planner's request, typed once; combinations refused before anything is probed (exit 2)."""
-    from cpuperf.plan.request import PlanRequest, check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints
-
-    check_sysroot(a.sysroot, a.dry_run)
-    if a.plan:
-        check_saved_plan_options(a.plan, [name for name in _PLAN_FIXES if getattr(a, name)], a.device, a.unit)
-    decided, worker = split_constraints(a.sets, a.batch_size, a.user_argv)
-    nproc = a.nproc_per_node or a.ppn
-    check_own_launcher(a.user_argv, nproc, a.launcher)
-    return PlanRequest(auto=a.auto, dry_run=a.dry_run, decided=decided, worker=worker, has_sets=bool(a.sets),
-                       model=a.model, max_steps=a.max_steps, time_budget=a.time_budget, seed=a.seed, resume=a.resume,
-                       out_dir=a.out_dir, nproc=nproc, nnodes=a.nnodes, node_rank=a.node_rank, launcher=a.launcher,
-                       master_addr=a.master_addr, master_port=a.master_port, rdzv_timeout=a.rdzv_timeout,
-                       device=a.device, unit=a.unit, hf_flags=a.hf_flags, user_argv=tuple(a.user_argv), plan=a.plan,
-                       replan=a.replan)
-
-
-def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optional[Dict[str, str]] = None,
-               use_tuned: bool = True) -> JobPlan:
-    """The job's one plan (cpuperf.plan.build): the options as a request, the host probed and the rest found at the
-    edge, then planned. Side effects: probing, measuring (a real --auto run), and, outside --dry-run, checking the
-    hosts and making the run directory. `use_tuned` False: the rules' plan (the start of `--tune`)."""
+def build_plan(request: PlanRequest, options: Optional[TrainOptions] = None, facts: Optional[HostFacts] = None,
+               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True) -> JobPlan:
+    """The job's one plan (cpuperf.plan.build): the host probed and the rest found at the edge, then planned.
+    Side effects: probing, measuring (a real --auto run), and, outside --dry-run, checking the hosts and making
+    the run directory. `use_tuned` False: the rules' plan (the start of `--tune`)."""
     from cpuperf.plan.build import build_job_plan
 
-    request = train_request(a)
+    o = options or TrainOptions()
     environ = dict(os.environ if environ is None else environ)
     if facts is None:
         from cpuperf.probe import probe_host
 
-        facts = probe_host(sysroot=a.sysroot)
-    if a.adapt_to_load and facts.load is None and facts.live:
+        facts = probe_host(sysroot=o.sysroot)
+    if o.adapt_to_load and facts.load is None and facts.live:
         from cpuperf.probe import with_load
 
         facts = with_load(facts)  # --adapt-to-load: threads per rank avoid CPUs other work keeps busy now
-    edge = _edge(request, facts, environ, a.hostfile)
+    edge = _edge(request, facts, environ, o.hostfile)
     try:
         return build_job_plan(request, facts, edge, use_tuned)
     except BaseException:
@@ -293,15 +272,15 @@ def _plan_json(jp: JobPlan) -> Dict[str, Any]:
             "node_commands": list(plan.node_commands), "yours": plan.yours}
 
 
-def run_train(out: Output, a: TrainArgs) -> int:
-    """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code."""
-    if a.user_argv and a.user_argv[0] == "--":
-        a.user_argv = a.user_argv[1:]
-    if a.tune:
-        return _run_tune(out, a)
-    jp = build_plan(a)
+def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
+    """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code. `given`: the request as
+    the options gave it (train_request completes it)."""
+    if options.tune:
+        return _run_tune(out, given, options)
+    request = train_request(given, options)
+    jp = build_plan(request, options)
     launch = _plan_json(jp)
-    if a.dry_run:
+    if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
                   "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
                   "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
@@ -310,10 +289,10 @@ def run_train(out: Output, a: TrainArgs) -> int:
         else:
             _print_plan(out, jp)
         return 0
-    return _execute(out, a, jp, launch)
+    return _execute(out, request, jp, launch)
 
 
-def _run_tune(out: Output, a: TrainArgs) -> int:
+def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
@@ -327,20 +306,20 @@ def _run_tune(out: Output, a: TrainArgs) -> int:
     from cpuperf.run import measure
     from cpuperf.run import tune as rtune
 
-    _check_tunable(a)
-    parsed = parse_command(a.user_argv)
+    _check_tunable(given, options)
+    parsed = parse_command(given.user_argv)
     parser, why = detect_parser(_read_script(parsed.script), parsed.script_args)
     if parser != "hf":
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
-    jp = build_plan(dataclasses.replace(a, auto=True, dry_run=True, tune=False), use_tuned=False)
+    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False)
     if jp.rec.get("device") != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
     start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
                                                         own_launcher=bool(jp.launch.yours))
-    budget = float(a.budget or rule["script_budget_s"])
+    budget = float(options.budget or rule["script_budget_s"])
     out.info(f"cpuperf train: tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} "
              f"steps per run, {rule['script_passes']} interleaved passes, budget {budget:.0f} s) ...")
 
@@ -348,16 +327,16 @@ def _run_tune(out: Output, a: TrainArgs) -> int:
         out.info(f"cpuperf train: {msg}")
 
     with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work:
-        argv = tuning_argv(a.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
+        argv = tuning_argv(given.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
         result = rtune.tune(start, cand, lambda p: rtune.script_point(p, list(cand.values), argv, work), budget,
                             int(rule["script_passes"]), log)
     entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
-             "command": list(a.user_argv)}
+             "command": list(given.user_argv)}
     lines = rtune.summary(result, cand)
     if result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")
-    path = measure.save_tuned(facts, "tuned_by_command", command_key(a.user_argv), entry)
+    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv), entry)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:
@@ -365,12 +344,12 @@ def _run_tune(out: Output, a: TrainArgs) -> int:
     return 0
 
 
-def _check_tunable(a: TrainArgs) -> None:
-    if not a.user_argv:
+def _check_tunable(request: PlanRequest, options: TrainOptions) -> None:
+    if not request.user_argv:
         raise UsageError("--tune tunes your own Trainer command: cpuperf train --tune -- python train.py ...",
                          hint="for the built-in loop: cpuperf bench --tune [--model NAME]")
-    if a.dry_run or a.plan or a.sysroot:
-        what = "--dry-run" if a.dry_run else "--plan" if a.plan else "--sysroot"
+    if request.dry_run or request.plan or options.sysroot:
+        what = "--dry-run" if request.dry_run else "--plan" if request.plan else "--sysroot"
         raise UsageError(f"--tune runs your command on this host: not with {what}",
                          hint="cpuperf train --auto --dry-run -- ... shows the plan a tuning made")
 
@@ -378,7 +357,7 @@ def _check_tunable(a: TrainArgs) -> None:
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 
 
-def _execute(out: Output, a: TrainArgs, jp: JobPlan, launch: Dict[str, Any]) -> int:
+def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any]) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
 
@@ -389,7 +368,7 @@ def _execute(out: Output, a: TrainArgs, jp: JobPlan, launch: Dict[str, Any]) -> 
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if a.out_dir is None else ""))  # new per run: say which
+             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None else ""))  # new per run: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
@@ -600,4 +579,4 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
         out.info(f"note: {note}")
 
 
-__all__ = ["TrainArgs", "run_train", "build_plan", "CpuperfError"]
+__all__ = ["TrainOptions", "train_request", "run_train", "build_plan", "CpuperfError"]
