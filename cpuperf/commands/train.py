@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
-from cpuperf.decide.nodes import job_nodes, master_address
+from cpuperf.decide.nodes import job_nodes
 from cpuperf.decide.placement import plan_placement
 from cpuperf.decide.workload import resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
@@ -106,7 +106,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     mpi = mpi_flavour(facts)
     hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
                               int(saved.rec.get("nnodes") or 1) if saved is not None else None)
-    master = master_address(request.master_addr, hosts, nnodes, slurm)
+    master = request.master_addr
+    if master is None and nnodes > 1 and not hosts and slurm.allocation:
+        master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
     workload = resolve_workload(request.model, None, None, None, steps)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None

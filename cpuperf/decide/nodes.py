@@ -6,7 +6,6 @@ from typing import Optional, Sequence, Tuple
 
 from cpuperf.errors import UsageError
 from cpuperf.probe.hosts import Host
-from cpuperf.probe.slurm import SlurmFacts
 
 
 def job_nodes(nnodes: Optional[int], hosts: Optional[Sequence[Host]], slurm_nodes: Optional[int],
@@ -20,12 +19,3 @@ def job_nodes(nnodes: Optional[int], hosts: Optional[Sequence[Host]], slurm_node
         raise UsageError(f"--nnodes {count} but the hostfile names {len(hosts)} host(s)",
                          hint="list every node in the hostfile, or lower --nnodes")
     return (tuple(hosts[:count]) if hosts else None), count
-
-
-def master_address(asked: Optional[str], hosts: Optional[Sequence[Host]], nnodes: int,
-                   slurm: SlurmFacts) -> Optional[str]:
-    """Rank 0's address as the user or the allocation names it: --master-addr, else for several nodes of a Slurm
-    allocation without a hostfile its first node (rank 0 runs there); None: the plan takes the hostfile's first."""
-    if asked is not None or nnodes <= 1 or hosts or not slurm.allocation:
-        return asked
-    return slurm.nodes[0] if slurm.nodes else None
