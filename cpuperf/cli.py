@@ -102,7 +102,7 @@ def doctor(
     hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE",
                                            help="Probe every node of this hostfile (inside a Slurm allocation of several nodes: its nodes) and show the skews between them."),
     launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME",
-                                           help="Reach the nodes through srun, mpirun or ssh (default: srun in Slurm, else mpirun, else ssh)."),
+                                           help="Reach the nodes through srun, mpirun or ssh (default: srun for a Slurm allocation's own nodes, else mpirun, else ssh)."),
     timeout: float = typer.Option(60.0, "--timeout", metavar="S", help="Seconds each node has to answer."),
     parallel: int = typer.Option(32, "--parallel", metavar="N", help="Nodes probed at once."),
     save_facts: Optional[str] = typer.Option(None, "--save-facts", metavar="FILE|DIR/",
@@ -211,7 +211,7 @@ def recommend(
     save: Optional[str] = typer.Option(None, "--save", metavar="FILE", help="Write the plan with the facts it was made from (JSON): `train --plan FILE` and `ccl-env --plan FILE` run or render exactly it, on every node."),
     adapt_to_load: bool = typer.Option(False, "--adapt-to-load", help=LOAD_HELP),
     node_facts: Optional[str] = typer.Option(None, "--node-facts", metavar="FILE|DIR", help="With --hostfile: plan every node from its own saved facts (cpuperf doctor --hostfile FILE --save-facts DIR/), without reaching the nodes."),
-    probe_nodes: bool = typer.Option(False, "--probe-nodes", help="With --hostfile: probe every node now (srun, mpirun or ssh) and plan each from its own facts."),
+    probe_nodes: bool = typer.Option(False, "--probe-nodes", help="With --hostfile: probe every node now (mpirun, else ssh) and plan each from its own facts."),
     sysroot: Optional[str] = typer.Option(None, "--sysroot", metavar="DIR", help=SYSROOT_HELP),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -308,16 +308,19 @@ def train(
     from cpuperf.commands import train as cmd
     if time_budget is not None:
         _finite("--time-budget", time_budget)
-    args = cmd.TrainArgs(auto=auto, dry_run=dry_run, sets=list(sets), model=model, max_steps=max_steps,
-                         time_budget=time_budget, batch_size=batch_size, seed=seed, resume=resume, out_dir=out_dir,
-                         nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile,
-                         ppn=ppn, launcher=launcher, master_addr=master_addr, master_port=master_port,
-                         rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags, sysroot=sysroot,
-                         user_argv=list(ctx.args), plan=plan, replan=replan, adapt_to_load=adapt_to_load,
-                         tune=tune, budget=budget)
+    from cpuperf.plan.request import PlanRequest
+    argv = ctx.args[1:] if ctx.args[:1] == ["--"] else ctx.args  # `train -- cmd`: the `--` may reach ctx.args
+    given = PlanRequest(auto=auto, dry_run=dry_run, model=model, max_steps=max_steps, time_budget=time_budget,
+                        seed=seed, resume=resume, out_dir=out_dir, nnodes=nnodes, node_rank=node_rank,
+                        launcher=launcher, master_addr=master_addr, master_port=master_port,
+                        rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags,
+                        user_argv=tuple(argv), plan=plan, replan=replan)
+    options = cmd.TrainOptions(sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
+                               sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
+                               budget=budget)
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
-    _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), args))
+    _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), given, options))
 
 
 @app.command("ccl-env", add_help_option=False,

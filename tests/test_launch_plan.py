@@ -213,17 +213,18 @@ def test_the_signalled_rank_is_the_cause_when_peers_fail_at_once():
     assert first_failure(TORCHRUN_TWO_FAILURES, []) == (1, 137)
 
 
-def test_check_hosts_uses_the_one_resolver_and_names_every_unresolvable_host():
+def test_hosts_are_checked_from_the_one_resolver_which_names_every_unresolvable_host():
     import socket
 
     from cpuperf.errors import UnreachableError
+    from cpuperf.probe.hosts import require_resolvable
     from cpuperf.run.launcher import check_hosts, local_node_rank
 
     hosts = parse_hostfile_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    found = check_hosts(hosts, ssh=False)
+    found = check_hosts(hosts, require_resolvable(hosts), ssh=False)
     assert found["127.0.0.1"] == "127.0.0.1" and found["localhost"] in ("127.0.0.1", "::1")
     assert local_node_rank(hosts, found) == 0
     with pytest.raises(UnreachableError) as info:
-        check_hosts(parse_hostfile_text("localhost\nnope-1.invalid\nnope-2.invalid\n"), ssh=False)
+        require_resolvable(parse_hostfile_text("localhost\nnope-1.invalid\nnope-2.invalid\n"))
     assert info.value.code == 7 and "nope-1.invalid" in info.value.message and "nope-2.invalid" in info.value.message
     assert socket.getdefaulttimeout() is None  # no process-wide socket state

@@ -11,9 +11,10 @@ import pytest
 from cli_util import run_cli, run_json
 from hosts import make_host
 
-from cpuperf.commands.train import TrainArgs, build_plan
+from cpuperf.commands.train import TrainOptions, build_plan, train_request
 from cpuperf.errors import CpuperfError, ExitCode
 from cpuperf.knowledge.knobs import KNOBS, MODEL_KEYS
+from cpuperf.plan.request import PlanRequest
 from cpuperf.probe import probe_host
 
 STACK = json.dumps({"torch": "2.13.0+cpu"})
@@ -28,8 +29,9 @@ def host(tmp_path_factory) -> str:
 
 def _plan(host: str, sets: List[str], auto: bool) -> Dict[str, Any]:
     facts = probe_host(sysroot=host, environ={"CPUPERF_OVERRIDE_PACKAGES": STACK}, use_cache=False)
-    jp = build_plan(TrainArgs(auto=auto, dry_run=True, sets=sets, model="micro", out_dir="/tmp/cpuperf-one-plan"),
-                    facts=facts, environ={})
+    request = train_request(PlanRequest(auto=auto, dry_run=True, model="micro", out_dir="/tmp/cpuperf-one-plan"),
+                            TrainOptions(sets=tuple(sets)))
+    jp = build_plan(request, facts=facts, environ={})
     launch = jp.launch
     return {"settings": jp.settings or {}, "decisions": {d["id"]: d for d in jp.decisions},
             "world": launch.world_size, "nproc": launch.nproc_per_node, "env": dict(launch.env),
@@ -140,8 +142,9 @@ def test_user_ranks_and_threads_shape_placement_memory_and_env(host):
 
 def test_plain_mode_keeps_the_nproc_option(host):
     facts = probe_host(sysroot=host, environ={"CPUPERF_OVERRIDE_PACKAGES": STACK}, use_cache=False)
-    jp = build_plan(TrainArgs(auto=False, dry_run=True, nproc_per_node=2, model="micro", out_dir="/tmp/cpuperf-one-plan"),
-                    facts=facts, environ={})
+    request = train_request(PlanRequest(dry_run=True, model="micro", out_dir="/tmp/cpuperf-one-plan"),
+                            TrainOptions(nproc_per_node=2))
+    jp = build_plan(request, facts=facts, environ={})
     assert jp.launch.world_size == 2 and jp.settings["dtype"] == "fp32"
     assert [d["id"] for d in jp.decisions] == ["plain", "nproc_per_node"]  # the user's own option
 

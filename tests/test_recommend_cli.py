@@ -99,3 +99,25 @@ def test_a_model_id_is_found_where_huggingface_hub_keeps_it(tmp_path):
                               capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 0, (extra, proc.stderr)
         assert json.loads(proc.stdout)["workload"]["n_layer"] == layers, extra
+
+
+def test_probe_nodes_reaches_a_hostfiles_nodes_without_srun_even_inside_slurm(tmp_path):
+    """srun starts steps on the allocation's own nodes only (doctor's rule): a hostfile's nodes are reached by
+    mpirun or ssh. Stand-ins for all three (no Slurm here) log their argv and fail, so no node answers (exit 7)."""
+    import os
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("srun", "mpirun", "mpiexec", "ssh"):  # one line per start; the probe's `--version` is no start
+        (bindir / tool).write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo start >> {tmp_path / tool}.log\nexit 1\n')
+        (bindir / tool).chmod(0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1\n127.0.0.2\n")
+    env = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]",
+           "PATH": f"{bindir}:{os.environ['PATH']}"}
+    proc = run_cli(["recommend", "--hostfile", str(hostfile), "--probe-nodes"], extra_env=env)
+    assert proc.returncode == 7, proc.stderr
+    assert not (tmp_path / "srun.log").exists(), (tmp_path / "srun.log").read_text()
+    starts = [line for tool in ("mpirun", "mpiexec", "ssh") if (tmp_path / f"{tool}.log").exists()
+              for line in (tmp_path / f"{tool}.log").read_text().splitlines()]
+    assert starts, proc.stderr  # the nodes were tried through mpirun or ssh

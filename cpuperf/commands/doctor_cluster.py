@@ -52,11 +52,10 @@ def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool
 
 
 def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Mapping[str, str]) -> Any:
-    from cpuperf.probe.slurm import slurm_facts
     from cpuperf.run.nodes import choose_reach, probe_cluster
 
-    in_slurm = opts.hostfile is None and slurm_facts(environ).allocation is not None
-    reach = choose_reach(opts.launcher, in_slurm, opts.python, environ, opts.timeout)
+    reach = choose_reach(opts.launcher, hostfile=opts.hostfile is not None, python=opts.python, environ=environ,
+                         timeout=opts.timeout)
     out.info(f"probing {len(names)} node(s) through {reach.transport} ({reach.why}); "
              f"{min(opts.parallel, len(names))} at a time, {opts.timeout:g} s each; the job's interpreter: {reach.interpreter}")
     step = max(1, len(names) // 4)

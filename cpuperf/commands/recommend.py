@@ -209,7 +209,7 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
     else:
         from cpuperf.run.nodes import choose_reach, probe_cluster
 
-        results = probe_cluster(names, choose_reach(None, bool(os.environ.get("SLURM_JOB_ID")), None, os.environ))
+        results = probe_cluster(names, choose_reach(None, hostfile=True, python=None, environ=os.environ))
     # Load of the moment rode along with each node's probe: a finding there, never an input here.
     by_name = {n: dataclasses.replace(f, load=None) for n, f in cluster.hosts_of(results).items()}
     missing = [n for n in names if n not in by_name]

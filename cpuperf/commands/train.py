@@ -6,135 +6,137 @@ probe -> recommendation (--auto) -> TrainSettings + runtime env (cpuperf.decide.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
+from cpuperf.decide.nodes import job_nodes
+from cpuperf.decide.placement import plan_placement
+from cpuperf.decide.workload import resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
 from cpuperf.output import Output
+from cpuperf.plan.build import EdgeFacts, build_job_plan
+from cpuperf.plan.launch import mpi_flavour
+from cpuperf.plan.saved import plan_fits, read_plan_file
+from cpuperf.plan.user_launcher import split_launcher
+from cpuperf.plan.user_script import parse_command
+from cpuperf.probe import probe_host, with_load
+from cpuperf.probe.hf import accelerate_default_config
+from cpuperf.probe.hosts import read_hostfile, this_node_names
+from cpuperf.probe.launchers import launcher_python, read_script
+from cpuperf.probe.slurm import slurm_facts
+from cpuperf.run.launcher import locate_node
+from cpuperf.run.measure import planning_measurements, train_measurements
+from cpuperf.run.vendor_env import master_interface
+from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
-    from cpuperf.decide.records import Measurements
-    from cpuperf.decide.workload import Workload
-    from cpuperf.plan.build import EdgeFacts
     from cpuperf.plan.job import JobPlan
     from cpuperf.plan.launch import LaunchPlan
     from cpuperf.plan.request import PlanRequest
-    from cpuperf.plan.saved import SavedPlan
     from cpuperf.probe.facts import HostFacts
-    from cpuperf.probe.hosts import Host
-    from cpuperf.probe.slurm import SlurmFacts
     from cpuperf.run.launcher import ExecResult
 
 SCHEMA = "cpuperf.train/1"
 DRY_RUN_SCHEMA = "cpuperf.train-plan/1"
 
 
-@dataclass
-class TrainArgs:
-    auto: bool = False
-    dry_run: bool = False
-    sets: List[str] = field(default_factory=list)
-    model: Optional[str] = None
-    max_steps: Optional[int] = None
-    time_budget: Optional[float] = None
+@dataclass(frozen=True)
+class TrainOptions:
+    """What `train` reads besides the planner's request: the raw options the request types (--set, --batch-size,
+    --nproc-per-node/--ppn), where the facts come from, and --tune, which runs instead of one plan."""
+
+    sets: Tuple[str, ...] = ()
     batch_size: Optional[int] = None
-    seed: Optional[int] = None
-    resume: bool = False
-    out_dir: Optional[str] = None
     nproc_per_node: Optional[int] = None
-    nnodes: Optional[int] = None
-    node_rank: Optional[int] = None
-    hostfile: Optional[str] = None
     ppn: Optional[int] = None
-    launcher: Optional[str] = None
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    rdzv_timeout: Optional[float] = None
-    device: str = "auto"
-    unit: str = "socket"
-    hf_flags: str = "auto"
     sysroot: Optional[str] = None
-    user_argv: List[str] = field(default_factory=list)
-    plan: Optional[str] = None  # a saved plan to run as it stands (cpuperf recommend --save)
-    replan: bool = False
+    hostfile: Optional[str] = None
     adapt_to_load: bool = False
     tune: bool = False  # --tune: tune the levers on the user's command itself (a few short runs per candidate)
     budget: Optional[float] = None
 
 
-# Options that decide something: a saved plan has decided them already.
-_PLAN_FIXES = ("sets", "model", "batch_size", "nproc_per_node", "ppn", "nnodes")
+def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
+    """The request as the options gave it, completed with the values `o` types (the constraints, the ranks per
+    node); the combinations refused before anything is probed (exit 2)."""
+    from cpuperf.plan.request import check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints
+
+    check_sysroot(o.sysroot, given.dry_run)
+    if given.plan:
+        # Options that decide something: a saved plan has decided them already.
+        fixes = {"sets": o.sets, "model": given.model, "batch_size": o.batch_size, "nproc_per_node": o.nproc_per_node,
+                 "ppn": o.ppn, "nnodes": given.nnodes}
+        check_saved_plan_options(given.plan, [name for name, v in fixes.items() if v], given.device, given.unit)
+    decided, worker = split_constraints(o.sets, o.batch_size, given.user_argv)
+    nproc = o.nproc_per_node or o.ppn
+    check_own_launcher(given.user_argv, nproc, given.launcher)
+    return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc)
 
 
-def train_request(a: TrainArgs) -> PlanRequest:
-    """The options as the planner's request, typed once; combinations refused before anything is probed (exit 2)."""
-    from cpuperf.plan.request import PlanRequest, check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints
-
-    check_sysroot(a.sysroot, a.dry_run)
-    if a.plan:
-        check_saved_plan_options(a.plan, [name for name in _PLAN_FIXES if getattr(a, name)], a.device, a.unit)
-    decided, worker = split_constraints(a.sets, a.batch_size, a.user_argv)
-    nproc = a.nproc_per_node or a.ppn
-    check_own_launcher(a.user_argv, nproc, a.launcher)
-    return PlanRequest(auto=a.auto, dry_run=a.dry_run, decided=decided, worker=worker, has_sets=bool(a.sets),
-                       model=a.model, max_steps=a.max_steps, time_budget=a.time_budget, seed=a.seed, resume=a.resume,
-                       out_dir=a.out_dir, nproc=nproc, nnodes=a.nnodes, node_rank=a.node_rank, launcher=a.launcher,
-                       master_addr=a.master_addr, master_port=a.master_port, rdzv_timeout=a.rdzv_timeout,
-                       device=a.device, unit=a.unit, hf_flags=a.hf_flags, user_argv=tuple(a.user_argv), plan=a.plan,
-                       replan=a.replan)
-
-
-def build_plan(a: TrainArgs, facts: Optional[HostFacts] = None, environ: Optional[Dict[str, str]] = None,
-               use_tuned: bool = True) -> JobPlan:
-    """The job's one plan (cpuperf.plan.build): the options as a request, the host probed and the rest found at the
-    edge, then planned. Side effects: probing, measuring (a real --auto run), and, outside --dry-run, checking the
-    hosts and making the run directory. `use_tuned` False: the rules' plan (the start of `--tune`)."""
-    from cpuperf.plan.build import build_job_plan
-
-    request = train_request(a)
+def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), facts: Optional[HostFacts] = None,
+               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True) -> JobPlan:
+    """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
+    measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
+    `use_tuned` False: the rules' plan (the start of `--tune`)."""
     environ = dict(os.environ if environ is None else environ)
+    argv = request.user_argv
+    steps = request.steps
+    # The edge is gathered in the layers' order, each value made once and handed on: the user's command split
+    # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
+    # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
+    yours = split_launcher(argv) if argv else None
+    script = parse_command(argv).script if argv else None
     if facts is None:
-        from cpuperf.probe import probe_host
-
-        facts = probe_host(sysroot=a.sysroot)
-    if a.adapt_to_load and facts.load is None and facts.live:
-        from cpuperf.probe import with_load
-
+        facts = probe_host(sysroot=options.sysroot)
+    if options.adapt_to_load and facts.load is None and facts.live:
         facts = with_load(facts)  # --adapt-to-load: threads per rank avoid CPUs other work keeps busy now
-    edge = _edge(request, facts, environ, a.hostfile)
+    listed = read_hostfile(options.hostfile) if options.hostfile else None
+    slurm = slurm_facts(environ)
+    names = this_node_names(listed, request.node_rank) if request.plan else []
+    its_python = launcher_python(yours.prefix) if yours else None
+    script_text = read_script(script)
+    accelerate_config = yours is not None and yours.launcher == "accelerate" and accelerate_default_config(environ)
+    # A saved plan: refused (exit 13) where this host differs from it, unless --replan.
+    saved, diffs = (plan_fits(request.plan, read_plan_file(request.plan), facts, request.replan, names)
+                    if request.plan else (None, []))
+    mpi = mpi_flavour(facts)
+    hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
+                              int(saved.rec.get("nnodes") or 1) if saved is not None else None)
+    master = request.master_addr
+    if master is None and nnodes > 1 and not hosts and slurm.allocation:
+        master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
+    workload = resolve_workload(request.model, None, None, None, steps)
+    # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
+    real_auto = request.auto and not request.dry_run and saved is None
+    threads = plan_placement(facts).threads_per_rank if real_auto else None
+    out_dir = run_dir(request.out_dir, resume=request.resume, create=not request.dry_run)
     try:
+        if saved is not None:  # the cache the saved plan's decisions read, said only where it plans again
+            meas = planning_measurements(facts, _say if diffs else None)
+        else:
+            meas = train_measurements(facts, environ, _say, auto=request.auto, threads=threads,
+                                      shape=workload if not argv and not request.has_sets else None)
+        node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
+                                 locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
+        edge = EdgeFacts(environ=environ, out_dir=out_dir, python=sys.executable, euid=os.geteuid(), workload=workload,
+                         hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
+                         node_rank=node_rank, local_addr=local_addr, master_addr=master, slurm=slurm,
+                         socket_ifname=master_interface(master, hosts) if nnodes > 1 else None,
+                         worker_schema=_worker_settings, script_text=script_text, launcher_python=its_python,
+                         accelerate_default_config=accelerate_config)
         return build_job_plan(request, facts, edge, use_tuned)
     except BaseException:
         if request.out_dir is None and not request.dry_run and not request.resume:
-            _remove_empty(edge.out_dir)  # made for this run, which never started
+            remove_if_empty(out_dir)  # made for this run, which never started
         raise
 
 
-def _edge(request: PlanRequest, facts: HostFacts, environ: Dict[str, str], hostfile: Optional[str]) -> EdgeFacts:
-    """Everything the planner needs from outside the facts: files, measurements, the network, the run directory."""
-    from cpuperf.decide.nodes import job_nodes
-    from cpuperf.decide.workload import resolve_workload
-    from cpuperf.plan.build import EdgeFacts
-    from cpuperf.probe.hosts import read_hostfile
-    from cpuperf.probe.slurm import slurm_facts
-
-    listed = tuple(read_hostfile(hostfile)) if hostfile else None
-    slurm = slurm_facts(environ)
-    saved, diffs = _saved_plan(request, facts, listed) if request.plan else (None, [])
-    hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
-                              int(saved.rec.get("nnodes") or 1) if saved is not None else None)
-    workload = resolve_workload(request.model, None, None, None, request.steps)
-    meas = _measurements(request, facts, environ, workload if saved is None else None, bool(diffs))
-    node_rank, local_addr = _where(request, facts, hosts, nnodes, slurm)
-    master, ifname = _interface(request, hosts, nnodes, slurm)
-    return EdgeFacts(environ=environ, out_dir=_out_dir(request), python=sys.executable, euid=os.geteuid(),
-                     workload=workload,
-                     hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
-                     node_rank=node_rank, local_addr=local_addr, master_addr=master, socket_ifname=ifname, slurm=slurm,
-                     worker_schema=_worker_settings, **_user_command(request, environ))
+def _say(msg: str) -> None:
+    sys.stderr.write(f"cpuperf train: {msg}\n")
 
 
 def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
@@ -146,139 +148,6 @@ def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
         return TrainSettings.from_dict(raw).to_dict()
     except ConfigError as exc:
         raise UsageError(f"training settings: {exc.message}", hint=exc.hint) from exc
-
-
-def _user_command(request: PlanRequest, environ: Dict[str, str]) -> Dict[str, Any]:
-    """What the edge reads for a user's command: its script's text, its launcher's Python and config file."""
-    if not request.user_argv:
-        return {}
-    from cpuperf.plan.user_launcher import split_launcher
-    from cpuperf.plan.user_script import parse_command
-    from cpuperf.probe.hf import accelerate_default_config
-    from cpuperf.probe.launchers import launcher_python
-
-    cmd = split_launcher(request.user_argv)
-    return {"script_text": _read_script(parse_command(list(request.user_argv)).script),
-            "launcher_python": launcher_python(cmd.prefix) if cmd is not None else None,
-            "accelerate_default_config": cmd is not None and cmd.launcher == "accelerate"
-            and accelerate_default_config(environ)}
-
-
-def _remove_empty(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty, or gone: never more than the empty directory made for this run
-
-
-def _measurements(request: PlanRequest, facts: HostFacts, environ: Dict[str, str], workload: Optional[Workload],
-                  replan: bool) -> Optional[Measurements]:
-    """--auto: what recommend decides from (the cache, else the rules), measured first where a real run starts
-    on a host with nothing cached (the built-in loop also tuned on its shape, when long enough); plain: the
-    cache as it is. A saved plan (no `workload`): the cache planning reads, said only where it plans again."""
-    from cpuperf.run import measure
-
-    def log(msg: str) -> None:
-        sys.stderr.write(f"cpuperf train: {msg}\n")
-
-    if workload is None:
-        return measure.planning_measurements(facts, log if replan else None)
-    measure_ok = environ.get("CPUPERF_MEASURE", "1").strip() or "1"
-    if measure_ok not in ("0", "1"):
-        raise UsageError(f"CPUPERF_MEASURE={measure_ok[:40]!r} is not 0 or 1", hint="unset it, or 0 to skip measuring")
-    if request.auto and not request.dry_run:
-        from cpuperf.decide.placement import plan_placement
-
-        return measure.measure_before_run(facts, plan_placement(facts).threads_per_rank, log,
-                                          workload if not request.user_argv and not request.has_sets else None)
-    if request.auto:
-        return measure.planning_measurements(facts, log)
-    return measure.load_cached(facts, log)
-
-
-def _saved_plan(request: PlanRequest, facts: HostFacts,
-                hosts: Optional[Tuple[Host, ...]]) -> Tuple[SavedPlan, List[str]]:
-    """(the saved plan, how this host differs from it): refused (exit 13) where it differs, unless --replan."""
-    from cpuperf.plan.saved import plan_fits, read_plan_file
-    from cpuperf.probe.hosts import this_node_names
-
-    plan = read_plan_file(str(request.plan))
-    return plan_fits(str(request.plan), plan, facts, request.replan, this_node_names(hosts, request.node_rank))
-
-
-def _where(request: PlanRequest, facts: HostFacts, hosts: Optional[Tuple[Host, ...]], nnodes: int,
-           slurm: SlurmFacts) -> Tuple[Optional[int], Optional[str]]:
-    """Multi-node, before anything is planned: every host checked, this node's rank and address."""
-    from cpuperf.run.launcher import check_hosts, local_node_rank
-
-    if hosts and not request.dry_run:  # every host of a hostfile resolves before anything starts (exit 7)
-        from cpuperf.probe.hosts import require_resolvable
-
-        require_resolvable(hosts)
-    if not hosts or nnodes <= 1 or request.dry_run:
-        return request.node_rank, None
-    from cpuperf.plan.launch import choose_launcher, mpi_flavour
-
-    # Several nodes: the launcher does not depend on the ranks per node (world > 1 whatever they are).
-    launcher, _ = choose_launcher(request.launcher, nnodes, nnodes, slurm.allocation, mpi_flavour(facts))
-    addresses = check_hosts(hosts, ssh=launcher == "mpirun")
-    node_rank = request.node_rank
-    if node_rank is None:
-        node_rank = local_node_rank(hosts, addresses)
-        if node_rank is None:
-            if launcher == "torchrun":
-                raise UsageError("this machine is not in the hostfile", hint="pass --node-rank R (0 = the first host)")
-            node_rank = 0
-    if node_rank >= len(hosts):
-        raise UsageError(f"--node-rank {node_rank} is outside 0..{len(hosts) - 1}")
-    if launcher == "mpirun" and node_rank != 0:
-        raise UsageError("mpirun starts every node from the first host of the hostfile",
-                         hint="run cpuperf train there, or use --launcher torchrun on each node")
-    return node_rank, addresses.get(hosts[node_rank].name)
-
-
-def _interface(request: PlanRequest, hosts: Optional[Tuple[Host, ...]], nnodes: int,
-               slurm: SlurmFacts) -> Tuple[Optional[str], Optional[str]]:
-    """(master address, the local interface that reaches it) for a multi-node gloo job."""
-    if nnodes <= 1:
-        return request.master_addr, None
-    from cpuperf.run.vendor_env import route_interface
-
-    master = request.master_addr
-    if master is None and not hosts and slurm.allocation:
-        master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
-    addr = master or (hosts[0].name if hosts else None)
-    ifname = None
-    if addr:
-        others = [h.name for h in (hosts or ()) if h.name != addr]
-        ifname = route_interface(addr) or (route_interface(others[0]) if others else None)
-    return master, ifname
-
-
-def _read_script(path: Optional[str]) -> Optional[str]:
-    """The user's script text, to see how it parses its arguments (None: unreadable)."""
-    if not path:
-        return None
-    from cpuperf.fsutil import InputRefused, read_text_capped
-
-    try:
-        return read_text_capped(path, errors="replace")
-    except (OSError, InputRefused):
-        return None
-
-
-def _out_dir(request: PlanRequest) -> str:
-    """--out as given; else a new runs/train/version_N per run (the newest one with --resume)."""
-    if request.out_dir is not None:
-        return os.path.abspath(request.out_dir)
-    from cpuperf.train.rundir import default_run_dir
-
-    try:
-        return default_run_dir(resume=request.resume, create=not request.dry_run)
-    except OSError as exc:
-        from cpuperf.errors import from_os_error
-
-        raise from_os_error(exc) from None
 
 
 def _plan_json(jp: JobPlan) -> Dict[str, Any]:
@@ -293,15 +162,15 @@ def _plan_json(jp: JobPlan) -> Dict[str, Any]:
             "node_commands": list(plan.node_commands), "yours": plan.yours}
 
 
-def run_train(out: Output, a: TrainArgs) -> int:
-    """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code."""
-    if a.user_argv and a.user_argv[0] == "--":
-        a.user_argv = a.user_argv[1:]
-    if a.tune:
-        return _run_tune(out, a)
-    jp = build_plan(a)
+def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
+    """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code. `given`: the request as
+    the options gave it (train_request completes it)."""
+    if options.tune:
+        return _run_tune(out, given, options)
+    request = train_request(given, options)
+    jp = build_plan(request, options)
     launch = _plan_json(jp)
-    if a.dry_run:
+    if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
                   "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
                   "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
@@ -310,10 +179,10 @@ def run_train(out: Output, a: TrainArgs) -> int:
         else:
             _print_plan(out, jp)
         return 0
-    return _execute(out, a, jp, launch)
+    return _execute(out, request, jp, launch)
 
 
-def _run_tune(out: Output, a: TrainArgs) -> int:
+def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
@@ -327,20 +196,20 @@ def _run_tune(out: Output, a: TrainArgs) -> int:
     from cpuperf.run import measure
     from cpuperf.run import tune as rtune
 
-    _check_tunable(a)
-    parsed = parse_command(a.user_argv)
-    parser, why = detect_parser(_read_script(parsed.script), parsed.script_args)
+    _check_tunable(given, options)
+    parsed = parse_command(given.user_argv)
+    parser, why = detect_parser(read_script(parsed.script), parsed.script_args)
     if parser != "hf":
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
-    jp = build_plan(dataclasses.replace(a, auto=True, dry_run=True, tune=False), use_tuned=False)
+    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False)
     if jp.rec.get("device") != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
     start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
                                                         own_launcher=bool(jp.launch.yours))
-    budget = float(a.budget or rule["script_budget_s"])
+    budget = float(options.budget or rule["script_budget_s"])
     out.info(f"cpuperf train: tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} "
              f"steps per run, {rule['script_passes']} interleaved passes, budget {budget:.0f} s) ...")
 
@@ -348,16 +217,16 @@ def _run_tune(out: Output, a: TrainArgs) -> int:
         out.info(f"cpuperf train: {msg}")
 
     with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work:
-        argv = tuning_argv(a.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
+        argv = tuning_argv(given.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
         result = rtune.tune(start, cand, lambda p: rtune.script_point(p, list(cand.values), argv, work), budget,
                             int(rule["script_passes"]), log)
     entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
-             "command": list(a.user_argv)}
+             "command": list(given.user_argv)}
     lines = rtune.summary(result, cand)
     if result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")
-    path = measure.save_tuned(facts, "tuned_by_command", command_key(a.user_argv), entry)
+    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv), entry)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:
@@ -365,12 +234,12 @@ def _run_tune(out: Output, a: TrainArgs) -> int:
     return 0
 
 
-def _check_tunable(a: TrainArgs) -> None:
-    if not a.user_argv:
+def _check_tunable(request: PlanRequest, options: TrainOptions) -> None:
+    if not request.user_argv:
         raise UsageError("--tune tunes your own Trainer command: cpuperf train --tune -- python train.py ...",
                          hint="for the built-in loop: cpuperf bench --tune [--model NAME]")
-    if a.dry_run or a.plan or a.sysroot:
-        what = "--dry-run" if a.dry_run else "--plan" if a.plan else "--sysroot"
+    if request.dry_run or request.plan or options.sysroot:
+        what = "--dry-run" if request.dry_run else "--plan" if request.plan else "--sysroot"
         raise UsageError(f"--tune runs your command on this host: not with {what}",
                          hint="cpuperf train --auto --dry-run -- ... shows the plan a tuning made")
 
@@ -378,7 +247,7 @@ def _check_tunable(a: TrainArgs) -> None:
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 
 
-def _execute(out: Output, a: TrainArgs, jp: JobPlan, launch: Dict[str, Any]) -> int:
+def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any]) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
 
@@ -389,7 +258,7 @@ def _execute(out: Output, a: TrainArgs, jp: JobPlan, launch: Dict[str, Any]) -> 
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if a.out_dir is None else ""))  # new per run: say which
+             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None else ""))  # new per run: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
@@ -600,4 +469,4 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
         out.info(f"note: {note}")
 
 
-__all__ = ["TrainArgs", "run_train", "build_plan", "CpuperfError"]
+__all__ = ["TrainOptions", "train_request", "run_train", "build_plan", "CpuperfError"]

@@ -1,4 +1,5 @@
-"""What a user's own launcher will run scripts with: its interpreter (accelerate's config file: probe/hf.py)."""
+"""What a user's own command is read for: its launcher's interpreter and its script's text (accelerate's config
+file: probe/hf.py)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,15 @@ def launcher_python(prefix: Sequence[str]) -> Optional[str]:
         words = words[1:]
         return shutil.which(words[0]) if words else None
     return words[0] if words and os.path.isfile(words[0]) else None
+
+
+def read_script(path: Optional[str]) -> Optional[str]:
+    """The user's script text, to see how it parses its arguments (None: unreadable)."""
+    if not path:
+        return None
+    from cpuperf.fsutil import InputRefused, read_text_capped
+
+    try:
+        return read_text_capped(path, errors="replace")
+    except (OSError, InputRefused):
+        return None

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
-from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UnreachableError
+from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UnreachableError, UsageError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
-from cpuperf.plan.launch import LaunchPlan, RankObservation
+from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
 from cpuperf.probe.hosts import Host, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
@@ -104,9 +104,9 @@ def tcp_open(ip: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def check_hosts(hosts: Sequence[Host], *, ssh: bool) -> Dict[str, str]:
-    """Every host resolves and is routable (and answers on ssh when mpirun must log in): name -> ip."""
-    addresses = require_resolvable(hosts)  # the one resolver (cpuperf.probe.hosts), with its timeout
+def check_hosts(hosts: Sequence[Host], addresses: Dict[str, str], *, ssh: bool) -> Dict[str, str]:
+    """Every host, resolved by the one resolver (cpuperf.probe.hosts.require_resolvable) to `addresses`, is
+    routable (and answers on ssh when mpirun must log in): name -> ip."""
     found: Dict[str, str] = {}
     for h in hosts:
         ip = addresses[h.name]
@@ -127,6 +127,33 @@ def local_node_rank(hosts: Sequence[Host], addresses: Dict[str, str]) -> Optiona
             return i
     return None
 
+
+
+def locate_node(hosts: Optional[Sequence[Host]], nnodes: int, node_rank: Optional[int], asked: Optional[str],
+                slurm_nodes: Optional[int], mpi: Optional[Tuple[str, str]]) -> Tuple[Optional[int], Optional[str]]:
+    """A real run, before anything is planned: every host of a hostfile resolves (exit 7); several nodes: each
+    reachable by the launcher, and this node's rank among them (--node-rank, else found from its addresses) and
+    its address."""
+    if not hosts:
+        return node_rank, None
+    addresses = require_resolvable(hosts)  # every host of a hostfile resolves before anything starts
+    if nnodes <= 1:
+        return node_rank, None
+    # Several nodes: the launcher does not depend on the ranks per node (world > 1 whatever they are).
+    launcher, _ = choose_launcher(asked, nnodes, nnodes, slurm_nodes, mpi)
+    addresses = check_hosts(hosts, addresses, ssh=launcher == "mpirun")
+    if node_rank is None:
+        node_rank = local_node_rank(hosts, addresses)
+        if node_rank is None:
+            if launcher == "torchrun":
+                raise UsageError("this machine is not in the hostfile", hint="pass --node-rank R (0 = the first host)")
+            node_rank = 0
+    if node_rank >= len(hosts):
+        raise UsageError(f"--node-rank {node_rank} is outside 0..{len(hosts) - 1}")
+    if launcher == "mpirun" and node_rank != 0:
+        raise UsageError("mpirun starts every node from the first host of the hostfile",
+                         hint="run cpuperf train there, or use --launcher torchrun on each node")
+    return node_rank, addresses.get(hosts[node_rank].name)
 
 # -- run ---------------------------------------------------------------------------------------------
 

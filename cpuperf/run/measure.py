@@ -18,13 +18,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import compile_worth_measuring
 from cpuperf.decide.records import Measurements
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import ProbeFailedError
+from cpuperf.errors import ProbeFailedError, UsageError
 from cpuperf.probe.facts import HostFacts
 
 SCHEMA = "cpuperf.measurement/2"
@@ -574,3 +574,18 @@ def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]
     from cpuperf.run.tune import tune_before_run
 
     return tune_before_run(facts, workload, meas, log)
+
+
+def train_measurements(facts: HostFacts, environ: Mapping[str, str], log: Callable[[str], Any], *,
+                       auto: bool, threads: Optional[int], shape: Optional[Workload]) -> Optional[Measurements]:
+    """What `train` plans from. --auto: the cache (else the rules), measured first with `threads` per rank where
+    a real run starts (`threads` given) on a host with nothing cached, the built-in loop's `shape` also tuned when
+    the run is long enough; plain: the cache as it is. CPUPERF_MEASURE other than 0 or 1 is refused (exit 2)."""
+    measure_ok = environ.get("CPUPERF_MEASURE", "1").strip() or "1"
+    if measure_ok not in ("0", "1"):
+        raise UsageError(f"CPUPERF_MEASURE={measure_ok[:40]!r} is not 0 or 1", hint="unset it, or 0 to skip measuring")
+    if auto and threads is not None:
+        return measure_before_run(facts, threads, log, shape)
+    if auto:
+        return planning_measurements(facts, log)
+    return load_cached(facts, log)

@@ -195,16 +195,21 @@ def ssh_command(environ: Mapping[str, str]) -> Tuple[str, ...]:
     return tuple(shlex.split(raw)) if raw else ("ssh",)
 
 
-def choose_reach(launcher: Optional[str], in_slurm: bool, python: Optional[str], environ: Mapping[str, str],
+def choose_reach(launcher: Optional[str], hostfile: bool, python: Optional[str], environ: Mapping[str, str],
                  timeout: float = DEFAULT_TIMEOUT_S) -> Reach:
-    """The transport the job's own launcher gives (srun in Slurm, mpirun, else ssh); LaunchFailedError if none."""
+    """The transport the job's own launcher gives (srun to a Slurm allocation's own nodes, mpirun, else ssh);
+    LaunchFailedError if none. `hostfile`: the nodes are a hostfile's, not the allocation's."""
     import shutil
     import sys
 
     from cpuperf.plan import nodes as plan
     from cpuperf.plan.launch import mpi_flavour
     from cpuperf.probe import probe_host
+    from cpuperf.probe.slurm import slurm_facts
 
+    # srun --nodelist starts steps on the allocation's own nodes only: a hostfile may name others, and inside a
+    # step (no allocation of its own, cpuperf.probe.slurm) there is none to start them in.
+    in_slurm = not hostfile and slurm_facts(environ).allocation is not None
     mpi = mpi_flavour(probe_host()) if launcher in (None, "mpirun") else None
     ssh = ssh_command(environ)
     transport, why = plan.choose_transport(launcher, in_slurm, mpi, shutil.which(ssh[0]))

@@ -17,11 +17,14 @@ import os
 import re
 import shutil
 import sys
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.decide.runtime_env import APPEND, PREPEND, SET, EnvVar, Libraries, path_like, split_entries
 from cpuperf.decide.runtime_env import data as cclenv_data
 from cpuperf.errors import ProbeFailedError, UsageError
+
+if TYPE_CHECKING:
+    from cpuperf.probe.hosts import Host
 
 # Distributions ccl-env looks for: key -> canonical dist names (PEP 503, '-' and '.' as '_').
 DISTS = {
@@ -447,6 +450,16 @@ def route_interface(host: str, timeout: float = 3.0) -> Optional[str]:
                 return _iface_holding(ip) or match.group(1)  # the master is this host
             return match.group(1)
     return _iface_holding(ip) or _iface_by_subnet(ip)
+
+
+def master_interface(master: Optional[str], hosts: Optional[Sequence[Host]]) -> Optional[str]:
+    """The local interface a multi-node gloo job talks on: the one that reaches the master (else the hostfile's
+    first host), or failing that the one that reaches another host of the hostfile."""
+    addr = master or (hosts[0].name if hosts else None)
+    if not addr:
+        return None
+    others = [h.name for h in (hosts or ()) if h.name != addr]
+    return route_interface(addr) or (route_interface(others[0]) if others else None)
 
 
 class VendorEnv(NamedTuple):

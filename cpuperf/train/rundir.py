@@ -110,3 +110,23 @@ def default_run_dir(base: str = DEFAULT_BASE, *, resume: bool = False, create: b
             if not os.path.isdir(base):
                 raise
             number += 1
+
+
+def run_dir(out_dir: Optional[str], *, resume: bool, create: bool) -> str:
+    """--out as given; else a new BASE/version_N per run (the newest one with `resume`), made now with `create`."""
+    if out_dir is not None:
+        return os.path.abspath(out_dir)
+    try:
+        return default_run_dir(resume=resume, create=create)
+    except OSError as exc:
+        from cpuperf.errors import from_os_error
+
+        raise from_os_error(exc) from None
+
+
+def remove_if_empty(path: str) -> None:
+    """Undo run_dir's making of a directory for a run that never started."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass  # not empty, or gone: never more than the empty directory made for this run
