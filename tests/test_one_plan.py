@@ -244,4 +244,6 @@ def test_inside_a_slurm_allocation_every_command_plans_the_same_nodes(asked, nod
     assert {d["id"]: d["value"] for d in rec["decisions"]}["nnodes"] == ccl["nnodes"] == train["nnodes"] == nodes
     if nodes > 1:
         assert rec["env"]["MASTER_ADDR"] == ccl["env"]["MASTER_ADDR"] == train["env"]["MASTER_ADDR"] == "cn07"
+        # ... and says why: the allocation's first node, not an address the user gave
+        assert "first node of the Slurm allocation" in train["env_reasons"]["MASTER_ADDR"]
         assert rec["launch"]["argv"][0] == train["argv"][0] == "srun"

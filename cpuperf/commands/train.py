@@ -106,7 +106,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     mpi = mpi_flavour(facts)
     hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
                               int(saved.rec.get("nnodes") or 1) if saved is not None else None)
-    master = request.master_addr
+    master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
     workload = resolve_workload(request.model, None, None, None, steps)
@@ -124,7 +124,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                                  locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
         edge = EdgeFacts(environ=environ, out_dir=out_dir, python=sys.executable, euid=os.geteuid(), workload=workload,
                          hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
-                         node_rank=node_rank, local_addr=local_addr, master_addr=master, slurm=slurm,
+                         node_rank=node_rank, local_addr=local_addr, master_addr=request.master_addr, slurm=slurm,
                          socket_ifname=master_interface(master, hosts) if nnodes > 1 else None,
                          worker_schema=_worker_settings, script_text=script_text, launcher_python=its_python,
                          accelerate_default_config=accelerate_config)

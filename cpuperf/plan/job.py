@@ -101,7 +101,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              allocator=v["allocator"], nnodes=v["nnodes"], mpi=mpi, socket_ifname=socket_ifname,
-                             libraries=libraries, environ=environ)
+                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm))
     keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
     if world > 1:
         keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
@@ -229,6 +229,11 @@ def worker_command(python: str, settings: Mapping[str, Any]) -> List[str]:
     return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings, separators=(",", ":"))]
 
 
+def _slurm_first(slurm: SlurmFacts) -> Optional[str]:
+    """The first node of the Slurm allocation cpuperf runs in (rank 0 runs there), if any."""
+    return slurm.nodes[0] if slurm.allocation and slurm.nodes else None
+
+
 def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
                     environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run, with a placeholder for the script
@@ -236,9 +241,9 @@ def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Seque
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
 
     nnodes = max(1, int(rec.get("nnodes")))
-    slurm_first = slurm.nodes[0] if slurm.allocation and slurm.nodes else None  # rank 0 runs there
-    master = None if hosts else (slurm_first or "127.0.0.1" if nnodes > 1 else None)  # else a placeholder a user
-    # replaces
+    # several nodes: the hostfile's first host, or the Slurm allocation's first node (runtime_env says which),
+    # else a placeholder a user replaces
+    master = None if hosts or _slurm_first(slurm) else ("127.0.0.1" if nnodes > 1 else None)
     request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
                          launcher=None if not hosts or len(hosts) <= 1 else "torchrun", slurm=slurm)
     return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
