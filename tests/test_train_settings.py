@@ -46,7 +46,11 @@ def test_bad_json_and_missing_file() -> None:
         TrainSettings.from_json("/nonexistent/settings.json")
 
 
-def test_backend_defaults_by_device() -> None:
-    assert TrainSettings().resolved_backend() == "gloo"
-    assert TrainSettings(device="cuda").resolved_backend() == "nccl"
-    assert TrainSettings(ddp_backend="ccl").resolved_backend() == "ccl"
+def test_the_worker_runs_the_planned_backend_else_torchs_own_default() -> None:
+    torch = pytest.importorskip("torch")
+    from cpuperf.train.loop import process_group_backend
+
+    assert process_group_backend(torch, TrainSettings(ddp_backend="ccl")) == "ccl"
+    # settings without a plan: torch's table decides, as init_process_group would
+    assert process_group_backend(torch, TrainSettings()) == "gloo"
+    assert process_group_backend(torch, TrainSettings(device="cuda")) == "nccl"

@@ -172,12 +172,6 @@ class TrainSettings:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"model.{k} must be a positive integer (got {v!r})")
 
-    def resolved_backend(self) -> str:
-        """The torch.distributed backend to use when running with more than one rank."""
-        if self.ddp_backend:
-            return self.ddp_backend
-        return "nccl" if self.device == "cuda" else "gloo"
-
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
     """Check `value` against the type of the field's default; ints are accepted for floats."""
