@@ -158,6 +158,9 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
     nccl = tuple(dataclasses.replace(d, value="nccl", evidence={}) if d.id == "ddp_backend" else d for d in rec.decisions)
     gpu_plan = dataclasses.replace(rec, decisions=nccl)
     assert decisions_of(arm, gpu_plan).backend == cpu_backend(arm, rec.stack, None)
+    # one rank records what several would use by the same rule, so ccl-env gives one reason on either count
+    one = recommend(arm, PRESETS["tiny"], nproc_per_node=1, device="cpu")
+    assert decisions_of(arm, one).backend == cpu_backend(arm, one.stack, None)
     assert decisions_of(arm, gpu_plan).backend.name == "gloo"
 
 

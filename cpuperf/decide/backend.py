@@ -25,12 +25,7 @@ def cpu_backend(facts: HostFacts, stack: Mapping[str, Optional[str]], python: Op
     if facts.cpu.arch != "x86_64":
         why = no_intel_build("the oneCCL bindings (oneccl_bind_pt)", facts)
         return Backend("gloo", f"gloo, PyTorch's built-in CPU backend: {why}", False)
-    return matrix_backend(stack, python)
-
-
-def matrix_backend(stack: Mapping[str, Optional[str]], python: Optional[str]) -> Backend:
-    """The compat matrix's answer alone (ccl when bindings that fit this torch are installed)."""
-    from cpuperf.knowledge.addons import cpu_ddp_backend
+    from cpuperf.knowledge.addons import cpu_ddp_backend  # ccl where bindings that fit this torch are installed
 
     return cpu_ddp_backend(stack.get("torch"), stack.get("oneccl_bind_pt"), python)
 

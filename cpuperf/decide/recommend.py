@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import not_with_ranks
-from cpuperf.decide.backend import cpu_backend, matrix_backend, no_intel_build, several_ranks_evidence
+from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import Decision, Measurements, Recommendation
@@ -419,8 +419,7 @@ def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
     if world <= 1:
         if asked:
             ctx.notes.append(f"ddp_backend={asked} has no effect with one rank")
-        # The recorded plans keep the matrix's own answer here, not cpu_backend's arch wording (bytes unchanged).
-        several = matrix_backend(ctx.stack, ctx.python) if not on_gpu else None
+        several = cpu_backend(ctx.facts, ctx.stack, ctx.python) if not on_gpu else None  # what ccl-env reads
         ctx.choose("ddp_backend", None, "one rank: no process group", dict(several_ranks_evidence(several)))
         return
     if on_gpu:
