@@ -217,8 +217,7 @@ def test_hosts_are_checked_from_the_one_resolver_which_names_every_unresolvable_
     import socket
 
     from cpuperf.errors import UnreachableError
-    from cpuperf.probe.hosts import require_resolvable
-    from cpuperf.run.launcher import check_hosts, local_node_rank
+    from cpuperf.probe.hosts import check_hosts, local_node_rank, require_resolvable
 
     hosts = parse_hostfile_text("localhost slots=1\n127.0.0.1 slots=1\n")
     found = check_hosts(hosts, require_resolvable(hosts), ssh=False)

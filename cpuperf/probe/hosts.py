@@ -1,5 +1,6 @@
-"""Hostfiles (Open MPI `host slots=N`, Intel MPI/MPICH `host:N`, plain `host`), host validation, and
-the one host resolver (resolve / resolve_all: getaddrinfo with a real timeout).
+"""Hostfiles (Open MPI `host slots=N`, Intel MPI/MPICH `host:N`, plain `host`), host validation, the one
+host resolver (resolve / resolve_all: getaddrinfo with a real timeout), and whether each host is reachable
+(a route, ssh where mpirun logs in) and which one is this machine.
 
 Every host name that reaches a shell, an env var or a launcher passes through valid_host() first.
 Parsing is linear in the file and bounded (MAX_HOSTFILE_BYTES, MAX_HOSTS): a hostfile is input.
@@ -196,3 +197,59 @@ def this_node_names(hosts: Optional[Sequence[Host]] = None, node_rank: Optional[
     names = [hosts[node_rank].name] if hosts and node_rank is not None and node_rank < len(hosts) else []
     full = socket.gethostname()
     return names + [full, full.split(".")[0]]
+
+
+# -- reaching them (cpuperf.run.launcher.locate_node, before a real run) ---------------------------------
+
+def routable(ip: str) -> bool:
+    """The kernel has a route to ip (a UDP connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((ip, 9))
+        return True
+    except OSError:
+        return False
+
+
+def is_local(ip: str) -> bool:
+    """ip belongs to this host (binding to it works)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def tcp_open(ip: str, port: int, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_hosts(hosts: Sequence[Host], addresses: Dict[str, str], *, ssh: bool) -> Dict[str, str]:
+    """Every host, resolved by the one resolver (cpuperf.probe.hosts.require_resolvable) to `addresses`, is
+    routable (and answers on ssh when mpirun must log in): name -> ip."""
+    found: Dict[str, str] = {}
+    for h in hosts:
+        ip = addresses[h.name]
+        if not routable(ip):
+            raise UnreachableError(f"host {h.name} ({ip}) is unreachable: no route", hint=f"ip route get {ip}")
+        if ssh and not is_local(ip) and not tcp_open(ip, 22):
+            raise UnreachableError(f"host {h.name} ({ip}) does not answer on ssh (port 22), which mpirun needs",
+                                   hint="use --launcher torchrun and start cpuperf train on every node")
+        found[h.name] = ip
+    return found
+
+
+def local_node_rank(hosts: Sequence[Host], addresses: Dict[str, str]) -> Optional[int]:
+    """Index of the hostfile entry that is this machine."""
+    for i, h in enumerate(hosts):
+        ip = addresses.get(h.name)
+        if ip and is_local(ip):
+            return i
+    return None

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,10 +30,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
-from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UnreachableError, UsageError
+from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UsageError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
-from cpuperf.probe.hosts import Host, require_resolvable
+from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
 
@@ -72,62 +71,7 @@ class ExecResult:
     supervisor: Optional[Supervisor] = None  # cpuperf's own CPU time while the child ran
 
 
-# -- hosts -------------------------------------------------------------------------------------------
-
-def routable(ip: str) -> bool:
-    """The kernel has a route to ip (a UDP connect sends nothing)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((ip, 9))
-        return True
-    except OSError:
-        return False
-
-
-def is_local(ip: str) -> bool:
-    """ip belongs to this host (binding to it works)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.bind((ip, 0))
-        return True
-    except OSError:
-        return False
-
-
-def tcp_open(ip: str, port: int, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def check_hosts(hosts: Sequence[Host], addresses: Dict[str, str], *, ssh: bool) -> Dict[str, str]:
-    """Every host, resolved by the one resolver (cpuperf.probe.hosts.require_resolvable) to `addresses`, is
-    routable (and answers on ssh when mpirun must log in): name -> ip."""
-    found: Dict[str, str] = {}
-    for h in hosts:
-        ip = addresses[h.name]
-        if not routable(ip):
-            raise UnreachableError(f"host {h.name} ({ip}) is unreachable: no route", hint=f"ip route get {ip}")
-        if ssh and not is_local(ip) and not tcp_open(ip, 22):
-            raise UnreachableError(f"host {h.name} ({ip}) does not answer on ssh (port 22), which mpirun needs",
-                                   hint="use --launcher torchrun and start cpuperf train on every node")
-        found[h.name] = ip
-    return found
-
-
-def local_node_rank(hosts: Sequence[Host], addresses: Dict[str, str]) -> Optional[int]:
-    """Index of the hostfile entry that is this machine."""
-    for i, h in enumerate(hosts):
-        ip = addresses.get(h.name)
-        if ip and is_local(ip):
-            return i
-    return None
-
-
+# -- hosts ---------------------------------------------------------------------------------------------
 
 def locate_node(hosts: Optional[Sequence[Host]], nnodes: int, node_rank: Optional[int], asked: Optional[str],
                 slurm_nodes: Optional[int], mpi: Optional[Tuple[str, str]]) -> Tuple[Optional[int], Optional[str]]:
@@ -136,11 +80,11 @@ def locate_node(hosts: Optional[Sequence[Host]], nnodes: int, node_rank: Optiona
     its address."""
     if not hosts:
         return node_rank, None
-    addresses = require_resolvable(hosts)  # every host of a hostfile resolves before anything starts
-    if nnodes <= 1:
-        return node_rank, None
     # Several nodes: the launcher does not depend on the ranks per node (world > 1 whatever they are).
-    launcher, _ = choose_launcher(asked, nnodes, nnodes, slurm_nodes, mpi)
+    launcher = choose_launcher(asked, nnodes, nnodes, slurm_nodes, mpi)[0] if nnodes > 1 else None
+    addresses = require_resolvable(hosts)  # every host of a hostfile resolves before anything starts
+    if launcher is None:
+        return node_rank, None
     addresses = check_hosts(hosts, addresses, ssh=launcher == "mpirun")
     if node_rank is None:
         node_rank = local_node_rank(hosts, addresses)
