@@ -15,7 +15,7 @@ import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from cpuperf.errors import UnreachableError, UsageError
 
@@ -203,21 +203,20 @@ def this_node_names(hosts: Optional[Sequence[Host]] = None, node_rank: Optional[
 
 def routable(ip: str) -> bool:
     """The kernel has a route to ip (a UDP connect sends nothing)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((ip, 9))
-        return True
-    except OSError:
-        return False
+    return _udp_accepts(ip, lambda s: s.connect((ip, 9)))
 
 
 def is_local(ip: str) -> bool:
     """ip belongs to this host (binding to it works)."""
+    return _udp_accepts(ip, lambda s: s.bind((ip, 0)))
+
+
+def _udp_accepts(ip: str, use: Callable[[socket.socket], None]) -> bool:
+    """Whether a UDP socket of ip's family takes `use` without an OSError."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.bind((ip, 0))
+            use(s)
         return True
     except OSError:
         return False
