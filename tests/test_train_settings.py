@@ -48,9 +48,9 @@ def test_bad_json_and_missing_file() -> None:
 
 def test_the_worker_runs_the_planned_backend_else_torchs_own_default() -> None:
     torch = pytest.importorskip("torch")
-    from cpuperf.train.loop import process_group_backend
+    from cpuperf.train.loop import worker_backend
 
-    assert process_group_backend(torch, TrainSettings(ddp_backend="ccl")) == "ccl"
+    assert worker_backend(torch, TrainSettings(ddp_backend="ccl")) == "ccl"
     # settings without a plan: torch's table decides, as init_process_group would
-    assert process_group_backend(torch, TrainSettings()) == "gloo"
-    assert process_group_backend(torch, TrainSettings(device="cuda")) == "nccl"
+    assert worker_backend(torch, TrainSettings()) == "gloo"
+    assert worker_backend(torch, TrainSettings(device="cuda")) == "nccl"

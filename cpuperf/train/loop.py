@@ -148,7 +148,7 @@ def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Any, a
             "pct_of_achievable": _round(frac * 100 if frac is not None else None, 2), **notes}
 
 
-def process_group_backend(torch: Any, s: TrainSettings) -> str:
+def worker_backend(torch: Any, s: TrainSettings) -> str:
     """The backend the plan decided (cpuperf.decide.backend); torch's own default for the device where the
     worker runs without a plan (settings written by hand), never a rule of the worker's own."""
     if s.ddp_backend:
@@ -321,7 +321,7 @@ class Run:
     def init_process_group(self) -> None:
         info = self.info
         assert info is not None  # world > 1 comes from a launcher's variables
-        backend = process_group_backend(self.torch, self.s)
+        backend = worker_backend(self.torch, self.s)
         self.check_backend(backend)
         if info.master_addr is None:
             raise ConfigError(f"{info.launcher} started ranks on several nodes but "
