@@ -43,6 +43,51 @@ def _tuning(r: Dict[str, Any]) -> str:
             + f"; path vs the rule's point: {path}")
 
 
+def _sweep_lines(r: Dict[str, Any]) -> List[str]:
+    """The sweep's levers, and what --full left out of the product and why."""
+    out: List[str] = []
+    levers = r.get("levers") or {}
+    if levers:
+        out.append(f"- {r['workload']} sweep (" + ("the tuner's path, its best kept for the rounds" if r["mode"] == "quick"
+                                                   else "the product every round, less what is left out below")
+                   + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (not tuned: {v['pruned']})" if v["pruned"] else "")
+                                       for k, v in levers.items()) + ".")
+    for entry in r.get("left_out") or []:
+        out.append(f"- {r['workload']} sweep, left out: {entry['points']} point(s) ({entry['rule']}): {entry['why']}.")
+    return out
+
+
+def checked_lines(r: Dict[str, Any]) -> List[str]:
+    """Each run checked: how many were disturbed, repeated, left out; what each configuration ran, beside its figure."""
+    from benchmarks.checks import ran_line
+
+    c = r.get("checks") or {}
+    out: List[str] = []
+    if r.get("auto_not_as_planned"):
+        out.append(f"**{r['workload']}: auto did not run its plan** (an error, not a slow figure; those runs are left "
+                   "out): " + "; ".join(r["auto_not_as_planned"]) + ".")
+    if c:
+        pct = (lambda x: "n/a" if x is None else f"{x * 100:.1f}%")
+        out.append(f"{r['workload']}: {c['runs']} runs ({c['attempts']} with repeats); {c['disturbed_attempts']} disturbed "
+                   f"(other processes took over {c['bar'] * 100:.0f}% of a CPU on the run's CPUs while it was timed), "
+                   f"{c['repeated']} run(s) repeated (at most {c['max_repeats']} times), {c['left_out_disturbed']} left out "
+                   f"of the medians as disturbed, {c['not_as_planned']} not as planned, {c['failed']} failed; others' "
+                   f"share of a CPU per run: median {pct(c['others_cpu_share_median'])}, max {pct(c['others_cpu_share_max'])}.")
+    out.append("")
+    out.append(f"| {r['workload']}: configuration | median samples/s (min-max) | runs counted | what ran (read back inside the run) |")
+    out.append("|---|---|---|---|")
+    for cfg in r.get("configs") or []:
+        runs = cfg.get("runs") or []
+        good = [x["samples_per_s"] for x in runs if x.get("counted") and x.get("samples_per_s")]
+        fig = f"{cfg['median']:.1f} ({min(good):.1f}-{max(good):.1f})" if good and cfg.get("median") else "n/a"
+        why = sorted({x.get("error") or "; ".join(x.get("not_as_planned") or []) for x in runs
+                      if not x.get("counted") and (x.get("error") or x.get("not_as_planned"))})
+        out.append(f"| {cfg['name']} | {fig} | {len(good)} of {len(runs)} | {ran_line(cfg.get('ran'))}"
+                   + (f"; NOT COUNTED: {'; '.join(why)}" if why else "") + " |")
+    out.append("")
+    return out
+
+
 def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -> str:
     lines = []
     if results:
@@ -72,12 +117,7 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
                          f"{_mfu(r)} | {_decisions(r['auto_decisions'])} | {_targets(r)} |")
         lines.append("")
         for r in results:
-            levers = r.get("levers") or {}
-            if levers:
-                lines.append(f"- {r['workload']} sweep (" + ("the tuner's path, its best kept for the rounds"
-                                                             if r["mode"] == "quick" else "the whole product every round")
-                             + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (not tuned: {v['pruned']})" if v["pruned"] else "")
-                                                 for k, v in levers.items()) + ".")
+            lines += _sweep_lines(r)
         for r in results:
             line = _tuning(r)
             if line:
@@ -88,6 +128,8 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
                 lines.append(f"- {r['workload']}: allocator: {reasons.get('allocator', 'n/a')}; compile: "
                              f"{reasons.get('compile', 'n/a')}")
         lines.append("")
+        for r in results:
+            lines += checked_lines(r)
         lines.append("First-step (warm-up / compile) seconds, median: " + "; ".join(
             f"{r['workload']}: " + ", ".join(f"{k} {sorted(x for x in v if x)[len([x for x in v if x]) // 2]:.1f}"
                                              for k, v in r["first_step_s"].items() if any(v))
