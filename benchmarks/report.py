@@ -22,7 +22,10 @@ def _decisions(d: Dict[str, Any]) -> str:
 def _targets(r: Dict[str, Any]) -> str:
     t = r.get("targets") or {}
     missed = [k for k, v in t.items() if v is False]
-    return "met" if t and not missed else ("MISSED: " + "; ".join(missed) if missed else "n/a")
+    if missed:
+        return "MISSED: " + "; ".join(missed)
+    unknown = [k for k, v in t.items() if v is None]  # no round where both runs counted
+    return ("n/a: " + "; ".join(unknown)) if unknown else "met" if t else "n/a"
 
 
 def _mfu(r: Dict[str, Any]) -> str:
@@ -78,7 +81,7 @@ def checked_lines(r: Dict[str, Any]) -> List[str]:
     out.append("|---|---|---|---|")
     for cfg in r.get("configs") or []:
         runs = cfg.get("runs") or []
-        good = [x["samples_per_s"] for x in runs if x.get("counted") and x.get("samples_per_s")]
+        good = _counted_figures(cfg)
         fig = f"{cfg['median']:.1f} ({min(good):.1f}-{max(good):.1f})" if good and cfg.get("median") else "n/a"
         why = sorted({x.get("error") or "; ".join(x.get("not_as_planned") or []) for x in runs
                       if not x.get("counted") and (x.get("error") or x.get("not_as_planned"))})
@@ -113,7 +116,8 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
             spread = r["ratio_spread"]
             auto = next(c for c in r["configs"] if c["name"] == "auto")
             lines.append(f"| {r['workload']} | {_fmt(spread['auto_vs_default'])} | {_fmt(spread['auto_vs_best_sweep'])} "
-                         f"({r['best_sweep']}) | {_fmt(spread['auto_vs_run_cpu'])} | {(auto['median'] or 0):.1f} | "
+                         f"({r['best_sweep'] or 'n/a'}) | {_fmt(spread['auto_vs_run_cpu'])} | "
+                         + (f"{auto['median']:.1f}" if auto["median"] else "n/a") + " | "
                          f"{_mfu(r)} | {_decisions(r['auto_decisions'])} | {_targets(r)} |")
         lines.append("")
         for r in results:
@@ -150,6 +154,14 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
     return "\n".join(lines) + "\n"
 
 
+def _counted_figures(cfg: Dict[str, Any]) -> List[float]:
+    """A configuration's figures that count (ran as planned, undisturbed); all of them in results before the checks."""
+    runs = cfg.get("runs")
+    if runs is None:
+        return [s for s in cfg.get("samples_per_s") or [] if s]
+    return [x["samples_per_s"] for x in runs if x.get("counted") and x.get("samples_per_s")]
+
+
 def plot(results: List[Dict[str, Any]], path: Path) -> bool:
     try:
         import matplotlib
@@ -164,8 +176,9 @@ def plot(results: List[Dict[str, Any]], path: Path) -> bool:
     for ax, r in zip(axes[0], results):
         names = [c["name"] for c in r["configs"]]
         medians = [c["median"] or 0 for c in r["configs"]]
-        lows = [m - min([s for s in c["samples_per_s"] if s] or [m]) for m, c in zip(medians, r["configs"])]
-        highs = [max([s for s in c["samples_per_s"] if s] or [m]) - m for m, c in zip(medians, r["configs"])]
+        figures = [_counted_figures(c) for c in r["configs"]]  # the runs the medians are taken over
+        lows = [m - min(f or [m]) for m, f in zip(medians, figures)]
+        highs = [max(f or [m]) - m for m, f in zip(medians, figures)]
         colours = ["#d62728" if n == "auto" else ("#7f7f7f" if n in ("default", "run_cpu") else "#1f77b4") for n in names]
         ax.barh(names, medians, xerr=[lows, highs], color=colours)
         ax.invert_yaxis()

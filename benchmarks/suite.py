@@ -37,7 +37,20 @@ def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
 RUN_SHAPE = {("lm", "gpt2"): {"steps": 2, "warmup": 1}}
 
 
-def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
+def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float,
+               run_steps: Optional[int] = None) -> Dict[str, Any]:
+    """One run of `config` in a fresh process: its result line. A compiled run's figure carries its first step
+    (the compile) over the `run_steps` steps of the job auto plans, as the tuner counts it; the timed steps'
+    own rate stays beside it (steady_samples_per_s)."""
+    res = _run_config(config, workload, size, seconds)
+    if run_steps and (config.get("settings") or {}).get("compile") and res.get("samples_per_s"):
+        steady, batch, first = float(res["samples_per_s"]), float(res.get("batch") or 1), float(res.get("first_step_s") or 0)
+        res.update(steady_samples_per_s=steady, compile_carried_over_steps=run_steps,
+                   samples_per_s=run_steps * batch / (run_steps * batch / steady + first))
+    return res
+
+
+def _run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
     settings = dict(config.get("settings", {}))
     settings.update(workload=workload, size=size, seconds=seconds, **RUN_SHAPE.get((workload, size), {}))
     cmd = [sys.executable, "-m", "cpuperf.train.bench", json.dumps(settings)]
@@ -162,8 +175,10 @@ def summarise(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, An
 
     sweep_names = [c["name"] for c in configs if c.get("sweep")]
     medians = {c["name"]: statistics.median([s for s in series(c["name"]) if s] or [0.0]) for c in configs}
-    best = max(sweep_names + ["default"], key=lambda n: medians.get(n, 0.0))
-    ratios = {"auto_vs_default": ratio("auto", "default"), "auto_vs_best_sweep": ratio("auto", best),
+    best: Optional[str] = max(sweep_names + ["default"], key=lambda n: medians.get(n, 0.0))
+    if not medians.get(best or ""):
+        best = None  # no sweep run counted
+    ratios = {"auto_vs_default": ratio("auto", "default"), "auto_vs_best_sweep": ratio("auto", best or ""),
               "auto_vs_run_cpu": ratio("auto", "run_cpu")}
     return {"medians": medians, "best_sweep": best, "ratios": ratios}
 
@@ -267,7 +282,7 @@ def auto_and_sweep(workload: str, size: str, quick: bool, steps: int, keep: int,
 
 
 def run_rounds(configs: List[Dict[str, Any]], workload: str, size: str, rounds: int, seconds: float,
-               log, max_repeats: Optional[int] = None) -> List[Dict[str, Dict[str, Any]]]:
+               log, max_repeats: Optional[int] = None, run_steps: Optional[int] = None) -> List[Dict[str, Dict[str, Any]]]:
     """`rounds` alternating rounds of every configuration, the order rotated each round; each run checked for
     disturbance (repeated while disturbed, within a bound) and for what ran (benchmarks.checks)."""
     from benchmarks import checks
@@ -277,7 +292,7 @@ def run_rounds(configs: List[Dict[str, Any]], workload: str, size: str, rounds: 
     for r in range(rounds):
         results: Dict[str, Dict[str, Any]] = {}
         for c in _rotated(configs, r):
-            res = checks.run_checked(lambda cfg: run_config(cfg, workload, size, seconds), c, log, repeats)
+            res = checks.run_checked(lambda cfg: run_config(cfg, workload, size, seconds, run_steps), c, log, repeats)
             results[c["name"]] = res
             sps = res.get("samples_per_s")
             share = checks.disturbance(res).get("others_cpu_share")
@@ -347,7 +362,7 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         log(f"left out of the sweep: {entry['points']} point(s), {entry['rule']}: {entry['why']}")
     tuning["wall_s"] = round(time.monotonic() - t0, 1)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}] + points
-    all_rounds = run_rounds(configs, workload, size, rounds, seconds, log)
+    all_rounds = run_rounds(configs, workload, size, rounds, seconds, log, run_steps=steps)
     summary = summarise(configs, all_rounds)
 
     auto_dtype = auto["settings"]["dtype"]
@@ -441,7 +456,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "accelerate scripts, DDP and the Trainer under torchrun (plain vs auto vs hand)")
     ap.add_argument("--full", action="store_true", help="every workload, tuned, against the whole sweep product in every round, "
                     "and the --users part")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians and spread over them)")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (medians and spread over them; "
+                    "default 5, --full 4: one workload's full sweep in about 20 minutes on 2 cores)")
     ap.add_argument("--keep", type=int, default=1, help="--quick: points of the tuner's path kept for the rounds "
                     "beside auto (the best ones; default 1)")
     ap.add_argument("--tune-budget", type=float, default=None, metavar="S",
@@ -463,6 +479,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="--gpu: the per-step batch of the plain default")
     ap.add_argument("--global-batch", type=int, default=64, help="--gpu: samples per optimizer step")
     args = ap.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 4 if args.full else 5
     if args.gpu:  # a separate path: GPU results never mix with the CPU suite's
         from benchmarks import gpu
 
@@ -472,7 +490,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.users:
         return _users_only(args)
     quick = not args.full
-    seconds = args.seconds or (2.0 if quick else 8.0)
+    seconds = args.seconds or (2.0 if quick else 4.0)
     every = [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")] + [("lm", "gpt2")]
     workloads = [("lm", "small"), ("mlp", "small"), ("lm", "gpt2")] if quick else every
     launchers: Optional[List[str]] = None  # None: all of them

@@ -176,9 +176,10 @@ def winnable(facts: Any, points: List[Dict[str, Any]], auto_point: Optional[Dict
             facts, auto_point["ranks"], auto_point["threads_per_rank"]))
         twin = {**auto_point, "compile": True, "pinned": pinned_alone}
         rules.append(("compile", lambda p: bool(p["point"]["compile"]) and p["point"] != twin,
-                      "compile runs at auto's own point only (its compiled twin, every round): a run that compiles "
-                      "spends tens of seconds before its timed steps on 2 cores, and every compiled point would take "
-                      "one workload's sweep past 20 minutes; the twin says whether compile gains where auto runs"))
+                      "compile runs at auto's own point only (its compiled twin, every round, its compile time carried "
+                      "over the steps of the run auto plans, as the tuner counts it): a run that compiles spends tens of "
+                      "seconds before its timed steps on 2 cores, and every compiled point would take one workload's "
+                      "sweep past 20 minutes; the twin says whether compile gains where auto runs"))
     kept: List[Dict[str, Any]] = []
     left: Dict[str, Dict[str, Any]] = {}
     for p in points:
