@@ -87,15 +87,9 @@ def mismatches(expect: Dict[str, Any], ran: Optional[List[Dict[str, Any]]]) -> L
 
 
 def _cpus(cpus: List[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    ids, parts, i = sorted(set(cpus)), [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts) or "none"
+    from cpuperf.probe.parse import format_cpulist
+
+    return format_cpulist(cpus) or "none"
 
 
 def run_checked(run_one: Callable[[Dict[str, Any]], Dict[str, Any]], config: Dict[str, Any],

@@ -12,7 +12,7 @@ import pytest
 from benchmarks import checks, suite
 from benchmarks.report import checked_lines
 from cpuperf.probe.load import parse_psi_some_total, parse_stat_times
-from cpuperf.train.observed import combine_windows, mapped_libraries
+from cpuperf.train.observed import combine_windows, what_ran
 
 STAT = """cpu  10 0 10 100 0 0 0 0 0 0
 cpu0 5 1 4 50 2 3 4 7 0 0
@@ -32,9 +32,17 @@ def test_the_allocator_is_what_the_loader_mapped_not_what_was_asked():
     maps = ("7f00-7f01 r-xp 00000000 08:01 123 /venv/lib/python3.11/site-packages/cmeel.prefix/lib/libmimalloc.so.3.1\n"
             "7f02-7f03 r-xp 00000000 08:01 124 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n"
             "7f04-7f05 rw-p 00000000 00:00 0 \n")
-    assert mapped_libraries(maps, ("tcmalloc", "jemalloc", "mimalloc")) == {
-        "mimalloc": "/venv/lib/python3.11/site-packages/cmeel.prefix/lib/libmimalloc.so.3.1"}
-    assert mapped_libraries(maps, ("libiomp5", "libgomp")) == {"libgomp": "/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0"}
+
+    class FakeTorch:  # what_ran asks torch only for its thread count
+        @staticmethod
+        def get_num_threads():
+            return 2
+
+    ran = what_ran(object(), object(), FakeTorch, "bf16", maps_text=maps)
+    assert ran["allocator"] == "mimalloc" and ran["openmp"] == ["gnu"] and ran["dtype"] == "bf16"
+    assert ran["allocator_path"] == "/venv/lib/python3.11/site-packages/cmeel.prefix/lib/libmimalloc.so.3.1"
+    plain = what_ran(object(), object(), FakeTorch, None, maps_text=maps.splitlines()[1])
+    assert plain["allocator"] is None and plain["allocator_path"] is None and plain["compile"] is False
 
 
 def test_a_job_of_ranks_is_one_window_others_are_what_no_rank_took():

@@ -14,27 +14,19 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from cpuperf.probe.load import CpuTimes, parse_stat_times, pressure_total
+from cpuperf.probe.parse import parse_maps
 from cpuperf.probe.sources import Sources
 
-ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
-OPENMP = ("libiomp5", "libgomp", "libomp")
 
-
-def mapped_libraries(maps: str, stems: Sequence[str]) -> Dict[str, str]:
-    """{stem: path} of the shared objects in a /proc/<pid>/maps text whose file name starts with lib<stem>
-    (or <stem> where it already starts with lib)."""
-    out: Dict[str, str] = {}
-    for line in maps.splitlines():
-        path = line.split(None, 5)[5].strip() if len(line.split(None, 5)) == 6 else ""
-        base = os.path.basename(path)
-        for stem in stems:
-            prefix = stem if stem.startswith("lib") else f"lib{stem}"
-            if stem not in out and base.startswith(prefix) and ".so" in base:
-                out[stem] = path
-    return out
+def _read_maps() -> str:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
 def _busy(t: CpuTimes) -> int:
@@ -101,17 +93,12 @@ def combine_windows(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
             "pressure_file": first.get("pressure_file")}
 
 
-def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str]) -> Dict[str, Any]:
-    """This process's levers as in force: allocator and OpenMP mapped, threads, CPUs, dtype, optimizer, compile."""
-    maps = ""
-    try:
-        with open("/proc/self/maps") as fh:
-            maps = fh.read()
-    except OSError:
-        pass
-    allocs = mapped_libraries(maps, ALLOCATORS)
-    omp = mapped_libraries(maps, OPENMP)
-    alloc = next(iter(allocs), None)
+def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str],
+             maps_text: Optional[str] = None) -> Dict[str, Any]:
+    """This process's levers as in force: allocator and OpenMP mapped, threads, CPUs, dtype, optimizer, compile
+    (`maps_text`: a recorded /proc/self/maps; None reads this process's)."""
+    libs = parse_maps(_read_maps() if maps_text is None else maps_text)
+    alloc = None if libs.allocator == "glibc" else libs.allocator
     defaults = getattr(opt, "defaults", {}) or {}
     optimizer = type(opt).__name__.lower()
     if optimizer == "adamw":
@@ -125,8 +112,9 @@ def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str]) ->
         pass
     params = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return {
-        "allocator": alloc, "allocator_path": allocs.get(alloc) if alloc else None,
-        "openmp": next(iter(omp), None),
+        "allocator": alloc,
+        "allocator_path": next((p for p in libs.paths if alloc and os.path.basename(p).startswith(f"lib{alloc}")), None),
+        "openmp": libs.openmp,
         "threads": torch.get_num_threads(),
         "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "dtype": autocast_dtype or {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(
