@@ -332,7 +332,8 @@ def _config_runs(name: str, all_rounds: List[Dict[str, Dict[str, Any]]]) -> List
     out = []
     for rnd in all_rounds:
         res = rnd.get(name) or {}
-        out.append({"samples_per_s": res.get("samples_per_s"), "counted": counted(res) is not None,
+        out.append({"samples_per_s": res.get("samples_per_s"), "steady_samples_per_s": res.get("steady_samples_per_s"),
+                    "counted": counted(res) is not None,
                     **{k: v for k, v in disturbance(res).items()}, "window": res.get("window"),
                     "attempts": res.get("attempts"), "not_as_planned": res.get("not_as_planned"),
                     "error": res.get("error")})
