@@ -7,7 +7,7 @@ decision can be overridden (`--set id=value`), and the result says which were.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import Version
@@ -16,11 +16,12 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import not_with_ranks
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
+from cpuperf.decide.memory import MemoryLevers
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import Decision, Measurements, Recommendation
 from cpuperf.decide.tune import too_noisy, tuned_decisions
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import UsageError
+from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
@@ -182,13 +183,15 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
               measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
               environ: Optional[Mapping[str, str]] = None,
               baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
-              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True) -> Recommendation:
+              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True,
+              memory_levers: Optional[MemoryLevers] = None) -> Recommendation:
     """Decide every setting for this host and workload; the user's values (overrides) are constraints
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto).
     `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from).
     `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
-    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune)."""
+    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: (the memory
+    levers that keep the math which the job's path can apply, why not the others); None: every one."""
     fixed = user_constraints(overrides)
     if nproc_per_node is not None and ranks_from is None:
         fixed.setdefault("nproc_per_node", nproc_per_node)
@@ -224,7 +227,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     _choose_allocator(ctx, on_gpu, world)
     d = _decide_attention(workload, ctx.value("dtype"), gpu)
     ctx.choose(d.id, d.value, d.reason, d.evidence)
-    for d in _memory_plan(facts, workload, placement, ctx.decisions, ctx.tuning, gpu, world, ctx.torch, fixed=fixed):
+    for d in _memory_plan(facts, workload, placement, ctx.decisions, ctx.tuning, gpu, world, ctx.torch, fixed=fixed,
+                          levers=memory_levers):
         ctx.choose(d.id, d.value, d.reason, d.evidence, d.needs_torch)
     if fixed.get("dtype") == "bf16" and not on_gpu and not bf16_native(facts):
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
@@ -616,12 +620,42 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
                     {"head_dim": w.head_dim})
 
 
+def _memory_ask(w: Workload, fixed: Mapping[str, Any], levers: Optional[MemoryLevers], facts: HostFacts) -> Any:
+    """What the memory plan must honour: your batch, accumulation and optimizer (--set, else your script's own),
+    the levers the path can apply, and the levers you set."""
+    from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE, MemoryAsk
+
+    optimizer = fixed.get("optimizer") or w.optimizer
+    needs = OPTIMIZER_PACKAGE.get(optimizer or "")
+    if needs and facts.software is not None and not facts.software.packages.get(needs):
+        raise UsageError(f"optimizer={optimizer} needs {needs}, which is not installed here",
+                         hint=f"pip install {needs}, or --set optimizer=adamw")
+    sharding = fixed.get("sharding") or "fsdp"
+    if sharding == "zero3" and facts.software is not None and not facts.software.packages.get("deepspeed"):
+        raise UsageError("sharding=zero3 needs DeepSpeed, which is not installed here",
+                         hint="pip install deepspeed, or --set sharding=fsdp (torch's own)")
+    can, why = (levers.can, levers.why) if levers is not None else (KEEPS_THE_MATH, "")
+    per_device = fixed.get("batch_size") or w.per_device_batch
+    if per_device is None and w.of_script:
+        per_device = 8  # TrainingArguments' default per_device_train_batch_size
+    accum = fixed.get("grad_accum_steps") or (w.grad_accum if "batch_size" not in fixed else None)
+    if "batch_size" in fixed and w.of_script and "grad_accum_steps" not in fixed:
+        # a per-device batch you set keeps your script's global batch: the accumulation follows it
+        total = (w.per_device_batch or 8) * (w.grad_accum or 1)
+        accum = max(1, math.ceil(total / int(fixed["batch_size"])))
+    return MemoryAsk(per_device=per_device, grad_accum=accum, optimizer=optimizer, can=tuple(can), sharding=sharding,
+                     cannot_why=why, script=w.of_script, fixed=tuple((k, fixed[k]) for k in ("grad_checkpointing", "sharding", "offload")
+                                                 if k in fixed))
+
+
 def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions: Dict[str, Decision],
                  tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
-                 fixed: Optional[Mapping[str, Any]] = None) -> List[Decision]:
-    """Batch, accumulation, checkpointing, optimizer and ZeRO from one MemoryPlan (cpuperf.decide.memory).
+                 fixed: Optional[Mapping[str, Any]] = None,
+                 levers: Optional[MemoryLevers] = None) -> List[Decision]:
+    """Batch, accumulation, checkpointing, optimizer, sharding and offload from one MemoryPlan (cpuperf.decide.memory).
 
-    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards.
+    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards. `levers`: (the
+    memory levers this job's path can apply, why not the others); None: all of them.
     """
     fixed = fixed or {}
     from cpuperf.decide.memory import plan_memory, zero_config
@@ -630,41 +664,83 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
     tv = version_or_none(torch_v)
     fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
-    plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning)
+    ask = _memory_ask(w, fixed, levers, facts)
+    if not w.known:
+        return _unknown_model(w, ask, fused_ok, torch_v) + _loading(facts, placement, tuning, on_gpu)
+    try:
+        # On GPUs the SDPA kernel decided (flash or memory-efficient) keeps no attention scores.
+        fused = on_gpu and decisions["attention"].value in ("flash", "mem_efficient")
+        plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning, ask, fused)
+    except IncompatibleHostError as exc:
+        if levers is None or not levers.advisory:
+            raise
+        # Not cpuperf's to refuse: your script runs as you wrote it, with the estimate said.
+        told = replace(w, found=f"{w.found}; by cpuperf's estimate it does not fit: {exc.message}; {exc.hint}")
+        return _unknown_model(told, ask, fused_ok, torch_v, known=True) + _loading(facts, placement, tuning, on_gpu)
     evidence = {"params": w.params, **plan.evidence()}
-    per_device, c = int(fixed.get("batch_size") or plan.per_rank_batch), plan.candidate
-    accum = int(fixed.get("grad_accum_steps") or max(1, math.ceil(w.batch_size / (per_device * max(1, world)))))
-    why_batch = (f"{per_device} sample(s) per rank per step: {plan.per_rank_bytes() / 2**30:.2f} GiB of "
-                 f"{plan.budget_bytes / 2**30:.2f} GiB ({plan.budget})" if plan.budget_bytes is not None
-                 else f"{per_device} samples per rank (memory unknown)")
-    if on_gpu:
-        why_batch += "; a multiple of 8 for Tensor Cores where the global batch allows"
+    per_device, c, accum = int(plan.per_rank_batch), plan.candidate, plan.grad_accum
+    whose = (f"your script's --per_device_train_batch_size {per_device}" if w.per_device_batch and "batch_size" not in fixed
+             else "the Trainer's default per-device batch" if w.of_script and "batch_size" not in fixed
+             else f"{per_device} sample(s) per rank per step")
+    why_batch = (f"{whose}: {plan.per_rank_bytes() / 2**30:.2f} GiB of {plan.budget_bytes / 2**30:.2f} GiB "
+                 f"({plan.budget})" if plan.budget_bytes is not None else f"{whose} (memory unknown)")
+    if plan.tensor_core:
+        why_batch += f"; {plan.tensor_core}"
     act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
     ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
               + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))
+    global_why = (f"keeps the global batch {plan.global_batch} = {per_device} x {accum} x {world} rank(s)"
+                  + (f" ({plan.batch_note})" if plan.batch_note else ""))
     zero = zero_config(plan, w, decisions["dtype"].value)
+    where = f" ({w.found})" if w.of_script else ""
+    shard_why = (f"{c.name}: weights, grads and optimizer state of {w.params / 1e9:.2f}B parameters{where} do not fit "
+                 f"one rank unsharded; sharded over {world} rank(s): {plan.state_bytes / 2**30:.1f} GiB per rank"
+                 if c.sharding else "not needed: the model's state fits each rank whole"
+                 if plan.budget_bytes is not None else "memory unknown: not applied")
+    off_why = ("the sharded state does not fit the GPUs: parked in host RAM (slower steps, the same training)"
+               if c.offload else "not needed" if on_gpu else "CPU training: nothing to offload to")
     out = [
         Decision("batch_size", per_device, why_batch, evidence),
-        Decision("grad_accum_steps", accum, f"reaches the global batch {w.batch_size} over {world} rank(s)"
-                 if accum > 1 else "the global batch fits in one step", {"global_batch": w.batch_size, "world_size": world}),
+        Decision("grad_accum_steps", accum, global_why, {"global_batch": plan.global_batch, "world_size": world}),
         Decision("grad_checkpointing", c.checkpointing, ck_why, {"activation_bytes_per_sample_no_checkpointing": act_no,
                                                                  "activation_bytes_per_sample_checkpointing": act_ck}),
         Decision("optimizer", c.optimizer, plan.optimizer_reason,
                  {"torch": torch_v, "optimizer_bytes": plan.optimizer_bytes}),
+        Decision("sharding", c.sharding, shard_why, {"plan": c.name, "world_size": world}),
+        Decision("offload", c.offload, off_why, {"plan": c.name}),
     ]
-    # Data loading: the built-in corpus is in memory; workers would steal compute cores on CPU.
+    out += _loading(facts, placement, tuning, on_gpu)
+    out.append(Decision("zero", zero, f"{c.name}: the DeepSpeed config of the ZeRO-3 plan" if zero
+                        else "no DeepSpeed ZeRO plan", {"plan": c.name}))
+    return out
+
+
+def _unknown_model(w: Workload, ask: Any, fused_ok: bool, torch_v: Optional[str], known: bool = False) -> List[Decision]:
+    """Your script's model could not be told (or cpuperf applies nothing to it): its own batch and no memory lever,
+    each said why."""
+    from cpuperf.decide.memory import default_optimizer
+
+    why = f"no memory lever applied ({w.found})" if known else f"cannot tell your script's model ({w.found}): no memory plan"
+    optimizer, opt_why = (ask.optimizer, "set by you") if ask.optimizer else default_optimizer(fused_ok)
+    return [Decision("batch_size", int(ask.per_device or 8), f"your script's own; {why}", {}),
+            Decision("grad_accum_steps", int(ask.grad_accum or 1), "your script's own", {}),
+            Decision("grad_checkpointing", False, why, {}),
+            Decision("optimizer", optimizer, opt_why, {"torch": torch_v}),
+            Decision("sharding", None, why, {}), Decision("offload", False, why, {}),
+            Decision("zero", None, why, {})]
+
+
+def _loading(facts: HostFacts, placement: Placement, tuning: Mapping[str, Any], on_gpu: bool) -> List[Decision]:
+    """Data loading: workers on CPUs the ranks do not compute on; pinned host buffers for GPU copies."""
+    # The built-in corpus is in memory; workers would steal compute cores on CPU.
     spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
     if on_gpu:
         per_gpu = tuning["dataloader"]["gpu_workers_per_gpu"]
         workers = min(per_gpu, max(0, len(facts.usable_cpus()) // max(1, placement.nproc_per_node) - 1))
-        out.append(Decision("dataloader_workers", workers, f"{workers} worker(s) per GPU from the cores the process may use",
-                            {"usable_cpus": len(facts.usable_cpus())}))
-        out.append(Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {}))
-    else:
-        workers = min(2, spare)
-        out.append(Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
-                            if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare}))
-        out.append(Decision("pin_memory", False, "no device copies on CPU training", {}))
-    out.append(Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
-                        else "not needed: the model fits each rank", {"plan": c.name}))
-    return out
+        return [Decision("dataloader_workers", workers, f"{workers} worker(s) per GPU from the cores the process may use",
+                         {"usable_cpus": len(facts.usable_cpus())}),
+                Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {})]
+    workers = min(2, spare)
+    return [Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
+                     if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare}),
+            Decision("pin_memory", False, "no device copies on CPU training", {})]

@@ -137,7 +137,7 @@ def check_worker_can_honour(rec: Recommendation) -> None:
     if "attention" in rec.user_set and v["attention"] not in WORKER_ATTENTION:
         raise UsageError(f"attention {v['attention']}: the built-in loop uses torch's SDPA dispatcher",
                          hint="leave attention unset; the worker reports the kernel SDPA ran")
-    for knob in ("zero", "pin_memory"):
+    for knob in ("zero", "pin_memory", "sharding", "offload"):
         if knob in rec.user_set and v[knob]:
             raise UsageError(f"{knob}={v[knob]}: the built-in loop has no such setting",
                              hint="it applies to your own script: cpuperf recommend renders it")
