@@ -103,12 +103,12 @@ def _toml(text: str) -> Dict[str, Any]:
 
 
 def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-             environ: Optional[Dict[str, str]] = None) -> JobPlan:
+             environ: Optional[Dict[str, str]] = None, master_addr: Optional[str] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import placeholder_job
     from cpuperf.probe.slurm import slurm_facts
 
-    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}))
+    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}), master_addr)
 
 
 def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
@@ -138,6 +138,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
+    master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs)
     kwargs["nnodes"] = int(rec.get("nnodes") or 1)  # the job's count as decided: what --replan plans for again
@@ -149,7 +150,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.probe.slurm import slurm_environ
 
     # Inside a Slurm allocation the job is the allocation's (srun, its first node the rendezvous), as train runs it.
-    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ))
+    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ), master_addr)
     extra = renderings(facts, rec, hosts, jp)
     result = {
         "schema": SCHEMA,

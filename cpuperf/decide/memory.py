@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import IncompatibleHostError
+from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.probe.facts import Gpu, HostFacts
 
 GIB = float(2**30)
@@ -63,6 +63,14 @@ class MemoryLevers:
     can: Tuple[str, ...] = KEEPS_THE_MATH
     why: str = ""
     advisory: bool = False
+    cpu_can: Optional[Tuple[str, ...]] = None  # on a CPU device, where the path can do less (None: the same)
+    cpu_why: str = ""
+
+    def on(self, on_gpu: bool) -> Tuple[Tuple[str, ...], str]:
+        """(the levers, why not the others) on this device."""
+        if on_gpu or self.cpu_can is None:
+            return self.can, self.why
+        return tuple(x for x in self.can if x in self.cpu_can), self.cpu_why or self.why
 
 
 @dataclass(frozen=True)
@@ -295,6 +303,13 @@ def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str,
                           accum, batch * accum * fig.world, note, tc, plain_fits, gathered)
 
     candidates = _candidates(optimizer, fig.world, on_gpu, ask)
+    if not candidates:  # the levers you set leave no plan this job can run
+        asked = ", ".join(f"{k}={v}" for k, v in ask.fixed)
+        raise UsageError(f"{asked}: no plan of this job can apply it ("
+                         + ("CPU training has nothing to offload to" if not on_gpu and dict(ask.fixed).get("offload")
+                            else "sharding needs several ranks" if fig.world <= 1 and dict(ask.fixed).get("sharding")
+                            else ask.cannot_why or "not on this path") + ")",
+                         hint="drop it: cpuperf applies sharding, offload and checkpointing where a job needs them")
     if budget is None:
         batch, accum, note = split.choose(None, align)
         return make(candidates[0], batch, None, [], accum, note, True)
@@ -434,17 +449,21 @@ def _would_fit(facts: HostFacts, fig: _Figures, split: _Split, budget: int, ask:
         return fig.need(c, batch) <= budget and (not host or (host_room is not None and host <= host_room))
 
     if split.per_device and split.per_device > 1:
-        for c in keep:
+        total = split.per_device * (split.grad_accum or 1)
+        best: Optional[Tuple[int, Candidate]] = None
+        for c in keep:  # the largest per-rank batch any such plan fits that divides your per-rank share
+            if c.offload and not fits(c, 1):
+                continue
             room = (budget - sum(fig.state(c))) // fig.act[c.checkpointing]
-            total = split.per_device * (split.grad_accum or 1)
-            # the largest per-rank batch that fits and divides your per-rank share: the global batch stays exact
             per = next((d for d in range(int(min(room, split.per_device - 1)), 0, -1) if total % d == 0), 0)
-            if per >= 1 and not c.offload:
-                same = f"the same global batch; {c.name}"
-                options.append(f"--per_device_train_batch_size {per} --gradient_accumulation_steps {total // per} in "
-                               f"your command ({same})" if ask.script else
-                               f"--set batch_size={per} (with {total // per} accumulation steps: {same})")
-                break
+            if per >= 1 and (best is None or per > best[0]):
+                best = (per, c)
+        if best is not None:
+            per, c = best
+            same = f"the same global batch; {c.name}"
+            options.append(f"--per_device_train_batch_size {per} --gradient_accumulation_steps {total // per} in "
+                           f"your command ({same})" if ask.script else
+                           f"--set batch_size={per} (with {total // per} accumulation steps: {same})")
     for other in ("adamw_8bit", "adafactor"):
         if other == optimizer:
             continue

@@ -620,7 +620,8 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
                     {"head_dim": w.head_dim})
 
 
-def _memory_ask(w: Workload, fixed: Mapping[str, Any], levers: Optional[MemoryLevers], facts: HostFacts) -> Any:
+def _memory_ask(w: Workload, fixed: Mapping[str, Any], levers: Optional[MemoryLevers], facts: HostFacts,
+                on_gpu: bool) -> Any:
     """What the memory plan must honour: your batch, accumulation and optimizer (--set, else your script's own),
     the levers the path can apply, and the levers you set."""
     from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE, MemoryAsk
@@ -634,7 +635,7 @@ def _memory_ask(w: Workload, fixed: Mapping[str, Any], levers: Optional[MemoryLe
     if sharding == "zero3" and facts.software is not None and not facts.software.packages.get("deepspeed"):
         raise UsageError("sharding=zero3 needs DeepSpeed, which is not installed here",
                          hint="pip install deepspeed, or --set sharding=fsdp (torch's own)")
-    can, why = (levers.can, levers.why) if levers is not None else (KEEPS_THE_MATH, "")
+    can, why = levers.on(on_gpu) if levers is not None else (KEEPS_THE_MATH, "")
     per_device = fixed.get("batch_size") or w.per_device_batch
     if per_device is None and w.of_script:
         per_device = 8  # TrainingArguments' default per_device_train_batch_size
@@ -664,7 +665,7 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
     tv = version_or_none(torch_v)
     fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
-    ask = _memory_ask(w, fixed, levers, facts)
+    ask = _memory_ask(w, fixed, levers, facts, on_gpu)
     if not w.known:
         return _unknown_model(w, ask, fused_ok, torch_v) + _loading(facts, placement, tuning, on_gpu)
     try:

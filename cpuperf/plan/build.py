@@ -131,9 +131,12 @@ def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> Me
     software = facts.software
     info = software.packages.get("transformers") if software is not None else None
     form = sharding_form(info.version if info else None)
+    # On a CPU the Trainer runs plain DDP even with --fsdp (accelerate picks MULTI_CPU): measured with
+    # transformers 5.24.0 and accelerate 1.15.0, two gloo ranks (tests/test_your_model.py keeps it so).
+    on_cpu = ("checkpointing",), "the Trainer does not shard on CPUs (it runs plain DDP even with --fsdp)"
     if form["fsdp"] is None:
-        return MemoryLevers(("checkpointing",), f"no sharding: {form['why']}")
-    return MemoryLevers(("checkpointing", "sharding", "offload"))
+        return MemoryLevers(("checkpointing",), f"no sharding: {form['why']}", cpu_can=on_cpu[0], cpu_why=on_cpu[1])
+    return MemoryLevers(("checkpointing", "sharding", "offload"), cpu_can=on_cpu[0], cpu_why=on_cpu[1])
 
 
 def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, auto: bool) -> JobRequest:

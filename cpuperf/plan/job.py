@@ -101,7 +101,8 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              allocator=v["allocator"], nnodes=v["nnodes"], mpi=mpi, socket_ifname=socket_ifname,
-                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm))
+                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
+                             pin=v["affinity"] == "auto")
     keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
     if world > 1:
         keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
@@ -235,15 +236,17 @@ def _slurm_first(slurm: SlurmFacts) -> Optional[str]:
 
 
 def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
-                    environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM) -> JobPlan:
+                    environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM,
+                    master_addr: Optional[str] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run, with a placeholder for the script
     (what recommend renders and what a tuning point runs with)."""
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
 
     nnodes = max(1, int(rec.get("nnodes")))
-    # several nodes: the hostfile's first host, or the Slurm allocation's first node (runtime_env says which),
-    # else a placeholder a user replaces
-    master = None if hosts or _slurm_first(slurm) else ("127.0.0.1" if nnodes > 1 else None)
+    # Several nodes meet where every one of them can reach: --master-addr, else the hostfile's first host or the
+    # Slurm allocation's first node (runtime_env says which), else a MASTER_ADDR already set; with none of them
+    # runtime_env refuses (exit 2), as ccl-env does: loopback is never a rendezvous for other nodes.
+    master = master_addr
     request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
                          launcher=None if not hosts or len(hosts) <= 1 else "torchrun", slurm=slurm)
     return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
