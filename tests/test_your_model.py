@@ -261,9 +261,10 @@ def test_cpu_hosts_1b_fits_each_numa_node_or_exits_3(place, trainer_parser, node
 
 def test_script_arguments_in_every_spelling():
     args = ["--model-name-or-path=./m", "--per_device_train_batch_size", "4", "--gradient-accumulation-steps=2",
-            "--optim", "adafactor", "--block_size", "512", "--learning_rate", "1e-4"]
+            "--optim", "adafactor", "--block_size", "512", "--learning_rate", "1e-4", "--max_steps", "900"]
     assert script_arguments(args) == {"model_name_or_path": "./m", "per_device_train_batch_size": "4",
-                                      "gradient_accumulation_steps": "2", "optim": "adafactor", "block_size": "512"}
+                                      "gradient_accumulation_steps": "2", "optim": "adafactor", "block_size": "512",
+                                      "max_steps": "900"}
 
 
 def test_a_local_directory_the_hf_cache_and_a_hub_only_name(tmp_path):
@@ -374,3 +375,62 @@ def test_a_real_trainer_run_with_a_local_model_directory(tmp_path):
     plan = json.loads(dry.stdout)
     assert plan["workload"]["source"] == "script" and plan["workload"]["n_layer"] == 2
     assert not set(plan["hf_flags"]["added"]) & set(CHANGES_THE_MATH + MEMORY_FLAGS)
+
+
+# -- GPU hosts: each rank on its GPU's NUMA node -------------------------------------------------------------------
+
+def _gpu_plan(place, gpus: str, torch: str = "2.13.0+cu128", extra: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    proc = _dry_run(place, ["--sysroot", str(place["gpu_host"]), "--", "python", "script.py", "--model_name_or_path",
+                            "125m", "--output_dir", "o", *extra],
+                    {"CPUPERF_OVERRIDE_GPUS": gpus, "CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": torch})})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_gpu_ranks_sit_on_their_gpus_numa_node(place):
+    """8 GPUs, 4 on each of 2 NUMA nodes of 16 cores: each rank pinned to 4 cores of its GPU's node, its compute
+    threads and its data loader workers splitting them."""
+    row = json.loads((GPUS / CARDS["h100"]).read_text())[0]
+    gpus = json.dumps([dict(row, index=i, numa_node=i // 4) for i in range(8)])
+    plan = _gpu_plan(place, gpus)
+    node_cpus = {0: set(range(0, 16)), 1: set(range(16, 32))}  # make_host: socket-major, one node per socket
+    ranks = plan["launch"]["per_rank"]
+    assert len(ranks) == 8
+    for r in ranks:
+        assert len(r["cpus"]) == 4 and set(r["cpus"]) <= node_cpus[r["local_rank"] // 4], r
+    assert len({c for r in ranks for c in r["cpus"]}) == 32  # no two ranks share a core
+    decided = {d["id"]: d["value"] for d in plan["decisions"]}
+    assert decided["affinity"] == "auto" and all(r["threads"] == decided["threads_per_rank"] for r in ranks)
+    assert decided["threads_per_rank"] + decided["dataloader_workers"] == 4
+    added = plan["hf_flags"]["added"]
+    assert added[added.index("--dataloader_num_workers") + 1] == str(decided["dataloader_workers"])
+    assert plan["launch"]["env"]["OMP_NUM_THREADS"] == str(decided["threads_per_rank"])
+    assert "--numa-binding=node" not in plan["launch"]["argv"]  # cpuperf pinned them itself
+
+
+def test_torchrun_binds_gpu_ranks_where_cpuperf_cannot_tell_their_node(place):
+    plan = _gpu_plan(place, _gpus("h100", 2))  # the recorded answer has no PCI locality
+    assert "--numa-binding=node" in plan["launch"]["argv"]
+    decided = {d["id"]: d for d in plan["decisions"]}
+    assert decided["affinity"]["value"] is None and "NUMA nodes are unknown" in decided["affinity"]["reason"]
+    assert plan["launch"]["env"]["OMP_NUM_THREADS"] == str(decided["threads_per_rank"]["value"])  # not torchrun's 1
+    older = _gpu_plan(place, _gpus("h100", 2), torch="2.8.0+cu128")  # no --numa-binding before torch 2.9
+    assert "--numa-binding=node" not in older["launch"]["argv"]
+
+
+def test_compile_reaches_a_gpu_trainer_script_and_attention_is_said(place):
+    long = _gpu_plan(place, _gpus("h100", 1), extra=("--max_steps", "100000"))
+    decided = {d["id"]: d["value"] for d in long["decisions"]}
+    assert decided["compile"] is True and "--torch_compile" in long["hf_flags"]["added"]
+    unknown = _gpu_plan(place, _gpus("h100", 1))  # no --max_steps: the run length is unknown, no compile
+    assert "--torch_compile" not in unknown["hf_flags"]["added"]
+    assert any(n["flag"] == "attention" for n in unknown["hf_flags"]["not_added"])
+
+
+def test_doctor_on_a_gpu_host_gives_no_cpu_bf16_advice(place):
+    env = cli_env({"CPUPERF_OVERRIDE_GPUS": (GPUS / CARDS["a100"]).read_text(), "CPUPERF_OVERRIDE_ISA": "avx2 fma",
+                   "CPUPERF_OVERRIDE_MICROARCH": "zen3", "CPUPERF_OVERRIDE_PACKAGES": CUDA_STACK})
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", "doctor", "--json"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    finding = next(f for f in json.loads(proc.stdout)["findings"] if f["id"] == "bf16-not-native")
+    assert "do not pass --bf16" not in finding["message"] and "A100" in finding["message"]

@@ -114,7 +114,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         found = script_model(script_args, os.getcwd(), environ,
                              its_python or launcher_python(argv[:1]) if script else None)
         workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
-                    else from_script(found, steps))
+                    else from_script(found))
     else:
         workload = resolve_workload(request.model, None, None, None, steps)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.

@@ -302,8 +302,12 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
             raise UsageError(f"nproc_per_node {nproc} but {len(gpus)} GPU(s) are visible",
                              hint=f"use at most {len(gpus)} (one rank per GPU)")
         cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
-        placement = plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
-                                   oversubscribe=oversubscribe)
+        from cpuperf.decide.placement import gpu_placement
+
+        near = gpu_placement(facts, [g.numa_node for g in gpus[:nproc]], ctx.tuning["dataloader"]["gpu_workers_per_gpu"],
+                             threads) if nproc <= len(gpus) else None
+        placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
+                                           oversubscribe=oversubscribe)
         ctx.choose("nproc_per_node", nproc, "one rank per visible GPU", {"visible_gpus": len(gpus)})
     else:
         backend = fixed.get("ddp_backend")
@@ -324,6 +328,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
                     "usable_physical_cores": placement.cpu_budget})
     ctx.choose("nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
     ctx.choose("threads_per_rank", placement.threads_per_rank,
+               placement.reasons[0] if placement.unit == "gpu-numa" else
                "; ".join(r for r in placement.reasons[:-1] if "as asked" not in r) or "usable physical cores",
                {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
                 "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers, **load_ev})
@@ -331,6 +336,15 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placem
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
     evidence: Dict[str, Any] = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
+    if ctx.value("device") == "cuda":
+        if placement.unit == "gpu-numa":
+            ctx.choose("affinity", "auto", f"each rank pinned to the cores of its GPU's NUMA node: {pinned}",
+                       {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]})
+        else:
+            ctx.choose("affinity", None, "the GPUs' NUMA nodes are unknown (no PCI locality in the GPU facts): "
+                       "ranks are not pinned to CPUs that may sit across the interconnect from their GPU",
+                       {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]})
+        return placement
     if pinned and _ranks_share_a_vm_numa_node(ctx, placement):
         evidence["hypervisor"] = True
         ctx.choose("affinity", None,
@@ -737,9 +751,14 @@ def _loading(facts: HostFacts, placement: Placement, tuning: Mapping[str, Any], 
     spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
     if on_gpu:
         per_gpu = tuning["dataloader"]["gpu_workers_per_gpu"]
-        workers = min(per_gpu, max(0, len(facts.usable_cpus()) // max(1, placement.nproc_per_node) - 1))
-        return [Decision("dataloader_workers", workers, f"{workers} worker(s) per GPU from the cores the process may use",
-                         {"usable_cpus": len(facts.usable_cpus())}),
+        if placement.unit == "gpu-numa":  # the cores each rank keeps beyond its compute threads
+            workers = min(per_gpu, *(len(s.cpus) - s.threads for s in placement.slots))
+            why = (f"{workers} worker(s) per GPU on the cores of its NUMA node its {placement.threads_per_rank} compute "
+                   "thread(s) leave free")
+        else:
+            workers = min(per_gpu, max(0, len(facts.usable_cpus()) // max(1, placement.nproc_per_node) - 1))
+            why = f"{workers} worker(s) per GPU from the cores the process may use"
+        return [Decision("dataloader_workers", workers, why, {"usable_cpus": len(facts.usable_cpus())}),
                 Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {})]
     workers = min(2, spare)
     return [Decision("dataloader_workers", workers, "no spare cores: load data in the training process"

@@ -139,9 +139,11 @@ def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) ->
     return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config")
 
 
-def from_script(found: ScriptModel, steps: Optional[int] = None) -> Workload:
+def from_script(found: ScriptModel) -> Workload:
     """What a user's script trains, from its own arguments (cpuperf.probe.hf.script_model): its model's shape, its
-    sequence length where it names one, its per-device batch and accumulation; 'unknown' where it cannot be told."""
+    sequence length where it names one, its per-device batch and accumulation, its run length (--max_steps; else
+    unknown); 'unknown' where it cannot be told."""
+    steps = found.max_steps
     if found.config is None:
         return Workload("unknown", 1, 1, 1, 1, 1, 1, steps, 0, "unknown", found.per_device_batch, found.grad_accum,
                         found.optimizer, found.why_not, True)
@@ -157,7 +159,8 @@ def for_script(base: Workload, found: ScriptModel) -> Workload:
     """A model given with --model, trained by a user's script: its shape, with the script's own batch and optimizer."""
     per_device = found.per_device_batch
     return replace(base, batch_size=(per_device or 8) * (found.grad_accum or 1), per_device_batch=per_device,
-                   grad_accum=found.grad_accum, optimizer=found.optimizer, found=f"--model {base.name}", of_script=True)
+                   grad_accum=found.grad_accum, optimizer=found.optimizer, found=f"--model {base.name}", of_script=True,
+                   steps=found.max_steps)
 
 
 def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, seq_len: Optional[int] = None,

@@ -18,7 +18,7 @@ from cpuperf.decide.records import Recommendation
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.plan.environment import with_launch_vars
-from cpuperf.plan.launch import LaunchPlan, plan_launch
+from cpuperf.plan.launch import LaunchPlan, numa_binding_ok, plan_launch
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
@@ -78,9 +78,10 @@ class JobPlan:
 
 def rank_threads(rec: Recommendation, auto: bool) -> Optional[int]:
     """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting): the
-    decided count on CPUs under --auto or where you set it; None (torch's own) otherwise, and on GPUs."""
+    decided count under --auto or where you set it, on CPUs and GPUs alike (torchrun would give GPU ranks 1);
+    None (torch's own) otherwise."""
     v = rec.chosen
-    if v["device"] != "cpu" or not (auto or "threads_per_rank" in rec.user_set):
+    if not (auto or "threads_per_rank" in rec.user_set):
         return None
     threads: int = v["threads_per_rank"]
     return threads
@@ -213,14 +214,19 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
         wanted = with_launch_vars(planned_env, wanted)
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
-    pin = v["device"] == "cpu" and v["affinity"] == "auto" and (request.auto or "affinity" in rec.user_set)
+    pin = v["affinity"] == "auto" and (request.auto or "affinity" in rec.user_set) and \
+        (v["device"] == "cpu" or rec.placement.unit == "gpu-numa")
     threads = rank_threads(rec, request.auto)
+    # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
+    numa = v["device"] == "cuda" and request.auto and rec.placement.unit != "gpu-numa" and \
+        numa_binding_ok(rec.stack.get("torch"))
     launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
                          hosts=request.hosts, nnodes=v["nnodes"],
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm)
+                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm,
+                         numa_binding=numa)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
                    hf or {})
 

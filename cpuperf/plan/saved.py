@@ -279,7 +279,8 @@ def _placement(raw: Any, host: Mapping[str, Any]) -> Placement:
 
 def _workload(raw: Any) -> Workload:
     _need({"workload": raw}, "workload", dict, "")
-    fields = Workload.__dataclass_fields__
+    # The fields a workload's JSON holds (a user script's own batch and optimizer are not in a saved plan).
+    fields = [name for name, f in Workload.__dataclass_fields__.items() if f.metadata.get("json", name) is not None]
     for key in fields:
         if key in ("name", "source"):
             _need(raw, key, str, "workload")

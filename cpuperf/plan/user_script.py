@@ -253,6 +253,10 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
             out.append(Flag(("--" + chosen, *args[1:]), f"{why} ({args[0]} is deprecated: renamed --{chosen})"))
 
     _device_flags(values, ok, world, gpus_visible, want, skipped)
+    if values["device"] == "cuda" and values.get("attention"):
+        skipped.append(("attention", f"{values['attention']} is decided, but the attention kernel is the model's "
+                        "(attn_implementation where your script loads it; transformers' default is sdpa, which "
+                        "dispatches to it): no TrainingArguments flag sets it"))
     _precision_flags(values, overridden, tuning, bf16_gemm_ratio, want, skipped)
     _runtime_flags(values, overridden, ok, world, want)
     _hyperparameter_flags(values, overridden, want, out)
@@ -305,11 +309,11 @@ def _runtime_flags(values: Mapping[str, Any], overridden: Set[str], ok: Set[str]
         want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
     if values["device"] == "cuda" and values.get("pin_memory") is False:
         want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
-    # torch.compile costs minutes of warm-up: when you asked (--set), or on CPU where recommend measured
-    # it paying back within the run (compile time / per-step saving < steps; the plan shows the figure).
-    if values.get("compile") and ("compile" in overridden or values["device"] == "cpu"):
+    # torch.compile costs minutes of warm-up: when you asked (--set), or where recommend found it paying back
+    # within the run (compile time / per-step saving < the script's --max_steps; the plan shows the figure).
+    if values.get("compile"):
         want("torch_compile", ("--torch_compile",), "you set compile" if "compile" in overridden
-             else "torch.compile measured to pay back within this run")
+             else "torch.compile pays back within this run")
     if values.get("ipex"):  # installed by you, and recommend found it compatible
         want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
 

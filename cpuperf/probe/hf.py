@@ -56,7 +56,7 @@ def accelerate_default_config(environ: Optional[Mapping[str, str]] = None) -> bo
 # --per-device-train-batch-size too).
 _MODEL_ARGS = ("model_name_or_path", "config_name", "model_type", "config_overrides")
 _SEQ_ARGS = ("block_size", "max_seq_length", "max_length", "seq_length")
-_TRAINER_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim")
+_TRAINER_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "max_steps")
 # TrainingArguments' --optim names -> cpuperf's optimizer ids (the families the memory plan knows).
 _OPTIM_IDS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_hf": "adamw", "adamw": "adamw",
               "adafactor": "adafactor", "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit",
@@ -76,6 +76,7 @@ class ScriptModel:
     grad_accum: Optional[int] = None
     optimizer: Optional[str] = None  # a cpuperf optimizer id (--optim mapped), None when not given
     seq_len: Optional[int] = None  # --block_size / --max_seq_length where given
+    max_steps: Optional[int] = None  # the run length (--max_steps) where given: what torch.compile must pay back in
 
 
 def script_arguments(args: Sequence[str]) -> Dict[str, str]:
@@ -209,8 +210,10 @@ def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, s
     optimizer = _OPTIM_IDS.get(optim) if optim else None
     seq = next((_positive(named.get(k)) for k in _SEQ_ARGS if _positive(named.get(k))), None)
 
+    steps = _positive(named.get("max_steps"))
+
     def made(config: Optional[Dict[str, Any]], where: str, why: str) -> ScriptModel:
-        return ScriptModel(config, where, why, batch, accum, optimizer, seq)
+        return ScriptModel(config, where, why, batch, accum, optimizer, seq, steps)
 
     if optim and optimizer is None:
         return made(None, "", f"--optim {optim}: an optimizer whose memory cpuperf does not know")
