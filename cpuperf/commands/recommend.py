@@ -121,15 +121,20 @@ def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[H
     transformers = rec.stack.get("transformers")
     env = jp.env_map()
     launch = launch_view(jp.launch)
+    from cpuperf.plan.user_script import recommended_speed_flags
+
+    files = {path: text for f in recommended_speed_flags(rec, transformers)[0] if f.file for path, text in [f.file]}
     return {
         "env": env,
         "launch": launch,
         "hf_args": render.hf_flags(rec, transformers),
+        "hf_files": files,
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))),
         "accelerate_launch_args": render.accelerate_launch_args(rec),
-        "data_notes": render.hf_notes(rec),
+        "data_notes": render.hf_notes(rec) + [f"the Trainer flags name {path}: write it with {text}"
+                                              for path, text in files.items()],
     }
 
 

@@ -313,7 +313,7 @@ def _runtime_flags(values: Mapping[str, Any], overridden: Set[str], ok: Set[str]
     # within the run (compile time / per-step saving < the script's --max_steps; the plan shows the figure).
     if values.get("compile"):
         want("torch_compile", ("--torch_compile",), "you set compile" if "compile" in overridden
-             else "torch.compile pays back within this run")
+             else "torch.compile measured or estimated to pay back within this run")
     if values.get("ipex"):  # installed by you, and recommend found it compatible
         want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
 

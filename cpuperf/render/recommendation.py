@@ -76,6 +76,10 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
         lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
     if v["ipex"] and "ipex_config" in keys:
         lines += ["ipex_config:", "  ipex: true"]
+    if v.get("sharding"):  # not silently dropped: said where it is applied instead
+        lines.insert(0, f"# the memory plan shards the model ({v['sharding']}{', CPU offload' if v.get('offload') else ''}): "
+                     "a Trainer script gets it as Trainer flags (cpuperf recommend --format hf); accelerate's own "
+                     "fsdp_config keys are not in cpuperf's checked data, so this file leaves them out")
     return "\n".join(lines) + "\n"
 
 
