@@ -200,15 +200,19 @@ def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_p
     got = measure.load_cached(facts)
     assert got is not None and got.gemm_fp32_gflops == 100.0 and set(got.tuned_by_shape) == {"K1"}
     assert set(got.tuned_by_command) == {"C1"}
-    # a hand-edited figure is no figure: the entry is dropped as corrupt, never decided from
+    # a hand-edited figure is no figure: that entry alone is dropped, never decided from; the rest stands
     path = next((tmp_path / "cache" / "measurements").glob("*.json"))
     data = json.loads(path.read_text())
     data["tuned_by_shape"]["K1"]["levers"]["pinning"]["figure"] = "fast"
     path.write_text(json.dumps(data))
-    assert measure.load_cached(facts) is None and not path.exists()
-    # so is a point outside the one vocabulary (a recorded file comes from elsewhere)
+    got = measure.load_cached(facts)
+    assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
+    assert got.gemm_fp32_gflops == 100.0 and path.exists()
+    # so is a point outside the one vocabulary (a recorded file comes from elsewhere), and a figure of inf
     measure.save_tuned(facts, "tuned_by_shape", "K1", {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}})
-    assert measure.load_cached(facts) is None
+    measure.save_tuned(facts, "tuned_by_shape", "K2", {**_entry(), "best_samples_per_s": float("inf")})
+    got = measure.load_cached(facts)
+    assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
 
 
 # -- the user's command ------------------------------------------------------------------------------

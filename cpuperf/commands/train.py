@@ -136,7 +136,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
 
 
 def _say(msg: str) -> None:
-    sys.stderr.write(f"cpuperf train: {msg}\n")
+    from cpuperf.output import message
+
+    message(f"cpuperf train: {msg}")
 
 
 def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
