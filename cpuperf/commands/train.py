@@ -105,7 +105,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                     if request.plan else (None, []))
     mpi = mpi_flavour(facts)
     hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
-                              int(saved.rec.get("nnodes") or 1) if saved is not None else None)
+                              saved.rec.levers.nnodes.value if saved is not None else None)
     master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
@@ -204,7 +204,7 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
     jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False)
-    if jp.rec.get("device") != "cpu":
+    if jp.rec.levers.device.value != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
     start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
