@@ -173,7 +173,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
                   "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                  "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
+                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
         if out.json_mode:
             out.json(result)
         else:
@@ -298,8 +298,11 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         result["plot"] = _plot(out, jp.request.out_dir)
     if out.json_mode:
         out.json(result)
-    elif not user:
-        out.product(_human(result))
+    else:
+        for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
+            out.info(line)
+        if not user:
+            out.product(_human(result))
     return 0
 
 
@@ -318,6 +321,25 @@ def _plot(out: Output, run_dir: str) -> List[str]:
 
 def _hf_json(jp: JobPlan) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in jp.hf.items() if k != "_script"} or None
+
+
+def _lever_report(jp: JobPlan) -> Any:
+    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied."""
+    from cpuperf.plan.applied import lever_report, rendered_job
+
+    return lever_report(jp.rec.levers, rendered_job(jp))
+
+
+def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, Any]]]:
+    from cpuperf.plan.applied import split
+
+    return split(_lever_report(jp))
+
+
+def _lever_lines(jp: JobPlan) -> List[str]:
+    from cpuperf.plan.applied import report_lines
+
+    return ["lever " + line for line in report_lines(_lever_report(jp))]
 
 
 def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
@@ -354,7 +376,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
     if jp.request.user_argv:
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                "decisions": list(jp.decisions),
+                "decisions": list(jp.decisions), "levers": _levers(jp),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
@@ -364,7 +386,8 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
         raise LaunchFailedError("the training run ended without a summary in its metrics file",
                                 hint=f"see the logs under {plan.log_dir}")
     summary = {k: val for k, val in summary.items() if k != "type"}
-    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "launch": launch,
+    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "levers": _levers(jp),
+            "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
 
 
@@ -463,6 +486,7 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
         from cpuperf.plan.user_script import applied_lines
 
         lines.extend("# " + line for line in applied_lines(applied))
+    lines.extend("# " + line for line in _lever_lines(jp))
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
     for note in jp.notes:
