@@ -24,7 +24,7 @@ LAYERS = ("decide", "plan", "render", "run")
 
 # Mappings whose keys happen to spell a lever's id but are not the plan's levers: compat/tuning.toml's tables
 # (its [dtype], [allocator], [optimizer], [compile] sections), a saved plan's inputs and placement JSON, a tuned
-# point's JSON as read from the cache, the add-on package names, the knob table itself, the worker's settings
+# point's schema (the knob table's choices), the add-on package names, the worker's settings
 # being written, the install resolution's IPEX wheel. (module, the receiver's source text).
 NOT_LEVERS = {
     ("decide/allocator.py", "load_builtin('tuning.toml')"), ("decide/recommend.py", "tuning"),
@@ -32,7 +32,7 @@ NOT_LEVERS = {
     ("decide/runtime_env.py", "tuning['kmp']"), ("decide/tune.py", "tuning"), ("plan/user_script.py", "tuning"),
     ("plan/install.py", "load_builtin('tuning.toml')"), ("plan/install.py", "data"), ("run/measure.py", "_tuning()"),
     ("plan/environment.py", "p"), ("plan/environment.py", "raw"), ("plan/saved.py", "raw"), ("plan/saved.py", "i"),
-    ("run/measure.py", "best"), ("run/measure.py", "BY_ID"), ("render/compat.py", "PIP_NAME"),
+    ("decide/measurement_schema.py", "BY_ID"), ("render/compat.py", "PIP_NAME"),
     ("plan/request.py", "decided"), ("plan/install.py", "resolution"),
 }
 

@@ -47,9 +47,9 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     overrides = merge(overrides, parse_assignments(sets))
 
     def log(msg: str) -> None:  # which measurement decides, with its figure (stderr: never the product)
-        import sys
+        from cpuperf.output import message
 
-        sys.stderr.write(f"cpuperf: {msg}\n")
+        message(f"cpuperf: {msg}")
 
     meas = measure.load_file(measurements) if measurements else measure.planning_measurements(facts, log)
     from cpuperf.decide.nodes import job_nodes
@@ -342,7 +342,6 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
 
 def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float], refresh: bool = False) -> int:
     """`cpuperf bench --tune`: tune the plan's levers for --model's shape on this host (cached; --refresh redoes it)."""
-    import sys
 
     from cpuperf.decide.recommend import shape_key
     from cpuperf.decide.workload import resolve_workload
@@ -360,13 +359,18 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
     cached = meas.tuned_by_shape.get(key) if meas is not None else None
     if cached is None or refresh:
         out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or tune_rules()['budget_s']} s) ...")
-        got = tune_shape(facts, workload, meas, lambda m: sys.stderr.write(f"cpuperf bench: {m}\n"), budget_s)
+        got = tune_shape(facts, workload, meas, lambda m: out.info(f"cpuperf bench: {m}"), budget_s)
         if got is None:
             raise ProbeFailedError("nothing to tune: the plan trains on a GPU", hint="--tune tunes CPU training")
         entry = got[2]
         if got[0].stopped == "failed":
             raise ProbeFailedError("the rule's point failed to run: nothing tuned",
                                    hint="check that torch imports: cpuperf doctor")
+        if entry.get("not_saved"):
+            from cpuperf.errors import CpuperfError
+
+            raise CpuperfError(f"--tune: not saved as a tuning: {entry['not_saved']}",
+                               hint="the rules decide this shape's plans until a tuning compares two settings")
     else:
         out.info("cached tuning (cpuperf bench --tune --refresh tunes again)")
         entry = cached
