@@ -42,7 +42,7 @@ def test_no_pinning_reaches_intel_mpi(tmp_path, monkeypatch):
     root = make_host(tmp_path / "vm", sockets=1, cores_per_socket=4, flags=("avx2", "fma", "hypervisor"))
     facts = probe_host(sysroot=str(root))
     rec = recommend(facts, PRESETS["micro"], nproc_per_node=2, device="cpu")
-    assert rec.get("affinity") is None, rec.decision("affinity").reason
+    assert rec.levers.affinity.value is None, rec.levers.affinity.reason
     decided = decisions_of(facts, rec)
     assert decided.pin is False and decisions_from_json(decisions_to_json(decided)).pin is False
     request = EnvRequest(None, 1, None, None, False, "intelmpi", envplan.Libraries(), None)

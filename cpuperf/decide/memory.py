@@ -29,7 +29,25 @@ GIB = float(2**30)
 # activation checkpointing (recomputes), sharding (FSDP full shard / ZeRO-3: each rank holds 1/N of the state),
 # offload (a GPU parks the sharded state in host RAM). The optimizer family and the batch change the math:
 # only the user changes them (--set, or their own script's arguments).
-KEEPS_THE_MATH = ("checkpointing", "sharding", "offload")
+@dataclass(frozen=True)
+class Reach:
+    """Which of the levers that keep the math a path can apply: recompute (activation checkpointing), shard
+    (FSDP / ZeRO-3), park (offload the sharded state to host RAM)."""
+
+    recompute: bool = True
+    shard: bool = True
+    park: bool = True
+
+    def within(self, other: Reach) -> Reach:
+        return Reach(self.recompute and other.recompute, self.shard and other.shard, self.park and other.park)
+
+    @property
+    def everything(self) -> bool:
+        return self.recompute and self.shard and self.park
+
+
+KEEPS_THE_MATH = Reach()
+NOTHING = Reach(False, False, False)
 
 
 @dataclass(frozen=True)
@@ -60,17 +78,17 @@ class MemoryLevers:
     release takes), why not the others, and whether a job that does not fit is refused (exit 3) or only told
     (advisory: a script cpuperf adds nothing to may shard itself; a plain run is run as you gave it)."""
 
-    can: Tuple[str, ...] = KEEPS_THE_MATH
+    can: Reach = KEEPS_THE_MATH
     why: str = ""
     advisory: bool = False
-    cpu_can: Optional[Tuple[str, ...]] = None  # on a CPU device, where the path can do less (None: the same)
+    cpu_can: Optional[Reach] = None  # on a CPU device, where the path can do less (None: the same)
     cpu_why: str = ""
 
-    def on(self, on_gpu: bool) -> Tuple[Tuple[str, ...], str]:
+    def on(self, on_gpu: bool) -> Tuple[Reach, str]:
         """(the levers, why not the others) on this device."""
         if on_gpu or self.cpu_can is None:
             return self.can, self.why
-        return tuple(x for x in self.can if x in self.cpu_can), self.cpu_why or self.why
+        return self.can.within(self.cpu_can), self.cpu_why or self.why
 
 
 @dataclass(frozen=True)
@@ -80,16 +98,24 @@ class MemoryAsk:
     per_device: Optional[int] = None  # fixed per-rank batch (your script's, or --set batch_size); None: split the global batch
     grad_accum: Optional[int] = None  # fixed accumulation (your script's, or --set grad_accum_steps)
     optimizer: Optional[str] = None  # the optimizer family you chose (--set, or your script's --optim); None: AdamW
-    can: Tuple[str, ...] = KEEPS_THE_MATH  # the levers this path can apply (a user script without a Trainer: none)
+    can: Reach = KEEPS_THE_MATH  # the levers this path can apply (a user script without a Trainer: none)
     sharding: str = "fsdp"  # how sharding is applied: torch FSDP, or DeepSpeed ZeRO-3 where you chose it
     cannot_why: str = ""  # why a lever of KEEPS_THE_MATH is not in `can` (said in the plan and in exit 3)
-    fixed: Tuple[Tuple[str, Any], ...] = ()  # levers you set: (grad_checkpointing | sharding | offload, value)
+    recompute: Optional[bool] = None  # levers you set: checkpointing, sharding (True: some, False: none), offload
+    shard: Optional[bool] = None
+    park: Optional[bool] = None
     script: bool = False  # the batch and optimizer are your script's arguments: options are said in its terms
 
     def allows(self, c: Candidate) -> bool:
         """A candidate agrees with every lever you set."""
-        have = {"grad_checkpointing": c.checkpointing, "sharding": c.sharding, "offload": c.offload}
-        return all(have[k] == v for k, v in self.fixed if k in have)
+        return ((self.recompute is None or c.checkpointing == self.recompute)
+                and (self.shard is None or bool(c.sharding) == self.shard)
+                and (self.park is None or c.offload == self.park))
+
+    def pins(self) -> str:
+        """The levers you set, in words."""
+        said = [("grad_checkpointing", self.recompute), ("sharding", self.shard), ("offload", self.park)]
+        return ", ".join(f"{name}={'yes' if v else 'none'}" for name, v in said if v is not None)
 
 
 @dataclass(frozen=True)
@@ -225,23 +251,18 @@ def default_optimizer(torch_ok_fused: bool) -> Tuple[str, str]:
 def _candidates(optimizer: str, world: int, on_gpu: bool, ask: MemoryAsk) -> List[Candidate]:
     """The plans that keep the math, cheapest in compute first: on GPUs sharding (fast links) before
     recomputation, on CPUs recomputation before sharding (gloo moves every shard through host memory)."""
+    recompute = ask.can.recompute or bool(ask.recompute)
     plain, ckpt = Candidate(optimizer, False), Candidate(optimizer, True)
     shard = [Candidate(optimizer, False, ask.sharding), Candidate(optimizer, True, ask.sharding)] \
-        if world > 1 and "sharding" in ask.can else []
+        if world > 1 and (ask.can.shard or ask.shard) else []
     out = [plain]
     if on_gpu:
-        out += shard[:1] + ([ckpt] if "checkpointing" in ask.can else []) + shard[1:]
+        out += shard[:1] + ([ckpt] if recompute else []) + shard[1:]
     else:
-        out += ([ckpt] if "checkpointing" in ask.can else []) + shard
-    if on_gpu and {"sharding", "offload"} <= set(ask.can):  # a GPU may park state in host RAM; a CPU has nowhere else
-        out.append(Candidate(optimizer, "checkpointing" in ask.can, ask.sharding, offload=True))
-    fixed = dict(ask.fixed)
-    if fixed.get("sharding") and world > 1 and not any(c.sharding for c in out):  # yours, whatever the path says
-        out += [Candidate(optimizer, False, ask.sharding), Candidate(optimizer, True, ask.sharding)]
-    if fixed.get("grad_checkpointing") and not any(c.checkpointing for c in out):
-        out.append(ckpt)
-    return [c for c in out if ask.allows(c) and (c.checkpointing is False or "checkpointing" in ask.can
-                                                 or fixed.get("grad_checkpointing"))]
+        out += ([ckpt] if recompute else []) + shard
+    if on_gpu and ask.can.shard and ask.can.park:  # a GPU may park state in host RAM; a CPU has nowhere else
+        out.append(Candidate(optimizer, recompute, ask.sharding, offload=True))
+    return [c for c in out if ask.allows(c) and (not c.checkpointing or recompute)]
 
 
 @dataclass(frozen=True)
@@ -304,10 +325,9 @@ def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str,
 
     candidates = _candidates(optimizer, fig.world, on_gpu, ask)
     if not candidates:  # the levers you set leave no plan this job can run
-        asked = ", ".join(f"{k}={v}" for k, v in ask.fixed)
-        raise UsageError(f"{asked}: no plan of this job can apply it ("
-                         + ("CPU training has nothing to offload to" if not on_gpu and dict(ask.fixed).get("offload")
-                            else "sharding needs several ranks" if fig.world <= 1 and dict(ask.fixed).get("sharding")
+        raise UsageError(f"{ask.pins()}: no plan of this job can apply it ("
+                         + ("CPU training has nothing to offload to" if not on_gpu and ask.park
+                            else "sharding needs several ranks" if fig.world <= 1 and ask.shard
                             else ask.cannot_why or "not on this path") + ")",
                          hint="drop it: cpuperf applies sharding, offload and checkpointing where a job needs them")
     if budget is None:
@@ -399,7 +419,7 @@ def tensor_core_alignment(gpu: Optional[Gpu], dtype: str, seq_len: int,
     math_dtype = "tf32" if dtype == "fp32" and gpu.tf32 else dtype
     cc = tuple(int(x) for x in (gpu.compute_capability or "0.0").split(".")[:2] if x.isdigit())
     for row in tuning["tensor_core"]:
-        if row["dtype"] != math_dtype or cc < tuple(int(x) for x in row["min_cc"].split(".")):
+        if row["math"] != math_dtype or cc < tuple(int(x) for x in row["min_cc"].split(".")):
             continue
         if row.get("card") and row["card"] not in gpu.name:
             continue
@@ -425,7 +445,7 @@ def _too_big(fig: _Figures, split: _Split, budget: int, how: str, tried: List[Tu
                 f"same: {c.name} fits the GPUs ({fig.need(c, split.smallest()) / GIB:.1f} GiB of {budget / GIB:.1f} GiB "
                 f"per rank, {how}) but parks {fig.host_bytes(c) / GIB:.1f} GiB of weights, grads and optimizer state in "
                 f"host RAM, which has {room} usable; without offload the smallest plan needs "
-                f"{min(t[1] for t in tried if 'offload' not in t[0]) / GIB:.1f} GiB per rank")
+                f"{min(fig.need(x, split.smallest()) for x in candidates if not x.offload) / GIB:.1f} GiB per rank")
     smallest = min(tried, key=lambda t: t[1])
     opt = smallest[0].split(",")[0]
     batch = split.smallest()
@@ -477,12 +497,12 @@ def _would_fit(facts: HostFacts, fig: _Figures, split: _Split, budget: int, ask:
                            + ("" if installed else f" after pip install {missing}"))
     per_param = 8.0 + optimizer_state_bytes(optimizer, fig.rule)
     room = budget - split.smallest() * fig.act[True] - fig.state(Candidate(optimizer, True, "fsdp"))[3]
-    if "sharding" in ask.can and room > 0:
+    if ask.can.shard and room > 0:
         ranks = math.ceil(fig.w.params * per_param / room)
         nodes = math.ceil(ranks / fig.nproc)
         if nodes > max(1, fig.world // fig.nproc):
             options.append(f"shard it over at least {nodes} such nodes (--nnodes {nodes}, {ranks} ranks)")
-    if not set(KEEPS_THE_MATH) <= set(ask.can) and ask.cannot_why:
+    if not ask.can.everything and ask.cannot_why:
         options.append(ask.cannot_why)
     options.append("or a host with more " + ("GPU memory" if on_gpu else "memory") + " per rank")
     return "; ".join(options)

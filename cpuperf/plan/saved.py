@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.records import Decision, Recommendation
+from cpuperf.decide.records import Decision, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
@@ -290,7 +290,7 @@ def _workload(raw: Any) -> Workload:
     return Workload(**{k: raw[k] for k in fields})
 
 
-def _decision(raw: Any, index: int) -> Decision:
+def _decision(raw: Any, index: int) -> Decision[Any]:
     from cpuperf.errors import UsageError
     from cpuperf.knowledge.knobs import BY_ID, coerce
 
@@ -317,7 +317,15 @@ def _decision(raw: Any, index: int) -> Decision:
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
 
 
-def _check_decision_set(decisions: Sequence[Decision]) -> None:
+def _with_memory_levers(decisions: Tuple[Decision[Any], ...]) -> Tuple[Decision[Any], ...]:
+    """A plan saved before sharding and offload were decided held neither: it ran without them, said as such."""
+    have = {d.id for d in decisions}
+    why = "a plan saved before cpuperf decided sharding and offload: it runs without them"
+    added = [Decision(i, v, why, {}) for i, v in (("sharding", None), ("offload", False)) if i not in have]
+    return decisions + tuple(added) if added else decisions
+
+
+def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
     """Every decision recommend makes, once each, and nothing else (a run reads each one)."""
     from cpuperf.knowledge.knobs import BY_ID
 
@@ -438,7 +446,7 @@ def _from_json(data: Any) -> SavedPlan:
     _exact_keys(data, _TOP, "plan")
     host = _host(data.get("host"))
     stack = _stack(data.get("stack"))
-    decisions = tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, "")))
+    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, ""))))
     _check_decision_set(decisions)
     env = tuple(_env(item, i) for i, item in enumerate(_need(data, "env", list, "")))
     names = [e.name for e in env]
@@ -447,14 +455,14 @@ def _from_json(data: Any) -> SavedPlan:
     notes = tuple(_strings(data, "notes", "", True) or ())
     oversubscribe = _need(data, "oversubscribe", bool, "") if "oversubscribe" in data else False
     made_on = _need(data, "made_on", str, "", True) if "made_on" in data else None
-    rec = Recommendation(decisions, _placement(data.get("placement"), host), _workload(data.get("workload")),
+    rec = Recommendation(levers_of(decisions), _placement(data.get("placement"), host), _workload(data.get("workload")),
                          notes, stack, oversubscribe)
     threads = {slot.threads for slot in rec.placement.slots}
-    if len(threads) == 1 and rec.get("threads_per_rank") not in threads:
-        raise ValueError(f"decision threads_per_rank is {str(rec.get('threads_per_rank'))[:40]} but the placement runs "
+    if len(threads) == 1 and rec.levers.threads_per_rank.value not in threads:
+        raise ValueError(f"decision threads_per_rank is {str(rec.levers.threads_per_rank.value)[:40]} but the placement runs "
                          f"{threads.pop()} thread(s) per rank (in 1..{len(parse_cpulist(host['usable_cpus']) or ())})")
-    if rec.get("nproc_per_node") != rec.placement.nproc_per_node:
-        raise ValueError(f"decision nproc_per_node is {rec.get('nproc_per_node')} but the placement has "
+    if rec.levers.nproc_per_node.value != rec.placement.nproc_per_node:
+        raise ValueError(f"decision nproc_per_node is {rec.levers.nproc_per_node.value} but the placement has "
                          f"{rec.placement.nproc_per_node} rank slot(s)")
     return SavedPlan(_need(data, "cpuperf", str, ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
 
@@ -522,10 +530,9 @@ def decision_differences(plan: SavedPlan, fresh: Recommendation, fresh_env: Sequ
     """Each way the plan's decisions, placement and variables differ from what cpuperf decides here from the same
     facts and inputs ([] when none): a hand-edited or stale plan says so before it runs."""
     out: List[str] = []
-    now = fresh.chosen
-    for d in plan.rec.decisions:
-        if d.id in now and now[d.id] != d.value:
-            out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now[d.id])} here")
+    for d, now in zip(plan.rec.decisions, fresh.decisions):
+        if now.value != d.value:
+            out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now.value)} here")
     mine = [(s.cpus, s.threads) for s in plan.rec.placement.slots]
     theirs = [(s.cpus, s.threads) for s in fresh.placement.slots]
     if mine != theirs:
@@ -613,7 +620,7 @@ def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> L
     from cpuperf.plan.job import JobRequest, runtime_vars
 
     fresh = replan_from(plan, facts, measurements, environ={})
-    nnodes = max(1, int(fresh.get("nnodes") or 1))  # the rendezvous is this launch's: a placeholder, not compared
+    nnodes = max(1, fresh.levers.nnodes.value)  # the rendezvous is this launch's: a placeholder, not compared
     request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
     env, _ = runtime_vars(facts, fresh, request, environ={})
     return decision_differences(plan, fresh, env)
