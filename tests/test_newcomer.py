@@ -56,7 +56,15 @@ def test_default_run_dir_numbers_like_lightning(tmp_path):
     (tmp_path / "runs" / "train" / "version_7").mkdir()
     (tmp_path / "runs" / "train" / "version_x").mkdir()  # not a version: ignored
     assert default_run_dir(base, create=True) == f"{base}/version_8"
+    with pytest.raises(ConfigError) as none:
+        default_run_dir(base, resume=True)  # no run holds a checkpoint: nothing to continue
+    assert "no run under" in none.value.message and "has a checkpoint" in none.value.message
+    (tmp_path / "runs" / "train" / "version_1" / "checkpoint.pt").write_bytes(b"x")
+    # the newest run that holds a checkpoint, not the newest directory (an empty user-script run's)
+    assert default_run_dir(base, resume=True) == f"{base}/version_1"
+    (tmp_path / "runs" / "train" / "version_8" / "checkpoint.pt").write_bytes(b"x")
     assert default_run_dir(base, resume=True) == f"{base}/version_8"
     (tmp_path / "file").write_text("x")
     with pytest.raises(OSError):
         default_run_dir(str(tmp_path / "file" / "train"), create=True)
+
