@@ -394,6 +394,8 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
+        elif meas.undecided.get("dtype"):
+            why += f" (rule for {engine}: measured here, but {meas.undecided['dtype']})"
         else:
             why += f" (rule for {engine}, not measured on this host: `cpuperf bench` measures it)"
     ctx.choose("dtype", dtype, why, evidence)
@@ -598,6 +600,10 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
                             f"{not_here}: the default is kept", evidence)
         return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default; none "
                         f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
+    noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
+    if noisy:
+        return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
+                        {"available": sorted(available), "undecided": noisy})
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
                     "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
 
