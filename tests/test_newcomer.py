@@ -68,3 +68,47 @@ def test_default_run_dir_numbers_like_lightning(tmp_path):
     with pytest.raises(OSError):
         default_run_dir(str(tmp_path / "file" / "train"), create=True)
 
+
+# -- the small things a newcomer meets first (issue 44) ----------------------------------------------
+
+def test_help_lists_every_command_with_a_whole_summary_at_80_columns():
+    from cli_util import run_cli
+
+    proc = run_cli(["--help"], {"COLUMNS": "80"})
+    assert proc.returncode == 0
+    commands = proc.stdout.split("Commands:")[1].strip().splitlines()
+    assert len(commands) >= 8 and all(len(line) <= 80 and not line.rstrip().endswith("...") for line in commands)
+
+
+def test_a_json_usage_error_names_the_same_help_as_the_text_one():
+    import json
+
+    from cli_util import run_cli
+
+    text = run_cli(["train", "--no-such-option"])
+    data = run_cli(["train", "--no-such-option", "--json"])
+    assert text.returncode == data.returncode == 2
+    hint = json.loads(data.stdout)["error"]["hint"]
+    assert hint == "cpuperf train --help" and f"hint: {hint}" in text.stderr
+
+
+def test_the_ipex_reason_names_its_retirement_once():
+    from cli_util import run_json
+
+    data, _ = run_json(["recommend", "--set", "dtype=fp32"], {"CPUPERF_OVERRIDE_PACKAGES": '{"torch": "2.13.0+cpu"}'})
+    (reason,) = [d["reason"] for d in data["decisions"] if d["id"] == "ipex"]
+    assert reason.count("archived") == 1 and reason.count("last CPU release") == 1, reason
+    assert "torch.compile" in reason  # what to use instead is still said
+
+
+def test_a_saved_plan_carries_no_host_name(tmp_path):
+    import socket
+
+    from cli_util import run_cli
+
+    plan = tmp_path / "plan.json"
+    proc = run_cli(["recommend", "--save", str(plan)])
+    assert proc.returncode == 0, proc.stderr
+    text = plan.read_text()
+    assert '"made_on"' not in text and f'"{socket.gethostname()}"' not in text
+    assert "never its name" in (ROOT / "docs" / "saved-plans.md").read_text()  # what the docs promise

@@ -236,16 +236,15 @@ def _measured_allreduce(names: List[str], rec: Recommendation) -> Any:
 
 def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
               subs: Sequence[NodePlan] = ()) -> str:
-    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
-    import socket
-
+    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically; never the host's name: the
+    same facts give the same file on every node, and a plan shared or committed tells no one where it was made."""
     from cpuperf import __version__
     from cpuperf.errors import from_os_error
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
     from cpuperf.plan.build import saved_plan_of
 
-    plan = saved_plan_of(facts, rec, jp, inputs, __version__, socket.gethostname() if facts.live else None, subs)
+    plan = saved_plan_of(facts, rec, jp, inputs, __version__, None, subs)
     try:
         atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"))
     except OSError as exc:

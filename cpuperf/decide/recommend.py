@@ -458,8 +458,9 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
         ctx.choose("ipex", False, no_intel_build("IPEX (intel_extension_for_pytorch)", facts) +
                    "; torch.compile (compile=true) is the portable way to fuse CPU kernels", evidence)
     elif not ok:
-        if newer_than_last("ipex", ctx.torch):
-            why += f" (IPEX is {retirement('ipex')}: {alternative('ipex')})"
+        if newer_than_last("ipex", ctx.torch):  # the retirement is said once: the why names it where not installed
+            retired = retirement("ipex")
+            why += f"; instead: {alternative('ipex')}" if retired in why else f" (IPEX is {retired}: {alternative('ipex')})"
         ctx.choose("ipex", False, why, evidence)
     elif "avx512f" not in facts.cpu.isa:
         ctx.choose("ipex", False, f"{why}, but this CPU has no AVX-512: IPEX brings little here",
