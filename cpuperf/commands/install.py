@@ -299,10 +299,31 @@ def _run(out: Output, opts: Options) -> int:
             render_plan(out, plan, product=True)
         return int(ExitCode.OK)
 
+    if _nothing_to_do(plan):
+        return _unchanged(out, plan)
     if not out.json_mode:
         render_plan(out, plan, product=False)
     _confirm(opts, out, plan)
     return _execute(plan, out, run_dir, env)
+
+
+def _nothing_to_do(plan: ip.InstallPlan) -> bool:
+    """Every planned package is installed already at its planned version (pip's dry run would install nothing, or
+    only what it marks "keep"): running pip would spend its start-up and resolution (15-33 s measured here) to
+    change nothing."""
+    return not plan.target.create_venv and all(p.action == "keep" for p in plan.packages)
+
+
+def _unchanged(out: Output, plan: ip.InstallPlan) -> int:
+    """The result of an install with nothing to do: no pip run, no transaction, nothing asked."""
+    if not plan.packages:  # pip's dry run would install nothing: every pin is kept as installed
+        plan = dataclasses.replace(plan, packages=tuple(dataclasses.replace(p, action="keep") for p in plan.requirements))
+    if out.json_mode:
+        out.json(plan.to_json({"status": "unchanged", "seconds": 0.0}))
+        return int(ExitCode.OK)
+    kept = ", ".join(f"{p.name} {p.version}" for p in plan.packages)
+    out.product(f"nothing to do: {plan.target.python} has every planned package already ({kept})")
+    return int(ExitCode.OK)
 
 
 def _plan_lock(opts: Options, out: Output, lock: ip.Lock, facts: Any, target: ip.Target, sources: ip.SourceSet,
