@@ -107,7 +107,7 @@ class Progress:
                  clock: Callable[[], float] = time.monotonic):
         self.say, self.what, self.every, self.gap, self.clock = say, what, every, gap, clock
         self.started = self.last = clock()
-        self.detail, self.left_s = "starting", None  # type: str, Optional[float]
+        self.detail, self.left_s = "", None  # type: str, Optional[float]
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -115,7 +115,7 @@ class Progress:
     def line(self) -> str:
         elapsed = self.clock() - self.started
         left = "" if self.left_s is None else f", about {_seconds(self.left_s)} left"
-        return f"{self.what}: {self.detail} ({_seconds(elapsed)} so far{left})"
+        return f"{self.what}{': ' + self.detail if self.detail else ''} ({_seconds(elapsed)} so far{left})"
 
     def update(self, detail: str, left_s: Optional[float] = None, now: bool = False) -> None:
         """The step moved on: said at once when `now` or `gap` seconds passed since the last line."""

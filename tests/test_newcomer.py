@@ -112,3 +112,33 @@ def test_a_saved_plan_carries_no_host_name(tmp_path):
     text = plan.read_text()
     assert '"made_on"' not in text and f'"{socket.gethostname()}"' not in text
     assert "never its name" in (ROOT / "docs" / "saved-plans.md").read_text()  # what the docs promise
+
+
+def test_a_run_says_what_it_does_before_its_first_step_and_between_log_lines(tmp_path, monkeypatch):
+    """The worker's start-up (torch's import, tokenizer, model, the first step) is said as it goes; between log
+    lines a plain log says the step at least every EVERY_S seconds."""
+    import io
+    import time
+
+    import pytest
+
+    from cpuperf.train import progress
+
+    pytest.importorskip("torch")
+    from cli_util import run_cli
+
+    proc = run_cli(["train", "--model", "micro", "--max-steps", "3", "--out", str(tmp_path / "run")], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    starting = [i for i, ln in enumerate(lines) if ln.startswith("cpuperf train: starting: ")]
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("step 1/3 "))
+    assert starting and starting[0] < first and "importing torch" in lines[starting[0]]
+    assert any("the first step" in lines[i] for i in starting)
+    assert not [i for i in starting if i > first]  # it ends with the first step's own line
+    monkeypatch.setattr(progress, "EVERY_S", 0.2)
+    stream = io.StringIO()
+    bar = progress.Progress("plain", 100, stream=stream)
+    bar.update(1)
+    time.sleep(0.3)
+    bar.update(2)
+    assert stream.getvalue().startswith("step 2/100 eta ")

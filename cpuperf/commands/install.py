@@ -28,7 +28,7 @@ from cpuperf.errors import (
     UsageError,
     exit_code_for_signal,
 )
-from cpuperf.output import Output
+from cpuperf.output import Output, Progress
 from cpuperf.plan import install as ip
 from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.run import pip as pd
@@ -513,7 +513,8 @@ def _dry_run(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path, out: Output, igno
     if ignore_installed:
         args.append("--ignore-installed")
     out.info(f"asking pip what it would install ({len(plan.requirements)} pinned package(s)) ...")
-    res = pip.run(args, timeout=1800)
+    with Progress(out.teller("cpuperf install: "), "pip is resolving the plan (reading the indexes)"):
+        res = pip.run(args, timeout=1800)
     if res.returncode != 0:
         raise PipFailedError("pip cannot satisfy the plan (nothing was changed): " + ip.error_summary(res.stderr),
                              hint=f"full log: {pip.log}")
@@ -682,7 +683,10 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
     try:
         _stash(plan, txn, out)
         out.info(f"installing with pip (log: {log}) ...")
-        res = pip.run(plan.pip_install_args(), timeout=7200)
+        changed = [p for p in plan.packages if p.action != "keep"]
+        what = ", ".join(f"{p.name} {p.version}" for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        with Progress(out.teller("cpuperf install: "), f"pip is downloading and installing {what or 'the plan'}"):
+            res = pip.run(plan.pip_install_args(), timeout=7200)
         if res.returncode != 0:
             raise txn.restore(f"pip failed (exit {res.returncode}): {ip.error_summary(res.stderr, site)}",
                               ExitCode.PIP_FAILED)

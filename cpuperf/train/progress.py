@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Dict, Optional, TextIO
+
+EVERY_S = 8.0  # the longest a plain log stays silent between step lines
 
 
 def _fmt_eta(seconds: Optional[float]) -> str:
@@ -23,6 +26,8 @@ class Progress:
             mode = "rich" if getattr(self.stream, "isatty", lambda: False)() else "plain"
         self.mode = mode
         self.total = total
+        self._t0 = self._last = time.monotonic()
+        self._first = start
         self._bar: Any = None
         self._task: Any = None
         if mode == "rich":
@@ -41,9 +46,20 @@ class Progress:
                                             loss="-", sps="-", tps="-")
 
     def update(self, step: int) -> None:
-        """Move the bar to `step`."""
+        """Move the bar to `step`; in plain mode, a short line where `EVERY_S` passed since the last one (ten
+        steps between log lines took a minute on a busy host)."""
         if self._bar is not None:
             self._bar.update(self._task, completed=step)
+        elif self.mode == "plain" and time.monotonic() - self._last >= EVERY_S:
+            rate = (step - self._first) / (time.monotonic() - self._t0) if step > self._first else 0.0
+            eta = (self.total - step) / rate if self.total and rate > 0 else None
+            total = f"/{self.total}" if self.total else ""
+            self._write(f"step {step}{total} eta {_fmt_eta(eta)}\n")
+
+    def _write(self, text: str) -> None:
+        self._last = time.monotonic()
+        self.stream.write(text)
+        self.stream.flush()
 
     def log(self, rec: Dict[str, Any], eta_s: Optional[float]) -> None:
         """Show one metrics record (step, loss, lr, samples_per_s, tokens_per_s)."""
@@ -52,19 +68,17 @@ class Progress:
                              sps=f"{rec['samples_per_s']:.1f}", tps=f"{rec['tokens_per_s']:.0f}")
         elif self.mode == "plain":
             total = f"/{self.total}" if self.total else ""
-            self.stream.write(
+            self._write(
                 f"step {rec['step']}{total} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                 f"samples/s {rec['samples_per_s']:.1f} tokens/s {rec['tokens_per_s']:.0f} "
                 f"eta {_fmt_eta(eta_s)}\n")
-            self.stream.flush()
 
     def note(self, text: str) -> None:
         """A one-line event (eval result, checkpoint written)."""
         if self.mode == "rich":
             self._bar.console.print(text)
         elif self.mode == "plain":
-            self.stream.write(text + "\n")
-            self.stream.flush()
+            self._write(text + "\n")
 
     def close(self) -> None:
         """Stop the live bar (leaves the last frame on screen)."""
