@@ -142,3 +142,17 @@ def test_a_run_says_what_it_does_before_its_first_step_and_between_log_lines(tmp
     time.sleep(0.3)
     bar.update(2)
     assert stream.getvalue().startswith("step 2/100 eta ")
+
+
+def test_readme_examples_run_on_a_two_core_host_or_say_what_they_need():
+    import re
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [ln for b in blocks for ln in b.splitlines() if ln.strip()]
+    assert lines
+    for line in lines:
+        ranks = re.search(r"--nproc[-_]per[-_]node[ =](\d+)", line)
+        if ranks and int(ranks.group(1)) > 1:
+            assert f"needs {ranks.group(1)}+ cores" in line, line
+        if "--hostfile" in line:
+            assert "needs a hostfile" in line, line
