@@ -207,6 +207,12 @@ def _err_write(text: str) -> None:
     sys.stderr.flush()
 
 
+def message(text: str) -> None:
+    """One message line on stderr, terminal-safe (inert): for code that has no Output at hand. Every message that
+    carries a value from a file, the environment or another process goes through here or through Output."""
+    _err_write(text)
+
+
 def colour_allowed(stream: Any) -> bool:
     """Colour and spinners only on a terminal, and never when NO_COLOR is set."""
     if os.environ.get("NO_COLOR") is not None:

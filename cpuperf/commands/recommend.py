@@ -365,6 +365,11 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
         if got[0].stopped == "failed":
             raise ProbeFailedError("the rule's point failed to run: nothing tuned",
                                    hint="check that torch imports: cpuperf doctor")
+        if entry.get("not_saved"):
+            from cpuperf.errors import CpuperfError
+
+            raise CpuperfError(f"--tune: not saved as a tuning: {entry['not_saved']}",
+                               hint="the rules decide this shape's plans until a tuning compares two settings")
     else:
         out.info("cached tuning (cpuperf bench --tune --refresh tunes again)")
         entry = cached

@@ -78,7 +78,9 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
 
 
 def _say(msg: str) -> None:
-    sys.stderr.write(f"cpuperf train: {msg}\n")
+    from cpuperf.output import message
+
+    message(f"cpuperf train: {msg}")
 
 
 def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), facts: Optional[HostFacts] = None,
@@ -188,12 +190,11 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
     import dataclasses
-    import tempfile
     import time
 
     from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
-    from cpuperf.plan.user_script import command_key, detect_parser, parse_command, tuning_argv
+    from cpuperf.plan.user_script import command_key, detect_parser, parse_command, script_digest
     from cpuperf.run import measure
     from cpuperf.run import tune as rtune
 
@@ -218,17 +219,21 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     def log(msg: str) -> None:
         out.info(f"cpuperf train: {msg}")
 
-    with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work:
-        argv = tuning_argv(given.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
-        result = rtune.tune(start, cand, lambda p: rtune.script_point(p, list(cand.values), argv, work), budget,
-                            int(rule["script_passes"]), log)
-    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
-             "command": list(given.user_argv)}
-    lines = rtune.summary(result, cand)
-    if result.stopped == "failed":
+    script_text = read_script(parsed.script)
+    found = rtune.tune_command(start, cand, given.user_argv, budget, log, int(rule["script_steps"]),
+                               int(rule["script_passes"]))
+    if found.why_not is not None:
+        raise CpuperfError(f"--tune: not saved as a tuning: {found.why_not}",
+                           hint="your command was measured, not changed; the rules decide its --auto runs")
+    result = found.result
+    if result is None or result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")
-    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv), entry)
+    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
+             "command": list(given.user_argv), "steps": found.steps,
+             "script_sha256": script_digest(script_text)}
+    lines = rtune.summary(result, cand)
+    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv, script_text), entry)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:

@@ -10,6 +10,7 @@ function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -138,6 +139,10 @@ class TuneResult:
                                   "alternatives": alts}
         return {lever: out[lever] for lever in LEVERS if lever in out}
 
+    def measured(self) -> int:
+        """How many settings have a figure: under two, nothing was compared."""
+        return len({p for r in self.rounds for p, s in (*r.samples.items(), *r.confirmation.items()) if s})
+
     def to_json(self) -> Dict[str, Any]:
         """What the cache keeps: start, best, the per-lever figures, the noise, how it stopped."""
         best = self.median(self.best)
@@ -178,7 +183,7 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
         if costs and clock() - t0 + statistics.mean(costs) * (1 + keep) > budget_s:
             return None
         began = clock()
-        got = [x for x in (run_one(p) or []) if x > 0]
+        got = [x for x in (run_one(p) or []) if math.isfinite(x) and x > 0]  # inf or 0 samples/s is no figure
         costs.append(clock() - began)
         return got
 

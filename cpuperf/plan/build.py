@@ -99,13 +99,15 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
     from cpuperf.decide.recommend import recommend
 
     meas = edge.measurements
-    tuned = _command_tuning(request, meas) if use_tuned else None
-    return recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=edge.nnodes, unit=request.unit,
+    tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
+    rec = recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=edge.nnodes, unit=request.unit,
                      device=request.device, measurements=meas, overrides=decided, tuned=tuned,
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
                      environ=edge.environ if facts.live else {},
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None)
+    # A tuning is of CPU levers: a plan on a GPU says nothing of one.
+    return rec if said is None or rec.get("device") != "cpu" else replace(rec, notes=(*rec.notes, said))
 
 
 def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, auto: bool) -> JobRequest:
@@ -139,14 +141,28 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
     return list(script.argv), None, {**script.to_json(), "_script": script}
 
 
-def _command_tuning(request: PlanRequest, meas: Optional[Measurements]) -> Optional[Tuple[Dict[str, Any], str]]:
-    """(the cached `train --tune` result for this command, where) for an --auto run of a user's command, else None."""
-    if not (request.auto and request.user_argv and meas is not None):
-        return None
+def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_text: Optional[str]
+                    ) -> Tuple[Optional[Tuple[Dict[str, Any], str]], Optional[str]]:
+    """(the cached `train --tune` result for this command and where, a note saying which tuning the plan uses or
+    that none is cached) for an --auto run of a user's command; (None, None) otherwise."""
+    if not (request.auto and request.user_argv):
+        return None, None
+    import time
+
     from cpuperf.plan.user_script import command_key
 
-    entry = meas.tuned_by_command.get(command_key(list(request.user_argv)))
-    return (entry, "on this command") if entry else None
+    entry = (meas.tuned_by_command if meas is not None else {}).get(command_key(list(request.user_argv), script_text))
+    if not entry:
+        return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
+                      "`cpuperf train --tune -- <command>` tunes it")
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.tune import too_noisy
+
+    if too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
+        return (entry, "on this command"), None  # recommend says why it is not used
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
+    return (entry, "on this command"), (f"the tuning of this command from {when} ({entry.get('runs')} runs, "
+                                        f"{len(entry.get('levers') or {})} lever(s) compared) decides the tuned levers")
 
 
 def _from_saved(request: PlanRequest, plan: SavedPlan, edge: EdgeFacts, facts: HostFacts,

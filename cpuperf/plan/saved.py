@@ -303,6 +303,11 @@ def _decision(raw: Any, index: int) -> Decision:
     if value is not None:
         if not isinstance(value, (str, int, float, bool)) or isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{w} ({did}).value must be a string, number or true/false")
+        kind = BY_ID[did].kind  # typed as the docs say: true/false is no string, a count no text
+        if kind == "bool" and not isinstance(value, bool) or kind == "int" and (
+                not isinstance(value, int) or isinstance(value, bool)) or kind == "choice" and not isinstance(value, str):
+            need = {"bool": "true or false", "int": "a whole number"}.get(kind, "one of its choices as a string")
+            raise ValueError(f"{w} ({did}).value must be {need}, not {json.dumps(value)[:40]}")
         try:
             value = coerce(did, "true" if value is True else "false" if value is False else str(value))
         except UsageError as exc:
@@ -365,7 +370,7 @@ def env_name_problem(name: str) -> Optional[str]:
     if not name.startswith(tuple(rules["families"])) or not envplan.valid_name(name):
         return "not a variable cpuperf plans (a plan carries only OMP_*, KMP_*, CCL_*, I_MPI_*, ... and LD_PRELOAD)"
     if name in rules["refused"] or any(part in name for part in rules["refused_parts"]):
-        return "names a file or loads code; a plan never sets it"
+        return "names or writes a file, or loads code; a plan never sets it"
     return None
 
 
@@ -380,6 +385,8 @@ def env_value_problem(name: str, value: str) -> Optional[str]:
     if name == "LD_PRELOAD":
         bad = next((e for e in value.split(":") if not _PRELOAD_ENTRY.fullmatch(e) or "/../" in e), None)
         return None if bad is None else f"{bad[:60]!r} is not an absolute path of a shared library"
+    if name == "MALLOC_CONF" and any(opt.split(":", 1)[0].strip().startswith("prof") for opt in value.split(",")):
+        return "jemalloc's prof options write heap profiles to files; a plan never sets them"
     unsafe = envplan.shell_safe(value)
     if unsafe is not None:
         return unsafe
@@ -392,12 +399,15 @@ def env_value_problem(name: str, value: str) -> Optional[str]:
 
 
 def loads(text: str) -> SavedPlan:
-    """A saved plan from its JSON; ValueError naming what is wrong."""
-    data = json.loads(text)
+    """A saved plan from its JSON; ValueError naming what is wrong (a key given twice included: which one counts
+    would be a parser's guess)."""
+    from cpuperf.readback import loads as read_back
+
+    data = read_back(text)
     plan = _from_json(data)
-    nodes = data.get("nodes") or {}
-    if not isinstance(nodes, dict):
-        raise ValueError("nodes must map node names to plans")
+    nodes = data.get("nodes", {})
+    if not isinstance(nodes, dict) or "nodes" in data and not nodes:
+        raise ValueError("nodes must map node names to their plans (absent for a plan of one node)")
     if nodes:
         from cpuperf.probe.hosts import valid_host  # (imports the resolver: only for plans over several nodes)
 
@@ -420,6 +430,8 @@ _TOP = ("schema", "cpuperf", "made_on", "host", "stack", "inputs", "decisions", 
 
 
 def _from_json(data: Any) -> SavedPlan:
+    from cpuperf.probe.parse import parse_cpulist
+
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if data.get("schema") != SCHEMA:
@@ -438,6 +450,10 @@ def _from_json(data: Any) -> SavedPlan:
     made_on = _need(data, "made_on", str, "", True) if "made_on" in data else None
     rec = Recommendation(decisions, _placement(data.get("placement"), host), _workload(data.get("workload")),
                          notes, stack, oversubscribe)
+    threads = {slot.threads for slot in rec.placement.slots}
+    if len(threads) == 1 and rec.get("threads_per_rank") not in threads:
+        raise ValueError(f"decision threads_per_rank is {str(rec.get('threads_per_rank'))[:40]} but the placement runs "
+                         f"{threads.pop()} thread(s) per rank (in 1..{len(parse_cpulist(host['usable_cpus']) or ())})")
     if rec.get("nproc_per_node") != rec.placement.nproc_per_node:
         raise ValueError(f"decision nproc_per_node is {rec.get('nproc_per_node')} but the placement has "
                          f"{rec.placement.nproc_per_node} rank slot(s)")

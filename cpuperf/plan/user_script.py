@@ -496,15 +496,6 @@ def rejected_flags(code: int, wall_s: float, output: str, script: Optional[Scrip
 
 # -- tuning on the command itself (cpuperf train --tune) ----------------------------------------------
 
-# Not part of what a command is: the flags cpuperf adds itself (speed_flags), the run length and where it
-# writes (a tuning run sets both). A later `--auto` run of the same command finds its tuning.
-_NOT_IN_KEY = ("--use_cpu", "--no_cuda", "--bf16", "--fp16", "--half_precision_backend", "--optim", "--optim_args",
-               "--ddp_backend", "--dataloader_num_workers", "--dataloader_pin_memory", "--torch_compile",
-               "--torch_compile_backend", "--torch_compile_mode", "--gradient_checkpointing",
-               "--activation_checkpointing", "--tf32", "--use_ipex", "--max_steps", "--num_train_epochs",
-               "--output_dir")
-
-
 def _pairs(args: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
     """(option, value or None) items, `--k=v` split; a bare word after an option is its value."""
     out: List[Tuple[str, Optional[str]]] = []
@@ -523,9 +514,17 @@ def _pairs(args: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
     return out
 
 
-def command_key(argv: Sequence[str]) -> str:
-    """The key a tuning of this command is cached under: its argv normalized (script path resolved, `--k=v`
-    split, options sorted), without the flags cpuperf adds, the run length or the output directory."""
+def script_digest(script_text: Optional[str]) -> Optional[str]:
+    """sha256 of the script's text (None: no script read): an edited script is another command."""
+    import hashlib
+
+    return None if script_text is None else hashlib.sha256(script_text.encode("utf-8", "replace")).hexdigest()
+
+
+def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
+    """The key a tuning of this command is cached under: its exact argument list, in order (the script's path
+    resolved), with the script's content; only the run length and the output directory are left out (a tuning
+    run sets both, and a later run of any length is the same command)."""
     import hashlib
     import json
 
@@ -533,9 +532,11 @@ def command_key(argv: Sequence[str]) -> str:
     head = list(argv[:len(argv) - len(cmd.script_args)])
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]
-    kept = sorted((_norm(k) if k.startswith("-") else k, v or "") for k, v in _pairs(cmd.script_args)
-                  if _norm(k) not in _NOT_IN_KEY)
-    return hashlib.sha256(json.dumps([head, kept]).encode()).hexdigest()[:16]
+    kept = [[k, v] for k, v in _pairs(cmd.script_args) if _norm(k) not in _RUN_LENGTH]
+    return hashlib.sha256(json.dumps([head, kept, script_digest(script_text)]).encode()).hexdigest()[:16]
+
+
+_RUN_LENGTH = ("--max_steps", "--num_train_epochs", "--output_dir")
 
 
 def tuning_argv(argv: Sequence[str], steps: int, out_dir: str) -> List[str]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import compile_worth_measuring
@@ -54,75 +54,46 @@ def host_id(facts: HostFacts) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-_NUMBERS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_fp16_gflops")
-_COMPILE_NUMBERS = ("compile_seconds", "speedup", "step_seconds", "batch")
+class CacheUnusable(ValueError):
+    """A measurement file nothing can be used from (not a file, not JSON, no date or torch build): one line."""
 
 
-def _validated(data: Any) -> Dict[str, Any]:
-    """A measurements object with finite positive numbers where the engine does arithmetic; else ValueError."""
-    import math
+def _validated(data: Any, where: str = "", identity: bool = True) -> Dict[str, Any]:
+    """The measurements that fit the schema (cpuperf.decide.measurement_schema): a bad field or entry is dropped
+    alone and said once, naming it; CacheUnusable where the file's date or torch build does not fit."""
+    from cpuperf.decide.measurement_schema import NotUsable, sanitized
 
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    for key in _NUMBERS:
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise ValueError(f"{key} is not a positive number")
-    by_model = data.get("compile_by_model", {})
-    if not isinstance(by_model, dict) or not all(isinstance(v, dict) for v in by_model.values()):
-        raise ValueError("compile_by_model is not an object of objects")
-    for key, entry in by_model.items():
-        for name in _COMPILE_NUMBERS:
-            value = entry.get(name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"compile_by_model.{key}.{name} is not a positive number")
-    for kind in ("tuned_by_shape", "tuned_by_command"):
-        _validate_tuned(kind, data.get(kind, {}))
-    speedups = data.get("allocator_speedup", {})
-    if not isinstance(speedups, dict):
-        raise ValueError("allocator_speedup is not an object")
-    for key, value in speedups.items():
-        ok = isinstance(value, dict) if key.endswith("_by_workload") else \
-            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-        if not ok:
-            raise ValueError(f"allocator_speedup.{key} is not a positive number")
-    return data
+    try:
+        kept, notes = sanitized(data, identity)
+    except NotUsable as exc:
+        raise CacheUnusable(str(exc)) from None
+    for note in notes:
+        _say_once(f"note: dropped {note} from {where or 'the measurements'} (the rest is used)")
+    return kept
 
 
-def _validate_tuned(kind: str, entries: Any) -> None:
-    """Tuning results (cpuperf.decide.tune): objects whose figures are positive numbers; else ValueError."""
-    import math
-
-    def positive(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-    if not isinstance(entries, dict):
-        raise ValueError(f"{kind} is not an object")
-    for key, entry in entries.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("best"), dict) \
-                or not isinstance(entry.get("levers", {}), dict):
-            raise ValueError(f"{kind}.{key} is not a tuning result")
-        if not _point_ok(entry["best"]):
-            raise ValueError(f"{kind}.{key}.best is not a point cpuperf can run")
-        for lever, fig in entry.get("levers", {}).items():
-            alts = fig.get("alternatives") if isinstance(fig, dict) else None
-            if not (isinstance(fig, dict) and positive(fig.get("figure")) and isinstance(fig.get("value"), str)
-                    and isinstance(alts, dict) and all(positive(v) for v in alts.values())):
-                raise ValueError(f"{kind}.{key}.levers.{lever} is not a measured figure")
+_SAID: Set[str] = set()
 
 
-def _point_ok(best: Dict[str, Any]) -> bool:
-    """A tuned point's values from the closed sets of the one vocabulary (a recorded file comes from elsewhere)."""
-    from cpuperf.knowledge.knobs import BY_ID
+def _say_once(line: str) -> None:
+    """A note about a file, once per process (several readers read the same cache in one command)."""
+    from cpuperf.output import message
 
-    def count(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096
+    if line not in _SAID:
+        _SAID.add(line)
+        message(line)
 
-    return (best.get("dtype") in BY_ID["dtype"].choices and best.get("allocator") in BY_ID["allocator"].choices
-            and best.get("optimizer") in (None, *BY_ID["optimizer"].choices) and count(best.get("ranks"))
-            and count(best.get("threads")) and isinstance(best.get("pinned"), bool)
-            and isinstance(best.get("compile", False), bool))
+
+def _read_file(path: Path, identity: bool = True) -> Dict[str, Any]:
+    """A measurement file: bounded, never blocking (cpuperf.readback), checked; CacheUnusable or OSError."""
+    from cpuperf.readback import read_json
+
+    try:
+        return _validated(read_json(path), str(path), identity)
+    except ValueError as exc:  # readback.Unreadable, fsutil.InputRefused
+        if isinstance(exc, CacheUnusable):
+            raise
+        raise CacheUnusable(str(exc).replace(f"{path} ", "")) from None
 
 
 def _rules() -> Dict[str, Any]:
@@ -176,38 +147,31 @@ RECORDED_FILE = ".cpuperf/measurements.json"
 
 
 def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
+    """This host's cache (a recorded host's own measurement for a snapshot), as far as it fits its schema; None
+    when there is none or nothing in it can be used (said once, and the command goes on without it)."""
     if not facts.live:
         return _read_recorded(Path(str(facts.sysroot)) / RECORDED_FILE)
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
-        data = _validated(json.loads(path.read_bytes().decode("utf-8")))
+        return _read_file(path), path
     except FileNotFoundError:
         return None, path
     except OSError as exc:  # unreadable: say so once, measure or decide without it
-        sys.stderr.write(f"note: ignoring the measurement cache {path}: {exc.strerror}\n")
-        return None, path
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        # Corrupt (a torn write, a hand edit): removed, so the next bench or --auto run measures again.
-        try:
-            path.unlink()
-            what = "removed"
-        except OSError:
-            what = "ignored"
-        sys.stderr.write(f"note: {what} the corrupt measurement cache {path} ({type(exc).__name__})\n")
-        return None, path
-    return data, path
+        _say_once(f"note: ignoring the measurement cache {path}: {exc.strerror or exc}")
+    except CacheUnusable as exc:
+        _say_once(f"note: ignoring the measurement cache {path}: {exc} (cpuperf bench --refresh measures again)")
+    return None, path
 
 
 def _read_recorded(path: Path) -> Tuple[Optional[Dict[str, Any]], Path]:
     """A snapshot's recorded measurement (read-only: never removed, even when it is bad)."""
-    from cpuperf.fsutil import InputRefused, read_capped
-
     try:
-        return _validated(json.loads(read_capped(str(path)).decode("utf-8"))), path
+        return _read_file(path), path
     except FileNotFoundError:
         return None, path
-    except (OSError, InputRefused, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        sys.stderr.write(f"note: ignoring the recorded measurement {path} ({type(exc).__name__})\n")
+    except (OSError, CacheUnusable) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _say_once(f"note: ignoring the recorded measurement {path}: {why}")
         return None, path
 
 
@@ -261,26 +225,18 @@ def expiry(facts: HostFacts) -> Optional[float]:
     """When the measurement load_cached() reads for `facts` expires (seconds since the epoch); None without one
     (or an expired one, which is not used). Silent: read_cached() reports a bad file. What remembers a decision
     made from the measurement keeps it until then."""
-    from cpuperf.fsutil import InputRefused, read_capped
-
-    path = cache_dir() / f"{host_id(facts)}.json" if facts.live else Path(str(facts.sysroot)) / RECORDED_FILE
-    try:
-        data = _validated(json.loads(read_capped(str(path)).decode("utf-8")))
-        until = float(data.get("measured_at") or 0) + float(_rules()["max_age_days"]) * 86400
-    except (OSError, InputRefused, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+    data, _ = read_cached(facts)
+    if data is None:
         return None
+    until = float(data["measured_at"]) + float(_rules()["max_age_days"]) * 86400
     return until if until > time.time() else None
 
 
 def load_file(path: str) -> Measurements:
     try:
-        from cpuperf.fsutil import read_capped  # a device or FIFO is refused, never read forever
-
-        data = _validated(json.loads(read_capped(path).decode("utf-8")))
-    except (OSError, ValueError, RecursionError) as exc:  # fsutil.InputRefused is a ValueError  # UnicodeDecodeError is a ValueError
-        from cpuperf.errors import UsageError
-
-        why = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        data = _read_file(Path(path), identity=False)  # a device or FIFO is refused, never read forever
+    except (OSError, CacheUnusable) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:120]
         raise UsageError(f"cannot read measurements {path}: {why}", hint="pass a JSON file written by cpuperf bench --json") from exc
     return Measurements.from_json({**data, "source": f"file {path}"})
 
