@@ -103,7 +103,7 @@ class Progress:
     user never waits more than that in silence (a torch import or one round on a loaded host can take longer).
     `say` None: nothing is said."""
 
-    def __init__(self, say: Optional[Callable[[str], Any]], what: str, every: float = 8.0, gap: float = 3.0,
+    def __init__(self, say: Optional[Callable[[str], Any]], what: str, every: float = 6.0, gap: float = 3.0,
                  clock: Callable[[], float] = time.monotonic):
         self.say, self.what, self.every, self.gap, self.clock = say, what, every, gap, clock
         self.started = self.last = clock()
@@ -130,7 +130,7 @@ class Progress:
             self.say(ProgressLine(self.line()))
 
     def _tick(self) -> None:
-        while not self._stop.wait(min(1.0, self.every / 4)):
+        while not self._stop.wait(min(0.5, self.every / 4)):  # a loaded host delays a wake-up: margin under 10 s
             with self._lock:
                 if self.clock() - self.last >= self.every:
                     if self.left_s is not None:  # the estimate counts down between the step's own updates

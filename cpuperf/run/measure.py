@@ -448,7 +448,7 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
     side by side (cpuperf.decide.ratios): one server process per allocator, asked in alternating order, round after
     round, until each ratio decides or the time budget ends (counted once torch has started and the models are
     warm). A ratio still too noisy to decide is left out of the figures the plan reads (the rule decides) and named
-    in `undecided`; said once, through `log`, as is how far it has got (at least every 8 s)."""
+    in `undecided`; said once, through `log`, as is how far it has got (at least every 6 s)."""
     from cpuperf.output import Progress
 
     rules = _rules()
@@ -469,15 +469,16 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
                                            hint="check that torch imports: cpuperf doctor")
                 out.setdefault("threads", hello.get("threads"))
                 out.setdefault("torch", hello.get("torch"))
-            deadline = time.monotonic() + budget  # torch started: from here on, bounded
-            progress.update("warming up (building the reference models once per process)",
-                            left_s=budget)
+            progress.update("warming up (building the reference models once per process)")
             for server in servers.values():  # not timed: oneDNN primitives, the models, the optimizer's state
                 for kind in (["fp32", "bf16"] if server is servers["default"] else []):
                     server.ask({"gemm": kind, "size": size, "seconds": 0.01}, timeout=300.0)
                 for w in (_WORKLOADS if libs else ()):
                     server.ask({"workload": w, "size": "small", "seconds": 0.01}, timeout=600.0)
-            gemm_deadline = time.monotonic() + max(0.0, deadline - time.monotonic()) * (0.3 if libs else 1.0)
+            # The rounds are what the budget bounds (starting torch and the warm-up have their own time-outs): a
+            # warm-up that took the whole budget on a busy host left one round, and nothing decided.
+            deadline = time.monotonic() + budget
+            gemm_deadline = time.monotonic() + budget * (0.3 if libs else 1.0)
             out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress, rules))
             if libs:
                 out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out)
@@ -516,10 +517,17 @@ def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, ov
     if ratio.decided(min_rounds, max_spread):
         out["gemm_bf16_gflops"] = round(statistics.median(rates["bf16"]), 3)
     else:
-        out["undecided"]["dtype"] = (f"{ratio.name} {ratio.describe()}: too noisy to decide (spread "
-                                     f"{ratio.spread * 100:.0f}%, rounds on both sides of {ratio.threshold:.2f}x), so "
-                                     "the rule decides the dtype; `cpuperf bench --refresh` measures again")
+        out["undecided"]["dtype"] = f"{ratio.name} {ratio.describe()}: {_why_undecided(ratio, min_rounds)}, so the " \
+                                    "rule decides the dtype; `cpuperf bench --refresh` measures again"
     return out
+
+
+def _why_undecided(ratio: Any, min_rounds: int) -> str:
+    """Why a ratio did not decide within the budget: too few rounds, or rounds on both sides and far apart."""
+    if len(ratio.rounds) < min_rounds:
+        return f"only {len(ratio.rounds)} of the {min_rounds} rounds it needs fitted in the time budget"
+    return (f"too noisy to decide (rounds {ratio.spread * 100:.0f}% apart, on both sides of "
+            f"{ratio.threshold:.2f}x)")
 
 
 def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Any,
@@ -561,8 +569,8 @@ def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], d
             out["ratios"][f"{name}_on_{w}"] = r.to_json(min_rounds, max_spread)
             if not r.decided(min_rounds, max_spread):
                 out["undecided"][f"allocator {name} on {w}"] = (
-                    f"{r.name} {r.describe()}: too noisy to decide, so it does not count (the default allocator "
-                    "stays unless a measured ratio says otherwise); `cpuperf bench --refresh` measures again")
+                    f"{r.name} {r.describe()}: {_why_undecided(r, min_rounds)}, so it does not count (the default "
+                    "allocator stays unless a measured ratio says otherwise); `cpuperf bench --refresh` measures again")
         if decided:
             speedups[name] = round(math.exp(sum(math.log(v) for v in decided.values()) / len(decided)), 4)
             speedups[f"{name}_by_workload"] = {w: round(v, 4) for w, v in decided.items()}

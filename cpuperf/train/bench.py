@@ -282,8 +282,7 @@ def _workload_rate(cfg: Dict[str, Any], cache: Dict[Any, Any]) -> float:
             loss_fn(model).backward()
             opt.step()
 
-        for _ in range(2):  # the first steps carry oneDNN primitive creation and the optimizer's state
-            step()
+        step()  # the first step carries oneDNN primitive creation and the optimizer's state
         cache[key] = step
     return best_window(cache[key], float(batch), float(cfg.get("seconds", 1.0)), int(cfg.get("windows", 1)))
 

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any, Dict, Optional, TextIO
 
-EVERY_S = 8.0  # the longest a plain log stays silent between step lines
+EVERY_S = 6.0  # the longest a plain log stays silent between step lines (but for a step longer than that)
 
 
 def _fmt_eta(seconds: Optional[float]) -> str:

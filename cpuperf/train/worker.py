@@ -162,7 +162,7 @@ def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[Dict[str, Any
     lock = claim(settings.out_dir, settings.resume) if _rank(os.environ) == 0 else None
     say = _say if _rank(os.environ) == 0 and settings.progress != "off" else None
     # Until its first step a run prints nothing of its own (torch's import, the tokenizer, the model, oneDNN's
-    # warm-up: a minute or more on a busy host): said at least every 8 s, and what it is doing.
+    # warm-up: a minute or more on a busy host): said at least every 6 s, and what it is doing.
     with Progress(say, "cpuperf train: starting") as start:
         start.update("importing torch", now=True)
         try:
