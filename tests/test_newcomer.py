@@ -142,6 +142,9 @@ def test_a_run_says_what_it_does_before_its_first_step_and_between_log_lines(tmp
     time.sleep(0.3)
     bar.update(2)
     assert stream.getvalue().startswith("step 2/100 eta ")
+    time.sleep(0.8)  # no step ends: the timer says where the run is all the same
+    bar.close()
+    assert stream.getvalue().count("step 2/100 eta ") >= 2
 
 
 def test_readme_examples_run_on_a_two_core_host_or_say_what_they_need():
