@@ -693,7 +693,8 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
         expected = _expected_versions(plan, pip)
         modules = _modules(plan)
         out.info("verifying: importing " + ", ".join(modules.values()) + " in the target interpreter ...")
-        ver = pd.verify(plan.target.python, plan.env, expected, modules)
+        with Progress(out.teller("cpuperf install: "), "verifying (importing torch: tens of seconds on a busy host)"):
+            ver = pd.verify(plan.target.python, plan.env, expected, modules)
         if not ver.ok:
             raise txn.restore("verification failed after pip ran: " + "; ".join(ver.problems), ExitCode.PIP_FAILED)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: pip's group is dead already

@@ -482,13 +482,20 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
             out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress, rules))
             if libs:
                 out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out)
+            progress.update("stopping the measuring processes")
+            _close(servers)  # inside the progress: a busy host took 20 s here, in silence
     finally:
-        for server in servers.values():
-            server.close()
+        _close(servers)
     for line in out["undecided"].values():
         if log:
             log(line)
     return out
+
+
+def _close(servers: Mapping[str, _Server]) -> None:
+    for server in servers.values():
+        if server.proc.poll() is None:
+            server.close()
 
 
 def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Any,
