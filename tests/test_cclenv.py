@@ -155,8 +155,8 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
     assert recorded_backend("nccl", {}, "NCCL for NVIDIA GPUs") is None
     rec = recommend(arm, PRESETS["tiny"], nproc_per_node=2, device="cpu", overrides={"oversubscribe": True})
     assert decisions_of(arm, rec).backend == cpu_backend(arm, rec.stack, None)
-    nccl = tuple(dataclasses.replace(d, value="nccl", evidence={}) if d.id == "ddp_backend" else d for d in rec.decisions)
-    gpu_plan = dataclasses.replace(rec, decisions=nccl)
+    nccl = dataclasses.replace(rec.levers.ddp_backend, value="nccl", evidence={})
+    gpu_plan = dataclasses.replace(rec, levers=dataclasses.replace(rec.levers, ddp_backend=nccl))
     assert decisions_of(arm, gpu_plan).backend == cpu_backend(arm, rec.stack, None)
     # one rank records what several would use by the same rule, so ccl-env gives one reason on either count
     one = recommend(arm, PRESETS["tiny"], nproc_per_node=1, device="cpu")

@@ -174,7 +174,7 @@ def _checked(opts: Options, env: Mapping[str, str]) -> _Job:
     from cpuperf.probe.slurm import slurm_facts
 
     slurm = slurm_facts(env)  # the job's nodes as train counts them: the same rule, the same answer
-    planned = int(saved_plan.rec.get("nnodes") or 1) if saved_plan is not None else None
+    planned = saved_plan.rec.levers.nnodes.value if saved_plan is not None else None
     hosts, nodes = job_nodes(opts.nnodes, hosts, slurm.allocation, planned)
     slurm_first = slurm.nodes[0] if slurm.allocation and slurm.nodes else None
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env, slurm_first)

@@ -138,7 +138,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     save = kwargs.pop("save", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs, out=out)
-    kwargs["nnodes"] = int(rec.get("nnodes") or 1)  # the job's count as decided: what --replan plans for again
+    kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
     subs: List[Any] = []
     if node_facts or probe_nodes:
         facts, rec, subs = cluster_plan(out, facts, rec, hosts, node_facts)
@@ -160,8 +160,8 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         **extra,
     }
     if subs:
-        result["nodes"] = {name: {"threads_per_rank": r.get("threads_per_rank"), "dtype": r.get("dtype"),
-                                  "nproc_per_node": r.get("nproc_per_node")} for name, _, r, _ in subs}
+        result["nodes"] = {name: {"threads_per_rank": r.levers.threads_per_rank.value, "dtype": r.levers.dtype.value,
+                                  "nproc_per_node": r.levers.nproc_per_node.value} for name, _, r, _ in subs}
     if save:
         result["saved"] = save_plan(save, facts, rec, jp, kwargs, subs)
         out.info(f"plan saved to {save}: run it with `cpuperf train --plan {save}` or `cpuperf ccl-env --plan {save}`")
@@ -219,7 +219,8 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
                                hint="cpuperf doctor --hostfile FILE --save-facts DIR/ names why; then --node-facts DIR/")
     subs = cluster_plans(names, by_name, rec, hosts, _measured_allreduce(names, rec))
     for name, _, r, _ in subs:
-        out.info(f"node {name}: {r.get('nproc_per_node')} rank(s) x {r.get('threads_per_rank')} thread(s), {r.get('dtype')}")
+        lv = r.levers
+        out.info(f"node {name}: {lv.nproc_per_node.value} rank(s) x {lv.threads_per_rank.value} thread(s), {lv.dtype.value}")
     first = subs[0]
     return first[1], first[2], subs
 
@@ -227,7 +228,7 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
 def _measured_allreduce(names: List[str], rec: Recommendation) -> Any:
     """The cached allreduce across exactly these nodes (`cpuperf doctor --hostfile FILE --collectives`), unless
     the user set the DDP backend: what the planner picks the backend and bucket size from."""
-    if any(d.id == "ddp_backend" and d.overridden for d in rec.decisions):
+    if rec.levers.ddp_backend.overridden:
         return None
     from cpuperf.run.collectives import read_cached
 

@@ -112,7 +112,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                     if request.plan else (None, []))
     mpi = mpi_flavour(facts)
     hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
-                              int(saved.rec.get("nnodes") or 1) if saved is not None else None)
+                              saved.rec.levers.nnodes.value if saved is not None else None)
     master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
@@ -176,7 +176,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
                   "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                  "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
+                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
         if out.json_mode:
             out.json(result)
         else:
@@ -207,7 +207,7 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
                               "(HfArgumentParser)")
     jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False,
                     say=out.teller("cpuperf train: "))
-    if jp.rec.get("device") != "cpu":
+    if jp.rec.levers.device.value != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
     start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
@@ -307,8 +307,11 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         result["plot"] = _plot(out, jp.request.out_dir)
     if out.json_mode:
         out.json(result)
-    elif not user:
-        out.product(_human(result))
+    else:
+        for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
+            out.info(line)
+        if not user:
+            out.product(_human(result))
     return 0
 
 
@@ -327,6 +330,25 @@ def _plot(out: Output, run_dir: str) -> List[str]:
 
 def _hf_json(jp: JobPlan) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in jp.hf.items() if k != "_script"} or None
+
+
+def _lever_report(jp: JobPlan) -> Any:
+    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied."""
+    from cpuperf.plan.applied import lever_report, rendered_job
+
+    return lever_report(jp.rec.levers, rendered_job(jp))
+
+
+def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, Any]]]:
+    from cpuperf.plan.applied import split
+
+    return split(_lever_report(jp))
+
+
+def _lever_lines(jp: JobPlan) -> List[str]:
+    from cpuperf.plan.applied import report_lines
+
+    return ["lever " + line for line in report_lines(_lever_report(jp))]
 
 
 def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
@@ -363,7 +385,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
     if jp.request.user_argv:
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                "decisions": list(jp.decisions),
+                "decisions": list(jp.decisions), "levers": _levers(jp),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
@@ -373,7 +395,8 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
         raise LaunchFailedError("the training run ended without a summary in its metrics file",
                                 hint=f"see the logs under {plan.log_dir}")
     summary = {k: val for k, val in summary.items() if k != "type"}
-    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "launch": launch,
+    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "levers": _levers(jp),
+            "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
 
 
@@ -472,6 +495,7 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
         from cpuperf.plan.user_script import applied_lines
 
         lines.extend("# " + line for line in applied_lines(applied))
+    lines.extend("# " + line for line in _lever_lines(jp))
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
     from cpuperf.run.said import first_time

@@ -315,7 +315,7 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
     rule = rules()
     budget = float(budget_s if budget_s is not None else rule["budget_s"])
     rec = recommend(facts, workload, measurements=meas, shape_tuning=False, environ={})
-    if rec.get("device") != "cpu":
+    if rec.levers.device.value != "cpu":
         return None
     start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, load_builtin("tuning.toml"))
     base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule["seconds"], "steps": rule["steps"],
