@@ -54,7 +54,9 @@ class SavedPlan:
         return data
 
     def _own_json(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA, "cpuperf": self.cpuperf, "made_on": self.made_on, "host": self.host,
+        # made_on: only a plan read from an older file has one; a plan carries no host name (docs/saved-plans.md)
+        return {"schema": SCHEMA, "cpuperf": self.cpuperf, **({"made_on": self.made_on} if self.made_on else {}),
+                "host": self.host,
                 "stack": self.stack, "inputs": self.inputs,
                 "decisions": [d.to_json() for d in self.rec.decisions],
                 "placement": self.rec.placement.to_json(), "workload": self.rec.workload.to_json(),
