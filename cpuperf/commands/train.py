@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.decide.nodes import job_nodes
@@ -77,11 +77,18 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc)
 
 
+def _say(msg: str) -> None:
+    from cpuperf.output import message
+
+    message(f"cpuperf train: {msg}")
+
+
 def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), facts: Optional[HostFacts] = None,
-               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True) -> JobPlan:
+               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True,
+               say: Callable[[str], None] = _say) -> JobPlan:
     """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
     measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
-    `use_tuned` False: the rules' plan (the start of `--tune`)."""
+    `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
     environ = dict(os.environ if environ is None else environ)
     argv = request.user_argv
     steps = request.steps
@@ -123,9 +130,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     out_dir = run_dir(request.out_dir, resume=request.resume, create=not request.dry_run)
     try:
         if saved is not None:  # the cache the saved plan's decisions read, said only where it plans again
-            meas = planning_measurements(facts, _say if diffs else None)
+            meas = planning_measurements(facts, say if diffs else None)
         else:
-            meas = train_measurements(facts, environ, _say, auto=request.auto, threads=threads,
+            meas = train_measurements(facts, environ, say, auto=request.auto, threads=threads,
                                       shape=workload if not argv and not request.has_sets else None)
         node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
                                  locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
@@ -140,12 +147,6 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         if request.out_dir is None and not request.dry_run and not request.resume:
             remove_if_empty(out_dir)  # made for this run, which never started
         raise
-
-
-def _say(msg: str) -> None:
-    from cpuperf.output import message
-
-    message(f"cpuperf train: {msg}")
 
 
 def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
@@ -177,7 +178,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if options.tune:
         return _run_tune(out, given, options)
     request = train_request(given, options)
-    jp = build_plan(request, options)
+    jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
@@ -211,7 +212,8 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
-    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False)
+    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False,
+                    say=out.teller("cpuperf train: "))
     if jp.rec.levers.device.value != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
@@ -270,7 +272,9 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None else ""))  # new per run: say which
+             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
+             + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
+                if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
@@ -520,8 +524,11 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
         lines.append(f"# file {path} (written before the script starts): {text}")
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
-    for note in jp.notes:
-        out.info(f"note: {note}")
+    from cpuperf.run.said import first_time
+
+    for note in jp.notes:  # in --json every time; on stderr the first time a plan carries it
+        if not out.quiet and first_time("plan-notes", note):
+            out.info(f"note: {note}")
 
 
 __all__ = ["TrainOptions", "train_request", "run_train", "build_plan", "CpuperfError"]

@@ -497,6 +497,8 @@ def _cpu_dtype(ctx: _Context, evidence: Dict[str, Any]) -> Tuple[Dtype, str]:
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
+        elif meas.undecided.get("dtype"):
+            why += f" (rule for {engine}: measured here, but {meas.undecided['dtype']})"
         else:
             why += f" (rule for {engine}, not measured on this host: `cpuperf bench` measures it)"
     return dtype, why
@@ -578,8 +580,9 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> Decision[bool]:
         return ctx.choose(pin, "ipex", False, no_intel_build("IPEX (intel_extension_for_pytorch)", facts) +
                           "; torch.compile (compile=true) is the portable way to fuse CPU kernels", evidence)
     if not ok:
-        if newer_than_last("ipex", ctx.torch):
-            why += f" (IPEX is {retirement('ipex')}: {alternative('ipex')})"
+        if newer_than_last("ipex", ctx.torch):  # the retirement is said once: the why names it where not installed
+            retired = retirement("ipex")
+            why += f"; instead: {alternative('ipex')}" if retired in why else f" (IPEX is {retired}: {alternative('ipex')})"
         return ctx.choose(pin, "ipex", False, why, evidence)
     if "avx512f" not in facts.cpu.isa:
         return ctx.choose(pin, "ipex", False, f"{why}, but this CPU has no AVX-512: IPEX brings little here",
@@ -719,6 +722,10 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
                             f"{not_here}: the default is kept", evidence)
         return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default; none "
                         f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
+    noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
+    if noisy:
+        return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
+                        {"available": sorted(available), "undecided": noisy})
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
                     "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
 

@@ -54,7 +54,9 @@ class SavedPlan:
         return data
 
     def _own_json(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA, "cpuperf": self.cpuperf, "made_on": self.made_on, "host": self.host,
+        # made_on: only a plan read from an older file has one; a plan carries no host name (docs/saved-plans.md)
+        return {"schema": SCHEMA, "cpuperf": self.cpuperf, **({"made_on": self.made_on} if self.made_on else {}),
+                "host": self.host,
                 "stack": self.stack, "inputs": self.inputs,
                 "decisions": [d.to_json() for d in self.rec.decisions],
                 "placement": self.rec.placement.to_json(), "workload": self.rec.workload.to_json(),
@@ -591,6 +593,9 @@ def read_plan_file(path: str) -> SavedPlan:
     return read(path, text)
 
 
+_DIFFERENCES_SHOWN = 4
+
+
 def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
               names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
@@ -607,8 +612,10 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
         raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
                          "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
     if diffs and not replan:
-        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
-        raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
+        # Every difference is named (up to a few): "and 1 more" sent users to --replan just to learn what it was.
+        shown = "; ".join(diffs[:_DIFFERENCES_SHOWN])
+        more = f" (and {len(diffs) - _DIFFERENCES_SHOWN} more)" if len(diffs) > _DIFFERENCES_SHOWN else ""
+        raise PlanMismatchError(f"plan {path} was made for another host or stack: {shown}{more}",
                                 hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
                                      "from this host's facts")
     return plan, diffs
