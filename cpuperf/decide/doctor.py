@@ -41,10 +41,21 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
     cpu = facts.cpu
     out: List[Finding] = []
     if cpu.arch == "x86_64" and not bf16_native(facts):
-        out.append(Finding(
-            "bf16-not-native", "info",
-            f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
-            "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
+        torch = _pkg(facts, "torch")
+        gpu_training = bool(facts.gpus) and (torch is None or torch.build != "cpu")
+        if gpu_training:  # the advice follows the device: training runs on the GPUs, whose bf16 is their own
+            bf16_gpus = [g.name for g in facts.gpus or () if g.bf16]
+            gpu_side = (f"the GPUs ({', '.join(sorted(set(bf16_gpus)))}) have bf16 and train with it" if bf16_gpus
+                        else "the GPUs here have no bf16 either (fp16 with a gradient scaler on Tensor Cores)")
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so CPU training would emulate bf16; {gpu_side}",
+                None))
+        else:
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
+                "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
     if cpu.amx_supported and cpu.amx_usable is False:
         out.append(Finding(
             "amx-not-permitted", "error",
@@ -176,6 +187,23 @@ def check_stack(facts: HostFacts) -> List[Finding]:
             for f in installed_findings(pyver, packages, platform=plat)]
 
 
+def check_ddp_backend(facts: HostFacts) -> List[Finding]:
+    """Which backend several CPU ranks would use: the note ccl-env says once (not in every shell) is said here."""
+    from cpuperf.decide.backend import cpu_backend
+
+    sw = facts.software
+    torch = sw.packages.get("torch") if sw is not None else None
+    if sw is None or torch is None or facts.gpus or len(facts.usable_cpus()) < 2:
+        return []
+    bindings = sw.packages.get("oneccl_bind_pt")
+    backend = cpu_backend(facts, {"torch": torch.version, "oneccl_bind_pt": bindings.version if bindings else None},
+                          sw.python)
+    if backend.name == "ccl":
+        return []
+    return [Finding("ddp-backend-gloo", "info", f"several CPU ranks use gloo, not ccl: "
+                    f"{backend.reason.removeprefix('gloo: ')}", None)]
+
+
 _REGEN = ("refresh the data from a cpuperf checkout (python -m tools.regen_compat --live), "
           "or extend it with CPUPERF_COMPAT_DIR")
 
@@ -227,7 +255,7 @@ def check_data_age(facts: HostFacts) -> List[Finding]:
 
 CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
     check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries, check_stack, check_gpus,
-    check_load, check_data_age,
+    check_load, check_data_age, check_ddp_backend,
 ]
 
 
