@@ -141,7 +141,6 @@ class MemoryPlan:
     global_batch: int = 1
     batch_note: str = ""  # how the global batch is split, or why it could not be kept exactly
     tensor_core: str = ""  # the Tensor Core alignment of the batch's GEMMs (GPU), in words
-    fits_plain: bool = True  # the plain job (no checkpointing, no sharding) fits as it is
     gathered_bytes: int = 0  # a sharded plan's working copy of the layer being computed
 
     @property
