@@ -315,12 +315,12 @@ def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str,
     align = tensor_core_alignment(gpu, dtype, w.seq_len, tuning) if on_gpu else None
 
     def make(c: Candidate, batch: int, fit: Optional[int], tried: List[Tuple[str, int]], accum: int,
-             note: str, plain_fits: bool) -> MemoryPlan:
+             note: str) -> MemoryPlan:
         weights, grads, opt, gathered = fig.state(c)
         tc = align.describe(batch) if align is not None else ""
         return MemoryPlan(budget, how, node_budget, _ranks_per_node(placement), weights, grads, opt,
                           act[c.checkpointing], act[False], act[True], c, why_opt, batch, fit, tuple(tried),
-                          accum, batch * accum * fig.world, note, tc, plain_fits, gathered)
+                          accum, batch * accum * fig.world, note, tc, gathered)
 
     candidates = _candidates(optimizer, fig.world, on_gpu, ask)
     if not candidates:  # the levers you set leave no plan this job can run
@@ -331,7 +331,7 @@ def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str,
                          hint="drop it: cpuperf applies sharding, offload and checkpointing where a job needs them")
     if budget is None:
         batch, accum, note = split.choose(None, align)
-        return make(candidates[0], batch, None, [], accum, note, True)
+        return make(candidates[0], batch, None, [], accum, note)
     tried: List[Tuple[str, int]] = []
     host_room = _host_room(facts, placement, rule) if on_gpu else None
     for c in candidates:
@@ -342,7 +342,7 @@ def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str,
         if need <= budget and (not host or (host_room is not None and host <= host_room)):
             fit = int((budget - sum(fig.state(c))) // act[c.checkpointing])
             batch, accum, note = split.choose(fit, align)
-            return make(c, batch, fit, tried, accum, note, c == candidates[0])
+            return make(c, batch, fit, tried, accum, note)
     raise IncompatibleHostError(_too_big(fig, split, budget, how, tried, on_gpu, candidates, host_room),
                                 hint=_would_fit(facts, fig, split, budget, ask, optimizer, on_gpu, host_room))
 
