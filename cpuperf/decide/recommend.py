@@ -497,8 +497,8 @@ def _cpu_dtype(ctx: _Context, evidence: Dict[str, Any]) -> Tuple[Dtype, str]:
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
-        elif meas.undecided.get("dtype"):
-            why += f" (rule for {engine}: measured here, but {meas.undecided['dtype']})"
+        elif meas.undecided.get("bf16_over_fp32"):
+            why += f" (rule for {engine}: measured here, but {meas.undecided['bf16_over_fp32']})"
         else:
             why += f" (rule for {engine}, not measured on this host: `cpuperf bench` measures it)"
     return dtype, why
