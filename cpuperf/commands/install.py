@@ -196,8 +196,9 @@ def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, dev
             r = resolve(py, Version(v).public, want, wheel_platform(), matrix=matrix)
             if r.ok:
                 if plain:
-                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch "
-                                 f"{opts.torch or ''} is offered by the sources; trying the registry's build {v}")
+                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch"
+                                 f"{' ' + opts.torch if opts.torch else ''} is offered by the sources; trying the "
+                                 f"registry's build {v}")
                 return r, v, notes
     return None, None, notes
 
@@ -209,9 +210,9 @@ def _plain_cpu_builds(versions: List[str], matrix: Any, notes: List[str]) -> Lis
 
     keep, cuda = ip.registry_cpu_builds(versions, matrix, wheel_platform())
     if cuda and keep:
-        notes.append(f"the registry's Linux aarch64 torch {', '.join(sorted(cuda, key=Version)[-3:])} "
-                     f"{'is a CUDA build' if len(cuda) == 1 else 'are CUDA builds'} (compat/torch.toml): its newest "
-                     f"CPU build, {max(keep, key=Version)}, instead")
+        notes.append(f"the registry's Linux aarch64 torch is a CUDA build from {min(cuda, key=Version)} on ({len(cuda)} "
+                     f"of the releases offered; compat/torch.toml pypi_aarch64): its newest CPU build, "
+                     f"{max(keep, key=Version)}, instead")
     return keep
 
 
