@@ -8,7 +8,9 @@ SRC=/opt/cpuperf-src
 OUT=/opt/arm-tier-out
 VENV=/opt/arm-venv
 TREES=/opt/arm-trees
-export HOME=/root LANG=C.UTF-8 PIP_DISABLE_PIP_VERSION_CHECK=1 CPUPERF_CACHE_DIR=$OUT/cache PYTHONUNBUFFERED=1
+# cpuperf's cache (its first `train --auto` measures the host: GEMM rates and allocators, alternating rounds, the
+# longest step under emulation) stays in the rootfs between runs, like pip's: a second run on this machine reuses it.
+export HOME=/root LANG=C.UTF-8 PIP_DISABLE_PIP_VERSION_CHECK=1 CPUPERF_CACHE_DIR=/root/.cache/cpuperf-tier PYTHONUNBUFFERED=1
 rm -rf "$OUT" "$VENV" "$TREES"
 mkdir -p "$OUT"
 
