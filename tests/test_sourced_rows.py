@@ -46,7 +46,7 @@ def test_the_onednn_fp32_precision_attribute_first_ships_in_torch_2_9(tmp_path):
     for torch, planned in (("2.9.0+cpu", "bf16"), ("2.8.0+cpu", None)):
         env = {"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": torch})}
         facts = probe_host(sysroot=str(make_host(tmp_path / torch, flags=SPR, model=143)), environ=env)
-        assert recommend(facts, PRESETS["tiny"]).get("fp32_math_mode") == planned, torch
+        assert recommend(facts, PRESETS["tiny"]).levers.fp32_math_mode.value == planned, torch
 
 
 def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
