@@ -162,7 +162,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "workload": rec.workload.to_json(),
         "placement": rec.placement.to_json(),
         "stack": rec.stack,
-        "notes": list(rec.notes) + extra["data_notes"],
+        "notes": list(rec.notes) + extra["data_notes"] + _levers_not_applied(facts, rec),
         **extra,
     }
     if subs:
@@ -192,6 +192,13 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         if not out.quiet and first_time("plan-notes", note):
             out.info(f"note: {note}")
     return 0
+
+
+def _levers_not_applied(facts: HostFacts, rec: Recommendation) -> List[str]:
+    """The Arm levers this plan leaves out, each with why (the job's notes say the same: decide/runtime_env)."""
+    from cpuperf.decide.arm_levers import arm_levers
+
+    return [lever.line() for lever in arm_levers(facts, {"fp32_math_mode": rec.levers.fp32_math_mode.value}) if not lever.applied]
 
 
 def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],

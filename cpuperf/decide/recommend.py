@@ -120,11 +120,11 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
     """Why fp32 matmuls stay fp32 on Arm / POWER, in the host's own terms."""
     cpu = facts.cpu
     where = f"{cpu.arch} ({cpu.microarchitecture})"
-    if cpu.arch == "aarch64":
-        if "bf16" in cpu.isa:
-            return (f"{where} has Arm BF16 (bf16 in cpuinfo Features): cpuperf uses it through dtype=bf16 where a "
-                    "measurement shows it faster, and keeps fp32 matmuls in fp32 (no implicit precision trade)")
-        return f"{where} has no Arm BF16 extension: fp32 matmuls have no faster reduced-precision path here"
+    if cpu.arch == "aarch64":  # the Arm levers own the answer: oneDNN's fast-math mode is this knob's variable
+        from cpuperf.decide.arm_levers import arm_levers, knob_vars
+
+        fast = next(lever for lever in arm_levers(facts) if lever.env in knob_vars("fp32_math_mode"))
+        return f"{where}: {fast.line()}"
     if cpu.arch == "ppc64le":
         if "mma" in cpu.isa:
             return (f"{where} has POWER10 MMA, but PyTorch's fp32-to-bf16 matmul mode is a oneDNN feature that does "
@@ -519,6 +519,10 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
     amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
     pin = ctx.fixed.fp32_math_mode
     if facts.cpu.arch != "x86_64":
+        if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and "bf16" not in facts.cpu.isa:
+            raise UsageError(f"fp32_math_mode=bf16 cannot run here: {facts.cpu.microarchitecture} has no Arm BF16 "
+                             "extension ('bf16' is not in cpuinfo Features), so oneDNN has no bf16 kernels to use",
+                             hint="leave fp32_math_mode unset: fp32 matmuls stay fp32")
         mode = ctx.choose(pin, "fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
     elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
         mode = ctx.choose(pin, "fp32_math_mode", _math_mode(mm["value"]), "AMX host with torch >= " + mm["min_torch"] +

@@ -249,13 +249,14 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None,
-                pin: bool = True) -> RuntimeEnv:
+                pin: bool = True, knobs: Optional[Mapping[str, Any]] = None) -> RuntimeEnv:
     """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
 
     backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
     libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
     interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
     pin: the affinity decision; False (ranks left to the OS scheduler) also keeps Intel MPI from pinning.
+    knobs: the plan's decided values the Arm levers follow (fp32_math_mode; cpuperf.decide.arm_levers).
     """
     if backend not in ("ccl", "gloo"):
         raise UsageError(f"unknown backend {backend!r}", hint="use 'ccl' or 'gloo'")
@@ -276,6 +277,7 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
     if preload:
         preloaded = _preload_vars(c, libraries, allocator, placement.nproc_per_node * nodes, tuning) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
+    _arm_vars(c, facts, knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
           else f"the default rendezvous port ({_data()['rendezvous']['source']})")
@@ -356,6 +358,17 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
         c.add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
               + " for every later command of this shell", PREPEND)
     return adds
+
+
+def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Any]]) -> None:
+    """The Arm levers (cpuperf.decide.arm_levers): the applied ones as variables, the others as notes with why."""
+    from cpuperf.decide.arm_levers import arm_levers
+
+    for lever in arm_levers(facts, knobs):
+        if lever.applied:
+            c.add(lever.env, lever.value, lever.reason)
+        else:
+            c.notes.append(lever.line())
 
 
 def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], tuning: Mapping[str, Any]) -> None:

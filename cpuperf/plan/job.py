@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
+from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.records import Recommendation
 from cpuperf.errors import UsageError
@@ -101,8 +102,10 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
                              libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
-                             pin=lv.affinity.value == "auto")
+                             pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value})
     keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
+    if lv.fp32_math_mode.overridden:  # your value, plain or not: its Arm variable goes with it
+        keep |= set(knob_vars("fp32_math_mode"))
     if world > 1:
         keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
     keep.discard("OMP_NUM_THREADS")
