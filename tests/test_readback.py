@@ -517,3 +517,30 @@ def test_a_remembered_compat_parse_that_is_no_file_is_parsed_again(cache, capsys
     out, err = capsys.readouterr()
     _clean(0, out, err, allowed=(0,))
     assert err.count("remembered parse") <= 1
+
+
+# -- what a node's probe prints back (doctor --hostfile reads it over ssh or mpirun) ------------------------------
+
+def test_a_nodes_printed_record_is_checked_like_a_facts_file(cache, capsys, tmp_path):
+    from cpuperf.probe.node import MARKER, read_output
+
+    good, _ = _two_node_facts(tmp_path, capsys)
+    record = good["nodes"][0]["facts"]
+    assert read_output(MARKER + json.dumps(record))[0] is not None
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.sampled_from([("interfaces",), ("hostname",), ("host",), ("host", "cpu"), ("host", "topology", "cpus"),
+                            ("interpreter_found",), ("error",), ("name",), ("host", "software", "packages")]),
+           st.sampled_from(HOSTILE_VALUES))
+    def check(where: Tuple[str, ...], value: Any) -> None:
+        data = copy.deepcopy(record)
+        node = data
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        facts, error = read_output("ssh: warning\n" + MARKER + json.dumps(data) + "\n")
+        assert facts is not None or (error or "").startswith("unreadable probe output")
+
+    check()
+    for text in (MARKER + "{", MARKER + '{"a": 1, "a": 2}', MARKER + "[" * 100000, MARKER + "NaN"):
+        assert read_output(text)[0] is None

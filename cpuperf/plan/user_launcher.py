@@ -230,6 +230,8 @@ def _named_launcher(words: Sequence[str], wrappers: Sequence[Wrapper], hidden: s
     A Python program is one process whatever its arguments say (`python t.py --launcher torchrun`)."""
     if not words or (not hidden and is_python(words[0])):
         return None, ""
+    if any(" " in w or "\t" in w for w in words):  # a command line as one word (`sudo sh -c 'LINE'`): its words too
+        words = [part for w in words for part in (_words_anyway(w) if " " in w or "\t" in w else [w]) if part]
     for i, word in enumerate(words):
         base = os.path.basename(word)
         name = _EXEC_LAUNCHERS.get(base) or ("accelerate" if base == "accelerate" and
@@ -387,6 +389,7 @@ def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: in
     flags, valued = set(rule.get("flags", ())), set(rule.get("valued", ()))
     places = bool(rule.get("places"))
     given: Dict[str, str] = {}
+    patterns: Mapping[str, str] = rule.get("patterns", {})
     while i < len(args) and args[i].startswith("-") and args[i] != "--":
         key, eq, value = args[i].partition("=")
         if key in valued and not eq and i + 1 < len(args):
@@ -403,8 +406,12 @@ def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: in
             continue
         return None, [], False, None  # -p PID (no command), or an option this table lacks: not read as a wrapper
     i += 1 if i < len(args) and args[i] == "--" else 0
+    if any(k in patterns and not re.fullmatch(patterns[k], v) for k, v in given.items()):
+        return None, [], False, None  # `nice -n mpirun ...`: nice would refuse it, so this is no nice line
     places = places or any(k in given for k in rule.get("places_with", ()))
     positional: List[str] = list(args[i:i + int(rule.get("positional", 0))])
+    if positional and rule.get("positional_pattern") and not re.fullmatch(rule["positional_pattern"], positional[0]):
+        return None, [], False, None  # `timeout mpirun ...`: no duration, timeout refuses the line
     i += len(positional)
     env: List[Tuple[str, str]] = []
     while rule.get("assignments") and i < len(args) and _NAME_VALUE.match(args[i]):
