@@ -166,23 +166,23 @@ def test_tuned_figures_decide_and_show_in_the_plan(tmp_path):
     w = PRESETS["micro"]
     meas = Measurements(tuned_by_shape={shape_key(w): entry}, source="test")
     rec = recommend(facts, w, measurements=meas)
-    if rec.get("device") != "cpu":
+    if rec.levers.device.value != "cpu":
         pytest.skip("a GPU host plans for its GPUs")
-    d = rec.decision("affinity")
+    d = rec.levers.affinity
     assert d.value is None and "tuned here for" in d.reason and "unpinned 14.00 samples/s" in d.reason
     assert "pinned 12.00 (0.86x)" in d.reason and d.evidence["tuned"]["alternatives"] == {"pinned": 12.0}
     # yours wins over the tuning; another shape is not this one's
-    assert recommend(facts, w, measurements=meas, overrides={"affinity": "auto"}).get("affinity") == "auto"
-    assert "tuned" not in recommend(facts, PRESETS["tiny"], measurements=meas).decision("affinity").evidence
+    assert recommend(facts, w, measurements=meas, overrides={"affinity": "auto"}).levers.affinity.value == "auto"
+    assert "tuned" not in recommend(facts, PRESETS["tiny"], measurements=meas).levers.affinity.evidence
     if facts.software is not None and not facts.software.allocators.get("tcmalloc"):
-        assert "tuned" not in rec.decision("allocator").evidence  # not installed here: the rule decides
+        assert "tuned" not in rec.levers.allocator.evidence  # not installed here: the rule decides
     # a command's tuning applies only where the caller passes it
     got = tuned_decisions(entry, "on this command")
     assert got["affinity"][1].startswith("tuned on this command at 2026-11-24 ")
     # too noisy to decide from: the rules decide, and the plan says why
     noisy = Measurements(tuned_by_shape={shape_key(w): {**entry, "noise": 3.5}}, source="test")
     rec = recommend(facts, w, measurements=noisy)
-    assert "tuned" not in rec.decision("affinity").evidence and any("spread 350%" in n for n in rec.notes)
+    assert "tuned" not in rec.levers.affinity.evidence and any("spread 350%" in n for n in rec.notes)
     busy = tuned_decisions({**entry, "load": {"under_load": True, "figure": "load average 5"}}, "here")
     assert busy["affinity"][1].endswith("; taken under load (load average 5)")
 

@@ -174,7 +174,7 @@ def _checked(opts: Options, env: Mapping[str, str]) -> _Job:
     from cpuperf.probe.slurm import slurm_facts
 
     slurm = slurm_facts(env)  # the job's nodes as train counts them: the same rule, the same answer
-    planned = int(saved_plan.rec.get("nnodes") or 1) if saved_plan is not None else None
+    planned = saved_plan.rec.levers.nnodes.value if saved_plan is not None else None
     hosts, nodes = job_nodes(opts.nnodes, hosts, slurm.allocation, planned)
     slurm_first = slurm.nodes[0] if slurm.allocation and slurm.nodes else None
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env, slurm_first)
@@ -382,11 +382,16 @@ def _plan_differences(plan: Any, facts: HostFacts, compute: Any) -> List[str]:
 
 def run(out: Output, opts: Options) -> int:
     from cpuperf.render import shell as cclenv
+    from cpuperf.run.said import first_time
+
     result = build(opts)
-    if result.backend != "ccl":
-        out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo")
-    for note in result.notes:
-        out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
+    notes = [f"the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo"
+             ] if result.backend != "ccl" else []
+    # ccl-env runs in every new shell: a note is said the first time it holds, not in each shell (doctor says it
+    # every time; --explain shows the whole decision)
+    for note in [*notes, *result.notes]:
+        if not out.quiet and (opts.explain or first_time("ccl-env-notes", note)):
+            out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
     if opts.explain:
         _explain(out, result)
     if out.json_mode:

@@ -16,7 +16,8 @@ from cpuperf.errors import UsageError
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
-    from cpuperf.decide.records import Measurements, Recommendation
+    from cpuperf.decide.cluster import ClusterConstraints
+    from cpuperf.decide.records import Constraints, Dtype, Levers, Measurements, Recommendation
     from cpuperf.decide.workload import Workload
     from cpuperf.plan.job import JobPlan, JobRequest
     from cpuperf.plan.request import PlanRequest
@@ -107,7 +108,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None)
     # A tuning is of CPU levers: a plan on a GPU says nothing of one.
-    return rec if said is None or rec.get("device") != "cpu" else replace(rec, notes=(*rec.notes, said))
+    return rec if said is None or rec.levers.device.value != "cpu" else replace(rec, notes=(*rec.notes, said))
 
 
 def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, auto: bool) -> JobRequest:
@@ -241,23 +242,29 @@ def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: R
 
     cons = cluster.constraints({n: by_name[n] for n in names})
     cons.require_one_stack()
-    fixed = {d.id: d.value for d in rec.decisions if d.overridden}
-    if not cons.bf16 and "dtype" not in fixed:
-        fixed["dtype"] = "fp32"
-    ddp = cluster.choose_ddp(measured) if measured and "ddp_backend" not in fixed else None
+    yours = {d.id: d.value for d in rec.decisions if d.overridden}
+    pins = cluster_pins(cons, measured if len(names) > 1 else None, rec.levers)
     subs: List[NodePlan] = []
     for name in names:
         node = by_name[name]
-        r = recommend(node, rec.workload, nnodes=len(names), overrides=fixed, environ={})
-        if ddp is not None and len(names) > 1:  # measured across these nodes: the figure goes in the plan
-            r = replace(r, decisions=tuple(
-                replace(x, value=ddp.backend, reason=ddp.reason, evidence={**ddp.evidence, "bucket_cap_mb": ddp.bucket_cap_mb})
-                if x.id == "ddp_backend" else x for x in r.decisions))
-        if "dtype" in fixed and not any(x.id == "dtype" and x.overridden for x in rec.decisions):
-            r = replace(r, decisions=tuple(replace(x, reason=cons.dtype_reason, overridden=False) if x.id == "dtype" else x
-                                           for x in r.decisions))
+        r = recommend(node, rec.workload, nnodes=len(names), overrides=yours, environ={}, pins=pins)
         subs.append((name, node, r, placeholder_job(node, r, hosts)))
     return subs
+
+
+def cluster_pins(cons: ClusterConstraints, measured: Any, levers: Levers) -> Constraints:
+    """What every node of a plan over several nodes must agree on, decided where each lever is decided (the
+    engine), never patched after: fp32 unless every node runs bf16 natively; the DDP backend measured across
+    exactly these nodes. The user's values stand over both."""
+    from cpuperf.decide import cluster
+    from cpuperf.decide.records import Constraints, Pin, as_backend
+
+    fp32: Dtype = "fp32"
+    dtype = Pin(fp32, cons.dtype_reason) if not cons.bf16 and not levers.dtype.overridden else None
+    ddp = cluster.choose_ddp(measured) if measured and not levers.ddp_backend.overridden else None
+    backend = None if ddp is None else Pin(as_backend(ddp.backend), ddp.reason,
+                                            {**ddp.evidence, "bucket_cap_mb": ddp.bucket_cap_mb})
+    return Constraints(dtype=dtype, ddp_backend=backend)
 
 
 def saved_plan_of(facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Mapping[str, Any], version: str,
