@@ -101,12 +101,12 @@ def _toml(text: str) -> Dict[str, Any]:
 
 
 def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-             environ: Optional[Dict[str, str]] = None) -> JobPlan:
+             environ: Optional[Dict[str, str]] = None, master_addr: Optional[str] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import placeholder_job
     from cpuperf.probe.slurm import slurm_facts
 
-    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}))
+    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}), master_addr)
 
 
 def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
@@ -119,15 +119,20 @@ def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[H
     transformers = rec.stack.get("transformers")
     env = jp.env_map()
     launch = launch_view(jp.launch)
+    from cpuperf.plan.user_script import recommended_speed_flags
+
+    files = {path: text for f in recommended_speed_flags(rec, transformers)[0] if f.file for path, text in [f.file]}
     return {
         "env": env,
         "launch": launch,
         "hf_args": render.hf_flags(rec, transformers),
+        "hf_files": files,
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))),
         "accelerate_launch_args": render.accelerate_launch_args(rec),
-        "data_notes": render.hf_notes(rec),
+        "data_notes": render.hf_notes(rec) + [f"the Trainer flags name {path}: write it with {text}"
+                                              for path, text in files.items()],
     }
 
 
@@ -136,6 +141,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
+    master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs, out=out)
     kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
@@ -147,7 +153,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.probe.slurm import slurm_environ
 
     # Inside a Slurm allocation the job is the allocation's (srun, its first node the rendezvous), as train runs it.
-    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ))
+    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ), master_addr)
     extra = renderings(facts, rec, hosts, jp)
     result = {
         "schema": SCHEMA,

@@ -41,10 +41,21 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
     cpu = facts.cpu
     out: List[Finding] = []
     if cpu.arch == "x86_64" and not bf16_native(facts):
-        out.append(Finding(
-            "bf16-not-native", "info",
-            f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
-            "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
+        torch = _pkg(facts, "torch")
+        gpu_training = bool(facts.gpus) and (torch is None or torch.build != "cpu")
+        if gpu_training:  # the advice follows the device: training runs on the GPUs, whose bf16 is their own
+            bf16_gpus = [g.name for g in facts.gpus or () if g.bf16]
+            gpu_side = (f"the GPUs ({', '.join(sorted(set(bf16_gpus)))}) have bf16 and train with it" if bf16_gpus
+                        else "the GPUs here have no bf16 either (fp16 with a gradient scaler on Tensor Cores)")
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so CPU training would emulate bf16; {gpu_side}",
+                None))
+        else:
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
+                "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
     if cpu.amx_supported and cpu.amx_usable is False:
         out.append(Finding(
             "amx-not-permitted", "error",

@@ -453,7 +453,7 @@ _SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
     "hf": {
         "package": (_choice("transformers", "accelerate"), True),
         "name": (_nonempty, True),
-        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key"), True),
+        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key", "sharding-arg"), True),
         "introduced": (_opt_version, False),
         "deprecated": (_opt_version, False),
         "removed": (_opt_version, False),

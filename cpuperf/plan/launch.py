@@ -144,13 +144,14 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                 environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
                 python: Optional[str] = None, local_addr: Optional[str] = None,
                 job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None,
-                yours: Optional[Any] = None, slurm: SlurmFacts = NO_SLURM) -> LaunchPlan:
+                yours: Optional[Any] = None, slurm: SlurmFacts = NO_SLURM, numa_binding: bool = False) -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
     pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
+    numa_binding: GPU ranks bound by torchrun to their GPU's NUMA node (--numa-binding=node; see numa_binding_ok).
     yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
     directly; `placement` then holds its ranks, placed through the per-rank step already in rank_command.
     """
@@ -180,6 +181,9 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     elif chosen == "torchrun":
         base, port, addr = _torchrun_base(python, nproc, nnodes, node_rank, addr, port, master_port, job_id,
                                           local_addr, rdzv_timeout)
+        if numa_binding:
+            base.append("--numa-binding=node")
+            notes.append("torchrun binds each rank to the CPUs of its GPU's NUMA node (--numa-binding=node)")
         start = _Start((*base, "-m", "cpuperf.run.rankexec", "--", *cmd), "torchrun", addr, port,
                        node_commands=_torchrun_notes(nnodes, host_names, port, env, reasons, notes))
     elif chosen == "mpirun":
@@ -397,6 +401,17 @@ def _slurm_master(addr: Optional[str], nnodes: int, slurm: SlurmFacts, env: Dict
         reasons["MASTER_ADDR"] = "the first node of the Slurm allocation (rank 0 runs there)"
         return first[0]
     return addr
+
+def numa_binding_ok(torch_version: Optional[str]) -> bool:
+    """Whether the installed torch's torchrun has --numa-binding (compat/launchers.toml [torchrun])."""
+    from packaging.version import Version
+
+    from cpuperf.data import load_builtin
+    from cpuperf.versions import base_or_none
+
+    v = base_or_none(torch_version)
+    return v is not None and v >= Version(load_builtin("launchers.toml")["torchrun"]["numa_binding_min_torch"])
+
 
 def _seconds(value: Optional[float]) -> str:
     t = DEFAULT_RDZV_TIMEOUT_S if value is None else value
