@@ -387,6 +387,11 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
         check_env_dir()
     if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
         return _ccl_env_main(args[1:])
+    if args[:1] == ["train"] and "--" in args and args.index("--") == len(args) - 1:  # click drops a bare `--`
+        from cpuperf.errors import UsageError
+
+        raise UsageError("train --: no command after `--`",
+                         hint="cpuperf train --auto -- python train.py ... (or leave out `--` for the built-in loop)")
     result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 

@@ -219,7 +219,15 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
     if node_facts:
         from cpuperf.probe.node import read_saved
 
-        results = read_saved(node_facts)
+        notes: List[str] = []
+        results = read_saved(node_facts, notes)
+        unfit = {r.name: r.error for r in results if r.facts is None and r.error and "saved facts" in r.error}
+        planned = [n for n in names if n in unfit]
+        if planned:  # planning needs every node's facts: a record that does not fit is the user's to fix (exit 2)
+            raise UsageError(f"node {planned[0]}: {unfit[planned[0]]} ({node_facts}); planning needs every node's facts",
+                             hint="save that node's facts again: cpuperf doctor --hostfile FILE --save-facts DIR/")
+        for note in notes:
+            out.warn(note)
     else:
         from cpuperf.run.nodes import choose_reach, probe_cluster
 

@@ -318,8 +318,9 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
         share = min((s.threads for s in specs if s.threads), default=None)
         if theirs:
             specs = tuple(RankSpec(s.local_rank, s.cpus, None) for s in specs)
-            notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) on its "
-                         f"{len(specs[0].cpus) if specs else '?'} CPU(s)")
+            cpus = len(specs[0].cpus) if specs and specs[0].cpus else 0
+            notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) "
+                         + (f"on its {cpus} CPU(s)" if cpus else "on the CPUs the OS scheduler gives it"))
             env["OMP_NUM_THREADS"] = theirs
         elif share:
             env["OMP_NUM_THREADS"] = str(share)

@@ -484,7 +484,9 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
         launcher = {"name": plan.launcher, "yours": None, "why": (plan.notes[0] if plan.notes else "")}
     spec = plan.per_rank[0] if plan.per_rank else None
     ranks = [{"local_rank": r.local_rank, "cpus": list(r.cpus) or None, "threads": r.threads} for r in plan.per_rank]
-    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity or any(r.threads for r in plan.per_rank)) \
+    # Placed: pinned, or given thread counts (each rank's, or the user's own kept for every rank).
+    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity or any(r.threads for r in plan.per_rank)
+                                                           or "OMP_NUM_THREADS" in plan.env) \
         if yours \
         else bool(plan.affinity or (spec and spec.threads))
     why = yours.get("why") if not yours or placed or not yours.get("placed_by_cpuperf") \
@@ -531,7 +533,8 @@ def applied_lines(a: Mapping[str, Any]) -> List[str]:
             lines.append(f"applied: your {a['launcher']['yours']} runs on CPUs {format_cpulist(a['cpus'])}")
         for r in (a.get("ranks") or []) if place.get("placed_by_cpuperf") else ():
             where = f"CPUs {format_cpulist(r['cpus'])}" if r["cpus"] else "unpinned"
-            lines.append(f"applied: rank {r['local_rank']}: {where}, OMP_NUM_THREADS={r['threads']}")
+            threads = r["threads"] if r["threads"] is not None else f"{a['env'].get('OMP_NUM_THREADS')} (yours, kept)"
+            lines.append(f"applied: rank {r['local_rank']}: {where}, OMP_NUM_THREADS={threads}")
         if not place.get("placed_by_cpuperf"):
             lines.append(f"not applied: pinning and thread counts ({place.get('why') or 'plain run: the launcher decides'})")
     else:
