@@ -60,3 +60,21 @@ def test_a_lever_whose_package_is_missing_is_refused(sets, package):
         proc = run_cli([*command[:1], "--set", sets[0], *command[1:]], env)
         assert proc.returncode == 2, (command, proc.stdout[-500:], proc.stderr[-500:])
         assert package in proc.stderr
+
+
+def test_a_scripts_own_batch_is_reported_as_applied(tmp_path):
+    """The lever report says a script's own --per_device_train_batch_size carries the batch lever (nothing to add)."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64,
+                                                             "n_head": 2, "n_positions": 64, "vocab_size": 512}))
+    (tmp_path / "s.py").write_text("from transformers import HfArgumentParser, TrainingArguments\n"
+                                   "HfArgumentParser((TrainingArguments,)).parse_args_into_dataclasses()\n")
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--", "python", "s.py", "--model_name_or_path", "m",
+                    "--per-device-train-batch-size", "4", "--output_dir", "o"], {"CPUPERF_OVERRIDE_GPUS": "[]"},
+                   cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    levers = json.loads(proc.stdout)["levers"]
+    batch = next(x for x in levers["applied"] if x["id"] == "batch_size")
+    assert batch["value"] == 4 and "--per_device_train_batch_size 4" in batch["how"]
+    accum = next(x for x in levers["applied"] if x["id"] == "grad_accum_steps")
+    assert accum["value"] == 1 and "default" in accum["how"]

@@ -56,6 +56,7 @@ class RenderedJob:
     flags_why: str = ""  # why a user's command gets no Trainer flags at all (its parser), if it gets none
     your_launcher: Optional[str] = None  # torchrun | accelerate | mpirun | srun: the user's own launcher
     placement_why: str = ""  # why ranks are not placed by cpuperf (a user's launcher in a plain run)
+    own_args: Tuple[str, ...] = ()  # a user's script's own arguments (its batch and accumulation are its own)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,28 @@ def _flag(d: Decision[Any], job: RenderedJob) -> Optional[str]:
 
 
 def _worker_or_flag(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
-    return _setting(d, job) or _flag(d, job) or _default(d, levers, job)
+    return _setting(d, job) or _flag(d, job) or _own(d, job) or _default(d, levers, job)
+
+
+# A script's own arguments that carry a lever as they are: its batch and accumulation (TrainingArguments' names,
+# either spelling), with the Trainer's defaults where it gives none.
+_OWN = {"batch_size": ("--per_device_train_batch_size", 8), "grad_accum_steps": ("--gradient_accumulation_steps", 1)}
+
+
+def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+    """The decided value is the script's own argument (or the Trainer's default where it gives none)."""
+    known = _OWN.get(d.id)
+    if known is None or job.settings is not None:
+        return None
+    name, default = known
+    given = None
+    for i, arg in enumerate(job.own_args):
+        key, eq, value = arg.partition("=")
+        if "--" + key.lstrip("-").replace("-", "_") == name:
+            given = value if eq else (job.own_args[i + 1] if i + 1 < len(job.own_args) else None)
+    if given is not None:
+        return f"your command's own {name} {given}" if given == str(d.value) else None
+    return f"default: the Trainer's {name[2:]} {default}" if d.value == default else None
 
 
 def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
@@ -289,4 +311,4 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags_left=tuple(script.not_added) if script is not None else (),
         flags_why=script.why if script is not None else "",
         your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
-        placement_why=placement_why)
+        placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else ())
