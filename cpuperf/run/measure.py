@@ -233,11 +233,19 @@ def expiry(facts: HostFacts) -> Optional[float]:
 
 
 def load_file(path: str) -> Measurements:
+    """`--measurements FILE`: the user's own input, so a field that does not fit is refused (exit 2), not dropped
+    as a cache's would be: planning silently without the figure the user handed in is not what they asked."""
+    from cpuperf.decide.measurement_schema import sanitized
+    from cpuperf.readback import read_json
+
+    hint = "pass a JSON file written by cpuperf bench --json"
     try:
-        data = _read_file(Path(path), identity=False)  # a device or FIFO is refused, never read forever
-    except (OSError, CacheUnusable) as exc:
+        data, notes = sanitized(read_json(Path(path)), False)  # a device or FIFO is refused, never read forever
+    except (OSError, ValueError) as exc:  # readback.Unreadable, fsutil.InputRefused, NotUsable
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:120]
-        raise UsageError(f"cannot read measurements {path}: {why}", hint="pass a JSON file written by cpuperf bench --json") from exc
+        raise UsageError(f"cannot read measurements {path}: {why}", hint=hint) from exc
+    if notes:
+        raise UsageError(f"measurements {path}: {notes[0]}", hint=hint)
     return Measurements.from_json({**data, "source": f"file {path}"})
 
 
