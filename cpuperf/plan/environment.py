@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, Optional, Sequ
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.knowledge.addons import Backend
+from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Recommendation
@@ -81,11 +82,10 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
     """A saved plan's variables as they stand (cpuperf's), plus this launch's rendezvous variables it leaves out."""
-    from cpuperf.plan.saved import LAUNCH_VARS
-
+    launch = variables().names(launch=True)
     names = {e.name for e in planned}
     return [envplan.EnvVar(e.name, e.value, "cpuperf", e.reason, e.kind) for e in planned] + \
-        [e for e in tuned if e.name in LAUNCH_VARS and e.name not in names]
+        [e for e in tuned if e.name in launch and e.name not in names]
 
 
 class EnvRequest(NamedTuple):
@@ -114,8 +114,9 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
     notes = list(tuned.notes)
     if planned is None:
         return list(tuned.vars), notes
-    kept = [v for v in planned if request.preload or v.name not in ("LD_PRELOAD", "MALLOC_CONF")]
-    if not request.preload and any(v.name == "LD_PRELOAD" for v in planned):
+    preloads = variables().names(lever="allocator")  # they affect every later command of the shell
+    kept = [v for v in planned if request.preload or v.name not in preloads]
+    if not request.preload and any(v.name in preloads for v in planned):
         notes.append("the plan preloads an allocator; ccl-env prints LD_PRELOAD only with --preload (it affects "
                      "every later command of the shell)")
     return with_launch_vars(kept, tuned.vars), notes

@@ -17,6 +17,7 @@ from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.records import Recommendation
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
+from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
 from cpuperf.plan.launch import LaunchPlan, plan_launch
 from cpuperf.probe.facts import HostFacts
@@ -100,14 +101,16 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
                              libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm))
-    keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
+    table = variables()
+    keep = {e.name for e in rt.vars} if request.auto else (set(table.names(lever="allocator")) if preload else set())
     if world > 1:
-        keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
-    keep.discard("OMP_NUM_THREADS")
+        keep |= set(table.names(meet=True))  # what several ranks need to meet, plain or not
+    threads = table.names(lever="threads_per_rank", type="threads")
+    keep -= set(threads)
     if rank_threads(rec, request.auto) is not None:
-        keep.add("OMP_NUM_THREADS")
+        keep |= set(threads)
     if world <= 1:
-        keep = {n for n in keep if not n.startswith(("MASTER_", "GLOO_", "CCL_"))}
+        keep -= set(table.names(several_ranks=True))
     return [e for e in rt.vars if e.name in keep], list(rt.notes)
 
 
@@ -115,8 +118,8 @@ def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int
                environ: Mapping[str, str]) -> Tuple[Tuple[envplan.EnvVar, ...], List[str]]:
     """Our variables merged over the user's environment: theirs kept unless an option or the job needs ours."""
     force = [n for n, given in (("MASTER_ADDR", request.master_addr), ("MASTER_PORT", request.master_port)) if given]
-    if world > 1:
-        force += ["MASTER_ADDR", "MASTER_PORT"]  # ours, not a stale value from the shell
+    if world > 1:  # ours, not a stale value from the shell
+        force += variables().names(launch=True, runtime="torch-distributed")
     merged = envplan.merge_env(environ, list(wanted), force=force)
     notes = [f"kept your {k.name}={k.value!r} (cpuperf would set {k.wanted})" for k in merged.kept]
     notes += [envplan.describe_invalid(item) for item in merged.invalid]

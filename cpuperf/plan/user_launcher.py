@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
 from cpuperf.jsonable import NOT_IN_JSON, as_json, json_key
+from cpuperf.knowledge.variables import variables
 
 RANKEXEC = ("-m", "cpuperf.run.rankexec", "--")
 _MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -457,7 +458,7 @@ def _count_and_source(cmd: LauncherCommand, logical_cpus: int, physical_cores: i
             why = f"you set {cmd.spelled(rule['threads'])}"
         return count2, source, why
     count3, source, why = _mpirun_count(cmd, physical_cores)
-    env_bound = [v for v in rule["env_binding"] if environ.get(v)]
+    env_bound = [v for v in variables().names(binds_ranks=True) if environ.get(v)]
     if not why and env_bound:
         why = f"your environment binds the ranks ({env_bound[0]})"
     if not why and cmd.unknown:
