@@ -239,7 +239,7 @@ def _rendered(job: _Job, stack: Any, facts: HostFacts, decided: EnvDecisions, pl
     notes += _merge_notes(merged)
     placement = decided.placement
     header = (f"cpuperf ccl-env: backend {decided.backend.name}; {job.nodes} node(s) x {placement.nproc_per_node} "
-              f"rank(s), {placement.threads_per_rank} thread(s) each; python {stack.executable}")
+              f"rank(s), {decided.threads or 'default'} thread(s) each; python {stack.executable}")
     return cclenv.CclEnv(backend=decided.backend.name, backend_reason=decided.backend.reason, final=merged.final,
                          vars=merged.vars, kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
                          notes=tuple(notes), skipped=merged.skipped, placement=placement.to_json(), header=header,
@@ -314,6 +314,8 @@ def _fits_here(decided: EnvDecisions, facts: HostFacts) -> EnvDecisions:
         if not 1 <= slot.threads <= len(usable) or not slot.cpus or \
                 not set(slot.cpus) | set(slot.compute_cpus) | set(slot.ccl_worker_cpus) <= usable:
             raise ValueError(f"placement: rank {slot.local_rank}'s threads or CPUs are not this host's")
+    if decided.threads is not None and not 1 <= decided.threads <= len(usable):
+        raise ValueError("threads per rank out of this host's range")
     backend, sw = decided.backend, facts.software
     if backend.name not in ("gloo", "ccl", "mpi") or not backend.reason.isprintable() or len(backend.reason) > 4096:
         raise ValueError(f"backend {backend.name[:20]!r} is not one cpuperf decides")

@@ -115,6 +115,15 @@ class Levers:
         return bool(zero.get("offload_optimizer") or zero.get("offload_param"))
 
 
+def rank_threads(levers: Levers, auto: bool) -> Optional[int]:
+    """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting, ccl-env):
+    the decided count on CPUs under --auto or where you set it; None (torch's own) otherwise, and on GPUs. Here,
+    beside the record, so ccl-env's start-up reads it without the planner."""
+    if levers.device.value != "cpu" or not (auto or levers.threads_per_rank.overridden):
+        return None
+    return levers.threads_per_rank.value
+
+
 def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
     """Levers from a complete set of decisions (a saved plan's, read back and checked): ValueError otherwise."""
     by_id = {d.id: d for d in decisions}

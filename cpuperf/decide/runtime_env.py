@@ -215,13 +215,15 @@ def pin_domain(placement: Placement) -> Optional[str]:
 def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
                 master_port: Optional[int] = None, preload: bool = False, allocator: Optional[str] = None,
+                threads: Optional[int] = None,
                 nnodes: Optional[int] = None,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,
                 environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None) -> RuntimeEnv:
     """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
 
-    backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
+    threads: each rank's thread count as decided (cpuperf.decide.records.rank_threads; None: OMP_NUM_THREADS is
+    not set, torch's own stands). backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
     libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
     interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
     """
@@ -238,7 +240,7 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, backend, mpi, nodes, tuning)
+    _thread_vars(c, placement, threads, backend, mpi, nodes, tuning)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if preload:
@@ -269,15 +271,15 @@ class _Collected:
         self.vars.append(EnvVar(name, value, "cpuperf", reason, kind))
 
 
-def _thread_vars(c: _Collected, placement: Placement, backend: str, mpi: Optional[str], nodes: int,
-                 tuning: Mapping[str, Any]) -> None:
-    """OMP_NUM_THREADS, oneCCL's workers and their cores, Intel MPI's pin domains."""
+def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], backend: str, mpi: Optional[str],
+                 nodes: int, tuning: Mapping[str, Any]) -> None:
+    """OMP_NUM_THREADS (the decided count), oneCCL's workers and their cores, Intel MPI's pin domains."""
     nproc = placement.nproc_per_node
-    threads = placement.threads_per_rank
-    why_threads = f"{threads} physical core(s) per rank, {nproc} rank(s) per node"
-    if backend == "ccl" and placement.ccl_workers:
-        why_threads += f", minus {placement.ccl_workers} oneCCL worker core(s)"
-    c.add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
+    if threads is not None:
+        why_threads = f"{threads} physical core(s) per rank, {nproc} rank(s) per node"
+        if backend == "ccl" and placement.ccl_workers:
+            why_threads += f", minus {placement.ccl_workers} oneCCL worker core(s)"
+        c.add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
     if backend == "ccl":
         workers = placement.ccl_workers
         if workers:

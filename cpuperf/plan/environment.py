@@ -27,17 +27,19 @@ class EnvDecisions(NamedTuple):
     placement: Placement
     backend: Backend  # for one rank: the backend several ranks would use (the env serves either)
     allocator: Optional[str]
+    threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     """The environment's decisions from a recommendation (decided here, or a saved plan's)."""
     from cpuperf.decide.backend import cpu_backend, recorded_backend  # not on the path of a remembered decision
+    from cpuperf.decide.records import rank_threads
 
     decided = rec.levers.ddp_backend
     backend = recorded_backend(decided.value, decided.evidence, decided.reason)
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
-    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value)
+    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True))
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,
@@ -54,7 +56,7 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
 def decisions_to_json(decided: EnvDecisions) -> Any:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
-            "allocator": decided.allocator}
+            "allocator": decided.allocator, "threads": decided.threads}
 
 
 def _typed(value: Any, kind: Any) -> Any:
@@ -77,7 +79,8 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
                           _typed(p["ccl_workers"], int), _typed(p["cpu_budget"], int),
                           tuple(_typed(r, str) for r in _typed(p["reasons"], list)))
     name, reason = (_typed(v, str) for v in _typed(raw["backend"], list))
-    return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))))
+    return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
+                        _typed(raw["threads"], (int, type(None))))
 
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
@@ -108,7 +111,8 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
     own variables (its preloads only with --preload: they affect every later command of the shell)."""
     tuned = envplan.runtime_env(facts, decided.placement, backend=decided.backend.name, hosts=request.hosts,
                                 master_addr=request.master_addr, master_port=request.master_port,
-                                preload=request.preload, allocator=decided.allocator, nnodes=request.nnodes,
+                                preload=request.preload, allocator=decided.allocator, threads=decided.threads,
+                                nnodes=request.nnodes,
                                 mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
                                 environ=environ, slurm_first=request.slurm_first)
     notes = list(tuned.notes)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.backend import process_group_backend
-from cpuperf.decide.records import Recommendation
+from cpuperf.decide.records import Recommendation, rank_threads
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
@@ -76,15 +76,6 @@ class JobPlan:
         return {e.name: e.value for e in self.env}
 
 
-def rank_threads(rec: Recommendation, auto: bool) -> Optional[int]:
-    """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting): the
-    decided count on CPUs under --auto or where you set it; None (torch's own) otherwise, and on GPUs."""
-    lv = rec.levers
-    if lv.device.value != "cpu" or not (auto or lv.threads_per_rank.overridden):
-        return None
-    return lv.threads_per_rank.value
-
-
 def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
                  socket_ifname: Optional[str] = None, environ: Mapping[str, str],
                  libraries: Optional[envplan.Libraries] = None) -> Tuple[List[envplan.EnvVar], List[str]]:
@@ -99,16 +90,14 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     preload = bool(lv.allocator.value) and (request.auto or lv.allocator.overridden)
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
+                             threads=rank_threads(lv, request.auto),
                              allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
                              libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm))
     table = variables()
     keep = {e.name for e in rt.vars} if request.auto else (set(table.names(lever="allocator")) if preload else set())
     if world > 1:
         keep |= set(table.names(meet=True))  # what several ranks need to meet, plain or not
-    threads = table.names(lever="threads_per_rank", type="threads")
-    keep -= set(threads)
-    if rank_threads(rec, request.auto) is not None:
-        keep |= set(threads)
+    keep |= set(table.names(lever="threads_per_rank", type="threads"))  # set where decided (rank_threads)
     if world <= 1:
         keep -= set(table.names(several_ranks=True))
     return [e for e in rt.vars if e.name in keep], list(rt.notes)
@@ -152,7 +141,7 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> D
     s: Dict[str, Any] = {"preset": request.preset or "tiny"}
     if request.auto:
         s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
-                 threads_per_rank=rank_threads(rec, True),
+                 threads_per_rank=rank_threads(lv, True),
                  batch_size=lv.batch_size.value, grad_accum_steps=lv.grad_accum_steps.value,
                  grad_checkpointing=lv.grad_checkpointing.value, optimizer=lv.optimizer.value,
                  dataloader_workers=lv.dataloader_workers.value, tf32=lv.tf32.value,
@@ -214,7 +203,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
     pin = lv.device.value == "cpu" and lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden)
-    threads = rank_threads(rec, request.auto)
+    threads = rank_threads(lv, request.auto)
     launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
                          hosts=request.hosts, nnodes=lv.nnodes.value,
                          node_rank=request.node_rank if request.node_rank is not None else 0,
