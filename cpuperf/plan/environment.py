@@ -28,6 +28,7 @@ class EnvDecisions(NamedTuple):
     backend: Backend  # for one rank: the backend several ranks would use (the env serves either)
     allocator: Optional[str]
     threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
+    levers: Tuple[Any, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
@@ -39,7 +40,8 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     backend = recorded_backend(decided.value, decided.evidence, decided.reason)
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
-    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True))
+    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True),
+                        tuple(d.to_json() for d in rec.levers.all()))
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,
@@ -56,7 +58,7 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
 def decisions_to_json(decided: EnvDecisions) -> Any:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
-            "allocator": decided.allocator, "threads": decided.threads}
+            "allocator": decided.allocator, "threads": decided.threads, "levers": list(decided.levers)}
 
 
 def _typed(value: Any, kind: Any) -> Any:
@@ -80,7 +82,8 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
                           tuple(_typed(r, str) for r in _typed(p["reasons"], list)))
     name, reason = (_typed(v, str) for v in _typed(raw["backend"], list))
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
-                        _typed(raw["threads"], (int, type(None))))
+                        _typed(raw["threads"], (int, type(None))),
+                        tuple(_typed(d, dict) for d in _typed(raw["levers"], list)))
 
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:

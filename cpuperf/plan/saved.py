@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.records import Decision, Recommendation, levers_of
+from cpuperf.decide.records import Decision, Levers, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
@@ -314,6 +314,15 @@ def _decision(raw: Any, index: int) -> Decision[Any]:
     flags = [_need(raw, k, bool, w) if k in raw else False for k in ("overridden", "needs_torch")]
     reason = _need(raw, "reason", str, w) if "reason" in raw else ""
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
+
+
+def levers_from_json(raw: Any) -> Levers:
+    """Levers from their decisions' JSON (a saved plan's, a remembered ccl-env decision's): ValueError when not."""
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("decisions must be a list")
+    decisions = tuple(_decision(d, i) for i, d in enumerate(raw))
+    _check_decision_set(decisions)
+    return levers_of(decisions)
 
 
 def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
