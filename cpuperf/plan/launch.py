@@ -122,11 +122,12 @@ def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: 
 # -- the plan --------------------------------------------------------------------------------------
 
 def rank_specs(placement: Placement, pin: bool, threads: Optional[int]) -> Tuple[RankSpec, ...]:
-    """Local ranks: their compute CPUs and threads (pin=False: no pinning, threads as given)."""
+    """Local ranks: their compute CPUs (pin=False: none) and the one thread count (decide.records.rank_threads;
+    None: torch's own, even where pinned)."""
     specs = []
     for slot in placement.slots:
         cpus = tuple(slot.compute_cpus or slot.cpus) if pin else ()
-        specs.append(RankSpec(slot.local_rank, cpus, threads if threads is not None else (slot.threads if pin else None)))
+        specs.append(RankSpec(slot.local_rank, cpus, threads))
     return tuple(specs)
 
 
@@ -147,7 +148,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
-    pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
+    pin: pin ranks to their slot CPUs; threads: each rank's count (decide.records.rank_threads; None: torch's own).
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
     yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
     directly; `placement` then holds its ranks, placed through the per-rank step already in rank_command.
@@ -282,7 +283,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
                                                       == environ.get("OMP_NUM_THREADS") else None)
     if placed:
         affinity = tuple(sorted({c for s in specs for c in s.cpus})) or None
-        share = min((s.threads for s in specs if s.threads), default=None)
+        share = threads
         if theirs:
             specs = tuple(RankSpec(s.local_rank, s.cpus, None) for s in specs)
             notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) on its "
