@@ -90,7 +90,7 @@ def _finish(code: int) -> None:
         raise typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Probe this host; say what is wrong and the exact fix.")
 def doctor(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -138,7 +138,7 @@ def doctor(
     _finish(cmd.run(out, sysroot, python, save_snapshot))
 
 
-@app.command()
+@app.command(short_help="Install the torch (+ IPEX, oneCCL) wheels that fit this host.")
 def install(
     torch: Optional[str] = typer.Option(None, "--torch", metavar="X", help="torch version (2.7, 2.7.0, 2.7.0+cpu); default: keep the installed one, else the newest the sources offer."),
     with_: Optional[str] = typer.Option(None, "--with", metavar="LIST", help="Add-ons, comma-separated: ipex, oneccl."),
@@ -165,7 +165,7 @@ def install(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), opts))
 
 
-@app.command()
+@app.command(short_help="The torch / IPEX / oneCCL matrix and the exact pins.")
 def compat(
     python: Optional[str] = typer.Option(None, "--python", metavar="3.N",
                                          help="Target CPython version (default: this interpreter's)."),
@@ -192,7 +192,7 @@ LOAD_HELP = ("Plan around other work busy on this host now (fewer threads on the
 RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 
-@app.command()
+@app.command(short_help="Every training decision for this host, with its reason.")
 def recommend(
     model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, gpt2-small, micro), a HF config.json, or a model id in the local HF cache."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count, e.g. 124M or 7B."),
@@ -202,6 +202,7 @@ def recommend(
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node"),
     nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (default: the hostfile's hosts, or the Slurm allocation's)."),
     hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="HOST", help="Several nodes: the rendezvous host every node reaches (default: the hostfile's first host, or the Slurm allocation's first node)."),
     unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=RECOMMEND_SETS_HELP),
@@ -226,10 +227,11 @@ def recommend(
                               params=params, seq_len=seq_len, batch_size=batch_size, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes, hostfile=hostfile, unit=unit,
                               device=device, sets=sets, config=config, measurements=measurements, save=save,
-                              adapt_to_load=adapt_to_load, node_facts=node_facts, probe_nodes=probe_nodes))
+                              adapt_to_load=adapt_to_load, node_facts=node_facts, probe_nodes=probe_nodes,
+                              master_addr=master_addr))
 
 
-@app.command()
+@app.command(short_help="Measure this host (GEMM, allocators, compile); cached.")
 def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
     size: int = typer.Option(512, "--size", min=64, max=8192, help="GEMM size (n of the n x n matrices)."),
@@ -255,7 +257,7 @@ def bench(
                         refresh, model))
 
 
-@app.command()
+@app.command(short_help="Draw a run's loss and samples/s (plot.svg, plot.png).")
 def plot(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A directory cpuperf train wrote (its metrics.jsonl)."),
     out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write the pictures here (default: RUN_DIR)."),
@@ -270,7 +272,8 @@ def plot(
 TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(short_help="Train with the recommended settings: built-in or your script.",
+             context_settings={"allow_extra_args": True})
 def train(
     ctx: typer.Context,
     auto: bool = typer.Option(False, "--auto", help="Apply the recommendation: dtype, IPEX/compile, threads, pinning, env, ranks, backend."),
@@ -323,7 +326,7 @@ def train(
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), given, options))
 
 
-@app.command("ccl-env", add_help_option=False,
+@app.command("ccl-env", add_help_option=False, short_help="The oneCCL/MPI environment for this host, as shell.",
              context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 def ccl_env(ctx: typer.Context) -> None:
     """Print the oneCCL/MPI environment tuned for this host: eval "$(cpuperf ccl-env)" (--help for options)."""
@@ -384,18 +387,24 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
         check_env_dir()
     if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
         return _ccl_env_main(args[1:])
+    if args[:1] == ["train"] and "--" in args and args.index("--") == len(args) - 1:  # click drops a bare `--`
+        from cpuperf.errors import UsageError
+
+        raise UsageError("train --: no command after `--`",
+                         hint="cpuperf train --auto -- python train.py ... (or leave out `--` for the built-in loop)")
     result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 
 
 def _usage_error(out: Output, exc: Any) -> int:  # Any: click or typer's vendored click
     """A click usage error (a click.ClickException) as one line, and as a JSON error object in --json mode."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f"{ctx.command_path if ctx else 'cpuperf'} --help"  # the command's own help: the one hint for both
     if out.json_mode:
         out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
-                            "message": exc.format_message(), "hint": "cpuperf --help"}})
+                            "message": exc.format_message(), "hint": hint}})
     # One line, as every other error: click's own show() prints a usage block first.
-    ctx = getattr(exc, "ctx", None)
-    out.error(one_line(exc.format_message()), f"{ctx.command_path if ctx else 'cpuperf'} --help")
+    out.error(one_line(exc.format_message()), hint)
     return int(ExitCode.USAGE)
 
 

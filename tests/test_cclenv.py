@@ -523,9 +523,16 @@ def test_registry_wheel_layout_conda_prefix_and_path(tmp_path):
 
 
 def test_no_bindings_says_why_on_stderr_and_require_ccl_fails(tmp_path):
-    proc = ccl(["--shell", "bash"])
+    """The fallback to gloo is said once, not in every new shell (doctor and --explain say it every time); --quiet
+    says nothing and does not count as having said it."""
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
+    assert ccl(["--shell", "bash", "--quiet"], env).stderr == ""
+    proc = ccl(["--shell", "bash"], env)
     assert "the ccl backend is not available" in proc.stderr and "using gloo" in proc.stderr
     assert "MASTER_ADDR='127.0.0.1'" in proc.stdout and "CCL_WORKER" not in proc.stdout
+    again = ccl(["--shell", "bash"], env)
+    assert again.stdout == proc.stdout and "ccl backend" not in again.stderr
+    assert "using gloo" in ccl(["--shell", "bash", "--explain"], env).stderr
     failed = ccl(["--require-ccl"], rc=3)
     assert failed.stdout == "" and failed.stderr.startswith("error: the ccl backend is not available")
 

@@ -122,6 +122,8 @@ ELSEWHERE = {
     ("plan/install.py", "PYTHONPATH"),
     # the worker's own env:// rendezvous, built with its values from the rank's record (RANK .. MASTER_PORT)
     ("train/dist_env.py", "MASTER_PORT"),
+    # an argv (-genv NAME VALUE) that sets one variable, not a list of them
+    ("plan/launch.py", "I_MPI_PIN"),
 }
 
 
@@ -195,3 +197,13 @@ def test_the_scan_sees_a_list_of_variables():
            'z = ("OMP_NUM_THREADS", "a reason")\n')
     lines = {line for line, _ in _lists_of_names(ast.parse(old))}
     assert lines == {1, 2, 3, 4, 5}
+
+
+def test_each_arm_lever_names_a_row_of_the_table():
+    """compat/tuning.toml's [[arm_lever]] rows carry their lever's variable: each one is a row here, a plan may set
+    those cpuperf applies, and the inference-only one it never sets is refused in a plan."""
+    for lever in load_builtin("tuning.toml")["arm_lever"]:
+        row = TABLE.row(lever["env"])
+        assert row is not None, lever["env"]
+        assert row.plan == lever.get("training", True), row
+        assert value_problem(row.name, str(lever["value"])) is None

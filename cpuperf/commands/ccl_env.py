@@ -384,11 +384,16 @@ def _plan_differences(plan: Any, facts: HostFacts, compute: Any) -> List[str]:
 
 def run(out: Output, opts: Options) -> int:
     from cpuperf.render import shell as cclenv
+    from cpuperf.run.said import first_time
+
     result = build(opts)
-    if result.backend != "ccl":
-        out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo")
-    for note in result.notes:
-        out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
+    notes = [f"the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo"
+             ] if result.backend != "ccl" else []
+    # ccl-env runs in every new shell: a note is said the first time it holds, not in each shell (doctor says it
+    # every time; --explain shows the whole decision)
+    for note in [*notes, *result.notes]:
+        if not out.quiet and (opts.explain or first_time("ccl-env-notes", note)):
+            out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
     if opts.explain:
         _explain(out, result)
     if out.json_mode:

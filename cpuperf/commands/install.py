@@ -28,7 +28,7 @@ from cpuperf.errors import (
     UsageError,
     exit_code_for_signal,
 )
-from cpuperf.output import Output
+from cpuperf.output import Output, Progress
 from cpuperf.plan import install as ip
 from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.run import pip as pd
@@ -173,13 +173,14 @@ def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, dev
                   versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
     """(resolution, exact torch build or None = host default label, notes)."""
     from cpuperf.knowledge.resolve import resolve
+    from cpuperf.probe.wheel_platform import wheel_platform
 
     notes: List[str] = []
     if opts.torch is None and installed:
-        r = resolve(py, None, want, matrix=matrix, installed_torch=installed)
+        r = resolve(py, None, want, wheel_platform(), matrix=matrix, installed_torch=installed)
         return r, installed, notes
     if versions is None:
-        r = resolve(py, opts.torch, want, matrix=matrix)
+        r = resolve(py, opts.torch, want, wheel_platform(), matrix=matrix)
         notes.append("could not list the versions the sources offer (pip index versions failed); "
                      "the dry run decides")
         return r, None, notes
@@ -188,15 +189,31 @@ def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, dev
         cands = [v for v in right if ip.newest_build([v], device, cuda_tag, specs, allow_plain=plain) == v]
         if plain:
             cands = [v for v in cands if not local_label(v)]
+            if device == "cpu":
+                cands = _plain_cpu_builds(cands, matrix, notes)
         cands.sort(key=Version, reverse=True)
         for v in cands:
-            r = resolve(py, Version(v).public, want, matrix=matrix)
+            r = resolve(py, Version(v).public, want, wheel_platform(), matrix=matrix)
             if r.ok:
                 if plain:
-                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch "
-                                 f"{opts.torch or ''} is offered by the sources; trying the registry's build {v}")
+                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch"
+                                 f"{' ' + opts.torch if opts.torch else ''} is offered by the sources; trying the "
+                                 f"registry's build {v}")
                 return r, v, notes
     return None, None, notes
+
+
+def _plain_cpu_builds(versions: List[str], matrix: Any, notes: List[str]) -> List[str]:
+    """The registry's unlabelled builds a CPU host may take on this interpreter's platform, with a note where the
+    newer ones are CUDA builds (plan/install.py registry_cpu_builds)."""
+    from cpuperf.probe.wheel_platform import wheel_platform
+
+    keep, cuda = ip.registry_cpu_builds(versions, matrix, wheel_platform())
+    if cuda and keep:
+        notes.append(f"the registry's Linux aarch64 torch is a CUDA build from {min(cuda, key=Version)} on ({len(cuda)} "
+                     f"of the releases offered; compat/torch.toml pypi_aarch64): its newest CPU build, "
+                     f"{max(keep, key=Version)}, instead")
+    return keep
 
 
 # --------------------------------------------------------------------------- the command
@@ -299,10 +316,31 @@ def _run(out: Output, opts: Options) -> int:
             render_plan(out, plan, product=True)
         return int(ExitCode.OK)
 
+    if _nothing_to_do(plan):
+        return _unchanged(out, plan)
     if not out.json_mode:
         render_plan(out, plan, product=False)
     _confirm(opts, out, plan)
     return _execute(plan, out, run_dir, env)
+
+
+def _nothing_to_do(plan: ip.InstallPlan) -> bool:
+    """Every planned package is installed already at its planned version (pip's dry run would install nothing, or
+    only what it marks "keep"): running pip would spend its start-up and resolution (15-33 s measured here) to
+    change nothing."""
+    return not plan.target.create_venv and all(p.action == "keep" for p in plan.packages)
+
+
+def _unchanged(out: Output, plan: ip.InstallPlan) -> int:
+    """The result of an install with nothing to do: no pip run, no transaction, nothing asked."""
+    if not plan.packages:  # pip's dry run would install nothing: every pin is kept as installed
+        plan = dataclasses.replace(plan, packages=tuple(dataclasses.replace(p, action="keep") for p in plan.requirements))
+    if out.json_mode:
+        out.json(plan.to_json({"status": "unchanged", "seconds": 0.0}))
+        return int(ExitCode.OK)
+    kept = ", ".join(f"{p.name} {p.version}" for p in plan.packages)
+    out.product(f"nothing to do: {plan.target.python} has every planned package already ({kept})")
+    return int(ExitCode.OK)
 
 
 def _plan_lock(opts: Options, out: Output, lock: ip.Lock, facts: Any, target: ip.Target, sources: ip.SourceSet,
@@ -355,13 +393,14 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
           config: Mapping[str, str], proxy: Optional[str], device: str, py: str,
           environ: Mapping[str, str]) -> ip.InstallPlan:
     from cpuperf.knowledge.resolve import ResolveError, resolve
+    from cpuperf.probe.wheel_platform import wheel_platform
 
     matrix = load_matrix_for_install()
     want = frozenset(w.strip() for w in opts.with_ if w.strip())
     installed_info = facts.software.packages.get("torch") if facts.software else None
     installed = installed_info.version if installed_info else None
     try:
-        first = resolve(py, opts.torch, want, matrix=matrix, installed_torch=None if opts.torch else installed)
+        first = resolve(py, opts.torch, want, wheel_platform(), matrix=matrix, installed_torch=None if opts.torch else installed)
     except ResolveError as exc:
         raise UsageError(str(exc), hint="cpuperf install --torch 2.7 --with ipex,oneccl") from exc
     if first.torch is None:
@@ -401,7 +440,7 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
         plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build,
                                cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
                                allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix,
-                               allocator_version=alloc_version)
+                               allocator_version=alloc_version, platform=wheel_platform())
     except ip.PlanError as exc:
         raise IncompatibleHostError(str(exc)) from exc
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
@@ -492,7 +531,8 @@ def _dry_run(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path, out: Output, igno
     if ignore_installed:
         args.append("--ignore-installed")
     out.info(f"asking pip what it would install ({len(plan.requirements)} pinned package(s)) ...")
-    res = pip.run(args, timeout=1800)
+    with Progress(out.teller("cpuperf install: "), "pip is resolving the plan (reading the indexes)"):
+        res = pip.run(args, timeout=1800)
     if res.returncode != 0:
         raise PipFailedError("pip cannot satisfy the plan (nothing was changed): " + ip.error_summary(res.stderr),
                              hint=f"full log: {pip.log}")
@@ -661,14 +701,18 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
     try:
         _stash(plan, txn, out)
         out.info(f"installing with pip (log: {log}) ...")
-        res = pip.run(plan.pip_install_args(), timeout=7200)
+        changed = [p for p in plan.packages if p.action != "keep"]
+        what = ", ".join(f"{p.name} {p.version}" for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        with Progress(out.teller("cpuperf install: "), f"pip is downloading and installing {what or 'the plan'}"):
+            res = pip.run(plan.pip_install_args(), timeout=7200)
         if res.returncode != 0:
             raise txn.restore(f"pip failed (exit {res.returncode}): {ip.error_summary(res.stderr, site)}",
                               ExitCode.PIP_FAILED)
         expected = _expected_versions(plan, pip)
         modules = _modules(plan)
         out.info("verifying: importing " + ", ".join(modules.values()) + " in the target interpreter ...")
-        ver = pd.verify(plan.target.python, plan.env, expected, modules)
+        with Progress(out.teller("cpuperf install: "), "verifying (importing torch: tens of seconds on a busy host)"):
+            ver = pd.verify(plan.target.python, plan.env, expected, modules)
         if not ver.ok:
             raise txn.restore("verification failed after pip ran: " + "; ".join(ver.problems), ExitCode.PIP_FAILED)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: pip's group is dead already

@@ -20,7 +20,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
           batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: Optional[int],
           hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
           measurements: Optional[str], python: Optional[str] = None,
-          adapt_to_load: bool = False) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
+          adapt_to_load: bool = False, out: Optional[Output] = None) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts).
 
     Load changes from second to second, so it shapes the plan only with adapt_to_load (--adapt-to-load);
@@ -46,10 +46,8 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
             overrides = merge(overrides, coerce_entry(key, raw))
     overrides = merge(overrides, parse_assignments(sets))
 
-    def log(msg: str) -> None:  # which measurement decides, with its figure (stderr: never the product)
-        from cpuperf.output import message
-
-        message(f"cpuperf: {msg}")
+    # which measurement decides, with its figure (stderr: never the product; nothing under --quiet)
+    log = (out or Output()).teller("cpuperf: ")
 
     meas = measure.load_file(measurements) if measurements else measure.planning_measurements(facts, log)
     from cpuperf.decide.nodes import job_nodes
@@ -103,12 +101,12 @@ def _toml(text: str) -> Dict[str, Any]:
 
 
 def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-             environ: Optional[Dict[str, str]] = None) -> JobPlan:
+             environ: Optional[Dict[str, str]] = None, master_addr: Optional[str] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import placeholder_job
     from cpuperf.probe.slurm import slurm_facts
 
-    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}))
+    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}), master_addr)
 
 
 def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
@@ -121,15 +119,20 @@ def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[H
     transformers = rec.stack.get("transformers")
     env = jp.env_map()
     launch = launch_view(jp.launch)
+    from cpuperf.plan.user_script import recommended_speed_flags
+
+    files = {path: text for f in recommended_speed_flags(rec, transformers)[0] if f.file for path, text in [f.file]}
     return {
         "env": env,
         "launch": launch,
         "hf_args": render.hf_flags(rec, transformers),
+        "hf_files": files,
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))),
         "accelerate_launch_args": render.accelerate_launch_args(rec),
-        "data_notes": render.hf_notes(rec),
+        "data_notes": render.hf_notes(rec) + [f"the Trainer flags name {path}: write it with {text}"
+                                              for path, text in files.items()],
     }
 
 
@@ -138,8 +141,9 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
+    master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
-    facts, rec, hosts = build(**kwargs)
+    facts, rec, hosts = build(**kwargs, out=out)
     kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
     subs: List[Any] = []
     if node_facts or probe_nodes:
@@ -149,7 +153,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.probe.slurm import slurm_environ
 
     # Inside a Slurm allocation the job is the allocation's (srun, its first node the rendezvous), as train runs it.
-    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ))
+    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ), master_addr)
     extra = renderings(facts, rec, hosts, jp)
     report = _lever_report(rec, jp, extra["hf_args"])
     result = {
@@ -159,7 +163,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "workload": rec.workload.to_json(),
         "placement": rec.placement.to_json(),
         "stack": rec.stack,
-        "notes": list(rec.notes) + extra["data_notes"],
+        "notes": list(rec.notes) + extra["data_notes"] + _levers_not_applied(facts, rec),
         **extra,
         "levers": _split(report),
     }
@@ -184,9 +188,19 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         out.product(render.launch_line(extra["launch"]))
     else:
         _table(out, result, report)
-    for note in result["notes"]:
-        out.info(f"note: {note}")
+    from cpuperf.run.said import first_time
+
+    for note in result["notes"]:  # in the result every time; on stderr the first time a plan carries it
+        if not out.quiet and first_time("plan-notes", note):
+            out.info(f"note: {note}")
     return 0
+
+
+def _levers_not_applied(facts: HostFacts, rec: Recommendation) -> List[str]:
+    """The Arm levers this plan leaves out, each with why (the job's notes say the same: decide/runtime_env)."""
+    from cpuperf.decide.arm_levers import arm_levers
+
+    return [lever.line() for lever in arm_levers(facts, {"fp32_math_mode": rec.levers.fp32_math_mode.value}) if not lever.applied]
 
 
 def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
@@ -207,7 +221,15 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
     if node_facts:
         from cpuperf.probe.node import read_saved
 
-        results = read_saved(node_facts)
+        notes: List[str] = []
+        results = read_saved(node_facts, notes)
+        unfit = {r.name: r.error for r in results if r.facts is None and r.error and "saved facts" in r.error}
+        planned = [n for n in names if n in unfit]
+        if planned:  # planning needs every node's facts: a record that does not fit is the user's to fix (exit 2)
+            raise UsageError(f"node {planned[0]}: {unfit[planned[0]]} ({node_facts}); planning needs every node's facts",
+                             hint="save that node's facts again: cpuperf doctor --hostfile FILE --save-facts DIR/")
+        for note in notes:
+            out.warn(note)
     else:
         from cpuperf.run.nodes import choose_reach, probe_cluster
 
@@ -238,16 +260,15 @@ def _measured_allreduce(names: List[str], rec: Recommendation) -> Any:
 
 def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
               subs: Sequence[NodePlan] = ()) -> str:
-    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
-    import socket
-
+    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically; never the host's name: the
+    same facts give the same file on every node, and a plan shared or committed tells no one where it was made."""
     from cpuperf import __version__
     from cpuperf.errors import from_os_error
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
     from cpuperf.plan.build import saved_plan_of
 
-    plan = saved_plan_of(facts, rec, jp, inputs, __version__, socket.gethostname() if facts.live else None, subs)
+    plan = saved_plan_of(facts, rec, jp, inputs, __version__, None, subs)
     try:
         atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"))
     except OSError as exc:
@@ -345,10 +366,10 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     else:
         if cached is not None and (flags or not usable):
             out.info(f"measuring again: the cached one is {'; '.join(flags)}")
-        out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
-                 + (", torch.compile (slow)" if compile else "") + " ...")
+        out.info(f"measuring on {threads} thread(s): bf16/fp32 GEMM" + (", allocators" if allocators else "")
+                 + (", torch.compile (slow)" if compile else "") + ", side by side ...")
         results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size,
-                                    workload=workload)
+                                    workload=workload, log=out.teller("cpuperf bench: "))
         path = measure.save(facts, results)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
@@ -380,7 +401,7 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
     cached = meas.tuned_by_shape.get(key) if meas is not None else None
     if cached is None or refresh:
         out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or tune_rules()['budget_s']} s) ...")
-        got = tune_shape(facts, workload, meas, lambda m: out.info(f"cpuperf bench: {m}"), budget_s)
+        got = tune_shape(facts, workload, meas, out.teller("cpuperf bench: "), budget_s)
         if got is None:
             raise ProbeFailedError("nothing to tune: the plan trains on a GPU", hint="--tune tunes CPU training")
         entry = got[2]
@@ -416,16 +437,24 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
 
 def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
     """The bench figures as text: GEMM rates and their spread, load, trust, allocators, torch.compile."""
-    ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+    import statistics
+
+    fp32, bf16 = results.get("gemm_fp32_gflops"), results.get("gemm_bf16_gflops")
     reps = results.get("repeats") or {}
     spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
-    lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-             f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
+    lines = [f"fp32 GEMM {fp32:.1f} GFLOP/s" + (f", bf16 GEMM {bf16:.1f} GFLOP/s ({bf16 / fp32:.2f}x)" if bf16 and fp32 else "")
+             + f" on {results.get('threads')} thread(s)" + (f" (medians; {spread})" if spread else "")] if fp32 else []
+    for r in (results.get("ratios") or {}).values():  # what decides: each ratio of runs side by side
+        rounds = [x for x in r.get("rounds") or [] if isinstance(x, (int, float))] if isinstance(r, dict) else []
+        if not rounds:
+            continue
+        lines.append(f"{r.get('name')}: {statistics.median(rounds):.2f}x ({min(rounds):.2f}-{max(rounds):.2f} over "
+                     f"{len(rounds)} rounds)" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
     load = results.get("load") or {}
     if load.get("figure"):
         lines.append(f"load around it: {load['figure']}")
     if flags:
-        lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
+        lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh measures again, side by side)")
     for name, r in (results.get("allocator_speedup") or {}).items():
         if not name.endswith("_by_workload"):
             per = results["allocator_speedup"].get(f"{name}_by_workload") or {}

@@ -10,12 +10,12 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.decide.nodes import job_nodes
 from cpuperf.decide.placement import plan_placement
-from cpuperf.decide.workload import resolve_workload
+from cpuperf.decide.workload import for_script, from_script, resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
 from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
@@ -24,7 +24,7 @@ from cpuperf.plan.saved import plan_fits, read_plan_file
 from cpuperf.plan.user_launcher import split_launcher
 from cpuperf.plan.user_script import parse_command
 from cpuperf.probe import probe_host, with_load
-from cpuperf.probe.hf import accelerate_default_config
+from cpuperf.probe.hf import accelerate_default_config, script_model
 from cpuperf.probe.hosts import read_hostfile, this_node_names
 from cpuperf.probe.launchers import launcher_python, read_script
 from cpuperf.probe.slurm import slurm_facts
@@ -77,11 +77,18 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc)
 
 
+def _say(msg: str) -> None:
+    from cpuperf.output import message
+
+    message(f"cpuperf train: {msg}")
+
+
 def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), facts: Optional[HostFacts] = None,
-               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True) -> JobPlan:
+               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True,
+               say: Callable[[str], None] = _say) -> JobPlan:
     """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
     measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
-    `use_tuned` False: the rules' plan (the start of `--tune`)."""
+    `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
     environ = dict(os.environ if environ is None else environ)
     argv = request.user_argv
     steps = request.steps
@@ -89,7 +96,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
     # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
     yours = split_launcher(argv) if argv else None
-    script = parse_command(argv).script if argv else None
+    command = parse_command(argv) if argv else None
+    script, script_args = (command.script, command.script_args) if command else (None, ())
     if facts is None:
         facts = probe_host(sysroot=options.sysroot)
     if options.adapt_to_load and facts.load is None and facts.live:
@@ -109,16 +117,22 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
-    workload = resolve_workload(request.model, None, None, None, steps)
+    if argv:  # the model and batch your script names in its own arguments (never downloaded)
+        found = script_model(script_args, os.getcwd(), environ,
+                             its_python or launcher_python(argv[:1]) if script else None)
+        workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
+                    else from_script(found))
+    else:
+        workload = resolve_workload(request.model, None, None, None, steps)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None
     threads = plan_placement(facts).threads_per_rank if real_auto else None
     out_dir = run_dir(request.out_dir, resume=request.resume, create=not request.dry_run)
     try:
         if saved is not None:  # the cache the saved plan's decisions read, said only where it plans again
-            meas = planning_measurements(facts, _say if diffs else None)
+            meas = planning_measurements(facts, say if diffs else None)
         else:
-            meas = train_measurements(facts, environ, _say, auto=request.auto, threads=threads,
+            meas = train_measurements(facts, environ, say, auto=request.auto, threads=threads,
                                       shape=workload if not argv and not request.has_sets else None)
         node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
                                  locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
@@ -133,12 +147,6 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         if request.out_dir is None and not request.dry_run and not request.resume:
             remove_if_empty(out_dir)  # made for this run, which never started
         raise
-
-
-def _say(msg: str) -> None:
-    from cpuperf.output import message
-
-    message(f"cpuperf train: {msg}")
 
 
 def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
@@ -170,7 +178,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if options.tune:
         return _run_tune(out, given, options)
     request = train_request(given, options)
-    jp = build_plan(request, options)
+    jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
@@ -204,7 +212,8 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
-    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False)
+    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False,
+                    say=out.teller("cpuperf train: "))
     if jp.rec.levers.device.value != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
@@ -263,7 +272,9 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None else ""))  # new per run: say which
+             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
+             + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
+                if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
@@ -271,6 +282,8 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         for line in applied_lines(applied):
             out.info(line)
     script = jp.hf.get("_script")
+    if script is not None:
+        _write_config_files(script.files)
     res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
                   tee_stderr=script is not None and bool(script.added))
     observed = [res.observations[r] for r in sorted(res.observations)]
@@ -309,6 +322,20 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         if not user:
             out.product(_human(result))
     return 0
+
+
+def _write_config_files(files: Tuple[Tuple[str, str], ...]) -> None:
+    """The FSDP / DeepSpeed files the added flags name, in the run directory, before the script reads them."""
+    from cpuperf.errors import FilesystemError
+
+    for path, text in files:
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError as exc:
+            raise FilesystemError(f"cannot write {path}: {exc.strerror or exc}",
+                                  hint="check the run directory (--out): permissions, space") from exc
 
 
 def _plot(out: Output, run_dir: str) -> List[str]:
@@ -492,10 +519,16 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
 
         lines.extend("# " + line for line in applied_lines(applied))
     lines.extend("# " + line for line in _lever_lines(jp))
+    script = jp.hf.get("_script")
+    for path, text in (script.files if script is not None else ()):
+        lines.append(f"# file {path} (written before the script starts): {text}")
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
-    for note in jp.notes:
-        out.info(f"note: {note}")
+    from cpuperf.run.said import first_time
+
+    for note in jp.notes:  # in --json every time; on stderr the first time a plan carries it
+        if not out.quiet and first_time("plan-notes", note):
+            out.info(f"note: {note}")
 
 
 __all__ = ["TrainOptions", "train_request", "run_train", "build_plan", "CpuperfError"]

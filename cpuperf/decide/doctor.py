@@ -9,7 +9,7 @@ from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
 from cpuperf.knowledge.bf16 import bf16_native
-from cpuperf.knowledge.cpu_peaks import peak_generations
+from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import HostFacts, PackageInfo, allocator_names
 from cpuperf.versions import base_or_none, major_minor
@@ -41,10 +41,21 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
     cpu = facts.cpu
     out: List[Finding] = []
     if cpu.arch == "x86_64" and not bf16_native(facts):
-        out.append(Finding(
-            "bf16-not-native", "info",
-            f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
-            "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
+        torch = _pkg(facts, "torch")
+        gpu_training = bool(facts.gpus) and (torch is None or torch.build != "cpu")
+        if gpu_training:  # the advice follows the device: training runs on the GPUs, whose bf16 is their own
+            bf16_gpus = [g.name for g in facts.gpus or () if g.bf16]
+            gpu_side = (f"the GPUs ({', '.join(sorted(set(bf16_gpus)))}) have bf16 and train with it" if bf16_gpus
+                        else "the GPUs here have no bf16 either (fp16 with a gradient scaler on Tensor Cores)")
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so CPU training would emulate bf16; {gpu_side}",
+                None))
+        else:
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
+                "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
     if cpu.amx_supported and cpu.amx_usable is False:
         out.append(Finding(
             "amx-not-permitted", "error",
@@ -63,6 +74,12 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
                            "(newer than the data, or no vendor guide gives its datapath): training reports no MFU "
                            "for it, only the measured GEMM rate ('% of achievable'); placement and dtype use its "
                            "ISA flags", None))
+    gaps = peak_data(cpu.microarchitecture, cpu.model_name)["unsourced"]
+    if gaps:
+        out.append(Finding("cpu-data-unsourced", "info",
+                           "not in cpuperf's data for want of a primary source: "
+                           + "; ".join(f"{g['what']} ({g['why']})" for g in gaps)
+                           + ": left out rather than guessed (compat/cpu_peaks.toml [[unsourced]])", None))
     return out
 
 
@@ -176,6 +193,23 @@ def check_stack(facts: HostFacts) -> List[Finding]:
             for f in installed_findings(pyver, packages, platform=plat)]
 
 
+def check_ddp_backend(facts: HostFacts) -> List[Finding]:
+    """Which backend several CPU ranks would use: the note ccl-env says once (not in every shell) is said here."""
+    from cpuperf.decide.backend import cpu_backend
+
+    sw = facts.software
+    torch = sw.packages.get("torch") if sw is not None else None
+    if sw is None or torch is None or facts.gpus or len(facts.usable_cpus()) < 2:
+        return []
+    bindings = sw.packages.get("oneccl_bind_pt")
+    backend = cpu_backend(facts, {"torch": torch.version, "oneccl_bind_pt": bindings.version if bindings else None},
+                          sw.python)
+    if backend.name == "ccl":
+        return []
+    return [Finding("ddp-backend-gloo", "info", f"several CPU ranks use gloo, not ccl: "
+                    f"{backend.reason.removeprefix('gloo: ')}", None)]
+
+
 _REGEN = ("refresh the data from a cpuperf checkout (python -m tools.regen_compat --live), "
           "or extend it with CPUPERF_COMPAT_DIR")
 
@@ -227,7 +261,7 @@ def check_data_age(facts: HostFacts) -> List[Finding]:
 
 CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
     check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries, check_stack, check_gpus,
-    check_load, check_data_age,
+    check_load, check_data_age, check_ddp_backend,
 ]
 
 
@@ -281,7 +315,8 @@ def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
                 "family": cpu.family, "model": cpu.model, "stepping": cpu.stepping,
                 "microarchitecture": cpu.microarchitecture,
                 "microarchitecture_source": cpu.microarchitecture_source,
-                "isa": list(cpu.isa), "bf16_native": cpu.bf16_native,
+                "isa": list(cpu.isa), "bf16_native": bf16_native(facts),
+                "peak_data": peak_data(cpu.microarchitecture, cpu.model_name),
                 "amx": {"supported": cpu.amx_supported, "usable": cpu.amx_usable},
                 "implementer": cpu.implementer, "part": cpu.part,
             },

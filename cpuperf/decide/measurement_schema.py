@@ -35,6 +35,11 @@ COMPILED = rb.record({"compile_seconds": rb.positive(), "speedup": rb.positive(1
                       "batch": rb.positive(), "model": rb.text(256), "threads": rb.count()},
                      required=("compile_seconds", "speedup", "step_seconds", "batch"))
 RATIO = rb.positive(1e6)
+# A ratio measured side by side (cpuperf.decide.ratios.Ratio.to_json), and why one did not decide.
+ROUNDS = rb.record({"name": rb.text(256), "median": rb.number(0, 1e6), "rounds": rb.list_of(RATIO, 100000),
+                    "spread": rb.number(0, 1e6), "threshold": RATIO, "decided": rb.boolean},
+                   required=("name", "rounds", "decided"))
+UNDECIDED = rb.map_of(rb.text(1000), rb.text(128))
 
 
 def _point() -> rb.Check:
@@ -99,9 +104,10 @@ def sanitized(data: Any, identity: bool = True) -> Tuple[Dict[str, Any], List[st
             raise NotUsable(f"{name} {why}")
     scalars = {"schema": rb.text(64), "host_id": rb.text(64), "threads": rb.count(), "torch": rb.text(128),
                "gemm_fp32_gflops": rb.positive(), "gemm_bf16_gflops": rb.positive(), "gemm_fp16_gflops": rb.positive(),
-               "gemm_size": rb.count(), "gemm_seconds": rb.positive(), "duration_s": rb.number(0, 1e9), "load": LOAD}
+               "gemm_size": rb.count(), "gemm_seconds": rb.positive(), "duration_s": rb.number(0, 1e9), "load": LOAD,
+               "method": rb.text(64), "undecided": UNDECIDED}
     out, notes = rb.pruned(data, scalars, "")
-    for section, check in (("repeats", REPEAT), ("compile_by_model", COMPILED), ("tuned_by_shape", tuning()),
+    for section, check in (("repeats", REPEAT), ("ratios", ROUNDS), ("compile_by_model", COMPILED), ("tuned_by_shape", tuning()),
                            ("tuned_by_command", tuning())):
         if section in out:
             out[section], dropped = rb.entries(out[section], check, section)

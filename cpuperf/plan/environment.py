@@ -28,6 +28,7 @@ class EnvDecisions(NamedTuple):
     backend: Backend  # for one rank: the backend several ranks would use (the env serves either)
     allocator: Optional[str]
     threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
+    pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
     levers: Tuple[Any, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
 
 
@@ -41,7 +42,7 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
     return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True),
-                        tuple(d.to_json() for d in rec.levers.all()))
+                        rec.levers.affinity.value == "auto", tuple(d.to_json() for d in rec.levers.all()))
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,
@@ -58,7 +59,8 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
 def decisions_to_json(decided: EnvDecisions) -> Any:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
-            "allocator": decided.allocator, "threads": decided.threads, "levers": list(decided.levers)}
+            "allocator": decided.allocator, "threads": decided.threads, "pin": decided.pin,
+            "levers": list(decided.levers)}
 
 
 def _typed(value: Any, kind: Any) -> Any:
@@ -81,8 +83,11 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
                           _typed(p["ccl_workers"], int), _typed(p["cpu_budget"], int),
                           tuple(_typed(r, str) for r in _typed(p["reasons"], list)))
     name, reason = (_typed(v, str) for v in _typed(raw["backend"], list))
+    pin = raw["pin"]
+    if not isinstance(pin, bool):
+        raise TypeError(f"pin {pin!r} is not true or false")
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
-                        _typed(raw["threads"], (int, type(None))),
+                        _typed(raw["threads"], (int, type(None))), pin,
                         tuple(_typed(d, dict) for d in _typed(raw["levers"], list)))
 
 
@@ -117,7 +122,7 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
                                 preload=request.preload, allocator=decided.allocator, threads=decided.threads,
                                 nnodes=request.nnodes,
                                 mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
-                                environ=environ, slurm_first=request.slurm_first)
+                                environ=environ, slurm_first=request.slurm_first, pin=decided.pin)
     notes = list(tuned.notes)
     if planned is None:
         return list(tuned.vars), notes

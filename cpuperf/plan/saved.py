@@ -53,7 +53,9 @@ class SavedPlan:
         return data
 
     def _own_json(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA, "cpuperf": self.cpuperf, "made_on": self.made_on, "host": self.host,
+        # made_on: only a plan read from an older file has one; a plan carries no host name (docs/saved-plans.md)
+        return {"schema": SCHEMA, "cpuperf": self.cpuperf, **({"made_on": self.made_on} if self.made_on else {}),
+                "host": self.host,
                 "stack": self.stack, "inputs": self.inputs,
                 "decisions": [d.to_json() for d in self.rec.decisions],
                 "placement": self.rec.placement.to_json(), "workload": self.rec.workload.to_json(),
@@ -279,7 +281,8 @@ def _placement(raw: Any, host: Mapping[str, Any]) -> Placement:
 
 def _workload(raw: Any) -> Workload:
     _need({"workload": raw}, "workload", dict, "")
-    fields = Workload.__dataclass_fields__
+    # The fields a workload's JSON holds (a user script's own batch and optimizer are not in a saved plan).
+    fields = [name for name, f in Workload.__dataclass_fields__.items() if f.metadata.get("json", name) is not None]
     for key in fields:
         if key in ("name", "source"):
             _need(raw, key, str, "workload")
@@ -316,11 +319,19 @@ def _decision(raw: Any, index: int) -> Decision[Any]:
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
 
 
+def _with_memory_levers(decisions: Tuple[Decision[Any], ...]) -> Tuple[Decision[Any], ...]:
+    """A plan saved before sharding and offload were decided held neither: it ran without them, said as such."""
+    have = {d.id for d in decisions}
+    why = "a plan saved before cpuperf decided sharding and offload: it runs without them"
+    added = [Decision(i, v, why, {}) for i, v in (("sharding", None), ("offload", False)) if i not in have]
+    return decisions + tuple(added) if added else decisions
+
+
 def levers_from_json(raw: Any) -> Levers:
     """Levers from their decisions' JSON (a saved plan's, a remembered ccl-env decision's): ValueError when not."""
     if not isinstance(raw, (list, tuple)):
         raise ValueError("decisions must be a list")
-    decisions = tuple(_decision(d, i) for i, d in enumerate(raw))
+    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(raw)))
     _check_decision_set(decisions)
     return levers_of(decisions)
 
@@ -453,7 +464,7 @@ def _from_json(data: Any) -> SavedPlan:
     _exact_keys(data, _TOP, "plan")
     host = _host(data.get("host"))
     stack = _stack(data.get("stack"))
-    decisions = tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, "")))
+    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, ""))))
     _check_decision_set(decisions)
     env = tuple(_env(item, i) for i, item in enumerate(_need(data, "env", list, "")))
     names = [e.name for e in env]
@@ -599,6 +610,9 @@ def read_plan_file(path: str) -> SavedPlan:
     return read(path, text)
 
 
+_DIFFERENCES_SHOWN = 4
+
+
 def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
               names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
@@ -615,8 +629,10 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
         raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
                          "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
     if diffs and not replan:
-        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
-        raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
+        # Every difference is named (up to a few): "and 1 more" sent users to --replan just to learn what it was.
+        shown = "; ".join(diffs[:_DIFFERENCES_SHOWN])
+        more = f" (and {len(diffs) - _DIFFERENCES_SHOWN} more)" if len(diffs) > _DIFFERENCES_SHOWN else ""
+        raise PlanMismatchError(f"plan {path} was made for another host or stack: {shown}{more}",
                                 hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
                                      "from this host's facts")
     return plan, diffs

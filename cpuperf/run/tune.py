@@ -238,15 +238,24 @@ def _fewer_steps(steps: int, cost: float, runtime: Optional[float], per_run: flo
 def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[List[float]]], budget_s: float,
          passes: int, log: Callable[[str], Any]) -> TuneResult:
     """The descent with the real clock, each run said as it ends."""
+    from cpuperf.output import Progress
+
     rule = rules()
+    began = time.monotonic()
+    runs = 0
 
     def timed(p: Point) -> Optional[List[float]]:
+        nonlocal runs
+        runs += 1
+        progress.update(f"run {runs}: {p.label()}", left_s=max(0.0, budget_s - (time.monotonic() - began)))
         got = run_one(p)
         log(f"  {p.label()}: " + (", ".join(f"{x:.2f}" for x in got) + " samples/s" if got else "failed"))
         return got
 
-    return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
-                   clock=time.monotonic)
+    # A run is a fresh process (torch's import, a warm-up): on a busy host tens of seconds with nothing to say.
+    with Progress(log, "tuning") as progress:
+        return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
+                       clock=time.monotonic)
 
 
 def summary(result: TuneResult, cand: Candidates) -> List[str]:
