@@ -167,9 +167,12 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
 def test_runtime_env_ccl_two_sockets_workers_domains_and_rendezvous(host2):
     facts = probe_host(sysroot=host2, software=False)
     placement = plan_placement(facts, 2, ccl=True)
-    env = envplan.runtime_env(facts, placement, backend="ccl", mpi="intelmpi", environ={})
+    env = envplan.runtime_env(facts, placement, backend="ccl", mpi="intelmpi", environ={},
+                              threads=placement.threads_per_rank)
     got = {v.name: v.value for v in env.vars}
     assert got["OMP_NUM_THREADS"] == "12" and got["CCL_WORKER_COUNT"] == "4"
+    unset = envplan.runtime_env(facts, placement, backend="ccl", mpi="intelmpi", environ={}, threads=None)
+    assert "OMP_NUM_THREADS" not in {v.name for v in unset.vars}  # no count decided: torch's own stands
     assert got["CCL_WORKER_AFFINITY"] == "0,1,2,3,16,17,18,19"
     assert got["I_MPI_PIN_DOMAIN"] == f"[{hex(0xfff0)},{hex(0xfff0 << 16)}]"
     assert got["MASTER_ADDR"] == "127.0.0.1" and got["MASTER_PORT"] == "29500"
@@ -670,6 +673,7 @@ def test_remembered_decisions_are_keyed_by_the_facts_and_end_with_their_measurem
     known = json.loads(entry.read_text())
     for slot in known["value"]["placement"]["slots"]:
         slot["threads"] = 3
+    known["value"]["threads"] = 3  # the one count each rank runs with (decide.records.rank_threads)
     entry.write_text(json.dumps(known))  # what a run remembered is what the next one renders
     assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "3"
     entry.write_text(json.dumps({**known, "until": 1.0}))  # the measurement it was decided from has expired

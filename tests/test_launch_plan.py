@@ -9,6 +9,7 @@ import pytest
 from hosts import make_host
 
 from cpuperf.decide.recommend import recommend
+from cpuperf.decide.records import rank_threads
 from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import UsageError
 from cpuperf.plan.launch import (
@@ -37,7 +38,8 @@ def facts_for(tmp_path, monkeypatch, mpi=None, **host):
 def test_two_socket_host_gets_two_torchrun_ranks_with_per_socket_cpus(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=4, threads_per_core=2)
     rec = recommend(facts, PRESETS["micro"])
-    plan = plan_launch(facts, rec.placement, rank_command=CMD, log_dir="/r/logs", python="py")
+    plan = plan_launch(facts, rec.placement, rank_command=CMD, log_dir="/r/logs", python="py",
+                       threads=rank_threads(rec.levers, True))
     assert plan.launcher == "torchrun" and plan.world_size == 2
     assert "--standalone" in plan.argv and "--nproc-per-node=2" in plan.argv
     assert plan.argv[plan.argv.index("-m", 3):][:3] == ("-m", "cpuperf.run.rankexec", "--")
@@ -50,7 +52,7 @@ def test_two_socket_host_gets_two_torchrun_ranks_with_per_socket_cpus(tmp_path, 
 def test_one_rank_runs_directly_pinned(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=1, cores_per_socket=4, threads_per_core=2)
     rec = recommend(facts, PRESETS["micro"])
-    plan = plan_launch(facts, rec.placement, rank_command=CMD)
+    plan = plan_launch(facts, rec.placement, rank_command=CMD, threads=rank_threads(rec.levers, True))
     assert plan.launcher == "direct" and tuple(plan.argv) == tuple(CMD)
     assert plan.affinity == (0, 1, 2, 3) and plan.env["OMP_NUM_THREADS"] == "4"
     plain = plan_launch(facts, rec.placement, rank_command=CMD, pin=False)
@@ -158,7 +160,7 @@ def test_failure_reports_are_parsed():
 def test_observations_that_differ_from_the_plan_warn(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=2)
     rec = recommend(facts, PRESETS["micro"])
-    plan = plan_launch(facts, rec.placement, rank_command=CMD, python="py")
+    plan = plan_launch(facts, rec.placement, rank_command=CMD, python="py", threads=rank_threads(rec.levers, True))
     good = [RankObservation(0, 10, (0, 1), 3, "2", ["gnu"], "glibc"), RankObservation(1, 11, (2, 3), 3, "2", ["gnu"], "glibc")]
     assert check_observations(plan, good) == []
     bad = [RankObservation(1, 11, (0, 1, 2, 3), 3, "4", ["gnu"], "glibc")]

@@ -11,6 +11,7 @@ the command, the preload). Then the pure function itself over a table of decisio
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,19 @@ PATHS: Dict[str, List[str]] = {
     "accelerate": ["--auto", "--", "accelerate", "launch", "--num_processes", "2", "train.py", "--output_dir", "o"],
     "mpirun": ["--auto", "--", "mpirun", "-np", "2", "python", "train.py", "--output_dir", "o"],
     "trainer-plain": ["--", "python", "train.py", "--output_dir", "o"],
+    # a plain run with pinning set: the ranks are pinned, their threads stay torch's own (no second count)
+    "builtin-pinned-plain": ["--set", "affinity=auto"],
+    # Slurm: the user's srun line, and cpuperf's own srun inside an allocation (PATH_ENV): dry runs, no Slurm here
+    "srun": ["--auto", "--", "srun", "-n", "2", "python", "train.py", "--output_dir", "o"],
+    "own-srun": ["--auto", "--nproc-per-node", "2"],
+    # MPICH / Intel MPI: the user's hydra line (-ppn, -genv). cpuperf's own mpirun is test_launch_plan's: under
+    # --sysroot the probe finds no launcher on the recorded tree
+    "hydra": ["--auto", "--", "mpiexec.hydra", "-n", "2", "-ppn", "2", "-genv", "I_MPI_DEBUG", "0", "python", "train.py",
+              "--output_dir", "o"],
+}
+# What a path adds to the child's environment: the Slurm allocation srun runs in (slurm_facts reads these).
+PATH_ENV: Dict[str, Dict[str, str]] = {
+    "own-srun": {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cn01"},
 }
 
 
@@ -42,7 +56,8 @@ def _dry_run(cls: HostClass, path: str, root: Path) -> Tuple[int, Dict[str, Any]
     script = options[options.index("--"):] if "--" in options else []
     args = [sys.executable, "-m", "cpuperf", "train", "--dry-run", "--json", *options[:len(options) - len(script)],
             "--sysroot", str(tree), *script]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=_env(cls, root), cwd=str(root / "run"))
+    env = {**_env(cls, root), **PATH_ENV.get(path, {})}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=str(root / "run"))
     return proc.returncode, (json.loads(proc.stdout) if proc.returncode == 0 else {}), proc.stderr
 
 
@@ -89,6 +104,8 @@ def _check_claim(item: Dict[str, Any], plan: Dict[str, Any]) -> None:
 @pytest.mark.parametrize("cls", CLASSES, ids=[c.name for c in CLASSES])
 def test_every_decided_lever_is_applied_or_listed_with_a_reason(dry_runs, cls: HostClass):
     for path in PATHS:
+        if (cls.name, path) not in dry_runs:
+            continue
         code, plan, err = dry_runs[(cls.name, path)]
         assert code == 0, f"{cls.name} {path}: exit {code}: {err[-1500:]}"
         report = plan["levers"]
@@ -155,3 +172,99 @@ def test_a_claim_follows_the_job_not_the_plan():
     assert {s.id: s for s in lever_report(decided, preloaded)}["allocator"].applied
     script = {s.id: s for s in lever_report(decided, JOBS["script"])}
     assert script["dtype"].how == "flag --bf16" and not script["threads_per_rank"].applied
+
+
+# -- the paths the first property left out, and what they must show ---------------------------------------------
+
+def test_the_launch_lines_of_srun_and_mpirun_are_the_ones_reported(dry_runs):
+    """cpuperf's own srun (inside an allocation) and mpirun start the decided ranks, each pinned with the decided
+    threads; the user's srun and hydra lines keep their rank counts and the report names each lever."""
+    _, own_srun, _ = dry_runs[("avx512-bf16", "own-srun")]
+    launch = own_srun["launch"]
+    assert launch["launcher"] == "srun" and launch["argv"][0] == "srun" and "--ntasks-per-node=2" in launch["argv"]
+    applied = {i["id"]: i["how"] for i in own_srun["levers"]["applied"]}
+    assert applied["nproc_per_node"] == "the launch starts 2 rank(s) per node"
+    assert applied["affinity"] == "each rank pinned to its CPUs"
+    for path in ("srun", "hydra"):
+        _, plan, _ = dry_runs[("avx512-bf16", path)]
+        assert plan["launch"]["yours"]["launcher"] == {"srun": "srun", "hydra": "mpirun"}[path]
+        assert plan["launch"]["yours"]["ranks"] == 2
+        states = {i["id"] for i in plan["levers"]["applied"] + plan["levers"]["not_applied"]}
+        assert states == set(DECISION_IDS)
+
+
+def test_the_trainers_default_fused_adamw_is_applied_by_that_default(dry_runs):
+    """The installed (recorded) transformers and torch make fused AdamW the Trainer's default: no --optim is added,
+    and the optimizer the plan decided is said to be applied by that default, not 'not applied'."""
+    for path in ("trainer", "torchrun", "mpirun"):
+        _, plan, _ = dry_runs[("avx512-bf16", path)]
+        assert not any(w.startswith("--optim") for w in _words(plan))
+        applied = {i["id"]: i for i in plan["levers"]["applied"]}
+        assert applied["optimizer"]["value"] == "adamw_fused", (path, plan["levers"])
+        assert applied["optimizer"]["how"] == "default: the Trainer's default is fused AdamW"
+
+
+@pytest.mark.parametrize("cls", [c for c in CLASSES if not c.gpus], ids=[c.name for c in CLASSES if not c.gpus])
+def test_threads_per_rank_is_one_value_on_every_path(dry_runs, cls: HostClass):
+    """The env's OMP_NUM_THREADS, each rank's thread count and the worker's setting are the one decided value where
+    cpuperf sets threads (--auto), and nothing at all where it does not (a plain run, pinned or not)."""
+    for path, options in PATHS.items():
+        if (cls.name, path) not in dry_runs:
+            continue
+        _, plan, _ = dry_runs[(cls.name, path)]
+        launch = plan["launch"]
+        decided = next(d["value"] for d in plan["decisions"] if d["id"] == "threads_per_rank") \
+            if "--auto" in options else None
+        seen = {r["threads"] for r in launch["per_rank"]}
+        if "OMP_NUM_THREADS" in launch["env"]:
+            seen.add(int(launch["env"]["OMP_NUM_THREADS"]))
+        if plan.get("settings") is not None:
+            seen.add(plan["settings"].get("threads_per_rank"))
+        mine = {t for t in seen if t is not None}
+        if decided is None:
+            assert mine == set(), (cls.name, path, seen)
+        else:  # a user's launcher cpuperf does not place gets none; every other path the one value
+            assert mine <= {decided}, (cls.name, path, seen, decided)
+
+
+# -- recommend and ccl-env report the levers of what they render --------------------------------------------------
+
+def _cli(cls: HostClass, root: Path, *args: str) -> Tuple[int, str, str]:
+    tree = cls.tree(root / f"tree-{cls.name}")
+    proc = subprocess.run([sys.executable, "-m", "cpuperf", *args, "--sysroot", str(tree)], capture_output=True,
+                          text=True, timeout=120, env=_env(cls, root), cwd=str(root / "run"))
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("name", ["avx512-bf16", "avx2", "gpu"])
+def test_recommend_and_ccl_env_carry_the_lever_report(tmp_path, name):
+    cls = next(c for c in CLASSES if c.name == name)
+    for sub in ("run", "home"):
+        (tmp_path / sub).mkdir()
+    code, out, err = _cli(cls, tmp_path, "recommend", "--json")
+    assert code == 0, err[-1500:]
+    rec = json.loads(out)
+    report = rec["levers"]
+    assert sorted(i["id"] for i in report["applied"] + report["not_applied"]) == sorted(DECISION_IDS)
+    applied = {i["id"]: i["how"] for i in report["applied"]}
+    decided = {d["id"]: d["value"] for d in rec["decisions"]}
+    if decided["device"] == "cpu":  # the launch recommend prints carries the one thread count
+        assert applied["threads_per_rank"] == f"each rank starts with OMP_NUM_THREADS={decided['threads_per_rank']}"
+        assert rec["env"]["OMP_NUM_THREADS"] == str(decided["threads_per_rank"])
+    if "--bf16" in rec["hf_args"]:
+        assert applied["dtype"] == "flag --bf16"  # the Trainer flags recommend renders carry it
+    code, text, err = _cli(cls, tmp_path, "recommend")
+    assert code == 0 and "# levers: applied" in text, err[-1500:]
+    assert all(re.search(rf"^# (not )?applied: {lever}=", text, re.M) for lever in DECISION_IDS), text
+    if decided["device"] != "cpu":
+        return  # ccl-env decides for the CPU
+    code, out, err = _cli(cls, tmp_path, "ccl-env", "--json")
+    assert code == 0, err[-1500:]
+    env = json.loads(out)
+    report = env["levers"]
+    assert sorted(i["id"] for i in report["applied"] + report["not_applied"]) == sorted(DECISION_IDS)
+    applied = {i["id"]: i["how"] for i in report["applied"]}
+    why = {i["id"]: i["why"] for i in report["not_applied"]}
+    assert applied["threads_per_rank"] == f"env OMP_NUM_THREADS={env['env']['OMP_NUM_THREADS']}"
+    assert why["nproc_per_node"].startswith("ccl-env renders the environment only")
+    assert "batch_size" in why

@@ -7,7 +7,7 @@ for --explain, a subprocess only when a script exists or several nodes need the 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, NoReturn, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Set, Tuple
 
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
@@ -239,11 +239,11 @@ def _rendered(job: _Job, stack: Any, facts: HostFacts, decided: EnvDecisions, pl
     notes += _merge_notes(merged)
     placement = decided.placement
     header = (f"cpuperf ccl-env: backend {decided.backend.name}; {job.nodes} node(s) x {placement.nproc_per_node} "
-              f"rank(s), {placement.threads_per_rank} thread(s) each; python {stack.executable}")
+              f"rank(s), {decided.threads or 'default'} thread(s) each; python {stack.executable}")
     return cclenv.CclEnv(backend=decided.backend.name, backend_reason=decided.backend.reason, final=merged.final,
                          vars=merged.vars, kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
                          notes=tuple(notes), skipped=merged.skipped, placement=placement.to_json(), header=header,
-                         invalid=merged.invalid,
+                         invalid=merged.invalid, decisions=decided.levers,
                          extra={"nnodes": job.nodes, "nproc_per_node": placement.nproc_per_node,
                                 "plan_differences": diffs, "python": stack.executable, "prefix": stack.prefix})
 
@@ -314,6 +314,8 @@ def _fits_here(decided: EnvDecisions, facts: HostFacts) -> EnvDecisions:
         if not 1 <= slot.threads <= len(usable) or not slot.cpus or \
                 not set(slot.cpus) | set(slot.compute_cpus) | set(slot.ccl_worker_cpus) <= usable:
             raise ValueError(f"placement: rank {slot.local_rank}'s threads or CPUs are not this host's")
+    if decided.threads is not None and not 1 <= decided.threads <= len(usable):
+        raise ValueError("threads per rank out of this host's range")
     backend, sw = decided.backend, facts.software
     if backend.name not in ("gloo", "ccl", "mpi") or not backend.reason.isprintable() or len(backend.reason) > 4096:
         raise ValueError(f"backend {backend.name[:20]!r} is not one cpuperf decides")
@@ -395,11 +397,29 @@ def run(out: Output, opts: Options) -> int:
     if opts.explain:
         _explain(out, result)
     if out.json_mode:
-        out.json(cclenv.to_json(result))
+        out.json(cclenv.to_json(result._replace(levers=_levers(result))))
     else:
         shell = opts.shell or cclenv.DEFAULT_SHELL
         out.product(cclenv.render(result, shell))
     return int(ExitCode.OK)
+
+
+# What an environment alone cannot carry (the launch, a Trainer's flags): the report says so for each such lever.
+ENV_ONLY = ("ccl-env renders the environment only: your launcher starts and places the ranks, and the Trainer flags "
+            "are `cpuperf recommend --format hf` (or `cpuperf train --auto -- ...` applies them)")
+
+
+def _levers(result: CclEnv) -> Optional[Dict[str, Any]]:
+    """Each lever applied by this environment (the variables as a shell gets them) or not, with why (--json)."""
+    if not result.decisions:
+        return None
+    from cpuperf.plan.applied import RenderedJob, lever_report, split
+    from cpuperf.plan.saved import levers_from_json
+
+    extra = result.extra or {}
+    job = RenderedJob(auto=True, nproc_per_node=int(extra.get("nproc_per_node", 1)), nnodes=int(extra.get("nnodes", 1)),
+                      env=dict(result.final), ranks=(), env_only=ENV_ONLY)
+    return split(lever_report(levers_from_json(result.decisions), job))
 
 
 def _explain(out: Output, result: CclEnv) -> None:

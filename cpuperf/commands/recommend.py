@@ -155,6 +155,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     # Inside a Slurm allocation the job is the allocation's (srun, its first node the rendezvous), as train runs it.
     jp = job_plan(facts, rec, hosts, slurm_environ(os.environ), master_addr)
     extra = renderings(facts, rec, hosts, jp)
+    report = _lever_report(rec, jp, extra["hf_args"])
     result = {
         "schema": SCHEMA,
         "decisions": [d.to_json() for d in rec.decisions],
@@ -164,6 +165,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "stack": rec.stack,
         "notes": list(rec.notes) + extra["data_notes"] + _levers_not_applied(facts, rec),
         **extra,
+        "levers": _split(report),
     }
     if subs:
         result["nodes"] = {name: {"threads_per_rank": r.levers.threads_per_rank.value, "dtype": r.levers.dtype.value,
@@ -185,7 +187,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     elif fmt == "launch":
         out.product(render.launch_line(extra["launch"]))
     else:
-        _table(out, result)
+        _table(out, result, report)
     from cpuperf.run.said import first_time
 
     for note in result["notes"]:  # in the result every time; on stderr the first time a plan carries it
@@ -274,9 +276,26 @@ def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inp
     return path
 
 
-def _table(out: Output, result: Dict[str, Any]) -> None:
+def _lever_report(rec: Recommendation, jp: JobPlan, hf_args: Sequence[str]) -> Any:
+    """Each lever applied or not in what recommend renders (the environment, the launch line, the Trainer flags):
+    cpuperf.plan.applied, as train --dry-run reports it."""
+    import dataclasses
+
+    from cpuperf.plan.applied import flag_groups, lever_report, rendered_job
+
+    return lever_report(rec.levers, dataclasses.replace(rendered_job(jp), flags=flag_groups(hf_args)))
+
+
+def _split(report: Any) -> Dict[str, Any]:
+    from cpuperf.plan.applied import split
+
+    return split(report)
+
+
+def _table(out: Output, result: Dict[str, Any], report: Any) -> None:
     from rich.table import Table
 
+    from cpuperf.plan.applied import report_lines
     from cpuperf.render import recommendation as render
     t = Table(title=f"Recommendation for workload {result['workload']['name']}", title_justify="left")
     t.add_column("decision", style="bold")
@@ -289,7 +308,9 @@ def _table(out: Output, result: Dict[str, Any]) -> None:
     out.table(t)
     lines = ["", "# environment", render.env_exports(result["env"]).rstrip(),
              "", "# launch", render.launch_line(result["launch"]),
-             "", f"# Hugging Face Trainer flags ({result['hf_args_for']})", " ".join(result["hf_args"])]
+             "", f"# Hugging Face Trainer flags ({result['hf_args_for']})", " ".join(result["hf_args"]),
+             "", "# levers: applied by the environment, launch and flags above, or not (why)",
+             *("# " + line for line in report_lines(report))]
     out.product("\n".join(lines))
     if result["overridden"]:
         out.info("* set by you: " + ", ".join(result["overridden"]))

@@ -17,6 +17,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import UsageError
+from cpuperf.knowledge.variables import value_problem, variables
 from cpuperf.probe.facts import HostFacts, allocator_names
 
 if TYPE_CHECKING:
@@ -103,46 +104,13 @@ def shell_safe(value: str) -> Optional[str]:
     return None
 
 
-_COUNT = re.compile(r"^[1-9][0-9]{0,4}$")
-_OMP_THREADS = re.compile(r"^[1-9][0-9]{0,4}(,[1-9][0-9]{0,4})*$")  # OpenMP 5.x: a list for nested levels
-_CPU_LIST = re.compile(r"^(auto|[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*)$")
-_IFNAMES = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")  # IFNAMSIZ 16 incl. NUL
-_TUNING_TEXT = re.compile(r"^[A-Za-z0-9_.,:/+=@%\[\]-]*$")  # oneCCL, Intel MPI, OpenMP and libfabric knobs
-
-
-def _port_ok(value: str) -> bool:
-    return _COUNT.fullmatch(value) is not None and int(value) <= 65535
-
-
-def _host_ok(value: str) -> bool:
-    from cpuperf.probe.hosts import valid_host
-
-    return valid_host(value)
-
-
-_VALUE_RULES: Dict[str, Tuple[Any, str]] = {
-    "OMP_NUM_THREADS": (_OMP_THREADS.fullmatch, "not a positive whole number (or a list such as 4,2)"),
-    "MASTER_PORT": (_port_ok, "not a port in 1..65535"),
-    "MASTER_ADDR": (_host_ok, "not a host name or IP address"),
-    "CCL_WORKER_COUNT": (_COUNT.fullmatch, "not a positive whole number"),
-    "CCL_WORKER_AFFINITY": (_CPU_LIST.fullmatch, "not 'auto' or a list of CPUs (0,1,4-7)"),
-    "KMP_BLOCKTIME": (lambda v: v == "infinite" or re.fullmatch(r"^[0-9]{1,9}(ms|us|s)?$", v), "not a time (0, 200ms, infinite)"),
-    "GLOO_SOCKET_IFNAME": (_IFNAMES.fullmatch, "not a network interface name"),
-}
-_TUNING_PREFIXES = ("CCL_", "I_MPI_", "KMP_", "FI_", "MALLOC_CONF", "GLOO_", "OMP_")
-
-
 def user_value_problem(name: str, value: str) -> Optional[str]:
-    """Why the user's own `value` of a variable cpuperf manages cannot be kept (None: it can)."""
+    """Why the user's own `value` of a variable cpuperf manages cannot be kept (None: it can): shell-safe, and a
+    value of its type by the one table of variables (compat/variables.toml)."""
     unsafe = shell_safe(value)
     if unsafe is not None:
         return unsafe
-    rule = _VALUE_RULES.get(name)
-    if rule is not None:
-        return None if rule[0](value) else rule[1]
-    if name.startswith(_TUNING_PREFIXES) and not path_like(name) and not _TUNING_TEXT.fullmatch(value):
-        return "not a value this setting takes (letters, digits and _.,:/+=@%[]- only)"
-    return None
+    return value_problem(name, value)
 
 
 _MEMO: Dict[str, Any] = {}
@@ -154,7 +122,8 @@ def data() -> Dict[str, Any]:
         table = load_builtin("cclenv.toml")
         _MEMO.update(table=table, reserved=frozenset(table["reserved"]["names"]),
                      reserved_prefixes=tuple(table["reserved"].get("prefixes", ())),
-                     paths=frozenset(table["paths"]["names"]))
+                     paths=frozenset(variables().names(type=("path_list", "preload"))),
+                     split_on_spaces=frozenset(variables().names(type="preload")))
     loaded: Dict[str, Any] = _MEMO["table"]
     return loaded
 
@@ -180,7 +149,8 @@ def split_entries(name: str, value: Optional[str]) -> List[str]:
     """Entries of a list variable, empty ones dropped (LD_PRELOAD also splits on spaces)."""
     if not value:
         return []
-    parts = re.split(r"[: ]+", value) if name == "LD_PRELOAD" else value.split(":")
+    data()
+    parts = re.split(r"[: ]+", value) if name in _MEMO["split_on_spaces"] else value.split(":")
     return [p for p in parts if p]
 
 
@@ -245,6 +215,7 @@ def pin_domain(placement: Placement) -> Optional[str]:
 def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
                 master_port: Optional[int] = None, preload: bool = False, allocator: Optional[str] = None,
+                threads: Optional[int] = None,
                 nnodes: Optional[int] = None,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,
@@ -252,7 +223,8 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 pin: bool = True, knobs: Optional[Mapping[str, Any]] = None) -> RuntimeEnv:
     """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
 
-    backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
+    threads: each rank's thread count as decided (cpuperf.decide.records.rank_threads; None: OMP_NUM_THREADS is
+    not set, torch's own stands). backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
     libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
     interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
     pin: the affinity decision; False (ranks left to the OS scheduler) also keeps Intel MPI from pinning.
@@ -271,7 +243,7 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, backend, mpi, nodes, tuning, pin)
+    _thread_vars(c, placement, threads, backend, mpi, nodes, tuning, pin)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if preload:
@@ -303,15 +275,15 @@ class _Collected:
         self.vars.append(EnvVar(name, value, "cpuperf", reason, kind))
 
 
-def _thread_vars(c: _Collected, placement: Placement, backend: str, mpi: Optional[str], nodes: int,
-                 tuning: Mapping[str, Any], pin: bool = True) -> None:
-    """OMP_NUM_THREADS, oneCCL's workers and their cores, Intel MPI's pin domains."""
+def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], backend: str, mpi: Optional[str],
+                 nodes: int, tuning: Mapping[str, Any], pin: bool = True) -> None:
+    """OMP_NUM_THREADS (the decided count), oneCCL's workers and their cores, Intel MPI's pin domains."""
     nproc = placement.nproc_per_node
-    threads = placement.threads_per_rank
-    why_threads = f"{threads} physical core(s) per rank, {nproc} rank(s) per node"
-    if backend == "ccl" and placement.ccl_workers:
-        why_threads += f", minus {placement.ccl_workers} oneCCL worker core(s)"
-    c.add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
+    if threads is not None:
+        why_threads = f"{threads} physical core(s) per rank, {nproc} rank(s) per node"
+        if backend == "ccl" and placement.ccl_workers:
+            why_threads += f", minus {placement.ccl_workers} oneCCL worker core(s)"
+        c.add("OMP_NUM_THREADS", str(threads), why_threads + " (" + "; ".join(placement.reasons) + ")")
     if backend == "ccl":
         workers = placement.ccl_workers
         if workers:

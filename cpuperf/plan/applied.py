@@ -57,6 +57,8 @@ class RenderedJob:
     your_launcher: Optional[str] = None  # torchrun | accelerate | mpirun | srun: the user's own launcher
     placement_why: str = ""  # why ranks are not placed by cpuperf (a user's launcher in a plain run)
     own_args: Tuple[str, ...] = ()  # a user's script's own arguments (its batch and accumulation are its own)
+    by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
+    env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ def _state(d: Decision[Any], levers: Levers, job: RenderedJob) -> LeverState:
         return LeverState(d.id, d.value, True, where)
     if not job.auto and not d.overridden:
         return LeverState(d.id, d.value, False, PLAIN)
+    if job.env_only:
+        return LeverState(d.id, d.value, False, job.env_only)
     return LeverState(d.id, d.value, False, _why_not(d, levers, job))
 
 
@@ -153,7 +157,7 @@ def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
 
 def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
     """The decided value is what the job does without being told: said as such."""
-    script = job.settings is None
+    script = job.settings is None and not job.env_only
     if d.id == "device" and script:
         if levers.on_gpu:
             return "default: the Trainer uses the visible GPUs"
@@ -174,20 +178,21 @@ def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str
         "sharding": (d.value is None, "no sharding: the model's state fits each rank whole"),
         "offload": (d.value is False, "no offload"),
         "grad_accum_steps": (d.value == 1 and script, "one step per batch: the Trainer's default"),
+        "optimizer": (d.value == "adamw_fused" and d.id in job.by_default, "the Trainer's default is fused AdamW"),
     }
     hit = defaults.get(d.id)
     return f"default: {hit[1]}" if hit is not None and hit[0] else None
 
 
 def _ranks(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
-    if job.nproc_per_node == d.value:
+    if job.nproc_per_node == d.value and not job.env_only:
         return (f"your {job.your_launcher} starts {d.value} rank(s) per node" if job.your_launcher
                 else f"the launch starts {d.value} rank(s) per node")
     return None
 
 
 def _nodes(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
-    return f"the launch spans {d.value} node(s)" if job.nnodes == d.value else None
+    return f"the launch spans {d.value} node(s)" if job.nnodes == d.value and not job.env_only else None
 
 
 def _threads(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
@@ -297,6 +302,17 @@ def _script_why(d: Decision[Any], job: RenderedJob) -> str:
     }.get(d.id, "no flag or variable of this command carries it")
 
 
+def flag_groups(args: Sequence[str]) -> Tuple[Tuple[str, ...], ...]:
+    """A rendered flag line (`--bf16 --optim adamw_torch_fused`) as one argv group per flag."""
+    groups: List[List[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return tuple(tuple(g) for g in groups)
+
+
 def rendered_job(jp: JobPlan) -> RenderedJob:
     """The job a JobPlan starts, as lever_report reads it."""
     plan = jp.launch
@@ -311,4 +327,5 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags_left=tuple(script.not_added) if script is not None else (),
         flags_why=script.why if script is not None else "",
         your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
-        placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else ())
+        placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else (),
+        by_default=script.by_default if script is not None else ())

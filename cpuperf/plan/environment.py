@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, Optional, Sequ
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.knowledge.addons import Backend
+from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Recommendation
@@ -26,18 +27,22 @@ class EnvDecisions(NamedTuple):
     placement: Placement
     backend: Backend  # for one rank: the backend several ranks would use (the env serves either)
     allocator: Optional[str]
+    threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
     pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
+    levers: Tuple[Any, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     """The environment's decisions from a recommendation (decided here, or a saved plan's)."""
     from cpuperf.decide.backend import cpu_backend, recorded_backend  # not on the path of a remembered decision
+    from cpuperf.decide.records import rank_threads
 
     decided = rec.levers.ddp_backend
     backend = recorded_backend(decided.value, decided.evidence, decided.reason)
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
-    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rec.levers.affinity.value == "auto")
+    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True),
+                        rec.levers.affinity.value == "auto", tuple(d.to_json() for d in rec.levers.all()))
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,
@@ -54,7 +59,8 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
 def decisions_to_json(decided: EnvDecisions) -> Any:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
-            "allocator": decided.allocator, "pin": decided.pin}
+            "allocator": decided.allocator, "threads": decided.threads, "pin": decided.pin,
+            "levers": list(decided.levers)}
 
 
 def _typed(value: Any, kind: Any) -> Any:
@@ -77,18 +83,20 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
                           _typed(p["ccl_workers"], int), _typed(p["cpu_budget"], int),
                           tuple(_typed(r, str) for r in _typed(p["reasons"], list)))
     name, reason = (_typed(v, str) for v in _typed(raw["backend"], list))
-    pin = raw.get("pin", True)
+    pin = raw["pin"]
+    if not isinstance(pin, bool):
+        raise TypeError(f"pin {pin!r} is not true or false")
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
-                        pin if isinstance(pin, bool) else True)
+                        _typed(raw["threads"], (int, type(None))), pin,
+                        tuple(_typed(d, dict) for d in _typed(raw["levers"], list)))
 
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
     """A saved plan's variables as they stand (cpuperf's), plus this launch's rendezvous variables it leaves out."""
-    from cpuperf.plan.saved import LAUNCH_VARS
-
+    launch = variables().names(launch=True)
     names = {e.name for e in planned}
     return [envplan.EnvVar(e.name, e.value, "cpuperf", e.reason, e.kind) for e in planned] + \
-        [e for e in tuned if e.name in LAUNCH_VARS and e.name not in names]
+        [e for e in tuned if e.name in launch and e.name not in names]
 
 
 class EnvRequest(NamedTuple):
@@ -111,14 +119,16 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
     own variables (its preloads only with --preload: they affect every later command of the shell)."""
     tuned = envplan.runtime_env(facts, decided.placement, backend=decided.backend.name, hosts=request.hosts,
                                 master_addr=request.master_addr, master_port=request.master_port,
-                                preload=request.preload, allocator=decided.allocator, nnodes=request.nnodes,
+                                preload=request.preload, allocator=decided.allocator, threads=decided.threads,
+                                nnodes=request.nnodes,
                                 mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
                                 environ=environ, slurm_first=request.slurm_first, pin=decided.pin)
     notes = list(tuned.notes)
     if planned is None:
         return list(tuned.vars), notes
-    kept = [v for v in planned if request.preload or v.name not in ("LD_PRELOAD", "MALLOC_CONF")]
-    if not request.preload and any(v.name == "LD_PRELOAD" for v in planned):
+    preloads = variables().names(lever="allocator")  # they affect every later command of the shell
+    kept = [v for v in planned if request.preload or v.name not in preloads]
+    if not request.preload and any(v.name in preloads for v in planned):
         notes.append("the plan preloads an allocator; ccl-env prints LD_PRELOAD only with --preload (it affects "
                      "every later command of the shell)")
     return with_launch_vars(kept, tuned.vars), notes

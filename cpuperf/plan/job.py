@@ -15,9 +15,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
-from cpuperf.decide.records import Recommendation
+from cpuperf.decide.records import Recommendation, rank_threads
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
+from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
 from cpuperf.plan.launch import LaunchPlan, numa_binding_ok, plan_launch
 from cpuperf.probe.facts import HostFacts
@@ -76,16 +77,6 @@ class JobPlan:
         return {e.name: e.value for e in self.env}
 
 
-def rank_threads(rec: Recommendation, auto: bool) -> Optional[int]:
-    """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting): the
-    decided count under --auto or where you set it, on CPUs and GPUs alike (torchrun would give GPU ranks 1);
-    None (torch's own) otherwise."""
-    lv = rec.levers
-    if not (auto or lv.threads_per_rank.overridden):
-        return None
-    return lv.threads_per_rank.value
-
-
 def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
                  socket_ifname: Optional[str] = None, environ: Mapping[str, str],
                  libraries: Optional[envplan.Libraries] = None) -> Tuple[List[envplan.EnvVar], List[str]]:
@@ -100,19 +91,19 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     preload = bool(lv.allocator.value) and (request.auto or lv.allocator.overridden)
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
+                             threads=rank_threads(lv, request.auto),
                              allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
                              libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
                              pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value})
-    keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
+    table = variables()
+    keep = {e.name for e in rt.vars} if request.auto else (set(table.names(lever="allocator")) if preload else set())
     if lv.fp32_math_mode.overridden:  # your value, plain or not: its Arm variable goes with it
         keep |= set(knob_vars("fp32_math_mode"))
     if world > 1:
-        keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
-    keep.discard("OMP_NUM_THREADS")
-    if rank_threads(rec, request.auto) is not None:
-        keep.add("OMP_NUM_THREADS")
+        keep |= set(table.names(meet=True))  # what several ranks need to meet, plain or not
+    keep |= set(table.names(lever="threads_per_rank", type="threads"))  # set where decided (rank_threads)
     if world <= 1:
-        keep = {n for n in keep if not n.startswith(("MASTER_", "GLOO_", "CCL_"))}
+        keep -= set(table.names(several_ranks=True))
     return [e for e in rt.vars if e.name in keep], list(rt.notes)
 
 
@@ -120,8 +111,8 @@ def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int
                environ: Mapping[str, str]) -> Tuple[Tuple[envplan.EnvVar, ...], List[str]]:
     """Our variables merged over the user's environment: theirs kept unless an option or the job needs ours."""
     force = [n for n, given in (("MASTER_ADDR", request.master_addr), ("MASTER_PORT", request.master_port)) if given]
-    if world > 1:
-        force += ["MASTER_ADDR", "MASTER_PORT"]  # ours, not a stale value from the shell
+    if world > 1:  # ours, not a stale value from the shell
+        force += variables().names(launch=True, runtime="torch-distributed")
     merged = envplan.merge_env(environ, list(wanted), force=force)
     notes = [f"kept your {k.name}={k.value!r} (cpuperf would set {k.wanted})" for k in merged.kept]
     notes += [envplan.describe_invalid(item) for item in merged.invalid]
@@ -154,7 +145,7 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> D
     s: Dict[str, Any] = {"preset": request.preset or "tiny"}
     if request.auto:
         s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
-                 threads_per_rank=rank_threads(rec, True),
+                 threads_per_rank=rank_threads(lv, True),
                  batch_size=lv.batch_size.value, grad_accum_steps=lv.grad_accum_steps.value,
                  grad_checkpointing=lv.grad_checkpointing.value, optimizer=lv.optimizer.value,
                  dataloader_workers=lv.dataloader_workers.value, tf32=lv.tf32.value,
@@ -217,7 +208,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
     notes += merge_notes + env_notes
     pin = lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden) and \
         (lv.device.value == "cpu" or rec.placement.unit == "gpu-numa")
-    threads = rank_threads(rec, request.auto)
+    threads = rank_threads(lv, request.auto)
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))

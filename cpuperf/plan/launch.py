@@ -25,6 +25,7 @@ from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import LaunchFailedError, UsageError
 from cpuperf.jsonable import as_json
+from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
@@ -37,9 +38,6 @@ UNPINNED_RANKS = ("each rank's thread count set by a per-rank step keyed on its 
 SLOTS_VAR = RANK_SLOTS  # JSON slot table read by cpuperf.run.rankexec
 LOGDIR_VAR = RANK_LOGDIR  # where rankexec writes rank<R>.log and rank<R>.pid
 PIDDIR_VAR = RANK_PIDDIR  # a user's launcher: rankexec writes only rank<L>.pid here (output stays theirs)
-# Variables that place threads: set only where cpuperf places the ranks (a user's launcher may not be placed).
-PLACEMENT_VARS = ("OMP_NUM_THREADS", "KMP_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY",
-                  "I_MPI_PIN_DOMAIN", "CCL_WORKER_AFFINITY")
 RDZV_TIMEOUT_VAR = RDZV_TIMEOUT  # the worker's init_process_group bound (cpuperf.train.loop)
 DEFAULT_RDZV_TIMEOUT_S = 300  # --rdzv-timeout: how long node 0 waits for the others to join
 
@@ -124,11 +122,12 @@ def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: 
 # -- the plan --------------------------------------------------------------------------------------
 
 def rank_specs(placement: Placement, pin: bool, threads: Optional[int]) -> Tuple[RankSpec, ...]:
-    """Local ranks: their compute CPUs and threads (pin=False: no pinning, threads as given)."""
+    """Local ranks: their compute CPUs (pin=False: none) and the one thread count (decide.records.rank_threads;
+    None: torch's own, even where pinned)."""
     specs = []
     for slot in placement.slots:
         cpus = tuple(slot.compute_cpus or slot.cpus) if pin else ()
-        specs.append(RankSpec(slot.local_rank, cpus, threads if threads is not None else (slot.threads if pin else None)))
+        specs.append(RankSpec(slot.local_rank, cpus, threads))
     return tuple(specs)
 
 
@@ -149,7 +148,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
-    pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
+    pin: pin ranks to their slot CPUs; threads: each rank's count (decide.records.rank_threads; None: torch's own).
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
     numa_binding: GPU ranks bound by torchrun to their GPU's NUMA node (--numa-binding=node; see numa_binding_ok).
     yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
@@ -299,7 +298,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
     narrowed to its slot by the per-rank step (several ranks) and OMP_NUM_THREADS = its share. Not placed:
     no pinning and no thread variables at all, so the launcher's own defaults stand."""
     env, reasons = _base_env(env_vars, max(1, yours.count or 1))
-    for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):  # your launcher's rendezvous stays yours
+    for name in variables().names(launch=True):  # your launcher's rendezvous stays yours
         env.pop(name, None)
         reasons.pop(name, None)
     # Placed: pinned and given thread counts, or (pinning decided against) thread counts alone.
@@ -315,7 +314,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
                                                       == environ.get("OMP_NUM_THREADS") else None)
     if placed:
         affinity = tuple(sorted({c for s in specs for c in s.cpus})) or None
-        share = min((s.threads for s in specs if s.threads), default=None)
+        share = threads
         if theirs:
             specs = tuple(RankSpec(s.local_rank, s.cpus, None) for s in specs)
             cpus = len(specs[0].cpus) if specs and specs[0].cpus else 0
@@ -333,7 +332,8 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
                 reasons[PIDDIR_VAR] = "each rank records its pid here, so cpuperf can check what it runs with"
         notes.append(f"placement: {yours.why if pin else UNPINNED_RANKS}")
     else:
-        for name in PLACEMENT_VARS:
+        # the variables that place threads: set only where cpuperf places the ranks
+        for name in variables().names(lever=("threads_per_rank", "affinity")):
             env.pop(name, None)
             reasons.pop(name, None)
         if theirs or environ.get("OMP_NUM_THREADS"):
@@ -357,7 +357,7 @@ def _torchrun_notes(nnodes: int, host_names: Sequence[str], port: Optional[int],
         return tuple(f"node {host_names[r] if r < len(host_names) else r}: cpuperf train ... --node-rank {r}"
                      for r in range(nnodes))
     if port is None:
-        for name in ("MASTER_ADDR", "MASTER_PORT"):  # torchrun --standalone sets its own
+        for name in variables().names(launch=True, runtime="torch-distributed"):  # torchrun --standalone sets its own
             env.pop(name, None)
             reasons.pop(name, None)
         notes.append("rendezvous: torchrun --standalone picks a free port (pass --master-port to fix one)")
@@ -370,7 +370,7 @@ def _base_env(env_vars: Sequence[Any], world: int) -> Tuple[Dict[str, str], Dict
     reasons = {var.name: var.reason for var in env_vars}
     if world <= 1:
         # No process group: the rendezvous variables would only confuse a user's script.
-        for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY"):
+        for name in variables().names(several_ranks=True):
             env.pop(name, None)
             reasons.pop(name, None)
     return env, reasons
@@ -400,7 +400,7 @@ def _mpirun_base(path: str, flavour: str, world: int, nproc: int, cpu_budget: in
             base += ["--host", ",".join(f"{h.name}:{nproc}" for h in hosts[:nnodes])]
         for k in env:
             base += ["-x", f"{k}={env[k]}"]
-        for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"):
+        for k in variables().names(forward=True):
             if k in environ and k not in env:
                 base += ["-x", k]  # remote ranks need the same interpreter and packages
         return base
@@ -409,7 +409,7 @@ def _mpirun_base(path: str, flavour: str, world: int, nproc: int, cpu_budget: in
         base += ["-hosts", ",".join(h.name for h in hosts[:nnodes])]
     for k in env:
         base += ["-genv", k, env[k]]
-    for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):
+    for k in variables().names(forward=True, type="path_list"):  # the search paths
         if k in environ and k not in env:
             base += ["-genv", k, environ[k]]
     if flavour == "intelmpi" and "I_MPI_PIN_DOMAIN" not in env:

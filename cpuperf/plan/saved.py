@@ -16,17 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.records import Decision, Recommendation, levers_of
+from cpuperf.decide.records import Decision, Levers, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
+from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import is_version, major_minor
 
 SCHEMA = "cpuperf.plan/1"
 MAX_BYTES = 4 * 1024 * 1024  # a plan is a few kB; a bigger file is not one
-# Rendezvous variables belong to one launch (its hosts, port, this node's interface), not to the plan.
-LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
 # The packages whose versions the decisions depend on; another version is another plan.
 STACK_PACKAGES = ("torch", "intel_extension_for_pytorch", "oneccl_bind_pt", "transformers", "accelerate")
 MEMORY_TOLERANCE = 0.98  # nodes of one model differ by what firmware reserves
@@ -93,7 +92,8 @@ def stack_identity(facts: HostFacts) -> Dict[str, Optional[str]]:
 def make(facts: HostFacts, rec: Recommendation, env: Sequence[EnvVar], inputs: Mapping[str, Any], version: str,
          hostname: Optional[str] = None) -> SavedPlan:
     """The plan to save: the rendezvous variables of this launch left out (each launch sets its own)."""
-    kept = tuple(e for e in env if e.name not in LAUNCH_VARS)
+    launch = variables().names(launch=True)  # the rendezvous: this launch's hosts, port and interface
+    kept = tuple(e for e in env if e.name not in launch)
     return SavedPlan(version, host_identity(facts), stack_identity(facts), dict(inputs), rec, kept, hostname)
 
 
@@ -327,6 +327,15 @@ def _with_memory_levers(decisions: Tuple[Decision[Any], ...]) -> Tuple[Decision[
     return decisions + tuple(added) if added else decisions
 
 
+def levers_from_json(raw: Any) -> Levers:
+    """Levers from their decisions' JSON (a saved plan's, a remembered ccl-env decision's): ValueError when not."""
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("decisions must be a list")
+    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(raw)))
+    _check_decision_set(decisions)
+    return levers_of(decisions)
+
+
 def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
     """Every decision recommend makes, once each, and nothing else (a run reads each one)."""
     from cpuperf.knowledge.knobs import BY_ID
@@ -354,31 +363,35 @@ def _env(raw: Any, index: int) -> EnvVar:
     if problem:
         raise ValueError(f"{w} ({name}).value: {problem}")
     kind = _need(raw, "kind", str, w) if "kind" in raw else "set"
-    if kind not in ("set", "prepend", "append") or kind != "set" and name != "LD_PRELOAD":
-        raise ValueError(f"{w} ({name}).kind must be 'set'" + (" or 'prepend'" if name == "LD_PRELOAD" else ""))
+    row = variables().row(name)
+    prepends = row is not None and row.type == "preload"  # a preload may go before the user's own
+    if kind not in ("set", "prepend", "append") or kind != "set" and not prepends:
+        raise ValueError(f"{w} ({name}).kind must be 'set'" + (" or 'prepend'" if prepends else ""))
     return EnvVar(name, value, "plan", _need(raw, "reason", str, w) if "reason" in raw else "", kind)
 
 
-def _plan_env_data() -> Dict[str, Any]:
-    from cpuperf.decide import runtime_env as envplan
-
-    return dict(envplan.data()["plan_env"])
-
-
 def env_name_problem(name: str) -> Optional[str]:
-    """Why a plan may not carry variable `name` (None: it may): only what cpuperf itself plans, matched whole."""
+    """Why a plan may not carry variable `name` (None: it may): a row of the one table of variables a plan may set,
+    or a name of a family it may set that names no file (compat/variables.toml), matched whole."""
     from cpuperf.decide import runtime_env as envplan
 
-    rules = _plan_env_data()
     if not envplan.NAME_RE.fullmatch(name):
         return "not a variable name"
-    if name in LAUNCH_VARS:
+    table = variables()
+    row = table.row(name)
+    if row is not None and row.launch:
         return "belongs to each launch (its hosts and port), never to a plan"
-    if name in rules["names"]:
+    if row is not None and not row.plan:
+        if row.writes_files or row.loads_code:
+            return f"{'names or writes a file' if row.writes_files else 'loads code'} ({row.reason}); a plan never sets it"
+        return f"not a variable cpuperf plans ({row.reason})"
+    if row is not None:
         return None
-    if not name.startswith(tuple(rules["families"])) or not envplan.valid_name(name):
-        return "not a variable cpuperf plans (a plan carries only OMP_*, KMP_*, CCL_*, I_MPI_*, ... and LD_PRELOAD)"
-    if name in rules["refused"] or any(part in name for part in rules["refused_parts"]):
+    family = table.family(name)
+    if family is None or not family.plan or not envplan.valid_name(name):
+        return "not a variable cpuperf plans (a plan carries only " + ", ".join(p + "*" for p in table.prefixes(plan=True)) \
+            + " and " + ", ".join(table.names(plan=True, launch=False, type=("preload", "malloc_conf"))) + ")"
+    if any(part in name for part in table.refused_parts):
         return "names or writes a file, or loads code; a plan never sets it"
     return None
 
@@ -388,14 +401,17 @@ _FAMILY_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%\[\]-]{0,1024}")  # tuning text: 
 
 
 def env_value_problem(name: str, value: str) -> Optional[str]:
-    """Why a plan's `value` for `name` cannot be used (None: it can): typed per variable."""
+    """Why a plan's `value` for `name` cannot be used (None: it can): typed per variable (compat/variables.toml)."""
     from cpuperf.decide import runtime_env as envplan
+    from cpuperf.knowledge.variables import file_option
 
-    if name == "LD_PRELOAD":
+    row = variables().row(name)
+    if row is not None and row.type == "preload":
         bad = next((e for e in value.split(":") if not _PRELOAD_ENTRY.fullmatch(e) or "/../" in e), None)
         return None if bad is None else f"{bad[:60]!r} is not an absolute path of a shared library"
-    if name == "MALLOC_CONF" and any(opt.split(":", 1)[0].strip().startswith("prof") for opt in value.split(",")):
-        return "jemalloc's prof options write heap profiles to files; a plan never sets them"
+    option = file_option(row, value) if row is not None else None
+    if row is not None and option is not None:
+        return f"its option {option[:40]} makes {row.runtime} write files; a plan never sets it"
     unsafe = envplan.shell_safe(value)
     if unsafe is not None:
         return unsafe
@@ -542,7 +558,8 @@ def decision_differences(plan: SavedPlan, fresh: Recommendation, fresh_env: Sequ
     if plan.rec.oversubscribe != fresh.oversubscribe:
         out.append(f"oversubscribe: the plan says {plan.rec.oversubscribe}, cpuperf decides {fresh.oversubscribe}")
     planned = {e.name: e.value for e in plan.env}
-    wanted = {e.name: e.value for e in fresh_env if e.name not in LAUNCH_VARS}
+    launch = variables().names(launch=True)
+    wanted = {e.name: e.value for e in fresh_env if e.name not in launch}
     for name in sorted(set(planned) | set(wanted)):
         if planned.get(name) != wanted.get(name):
             out.append(f"env {name}: the plan sets {_show(planned.get(name), 'nothing')}, "

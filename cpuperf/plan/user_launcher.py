@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
 from cpuperf.jsonable import NOT_IN_JSON, as_json, json_key
+from cpuperf.knowledge.variables import variables
 
 RANKEXEC = ("-m", "cpuperf.run.rankexec", "--")
 _MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
@@ -588,7 +589,7 @@ def _count_and_source(cmd: LauncherCommand, logical_cpus: int, physical_cores: i
             why = f"you set {cmd.spelled(rule['threads'])}"
         return count2, source, why
     count3, source, why = _mpirun_count(cmd, physical_cores)
-    env_bound = [v for v in rule["env_binding"] if environ.get(v)]
+    env_bound = [v for v in variables().names(binds_ranks=True) if environ.get(v)]
     if not why and env_bound:
         why = f"your environment binds the ranks ({env_bound[0]})"
     if not why and cmd.unknown:
@@ -705,9 +706,12 @@ def _wrapper_notes(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[Li
     return notes, threads
 
 
-# OpenMP's own binding variables (OpenMP 5.2 spec 6.4-6.5; libgomp GOMP_CPU_AFFINITY; Intel OpenMP KMP_AFFINITY):
-# set for the ranks on the launcher line, they place each rank's threads as the user chose.
-_OPENMP_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+def _binding_variables(launcher: str) -> Tuple[str, ...]:
+    """The variables that bind ranks set on the launcher line (compat/variables.toml): an MPI launcher's own
+    (binds_ranks) and OpenMP's binding of each rank's threads (the affinity lever's OpenMP rows)."""
+    table = variables()
+    mpi = table.names(binds_ranks=True) if launcher == "mpirun" else ()
+    return (*mpi, *table.names(lever="affinity", runtime=("openmp", "gnu-openmp", "intel-openmp")))
 
 
 def _line_variables(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[Optional[str], str, List[str]]:
@@ -715,7 +719,7 @@ def _line_variables(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[O
     A thread count that no OpenMP reads exits 2, as the same value in the environment would."""
     from cpuperf.decide.runtime_env import user_value_problem
 
-    binding_vars = (*rules().get(cmd.launcher, {}).get("env_binding", ()), *_OPENMP_BINDING)
+    binding_vars = _binding_variables(cmd.launcher)
     threads: Optional[str] = None
     binds = ""
     notes: List[str] = []

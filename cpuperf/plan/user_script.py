@@ -15,7 +15,7 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from packaging.version import Version
@@ -84,6 +84,8 @@ class ScriptPlan:
     why: str
     transformers: Optional[str] = None
     notes: Tuple[str, ...] = field(default_factory=tuple)
+    # the levers the Trainer's own default already carries (no flag needed): cpuperf.plan.applied says so
+    by_default: Tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def added_args(self) -> List[str]:
@@ -201,6 +203,7 @@ def trainer_default_fused(transformers_version: Optional[str], torch_version: Op
             and _at_least(torch_version, rule["default_fused_min_torch"]))
 
 
+TRAINER_FUSED = "the Trainer's default is already fused AdamW (adamw_torch_fused)"
 _OPTIM_NAMES = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adafactor": "adafactor",
                 "adamw_8bit": "adamw_bnb_8bit"}
 
@@ -214,7 +217,7 @@ def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
         name = _OPTIM_NAMES.get(lv.optimizer.value)
         return (Flag(("--optim", name), "you set optimizer") if name else None), None
     if trainer_default_fused(tf_v, torch_v, tuning):
-        return None, "--optim: the Trainer's default is already fused AdamW (adamw_torch_fused)"
+        return None, "--optim: " + TRAINER_FUSED
     on_cuda = lv.on_gpu
     minimum = tuning["optimizer"]["fused_cuda_min_torch" if on_cuda else "fused_cpu_min_torch"]
     if not _at_least(torch_v, minimum) or "optim_fused" not in ok:
@@ -388,13 +391,18 @@ def user_flag_names(argv: Sequence[str]) -> Set[str]:
     return {_norm(item) for item in argv if item.startswith("--")}
 
 
+def _sets_optim(source: Optional[str]) -> bool:
+    """The script passes the Trainer an optimizer of its own (optim=..., optimizers=...)."""
+    return source is not None and re.search(r"\boptim\s*=|\boptimizers\s*=", source) is not None
+
+
 def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
                 source: Optional[str] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(flags to add, (flag, why) left out): never one the user gave, its opposite or a synonym."""
     given = user_flag_names(user_args)
     add: List[Flag] = []
     left: List[Tuple[str, str]] = []
-    sets_optim = source is not None and re.search(r"\boptim\s*=|\boptimizers\s*=", source) is not None
+    sets_optim = _sets_optim(source)
     for flag in ours:
         name = flag.name
         clash = name in given or ("--no_" + name[2:]) in given
@@ -467,7 +475,11 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
         return made(base, launch, (), why + " (--hf-flags always adds them anyway)")
     add, left = merge_flags(cmd.script_args or user_argv, ours, source)
     argv = base + tuple(a for f in add for a in f.args)
-    return made(argv, [*launch, *add], [*left, *skipped], why if mode == "auto" else "--hf-flags always")
+    plan = made(argv, [*launch, *add], [*left, *skipped], why if mode == "auto" else "--hf-flags always")
+    # fused AdamW without a flag: the Trainer's default, where neither your command nor your code picks another
+    fused = ("--optim", TRAINER_FUSED) in skipped and "--optim" not in user_flag_names(cmd.script_args or user_argv) \
+        and not _sets_optim(source)
+    return replace(plan, by_default=("optimizer",)) if fused else plan
 
 
 # -- what was applied, and a rejection ---------------------------------------------------------------

@@ -6,7 +6,7 @@ import shlex
 from typing import Any, Dict, List, Optional
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT
-from cpuperf.decide.records import Recommendation
+from cpuperf.decide.records import Recommendation, rank_threads
 
 
 def hf_notes(rec: Recommendation) -> List[str]:
@@ -29,9 +29,8 @@ def accelerate_launch_args(rec: Recommendation, accelerate_version: Optional[str
     from cpuperf.knowledge.accelerate import launch_flag_ok
 
     version = accelerate_version if accelerate_version is not None else rec.stack.get("accelerate")
-    lv = rec.levers
-    threads = lv.threads_per_rank.value
-    if lv.device.value == "cpu" and threads and launch_flag_ok("--num_cpu_threads_per_process", version):
+    threads = rank_threads(rec.levers, True)  # what recommend renders is the --auto plan
+    if threads and launch_flag_ok("--num_cpu_threads_per_process", version):
         return ["--num_cpu_threads_per_process", str(threads)]
     return []
 

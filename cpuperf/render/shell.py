@@ -93,6 +93,8 @@ class CclEnv(NamedTuple):
     header: str = ""
     extra: Optional[Dict[str, Any]] = None
     invalid: Tuple[Invalid, ...] = ()
+    levers: Optional[Dict[str, Any]] = None  # each lever applied by this environment or not (cpuperf.plan.applied)
+    decisions: Tuple[Dict[str, Any], ...] = ()  # the plan's decisions as JSON, which that report reads
 
     def provenance(self, name: str) -> List[EnvVar]:
         return [v for v in self.vars if v.name == name]
@@ -163,6 +165,8 @@ def to_json(env: CclEnv) -> Dict[str, Any]:
         "placement": env.placement,
     }
     obj.update(env.extra or {})
+    if env.levers is not None:
+        obj["levers"] = env.levers
     return obj
 
 

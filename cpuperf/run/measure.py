@@ -25,6 +25,7 @@ from cpuperf.decide.recommend import compile_worth_measuring
 from cpuperf.decide.records import Measurements
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import ProbeFailedError, UsageError
+from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
 
 SCHEMA = "cpuperf.measurement/2"
@@ -441,7 +442,8 @@ class _Server:
 
 
 def _server_env(threads: int, extra: Mapping[str, str]) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    preloads = variables().names(lever="allocator")  # each measurement sets its own
+    env = {k: v for k, v in os.environ.items() if k not in preloads}
     env.update({"OMP_NUM_THREADS": str(threads), **extra})
     env.setdefault("PYTHONWARNINGS", "ignore")
     pkg_root = str(Path(__file__).resolve().parent.parent.parent)
@@ -596,7 +598,8 @@ _WORKLOADS = ("lm", "mlp")  # the allocation patterns the allocator decision rea
 
 
 def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, timeout: float = 600.0) -> Optional[Dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    preloads = variables().names(lever="allocator")  # each measurement sets its own
+    env = {k: v for k, v in os.environ.items() if k not in preloads}
     env.update(env_extra)
     env.setdefault("PYTHONWARNINGS", "ignore")
     pkg_root = str(Path(__file__).resolve().parent.parent)

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.boundary import LAUNCHER_RANK_VARS
 from cpuperf.data import load_builtin
 from cpuperf.decide.tune import Candidates, Point, TuneResult, descend
+from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Measurements
@@ -27,8 +29,15 @@ if TYPE_CHECKING:
     from cpuperf.probe.facts import HostFacts
     from cpuperf.run.owned import Owner
 
-# Variables a run inherits from nowhere but its plan: a caller's preload or thread count would leak in.
-_NOT_INHERITED = ("LD_PRELOAD", "MALLOC_CONF", "OMP_", "KMP_", "MASTER_", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+def _not_inherited() -> Tuple[str, ...]:
+    """Variables a run inherits from nowhere but its plan (a caller's preload or thread count would leak in): the
+    threads, placement and allocator levers' (compat/variables.toml), the rendezvous, and torchrun's rank ones."""
+    table = variables()
+    levers = ("threads_per_rank", "affinity", "allocator")
+    torchrun = next(v for v in LAUNCHER_RANK_VARS if v.launcher == "torchrun")
+    return (*table.names(lever=levers), *table.prefixes(lever=levers), *table.names(launch=True),
+            torchrun.rank, torchrun.local_rank, torchrun.world_size)
 
 
 def rules() -> Dict[str, Any]:
@@ -38,7 +47,7 @@ def rules() -> Dict[str, Any]:
 
 def clean_env(extra: Mapping[str, str]) -> Dict[str, str]:
     """This process's environment without what a plan sets, then `extra`; this cpuperf first on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_not_inherited())}
     env.update(extra)
     env.setdefault("PYTHONWARNINGS", "ignore")
     pkg_root = str(Path(__file__).resolve().parent.parent.parent)
@@ -69,7 +78,8 @@ def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], c
         cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(point.ranks), "--master_addr",
                "127.0.0.1", "--master_port", str(_free_port()), "-m", "cpuperf.train.bench", json.dumps(settings)]
     # torchrun sets the rendezvous itself (the free port above): the plan's placeholder address stays out
-    full = clean_env({k: v for k, v in env.items() if not k.startswith("MASTER_")})
+    rendezvous = variables().names(launch=True, runtime="torch-distributed")
+    full = clean_env({k: v for k, v in env.items() if k not in rendezvous})
     if owner is not None:  # owned: its own session, stopped at the deadline, nothing of it left after
         left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
         code, stdout = owner.run(cmd, full, left)

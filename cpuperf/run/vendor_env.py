@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Seq
 from cpuperf.decide.runtime_env import APPEND, PREPEND, SET, EnvVar, Libraries, path_like, split_entries
 from cpuperf.decide.runtime_env import data as cclenv_data
 from cpuperf.errors import ProbeFailedError, UsageError
+from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
     from cpuperf.probe.hosts import Host
@@ -271,7 +272,9 @@ def _parse_env0(blob: bytes) -> Dict[str, str]:
 def base_environment(source: EnvSource, environ: Mapping[str, str]) -> Dict[str, str]:
     """The clean environment a script runs in: fixed PATH, a few switches, CONDA_PREFIX for wheels."""
     data = cclenv_data()["scripts"]
-    env = {k: environ[k] for k in data["passthrough"] if k in environ}
+    # the user's own locale and home, and the switches the vendor scripts read (compat/variables.toml)
+    passed = (*data["passthrough"], *variables().names(script_switch=True))
+    env = {k: environ[k] for k in passed if k in environ}
     env["PATH"] = data["base_path"]
     if source.conda_prefix:
         env["CONDA_PREFIX"] = source.conda_prefix

@@ -11,11 +11,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
 
+from cpuperf.knowledge.variables import variables
 from cpuperf.probe.parse import LoadedLibs, parse_maps  # noqa: F401  (the worker reports them)
-
-_ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME",
-             "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "LD_PRELOAD",
-             "MALLOC_CONF", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "CCL_WORKER_COUNT")
 
 
 def compact_cpus(cpus: list[int]) -> str:
@@ -79,7 +76,7 @@ def runtime_report(maps_text: Optional[str] = None, affinity: Optional[list[int]
         "allocator": libs.allocator,
         "native_bf16": native_bf16(cpuinfo_text),
         "libs": libs.paths,
-        "env": {k: environ[k] for k in _ENV_KEYS if k in environ},
+        "env": {k: environ[k] for k in variables().names(report=True) if k in environ},
     }
     torch = sys.modules.get("torch")
     if torch is not None:
