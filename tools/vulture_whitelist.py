@@ -35,3 +35,9 @@ _.log_message
 _.daemon_threads
 _.on_step_end
 control
+
+# compat/variables.toml's flags: read by name through Variables.names(several_ranks=True, ...) (getattr).
+several_ranks
+meet
+binds_ranks
+script_switch
