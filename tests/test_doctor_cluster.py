@@ -126,6 +126,40 @@ def test_a_hung_node_costs_its_timeout_not_the_run(tmp_path):
     assert left.returncode == 1, left.stdout  # the hung node's process group was killed
 
 
+def test_a_node_that_floods_or_leaves_its_pipes_open_is_one_failed_node(tmp_path):
+    """One node prints without end (`yes`), one leaves a process outside its group holding the pipes past the
+    timeout: each is one failed node, said, within its timeout; the third answers; cpuperf's memory stays small."""
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do [ "$1" = -o ] && shift; shift; done\n'
+                    'host=$1; shift; [ "$1" = -- ] && shift\n'
+                    '[ "$host" = 127.0.0.2 ] && exec yes cpuperf-flood\n'
+                    '[ "$host" = 127.0.0.3 ] && { setsid sleep 621 & exec sleep 622; }\n'
+                    'exec sh -c "$*"\n')
+    fake.chmod(0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1\n127.0.0.2\n127.0.0.3\n")
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-m", "cpuperf", "doctor",
+                               "--hostfile", str(hostfile), "--launcher", "ssh", "--timeout", "6", "--json"],
+                              capture_output=True, text=True, timeout=120, env=cli_env({"CPUPERF_SSH": str(fake)}))
+    finally:
+        escaped = subprocess.run(["pgrep", "-f", "sleep 621"], capture_output=True, text=True).stdout.split()
+        for pid in escaped:  # the test's own escaped process (cpuperf rightly cannot reach outside the group)
+            os.kill(int(pid), 9)
+    took = time.monotonic() - t0
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["nodes"]}
+    assert rows["127.0.0.1"]["status"] == "ok"
+    assert rows["127.0.0.2"]["status"] == "probe-failed", rows["127.0.0.2"]
+    assert "printed more than 4096 KiB on stdout" in rows["127.0.0.2"]["error"]
+    assert rows["127.0.0.3"]["status"] == "timeout" and "within 6 s" in rows["127.0.0.3"]["error"]
+    assert took < 60, took  # the escaped sleep holds the pipe for 621 s: the drain after the kill is bounded
+    rss_kb = int(proc.stderr.rsplit("maxrss_kb=", 1)[1].split()[0])
+    assert rss_kb < 400_000, rss_kb
+    assert subprocess.run(["pgrep", "-f", "cpuperf-flood|sleep 622"], capture_output=True).returncode == 1
+
+
 def test_the_bundle_runs_where_cpuperf_is_not_installed(tmp_path):
     """python -I from an empty directory: only the bundle's own files; the same facts as in-process."""
     from cpuperf.run.probe_bundle import bundle_code, probe_args

@@ -1,7 +1,7 @@
 """Run one command on many nodes at once: bounded parallelism, a timeout per node, partial results.
 
-Every launch is its own process group: a node past its timeout has its whole group killed (ssh,
-mpirun and their children), and Ctrl-C kills every group still running before it propagates.
+Every launch is its own process group: a node past its timeout, or one that prints past a bound, has its whole
+group killed (ssh, mpirun and their children), and Ctrl-C kills every group still running before it propagates.
 """
 
 from __future__ import annotations
@@ -13,20 +13,29 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.plan.nodes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from cpuperf.probe import node as nodefacts
 from cpuperf.probe.hosts import resolve_all
 from cpuperf.probe.node import NodeResult
 
+# What one node may print: its probe's record is a few KiB, the collectives worker's a few lines. A node that prints
+# more (a login banner gone wrong, a shell loop, `yes`) is stopped there and is one failed node, not an OOM of cpuperf.
+MAX_STDOUT_BYTES = 4 << 20
+MAX_STDERR_BYTES = 256 << 10
+# After its group is killed, how long a launch's pipes are read for: a process that left the group (setsid, a
+# daemon) may hold them open forever, and the timeout is the node's whole budget.
+_DRAIN_S = 2.0
+
 
 @dataclass(frozen=True)
 class Launched:
-    returncode: Optional[int]  # None: killed at the timeout
+    returncode: Optional[int]  # None: killed at the timeout, or for printing too much
     stdout: str
     stderr: str
     seconds: float
+    flooded: Optional[str] = None  # why it was stopped for its output, if it was
 
 
 class _Groups:
@@ -34,10 +43,10 @@ class _Groups:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.procs: List[subprocess.Popen[str]] = []
+        self.procs: List[subprocess.Popen[bytes]] = []
         self.closed = False  # after kill_all: a launch still starting is killed as it registers
 
-    def add(self, proc: subprocess.Popen[str]) -> None:
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
         with self.lock:
             self.procs.append(proc)
             if self.closed:  # Ctrl-C came between this thread's Popen and here: it must not outlive cpuperf
@@ -50,7 +59,7 @@ class _Groups:
                 _kill(proc)
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -58,27 +67,95 @@ def _kill(proc: subprocess.Popen[str]) -> None:
             pass
 
 
+class _Capped:
+    """One pipe's bytes up to its cap."""
+
+    def __init__(self, name: str, cap: int) -> None:
+        self.name, self.cap, self.data, self.over = name, cap, bytearray(), False
+
+    def take(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        self.data += chunk[:max(0, room)]
+        self.over = self.over or len(chunk) > room
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+def _read_bounded(proc: subprocess.Popen[bytes], timeout: float,
+                  groups: Optional[_Groups]) -> Tuple[bool, Optional[str], _Capped, _Capped]:
+    """Read both pipes until they close, the deadline, a cap or an interrupt: (timed out, flooded, out, err).
+    The group is killed on any stop; the pipes are then read for at most _DRAIN_S more."""
+    import selectors
+
+    out, err = _Capped("stdout", MAX_STDOUT_BYTES), _Capped("stderr", MAX_STDERR_BYTES)
+    sel = selectors.DefaultSelector()
+    for pipe, sink in ((proc.stdout, out), (proc.stderr, err)):
+        if pipe is not None:
+            sel.register(pipe, selectors.EVENT_READ, sink)
+    deadline, stopped_at = time.monotonic() + timeout, None
+    timed_out, flooded = False, None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if stopped_at is None:
+                over = next((s for s in (out, err) if s.over), None)
+                if over is not None:
+                    flooded = f"printed more than {over.cap >> 10} KiB on {over.name}: stopped there"
+                timed_out = over is None and now >= deadline
+                if over is not None or timed_out or (groups is not None and groups.closed):
+                    _kill(proc)
+                    stopped_at = now
+            end = deadline if stopped_at is None else stopped_at + _DRAIN_S
+            if now >= end:
+                break
+            _read_ready(sel, min(0.25, end - now))
+    finally:
+        sel.close()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    return timed_out, flooded, out, err
+
+
+def _read_ready(sel: Any, wait: float) -> None:
+    """One round of reads from whichever pipes are ready; a closed pipe leaves the selector."""
+    for key, _ in sel.select(max(0.0, wait)):
+        chunk = os.read(key.fd, 1 << 16)
+        if chunk:
+            key.data.take(chunk)
+        else:
+            sel.unregister(key.fileobj)
+
+
 def launch(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
            groups: Optional[_Groups] = None) -> Launched:
-    """Run argv in its own session with a timeout; never raises for a missing tool or a timeout."""
+    """Run argv in its own session with a timeout and a bound on what it prints; never raises for a missing
+    tool, a timeout or a flood."""
     t0 = time.monotonic()
     if groups is not None and groups.closed:  # interrupted before this launch started
         return Launched(None, "", "interrupted", 0.0)
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True,
-                                env=dict(env) if env is not None else None)
+                                start_new_session=True, env=dict(env) if env is not None else None)
     except OSError as exc:
         return Launched(127, "", f"{argv[0]}: {exc.strerror or exc}", time.monotonic() - t0)
     if groups is not None:
         groups.add(proc)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return Launched(proc.returncode, out, err, time.monotonic() - t0)
+    timed_out, flooded, out, err = _read_bounded(proc, timeout, groups)
+    try:  # its pipes are closed; the leader may still run without them
+        returncode: Optional[int] = proc.wait(timeout=max(0.0, t0 + timeout - time.monotonic()))
     except subprocess.TimeoutExpired:
+        timed_out = True
+    if timed_out or flooded or (groups is not None and groups.closed):
         _kill(proc)
-        out, err = proc.communicate()
-        return Launched(None, out or "", err or "", time.monotonic() - t0)
+        proc.wait()  # SIGKILL: at once
+    seconds = time.monotonic() - t0
+    if flooded is not None:  # what it printed is not read: a record cut at the cap is no record
+        return Launched(None, "", err.text() if not err.over else "", seconds, flooded)
+    if timed_out:
+        return Launched(None, out.text(), err.text(), seconds)
+    return Launched(returncode, out.text(), err.text(), seconds)
 
 
 def run_each(hosts: Sequence[str], argv_for: Callable[[str], Sequence[str]], *, timeout: float, parallel: int,
@@ -110,6 +187,8 @@ def run_each(hosts: Sequence[str], argv_for: Callable[[str], Sequence[str]], *, 
 
 def _why(result: Launched, transport: str, timeout: float) -> str:
     """One line: the telling line of what the launcher or the node printed."""
+    if result.flooded is not None:
+        return result.flooded
     if result.returncode is None:
         return f"no answer within {timeout:g} s"
     _, marked = nodefacts.read_output(result.stdout)
@@ -128,7 +207,9 @@ def classify(name: str, address: Optional[str], result: Launched, transport: str
     if facts is not None:
         status = nodefacts.OK if facts.host is not None else nodefacts.PROBE_FAILED
         return NodeResult(name, address, status, facts, error, seconds, transport)
-    if result.returncode is None:
+    if result.flooded is not None:
+        status = nodefacts.PROBE_FAILED
+    elif result.returncode is None:
         status = nodefacts.TIMEOUT
     elif result.returncode == 127 and "no Python" in (error or ""):
         status = nodefacts.NO_PYTHON
