@@ -30,7 +30,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 from cli_util import cli_env
-from test_host_classes import CLASSES, HostClass
+from host_classes import CLASSES, HostClass
 
 GOLDEN = Path(__file__).parent / "fixtures" / "plans"
 UPDATE = os.environ.get("CPUPERF_UPDATE_GOLDEN") == "1"
@@ -137,6 +137,7 @@ def _diff(path: Path, want: str, got: str) -> str:
     return "".join(list(lines)[:60])
 
 
+@pytest.mark.smoke("golden plans")  # ~100 real `python -m cpuperf` children, 2-4 at a time
 @pytest.mark.parametrize("cls", CLASSES, ids=[c.name for c in CLASSES])
 def test_plans_match_the_recorded_ones(plans, cls: HostClass):
     recorded = {_golden(cls, command, request) for command, request in _cases(cls)}

@@ -238,6 +238,7 @@ def test_trainer_rate_is_read_from_the_trainers_own_metrics():
 
 # -- real runs -----------------------------------------------------------------------------------------
 
+@pytest.mark.full  # real tuning runs
 def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_path):
     pytest.importorskip("torch")
     env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
@@ -257,6 +258,7 @@ def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_p
     assert "measuring" not in plan.stderr and "tuning the plan" not in plan.stderr
 
 
+@pytest.mark.full  # real tuning runs
 def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from cpuperf.run import measure
@@ -283,6 +285,7 @@ def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp
     assert got is not None and shape_key(PRESETS["micro"]) in got.tuned_by_shape and got.gemm_fp32_gflops == 100.0
 
 
+@pytest.mark.full  # real tuning runs
 def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):
     pytest.importorskip("transformers")
     scripts = Path(__file__).parent / "fixtures" / "scripts"
