@@ -176,7 +176,7 @@ def main(rounds: int = 3, steps: int = 30, batch: int = 8, global_batch: int = 6
     gpu = facts.gpus[0]
     workload = resolve_workload(WORKLOAD, steps=steps, batch_size=global_batch)
     rec = recommend(facts, workload, nproc_per_node=1, environ={"CUDA_VISIBLE_DEVICES": str(gpu.index)})
-    configs = build_configs(rec.chosen, batch, global_batch)
+    configs = build_configs({d.id: d.value for d in rec.decisions}, batch, global_batch)
     all_rounds: List[Dict[str, Dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="cpuperf-bench-gpu-") as tmp:
         for r in range(rounds):

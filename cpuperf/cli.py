@@ -90,7 +90,7 @@ def _finish(code: int) -> None:
         raise typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Probe this host; say what is wrong and the exact fix.")
 def doctor(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -138,7 +138,7 @@ def doctor(
     _finish(cmd.run(out, sysroot, python, save_snapshot))
 
 
-@app.command()
+@app.command(short_help="Install the torch (+ IPEX, oneCCL) wheels that fit this host.")
 def install(
     torch: Optional[str] = typer.Option(None, "--torch", metavar="X", help="torch version (2.7, 2.7.0, 2.7.0+cpu); default: keep the installed one, else the newest the sources offer."),
     with_: Optional[str] = typer.Option(None, "--with", metavar="LIST", help="Add-ons, comma-separated: ipex, oneccl."),
@@ -165,7 +165,7 @@ def install(
     _finish(cmd.run(Output(json_mode=json_out, quiet=quiet), opts))
 
 
-@app.command()
+@app.command(short_help="The torch / IPEX / oneCCL matrix and the exact pins.")
 def compat(
     python: Optional[str] = typer.Option(None, "--python", metavar="3.N",
                                          help="Target CPython version (default: this interpreter's)."),
@@ -192,7 +192,7 @@ LOAD_HELP = ("Plan around other work busy on this host now (fewer threads on the
 RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 
-@app.command()
+@app.command(short_help="Every training decision for this host, with its reason.")
 def recommend(
     model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, gpt2-small, micro), a HF config.json, or a model id in the local HF cache."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count, e.g. 124M or 7B."),
@@ -229,7 +229,7 @@ def recommend(
                               adapt_to_load=adapt_to_load, node_facts=node_facts, probe_nodes=probe_nodes))
 
 
-@app.command()
+@app.command(short_help="Measure this host (GEMM, allocators, compile); cached.")
 def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="Threads to measure with (default: the recommended count)."),
     size: int = typer.Option(512, "--size", min=64, max=8192, help="GEMM size (n of the n x n matrices)."),
@@ -255,7 +255,7 @@ def bench(
                         refresh, model))
 
 
-@app.command()
+@app.command(short_help="Draw a run's loss and samples/s (plot.svg, plot.png).")
 def plot(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A directory cpuperf train wrote (its metrics.jsonl)."),
     out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Write the pictures here (default: RUN_DIR)."),
@@ -270,7 +270,8 @@ def plot(
 TRAIN_SETS_HELP = "Constrain a decision (dtype, compile, threads_per_rank, nproc_per_node, batch_size, optimizer...) or a setting of the built-in loop (lr, log_every, model.d_model...): --set KEY=VALUE (repeatable); one that cannot be honoured exits 2."
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(short_help="Train with the recommended settings: built-in or your script.",
+             context_settings={"allow_extra_args": True})
 def train(
     ctx: typer.Context,
     auto: bool = typer.Option(False, "--auto", help="Apply the recommendation: dtype, IPEX/compile, threads, pinning, env, ranks, backend."),
@@ -323,7 +324,7 @@ def train(
     _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), given, options))
 
 
-@app.command("ccl-env", add_help_option=False,
+@app.command("ccl-env", add_help_option=False, short_help="The oneCCL/MPI environment for this host, as shell.",
              context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 def ccl_env(ctx: typer.Context) -> None:
     """Print the oneCCL/MPI environment tuned for this host: eval "$(cpuperf ccl-env)" (--help for options)."""
@@ -390,12 +391,13 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
 
 def _usage_error(out: Output, exc: Any) -> int:  # Any: click or typer's vendored click
     """A click usage error (a click.ClickException) as one line, and as a JSON error object in --json mode."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f"{ctx.command_path if ctx else 'cpuperf'} --help"  # the command's own help: the one hint for both
     if out.json_mode:
         out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
-                            "message": exc.format_message(), "hint": "cpuperf --help"}})
+                            "message": exc.format_message(), "hint": hint}})
     # One line, as every other error: click's own show() prints a usage block first.
-    ctx = getattr(exc, "ctx", None)
-    out.error(one_line(exc.format_message()), f"{ctx.command_path if ctx else 'cpuperf'} --help")
+    out.error(one_line(exc.format_message()), hint)
     return int(ExitCode.USAGE)
 
 

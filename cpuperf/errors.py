@@ -122,4 +122,7 @@ def from_os_error(exc: OSError) -> FilesystemError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FilesystemError(f"cannot use {path}: {why}",
                                hint="choose a path you can write (--out DIR, CPUPERF_CACHE_DIR, HOME)")
+    if exc.errno == errno.ELOOP:
+        return FilesystemError(f"cannot use {path}: {why}",
+                               hint=f"its symbolic links point at each other: `ls -l {path}`, then link it to a real file")
     return FilesystemError(f"cannot use {path}: {why}", hint="check the path (a file where a directory should be?)")

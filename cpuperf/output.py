@@ -10,8 +10,10 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:  # rich is imported where it draws (fast start-up)
     from rich.console import Console
@@ -71,6 +73,87 @@ class Output:
         if not self.quiet:
             stderr_console().print(_inert_renderable(renderable))
 
+    def teller(self, prefix: str = "") -> Teller:
+        """A `log` for the engine's long steps: its lines on stderr after `prefix`; progress lines (ProgressLine)
+        not under --json (a script reads the product), nothing at all under --quiet."""
+        return Teller(prefix, self.quiet, self.json_mode)
+
+
+@dataclass(frozen=True)
+class Teller:
+    """Output.teller's callable; `silent` tells a caller that says something only once not to count it as said."""
+
+    prefix: str
+    silent: bool
+    json_mode: bool
+
+    def __call__(self, text: str) -> None:
+        if self.silent or (self.json_mode and isinstance(text, ProgressLine)):
+            return
+        _err_write(self.prefix + text)
+
+
+class ProgressLine(str):
+    """A message that says how a long step is going: shown on a terminal or a log, never under --json or --quiet."""
+
+
+class Progress:
+    """What a long step is doing, how far along it is and about how long is left, said through `say` (stderr)
+    when the step moves on, and repeated by a timer thread whenever `every` seconds pass without a line, so a
+    user never waits more than that in silence (a torch import or one round on a loaded host can take longer).
+    `say` None: nothing is said."""
+
+    def __init__(self, say: Optional[Callable[[str], Any]], what: str, every: float = 6.0, gap: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.say, self.what, self.every, self.gap, self.clock = say, what, every, gap, clock
+        self.started = self.last = clock()
+        self.detail, self.left_s = "", None  # type: str, Optional[float]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def line(self) -> str:
+        elapsed = self.clock() - self.started
+        left = "" if self.left_s is None else f", about {_seconds(self.left_s)} left"
+        return f"{self.what}{': ' + self.detail if self.detail else ''} ({_seconds(elapsed)} so far{left})"
+
+    def update(self, detail: str, left_s: Optional[float] = None, now: bool = False) -> None:
+        """The step moved on: said at once when `now` or `gap` seconds passed since the last line."""
+        with self._lock:
+            self.detail, self.left_s = detail, left_s
+            if now or self.clock() - self.last >= self.gap:
+                self._tell()
+
+    def _tell(self) -> None:
+        self.last = self.clock()
+        if self.say is not None:
+            self.say(ProgressLine(self.line()))
+
+    def _tick(self) -> None:
+        while not self._stop.wait(min(0.5, self.every / 4)):  # a loaded host delays a wake-up: margin under 10 s
+            with self._lock:
+                if self.clock() - self.last >= self.every:
+                    if self.left_s is not None:  # the estimate counts down between the step's own updates
+                        self.left_s = max(0.0, self.left_s - (self.clock() - self.last))
+                    self._tell()
+
+    def __enter__(self) -> Progress:
+        if self.say is not None:
+            self._thread = threading.Thread(target=self._tick, name="cpuperf-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+
+def _seconds(s: float) -> str:
+    """12 s, 3 min 5 s."""
+    s = max(0, int(round(s)))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+
 
 def _finite(obj: Any) -> Any:
     """Non-finite floats (which inputs should have refused already) as null."""
@@ -122,6 +205,12 @@ def _err_write(text: str) -> None:
     text = inert(text)
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def message(text: str) -> None:
+    """One message line on stderr, terminal-safe (inert): for code that has no Output at hand. Every message that
+    carries a value from a file, the environment or another process goes through here or through Output."""
+    _err_write(text)
 
 
 def colour_allowed(stream: Any) -> bool:

@@ -33,7 +33,7 @@ def test_card_slug() -> None:
 def _values(tmp_path, monkeypatch, card: str) -> dict:
     facts = recorded_facts(tmp_path, monkeypatch, card)
     w = resolve_workload(bench.WORKLOAD, steps=30, batch_size=64)
-    return recommend(facts, w, nproc_per_node=1).chosen
+    return {d.id: d.value for d in recommend(facts, w, nproc_per_node=1).decisions}
 
 
 def test_configs_for_an_h100_sweep_the_decided_knobs(tmp_path, monkeypatch) -> None:

@@ -109,8 +109,8 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
     assert recorded_backend("nccl", {}, "NCCL for NVIDIA GPUs") is None
     rec = recommend(arm, PRESETS["tiny"], nproc_per_node=2, device="cpu", overrides={"oversubscribe": True})
     assert decisions_of(arm, rec).backend == cpu_backend(arm, rec.stack, None)
-    nccl = tuple(dataclasses.replace(d, value="nccl", evidence={}) if d.id == "ddp_backend" else d for d in rec.decisions)
-    gpu_plan = dataclasses.replace(rec, decisions=nccl)
+    nccl = dataclasses.replace(rec.levers.ddp_backend, value="nccl", evidence={})
+    gpu_plan = dataclasses.replace(rec, levers=dataclasses.replace(rec.levers, ddp_backend=nccl))
     assert decisions_of(arm, gpu_plan).backend == cpu_backend(arm, rec.stack, None)
     # one rank records what several would use by the same rule, so ccl-env gives one reason on either count
     one = recommend(arm, PRESETS["tiny"], nproc_per_node=1, device="cpu")
@@ -478,9 +478,16 @@ def test_registry_wheel_layout_conda_prefix_and_path(tmp_path):
 
 
 def test_no_bindings_says_why_on_stderr_and_require_ccl_fails(tmp_path):
-    proc = ccl(["--shell", "bash"])
+    """The fallback to gloo is said once, not in every new shell (doctor and --explain say it every time); --quiet
+    says nothing and does not count as having said it."""
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
+    assert ccl(["--shell", "bash", "--quiet"], env).stderr == ""
+    proc = ccl(["--shell", "bash"], env)
     assert "the ccl backend is not available" in proc.stderr and "using gloo" in proc.stderr
     assert "MASTER_ADDR='127.0.0.1'" in proc.stdout and "CCL_WORKER" not in proc.stdout
+    again = ccl(["--shell", "bash"], env)
+    assert again.stdout == proc.stdout and "ccl backend" not in again.stderr
+    assert "using gloo" in ccl(["--shell", "bash", "--explain"], env).stderr
     failed = ccl(["--require-ccl"], rc=3)
     assert failed.stdout == "" and failed.stderr.startswith("error: the ccl backend is not available")
 

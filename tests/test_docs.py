@@ -300,3 +300,16 @@ def test_every_fact_has_the_one_owner_the_page_names():
         assert name in defined.get(module, set()), f"{module} defines no {name}"
         others = sorted(m for m, names in defined.items() if name in names and m != module)
         assert not others, f"{name} is owned by {module}, but {', '.join(others)} define it too"
+
+
+def test_each_lever_has_one_owner_row():
+    """Every field of the typed record (decide/records.py Levers) is named in exactly one row of the owner table."""
+    import dataclasses
+
+    from cpuperf.decide.records import Levers
+
+    text = ARCH.read_text().split("## One owner per fact", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| the lever")]
+    named = [token for row in rows for token in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    assert sorted(named) == sorted(f.name for f in dataclasses.fields(Levers))
+    assert all(len(re.findall(r"`[^`]+\.py`", row.split("|")[2])) == 1 for row in rows)

@@ -335,7 +335,7 @@ def test_a_plan_from_saved_node_facts_is_the_plan_made_live(tmp_path):
     steady = lambda h: dataclasses.replace(h, load=None, memory=dataclasses.replace(h.memory, available_bytes=None))
     live = recommend(steady(probe_host(use_cache=False)), workload)
     from_saved = recommend(steady(back.facts.host), workload)
-    assert from_saved.chosen == live.chosen
+    assert [d.value for d in from_saved.decisions] == [d.value for d in live.decisions]
     assert from_saved.placement == live.placement
 
 
@@ -400,3 +400,18 @@ def test_ctrl_c_kills_every_node_launch(tmp_path):
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", "sleep 618"], capture_output=True, text=True)
     assert left.returncode == 1, left.stdout
+
+
+def test_the_nodes_table_fits_80_columns(tmp_path):
+    """At 80 columns the 13-column table broke every cell into one letter per line: a block per node instead."""
+    import re
+
+    saved = tmp_path / "facts.json"
+    assert run_cli(["doctor", "--save-facts", str(saved)]).returncode in (0, 1)
+    narrow = run_cli(["doctor", "--facts", str(saved)], {"COLUMNS": "80"})
+    lines = narrow.stdout.splitlines()
+    assert narrow.returncode in (0, 1, 14), narrow.stderr
+    assert lines and all(len(ln) <= 80 for ln in lines)
+    assert any(re.match(r"torch\s+\d+\.\d+", ln) for ln in lines) and any(re.match(r"node\s+\S{2,}", ln) for ln in lines)
+    wide = run_cli(["doctor", "--facts", str(saved)], {"COLUMNS": "160"})
+    assert any(re.match(r"\s*node\s+status\s+CPU\s+ISA", ln) for ln in wide.stdout.splitlines())  # one row per node

@@ -203,5 +203,5 @@ def test_recommend_plans_for_the_memory_left_on_a_shared_gpu(tmp_path, monkeypat
     monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.5.1+cu121"}))
     facts = probe_host(sysroot=str(make_host(tmp_path)))
     rec = recommend(facts, PRESETS["gpt2-small"])
-    ev = rec.decision("batch_size").evidence
+    ev = rec.levers.batch_size.evidence
     assert ev["budget_bytes"] == int((20 << 30) * 0.9) and "free of" in ev["budget"]

@@ -85,6 +85,17 @@ def test_a_fresh_venv_after_install_offers_an_allocator(tmp_path, index, pip_hom
     assert any(p.endswith("cmeel.prefix/lib/libmimalloc.so") for p in libs)
     with open(libs[0], "rb") as fh:
         assert fh.read(4) == b"\x7fELF"  # a shared library the loader can preload
+    # The README's `cpuperf install --yes` again: every package "keep", so no pip install runs (only pip's dry run
+    # that finds out), nothing changes; it says so.
+    before = pip_freeze(str(venv / "bin" / "python"), pip_home)
+    again = ok_json(cli(["install", "--venv", str(venv), "--index-url", index.good, "--torch", "2.7.0", "--yes",
+                         "--json"], pip_home))
+    assert again["result"]["status"] == "unchanged" and {p["action"] for p in again["packages"]} == {"keep"}
+    assert {p["name"] for p in again["packages"]} >= {"torch", "cmeel-mimalloc"}
+    text = cli(["install", "--venv", str(venv), "--index-url", index.good, "--torch", "2.7.0", "--yes"], pip_home)
+    assert text.returncode == 0 and text.stdout.startswith("nothing to do: "), text.stderr
+    assert "installing with pip" not in text.stderr and "torch 2.7.0+cpu" in text.stdout
+    assert pip_freeze(str(venv / "bin" / "python"), pip_home) == before
 
 
 def test_no_allocator_wheel_where_no_source_offers_it(tmp_path, pip_home, index):

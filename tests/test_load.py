@@ -37,7 +37,7 @@ def test_busy_cpu_is_dropped_from_the_rank_and_the_figure_is_kept(tmp_path):
     assert ev["load"]["busy_cpus"] == {"1": 0.97} and ev["load"]["threads_without_load"] == 4
     assert "CPU 1 97%" in new.reasons[-2] and new.reasons[-1] == placement.reasons[-1]
     # A user's --set threads_per_rank stands, with the figure in a note.
-    same, _, note = adjust_placement(placement, _loaded({1: 0.97}), {"threads_per_rank": "4"})
+    same, _, note = adjust_placement(placement, _loaded({1: 0.97}), yours=True)
     assert same == placement and note is not None and "CPU 1 97%" in note
     # Nothing busy: nothing changes.
     assert adjust_placement(placement, _loaded({0: 0.1, 1: 0.2}))[0] == placement

@@ -170,12 +170,13 @@ def test_compile_figures_are_per_model_kept_across_benches_and_validated(tmp_pat
     assert set(data["compile_by_model"]) == {model_key(tiny), model_key(micro)}
     meas = measure.load_cached(facts)
     # 40 s / (0.5 s x (1 - 1/1.25)) = 400 steps to pay back.
-    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), measurements=meas).decision("compile")
+    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), measurements=meas).levers.compile
     assert long_tiny.value is True and long_tiny.evidence["crossover_steps"] == 400 and "1000" in long_tiny.reason
-    assert recommend(facts, resolve_workload("micro", steps=1000), measurements=meas).get("compile") is False
-    # A non-positive figure is a corrupt cache: removed, not used.
+    assert recommend(facts, resolve_workload("micro", steps=1000), measurements=meas).levers.compile.value is False
+    # A non-positive figure is no figure: that model's entry is dropped alone, the rest stands.
     path = measure.save(facts, _steady(compile_by_model={model_key(tiny): {**entry, "speedup": -1}}))
-    assert measure.read_cached(facts)[0] is None and not path.exists()
+    data, _ = measure.read_cached(facts)
+    assert set(data["compile_by_model"]) == {model_key(micro)} and path.exists()
 
 
 def test_a_bench_without_allocators_keeps_the_measured_allocator_figures(tmp_path, monkeypatch):
@@ -188,3 +189,115 @@ def test_a_bench_without_allocators_keeps_the_measured_allocator_figures(tmp_pat
     assert measure.read_cached(facts)[0]["allocator_speedup"] == speedup
     measure.save(facts, _steady(allocator_speedup={"mimalloc": 0.95}))  # measured anew: replaced
     assert measure.read_cached(facts)[0]["allocator_speedup"] == {"mimalloc": 0.95}
+
+
+# -- ratios side by side: what decides, on a busy host -----------------------------------------------
+
+def test_a_ratio_decides_when_its_rounds_agree_on_the_decision_or_with_each_other():
+    from cpuperf.decide.ratios import Ratio, alternating
+
+    r = Ratio("bf16/fp32 GEMM", 1.0)
+    for x in (2.5, 1.1, 1.9):  # wide (spread 74%) but every round says bf16 is faster
+        r = r.add(x)
+    assert r.decided(3, 0.05) and r.median == 1.9 and not r.decided(4, 0.05)
+    noisy = Ratio("mimalloc/default allocator on lm", 1.02, (0.95, 1.23, 1.06))
+    assert not noisy.decided(3, 0.05)  # rounds on both sides of 1.02, 27% apart: too noisy to decide
+    tight = Ratio("x", 1.02, (1.01, 1.03, 1.02))
+    assert tight.decided(3, 0.05)  # both sides, but 2% apart: the figure itself is sound
+    assert noisy.describe() == "1.06x (0.95-1.23 over 3 rounds)"
+    assert noisy.to_json(3, 0.05)["decided"] is False
+    assert [alternating(("a", "b"), n) for n in range(3)] == [("a", "b"), ("b", "a"), ("a", "b")]
+
+
+def test_a_ratio_too_noisy_to_decide_leaves_the_decision_to_the_rule_and_says_so(tmp_path, monkeypatch):
+    """A measurement that left bf16/fp32 undecided: no bf16 figure for the plan, the rule's dtype, the reason says
+    why; taken side by side, it is not distrusted for the load around it (no warning on later commands)."""
+    from cli_util import run_json
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+    line = "bf16/fp32 GEMM 1.02x (0.70-1.40 over 9 rounds): too noisy to decide (...), so the rule decides the dtype"
+    measure.save(facts, {"method": measure.METHOD, "gemm_fp32_gflops": 50.0, "undecided": {"dtype": line},
+                         "load": {"under_load": True, "busy_cpus": {"0": 1.0, "1": 1.0}, "figure": "load average 11"}})
+    assert measure.assess(measure.read_cached(facts)[0], facts) == (True, [])
+    data, proc = run_json(["recommend"], {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0",
+                                          "CPUPERF_OVERRIDE_ISA": NATIVE_ISA})
+    assert _dtype(data)["value"] == "bf16" and "too noisy to decide" in _dtype(data)["reason"]
+    assert "warning" not in proc.stderr and "NOT TRUSTED" not in proc.stderr
+
+
+def test_a_distrusted_past_measurement_is_warned_about_once_with_a_fix_that_runs_here(tmp_path, monkeypatch):
+    from cli_util import run_cli
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    measure.save(probe_host(use_cache=False),
+                 _steady(load={"under_load": True, "busy_cpus": {"1": 1.0}, "figure": "load average 160"}))
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0", "CPUPERF_OVERRIDE_ISA": NATIVE_ISA}
+    quiet = run_cli(["recommend", "--quiet"], env)
+    assert quiet.returncode == 0 and quiet.stderr == ""  # --quiet: no messages at all
+    said = [run_cli(args, env) for args in (["recommend"], ["recommend"], ["train", "--auto", "--dry-run"],
+                                              ["ccl-env"])]
+    assert all(p.returncode == 0 for p in said), [p.stderr for p in said]
+    warned = [p for p in said if "NOT TRUSTED" in p.stderr]
+    assert len(warned) == 1 and warned[0] is said[0]
+    assert "`cpuperf bench --refresh` measures again" in said[0].stderr and "quiet host" not in said[0].stderr
+
+
+def test_progress_is_said_at_least_every_few_seconds_and_never_under_quiet_or_json():
+    import time
+
+    from cpuperf.output import Output, Progress, ProgressLine
+
+    lines = []
+    with Progress(lambda s: lines.append((time.monotonic(), s)), "measuring", every=0.3, gap=10) as p:
+        p.update("round 1", left_s=5, now=True)
+        time.sleep(1.2)
+    stamps = [t for t, _ in lines]
+    assert len(lines) >= 3 and max(b - a for a, b in zip(stamps, stamps[1:])) < 0.8
+    assert lines[0][1] == "measuring: round 1 (0 s so far, about 5 s left)"
+    assert all(isinstance(s, ProgressLine) for _, s in lines)
+    for out in (Output(quiet=True), Output(json_mode=True)):
+        import io
+        import sys
+
+        err, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            out.teller("x: ")(ProgressLine("progress"))
+            out.teller("x: ")("a note")
+            got = sys.stderr.getvalue()
+        finally:
+            sys.stderr = err
+        assert "progress" not in got and (got == "" if out.quiet else got == "x: a note\n")
+
+
+def test_a_real_side_by_side_measurement_under_load_says_how_far_it_is(tmp_path, monkeypatch):
+    """Two busy loops keep both CPUs busy: the ratios are still measured (at the CPUs left free: one thread), said
+    at least every 10 s, and the whole takes about its budget, not minutes."""
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("torch")
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    facts = probe_host(use_cache=False)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    said = []
+    try:
+        time.sleep(0.5)
+        start = time.monotonic()
+        got = measure.run_micro(facts, 2, allocators=False, size=128, seconds=0.2,
+                                log=lambda s: said.append((time.monotonic(), str(s))))
+        took = time.monotonic() - start
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    stamps = [start] + [t for t, _ in said]
+    assert max(b - a for a, b in zip(stamps, stamps[1:])) <= 10.0, said
+    assert got["method"] == measure.METHOD and got["ratios"]["bf16_over_fp32"]["rounds"]
+    assert got["load"]["under_load"] and got["threads"] == 1  # the CPUs other work left free: at least one
+    assert took < 300, took
+    decided = got["ratios"]["bf16_over_fp32"]["decided"]
+    assert ("gemm_bf16_gflops" in got) == decided and ("dtype" in got["undecided"]) == (not decided)

@@ -26,15 +26,15 @@ def _host(tmp_path, monkeypatch, gib, **kw):
 def test_every_plan_fits_its_own_budget_and_checkpoints_only_when_it_must(tmp_path, monkeypatch, params):
     facts = _host(tmp_path, monkeypatch, 48)
     rec = recommend(facts, resolve_workload(params=params, batch_size=32))
-    ev = rec.decision("batch_size").evidence
-    batch, ck = rec.get("batch_size"), rec.get("grad_checkpointing")
+    ev = rec.levers.batch_size.evidence
+    batch, ck = rec.levers.batch_size.value, rec.levers.grad_checkpointing.value
     assert ev["weights_grads_optimizer_bytes"] + batch * ev["activation_bytes_per_sample"] <= ev["budget_bytes"]
     assert ev["per_rank_bytes"] <= ev["budget_bytes"]
     if ck:  # checkpointing is chosen only where one sample without it does not fit
         assert ev["weights_grads_optimizer_bytes"] + ev["activation_bytes_per_sample_no_checkpointing"] > ev["budget_bytes"]
-    accum = rec.get("grad_accum_steps")
+    accum = rec.levers.grad_accum_steps.value
     assert 0 <= batch * accum - 32 < accum  # near-equal micro-batches reach the global batch
-    assert rec.get("zero") is None
+    assert rec.levers.zero.value is None
 
 
 def test_too_big_for_the_host_exits_3_with_the_figures(tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_cpu_ranks_shard_with_zero3_and_never_offload(tmp_path, monkeypatch):
     # 4 nodes x 1 rank, 24 GiB installed each: 3B with Adafactor (27 GB) fits only sharded.
     facts = _host(tmp_path, monkeypatch, 24)
     rec = recommend(facts, resolve_workload(params="3B"), nnodes=4)
-    zero = rec.get("zero")
+    zero = rec.levers.zero.value
     assert zero is not None and zero["zero_optimization"] == {"stage": 3}
     assert "offload" not in json.dumps(zero)
     with pytest.raises(IncompatibleHostError):

@@ -179,20 +179,20 @@ def _arm_host(tmp_path, features=None):
 
 def test_arm_dtype_evidence_is_arm_features(tmp_path):
     facts = probe_host(sysroot=str(_arm_host(tmp_path)))
-    d = recommend(facts, PRESETS["tiny"]).decision("dtype")
+    d = recommend(facts, PRESETS["tiny"]).levers.dtype
     assert d.value == "fp32"
     assert d.evidence["bf16"] is True and d.evidence["i8mm"] is True and d.evidence["sve"] is True
     assert "avx512_bf16" not in d.evidence and "amx_bf16" not in d.evidence
     assert "Arm BF16" in d.reason and "fp32 kept" in d.reason and "cpuperf bench" in d.reason
     fast = Measurements(gemm_fp32_gflops=100.0, gemm_bf16_gflops=300.0, source="recorded")
-    d = recommend(facts, PRESETS["tiny"], measurements=fast).decision("dtype")
+    d = recommend(facts, PRESETS["tiny"], measurements=fast).levers.dtype
     assert d.value == "bf16" and "3.00x" in d.reason and "Arm BF16" in d.reason
 
 
 def test_arm_without_bf16_keeps_fp32_even_when_a_measurement_looks_fast(tmp_path):
     facts = probe_host(sysroot=str(_arm_host(tmp_path, "fp asimd evtstrm aes pmull sha1 sha2 crc32 asimddp")))
     fast = Measurements(gemm_fp32_gflops=100.0, gemm_bf16_gflops=300.0, source="recorded")
-    d = recommend(facts, PRESETS["tiny"], measurements=fast).decision("dtype")
+    d = recommend(facts, PRESETS["tiny"], measurements=fast).levers.dtype
     assert d.value == "fp32" and d.evidence["bf16"] is False and "no Arm BF16" in d.reason
 
 
@@ -202,7 +202,7 @@ def test_power_dtype_evidence_is_mma(tmp_path, gen, mma):
                                      "clock\t\t: 3000MHz\nrevision\t: 2.0 (pvr 0080 0200)\n\n")
     facts = probe_host(sysroot=str(tmp_path))
     assert ("mma" in facts.cpu.isa) is mma and "vsx" in facts.cpu.isa
-    d = recommend(facts, PRESETS["tiny"]).decision("dtype")
+    d = recommend(facts, PRESETS["tiny"]).levers.dtype
     assert d.value == "fp32" and d.evidence["mma"] is mma and "avx512_bf16" not in d.evidence
     assert ("MMA" in d.reason) and (("no MMA" in d.reason) is not mma)
 

@@ -32,7 +32,8 @@ def test_parse_keeps_finite_points_and_counts_the_rest():
     assert s.eval_loss == ((2, 6.3),) and s.skipped == 2
     doc = ET.fromstring(plot.svg(s, "run <&>"))  # well-formed, the title escaped
     lines = doc.findall("{http://www.w3.org/2000/svg}polyline")
-    assert len(lines) == 3 and all(len(p.get("points", "").split()) >= 1 for p in lines)
+    assert len(lines) == 2 and all(len(p.get("points", "").split()) >= 1 for p in lines)  # train loss, samples/s
+    assert len(doc.findall("{http://www.w3.org/2000/svg}circle")) == 2  # the eval point, and its legend mark
 
 
 @pytest.mark.smoke("plot")
@@ -105,3 +106,57 @@ def test_values_near_the_float_limit_give_finite_coordinates(tmp_path, big):
     for coords in points:
         for pair in coords.split():
             assert all(abs(float(c)) < 2000 for c in pair.split(",")), coords
+
+
+def _run_metrics(steps, eval_every=0):
+    import math
+
+    out = []
+    for step in range(1, steps + 1):
+        out.append({"type": "step", "step": step, "loss": 3.4 + 7.0 * math.exp(-step / 60) + 0.2 * ((step * 7) % 5) / 5,
+                    "samples_per_s": 1.5 if step == 1 else 8.0 + (step % 3)})
+        if eval_every and step % eval_every == 0:
+            out.append({"type": "eval", "step": step, "eval_loss": 3.3 + 7.0 * math.exp(-step / 60)})
+    return "\n".join(json.dumps(r) for r in out) + "\n"
+
+
+def _texts(doc):
+    return [t.text for t in doc.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_the_picture_reads_at_a_glance_log_loss_eval_points_speed_from_zero_legends_above():
+    """400 steps with an eval every 100: loss on a log axis with labelled ticks between its ends, eval as points,
+    samples/s from zero with its median, every legend above its frame (never over the data)."""
+    s = plot.parse_metrics(_run_metrics(400, eval_every=100))
+    doc = ET.fromstring(plot.svg(s, "run"))
+    texts = _texts(doc)
+    assert "log scale" in texts and {"4", "5", "6", "8", "10"} <= set(texts)  # loss ticks between 3.4 and 10.4
+    assert "0" in texts and any(t.startswith("median 9") for t in texts)  # samples/s from zero; its median
+    circles = doc.findall("{http://www.w3.org/2000/svg}circle")
+    assert len(circles) == 4 + 1  # four eval points and the legend's mark
+    frames = [r for r in doc.iter("{http://www.w3.org/2000/svg}rect") if r.get("stroke")]
+    frame_top = min(float(r.get("y")) for r in frames)
+    legend = [t for t in doc.iter("{http://www.w3.org/2000/svg}text") if t.text in ("train loss", "eval loss", "samples/s")
+              or (t.text or "").startswith("median")]
+    assert legend and all(float(t.get("y")) < frame_top for t in legend)  # above the data, not over it
+    assert plot.log_ticks(3.2, 11) == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0] and plot.nice_ticks(0, 11) == [0, 5, 10]
+    assert plot.log_ticks(5.7, 6.6) == [5.8, 6.0, 6.2, 6.4, 6.6]  # a short run's narrow range still gets labels
+
+
+def test_a_short_run_without_eval_draws_no_eval_legend():
+    doc = ET.fromstring(plot.svg(plot.parse_metrics(_run_metrics(5)), "run"))
+    assert "eval loss" not in _texts(doc) and "train loss" in _texts(doc)
+    assert not [c for c in doc.iter("{http://www.w3.org/2000/svg}circle")]
+
+
+def test_a_png_beside_the_svg_where_matplotlib_is_installed(tmp_path):
+    """The same picture through matplotlib: written, a real PNG of a sensible size (look at it: pytest --basetemp
+    DIR keeps it under DIR)."""
+    pytest.importorskip("matplotlib")
+    (tmp_path / "metrics.jsonl").write_text(_run_metrics(400, eval_every=100))
+    got = plot.plot_run(str(tmp_path))
+    assert got["png"] and got["files"] == [str(tmp_path / "plot.svg"), str(tmp_path / "plot.png")]
+    head = (tmp_path / "plot.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert width > 1000 and 400 < height < 600

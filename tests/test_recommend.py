@@ -31,55 +31,55 @@ def facts_for(tmp_path, monkeypatch, packages=NEW_TORCH, gpus=None, **host):
 def test_sapphire_rapids_gets_bf16_with_amx(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, flags=SPR, model=143, cores_per_socket=32)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("dtype") == "bf16" and "AMX" in rec.decision("dtype").reason
-    assert rec.get("fp32_math_mode") == "bf16"  # torch 2.13 offers the oneDNN bf16 math mode
-    assert rec.get("tf32") is False
+    assert rec.levers.dtype.value == "bf16" and "AMX" in rec.levers.dtype.reason
+    assert rec.levers.fp32_math_mode.value == "bf16"  # torch 2.13 offers the oneDNN bf16 math mode
+    assert rec.levers.tf32.value is False
 
 
 def test_legacy_ipex_stack_on_avx512_host_uses_ipex_not_compile(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, packages=LEGACY, flags=SPR, model=143)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("ipex") is True and rec.get("compile") is False
+    assert rec.levers.ipex.value is True and rec.levers.compile.value is False
     mismatched = json.dumps({"torch": "2.7.1+cpu", "intel_extension_for_pytorch": "2.8.0"})
     facts = facts_for(tmp_path / "m", monkeypatch, packages=mismatched, flags=SPR, model=143)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("ipex") is False and "2.8" in rec.decision("ipex").reason
+    assert rec.levers.ipex.value is False and "2.8" in rec.levers.ipex.reason
 
 
 def test_two_socket_host_gets_two_ranks_with_per_socket_threads(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=24, threads_per_core=2, flags=AVX512, model=85, stepping=7)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("nproc_per_node") == 2 and rec.get("threads_per_rank") == 24
-    assert rec.get("ddp_backend") == "gloo"  # no oneCCL bindings installed
-    assert rec.get("dtype") == "fp32"  # cascadelake: no native bf16
+    assert rec.levers.nproc_per_node.value == 2 and rec.levers.threads_per_rank.value == 24
+    assert rec.levers.ddp_backend.value == "gloo"  # no oneCCL bindings installed
+    assert rec.levers.dtype.value == "fp32"  # cascadelake: no native bf16
 
 
 def test_ccl_backend_only_with_compatible_bindings(tmp_path, monkeypatch):
     pk = json.dumps({"torch": "2.7.0+cpu", "oneccl_bind_pt": "2.7.0+cpu"})
     facts = facts_for(tmp_path, monkeypatch, packages=pk, sockets=2, cores_per_socket=32, flags=AVX512)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("ddp_backend") == "ccl" and rec.get("threads_per_rank") == 28  # 4 oneCCL workers out
+    assert rec.levers.ddp_backend.value == "ccl" and rec.levers.threads_per_rank.value == 28  # 4 oneCCL workers out
     pk = json.dumps({"torch": "1.12.1+cpu", "oneccl_bind_pt": "1.12.0"})
     monkeypatch.setenv("CPUPERF_OVERRIDE_PYTHON", "3.9")  # torch 1.12 has no wheels for newer Pythons
     facts = facts_for(tmp_path / "b", monkeypatch, packages=pk, sockets=2, cores_per_socket=8, flags=AVX512)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("ddp_backend") == "gloo" and "1.12.100" in rec.decision("ddp_backend").reason
+    assert rec.levers.ddp_backend.value == "gloo" and "1.12.100" in rec.levers.ddp_backend.reason
 
 
 def test_zen4_gets_bf16_without_ipex_only_features(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, vendor="AuthenticAMD", family=25, model=17, flags=ZEN4)
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("dtype") == "bf16" and rec.get("ipex") is False
-    assert rec.get("fp32_math_mode") is None  # no AMX
+    assert rec.levers.dtype.value == "bf16" and rec.levers.ipex.value is False
+    assert rec.levers.fp32_math_mode.value is None  # no AMX
 
 
 def test_arm_host_gets_no_x86_advice(tmp_path, monkeypatch):
     monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", NEW_TORCH)
     facts = probe_host(sysroot=str(fixture_host(tmp_path, "linux-amazon-neoverse_v1")))
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("ipex") is False and rec.get("fp32_math_mode") is None
+    assert rec.levers.ipex.value is False and rec.levers.fp32_math_mode.value is None
     text = json.dumps([d.to_json() for d in rec.decisions])
-    assert "AMX" not in rec.decision("dtype").reason and "KMP_" not in text
+    assert "AMX" not in rec.levers.dtype.reason and "KMP_" not in text
 
 
 def test_bf16_you_set_on_an_arm_bf16_host_is_not_called_emulated(tmp_path, monkeypatch):
@@ -97,26 +97,26 @@ def test_bf16_you_set_on_an_arm_bf16_host_is_not_called_emulated(tmp_path, monke
 
 def test_container_limited_to_four_cpus_gets_four_threads(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, cores_per_socket=32, cgroup={"cpu.max": "400000 100000"})
-    assert recommend(facts, PRESETS["tiny"]).get("threads_per_rank") == 4
+    assert recommend(facts, PRESETS["tiny"]).levers.threads_per_rank.value == 4
     facts = facts_for(tmp_path / "s", monkeypatch, cores_per_socket=32, cgroup={"cpuset.cpus.effective": "8-11"})
     rec = recommend(facts, PRESETS["tiny"])
-    assert rec.get("threads_per_rank") == 4 and rec.get("affinity") == "auto"
-    assert rec.decision("affinity").evidence["cpus"] == "8-11"
+    assert rec.levers.threads_per_rank.value == 4 and rec.levers.affinity.value == "auto"
+    assert rec.levers.affinity.evidence["cpus"] == "8-11"
 
 
 def test_measured_slow_bf16_is_vetoed(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, vendor="AuthenticAMD", family=25, model=17, flags=ZEN4)
     slow = Measurements(gemm_fp32_gflops=240.0, gemm_bf16_gflops=50.0, source="recorded")
     rec = recommend(facts, PRESETS["tiny"], measurements=slow)
-    assert rec.get("dtype") == "fp32" and "measured" in rec.decision("dtype").reason
+    assert rec.levers.dtype.value == "fp32" and "measured" in rec.levers.dtype.reason
     fast = Measurements(gemm_fp32_gflops=240.0, gemm_bf16_gflops=900.0, source="recorded")
-    assert recommend(facts, PRESETS["tiny"], measurements=fast).get("dtype") == "bf16"
+    assert recommend(facts, PRESETS["tiny"], measurements=fast).levers.dtype.value == "bf16"
 
 
 def test_allocator_only_when_measured_better(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch)
     rec = recommend(facts, PRESETS["tiny"], measurements=Measurements(allocator_speedup={"tcmalloc": 1.2}))
-    assert rec.get("allocator") is None  # a snapshot has no libraries to preload
+    assert rec.levers.allocator.value is None  # a snapshot has no libraries to preload
 
 
 def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
@@ -124,25 +124,25 @@ def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
     from cpuperf.decide.recommend import model_key
 
     short = resolve_workload("tiny", steps=30)
-    batch = recommend(facts, short).decision("batch_size").value  # the step time below is at this batch
+    batch = recommend(facts, short).levers.batch_size.value  # the step time below is at this batch
     # 50 s of compilation, 0.8 s steps 1.1x faster: each step saves 0.8 * (1 - 1/1.1) = 0.0727 s -> 688 steps.
     meas = Measurements(compile_by_model={model_key(short): {"compile_seconds": 50.0, "step_seconds": 0.8,
                                                              "speedup": 1.1, "batch": short.batch_size}},
                         source="recorded")
     rec = recommend(facts, short, measurements=meas)
-    d = rec.decision("compile")
-    assert rec.get("compile") is False and d.evidence["crossover_steps"] == 688, (batch, d)
+    d = rec.levers.compile
+    assert rec.levers.compile.value is False and d.evidence["crossover_steps"] == 688, (batch, d)
     assert "pays back after 688 steps" in d.reason and "only 30" in d.reason
     long = resolve_workload("tiny", steps=100_000)
-    assert recommend(facts, long, measurements=meas).get("compile") is True
+    assert recommend(facts, long, measurements=meas).levers.compile.value is True
     # A measurement of another model is not this model's: assumed (no CPU gain), never compiled.
     other = resolve_workload("micro", steps=100_000)
-    d = recommend(facts, other, measurements=meas).decision("compile")
+    d = recommend(facts, other, measurements=meas).levers.compile
     assert d.value is False and d.evidence["measured"] == "assumed" and d.evidence["crossover_steps"] is None
     # No steady gain measured: never pays, whatever the length.
     slow = Measurements(compile_by_model={model_key(long): {"compile_seconds": 50.0, "step_seconds": 0.8,
                                                             "speedup": 0.97, "batch": 16}})
-    assert recommend(facts, long, measurements=slow).get("compile") is False
+    assert recommend(facts, long, measurements=slow).levers.compile.value is False
 
 
 def test_train_auto_measures_compile_only_for_runs_long_enough(tmp_path, monkeypatch):
@@ -172,28 +172,28 @@ CUDA_TORCH = json.dumps({"torch": "2.5.1+cu121"})
 def test_recorded_gpus(tmp_path, monkeypatch, card):
     facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS[card], GPUS[card]])
     rec = recommend(facts, PRESETS["gpt2-small"])
-    assert rec.get("device") == "cuda"
+    assert rec.levers.device.value == "cuda"
     if card == "t4":
-        assert (rec.get("dtype"), rec.get("tf32")) == ("fp16", False)
-        assert rec.get("attention") == "mem_efficient"
+        assert (rec.levers.dtype.value, rec.levers.tf32.value) == ("fp16", False)
+        assert rec.levers.attention.value == "mem_efficient"
     else:
-        assert (rec.get("dtype"), rec.get("tf32")) == ("bf16", True)
-        assert rec.get("attention") == "flash"
-    assert rec.get("ddp_backend") == "nccl" and rec.get("nproc_per_node") == 2
-    assert rec.get("optimizer") == "adamw_fused"
-    batch = rec.get("batch_size")
+        assert (rec.levers.dtype.value, rec.levers.tf32.value) == ("bf16", True)
+        assert rec.levers.attention.value == "flash"
+    assert rec.levers.ddp_backend.value == "nccl" and rec.levers.nproc_per_node.value == 2
+    assert rec.levers.optimizer.value == "adamw_fused"
+    batch = rec.levers.batch_size.value
     assert batch % 8 == 0
-    ev = rec.decision("batch_size").evidence
+    ev = rec.levers.batch_size.evidence
     assert ev["weights_grads_optimizer_bytes"] + batch * ev["activation_bytes_per_sample"] <= ev["budget_bytes"]
-    assert batch * rec.get("grad_accum_steps") * 2 >= PRESETS["gpt2-small"].batch_size
+    assert batch * rec.levers.grad_accum_steps.value * 2 >= PRESETS["gpt2-small"].batch_size
 
 
 def test_cuda_visible_devices_is_respected(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["a100"]] * 4)
     rec = recommend(facts, PRESETS["tiny"], environ={"CUDA_VISIBLE_DEVICES": "1,3"})
-    assert rec.get("nproc_per_node") == 2
+    assert rec.levers.nproc_per_node.value == 2
     rec = recommend(facts, PRESETS["tiny"], environ={"CUDA_VISIBLE_DEVICES": ""})
-    assert rec.get("device") == "cpu"
+    assert rec.levers.device.value == "cpu"
 
 
 def test_huge_model_gets_zero_offload_on_gpu_only_where_host_ram_holds_it(tmp_path, monkeypatch):
@@ -201,9 +201,9 @@ def test_huge_model_gets_zero_offload_on_gpu_only_where_host_ram_holds_it(tmp_pa
     facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["t4"]], node_mem_bytes=256 << 30)
     w = resolve_workload("gpt2-small", params="7B")
     rec = recommend(facts, w)
-    zero = rec.get("zero")
+    zero = rec.levers.zero.value
     assert zero is not None and zero["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert rec.get("batch_size") >= 1
+    assert rec.levers.batch_size.value >= 1
     # The default recorded host has 32 GiB available: the offloaded state has nowhere to go.
     small = facts_for(tmp_path / "small", monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["t4"]])
     with pytest.raises(IncompatibleHostError, match="do not fit"):
@@ -213,8 +213,8 @@ def test_huge_model_gets_zero_offload_on_gpu_only_where_host_ram_holds_it(tmp_pa
 def test_overrides_are_applied_and_marked(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch)
     rec = recommend(facts, PRESETS["tiny"], overrides=parse_sets(["dtype=bf16", "threads_per_rank=1"]))
-    assert rec.get("dtype") == "bf16" and rec.decision("dtype").overridden
-    assert rec.get("threads_per_rank") == 1
+    assert rec.levers.dtype.value == "bf16" and rec.levers.dtype.overridden
+    assert rec.levers.threads_per_rank.value == 1
     with pytest.raises(UsageError):
         parse_sets(["colour=blue"])
     with pytest.raises(UsageError):
@@ -226,14 +226,14 @@ def test_this_host(monkeypatch):
     facts = probe_host()
     rec = recommend(facts, PRESETS["tiny"])
     expect_bf16 = facts.cpu.bf16_native
-    assert rec.get("dtype") == ("bf16" if expect_bf16 else "fp32")
-    assert rec.get("nproc_per_node") == facts.topology.sockets
+    assert rec.levers.dtype.value == ("bf16" if expect_bf16 else "fp32")
+    assert rec.levers.nproc_per_node.value == facts.topology.sockets
     cores = min(len(os.sched_getaffinity(0)), facts.topology.physical_cores)
     if facts.topology.sockets == 1 and facts.topology.cpu_quota is None:
-        assert rec.get("threads_per_rank") == cores
+        assert rec.levers.threads_per_rank.value == cores
     rec2 = recommend(facts, PRESETS["tiny"], nproc_per_node=2) if cores >= 2 else None
     if rec2 is not None:
-        assert rec2.get("ddp_backend") in ("gloo", "ccl")
+        assert rec2.levers.ddp_backend.value in ("gloo", "ccl")
 
 
 def test_allocator_needs_a_gain_that_hurts_no_workload(monkeypatch):
@@ -246,11 +246,11 @@ def test_allocator_needs_a_gain_that_hurts_no_workload(monkeypatch):
     facts = replace(facts, software=sw, gpus=())
     helps = Measurements(allocator_speedup={"tcmalloc": 1.15, "tcmalloc_by_workload": {"lm": 1.04, "mlp": 1.27},
                                             "jemalloc": 0.82, "jemalloc_by_workload": {"lm": 0.8, "mlp": 0.84}})
-    assert recommend(facts, PRESETS["tiny"], measurements=helps).get("allocator") == "tcmalloc"
+    assert recommend(facts, PRESETS["tiny"], measurements=helps).levers.allocator.value == "tcmalloc"
     mixed = Measurements(allocator_speedup={"tcmalloc": 1.05, "tcmalloc_by_workload": {"lm": 0.9, "mlp": 1.22}})
-    assert recommend(facts, PRESETS["tiny"], measurements=mixed).get("allocator") is None
+    assert recommend(facts, PRESETS["tiny"], measurements=mixed).levers.allocator.value is None
     unmeasured = recommend(facts, PRESETS["tiny"], measurements=Measurements())
-    assert unmeasured.get("allocator") is None and "unmeasured" in unmeasured.decision("allocator").reason
+    assert unmeasured.levers.allocator.value is None and "unmeasured" in unmeasured.levers.allocator.reason
 
 
 def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
@@ -276,8 +276,8 @@ def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
     assert picked.value == "tcmalloc" and "not mimalloc" in picked.reason
     # Through the engine: the ranks of the plan decide it.
     two = recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 2})
-    assert two.get("allocator") is None
-    assert recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 1}).get("allocator") == "mimalloc"
+    assert two.levers.allocator.value is None
+    assert recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 1}).levers.allocator.value == "mimalloc"
 
 
 # -- pinning on a virtual machine -------------------------------------------------------------------------
@@ -294,17 +294,17 @@ def test_ranks_sharing_one_numa_node_of_a_virtual_machine_are_not_pinned(tmp_pat
     facts = facts_for(tmp_path, monkeypatch, **host)
     unit = "numa" if host.get("nodes_per_socket") else "socket"
     rec = recommend(facts, PRESETS["tiny"], nproc_per_node=nproc, unit=unit)
-    assert (rec.get("affinity") == "auto") is pinned, rec.decision("affinity").reason
-    assert rec.get("threads_per_rank") == 8 // rec.get("nproc_per_node")  # threads are set either way
+    assert (rec.levers.affinity.value == "auto") is pinned, rec.levers.affinity.reason
+    assert rec.levers.threads_per_rank.value == 8 // rec.levers.nproc_per_node.value  # threads are set either way
     if not pinned:
-        assert "virtual machine" in rec.decision("affinity").reason
+        assert "virtual machine" in rec.levers.affinity.reason
 
 
 def test_a_virtual_machines_ranks_are_pinned_when_asked(tmp_path, monkeypatch):
     monkeypatch.delenv("CPUPERF_OVERRIDE_HYPERVISOR")
     facts = facts_for(tmp_path, monkeypatch, flags=["avx2", "fma", "hypervisor"], cores_per_socket=8)
     rec = recommend(facts, PRESETS["tiny"], nproc_per_node=2, overrides={"affinity": "auto"})
-    assert rec.get("affinity") == "auto" and rec.decision("affinity").overridden
+    assert rec.levers.affinity.value == "auto" and rec.levers.affinity.overridden
 
 
 def test_the_hypervisor_override_makes_the_host_a_virtual_machine_or_bare_metal(tmp_path, monkeypatch):

@@ -166,23 +166,23 @@ def test_tuned_figures_decide_and_show_in_the_plan(tmp_path):
     w = PRESETS["micro"]
     meas = Measurements(tuned_by_shape={shape_key(w): entry}, source="test")
     rec = recommend(facts, w, measurements=meas)
-    if rec.get("device") != "cpu":
+    if rec.levers.device.value != "cpu":
         pytest.skip("a GPU host plans for its GPUs")
-    d = rec.decision("affinity")
+    d = rec.levers.affinity
     assert d.value is None and "tuned here for" in d.reason and "unpinned 14.00 samples/s" in d.reason
     assert "pinned 12.00 (0.86x)" in d.reason and d.evidence["tuned"]["alternatives"] == {"pinned": 12.0}
     # yours wins over the tuning; another shape is not this one's
-    assert recommend(facts, w, measurements=meas, overrides={"affinity": "auto"}).get("affinity") == "auto"
-    assert "tuned" not in recommend(facts, PRESETS["tiny"], measurements=meas).decision("affinity").evidence
+    assert recommend(facts, w, measurements=meas, overrides={"affinity": "auto"}).levers.affinity.value == "auto"
+    assert "tuned" not in recommend(facts, PRESETS["tiny"], measurements=meas).levers.affinity.evidence
     if facts.software is not None and not facts.software.allocators.get("tcmalloc"):
-        assert "tuned" not in rec.decision("allocator").evidence  # not installed here: the rule decides
+        assert "tuned" not in rec.levers.allocator.evidence  # not installed here: the rule decides
     # a command's tuning applies only where the caller passes it
     got = tuned_decisions(entry, "on this command")
     assert got["affinity"][1].startswith("tuned on this command at 2026-11-24 ")
     # too noisy to decide from: the rules decide, and the plan says why
     noisy = Measurements(tuned_by_shape={shape_key(w): {**entry, "noise": 3.5}}, source="test")
     rec = recommend(facts, w, measurements=noisy)
-    assert "tuned" not in rec.decision("affinity").evidence and any("spread 350%" in n for n in rec.notes)
+    assert "tuned" not in rec.levers.affinity.evidence and any("spread 350%" in n for n in rec.notes)
     busy = tuned_decisions({**entry, "load": {"under_load": True, "figure": "load average 5"}}, "here")
     assert busy["affinity"][1].endswith("; taken under load (load average 5)")
 
@@ -200,27 +200,31 @@ def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_p
     got = measure.load_cached(facts)
     assert got is not None and got.gemm_fp32_gflops == 100.0 and set(got.tuned_by_shape) == {"K1"}
     assert set(got.tuned_by_command) == {"C1"}
-    # a hand-edited figure is no figure: the entry is dropped as corrupt, never decided from
+    # a hand-edited figure is no figure: that entry alone is dropped, never decided from; the rest stands
     path = next((tmp_path / "cache" / "measurements").glob("*.json"))
     data = json.loads(path.read_text())
     data["tuned_by_shape"]["K1"]["levers"]["pinning"]["figure"] = "fast"
     path.write_text(json.dumps(data))
-    assert measure.load_cached(facts) is None and not path.exists()
-    # so is a point outside the one vocabulary (a recorded file comes from elsewhere)
+    got = measure.load_cached(facts)
+    assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
+    assert got.gemm_fp32_gflops == 100.0 and path.exists()
+    # so is a point outside the one vocabulary (a recorded file comes from elsewhere), and a figure of inf
     measure.save_tuned(facts, "tuned_by_shape", "K1", {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}})
-    assert measure.load_cached(facts) is None
+    measure.save_tuned(facts, "tuned_by_shape", "K2", {**_entry(), "best_samples_per_s": float("inf")})
+    got = measure.load_cached(facts)
+    assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
 
 
 # -- the user's command ------------------------------------------------------------------------------
 
-def test_command_key_ignores_what_cpuperf_adds_and_the_run_length(tmp_path):
+def test_command_key_ignores_only_the_run_length_and_the_output_dir(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("")
     base = ["python", str(script), "--output_dir", "a", "--max_steps", "3", "--learning_rate", "0.1"]
-    same = ["python", str(script), "--learning_rate=0.1", "--output_dir", "b", "--bf16", "--optim",
-            "adamw_torch_fused", "--max_steps", "500"]
-    assert command_key(base) == command_key(same)
-    assert command_key(base) != command_key(["python", str(script), "--learning_rate", "0.2"])
+    same = ["python", str(script), "--learning_rate", "0.1", "--output_dir", "b", "--max_steps", "500"]
+    assert command_key(base, "") == command_key(same, "")
+    assert command_key(base, "") != command_key(["python", str(script), "--learning_rate", "0.2"], "")
+    assert command_key(base, "") != command_key([*same, "--bf16"], "")  # your own flag: another command
 
 
 def test_tuning_argv_sets_the_steps_and_a_throwaway_output_dir():
@@ -240,10 +244,18 @@ def test_trainer_rate_is_read_from_the_trainers_own_metrics():
 
 @pytest.mark.full  # real tuning runs
 def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_path):
+    """A budget the test sets: where it holds two settings and the confirming pair, the tuning is cached and the
+    next plan reads it; where a loaded host makes one run too slow for it, nothing is saved and the command says
+    what budget would hold them (issue 44: a test asserts nothing a loaded machine cannot give)."""
     pytest.importorskip("torch")
     env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
     proc = run_cli(["bench", "--tune", "--model", "micro", "--budget", "40", "--json"], extra_env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if proc.returncode != 0:
+        assert proc.returncode == 1 and "not saved as a tuning: only 1 setting" in proc.stderr, proc.stderr[-3000:]
+        assert "--budget " in proc.stderr and "Traceback" not in proc.stderr
+        cache = list((tmp_path / "cache" / "measurements").glob("*.json"))
+        assert not cache or not json.loads(cache[0].read_text()).get("tuned_by_shape")
+        return
     got = json.loads(proc.stdout)
     assert got["shape"] == shape_key(PRESETS["micro"]) and got["runs"] >= 2 and got["levers"]
     cache = json.loads(next((tmp_path / "cache" / "measurements").glob("*.json")).read_text())
@@ -295,6 +307,9 @@ def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):
             "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no"]
     env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "FIXTURE_OUT": str(tmp_path / "f.json")}
     proc = run_cli(["train", "--tune", "--budget", "80", "--json", "--", *argv], extra_env=env, timeout=400)
+    if proc.returncode == 1:  # a loaded host: 80 s could not hold two settings and the confirming pair: said
+        assert "not saved as a tuning" in proc.stderr and "--budget " in proc.stderr, proc.stderr[-3000:]
+        return
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     assert got["runs"] >= 2 and got["best_samples_per_s"] > 0, got

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_util import cli_env, run_cli
+from levers_util import levers
 
 from cpuperf.data import load_builtin
 from cpuperf.plan.user_script import (
@@ -70,36 +71,36 @@ def test_the_parser_decides_whether_trainer_flags_are_safe():
 
 def test_torch_compile_for_a_trainer_when_measured_to_pay_back_on_cpu():
     """recommend turns compile on (CPU) only where this model's measured crossover is below the run's steps."""
-    flags, _ = speed_flags(dict(CPU_BF16, compile=True), set(), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(dict(CPU_BF16, compile=True), set()), "5.23.0", "2.13.0", 1, TUNING, ALL)
     compiled = [f for f in flags if f.args == ("--torch_compile",)]
     assert compiled and "pay back" in compiled[0].why
-    flags, _ = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0", 1, TUNING, ALL)
     assert all(f.name != "--torch_compile" for f in flags)
     # On a GPU only when you set it (the engine's GPU gain is assumed, not measured).
     gpu = dict(CPU_BF16, device="cuda", compile=True)
-    assert all(f.name != "--torch_compile" for f in speed_flags(gpu, set(), "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
-    assert any(f.name == "--torch_compile" for f in speed_flags(gpu, {"compile"}, "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
+    assert all(f.name != "--torch_compile" for f in speed_flags(levers(gpu, set()), "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
+    assert any(f.name == "--torch_compile" for f in speed_flags(levers(gpu, {"compile"}), "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
 
 
 def test_no_hyperparameters_and_no_slower_optimizer():
-    flags, skipped = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
+    flags, skipped = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
     args = [a for f in flags for a in f.args]
     assert args == ["--use_cpu"]  # no batch size, no --optim: 5.x's default is fused already
     assert any(n == "--optim" and "already fused" in w for n, w in skipped)
     assert any(n == "--bf16" and "AMX" in w for n, w in skipped)  # measured slower here without AMX
-    flags, _ = speed_flags(CPU_BF16, set(), "5.23.0", "2.13.0", 1, TUNING, ALL, bf16_gemm_ratio=4.0)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0", 1, TUNING, ALL, bf16_gemm_ratio=4.0)
     assert [f.args for f in flags] == [("--use_cpu",), ("--bf16",)]
     # transformers 4.x defaults to foreach adamw_torch: the fused kernel of the same family, if torch has it
-    flags, _ = speed_flags(CPU_BF16, set(), "4.46.0", "2.5.1", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), "4.46.0", "2.5.1", 1, TUNING, ALL)
     assert ("--optim", "adamw_torch_fused") in [f.args for f in flags]
-    flags, _ = speed_flags(CPU_BF16, set(), "4.46.0", "2.3.1", 1, TUNING, ALL)  # no fused CPU AdamW before 2.4
+    flags, _ = speed_flags(levers(CPU_BF16, set()), "4.46.0", "2.3.1", 1, TUNING, ALL)  # no fused CPU AdamW before 2.4
     assert all(f.name != "--optim" for f in flags)
     # a hyperparameter only when set; the user's own optimizer family through --set
     values = dict(CPU_BF16, batch_size=4, optimizer="adafactor")
-    flags, _ = speed_flags(values, {"batch_size", "optimizer"}, "5.23.0", "2.13.0", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(values, {"batch_size", "optimizer"}), "5.23.0", "2.13.0", 1, TUNING, ALL)
     assert [f.args for f in flags][-2:] == [("--per_device_train_batch_size", "4"), ("--optim", "adafactor")]
     # a flag the installed transformers lacks is left out, and said so
-    flags, skipped = speed_flags(CPU_BF16, {"dtype"}, "5.23.0", "2.13.0", 1, TUNING, ALL - {"bf16"})
+    flags, skipped = speed_flags(levers(CPU_BF16, {"dtype"}), "5.23.0", "2.13.0", 1, TUNING, ALL - {"bf16"})
     assert [f.args for f in flags] == [("--use_cpu",)] and skipped[0][0] == "--bf16"
 
 
@@ -260,7 +261,7 @@ def test_builtin_loop_uses_the_fused_optimizer_where_torch_has_it():
     from cpuperf.probe import probe_host
 
     rec = recommend(probe_host(), PRESETS["micro"])
-    d = rec.decision("optimizer")
+    d = rec.levers.optimizer
     import torch
 
     fused_ok = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 4)

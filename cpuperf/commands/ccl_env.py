@@ -174,7 +174,7 @@ def _checked(opts: Options, env: Mapping[str, str]) -> _Job:
     from cpuperf.probe.slurm import slurm_facts
 
     slurm = slurm_facts(env)  # the job's nodes as train counts them: the same rule, the same answer
-    planned = int(saved_plan.rec.get("nnodes") or 1) if saved_plan is not None else None
+    planned = saved_plan.rec.levers.nnodes.value if saved_plan is not None else None
     hosts, nodes = job_nodes(opts.nnodes, hosts, slurm.allocation, planned)
     slurm_first = slurm.nodes[0] if slurm.allocation and slurm.nodes else None
     master, _ = envplan.master_address(hosts, opts.master_addr, nodes, env, slurm_first)
@@ -298,7 +298,31 @@ def _decided(facts: HostFacts, opts: Options, nodes: int, env: Mapping[str, str]
         return decisions_to_json(decided), until
 
     decided: EnvDecisions = remembered("ccl-decisions", facts, [stable, opts.nproc_per_node, opts.unit, nodes],
-                                       compute, decisions_from_json)
+                                       compute, lambda raw: _fits_here(decisions_from_json(raw), facts))
+    return decided
+
+
+def _fits_here(decided: EnvDecisions, facts: HostFacts) -> EnvDecisions:
+    """A remembered decision held to the ranges a plan's or a user's own value is (ValueError: decided again): its
+    placement on this host's CPUs, a backend it can use, an allocator it has. (No knobs or plan schema imported:
+    this is the path of every new shell.)"""
+    usable = set(facts.usable_cpus())
+    p = decided.placement
+    if not 1 <= p.nproc_per_node == len(p.slots) or not 0 <= p.ccl_workers <= len(usable) or p.cpu_budget < 1:
+        raise ValueError("placement: ranks, workers or CPU budget out of range")
+    for slot in p.slots:
+        if not 1 <= slot.threads <= len(usable) or not slot.cpus or \
+                not set(slot.cpus) | set(slot.compute_cpus) | set(slot.ccl_worker_cpus) <= usable:
+            raise ValueError(f"placement: rank {slot.local_rank}'s threads or CPUs are not this host's")
+    backend, sw = decided.backend, facts.software
+    if backend.name not in ("gloo", "ccl", "mpi") or not backend.reason.isprintable() or len(backend.reason) > 4096:
+        raise ValueError(f"backend {backend.name[:20]!r} is not one cpuperf decides")
+    if backend.name == "ccl" and (sw is None or sw.packages.get("oneccl_bind_pt") is None):
+        raise ValueError("the ccl backend without oneccl_bind_pt installed")
+    if decided.allocator is not None and (sw is None or not sw.allocators.get(decided.allocator)):
+        raise ValueError(f"allocator {decided.allocator[:20]!r} is not installed here")
+    if any(not r.isprintable() for r in p.reasons):
+        raise ValueError("placement reasons hold a control character")
     return decided
 
 
@@ -358,11 +382,16 @@ def _plan_differences(plan: Any, facts: HostFacts, compute: Any) -> List[str]:
 
 def run(out: Output, opts: Options) -> int:
     from cpuperf.render import shell as cclenv
+    from cpuperf.run.said import first_time
+
     result = build(opts)
-    if result.backend != "ccl":
-        out.info(f"ccl-env: the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo")
-    for note in result.notes:
-        out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
+    notes = [f"the ccl backend is not available: {result.backend_reason.removeprefix('gloo: ')}; using gloo"
+             ] if result.backend != "ccl" else []
+    # ccl-env runs in every new shell: a note is said the first time it holds, not in each shell (doctor says it
+    # every time; --explain shows the whole decision)
+    for note in [*notes, *result.notes]:
+        if not out.quiet and (opts.explain or first_time("ccl-env-notes", note)):
+            out.info(f"ccl-env: {cclenv.one_line(note, 400)}")
     if opts.explain:
         _explain(out, result)
     if out.json_mode:

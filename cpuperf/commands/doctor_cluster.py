@@ -210,18 +210,36 @@ HEADERS = ["node", "status", "CPU", "ISA", "cores/CPUs", "NUMA", "mem", "Python"
            "transformers accelerate", "MPI", "iface"]
 
 
+# Columns below which the nodes table is drawn one node per block (its 13 columns need about this many).
+WIDE = 150
+
+
 def render(out: Output, rep: Dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    t = Table(title=f"Nodes (reached through {rep['transport']})", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False)
-    for h in HEADERS:
-        t.add_column(h, overflow="fold", no_wrap=h in ("node", "status", "torch"))
-    for row in rep["nodes"]:
-        cells = _cells(row)
-        t.add_row(*(cells + ["-"] * (len(HEADERS) - len(cells))))
-    out.table(t)
+    from cpuperf.output import stdout_console
+
+    title = f"Nodes (reached through {rep['transport']})"
+    rows = [_cells(row) for row in rep["nodes"]]
+    rows = [cells + ["-"] * (len(HEADERS) - len(cells)) for cells in rows]
+    if stdout_console().width >= WIDE:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for h in HEADERS:
+            t.add_column(h, overflow="fold", no_wrap=h in ("node", "status", "torch"))
+        for cells in rows:
+            t.add_row(*cells)
+        out.table(t)
+    else:  # 13 columns in 80 broke every cell into one letter per line: one block per node, a field per line
+        out.product(title)
+        for cells in rows:
+            out.product("")
+            t = Table(box=None, pad_edge=False, show_header=False)
+            t.add_column("field", no_wrap=True, style="bold")
+            t.add_column("value", overflow="fold")
+            for h, cell in zip(HEADERS, cells):
+                t.add_row(h, cell)
+            out.table(t)
     if rep.get("collectives"):
         _render_collectives(out, rep["collectives"])
     findings = rep["findings"]

@@ -28,7 +28,7 @@ from cpuperf.errors import (
     UsageError,
     exit_code_for_signal,
 )
-from cpuperf.output import Output
+from cpuperf.output import Output, Progress
 from cpuperf.plan import install as ip
 from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.run import pip as pd
@@ -299,10 +299,31 @@ def _run(out: Output, opts: Options) -> int:
             render_plan(out, plan, product=True)
         return int(ExitCode.OK)
 
+    if _nothing_to_do(plan):
+        return _unchanged(out, plan)
     if not out.json_mode:
         render_plan(out, plan, product=False)
     _confirm(opts, out, plan)
     return _execute(plan, out, run_dir, env)
+
+
+def _nothing_to_do(plan: ip.InstallPlan) -> bool:
+    """Every planned package is installed already at its planned version (pip's dry run would install nothing, or
+    only what it marks "keep"): running pip would spend its start-up and resolution (15-33 s measured here) to
+    change nothing."""
+    return not plan.target.create_venv and all(p.action == "keep" for p in plan.packages)
+
+
+def _unchanged(out: Output, plan: ip.InstallPlan) -> int:
+    """The result of an install with nothing to do: no pip run, no transaction, nothing asked."""
+    if not plan.packages:  # pip's dry run would install nothing: every pin is kept as installed
+        plan = dataclasses.replace(plan, packages=tuple(dataclasses.replace(p, action="keep") for p in plan.requirements))
+    if out.json_mode:
+        out.json(plan.to_json({"status": "unchanged", "seconds": 0.0}))
+        return int(ExitCode.OK)
+    kept = ", ".join(f"{p.name} {p.version}" for p in plan.packages)
+    out.product(f"nothing to do: {plan.target.python} has every planned package already ({kept})")
+    return int(ExitCode.OK)
 
 
 def _plan_lock(opts: Options, out: Output, lock: ip.Lock, facts: Any, target: ip.Target, sources: ip.SourceSet,
@@ -492,7 +513,8 @@ def _dry_run(plan: ip.InstallPlan, pip: pd.Pip, run_dir: Path, out: Output, igno
     if ignore_installed:
         args.append("--ignore-installed")
     out.info(f"asking pip what it would install ({len(plan.requirements)} pinned package(s)) ...")
-    res = pip.run(args, timeout=1800)
+    with Progress(out.teller("cpuperf install: "), "pip is resolving the plan (reading the indexes)"):
+        res = pip.run(args, timeout=1800)
     if res.returncode != 0:
         raise PipFailedError("pip cannot satisfy the plan (nothing was changed): " + ip.error_summary(res.stderr),
                              hint=f"full log: {pip.log}")
@@ -661,14 +683,18 @@ def _execute(plan: ip.InstallPlan, out: Output, run_dir: Path, env: Mapping[str,
     try:
         _stash(plan, txn, out)
         out.info(f"installing with pip (log: {log}) ...")
-        res = pip.run(plan.pip_install_args(), timeout=7200)
+        changed = [p for p in plan.packages if p.action != "keep"]
+        what = ", ".join(f"{p.name} {p.version}" for p in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        with Progress(out.teller("cpuperf install: "), f"pip is downloading and installing {what or 'the plan'}"):
+            res = pip.run(plan.pip_install_args(), timeout=7200)
         if res.returncode != 0:
             raise txn.restore(f"pip failed (exit {res.returncode}): {ip.error_summary(res.stderr, site)}",
                               ExitCode.PIP_FAILED)
         expected = _expected_versions(plan, pip)
         modules = _modules(plan)
         out.info("verifying: importing " + ", ".join(modules.values()) + " in the target interpreter ...")
-        ver = pd.verify(plan.target.python, plan.env, expected, modules)
+        with Progress(out.teller("cpuperf install: "), "verifying (importing torch: tens of seconds on a busy host)"):
+            ver = pd.verify(plan.target.python, plan.env, expected, modules)
         if not ver.ok:
             raise txn.restore("verification failed after pip ran: " + "; ".join(ver.problems), ExitCode.PIP_FAILED)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: pip's group is dead already

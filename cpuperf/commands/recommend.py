@@ -20,7 +20,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
           batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: Optional[int],
           hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
           measurements: Optional[str], python: Optional[str] = None,
-          adapt_to_load: bool = False) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
+          adapt_to_load: bool = False, out: Optional[Output] = None) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
     """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts).
 
     Load changes from second to second, so it shapes the plan only with adapt_to_load (--adapt-to-load);
@@ -46,10 +46,8 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
             overrides = merge(overrides, coerce_entry(key, raw))
     overrides = merge(overrides, parse_assignments(sets))
 
-    def log(msg: str) -> None:  # which measurement decides, with its figure (stderr: never the product)
-        import sys
-
-        sys.stderr.write(f"cpuperf: {msg}\n")
+    # which measurement decides, with its figure (stderr: never the product; nothing under --quiet)
+    log = (out or Output()).teller("cpuperf: ")
 
     meas = measure.load_file(measurements) if measurements else measure.planning_measurements(facts, log)
     from cpuperf.decide.nodes import job_nodes
@@ -139,8 +137,8 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
 
     save = kwargs.pop("save", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
-    facts, rec, hosts = build(**kwargs)
-    kwargs["nnodes"] = int(rec.get("nnodes") or 1)  # the job's count as decided: what --replan plans for again
+    facts, rec, hosts = build(**kwargs, out=out)
+    kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
     subs: List[Any] = []
     if node_facts or probe_nodes:
         facts, rec, subs = cluster_plan(out, facts, rec, hosts, node_facts)
@@ -162,8 +160,8 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         **extra,
     }
     if subs:
-        result["nodes"] = {name: {"threads_per_rank": r.get("threads_per_rank"), "dtype": r.get("dtype"),
-                                  "nproc_per_node": r.get("nproc_per_node")} for name, _, r, _ in subs}
+        result["nodes"] = {name: {"threads_per_rank": r.levers.threads_per_rank.value, "dtype": r.levers.dtype.value,
+                                  "nproc_per_node": r.levers.nproc_per_node.value} for name, _, r, _ in subs}
     if save:
         result["saved"] = save_plan(save, facts, rec, jp, kwargs, subs)
         out.info(f"plan saved to {save}: run it with `cpuperf train --plan {save}` or `cpuperf ccl-env --plan {save}`")
@@ -182,8 +180,11 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         out.product(render.launch_line(extra["launch"]))
     else:
         _table(out, result)
-    for note in result["notes"]:
-        out.info(f"note: {note}")
+    from cpuperf.run.said import first_time
+
+    for note in result["notes"]:  # in the result every time; on stderr the first time a plan carries it
+        if not out.quiet and first_time("plan-notes", note):
+            out.info(f"note: {note}")
     return 0
 
 
@@ -218,7 +219,8 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
                                hint="cpuperf doctor --hostfile FILE --save-facts DIR/ names why; then --node-facts DIR/")
     subs = cluster_plans(names, by_name, rec, hosts, _measured_allreduce(names, rec))
     for name, _, r, _ in subs:
-        out.info(f"node {name}: {r.get('nproc_per_node')} rank(s) x {r.get('threads_per_rank')} thread(s), {r.get('dtype')}")
+        lv = r.levers
+        out.info(f"node {name}: {lv.nproc_per_node.value} rank(s) x {lv.threads_per_rank.value} thread(s), {lv.dtype.value}")
     first = subs[0]
     return first[1], first[2], subs
 
@@ -226,7 +228,7 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
 def _measured_allreduce(names: List[str], rec: Recommendation) -> Any:
     """The cached allreduce across exactly these nodes (`cpuperf doctor --hostfile FILE --collectives`), unless
     the user set the DDP backend: what the planner picks the backend and bucket size from."""
-    if any(d.id == "ddp_backend" and d.overridden for d in rec.decisions):
+    if rec.levers.ddp_backend.overridden:
         return None
     from cpuperf.run.collectives import read_cached
 
@@ -235,16 +237,15 @@ def _measured_allreduce(names: List[str], rec: Recommendation) -> Any:
 
 def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
               subs: Sequence[NodePlan] = ()) -> str:
-    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically."""
-    import socket
-
+    """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically; never the host's name: the
+    same facts give the same file on every node, and a plan shared or committed tells no one where it was made."""
     from cpuperf import __version__
     from cpuperf.errors import from_os_error
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
     from cpuperf.plan.build import saved_plan_of
 
-    plan = saved_plan_of(facts, rec, jp, inputs, __version__, socket.gethostname() if facts.live else None, subs)
+    plan = saved_plan_of(facts, rec, jp, inputs, __version__, None, subs)
     try:
         atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"))
     except OSError as exc:
@@ -323,10 +324,10 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     else:
         if cached is not None and (flags or not usable):
             out.info(f"measuring again: the cached one is {'; '.join(flags)}")
-        out.info(f"measuring on {threads} thread(s): GEMM fp32/bf16" + (", allocators" if allocators else "")
-                 + (", torch.compile (slow)" if compile else "") + " ...")
+        out.info(f"measuring on {threads} thread(s): bf16/fp32 GEMM" + (", allocators" if allocators else "")
+                 + (", torch.compile (slow)" if compile else "") + ", side by side ...")
         results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size,
-                                    workload=workload)
+                                    workload=workload, log=out.teller("cpuperf bench: "))
         path = measure.save(facts, results)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
@@ -341,7 +342,6 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
 
 def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float], refresh: bool = False) -> int:
     """`cpuperf bench --tune`: tune the plan's levers for --model's shape on this host (cached; --refresh redoes it)."""
-    import sys
 
     from cpuperf.decide.recommend import shape_key
     from cpuperf.decide.workload import resolve_workload
@@ -359,13 +359,18 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
     cached = meas.tuned_by_shape.get(key) if meas is not None else None
     if cached is None or refresh:
         out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or tune_rules()['budget_s']} s) ...")
-        got = tune_shape(facts, workload, meas, lambda m: sys.stderr.write(f"cpuperf bench: {m}\n"), budget_s)
+        got = tune_shape(facts, workload, meas, out.teller("cpuperf bench: "), budget_s)
         if got is None:
             raise ProbeFailedError("nothing to tune: the plan trains on a GPU", hint="--tune tunes CPU training")
         entry = got[2]
         if got[0].stopped == "failed":
             raise ProbeFailedError("the rule's point failed to run: nothing tuned",
                                    hint="check that torch imports: cpuperf doctor")
+        if entry.get("not_saved"):
+            from cpuperf.errors import CpuperfError
+
+            raise CpuperfError(f"--tune: not saved as a tuning: {entry['not_saved']}",
+                               hint="the rules decide this shape's plans until a tuning compares two settings")
     else:
         out.info("cached tuning (cpuperf bench --tune --refresh tunes again)")
         entry = cached
@@ -390,16 +395,24 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
 
 def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
     """The bench figures as text: GEMM rates and their spread, load, trust, allocators, torch.compile."""
-    ratio = results["gemm_bf16_gflops"] / results["gemm_fp32_gflops"] if results.get("gemm_fp32_gflops") else None
+    import statistics
+
+    fp32, bf16 = results.get("gemm_fp32_gflops"), results.get("gemm_bf16_gflops")
     reps = results.get("repeats") or {}
     spread = ", ".join(f"{k[5:9]} {r['min']:.1f}-{r['max']:.1f} over {r['n']}" for k, r in reps.items())
-    lines = [f"fp32 GEMM {results['gemm_fp32_gflops']:.1f} GFLOP/s, bf16 GEMM {results['gemm_bf16_gflops']:.1f} "
-             f"GFLOP/s ({ratio:.2f}x) on {results['threads']} thread(s)" + (f" (medians; {spread})" if spread else "")]
+    lines = [f"fp32 GEMM {fp32:.1f} GFLOP/s" + (f", bf16 GEMM {bf16:.1f} GFLOP/s ({bf16 / fp32:.2f}x)" if bf16 and fp32 else "")
+             + f" on {results.get('threads')} thread(s)" + (f" (medians; {spread})" if spread else "")] if fp32 else []
+    for r in (results.get("ratios") or {}).values():  # what decides: each ratio of runs side by side
+        rounds = [x for x in r.get("rounds") or [] if isinstance(x, (int, float))] if isinstance(r, dict) else []
+        if not rounds:
+            continue
+        lines.append(f"{r.get('name')}: {statistics.median(rounds):.2f}x ({min(rounds):.2f}-{max(rounds):.2f} over "
+                     f"{len(rounds)} rounds)" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
     load = results.get("load") or {}
     if load.get("figure"):
         lines.append(f"load around it: {load['figure']}")
     if flags:
-        lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh on a quiet host)")
+        lines.append("NOT TRUSTED: " + "; ".join(flags) + " (cpuperf bench --refresh measures again, side by side)")
     for name, r in (results.get("allocator_speedup") or {}).items():
         if not name.endswith("_by_workload"):
             per = results["allocator_speedup"].get(f"{name}_by_workload") or {}

@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.decide.nodes import job_nodes
@@ -77,11 +77,18 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc)
 
 
+def _say(msg: str) -> None:
+    from cpuperf.output import message
+
+    message(f"cpuperf train: {msg}")
+
+
 def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), facts: Optional[HostFacts] = None,
-               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True) -> JobPlan:
+               environ: Optional[Dict[str, str]] = None, use_tuned: bool = True,
+               say: Callable[[str], None] = _say) -> JobPlan:
     """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
     measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
-    `use_tuned` False: the rules' plan (the start of `--tune`)."""
+    `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
     environ = dict(os.environ if environ is None else environ)
     argv = request.user_argv
     steps = request.steps
@@ -105,7 +112,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                     if request.plan else (None, []))
     mpi = mpi_flavour(facts)
     hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
-                              int(saved.rec.get("nnodes") or 1) if saved is not None else None)
+                              saved.rec.levers.nnodes.value if saved is not None else None)
     master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
@@ -116,9 +123,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     out_dir = run_dir(request.out_dir, resume=request.resume, create=not request.dry_run)
     try:
         if saved is not None:  # the cache the saved plan's decisions read, said only where it plans again
-            meas = planning_measurements(facts, _say if diffs else None)
+            meas = planning_measurements(facts, say if diffs else None)
         else:
-            meas = train_measurements(facts, environ, _say, auto=request.auto, threads=threads,
+            meas = train_measurements(facts, environ, say, auto=request.auto, threads=threads,
                                       shape=workload if not argv and not request.has_sets else None)
         node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
                                  locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
@@ -133,10 +140,6 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         if request.out_dir is None and not request.dry_run and not request.resume:
             remove_if_empty(out_dir)  # made for this run, which never started
         raise
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"cpuperf train: {msg}\n")
 
 
 def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
@@ -168,12 +171,12 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if options.tune:
         return _run_tune(out, given, options)
     request = train_request(given, options)
-    jp = build_plan(request, options)
+    jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
                   "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                  "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
+                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
         if out.json_mode:
             out.json(result)
         else:
@@ -187,12 +190,11 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
     import dataclasses
-    import tempfile
     import time
 
     from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
-    from cpuperf.plan.user_script import command_key, detect_parser, parse_command, tuning_argv
+    from cpuperf.plan.user_script import command_key, detect_parser, parse_command, script_digest
     from cpuperf.run import measure
     from cpuperf.run import tune as rtune
 
@@ -203,8 +205,9 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
-    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False)
-    if jp.rec.get("device") != "cpu":
+    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False,
+                    say=out.teller("cpuperf train: "))
+    if jp.rec.levers.device.value != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
     start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
@@ -216,17 +219,21 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     def log(msg: str) -> None:
         out.info(f"cpuperf train: {msg}")
 
-    with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work:
-        argv = tuning_argv(given.user_argv, int(rule["script_steps"]), os.path.join(work, "out"))
-        result = rtune.tune(start, cand, lambda p: rtune.script_point(p, list(cand.values), argv, work), budget,
-                            int(rule["script_passes"]), log)
-    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
-             "command": list(given.user_argv)}
-    lines = rtune.summary(result, cand)
-    if result.stopped == "failed":
+    script_text = read_script(parsed.script)
+    found = rtune.tune_command(start, cand, given.user_argv, budget, log, int(rule["script_steps"]),
+                               int(rule["script_passes"]))
+    if found.why_not is not None:
+        raise CpuperfError(f"--tune: not saved as a tuning: {found.why_not}",
+                           hint="your command was measured, not changed; the rules decide its --auto runs")
+    result = found.result
+    if result is None or result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")
-    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv), entry)
+    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
+             "command": list(given.user_argv), "steps": found.steps,
+             "script_sha256": script_digest(script_text)}
+    lines = rtune.summary(result, cand)
+    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv, script_text), entry)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:
@@ -258,7 +265,9 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None else ""))  # new per run: say which
+             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
+             + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
+                if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines
@@ -298,8 +307,11 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         result["plot"] = _plot(out, jp.request.out_dir)
     if out.json_mode:
         out.json(result)
-    elif not user:
-        out.product(_human(result))
+    else:
+        for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
+            out.info(line)
+        if not user:
+            out.product(_human(result))
     return 0
 
 
@@ -318,6 +330,25 @@ def _plot(out: Output, run_dir: str) -> List[str]:
 
 def _hf_json(jp: JobPlan) -> Optional[Dict[str, Any]]:
     return {k: v for k, v in jp.hf.items() if k != "_script"} or None
+
+
+def _lever_report(jp: JobPlan) -> Any:
+    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied."""
+    from cpuperf.plan.applied import lever_report, rendered_job
+
+    return lever_report(jp.rec.levers, rendered_job(jp))
+
+
+def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, Any]]]:
+    from cpuperf.plan.applied import split
+
+    return split(_lever_report(jp))
+
+
+def _lever_lines(jp: JobPlan) -> List[str]:
+    from cpuperf.plan.applied import report_lines
+
+    return ["lever " + line for line in report_lines(_lever_report(jp))]
 
 
 def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
@@ -354,7 +385,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
     if jp.request.user_argv:
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                "decisions": list(jp.decisions),
+                "decisions": list(jp.decisions), "levers": _levers(jp),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
@@ -364,7 +395,8 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
         raise LaunchFailedError("the training run ended without a summary in its metrics file",
                                 hint=f"see the logs under {plan.log_dir}")
     summary = {k: val for k, val in summary.items() if k != "type"}
-    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "launch": launch,
+    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "levers": _levers(jp),
+            "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
 
 
@@ -463,10 +495,14 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
         from cpuperf.plan.user_script import applied_lines
 
         lines.extend("# " + line for line in applied_lines(applied))
+    lines.extend("# " + line for line in _lever_lines(jp))
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
-    for note in jp.notes:
-        out.info(f"note: {note}")
+    from cpuperf.run.said import first_time
+
+    for note in jp.notes:  # in --json every time; on stderr the first time a plan carries it
+        if not out.quiet and first_time("plan-notes", note):
+            out.info(f"note: {note}")
 
 
 __all__ = ["TrainOptions", "train_request", "run_train", "build_plan", "CpuperfError"]

@@ -176,6 +176,23 @@ def check_stack(facts: HostFacts) -> List[Finding]:
             for f in installed_findings(pyver, packages, platform=plat)]
 
 
+def check_ddp_backend(facts: HostFacts) -> List[Finding]:
+    """Which backend several CPU ranks would use: the note ccl-env says once (not in every shell) is said here."""
+    from cpuperf.decide.backend import cpu_backend
+
+    sw = facts.software
+    torch = sw.packages.get("torch") if sw is not None else None
+    if sw is None or torch is None or facts.gpus or len(facts.usable_cpus()) < 2:
+        return []
+    bindings = sw.packages.get("oneccl_bind_pt")
+    backend = cpu_backend(facts, {"torch": torch.version, "oneccl_bind_pt": bindings.version if bindings else None},
+                          sw.python)
+    if backend.name == "ccl":
+        return []
+    return [Finding("ddp-backend-gloo", "info", f"several CPU ranks use gloo, not ccl: "
+                    f"{backend.reason.removeprefix('gloo: ')}", None)]
+
+
 _REGEN = ("refresh the data from a cpuperf checkout (python -m tools.regen_compat --live), "
           "or extend it with CPUPERF_COMPAT_DIR")
 
@@ -227,7 +244,7 @@ def check_data_age(facts: HostFacts) -> List[Finding]:
 
 CHECKS: List[Callable[[HostFacts], List[Finding]]] = [
     check_platform, check_cpu, check_topology, check_memory, check_torch, check_libraries, check_stack, check_gpus,
-    check_load, check_data_age,
+    check_load, check_data_age, check_ddp_backend,
 ]
 
 

@@ -59,10 +59,10 @@ def evidence(load: Optional[LoadFacts], taken: Mapping[int, float]) -> Dict[str,
 
 
 def adjust_placement(placement: Placement, load: Optional[LoadFacts],
-                     overrides: Optional[Mapping[str, Any]] = None) -> Tuple[Placement, Dict[str, Any], Optional[str]]:
+                     yours: bool = False) -> Tuple[Placement, Dict[str, Any], Optional[str]]:
     """Drop CPUs others keep busy from each rank's compute CPUs (at least one stays); fewer threads.
 
-    Returns the placement (unchanged when nothing is busy or the user set threads or affinity), the
+    Returns the placement (unchanged when nothing is busy or the user set threads or affinity: `yours`), the
     evidence for the threads decision (the measured figures, also when nothing changed) and a note
     when load was seen but the user's setting stands.
     """
@@ -71,7 +71,7 @@ def adjust_placement(placement: Placement, load: Optional[LoadFacts],
     ev = evidence(load, taken)
     if load is None or not taken:
         return placement, ev, None
-    if overrides and ("threads_per_rank" in overrides or "affinity" in overrides):
+    if yours:
         return placement, ev, f"other runnable load on the job's CPUs ({describe(load, taken)}); your --set stands"
     busy = load.busy()
     slots = []

@@ -7,7 +7,7 @@ decision can be overridden (`--set id=value`), and the result says which were.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import Version
@@ -17,7 +17,29 @@ from cpuperf.decide.allocator import not_with_ranks
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.placement import Placement, plan_placement
-from cpuperf.decide.records import Decision, Measurements, Recommendation
+from cpuperf.decide.records import (
+    Affinity,
+    AllocatorName,
+    Attention,
+    Constraints,
+    DdpBackend,
+    Decision,
+    Device,
+    Dtype,
+    Levers,
+    MathMode,
+    Measurements,
+    Optimizer,
+    Pin,
+    Recommendation,
+    T,
+    as_allocator,
+    as_backend,
+    as_device,
+    as_optimizer,
+    constraints_of,
+    pinned_value,
+)
 from cpuperf.decide.tune import too_noisy, tuned_decisions
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
@@ -67,7 +89,7 @@ def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
             "amx_bf16": "amx_bf16" in cpu.isa, "amx_usable": cpu.amx_usable}
 
 
-def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -> Tuple[str, str]:
+def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -> Tuple[Dtype, str]:
     """fp32 or bf16 on Arm/POWER, and why: bf16 only with a hardware bf16 path and a measured win."""
     cpu = facts.cpu
     where = f"{cpu.arch} ({cpu.microarchitecture})"
@@ -122,19 +144,17 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
 
 @dataclass
 class _Context:
-    """What every decision step reads: the host, the stack, the user's constraints, what is decided so far."""
+    """What every decision step reads: the host, the stack, the constraints (the user's and other owners' pins)."""
 
     facts: HostFacts
     workload: Workload
     meas: Measurements
     tuning: Mapping[str, Any]
     stack: Dict[str, Optional[str]]
-    fixed: Dict[str, Any]
-    baseline: Tuple[str, ...] = ()  # fixed by the plain baseline, not by the user
+    fixed: Constraints
     ranks_from: Optional[Tuple[int, str]] = None  # (count, where): ranks a user's own launcher starts
-    decisions: Dict[str, Decision] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
-    tuned: Dict[str, Tuple[Any, str, Dict[str, Any]]] = field(default_factory=dict)  # measured: cpuperf.decide.tune
+    tuned: Constraints = field(default_factory=Constraints)  # measured on this plan: cpuperf.decide.tune
 
     @property
     def torch(self) -> Optional[str]:
@@ -144,25 +164,25 @@ class _Context:
     def python(self) -> Optional[str]:
         return self.facts.software.python if self.facts.software else None
 
-    def choose(self, id: str, value: Any, reason: str, evidence: Optional[Dict[str, Any]] = None,
-               needs_torch: bool = False) -> Any:
-        """cpuperf's choice, unless the user fixed this knob: then theirs, with ours in the reason."""
-        if id in self.baseline and id in self.fixed:
-            d = Decision(id, self.fixed[id], "the plain baseline (no --auto)", evidence or {})
-        elif id in self.fixed:
+    def choose(self, pin: Optional[Pin[T]], id: str, value: T, reason: str, evidence: Optional[Dict[str, Any]] = None,
+               needs_torch: bool = False, tuned: Optional[Pin[T]] = None) -> Decision[T]:
+        """cpuperf's choice, unless the lever is pinned: the user's value with ours in the reason, or another owner's
+        value with its reason (the plain baseline, the cluster's nodes); a `tuned` value measured on this plan beats
+        the rule it started from."""
+        if pin is not None and pin.reason is not None:
+            return Decision(id, pin.value, pin.reason, pin.evidence if pin.evidence is not None else (evidence or {}))
+        if pin is not None:
             mine = "none" if value is None else repr(value)
-            d = Decision(id, self.fixed[id], f"set by you (cpuperf would choose {mine}: {reason})",
-                         evidence or {}, overridden=True)
-        elif id in self.tuned:  # measured on this plan beats the rule (which it started from)
-            value, why, measured = self.tuned[id]
-            d = Decision(id, value, why, {**(evidence or {}), **measured}, needs_torch=needs_torch)
-        else:
-            d = Decision(id, value, reason, evidence or {}, needs_torch=needs_torch)
-        self.decisions[id] = d
-        return d.value
+            return Decision(id, pin.value, f"set by you (cpuperf would choose {mine}: {reason})", evidence or {},
+                            overridden=True)
+        if tuned is not None:
+            return Decision(id, tuned.value, tuned.reason or "", {**(evidence or {}), **(tuned.evidence or {})},
+                            needs_torch=needs_torch)
+        return Decision(id, value, reason, evidence or {}, needs_torch=needs_torch)
 
-    def value(self, id: str) -> Any:
-        return self.decisions[id].value
+    def take(self, d: Decision[T], pin: Optional[Pin[T]], tuned: Optional[Pin[T]] = None) -> Decision[T]:
+        """A decision made by a rule elsewhere, through choose()."""
+        return self.choose(pin, d.id, d.value, d.reason, d.evidence, d.needs_torch, tuned)
 
 
 def user_constraints(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -177,29 +197,64 @@ def user_constraints(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     return fixed
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """The placement step's decisions."""
+
+    placement: Placement
+    nproc_per_node: Decision[int]
+    nnodes: Decision[int]
+    threads_per_rank: Decision[int]
+    affinity: Decision[Optional[Affinity]]
+
+
+@dataclass(frozen=True)
+class _Precision:
+    dtype: Decision[Dtype]
+    tf32: Decision[bool]
+    fp32_math_mode: Decision[Optional[MathMode]]
+
+
+@dataclass(frozen=True)
+class MemoryDecisions:
+    """The levers the memory plan decides (cpuperf.decide.memory), typed."""
+
+    batch_size: Decision[int]
+    grad_accum_steps: Decision[int]
+    grad_checkpointing: Decision[bool]
+    optimizer: Decision[Optimizer]
+    dataloader_workers: Decision[int]
+    pin_memory: Decision[bool]
+    zero: Decision[Optional[Dict[str, Any]]]
+
+
 def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[int] = None,
               nnodes: int = 1, unit: str = "socket", device: str = "auto",
               measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
               environ: Optional[Mapping[str, str]] = None,
               baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
-              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True) -> Recommendation:
+              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True,
+              pins: Optional[Constraints] = None) -> Recommendation:
     """Decide every setting for this host and workload; the user's values (overrides) are constraints
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto).
     `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from).
     `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
-    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune)."""
-    fixed = user_constraints(overrides)
-    if nproc_per_node is not None and ranks_from is None:
-        fixed.setdefault("nproc_per_node", nproc_per_node)
-    if nnodes and nnodes > 1:
-        fixed.setdefault("nnodes", nnodes)
-    base = {k: v for k, v in (baseline or {}).items() if k not in fixed}
-    fixed.update(base)
+    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune).
+    `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's."""
+    mine = constraints_of(user_constraints(overrides))
+    if nproc_per_node is not None and ranks_from is None and mine.nproc_per_node is None:
+        mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
+    if nnodes and nnodes > 1 and mine.nnodes is None:
+        mine = replace(mine, nnodes=Pin(nnodes))
+    base = constraints_of(baseline or {}, "the plain baseline (no --auto)")
+    constraints = base.under(mine)
+    if pins is not None:
+        constraints = pins.under(constraints)
     ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
-                   stack_versions(facts), fixed, tuple(base),
+                   stack_versions(facts), constraints,
                    ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None)
-    if tuned is None and shape_tuning and not base:
+    if tuned is None and shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
     _use_tuning(ctx, tuned, device, nnodes)
@@ -208,28 +263,37 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     elif ctx.torch is None:
         ctx.notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
                          "would install; run it first")
-    gpus = _decide_device(ctx, device, environ or {})
-    on_gpu = ctx.value("device") == "cuda"
+    device_d, gpus = _decide_device(ctx, device, environ or {})
+    on_gpu = device_d.value == "cuda"
     gpu = gpus[0] if (on_gpu and gpus) else None
-    placement = _decide_placement(ctx, gpus, unit)
-    world = ctx.value("nproc_per_node") * ctx.value("nnodes")
-    if gpu is not None:
-        _decide_dtype_gpu(ctx, gpu)
-    else:
-        _decide_dtype_cpu(ctx)
-    _decide_backend(ctx, world, on_gpu)
-    _decide_ipex(ctx, on_gpu)
-    d = _decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ctx.value("ipex"), placement, facts)
-    ctx.choose(d.id, d.value, d.reason, d.evidence, d.needs_torch)
-    _choose_allocator(ctx, on_gpu, world)
-    d = _decide_attention(workload, ctx.value("dtype"), gpu)
-    ctx.choose(d.id, d.value, d.reason, d.evidence)
-    for d in _memory_plan(facts, workload, placement, ctx.decisions, ctx.tuning, gpu, world, ctx.torch, fixed=fixed):
-        ctx.choose(d.id, d.value, d.reason, d.evidence, d.needs_torch)
-    if fixed.get("dtype") == "bf16" and not on_gpu and not bf16_native(facts):
+    layout = _decide_placement(ctx, gpus, unit, on_gpu)
+    placement = layout.placement
+    world = layout.nproc_per_node.value * layout.nnodes.value
+    precision = _decide_precision(ctx, gpu)
+    backend = _decide_backend(ctx, world, on_gpu)
+    ipex = _decide_ipex(ctx, on_gpu)
+    compile_d = ctx.take(_decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ipex.value, placement, facts),
+                         ctx.fixed.compile, ctx.tuned.compile)
+    allocator = _choose_allocator(ctx, on_gpu, world)
+    attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
+    memory = _memory_plan(facts, workload, placement, precision.dtype.value, ctx.tuning, gpu, world, ctx.torch,
+                          fixed=ctx.fixed)
+    if pinned_value(ctx.fixed.dtype) == "bf16" and not on_gpu and not bf16_native(facts):
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
-    ordered = tuple(ctx.decisions[i] for i in DECISION_IDS if i in ctx.decisions)
-    return Recommendation(ordered, placement, workload, tuple(ctx.notes), ctx.stack, oversubscribe=bool(fixed.get("oversubscribe")))
+    levers = Levers(
+        device=device_d, dtype=precision.dtype, tf32=precision.tf32, fp32_math_mode=precision.fp32_math_mode,
+        nproc_per_node=layout.nproc_per_node, nnodes=layout.nnodes, threads_per_rank=layout.threads_per_rank,
+        affinity=layout.affinity, ddp_backend=backend, ipex=ipex, compile=compile_d, allocator=allocator,
+        attention=attention,
+        batch_size=ctx.take(memory.batch_size, ctx.fixed.batch_size),
+        grad_accum_steps=ctx.take(memory.grad_accum_steps, ctx.fixed.grad_accum_steps),
+        grad_checkpointing=ctx.take(memory.grad_checkpointing, ctx.fixed.grad_checkpointing),
+        optimizer=ctx.take(memory.optimizer, ctx.fixed.optimizer, ctx.tuned.optimizer),
+        dataloader_workers=ctx.take(memory.dataloader_workers, ctx.fixed.dataloader_workers),
+        pin_memory=ctx.take(memory.pin_memory, ctx.fixed.pin_memory),
+        zero=ctx.take(memory.zero, ctx.fixed.zero))
+    return Recommendation(levers, placement, workload, tuple(ctx.notes), ctx.stack,
+                          oversubscribe=ctx.fixed.oversubscribe)
 
 
 def _use_tuning(ctx: _Context, tuned: Optional[Tuple[Mapping[str, Any], str]], device: str, nnodes: int) -> None:
@@ -240,11 +304,14 @@ def _use_tuning(ctx: _Context, tuned: Optional[Tuple[Mapping[str, Any], str]], d
                          f"(over {ctx.tuning['measure']['max_spread'] * 100:.0f}%: the host was busy); the rules decide. "
                          "Tune again on a quiet host")
     elif tuned is not None and device != "cuda" and not ctx.facts.gpus:
-        ctx.tuned = _applicable(tuned_decisions(tuned[0], tuned[1]), ctx.fixed, ctx.ranks_from is not None, nnodes)
-        gone = ctx.tuned.get("allocator", (None,))[0]
+        measured = tuned_decisions(tuned[0], tuned[1])
+        pins: Dict[str, Any] = {lever: Pin(value, why, evidence) for lever, (value, why, evidence) in measured.items()}
+        ctx.tuned = _applicable(Constraints(**pins), ctx.fixed, ctx.ranks_from is not None, nnodes)
+        gone = pinned_value(ctx.tuned.allocator)
         software = ctx.facts.software
         if gone and software is not None and not software.allocators.get(gone):
-            del ctx.tuned["allocator"]  # tuned with an allocator this environment no longer has: the rule decides
+            # tuned with an allocator this environment no longer has: the rule decides
+            ctx.tuned = replace(ctx.tuned, allocator=None)
 
 
 def shape_key(w: Workload) -> str:
@@ -252,24 +319,26 @@ def shape_key(w: Workload) -> str:
     return f"{model_key(w)}-B{w.batch_size}"
 
 
-def _applicable(tuned: Dict[str, Tuple[Any, str, Dict[str, Any]]], fixed: Mapping[str, Any], launcher_ranks: bool,
-                nnodes: int) -> Dict[str, Tuple[Any, str, Dict[str, Any]]]:
-    """The tuned levers the user left open: ranks and threads only on one node where cpuperf starts the ranks."""
-    layout = ("nproc_per_node", "threads_per_rank")
-    keep_layout = not launcher_ranks and (nnodes or 1) <= 1 and not any(k in fixed for k in layout)
-    return {k: v for k, v in tuned.items() if k not in fixed and (keep_layout or k not in layout)}
+def _applicable(tuned: Constraints, fixed: Constraints, launcher_ranks: bool, nnodes: int) -> Constraints:
+    """The tuned levers the constraints left open: ranks and threads only on one node where cpuperf starts the ranks."""
+    keep_layout = not launcher_ranks and (nnodes or 1) <= 1 and fixed.nproc_per_node is None \
+        and fixed.threads_per_rank is None
+    if not keep_layout:
+        tuned = replace(tuned, nproc_per_node=None, threads_per_rank=None)
+    return Constraints(**{lever: getattr(tuned, lever) for lever in tuned.pinned() if lever not in fixed.pinned()})
 
 
-def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tuple[Gpu, ...]:
+def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tuple[Decision[Device], Tuple[Gpu, ...]]:
     facts = ctx.facts
     gpus = visible_gpus(facts, environ)
     torch_info = facts.software.packages.get("torch") if facts.software else None
     torch_build = torch_info.build if torch_info else None
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device {device!r}: use auto, cpu or cuda")
-    if device != "auto":
-        ctx.fixed.setdefault("device", device)
-    chosen, reason = "cpu", "no NVIDIA GPU visible"
+    if device != "auto" and ctx.fixed.device is None:
+        ctx.fixed = replace(ctx.fixed, device=Pin(as_device(device)))
+    chosen: Device = "cpu"
+    reason = "no NVIDIA GPU visible"
     if gpus and torch_build in ("cuda", None):
         chosen, reason = "cuda", f"{len(gpus)} NVIDIA GPU(s) visible"
         if torch_build is None and facts.software is not None:
@@ -277,66 +346,71 @@ def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tu
     elif gpus and torch_build == "cpu":
         reason = "the installed torch is a CPU-only build; GPUs are unused (cpuperf doctor has the fix)"
         ctx.notes.append(reason)
-    if ctx.fixed.get("device") == "cuda" and chosen != "cuda":
+    if pinned_value(ctx.fixed.device) == "cuda" and chosen != "cuda":
         raise UsageError("device cuda asked for, but there is no usable NVIDIA GPU with a CUDA torch",
                          hint="run cpuperf doctor for the exact fix")
-    ctx.choose("device", chosen, reason, {"gpus": [g.name for g in gpus], "torch_build": torch_build,
-                                          "gpus_known": facts.gpus is not None})
-    return gpus
+    decided = ctx.choose(ctx.fixed.device, "device", chosen, reason,
+                         {"gpus": [g.name for g in gpus], "torch_build": torch_build, "gpus_known": facts.gpus is not None})
+    return decided, gpus
 
 
-def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str) -> Placement:
+def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: bool) -> _Layout:
     """Ranks and threads: the user's counts are laid out first, everything after builds on them."""
     facts, fixed = ctx.facts, ctx.fixed
-    nnodes = int(fixed.get("nnodes") or 1)
-    oversubscribe = bool(fixed.get("oversubscribe"))
-    threads = fixed.get("threads_per_rank") or (ctx.tuned["threads_per_rank"][0] if "threads_per_rank" in ctx.tuned else None)
+    nnodes = pinned_value(fixed.nnodes) or 1
+    oversubscribe = fixed.oversubscribe
+    threads = pinned_value(fixed.threads_per_rank) or pinned_value(ctx.tuned.threads_per_rank)
     load_ev: Dict[str, Any] = {}
-    if ctx.value("device") == "cuda":
-        nproc = int(fixed.get("nproc_per_node") or max(1, len(gpus)))
+    if on_gpu:
+        nproc = pinned_value(fixed.nproc_per_node) or max(1, len(gpus))
         if nproc > max(1, len(gpus)) and not oversubscribe:
             raise UsageError(f"nproc_per_node {nproc} but {len(gpus)} GPU(s) are visible",
                              hint=f"use at most {len(gpus)} (one rank per GPU)")
         cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
         placement = plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
                                    oversubscribe=oversubscribe)
-        ctx.choose("nproc_per_node", nproc, "one rank per visible GPU", {"visible_gpus": len(gpus)})
+        nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc, "one rank per visible GPU",
+                             {"visible_gpus": len(gpus)})
     else:
-        backend = fixed.get("ddp_backend")
-        want_ccl = backend == "ccl" or (backend is None and "ddp_backend" not in fixed and facts.software is not None
+        backend = pinned_value(fixed.ddp_backend)
+        want_ccl = backend == "ccl" or (fixed.ddp_backend is None and facts.software is not None
                                         and cpu_backend(facts, ctx.stack, ctx.python).ccl_available)
-        asked = fixed.get("nproc_per_node") or (ctx.ranks_from[0] if ctx.ranks_from else None) or \
-            (ctx.tuned["nproc_per_node"][0] if "nproc_per_node" in ctx.tuned else None)
+        asked = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or \
+            pinned_value(ctx.tuned.nproc_per_node)
         placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
                                    threads_per_rank=threads, oversubscribe=oversubscribe)
         # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
         # user set threads or affinity: theirs stands, with a note).
-        placement, load_ev, load_note = adjust_placement(placement, facts.load, fixed)
+        placement, load_ev, load_note = adjust_placement(
+            placement, facts.load, yours=fixed.threads_per_rank is not None or fixed.affinity is not None)
         ctx.notes.extend([load_note] if load_note else [])
-        ctx.choose("nproc_per_node", placement.nproc_per_node,
-                   f"{placement.nproc_per_node} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from
-                   else "; ".join(placement.reasons[-1:]),
-                   {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
-                    "usable_physical_cores": placement.cpu_budget})
-    ctx.choose("nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
-    ctx.choose("threads_per_rank", placement.threads_per_rank,
-               "; ".join(r for r in placement.reasons[:-1] if "as asked" not in r) or "usable physical cores",
-               {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
-                "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers, **load_ev})
+        nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", placement.nproc_per_node,
+                             f"{placement.nproc_per_node} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from
+                             else "; ".join(placement.reasons[-1:]),
+                             {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
+                              "usable_physical_cores": placement.cpu_budget}, tuned=ctx.tuned.nproc_per_node)
+    nnodes_d = ctx.choose(fixed.nnodes, "nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
+    threads_d = ctx.choose(fixed.threads_per_rank, "threads_per_rank", placement.threads_per_rank,
+                           "; ".join(r for r in placement.reasons[:-1] if "as asked" not in r) or "usable physical cores",
+                           {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
+                            "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers,
+                            **load_ev}, tuned=ctx.tuned.threads_per_rank)
     from cpuperf.probe.parse import format_cpulist
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
     evidence: Dict[str, Any] = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
     if pinned and _ranks_share_a_vm_numa_node(ctx, placement):
         evidence["hypervisor"] = True
-        ctx.choose("affinity", None,
-                   f"{placement.nproc_per_node} ranks on one NUMA node of a virtual machine (`hypervisor` flag): "
-                   f"left to the OS scheduler, each with its thread count ({ctx.tuning['placement']['reason']}; "
-                   "--set affinity=auto pins them)", evidence)
-        return placement
-    ctx.choose("affinity", "auto" if pinned else None,
-               f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to", evidence)
-    return placement
+        affinity = ctx.choose(fixed.affinity, "affinity", None,
+                              f"{placement.nproc_per_node} ranks on one NUMA node of a virtual machine (`hypervisor` flag): "
+                              f"left to the OS scheduler, each with its thread count ({ctx.tuning['placement']['reason']}; "
+                              "--set affinity=auto pins them)", evidence, tuned=ctx.tuned.affinity)
+    else:
+        auto: Optional[Affinity] = "auto" if pinned else None
+        affinity = ctx.choose(fixed.affinity, "affinity", auto,
+                              f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to",
+                              evidence, tuned=ctx.tuned.affinity)
+    return _Layout(placement, nproc_d, nnodes_d, threads_d, affinity)
 
 
 def _ranks_share_a_vm_numa_node(ctx: _Context, placement: Placement) -> bool:
@@ -350,27 +424,35 @@ def _ranks_share_a_vm_numa_node(ctx: _Context, placement: Placement) -> bool:
     return len(nodes) <= 1
 
 
-def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> None:
+def _decide_precision(ctx: _Context, gpu: Optional[Gpu]) -> _Precision:
+    """dtype, TF32 and the fp32 math mode: the card's rules on a GPU, the CPU's otherwise."""
+    return _decide_dtype_gpu(ctx, gpu) if gpu is not None else _decide_dtype_cpu(ctx)
+
+
+def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> _Precision:
     tuning = ctx.tuning
     cc = _cc(gpu)
+    dtype: Dtype
     if cc >= _parse_cc(tuning["dtype"]["fp16_gpu_below_cc"]):
         dtype, why = "bf16", f"{gpu.name} (compute capability {gpu.compute_capability}) has native bf16"
     elif cc >= _parse_cc(tuning["dtype"]["fp32_gpu_below_cc"]):
         dtype, why = "fp16", f"{gpu.name} (cc {gpu.compute_capability}) has fp16 Tensor Cores but no bf16: fp16 autocast with a gradient scaler"
     else:
         dtype, why = "fp32", f"{gpu.name} (cc {gpu.compute_capability}) predates Tensor Cores"
-    ctx.choose("dtype", dtype, why, {"compute_capability": gpu.compute_capability})
+    dtype_d = ctx.choose(ctx.fixed.dtype, "dtype", dtype, why, {"compute_capability": gpu.compute_capability})
     tf32 = cc >= (8, 0)
-    ctx.choose("tf32", tf32, "TF32 Tensor Cores for fp32 matmul and cuDNN" if tf32 else "no TF32 before Ampere",
-               {"compute_capability": gpu.compute_capability})
-    if ctx.fixed.get("fp32_math_mode"):
+    tf32_d = ctx.choose(ctx.fixed.tf32, "tf32", tf32,
+                        "TF32 Tensor Cores for fp32 matmul and cuDNN" if tf32 else "no TF32 before Ampere",
+                        {"compute_capability": gpu.compute_capability})
+    if pinned_value(ctx.fixed.fp32_math_mode):
         raise UsageError("fp32_math_mode is a CPU (oneDNN) setting", hint="on a GPU, tf32 plays that part")
-    ctx.choose("fp32_math_mode", None, "CPU-only setting", {})
+    mode = ctx.choose(ctx.fixed.fp32_math_mode, "fp32_math_mode", None, "CPU-only setting", {})
+    return _Precision(dtype_d, tf32_d, mode)
 
 
-def _decide_dtype_cpu(ctx: _Context) -> None:
+def _cpu_dtype(ctx: _Context, evidence: Dict[str, Any]) -> Tuple[Dtype, str]:
+    """bf16 or fp32 on this CPU, and why."""
     facts, meas, tuning = ctx.facts, ctx.meas, ctx.tuning
-    evidence = _cpu_evidence(facts)
     ratio = None
     if meas.gemm_bf16_gflops and meas.gemm_fp32_gflops:
         ratio = meas.gemm_bf16_gflops / meas.gemm_fp32_gflops
@@ -379,6 +461,7 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
     amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
     native = bf16_native(facts)
     floor = tuning["dtype"]["min_bf16_over_fp32_gemm"]
+    dtype: Dtype
     if facts.cpu.arch != "x86_64":
         dtype, why = _non_x86_dtype(facts, ratio, floor)
     elif not native:
@@ -394,39 +477,58 @@ def _decide_dtype_cpu(ctx: _Context) -> None:
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
+        elif meas.undecided.get("dtype"):
+            why += f" (rule for {engine}: measured here, but {meas.undecided['dtype']})"
         else:
             why += f" (rule for {engine}, not measured on this host: `cpuperf bench` measures it)"
-    ctx.choose("dtype", dtype, why, evidence)
-    if ctx.fixed.get("tf32"):
+    return dtype, why
+
+
+def _decide_dtype_cpu(ctx: _Context) -> _Precision:
+    facts, tuning = ctx.facts, ctx.tuning
+    evidence = _cpu_evidence(facts)
+    dtype, why = _cpu_dtype(ctx, evidence)
+    dtype_d = ctx.choose(ctx.fixed.dtype, "dtype", dtype, why, evidence, tuned=ctx.tuned.dtype)
+    if pinned_value(ctx.fixed.tf32):
         raise UsageError("tf32 is an NVIDIA GPU mode",
                          hint="on a CPU, fp32_math_mode=bf16 plays that part (AMX hosts)" if facts.cpu.arch == "x86_64"
                          else "on this CPU, dtype=bf16 is the reduced-precision route where it measures faster")
-    ctx.choose("tf32", False, "TF32 is an NVIDIA GPU mode", {})
+    tf32_d = ctx.choose(ctx.fixed.tf32, "tf32", False, "TF32 is an NVIDIA GPU mode", {})
     tv = version_or_none(ctx.torch)
     mm = tuning["fp32_math_mode"]
+    amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
+    pin = ctx.fixed.fp32_math_mode
     if facts.cpu.arch != "x86_64":
-        ctx.choose("fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
+        mode = ctx.choose(pin, "fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
     elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
-        ctx.choose("fp32_math_mode", mm["value"], "AMX host with torch >= " + mm["min_torch"] +
-                   ": oneDNN runs remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision)",
-                   {"torch": ctx.torch}, needs_torch=True)
+        mode = ctx.choose(pin, "fp32_math_mode", _math_mode(mm["value"]), "AMX host with torch >= " + mm["min_torch"] +
+                          ": oneDNN runs remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision)",
+                          {"torch": ctx.torch}, needs_torch=True)
     else:
-        ctx.choose("fp32_math_mode", None, "needs an AMX host and torch >= " + mm["min_torch"], {"torch": ctx.torch})
+        mode = ctx.choose(pin, "fp32_math_mode", None, "needs an AMX host and torch >= " + mm["min_torch"],
+                          {"torch": ctx.torch})
+    return _Precision(dtype_d, tf32_d, mode)
 
 
-def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
-    asked = ctx.fixed.get("ddp_backend")
+def _math_mode(value: object) -> Optional[MathMode]:
+    """compat/tuning.toml's fp32 math mode, checked against the lever's values."""
+    if value is None or value == "bf16":
+        return None if value is None else "bf16"
+    raise ValueError(f"tuning.toml fp32_math_mode.value {value!r} is not bf16")
+
+
+def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> Decision[Optional[DdpBackend]]:
+    pin = ctx.fixed.ddp_backend
+    asked = None if pin is None or pin.reason is not None else pin.value  # the user's, not another owner's
     if world <= 1:
         if asked:
             ctx.notes.append(f"ddp_backend={asked} has no effect with one rank")
         several = cpu_backend(ctx.facts, ctx.stack, ctx.python) if not on_gpu else None  # what ccl-env reads
-        ctx.choose("ddp_backend", None, "one rank: no process group", dict(several_ranks_evidence(several)))
-        return
+        return ctx.choose(pin, "ddp_backend", None, "one rank: no process group", dict(several_ranks_evidence(several)))
     if on_gpu:
         if asked in ("ccl", "gloo", "mpi"):
             ctx.notes.append(f"ddp_backend={asked} on GPUs: NCCL is many times faster for GPU tensors")
-        ctx.choose("ddp_backend", "nccl", "NCCL for NVIDIA GPUs", {})
-        return
+        return ctx.choose(pin, "ddp_backend", "nccl", "NCCL for NVIDIA GPUs", {})
     if asked == "nccl":
         raise UsageError("ddp_backend=nccl needs NVIDIA GPUs", hint="use gloo (or ccl with oneccl_bind_pt) on CPUs")
     backend = cpu_backend(ctx.facts, ctx.stack, ctx.python)
@@ -436,45 +538,47 @@ def _decide_backend(ctx: _Context, world: int, on_gpu: bool) -> None:
     if asked == "ccl" and not backend.ccl_available:
         raise UsageError(f"ddp_backend=ccl cannot run here: {backend.reason.removeprefix('gloo: ')}",
                          hint="cpuperf install --torch 2.7 --with oneccl, or use ddp_backend=gloo")
-    ctx.choose("ddp_backend", backend.name, backend.reason,
-               {"oneccl_bind_pt": ctx.stack.get("oneccl_bind_pt"), "torch": ctx.torch})
+    return ctx.choose(pin, "ddp_backend", as_backend(backend.name), backend.reason,
+                      {"oneccl_bind_pt": ctx.stack.get("oneccl_bind_pt"), "torch": ctx.torch})
 
 
-def _decide_ipex(ctx: _Context, on_gpu: bool) -> None:
+def _decide_ipex(ctx: _Context, on_gpu: bool) -> Decision[bool]:
     facts = ctx.facts
     ok, why = addon_compatible("ipex", ctx.torch, ctx.stack.get("intel_extension_for_pytorch"), ctx.python)
-    if ctx.fixed.get("ipex") and not on_gpu and facts.cpu.arch != "x86_64":
+    asked = pinned_value(ctx.fixed.ipex) is True
+    pin = ctx.fixed.ipex
+    if asked and not on_gpu and facts.cpu.arch != "x86_64":
         raise UsageError(f"ipex=true cannot run here: {no_intel_build('IPEX', facts)}",
                          hint="use compile=true: torch.compile is the portable way to fuse CPU kernels")
-    if ctx.fixed.get("ipex") and (on_gpu or not ok):
+    if asked and (on_gpu or not ok):
         raise UsageError(f"ipex=true cannot run here: {'IPEX is for CPU training' if on_gpu else why}",
                          hint="cpuperf compat --with ipex shows the matching wheels, or use compile=true")
     evidence = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
     if on_gpu:
-        ctx.choose("ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {})
-    elif facts.cpu.arch != "x86_64":
-        ctx.choose("ipex", False, no_intel_build("IPEX (intel_extension_for_pytorch)", facts) +
-                   "; torch.compile (compile=true) is the portable way to fuse CPU kernels", evidence)
-    elif not ok:
-        if newer_than_last("ipex", ctx.torch):
-            why += f" (IPEX is {retirement('ipex')}: {alternative('ipex')})"
-        ctx.choose("ipex", False, why, evidence)
-    elif "avx512f" not in facts.cpu.isa:
-        ctx.choose("ipex", False, f"{why}, but this CPU has no AVX-512: IPEX brings little here",
-                   {"isa": list(facts.cpu.isa)})
-    else:
-        ctx.choose("ipex", True, f"{why} on an AVX-512 host: ipex.optimize(model, optimizer)", evidence,
-                   needs_torch=True)
+        return ctx.choose(pin, "ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {})
+    if facts.cpu.arch != "x86_64":
+        return ctx.choose(pin, "ipex", False, no_intel_build("IPEX (intel_extension_for_pytorch)", facts) +
+                          "; torch.compile (compile=true) is the portable way to fuse CPU kernels", evidence)
+    if not ok:
+        if newer_than_last("ipex", ctx.torch):  # the retirement is said once: the why names it where not installed
+            retired = retirement("ipex")
+            why += f"; instead: {alternative('ipex')}" if retired in why else f" (IPEX is {retired}: {alternative('ipex')})"
+        return ctx.choose(pin, "ipex", False, why, evidence)
+    if "avx512f" not in facts.cpu.isa:
+        return ctx.choose(pin, "ipex", False, f"{why}, but this CPU has no AVX-512: IPEX brings little here",
+                          {"isa": list(facts.cpu.isa)})
+    return ctx.choose(pin, "ipex", True, f"{why} on an AVX-512 host: ipex.optimize(model, optimizer)", evidence,
+                      needs_torch=True)
 
 
-def _choose_allocator(ctx: _Context, on_gpu: bool, world: int = 1) -> None:
+def _choose_allocator(ctx: _Context, on_gpu: bool, world: int = 1) -> Decision[Optional[AllocatorName]]:
     d = decide_allocator(ctx.facts, ctx.meas, on_gpu, reference_workload(ctx.workload), world)
-    asked = ctx.fixed.get("allocator")
+    asked = pinned_value(ctx.fixed.allocator)
     if asked:
         available = ctx.facts.software.allocators if ctx.facts.software else {}
         if ctx.facts.software is not None and not available.get(asked):
             raise UsageError(f"allocator={asked} is not installed on this host", hint=_allocator_hint())
-    ctx.choose(d.id, d.value, d.reason, d.evidence)
+    return ctx.take(d, ctx.fixed.allocator, ctx.tuned.allocator)
 
 
 def model_key(w: Workload) -> str:
@@ -507,7 +611,7 @@ def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, tunin
 
 
 def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
-                    on_gpu: bool, ipex: bool, placement: Placement, facts: HostFacts) -> Decision:
+                    on_gpu: bool, ipex: bool, placement: Placement, facts: HostFacts) -> Decision[bool]:
     tv = version_or_none(torch_v)
     if tv is not None and tv < Version("2.0"):
         return Decision("compile", False, f"torch {torch_v} has no torch.compile", {"torch": torch_v})
@@ -560,7 +664,7 @@ def _allocator_hint() -> str:
 
 
 def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm",
-                     world: int = 1) -> Decision:
+                     world: int = 1) -> Decision[Optional[AllocatorName]]:
     """The allocator to preload for a workload of this family: the measured best, only where it beats the
     default, and never one known to abort jobs of several ranks (`world` > 1) at exit."""
     available = {}
@@ -591,18 +695,22 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
                     "(terminate called without an active exception; compat/tuning.toml)") if unsafe else ""
         if good:
             best = max(good, key=lambda k: good[k])
-            return Decision("allocator", best, f"measured on the {family} reference workload: {figures} the default "
+            return Decision("allocator", as_allocator(best), f"measured on the {family} reference workload: {figures} the default "
                             f"allocator: the fastest is preloaded{not_here}", evidence)
         if unsafe:
             return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default"
                             f"{not_here}: the default is kept", evidence)
         return Decision("allocator", None, f"measured on the {family} reference workload: {figures} the default; none "
                         f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
+    noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
+    if noisy:
+        return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
+                        {"available": sorted(available), "undecided": noisy})
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
                     "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
 
 
-def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
+def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision[Attention]:
     if gpu is None:
         return Decision("attention", "sdpa", "scaled_dot_product_attention (PyTorch picks its CPU flash kernel)",
                         {"head_dim": w.head_dim})
@@ -616,24 +724,24 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision:
                     {"head_dim": w.head_dim})
 
 
-def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions: Dict[str, Decision],
+def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dtype,
                  tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
-                 fixed: Optional[Mapping[str, Any]] = None) -> List[Decision]:
+                 fixed: Optional[Constraints] = None) -> MemoryDecisions:
     """Batch, accumulation, checkpointing, optimizer and ZeRO from one MemoryPlan (cpuperf.decide.memory).
 
     `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards.
     """
-    fixed = fixed or {}
+    fixed = fixed or Constraints()
     from cpuperf.decide.memory import plan_memory, zero_config
 
     on_gpu = gpu is not None
     tv = version_or_none(torch_v)
     fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
-    plan = plan_memory(facts, w, placement, decisions["dtype"].value, gpu, world, fused_ok, tuning)
+    plan = plan_memory(facts, w, placement, dtype, gpu, world, fused_ok, tuning)
     evidence = {"params": w.params, **plan.evidence()}
-    per_device, c = int(fixed.get("batch_size") or plan.per_rank_batch), plan.candidate
-    accum = int(fixed.get("grad_accum_steps") or max(1, math.ceil(w.batch_size / (per_device * max(1, world)))))
+    per_device, c = pinned_value(fixed.batch_size) or plan.per_rank_batch, plan.candidate
+    accum = pinned_value(fixed.grad_accum_steps) or max(1, math.ceil(w.batch_size / (per_device * max(1, world))))
     why_batch = (f"{per_device} sample(s) per rank per step: {plan.per_rank_bytes() / 2**30:.2f} GiB of "
                  f"{plan.budget_bytes / 2**30:.2f} GiB ({plan.budget})" if plan.budget_bytes is not None
                  else f"{per_device} samples per rank (memory unknown)")
@@ -642,29 +750,30 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, decisions:
     act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
     ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
               + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))
-    zero = zero_config(plan, w, decisions["dtype"].value)
-    out = [
-        Decision("batch_size", per_device, why_batch, evidence),
-        Decision("grad_accum_steps", accum, f"reaches the global batch {w.batch_size} over {world} rank(s)"
-                 if accum > 1 else "the global batch fits in one step", {"global_batch": w.batch_size, "world_size": world}),
-        Decision("grad_checkpointing", c.checkpointing, ck_why, {"activation_bytes_per_sample_no_checkpointing": act_no,
-                                                                 "activation_bytes_per_sample_checkpointing": act_ck}),
-        Decision("optimizer", c.optimizer, plan.optimizer_reason,
-                 {"torch": torch_v, "optimizer_bytes": plan.optimizer_bytes}),
-    ]
+    zero = zero_config(plan, w, dtype)
     # Data loading: the built-in corpus is in memory; workers would steal compute cores on CPU.
     spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
     if on_gpu:
         per_gpu = tuning["dataloader"]["gpu_workers_per_gpu"]
         workers = min(per_gpu, max(0, len(facts.usable_cpus()) // max(1, placement.nproc_per_node) - 1))
-        out.append(Decision("dataloader_workers", workers, f"{workers} worker(s) per GPU from the cores the process may use",
-                            {"usable_cpus": len(facts.usable_cpus())}))
-        out.append(Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {}))
+        workers_d = Decision("dataloader_workers", workers, f"{workers} worker(s) per GPU from the cores the process may use",
+                             {"usable_cpus": len(facts.usable_cpus())})
+        pin_d = Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {})
     else:
         workers = min(2, spare)
-        out.append(Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
-                            if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare}))
-        out.append(Decision("pin_memory", False, "no device copies on CPU training", {}))
-    out.append(Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
-                        else "not needed: the model fits each rank", {"plan": c.name}))
-    return out
+        workers_d = Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
+                             if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare})
+        pin_d = Decision("pin_memory", False, "no device copies on CPU training", {})
+    return MemoryDecisions(
+        batch_size=Decision("batch_size", per_device, why_batch, evidence),
+        grad_accum_steps=Decision("grad_accum_steps", accum, f"reaches the global batch {w.batch_size} over {world} rank(s)"
+                                  if accum > 1 else "the global batch fits in one step",
+                                  {"global_batch": w.batch_size, "world_size": world}),
+        grad_checkpointing=Decision("grad_checkpointing", c.checkpointing, ck_why,
+                                    {"activation_bytes_per_sample_no_checkpointing": act_no,
+                                     "activation_bytes_per_sample_checkpointing": act_ck}),
+        optimizer=Decision("optimizer", as_optimizer(c.optimizer), plan.optimizer_reason,
+                           {"torch": torch_v, "optimizer_bytes": plan.optimizer_bytes}),
+        dataloader_workers=workers_d, pin_memory=pin_d,
+        zero=Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
+                      else "not needed: the model fits each rank", {"plan": c.name}))

@@ -5,18 +5,55 @@ Kept apart from the engine (cpuperf.decide.recommend) so that reading a saved pl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, cast, get_args
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
 from cpuperf.jsonable import as_json
 
+T = TypeVar("T")
+
+# The closed sets a lever's value is one of: the same values as its knob's choices (cpuperf.knowledge.knobs;
+# tests/test_levers.py keeps the two equal). A lever's value is typed once, where it is decided or read back.
+Device = Literal["cpu", "cuda"]
+Dtype = Literal["fp32", "bf16", "fp16"]
+MathMode = Literal["bf16"]
+Affinity = Literal["auto"]
+DdpBackend = Literal["gloo", "ccl", "mpi", "nccl"]
+AllocatorName = Literal["tcmalloc", "jemalloc", "mimalloc"]
+Attention = Literal["sdpa", "flash", "mem_efficient", "math"]
+Optimizer = Literal["adamw", "adamw_fused", "adafactor", "adamw_8bit"]
+
+
+def _member(kind: Any, value: object, what: str) -> Any:
+    if value not in get_args(kind):
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(map(str, get_args(kind)))}")
+    return value
+
+
+def as_device(value: object) -> Device:
+    return cast(Device, _member(Device, value, "device"))
+
+
+def as_backend(value: object) -> Optional[DdpBackend]:
+    return None if value is None else cast(DdpBackend, _member(DdpBackend, value, "ddp_backend"))
+
+
+def as_allocator(value: object) -> Optional[AllocatorName]:
+    return None if value is None else cast(AllocatorName, _member(AllocatorName, value, "allocator"))
+
+
+def as_optimizer(value: object) -> Optimizer:
+    return cast(Optimizer, _member(Optimizer, value, "optimizer"))
+
 
 @dataclass(frozen=True)
-class Decision:
+class Decision(Generic[T]):
+    """One lever's value, why, and what it was decided from; `overridden`: the user's (--set/--config)."""
+
     id: str
-    value: Any
+    value: T
     reason: str
     evidence: Dict[str, Any] = field(default_factory=dict)
     overridden: bool = False
@@ -24,6 +61,68 @@ class Decision:
 
     def to_json(self) -> Dict[str, Any]:
         return as_json(self)
+
+
+@dataclass(frozen=True)
+class Levers:
+    """Every lever of a plan, one typed attribute each, in the vocabulary's order (knowledge/knobs.py
+    DECISION_IDS); each is decided by one owner (docs/architecture.md, "One owner per fact"). Offload is part
+    of the sharding lever (`zero`: a DeepSpeed config with its offload sections)."""
+
+    device: Decision[Device]
+    dtype: Decision[Dtype]
+    tf32: Decision[bool]
+    fp32_math_mode: Decision[Optional[MathMode]]
+    nproc_per_node: Decision[int]
+    nnodes: Decision[int]
+    threads_per_rank: Decision[int]
+    affinity: Decision[Optional[Affinity]]
+    ddp_backend: Decision[Optional[DdpBackend]]
+    ipex: Decision[bool]
+    compile: Decision[bool]
+    allocator: Decision[Optional[AllocatorName]]
+    attention: Decision[Attention]
+    batch_size: Decision[int]
+    grad_accum_steps: Decision[int]
+    grad_checkpointing: Decision[bool]
+    optimizer: Decision[Optimizer]
+    dataloader_workers: Decision[int]
+    pin_memory: Decision[bool]
+    zero: Decision[Optional[Dict[str, Any]]]
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name).id != f.name:
+                raise ValueError(f"the {f.name} lever holds the decision {getattr(self, f.name).id!r}")
+
+    def all(self) -> Tuple[Decision[Any], ...]:
+        """Every lever's decision, in the vocabulary's order (how reports and JSON list them)."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    @property
+    def world(self) -> int:
+        """Ranks over all nodes."""
+        return self.nproc_per_node.value * self.nnodes.value
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.value == "cuda"
+
+    @property
+    def offload(self) -> bool:
+        """Whether the sharding plan offloads optimizer state or parameters to host memory."""
+        zero = (self.zero.value or {}).get("zero_optimization") or {}
+        return bool(zero.get("offload_optimizer") or zero.get("offload_param"))
+
+
+def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
+    """Levers from a complete set of decisions (a saved plan's, read back and checked): ValueError otherwise."""
+    by_id = {d.id: d for d in decisions}
+    names = [f.name for f in fields(Levers)]
+    missing = [n for n in names if n not in by_id]
+    if missing:
+        raise ValueError(f"decisions lack {', '.join(missing)}")
+    return Levers(**{n: by_id[n] for n in names})
 
 
 @dataclass(frozen=True)
@@ -44,6 +143,8 @@ class Measurements:
     # Joint tuning (cpuperf.decide.tune): shape_key(workload) -> result, and a user command's key -> result
     tuned_by_shape: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     tuned_by_command: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # A ratio measured too noisy to decide (cpuperf.decide.ratios): what -> the line that says so; the rule decides
+    undecided: Dict[str, str] = field(default_factory=dict)
     source: str = "none"
 
     @classmethod
@@ -54,33 +155,71 @@ class Measurements:
 
 @dataclass(frozen=True)
 class Recommendation:
-    decisions: Tuple[Decision, ...]
+    levers: Levers
     placement: Placement
     workload: Workload
     notes: Tuple[str, ...]
     stack: Dict[str, Optional[str]]
     oversubscribe: bool = False
 
-    def get(self, decision_id: str) -> Any:
-        for d in self.decisions:
-            if d.id == decision_id:
-                return d.value
-        raise KeyError(decision_id)
-
-    def decision(self, decision_id: str) -> Decision:
-        for d in self.decisions:
-            if d.id == decision_id:
-                return d
-        raise KeyError(decision_id)
-
     @property
-    def chosen(self) -> Dict[str, Any]:
-        """Each decision's value, by id."""
-        return {d.id: d.value for d in self.decisions}
-
-    @property
-    def user_set(self) -> FrozenSet[str]:
-        """The ids of the decisions the user fixed (--set/--config)."""
-        return frozenset(d.id for d in self.decisions if d.overridden)
+    def decisions(self) -> Tuple[Decision[Any], ...]:
+        """Every decision in the vocabulary's order (reports, JSON)."""
+        return self.levers.all()
 
 
+@dataclass(frozen=True)
+class Pin(Generic[T]):
+    """A lever fixed before it is decided: the user's value (`reason` None: --set/--config), or one that another
+    owner fixed with its reason (the plain baseline; every node of a cluster agreeing), never rewritten after."""
+
+    value: T
+    reason: Optional[str] = None
+    evidence: Optional[Dict[str, Any]] = None
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What is fixed before the engine decides (cpuperf.decide.recommend): one optional pin per lever."""
+
+    device: Optional[Pin[Device]] = None
+    dtype: Optional[Pin[Dtype]] = None
+    tf32: Optional[Pin[bool]] = None
+    fp32_math_mode: Optional[Pin[Optional[MathMode]]] = None
+    nproc_per_node: Optional[Pin[int]] = None
+    nnodes: Optional[Pin[int]] = None
+    threads_per_rank: Optional[Pin[int]] = None
+    affinity: Optional[Pin[Optional[Affinity]]] = None
+    ddp_backend: Optional[Pin[Optional[DdpBackend]]] = None
+    ipex: Optional[Pin[bool]] = None
+    compile: Optional[Pin[bool]] = None
+    allocator: Optional[Pin[Optional[AllocatorName]]] = None
+    attention: Optional[Pin[Attention]] = None
+    batch_size: Optional[Pin[int]] = None
+    grad_accum_steps: Optional[Pin[int]] = None
+    grad_checkpointing: Optional[Pin[bool]] = None
+    optimizer: Optional[Pin[Optimizer]] = None
+    dataloader_workers: Optional[Pin[int]] = None
+    pin_memory: Optional[Pin[bool]] = None
+    zero: Optional[Pin[Optional[Dict[str, Any]]]] = None
+    oversubscribe: bool = False  # more ranks x threads than usable cores, allowed (a placement option)
+
+    def pinned(self) -> Tuple[str, ...]:
+        """The ids of the levers fixed here."""
+        return tuple(f.name for f in fields(self) if f.name != "oversubscribe" and getattr(self, f.name) is not None)
+
+    def under(self, other: Constraints) -> Constraints:
+        """These pins where `other` has none (the user's pins over a baseline's or a cluster's)."""
+        mine = {n: getattr(self, n) for n in self.pinned() if getattr(other, n) is None}
+        return replace(other, oversubscribe=self.oversubscribe or other.oversubscribe, **mine)
+
+
+def constraints_of(values: Mapping[str, Any], reason: Optional[str] = None) -> Constraints:
+    """Typed values by knob id (knowledge/knobs.py has checked each) -> Constraints; `reason` None: the user's."""
+    pins: Dict[str, Any] = {k: Pin(v, reason) for k, v in values.items() if k != "oversubscribe"}
+    return Constraints(oversubscribe=bool(values.get("oversubscribe")), **pins)
+
+
+def pinned_value(pin: Optional[Pin[T]]) -> Optional[T]:
+    """A pin's value, None when the lever is not pinned (or pinned to none)."""
+    return None if pin is None else pin.value

@@ -10,11 +10,15 @@ function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.jsonable import as_json
+
+if TYPE_CHECKING:
+    from cpuperf.decide.records import Recommendation
 
 SCHEMA = "cpuperf.tune/1"
 LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
@@ -138,6 +142,10 @@ class TuneResult:
                                   "alternatives": alts}
         return {lever: out[lever] for lever in LEVERS if lever in out}
 
+    def measured(self) -> int:
+        """How many settings have a figure: under two, nothing was compared."""
+        return len({p for r in self.rounds for p, s in (*r.samples.items(), *r.confirmation.items()) if s})
+
     def to_json(self) -> Dict[str, Any]:
         """What the cache keeps: start, best, the per-lever figures, the noise, how it stopped."""
         best = self.median(self.best)
@@ -178,7 +186,7 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
         if costs and clock() - t0 + statistics.mean(costs) * (1 + keep) > budget_s:
             return None
         began = clock()
-        got = [x for x in (run_one(p) or []) if x > 0]
+        got = [x for x in (run_one(p) or []) if math.isfinite(x) and x > 0]  # inf or 0 samples/s is no figure
         costs.append(clock() - began)
         return got
 
@@ -259,15 +267,15 @@ def _decide(incumbent: Point, samples: Mapping[Point, List[float]], failed: Sequ
 
 # -- the levers this host and plan have ---------------------------------------------------------------
 
-def start_point(rec: Any) -> Point:
+def start_point(rec: Recommendation) -> Point:
     """The rule's point: what recommend decided."""
-    v = rec.chosen
-    return Point(dtype=v["dtype"], allocator=v.get("allocator"), optimizer=v.get("optimizer"),
-                 ranks=int(v["nproc_per_node"]), threads=int(v["threads_per_rank"]), pinned=v.get("affinity") == "auto",
-                 compile=bool(v.get("compile")))
+    lv = rec.levers
+    return Point(dtype=lv.dtype.value, allocator=lv.allocator.value, optimizer=lv.optimizer.value,
+                 ranks=lv.nproc_per_node.value, threads=lv.threads_per_rank.value, pinned=lv.affinity.value == "auto",
+                 compile=lv.compile.value)
 
 
-def candidates(facts: Any, rec: Any, tuning: Mapping[str, Any], script: bool = False,
+def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], script: bool = False,
                own_launcher: bool = False) -> Candidates:
     """What each lever may be on this host for this plan, and why a lever is left to the rule.
 
@@ -293,7 +301,7 @@ def candidates(facts: Any, rec: Any, tuning: Mapping[str, Any], script: bool = F
         else:
             values[lever] = tuple(dict.fromkeys([start.get(lever), *options]))
 
-    ev = rec.decision("dtype").evidence
+    ev = rec.levers.dtype.evidence
     ratio = (f" (GEMM {ev['gemm_fp32_gflops'] / ev['gemm_bf16_gflops']:.0f}x slower measured here)"
              if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") else "")
     offer("dtype", ["fp32", "bf16"], None if bf16_native(facts) else
@@ -311,12 +319,12 @@ def candidates(facts: Any, rec: Any, tuning: Mapping[str, Any], script: bool = F
           "towards the fused kernel)" if script else no_fused)
     cores = start.ranks * start.threads
     layouts = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
-    one_node = int(rec.get("nnodes") or 1) == 1
+    one_node = rec.levers.nnodes.value == 1
     offer("layout", layouts, "your command's launcher starts the ranks" if own_launcher else
           None if len(layouts) > 1 and one_node else
           "several nodes: ranks follow the nodes" if not one_node else f"{cores} core(s): one layout")
     offer("pinning", [True, False], None if len(facts.usable_cpus()) > 1 else "one usable CPU: nothing to pin to")
-    compile_d = rec.decision("compile")
+    compile_d = rec.levers.compile
     offer("compile", [True, False], None if compile_d.value else
           f"not tried: {compile_d.reason} (the compile-crossover rule)")
     return Candidates(values, skipped, tuple(tuning["allocator"].get("not_with_ranks", [])))

@@ -16,7 +16,8 @@ from cpuperf.errors import UsageError
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
-    from cpuperf.decide.records import Measurements, Recommendation
+    from cpuperf.decide.cluster import ClusterConstraints
+    from cpuperf.decide.records import Constraints, Dtype, Levers, Measurements, Recommendation
     from cpuperf.decide.workload import Workload
     from cpuperf.plan.job import JobPlan, JobRequest
     from cpuperf.plan.request import PlanRequest
@@ -99,13 +100,15 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
     from cpuperf.decide.recommend import recommend
 
     meas = edge.measurements
-    tuned = _command_tuning(request, meas) if use_tuned else None
-    return recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=edge.nnodes, unit=request.unit,
+    tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
+    rec = recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=edge.nnodes, unit=request.unit,
                      device=request.device, measurements=meas, overrides=decided, tuned=tuned,
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
                      environ=edge.environ if facts.live else {},
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None)
+    # A tuning is of CPU levers: a plan on a GPU says nothing of one.
+    return rec if said is None or rec.levers.device.value != "cpu" else replace(rec, notes=(*rec.notes, said))
 
 
 def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, auto: bool) -> JobRequest:
@@ -139,14 +142,28 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
     return list(script.argv), None, {**script.to_json(), "_script": script}
 
 
-def _command_tuning(request: PlanRequest, meas: Optional[Measurements]) -> Optional[Tuple[Dict[str, Any], str]]:
-    """(the cached `train --tune` result for this command, where) for an --auto run of a user's command, else None."""
-    if not (request.auto and request.user_argv and meas is not None):
-        return None
+def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_text: Optional[str]
+                    ) -> Tuple[Optional[Tuple[Dict[str, Any], str]], Optional[str]]:
+    """(the cached `train --tune` result for this command and where, a note saying which tuning the plan uses or
+    that none is cached) for an --auto run of a user's command; (None, None) otherwise."""
+    if not (request.auto and request.user_argv):
+        return None, None
+    import time
+
     from cpuperf.plan.user_script import command_key
 
-    entry = meas.tuned_by_command.get(command_key(list(request.user_argv)))
-    return (entry, "on this command") if entry else None
+    entry = (meas.tuned_by_command if meas is not None else {}).get(command_key(list(request.user_argv), script_text))
+    if not entry:
+        return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
+                      "`cpuperf train --tune -- <command>` tunes it")
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.tune import too_noisy
+
+    if too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
+        return (entry, "on this command"), None  # recommend says why it is not used
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
+    return (entry, "on this command"), (f"the tuning of this command from {when} ({entry.get('runs')} runs, "
+                                        f"{len(entry.get('levers') or {})} lever(s) compared) decides the tuned levers")
 
 
 def _from_saved(request: PlanRequest, plan: SavedPlan, edge: EdgeFacts, facts: HostFacts,
@@ -225,23 +242,29 @@ def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: R
 
     cons = cluster.constraints({n: by_name[n] for n in names})
     cons.require_one_stack()
-    fixed = {d.id: d.value for d in rec.decisions if d.overridden}
-    if not cons.bf16 and "dtype" not in fixed:
-        fixed["dtype"] = "fp32"
-    ddp = cluster.choose_ddp(measured) if measured and "ddp_backend" not in fixed else None
+    yours = {d.id: d.value for d in rec.decisions if d.overridden}
+    pins = cluster_pins(cons, measured if len(names) > 1 else None, rec.levers)
     subs: List[NodePlan] = []
     for name in names:
         node = by_name[name]
-        r = recommend(node, rec.workload, nnodes=len(names), overrides=fixed, environ={})
-        if ddp is not None and len(names) > 1:  # measured across these nodes: the figure goes in the plan
-            r = replace(r, decisions=tuple(
-                replace(x, value=ddp.backend, reason=ddp.reason, evidence={**ddp.evidence, "bucket_cap_mb": ddp.bucket_cap_mb})
-                if x.id == "ddp_backend" else x for x in r.decisions))
-        if "dtype" in fixed and not any(x.id == "dtype" and x.overridden for x in rec.decisions):
-            r = replace(r, decisions=tuple(replace(x, reason=cons.dtype_reason, overridden=False) if x.id == "dtype" else x
-                                           for x in r.decisions))
+        r = recommend(node, rec.workload, nnodes=len(names), overrides=yours, environ={}, pins=pins)
         subs.append((name, node, r, placeholder_job(node, r, hosts)))
     return subs
+
+
+def cluster_pins(cons: ClusterConstraints, measured: Any, levers: Levers) -> Constraints:
+    """What every node of a plan over several nodes must agree on, decided where each lever is decided (the
+    engine), never patched after: fp32 unless every node runs bf16 natively; the DDP backend measured across
+    exactly these nodes. The user's values stand over both."""
+    from cpuperf.decide import cluster
+    from cpuperf.decide.records import Constraints, Pin, as_backend
+
+    fp32: Dtype = "fp32"
+    dtype = Pin(fp32, cons.dtype_reason) if not cons.bf16 and not levers.dtype.overridden else None
+    ddp = cluster.choose_ddp(measured) if measured and not levers.ddp_backend.overridden else None
+    backend = None if ddp is None else Pin(as_backend(ddp.backend), ddp.reason,
+                                            {**ddp.evidence, "bucket_cap_mb": ddp.bucket_cap_mb})
+    return Constraints(dtype=dtype, ddp_backend=backend)
 
 
 def saved_plan_of(facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Mapping[str, Any], version: str,

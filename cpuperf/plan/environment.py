@@ -32,11 +32,11 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     """The environment's decisions from a recommendation (decided here, or a saved plan's)."""
     from cpuperf.decide.backend import cpu_backend, recorded_backend  # not on the path of a remembered decision
 
-    chosen = rec.decision("ddp_backend")
-    backend = recorded_backend(chosen.value, chosen.evidence, chosen.reason)
+    decided = rec.levers.ddp_backend
+    backend = recorded_backend(decided.value, decided.evidence, decided.reason)
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
-    return EnvDecisions(rec.placement, backend, rec.get("allocator"))
+    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value)
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,

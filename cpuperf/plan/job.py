@@ -69,8 +69,7 @@ class JobPlan:
 
     @property
     def backend(self) -> Optional[str]:
-        backend: Optional[str] = self.rec.get("ddp_backend")
-        return backend
+        return self.rec.levers.ddp_backend.value
 
     def env_map(self) -> Dict[str, str]:
         return {e.name: e.value for e in self.env}
@@ -79,11 +78,10 @@ class JobPlan:
 def rank_threads(rec: Recommendation, auto: bool) -> Optional[int]:
     """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting): the
     decided count on CPUs under --auto or where you set it; None (torch's own) otherwise, and on GPUs."""
-    v = rec.chosen
-    if v["device"] != "cpu" or not (auto or "threads_per_rank" in rec.user_set):
+    lv = rec.levers
+    if lv.device.value != "cpu" or not (auto or lv.threads_per_rank.overridden):
         return None
-    threads: int = v["threads_per_rank"]
-    return threads
+    return lv.threads_per_rank.value
 
 
 def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
@@ -94,13 +92,13 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     --auto: all of them. Plain: only what the user's own keys imply (threads, allocator) and what
     several ranks need to meet (rendezvous, gloo interface, oneCCL).
     """
-    v = rec.chosen
-    world = v["nproc_per_node"] * v["nnodes"]
-    backend = process_group_backend(v["ddp_backend"])
-    preload = bool(v["allocator"]) and (request.auto or "allocator" in rec.user_set)
+    lv = rec.levers
+    world = lv.world
+    backend = process_group_backend(lv.ddp_backend.value)
+    preload = bool(lv.allocator.value) and (request.auto or lv.allocator.overridden)
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
-                             allocator=v["allocator"], nnodes=v["nnodes"], mpi=mpi, socket_ifname=socket_ifname,
+                             allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
                              libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm))
     keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
     if world > 1:
@@ -129,42 +127,42 @@ def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int
 
 def check_worker_can_honour(rec: Recommendation) -> None:
     """The built-in loop's limits: a value it cannot run is refused (exit 2), never dropped."""
-    v = rec.chosen
-    if v["optimizer"] not in WORKER_OPTIMIZERS:
-        why = "set by you" if "optimizer" in rec.user_set else "the memory plan's choice"
-        raise UsageError(f"optimizer {v['optimizer']} ({why}): the built-in loop has " + ", ".join(WORKER_OPTIMIZERS),
+    lv = rec.levers
+    if lv.optimizer.value not in WORKER_OPTIMIZERS:
+        why = "set by you" if lv.optimizer.overridden else "the memory plan's choice"
+        raise UsageError(f"optimizer {lv.optimizer.value} ({why}): the built-in loop has " + ", ".join(WORKER_OPTIMIZERS),
                          hint="--set optimizer=adamw, or bring your own script after --")
-    if "attention" in rec.user_set and v["attention"] not in WORKER_ATTENTION:
-        raise UsageError(f"attention {v['attention']}: the built-in loop uses torch's SDPA dispatcher",
+    if lv.attention.overridden and lv.attention.value not in WORKER_ATTENTION:
+        raise UsageError(f"attention {lv.attention.value}: the built-in loop uses torch's SDPA dispatcher",
                          hint="leave attention unset; the worker reports the kernel SDPA ran")
-    for knob in ("zero", "pin_memory"):
-        if knob in rec.user_set and v[knob]:
-            raise UsageError(f"{knob}={v[knob]}: the built-in loop has no such setting",
+    for knob in (lv.zero, lv.pin_memory):
+        if knob.overridden and knob.value:
+            raise UsageError(f"{knob.id}={knob.value}: the built-in loop has no such setting",
                              hint="it applies to your own script: cpuperf recommend renders it")
 
 
 def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> Dict[str, Any]:
     """The built-in worker's settings (cpuperf.train.settings.TrainSettings, same ids as the knobs)."""
     check_worker_can_honour(rec)
-    v = rec.chosen
-    world = v["nproc_per_node"] * v["nnodes"]
+    lv = rec.levers
+    world = lv.world
     s: Dict[str, Any] = {"preset": request.preset or "tiny"}
     if request.auto:
-        s.update(dtype=v["dtype"], compile=bool(v["compile"]), ipex=bool(v["ipex"]), device=v["device"],
+        s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
                  threads_per_rank=rank_threads(rec, True),
-                 batch_size=int(v["batch_size"]), grad_accum_steps=int(v["grad_accum_steps"]),
-                 grad_checkpointing=bool(v["grad_checkpointing"]), optimizer=v["optimizer"],
-                 dataloader_workers=int(v["dataloader_workers"] or 0), tf32=bool(v["tf32"]),
-                 fp32_math_mode=v["fp32_math_mode"])
+                 batch_size=lv.batch_size.value, grad_accum_steps=lv.grad_accum_steps.value,
+                 grad_checkpointing=lv.grad_checkpointing.value, optimizer=lv.optimizer.value,
+                 dataloader_workers=lv.dataloader_workers.value, tf32=lv.tf32.value,
+                 fp32_math_mode=lv.fp32_math_mode.value)
     else:
         per_rank = max(1, math.ceil(rec.workload.batch_size / max(1, world)))
         s.update(dtype="fp32", compile=False, ipex=False, threads_per_rank=None, batch_size=per_rank,
-                 device=v["device"])
+                 device=lv.device.value)
         for d in rec.decisions:  # plain = the baseline plus exactly the user's keys
             if d.overridden and BY_ID[d.id].worker:
                 s[d.id] = d.value
-    if v["ddp_backend"] and world > 1:
-        s["ddp_backend"] = v["ddp_backend"]
+    if lv.ddp_backend.value and world > 1:
+        s["ddp_backend"] = lv.ddp_backend.value
     if request.max_steps is not None:
         s["max_steps"] = request.max_steps
     if request.time_budget is not None:
@@ -203,8 +201,8 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
 
     planned_env: a saved plan's runtime variables, used as they are (only this launch's rendezvous
     variables are added to them)."""
-    v = rec.chosen
-    world = v["nproc_per_node"] * v["nnodes"]
+    lv = rec.levers
+    world = lv.world
     notes: List[str] = list(rec.notes)
     wanted, env_notes = runtime_vars(facts, rec, request, mpi=mpi, socket_ifname=socket_ifname, environ=environ,
                                      libraries=libraries)
@@ -212,10 +210,10 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
         wanted = with_launch_vars(planned_env, wanted)
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
-    pin = v["device"] == "cpu" and v["affinity"] == "auto" and (request.auto or "affinity" in rec.user_set)
+    pin = lv.device.value == "cpu" and lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden)
     threads = rank_threads(rec, request.auto)
     launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
-                         hosts=request.hosts, nnodes=v["nnodes"],
+                         hosts=request.hosts, nnodes=lv.nnodes.value,
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
@@ -240,7 +238,7 @@ def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Seque
     (what recommend renders and what a tuning point runs with)."""
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
 
-    nnodes = max(1, int(rec.get("nnodes")))
+    nnodes = max(1, rec.levers.nnodes.value)
     # several nodes: the hostfile's first host, or the Slurm allocation's first node (runtime_env says which),
     # else a placeholder a user replaces
     master = None if hosts or _slurm_first(slurm) else ("127.0.0.1" if nnodes > 1 else None)

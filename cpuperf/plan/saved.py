@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.records import Decision, Recommendation
+from cpuperf.decide.records import Decision, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import UsageError
@@ -54,7 +54,9 @@ class SavedPlan:
         return data
 
     def _own_json(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA, "cpuperf": self.cpuperf, "made_on": self.made_on, "host": self.host,
+        # made_on: only a plan read from an older file has one; a plan carries no host name (docs/saved-plans.md)
+        return {"schema": SCHEMA, "cpuperf": self.cpuperf, **({"made_on": self.made_on} if self.made_on else {}),
+                "host": self.host,
                 "stack": self.stack, "inputs": self.inputs,
                 "decisions": [d.to_json() for d in self.rec.decisions],
                 "placement": self.rec.placement.to_json(), "workload": self.rec.workload.to_json(),
@@ -289,7 +291,7 @@ def _workload(raw: Any) -> Workload:
     return Workload(**{k: raw[k] for k in fields})
 
 
-def _decision(raw: Any, index: int) -> Decision:
+def _decision(raw: Any, index: int) -> Decision[Any]:
     from cpuperf.errors import UsageError
     from cpuperf.knowledge.knobs import BY_ID, coerce
 
@@ -301,6 +303,11 @@ def _decision(raw: Any, index: int) -> Decision:
     if value is not None:
         if not isinstance(value, (str, int, float, bool)) or isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{w} ({did}).value must be a string, number or true/false")
+        kind = BY_ID[did].kind  # typed as the docs say: true/false is no string, a count no text
+        if kind == "bool" and not isinstance(value, bool) or kind == "int" and (
+                not isinstance(value, int) or isinstance(value, bool)) or kind == "choice" and not isinstance(value, str):
+            need = {"bool": "true or false", "int": "a whole number"}.get(kind, "one of its choices as a string")
+            raise ValueError(f"{w} ({did}).value must be {need}, not {json.dumps(value)[:40]}")
         try:
             value = coerce(did, "true" if value is True else "false" if value is False else str(value))
         except UsageError as exc:
@@ -311,7 +318,7 @@ def _decision(raw: Any, index: int) -> Decision:
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
 
 
-def _check_decision_set(decisions: Sequence[Decision]) -> None:
+def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
     """Every decision recommend makes, once each, and nothing else (a run reads each one)."""
     from cpuperf.knowledge.knobs import BY_ID
 
@@ -363,7 +370,7 @@ def env_name_problem(name: str) -> Optional[str]:
     if not name.startswith(tuple(rules["families"])) or not envplan.valid_name(name):
         return "not a variable cpuperf plans (a plan carries only OMP_*, KMP_*, CCL_*, I_MPI_*, ... and LD_PRELOAD)"
     if name in rules["refused"] or any(part in name for part in rules["refused_parts"]):
-        return "names a file or loads code; a plan never sets it"
+        return "names or writes a file, or loads code; a plan never sets it"
     return None
 
 
@@ -378,6 +385,8 @@ def env_value_problem(name: str, value: str) -> Optional[str]:
     if name == "LD_PRELOAD":
         bad = next((e for e in value.split(":") if not _PRELOAD_ENTRY.fullmatch(e) or "/../" in e), None)
         return None if bad is None else f"{bad[:60]!r} is not an absolute path of a shared library"
+    if name == "MALLOC_CONF" and any(opt.split(":", 1)[0].strip().startswith("prof") for opt in value.split(",")):
+        return "jemalloc's prof options write heap profiles to files; a plan never sets them"
     unsafe = envplan.shell_safe(value)
     if unsafe is not None:
         return unsafe
@@ -390,12 +399,15 @@ def env_value_problem(name: str, value: str) -> Optional[str]:
 
 
 def loads(text: str) -> SavedPlan:
-    """A saved plan from its JSON; ValueError naming what is wrong."""
-    data = json.loads(text)
+    """A saved plan from its JSON; ValueError naming what is wrong (a key given twice included: which one counts
+    would be a parser's guess)."""
+    from cpuperf.readback import loads as read_back
+
+    data = read_back(text)
     plan = _from_json(data)
-    nodes = data.get("nodes") or {}
-    if not isinstance(nodes, dict):
-        raise ValueError("nodes must map node names to plans")
+    nodes = data.get("nodes", {})
+    if not isinstance(nodes, dict) or "nodes" in data and not nodes:
+        raise ValueError("nodes must map node names to their plans (absent for a plan of one node)")
     if nodes:
         from cpuperf.probe.hosts import valid_host  # (imports the resolver: only for plans over several nodes)
 
@@ -418,6 +430,8 @@ _TOP = ("schema", "cpuperf", "made_on", "host", "stack", "inputs", "decisions", 
 
 
 def _from_json(data: Any) -> SavedPlan:
+    from cpuperf.probe.parse import parse_cpulist
+
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if data.get("schema") != SCHEMA:
@@ -434,10 +448,14 @@ def _from_json(data: Any) -> SavedPlan:
     notes = tuple(_strings(data, "notes", "", True) or ())
     oversubscribe = _need(data, "oversubscribe", bool, "") if "oversubscribe" in data else False
     made_on = _need(data, "made_on", str, "", True) if "made_on" in data else None
-    rec = Recommendation(decisions, _placement(data.get("placement"), host), _workload(data.get("workload")),
+    rec = Recommendation(levers_of(decisions), _placement(data.get("placement"), host), _workload(data.get("workload")),
                          notes, stack, oversubscribe)
-    if rec.get("nproc_per_node") != rec.placement.nproc_per_node:
-        raise ValueError(f"decision nproc_per_node is {rec.get('nproc_per_node')} but the placement has "
+    threads = {slot.threads for slot in rec.placement.slots}
+    if len(threads) == 1 and rec.levers.threads_per_rank.value not in threads:
+        raise ValueError(f"decision threads_per_rank is {str(rec.levers.threads_per_rank.value)[:40]} but the placement runs "
+                         f"{threads.pop()} thread(s) per rank (in 1..{len(parse_cpulist(host['usable_cpus']) or ())})")
+    if rec.levers.nproc_per_node.value != rec.placement.nproc_per_node:
+        raise ValueError(f"decision nproc_per_node is {rec.levers.nproc_per_node.value} but the placement has "
                          f"{rec.placement.nproc_per_node} rank slot(s)")
     return SavedPlan(_need(data, "cpuperf", str, ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
 
@@ -505,10 +523,9 @@ def decision_differences(plan: SavedPlan, fresh: Recommendation, fresh_env: Sequ
     """Each way the plan's decisions, placement and variables differ from what cpuperf decides here from the same
     facts and inputs ([] when none): a hand-edited or stale plan says so before it runs."""
     out: List[str] = []
-    now = fresh.chosen
-    for d in plan.rec.decisions:
-        if d.id in now and now[d.id] != d.value:
-            out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now[d.id])} here")
+    for d, now in zip(plan.rec.decisions, fresh.decisions):
+        if now.value != d.value:
+            out.append(f"{d.id}: the plan says {_show(d.value)}, cpuperf decides {_show(now.value)} here")
     mine = [(s.cpus, s.threads) for s in plan.rec.placement.slots]
     theirs = [(s.cpus, s.threads) for s in fresh.placement.slots]
     if mine != theirs:
@@ -567,6 +584,9 @@ def read_plan_file(path: str) -> SavedPlan:
     return read(path, text)
 
 
+_DIFFERENCES_SHOWN = 4
+
+
 def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
               names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
@@ -583,8 +603,10 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
         raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
                          "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
     if diffs and not replan:
-        more = f" (and {len(diffs) - 1} more difference(s))" if len(diffs) > 1 else ""
-        raise PlanMismatchError(f"plan {path} was made for another host or stack: {diffs[0]}{more}",
+        # Every difference is named (up to a few): "and 1 more" sent users to --replan just to learn what it was.
+        shown = "; ".join(diffs[:_DIFFERENCES_SHOWN])
+        more = f" (and {len(diffs) - _DIFFERENCES_SHOWN} more)" if len(diffs) > _DIFFERENCES_SHOWN else ""
+        raise PlanMismatchError(f"plan {path} was made for another host or stack: {shown}{more}",
                                 hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
                                      "from this host's facts")
     return plan, diffs
@@ -596,7 +618,7 @@ def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> L
     from cpuperf.plan.job import JobRequest, runtime_vars
 
     fresh = replan_from(plan, facts, measurements, environ={})
-    nnodes = max(1, int(fresh.get("nnodes") or 1))  # the rendezvous is this launch's: a placeholder, not compared
+    nnodes = max(1, fresh.levers.nnodes.value)  # the rendezvous is this launch's: a placeholder, not compared
     request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
     env, _ = runtime_vars(facts, fresh, request, environ={})
     return decision_differences(plan, fresh, env)

@@ -23,7 +23,7 @@ from cpuperf.errors import UsageError
 from cpuperf.versions import base_or_none
 
 if TYPE_CHECKING:
-    from cpuperf.decide.records import Recommendation
+    from cpuperf.decide.records import Levers, Recommendation
 
 HF_MODES = ("auto", "always", "never")
 _HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
@@ -197,17 +197,17 @@ _OPTIM_NAMES = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "ada
                 "adamw_8bit": "adamw_bnb_8bit"}
 
 
-def _optim_flag(values: Mapping[str, Any], overridden: Set[str], ok: Set[str], tf_v: Optional[str],
+def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
                 torch_v: Optional[str], tuning: Mapping[str, Any]) -> Tuple[Optional[Flag], Optional[str]]:
     """The same family (AdamW) in its fastest implementation; another family only when --set."""
     if "optim" not in ok:
         return None, "--optim: not in the installed transformers"
-    if "optimizer" in overridden:
-        name = _OPTIM_NAMES.get(values["optimizer"])
+    if lv.optimizer.overridden:
+        name = _OPTIM_NAMES.get(lv.optimizer.value)
         return (Flag(("--optim", name), "you set optimizer") if name else None), None
     if trainer_default_fused(tf_v, torch_v, tuning):
         return None, "--optim: the Trainer's default is already fused AdamW (adamw_torch_fused)"
-    on_cuda = values.get("device") == "cuda"
+    on_cuda = lv.on_gpu
     minimum = tuning["optimizer"]["fused_cuda_min_torch" if on_cuda else "fused_cpu_min_torch"]
     if not _at_least(torch_v, minimum) or "optim_fused" not in ok:
         return None, f"--optim: fused AdamW needs torch >= {minimum} and transformers with adamw_torch_fused"
@@ -215,7 +215,7 @@ def _optim_flag(values: Mapping[str, Any], overridden: Set[str], ok: Set[str], t
                 f"(torch >= {minimum} on {'CUDA' if on_cuda else 'CPU'})"), None
 
 
-def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_version: Optional[str],
+def speed_flags(lv: Levers, transformers_version: Optional[str],
                 torch_version: Optional[str], world: int, tuning: Mapping[str, Any],
                 supported: Optional[Set[str]] = None,
                 bf16_gemm_ratio: Optional[float] = None,
@@ -244,74 +244,75 @@ def speed_flags(values: Mapping[str, Any], overridden: Set[str], transformers_ve
         else:
             out.append(Flag(("--" + chosen, *args[1:]), f"{why} ({args[0]} is deprecated: renamed --{chosen})"))
 
-    _device_flags(values, ok, world, gpus_visible, want, skipped)
-    _precision_flags(values, overridden, tuning, bf16_gemm_ratio, want, skipped)
-    _runtime_flags(values, overridden, ok, world, want)
-    _hyperparameter_flags(values, overridden, want, out)
-    opt, why_not = _optim_flag(values, overridden, ok, transformers_version, torch_version, tuning)
+    _device_flags(lv, ok, world, gpus_visible, want, skipped)
+    _precision_flags(lv, tuning, bf16_gemm_ratio, want, skipped)
+    _runtime_flags(lv, ok, world, want)
+    _hyperparameter_flags(lv, want, out)
+    opt, why_not = _optim_flag(lv, ok, transformers_version, torch_version, tuning)
     if opt is not None:
         out.append(opt)
     elif why_not:
         skipped.append(("--optim", why_not.split(": ", 1)[-1]))
-    _add_companions(out, skipped, want, transformers_version, on_gpu=values["device"] == "cuda")
+    _add_companions(out, skipped, want, transformers_version, on_gpu=lv.on_gpu)
     return out, skipped
 
 
 _Want = Callable[[str, Tuple[str, ...], str], None]  # speed_flags' want(flag id, argv words, why)
 
 
-def _device_flags(values: Mapping[str, Any], ok: Set[str], world: int, gpus_visible: bool, want: _Want,
+def _device_flags(lv: Levers, ok: Set[str], world: int, gpus_visible: bool, want: _Want,
                   skipped: List[Tuple[str, str]]) -> None:
     """--use_cpu (or the older --no_cuda) only where it decides something."""
-    if values["device"] == "cpu" and not gpus_visible and world <= 1:
+    if not lv.on_gpu and not gpus_visible and world <= 1:
         skipped.append(("--use_cpu", "one process on a host without GPUs runs on the CPU anyway (measured slower with it)"))
-    elif values["device"] == "cpu":
+    elif not lv.on_gpu:
         if "use_cpu" in ok or "no_cuda" not in ok:
             want("use_cpu", ("--use_cpu",), "device: cpu")
         else:
             want("no_cuda", ("--no_cuda",), "device: cpu")
 
 
-def _precision_flags(values: Mapping[str, Any], overridden: Set[str], tuning: Mapping[str, Any],
+def _precision_flags(lv: Levers, tuning: Mapping[str, Any],
                      bf16_gemm_ratio: Optional[float], want: _Want, skipped: List[Tuple[str, str]]) -> None:
     """--bf16/--fp16 where autocast pays (or you set dtype), --tf32 on CUDA."""
     gain = tuning["hf_trainer"]["cpu_bf16_min_gemm_ratio"]
-    if values["dtype"] in ("bf16", "fp16") and values["device"] == "cpu" and "dtype" not in overridden \
+    dtype = lv.dtype.value
+    if dtype in ("bf16", "fp16") and not lv.on_gpu and not lv.dtype.overridden \
             and (bf16_gemm_ratio or 0.0) < gain:
-        skipped.append(("--" + values["dtype"], f"on CPU only where bf16 GEMM measured >= {gain}x fp32 (AMX) or "
+        skipped.append(("--" + dtype, f"on CPU only where bf16 GEMM measured >= {gain}x fp32 (AMX) or "
                         "you --set dtype: autocast costs more than it gains on small models"))
-    elif values["dtype"] in ("bf16", "fp16"):
-        want(values["dtype"], ("--" + values["dtype"],), f"dtype: {values['dtype']} autocast")
-    if values.get("tf32") and values["device"] == "cuda":
+    elif dtype in ("bf16", "fp16"):
+        want(dtype, ("--" + dtype,), f"dtype: {dtype} autocast")
+    if lv.tf32.value and lv.on_gpu:
         want("tf32", ("--tf32", "true"), "TF32 matmuls on Ampere and newer")
 
 
-def _runtime_flags(values: Mapping[str, Any], overridden: Set[str], ok: Set[str], world: int, want: _Want) -> None:
+def _runtime_flags(lv: Levers, ok: Set[str], world: int, want: _Want) -> None:
     """DDP backend, data loading, torch.compile, IPEX."""
-    backend = values.get("ddp_backend")
+    backend = lv.ddp_backend.value
     if backend and world > 1 and (backend != "ccl" or "ddp_backend_ccl" in ok):
         want("ddp_backend", ("--ddp_backend", str(backend)), f"DDP backend {backend} over {world} ranks")
-    workers = int(values.get("dataloader_workers") or 0)
+    workers = lv.dataloader_workers.value
     if workers > 0:  # the Trainer's default is 0; only a different value changes anything
         want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
-    if values["device"] == "cuda" and values.get("pin_memory") is False:
+    if lv.on_gpu and lv.pin_memory.value is False:
         want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
     # torch.compile costs minutes of warm-up: when you asked (--set), or on CPU where recommend measured
     # it paying back within the run (compile time / per-step saving < steps; the plan shows the figure).
-    if values.get("compile") and ("compile" in overridden or values["device"] == "cpu"):
-        want("torch_compile", ("--torch_compile",), "you set compile" if "compile" in overridden
+    if lv.compile.value and (lv.compile.overridden or not lv.on_gpu):
+        want("torch_compile", ("--torch_compile",), "you set compile" if lv.compile.overridden
              else "torch.compile measured to pay back within this run")
-    if values.get("ipex"):  # installed by you, and recommend found it compatible
+    if lv.ipex.value:  # installed by you, and recommend found it compatible
         want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
 
 
-def _hyperparameter_flags(values: Mapping[str, Any], overridden: Set[str], want: _Want, out: List[Flag]) -> None:
+def _hyperparameter_flags(lv: Levers, want: _Want, out: List[Flag]) -> None:
     """Hyperparameters and memory trade-offs: the script's own unless you set them."""
-    if "batch_size" in overridden:
-        want("per_device_train_batch_size", ("--per_device_train_batch_size", str(values["batch_size"])), "you set batch_size")
-    if "grad_accum_steps" in overridden:
-        out.append(Flag(("--gradient_accumulation_steps", str(values["grad_accum_steps"])), "you set grad_accum_steps"))
-    if values.get("grad_checkpointing") and "grad_checkpointing" in overridden:
+    if lv.batch_size.overridden:
+        want("per_device_train_batch_size", ("--per_device_train_batch_size", str(lv.batch_size.value)), "you set batch_size")
+    if lv.grad_accum_steps.overridden:
+        out.append(Flag(("--gradient_accumulation_steps", str(lv.grad_accum_steps.value)), "you set grad_accum_steps"))
+    if lv.grad_checkpointing.value and lv.grad_checkpointing.overridden:
         want("gradient_checkpointing", ("--gradient_checkpointing",), "you set grad_checkpointing")
 
 
@@ -496,15 +497,6 @@ def rejected_flags(code: int, wall_s: float, output: str, script: Optional[Scrip
 
 # -- tuning on the command itself (cpuperf train --tune) ----------------------------------------------
 
-# Not part of what a command is: the flags cpuperf adds itself (speed_flags), the run length and where it
-# writes (a tuning run sets both). A later `--auto` run of the same command finds its tuning.
-_NOT_IN_KEY = ("--use_cpu", "--no_cuda", "--bf16", "--fp16", "--half_precision_backend", "--optim", "--optim_args",
-               "--ddp_backend", "--dataloader_num_workers", "--dataloader_pin_memory", "--torch_compile",
-               "--torch_compile_backend", "--torch_compile_mode", "--gradient_checkpointing",
-               "--activation_checkpointing", "--tf32", "--use_ipex", "--max_steps", "--num_train_epochs",
-               "--output_dir")
-
-
 def _pairs(args: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
     """(option, value or None) items, `--k=v` split; a bare word after an option is its value."""
     out: List[Tuple[str, Optional[str]]] = []
@@ -523,9 +515,17 @@ def _pairs(args: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
     return out
 
 
-def command_key(argv: Sequence[str]) -> str:
-    """The key a tuning of this command is cached under: its argv normalized (script path resolved, `--k=v`
-    split, options sorted), without the flags cpuperf adds, the run length or the output directory."""
+def script_digest(script_text: Optional[str]) -> Optional[str]:
+    """sha256 of the script's text (None: no script read): an edited script is another command."""
+    import hashlib
+
+    return None if script_text is None else hashlib.sha256(script_text.encode("utf-8", "replace")).hexdigest()
+
+
+def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
+    """The key a tuning of this command is cached under: its exact argument list, in order (the script's path
+    resolved), with the script's content; only the run length and the output directory are left out (a tuning
+    run sets both, and a later run of any length is the same command)."""
     import hashlib
     import json
 
@@ -533,9 +533,11 @@ def command_key(argv: Sequence[str]) -> str:
     head = list(argv[:len(argv) - len(cmd.script_args)])
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]
-    kept = sorted((_norm(k) if k.startswith("-") else k, v or "") for k, v in _pairs(cmd.script_args)
-                  if _norm(k) not in _NOT_IN_KEY)
-    return hashlib.sha256(json.dumps([head, kept]).encode()).hexdigest()[:16]
+    kept = [[k, v] for k, v in _pairs(cmd.script_args) if _norm(k) not in _RUN_LENGTH]
+    return hashlib.sha256(json.dumps([head, kept, script_digest(script_text)]).encode()).hexdigest()[:16]
+
+
+_RUN_LENGTH = ("--max_steps", "--num_train_epochs", "--output_dir")
 
 
 def tuning_argv(argv: Sequence[str], steps: int, out_dir: str) -> List[str]:
@@ -554,7 +556,7 @@ def cpu_only_host(rec: Recommendation) -> bool:
     """No GPU visible to the job: one Trainer process is on the CPU whatever the flags say. Read from the facts
     the plan was made from (live, recorded or overridden alike), so recommend and train give the same flags;
     a recorded host whose GPUs were not recorded may have some: --use_cpu keeps them off."""
-    evidence = rec.decision("device").evidence
+    evidence = rec.levers.device.evidence
     return bool(evidence.get("gpus_known", True)) and not evidence.get("gpus")
 
 
@@ -563,13 +565,12 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
     """(Trainer speed flags for this recommendation, candidates left out with why): `speed_flags` over its values."""
     from cpuperf.data import load_builtin
 
-    v = rec.chosen
-    overridden = {d.id for d in rec.decisions if d.overridden}
-    world = int(v["nproc_per_node"]) * int(v.get("nnodes") or 1)
-    ev = rec.decision("dtype").evidence
+    lv = rec.levers
+    world = lv.world
+    ev = lv.dtype.evidence
     ratio = (ev["gemm_bf16_gflops"] / ev["gemm_fp32_gflops"]) if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") \
         else None
     if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
-    return speed_flags(v, overridden, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
+    return speed_flags(lv, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
                        world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio, gpus_visible=not cpu_only_host(rec))

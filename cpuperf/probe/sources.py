@@ -7,6 +7,7 @@ affinity, environment, tools, GPUs, packages) come back as None = unknown.
 
 from __future__ import annotations
 
+import errno
 import glob
 import math
 import os
@@ -127,8 +128,18 @@ class Sources:
 
         try:
             return read_text_capped(self.path(path), errors="replace")
-        except (OSError, InputRefused):
+        except FileNotFoundError:
             return None
+        except (OSError, InputRefused) as exc:
+            if self.sysroot is None or isinstance(exc, OSError) and exc.errno == errno.ENOTDIR:
+                return None  # the live host: a file the kernel will not give is unknown
+            # A recorded tree holds what the probe read: a file in it that cannot be read is a broken snapshot,
+            # never a host with unknown facts (docs/commands.md: refused, exit 2).
+            from cpuperf.errors import UsageError
+
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).replace(self.path(path), "")
+            raise UsageError(f"--sysroot {self.sysroot}: {path} cannot be read ({why.strip()})",
+                             hint="give a tree cpuperf doctor --save-snapshot wrote, with regular readable files") from None
 
     def read_first_line(self, path: str) -> Optional[str]:
         text = self.read(path)

@@ -29,9 +29,9 @@ def accelerate_launch_args(rec: Recommendation, accelerate_version: Optional[str
     from cpuperf.knowledge.accelerate import launch_flag_ok
 
     version = accelerate_version if accelerate_version is not None else rec.stack.get("accelerate")
-    v = rec.chosen
-    threads = v.get("threads_per_rank")
-    if v["device"] == "cpu" and threads and launch_flag_ok("--num_cpu_threads_per_process", version):
+    lv = rec.levers
+    threads = lv.threads_per_rank.value
+    if lv.device.value == "cpu" and threads and launch_flag_ok("--num_cpu_threads_per_process", version):
         return ["--num_cpu_threads_per_process", str(threads)]
     return []
 
@@ -45,14 +45,14 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
     keys = config_keys(version)
     if not keys:
         return f"# {data_note('accelerate', version) or 'no accelerate config keys are known'}\n"
-    v = rec.chosen
-    nproc, nnodes = v["nproc_per_node"], v["nnodes"]
-    world = nproc * nnodes
-    if v["device"] == "cuda":
+    lv = rec.levers
+    nnodes = lv.nnodes.value
+    world = lv.world
+    if lv.on_gpu:
         dist = "MULTI_GPU" if world > 1 else "NO"
     else:
         dist = "MULTI_CPU" if world > 1 else "NO"
-    mp = {"bf16": "bf16", "fp16": "fp16"}.get(v["dtype"], "no")
+    mp = {"bf16": "bf16", "fp16": "fp16"}.get(lv.dtype.value, "no")
     entries = [
         ("compute_environment", "LOCAL_MACHINE"),
         ("distributed_type", dist),
@@ -62,7 +62,7 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
         ("machine_rank", "0"),
         ("main_process_ip", main_address if nnodes > 1 else "null"),
         ("main_process_port", str(main_port) if nnodes > 1 else "null"),
-        ("use_cpu", "true" if v["device"] == "cpu" else "false"),
+        ("use_cpu", "true" if lv.device.value == "cpu" else "false"),
         ("rdzv_backend", "static"),
         ("same_network", "true"),
     ]
@@ -72,9 +72,9 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
     if launch:
         lines.append(f"# threads per rank: accelerate launch {' '.join(launch)} (a launch flag, not a config key)")
     lines += [f"{key}: {value}" for key, value in entries if key in keys]
-    if v["compile"] and "dynamo_config" in keys:
+    if lv.compile.value and "dynamo_config" in keys:
         lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
-    if v["ipex"] and "ipex_config" in keys:
+    if lv.ipex.value and "ipex_config" in keys:
         lines += ["ipex_config:", "  ipex: true"]
     return "\n".join(lines) + "\n"
 

@@ -148,7 +148,9 @@ def lock_run_dir(run_dir: str) -> DirLock:
     except OSError as exc:
         raise FilesystemError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
     if lock.stale is not None:
-        sys.stderr.write(f"note: took over the stale lock of a run that is gone ({lock.stale.describe()})\n")
+        from cpuperf.output import message  # the record is a file: its host name is data
+
+        message(f"note: took over the stale lock of a run that is gone ({lock.stale.describe()})")
     return lock
 
 

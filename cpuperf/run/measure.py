@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import compile_worth_measuring
@@ -54,75 +54,46 @@ def host_id(facts: HostFacts) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-_NUMBERS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "gemm_fp16_gflops")
-_COMPILE_NUMBERS = ("compile_seconds", "speedup", "step_seconds", "batch")
+class CacheUnusable(ValueError):
+    """A measurement file nothing can be used from (not a file, not JSON, no date or torch build): one line."""
 
 
-def _validated(data: Any) -> Dict[str, Any]:
-    """A measurements object with finite positive numbers where the engine does arithmetic; else ValueError."""
-    import math
+def _validated(data: Any, where: str = "", identity: bool = True) -> Dict[str, Any]:
+    """The measurements that fit the schema (cpuperf.decide.measurement_schema): a bad field or entry is dropped
+    alone and said once, naming it; CacheUnusable where the file's date or torch build does not fit."""
+    from cpuperf.decide.measurement_schema import NotUsable, sanitized
 
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    for key in _NUMBERS:
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise ValueError(f"{key} is not a positive number")
-    by_model = data.get("compile_by_model", {})
-    if not isinstance(by_model, dict) or not all(isinstance(v, dict) for v in by_model.values()):
-        raise ValueError("compile_by_model is not an object of objects")
-    for key, entry in by_model.items():
-        for name in _COMPILE_NUMBERS:
-            value = entry.get(name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"compile_by_model.{key}.{name} is not a positive number")
-    for kind in ("tuned_by_shape", "tuned_by_command"):
-        _validate_tuned(kind, data.get(kind, {}))
-    speedups = data.get("allocator_speedup", {})
-    if not isinstance(speedups, dict):
-        raise ValueError("allocator_speedup is not an object")
-    for key, value in speedups.items():
-        ok = isinstance(value, dict) if key.endswith("_by_workload") else \
-            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-        if not ok:
-            raise ValueError(f"allocator_speedup.{key} is not a positive number")
-    return data
+    try:
+        kept, notes = sanitized(data, identity)
+    except NotUsable as exc:
+        raise CacheUnusable(str(exc)) from None
+    for note in notes:
+        _say_once(f"note: dropped {note} from {where or 'the measurements'} (the rest is used)")
+    return kept
 
 
-def _validate_tuned(kind: str, entries: Any) -> None:
-    """Tuning results (cpuperf.decide.tune): objects whose figures are positive numbers; else ValueError."""
-    import math
-
-    def positive(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-    if not isinstance(entries, dict):
-        raise ValueError(f"{kind} is not an object")
-    for key, entry in entries.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("best"), dict) \
-                or not isinstance(entry.get("levers", {}), dict):
-            raise ValueError(f"{kind}.{key} is not a tuning result")
-        if not _point_ok(entry["best"]):
-            raise ValueError(f"{kind}.{key}.best is not a point cpuperf can run")
-        for lever, fig in entry.get("levers", {}).items():
-            alts = fig.get("alternatives") if isinstance(fig, dict) else None
-            if not (isinstance(fig, dict) and positive(fig.get("figure")) and isinstance(fig.get("value"), str)
-                    and isinstance(alts, dict) and all(positive(v) for v in alts.values())):
-                raise ValueError(f"{kind}.{key}.levers.{lever} is not a measured figure")
+_SAID: Set[str] = set()
 
 
-def _point_ok(best: Dict[str, Any]) -> bool:
-    """A tuned point's values from the closed sets of the one vocabulary (a recorded file comes from elsewhere)."""
-    from cpuperf.knowledge.knobs import BY_ID
+def _say_once(line: str) -> None:
+    """A note about a file, once per process (several readers read the same cache in one command)."""
+    from cpuperf.output import message
 
-    def count(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096
+    if line not in _SAID:
+        _SAID.add(line)
+        message(line)
 
-    return (best.get("dtype") in BY_ID["dtype"].choices and best.get("allocator") in BY_ID["allocator"].choices
-            and best.get("optimizer") in (None, *BY_ID["optimizer"].choices) and count(best.get("ranks"))
-            and count(best.get("threads")) and isinstance(best.get("pinned"), bool)
-            and isinstance(best.get("compile", False), bool))
+
+def _read_file(path: Path, identity: bool = True) -> Dict[str, Any]:
+    """A measurement file: bounded, never blocking (cpuperf.readback), checked; CacheUnusable or OSError."""
+    from cpuperf.readback import read_json
+
+    try:
+        return _validated(read_json(path), str(path), identity)
+    except ValueError as exc:  # readback.Unreadable, fsutil.InputRefused
+        if isinstance(exc, CacheUnusable):
+            raise
+        raise CacheUnusable(str(exc).replace(f"{path} ", "")) from None
 
 
 def _rules() -> Dict[str, Any]:
@@ -140,6 +111,10 @@ def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) 
     if age_days > rules["max_age_days"]:
         return False, [f"{age_days:.0f} days old (expires after {rules['max_age_days']})"]
     flags: List[str] = []
+    if data.get("method") == METHOD:
+        # Ratios of runs side by side: load fell on both sides alike, and a ratio too noisy to decide was left out
+        # of the figures when it was taken (its `undecided` line says why).
+        return True, flags
     load = data.get("load") or {}
     if load.get("under_load"):
         flags.append(f"taken under load ({load.get('figure') or 'busy CPUs'})")
@@ -172,38 +147,31 @@ RECORDED_FILE = ".cpuperf/measurements.json"
 
 
 def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
+    """This host's cache (a recorded host's own measurement for a snapshot), as far as it fits its schema; None
+    when there is none or nothing in it can be used (said once, and the command goes on without it)."""
     if not facts.live:
         return _read_recorded(Path(str(facts.sysroot)) / RECORDED_FILE)
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
-        data = _validated(json.loads(path.read_bytes().decode("utf-8")))
+        return _read_file(path), path
     except FileNotFoundError:
         return None, path
     except OSError as exc:  # unreadable: say so once, measure or decide without it
-        sys.stderr.write(f"note: ignoring the measurement cache {path}: {exc.strerror}\n")
-        return None, path
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        # Corrupt (a torn write, a hand edit): removed, so the next bench or --auto run measures again.
-        try:
-            path.unlink()
-            what = "removed"
-        except OSError:
-            what = "ignored"
-        sys.stderr.write(f"note: {what} the corrupt measurement cache {path} ({type(exc).__name__})\n")
-        return None, path
-    return data, path
+        _say_once(f"note: ignoring the measurement cache {path}: {exc.strerror or exc}")
+    except CacheUnusable as exc:
+        _say_once(f"note: ignoring the measurement cache {path}: {exc} (cpuperf bench --refresh measures again)")
+    return None, path
 
 
 def _read_recorded(path: Path) -> Tuple[Optional[Dict[str, Any]], Path]:
     """A snapshot's recorded measurement (read-only: never removed, even when it is bad)."""
-    from cpuperf.fsutil import InputRefused, read_capped
-
     try:
-        return _validated(json.loads(read_capped(str(path)).decode("utf-8"))), path
+        return _read_file(path), path
     except FileNotFoundError:
         return None, path
-    except (OSError, InputRefused, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        sys.stderr.write(f"note: ignoring the recorded measurement {path} ({type(exc).__name__})\n")
+    except (OSError, CacheUnusable) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _say_once(f"note: ignoring the recorded measurement {path}: {why}")
         return None, path
 
 
@@ -237,37 +205,38 @@ def load_cached(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) ->
     source = f"cache {path}: {describe(data)}"
     if flags:
         source += " - NOT TRUSTED: " + "; ".join(flags)
-        if log:
-            log(f"warning: measurement {source}; run cpuperf bench --refresh on a quiet host")
+        if log and not getattr(log, "silent", False) and _first_time(path, data):  # unseen under --quiet: not said
+            log(f"warning: measurement {source}; `cpuperf bench --refresh` measures again (side by side: a busy "
+                "host is fine), and so does the next `cpuperf train --auto`")
     elif log:
         log(f"using measurement {source}")
     return Measurements.from_json({**data, "source": source})
+
+
+def _first_time(path: Path, data: Mapping[str, Any]) -> bool:
+    """True once per cached measurement: the warning about it is said by the first command that reads it, not by
+    every recommend, dry run and shell after it."""
+    from cpuperf.run.said import first_time
+
+    return first_time("measurement-warnings", f"{path} {data.get('measured_at')}")
 
 
 def expiry(facts: HostFacts) -> Optional[float]:
     """When the measurement load_cached() reads for `facts` expires (seconds since the epoch); None without one
     (or an expired one, which is not used). Silent: read_cached() reports a bad file. What remembers a decision
     made from the measurement keeps it until then."""
-    from cpuperf.fsutil import InputRefused, read_capped
-
-    path = cache_dir() / f"{host_id(facts)}.json" if facts.live else Path(str(facts.sysroot)) / RECORDED_FILE
-    try:
-        data = _validated(json.loads(read_capped(str(path)).decode("utf-8")))
-        until = float(data.get("measured_at") or 0) + float(_rules()["max_age_days"]) * 86400
-    except (OSError, InputRefused, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+    data, _ = read_cached(facts)
+    if data is None:
         return None
+    until = float(data["measured_at"]) + float(_rules()["max_age_days"]) * 86400
     return until if until > time.time() else None
 
 
 def load_file(path: str) -> Measurements:
     try:
-        from cpuperf.fsutil import read_capped  # a device or FIFO is refused, never read forever
-
-        data = _validated(json.loads(read_capped(path).decode("utf-8")))
-    except (OSError, ValueError, RecursionError) as exc:  # fsutil.InputRefused is a ValueError  # UnicodeDecodeError is a ValueError
-        from cpuperf.errors import UsageError
-
-        why = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        data = _read_file(Path(path), identity=False)  # a device or FIFO is refused, never read forever
+    except (OSError, CacheUnusable) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:120]
         raise UsageError(f"cannot read measurements {path}: {why}", hint="pass a JSON file written by cpuperf bench --json") from exc
     return Measurements.from_json({**data, "source": f"file {path}"})
 
@@ -284,6 +253,9 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
         if "allocator_speedup" not in results and previous.get("allocator_speedup"):
             # `bench --no-allocators` measured the rest again: the allocator figures stand until measured anew.
             results["allocator_speedup"] = previous["allocator_speedup"]
+            kept = {k: v for k, v in (previous.get("undecided") or {}).items() if k.startswith("allocator")}
+            if kept:
+                results["undecided"] = {**kept, **(results.get("undecided") or {})}
     record = {"schema": SCHEMA, "host_id": host_id(facts), "torch_build": torch_build(facts),
               "measured_at": int(time.time()), **results}
     atomic_write_bytes(path, json.dumps(record, indent=2).encode())
@@ -370,16 +342,15 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
 
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
               compile: bool = False, seconds: float = 1.0, size: int = 512,
-              workload: Optional[Workload] = None) -> Dict[str, Any]:
-    """The micro-benchmarks the engine uses where its rules are unsure, with the load around them."""
+              workload: Optional[Workload] = None, log: Optional[Callable[[str], Any]] = None) -> Dict[str, Any]:
+    """The micro-benchmarks the engine uses where its rules are unsure, with the load around them: the ratios
+    that decide (bf16/fp32 GEMM, each allocator over the default) measured side by side (measure_ratios)."""
     started = time.time()
     before = load_now(facts, threads)
     results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
-    # Three shorter repeats in the time one long run took: a spread, not just a figure.
-    results.update(gemm_rates(python, size=size, seconds=max(0.1, seconds / 2), threads=threads))
+    results.update(measure_ratios(facts, ratio_threads(facts, threads, before), python, allocators=allocators,
+                                  size=size, gemm_seconds=max(0.05, seconds / 4), log=log))
     results.update(gemm_size=size, gemm_seconds=seconds)
-    if allocators:
-        results["allocator_speedup"] = allocator_speedups(facts, threads, python)
     if compile:
         results.update(compile_measurement(threads, python, workload=workload))
     after = load_now(facts, threads)
@@ -388,6 +359,232 @@ def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allo
                        "before": before["figure"], "after": after["figure"]}
     results["duration_s"] = round(time.time() - started, 2)
     return results
+
+
+def ratio_threads(facts: HostFacts, threads: int, load: Mapping[str, Any]) -> int:
+    """The threads the ratios are measured with: the plan's, or where other work keeps CPUs busy, only the CPUs it
+    leaves free (at least one). An OpenMP team sharing a busy core waits at every barrier for its slowest thread
+    (compat/tuning.toml [load]), and that wait, not the lever, would fill the figure; a ratio of two runs on the
+    same free cores keeps what the lever changes."""
+    if not load.get("under_load"):
+        return threads
+    free = len(facts.usable_cpus()) - len(load.get("busy_cpus") or {})
+    return max(1, min(threads, free))
+
+
+# How a cached measurement was taken: ratios of runs side by side, so load from other work is no reason to distrust
+# it (entries without it were single figures, flagged when taken under load).
+METHOD = "side-by-side/1"
+
+
+class _Server:
+    """One `python -m cpuperf.train.bench --serve` child (torch imported once, models kept): a request line in,
+    a rate out. Its answers are read by a thread, so a wait for one has a deadline."""
+
+    def __init__(self, python: str, env: Mapping[str, str]):
+        import queue
+        import threading
+
+        self.proc = subprocess.Popen([python, "-m", "cpuperf.train.bench", "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(env))
+        self.lines: queue.Queue[Optional[str]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the child is gone
+
+    def answer(self, timeout: float) -> Optional[Dict[str, Any]]:
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            if line.startswith("{"):
+                got: Dict[str, Any] = json.loads(line)
+                return got
+
+    def ask(self, request: Mapping[str, Any], timeout: float) -> Optional[float]:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(dict(request)) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            return None
+        got = self.answer(timeout)
+        rate = got.get("rate") if got else None
+        return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+    def close(self) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()  # end of requests: the server returns
+            self.proc.wait(timeout=10)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _server_env(threads: int, extra: Mapping[str, str]) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    env.update({"OMP_NUM_THREADS": str(threads), **extra})
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    pkg_root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
+                   size: int = 512, gemm_seconds: float = 0.25, log: Optional[Callable[[str], Any]] = None,
+                   budget_s: Optional[float] = None) -> Dict[str, Any]:
+    """bf16/fp32 GEMM and each installed allocator over the default on the reference workloads, as ratios of runs
+    side by side (cpuperf.decide.ratios): one server process per allocator, asked in alternating order, round after
+    round, until each ratio decides or the time budget ends (counted once torch has started and the models are
+    warm). A ratio still too noisy to decide is left out of the figures the plan reads (the rule decides) and named
+    in `undecided`; said once, through `log`, as is how far it has got (at least every 6 s)."""
+    from cpuperf.output import Progress
+
+    rules = _rules()
+    budget = float(budget_s if budget_s is not None else rules["budget_s"])
+    libs = allocator_libraries(facts) if allocators else {}
+    servers = {"default": _Server(python, _server_env(threads, {}))}
+    for name, lib in libs.items():
+        servers[name] = _Server(python, _server_env(threads, allocator_env(name, lib)))
+    what = "bf16/fp32 GEMM" + (f", {', '.join(sorted(libs))} against the default allocator" if libs else "")
+    out: Dict[str, Any] = {"method": METHOD, "ratios": {}, "undecided": {}}
+    try:
+        with Progress(log, f"measuring this host ({what})") as progress:
+            progress.update(f"starting torch in {len(servers)} process(es)", now=True)
+            for name, server in servers.items():
+                hello = server.answer(timeout=300.0)
+                if hello is None:
+                    raise ProbeFailedError(f"the measuring process ({name}) did not start",
+                                           hint="check that torch imports: cpuperf doctor")
+                out.setdefault("threads", hello.get("threads"))
+                out.setdefault("torch", hello.get("torch"))
+            progress.update("warming up (building the reference models once per process)")
+            for server in servers.values():  # not timed: oneDNN primitives, the models, the optimizer's state
+                for kind in (["fp32", "bf16"] if server is servers["default"] else []):
+                    server.ask({"gemm": kind, "size": size, "seconds": 0.01}, timeout=300.0)
+                for w in (_WORKLOADS if libs else ()):
+                    server.ask({"workload": w, "size": "small", "seconds": 0.01}, timeout=600.0)
+            # The rounds are what the budget bounds (starting torch and the warm-up have their own time-outs): a
+            # warm-up that took the whole budget on a busy host left one round, and nothing decided.
+            deadline = time.monotonic() + budget
+            gemm_deadline = time.monotonic() + budget * (0.3 if libs else 1.0)
+            out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress, rules))
+            if libs:
+                out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out)
+            progress.update("stopping the measuring processes")
+            _close(servers)  # inside the progress: a busy host took 20 s here, in silence
+    finally:
+        _close(servers)
+    for line in out["undecided"].values():
+        if log:
+            log(line)
+    return out
+
+
+def _close(servers: Mapping[str, _Server]) -> None:
+    for server in servers.values():
+        if server.proc.poll() is None:
+            server.close()
+
+
+def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Any,
+                 rules: Mapping[str, Any]) -> Dict[str, Any]:
+    """fp32 and bf16 GEMM rounds on one server until their ratio decides or `deadline`: the figures for the plan."""
+    from cpuperf.decide.ratios import Ratio, alternating
+
+    min_rounds, max_spread = int(rules["min_rounds"]), float(rules["ratio_max_spread"])
+    windows = int(rules["windows"])
+    ratio = Ratio("bf16/fp32 GEMM", float(_tuning()["dtype"]["min_bf16_over_fp32_gemm"]))
+    rates: Dict[str, List[float]] = {"fp32": [], "bf16": []}
+    while not ratio.decided(min_rounds, max_spread) and (not ratio.rounds or time.monotonic() < deadline):
+        got = {}
+        for dtype in alternating(("fp32", "bf16"), len(ratio.rounds)):
+            rate = server.ask({"gemm": dtype, "size": size, "seconds": seconds, "windows": windows}, timeout=300.0)
+            if rate is None:
+                raise ProbeFailedError("the GEMM benchmark failed", hint="check that torch imports: cpuperf doctor")
+            got[dtype] = rate
+            rates[dtype].append(rate)
+        ratio = ratio.add(got["bf16"] / got["fp32"])
+        progress.update(f"GEMM round {len(ratio.rounds)}: bf16/fp32 {ratio.describe()}",
+                        left_s=max(0.0, overall - time.monotonic()))
+    out: Dict[str, Any] = {"gemm_fp32_gflops": round(statistics.median(rates["fp32"]), 3),
+                           "repeats": {f"gemm_{k}_gflops": _spread(v) for k, v in rates.items()},
+                           "ratios": {"bf16_over_fp32": ratio.to_json(min_rounds, max_spread)}, "undecided": {}}
+    if ratio.decided(min_rounds, max_spread):
+        out["gemm_bf16_gflops"] = round(statistics.median(rates["bf16"]), 3)
+    else:
+        out["undecided"]["dtype"] = f"{ratio.name} {ratio.describe()}: {_why_undecided(ratio, min_rounds)}, so the " \
+                                    "rule decides the dtype; `cpuperf bench --refresh` measures again"
+    return out
+
+
+def _why_undecided(ratio: Any, min_rounds: int) -> str:
+    """Why a ratio did not decide within the budget: too few rounds, or rounds on both sides and far apart."""
+    if len(ratio.rounds) < min_rounds:
+        return f"only {len(ratio.rounds)} of the {min_rounds} rounds it needs fitted in the time budget"
+    return (f"too noisy to decide (rounds {ratio.spread * 100:.0f}% apart, on both sides of "
+            f"{ratio.threshold:.2f}x)")
+
+
+def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Any,
+                      rules: Mapping[str, Any], out: Dict[str, Any]) -> Dict[str, Any]:
+    """Each allocator over the default on the reference workloads, rounds side by side until every ratio decides or
+    `deadline`; the decided ones as allocator_speedup (per workload, and their geometric mean)."""
+    import math
+
+    from cpuperf.decide.ratios import Ratio, alternating
+
+    min_rounds, max_spread = int(rules["min_rounds"]), float(rules["ratio_max_spread"])
+    threshold = float(_tuning()["allocator"]["min_speedup"])
+    request = {"size": "small", "seconds": float(rules["workload_window_s"]), "windows": int(rules["windows"])}
+    ratios = {(name, w): Ratio(f"{name}/default allocator on {w}", threshold) for name in libs for w in _WORKLOADS}
+    round_no = 0
+    while time.monotonic() < deadline:
+        pending = [w for w in _WORKLOADS if any(not ratios[(n, w)].decided(min_rounds, max_spread) for n in libs)]
+        if not pending:
+            break
+        for w in pending:
+            got: Dict[str, float] = {}
+            for name in alternating(("default", *libs), round_no):
+                rate = servers[name].ask({"workload": w, **request}, timeout=600.0)
+                if rate is not None:
+                    got[name] = rate
+            for name in libs:
+                if "default" in got and name in got:
+                    ratios[(name, w)] = ratios[(name, w)].add(got[name] / got["default"])
+        round_no += 1
+        done = sum(r.decided(min_rounds, max_spread) for r in ratios.values())
+        progress.update(f"allocator round {round_no}, {done} of {len(ratios)} decided: "
+                        + ", ".join(f"{n} on {w} {r.describe()}" for (n, w), r in ratios.items()),
+                        left_s=max(0.0, deadline - time.monotonic()))
+    speedups: Dict[str, Any] = {}
+    for name in libs:
+        decided = {w: ratios[(name, w)].median for w in _WORKLOADS if ratios[(name, w)].decided(min_rounds, max_spread)}
+        for w in _WORKLOADS:
+            r = ratios[(name, w)]
+            out["ratios"][f"{name}_on_{w}"] = r.to_json(min_rounds, max_spread)
+            if not r.decided(min_rounds, max_spread):
+                out["undecided"][f"allocator {name} on {w}"] = (
+                    f"{r.name} {r.describe()}: {_why_undecided(r, min_rounds)}, so it does not count (the default "
+                    "allocator stays unless a measured ratio says otherwise); `cpuperf bench --refresh` measures again")
+        if decided:
+            speedups[name] = round(math.exp(sum(math.log(v) for v in decided.values()) / len(decided)), 4)
+            speedups[f"{name}_by_workload"] = {w: round(v, 4) for w, v in decided.items()}
+    return speedups
+
+
+_WORKLOADS = ("lm", "mlp")  # the allocation patterns the allocator decision reads (lm stands for every transformer)
 
 
 def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, timeout: float = 600.0) -> Optional[Dict[str, Any]]:
@@ -537,8 +734,10 @@ def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
     if not (need_dtype or need_alloc):
         return load_cached(facts, log) if usable else None
     if log:
-        log(f"measuring this host ({'; '.join(flags)}): GEMM rates, allocators; cached for later runs ...")
-    results = run_micro(facts, threads, python, allocators=need_alloc)
+        log(f"measuring this host ({'; '.join(flags)}): the bf16/fp32 GEMM ratio"
+            + (", the allocators against the default" if need_alloc else "")
+            + f", side by side, at most about {_rules()['budget_s']} s; cached for later runs ...")
+    results = run_micro(facts, threads, python, allocators=need_alloc, log=log)
     save(facts, results)
     return load_cached(facts, log)
 
@@ -561,9 +760,10 @@ def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]
     if not facts.live or facts.gpus or os.environ.get("CPUPERF_MEASURE", "1").strip() == "0":
         return planning_measurements(facts, log)
     data, _ = read_cached(facts)
-    if data is not None and assess(data, facts)[0]:
+    usable, flags = assess(data, facts) if data is not None else (False, [])
+    if usable and not flags:
         meas = load_cached(facts, log)
-    else:
+    else:  # nothing cached, expired, or a single-figure one taken under load: measured again, side by side
         try:
             meas = measure_if_unsure(facts, threads, log=log)
         except ProbeFailedError as exc:

@@ -43,17 +43,18 @@ def remembered(kind: str, facts: HostFacts, parts: List[Any], compute: Callable[
     import zlib
 
     from cpuperf import __version__
-    from cpuperf.fsutil import atomic_write_bytes, cache_root, read_capped
+    from cpuperf.fsutil import atomic_write_bytes, cache_root
+    from cpuperf.readback import read_json
 
     key = json.dumps([__version__, *parts, _stamps(facts)], default=str)
     # The entry holds its whole key (compared, so the file name need not be unique): no hashlib (OpenSSL) to load.
     path = cache_root() / kind / f"{zlib.crc32(key.encode()):08x}{zlib.adler32(key.encode()):08x}.json"
     try:
-        known = json.loads(read_capped(path, 4 << 20))
+        known = read_json(path, 4 << 20)  # bounded, never blocking; a key twice or NaN is no entry
         until = known["until"]
         if known["key"] == key and (until is None or (isinstance(until, (int, float)) and time.time() <= until)):
             return decode(known["value"])
-    except (OSError, ValueError, TypeError, KeyError, RecursionError):  # InputRefused is a ValueError: decide again
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # Unreadable, InputRefused: decide again
         pass
     value, until = compute()
     text = json.dumps({"key": key, "until": until, "value": value})

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from cpuperf.decide.records import Measurements
     from cpuperf.decide.workload import Workload
     from cpuperf.probe.facts import HostFacts
+    from cpuperf.run.owned import Owner
 
 # Variables a run inherits from nowhere but its plan: a caller's preload or thread count would leak in.
 _NOT_INHERITED = ("LD_PRELOAD", "MALLOC_CONF", "OMP_", "KMP_", "MASTER_", "RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -51,7 +53,8 @@ def _free_port() -> int:
 
 
 def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], cpus_per_rank: Sequence[Sequence[int]],
-                python: str = sys.executable, timeout: float = 300.0) -> Optional[List[float]]:
+                python: str = sys.executable, timeout: float = 300.0, owner: Optional[Owner] = None,
+                deadline: Optional[float] = None) -> Optional[List[float]]:
     """One process of the reference loop at `point` with the plan's env and CPUs: the samples/s of each of its
     timed windows (base['windows']), None if it failed. A process start costs seconds (torch's import): its
     windows are the short repeats. A compiled point's figures carry its compile time over the run's steps."""
@@ -67,15 +70,26 @@ def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], c
                "127.0.0.1", "--master_port", str(_free_port()), "-m", "cpuperf.train.bench", json.dumps(settings)]
     # torchrun sets the rendezvous itself (the free port above): the plan's placeholder address stays out
     full = clean_env({k: v for k, v in env.items() if not k.startswith("MASTER_")})
+    if owner is not None:  # owned: its own session, stopped at the deadline, nothing of it left after
+        left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+        code, stdout = owner.run(cmd, full, left)
+    else:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        code, stdout = proc.returncode, proc.stdout
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if code != 0 or not lines:
+        return None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return None
-    res = json.loads(lines[-1])
-    rates = [float(x) for x in res.get("window_rates") or [res["samples_per_s"]]]
+        res = json.loads(lines[-1])
+        rates = [float(x) for x in res.get("window_rates") or [res["samples_per_s"]]]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # a line that is not the loop's report is no figure
+    import math
+
+    rates = [r for r in rates if math.isfinite(r) and r > 0]
     steps = int(base.get("run_steps") or 0)
     if point.compile and steps:
         batch, first = float(res.get("batch") or 1), float(res.get("first_step_s") or 0.0)
@@ -84,21 +98,33 @@ def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], c
 
 
 # transformers 5 prints its metrics formatted as strings ('4.145'), earlier releases as numbers
-_TRAINER_RATE = re.compile(r"""['"]train_samples_per_second['"]\s*:\s*['"]?([0-9][0-9.eE+-]*)""")
+_TRAINER_RATE = re.compile(r"""['"]train_samples_per_second['"]\s*:\s*['"]?([0-9][0-9.eE+-]*|inf|nan)""")
+_TRAINER_RUNTIME = re.compile(r"""['"]train_runtime['"]\s*:\s*['"]?([0-9][0-9.eE+-]*)""")
+
+
+def _last_figure(pattern: re.Pattern[str], output: str) -> Optional[float]:
+    """The last figure `pattern` finds, when it is a finite positive number; else None."""
+    import math
+
+    found = pattern.findall(output)
+    try:
+        value = float(found[-1]) if found else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 def trainer_rate(output: str) -> Optional[float]:
-    """The Trainer's own train_samples_per_second from what it printed (its final metrics), else None."""
-    found = _TRAINER_RATE.findall(output)
-    try:
-        return float(found[-1]) if found else None
-    except ValueError:
-        return None
+    """The Trainer's own train_samples_per_second from what it printed (its final metrics): a finite positive
+    figure, else None (inf, 0 or garbage is no figure)."""
+    return _last_figure(_TRAINER_RATE, output)
 
 
-def script_point(point: Point, tuned: Sequence[str], argv: Sequence[str], workdir: str,
-                 python: str = sys.executable, timeout: float = 600.0) -> Optional[List[float]]:
-    """One short run of the user's command under `cpuperf train --auto`, the tuned levers set: samples/s or None."""
+def script_point(point: Point, tuned: Sequence[str], argv: Sequence[str], owner: Owner, deadline: float,
+                 python: str = sys.executable, timeout: float = 600.0) -> Tuple[Optional[List[float]], str]:
+    """One short run of the user's command under `cpuperf train --auto`, the tuned levers set, owned (its own
+    session, stopped at `deadline` on the monotonic clock, nothing of it left after): (samples/s or None, what
+    it printed)."""
     from cpuperf.decide.tune import DECISIONS, decision_values
 
     values = decision_values(point)
@@ -107,29 +133,119 @@ def script_point(point: Point, tuned: Sequence[str], argv: Sequence[str], workdi
         for decision in DECISIONS[lever]:
             value = values[decision]
             sets += ["--set", f"{decision}={'none' if value is None else str(value).lower()}"]
-    out_dir = os.path.join(workdir, f"run{time.monotonic_ns()}")
+    out_dir = os.path.join(owner.workdir, f"run{time.monotonic_ns()}")
     cmd = [python, "-m", "cpuperf", "train", "--auto", "--out", out_dir, *sets, "--", *argv]
     env = clean_env({"CPUPERF_MEASURE": "0", "NO_COLOR": "1"})
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=os.getcwd())
-    except subprocess.TimeoutExpired:
+    code, output = owner.run(cmd, env, min(timeout, deadline - time.monotonic()), cwd=os.getcwd())
+    if code is None:
+        return None, "stopped at the budget"
+    rate = trainer_rate(output) if code == 0 else None
+    return ([rate] if rate else None), output
+
+
+@dataclass
+class CommandTuning:
+    """What `train --tune` found: the search (None where it could not start), the steps per run, and why it is
+    not a tuning (None: it is one)."""
+
+    result: Optional[TuneResult]
+    steps: int
+    why_not: Optional[str]
+
+
+def runs_to_compare(passes: int) -> int:
+    """Runs that compare two settings: each `passes` times, the incumbent once more, then the confirming pair."""
+    return 2 * passes + 3
+
+
+def tune_command(start: Point, cand: Candidates, argv: Sequence[str], budget: float, log: Callable[[str], Any],
+                 steps: int, passes: int, min_steps: int = 2) -> CommandTuning:
+    """The descent on the user's own command, every run owned (cpuperf.run.owned) and the budget held: a first
+    run of the rule's point times the command; where the budget cannot hold two settings and the confirming
+    pair at `steps` steps, fewer steps per run (from the Trainer's own train_runtime), or it says it cannot."""
+    import math
+    import tempfile
+
+    from cpuperf.plan.user_script import tuning_argv
+    from cpuperf.run.owned import Owner
+
+    needed = runs_to_compare(passes)
+    with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work, Owner(work) as owner:
+        t0 = time.monotonic()
+        deadline = t0 + budget
+
+        def once(p: Point, n: int) -> Tuple[Optional[List[float]], str]:
+            return script_point(p, list(cand.values), tuning_argv(argv, n, os.path.join(work, "out")), owner,
+                                deadline)
+
+        first, output = once(start, steps)
+        cost = time.monotonic() - t0
+        if first is None:
+            if output == "stopped at the budget":
+                return CommandTuning(None, steps, f"one run of your command ({steps} steps) did not end within the "
+                                     f"{budget:.0f} s budget, so nothing could be compared; two settings and the "
+                                     f"confirming pair take {needed} runs: give --budget well above {needed} runs' time")
+            return CommandTuning(None, steps, None)  # failed at the rule's point: said by the caller
+        left = deadline - time.monotonic()
+        if cost * needed > left:
+            fewer = _fewer_steps(steps, cost, _last_figure(_TRAINER_RUNTIME, output), left / needed, min_steps)
+            if fewer is None:
+                want = math.ceil(cost * (needed + 1) / 10) * 10
+                return CommandTuning(None, steps, f"one run of your command takes {cost:.0f} s here ({steps} steps); "
+                                     f"two settings and the confirming pair take {needed} runs, more than the "
+                                     f"{budget:.0f} s budget holds even at {min_steps} steps: --budget {want} would "
+                                     "hold them")
+            log(f"a run of {steps} steps took {cost:.0f} s: {fewer} steps per run, so the budget holds two settings "
+                "and the confirming pair")
+            steps, first = fewer, None
+        reuse = {start: first} if first is not None else {}
+
+        def run_one(p: Point) -> Optional[List[float]]:
+            if p in reuse:
+                return reuse.pop(p)
+            return once(p, steps)[0]
+
+        result = tune(start, cand, run_one, max(0.0, deadline - time.monotonic()), passes, log)
+    if result.stopped != "failed" and result.measured() < 2:
+        mean = result.elapsed_s / max(1, result.runs)
+        want = math.ceil((mean * needed + cost) / 10) * 10
+        return CommandTuning(result, steps, f"only {result.measured()} setting was measured in the {budget:.0f} s "
+                             f"budget (a run took about {mean:.0f} s): nothing was compared; two settings and the "
+                             f"confirming pair take {needed} runs: --budget {want} would hold them")
+    return CommandTuning(result, steps, None)
+
+
+def _fewer_steps(steps: int, cost: float, runtime: Optional[float], per_run: float, min_steps: int) -> Optional[int]:
+    """Steps per run so that one run takes at most `per_run` seconds, from a run of `steps` that took `cost` s of
+    which `runtime` training (the rest is start-up, paid by every run); None when even `min_steps` does not fit."""
+    if runtime is None or runtime >= cost or steps <= min_steps:
         return None
-    rate = trainer_rate(proc.stdout + "\n" + proc.stderr) if proc.returncode == 0 else None
-    return [rate] if rate else None
+    per_step, start_up = runtime / steps, cost - runtime
+    fits = int((per_run - start_up) / per_step) if per_run > start_up else 0
+    return min(steps - 1, fits) if fits >= min_steps else None
 
 
 def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[List[float]]], budget_s: float,
          passes: int, log: Callable[[str], Any]) -> TuneResult:
     """The descent with the real clock, each run said as it ends."""
+    from cpuperf.output import Progress
+
     rule = rules()
+    began = time.monotonic()
+    runs = 0
 
     def timed(p: Point) -> Optional[List[float]]:
+        nonlocal runs
+        runs += 1
+        progress.update(f"run {runs}: {p.label()}", left_s=max(0.0, budget_s - (time.monotonic() - began)))
         got = run_one(p)
         log(f"  {p.label()}: " + (", ".join(f"{x:.2f}" for x in got) + " samples/s" if got else "failed"))
         return got
 
-    return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
-                   clock=time.monotonic)
+    # A run is a fresh process (torch's import, a warm-up): on a busy host tens of seconds with nothing to say.
+    with Progress(log, "tuning") as progress:
+        return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
+                       clock=time.monotonic)
 
 
 def summary(result: TuneResult, cand: Candidates) -> List[str]:
@@ -199,7 +315,7 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
     rule = rules()
     budget = float(budget_s if budget_s is not None else rule["budget_s"])
     rec = recommend(facts, workload, measurements=meas, shape_tuning=False, environ={})
-    if rec.get("device") != "cpu":
+    if rec.levers.device.value != "cpu":
         return None
     start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, load_builtin("tuning.toml"))
     base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule["seconds"], "steps": rule["steps"],
@@ -207,19 +323,35 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
             "shape": {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
                       "seq_len": workload.seq_len, "vocab_size": workload.vocab}}
 
-    def run_one(p: Point) -> Optional[List[float]]:
-        env, cpus = point_env(facts, workload, meas, p)
-        return bench_point(p, base, env, cpus)
+    import tempfile
+
+    from cpuperf.run.owned import Owner
 
     before = measure.load_now(facts, start.ranks * start.threads)
-    result = tune(start, cand, run_one, budget, int(rule["passes"]), log)
+    with tempfile.TemporaryDirectory(prefix="cpuperf-tune-") as work, Owner(work) as owner:
+        deadline = time.monotonic() + budget
+
+        def run_one(p: Point) -> Optional[List[float]]:
+            env, cpus = point_env(facts, workload, meas, p)
+            return bench_point(p, base, env, cpus, owner=owner, deadline=deadline)
+
+        result = tune(start, cand, run_one, budget, int(rule["passes"]), log)
     after = measure.load_now(facts, start.ranks * start.threads)
     entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
              "shape": shape_key(workload),
              "load": {**before, "under_load": before["under_load"] or after["under_load"], "after": after["figure"]}}
     for line in summary(result, cand):
         log(line)
-    if result.stopped != "failed":
+    if result.stopped != "failed" and result.measured() < 2:
+        import math
+
+        mean = result.elapsed_s / max(1, result.runs)
+        entry["not_saved"] = (f"only {result.measured()} setting was measured in the {budget:.0f} s budget (a run took "
+                              f"about {mean:.0f} s): nothing was compared; two settings and the confirming pair take "
+                              f"{runs_to_compare(int(rule['passes']))} runs: --budget "
+                              f"{math.ceil(mean * (runs_to_compare(int(rule['passes'])) + 1) / 10) * 10} would hold them")
+        log(f"not saved as a tuning: {entry['not_saved']}")
+    elif result.stopped != "failed":
         measure.save_tuned(facts, "tuned_by_shape", shape_key(workload), entry)
     return result, cand, entry
 

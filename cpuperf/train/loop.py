@@ -252,6 +252,7 @@ class Run:
         self.t_start = time.perf_counter()
         self.memory_probe: Any = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
         self.metrics: Optional[TextIO] = None
+        self.start_progress: Any = None  # cpuperf.output.Progress until the first step (set by the worker)
 
     # ---------------------------------------------------------------------------------- setup
     def setup_dist(self) -> None:
@@ -618,11 +619,25 @@ class Run:
         return None
 
     # --------------------------------------------------------------------------------- loop
+    def starting(self, phase: str) -> None:
+        """Say what the run is doing before its first step (the worker's start-up progress, rank 0)."""
+        if self.start_progress is not None:
+            self.start_progress.update(phase, now=True)
+
+    def started(self) -> None:
+        """The first step is done (its own line follows): the start-up progress ends."""
+        if self.start_progress is not None:
+            self.start_progress.__exit__(None, None, None)
+            self.start_progress = None
+
     def run(self) -> tuple[Optional[Dict[str, Any]], int]:
         self.setup_dist()
+        self.starting("building the tokenizer and the corpus")
         self.setup_data()
+        self.starting("building the model")
         self.setup_model()
         self.prepare()
+        self.starting("the first step (oneDNN and allocator warm-up; later steps are faster)")
         st = self.train_loop()
         self.finish(st)
         summary = self.summarise(st)
@@ -738,6 +753,8 @@ class Run:
         s = self.s
         loader = self.batches()
         self.progress = Progress(s.progress if self.is0 else "off", s.max_steps, start=self.step)
+        if self.progress.mode == "rich":
+            self.started()  # the live bar says it from here (elapsed time; lines from a thread would tear it)
         if self.is0 and self.resumed_from is not None:
             self.progress.note(f"resumed from {self.ckpt_path} at step {self.resumed_from}")
         # Steps left out of the rates: the first (allocator and oneDNN warm-up); with compile
@@ -805,6 +822,7 @@ class Run:
         if done == 1:
             self.sync()
             st.warmup_s = time.perf_counter() - t_step
+            self.started()
         if done == st.exclude:
             self.sync()
             st.t_measure, st.step_measure = time.perf_counter(), self.step

@@ -87,7 +87,7 @@ def _versions(base: str) -> list[int]:
 
 def default_run_dir(base: str = DEFAULT_BASE, *, resume: bool = False, create: bool = False) -> str:
     """The run directory when --out is not given, as Lightning's version_N: a new BASE/version_N per run
-    (one more than the highest there), or with `resume` the newest one. `create` makes the new one
+    (one more than the highest there), or with `resume` the newest one that holds a checkpoint. `create` makes the new one
     at once (mkdir fails if another run took the name first: the next number is tried)."""
     versions = _versions(base)
     if resume:
@@ -96,7 +96,15 @@ def default_run_dir(base: str = DEFAULT_BASE, *, resume: bool = False, create: b
         if not versions:
             raise ConfigError(f"--resume: {base} holds no run (no {VERSION_PREFIX}N directory)",
                               hint="pass --out DIR naming the run to continue")
-        return os.path.abspath(os.path.join(base, f"{VERSION_PREFIX}{versions[-1]}"))
+        # The newest run that can be continued: a later directory without a checkpoint (a user-script run, a run
+        # stopped before its first checkpoint) would train from scratch and call it resumed.
+        for number in reversed(versions):
+            path = os.path.join(base, f"{VERSION_PREFIX}{number}")
+            if os.path.isfile(os.path.join(path, CKPT_NAME)):
+                return os.path.abspath(path)
+        raise ConfigError(f"--resume: no run under {base} has a checkpoint ({VERSION_PREFIX}{versions[0]}"
+                          + (f"..{versions[-1]}" if len(versions) > 1 else "") + " hold none)",
+                          hint="pass --out DIR naming the run to continue, or start a new run without --resume")
     number = versions[-1] + 1 if versions else 0
     while True:
         path = os.path.abspath(os.path.join(base, f"{VERSION_PREFIX}{number}"))

@@ -155,15 +155,28 @@ def _report(err: TrainError, as_json: bool, debug_hint: bool = False) -> int:
 
 def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[Dict[str, Any]], int]:
     """Settings, the run directory (rank 0), the run."""
+    from cpuperf.output import Progress
     from cpuperf.train.rundir import claim
 
     settings = load_settings(args)
     lock = claim(settings.out_dir, settings.resume) if _rank(os.environ) == 0 else None
-    try:
-        return Run(settings, stop).run()
-    finally:
-        if lock is not None:
-            lock.release()
+    say = _say if _rank(os.environ) == 0 and settings.progress != "off" else None
+    # Until its first step a run prints nothing of its own (torch's import, the tokenizer, the model, oneDNN's
+    # warm-up: a minute or more on a busy host): said at least every 6 s, and what it is doing.
+    with Progress(say, "cpuperf train: starting") as start:
+        start.update("importing torch", now=True)
+        try:
+            run = Run(settings, stop)
+            run.start_progress = start
+            return run.run()
+        finally:
+            if lock is not None:
+                lock.release()
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,0 +1,269 @@
+"""Decided means applied: each lever of a plan is in the job (argv, environment, per-rank CPUs and threads, the
+built-in worker's settings, a Trainer flag) or listed as not applied, with why.
+
+Pure: `lever_report(levers, job)` reads the typed decisions (cpuperf.decide.records.Levers) and the job as
+rendered (`RenderedJob`, made from a JobPlan by `rendered_job`), and checks each lever against what the job
+really carries, never against what the planner meant to do. The same report is printed by `train --dry-run`,
+carried in `--json` and closes a real run, on every path: the built-in loop, a user's script, a user's launcher,
+CPU and GPU hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from cpuperf.decide.records import Decision, Levers
+from cpuperf.jsonable import as_json
+
+if TYPE_CHECKING:
+    from cpuperf.plan.job import JobPlan
+
+# Trainer flags (and `accelerate launch` options) -> the lever each one carries to a user's script.
+FLAG_LEVERS: Mapping[str, str] = {
+    "--bf16": "dtype", "--fp16": "dtype", "--mixed_precision": "dtype", "--tf32": "tf32", "--use_cpu": "device",
+    "--no_cuda": "device", "--torch_compile": "compile", "--use_ipex": "ipex", "--ddp_backend": "ddp_backend",
+    "--dataloader_num_workers": "dataloader_workers", "--dataloader_pin_memory": "pin_memory",
+    "--per_device_train_batch_size": "batch_size", "--gradient_accumulation_steps": "grad_accum_steps",
+    "--gradient_checkpointing": "grad_checkpointing", "--activation_checkpointing": "grad_checkpointing",
+    "--optim": "optimizer"}
+# Library names an allocator preload carries (cpuperf.probe.facts.ALLOCATOR_LIBS names the files).
+_PRELOAD_STEM = {"tcmalloc": "libtcmalloc", "jemalloc": "libjemalloc", "mimalloc": "libmimalloc"}
+PLAIN = "plain run (no --auto): the baseline --auto is compared with"
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One local rank as the job starts it: its CPUs (empty: unpinned) and OMP thread count (None: not set)."""
+
+    cpus: Tuple[int, ...]
+    threads: Optional[int]
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    """What the job gets, as rendered: the pure input of lever_report beside the decisions."""
+
+    auto: bool
+    nproc_per_node: int
+    nnodes: int
+    env: Mapping[str, str]
+    ranks: Tuple[RankView, ...]
+    pinned: Tuple[int, ...] = ()  # a direct launch: the CPUs the one process is pinned to
+    settings: Optional[Mapping[str, Any]] = None  # the built-in worker's; None for a user's command
+    flags: Tuple[Tuple[str, ...], ...] = ()  # the flags added to a user's command, each as its argv words
+    flags_left: Tuple[Tuple[str, str], ...] = ()  # (flag, why) left out
+    flags_why: str = ""  # why a user's command gets no Trainer flags at all (its parser), if it gets none
+    your_launcher: Optional[str] = None  # torchrun | accelerate | mpirun | srun: the user's own launcher
+    placement_why: str = ""  # why ranks are not placed by cpuperf (a user's launcher in a plain run)
+
+
+@dataclass(frozen=True)
+class LeverState:
+    """One lever: its value, and where the job carries it (`applied`) or why it does not."""
+
+    id: str
+    value: Any
+    applied: bool
+    how: str
+
+    def to_json(self) -> Dict[str, Any]:
+        return as_json(self)
+
+
+def lever_report(levers: Levers, job: RenderedJob) -> Tuple[LeverState, ...]:
+    """Every lever, in the vocabulary's order, applied (where) or not (why): nothing is left unsaid."""
+    return tuple(_state(d, levers, job) for d in levers.all())
+
+
+def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, Any]]]:
+    """The report as --json carries it: {"applied": [{id, value, how}], "not_applied": [{id, value, why}]}."""
+    return {"applied": [{"id": s.id, "value": s.value, "how": s.how} for s in report if s.applied],
+            "not_applied": [{"id": s.id, "value": s.value, "why": s.how} for s in report if not s.applied]}
+
+
+def report_lines(report: Sequence[LeverState]) -> List[str]:
+    """One line per lever: `applied: dtype=bf16 (worker setting)` / `not applied: batch_size=8 (why)`."""
+    return [f"{'applied' if s.applied else 'not applied'}: {s.id}={_show(s.value)} ({s.how})" for s in report]
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{...}"
+    return str(value)
+
+
+# -- each lever against the job ----------------------------------------------------------------------
+
+_Check = Callable[[Decision[Any], Levers, RenderedJob], Optional[str]]
+
+
+def _state(d: Decision[Any], levers: Levers, job: RenderedJob) -> LeverState:
+    """Where the job carries `d`, else why not: the job's own content first, then the path's reason."""
+    where = _CARRIED[d.id](d, levers, job)
+    if where is not None:
+        return LeverState(d.id, d.value, True, where)
+    if not job.auto and not d.overridden:
+        return LeverState(d.id, d.value, False, PLAIN)
+    return LeverState(d.id, d.value, False, _why_not(d, levers, job))
+
+
+def _setting(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+    """The built-in worker's setting of the same id, when it holds the decided value."""
+    if job.settings is None or d.id not in job.settings:
+        return None
+    return f"worker setting {d.id}={_show(job.settings[d.id])}" if job.settings[d.id] == d.value else None
+
+
+def _flag(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+    """The flag added to a user's command that carries `d`."""
+    added = [" ".join(args) for args in job.flags if FLAG_LEVERS.get(args[0].split("=", 1)[0]) == d.id]
+    return ("flag " + ", ".join(added)) if added else None
+
+
+def _worker_or_flag(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    return _setting(d, job) or _flag(d, job) or _default(d, levers, job)
+
+
+def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    """The decided value is what the job does without being told: said as such."""
+    script = job.settings is None
+    if d.id == "device" and script:
+        if levers.on_gpu:
+            return "default: the Trainer uses the visible GPUs"
+        alone = [why for flag, why in job.flags_left if flag == "--use_cpu" and not why.startswith("you ")]
+        return f"default: {alone[0]}" if alone else None
+    defaults: Dict[str, Tuple[bool, str]] = {
+        "dtype": (d.value == "fp32", "fp32 is the default precision"),
+        "tf32": (d.value is False, "TF32 off is the default"),
+        "fp32_math_mode": (d.value is None, "fp32 matmuls stay fp32 by default"),
+        "ddp_backend": (d.value is None, "one rank: no process group"),
+        "ipex": (d.value is False, "no IPEX by default"),
+        "compile": (d.value is False, "eager by default"),
+        "grad_checkpointing": (d.value is False, "no recomputation by default"),
+        "dataloader_workers": (d.value == 0 and script, "the Trainer's default is 0 workers"),
+        "pin_memory": ((d.value is False and not levers.on_gpu) or (script and d.value is True),
+                       "no device copies on CPU training" if not levers.on_gpu else "the Trainer pins by default"),
+        "zero": (d.value is None, "no sharding: the model fits each rank"),
+        "grad_accum_steps": (d.value == 1 and script, "one step per batch: the Trainer's default"),
+    }
+    hit = defaults.get(d.id)
+    return f"default: {hit[1]}" if hit is not None and hit[0] else None
+
+
+def _ranks(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    if job.nproc_per_node == d.value:
+        return (f"your {job.your_launcher} starts {d.value} rank(s) per node" if job.your_launcher
+                else f"the launch starts {d.value} rank(s) per node")
+    return None
+
+
+def _nodes(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    return f"the launch spans {d.value} node(s)" if job.nnodes == d.value else None
+
+
+def _threads(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    if job.ranks and all(r.threads == d.value for r in job.ranks):
+        return f"each rank starts with OMP_NUM_THREADS={d.value}"
+    if job.env.get("OMP_NUM_THREADS") == str(d.value):
+        return f"env OMP_NUM_THREADS={d.value}"
+    return _setting(d, job)
+
+
+def _affinity(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    pinned = bool(job.pinned) or (bool(job.ranks) and all(r.cpus for r in job.ranks))
+    if d.value == "auto" and pinned:
+        return "each rank pinned to its CPUs"
+    if d.value is None and not pinned and not any(r.cpus for r in job.ranks):
+        return "ranks left to the OS scheduler"
+    return None
+
+
+def _allocator(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    preload = job.env.get("LD_PRELOAD", "")
+    entries = [e.rsplit("/", 1)[-1] for e in preload.replace(" ", ":").split(":") if e]
+    if d.value is None:
+        ours = [e for e in entries if e.startswith(tuple(_PRELOAD_STEM.values()))]
+        return None if ours else "default: the C library's allocator"
+    stem = _PRELOAD_STEM.get(str(d.value), str(d.value))
+    return "env LD_PRELOAD " + preload if any(e.startswith(stem) for e in entries) else None
+
+
+def _attention(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    if job.settings is not None and d.value == "sdpa":
+        return "the built-in model calls scaled_dot_product_attention"
+    return None
+
+
+_CARRIED: Mapping[str, _Check] = {
+    "device": _worker_or_flag, "dtype": _worker_or_flag, "tf32": _worker_or_flag,
+    "fp32_math_mode": _worker_or_flag, "nproc_per_node": _ranks, "nnodes": _nodes, "threads_per_rank": _threads,
+    "affinity": _affinity, "ddp_backend": _worker_or_flag, "ipex": _worker_or_flag, "compile": _worker_or_flag,
+    "allocator": _allocator, "attention": _attention, "batch_size": _worker_or_flag,
+    "grad_accum_steps": _worker_or_flag, "grad_checkpointing": _worker_or_flag, "optimizer": _worker_or_flag,
+    "dataloader_workers": _worker_or_flag, "pin_memory": _worker_or_flag, "zero": _worker_or_flag,
+}
+
+
+def _why_not(d: Decision[Any], levers: Levers, job: RenderedJob) -> str:
+    """Why the job does not carry `d` (its value differs from what the job gets, or nothing can carry it)."""
+    script = job.settings is None
+    left = [f"{flag}: {why}" for flag, why in job.flags_left if FLAG_LEVERS.get(flag.split(" ", 1)[0]) == d.id]
+    if left:
+        return "; ".join(left)
+    if d.id in ("threads_per_rank", "affinity"):
+        if job.placement_why:
+            return job.placement_why
+        if levers.on_gpu:
+            return "GPU ranks: threads and CPUs are left to torch and the launcher"
+        return "the launch does not carry it"
+    if d.id == "nproc_per_node":
+        return f"the launch starts {job.nproc_per_node} rank(s) per node"
+    if d.id == "nnodes":
+        return f"the launch spans {job.nnodes} node(s)"
+    if d.id == "allocator":
+        return "no allocator preload in the job's environment"
+    if not script:
+        return _builtin_why(d)
+    return _script_why(d, job)
+
+
+def _builtin_why(d: Decision[Any]) -> str:
+    return {"attention": "the built-in loop runs SDPA's dispatcher, which picks the kernel (the worker reports it)",
+            "pin_memory": "the built-in loop has no DataLoader: its batches are built in memory",
+            "zero": "the built-in loop has no sharding"}.get(d.id, "the built-in worker's settings do not carry it")
+
+
+def _script_why(d: Decision[Any], job: RenderedJob) -> str:
+    if job.flags_why and not job.flags:
+        return f"no Trainer flags for this command: {job.flags_why}"
+    return {
+        "batch_size": "your script's own per-device batch: a hyperparameter cpuperf sets only when you --set it",
+        "grad_accum_steps": "your script's own accumulation: a hyperparameter cpuperf sets only when you --set it",
+        "optimizer": "your script's own optimizer: the family changes only when you --set it",
+        "attention": "your model chooses its attention kernel: no Trainer flag carries it",
+        "fp32_math_mode": "no Trainer flag sets oneDNN's fp32 math mode (the built-in loop applies it)",
+        "zero": "no sharding config is rendered for your script",
+        "grad_checkpointing": "a memory trade-off cpuperf adds to your script only when you --set it",
+    }.get(d.id, "no flag or variable of this command carries it")
+
+
+def rendered_job(jp: JobPlan) -> RenderedJob:
+    """The job a JobPlan starts, as lever_report reads it."""
+    plan = jp.launch
+    script = jp.hf.get("_script")
+    yours = plan.yours or {}
+    ranks = tuple(RankView(tuple(r.cpus), r.threads) for r in plan.per_rank)
+    placement_why = "" if not yours or yours.get("placed_by_cpuperf") else str(yours.get("why") or "")
+    return RenderedJob(
+        auto=jp.request.auto, nproc_per_node=plan.nproc_per_node, nnodes=plan.nnodes, env=dict(plan.env), ranks=ranks,
+        pinned=tuple(plan.affinity or ()), settings=jp.settings,
+        flags=tuple(f.args for f in script.added) if script is not None else (),
+        flags_left=tuple(script.not_added) if script is not None else (),
+        flags_why=script.why if script is not None else "",
+        your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
+        placement_why=placement_why)

@@ -1,0 +1,276 @@
+"""Every file cpuperf reads back is data (issue 42): a property test over each one - the measurement cache and
+its tunings, the remembered decisions, a snapshot's files, a saved plan, a facts file, a hostfile - with hostile
+types, ranges, encodings, control characters, FIFOs, devices, links, truncation and size. In-process (the real
+CLI entry, cpuperf.cli.main) so it runs in CI in seconds: no hang, no internal error, no raw control character
+on stdout or stderr, the exit code documented for that file, and nothing else in the file lost."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cpuperf import cli
+from cpuperf.errors import ExitCode
+
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+HOSTILE_VALUES = [None, True, False, 0, -5, 10**30, 1e308, -1.5, "busy", "abc", "\x1b]0;pwned\x07", "\x1b[2J",
+                  "\u2028x", [1, 2], {"a": 1}, "", "9" * 5000, float("nan"), float("inf")]
+SIZE_LIMIT_S = 20.0  # one command in-process, loaded host: far below a hang
+
+
+class Hang(Exception):
+    pass
+
+
+def _run(argv: List[str], capsys) -> Tuple[int, str, str]:
+    """cpuperf in this process, stopped by SIGALRM if it blocks (a FIFO read would)."""
+    from cpuperf.run import measure
+
+    measure._SAID.clear()
+    from cpuperf import probe
+
+    probe._CACHE.clear()
+
+    def alarm(*_: Any) -> None:
+        raise Hang(" ".join(argv))
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(int(SIZE_LIMIT_S))
+    try:
+        code = cli.main(argv)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _clean(code: int, out: str, err: str, allowed: Tuple[int, ...]) -> None:
+    assert "internal error" not in err and "Traceback" not in err, err[-2000:]
+    for stream in (out, err):
+        assert CONTROL.search(stream) is None, repr(stream[-400:])
+    assert code in allowed, (code, err[-1500:])
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CPUPERF_MEASURE", "0")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "120")
+    return tmp_path / "cache"
+
+
+def _measurement_file(facts: Any) -> Tuple[Path, Dict[str, Any]]:
+    """A cache entry as `cpuperf bench` and `train --tune` write it (no torch run: the figures are given)."""
+    from cpuperf.run import measure
+
+    entry = {"schema": "cpuperf.tune/1", "best": {"dtype": "fp32", "allocator": None, "optimizer": None, "ranks": 1,
+                                                  "threads": 1, "pinned": False, "compile": False},
+             "levers": {"pinning": {"value": "unpinned", "figure": 14.0, "alternatives": {"pinned": 12.0}}},
+             "noise": 0.01, "stopped": "converged", "measured_at": int(time.time()), "runs": 3, "rounds": 1}
+    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 200.0, "threads": 2,
+                         "repeats": {"gemm_fp32_gflops": {"n": 3, "median": 100.0, "min": 99.0, "max": 101.0,
+                                                          "spread": 0.02}},
+                         "allocator_speedup": {"mimalloc": 1.05}, "compile_by_model": {"m1": {
+                             "compile_seconds": 40.0, "speedup": 1.2, "step_seconds": 0.5, "batch": 16}},
+                         "tuned_by_shape": {"K1": entry, "K2": entry}, "tuned_by_command": {"C1": entry},
+                         "load": {"under_load": False, "busy_cpus": {}, "figure": "quiet"}})
+    path = measure.cache_dir() / f"{measure.host_id(facts)}.json"
+    return path, json.loads(path.read_text())
+
+
+PATHS = [("load",), ("measured_at",), ("torch_build",), ("repeats",), ("repeats", "gemm_fp32_gflops"),
+         ("repeats", "gemm_fp32_gflops", "min"), ("gemm_fp32_gflops",), ("threads",), ("torch",),
+         ("allocator_speedup", "mimalloc"), ("compile_by_model", "m1", "speedup"), ("tuned_by_shape", "K1"),
+         ("tuned_by_shape", "K1", "best", "threads"), ("tuned_by_shape", "K1", "levers", "pinning", "figure"),
+         ("tuned_by_command", "C1", "noise"), ("tuned_by_shape", "K1", "load"), ("load", "figure")]
+IDENTITY = {("measured_at",), ("torch_build",)}
+
+
+def test_every_field_of_the_measurement_cache_is_typed_and_one_bad_entry_costs_only_itself(cache, capsys):
+    from cpuperf.probe import probe_host
+    from cpuperf.run import measure
+
+    facts = probe_host(use_cache=False)
+    path, good = _measurement_file(facts)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.sampled_from(PATHS), st.sampled_from(HOSTILE_VALUES))
+    def check(where: Tuple[str, ...], value: Any) -> None:
+        data = copy.deepcopy(good)
+        node = data
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        path.write_text(json.dumps(data))  # inf and nan as JSON's Infinity/NaN, as json.dumps writes them
+        for argv in (["recommend", "--json"], ["ccl-env"], ["train", "--auto", "--dry-run"]):
+            _clean(*_run(argv, capsys), allowed=(0,))
+        got, _ = measure.read_cached(facts)
+        if where in IDENTITY and got is None:
+            return  # nothing can be dated or attributed: ignored, said, and the file is still there
+        assert path.exists()
+        kept = got or {}
+        # nothing but the edited entry is lost
+        for top in ("gemm_bf16_gflops", "compile_by_model", "tuned_by_command", "allocator_speedup"):
+            if where[0] != top:
+                assert kept.get(top) == good[top], (where, top)
+        if where[0] == "tuned_by_shape":
+            assert kept["tuned_by_shape"].get("K2") == good["tuned_by_shape"]["K2"]
+
+    check()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dev-null-link", "dir", "huge", "truncated", "binary",
+                                  "deep", "dup-key", "loop"])
+def test_a_measurement_cache_that_is_no_file_is_ignored_said_once_and_never_blocks(cache, capsys, kind, tmp_path):
+    from cpuperf.probe import probe_host
+
+    facts = probe_host(use_cache=False)
+    path, good = _measurement_file(facts)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "dev-null-link":
+        path.symlink_to("/dev/null")
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "huge":
+        with open(path, "wb") as fh:
+            fh.truncate(17 * 1024 * 1024)
+    elif kind == "truncated":
+        path.write_text(json.dumps(good)[:200])
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00\x1b[2J")
+    elif kind == "deep":
+        path.write_text("[" * 100000 + "]" * 100000)
+    elif kind == "dup-key":
+        path.write_text(json.dumps(good)[:-1] + ', "gemm_fp32_gflops": 1e9}')
+    else:
+        (tmp_path / "a").symlink_to(path)
+        path.symlink_to(tmp_path / "a")
+    for argv in (["recommend", "--json"], ["ccl-env"], ["train", "--auto", "--dry-run"]):
+        code, out, err = _run(argv, capsys)
+        _clean(code, out, err, allowed=(0,))
+        assert err.count(str(path)) <= 2  # said once (a plan's evidence may name the cache once more)
+    assert os.path.lexists(path)  # never removed: what was there is the user's
+
+
+def test_remembered_decisions_are_held_to_this_host(cache, capsys):
+    from cpuperf.probe import probe_host
+
+    usable = len(probe_host(use_cache=False).usable_cpus())
+    _clean(*_run(["ccl-env", "--json"], capsys), allowed=(0,))
+    entry = next((cache / "ccl-decisions").iterdir())
+    good = json.loads(entry.read_text())
+
+    def edits() -> List[Callable[[Dict[str, Any]], None]]:
+        def threads(v: Any) -> Callable[[Dict[str, Any]], None]:
+            return lambda d: d["value"]["placement"]["slots"][0].update(threads=v)
+        return [threads(-5), threads(0), threads(10**30), threads(usable + 62),
+                lambda d: d["value"]["placement"]["slots"][0].update(cpus=[9999]),
+                lambda d: d["value"].update(backend=["ccl", "ccl: cached"]),
+                lambda d: d["value"].update(backend=["gloo", "\x1b]0;pwned\x07"]),
+                lambda d: d["value"].update(allocator="evil"),
+                lambda d: d["value"]["placement"].update(nproc_per_node=10**6)]
+
+    for edit in edits():
+        data = copy.deepcopy(good)
+        edit(data)
+        entry.write_text(json.dumps(data))
+        code, out, err = _run(["ccl-env", "--json"], capsys)
+        _clean(code, out, err, allowed=(0,))
+        threads = int(json.loads(out)["env"]["OMP_NUM_THREADS"])
+        assert 1 <= threads <= usable
+        assert json.loads(out)["backend"] == "gloo" or "oneccl" in out
+
+
+@pytest.mark.parametrize("name,kind", [("proc/cpuinfo", "fifo"), ("proc/cpuinfo", "dev"), ("proc/meminfo", "fifo"),
+                                       ("sys/devices/system/cpu/online", "fifo"), ("proc/cpuinfo", "huge")])
+def test_a_snapshot_with_a_file_that_cannot_be_read_is_refused(tmp_path, capsys, monkeypatch, name, kind):
+    from hosts import make_host
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_host(tmp_path / "h")
+    target = root / name
+    if target.exists():
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev":
+        target.symlink_to("/dev/zero")
+    else:
+        with open(target, "wb") as fh:
+            fh.truncate(17 * 1024 * 1024)
+    code, out, err = _run(["recommend", "--sysroot", str(root)], capsys)
+    _clean(code, out, err, allowed=(ExitCode.USAGE,))
+    assert name in err and len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
+
+
+PLAN_EDITS = [
+    ("threads 1e30", lambda d: _decision(d, "threads_per_rank", 10**30), "threads_per_rank"),
+    ("threads 64", lambda d: _decision(d, "threads_per_rank", 64), "threads_per_rank"),
+    ("bool as text", lambda d: _decision(d, "compile", "true"), "must be true or false"),
+    ("count as text", lambda d: _decision(d, "nproc_per_node", "1"), "whole number"),
+    ("I_MPI_DEBUG_OUTPUT", lambda d: _env(d, "I_MPI_DEBUG_OUTPUT", "/tmp/x"), "I_MPI_DEBUG_OUTPUT"),
+    ("I_MPI_DEBUG_OUTPUT plain", lambda d: _env(d, "I_MPI_DEBUG_OUTPUT", "dbg.txt"), "writes a file"),
+    ("DNNL_JIT_DUMP", lambda d: _env(d, "DNNL_JIT_DUMP", "1"), "DNNL_JIT_DUMP"),
+    ("ONEDNN_JIT_DUMP", lambda d: _env(d, "ONEDNN_JIT_DUMP", "1"), "ONEDNN_JIT_DUMP"),
+    ("jemalloc prof", lambda d: _env(d, "MALLOC_CONF", "prof:true,prof_prefix:jeprof"), "prof"),
+    ("nodes []", lambda d: d.update(nodes=[]), "nodes"),
+]
+
+
+def _decision(d: Dict[str, Any], did: str, value: Any) -> None:
+    for x in d["decisions"]:
+        if x["id"] == did:
+            x["value"] = value
+
+
+def _env(d: Dict[str, Any], name: str, value: str) -> None:
+    d["env"] = [e for e in d["env"] if e["name"] != name] + [{"name": name, "value": value, "reason": "", "kind": "set"}]
+
+
+@pytest.fixture()
+def plan(cache, capsys, tmp_path) -> Dict[str, Any]:
+    path = tmp_path / "plan.json"
+    _clean(*_run(["recommend", "--save", str(path), "--quiet"], capsys), allowed=(0,))
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("what,edit,named", PLAN_EDITS, ids=[e[0] for e in PLAN_EDITS])
+def test_plan_decisions_and_variables_are_held_to_the_ranges_and_the_host(plan, capsys, tmp_path, what, edit, named):
+    data = copy.deepcopy(plan)
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    for argv in (["ccl-env", "--plan", str(path)], ["train", "--plan", str(path), "--dry-run"]):
+        code, out, err = _run(argv, capsys)
+        _clean(code, out, err, allowed=(ExitCode.USAGE,))
+        assert named in err and out == "", (what, err)
+
+
+def test_a_plan_that_names_a_key_twice_or_loops_is_refused_with_its_hint(plan, capsys, tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(plan)[:-1] + ', "notes": ["x"]}')
+    code, out, err = _run(["train", "--plan", str(path), "--dry-run"], capsys)
+    _clean(code, out, err, allowed=(ExitCode.USAGE,))
+    assert "names 'notes' twice" in err
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, out, err = _run(["train", "--plan", str(tmp_path / "a"), "--dry-run"], capsys)
+    _clean(code, out, err, allowed=(ExitCode.FILESYSTEM,))
+    assert "symbolic links point at each other" in err
