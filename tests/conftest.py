@@ -136,7 +136,7 @@ def _tier_guard(item, rep) -> None:
     """A passing fast test that started what only the full tier may start fails here (tests/tiers.py)."""
     if rep.when != "call" or not rep.passed or tiers.is_full(item) or item.get_closest_marker("smoke"):
         return
-    problem = tiers.verdict(tiers._spawned or [])
+    problem = tiers.verdict(tiers.spawned())
     if problem:
         rep.outcome = "failed"
         rep.longrepr = f"{item.nodeid}: {problem}"

@@ -272,6 +272,7 @@ def test_progress_is_said_at_least_every_few_seconds_and_never_under_quiet_or_js
         assert "progress" not in got and (got == "" if out.quiet else got == "x: a note\n")
 
 
+@pytest.mark.full  # a real measurement
 def test_a_real_side_by_side_measurement_under_load_says_how_far_it_is(tmp_path, monkeypatch):
     """Two busy loops keep both CPUs busy: the ratios are still measured (at the CPUs left free: one thread), said
     at least every 10 s, and the whole takes about its budget, not minutes."""

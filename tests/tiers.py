@@ -66,6 +66,11 @@ def begin() -> None:
     _spawned = []
 
 
+def spawned() -> List[List[str]]:
+    """What the current test has started so far."""
+    return list(_spawned or [])
+
+
 def end() -> List[List[str]]:
     global _spawned
     seen, _spawned = _spawned or [], None
