@@ -22,7 +22,10 @@ def _decisions(d: Dict[str, Any]) -> str:
 def _targets(r: Dict[str, Any]) -> str:
     t = r.get("targets") or {}
     missed = [k for k, v in t.items() if v is False]
-    return "met" if t and not missed else ("MISSED: " + "; ".join(missed) if missed else "n/a")
+    if missed:
+        return "MISSED: " + "; ".join(missed)
+    unknown = [k for k, v in t.items() if v is None]  # no round where both runs counted
+    return ("n/a: " + "; ".join(unknown)) if unknown else "met" if t else "n/a"
 
 
 def _mfu(r: Dict[str, Any]) -> str:
@@ -41,6 +44,51 @@ def _tuning(r: Dict[str, Any]) -> str:
     return (f"{t.get('elapsed_s')} s, {t.get('runs')} runs, {t.get('rounds')} round(s), stopped: {t.get('stopped')}, "
             f"noise {(t.get('noise') or 0) * 100:.0f}%" + ("" if t.get("applied") else f" ({t.get('note')})")
             + f"; path vs the rule's point: {path}")
+
+
+def _sweep_lines(r: Dict[str, Any]) -> List[str]:
+    """The sweep's levers, and what --full left out of the product and why."""
+    out: List[str] = []
+    levers = r.get("levers") or {}
+    if levers:
+        out.append(f"- {r['workload']} sweep (" + ("the tuner's path, its best kept for the rounds" if r["mode"] == "quick"
+                                                   else "the product every round, less what is left out below")
+                   + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (not tuned: {v['pruned']})" if v["pruned"] else "")
+                                       for k, v in levers.items()) + ".")
+    for entry in r.get("left_out") or []:
+        out.append(f"- {r['workload']} sweep, left out: {entry['points']} point(s) ({entry['rule']}): {entry['why']}.")
+    return out
+
+
+def checked_lines(r: Dict[str, Any]) -> List[str]:
+    """Each run checked: how many were disturbed, repeated, left out; what each configuration ran, beside its figure."""
+    from benchmarks.checks import ran_line
+
+    c = r.get("checks") or {}
+    out: List[str] = []
+    if r.get("auto_not_as_planned"):
+        out.append(f"**{r['workload']}: auto did not run its plan** (an error, not a slow figure; those runs are left "
+                   "out): " + "; ".join(r["auto_not_as_planned"]) + ".")
+    if c:
+        pct = (lambda x: "n/a" if x is None else f"{x * 100:.1f}%")
+        out.append(f"{r['workload']}: {c['runs']} runs ({c['attempts']} with repeats); {c['disturbed_attempts']} disturbed "
+                   f"(other processes took over {c['bar'] * 100:.0f}% of a CPU on the run's CPUs while it was timed), "
+                   f"{c['repeated']} run(s) repeated (at most {c['max_repeats']} times), {c['left_out_disturbed']} left out "
+                   f"of the medians as disturbed, {c['not_as_planned']} not as planned, {c['failed']} failed; others' "
+                   f"share of a CPU per run: median {pct(c['others_cpu_share_median'])}, max {pct(c['others_cpu_share_max'])}.")
+    out.append("")
+    out.append(f"| {r['workload']}: configuration | median samples/s (min-max) | runs counted | what ran (read back inside the run) |")
+    out.append("|---|---|---|---|")
+    for cfg in r.get("configs") or []:
+        runs = cfg.get("runs") or []
+        good = _counted_figures(cfg)
+        fig = f"{cfg['median']:.1f} ({min(good):.1f}-{max(good):.1f})" if good and cfg.get("median") else "n/a"
+        why = sorted({x.get("error") or "; ".join(x.get("not_as_planned") or []) for x in runs
+                      if not x.get("counted") and (x.get("error") or x.get("not_as_planned"))})
+        out.append(f"| {cfg['name']} | {fig} | {len(good)} of {len(runs)} | {ran_line(cfg.get('ran'))}"
+                   + (f"; NOT COUNTED: {'; '.join(why)}" if why else "") + " |")
+    out.append("")
+    return out
 
 
 def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -> str:
@@ -68,16 +116,12 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
             spread = r["ratio_spread"]
             auto = next(c for c in r["configs"] if c["name"] == "auto")
             lines.append(f"| {r['workload']} | {_fmt(spread['auto_vs_default'])} | {_fmt(spread['auto_vs_best_sweep'])} "
-                         f"({r['best_sweep']}) | {_fmt(spread['auto_vs_run_cpu'])} | {(auto['median'] or 0):.1f} | "
+                         f"({r['best_sweep'] or 'n/a'}) | {_fmt(spread['auto_vs_run_cpu'])} | "
+                         + (f"{auto['median']:.1f}" if auto["median"] else "n/a") + " | "
                          f"{_mfu(r)} | {_decisions(r['auto_decisions'])} | {_targets(r)} |")
         lines.append("")
         for r in results:
-            levers = r.get("levers") or {}
-            if levers:
-                lines.append(f"- {r['workload']} sweep (" + ("the tuner's path, its best kept for the rounds"
-                                                             if r["mode"] == "quick" else "the whole product every round")
-                             + "): " + "; ".join(f"{k} {'/'.join(v['values'])}" + (f" (not tuned: {v['pruned']})" if v["pruned"] else "")
-                                                 for k, v in levers.items()) + ".")
+            lines += _sweep_lines(r)
         for r in results:
             line = _tuning(r)
             if line:
@@ -88,6 +132,8 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
                 lines.append(f"- {r['workload']}: allocator: {reasons.get('allocator', 'n/a')}; compile: "
                              f"{reasons.get('compile', 'n/a')}")
         lines.append("")
+        for r in results:
+            lines += checked_lines(r)
         lines.append("First-step (warm-up / compile) seconds, median: " + "; ".join(
             f"{r['workload']}: " + ", ".join(f"{k} {sorted(x for x in v if x)[len([x for x in v if x]) // 2]:.1f}"
                                              for k, v in r["first_step_s"].items() if any(v))
@@ -108,6 +154,14 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
     return "\n".join(lines) + "\n"
 
 
+def _counted_figures(cfg: Dict[str, Any]) -> List[float]:
+    """A configuration's figures that count (ran as planned, undisturbed); all of them in results before the checks."""
+    runs = cfg.get("runs")
+    if runs is None:
+        return [s for s in cfg.get("samples_per_s") or [] if s]
+    return [x["samples_per_s"] for x in runs if x.get("counted") and x.get("samples_per_s")]
+
+
 def plot(results: List[Dict[str, Any]], path: Path) -> bool:
     try:
         import matplotlib
@@ -122,8 +176,9 @@ def plot(results: List[Dict[str, Any]], path: Path) -> bool:
     for ax, r in zip(axes[0], results):
         names = [c["name"] for c in r["configs"]]
         medians = [c["median"] or 0 for c in r["configs"]]
-        lows = [m - min([s for s in c["samples_per_s"] if s] or [m]) for m, c in zip(medians, r["configs"])]
-        highs = [max([s for s in c["samples_per_s"] if s] or [m]) - m for m, c in zip(medians, r["configs"])]
+        figures = [_counted_figures(c) for c in r["configs"]]  # the runs the medians are taken over
+        lows = [m - min(f or [m]) for m, f in zip(medians, figures)]
+        highs = [max(f or [m]) - m for m, f in zip(medians, figures)]
         colours = ["#d62728" if n == "auto" else ("#7f7f7f" if n in ("default", "run_cpu") else "#1f77b4") for n in names]
         ax.barh(names, medians, xerr=[lows, highs], color=colours)
         ax.invert_yaxis()

@@ -37,7 +37,20 @@ def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
 RUN_SHAPE = {("lm", "gpt2"): {"steps": 2, "warmup": 1}}
 
 
-def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
+def run_config(config: Dict[str, Any], workload: str, size: str, seconds: float,
+               run_steps: Optional[int] = None) -> Dict[str, Any]:
+    """One run of `config` in a fresh process: its result line. A compiled run's figure carries its first step
+    (the compile) over the `run_steps` steps of the job auto plans, as the tuner counts it; the timed steps'
+    own rate stays beside it (steady_samples_per_s)."""
+    res = _run_config(config, workload, size, seconds)
+    if run_steps and (config.get("settings") or {}).get("compile") and res.get("samples_per_s"):
+        steady, batch, first = float(res["samples_per_s"]), float(res.get("batch") or 1), float(res.get("first_step_s") or 0)
+        res.update(steady_samples_per_s=steady, compile_carried_over_steps=run_steps,
+                   samples_per_s=run_steps * batch / (run_steps * batch / steady + first))
+    return res
+
+
+def _run_config(config: Dict[str, Any], workload: str, size: str, seconds: float) -> Dict[str, Any]:
     settings = dict(config.get("settings", {}))
     settings.update(workload=workload, size=size, seconds=seconds, **RUN_SHAPE.get((workload, size), {}))
     cmd = [sys.executable, "-m", "cpuperf.train.bench", json.dumps(settings)]
@@ -121,22 +134,38 @@ def auto_config(steps: int, model: Tuple[str, int]) -> Dict[str, Any]:
     return out
 
 
-def sweep_configs(quick: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """The sweep's points (the whole product of the host's levers) and the levers with what was pruned."""
+def sweep_configs(quick: bool, auto_point: Optional[Dict[str, Any]] = None, gemm: Optional[Dict[str, float]] = None
+                  ) -> Tuple[List[Dict[str, Any]], Dict[str, Any], List[Dict[str, Any]]]:
+    """The sweep's points (the product of the host's levers, less what it cannot win: sweep.winnable), the levers
+    with what was pruned, and what was left out and why."""
     from benchmarks import sweep
+    from cpuperf.data import load_builtin
     from cpuperf.probe import probe_host
 
     facts = probe_host()
     found = sweep.levers(facts, full=not quick)
-    points = sweep.product(facts, found)
+    points, left_out = sweep.winnable(facts, sweep.product(facts, found), auto_point, gemm,
+                                      tuple(load_builtin("tuning.toml")["allocator"].get("not_with_ranks", [])))
     if facts.software and facts.software.packages.get("intel_extension_for_pytorch"):
         points.append({"name": "ipex", "settings": {"ipex": True}, "sweep": True, "point": {"ipex": True}})
-    return points, {k: v.to_json() for k, v in found.items()}
+    return points, {k: v.to_json() for k, v in found.items()}, left_out
+
+
+def sweep_point_of(decisions: Dict[str, Any]) -> Dict[str, Any]:
+    """A plan's decisions as a sweep point (sweep.config_for's keys)."""
+    optimizer = decisions.get("optimizer")
+    return {"dtype": decisions.get("dtype") or "fp32", "compile": bool(decisions.get("compile")),
+            "optimizer": None if optimizer in (None, "adamw") else optimizer, "allocator": decisions.get("allocator"),
+            "ranks": int(decisions.get("nproc_per_node") or 1), "threads_per_rank": int(decisions.get("threads_per_rank") or 1),
+            "pinned": decisions.get("affinity") == "auto"}
 
 
 def summarise(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, Any]]]) -> Dict[str, Any]:
+    """Medians and per-round ratios over the runs that count (ran as planned, undisturbed: benchmarks.checks)."""
+    from benchmarks.checks import counted
+
     def series(name: str) -> List[Optional[float]]:
-        return [r.get(name, {}).get("samples_per_s") for r in rounds]
+        return [counted(r.get(name)) for r in rounds]
 
     def ratio(a: str, b: str) -> Dict[str, Optional[float]]:
         per_round = [x / y for x, y in zip(series(a), series(b)) if x and y]
@@ -146,8 +175,10 @@ def summarise(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, An
 
     sweep_names = [c["name"] for c in configs if c.get("sweep")]
     medians = {c["name"]: statistics.median([s for s in series(c["name"]) if s] or [0.0]) for c in configs}
-    best = max(sweep_names + ["default"], key=lambda n: medians.get(n, 0.0))
-    ratios = {"auto_vs_default": ratio("auto", "default"), "auto_vs_best_sweep": ratio("auto", best),
+    best: Optional[str] = max(sweep_names + ["default"], key=lambda n: medians.get(n, 0.0))
+    if not medians.get(best or ""):
+        best = None  # no sweep run counted
+    ratios = {"auto_vs_default": ratio("auto", "default"), "auto_vs_best_sweep": ratio("auto", best or ""),
               "auto_vs_run_cpu": ratio("auto", "run_cpu")}
     return {"medians": medians, "best_sweep": best, "ratios": ratios}
 
@@ -190,7 +221,8 @@ def _rotated(configs: List[Dict[str, Any]], r: int) -> List[Dict[str, Any]]:
     return configs[k:] + configs[:k]
 
 
-def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool) -> Dict[str, Optional[bool]]:
+def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool,
+             auto_as_planned: bool = True) -> Dict[str, Optional[bool]]:
     def at_least(key: str, bar: float) -> Optional[bool]:
         v = ratios.get(key)
         return None if v is None else v >= bar
@@ -201,6 +233,7 @@ def _targets(ratios: Dict[str, Optional[float]], lever_applied: bool) -> Dict[st
     if lever_applied:
         v = ratios.get("auto_vs_run_cpu")
         out["auto > run_cpu (a measured lever applied)"] = None if v is None else v > 1.0
+    out["auto ran its plan"] = auto_as_planned  # what it ran, read back inside every run (benchmarks.checks)
     return out
 
 
@@ -216,8 +249,9 @@ def lm_model(workload: str, size: str) -> Optional[Tuple[str, int]]:
             SIZE_BATCH.get((workload, size), BATCH[workload]))
 
 
-def auto_and_sweep(workload: str, size: str, quick: bool, steps: int, keep: int, log,
-                   tune_budget: Optional[float]) -> Tuple[Dict[str, Any], Dict[str, Any], List[Dict[str, Any]], Dict[str, Any]]:
+def auto_and_sweep(workload: str, size: str, quick: bool, steps: int, keep: int, log, tune_budget: Optional[float],
+                   gemm: Optional[Dict[str, float]] = None
+                   ) -> Tuple[Dict[str, Any], Dict[str, Any], List[Dict[str, Any]], Dict[str, Any], List[Dict[str, Any]]]:
     """(auto, the tuning, the sweep's points, its levers). The workload is tuned first, as cpuperf tunes it, so auto
     is the tuned plan in both modes; --quick's sweep is the tuner's own path (its `keep` best points other than
     auto's), --full's the whole product."""
@@ -235,6 +269,7 @@ def auto_and_sweep(workload: str, size: str, quick: bool, steps: int, keep: int,
     else:
         raise SystemExit(f"{workload}-{size}: {t.note}")
     screened: List[Tuple[Any, float]] = []
+    left_out: List[Dict[str, Any]] = []
     if quick and t.result is not None and t.cand is not None:
         screened = tuned.screen(t.result, tuned.point_of(auto["decisions"]), keep)
         facts = probe_host()
@@ -242,24 +277,76 @@ def auto_and_sweep(workload: str, size: str, quick: bool, steps: int, keep: int,
                   for p, _ in screened]
         info = tuned.lever_info(t.cand)
     else:
-        points, info = sweep_configs(quick)
-    return auto, tuned.tuning_json(t, screened), points, info
+        points, info, left_out = sweep_configs(quick, sweep_point_of(auto["decisions"]), gemm)
+    return auto, tuned.tuning_json(t, screened), points, info, left_out
 
 
 def run_rounds(configs: List[Dict[str, Any]], workload: str, size: str, rounds: int, seconds: float,
-               log) -> List[Dict[str, Dict[str, Any]]]:
-    """`rounds` alternating rounds of every configuration, the order rotated each round."""
+               log, max_repeats: Optional[int] = None, run_steps: Optional[int] = None) -> List[Dict[str, Dict[str, Any]]]:
+    """`rounds` alternating rounds of every configuration, the order rotated each round; each run checked for
+    disturbance (repeated while disturbed, within a bound) and for what ran (benchmarks.checks)."""
+    from benchmarks import checks
+
+    repeats = checks.MAX_REPEATS if max_repeats is None else max_repeats
     all_rounds: List[Dict[str, Dict[str, Any]]] = []
     for r in range(rounds):
         results: Dict[str, Dict[str, Any]] = {}
         for c in _rotated(configs, r):
-            res = run_config(c, workload, size, seconds)
+            res = checks.run_checked(lambda cfg: run_config(cfg, workload, size, seconds, run_steps), c, log, repeats)
             results[c["name"]] = res
             sps = res.get("samples_per_s")
+            share = checks.disturbance(res).get("others_cpu_share")
             log(f"  {workload}/{size} round {r + 1}/{rounds} {c['name']:<40} "
-                + (f"{sps:8.2f} samples/s" if sps else res.get("error", "?")))
+                + (res["error"] if "error" in res else f"{sps:8.2f} samples/s" if sps else "?")
+                + (f"  (others {share * 100:.1f}% of a CPU" + (", left out)" if res.get("disturbed") else ")")
+                   if share is not None else ""))
         all_rounds.append(results)
     return all_rounds
+
+
+def checked_result(configs: List[Dict[str, Any]], all_rounds: List[Dict[str, Dict[str, Any]]],
+                   medians: Dict[str, float]) -> Dict[str, Any]:
+    """The results' record of the rounds: each configuration with its figures, what it ran and each run's checks;
+    the tally of disturbed runs; what auto ran differently from its plan."""
+    from benchmarks.checks import tally
+
+    return {
+        "checks": tally(all_rounds),
+        "auto_not_as_planned": sorted({line for r in all_rounds for line in (r.get("auto") or {}).get("not_as_planned") or []}),
+        "configs": [{"name": c["name"], "point": c.get("point"),
+                     "settings": {**c.get("settings", {}), **({"env": c["env"]} if c.get("env") else {}),
+                                  **({"ranks": c["ranks"]} if c.get("ranks") else {}),
+                                  **({"launcher": "torch.backends.xeon.run_cpu"} if c.get("run_cpu") else {})},
+                     "samples_per_s": [r.get(c["name"], {}).get("samples_per_s") for r in all_rounds],
+                     "median": medians.get(c["name"]),
+                     "ran": _what_ran(c["name"], all_rounds),
+                     "runs": _config_runs(c["name"], all_rounds)}
+                    for c in configs],
+    }
+
+
+def _config_runs(name: str, all_rounds: List[Dict[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Per round: the figure, whether it counts, its disturbance and what ran differently (the record's view)."""
+    from benchmarks.checks import counted, disturbance
+
+    out = []
+    for rnd in all_rounds:
+        res = rnd.get(name) or {}
+        out.append({"samples_per_s": res.get("samples_per_s"), "steady_samples_per_s": res.get("steady_samples_per_s"),
+                    "counted": counted(res) is not None,
+                    **{k: v for k, v in disturbance(res).items()}, "window": res.get("window"),
+                    "attempts": res.get("attempts"), "not_as_planned": res.get("not_as_planned"),
+                    "error": res.get("error")})
+    return out
+
+
+def _what_ran(name: str, all_rounds: List[Dict[str, Dict[str, Any]]]) -> Optional[List[Dict[str, Any]]]:
+    """What a configuration ran, read back inside its first run that counted (else its first that reported)."""
+    from benchmarks.checks import counted
+
+    runs = [rnd.get(name) or {} for rnd in all_rounds]
+    return next((r.get("ran") for r in runs if counted(r) is not None), None) or next(
+        (r.get("ran") for r in runs if r.get("ran")), None)
 
 
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
@@ -271,11 +358,14 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         # the gpt2-sized LM would spend minutes compiling.
         compile_note = measure_compile_for("tiny", log)
     t0 = time.monotonic()
-    auto, tuning, points, lever_info = auto_and_sweep(workload, size, quick, steps, keep, log, tune_budget)
+    auto, tuning, points, lever_info, left_out = auto_and_sweep(workload, size, quick, steps, keep, log, tune_budget, peak)
+    for entry in left_out:
+        log(f"left out of the sweep: {entry['points']} point(s), {entry['rule']}: {entry['why']}")
     tuning["wall_s"] = round(time.monotonic() - t0, 1)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}] + points
-    all_rounds = run_rounds(configs, workload, size, rounds, seconds, log)
+    all_rounds = run_rounds(configs, workload, size, rounds, seconds, log, run_steps=steps)
     summary = summarise(configs, all_rounds)
+
     auto_dtype = auto["settings"]["dtype"]
     fps = next((r["auto"].get("flops_per_sample") for r in all_rounds if r.get("auto", {}).get("flops_per_sample")), None)
     achieved = fps * summary["medians"]["auto"] / 1e12 if fps and summary["medians"].get("auto") else None
@@ -301,12 +391,13 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         "seconds_per_run": seconds,
         "ratios": ratios,
         "ratio_spread": summary["ratios"],
-        "targets": _targets(ratios, lever_applied),
+        "targets": _targets(ratios, lever_applied, not any((r.get("auto") or {}).get("not_as_planned") for r in all_rounds)),
         "best_sweep": summary["best_sweep"],
         "auto_decisions": d,
         "auto_reasons": auto.get("reasons", {}),
         "compile_measurement_note": compile_note,
         "levers": lever_info,
+        "left_out": left_out,
         "tuning": tuning,
         "mfu_auto": mfu,
         "mfu_denominator": {"kind": "hardware peak", "tflops": hw.get("tflops"), "source": hw.get("source"),
@@ -318,16 +409,7 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         "achievable_note": achievable_note,
         "achievable_gemm_gflops": peak,
         "first_step_s": {c["name"]: [r.get(c["name"], {}).get("first_step_s") for r in all_rounds] for c in configs},
-        "configs": [{"name": c["name"], "point": c.get("point"),
-                     "settings": {**c.get("settings", {}), **({"env": c["env"]} if c.get("env") else {}),
-                                  **({"ranks": c["ranks"]} if c.get("ranks") else {}),
-                                  **({"launcher": "torch.backends.xeon.run_cpu"} if c.get("run_cpu") else {})},
-                     "samples_per_s": [r.get(c["name"], {}).get("samples_per_s") for r in all_rounds],
-                     "median": summary["medians"].get(c["name"]),
-                     "loaded": [{"allocator": r.get(c["name"], {}).get("allocator"), "openmp": r.get(c["name"], {}).get("openmp"),
-                                 "threads": r.get(c["name"], {}).get("threads"), "ranks": r.get(c["name"], {}).get("ranks")}
-                                for r in all_rounds][:1]}
-                    for c in configs],
+        **checked_result(configs, all_rounds, summary["medians"]),
         "machine": machine_info(),
     }
 
@@ -375,7 +457,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "accelerate scripts, DDP and the Trainer under torchrun (plain vs auto vs hand)")
     ap.add_argument("--full", action="store_true", help="every workload, tuned, against the whole sweep product in every round, "
                     "and the --users part")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians and spread over them)")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (medians and spread over them; "
+                    "default 5, --full 4: one workload's full sweep in about 20 minutes on 2 cores)")
     ap.add_argument("--keep", type=int, default=1, help="--quick: points of the tuner's path kept for the rounds "
                     "beside auto (the best ones; default 1)")
     ap.add_argument("--tune-budget", type=float, default=None, metavar="S",
@@ -389,12 +472,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--skip-user-launchers", action="store_true", help="leave the user-launcher workloads out")
     ap.add_argument("--ranks", type=int, default=2, help="user launchers: torchrun --nproc-per-node")
     ap.add_argument("--launcher-steps", type=int, default=20, help="user launchers: timed steps per run")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", "--results", dest="out", default=str(RESULTS), metavar="DIR",
+                    help="where the results and summary go (default benchmarks/results; e.g. results/zen4-full for a "
+                    "--full run beside the quick results)")
     ap.add_argument("--gpu", action="store_true", help="the NVIDIA GPU section instead (benchmarks/gpu.py)")
     ap.add_argument("--steps", type=int, default=30, help="--gpu: optimizer steps per run")
     ap.add_argument("--batch", type=int, default=8, help="--gpu: the per-step batch of the plain default")
     ap.add_argument("--global-batch", type=int, default=64, help="--gpu: samples per optimizer step")
     args = ap.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 4 if args.full else 5
     if args.gpu:  # a separate path: GPU results never mix with the CPU suite's
         from benchmarks import gpu
 
@@ -404,7 +491,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.users:
         return _users_only(args)
     quick = not args.full
-    seconds = args.seconds or (2.0 if quick else 8.0)
+    seconds = args.seconds or (2.0 if quick else 4.0)
     every = [(w, s) for w in ("lm", "mlp", "conv") for s in ("small", "large")] + [("lm", "gpt2")]
     workloads = [("lm", "small"), ("mlp", "small"), ("lm", "gpt2")] if quick else every
     launchers: Optional[List[str]] = None  # None: all of them
@@ -455,6 +542,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         summary.write(f"\nWall time: {time.monotonic() - began:.0f} s (`python -m benchmarks "
                       + " ".join(argv if argv is not None else sys.argv[1:]) + "`).\n")
     print((out / "summary.md").read_text())
+    failed = [r["workload"] for r in results if r.get("auto_not_as_planned")]
+    if failed:  # an auto that did not run its plan is an error, not a slow number
+        print(f"auto did not run its plan on {', '.join(failed)}: see summary.md", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -148,3 +148,45 @@ def product(facts: Any, found: Dict[str, Lever], with_compile: bool = True) -> L
     return [config_for(facts, d, c, a, lay, p, o) for d, c, o, a, lay, p in itertools.product(
         found["dtype"].values, compiles, optimizers, found["allocator"].values, found["layout"].values,
         found["pinning"].values)]
+
+
+def winnable(facts: Any, points: List[Dict[str, Any]], auto_point: Optional[Dict[str, Any]],
+             gemm: Optional[Dict[str, float]] = None,
+             not_with_ranks: Tuple[str, ...] = ()) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """--full's points less what this host cannot win or the engine never runs, each rule with its count and why:
+    (kept, left out). `auto_point`: auto's point (sweep keys); `gemm`: the GEMM check's GFLOP/s per dtype."""
+    usable = sorted(facts.usable_cpus())
+    bf16_slow = bool(gemm and not facts.cpu.bf16_native and gemm.get("bf16") and gemm.get("fp32")
+                     and gemm["bf16"] < gemm["fp32"])
+    rules: List[Tuple[str, Callable[[Dict[str, Any]], bool], str]] = []
+    if bf16_slow and gemm:
+        rules.append(("bf16 emulated", lambda p: p["point"]["dtype"] == "bf16",
+                      f"{facts.cpu.microarchitecture} has no native bf16 and the GEMM check measured bf16 "
+                      f"{gemm['bf16']:.0f} against fp32 {gemm['fp32']:.0f} GFLOP/s ({gemm['fp32'] / gemm['bf16']:.0f}x "
+                      "slower): a bf16 point cannot win"))
+    rules.append(("pinned to every CPU", lambda p: bool(p["point"]["pinned"]) and all(
+        sorted(s) == usable for s in p["settings"].get("cpus_per_rank") or [[]]),
+        f"pinning a rank to all {len(usable)} usable CPUs is the unpinned run (the same affinity): its twin runs"))
+    if not_with_ranks:
+        rules.append(("allocator x ranks", lambda p: p["point"]["ranks"] > 1 and p["point"]["allocator"] in not_with_ranks,
+                      f"cpuperf never preloads {'/'.join(not_with_ranks)} into a job of several ranks "
+                      "(compat/tuning.toml not_with_ranks: aborts at exit measured): not a point auto could take"))
+    if auto_point is not None:
+        pinned_alone = auto_point["pinned"] and any(sorted(s) != usable for s in cpu_slots(
+            facts, auto_point["ranks"], auto_point["threads_per_rank"]))
+        twin = {**auto_point, "compile": True, "pinned": pinned_alone}
+        rules.append(("compile", lambda p: bool(p["point"]["compile"]) and p["point"] != twin,
+                      "compile runs at auto's own point only (its compiled twin, every round, its compile time carried "
+                      "over the steps of the run auto plans, as the tuner counts it): a run that compiles spends tens of "
+                      "seconds before its timed steps on 2 cores, and every compiled point would take one workload's "
+                      "sweep past 20 minutes; the twin says whether compile gains where auto runs"))
+    kept: List[Dict[str, Any]] = []
+    left: Dict[str, Dict[str, Any]] = {}
+    for p in points:
+        hit = next(((name, why) for name, test, why in rules if test(p)), None)
+        if hit is None:
+            kept.append(p)
+        else:
+            entry = left.setdefault(hit[0], {"rule": hit[0], "why": hit[1], "points": 0})
+            entry["points"] += 1
+    return kept, list(left.values())

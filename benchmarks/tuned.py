@@ -70,10 +70,11 @@ def screen(result: TuneResult, auto_point: Optional[Point], keep: int) -> List[T
 
 def point_of(decisions: Dict[str, Any]) -> Point:
     """The tuner's point for a plan's decisions (dtype, allocator, optimizer, ranks x threads, pinning, compile)."""
-    return Point(dtype=str(decisions.levers.dtype.value or "fp32"), allocator=decisions.levers.allocator.value,
-                 optimizer=decisions.levers.optimizer.value, ranks=int(decisions.levers.nproc_per_node.value or 1),
-                 threads=int(decisions.levers.threads_per_rank.value or 1), pinned=decisions.levers.affinity.value == "auto",
-                 compile=bool(decisions.levers.compile.value))
+    # a plan's --json decisions (id -> value), or decide.tune.decision_values: a dict either way
+    return Point(dtype=str(decisions.get("dtype") or "fp32"), allocator=decisions.get("allocator"),
+                 optimizer=decisions.get("optimizer"), ranks=int(decisions.get("nproc_per_node") or 1),
+                 threads=int(decisions.get("threads_per_rank") or 1), pinned=decisions.get("affinity") == "auto",
+                 compile=bool(decisions.get("compile")))
 
 
 def lever_info(cand: Candidates) -> Dict[str, Any]:

@@ -202,6 +202,7 @@ def recommend(
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node"),
     nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (default: the hostfile's hosts, or the Slurm allocation's)."),
     hostfile: Optional[str] = typer.Option(None, "--hostfile", metavar="FILE"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="HOST", help="Several nodes: the rendezvous host every node reaches (default: the hostfile's first host, or the Slurm allocation's first node)."),
     unit: str = typer.Option("socket", "--unit", help="One rank per 'socket' or per 'numa' node."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=RECOMMEND_SETS_HELP),
@@ -226,7 +227,8 @@ def recommend(
                               params=params, seq_len=seq_len, batch_size=batch_size, steps=steps,
                               nproc_per_node=nproc_per_node, nnodes=nnodes, hostfile=hostfile, unit=unit,
                               device=device, sets=sets, config=config, measurements=measurements, save=save,
-                              adapt_to_load=adapt_to_load, node_facts=node_facts, probe_nodes=probe_nodes))
+                              adapt_to_load=adapt_to_load, node_facts=node_facts, probe_nodes=probe_nodes,
+                              master_addr=master_addr))
 
 
 @app.command(short_help="Measure this host (GEMM, allocators, compile); cached.")
@@ -385,6 +387,11 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
         check_env_dir()
     if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
         return _ccl_env_main(args[1:])
+    if args[:1] == ["train"] and "--" in args and args.index("--") == len(args) - 1:  # click drops a bare `--`
+        from cpuperf.errors import UsageError
+
+        raise UsageError("train --: no command after `--`",
+                         hint="cpuperf train --auto -- python train.py ... (or leave out `--` for the built-in loop)")
     result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 

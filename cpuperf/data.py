@@ -96,18 +96,37 @@ def _parse_path(stamp: List[Any]) -> Path:
     return cache_root() / "compat-parsed" / f"{os.path.basename(stamp[0])}-{zlib.crc32(stamp[0].encode()):08x}.json"
 
 
+_SAID: List[str] = []
+
+
 def _remembered_parse(path: str, stamp: List[Any]) -> Optional[Dict[str, Any]]:
-    """The remembered parse of this very file, None when there is none (or it is for another version of it)."""
-    import json
+    """The remembered parse of this very file, None when there is none (or it is for another version of it).
+    Read bounded and without blocking (cpuperf.readback); one that cannot be read is parsed again, said once,
+    and replaced by the next remembered parse."""
+    from cpuperf.readback import read_json
 
-    from cpuperf.fsutil import read_capped
-
+    where = _parse_path(stamp)
     try:
-        known = json.loads(read_capped(_parse_path(stamp)))
-        data = known["data"] if isinstance(known, dict) and known.get("stamp") == stamp else None
-    except (OSError, ValueError, RecursionError):  # InputRefused is a ValueError
+        known = read_json(where)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:  # a FIFO, a device, too big (InputRefused), not JSON, a key twice
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _say_once(f"note: the remembered parse {where} is not used ({why}): {os.path.basename(path)} is parsed again")
+        return None
+    data = known.get("data") if isinstance(known, dict) and known.get("stamp") == stamp else None
     return data if isinstance(data, dict) and not too_deep(data) else None
+
+
+def _say_once(line: str) -> None:
+    if line in _SAID:
+        return
+    _SAID.append(line)
+    try:
+        from cpuperf.output import message
+    except ImportError:  # the node probe bundle carries no output sink: its stderr is the launcher's
+        return
+    message(line)
 
 
 def _remember_parse(path: str, stamp: List[Any], data: Dict[str, Any]) -> None:

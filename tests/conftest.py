@@ -177,16 +177,18 @@ def pytest_terminal_summary(terminalreporter):
     matrix = MATRIX_SEEN
     classes = [c.name for c in CLASSES if any(k[0] == c.name for k in matrix)]
     paths = list(dict.fromkeys(k[1] for k in matrix))
-    mark = {"ok": "ok", "FAIL": "FAIL"}
+    mark = {"ok": "ok", "FAIL": "FAIL"}  # and 'n/a' (planned only), 'emu' (run under emulation by another tier)
     width = max(len(p) for p in paths)
     tr = terminalreporter
     tr.section("host-class matrix (classes x paths)")
     tr.write_line(" " * width + " | " + " | ".join(f"{c:^11}" for c in classes))
     for path in paths:
         cells = [matrix.get((c, path), "-") for c in classes]
-        tr.write_line(f"{path:<{width}} | " + " | ".join(f"{mark.get(v, 'n/a' if v.startswith('n/a') else v):^11}" for v in cells))
+        tr.write_line(f"{path:<{width}} | " + " | ".join(f"{mark.get(v, v[:3] if v.startswith(('n/a', 'emu')) else v):^11}" for v in cells))
     green = sum(v == "ok" for v in matrix.values())
     na = sum(v.startswith("n/a") for v in matrix.values())
+    emu = sum(v.startswith("emu") for v in matrix.values())
     failed = sum(v == "FAIL" for v in matrix.values())
-    tr.write_line(f"{green} cells ok, {failed} failed, {na} not applicable here: "
+    tr.write_line(f"{green} cells ok, {failed} failed, {emu} run under emulation by the Arm tier "
+                  f"(tests/arm/tier.sh), {na} not applicable here: "
                   + "; ".join(sorted({f"{k[0]}: {v[5:]}" for k, v in matrix.items() if v.startswith('n/a')})))

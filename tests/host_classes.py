@@ -54,6 +54,7 @@ class HostClass:
     runs_here: bool = True  # x86 classes train for real here
     why_not_here: str = ""
     trainer_bf16: bool = False  # the Trainer gets --bf16 from the rule alone (AMX: the case the rule is for)
+    emulated: Tuple[str, ...] = ()  # paths the Arm tier runs for real under QEMU (tests/arm/tier.sh, docs/testing.md)
     device: str = "cpu"
     extra: Dict[str, str] = field(default_factory=dict)
 
@@ -101,7 +102,8 @@ CLASSES = [
     HostClass("amx-denied", "AMX present, not permitted by the OS", "bf16", tuple(SAPPHIRE), "sapphirerapids",
               model=143, amx_usable=False),
     HostClass("neoverse", "Arm Neoverse V1 with BF16", "fp32", cpuinfo=_arm_cpuinfo, runs_here=False,
-              why_not_here="an aarch64 plan does not execute on this instruction set"),
+              why_not_here="an aarch64 plan does not execute on this instruction set",
+              emulated=("builtin-run", "ddp-script-torchrun")),
     HostClass("power10", "POWER10 (MMA)", "fp32", cpuinfo=_power10_cpuinfo, runs_here=False,
               why_not_here="a ppc64le plan does not execute on this instruction set"),
     HostClass("gpu", "NVIDIA H100 host (recorded NVML)", "bf16", tuple(ZEN3), "zen3", family=25, model=1,

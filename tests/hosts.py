@@ -137,3 +137,38 @@ def fixture_host(root: Path, fixture: str) -> Path:
     """A sysroot holding only a recorded /proc/cpuinfo."""
     write(root, "/proc/cpuinfo", (CPUINFO / fixture).read_text())
     return root
+
+
+# Arm Neoverse classes as recorded trees: the recorded AWS Graviton3 file (Neoverse V1), and Neoverse V2 and N1
+# built from it with their own CPU part (Linux arch/arm64/include/asm/cputype.h: 0xd4f, 0xd0c) and Features (hwcap
+# names of arch/arm64/kernel/cpuinfo.c for what each core implements: V2 is Armv9.0-A with SVE2 and BF16, as AWS
+# Graviton4 and NVIDIA Grace report it; N1 is Armv8.2-A without SVE or BF16, as AWS Graviton2 and Ampere Altra do).
+ARM_FEATURES = {
+    "neoverse_v2": "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc "
+                   "dcpop sha3 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs sb paca pacg dcpodp sve2 "
+                   "sveaes svepmull svebitperm svesha3 flagm2 frint svei8mm svebf16 i8mm bf16 dgh rng bti",
+    "neoverse_n1": "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs",
+}
+ARM_PARTS = {"neoverse_v1": "0xd40", "neoverse_v2": "0xd4f", "neoverse_n1": "0xd0c"}
+
+
+def arm_cpuinfo(kind: str, n: int) -> str:
+    """/proc/cpuinfo of an `n`-CPU Neoverse host of `kind` (neoverse_v1, neoverse_v2, neoverse_n1)."""
+    block = (CPUINFO / "linux-amazon-neoverse_v1").read_text().split("\n\n")[0]
+    lines = []
+    for line in block.splitlines():
+        if line.startswith("processor"):
+            continue
+        if line.startswith("Features") and kind in ARM_FEATURES:
+            line = f"Features\t: {ARM_FEATURES[kind]}"
+        elif line.startswith("CPU part"):
+            line = f"CPU part\t: {ARM_PARTS[kind]}"
+        lines.append(line)
+    return "".join(f"processor\t: {c}\n" + "\n".join(lines) + "\n\n" for c in range(n))
+
+
+def make_arm_host(root: Path, kind: str, cores: int = 2) -> Path:
+    """A recorded Neoverse host of `kind`: `cores` CPUs on one socket and NUMA node (cgroup-free), its cpuinfo."""
+    host = make_host(root, sockets=1, cores_per_socket=cores, name=f"{kind} (recorded)")
+    write(host, "/proc/cpuinfo", arm_cpuinfo(kind, cores))
+    return host

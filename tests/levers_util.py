@@ -10,7 +10,7 @@ DEFAULTS: Mapping[str, Any] = {
     "device": "cpu", "dtype": "fp32", "tf32": False, "fp32_math_mode": None, "nproc_per_node": 1, "nnodes": 1,
     "threads_per_rank": 1, "affinity": None, "ddp_backend": None, "ipex": False, "compile": False, "allocator": None,
     "attention": "sdpa", "batch_size": 1, "grad_accum_steps": 1, "grad_checkpointing": False, "optimizer": "adamw",
-    "dataloader_workers": 0, "pin_memory": False, "zero": None}
+    "sharding": None, "offload": False, "dataloader_workers": 0, "pin_memory": False, "zero": None}
 
 
 def levers(values: Mapping[str, Any], overridden: Iterable[str] = ()) -> Levers:

@@ -78,3 +78,31 @@ def test_a_failed_run_is_recorded_with_the_line_that_says_why():
     assert _failure_line(torchrun) == "traceback : Signal 6 (SIGABRT) received by PID 22397"
     assert _failure_line("loading\nValueError: bad shape\n") == "ValueError: bad shape"
     assert _failure_line("just this\n") == "just this" and _failure_line("") == "?"
+
+
+def test_full_leaves_out_what_the_host_cannot_win_and_says_why(tmp_path, monkeypatch):
+    mi = tmp_path / "libmimalloc.so"
+    mi.write_bytes(b"\x7fELF")
+    # a 2-core Zen 3 (no native bf16), as issue 47 measured it
+    facts = _facts(tmp_path / "h", monkeypatch, cores_per_socket=2, flags=("avx2", "fma"), vendor="AuthenticAMD",
+                   family=25, model=1, allocators={"mimalloc": (str(mi),)})
+    found = sweep.levers(facts, full=True)
+    found["compile"].values = [False, True]  # as on a host with a C compiler
+    points = sweep.product(facts, found)
+    assert len(points) == 2 * 2 * 2 * 2 * 2 * 2
+    auto = {"dtype": "fp32", "compile": False, "optimizer": "adamw_fused", "allocator": "mimalloc", "ranks": 1,
+            "threads_per_rank": 2, "pinned": True}
+    kept, left = sweep.winnable(facts, points, auto, {"fp32": 180.0, "bf16": 9.0}, ("mimalloc",))
+    why = {e["rule"]: e for e in left}
+    assert "measured bf16 9 against fp32 180 GFLOP/s (20x slower)" in why["bf16 emulated"]["why"]
+    assert all(p["point"]["dtype"] == "fp32" for p in kept) and why["bf16 emulated"]["points"] == 32
+    # one rank pinned to both CPUs is the unpinned run; mimalloc never goes into two ranks; compile only at auto's point
+    assert not any(p["point"]["ranks"] == 1 and p["point"]["pinned"] for p in kept)
+    assert not any(p["point"]["ranks"] == 2 and p["point"]["allocator"] == "mimalloc" for p in kept)
+    compiled = [p for p in kept if p["point"]["compile"]]
+    assert [p["point"] for p in compiled] == [{**auto, "compile": True, "pinned": False}]
+    assert len(kept) == 2 * (1 + 2 + 1) + 1  # optimizer x (default 1x2, default 2x1 x2 pinnings, mimalloc 1x2) + twin
+    assert sum(e["points"] for e in left) + len(kept) == len(points)
+    # with bf16 as fast as fp32 (or not measured), emulated bf16 stays in the sweep
+    kept2, left2 = sweep.winnable(facts, points, auto, None, ("mimalloc",))
+    assert "bf16 emulated" not in {e["rule"] for e in left2} and any(p["point"]["dtype"] == "bf16" for p in kept2)

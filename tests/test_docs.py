@@ -302,6 +302,13 @@ def test_every_fact_has_the_one_owner_the_page_names():
         assert not others, f"{name} is owned by {module}, but {', '.join(others)} define it too"
 
 
+def test_the_benchmark_page_stands_without_the_tracker():
+    """docs/benchmarks.md is read by users: it names measurements and code, never issue or pull-request numbers."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    found = re.findall(r"(?i)\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w&/])#\d+\b", text)
+    assert not found, found
+
+
 def test_each_lever_has_one_owner_row():
     """Every field of the typed record (decide/records.py Levers) is named in exactly one row of the owner table."""
     import dataclasses

@@ -113,6 +113,9 @@ def _runs_here(name: str, key) -> HostClass:
 
 
 def _not_here(key, cls: HostClass) -> None:
+    if key[1] in cls.emulated:
+        MATRIX[key] = "emu: run on an aarch64 userland under QEMU by the Arm tier (tests/arm/tier.sh)"
+        pytest.skip(f"{cls.why_not_here}; {MATRIX[key][5:]}")
     MATRIX[key] = f"n/a: {cls.why_not_here}"
     pytest.skip(cls.why_not_here)
 

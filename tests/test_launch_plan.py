@@ -227,3 +227,19 @@ def test_hosts_are_checked_from_the_one_resolver_which_names_every_unresolvable_
         require_resolvable(parse_hostfile_text("localhost\nnope-1.invalid\nnope-2.invalid\n"))
     assert info.value.code == 7 and "nope-1.invalid" in info.value.message and "nope-2.invalid" in info.value.message
     assert socket.getdefaulttimeout() is None  # no process-wide socket state
+
+
+@pytest.mark.parametrize("text, said", [
+    ("a slots=99999999999999999999\n", "slots must be a whole number in 1..8192"),
+    ("a:99999999999999999999\n", "in 1..8192"),
+    ("a:8193\n", "in 1..8192"),
+    ("a slots=0\n", "in 1..8192"),
+    ("a max_slots=-1\n", "max_slots must be a whole number"),
+    ("a:\u0663\n", "must be a whole number"),  # an Arabic-Indic digit: isdigit(), not a count MPI reads
+    ("a:" + "9" * 5000 + "\n", "must be a whole number"),
+])
+def test_a_hostfile_slot_count_is_bounded_by_what_a_host_can_run(text, said):
+    with pytest.raises(UsageError) as err:
+        parse_hostfile_text(text)
+    assert said in err.value.message and len(err.value.message) < 300
+    assert parse_hostfile_text("a:8192\nb slots=2 max_slots=4\n")[0].slots == 8192

@@ -7,6 +7,9 @@ itself would start, on a host of 8 cores / 8 CPUs and no GPU. Pure and fast: not
 
 from __future__ import annotations
 
+import json
+import shlex
+
 import pytest
 from cli_util import run_cli
 
@@ -102,11 +105,22 @@ LINES = [
     ("chrt -f 10 mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
     ("taskset 0x3 mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
     ("taskset -c 1 torchrun --nproc-per-node=cpu t.py", "torchrun", 1, "t.py"),  # torch counts the CPUs it may use
+    ("timeout 600 torchrun --nproc-per-node 2 t.py", "torchrun", 2, "t.py"),
+    ("timeout -k 5 -s INT 1h mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("timeout --kill-after=5 --foreground 10m torchrun --nproc-per-node 3 t.py", "torchrun", 3, "t.py"),
+    ("stdbuf -oL -eL mpirun -np 2 ./a.out", "mpirun", 2, "./a.out"),
+    ("nohup setsid -w ionice -c 3 torchrun --nproc-per-node 2 t.py", "torchrun", 2, "t.py"),
+    ("time -o t.txt torchrun --nproc-per-node 2 t.py", "torchrun", 2, "t.py"),
+    ("bash -c 'torchrun --nproc-per-node 2 t.py --lr 1'", "torchrun", 2, "t.py --lr 1"),
+    ("sh -c 'exec mpirun -np 2 python t.py'", "mpirun", 2, "python t.py"),
+    ("bash -lc 'OMP_NUM_THREADS=1 exec torchrun --nproc-per-node 2 t.py' job", "torchrun", 2, "t.py"),
+    ("timeout 600 nice -n 5 bash -c \"env A='x y' sh -c 'torchrun --nproc-per-node 2 t.py'\"", "torchrun", 2, "t.py"),
+    ("dash -e -c 'python -m torch.distributed.run --nproc-per-node=2 t.py'", "torchrun", 2, "t.py"),
 ]
 
 
 def _read(line: str, **kw):
-    cmd = split_launcher(line.split())
+    cmd = split_launcher(shlex.split(line))
     assert cmd is not None, line
     return cmd, launcher_ranks(cmd, logical_cpus=8, physical_cores=8, interpreter=PY, **kw)
 
@@ -268,3 +282,127 @@ def test_every_table_names_its_source():
     rules = load_builtin("launchers.toml")
     tables = [rules[t] for t in ("torchrun", "accelerate", "mpirun", "srun")] + list(rules["wrappers"].values())
     assert all(str(t.get("source", "")).strip() for t in tables)
+
+
+# -- wrappers that hide the launcher (issue 42) ------------------------------------------------------------
+
+@pytest.mark.parametrize("line, shown", [
+    ("sh -c 'cd /work && torchrun --nproc-per-node 2 t.py'", "sh -c"),
+    ("bash -c 'torchrun --nproc-per-node $N t.py'", "bash -c"),
+    ("bash -c 'mpirun -np 2 ./a.out | tee log'", "bash -c"),
+    ("xargs -a args.txt torchrun", "xargs"),
+    ("nice -n 5 ./my-wrapper.sh --x mpirun -np 4 ./a.out", "./my-wrapper.sh"),
+    ("timeout 600 bash -c 'python -m torch.distributed.run --nproc-per-node 2 t.py; echo done'", "bash -c"),
+])
+def test_a_launcher_behind_a_command_cpuperf_cannot_read_is_left_to_place_its_own_ranks(line, shown):
+    cmd, ranks = _read(line)
+    assert cmd.hidden and shown in cmd.hidden
+    assert ranks.count is None and not ranks.place and not ranks.step
+    assert "placement is left to the launcher" in ranks.why and "cannot tell how many ranks" in ranks.why
+
+
+@pytest.mark.parametrize("line", ["python t.py --launcher torchrun", "bash -c 'python t.py'", "bash run.sh",
+                                  "sh -c 'cd /x && python t.py'", "timeout 10 python t.py --mpirun x"])
+def test_a_single_program_is_no_launcher_whatever_its_arguments_name(line):
+    assert split_launcher(shlex.split(line)) is None
+
+
+def test_the_rank_step_goes_inside_the_shell_line_and_the_shells_own_arguments_stay():
+    cmd = split_launcher(shlex.split("timeout 600 bash -lc 'exec torchrun --nproc-per-node 2 t.py --x \"a b\"' job 1"))
+    step = with_rank_step(cmd, "/cp/python", PY)
+    assert list(step[:3]) == ["timeout", "600", "bash"] and step[3] == "-lc" and list(step[5:]) == ["job", "1"]
+    assert shlex.split(step[4]) == ["exec", "torchrun", "--nproc-per-node", "2", "--no-python", "/cp/python", "-m",
+                                    "cpuperf.run.rankexec", "--", PY, "-u", "t.py", "--x", "a b"]
+
+
+def test_short_options_of_wrappers_take_their_value_attached():
+    cmd = split_launcher(shlex.split("stdbuf -oL timeout -k5 -sKILL 10 nice -n5 torchrun --nproc-per-node 2 t.py"))
+    assert [w.name for w in cmd.wrappers] == ["stdbuf", "timeout", "nice"] and cmd.target == ("t.py",)
+
+
+# -- the launcher line's own variables (issue 41 item 6) ---------------------------------------------------
+
+@pytest.mark.parametrize("line, threads", [
+    ("mpirun -np 2 -x OMP_NUM_THREADS=2 python t.py", "2"),
+    ("mpiexec.hydra -genv OMP_NUM_THREADS 3 -n 2 ./app", "3"),
+    ("mpiexec.hydra -genv OMP_NUM_THREADS=3 -n 2 ./app", "3"),
+    ("mpiexec -env OMP_NUM_THREADS=4 -n 2 ./app", "4"),
+    ("mpiexec --env OMP_NUM_THREADS 4 -n 2 ./app", "4"),
+    ("mpirun -np 2 -x OMP_NUM_THREADS python t.py", "6"),  # forwarded: this environment's value
+    ("mpiexec -genvlist PATH,OMP_NUM_THREADS -n 2 ./app", "6"),
+    ("srun --export=ALL,OMP_NUM_THREADS=5 -n 2 ./app", "5"),
+    ("bash -c 'OMP_NUM_THREADS=2 exec mpirun -np 2 ./app'", "2"),
+    ("mpirun -np 2 python t.py", "6"),
+])
+def test_a_thread_count_set_on_the_launcher_line_is_the_users_and_every_rank_keeps_it(line, threads):
+    cmd, ranks = _read(line, environ={"OMP_NUM_THREADS": "6"})
+    assert ranks.user_threads == threads
+
+
+@pytest.mark.parametrize("line, said", [
+    ("mpirun -x KMP_AFFINITY=compact -np 2 ./a.out", "-x KMP_AFFINITY=compact"),
+    ("mpirun -x OMP_PROC_BIND=close -x OMP_PLACES=cores -np 2 ./a.out", "-x OMP_PROC_BIND=close"),
+    ("mpiexec -genv I_MPI_PIN_DOMAIN core -n 2 ./app", "-genv I_MPI_PIN_DOMAIN core"),
+    ("mpirun -x GOMP_CPU_AFFINITY=0-3 -np 2 ./a.out", "GOMP_CPU_AFFINITY"),
+])
+def test_a_binding_variable_on_the_launcher_line_leaves_placement_to_the_user(line, said):
+    _, ranks = _read(line)
+    assert not ranks.place and "your launcher line binds the ranks itself" in ranks.why and said in ranks.why
+    assert any("cpuperf keeps it" in n for n in ranks.notes)
+
+
+def test_a_launcher_that_passes_no_environment_gets_no_placement():
+    _, ranks = _read("mpiexec -genvnone -n 2 ./app")
+    assert not ranks.place and "-genvnone" in ranks.why
+    _, ranks = _read("srun --export=NONE -n 2 ./app")
+    assert any("only the variables it names" in n for n in ranks.notes)
+
+
+def test_a_thread_count_on_the_line_that_no_openmp_reads_is_refused():
+    with pytest.raises(UsageError) as err:
+        _read("mpirun -x OMP_NUM_THREADS=abc -np 2 ./a.out")
+    assert "-x OMP_NUM_THREADS=abc" in err.value.message
+
+
+def test_an_option_whose_arity_differs_between_releases_leaves_placement_to_the_launcher():
+    _, ranks = _read("mpirun -dvm -np 2 ./a.out")
+    assert not ranks.place
+
+
+def test_open_mpis_table_is_the_installed_mpiruns_own_help():
+    """Every option `mpirun --help all` of the installed Open MPI lists has its arity in the table."""
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("no mpirun (apt-get install openmpi-bin)")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    text = subprocess.run([mpirun, "--help", "all"], capture_output=True, text=True, env=env, timeout=60).stdout
+    if "Open MPI" not in text and "mpirun" not in text:
+        pytest.skip("not Open MPI's mpirun")
+    rule = load_builtin("launchers.toml")["mpirun"]
+    arity = {**{n: 0 for n in (*rule["flags"], *rule["optional"])}, **{n: 1 for n in rule["valued"]},
+             **{n: 2 for n in rule["two_values"]}, **{n: None for n in rule["version_dependent"]}}
+    seen = 0
+    for line in text.splitlines():
+        m = re.match(r"^ {0,3}(-[A-Za-z][-a-z0-9_]*(?:\|--?[A-Za-z][-a-z0-9_]*)*)((?: <arg\d>)*)(\s|$)", line)
+        if not m:
+            continue
+        for name in (n.lstrip("-") for n in m.group(1).split("|")):
+            seen += 1
+            if name in ("h", "help") or arity.get(name, -1) is None:
+                continue  # --help [topic] starts nothing; a version-dependent option is left to the launcher
+            assert arity.get(name, -1) == m.group(2).count("<arg"), (name, line)
+    assert seen > 100
+
+
+# -- through the CLI: an empty command ---------------------------------------------------------------
+
+def test_an_empty_command_after_the_separator_is_a_usage_error():
+    proc = run_cli(["train", "--auto", "--"])
+    assert proc.returncode == 2 and "no command after `--`" in proc.stderr, proc.stderr
+    proc = run_cli(["train", "--json", "--"])
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == 2

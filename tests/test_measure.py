@@ -218,7 +218,7 @@ def test_a_ratio_too_noisy_to_decide_leaves_the_decision_to_the_rule_and_says_so
     monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
     facts = probe_host(use_cache=False)
     line = "bf16/fp32 GEMM 1.02x (0.70-1.40 over 9 rounds): too noisy to decide (...), so the rule decides the dtype"
-    measure.save(facts, {"method": measure.METHOD, "gemm_fp32_gflops": 50.0, "undecided": {"dtype": line},
+    measure.save(facts, {"method": measure.METHOD, "gemm_fp32_gflops": 50.0, "undecided": {"bf16_over_fp32": line},
                          "load": {"under_load": True, "busy_cpus": {"0": 1.0, "1": 1.0}, "figure": "load average 11"}})
     assert measure.assess(measure.read_cached(facts)[0], facts) == (True, [])
     data, proc = run_json(["recommend"], {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_LOAD_WINDOW": "0",
@@ -301,4 +301,4 @@ def test_a_real_side_by_side_measurement_under_load_says_how_far_it_is(tmp_path,
     assert got["load"]["under_load"] and got["threads"] == 1  # the CPUs other work left free: at least one
     assert took < 300, took
     decided = got["ratios"]["bf16_over_fp32"]["decided"]
-    assert ("gemm_bf16_gflops" in got) == decided and ("dtype" in got["undecided"]) == (not decided)
+    assert ("gemm_bf16_gflops" in got) == decided and ("bf16_over_fp32" in got["undecided"]) == (not decided)

@@ -85,6 +85,11 @@ CASES = [
     ("pin_memory", "true", REFUSED),
     ("pin_memory", "false", _decided("pin_memory", False)),
     ("zero", "none", _decided("zero", None)),
+    ("sharding", "fsdp", REFUSED),  # the built-in loop has no sharding
+    ("sharding", "zero3", REFUSED),  # DeepSpeed is not installed
+    ("sharding", "none", _decided("sharding", None)),
+    ("offload", "true", REFUSED),
+    ("offload", "false", _decided("offload", False)),
     ("oversubscribe", "true", lambda p: p["world"] >= 1),
     ("preset", "tiny", _setting("preset", "tiny")),
     ("lr", "0.005", _setting("lr", 0.005)),

@@ -274,3 +274,273 @@ def test_a_plan_that_names_a_key_twice_or_loops_is_refused_with_its_hint(plan, c
     code, out, err = _run(["train", "--plan", str(tmp_path / "a"), "--dry-run"], capsys)
     _clean(code, out, err, allowed=(ExitCode.FILESYSTEM,))
     assert "symbolic links point at each other" in err
+
+
+# -- facts files (doctor --save-facts; doctor --facts, recommend --node-facts) ---------------------------------
+
+FACT_PATHS = [("facts", "host", "topology", "sockets"), ("facts", "host", "topology", "cpus"),
+              ("facts", "host", "cpu", "model_name"), ("facts", "host", "cpu", "isa"),
+              ("facts", "host", "memory", "total_bytes"), ("facts", "host", "software", "python"),
+              ("facts", "host", "load", "psi_some_avg10"), ("facts", "host"), ("facts", "hostname"),
+              ("facts", "interfaces"), ("facts", "interpreter_found"), ("status",), ("seconds",), ("error",),
+              ("transport",), ("name",)]
+
+
+def _two_node_facts(tmp_path: Path, capsys) -> Tuple[Dict[str, Any], str]:
+    """A saved cluster document of this node and a second one (its copy named node-b), and this node's name."""
+    path = tmp_path / "facts.json"
+    _clean(*_run(["doctor", "--save-facts", str(path), "--quiet"], capsys), allowed=(0,))
+    doc = json.loads(path.read_text())
+    other = copy.deepcopy(doc["nodes"][0])
+    other["name"] = "node-b"
+    doc["nodes"].append(other)
+    return doc, doc["nodes"][0]["name"]
+
+
+def _node_b(out: str) -> Dict[str, Any]:
+    return {n["name"]: n for n in json.loads(out)["nodes"]}
+
+
+def test_a_facts_file_with_one_bad_node_keeps_the_others(cache, capsys, tmp_path):
+    good, this = _two_node_facts(tmp_path, capsys)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(this + "\n")
+    path = tmp_path / "edited.json"
+
+    @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.sampled_from(FACT_PATHS), st.sampled_from(HOSTILE_VALUES))
+    def check(where: Tuple[str, ...], value: Any) -> None:
+        data = copy.deepcopy(good)
+        node = data["nodes"][1]
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        path.write_text(json.dumps(data))
+        code, out, err = _run(["doctor", "--facts", str(path), "--json"], capsys)
+        _clean(code, out, err, allowed=(ExitCode.OK, ExitCode.NODES_DIFFER, ExitCode.UNREACHABLE))
+        nodes = _node_b(out)
+        assert nodes[this]["status"] == "ok" and nodes[this]["facts"]  # nothing else lost
+        # planning from the facts of the node that is fine goes on; planning the bad one is refused in one line
+        _clean(*_run(["recommend", "--hostfile", str(hostfile), "--node-facts", str(path), "--quiet"], capsys),
+               allowed=(ExitCode.OK,))
+        if where == ("name",) and not (isinstance(value, str) and value):
+            return
+        both = tmp_path / "both"
+        both.write_text(f"{this}\nnode-b\n")
+        code, out, err = _run(["recommend", "--hostfile", str(both), "--node-facts", str(path), "--quiet"], capsys)
+        _clean(code, out, err, allowed=(ExitCode.OK, ExitCode.USAGE, ExitCode.UNREACHABLE, ExitCode.NODES_DIFFER))
+        if code == ExitCode.USAGE:
+            assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
+
+    check()
+
+
+FILE_KINDS = ["fifo", "dev-zero", "dir", "huge", "truncated", "binary", "latin1", "deep", "dup-key", "loop", "nan",
+              "empty", "control"]
+
+
+def _hostile_file(path: Path, kind: str, good: str, tmp_path: Path) -> None:
+    """`path` replaced by a hostile thing of this kind (good: the file's usual text)."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "huge":
+        with open(path, "wb") as fh:
+            fh.truncate(17 * 1024 * 1024)
+    elif kind == "truncated":
+        path.write_text(good[: len(good) // 2])
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00\x1b[2J")
+    elif kind == "latin1":
+        path.write_bytes(good.replace("a", "\u00e9", 1).encode("latin-1", "replace"))
+    elif kind == "deep":
+        path.write_text("[" * 100000 + "]" * 100000)
+    elif kind == "dup-key":
+        first = next(iter(json.loads(good)))
+        path.write_text(good.rstrip()[:-1] + f', "{first}": null}}')
+    elif kind == "loop":
+        (tmp_path / f"loop-{path.name}").symlink_to(path)
+        path.symlink_to(tmp_path / f"loop-{path.name}")
+    elif kind == "nan":
+        path.write_text(good.replace('"seconds": ', '"seconds": NaN, "x": ', 1))
+    elif kind == "empty":
+        path.write_text("")
+    else:
+        path.write_text(good.replace('"transport": ', '"transport": "\\u001b]0;pwned\\u0007", "t": ', 1))
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_a_facts_file_that_is_no_file_is_refused_in_one_line_and_in_a_directory_costs_only_its_node(
+        cache, capsys, tmp_path, kind):
+    good, this = _two_node_facts(tmp_path, capsys)
+    single = tmp_path / "single.json"
+    _hostile_file(single, kind, json.dumps(good), tmp_path)
+    code, out, err = _run(["doctor", "--facts", str(single)], capsys)
+    _clean(code, out, err, allowed=(ExitCode.USAGE, ExitCode.FILESYSTEM, ExitCode.NODES_DIFFER, ExitCode.OK))
+    if code in (ExitCode.USAGE, ExitCode.FILESYSTEM):
+        assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
+    # A directory of per-node files (--save-facts DIR/): the hostile one costs its own node only.
+    folder = tmp_path / "facts"
+    folder.mkdir()
+    (folder / f"{this}.json").write_text(json.dumps({**good, "nodes": good["nodes"][:1]}))
+    _hostile_file(folder / "node-b.json", kind, json.dumps({**good, "nodes": good["nodes"][1:]}), tmp_path)
+    code, out, err = _run(["doctor", "--facts", f"{folder}/", "--json"], capsys)
+    _clean(code, out, err, allowed=(ExitCode.OK, ExitCode.NODES_DIFFER))
+    nodes = _node_b(out)
+    assert nodes[this]["status"] == "ok"
+    assert os.path.lexists(folder / "node-b.json")
+
+
+# -- hostfiles -------------------------------------------------------------------------------------------------
+
+HOSTFILE_LINES = ["node-a slots=99999999999999999999", "node-a:0", "node-a:-1", "node-a slots=abc", "node-a:\u0663",
+                  "node-a slots=2 evil=1", "no\x1b[2Jde", "\x1b]0;pwned\x07", "node-a\x00", "node\u2028a", "a" * 300,
+                  "-rf", "node-a; rm -rf /", "$(touch x)", "node-a:1:2", "[::1]:2", "node-a " + "slots=1 " * 10000,
+                  "node-a:" + "9" * 5000, "node-a\r", "node-a\tslots=2", "node-a slots=8193", "node-a slots=1.5"]
+
+
+@pytest.mark.parametrize("line", HOSTFILE_LINES, ids=[repr(x)[:30] for x in HOSTFILE_LINES])
+def test_a_hostfile_line_is_typed_and_ranged_or_refused_in_one_line(cache, capsys, tmp_path, line):
+    path = tmp_path / "hosts"
+    path.write_text(f"localhost slots=1\n{line}\n", encoding="utf-8", errors="surrogateescape")
+    code, out, err = _run(["ccl-env", "--hostfile", str(path)], capsys)
+    _clean(code, out, err, allowed=(ExitCode.OK, ExitCode.USAGE))
+    if code == ExitCode.USAGE:
+        assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1 and out == ""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dir", "huge", "binary", "latin1", "empty", "loop"])
+def test_a_hostfile_that_is_no_file_is_refused_without_blocking(cache, capsys, tmp_path, kind):
+    path = tmp_path / "hosts"
+    _hostile_file(path, kind, "localhost slots=1\n127.0.0.1 slots=1\n", tmp_path)
+    code, out, err = _run(["ccl-env", "--hostfile", str(path)], capsys)
+    _clean(code, out, err, allowed=(ExitCode.USAGE, ExitCode.FILESYSTEM))
+    assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1 and out == ""
+
+
+# -- the collectives cache and the remembered compat parse ------------------------------------------------
+
+def _collectives(names: List[str]) -> Tuple[Path, Dict[str, Any]]:
+    from cpuperf.run.collectives import cache_path
+
+    good = {"nodes": names, "master": names[0], "bucket_mb": 25.0, "measured_at": "2025-01-01T00:00:00Z",
+            "seconds": 3.2, "failed": {}, "world": 2, "torch": "2.13.0+cpu",
+            "backends": {"gloo": {"bucket_bytes": 26214400, "seconds": 0.05, "algbw_gbps": 0.5, "busbw_gbps": 0.5,
+                                  "latency_us": 80.0, "iters": 5},
+                         "mpi": {"bucket_bytes": 26214400, "seconds": 0.04, "algbw_gbps": 0.6, "busbw_gbps": 0.6,
+                                 "latency_us": 60.0, "iters": 5},
+                         "ccl": {"skipped": "oneccl_bind_pt is not installed (rank 0)"}}}
+    path = cache_path(names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path, good
+
+
+COLLECTIVE_PATHS = [("backends", "mpi", "seconds"), ("backends", "mpi", "latency_us"), ("backends", "mpi"),
+                    ("backends", "mpi", "bucket_bytes"), ("backends", "ccl", "skipped"), ("world",), ("nodes",),
+                    ("measured_at",), ("bucket_mb",), ("failed",), ("backends",)]
+
+
+def test_every_field_of_the_collectives_cache_is_typed_and_one_bad_backend_costs_only_itself(cache, capsys):
+    from cpuperf.decide.cluster import choose_ddp
+    from cpuperf.run import collectives
+
+    names = ["node-a", "node-b"]
+    path, good = _collectives(names)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.sampled_from(COLLECTIVE_PATHS), st.sampled_from(HOSTILE_VALUES))
+    def check(where: Tuple[str, ...], value: Any) -> None:
+        data = copy.deepcopy(good)
+        node = data
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        path.write_text(json.dumps(data))
+        collectives._SAID.clear()
+        got = collectives.read_cached(names)
+        out, err = capsys.readouterr()
+        _clean(0, out, err, allowed=(0,))
+        if where == ("nodes",):
+            assert got is None or got["nodes"] == names
+            return
+        assert got is not None
+        if where[:2] != ("backends", "gloo") and where != ("backends",):
+            assert got["backends"]["gloo"] == good["backends"]["gloo"]  # nothing else lost
+        choice = choose_ddp(got)
+        assert choice is None or choice.backend in ("gloo", "mpi")
+
+    check()
+
+
+@pytest.mark.parametrize("kind", [k for k in FILE_KINDS if k not in ("nan", "control")])
+def test_a_collectives_cache_that_is_no_file_is_ignored_said_once_and_kept(cache, capsys, tmp_path, kind):
+    from cpuperf.run import collectives
+
+    names = ["node-a", "node-b"]
+    path, good = _collectives(names)
+    _hostile_file(path, kind, json.dumps(good), tmp_path)
+    collectives._SAID.clear()
+    signal.alarm(int(SIZE_LIMIT_S))
+    try:
+        assert collectives.read_cached(names) is None or kind in ("latin1",)
+        collectives.read_cached(names)
+    finally:
+        signal.alarm(0)
+    out, err = capsys.readouterr()
+    _clean(0, out, err, allowed=(0,))
+    assert err.count("collectives cache") <= 1 and os.path.lexists(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dir", "huge", "truncated", "binary", "deep", "dup-key",
+                                  "loop", "empty"])
+def test_a_remembered_compat_parse_that_is_no_file_is_parsed_again(cache, capsys, tmp_path, kind):
+    from cpuperf import data
+
+    name = str(data.builtin_compat_dir() / "launchers.toml")
+    data.load_toml.cache_clear()
+    truth = data.load_toml(name)  # parsed, and its parse remembered
+    remembered = next((cache / "compat-parsed").glob("launchers.toml-*.json"))
+    _hostile_file(remembered, kind, remembered.read_text(), tmp_path)
+    data.load_toml.cache_clear()
+    data._SAID.clear()
+    signal.alarm(int(SIZE_LIMIT_S))
+    try:
+        assert data.load_toml(name) == truth
+    finally:
+        signal.alarm(0)
+        data.load_toml.cache_clear()
+    out, err = capsys.readouterr()
+    _clean(0, out, err, allowed=(0,))
+    assert err.count("remembered parse") <= 1
+
+
+# -- what a node's probe prints back (doctor --hostfile reads it over ssh or mpirun) ------------------------------
+
+def test_a_nodes_printed_record_is_checked_like_a_facts_file(cache, capsys, tmp_path):
+    from cpuperf.probe.node import MARKER, read_output
+
+    good, _ = _two_node_facts(tmp_path, capsys)
+    record = good["nodes"][0]["facts"]
+    assert read_output(MARKER + json.dumps(record))[0] is not None
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.sampled_from([("interfaces",), ("hostname",), ("host",), ("host", "cpu"), ("host", "topology", "cpus"),
+                            ("interpreter_found",), ("error",), ("name",), ("host", "software", "packages")]),
+           st.sampled_from(HOSTILE_VALUES))
+    def check(where: Tuple[str, ...], value: Any) -> None:
+        data = copy.deepcopy(record)
+        node = data
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+        facts, error = read_output("ssh: warning\n" + MARKER + json.dumps(data) + "\n")
+        assert facts is not None or (error or "").startswith("unreadable probe output")
+
+    check()
+    for text in (MARKER + "{", MARKER + '{"a": 1, "a": 2}', MARKER + "[" * 100000, MARKER + "NaN"):
+        assert read_output(text)[0] is None

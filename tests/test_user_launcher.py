@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -272,3 +273,58 @@ def test_a_users_own_thread_count_that_the_plan_keeps_is_what_every_rank_gets(tm
     result = json.loads(proc.stdout)
     text = json.dumps(result)
     assert "your OMP_NUM_THREADS=7 is kept: each rank runs 7 thread(s)" in text, text[-3000:]
+
+
+# -- issue 41 item 6 / issue 42: the line's own variables and wrappers, seen from inside each rank -------------
+
+def test_a_thread_count_on_the_mpirun_line_is_what_every_rank_runs_with(tmp_path):
+    """`mpirun -np 2 -x OMP_NUM_THREADS=2 python x.py` ran each rank with 1 thread: the per-rank step overwrote it."""
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    result, seen = _launch(tmp_path, [*_mpirun(), "-np", "2", "-x", "OMP_NUM_THREADS=2", PY, SCRIPT],
+                           env={"RANK_REPORT_TORCH": "1"})
+    assert len(seen) == 2
+    assert [r["omp_num_threads"] for r in seen] == ["2", "2"] and [r["torch_threads"] for r in seen] == [2, 2]
+    text = json.dumps(result)
+    assert "your OMP_NUM_THREADS=2 is kept" in text, text[-3000:]
+
+
+def test_a_binding_variable_on_the_mpirun_line_reaches_the_ranks_and_cpuperf_places_nothing(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    result, seen = _launch(tmp_path, [*_mpirun(), "-np", "2", "-x", "OMP_PROC_BIND=close", PY, SCRIPT])
+    # Each rank runs where Open MPI itself puts it (its default binds 2 ranks to a core each), with the user's
+    # binding and no thread count of cpuperf's.
+    assert [(r["omp_proc_bind"], r["omp_num_threads"]) for r in seen] == [("close", None)] * 2
+    assert result["launch"]["yours"]["placed_by_cpuperf"] is False
+    assert "OMP_NUM_THREADS" not in result["launch"]["env"]
+    assert "your launcher line binds the ranks itself (-x OMP_PROC_BIND=close)" in result["launch"]["yours"]["why"]
+
+
+@pytest.mark.parametrize("wrap", [["timeout", "600"], ["bash", "-c"]])
+def test_a_launcher_behind_timeout_or_a_shell_line_gets_its_ranks_placed(tmp_path, wrap):
+    """`timeout 600 torchrun --nproc-per-node 2 x.py` was planned as one process: 2 ranks with the threads of one."""
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    line = SPELLINGS["torchrun"](2)
+    argv = [*wrap, shlex.join(line)] if wrap[0] == "bash" else [*wrap, *line]
+    result, seen = _launch(tmp_path, argv)
+    assert len(seen) == 2
+    assert result["launch"]["yours"]["ranks"] == 2 and result["launch"]["yours"]["placed_by_cpuperf"]
+    threads = [int(r["omp_num_threads"]) for r in seen]
+    assert sum(threads) <= _cores() and all(t >= 1 for t in threads)  # each its share, not the whole host
+
+
+def test_a_launcher_hidden_in_a_shell_line_is_left_alone_and_the_plan_says_so(tmp_path):
+    if _cores() < 2:
+        pytest.skip("needs 2 usable cores")
+    line = f"cd {shlex.quote(str(tmp_path))} && {shlex.join(SPELLINGS['torchrun'](2))}"
+    result, seen = _launch(tmp_path, ["sh", "-c", line])
+    assert len(seen) == 2
+    everything = set(_usable())
+    assert all(set(r["cpus"]) == everything for r in seen)  # nothing pinned by cpuperf
+    assert [r["omp_num_threads"] for r in seen] == ["1", "1"]  # torchrun's own default for several workers
+    yours = result["launch"]["yours"]
+    assert yours["ranks"] is None and not yours["placed_by_cpuperf"]
+    assert "does not read through" in yours["why"] and "placement is left to the launcher" in yours["why"]
+    assert "cpuperf.run.rankexec" not in " ".join(result["launch"]["argv"])

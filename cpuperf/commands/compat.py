@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform as _platform
 import re
 import sys
 from typing import Optional
@@ -17,10 +16,6 @@ def _this_python() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}{ft}"
 
 
-def _this_platform() -> str:
-    return "linux_aarch64" if _platform.machine().lower() in ("aarch64", "arm64") else "linux_x86_64"
-
-
 def run(out: Output, python: Optional[str], torch: Optional[str], with_: Optional[str],
         why_not: Optional[str], platform: Optional[str]) -> int:
     """Dispatch to the table, the resolver or why_not; map data/input errors to CpuperfError."""
@@ -33,7 +28,9 @@ def run(out: Output, python: Optional[str], torch: Optional[str], with_: Optiona
         matrix = default_matrix()
     except MatrixError as exc:
         raise BadDataError(str(exc), hint="fix the listed rows, or unset CPUPERF_COMPAT_DIR") from exc
-    plat = platform or _this_platform()
+    from cpuperf.probe.wheel_platform import wheel_platform
+
+    plat = platform or wheel_platform()
     try:
         if why_not:
             m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*(\S+)\s*$", why_not)

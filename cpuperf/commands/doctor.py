@@ -68,10 +68,30 @@ def _cpu_section(cpu: Dict[str, Any]) -> Table:
     t.add_row("microarchitecture", f"{cpu['microarchitecture']} (by {cpu['microarchitecture_source']})")
     t.add_row("ISA", " ".join(cpu["isa"]) or "-")
     t.add_row("bf16 native", "yes" if cpu["bf16_native"] else "no")
+    data = cpu.get("peak_data") or {}
+    flops = data.get("flops_per_cycle")
+    gaps = {g["kind"]: g for g in data.get("unsourced", ())}
+    t.add_row("FLOPs/cycle/core", _flops_line(flops, gaps.get("flops_per_cycle")))
+    boost = data.get("boost_clock")
+    t.add_row("highest rated clock", f"{boost['ghz']:.2f} GHz ({boost['part']})" if boost
+              else _gap_line(gaps.get("boost_clock"), "no row"))
     amx = cpu["amx"]
     usable = {True: "usable", False: "not usable", None: "unknown"}[amx["usable"]]
     t.add_row("AMX", f"supported, {usable}" if amx["supported"] else "no")
     return t
+
+
+def _gap_line(gap: Optional[Dict[str, Any]], otherwise: str) -> str:
+    return f"unsourced: {gap['what']} ({gap['why']})" if gap else otherwise
+
+
+def _flops_line(flops: Optional[Dict[str, Any]], gap: Optional[Dict[str, Any]]) -> str:
+    """'32 fp32, 64 bf16 (variant)' from compat/cpu_peaks.toml, or why the data has no figure."""
+    if not flops:
+        return _gap_line(gap, "no row (MFU not reported)")
+    rates = f"{flops['fp32']} fp32" + (f", {flops['bf16']} bf16" if flops.get("bf16") else "")
+    line = f"{rates} ({flops['variant']})"
+    return f"{line}; {_gap_line(gap, '')}" if gap else line
 
 
 def _topology_section(host: Dict[str, Any]) -> Table:

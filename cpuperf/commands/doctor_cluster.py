@@ -150,7 +150,10 @@ def run(out: Output, opts: ClusterOptions, environ: Optional[Mapping[str, str]] 
     if opts.facts:
         from cpuperf.probe.node import read_saved
 
-        results = read_saved(opts.facts)
+        notes: List[str] = []
+        results = read_saved(opts.facts, notes)
+        for note in notes:  # a node whose saved record does not fit is shown as probe-failed, the others as saved
+            out.warn(note)
         transport, collectives = (results[0].transport if results else "?"), None
         out.info(f"read the facts of {len(results)} node(s) from {opts.facts} (nothing probed)")
     else:

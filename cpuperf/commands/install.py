@@ -173,13 +173,14 @@ def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, dev
                   versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
     """(resolution, exact torch build or None = host default label, notes)."""
     from cpuperf.knowledge.resolve import resolve
+    from cpuperf.probe.wheel_platform import wheel_platform
 
     notes: List[str] = []
     if opts.torch is None and installed:
-        r = resolve(py, None, want, matrix=matrix, installed_torch=installed)
+        r = resolve(py, None, want, wheel_platform(), matrix=matrix, installed_torch=installed)
         return r, installed, notes
     if versions is None:
-        r = resolve(py, opts.torch, want, matrix=matrix)
+        r = resolve(py, opts.torch, want, wheel_platform(), matrix=matrix)
         notes.append("could not list the versions the sources offer (pip index versions failed); "
                      "the dry run decides")
         return r, None, notes
@@ -188,15 +189,31 @@ def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, dev
         cands = [v for v in right if ip.newest_build([v], device, cuda_tag, specs, allow_plain=plain) == v]
         if plain:
             cands = [v for v in cands if not local_label(v)]
+            if device == "cpu":
+                cands = _plain_cpu_builds(cands, matrix, notes)
         cands.sort(key=Version, reverse=True)
         for v in cands:
-            r = resolve(py, Version(v).public, want, matrix=matrix)
+            r = resolve(py, Version(v).public, want, wheel_platform(), matrix=matrix)
             if r.ok:
                 if plain:
-                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch "
-                                 f"{opts.torch or ''} is offered by the sources; trying the registry's build {v}")
+                    notes.append(f"no {'+cpu' if device == 'cpu' else 'CUDA'} build of torch"
+                                 f"{' ' + opts.torch if opts.torch else ''} is offered by the sources; trying the "
+                                 f"registry's build {v}")
                 return r, v, notes
     return None, None, notes
+
+
+def _plain_cpu_builds(versions: List[str], matrix: Any, notes: List[str]) -> List[str]:
+    """The registry's unlabelled builds a CPU host may take on this interpreter's platform, with a note where the
+    newer ones are CUDA builds (plan/install.py registry_cpu_builds)."""
+    from cpuperf.probe.wheel_platform import wheel_platform
+
+    keep, cuda = ip.registry_cpu_builds(versions, matrix, wheel_platform())
+    if cuda and keep:
+        notes.append(f"the registry's Linux aarch64 torch is a CUDA build from {min(cuda, key=Version)} on ({len(cuda)} "
+                     f"of the releases offered; compat/torch.toml pypi_aarch64): its newest CPU build, "
+                     f"{max(keep, key=Version)}, instead")
+    return keep
 
 
 # --------------------------------------------------------------------------- the command
@@ -376,13 +393,14 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
           config: Mapping[str, str], proxy: Optional[str], device: str, py: str,
           environ: Mapping[str, str]) -> ip.InstallPlan:
     from cpuperf.knowledge.resolve import ResolveError, resolve
+    from cpuperf.probe.wheel_platform import wheel_platform
 
     matrix = load_matrix_for_install()
     want = frozenset(w.strip() for w in opts.with_ if w.strip())
     installed_info = facts.software.packages.get("torch") if facts.software else None
     installed = installed_info.version if installed_info else None
     try:
-        first = resolve(py, opts.torch, want, matrix=matrix, installed_torch=None if opts.torch else installed)
+        first = resolve(py, opts.torch, want, wheel_platform(), matrix=matrix, installed_torch=None if opts.torch else installed)
     except ResolveError as exc:
         raise UsageError(str(exc), hint="cpuperf install --torch 2.7 --with ipex,oneccl") from exc
     if first.torch is None:
@@ -422,7 +440,7 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
         plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build,
                                cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
                                allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix,
-                               allocator_version=alloc_version)
+                               allocator_version=alloc_version, platform=wheel_platform())
     except ip.PlanError as exc:
         raise IncompatibleHostError(str(exc)) from exc
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))

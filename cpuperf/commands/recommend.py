@@ -101,12 +101,12 @@ def _toml(text: str) -> Dict[str, Any]:
 
 
 def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-             environ: Optional[Dict[str, str]] = None) -> JobPlan:
+             environ: Optional[Dict[str, str]] = None, master_addr: Optional[str] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
     from cpuperf.plan.job import placeholder_job
     from cpuperf.probe.slurm import slurm_facts
 
-    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}))
+    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}), master_addr)
 
 
 def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
@@ -119,15 +119,20 @@ def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[H
     transformers = rec.stack.get("transformers")
     env = jp.env_map()
     launch = launch_view(jp.launch)
+    from cpuperf.plan.user_script import recommended_speed_flags
+
+    files = {path: text for f in recommended_speed_flags(rec, transformers)[0] if f.file for path, text in [f.file]}
     return {
         "env": env,
         "launch": launch,
         "hf_args": render.hf_flags(rec, transformers),
+        "hf_files": files,
         "hf_args_for": transformers or "newest known transformers",
         "accelerate_config": render.accelerate_config(rec, env.get("MASTER_ADDR", "127.0.0.1"),
                                                       int(env.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))),
         "accelerate_launch_args": render.accelerate_launch_args(rec),
-        "data_notes": render.hf_notes(rec),
+        "data_notes": render.hf_notes(rec) + [f"the Trainer flags name {path}: write it with {text}"
+                                              for path, text in files.items()],
     }
 
 
@@ -136,6 +141,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
+    master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs, out=out)
     kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
@@ -147,7 +153,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.probe.slurm import slurm_environ
 
     # Inside a Slurm allocation the job is the allocation's (srun, its first node the rendezvous), as train runs it.
-    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ))
+    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ), master_addr)
     extra = renderings(facts, rec, hosts, jp)
     result = {
         "schema": SCHEMA,
@@ -156,7 +162,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         "workload": rec.workload.to_json(),
         "placement": rec.placement.to_json(),
         "stack": rec.stack,
-        "notes": list(rec.notes) + extra["data_notes"],
+        "notes": list(rec.notes) + extra["data_notes"] + _levers_not_applied(facts, rec),
         **extra,
     }
     if subs:
@@ -188,6 +194,13 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     return 0
 
 
+def _levers_not_applied(facts: HostFacts, rec: Recommendation) -> List[str]:
+    """The Arm levers this plan leaves out, each with why (the job's notes say the same: decide/runtime_env)."""
+    from cpuperf.decide.arm_levers import arm_levers
+
+    return [lever.line() for lever in arm_levers(facts, {"fp32_math_mode": rec.levers.fp32_math_mode.value}) if not lever.applied]
+
+
 def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
                  node_facts: Optional[str]) -> Tuple[HostFacts, Recommendation, List[NodePlan]]:
     """One plan over the hostfile's nodes from each node's own facts (saved by `doctor --hostfile --save-facts`, or
@@ -206,7 +219,15 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
     if node_facts:
         from cpuperf.probe.node import read_saved
 
-        results = read_saved(node_facts)
+        notes: List[str] = []
+        results = read_saved(node_facts, notes)
+        unfit = {r.name: r.error for r in results if r.facts is None and r.error and "saved facts" in r.error}
+        planned = [n for n in names if n in unfit]
+        if planned:  # planning needs every node's facts: a record that does not fit is the user's to fix (exit 2)
+            raise UsageError(f"node {planned[0]}: {unfit[planned[0]]} ({node_facts}); planning needs every node's facts",
+                             hint="save that node's facts again: cpuperf doctor --hostfile FILE --save-facts DIR/")
+        for note in notes:
+            out.warn(note)
     else:
         from cpuperf.run.nodes import choose_reach, probe_cluster
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.decide.nodes import job_nodes
 from cpuperf.decide.placement import plan_placement
-from cpuperf.decide.workload import resolve_workload
+from cpuperf.decide.workload import for_script, from_script, resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
 from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
@@ -24,7 +24,7 @@ from cpuperf.plan.saved import plan_fits, read_plan_file
 from cpuperf.plan.user_launcher import split_launcher
 from cpuperf.plan.user_script import parse_command
 from cpuperf.probe import probe_host, with_load
-from cpuperf.probe.hf import accelerate_default_config
+from cpuperf.probe.hf import accelerate_default_config, script_model
 from cpuperf.probe.hosts import read_hostfile, this_node_names
 from cpuperf.probe.launchers import launcher_python, read_script
 from cpuperf.probe.slurm import slurm_facts
@@ -96,7 +96,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
     # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
     yours = split_launcher(argv) if argv else None
-    script = parse_command(argv).script if argv else None
+    command = parse_command(argv) if argv else None
+    script, script_args = (command.script, command.script_args) if command else (None, ())
     if facts is None:
         facts = probe_host(sysroot=options.sysroot)
     if options.adapt_to_load and facts.load is None and facts.live:
@@ -116,7 +117,13 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
-    workload = resolve_workload(request.model, None, None, None, steps)
+    if argv:  # the model and batch your script names in its own arguments (never downloaded)
+        found = script_model(script_args, os.getcwd(), environ,
+                             its_python or launcher_python(argv[:1]) if script else None)
+        workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
+                    else from_script(found))
+    else:
+        workload = resolve_workload(request.model, None, None, None, steps)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None
     threads = plan_placement(facts).threads_per_rank if real_auto else None
@@ -275,6 +282,8 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         for line in applied_lines(applied):
             out.info(line)
     script = jp.hf.get("_script")
+    if script is not None:
+        _write_config_files(script.files)
     res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
                   tee_stderr=script is not None and bool(script.added))
     observed = [res.observations[r] for r in sorted(res.observations)]
@@ -313,6 +322,20 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         if not user:
             out.product(_human(result))
     return 0
+
+
+def _write_config_files(files: Tuple[Tuple[str, str], ...]) -> None:
+    """The FSDP / DeepSpeed files the added flags name, in the run directory, before the script reads them."""
+    from cpuperf.errors import FilesystemError
+
+    for path, text in files:
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError as exc:
+            raise FilesystemError(f"cannot write {path}: {exc.strerror or exc}",
+                                  hint="check the run directory (--out): permissions, space") from exc
 
 
 def _plot(out: Output, run_dir: str) -> List[str]:
@@ -496,6 +519,9 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
 
         lines.extend("# " + line for line in applied_lines(applied))
     lines.extend("# " + line for line in _lever_lines(jp))
+    script = jp.hf.get("_script")
+    for path, text in (script.files if script is not None else ()):
+        lines.append(f"# file {path} (written before the script starts): {text}")
     lines.append(shell_line(plan.argv, dict(plan.env)))
     out.product("\n".join(lines))
     from cpuperf.run.said import first_time

@@ -9,7 +9,7 @@ from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
 from cpuperf.knowledge.bf16 import bf16_native
-from cpuperf.knowledge.cpu_peaks import peak_generations
+from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import HostFacts, PackageInfo, allocator_names
 from cpuperf.versions import base_or_none, major_minor
@@ -41,10 +41,21 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
     cpu = facts.cpu
     out: List[Finding] = []
     if cpu.arch == "x86_64" and not bf16_native(facts):
-        out.append(Finding(
-            "bf16-not-native", "info",
-            f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
-            "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
+        torch = _pkg(facts, "torch")
+        gpu_training = bool(facts.gpus) and (torch is None or torch.build != "cpu")
+        if gpu_training:  # the advice follows the device: training runs on the GPUs, whose bf16 is their own
+            bf16_gpus = [g.name for g in facts.gpus or () if g.bf16]
+            gpu_side = (f"the GPUs ({', '.join(sorted(set(bf16_gpus)))}) have bf16 and train with it" if bf16_gpus
+                        else "the GPUs here have no bf16 either (fp16 with a gradient scaler on Tensor Cores)")
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so CPU training would emulate bf16; {gpu_side}",
+                None))
+        else:
+            out.append(Finding(
+                "bf16-not-native", "info",
+                f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
+                "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
     if cpu.amx_supported and cpu.amx_usable is False:
         out.append(Finding(
             "amx-not-permitted", "error",
@@ -63,6 +74,12 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
                            "(newer than the data, or no vendor guide gives its datapath): training reports no MFU "
                            "for it, only the measured GEMM rate ('% of achievable'); placement and dtype use its "
                            "ISA flags", None))
+    gaps = peak_data(cpu.microarchitecture, cpu.model_name)["unsourced"]
+    if gaps:
+        out.append(Finding("cpu-data-unsourced", "info",
+                           "not in cpuperf's data for want of a primary source: "
+                           + "; ".join(f"{g['what']} ({g['why']})" for g in gaps)
+                           + ": left out rather than guessed (compat/cpu_peaks.toml [[unsourced]])", None))
     return out
 
 
@@ -298,7 +315,8 @@ def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
                 "family": cpu.family, "model": cpu.model, "stepping": cpu.stepping,
                 "microarchitecture": cpu.microarchitecture,
                 "microarchitecture_source": cpu.microarchitecture_source,
-                "isa": list(cpu.isa), "bf16_native": cpu.bf16_native,
+                "isa": list(cpu.isa), "bf16_native": bf16_native(facts),
+                "peak_data": peak_data(cpu.microarchitecture, cpu.model_name),
                 "amx": {"supported": cpu.amx_supported, "usable": cpu.amx_usable},
                 "implementer": cpu.implementer, "part": cpu.part,
             },

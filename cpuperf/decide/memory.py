@@ -1,43 +1,121 @@
-"""The memory plan: one computation from which batch, grad_accum, checkpointing, optimizer and ZeRO follow.
+"""The memory plan: one computation from which batch, accumulation, checkpointing, sharding and offload follow.
 
-Pure. Per rank: weights, gradients, optimizer state (per optimizer), activations per sample with and
-without gradient checkpointing, against the memory a rank may use (available memory or the cgroup
-limit, split over the ranks of each NUMA node; a GPU's memory on CUDA). Plans are tried from the
-cheapest in compute to the cheapest in memory; the first that fits one sample per rank wins.
+Pure. Per rank: weights, gradients, optimizer state, activations per sample with and without activation
+checkpointing, against the memory a rank may use (installed memory or the cgroup limit, split over the ranks of
+each NUMA node; a GPU's memory on CUDA). Only levers that keep the training the same are cpuperf's to use
+(checkpointing, sharding, offload), tried from the cheapest in compute to the cheapest in memory; the optimizer
+family and the batch are the user's (their script's arguments, or --set). The global batch is kept exactly.
 
-CPU training never offloads to the CPU (it already runs there: "offload" would only move bytes
-within the same RAM). If no plan fits, `plan_memory` raises IncompatibleHostError with the figures.
+CPU training never offloads to the CPU (it already runs there: "offload" would only move bytes within the
+same RAM). If no plan fits, `plan_memory` raises IncompatibleHostError with the figures and the options (each
+the user's to take) that would fit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import IncompatibleHostError
+from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.probe.facts import Gpu, HostFacts
 
 GIB = float(2**30)
 
 
+# The levers a memory plan may use without changing what is trained (the training result stays the same):
+# activation checkpointing (recomputes), sharding (FSDP full shard / ZeRO-3: each rank holds 1/N of the state),
+# offload (a GPU parks the sharded state in host RAM). The optimizer family and the batch change the math:
+# only the user changes them (--set, or their own script's arguments).
+@dataclass(frozen=True)
+class Reach:
+    """Which of the levers that keep the math a path can apply: recompute (activation checkpointing), shard
+    (FSDP / ZeRO-3), park (offload the sharded state to host RAM)."""
+
+    recompute: bool = True
+    shard: bool = True
+    park: bool = True
+
+    def within(self, other: Reach) -> Reach:
+        return Reach(self.recompute and other.recompute, self.shard and other.shard, self.park and other.park)
+
+    @property
+    def everything(self) -> bool:
+        return self.recompute and self.shard and self.park
+
+
+KEEPS_THE_MATH = Reach()
+NOTHING = Reach(False, False, False)
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One way to train: optimizer, checkpointing, ZeRO stage (and GPU-only offload)."""
+    """One way to train: optimizer, checkpointing, sharding (fsdp | zero3) and offload (GPU only)."""
 
     optimizer: str
     checkpointing: bool
-    zero_stage: Optional[int] = None
+    sharding: Optional[str] = None  # 'fsdp' (torch FSDP full shard) | 'zero3' (DeepSpeed ZeRO-3) | None
     offload: bool = False
+
+    @property
+    def zero_stage(self) -> Optional[int]:
+        return 3 if self.sharding == "zero3" else None
 
     @property
     def name(self) -> str:
         parts = [self.optimizer, "checkpointing" if self.checkpointing else "no checkpointing"]
-        if self.zero_stage:
-            parts.append(f"ZeRO-{self.zero_stage}" + (" + CPU offload" if self.offload else ""))
+        if self.sharding:
+            parts.append(("FSDP full shard" if self.sharding == "fsdp" else "ZeRO-3")
+                         + (" + CPU offload" if self.offload else ""))
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class MemoryLevers:
+    """The memory levers a job's path can apply (the built-in loop: checkpointing; a Trainer script: what its
+    release takes), why not the others, and whether a job that does not fit is refused (exit 3) or only told
+    (advisory: a script cpuperf adds nothing to may shard itself; a plain run is run as you gave it)."""
+
+    can: Reach = KEEPS_THE_MATH
+    why: str = ""
+    advisory: bool = False
+    cpu_can: Optional[Reach] = None  # on a CPU device, where the path can do less (None: the same)
+    cpu_why: str = ""
+
+    def on(self, on_gpu: bool) -> Tuple[Reach, str]:
+        """(the levers, why not the others) on this device."""
+        if on_gpu or self.cpu_can is None:
+            return self.can, self.why
+        return self.can.within(self.cpu_can), self.cpu_why or self.why
+
+
+@dataclass(frozen=True)
+class MemoryAsk:
+    """What a memory plan must honour: the user's batch and optimizer, and the levers the job's path can apply."""
+
+    per_device: Optional[int] = None  # fixed per-rank batch (your script's, or --set batch_size); None: split the global batch
+    grad_accum: Optional[int] = None  # fixed accumulation (your script's, or --set grad_accum_steps)
+    optimizer: Optional[str] = None  # the optimizer family you chose (--set, or your script's --optim); None: AdamW
+    can: Reach = KEEPS_THE_MATH  # the levers this path can apply (a user script without a Trainer: none)
+    sharding: str = "fsdp"  # how sharding is applied: torch FSDP, or DeepSpeed ZeRO-3 where you chose it
+    cannot_why: str = ""  # why a lever of KEEPS_THE_MATH is not in `can` (said in the plan and in exit 3)
+    recompute: Optional[bool] = None  # levers you set: checkpointing, sharding (True: some, False: none), offload
+    shard: Optional[bool] = None
+    park: Optional[bool] = None
+    script: bool = False  # the batch and optimizer are your script's arguments: options are said in its terms
+
+    def allows(self, c: Candidate) -> bool:
+        """A candidate agrees with every lever you set."""
+        return ((self.recompute is None or c.checkpointing == self.recompute)
+                and (self.shard is None or bool(c.sharding) == self.shard)
+                and (self.park is None or c.offload == self.park))
+
+    def pins(self) -> str:
+        """The levers you set, in words."""
+        said = [("grad_checkpointing", self.recompute), ("sharding", self.shard), ("offload", self.park)]
+        return ", ".join(f"{name}={'yes' if v else 'none'}" for name, v in said if v is not None)
 
 
 @dataclass(frozen=True)
@@ -58,11 +136,16 @@ class MemoryPlan:
     optimizer_reason: str
     per_rank_batch: int
     max_batch_that_fits: Optional[int]
-    tried: Tuple[Tuple[str, int], ...] = field(default_factory=tuple)  # (plan, bytes for one sample)
+    tried: Tuple[Tuple[str, int], ...] = field(default_factory=tuple)  # (plan, bytes for the per-rank batch)
+    grad_accum: int = 1
+    global_batch: int = 1
+    batch_note: str = ""  # how the global batch is split, or why it could not be kept exactly
+    tensor_core: str = ""  # the Tensor Core alignment of the batch's GEMMs (GPU), in words
+    gathered_bytes: int = 0  # a sharded plan's working copy of the layer being computed
 
     @property
     def state_bytes(self) -> int:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.gathered_bytes
 
     def per_rank_bytes(self) -> int:
         return self.state_bytes + self.per_rank_batch * self.activation_bytes_per_sample
@@ -77,13 +160,20 @@ class MemoryPlan:
                 "activation_bytes_per_sample_checkpointing": self.activation_bytes_per_sample_ckpt,
                 "max_batch_that_fits": self.max_batch_that_fits, "per_rank_bytes": self.per_rank_bytes(),
                 "per_node_bytes": self.per_rank_bytes() * self.ranks_per_node,
-                "plan": asdict(self.candidate), "tried": [list(t) for t in self.tried]}
+                "plan": {"optimizer": self.candidate.optimizer, "checkpointing": self.candidate.checkpointing,
+                         "sharding": self.candidate.sharding, "offload": self.candidate.offload},
+                "tried": [list(t) for t in self.tried], "global_batch": self.global_batch}
 
 
-def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, rule: Mapping[str, Any]) -> float:
-    """Korthikanti et al. 2022 eq. 1 per layer (16-bit; doubled in fp32) plus logits and their grad."""
+def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, rule: Mapping[str, Any],
+                                fused_attention: bool = False) -> float:
+    """Korthikanti et al. 2022 eq. 1 per layer (16-bit; doubled in fp32) plus logits and their grad.
+
+    fused_attention: a flash or memory-efficient SDPA kernel never stores the T x T attention scores, so the
+    5*h*T/d term of eq. 1 (scores, softmax, dropout mask) is not kept (Dao et al. 2022, FlashAttention, sec. 3)."""
     t, d, h, layers = w.seq_len, w.d_model, max(1, w.n_head), w.n_layer
-    per_layer_16bit: float = t * d * (rule["activation_coeff"] + rule["activation_attn_coeff"] * h * t / d)
+    attn = 0.0 if fused_attention else rule["activation_attn_coeff"] * h * t / d
+    per_layer_16bit: float = t * d * (rule["activation_coeff"] + attn)
     scale = 2.0 if dtype == "fp32" else 1.0
     if checkpointing:
         # Only block inputs are kept, plus one block recomputed at a time.
@@ -136,71 +226,206 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
     return int(per_rank * rule["headroom"]), how, int(node_usable * rule["headroom"])
 
 
-def _optimizers(facts: HostFacts, on_gpu: bool, torch_ok_fused: bool, rule: Mapping[str, Any]
-                ) -> List[Tuple[str, float, str]]:
-    """(optimizer, bytes of state per parameter beyond weights and grads, reason), preferred first."""
-    # Same family (AdamW), fastest implementation the installed torch has: fused on CUDA and, since the
-    # release compat/tuning.toml names, on CPU (one kernel over all parameters; ~6x faster steps measured).
-    first = ("adamw_fused", "fused AdamW kernel (one kernel for all parameters)") if torch_ok_fused \
-        else ("adamw", "AdamW (foreach implementation): this torch has no fused kernel for the device")
-    out = [(first[0], rule["bytes_per_param_adamw"] - 8.0, first[1])]
-    if facts.software is not None and facts.software.packages.get("bitsandbytes"):
-        out.append(("adamw_8bit", rule["bytes_per_param_adamw_8bit"] - 8.0,
-                    "AdamW state does not fit: 8-bit AdamW (bitsandbytes installed)"))
+# Optimizer state beyond fp32 weights (4) and grads (4), per parameter: compat/tuning.toml [memory].
+_STATE_ROW = {"adamw": "bytes_per_param_adamw", "adamw_fused": "bytes_per_param_adamw",
+              "adamw_8bit": "bytes_per_param_adamw_8bit", "adafactor": "bytes_per_param_adafactor"}
+# The optimizer families and the package each needs beyond torch (a family whose package is missing is refused).
+OPTIMIZER_PACKAGE = {"adamw_8bit": "bitsandbytes"}
+
+
+def optimizer_state_bytes(optimizer: str, rule: Mapping[str, Any]) -> float:
+    """Bytes of optimizer state per parameter (beyond weights and grads) for an optimizer id."""
+    return float(rule[_STATE_ROW.get(optimizer, "bytes_per_param_adamw")]) - 8.0
+
+
+def default_optimizer(torch_ok_fused: bool) -> Tuple[str, str]:
+    """(optimizer, why): AdamW in the fastest implementation the installed torch has: the same family, the same math."""
+    # Fused on CUDA and, since the release compat/tuning.toml names, on CPU (one kernel over all parameters;
+    # ~6x faster steps measured).
+    if torch_ok_fused:
+        return "adamw_fused", "fused AdamW kernel (one kernel for all parameters)"
+    return "adamw", "AdamW (foreach implementation): this torch has no fused kernel for the device"
+
+
+def _candidates(optimizer: str, world: int, on_gpu: bool, ask: MemoryAsk) -> List[Candidate]:
+    """The plans that keep the math, cheapest in compute first: on GPUs sharding (fast links) before
+    recomputation, on CPUs recomputation before sharding (gloo moves every shard through host memory)."""
+    recompute = ask.can.recompute or bool(ask.recompute)
+    plain, ckpt = Candidate(optimizer, False), Candidate(optimizer, True)
+    shard = [Candidate(optimizer, False, ask.sharding), Candidate(optimizer, True, ask.sharding)] \
+        if world > 1 and (ask.can.shard or ask.shard) else []
+    out = [plain]
+    if on_gpu:
+        out += shard[:1] + ([ckpt] if recompute else []) + shard[1:]
     else:
-        out.append(("adafactor", rule["bytes_per_param_adafactor"] - 8.0,
-                    "AdamW state does not fit: factored Adafactor (bitsandbytes is not installed for 8-bit AdamW)"))
-    return out
+        out += ([ckpt] if recompute else []) + shard
+    if on_gpu and ask.can.shard and ask.can.park:  # a GPU may park state in host RAM; a CPU has nowhere else
+        out.append(Candidate(optimizer, recompute, ask.sharding, offload=True))
+    return [c for c in out if ask.allows(c) and (not c.checkpointing or recompute)]
 
 
-def _candidates(optimizers: List[Tuple[str, float, str]], world: int, on_gpu: bool) -> List[Candidate]:
-    out = [Candidate(opt, ck) for opt, _, _ in optimizers for ck in (False, True)]
-    if world > 1:  # ZeRO-3 shards weights, grads and optimizer state over the ranks (no offload)
-        out += [Candidate(opt, True, 3) for opt, _, _ in optimizers]
-    if on_gpu:  # a GPU may park state in host RAM; a CPU has nowhere else to put it
-        out += [Candidate(opt, True, 3, offload=True) for opt, _, _ in optimizers]
-    return out
+@dataclass(frozen=True)
+class _Figures:
+    """What every candidate is measured with: parameters, dtype, ranks and the activations per sample."""
+
+    w: Workload
+    dtype: str
+    world: int
+    nproc: int
+    act: Mapping[bool, int]
+    rule: Mapping[str, Any]
+
+    def state(self, c: Candidate) -> Tuple[int, int, int, int]:
+        """(weights, grads, optimizer state, gathered working copy) on the device of one rank."""
+        if c.offload:  # parameters, grads and optimizer state live in host RAM
+            share = float("inf")
+        else:
+            share = float(self.world) if c.sharding else 1.0
+        opt = optimizer_state_bytes(c.optimizer, self.rule)
+        # A sharded rank gathers one layer's weights at a time (and prefetches the next), in the compute dtype.
+        gathered = int(2 * self.w.params / max(1, self.w.n_layer) * (4 if self.dtype == "fp32" else 2)) \
+            if c.sharding else 0
+        return (int(self.w.params * 4 / share), int(self.w.params * 4 / share), int(self.w.params * opt / share),
+                gathered)
+
+    def need(self, c: Candidate, batch: int) -> int:
+        return sum(self.state(c)) + batch * self.act[c.checkpointing]
+
+    def host_bytes(self, c: Candidate) -> float:
+        """Host RAM the offloaded state of this node's ranks needs."""
+        opt = optimizer_state_bytes(c.optimizer, self.rule)
+        return self.w.params * (8.0 + opt) * self.nproc / max(1, self.world) if c.offload else 0.0
 
 
 def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str, gpu: Optional[Gpu], world: int,
-                torch_ok_fused: bool, tuning: Mapping[str, Any]) -> MemoryPlan:
-    """The memory plan; IncompatibleHostError (exit 3) when no plan fits one sample per CPU rank."""
+                torch_ok_fused: bool, tuning: Mapping[str, Any], ask: MemoryAsk = MemoryAsk(),
+                fused_attention: bool = False) -> MemoryPlan:
+    """The memory plan: the user's batch and optimizer as given, the levers that keep the math tried cheapest first.
+    IncompatibleHostError (exit 3) when none fits, with the figures and the options that would."""
     rule = tuning["memory"]
     on_gpu = gpu is not None
     budget, how, node_budget = memory_budget(facts, placement, "cuda" if on_gpu else "cpu", gpu, rule)
-    optimizers = _optimizers(facts, on_gpu, torch_ok_fused, rule)
-    reasons = {name: why for name, _, why in optimizers}
-    opt_bytes = {name: b for name, b, _ in optimizers}
-    act = {ck: int(activation_bytes_per_sample(w, dtype, ck, rule)) for ck in (False, True)}
-    per_device = max(1, math.ceil(w.batch_size / max(1, world)))
-    shards = max(1, world)
+    if ask.optimizer is not None:
+        optimizer, why_opt = ask.optimizer, "set by you"
+    else:
+        optimizer, why_opt = default_optimizer(torch_ok_fused)
+    act = {ck: int(activation_bytes_per_sample(w, dtype, ck, rule, fused_attention)) for ck in (False, True)}
+    fig = _Figures(w, dtype, max(1, world), max(1, placement.nproc_per_node), act, rule)
+    split = _split(w, fig.world, ask)
+    align = tensor_core_alignment(gpu, dtype, w.seq_len, tuning) if on_gpu else None
 
-    def state(c: Candidate) -> Tuple[int, int, int]:
-        share = shards if c.zero_stage == 3 else 1
-        if c.offload:
-            share = 10**9  # parameters and optimizer state live in host RAM
-        return (int(w.params * 4 / share), int(w.params * 4 / share), int(w.params * opt_bytes[c.optimizer] / share))
-
-    def make(c: Candidate, batch: int, fit: Optional[int], tried: List[Tuple[str, int]]) -> MemoryPlan:
-        weights, grads, opt = state(c)
+    def make(c: Candidate, batch: int, fit: Optional[int], tried: List[Tuple[str, int]], accum: int,
+             note: str) -> MemoryPlan:
+        weights, grads, opt, gathered = fig.state(c)
+        tc = align.describe(batch) if align is not None else ""
         return MemoryPlan(budget, how, node_budget, _ranks_per_node(placement), weights, grads, opt,
-                          act[c.checkpointing], act[False], act[True], c, reasons[c.optimizer], batch, fit,
-                          tuple(tried))
+                          act[c.checkpointing], act[False], act[True], c, why_opt, batch, fit, tuple(tried),
+                          accum, batch * accum * fig.world, note, tc, gathered)
 
-    first = _candidates(optimizers, world, on_gpu)[0]
+    candidates = _candidates(optimizer, fig.world, on_gpu, ask)
+    if not candidates:  # the levers you set leave no plan this job can run
+        raise UsageError(f"{ask.pins()}: no plan of this job can apply it ("
+                         + ("CPU training has nothing to offload to" if not on_gpu and ask.park
+                            else "sharding needs several ranks" if fig.world <= 1 and ask.shard
+                            else ask.cannot_why or "not on this path") + ")",
+                         hint="drop it: cpuperf applies sharding, offload and checkpointing where a job needs them")
     if budget is None:
-        return make(first, per_device, None, [])
+        batch, accum, note = split.choose(None, align)
+        return make(candidates[0], batch, None, [], accum, note)
     tried: List[Tuple[str, int]] = []
     host_room = _host_room(facts, placement, rule) if on_gpu else None
-    for c in _candidates(optimizers, world, on_gpu):
-        need_state = sum(state(c))
-        need_one = need_state + act[c.checkpointing]
-        tried.append((c.name, need_one))
-        offloaded = w.params * (8.0 + opt_bytes[c.optimizer]) * placement.nproc_per_node / shards if c.offload else 0.0
-        if need_one <= budget and (not offloaded or (host_room is not None and offloaded <= host_room)):
-            fit = int((budget - need_state) // act[c.checkpointing])
-            return make(c, _batch(per_device, fit, on_gpu, dtype, tuning), fit, tried)
-    raise IncompatibleHostError(_too_big(w, budget, how, tried, act, opt_bytes), hint=_hint(w, budget, opt_bytes, act))
+    for c in candidates:
+        smallest = split.smallest()
+        need = fig.need(c, smallest)
+        tried.append((c.name, need))
+        host = fig.host_bytes(c)
+        if need <= budget and (not host or (host_room is not None and host <= host_room)):
+            fit = int((budget - sum(fig.state(c))) // act[c.checkpointing])
+            batch, accum, note = split.choose(fit, align)
+            return make(c, batch, fit, tried, accum, note)
+    raise IncompatibleHostError(_too_big(fig, split, budget, how, tried, on_gpu, candidates, host_room),
+                                hint=_would_fit(facts, fig, split, budget, ask, optimizer, on_gpu, host_room))
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How the global batch reaches the ranks: the user's per-rank batch and accumulation as given, or cpuperf's
+    micro-batches of exactly the global batch (never one sample more or less)."""
+
+    global_batch: int
+    world: int
+    per_device: Optional[int]
+    grad_accum: Optional[int]
+
+    def smallest(self) -> int:
+        return self.per_device or 1
+
+    def choose(self, fit: Optional[int], align: Optional[TensorCoreAlignment]) -> Tuple[int, int, str]:
+        """(per-rank batch, accumulation, how) within `fit` samples (None: unknown memory)."""
+        if self.per_device is not None:
+            accum = self.grad_accum or max(1, math.ceil(self.global_batch / (self.per_device * self.world)))
+            return self.per_device, accum, ""
+        per_rank, note = divmod(self.global_batch, self.world)[0], ""
+        if self.global_batch % self.world:
+            per_rank = math.ceil(self.global_batch / self.world)
+            note = (f"the global batch {self.global_batch} is not a multiple of {self.world} ranks: "
+                    f"{per_rank * self.world} samples per step (the nearest split into equal ranks)")
+        per_rank = max(1, per_rank)
+        if self.grad_accum is not None:
+            return max(1, math.ceil(per_rank / self.grad_accum)), self.grad_accum, note
+        cap = per_rank if fit is None else max(1, min(fit, per_rank))
+        # Equal micro-batches that add up to the rank's share exactly: the largest divisor within the cap,
+        # a Tensor-Core-aligned one where one exists at the same or a smaller step count.
+        divisors = [d for d in range(cap, 0, -1) if per_rank % d == 0]
+        batch = divisors[0]
+        if align is not None:
+            aligned = [d for d in divisors if align.aligned(d)]
+            if aligned and aligned[0] * 2 > batch:
+                batch = aligned[0]
+        return batch, per_rank // batch, note
+
+
+def _split(w: Workload, world: int, ask: MemoryAsk) -> _Split:
+    return _Split(max(1, w.batch_size), world, ask.per_device, ask.grad_accum)
+
+
+@dataclass(frozen=True)
+class TensorCoreAlignment:
+    """The Tensor Core multiple for this card and dtype (compat/tuning.toml [[tensor_core]]): a training GEMM's
+    rows are batch x sequence tokens, so a batch is aligned when batch x seq_len is a multiple of it."""
+
+    multiple: int
+    seq_len: int
+    why: str
+
+    def aligned(self, batch: int) -> bool:
+        return self.multiple <= 1 or (batch * self.seq_len) % self.multiple == 0
+
+    def describe(self, batch: int) -> str:
+        if self.multiple <= 1:
+            return self.why
+        tokens = batch * self.seq_len
+        if self.aligned(batch):
+            return f"{batch} x {self.seq_len} = {tokens} tokens per GEMM, a multiple of {self.multiple} ({self.why})"
+        return f"{batch} x {self.seq_len} = {tokens} tokens per GEMM is not a multiple of {self.multiple} ({self.why})"
+
+
+def tensor_core_alignment(gpu: Optional[Gpu], dtype: str, seq_len: int,
+                          tuning: Mapping[str, Any]) -> Optional[TensorCoreAlignment]:
+    """The multiple NVIDIA's performance guide gives for this card's Tensor Cores in this dtype (None off a GPU)."""
+    if gpu is None:
+        return None
+    math_dtype = "tf32" if dtype == "fp32" and gpu.tf32 else dtype
+    cc = tuple(int(x) for x in (gpu.compute_capability or "0.0").split(".")[:2] if x.isdigit())
+    for row in tuning["tensor_core"]:
+        if row["math"] != math_dtype or cc < tuple(int(x) for x in row["min_cc"].split(".")):
+            continue
+        if row.get("card") and row["card"] not in gpu.name:
+            continue
+        card = f"{row['card']} " if row.get("card") else ""
+        return TensorCoreAlignment(int(row["multiple"]), max(1, seq_len),
+                                   f"{card}{math_dtype} Tensor Cores: NVIDIA's guide, multiples of {row['multiple']}")
+    return TensorCoreAlignment(1, max(1, seq_len), f"no {math_dtype} Tensor Cores on {gpu.name}: no alignment rule")
 
 
 def _host_room(facts: HostFacts, placement: Placement, rule: Mapping[str, Any]) -> Optional[float]:
@@ -209,36 +434,77 @@ def _host_room(facts: HostFacts, placement: Placement, rule: Mapping[str, Any]) 
     return None if per_rank is None else float(per_rank) * max(1, placement.nproc_per_node)
 
 
-def _batch(per_device: int, fit: int, on_gpu: bool, dtype: str, tuning: Mapping[str, Any]) -> int:
-    cap = fit
-    if on_gpu:
-        multiple = tuning["gpu_batch"]["fp16_tensor_core_multiple"] if dtype == "fp16" else tuning["gpu_batch"]["multiple"]
-        # Largest Tensor-Core-friendly size that fits; fall back to multiples of 8, then to what fits.
-        cap = (fit // multiple) * multiple if fit >= multiple else (fit // 8) * 8 if fit >= 8 else fit
-    # Equal micro-batches: 16 over a cap of 15 is 2 x 8, not 15 + 1 (which would be 2 x 15 = 30).
-    steps_needed = max(1, math.ceil(per_device / cap))
-    return min(cap, math.ceil(per_device / steps_needed))
-
-
-def _too_big(w: Workload, budget: int, how: str, tried: List[Tuple[str, int]], act: Mapping[bool, int],
-             opt_bytes: Mapping[str, float]) -> str:
+def _too_big(fig: _Figures, split: _Split, budget: int, how: str, tried: List[Tuple[str, int]], on_gpu: bool,
+             candidates: List[Candidate], host_room: Optional[float]) -> str:
+    offloaded = [c for c in candidates if c.offload and fig.need(c, split.smallest()) <= budget]
+    if offloaded:  # the GPUs would hold it; the host RAM its state is parked in would not
+        c = offloaded[0]
+        room = f"{host_room / GIB:.1f} GiB" if host_room is not None else "an unknown amount"
+        return (f"{fig.w.params / 1e9:.2f}B parameters do not fit this host in any plan that keeps your training the "
+                f"same: {c.name} fits the GPUs ({fig.need(c, split.smallest()) / GIB:.1f} GiB of {budget / GIB:.1f} GiB "
+                f"per rank, {how}) but parks {fig.host_bytes(c) / GIB:.1f} GiB of weights, grads and optimizer state in "
+                f"host RAM, which has {room} usable; without offload the smallest plan needs "
+                f"{min(fig.need(x, split.smallest()) for x in candidates if not x.offload) / GIB:.1f} GiB per rank")
     smallest = min(tried, key=lambda t: t[1])
     opt = smallest[0].split(",")[0]
-    return (f"{w.params / 1e9:.2f}B parameters do not fit this host in any plan cpuperf knows: the smallest "
-            f"({smallest[0]}) needs {smallest[1] / GIB:.1f} GiB per rank = weights {w.params * 4 / GIB:.1f} GiB + "
-            f"grads {w.params * 4 / GIB:.1f} GiB + {opt} state {w.params * opt_bytes.get(opt, 0) / GIB:.1f} GiB + "
-            f"activations {act[True] / 2**20:.0f} MiB per sample (checkpointed; {act[False] / 2**20:.0f} MiB without), "
-            f"against {budget / GIB:.1f} GiB usable per rank ({how}); CPU offload does not apply to CPU training")
+    batch = split.smallest()
+    per_sample = f"{fig.act[True] / 2**20:.0f} MiB per sample checkpointed, {fig.act[False] / 2**20:.0f} MiB without"
+    where = "" if on_gpu else "; CPU offload does not apply to CPU training"
+    return (f"{fig.w.params / 1e9:.2f}B parameters do not fit this host in any plan that keeps your training the "
+            f"same: the smallest ({smallest[0]}) needs {smallest[1] / GIB:.1f} GiB per rank = weights "
+            f"{fig.w.params * 4 / GIB:.1f} GiB + grads {fig.w.params * 4 / GIB:.1f} GiB + {opt} state "
+            f"{fig.w.params * optimizer_state_bytes(opt, fig.rule) / GIB:.1f} GiB (before sharding) + activations for "
+            f"{batch} sample(s) ({per_sample}), against {budget / GIB:.1f} GiB usable per rank ({how}){where}")
 
 
-def _hint(w: Workload, budget: int, opt_bytes: Mapping[str, float], act: Mapping[bool, int]) -> str:
-    per_param = 8.0 + min(opt_bytes.values())
-    room = budget - act[True]
-    fits = int(room / per_param) if room > 0 else 0
-    # ZeRO-3 over N nodes divides the state by N ranks (one rank per node here).
-    nodes = math.ceil(w.params * per_param / room) if room > 0 else None
-    more = f", or shard it with ZeRO-3 over at least {nodes} such nodes (--nnodes {nodes})" if nodes else ""
-    return f"train a model of at most ~{fits / 1e9:.2f}B parameters here{more}, or use a GPU host"
+def _would_fit(facts: HostFacts, fig: _Figures, split: _Split, budget: int, ask: MemoryAsk, optimizer: str,
+               on_gpu: bool, host_room: Optional[float]) -> str:
+    """The options that would fit, each one the user's to take (they change the batch, the optimizer or the host)."""
+    options: List[str] = []
+    keep = _candidates(optimizer, fig.world, on_gpu, ask)
+
+    def fits(c: Candidate, batch: int) -> bool:
+        host = fig.host_bytes(c)
+        return fig.need(c, batch) <= budget and (not host or (host_room is not None and host <= host_room))
+
+    if split.per_device and split.per_device > 1:
+        total = split.per_device * (split.grad_accum or 1)
+        best: Optional[Tuple[int, Candidate]] = None
+        for c in keep:  # the largest per-rank batch any such plan fits that divides your per-rank share
+            if c.offload and not fits(c, 1):
+                continue
+            room = (budget - sum(fig.state(c))) // fig.act[c.checkpointing]
+            per = next((d for d in range(int(min(room, split.per_device - 1)), 0, -1) if total % d == 0), 0)
+            if per >= 1 and (best is None or per > best[0]):
+                best = (per, c)
+        if best is not None:
+            per, c = best
+            same = f"the same global batch; {c.name}"
+            options.append(f"--per_device_train_batch_size {per} --gradient_accumulation_steps {total // per} in "
+                           f"your command ({same})" if ask.script else
+                           f"--set batch_size={per} (with {total // per} accumulation steps: {same})")
+    for other in ("adamw_8bit", "adafactor"):
+        if other == optimizer:
+            continue
+        missing = OPTIMIZER_PACKAGE.get(other)
+        installed = missing is None or (facts.software is not None and bool(facts.software.packages.get(missing)))
+        fitting = next((c for c in _candidates(other, fig.world, on_gpu, ask) if fits(c, split.smallest())), None)
+        if fitting is not None:
+            trainer_name = {"adamw_8bit": "adamw_bnb_8bit"}.get(other, other)
+            how = f"--optim {trainer_name} in your command" if ask.script else f"--set optimizer={other}"
+            options.append(f"{how} ({fitting.name}; another optimizer: another training)"
+                           + ("" if installed else f" after pip install {missing}"))
+    per_param = 8.0 + optimizer_state_bytes(optimizer, fig.rule)
+    room = budget - split.smallest() * fig.act[True] - fig.state(Candidate(optimizer, True, "fsdp"))[3]
+    if ask.can.shard and room > 0:
+        ranks = math.ceil(fig.w.params * per_param / room)
+        nodes = math.ceil(ranks / fig.nproc)
+        if nodes > max(1, fig.world // fig.nproc):
+            options.append(f"shard it over at least {nodes} such nodes (--nnodes {nodes}, {ranks} ranks)")
+    if not ask.can.everything and ask.cannot_why:
+        options.append(ask.cannot_why)
+    options.append("or a host with more " + ("GPU memory" if on_gpu else "memory") + " per rank")
+    return "; ".join(options)
 
 
 def zero_config(plan: MemoryPlan, w: Workload, dtype: str) -> Optional[Dict[str, Any]]:
@@ -251,5 +517,5 @@ def zero_config(plan: MemoryPlan, w: Workload, dtype: str) -> Optional[Dict[str,
         zero.update(offload_optimizer={"device": "cpu", "pin_memory": True},
                     offload_param={"device": "cpu", "pin_memory": True})
     return {"zero_optimization": zero, "train_micro_batch_size_per_gpu": plan.per_rank_batch,
-            "gradient_accumulation_steps": max(1, math.ceil(w.batch_size / plan.per_rank_batch)),
+            "gradient_accumulation_steps": plan.grad_accum,
             "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
@@ -216,3 +216,36 @@ def _fit_threads(group: List[Core], compute: Tuple[int, ...], worker_cpus: Tuple
     if threads <= len(siblings):
         return siblings[:threads], threads
     return siblings or compute, threads  # oversubscribed: more threads than CPUs, as asked
+
+
+def gpu_placement(facts: HostFacts, gpu_nodes: Sequence[Optional[int]], workers_per_rank: int,
+                  threads_per_rank: Optional[int] = None) -> Optional[Placement]:
+    """One rank per GPU on the physical cores of its GPU's NUMA node (ranks whose GPUs share a node split its
+    cores), each with its compute threads and `workers_per_rank` further cores for its data loader workers.
+    None where a GPU's node is unknown or has no core this process may use: the caller keeps its own plan."""
+    if not gpu_nodes or any(n is None for n in gpu_nodes):
+        return None
+    by_node: Dict[Optional[int], List[Core]] = {}
+    for core in usable_cores(facts):
+        by_node.setdefault(core.node, []).append(core)
+    sharing: Dict[Optional[int], int] = {}
+    for node in gpu_nodes:
+        sharing[node] = sharing.get(node, 0) + 1
+    taken: Dict[Optional[int], int] = {}
+    slots: List[RankSlot] = []
+    for rank, node in enumerate(gpu_nodes):
+        share = len(by_node.get(node, [])) // sharing[node]
+        if share < 1:
+            return None
+        first = taken.get(node, 0) * share
+        taken[node] = taken.get(node, 0) + 1
+        mine = by_node[node][first:first + share]
+        workers = min(workers_per_rank, share // 2)  # at most half: the compute threads keep the other half
+        threads = threads_per_rank or max(1, share - workers)
+        cpus = tuple(c.cpus[0] for c in mine)
+        # The process may use all of its share: the compute threads' count leaves `workers` cores to the loaders.
+        slots.append(RankSlot(rank, mine[0].socket, node, cpus, cpus, (), threads))
+    nodes = sorted({n for n in gpu_nodes if n is not None})
+    reason = (f"each rank on the cores of its GPU's NUMA node ({', '.join(f'node {n}' for n in nodes)}), "
+              f"{min(s.threads for s in slots)} compute thread(s) each, the rest of its cores for its data loader workers")
+    return Placement(len(gpu_nodes), "gpu-numa", tuple(slots), 0, sum(len(s.cpus) for s in slots), (reason,))

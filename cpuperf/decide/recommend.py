@@ -16,6 +16,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import not_with_ranks
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
+from cpuperf.decide.memory import MemoryLevers
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import (
     Affinity,
@@ -32,17 +33,19 @@ from cpuperf.decide.records import (
     Optimizer,
     Pin,
     Recommendation,
+    Sharding,
     T,
     as_allocator,
     as_backend,
     as_device,
     as_optimizer,
+    as_sharding,
     constraints_of,
     pinned_value,
 )
 from cpuperf.decide.tune import too_noisy, tuned_decisions
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import UsageError
+from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
@@ -117,11 +120,11 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
     """Why fp32 matmuls stay fp32 on Arm / POWER, in the host's own terms."""
     cpu = facts.cpu
     where = f"{cpu.arch} ({cpu.microarchitecture})"
-    if cpu.arch == "aarch64":
-        if "bf16" in cpu.isa:
-            return (f"{where} has Arm BF16 (bf16 in cpuinfo Features): cpuperf uses it through dtype=bf16 where a "
-                    "measurement shows it faster, and keeps fp32 matmuls in fp32 (no implicit precision trade)")
-        return f"{where} has no Arm BF16 extension: fp32 matmuls have no faster reduced-precision path here"
+    if cpu.arch == "aarch64":  # the Arm levers own the answer: oneDNN's fast-math mode is this knob's variable
+        from cpuperf.decide.arm_levers import arm_levers, knob_vars
+
+        fast = next(lever for lever in arm_levers(facts) if lever.env in knob_vars("fp32_math_mode"))
+        return f"{where}: {fast.line()}"
     if cpu.arch == "ppc64le":
         if "mma" in cpu.isa:
             return (f"{where} has POWER10 MMA, but PyTorch's fp32-to-bf16 matmul mode is a oneDNN feature that does "
@@ -223,6 +226,8 @@ class MemoryDecisions:
     grad_accum_steps: Decision[int]
     grad_checkpointing: Decision[bool]
     optimizer: Decision[Optimizer]
+    sharding: Decision[Optional[Sharding]]
+    offload: Decision[bool]
     dataloader_workers: Decision[int]
     pin_memory: Decision[bool]
     zero: Decision[Optional[Dict[str, Any]]]
@@ -234,13 +239,14 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
               environ: Optional[Mapping[str, str]] = None,
               baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
               tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True,
-              pins: Optional[Constraints] = None) -> Recommendation:
+              pins: Optional[Constraints] = None, memory_levers: Optional[MemoryLevers] = None) -> Recommendation:
     """Decide every setting for this host and workload; the user's values (overrides) are constraints
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto).
     `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from).
     `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
-    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune).
+    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: the memory
+    levers that keep the math which the job's path can apply (cpuperf.decide.memory.MemoryLevers); None: every one.
     `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's."""
     mine = constraints_of(user_constraints(overrides))
     if nproc_per_node is not None and ranks_from is None and mine.nproc_per_node is None:
@@ -277,7 +283,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     allocator = _choose_allocator(ctx, on_gpu, world)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
     memory = _memory_plan(facts, workload, placement, precision.dtype.value, ctx.tuning, gpu, world, ctx.torch,
-                          fixed=ctx.fixed)
+                          fixed=ctx.fixed, levers=memory_levers, attention=attention.value)
     if pinned_value(ctx.fixed.dtype) == "bf16" and not on_gpu and not bf16_native(facts):
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
     levers = Levers(
@@ -289,6 +295,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
         grad_accum_steps=ctx.take(memory.grad_accum_steps, ctx.fixed.grad_accum_steps),
         grad_checkpointing=ctx.take(memory.grad_checkpointing, ctx.fixed.grad_checkpointing),
         optimizer=ctx.take(memory.optimizer, ctx.fixed.optimizer, ctx.tuned.optimizer),
+        sharding=ctx.take(memory.sharding, ctx.fixed.sharding), offload=ctx.take(memory.offload, ctx.fixed.offload),
         dataloader_workers=ctx.take(memory.dataloader_workers, ctx.fixed.dataloader_workers),
         pin_memory=ctx.take(memory.pin_memory, ctx.fixed.pin_memory),
         zero=ctx.take(memory.zero, ctx.fixed.zero))
@@ -367,8 +374,12 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
             raise UsageError(f"nproc_per_node {nproc} but {len(gpus)} GPU(s) are visible",
                              hint=f"use at most {len(gpus)} (one rank per GPU)")
         cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
-        placement = plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
-                                   oversubscribe=oversubscribe)
+        from cpuperf.decide.placement import gpu_placement
+
+        near = gpu_placement(facts, [g.numa_node for g in gpus[:nproc]], ctx.tuning["dataloader"]["gpu_workers_per_gpu"],
+                             threads) if nproc <= len(gpus) else None
+        placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
+                                           oversubscribe=oversubscribe)
         nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc, "one rank per visible GPU",
                              {"visible_gpus": len(gpus)})
     else:
@@ -391,6 +402,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
                               "usable_physical_cores": placement.cpu_budget}, tuned=ctx.tuned.nproc_per_node)
     nnodes_d = ctx.choose(fixed.nnodes, "nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
     threads_d = ctx.choose(fixed.threads_per_rank, "threads_per_rank", placement.threads_per_rank,
+                           placement.reasons[0] if placement.unit == "gpu-numa" else
                            "; ".join(r for r in placement.reasons[:-1] if "as asked" not in r) or "usable physical cores",
                            {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
                             "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers,
@@ -399,6 +411,14 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
     evidence: Dict[str, Any] = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
+    if on_gpu:
+        gpu_evidence = {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]}
+        bound: Optional[Affinity] = "auto" if placement.unit == "gpu-numa" else None
+        affinity = ctx.choose(fixed.affinity, "affinity", bound,
+                              f"each rank pinned to the cores of its GPU's NUMA node: {pinned}" if bound else
+                              "the GPUs' NUMA nodes are unknown (no PCI locality in the GPU facts): ranks are not pinned "
+                              "to CPUs that may sit across the interconnect from their GPU", gpu_evidence)
+        return _Layout(placement, nproc_d, nnodes_d, threads_d, affinity)
     if pinned and _ranks_share_a_vm_numa_node(ctx, placement):
         evidence["hypervisor"] = True
         affinity = ctx.choose(fixed.affinity, "affinity", None,
@@ -477,8 +497,8 @@ def _cpu_dtype(ctx: _Context, evidence: Dict[str, Any]) -> Tuple[Dtype, str]:
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
-        elif meas.undecided.get("dtype"):
-            why += f" (rule for {engine}: measured here, but {meas.undecided['dtype']})"
+        elif meas.undecided.get("bf16_over_fp32"):
+            why += f" (rule for {engine}: measured here, but {meas.undecided['bf16_over_fp32']})"
         else:
             why += f" (rule for {engine}, not measured on this host: `cpuperf bench` measures it)"
     return dtype, why
@@ -499,6 +519,10 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
     amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
     pin = ctx.fixed.fp32_math_mode
     if facts.cpu.arch != "x86_64":
+        if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and "bf16" not in facts.cpu.isa:
+            raise UsageError(f"fp32_math_mode=bf16 cannot run here: {facts.cpu.microarchitecture} has no Arm BF16 "
+                             "extension ('bf16' is not in cpuinfo Features), so oneDNN has no bf16 kernels to use",
+                             hint="leave fp32_math_mode unset: fp32 matmuls stay fp32")
         mode = ctx.choose(pin, "fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
     elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
         mode = ctx.choose(pin, "fp32_math_mode", _math_mode(mm["value"]), "AMX host with torch >= " + mm["min_torch"] +
@@ -724,12 +748,46 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision[A
                     {"head_dim": w.head_dim})
 
 
+def _memory_ask(w: Workload, fixed: Constraints, levers: Optional[MemoryLevers], facts: HostFacts,
+                on_gpu: bool) -> Any:
+    """What the memory plan must honour: your batch, accumulation and optimizer (--set, else your script's own),
+    the levers the path can apply, and the levers you set."""
+    from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE, MemoryAsk
+
+    optimizer = pinned_value(fixed.optimizer) or w.optimizer
+    needs = OPTIMIZER_PACKAGE.get(optimizer or "")
+    if needs and facts.software is not None and not facts.software.packages.get(needs):
+        raise UsageError(f"optimizer={optimizer} needs {needs}, which is not installed here",
+                         hint=f"pip install {needs}, or --set optimizer=adamw")
+    sharding = pinned_value(fixed.sharding) or "fsdp"
+    if sharding == "zero3" and facts.software is not None and not facts.software.packages.get("deepspeed"):
+        raise UsageError("sharding=zero3 needs DeepSpeed, which is not installed here",
+                         hint="pip install deepspeed, or --set sharding=fsdp (torch's own)")
+    can, why = levers.on(on_gpu) if levers is not None else (KEEPS_THE_MATH, "")
+    set_batch, set_accum = pinned_value(fixed.batch_size), pinned_value(fixed.grad_accum_steps)
+    per_device = set_batch or w.per_device_batch
+    if per_device is None and w.of_script:
+        per_device = 8  # TrainingArguments' default per_device_train_batch_size
+    accum = set_accum or (w.grad_accum if set_batch is None else None)
+    if set_batch is not None and w.of_script and set_accum is None:
+        # a per-device batch you set keeps your script's global batch: the accumulation follows it
+        total = (w.per_device_batch or 8) * (w.grad_accum or 1)
+        accum = max(1, math.ceil(total / int(set_batch)))
+    return MemoryAsk(per_device=per_device, grad_accum=accum, optimizer=optimizer, can=can, sharding=sharding,
+                     cannot_why=why, script=w.of_script,
+                     recompute=None if fixed.grad_checkpointing is None else fixed.grad_checkpointing.value,
+                     shard=None if fixed.sharding is None else fixed.sharding.value is not None,
+                     park=None if fixed.offload is None else fixed.offload.value)
+
+
 def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dtype,
                  tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
-                 fixed: Optional[Constraints] = None) -> MemoryDecisions:
-    """Batch, accumulation, checkpointing, optimizer and ZeRO from one MemoryPlan (cpuperf.decide.memory).
+                 fixed: Optional[Constraints] = None, levers: Optional[MemoryLevers] = None,
+                 attention: str = "sdpa") -> MemoryDecisions:
+    """Batch, accumulation, checkpointing, optimizer, sharding and offload from one MemoryPlan (cpuperf.decide.memory).
 
-    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards.
+    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards. `levers`: (the
+    memory levers this job's path can apply, why not the others); None: all of them.
     """
     fixed = fixed or Constraints()
     from cpuperf.decide.memory import plan_memory, zero_config
@@ -738,42 +796,93 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
     tv = version_or_none(torch_v)
     fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
-    plan = plan_memory(facts, w, placement, dtype, gpu, world, fused_ok, tuning)
+    ask = _memory_ask(w, fixed, levers, facts, on_gpu)
+    if not w.known:
+        return _unknown_model(w, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu))
+    try:
+        # On GPUs the SDPA kernel decided (flash or memory-efficient) keeps no attention scores.
+        fused = on_gpu and attention in ("flash", "mem_efficient")
+        plan = plan_memory(facts, w, placement, dtype, gpu, world, fused_ok, tuning, ask, fused)
+    except IncompatibleHostError as exc:
+        if levers is None or not levers.advisory:
+            raise
+        # Not cpuperf's to refuse: your script runs as you wrote it, with the estimate said.
+        told = replace(w, found=f"{w.found}; by cpuperf's estimate it does not fit: {exc.message}; {exc.hint}")
+        return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), known=True)
     evidence = {"params": w.params, **plan.evidence()}
-    per_device, c = pinned_value(fixed.batch_size) or plan.per_rank_batch, plan.candidate
-    accum = pinned_value(fixed.grad_accum_steps) or max(1, math.ceil(w.batch_size / (per_device * max(1, world))))
-    why_batch = (f"{per_device} sample(s) per rank per step: {plan.per_rank_bytes() / 2**30:.2f} GiB of "
-                 f"{plan.budget_bytes / 2**30:.2f} GiB ({plan.budget})" if plan.budget_bytes is not None
-                 else f"{per_device} samples per rank (memory unknown)")
-    if on_gpu:
-        why_batch += "; a multiple of 8 for Tensor Cores where the global batch allows"
+    per_device, c, accum = int(plan.per_rank_batch), plan.candidate, plan.grad_accum
+    yours = fixed.batch_size is not None
+    whose = (f"your script's --per_device_train_batch_size {per_device}" if w.per_device_batch and not yours
+             else "the Trainer's default per-device batch" if w.of_script and not yours
+             else f"{per_device} sample(s) per rank per step")
+    why_batch = (f"{whose}: {plan.per_rank_bytes() / 2**30:.2f} GiB of {plan.budget_bytes / 2**30:.2f} GiB "
+                 f"({plan.budget})" if plan.budget_bytes is not None else f"{whose} (memory unknown)")
+    if plan.tensor_core:
+        why_batch += f"; {plan.tensor_core}"
     act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
     ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
               + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))
+    global_why = (f"keeps the global batch {plan.global_batch} = {per_device} x {accum} x {world} rank(s)"
+                  + (f" ({plan.batch_note})" if plan.batch_note else ""))
     zero = zero_config(plan, w, dtype)
-    # Data loading: the built-in corpus is in memory; workers would steal compute cores on CPU.
-    spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
-    if on_gpu:
-        per_gpu = tuning["dataloader"]["gpu_workers_per_gpu"]
-        workers = min(per_gpu, max(0, len(facts.usable_cpus()) // max(1, placement.nproc_per_node) - 1))
-        workers_d = Decision("dataloader_workers", workers, f"{workers} worker(s) per GPU from the cores the process may use",
-                             {"usable_cpus": len(facts.usable_cpus())})
-        pin_d = Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {})
-    else:
-        workers = min(2, spare)
-        workers_d = Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
-                             if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare})
-        pin_d = Decision("pin_memory", False, "no device copies on CPU training", {})
+    where = f" ({w.found})" if w.of_script else ""
+    shard_why = (f"{c.name}: weights, grads and optimizer state of {w.params / 1e9:.2f}B parameters{where} do not fit "
+                 f"one rank unsharded; sharded over {world} rank(s): {plan.state_bytes / 2**30:.1f} GiB per rank"
+                 if c.sharding else "not needed: the model's state fits each rank whole"
+                 if plan.budget_bytes is not None else "memory unknown: not applied")
+    off_why = ("the sharded state does not fit the GPUs: parked in host RAM (slower steps, the same training)"
+               if c.offload else "not needed" if on_gpu else "CPU training: nothing to offload to")
+    workers_d, pin_d = _loading(facts, placement, tuning, on_gpu)
     return MemoryDecisions(
         batch_size=Decision("batch_size", per_device, why_batch, evidence),
-        grad_accum_steps=Decision("grad_accum_steps", accum, f"reaches the global batch {w.batch_size} over {world} rank(s)"
-                                  if accum > 1 else "the global batch fits in one step",
-                                  {"global_batch": w.batch_size, "world_size": world}),
+        grad_accum_steps=Decision("grad_accum_steps", accum, global_why,
+                                  {"global_batch": plan.global_batch, "world_size": world}),
         grad_checkpointing=Decision("grad_checkpointing", c.checkpointing, ck_why,
                                     {"activation_bytes_per_sample_no_checkpointing": act_no,
                                      "activation_bytes_per_sample_checkpointing": act_ck}),
         optimizer=Decision("optimizer", as_optimizer(c.optimizer), plan.optimizer_reason,
                            {"torch": torch_v, "optimizer_bytes": plan.optimizer_bytes}),
+        sharding=Decision("sharding", as_sharding(c.sharding), shard_why, {"plan": c.name, "world_size": world}),
+        offload=Decision("offload", c.offload, off_why, {"plan": c.name}),
         dataloader_workers=workers_d, pin_memory=pin_d,
-        zero=Decision("zero", zero, f"{c.name}: the state does not fit one rank unsharded" if zero
-                      else "not needed: the model fits each rank", {"plan": c.name}))
+        zero=Decision("zero", zero, f"{c.name}: the DeepSpeed config of the ZeRO-3 plan" if zero
+                      else "no DeepSpeed ZeRO plan", {"plan": c.name}))
+
+
+def _unknown_model(w: Workload, ask: Any, fused_ok: bool, torch_v: Optional[str],
+                   loading: Tuple[Decision[int], Decision[bool]], known: bool = False) -> MemoryDecisions:
+    """Your script's model could not be told (or cpuperf applies nothing to it): its own batch and no memory lever,
+    each said why."""
+    from cpuperf.decide.memory import default_optimizer
+
+    why = f"no memory lever applied ({w.found})" if known else f"cannot tell your script's model ({w.found}): no memory plan"
+    optimizer, opt_why = (ask.optimizer, "set by you") if ask.optimizer else default_optimizer(fused_ok)
+    return MemoryDecisions(
+        batch_size=Decision("batch_size", int(ask.per_device or 8), f"your script's own; {why}", {}),
+        grad_accum_steps=Decision("grad_accum_steps", int(ask.grad_accum or 1), "your script's own", {}),
+        grad_checkpointing=Decision("grad_checkpointing", False, why, {}),
+        optimizer=Decision("optimizer", as_optimizer(optimizer), opt_why, {"torch": torch_v}),
+        sharding=Decision("sharding", None, why, {}), offload=Decision("offload", False, why, {}),
+        dataloader_workers=loading[0], pin_memory=loading[1], zero=Decision("zero", None, why, {}))
+
+
+def _loading(facts: HostFacts, placement: Placement, tuning: Mapping[str, Any],
+             on_gpu: bool) -> Tuple[Decision[int], Decision[bool]]:
+    """Data loading: workers on CPUs the ranks do not compute on; pinned host buffers for GPU copies."""
+    # The built-in corpus is in memory; workers would steal compute cores on CPU.
+    spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
+    if on_gpu:
+        per_gpu = tuning["dataloader"]["gpu_workers_per_gpu"]
+        if placement.unit == "gpu-numa":  # the cores each rank keeps beyond its compute threads
+            workers = min(per_gpu, *(len(s.cpus) - s.threads for s in placement.slots))
+            why = (f"{workers} worker(s) per GPU on the cores of its NUMA node its {placement.threads_per_rank} compute "
+                   "thread(s) leave free")
+        else:
+            workers = min(per_gpu, max(0, len(facts.usable_cpus()) // max(1, placement.nproc_per_node) - 1))
+            why = f"{workers} worker(s) per GPU from the cores the process may use"
+        return (Decision("dataloader_workers", workers, why, {"usable_cpus": len(facts.usable_cpus())}),
+                Decision("pin_memory", True, "page-locked host buffers allow non-blocking copies to the GPU", {}))
+    workers = min(2, spare)
+    return (Decision("dataloader_workers", workers, "no spare cores: load data in the training process"
+                     if workers == 0 else f"{spare} cores are not used for compute", {"spare_cpus": spare}),
+            Decision("pin_memory", False, "no device copies on CPU training", {}))

@@ -24,6 +24,7 @@ DdpBackend = Literal["gloo", "ccl", "mpi", "nccl"]
 AllocatorName = Literal["tcmalloc", "jemalloc", "mimalloc"]
 Attention = Literal["sdpa", "flash", "mem_efficient", "math"]
 Optimizer = Literal["adamw", "adamw_fused", "adafactor", "adamw_8bit"]
+Sharding = Literal["fsdp", "zero3"]
 
 
 def _member(kind: Any, value: object, what: str) -> Any:
@@ -48,6 +49,10 @@ def as_optimizer(value: object) -> Optimizer:
     return cast(Optimizer, _member(Optimizer, value, "optimizer"))
 
 
+def as_sharding(value: object) -> Optional[Sharding]:
+    return None if value is None else cast(Sharding, _member(Sharding, value, "sharding"))
+
+
 @dataclass(frozen=True)
 class Decision(Generic[T]):
     """One lever's value, why, and what it was decided from; `overridden`: the user's (--set/--config)."""
@@ -66,8 +71,8 @@ class Decision(Generic[T]):
 @dataclass(frozen=True)
 class Levers:
     """Every lever of a plan, one typed attribute each, in the vocabulary's order (knowledge/knobs.py
-    DECISION_IDS); each is decided by one owner (docs/architecture.md, "One owner per fact"). Offload is part
-    of the sharding lever (`zero`: a DeepSpeed config with its offload sections)."""
+    DECISION_IDS); each is decided by one owner (docs/architecture.md, "One owner per fact"). Sharding (FSDP, or
+    DeepSpeed ZeRO-3 whose config `zero` holds) and offload are the memory plan's (cpuperf.decide.memory)."""
 
     device: Decision[Device]
     dtype: Decision[Dtype]
@@ -86,6 +91,8 @@ class Levers:
     grad_accum_steps: Decision[int]
     grad_checkpointing: Decision[bool]
     optimizer: Decision[Optimizer]
+    sharding: Decision[Optional[Sharding]]
+    offload: Decision[bool]
     dataloader_workers: Decision[int]
     pin_memory: Decision[bool]
     zero: Decision[Optional[Dict[str, Any]]]
@@ -108,11 +115,6 @@ class Levers:
     def on_gpu(self) -> bool:
         return self.device.value == "cuda"
 
-    @property
-    def offload(self) -> bool:
-        """Whether the sharding plan offloads optimizer state or parameters to host memory."""
-        zero = (self.zero.value or {}).get("zero_optimization") or {}
-        return bool(zero.get("offload_optimizer") or zero.get("offload_param"))
 
 
 def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
@@ -199,6 +201,8 @@ class Constraints:
     grad_accum_steps: Optional[Pin[int]] = None
     grad_checkpointing: Optional[Pin[bool]] = None
     optimizer: Optional[Pin[Optimizer]] = None
+    sharding: Optional[Pin[Optional[Sharding]]] = None
+    offload: Optional[Pin[bool]] = None
     dataloader_workers: Optional[Pin[int]] = None
     pin_memory: Optional[Pin[bool]] = None
     zero: Optional[Pin[Optional[Dict[str, Any]]]] = None

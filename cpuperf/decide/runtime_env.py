@@ -248,12 +248,15 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 nnodes: Optional[int] = None,
                 mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
                 socket_ifname: Optional[str] = None,
-                environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None) -> RuntimeEnv:
+                environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None,
+                pin: bool = True, knobs: Optional[Mapping[str, Any]] = None) -> RuntimeEnv:
     """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
 
     backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
     libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
     interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
+    pin: the affinity decision; False (ranks left to the OS scheduler) also keeps Intel MPI from pinning.
+    knobs: the plan's decided values the Arm levers follow (fp32_math_mode; cpuperf.decide.arm_levers).
     """
     if backend not in ("ccl", "gloo"):
         raise UsageError(f"unknown backend {backend!r}", hint="use 'ccl' or 'gloo'")
@@ -268,12 +271,13 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, backend, mpi, nodes, tuning)
+    _thread_vars(c, placement, backend, mpi, nodes, tuning, pin)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if preload:
         preloaded = _preload_vars(c, libraries, allocator, placement.nproc_per_node * nodes, tuning) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
+    _arm_vars(c, facts, knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
           else f"the default rendezvous port ({_data()['rendezvous']['source']})")
@@ -300,7 +304,7 @@ class _Collected:
 
 
 def _thread_vars(c: _Collected, placement: Placement, backend: str, mpi: Optional[str], nodes: int,
-                 tuning: Mapping[str, Any]) -> None:
+                 tuning: Mapping[str, Any], pin: bool = True) -> None:
     """OMP_NUM_THREADS, oneCCL's workers and their cores, Intel MPI's pin domains."""
     nproc = placement.nproc_per_node
     threads = placement.threads_per_rank
@@ -317,7 +321,11 @@ def _thread_vars(c: _Collected, placement: Placement, backend: str, mpi: Optiona
                   "each local rank's oneCCL workers on its own first cores, in local-rank order")
         else:
             c.add("CCL_WORKER_COUNT", "1", "no core is set aside (a single rank, or a rank of one core): oneCCL's default single worker")
-    if mpi == "intelmpi":
+    if mpi == "intelmpi" and not pin:
+        # Intel MPI pins every rank by default (I_MPI_PIN on): the plan's "no pinning" must reach it.
+        c.add("I_MPI_PIN", "0", "the plan leaves the ranks to the OS scheduler (no pinning): Intel MPI pins by "
+              "default, so its pinning is switched off")
+    elif mpi == "intelmpi":
         domain = pin_domain(placement)
         if domain:
             c.add("I_MPI_PIN_DOMAIN", domain, "Intel MPI pins each local rank to its compute cores (hex masks, "
@@ -350,6 +358,17 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
         c.add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
               + " for every later command of this shell", PREPEND)
     return adds
+
+
+def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Any]]) -> None:
+    """The Arm levers (cpuperf.decide.arm_levers): the applied ones as variables, the others as notes with why."""
+    from cpuperf.decide.arm_levers import arm_levers
+
+    for lever in arm_levers(facts, knobs):
+        if lever.applied:
+            c.add(lever.env, lever.value, lever.reason)
+        else:
+            c.notes.append(lever.line())
 
 
 def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], tuning: Mapping[str, Any]) -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from cpuperf.errors import UsageError
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import NOT_IN_JSON, as_json
+
+if TYPE_CHECKING:
+    from cpuperf.probe.hf import ScriptModel
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,13 @@ class Workload:
     batch_size: int  # global batch the user asked for (samples per optimizer step)
     steps: Optional[int]
     params: int  # parameter count
-    source: str  # 'preset' | 'hf-config' | 'explicit'
+    source: str  # 'preset' | 'hf-config' | 'explicit' | 'script' (read from a user script's arguments) | 'unknown'
+    # A user script's own batch and optimizer (its Trainer arguments): the plan keeps them unless you --set them.
+    per_device_batch: Optional[int] = field(default=None, metadata=NOT_IN_JSON)
+    grad_accum: Optional[int] = field(default=None, metadata=NOT_IN_JSON)
+    optimizer: Optional[str] = field(default=None, metadata=NOT_IN_JSON)  # a cpuperf optimizer id
+    found: str = field(default="", metadata=NOT_IN_JSON)  # where a script's model was found, or why it was not
+    of_script: bool = field(default=False, metadata=NOT_IN_JSON)  # trained by a user's script (its batch is its own)
 
     @property
     def head_dim(self) -> int:
@@ -36,8 +45,19 @@ class Workload:
         """Training FLOPs per token: 6N plus attention 12*L*d*T (Kaplan et al. 2020, table 1; PaLM app. B)."""
         return 6.0 * self.params + 12.0 * self.n_layer * self.d_model * self.seq_len
 
+    @property
+    def known(self) -> bool:
+        """False when a user script's model could not be told: no memory plan is made for a guess."""
+        return self.source != "unknown"
+
     def to_json(self) -> Dict[str, Any]:
         return as_json(self)
+
+    def json_computed(self) -> Dict[str, Any]:
+        if not self.of_script:
+            return {}
+        return {"found": self.found, "per_device_batch": self.per_device_batch, "grad_accum": self.grad_accum,
+                "optimizer": self.optimizer}
 
 
 # The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for
@@ -66,8 +86,8 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a finite number")
 
 
-def from_hf_config(path: str, batch_size: int = 8) -> Workload:
-    """A Hugging Face config.json (GPT-2, Llama, BERT... key names differ by family)."""
+def read_config(path: str) -> Dict[str, Any]:
+    """A Hugging Face config.json as a dict, read bounded; a usage error (exit 2) says what is wrong with it."""
     from cpuperf.fsutil import InputRefused, read_capped
 
     hint = "pass a Hugging Face config.json, or --params/--seq-len"
@@ -82,28 +102,65 @@ def from_hf_config(path: str, batch_size: int = 8) -> Workload:
                          hint=hint) from None
     if not isinstance(cfg, dict):
         raise UsageError(f"model config {path} is not a JSON object", hint=hint)
+    return cfg
 
+
+def from_hf_config(path: str, batch_size: int = 8) -> Workload:
+    """A Hugging Face config.json (GPT-2, Llama, BERT... key names differ by family)."""
+    return from_config_dict(read_config(path), path, batch_size)
+
+
+def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) -> Workload:
+    """The shape and parameter count of a Hugging Face model config (GPT-2, Llama, BERT... key names differ)."""
     def pick(*keys: str, default: Optional[int] = None) -> Optional[int]:
         for key in keys:
-            if isinstance(cfg.get(key), int):
-                return int(cfg[key])
+            value = cfg.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return int(value)
         return default
 
     n_layer = pick("num_hidden_layers", "n_layer", "num_layers")
     d_model = pick("hidden_size", "n_embd", "d_model")
     if not n_layer or not d_model:
-        raise UsageError(f"{path} has no layer count or hidden size",
+        raise UsageError(f"{where} has no layer count or hidden size",
                          hint="pass --params and --seq-len instead")
     n_head = pick("num_attention_heads", "n_head", default=max(1, d_model // 64)) or 1
     seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=1024) or 1024
     vocab = pick("vocab_size", default=32000) or 32000
     inter = pick("intermediate_size", "n_inner", default=4 * d_model) or 4 * d_model
+    kv_heads = pick("num_key_value_heads", default=n_head) or n_head
     tied = bool(cfg.get("tie_word_embeddings", True))
     gated = str(cfg.get("hidden_act", "")).lower() in ("silu", "swiglu") or "llama" in str(cfg.get("model_type", ""))
     mlp = (3 if gated else 2) * d_model * inter
-    params = n_layer * (4 * d_model * d_model + mlp) + vocab * d_model * (1 if tied else 2)
-    name = cfg.get("_name_or_path") or cfg.get("model_type") or Path(path).parent.name
+    # q and o projections d x d; k and v d x (kv heads x head size): grouped-query attention shares them.
+    attention = 2 * d_model * d_model + 2 * d_model * (kv_heads * (d_model // n_head))
+    params = n_layer * (attention + mlp) + vocab * d_model * (1 if tied else 2)
+    name = cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).parent.name
     return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config")
+
+
+def from_script(found: ScriptModel) -> Workload:
+    """What a user's script trains, from its own arguments (cpuperf.probe.hf.script_model): its model's shape, its
+    sequence length where it names one, its per-device batch and accumulation, its run length (--max_steps; else
+    unknown); 'unknown' where it cannot be told."""
+    steps = found.max_steps
+    if found.config is None:
+        return Workload("unknown", 1, 1, 1, 1, 1, 1, steps, 0, "unknown", found.per_device_batch, found.grad_accum,
+                        found.optimizer, found.why_not, True)
+    base = from_config_dict(found.config, found.where)
+    seq = found.seq_len or base.seq_len
+    per_device = found.per_device_batch
+    return replace(base, seq_len=seq, batch_size=(per_device or 8) * (found.grad_accum or 1), steps=steps,
+                   source="script", per_device_batch=per_device, grad_accum=found.grad_accum,
+                   optimizer=found.optimizer, found=found.where, of_script=True)
+
+
+def for_script(base: Workload, found: ScriptModel) -> Workload:
+    """A model given with --model, trained by a user's script: its shape, with the script's own batch and optimizer."""
+    per_device = found.per_device_batch
+    return replace(base, batch_size=(per_device or 8) * (found.grad_accum or 1), per_device_batch=per_device,
+                   grad_accum=found.grad_accum, optimizer=found.optimizer, found=f"--model {base.name}", of_script=True,
+                   steps=found.max_steps)
 
 
 def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, seq_len: Optional[int] = None,

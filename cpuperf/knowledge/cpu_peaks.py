@@ -1,10 +1,11 @@
 """compat/cpu_peaks.toml: which CPU generations have a FLOPs-per-cycle row, the row and boost clock of one
-CPU, and its hardware peak (cores x FLOPs/cycle x clock, the MFU denominator) from clocks given. Pure."""
+CPU, what the data leaves out for want of a source, and the hardware peak (cores x FLOPs/cycle x clock, the MFU
+denominator) from clocks given. Pure."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.knowledge.gpu import Peak
@@ -26,13 +27,30 @@ def peak_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict
     return None
 
 
+def _fits(row: Dict[str, Any], microarchitecture: str, model_name: Optional[str]) -> bool:
+    patterns = row.get("model_name")
+    return microarchitecture in row["match"] and (not patterns or any(re.search(p, model_name or "") for p in patterns))
+
+
 def boost_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict[str, Any]]:
     """The compat/cpu_peaks.toml [[boost]] row for this CPU: its generation's highest rated boost clock."""
-    for row in load_builtin("cpu_peaks.toml").get("boost", []):
-        patterns = row.get("model_name")
-        if microarchitecture in row["match"] and (not patterns or any(re.search(p, model_name or "") for p in patterns)):
-            return dict(row)
-    return None
+    return next((dict(row) for row in load_builtin("cpu_peaks.toml").get("boost", [])
+                 if _fits(row, microarchitecture, model_name)), None)
+
+
+def unsourced(microarchitecture: str, model_name: Optional[str]) -> List[Dict[str, Any]]:
+    """The [[unsourced]] rows for this CPU: what the data leaves out about it for want of a primary source."""
+    return [dict(row) for row in load_builtin("cpu_peaks.toml").get("unsourced", [])
+            if _fits(row, microarchitecture, model_name)]
+
+
+def peak_data(microarchitecture: str, model_name: Optional[str]) -> Dict[str, Any]:
+    """What compat/cpu_peaks.toml says about this CPU, for doctor: its FLOPs-per-cycle row, its highest rated
+    clock row, and what it leaves out unsourced (each None / empty where the data has nothing)."""
+    row, boost = peak_row(microarchitecture, model_name), boost_row(microarchitecture, model_name)
+    return {"flops_per_cycle": None if row is None else {k: row.get(k) for k in ("variant", "fp32", "bf16", "source")},
+            "boost_clock": None if boost is None else {k: boost[k] for k in ("ghz", "part", "source")},
+            "unsourced": [{k: r[k] for k in ("kind", "what", "why")} for r in unsourced(microarchitecture, model_name)]}
 
 
 def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Optional[str] = None,
@@ -56,8 +74,10 @@ def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Op
         return None, {**info, "why_none": f"compat/cpu_peaks.toml has no row for {microarchitecture}"}
     per_cycle = row.get("bf16") if dtype == "bf16" else row.get("fp32") if dtype == "fp32" else None
     if per_cycle is None:
-        return None, {**info, "variant": row["variant"],
-                      "why_none": f"{microarchitecture} has no native {dtype} (emulated): no hardware peak"}
+        gap = next((g for g in unsourced(microarchitecture, model_name) if g["kind"] == "flops_per_cycle"), None)
+        why = (f"compat/cpu_peaks.toml has no {dtype} rate for {microarchitecture} (unsourced: {gap['what']})" if gap
+               else f"{microarchitecture} has no native {dtype} (emulated): no hardware peak")
+        return None, {**info, "variant": row["variant"], "why_none": why}
     clock = max(c for c in (nominal_hz, measured_hz, 0.0) if c is not None)
     if not clock:
         return None, {**info, "variant": row["variant"], "why_none": "the clock is unknown"}

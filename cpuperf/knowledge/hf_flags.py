@@ -193,3 +193,25 @@ def why_not(flag: str, transformers_version: Optional[str], matrix: Optional[Mat
         gone = f", removed in {row.removed}" if row.removed is not None else ""
         return f"deprecated since transformers {row.deprecated}{gone}{instead}"
     return f"not in {release}"
+
+
+def sharding_form(transformers_version: Optional[str], matrix: Optional[Matrix] = None) -> Dict[str, Optional[str]]:
+    """How the installed Trainer takes sharding (compat/hf.toml, kind sharding-arg): {'fsdp': 'switch' (a bare --fsdp
+    with a --fsdp_config file holding cpu_offload and activation_checkpointing) | 'value' (--fsdp "full_shard
+    auto_wrap [offload]") | None, 'deepspeed': 'file' (--deepspeed FILE) | None, 'why': why FSDP is not offered}."""
+    m = _matrix(matrix)
+    cov = coverage("transformers", transformers_version, m)
+    rows = {row.name: row for row in m.hf if row.package == "transformers" and row.kind == "sharding-arg"}
+
+    def has(name: str) -> bool:
+        row = rows.get(name)
+        return row is not None and option_valid(row, cov)
+
+    release = f"transformers {transformers_version or cov.through}"
+    fsdp: Optional[str] = None
+    if has("fsdp=true") and has("fsdp_config=cpu_offload,activation_checkpointing"):
+        fsdp = "switch"
+    elif has("fsdp"):
+        fsdp = "value"
+    why = None if fsdp else (cov.note or f"{release} has no FSDP option cpuperf's data has checked")
+    return {"fsdp": fsdp, "deepspeed": "file" if has("deepspeed") else None, "why": why}

@@ -101,6 +101,7 @@ class TorchRelease:
     cpu_index_url: str
     source: str
     reason: str = ""
+    pypi_aarch64: str = "cpu"  # what the registry's plain Linux aarch64 wheel is: 'cpu', or 'cuda' (from 2.11)
 
     def pythons(self, platform: str) -> frozenset[str]:
         """CPython versions with a wheel on `platform`."""
@@ -301,6 +302,13 @@ def _str(value: Any) -> str:
     return value
 
 
+def _build_kind(value: Any) -> str:
+    text = _str(value)
+    if text not in ("cpu", "cuda"):
+        raise _Bad(f"{text!r} is not 'cpu' or 'cuda'")
+    return text
+
+
 def _nonempty(value: Any) -> str:
     text = _str(value)
     if not text.strip():
@@ -400,6 +408,7 @@ _SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
         "cpu_index_url": (_url, False),
         "source": (_nonempty, True),
         "reason": (_str, False),
+        "pypi_aarch64": (_build_kind, False),
     },
     "cuda": {
         "tag": (_nonempty, True),
@@ -453,7 +462,7 @@ _SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
     "hf": {
         "package": (_choice("transformers", "accelerate"), True),
         "name": (_nonempty, True),
-        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key"), True),
+        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key", "sharding-arg"), True),
         "introduced": (_opt_version, False),
         "deprecated": (_opt_version, False),
         "removed": (_opt_version, False),
@@ -485,6 +494,7 @@ _DEFAULTS: dict[str, Any] = {
     "removed": None,
     "replacement": "",
     "verified": False,
+    "pypi_aarch64": "cpu",
 }
 # Top-level scalars a file may set as defaults for its rows.
 _FILE_DEFAULTS = {"cpu_index_url": "torch"}

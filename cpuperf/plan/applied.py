@@ -26,7 +26,7 @@ FLAG_LEVERS: Mapping[str, str] = {
     "--dataloader_num_workers": "dataloader_workers", "--dataloader_pin_memory": "pin_memory",
     "--per_device_train_batch_size": "batch_size", "--gradient_accumulation_steps": "grad_accum_steps",
     "--gradient_checkpointing": "grad_checkpointing", "--activation_checkpointing": "grad_checkpointing",
-    "--optim": "optimizer"}
+    "--optim": "optimizer", "--fsdp": "sharding", "--fsdp_config": "sharding", "--deepspeed": "sharding"}
 # Library names an allocator preload carries (cpuperf.probe.facts.ALLOCATOR_LIBS names the files).
 _PRELOAD_STEM = {"tcmalloc": "libtcmalloc", "jemalloc": "libjemalloc", "mimalloc": "libmimalloc"}
 PLAIN = "plain run (no --auto): the baseline --auto is compared with"
@@ -56,6 +56,7 @@ class RenderedJob:
     flags_why: str = ""  # why a user's command gets no Trainer flags at all (its parser), if it gets none
     your_launcher: Optional[str] = None  # torchrun | accelerate | mpirun | srun: the user's own launcher
     placement_why: str = ""  # why ranks are not placed by cpuperf (a user's launcher in a plain run)
+    own_args: Tuple[str, ...] = ()  # a user's script's own arguments (its batch and accumulation are its own)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,28 @@ def _flag(d: Decision[Any], job: RenderedJob) -> Optional[str]:
 
 
 def _worker_or_flag(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
-    return _setting(d, job) or _flag(d, job) or _default(d, levers, job)
+    return _setting(d, job) or _flag(d, job) or _own(d, job) or _default(d, levers, job)
+
+
+# A script's own arguments that carry a lever as they are: its batch and accumulation (TrainingArguments' names,
+# either spelling), with the Trainer's defaults where it gives none.
+_OWN = {"batch_size": ("--per_device_train_batch_size", 8), "grad_accum_steps": ("--gradient_accumulation_steps", 1)}
+
+
+def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+    """The decided value is the script's own argument (or the Trainer's default where it gives none)."""
+    known = _OWN.get(d.id)
+    if known is None or job.settings is not None:
+        return None
+    name, default = known
+    given = None
+    for i, arg in enumerate(job.own_args):
+        key, eq, value = arg.partition("=")
+        if "--" + key.lstrip("-").replace("-", "_") == name:
+            given = value if eq else (job.own_args[i + 1] if i + 1 < len(job.own_args) else None)
+    if given is not None:
+        return f"your command's own {name} {given}" if given == str(d.value) else None
+    return f"default: the Trainer's {name[2:]} {default}" if d.value == default else None
 
 
 def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
@@ -148,7 +170,9 @@ def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str
         "dataloader_workers": (d.value == 0 and script, "the Trainer's default is 0 workers"),
         "pin_memory": ((d.value is False and not levers.on_gpu) or (script and d.value is True),
                        "no device copies on CPU training" if not levers.on_gpu else "the Trainer pins by default"),
-        "zero": (d.value is None, "no sharding: the model fits each rank"),
+        "zero": (d.value is None, "no DeepSpeed ZeRO plan"),
+        "sharding": (d.value is None, "no sharding: the model's state fits each rank whole"),
+        "offload": (d.value is False, "no offload"),
         "grad_accum_steps": (d.value == 1 and script, "one step per batch: the Trainer's default"),
     }
     hit = defaults.get(d.id)
@@ -193,6 +217,23 @@ def _allocator(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[s
     return "env LD_PRELOAD " + preload if any(e.startswith(stem) for e in entries) else None
 
 
+def _checkpointing(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    """A flag, the worker's setting, or FSDP's own activation checkpointing in the --fsdp_config file it names."""
+    in_config = d.value is True and levers.sharding.value == "fsdp" and any(a[0] == "--fsdp_config" for a in job.flags)
+    return "activation_checkpointing in the --fsdp_config file" if in_config else _worker_or_flag(d, levers, job)
+
+
+def _offload(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    """CPU offload rides on the sharding form: the --fsdp_config file, the --fsdp value, or the DeepSpeed file."""
+    if d.value is False:
+        return _default(d, levers, job)
+    for args in job.flags:
+        if args[0] in ("--fsdp_config", "--deepspeed") or (args[0] == "--fsdp" and any(
+                word == "offload" for a in args[1:] for word in a.split())):
+            return f"in {' '.join(args)}"
+    return None
+
+
 def _attention(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
     if job.settings is not None and d.value == "sdpa":
         return "the built-in model calls scaled_dot_product_attention"
@@ -204,7 +245,8 @@ _CARRIED: Mapping[str, _Check] = {
     "fp32_math_mode": _worker_or_flag, "nproc_per_node": _ranks, "nnodes": _nodes, "threads_per_rank": _threads,
     "affinity": _affinity, "ddp_backend": _worker_or_flag, "ipex": _worker_or_flag, "compile": _worker_or_flag,
     "allocator": _allocator, "attention": _attention, "batch_size": _worker_or_flag,
-    "grad_accum_steps": _worker_or_flag, "grad_checkpointing": _worker_or_flag, "optimizer": _worker_or_flag,
+    "grad_accum_steps": _worker_or_flag, "grad_checkpointing": _checkpointing, "optimizer": _worker_or_flag,
+    "sharding": _worker_or_flag, "offload": _offload,
     "dataloader_workers": _worker_or_flag, "pin_memory": _worker_or_flag, "zero": _worker_or_flag,
 }
 
@@ -235,7 +277,8 @@ def _why_not(d: Decision[Any], levers: Levers, job: RenderedJob) -> str:
 def _builtin_why(d: Decision[Any]) -> str:
     return {"attention": "the built-in loop runs SDPA's dispatcher, which picks the kernel (the worker reports it)",
             "pin_memory": "the built-in loop has no DataLoader: its batches are built in memory",
-            "zero": "the built-in loop has no sharding"}.get(d.id, "the built-in worker's settings do not carry it")
+            "zero": "the built-in loop has no sharding", "sharding": "the built-in loop has no sharding",
+            "offload": "the built-in loop has no offload"}.get(d.id, "the built-in worker's settings do not carry it")
 
 
 def _script_why(d: Decision[Any], job: RenderedJob) -> str:
@@ -247,8 +290,10 @@ def _script_why(d: Decision[Any], job: RenderedJob) -> str:
         "optimizer": "your script's own optimizer: the family changes only when you --set it",
         "attention": "your model chooses its attention kernel: no Trainer flag carries it",
         "fp32_math_mode": "no Trainer flag sets oneDNN's fp32 math mode (the built-in loop applies it)",
-        "zero": "no sharding config is rendered for your script",
-        "grad_checkpointing": "a memory trade-off cpuperf adds to your script only when you --set it",
+        "zero": "no DeepSpeed config is rendered for your script unless you --set sharding=zero3",
+        "sharding": "this command takes no sharding form cpuperf has checked",
+        "offload": "offload rides on a sharding form this command does not take",
+        "grad_checkpointing": "this command takes no activation checkpointing flag",
     }.get(d.id, "no flag or variable of this command carries it")
 
 
@@ -266,4 +311,4 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags_left=tuple(script.not_added) if script is not None else (),
         flags_why=script.why if script is not None else "",
         your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
-        placement_why=placement_why)
+        placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else ())

@@ -17,6 +17,7 @@ from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
     from cpuperf.decide.cluster import ClusterConstraints
+    from cpuperf.decide.memory import MemoryLevers
     from cpuperf.decide.records import Constraints, Dtype, Levers, Measurements, Recommendation
     from cpuperf.decide.workload import Workload
     from cpuperf.plan.job import JobPlan, JobRequest
@@ -106,9 +107,40 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
                      environ=edge.environ if facts.live else {},
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
-                     ranks_from=f"your launcher: {yours.source}" if yours is not None else None)
+                     ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
+                     memory_levers=memory_levers(request, facts, edge))
     # A tuning is of CPU levers: a plan on a GPU says nothing of one.
     return rec if said is None or rec.levers.device.value != "cpu" else replace(rec, notes=(*rec.notes, said))
+
+
+def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> MemoryLevers:
+    """The memory levers this job's path can apply: the built-in loop recomputes activations (it has no sharding);
+    a Trainer script takes what its transformers release accepts (compat/hf.toml); a plain run, or a script cpuperf
+    adds no flags to, gets none, and a job that does not fit is only told (it may shard itself)."""
+    from cpuperf.decide.memory import NOTHING, MemoryLevers, Reach
+
+    recompute_only = Reach(True, False, False)
+    if not request.auto:
+        return MemoryLevers(NOTHING, "plain run (no --auto): the job as you gave it", advisory=True)
+    if not request.user_argv:
+        return MemoryLevers(recompute_only, "the built-in loop runs plain DDP (no sharding): bring a Trainer "
+                            "script after -- for FSDP")
+    from cpuperf.knowledge.hf_flags import sharding_form
+    from cpuperf.plan.user_script import detect_parser, parse_command
+
+    cmd = parse_command(request.user_argv)
+    parser, why = detect_parser(edge.script_text, cmd.script_args) if cmd.script else ("n/a", "no Python script")
+    if request.hf_flags == "never" or (parser != "hf" and request.hf_flags != "always"):
+        return MemoryLevers(NOTHING, f"{why}: cpuperf adds no memory lever to it", advisory=True)
+    software = facts.software
+    info = software.packages.get("transformers") if software is not None else None
+    form = sharding_form(info.version if info else None)
+    # On a CPU the Trainer runs plain DDP even with --fsdp (accelerate picks MULTI_CPU): measured with
+    # transformers 5.24.0 and accelerate 1.15.0, two gloo ranks (tests/test_your_model.py keeps it so).
+    on_cpu = "the Trainer does not shard on CPUs (it runs plain DDP even with --fsdp)"
+    if form["fsdp"] is None:
+        return MemoryLevers(recompute_only, f"no sharding: {form['why']}", cpu_can=recompute_only, cpu_why=on_cpu)
+    return MemoryLevers(Reach(), cpu_can=recompute_only, cpu_why=on_cpu)
 
 
 def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, auto: bool) -> JobRequest:
@@ -136,7 +168,7 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
         return worker_command(edge.python, settings), settings, {}
     from cpuperf.plan import user_script
 
-    ours, skipped = user_script.recommended_speed_flags(rec) if auto else ([], [])
+    ours, skipped = user_script.recommended_speed_flags(rec, config_dir=edge.out_dir) if auto else ([], [])
     script = user_script.plan_script(list(request.user_argv), ours, request.hf_flags if auto else "never",
                                      edge.script_text, rec.stack.get("transformers"), skipped)
     return list(script.argv), None, {**script.to_json(), "_script": script}

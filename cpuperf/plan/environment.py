@@ -26,6 +26,7 @@ class EnvDecisions(NamedTuple):
     placement: Placement
     backend: Backend  # for one rank: the backend several ranks would use (the env serves either)
     allocator: Optional[str]
+    pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
@@ -36,7 +37,7 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     backend = recorded_backend(decided.value, decided.evidence, decided.reason)
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
-    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value)
+    return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rec.levers.affinity.value == "auto")
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,
@@ -53,7 +54,7 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
 def decisions_to_json(decided: EnvDecisions) -> Any:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
-            "allocator": decided.allocator}
+            "allocator": decided.allocator, "pin": decided.pin}
 
 
 def _typed(value: Any, kind: Any) -> Any:
@@ -76,7 +77,9 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
                           _typed(p["ccl_workers"], int), _typed(p["cpu_budget"], int),
                           tuple(_typed(r, str) for r in _typed(p["reasons"], list)))
     name, reason = (_typed(v, str) for v in _typed(raw["backend"], list))
-    return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))))
+    pin = raw.get("pin", True)
+    return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
+                        pin if isinstance(pin, bool) else True)
 
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
@@ -110,7 +113,7 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
                                 master_addr=request.master_addr, master_port=request.master_port,
                                 preload=request.preload, allocator=decided.allocator, nnodes=request.nnodes,
                                 mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
-                                environ=environ, slurm_first=request.slurm_first)
+                                environ=environ, slurm_first=request.slurm_first, pin=decided.pin)
     notes = list(tuned.notes)
     if planned is None:
         return list(tuned.vars), notes

@@ -403,12 +403,14 @@ def default_sources(resolution: Any, cuda_index: Optional[str]) -> List[Source]:
 def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target, *,
                  torch_version: Optional[str] = None, cuda_tag: Optional[str] = None,
                  allow_cuda_torch: bool = False, environ: Optional[Mapping[str, str]] = None,
-                 matrix: Any = None, allocator_version: Optional[str] = None) -> InstallPlan:
+                 matrix: Any = None, allocator_version: Optional[str] = None,
+                 platform: str = "linux_x86_64") -> InstallPlan:
     """Pin the resolution's packages for this host and say where they come from and why.
 
     `torch_version` is the exact build chosen from what the sources offer (e.g. '2.13.0+cpu');
     default: the resolution's torch with the host's label (+cpu, or +cuXYZ for the driver).
     `allocator_version`: the allocator wheel's version the sources offer (None: not offered, not planned).
+    `platform`: the target's wheel platform (the registry's unlabelled aarch64 torch is a CPU build up to 2.10).
     """
     if resolution.torch is None:
         reasons = "; ".join(r.reason for r in getattr(resolution, "rejected", ())) or "no torch fits"
@@ -419,7 +421,7 @@ def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target
     base = Version(resolution.torch).public
     torch_version, cuda_tag = _torch_build(facts, device, base, torch_version, cuda_tag, matrix, notes)
     label = local_label(torch_version)
-    if device == "cpu" and not label.startswith("cpu"):
+    if device == "cpu" and not label.startswith("cpu") and not _registry_cpu_build(matrix, base, platform):
         warnings.append(f"torch {torch_version} is not a +cpu build: on PyPI the Linux default is the CUDA build")
 
     usable = sources.usable()
@@ -443,6 +445,23 @@ def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target
     return InstallPlan(target=target, device=device, cuda_tag=cuda_tag, requirements=tuple(reqs),
                        sources=sources, env=env, allow_cuda_torch=allow_cuda_torch,
                        warnings=tuple(warnings), notes=tuple(notes))
+
+
+def registry_cpu_builds(versions: Sequence[str], matrix: Any, platform: str) -> Tuple[List[str], List[str]]:
+    """(CPU builds, CUDA builds) among the registry's unlabelled torch `versions` on `platform`: on Linux aarch64
+    a CPU build up to 2.10 and a CUDA build from 2.11 (compat/torch.toml pypi_aarch64); x86_64 keeps them all
+    (its registry build is CUDA throughout: pip's dry run shows the payload and the plan refuses it)."""
+    if platform != "linux_aarch64":
+        return list(versions), []
+    cuda = [v for v in versions if not _registry_cpu_build(matrix, Version(v).public, platform)
+            and matrix.torch_release(Version(Version(v).public)) is not None]
+    return [v for v in versions if v not in cuda], cuda
+
+
+def _registry_cpu_build(matrix: Any, base: str, platform: str) -> bool:
+    """The registry's unlabelled torch `base` is a CPU build on `platform` (Linux aarch64 up to 2.10)."""
+    row = matrix.torch_release(Version(base)) if matrix is not None and platform == "linux_aarch64" else None
+    return row is not None and row.pypi_aarch64 == "cpu"
 
 
 def _torch_build(facts: Any, device: str, base: str, torch_version: Optional[str], cuda_tag: Optional[str],

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
+from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.records import Recommendation
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.plan.environment import with_launch_vars
-from cpuperf.plan.launch import LaunchPlan, plan_launch
+from cpuperf.plan.launch import LaunchPlan, numa_binding_ok, plan_launch
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
@@ -77,9 +78,10 @@ class JobPlan:
 
 def rank_threads(rec: Recommendation, auto: bool) -> Optional[int]:
     """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting): the
-    decided count on CPUs under --auto or where you set it; None (torch's own) otherwise, and on GPUs."""
+    decided count under --auto or where you set it, on CPUs and GPUs alike (torchrun would give GPU ranks 1);
+    None (torch's own) otherwise."""
     lv = rec.levers
-    if lv.device.value != "cpu" or not (auto or lv.threads_per_rank.overridden):
+    if not (auto or lv.threads_per_rank.overridden):
         return None
     return lv.threads_per_rank.value
 
@@ -99,8 +101,11 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
-                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm))
+                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
+                             pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value})
     keep = {e.name for e in rt.vars} if request.auto else ({"LD_PRELOAD", "MALLOC_CONF"} if preload else set())
+    if lv.fp32_math_mode.overridden:  # your value, plain or not: its Arm variable goes with it
+        keep |= set(knob_vars("fp32_math_mode"))
     if world > 1:
         keep |= {e.name for e in rt.vars if e.name.startswith(("MASTER_", "GLOO_", "CCL_", "I_MPI_"))}
     keep.discard("OMP_NUM_THREADS")
@@ -135,7 +140,7 @@ def check_worker_can_honour(rec: Recommendation) -> None:
     if lv.attention.overridden and lv.attention.value not in WORKER_ATTENTION:
         raise UsageError(f"attention {lv.attention.value}: the built-in loop uses torch's SDPA dispatcher",
                          hint="leave attention unset; the worker reports the kernel SDPA ran")
-    for knob in (lv.zero, lv.pin_memory):
+    for knob in (lv.zero, lv.pin_memory, lv.sharding, lv.offload):
         if knob.overridden and knob.value:
             raise UsageError(f"{knob.id}={knob.value}: the built-in loop has no such setting",
                              hint="it applies to your own script: cpuperf recommend renders it")
@@ -210,14 +215,19 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
         wanted = with_launch_vars(planned_env, wanted)
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
-    pin = lv.device.value == "cpu" and lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden)
+    pin = lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden) and \
+        (lv.device.value == "cpu" or rec.placement.unit == "gpu-numa")
     threads = rank_threads(rec, request.auto)
+    # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
+    numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
+        numa_binding_ok(rec.stack.get("torch"))
     launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
                          hosts=request.hosts, nnodes=lv.nnodes.value,
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm)
+                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm,
+                         numa_binding=numa)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
                    hf or {})
 
@@ -233,15 +243,17 @@ def _slurm_first(slurm: SlurmFacts) -> Optional[str]:
 
 
 def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
-                    environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM) -> JobPlan:
+                    environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM,
+                    master_addr: Optional[str] = None) -> JobPlan:
     """The plan `cpuperf train --auto -- python your_script.py` would run, with a placeholder for the script
     (what recommend renders and what a tuning point runs with)."""
     from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
 
     nnodes = max(1, rec.levers.nnodes.value)
-    # several nodes: the hostfile's first host, or the Slurm allocation's first node (runtime_env says which),
-    # else a placeholder a user replaces
-    master = None if hosts or _slurm_first(slurm) else ("127.0.0.1" if nnodes > 1 else None)
+    # Several nodes meet where every one of them can reach: --master-addr, else the hostfile's first host or the
+    # Slurm allocation's first node (runtime_env says which), else a MASTER_ADDR already set; with none of them
+    # runtime_env refuses (exit 2), as ccl-env does: loopback is never a rendezvous for other nodes.
+    master = master_addr
     request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
                          launcher=None if not hosts or len(hosts) <= 1 else "torchrun", slurm=slurm)
     return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],

@@ -144,59 +144,90 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                 environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
                 python: Optional[str] = None, local_addr: Optional[str] = None,
                 job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None,
-                yours: Optional[Any] = None, slurm: SlurmFacts = NO_SLURM) -> LaunchPlan:
+                yours: Optional[Any] = None, slurm: SlurmFacts = NO_SLURM, numa_binding: bool = False) -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
     pin: pin ranks to their slot CPUs and set their thread counts (--auto); threads: an explicit count.
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
+    numa_binding: GPU ranks bound by torchrun to their GPU's NUMA node (--numa-binding=node; see numa_binding_ok).
     yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
     directly; `placement` then holds its ranks, placed through the per-rank step already in rank_command.
     """
     if yours is not None:
         return _plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir, environ or {})
     environ = environ or {}
-    python = python or sys.executable
     nproc = placement.nproc_per_node
     _check_rdzv_timeout(rdzv_timeout)
-    host_names = tuple(h.name for h in hosts) if hosts else ()
-    slurm_nodes = slurm.allocation
-    _check_rank0_known(nnodes, hosts, slurm_nodes, master_addr)
+    _check_rank0_known(nnodes, hosts, slurm.allocation, master_addr)
     world = nproc * nnodes
     mpi = mpi_flavour(facts)
-    chosen, why = choose_launcher(launcher, world, nnodes, slurm_nodes, mpi)
+    chosen, why = choose_launcher(launcher, world, nnodes, slurm.allocation, mpi)
     specs = rank_specs(placement, pin, threads)
     env, reasons = _base_env(env_vars, world)
     notes: List[str] = [f"launcher: {why}"]
-    addr = env.get("MASTER_ADDR", master_addr)
-    port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else master_port
-    cmd = tuple(rank_command)
-    rankexec = (python, "-m", "cpuperf.run.rankexec", "--")
     _rankexec_env(chosen, env, reasons, specs, log_dir)
-    node_rank = _node_rank(node_rank, nnodes)
-    if chosen == "direct":
-        start = _Start(cmd, None, addr, port, _direct_rank(specs, env, reasons))
-    elif chosen == "torchrun":
-        base, port, addr = _torchrun_base(python, nproc, nnodes, node_rank, addr, port, master_port, job_id,
-                                          local_addr, rdzv_timeout)
-        start = _Start((*base, "-m", "cpuperf.run.rankexec", "--", *cmd), "torchrun", addr, port,
-                       node_commands=_torchrun_notes(nnodes, host_names, port, env, reasons, notes))
-    elif chosen == "mpirun":
-        assert mpi is not None  # choose_launcher checked
-        base = _mpirun_base(*mpi, world, nproc, placement.cpu_budget, euid, hosts, nnodes, env, environ, notes)
-        start = _Start((*base, *rankexec, *cmd), mpi[1], addr, port)
-    else:
-        start = _Start(_srun_argv(nnodes, nproc, (*rankexec, *cmd)), "slurm",
-                       _slurm_master(addr, nnodes, slurm, env, reasons), port)
+    job = _Job(python or sys.executable, placement, tuple(rank_command), nnodes, _node_rank(node_rank, nnodes),
+               env.get("MASTER_ADDR", master_addr), int(env["MASTER_PORT"]) if "MASTER_PORT" in env else master_port,
+               master_port, job_id, local_addr, rdzv_timeout, tuple(h.name for h in hosts) if hosts else (),
+               hosts, euid, environ, slurm, mpi, numa_binding)
+    start = _start(chosen, job, specs, env, reasons, notes)
     if world > 1:
         _rendezvous_env(env, reasons, chosen, start.addr, start.port, rdzv_timeout)
     return LaunchPlan(launcher=chosen, flavour=start.flavour, argv=start.argv, env=env, env_reasons=reasons,
-                      per_rank=specs, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
-                      hosts=host_names, master_addr=start.addr if world > 1 else None,
+                      per_rank=specs, nproc_per_node=nproc, nnodes=nnodes, node_rank=job.node_rank,
+                      hosts=job.host_names, master_addr=start.addr if world > 1 else None,
                       master_port=start.port if world > 1 else None, affinity=start.affinity, log_dir=log_dir,
-                      rank_command=cmd, notes=tuple(notes), node_commands=start.node_commands,
+                      rank_command=job.cmd, notes=tuple(notes), node_commands=start.node_commands,
                       pid_dir=log_dir if chosen != "direct" else None)
+
+
+class _Job(NamedTuple):
+    """What every launcher's start reads: this node's part of the job, and how its ranks meet."""
+
+    python: str
+    placement: Placement
+    cmd: Tuple[str, ...]
+    nnodes: int
+    node_rank: int
+    addr: Optional[str]  # the rendezvous address and port the environment already names, else the options'
+    port: Optional[int]
+    master_port: Optional[int]  # --master-port as given
+    job_id: str
+    local_addr: Optional[str]
+    rdzv_timeout: Optional[float]
+    host_names: Tuple[str, ...]
+    hosts: Optional[Sequence[Host]]
+    euid: int
+    environ: Mapping[str, str]
+    slurm: SlurmFacts
+    mpi: Optional[Tuple[str, str]]
+    numa_binding: bool  # torchrun binds GPU ranks to their GPU's NUMA node
+
+
+def _start(chosen: str, job: _Job, specs: Sequence[RankSpec], env: Dict[str, str], reasons: Dict[str, str],
+           notes: List[str]) -> _Start:
+    """How the chosen launcher starts this node's ranks (each through cpuperf's per-rank step but a direct one)."""
+    rankexec = (job.python, "-m", "cpuperf.run.rankexec", "--")
+    nproc = job.placement.nproc_per_node
+    if chosen == "direct":
+        return _Start(job.cmd, None, job.addr, job.port, _direct_rank(specs, env, reasons))
+    if chosen == "torchrun":
+        base, port, addr = _torchrun_base(job.python, nproc, job.nnodes, job.node_rank, job.addr, job.port,
+                                          job.master_port, job.job_id, job.local_addr, job.rdzv_timeout)
+        if job.numa_binding:
+            base.append("--numa-binding=node")
+            notes.append("torchrun binds each rank to the CPUs of its GPU's NUMA node (--numa-binding=node)")
+        return _Start((*base, *rankexec[1:], *job.cmd), "torchrun", addr, port,
+                      node_commands=_torchrun_notes(job.nnodes, job.host_names, port, env, reasons, notes))
+    if chosen == "mpirun":
+        assert job.mpi is not None  # choose_launcher checked
+        base = _mpirun_base(*job.mpi, nproc * job.nnodes, nproc, job.placement.cpu_budget, job.euid, job.hosts,
+                            job.nnodes, env, job.environ, notes)
+        return _Start((*base, *rankexec, *job.cmd), job.mpi[1], job.addr, job.port)
+    return _Start(_srun_argv(job.nnodes, nproc, (*rankexec, *job.cmd)), "slurm",
+                  _slurm_master(job.addr, job.nnodes, job.slurm, env, reasons), job.port)
 
 
 class _Start(NamedTuple):
@@ -287,8 +318,9 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
         share = min((s.threads for s in specs if s.threads), default=None)
         if theirs:
             specs = tuple(RankSpec(s.local_rank, s.cpus, None) for s in specs)
-            notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) on its "
-                         f"{len(specs[0].cpus) if specs else '?'} CPU(s)")
+            cpus = len(specs[0].cpus) if specs and specs[0].cpus else 0
+            notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) "
+                         + (f"on its {cpus} CPU(s)" if cpus else "on the CPUs the OS scheduler gives it"))
             env["OMP_NUM_THREADS"] = theirs
         elif share:
             env["OMP_NUM_THREADS"] = str(share)
@@ -396,6 +428,17 @@ def _slurm_master(addr: Optional[str], nnodes: int, slurm: SlurmFacts, env: Dict
         reasons["MASTER_ADDR"] = "the first node of the Slurm allocation (rank 0 runs there)"
         return first[0]
     return addr
+
+def numa_binding_ok(torch_version: Optional[str]) -> bool:
+    """Whether the installed torch's torchrun has --numa-binding (compat/launchers.toml [torchrun])."""
+    from packaging.version import Version
+
+    from cpuperf.data import load_builtin
+    from cpuperf.versions import base_or_none
+
+    v = base_or_none(torch_version)
+    return v is not None and v >= Version(load_builtin("launchers.toml")["torchrun"]["numa_binding_min_torch"])
+
 
 def _seconds(value: Optional[float]) -> str:
     t = DEFAULT_RDZV_TIMEOUT_S if value is None else value

@@ -281,7 +281,8 @@ def _placement(raw: Any, host: Mapping[str, Any]) -> Placement:
 
 def _workload(raw: Any) -> Workload:
     _need({"workload": raw}, "workload", dict, "")
-    fields = Workload.__dataclass_fields__
+    # The fields a workload's JSON holds (a user script's own batch and optimizer are not in a saved plan).
+    fields = [name for name, f in Workload.__dataclass_fields__.items() if f.metadata.get("json", name) is not None]
     for key in fields:
         if key in ("name", "source"):
             _need(raw, key, str, "workload")
@@ -316,6 +317,14 @@ def _decision(raw: Any, index: int) -> Decision[Any]:
     flags = [_need(raw, k, bool, w) if k in raw else False for k in ("overridden", "needs_torch")]
     reason = _need(raw, "reason", str, w) if "reason" in raw else ""
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
+
+
+def _with_memory_levers(decisions: Tuple[Decision[Any], ...]) -> Tuple[Decision[Any], ...]:
+    """A plan saved before sharding and offload were decided held neither: it ran without them, said as such."""
+    have = {d.id for d in decisions}
+    why = "a plan saved before cpuperf decided sharding and offload: it runs without them"
+    added = [Decision(i, v, why, {}) for i, v in (("sharding", None), ("offload", False)) if i not in have]
+    return decisions + tuple(added) if added else decisions
 
 
 def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
@@ -439,7 +448,7 @@ def _from_json(data: Any) -> SavedPlan:
     _exact_keys(data, _TOP, "plan")
     host = _host(data.get("host"))
     stack = _stack(data.get("stack"))
-    decisions = tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, "")))
+    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, ""))))
     _check_decision_set(decisions)
     env = tuple(_env(item, i) for i, item in enumerate(_need(data, "env", list, "")))
     names = [e.name for e in env]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -42,17 +43,26 @@ def is_python(token: str) -> bool:
 
 @dataclass(frozen=True)
 class Wrapper:
-    """A command in front of the launcher (`taskset -c 1`, `env X=1`, `numactl -C 0-3`, `nice -n 5`, `chrt -f 1`)."""
+    """A command in front of the launcher (`taskset -c 1`, `env X=1`, `numactl -C 0-3`, `nice -n 5`, `timeout 600`,
+    `bash -c 'LINE'`, and inside a shell line `exec` and NAME=VALUE assignments)."""
 
     name: str
-    argv: Tuple[str, ...]
+    argv: Tuple[str, ...]  # its words before the command (a shell: up to and with -c)
     env: Tuple[Tuple[str, str], ...] = ()  # env NAME=VALUE assignments, in order
     places: bool = False  # it decides which CPUs the launcher (and so every rank) runs on
     cpus: Optional[Tuple[int, ...]] = None  # taskset's CPU set, where it gives one
+    shell: bool = False  # the command behind it is one word: the shell line (`bash -c LINE`)
+    tail: Tuple[str, ...] = ()  # a shell's words after LINE ($0 and the positional parameters)
 
     @property
     def spelled(self) -> str:
-        return " ".join(self.argv)
+        return " ".join(self.argv) + (" '...'" if self.shell else "")
+
+    def around(self, command: Sequence[str]) -> Tuple[str, ...]:
+        """This wrapper in front of `command` again (a shell: the command joined back into its one line)."""
+        if self.shell:
+            return (*self.argv, shlex.join(command), *self.tail)
+        return (*self.argv, *command)
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class LauncherCommand:
     parsed: Tuple[Tuple[str, Optional[str], Tuple[str, ...]], ...] = ()  # (canonical name, value or None, its words)
     wrappers: Tuple[Wrapper, ...] = ()
     unknown: Tuple[str, ...] = ()  # options the launcher's table lacks (mpirun, srun: their versions differ)
+    hidden: str = ""  # why the launcher cannot be read (a shell line cpuperf does not read through), or ''
 
     def option(self, names: Sequence[str]) -> Optional[str]:
         """The value of the last of `names` given (NAME VALUE or NAME=VALUE); '' for a flag; None: not given."""
@@ -88,10 +99,37 @@ class LauncherCommand:
                 said = " ".join(words)
         return said
 
-    @property
-    def head(self) -> Tuple[str, ...]:
-        """Everything before the launcher's own options: wrappers and the launcher's invocation."""
-        return (*(t for w in self.wrappers for t in w.argv), *self.prefix)
+    def line_env(self, environ: Mapping[str, str]) -> List[Tuple[str, Optional[str], str]]:
+        """(name, value, as written) of each variable the launcher line sets for its ranks: Open MPI `-x NAME=V`,
+        hydra `-genv NAME V` / `-env NAME=V`, srun `--export=NAME=V,...`; a name forwarded without a value
+        (`-x NAME`, `-genvlist A,B`, `--export=NAME`) carries this environment's value, or None."""
+        rule = rules().get(self.launcher, {})
+        setting = {_key(self.launcher, n) for n in rule.get("env_set", ())}
+        forwarding = {_key(self.launcher, n) for n in rule.get("env_forward", ())}
+        found: List[Tuple[str, Optional[str], str]] = []
+        for name, value, words in self.parsed:
+            said = " ".join(words)
+            if name in setting and value is not None:
+                given = list(words[1:]) if len(words) > 1 else [value]  # NAME=V, NAME (forwarded) or NAME V
+                key, eq, val = (given[0], "=", given[1]) if len(given) == 2 else given[0].partition("=")
+                found.append((key, val if eq else environ.get(key), said))
+            elif name in forwarding and value:
+                found.extend((key, environ.get(key), said) for key in value.split(",") if key)
+            elif name in setting or name in forwarding:
+                continue
+            elif self.launcher == "srun" and name == "--export" and value:
+                for item in value.split(","):
+                    key, eq, val = item.partition("=")
+                    if key not in ("ALL", "NONE", "NIL", ""):
+                        found.append((key, val if eq else environ.get(key), said))
+        return found
+
+    def rebuilt(self, options: Sequence[str], target: Sequence[str]) -> Tuple[str, ...]:
+        """The user's command with these launcher options and this target, behind the same wrappers."""
+        command: Tuple[str, ...] = (*self.prefix, *options, *target)
+        for wrapper in reversed(self.wrappers):
+            command = wrapper.around(command)
+        return command
 
     @property
     def wrapper_env(self) -> Dict[str, str]:
@@ -168,20 +206,48 @@ def _launcher_at(args: Sequence[str], i: int) -> Optional[Tuple[str, int]]:
 
 def split_launcher(argv: Sequence[str]) -> Optional[LauncherCommand]:
     """`torchrun ...`, `python -m torch.distributed.run ...`, `accelerate launch ...`, `mpirun ...`, `srun ...`
-    (behind env / taskset / numactl / nice / chrt, if any) -> its parts; None when it is none of these.
-    An option the launcher itself would refuse (torchrun and accelerate: not in their parser) exits 2."""
-    args = list(argv)
-    wrappers, i = _wrappers(args)
-    if i >= len(args):
-        return None
-    found = _launcher_at(args, i)
+    (behind env / taskset / numactl / nice / chrt / timeout / stdbuf / `bash -c`, if any) -> its parts; None when
+    it is none of these. A launcher named where cpuperf cannot read the line (a shell line with `&&`, `$`...;
+    a command it does not know in front) comes back with `hidden` saying why. An option the launcher itself
+    would refuse (torchrun and accelerate: not in their parser) exits 2."""
+    wrappers, args, hidden = _unwrap(list(argv))
+    found = _launcher_at(args, 0) if args and not hidden else None
     if found is None:
-        return None
+        named, hidden = _named_launcher(args, wrappers, hidden)
+        if named is None:
+            return None
+        return LauncherCommand(named, (), (), tuple(args), (), tuple(wrappers), (), hidden)
     launcher, start = found
     table = _Table(launcher, rules().get(launcher, {}))
     parsed, unknown, end, rest = _read_options(table, args, start)
-    return LauncherCommand(launcher, tuple(args[i:start]), tuple(args[start:end]), tuple(args[rest:]), tuple(parsed),
+    return LauncherCommand(launcher, tuple(args[:start]), tuple(args[start:end]), tuple(args[rest:]), tuple(parsed),
                            tuple(wrappers), tuple(unknown))
+
+
+def _named_launcher(words: Sequence[str], wrappers: Sequence[Wrapper], hidden: str
+                    ) -> Tuple[Optional[str], str]:
+    """(the launcher a command names where cpuperf cannot read it, why) or (None, '') when it names none.
+    A Python program is one process whatever its arguments say (`python t.py --launcher torchrun`)."""
+    if not words or (not hidden and is_python(words[0])):
+        return None, ""
+    if any(" " in w or "\t" in w for w in words):  # a command line as one word (`sudo sh -c 'LINE'`): its words too
+        words = [part for w in words for part in (_words_anyway(w) if " " in w or "\t" in w else [w]) if part]
+    for i, word in enumerate(words):
+        base = os.path.basename(word)
+        name = _EXEC_LAUNCHERS.get(base) or ("accelerate" if base == "accelerate" and
+                                             list(words[i + 1:i + 2]) == ["launch"] else None)
+        if name is None and word in _MODULE_LAUNCHERS and i > 0 and words[i - 1] == "-m":
+            name = _MODULE_LAUNCHERS[word]
+        if name is not None:
+            shown = _shown(words[0])
+            return name, hidden or f"`{shown}` runs {base}, and cpuperf does not know how {shown} reads its arguments"
+        if word.endswith(".py"):
+            break  # a script's own arguments from here on
+    return None, ""
+
+
+def _shown(word: str) -> str:
+    return word if len(word) <= 40 else word[:37] + "..."
 
 
 def _read_options(table: _Table, args: Sequence[str], start: int
@@ -246,19 +312,75 @@ def _negative_number(word: str) -> bool:
 
 # -- wrappers in front of the launcher -----------------------------------------------------------------
 
-def _wrappers(args: Sequence[str]) -> Tuple[List[Wrapper], int]:
-    """The wrappers at the start of args and the index of the command behind them."""
+def _unwrap(args: List[str]) -> Tuple[List[Wrapper], List[str], str]:
+    """(the wrappers in front, the words of the command behind them, why a shell line is not read through or '').
+    A shell's `-c LINE` that is one simple command is read through: its words are the command behind."""
     found: List[Wrapper] = []
     table = rules().get("wrappers", {})
-    i = 0
-    while i < len(args) and os.path.basename(args[i]) in table:
-        name = os.path.basename(args[i])
-        end, env, places, cpus = _read_wrapper(name, table[name], args, i + 1)
+    shells = rules().get("shells", {})
+    in_shell = False
+    while args:
+        name = os.path.basename(args[0])
+        if name in shells.get("names", ()):
+            line = _shell_line(args, shells)
+            if line is None:
+                break  # `bash script.sh`: a program like any other
+            argv, text, tail = line
+            words = _simple_command(text, shells)
+            if words is None:
+                return found, _words_anyway(text), (f"`{' '.join(argv)}` runs a shell line that cpuperf does not read "
+                                                     "through (it chains commands or expands something)")
+            found.append(Wrapper(name, argv, shell=True, tail=tail))
+            args, in_shell = words, True
+            continue
+        if in_shell and (name == "exec" or _NAME_VALUE.match(args[0])):
+            taken = 1 if name == "exec" else next((k for k, w in enumerate(args) if not _NAME_VALUE.match(w)), len(args))
+            if taken >= len(args):
+                break
+            env = () if name == "exec" else tuple((w.partition("=")[0], w.partition("=")[2]) for w in args[:taken])
+            found.append(Wrapper(name if name == "exec" else "assignments", tuple(args[:taken]), env))
+            args = args[taken:]
+            continue
+        if name not in table:
+            break
+        end, env2, places, cpus = _read_wrapper(name, table[name], args, 1)
         if end is None:
             break
-        found.append(Wrapper(name, tuple(args[i:end]), tuple(env), places, cpus))
-        i = end
-    return found, i
+        found.append(Wrapper(name, tuple(args[:end]), tuple(env2), places, cpus))
+        args = args[end:]
+    return found, args, ""
+
+
+def _shell_line(args: Sequence[str], rule: Mapping[str, Any]) -> Optional[Tuple[Tuple[str, ...], str, Tuple[str, ...]]]:
+    """(the shell's words up to and with -c, the line, the words after it) for `SHELL [OPTIONS] -c LINE [...]`."""
+    valued = set(rule.get("valued", ()))
+    i = 1
+    while i < len(args) and args[i][:1] in "-+" and args[i] not in ("-", "--"):
+        word = args[i]
+        if word in valued:
+            i += 2
+            continue
+        i += 1
+        if not word.startswith("--") and "c" in word[1:]:  # -c, -lc, -ec: the next word is the line
+            return (tuple(args[:i]), args[i], tuple(args[i + 1:])) if i < len(args) else None
+    return None
+
+
+def _simple_command(text: str, rule: Mapping[str, Any]) -> Optional[List[str]]:
+    """The words of a shell line that is one simple command, as the shell splits them; None for anything the
+    shell would expand, chain or redirect (read conservatively: such a character even in quotes)."""
+    if any(c in text for c in str(rule.get("expands", ""))):
+        return None
+    try:
+        words = shlex.split(text)
+    except ValueError:  # an unclosed quote: the shell refuses the line
+        return None
+    return words or None
+
+
+def _words_anyway(text: str) -> List[str]:
+    """The words of a shell line cpuperf does not read through, only to see whether it names a launcher."""
+    return re.split(r"[\s;&|()<>`'\"]+", text)
 
 
 def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: int
@@ -267,6 +389,7 @@ def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: in
     flags, valued = set(rule.get("flags", ())), set(rule.get("valued", ()))
     places = bool(rule.get("places"))
     given: Dict[str, str] = {}
+    patterns: Mapping[str, str] = rule.get("patterns", {})
     while i < len(args) and args[i].startswith("-") and args[i] != "--":
         key, eq, value = args[i].partition("=")
         if key in valued and not eq and i + 1 < len(args):
@@ -277,10 +400,18 @@ def _read_wrapper(name: str, rule: Mapping[str, Any], args: Sequence[str], i: in
             given[key] = value
             i += 1
             continue
+        if not key.startswith("--") and key[:2] in valued:  # -oL, -k5, -n10: a short option with its value attached
+            given[key[:2]] = args[i][2:]
+            i += 1
+            continue
         return None, [], False, None  # -p PID (no command), or an option this table lacks: not read as a wrapper
     i += 1 if i < len(args) and args[i] == "--" else 0
+    if any(k in patterns and not re.fullmatch(patterns[k], v) for k, v in given.items()):
+        return None, [], False, None  # `nice -n mpirun ...`: nice would refuse it, so this is no nice line
     places = places or any(k in given for k in rule.get("places_with", ()))
     positional: List[str] = list(args[i:i + int(rule.get("positional", 0))])
+    if positional and rule.get("positional_pattern") and not re.fullmatch(rule["positional_pattern"], positional[0]):
+        return None, [], False, None  # `timeout mpirun ...`: no duration, timeout refuses the line
     i += len(positional)
     env: List[Tuple[str, str]] = []
     while rule.get("assignments") and i < len(args) and _NAME_VALUE.match(args[i]):
@@ -496,12 +627,21 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     """
     environ = {**(environ or {}), **cmd.wrapper_env}
     name = cmd.launcher
+    if cmd.hidden:
+        notes, user_threads = _wrapper_notes(cmd, environ)
+        return LauncherRanks(name, None, f"{name}, behind a command cpuperf does not read", False,
+                             f"{cmd.hidden}: cpuperf cannot tell how many ranks {name} starts, so it neither pins them "
+                             "nor sets their threads: placement is left to the launcher", False, tuple(notes),
+                             user_threads, False)
     count, source, why = _count_and_source(cmd, logical_cpus, physical_cores, gpus, has_default_config, environ)
     spread = name == "mpirun" and bool(cmd.has(rules()["mpirun"]["hosts"]))
     over = oversubscribe or _oversubscribes(cmd) or spread
     if count is not None and count > physical_cores and not over and name != "srun":  # srun: Slurm's allocation
         raise _too_many(cmd, count, source, physical_cores)
     notes, user_threads = _wrapper_notes(cmd, environ)
+    line_threads, line_binds, line_notes = _line_variables(cmd, environ)
+    notes += line_notes
+    user_threads = line_threads or user_threads
     placing = next((w for w in cmd.wrappers if w.places), None)
     rule = rules().get(name, {})
     binding = rule.get("binding", ())
@@ -509,6 +649,11 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
                    None)
     if not why and cleared is not None:
         why = f"`{cleared.spelled}` clears the environment that carries cpuperf's per-rank settings"
+    if not why and cmd.has(rule.get("env_none", ())):
+        why = f"`{cmd.spelled(rule['env_none'])}` passes none of the launcher's environment (cpuperf's per-rank settings " \
+              "included) to the ranks"
+    if not why and line_binds:
+        why = f"your launcher line binds the ranks itself ({line_binds})"
     if not why and placing is not None:
         cpus = f" (CPUs {','.join(map(str, placing.cpus))})" if placing.cpus else ""
         why = f"`{placing.spelled}` in front of {name} places every rank it starts{cpus}"
@@ -551,12 +696,49 @@ def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:
 
 def _wrapper_notes(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[List[str], Optional[str]]:
     """What the wrappers and the user's thread variable do to every rank, in words; the user's OMP_NUM_THREADS."""
-    notes = [f"`{w.spelled}` runs {cmd.launcher}: its setting applies to every rank" for w in cmd.wrappers
-             if not w.places]
+    notes = [f"`{w.spelled}` runs {cmd.launcher}" + (": cpuperf reads the command line inside it" if w.shell
+                                                      else ": its setting applies to every rank")
+             for w in cmd.wrappers if not w.places and w.name not in ("exec", "assignments")]
     threads = environ.get("OMP_NUM_THREADS") or None
     if cmd.wrapper_env.get("OMP_NUM_THREADS"):
         notes.append(f"your OMP_NUM_THREADS={threads} (set in front of {cmd.launcher}) is what every rank gets")
     return notes, threads
+
+
+# OpenMP's own binding variables (OpenMP 5.2 spec 6.4-6.5; libgomp GOMP_CPU_AFFINITY; Intel OpenMP KMP_AFFINITY):
+# set for the ranks on the launcher line, they place each rank's threads as the user chose.
+_OPENMP_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def _line_variables(cmd: LauncherCommand, environ: Mapping[str, str]) -> Tuple[Optional[str], str, List[str]]:
+    """(the OMP_NUM_THREADS the launcher line gives the ranks, how the line binds them ('' none), notes).
+    A thread count that no OpenMP reads exits 2, as the same value in the environment would."""
+    from cpuperf.decide.runtime_env import user_value_problem
+
+    binding_vars = (*rules().get(cmd.launcher, {}).get("env_binding", ()), *_OPENMP_BINDING)
+    threads: Optional[str] = None
+    binds = ""
+    notes: List[str] = []
+    for name, value, said in cmd.line_env(environ):
+        if value is None:
+            continue  # forwarded, and this environment has none: cpuperf's own value is what it forwards
+        shown = said if len(said) <= 80 else said[:77] + "..."
+        if name == "OMP_NUM_THREADS":
+            problem = user_value_problem(name, value)
+            if problem:
+                raise UsageError(f"{cmd.launcher} {shown}: OMP_NUM_THREADS={value[:40]!r}: {problem}",
+                                 hint="give a positive whole number of threads per rank, e.g. OMP_NUM_THREADS=4")
+            threads = value  # the launch plan says it is kept, and how many CPUs each rank has for it
+        elif name in binding_vars:
+            binds = binds or f"{shown}"
+            notes.append(f"your {name}={value[:60]} ({shown}) reaches every rank: cpuperf keeps it and sets no "
+                         "placement variable of its own")
+    if cmd.launcher == "srun":
+        export = cmd.option(["--export"])
+        if export is not None and "ALL" not in export.split(","):
+            notes.append(f"srun {cmd.spelled(['--export'])}: only the variables it names (and SLURM_*) reach the "
+                         "tasks, so those cpuperf sets do not")
+    return threads, binds, notes
 
 
 def _no_python(cmd: LauncherCommand) -> bool:
@@ -578,7 +760,7 @@ def with_rank_step(cmd: LauncherCommand, python: str, interpreter: Optional[str]
     """
     step = (python, *RANKEXEC)
     if cmd.launcher in ("mpirun", "srun"):
-        return (*cmd.head, *cmd.options, *step, *cmd.target)
+        return cmd.rebuilt(cmd.options, (*step, *cmd.target))
     rule = rules()[cmd.launcher]
     module, no_python = rule["module"], rule["no_python"]
     if cmd.has(no_python):
@@ -588,4 +770,4 @@ def with_rank_step(cmd: LauncherCommand, python: str, interpreter: Optional[str]
     else:
         rank_cmd = (interpreter or python, "-u", *cmd.target)
     options = _drop(cmd, (*module, *no_python))
-    return (*cmd.head, *options, no_python[0], *step, *rank_cmd)
+    return cmd.rebuilt((*options, no_python[0]), (*step, *rank_cmd))

@@ -11,6 +11,7 @@ no launcher of its own: it runs that command directly with its environment, thre
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -31,7 +32,7 @@ _HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArgument
 _EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend", "--bf16_full_eval", "--fp16_full_eval"),
               ("--use_cpu", "--no_cuda"), ("--activation_checkpointing", "--gradient_checkpointing"),
               ("--torch_compile", "--torch_compile_backend", "--torch_compile_mode"),
-              ("--optim", "--optim_args"))
+              ("--optim", "--optim_args"), ("--fsdp", "--fsdp_config", "--deepspeed"))
 # Launchers a user may put in front of their script; the module forms of python -m.
 _MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
                      "accelerate.commands.launch": "accelerate"}
@@ -63,6 +64,7 @@ class UserCommand:
 class Flag:
     args: Tuple[str, ...]  # ("--bf16",) or ("--optim", "adamw_torch_fused")
     why: str
+    file: Optional[Tuple[str, str]] = None  # (path, JSON text) the flag names: written in the run directory
 
     @property
     def name(self) -> str:
@@ -87,12 +89,18 @@ class ScriptPlan:
     def added_args(self) -> List[str]:
         return [a for f in self.added for a in f.args]
 
+    @property
+    def files(self) -> Tuple[Tuple[str, str], ...]:
+        """The config files the added flags name (an FSDP or DeepSpeed JSON), to write before the script starts."""
+        return tuple(f.file for f in self.added if f.file is not None)
+
     def to_json(self) -> Dict[str, Any]:
         return {"added": self.added_args, "flags": [{"args": list(f.args), "why": f.why} for f in self.added],
                 "kept_yours": [n for n, w in self.not_added if w.startswith("you ")],
                 "not_added": [{"flag": n, "why": w} for n, w in self.not_added], "why": self.why,
                 "parser": self.parser, "mode": self.mode, "script": self.command.script,
-                "your_launcher": self.command.launcher, "transformers": self.transformers}
+                "your_launcher": self.command.launcher, "transformers": self.transformers,
+                **({"files": {path: json.loads(text) for path, text in self.files}} if self.files else {})}
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -219,7 +227,7 @@ def speed_flags(lv: Levers, transformers_version: Optional[str],
                 torch_version: Optional[str], world: int, tuning: Mapping[str, Any],
                 supported: Optional[Set[str]] = None,
                 bf16_gemm_ratio: Optional[float] = None,
-                gpus_visible: bool = True) -> Tuple[List[Flag], List[Tuple[str, str]]]:
+                gpus_visible: bool = True, config_dir: str = "") -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer flags that only change speed, candidates left out with why); hyperparameters only when --set.
 
     gpus_visible False (a CPU-only host): one process is on the CPU anyway, and --use_cpu cost 5% there
@@ -245,9 +253,14 @@ def speed_flags(lv: Levers, transformers_version: Optional[str],
             out.append(Flag(("--" + chosen, *args[1:]), f"{why} ({args[0]} is deprecated: renamed --{chosen})"))
 
     _device_flags(lv, ok, world, gpus_visible, want, skipped)
+    if lv.on_gpu:
+        skipped.append(("attention", f"{lv.attention.value} is decided, but the attention kernel is the model's "
+                        "(attn_implementation where your script loads it; transformers' default is sdpa, which "
+                        "dispatches to it): no TrainingArguments flag sets it"))
     _precision_flags(lv, tuning, bf16_gemm_ratio, want, skipped)
     _runtime_flags(lv, ok, world, want)
     _hyperparameter_flags(lv, want, out)
+    _memory_flags(lv, transformers_version, config_dir, want, out, skipped)
     opt, why_not = _optim_flag(lv, ok, transformers_version, torch_version, tuning)
     if opt is not None:
         out.append(opt)
@@ -297,11 +310,11 @@ def _runtime_flags(lv: Levers, ok: Set[str], world: int, want: _Want) -> None:
         want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
     if lv.on_gpu and lv.pin_memory.value is False:
         want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
-    # torch.compile costs minutes of warm-up: when you asked (--set), or on CPU where recommend measured
-    # it paying back within the run (compile time / per-step saving < steps; the plan shows the figure).
-    if lv.compile.value and (lv.compile.overridden or not lv.on_gpu):
+    # torch.compile costs minutes of warm-up: when you asked (--set), or where recommend found it paying back
+    # within the run (compile time / per-step saving < the script's --max_steps; the plan shows the figure).
+    if lv.compile.value:
         want("torch_compile", ("--torch_compile",), "you set compile" if lv.compile.overridden
-             else "torch.compile measured to pay back within this run")
+             else "torch.compile measured or estimated to pay back within this run")
     if lv.ipex.value:  # installed by you, and recommend found it compatible
         want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
 
@@ -312,8 +325,49 @@ def _hyperparameter_flags(lv: Levers, want: _Want, out: List[Flag]) -> None:
         want("per_device_train_batch_size", ("--per_device_train_batch_size", str(lv.batch_size.value)), "you set batch_size")
     if lv.grad_accum_steps.overridden:
         out.append(Flag(("--gradient_accumulation_steps", str(lv.grad_accum_steps.value)), "you set grad_accum_steps"))
-    if lv.grad_checkpointing.value and lv.grad_checkpointing.overridden:
-        want("gradient_checkpointing", ("--gradient_checkpointing",), "you set grad_checkpointing")
+    elif lv.batch_size.overridden and lv.grad_accum_steps.value > 1:
+        out.append(Flag(("--gradient_accumulation_steps", str(lv.grad_accum_steps.value)),
+                        "keeps your global batch with the batch_size you set"))
+
+
+def _memory_flags(lv: Levers, transformers_version: Optional[str], config_dir: str, want: _Want,
+                  out: List[Flag], skipped: List[Tuple[str, str]]) -> None:
+    """The memory plan's levers that keep the math, in the form the installed Trainer takes (compat/hf.toml):
+    sharding (--fsdp, or --deepspeed with a ZeRO-3 file), offload, activation checkpointing."""
+    from cpuperf.knowledge.hf_flags import sharding_form
+
+    sharding, offload, ckpt = lv.sharding.value, lv.offload.value, lv.grad_checkpointing.value
+    form = sharding_form(transformers_version)
+    in_config = False
+    if sharding == "fsdp" and form["fsdp"] == "switch":
+        text = json.dumps({"cpu_offload": offload, "activation_checkpointing": ckpt}, sort_keys=True)
+        path = os.path.join(config_dir, "fsdp_config.json")
+        out.append(Flag(("--fsdp",), "the memory plan shards the model over the ranks (FSDP full shard)"))
+        out.append(Flag(("--fsdp_config", path), "FSDP's options" + (": CPU offload" if offload else "")
+                        + (", activation checkpointing inside FSDP" if ckpt else ""), (path, text)))
+        in_config = True
+    elif sharding == "fsdp" and form["fsdp"] == "value":
+        value = "full_shard auto_wrap" + (" offload" if offload else "")
+        out.append(Flag(("--fsdp", value), "the memory plan shards the model over the ranks (FSDP full shard)"
+                        + (" with CPU offload" if offload else "")))
+    elif sharding == "zero3" and form["deepspeed"]:
+        zero: Dict[str, Any] = {"stage": 3}
+        if offload:
+            zero.update(offload_optimizer={"device": "cpu", "pin_memory": True},
+                        offload_param={"device": "cpu", "pin_memory": True})
+        # "auto": the Trainer fills these from its own arguments, so the file never contradicts them.
+        text = json.dumps({"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
+                           "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
+                           "fp16": {"enabled": "auto"}}, sort_keys=True)
+        path = os.path.join(config_dir, "ds_config.json")
+        out.append(Flag(("--deepspeed", path), "the memory plan shards the model over the ranks (DeepSpeed ZeRO-3"
+                        + (" with CPU offload)" if offload else ")"), (path, text)))
+    elif sharding:
+        skipped.append(("--fsdp", f"the memory plan needs sharding, but {form['why'] or 'this release has no form for it'}"))
+    if ckpt and not in_config:
+        want("gradient_checkpointing", ("--gradient_checkpointing",), "you set grad_checkpointing"
+             if lv.grad_checkpointing.overridden else "the memory plan recomputes activations "
+             "(activation checkpointing: the same training, more compute)")
 
 
 def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: _Want, transformers_version: Optional[str],
@@ -345,6 +399,9 @@ def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
         name = flag.name
         clash = name in given or ("--no_" + name[2:]) in given
         clash = clash or any(name in fam and given & set(fam) for fam in _EXCLUSIVE)
+        if clash and flag.why.startswith("you set") and name in given and _value_of(user_args, name) != flag.args[1:]:
+            raise UsageError(f"--set says {' '.join(flag.args)}, your command says otherwise ({name})",
+                             hint="change it in your command, or drop the --set: one value per setting")
         if clash:
             left.append((" ".join(flag.args), "you decided (your command has it or its opposite)"))
         elif name == "--optim" and sets_optim and not flag.why.startswith("you set"):
@@ -352,6 +409,16 @@ def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
         else:
             add.append(flag)
     return add, left
+
+
+def _value_of(args: Sequence[str], name: str) -> Tuple[str, ...]:
+    """The value your command gives option `name` (normalized), as a tuple of words (empty for a switch)."""
+    for i, item in enumerate(args):
+        if item.startswith("--") and _norm(item) == name:
+            if "=" in item:
+                return (item.split("=", 1)[1],)
+            return (args[i + 1],) if i + 1 < len(args) and not args[i + 1].startswith("--") else ()
+    return ()
 
 
 def launcher_flags(cmd: UserCommand, ours: Sequence[Flag]) -> List[Flag]:
@@ -417,7 +484,9 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
         launcher = {"name": plan.launcher, "yours": None, "why": (plan.notes[0] if plan.notes else "")}
     spec = plan.per_rank[0] if plan.per_rank else None
     ranks = [{"local_rank": r.local_rank, "cpus": list(r.cpus) or None, "threads": r.threads} for r in plan.per_rank]
-    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity or any(r.threads for r in plan.per_rank)) \
+    # Placed: pinned, or given thread counts (each rank's, or the user's own kept for every rank).
+    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity or any(r.threads for r in plan.per_rank)
+                                                           or "OMP_NUM_THREADS" in plan.env) \
         if yours \
         else bool(plan.affinity or (spec and spec.threads))
     why = yours.get("why") if not yours or placed or not yours.get("placed_by_cpuperf") \
@@ -464,7 +533,8 @@ def applied_lines(a: Mapping[str, Any]) -> List[str]:
             lines.append(f"applied: your {a['launcher']['yours']} runs on CPUs {format_cpulist(a['cpus'])}")
         for r in (a.get("ranks") or []) if place.get("placed_by_cpuperf") else ():
             where = f"CPUs {format_cpulist(r['cpus'])}" if r["cpus"] else "unpinned"
-            lines.append(f"applied: rank {r['local_rank']}: {where}, OMP_NUM_THREADS={r['threads']}")
+            threads = r["threads"] if r["threads"] is not None else f"{a['env'].get('OMP_NUM_THREADS')} (yours, kept)"
+            lines.append(f"applied: rank {r['local_rank']}: {where}, OMP_NUM_THREADS={threads}")
         if not place.get("placed_by_cpuperf"):
             lines.append(f"not applied: pinning and thread counts ({place.get('why') or 'plain run: the launcher decides'})")
     else:
@@ -560,7 +630,7 @@ def cpu_only_host(rec: Recommendation) -> bool:
     return bool(evidence.get("gpus_known", True)) and not evidence.get("gpus")
 
 
-def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[str] = None
+def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[str] = None, config_dir: str = ""
                             ) -> Tuple[List[Any], List[Tuple[str, str]]]:
     """(Trainer speed flags for this recommendation, candidates left out with why): `speed_flags` over its values."""
     from cpuperf.data import load_builtin
@@ -573,4 +643,5 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
     if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
     return speed_flags(lv, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
-                       world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio, gpus_visible=not cpu_only_host(rec))
+                       world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio, gpus_visible=not cpu_only_host(rec),
+                       config_dir=config_dir)

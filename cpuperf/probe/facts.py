@@ -126,6 +126,7 @@ class Gpu:
     driver_version: Optional[str] = None
     uuid: Optional[str] = None
     memory_free_bytes: Optional[int] = None  # NVML / nvidia-smi memory.free; None = not reported
+    numa_node: Optional[int] = None  # the NUMA node of the GPU's PCI device (sysfs numa_node); None = unknown
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ RANGES: Dict[str, Callable[[Any], Optional[str]]] = {
     "psi_some_avg10": lambda v: None if v is None or 0 <= v <= 100 else f"must be in 0..100, not {v}",
     "slurm_cpus_per_task": _positive(MAX_COUNT), "slurm_cpus_on_node": _positive(MAX_COUNT),
     "slurm_ntasks": _positive(MAX_COUNT), "slurm_nnodes": _positive(MAX_COUNT), "index": _non_negative(4096),
+    "numa_node": _non_negative(4096),
 }
 CPU_ID_LISTS = ("cpus", "offline_cpus", "allowed_cpus", "cpuset")
 

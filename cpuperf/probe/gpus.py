@@ -41,8 +41,13 @@ for i in range(nv.nvmlDeviceGetCount()):
     mem = nv.nvmlDeviceGetMemoryInfo(h)
     uuid = nv.nvmlDeviceGetUUID(h)
     uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    try:
+        bus = nv.nvmlDeviceGetPciInfo(h).busId
+        bus = bus.decode() if isinstance(bus, bytes) else bus
+    except Exception:
+        bus = None
     out.append({"index": i, "name": name, "cc": f"{major}.{minor}", "memory_bytes": int(mem.total),
-                "free_bytes": int(mem.free), "driver_version": driver, "uuid": uuid})
+                "free_bytes": int(mem.free), "driver_version": driver, "uuid": uuid, "pci_bus_id": bus})
 print(json.dumps(out))
 """
 
@@ -54,11 +59,21 @@ def cc_at_least(cc: Optional[str], wanted: Tuple[int, int]) -> bool:
 
 def make_gpu(index: int, name: str, cc: Optional[str], memory_bytes: Optional[int],
              driver_version: Optional[str] = None, uuid: Optional[str] = None,
-             memory_free_bytes: Optional[int] = None) -> Gpu:
+             memory_free_bytes: Optional[int] = None, numa_node: Optional[int] = None) -> Gpu:
     ampere = cc_at_least(cc, AMPERE_CC)
     return Gpu(vendor="nvidia", name=name, compute_capability=cc, memory_bytes=memory_bytes,
                bf16=ampere, tf32=ampere, index=index, driver_version=driver_version, uuid=uuid,
-               memory_free_bytes=memory_free_bytes)
+               memory_free_bytes=memory_free_bytes, numa_node=numa_node)
+
+
+def pci_numa_node(src: Sources, bus_id: Optional[str]) -> Optional[int]:
+    """The NUMA node of a PCI device from sysfs (NVML's busId '00000000:17:00.0' is sysfs' '0000:17:00.0');
+    -1 (no NUMA affinity reported) and anything unreadable are None."""
+    if not bus_id or len(bus_id) < 12:
+        return None
+    raw = src.read_first_line(f"/sys/bus/pci/devices/{bus_id[-12:].lower()}/numa_node")
+    node = parse.int_auto(raw) if raw is not None else None
+    return node if node is not None and node >= 0 else None
 
 
 def _opt_int(value: Any) -> Optional[int]:
@@ -71,7 +86,7 @@ def gpu_from_row(row: Dict[str, Any], default_index: int = 0) -> Gpu:
     free = row.get("memory_free_bytes", row.get("free_bytes"))
     return make_gpu(int(row.get("index", default_index)), str(row.get("name", "NVIDIA GPU")),
                     str(cc) if cc is not None else None, _opt_int(row.get("memory_bytes")),
-                    row.get("driver_version"), row.get("uuid"), _opt_int(free))
+                    row.get("driver_version"), row.get("uuid"), _opt_int(free), _opt_int(row.get("numa_node")))
 
 
 def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
@@ -107,6 +122,8 @@ def probe_gpus(src: Sources) -> Optional[Tuple[Gpu, ...]]:
     if result is not None and result.returncode == 0:
         try:
             rows: List[Dict[str, Any]] = json.loads(result.stdout)
+            for row in rows:  # the GPU's NUMA node: where its rank's CPUs and memory belong
+                row.setdefault("numa_node", pci_numa_node(src, row.get("pci_bus_id")))
             return tuple(gpu_from_row(r, i) for i, r in enumerate(rows))
         except (ValueError, KeyError, TypeError, AttributeError):
             pass

@@ -7,9 +7,11 @@ accelerate/default_config.yaml). An unset XDG_CACHE_HOME means ~/.cache, as both
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 
 def _expanded(path: str) -> str:
@@ -45,3 +47,187 @@ def cached_model_config(model_id: str, environ: Optional[Mapping[str, str]] = No
 def accelerate_default_config(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether `accelerate launch` will read a default config file (it does when one exists)."""
     return os.path.isfile(os.path.join(hf_home(environ), "accelerate", "default_config.yaml"))
+
+
+# -- the model a user's script trains, from its own arguments ------------------------------------------------
+
+# The arguments Hugging Face's example scripts (run_clm.py and kin) and most Trainer scripts use for the model,
+# and the TrainingArguments that size a rank's memory. Both spellings argparse accepts (HfArgumentParser takes
+# --per-device-train-batch-size too).
+_MODEL_ARGS = ("model_name_or_path", "config_name", "model_type", "config_overrides")
+_SEQ_ARGS = ("block_size", "max_seq_length", "max_length", "seq_length")
+_TRAINER_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "max_steps")
+# TrainingArguments' --optim names -> cpuperf's optimizer ids (the families the memory plan knows).
+_OPTIM_IDS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_hf": "adamw", "adamw": "adamw",
+              "adafactor": "adafactor", "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit",
+              "paged_adamw_8bit": "adamw_8bit"}
+_TYPE_DEFAULTS = ("import json, sys\nfrom transformers import AutoConfig\n"
+                  "print(AutoConfig.for_model(sys.argv[1]).to_json_string())\n")
+
+
+@dataclass(frozen=True)
+class ScriptModel:
+    """The model and batch a user's script names in its own arguments, as found on this host (never the network)."""
+
+    config: Optional[Dict[str, Any]]  # the model's config.json (or its type's defaults with your overrides)
+    where: str  # where it was found, in words
+    why_not: str = ""  # when config is None: why the model could not be told
+    per_device_batch: Optional[int] = None
+    grad_accum: Optional[int] = None
+    optimizer: Optional[str] = None  # a cpuperf optimizer id (--optim mapped), None when not given
+    seq_len: Optional[int] = None  # --block_size / --max_seq_length where given
+    max_steps: Optional[int] = None  # the run length (--max_steps) where given: what torch.compile must pay back in
+
+
+def script_arguments(args: Sequence[str]) -> Dict[str, str]:
+    """The model, sequence and Trainer memory arguments of a script's argv (`--k v` and `--k=v`, - or _)."""
+    wanted = set(_MODEL_ARGS + _SEQ_ARGS + _TRAINER_ARGS)
+    out: Dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok.startswith("--"):
+            key, eq, value = tok[2:].partition("=")
+            key = key.replace("-", "_")
+            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            if key in wanted and (eq or value):
+                out[key] = value
+        i += 1
+    return out
+
+
+def _args_file(args: Sequence[str], cwd: str) -> Dict[str, str]:
+    """`script.py args.json`: HfArgumentParser reads every argument from that one file."""
+    if len(args) != 1 or not args[0].endswith(".json"):
+        return {}
+    from cpuperf.fsutil import InputRefused, read_capped
+
+    try:
+        data = json.loads(read_capped(os.path.join(cwd, args[0]), 1024 * 1024).decode("utf-8"))
+    except (OSError, InputRefused, ValueError):
+        return {}
+    keys = set(_MODEL_ARGS + _SEQ_ARGS + _TRAINER_ARGS)
+    return {k: str(v) for k, v in data.items() if k in keys and v is not None} if isinstance(data, dict) else {}
+
+
+def _positive(text: Optional[str]) -> Optional[int]:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+def _read_json(path: str) -> Tuple[Optional[Dict[str, Any]], str]:
+    from cpuperf.fsutil import InputRefused, read_capped
+
+    try:
+        data = json.loads(read_capped(path, 4 * 1024 * 1024).decode("utf-8"))
+    except (OSError, InputRefused, ValueError) as exc:
+        return None, f"{path} could not be read as JSON ({str(exc).splitlines()[0][:100] if str(exc) else 'unreadable'})"
+    if not isinstance(data, dict):
+        return None, f"{path} is not a JSON object"
+    return data, ""
+
+
+def _named_config(name: str, cwd: str, environ: Optional[Mapping[str, str]]) -> Tuple[Optional[Dict[str, Any]], str, str]:
+    """(config, where, why not) for a model named by path or hub id: a local directory or file, else the local
+    Hugging Face cache. Nothing is downloaded: a model only on the hub cannot be told here."""
+    path = name if os.path.isabs(name) else os.path.join(cwd, name)
+    if os.path.isdir(path):
+        cfg = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg):
+            return None, "", f"{name} is a directory without config.json"
+        data, why = _read_json(cfg)
+        return data, os.path.join(name, "config.json"), why
+    if os.path.isfile(path):
+        data, why = _read_json(path)
+        return data, name, why
+    cached = cached_model_config(name, environ)
+    if cached is None:
+        return None, "", (f"{name!r} is neither a local directory nor in the local Hugging Face cache "
+                          f"({hub_cache(environ)}): cpuperf never downloads it")
+    data, why = _read_json(cached)
+    return data, f"the local Hugging Face cache ({name})", why
+
+
+def _overrides(text: str) -> Tuple[Dict[str, Any], str]:
+    """--config_overrides 'n_embd=10,n_layer=2' as PretrainedConfig.update_from_string reads it."""
+    out: Dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            return {}, f"--config_overrides {text!r}: expected key=value pairs separated by commas"
+        value: Any = raw.strip()
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                continue
+        if raw.strip().lower() in ("true", "false"):
+            value = raw.strip().lower() == "true"
+        out[key.strip()] = value
+    return out, ""
+
+
+def _run(argv: Sequence[str], timeout: float) -> Any:
+    import subprocess
+
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def _type_defaults(model_type: str, python: Optional[str], run: Any) -> Tuple[Optional[Dict[str, Any]], str]:
+    """The installed transformers' defaults for a model type (AutoConfig.for_model), in a child with a timeout
+    and the hub switched off."""
+    if python is None:
+        return None, f"--model_type {model_type}: your script's Python was not found to read transformers' defaults"
+    result = (run or _run)([python, "-I", "-c", _TYPE_DEFAULTS, model_type], 60.0)
+    if result is None or result.returncode != 0:
+        return None, (f"--model_type {model_type}: the installed transformers does not know it "
+                      "(or transformers is not installed for your script's Python)")
+    try:
+        data = json.loads(result.stdout)
+    except ValueError:
+        return None, f"--model_type {model_type}: transformers printed no config"
+    return (data, "") if isinstance(data, dict) else (None, f"--model_type {model_type}: no config")
+
+
+def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, str]] = None,
+                 python: Optional[str] = None, run: Any = None) -> ScriptModel:
+    """The model a script trains, read from its arguments as Hugging Face's example scripts read them: --config_name,
+    else --model_name_or_path (a local directory or the local HF cache), else --model_type with --config_overrides
+    (that type's defaults in the installed transformers, read by `run(argv, timeout)`). Never the network."""
+    named = script_arguments(args) or _args_file(args, cwd)
+    batch = _positive(named.get("per_device_train_batch_size"))
+    accum = _positive(named.get("gradient_accumulation_steps"))
+    optim = named.get("optim")
+    optimizer = _OPTIM_IDS.get(optim) if optim else None
+    seq = next((_positive(named.get(k)) for k in _SEQ_ARGS if _positive(named.get(k))), None)
+
+    steps = _positive(named.get("max_steps"))
+
+    def made(config: Optional[Dict[str, Any]], where: str, why: str) -> ScriptModel:
+        return ScriptModel(config, where, why, batch, accum, optimizer, seq, steps)
+
+    if optim and optimizer is None:
+        return made(None, "", f"--optim {optim}: an optimizer whose memory cpuperf does not know")
+    for key in ("config_name", "model_name_or_path"):
+        if named.get(key):
+            config, where, why = _named_config(named[key], cwd, environ)
+            return made(config, f"--{key} {where}" if config is not None else "", why)
+    if named.get("model_type"):
+        config, why = _type_defaults(named["model_type"], python, run)
+        if config is not None and named.get("config_overrides"):
+            extra, why = _overrides(named["config_overrides"])
+            config = {**config, **extra} if not why else None
+        where = f"--model_type {named['model_type']} (the installed transformers' defaults" + (
+            f", with --config_overrides {named['config_overrides']})" if named.get("config_overrides") else ")")
+        return made(config, where if config is not None else "", why)
+    return made(None, "", "the script names no model in its arguments (--model_name_or_path, --config_name, "
+                          "--model_type)")

@@ -22,6 +22,9 @@ from cpuperf.errors import UnreachableError, UsageError
 # Far above any real cluster (the largest have ~10^4 nodes), far below what makes parsing slow.
 MAX_HOSTS = 65536
 MAX_HOSTFILE_BYTES = 16 * 1024 * 1024
+# What one host can run: the most CPUs a Linux kernel can be built for (x86-64 CONFIG_NR_CPUS with MAXSMP, 8192;
+# arch/x86/Kconfig NR_CPUS_RANGE_END); a slot count above it is a typo, not a host (Open MPI and hydra take any).
+MAX_SLOTS = 8192
 RESOLVE_TIMEOUT_S = 3.0
 _RESOLVER_THREADS = 16
 _MAX_ROUNDS = 10
@@ -73,18 +76,15 @@ def parse_hostfile_text(text: str, origin: str = "hostfile") -> Tuple[Host, ...]
             name, rest = match.group(1), match.group(2)
             for option in rest.split():
                 key, _, value = option.partition("=")
-                if key in ("slots", "max_slots", "max-slots") and value.isdigit() and int(value) > 0:
-                    if key == "slots":
-                        slots = int(value)
-                else:
-                    raise UsageError(f"{origin}:{number}: cannot read {raw.strip()!r}",
+                if key not in ("slots", "max_slots", "max-slots"):
+                    raise UsageError(f"{origin}:{number}: cannot read {raw.strip()[:80]!r}",
                                      hint="write one host per line: 'node01', 'node01:2' or 'node01 slots=2'")
+                count = _slot_count(value, f"{origin}:{number}: {key}")
+                if key == "slots":
+                    slots = count
         elif ":" in line and line.count(":") == 1:  # Intel MPI / MPICH: 'host:4'
-            name, _, count = line.partition(":")
-            if not count.isdigit() or int(count) < 1:
-                raise UsageError(f"{origin}:{number}: {raw.strip()!r} has a bad slot count",
-                                 hint="write 'node01:2' with a positive count")
-            slots = int(count)
+            name, _, value = line.partition(":")
+            slots = _slot_count(value, f"{origin}:{number}: the slot count of {name[:80]!r}")
         if not valid_host(name):
             raise UsageError(f"{origin}:{number}: {name!r} is not a host name or IP address",
                              hint="one host per line: 'node01', 'node01:2' or 'node01 slots=2'")
@@ -98,6 +98,18 @@ def parse_hostfile_text(text: str, origin: str = "hostfile") -> Tuple[Host, ...]
         raise UsageError(f"{origin} names {shown} more than once",
                          hint="list each host once, with its slot count")
     return tuple(hosts)
+
+
+def _slot_count(value: str, where: str) -> int:
+    """A slot count as a hostfile gives it: ASCII digits, 1..MAX_SLOTS (readback's count check); else exit 2."""
+    from cpuperf.readback import count
+
+    why = count(1, MAX_SLOTS)(int(value)) if value.isascii() and value.isdigit() and len(value) <= 30 else \
+        f"must be a whole number, not {value[:40]!r}"
+    if why:
+        raise UsageError(f"{where} {why}", hint=f"give the number of processes the host runs (1..{MAX_SLOTS}), "
+                         "e.g. 'node01:2' or 'node01 slots=2'")
+    return int(value)
 
 
 def read_hostfile(path: str) -> Tuple[Host, ...]:

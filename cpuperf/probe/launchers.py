@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 def launcher_python(prefix: Sequence[str]) -> Optional[str]:
     """The Python a launcher runs scripts with: the one named (`python -m torch.distributed.run`), else the
     interpreter on the `#!` line of the launcher's script (a console script of that environment)."""
+    if not prefix:  # a launcher behind a command cpuperf does not read: its Python is unknown
+        return None
     first = prefix[0]
     path = shutil.which(first)
     if path is None:

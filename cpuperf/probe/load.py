@@ -10,7 +10,7 @@ window); a --sysroot tree gives its recorded /proc/loadavg and pressure files an
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.probe.facts import LoadFacts
 from cpuperf.probe.sources import Sources
@@ -37,9 +37,22 @@ def parse_loadavg(text: Optional[str]) -> Tuple[Optional[float], Optional[int]]:
     return one, running
 
 
-def parse_stat_cpus(text: Optional[str]) -> Dict[int, Tuple[int, int]]:
-    """/proc/stat -> {cpu: (busy jiffies, total jiffies)}; guest time is already in user time."""
-    out: Dict[int, Tuple[int, int]] = {}
+class CpuTimes(NamedTuple):
+    """One CPU's line of /proc/stat, in jiffies (USER_HZ); guest time is already in user time."""
+
+    user: int
+    nice: int
+    system: int
+    idle: int
+    iowait: int
+    irq: int
+    softirq: int
+    steal: int  # a hypervisor gave the CPU to others
+
+
+def parse_stat_times(text: Optional[str]) -> Dict[int, CpuTimes]:
+    """/proc/stat -> {cpu: its times}."""
+    out: Dict[int, CpuTimes] = {}
     for line in (text or "").splitlines():
         if not line.startswith("cpu") or line.startswith("cpu "):
             continue
@@ -49,10 +62,16 @@ def parse_stat_cpus(text: Optional[str]) -> Dict[int, Tuple[int, int]]:
             vals = [int(v) for v in fields[:8]]
         except ValueError:
             continue
-        vals += [0] * (8 - len(vals))
-        user, nice, system, idle, iowait, irq, softirq, steal = vals
-        busy = user + nice + system + irq + softirq + steal  # steal: a hypervisor gave the CPU to others
-        out[cpu] = (busy, busy + idle + iowait)
+        out[cpu] = CpuTimes(*(vals + [0] * (8 - len(vals))))
+    return out
+
+
+def parse_stat_cpus(text: Optional[str]) -> Dict[int, Tuple[int, int]]:
+    """/proc/stat -> {cpu: (busy jiffies, total jiffies)}."""
+    out: Dict[int, Tuple[int, int]] = {}
+    for cpu, t in parse_stat_times(text).items():
+        busy = t.user + t.nice + t.system + t.irq + t.softirq + t.steal
+        out[cpu] = (busy, busy + t.idle + t.iowait)
     return out
 
 
@@ -70,14 +89,42 @@ def parse_psi_some_avg10(text: Optional[str]) -> Optional[float]:
     return None
 
 
-def _pressure(src: Sources) -> Tuple[Optional[float], Optional[str]]:
-    """This cgroup's cpu.pressure (the nearest one that has it), else the host's /proc/pressure/cpu."""
+def parse_psi_some_total(text: Optional[str]) -> Optional[int]:
+    """'some avg10=... total=13862513' -> 13862513 (microseconds some task waited for a CPU, since boot)."""
+    for line in (text or "").splitlines():
+        if line.startswith("some "):
+            for field in line.split()[1:]:
+                key, _, value = field.partition("=")
+                if key == "total":
+                    try:
+                        return int(value)
+                    except ValueError:
+                        return None
+    return None
+
+
+def _pressure_paths(src: Sources) -> List[str]:
+    """This cgroup's cpu.pressure files, nearest first, then the host's /proc/pressure/cpu."""
     from cpuperf.probe.topology import cgroup_dirs
 
     version, dirs = cgroup_dirs(src, "cpu")
-    candidates: List[str] = [f"{d}/cpu.pressure" for d in dirs] if version == 2 else []
-    for path in [*candidates, "/proc/pressure/cpu"]:
+    return [*([f"{d}/cpu.pressure" for d in dirs] if version == 2 else []), "/proc/pressure/cpu"]
+
+
+def _pressure(src: Sources) -> Tuple[Optional[float], Optional[str]]:
+    """This cgroup's cpu.pressure (the nearest one that has it), else the host's /proc/pressure/cpu."""
+    for path in _pressure_paths(src):
         value = parse_psi_some_avg10(src.read(path))
+        if value is not None:
+            return value, path
+    return None, None
+
+
+def pressure_total(src: Sources) -> Tuple[Optional[int], Optional[str]]:
+    """(microseconds some task waited for a CPU since boot, the file), from the file _pressure reads; (None,
+    None) where the kernel keeps no pressure figures."""
+    for path in _pressure_paths(src):
+        value = parse_psi_some_total(src.read(path))
         if value is not None:
             return value, path
     return None, None

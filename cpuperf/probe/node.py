@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import HostFacts
@@ -86,15 +86,22 @@ class NodeResult:
 
 
 def read_output(text: str) -> Tuple[Optional[NodeFacts], Optional[str]]:
-    """(facts, error) from what a node printed: the marked JSON line, else its marked or last error line."""
+    """(facts, error) from what a node printed: the marked JSON line, checked field by field as a facts file is
+    (another host's output is data), else its marked or last error line."""
     error = None
     for line in text.splitlines():
         line = line.strip()
         if line.startswith(MARKER):
+            from cpuperf.probe.facts_schema import check
+            from cpuperf.readback import loads
+
             try:
-                facts = NodeFacts.from_json(json.loads(line[len(MARKER):]))
-            except (ValueError, KeyError, TypeError) as exc:
-                return None, f"unreadable probe output ({exc})"
+                data = loads(line[len(MARKER):])
+                check(NodeFacts, data, "node")
+                facts = NodeFacts.from_json(data)
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # FactsError, Unreadable
+                why = str(exc) if isinstance(exc, ValueError) else type(exc).__name__
+                return None, f"unreadable probe output: {why[:200]}"
             return facts, facts.error
         if line.startswith(ERROR_MARKER):
             error = line[len(ERROR_MARKER):].strip()
@@ -185,47 +192,74 @@ def check_result(data: Any, where: str) -> None:
         raise FactsError(f"{where}: status ok but no host facts")
 
 
-def parse_saved(text: str, origin: str) -> List[NodeResult]:
-    """Node results from a saved cluster document or one saved node record; a UsageError naming the field when
-    neither, or when a field has the wrong type or an impossible value."""
+def parse_saved(text: Union[str, bytes], origin: str, notes: Optional[List[str]] = None) -> List[NodeResult]:
+    """Node results from a saved cluster document or one saved node record. A node whose record does not fit the
+    schema (a field of the wrong type or an impossible value) is dropped alone: kept as a probe-failed node where
+    its name is readable, with one line in `notes` naming the field; the others are read. A file that is no
+    facts file at all (not JSON, a key twice, neither shape) is a UsageError (exit 2)."""
     from cpuperf.errors import UsageError
     from cpuperf.probe.facts_schema import FactsError
+    from cpuperf.readback import Unreadable, loads
 
     hint = "save one with: cpuperf doctor --save-facts PATH (this node) or --hostfile FILE --save-facts DIR/"
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"{origin} is not a cpuperf facts file (not JSON: {str(exc).splitlines()[0][:80]})", hint=hint) from None
-    try:
-        if isinstance(data, dict) and data.get("schema") == SAVED_SCHEMA:
-            nodes = data.get("nodes")
-            if not isinstance(nodes, list) or not nodes:
-                raise FactsError("nodes must be a non-empty list")
-            for i, node in enumerate(nodes):
-                check_result(node, f"nodes[{i}]")
-            return [NodeResult.from_json(r) for r in nodes]
-        if isinstance(data, dict) and "status" in data and "name" in data:
+        data = loads(text)
+    except Unreadable as exc:
+        raise UsageError(f"{origin} is not a cpuperf facts file: it {exc}", hint=hint) from None
+    said = notes if notes is not None else []
+    if isinstance(data, dict) and data.get("schema") == SAVED_SCHEMA:
+        nodes = data.get("nodes")
+        if not isinstance(nodes, list) or not nodes:
+            raise UsageError(f"{origin}: nodes must be a non-empty list", hint=hint)
+        transport = data.get("transport") if isinstance(data.get("transport"), str) else "?"
+        kept = [_one_saved(node, f"nodes[{i}]", origin, str(transport)[:40], said) for i, node in enumerate(nodes)]
+        if not any(kept):
+            raise UsageError(said[0] if said else f"{origin} holds no readable node", hint=hint)
+        return [k for k in kept if k is not None]
+    if isinstance(data, dict) and "status" in data and "name" in data:
+        try:
             check_result(data, "node")
             return [NodeResult.from_json(data)]
-    except (FactsError, RecursionError) as exc:
-        raise UsageError(f"{origin}: {str(exc)[:300]}", hint=hint) from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # the schema should have caught it
-        raise UsageError(f"{origin} is not a cpuperf facts file ({type(exc).__name__})", hint=hint) from None
+        except (FactsError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise UsageError(f"{origin}: {str(exc)[:300] if isinstance(exc, ValueError) else type(exc).__name__}",
+                             hint=hint) from None
     raise UsageError(f"{origin} is not a cpuperf facts file (no {SAVED_SCHEMA} schema)", hint=hint)
 
 
-def read_saved(path: str) -> List[NodeResult]:
+def _one_saved(node: Any, where: str, origin: str, transport: str, notes: List[str]) -> Optional[NodeResult]:
+    """One node of a saved document; a record that does not fit: a probe-failed node (its name readable) or None,
+    and a note."""
+    try:
+        check_result(node, where)
+        return NodeResult.from_json(node)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # FactsError is a ValueError
+        why = str(exc)[:300] if isinstance(exc, ValueError) else f"{where} {type(exc).__name__}"
+    name = node.get("name") if isinstance(node, dict) else None
+    from cpuperf.probe.hosts import valid_host
+
+    if isinstance(name, str) and valid_host(name):
+        notes.append(f"{origin}: {why}: the saved facts of node {name} are not used (the other nodes' are)")
+        return NodeResult(name, None, PROBE_FAILED, None, f"its saved facts do not fit the schema: {why}", 0.0,
+                          transport)
+    notes.append(f"{origin}: {why}: that record is dropped (the other nodes' are used)")
+    return None
+
+
+def read_saved(path: str, notes: Optional[List[str]] = None) -> List[NodeResult]:
     """Saved node facts from a file (one document or one node) or a directory of per-node files; each read bounded
-    and without blocking (a FIFO, a device or a file over 16 MiB is refused, never waited on)."""
+    and without blocking (a FIFO, a device or a file over 16 MiB is refused, never waited on). In a directory, a
+    per-node file that cannot be read or does not fit is dropped alone (`notes` says which and why); a single file
+    that cannot be read is a UsageError (exit 2)."""
     import os
 
     from cpuperf.errors import UsageError
     from cpuperf.fsutil import InputRefused, read_capped
 
     hint = "give the file or directory cpuperf doctor --save-facts wrote"
+    said = notes if notes is not None else []
     try:
-        files = ([os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")]
-                 if os.path.isdir(path) else [path])
+        is_dir = os.path.isdir(path)
+        files = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")] if is_dir else [path]
     except OSError as exc:
         raise UsageError(f"cannot read facts directory {path}: {exc.strerror or exc}", hint=hint) from None
     if not files:
@@ -233,12 +267,20 @@ def read_saved(path: str) -> List[NodeResult]:
     results: List[NodeResult] = []
     for name in files:
         try:
-            text = read_capped(name, MAX_FACTS_BYTES).decode("utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read facts file {name}: {exc.strerror or exc}", hint="check the path") from None
-        except InputRefused as exc:
-            raise UsageError(f"facts file {exc}", hint=hint) from None
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"facts file {name} is not UTF-8 text (byte {exc.start})", hint=hint) from None
-        results += parse_saved(text, name)
+            data = read_capped(name, MAX_FACTS_BYTES)
+            results += parse_saved(data, name, said)
+        except (OSError, InputRefused, UsageError) as exc:
+            why = (f"cannot read facts file {name}: {exc.strerror or exc}" if isinstance(exc, OSError) else
+                   f"facts file {exc}" if isinstance(exc, InputRefused) else exc.message)
+            if not is_dir:
+                raise UsageError(why, hint=getattr(exc, "hint", None) or hint) from None
+            said.append(f"{why}: skipped (the other nodes' files are read)")
+            node = os.path.basename(name)[:-len(".json")]
+            from cpuperf.probe.hosts import valid_host
+
+            if valid_host(node):
+                results.append(NodeResult(node, None, PROBE_FAILED, None, f"its saved facts are unreadable: {why}",
+                                          0.0, "?"))
+    if not results:
+        raise UsageError(said[0] if said else f"{path} holds no readable facts", hint=hint)
     return results

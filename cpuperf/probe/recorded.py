@@ -101,7 +101,8 @@ def _gpu(row: Any, i: int) -> Gpu:
                index=_int(row.get("index", i), "index") or 0,
                driver_version=_str(row.get("driver_version"), "driver_version", optional=True),
                uuid=_str(row.get("uuid"), "uuid", optional=True),
-               memory_free_bytes=_int(row.get("memory_free_bytes"), "memory_free_bytes"))
+               memory_free_bytes=_int(row.get("memory_free_bytes"), "memory_free_bytes"),
+               numa_node=_int(row.get("numa_node"), "numa_node"))
 
 
 def _reject_constants(token: str) -> float:

@@ -76,6 +76,11 @@ def accelerate_config(rec: Recommendation, main_address: str = "127.0.0.1", main
         lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
     if lv.ipex.value and "ipex_config" in keys:
         lines += ["ipex_config:", "  ipex: true"]
+    if lv.sharding.value:  # not silently dropped: said where it is applied instead
+        lines.insert(0, f"# the memory plan shards the model ({lv.sharding.value}"
+                     f"{', CPU offload' if lv.offload.value else ''}): "
+                     "a Trainer script gets it as Trainer flags (cpuperf recommend --format hf); accelerate's own "
+                     "fsdp_config keys are not in cpuperf's checked data, so this file leaves them out")
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from cpuperf.probe.node import NodeResult
 from cpuperf.run.nodes import run_each
@@ -33,12 +33,68 @@ def cache_path(names: Sequence[str]) -> Path:
     return cache_dir() / "collectives" / f"{key}.json"
 
 
+def _schema() -> Tuple[Dict[str, Any], Callable[[Any], Optional[str]], Callable[[Any], Optional[str]]]:
+    """(the record's fields, one measured backend, one skipped backend), with types and ranges."""
+    from cpuperf.readback import count, list_of, map_of, nullable, number, positive, record, text
+
+    fields = {"nodes": list_of(text(253), 65536), "master": text(253), "bucket_mb": positive(1 << 20),
+              "measured_at": text(64), "seconds": number(), "failed": map_of(text()), "world": count(1, 65536),
+              "torch": text(64), "cached_at": text()}
+    measured = record({"bucket_bytes": count(1, 1 << 40), "seconds": positive(), "algbw_gbps": number(),
+                       "busbw_gbps": nullable(number()), "latency_us": number(), "iters": count()},
+                      required=("bucket_bytes", "seconds", "algbw_gbps", "latency_us"))
+    skipped = record({"skipped": text()}, required=("skipped",))
+    return fields, measured, skipped
+
+
+_SAID: Set[str] = set()
+
+
+def _say(line: str) -> None:
+    """A note about the cache, once per process (a plan may read it more than once)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        from cpuperf.output import message
+
+        message(f"note: {line}")
+
+
 def read_cached(names: Sequence[str]) -> Optional[Dict[str, Any]]:
-    """The last measurement over exactly these nodes (in this order), or None."""
+    """The last measurement over exactly these nodes (in this order), or None. Read bounded, without blocking, and
+    checked field by field: a bad field or backend is dropped alone and said once; a file that cannot be read,
+    or is of other nodes, is not used (said once) and never removed."""
+    from cpuperf.readback import Unreadable, entries, pruned, read_json
+
+    path = cache_path(names)
     try:
-        return dict(json.loads(cache_path(names).read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+        data = read_json(path)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:  # a FIFO, a device, too big (InputRefused), not JSON (Unreadable)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"it {exc}" if isinstance(
+            exc, Unreadable) else str(exc)
+        _say(f"collectives cache {path} is not used: {why}")
+        return None
+    if not isinstance(data, dict):
+        _say(f"collectives cache {path} is not used: it holds no measurement")
+        return None
+    fields, measured, skipped = _schema()
+    kept, notes = pruned(data, fields, str(path))
+    if "nodes" in data and kept.get("nodes") != list(names):  # the file name is a digest of the names: a collision
+        _say(f"collectives cache {path} is not used: it is of other nodes")
+        return None
+    if "backends" in kept:
+        def backend(v: Any) -> Optional[str]:
+            if not isinstance(v, dict):
+                return "must be an object"
+            return skipped(v) if "skipped" in v else measured(v)
+
+        backends, dropped = entries(kept["backends"], backend, f"{path}.backends")
+        kept["backends"] = backends
+        notes += dropped
+    for note in notes:
+        _say(f"collectives cache: {note}: not used")
+    return kept
 
 
 def measure(results: Sequence[NodeResult], argv_for: Callable[[str, Sequence[str]], Sequence[str]], *,

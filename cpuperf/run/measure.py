@@ -524,7 +524,7 @@ def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, ov
     if ratio.decided(min_rounds, max_spread):
         out["gemm_bf16_gflops"] = round(statistics.median(rates["bf16"]), 3)
     else:
-        out["undecided"]["dtype"] = f"{ratio.name} {ratio.describe()}: {_why_undecided(ratio, min_rounds)}, so the " \
+        out["undecided"]["bf16_over_fp32"] = f"{ratio.name} {ratio.describe()}: {_why_undecided(ratio, min_rounds)}, so the " \
                                     "rule decides the dtype; `cpuperf bench --refresh` measures again"
     return out
 

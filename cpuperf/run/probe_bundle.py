@@ -1,7 +1,7 @@
 """cpuperf's probe as ONE self-contained `python -c` program, built from the package's own modules.
 
 A compute node may have no cpuperf (or no packages at all). The bundle carries the real probe modules
-(cpuperf/probe/*.py, errors.py, data.py, fsutil.py, versions.py, jsonable.py) and the data files they read (compat/microarch.toml,
+(cpuperf/probe/*.py, errors.py, data.py, fsutil.py, versions.py, jsonable.py, readback.py) and the data files they read (compat/microarch.toml,
 tuning.toml); on the node it writes them to a private temporary directory, runs
 `cpuperf.probe.node.main`, and removes the directory. Nothing is duplicated: the parsers and the
 microarchitecture table the node runs are the ones this host runs. It needs only Python (3.9+, the
@@ -21,7 +21,7 @@ from cpuperf.data import builtin_compat_dir
 
 # The package files the probe imports (a test runs the bundle under `python -I` from an empty
 # directory, so a module missing here fails there, not on a cluster).
-_PACKAGE_FILES = ("__init__.py", "errors.py", "data.py", "fsutil.py", "versions.py", "jsonable.py")
+_PACKAGE_FILES = ("__init__.py", "errors.py", "data.py", "fsutil.py", "versions.py", "jsonable.py", "readback.py")
 _DATA_FILES = ("microarch.toml", "tuning.toml")
 
 # Runs on the node. Python 3-only syntax kept minimal so even an old python3 gets far enough to say

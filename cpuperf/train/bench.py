@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
+from cpuperf.train import observed
+
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
              "large": {"n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 256},
@@ -131,15 +133,17 @@ def _optimised(model: Any, cfg: Dict[str, Any], torch: Any, dtype: str) -> Tuple
 
 
 def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int,
-                 torch: Any) -> Tuple[float, int, float, List[float]]:
+                 torch: Any, window: Any = None) -> Tuple[float, int, float, List[float]]:
     """(first step's seconds, steps timed, their seconds, the time at each step's end) after the warm-up; every
-    rank stops at the same step."""
+    rank stops at the same step. `window` (observed.CpuWindow) brackets the timed steps."""
     t0 = time.perf_counter()
     step()  # the first step carries compile / oneDNN primitive creation
     first = time.perf_counter() - t0
     for _ in range(int(cfg.get("warmup", 2))):
         step()
     min_steps, seconds = int(cfg.get("steps", 10)), float(cfg.get("seconds", 5.0))
+    if window is not None:
+        window.begin()
     count, start = 0, time.perf_counter()
     marks: List[float] = []  # the time at the end of each step: the windows' rates (tuning's short repeats in one process)
     while True:
@@ -156,6 +160,8 @@ def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int,
             done = bool(flag.item())
         if done:
             break
+    if window is not None:
+        window.end()
     return first, count, elapsed, marks
 
 
@@ -175,24 +181,28 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
     dtype = cfg.get("dtype", "fp32")
     model, opt = _optimised(model, cfg, torch, dtype)
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
+    seen: Dict[str, Any] = {}  # read inside the step: what the timed code ran under
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         with autocast:
+            if not seen:
+                seen["autocast"] = observed.autocast_dtype(torch)
             loss = loss_fn(model)
         loss.backward()
         opt.step()
 
-    first, count, elapsed, marks = _timed_steps(step, cfg, world, torch)
-    maps = ""
-    try:
-        with open("/proc/self/maps") as fh:
-            maps = fh.read()
-    except OSError:
-        pass
+    window = observed.CpuWindow()
+    first, count, elapsed, marks = _timed_steps(step, cfg, world, torch, window)
+    ran = observed.what_ran(model, opt, torch, seen.get("autocast"))
+    ranks_ran: List[Any] = [ran]
+    windows: List[Any] = [window.figures()]
     if world > 1:
         import torch.distributed as dist
 
+        ranks_ran, windows = [None] * world, [None] * world
+        dist.all_gather_object(ranks_ran, ran)
+        dist.all_gather_object(windows, window.figures())
         slowest = torch.tensor([elapsed])
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the job is as fast as its slowest rank
         elapsed = float(slowest.item())
@@ -211,9 +221,11 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "first_step_s": first,
         "threads": torch.get_num_threads(),
         "allowed_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "allocator": next((a for a in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{a}" in maps), None),
+        "allocator": ran["allocator"],
         "batch": batch,
-        "openmp": next((o for o in ("libiomp5", "libgomp", "libomp") if o in maps), None),
+        "openmp": ran["openmp"],
+        "ran": ranks_ran,  # one record per rank, read back inside it
+        "window": observed.combine_windows(windows),  # the timed steps: who else used their CPUs
         "flops_per_sample": flops_per_sample(workload, size, cfg.get("shape")),
         "torch": torch.__version__,
     }

@@ -295,7 +295,7 @@ class Run:
         if s.threads_per_rank is not None:
             torch.set_num_threads(s.threads_per_rank)
         if s.fp32_math_mode == "bf16":
-            try:  # torch >= 2.9: oneDNN runs the remaining fp32 matmuls in bf16 (AMX hosts)
+            try:  # torch >= 2.9 (compat/tuning.toml [fp32_math_mode]): oneDNN runs the remaining fp32 matmuls in bf16
                 torch.backends.mkldnn.matmul.fp32_precision = "bf16"
             except AttributeError as exc:
                 raise MissingFeatureError(f"fp32_math_mode bf16 needs a newer torch ({exc})",

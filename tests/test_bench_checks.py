@@ -1,0 +1,142 @@
+"""The suite checks every run: another process on its CPUs is seen and the run repeated or left out; what ran is
+read back inside the run, and an auto whose plan did not reach it is called out, not counted as a slow figure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import checks, suite
+from benchmarks.report import checked_lines
+from cpuperf.probe.load import parse_psi_some_total, parse_stat_times
+from cpuperf.train.observed import combine_windows, what_ran
+
+STAT = """cpu  10 0 10 100 0 0 0 0 0 0
+cpu0 5 1 4 50 2 3 4 7 0 0
+cpu1 5 0 6 50
+intr 1 2
+"""
+
+
+def test_the_kernel_figures_are_parsed_per_cpu_and_pressure_as_a_running_total():
+    times = parse_stat_times(STAT)
+    assert times[0].steal == 7 and times[0].softirq == 4 and times[1].idle == 50 and times[1].steal == 0
+    psi = "some avg10=4.56 avg60=8.86 avg300=3.29 total=13862513\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    assert parse_psi_some_total(psi) == 13862513 and parse_psi_some_total("") is None
+
+
+def test_the_allocator_is_what_the_loader_mapped_not_what_was_asked():
+    maps = ("7f00-7f01 r-xp 00000000 08:01 123 /venv/lib/python3.11/site-packages/cmeel.prefix/lib/libmimalloc.so.3.1\n"
+            "7f02-7f03 r-xp 00000000 08:01 124 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n"
+            "7f04-7f05 rw-p 00000000 00:00 0 \n")
+
+    class FakeTorch:  # what_ran asks torch only for its thread count
+        @staticmethod
+        def get_num_threads():
+            return 2
+
+    ran = what_ran(object(), object(), FakeTorch, "bf16", maps_text=maps)
+    assert ran["allocator"] == "mimalloc" and ran["openmp"] == ["gnu"] and ran["dtype"] == "bf16"
+    assert ran["allocator_path"] == "/venv/lib/python3.11/site-packages/cmeel.prefix/lib/libmimalloc.so.3.1"
+    plain = what_ran(object(), object(), FakeTorch, None, maps_text=maps.splitlines()[1])
+    assert plain["allocator"] is None and plain["allocator_path"] is None and plain["compile"] is False
+
+
+def test_a_job_of_ranks_is_one_window_others_are_what_no_rank_took():
+    rank0 = {"cpus": [0], "elapsed_s": 4.0, "busy_s": {"0": 4.0, "1": 3.9, "2": 1.0}, "own_cpu_s": 3.9,
+             "pressure_some_s": 0.2, "pressure_file": "/proc/pressure/cpu"}
+    rank1 = {"cpus": [1], "elapsed_s": 4.0, "busy_s": {"0": 4.0, "1": 3.9, "2": 1.0}, "own_cpu_s": 3.8}
+    job = combine_windows([rank0, rank1])
+    # CPU 2 is no rank's: its busy time is not the job's business
+    assert job["cpus"] == [0, 1] and job["busy_cpu_s"] == 7.9 and job["own_cpu_s"] == 7.7
+    assert job["others_cpu_s"] == pytest.approx(0.2) and job["pressure_some_s"] == 0.2
+    d = checks.disturbance({"window": job})
+    assert d["others_cpu_share"] == pytest.approx(0.05) and d["disturbed"] is True
+    assert checks.disturbance({"window": {**job, "others_cpu_s": 0.04}})["disturbed"] is False
+    assert checks.disturbance({})["disturbed"] is None  # a run that reported no window is not called disturbed
+
+
+def test_what_ran_is_checked_against_the_configuration_lever_by_lever():
+    config = {"name": "auto", "ranks": 2, "decisions": {"allocator": None},
+              "settings": {"dtype": "bf16", "threads_per_rank": 1, "cpus_per_rank": [[0], [1]], "optimizer": "adamw_fused"}}
+    right = [{"allocator": None, "threads": 1, "cpus": [0], "dtype": "bf16", "optimizer": "adamw_fused", "compile": False},
+             {"allocator": None, "threads": 1, "cpus": [1], "dtype": "bf16", "optimizer": "adamw_fused", "compile": False}]
+    assert checks.mismatches(checks.expected(config), right) == []
+    wrong = [dict(right[0], allocator="jemalloc"), dict(right[1], cpus=[0, 1], threads=2, dtype="fp32", optimizer="adamw")]
+    assert checks.mismatches(checks.expected(config), wrong) == [
+        "allocator: planned the default, jemalloc mapped (rank 0)", "threads: planned 1, ran 2 (rank 1)",
+        "CPUs: planned 1, ran on 0-1 (rank 1)", "dtype: planned bf16, ran fp32 (rank 1)",
+        "optimizer: planned adamw_fused, ran adamw (rank 1)"]
+    assert checks.mismatches(checks.expected(config), right[:1]) == ["ranks: planned 2, ran 1"]
+    assert checks.expected({"name": "run_cpu", "run_cpu": True}) == {}  # run_cpu's choices are its own
+
+
+def _run(seconds=1.0):
+    return lambda cfg: suite.run_config(cfg, "mlp", "small", seconds)
+
+
+@pytest.mark.torch
+def test_a_busy_loop_on_the_runs_cpu_is_seen_and_the_run_repeated_then_left_out():
+    pytest.importorskip("torch")
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    config = {"name": "fp32 1x1 pinned", "env": {"OMP_NUM_THREADS": "1"}, "ranks": 1,
+              "settings": {"dtype": "fp32", "threads_per_rank": 1, "cpus_per_rank": [[cpu]]}}
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        logged = []
+        rounds = [{config["name"]: checks.run_checked(_run(), config, logged.append, max_repeats=1, pause_s=0.0)}]
+    finally:
+        busy.kill()
+        busy.wait()
+    res = rounds[0][config["name"]]
+    assert "error" not in res and not res.get("not_as_planned"), res
+    # the busy loop shares the run's one CPU: others took a large part of it, in the first run and its repeat
+    assert len(res["attempts"]) == 2 and all(a["disturbed"] for a in res["attempts"]), res["attempts"]
+    assert all(a["others_cpu_share"] > 0.25 for a in res["attempts"])
+    assert res["disturbed"] and checks.counted(res) is None
+    assert "running it again (1 of 1)" in logged[0] and "left out of the medians" in logged[1]
+    summary = suite.summarise([config], rounds)
+    record = {"workload": "mlp-small", **suite.checked_result([config], rounds, summary["medians"])}
+    assert record["checks"]["left_out_disturbed"] == 1 and record["checks"]["repeated"] == 1
+    text = "\n".join(checked_lines(record))
+    assert "1 left out of the medians as disturbed" in text and "| fp32 1x1 pinned | n/a | 0 of 1 |" in text
+
+
+@pytest.mark.torch
+def test_an_auto_whose_allocator_is_taken_from_its_environment_is_called_out_not_counted():
+    pytest.importorskip("torch")
+    from benchmarks import sweep
+    from benchmarks.tuned import auto_for_point
+    from cpuperf.decide.tune import Point
+    from cpuperf.probe import probe_host
+    from cpuperf.run.measure import allocator_libraries
+
+    facts = probe_host()
+    libs = allocator_libraries(facts)
+    if not libs:
+        pytest.skip("no tcmalloc, jemalloc or mimalloc installed (`cpuperf install` adds the mimalloc wheel)")
+    name = sorted(libs)[0]
+    point = sweep.config_for(facts, "fp32", False, name, (1, 1), False)
+    auto = auto_for_point(Point(dtype="fp32", allocator=name, optimizer=None, ranks=1, threads=1, pinned=False),
+                          point["env"], [], None)
+    assert auto["env"]["LD_PRELOAD"] == libs[name]
+    auto["env"] = {k: v for k, v in auto["env"].items() if k != "LD_PRELOAD"}  # the plan's allocator, removed
+    configs = [auto, point]
+    rounds = suite.run_rounds(configs, "mlp", "small", 1, 0.5, lambda m: None, max_repeats=0)
+    bad, good = rounds[0]["auto"], rounds[0][point["name"]]
+    assert bad["error"] == f"auto did not run its plan: allocator: planned {name}, none mapped"
+    assert checks.counted(bad) is None
+    assert not good.get("not_as_planned") and good["ran"][0]["allocator"] == name
+    assert good["ran"][0]["allocator_path"] and os.path.samefile(good["ran"][0]["allocator_path"], libs[name])
+    summary = suite.summarise(configs, rounds)
+    record = {"workload": "mlp-small", **suite.checked_result(configs, rounds, summary["medians"])}
+    assert record["auto_not_as_planned"] == [f"allocator: planned {name}, none mapped"]
+    text = "\n".join(checked_lines(record))
+    assert f"**mlp-small: auto did not run its plan** (an error, not a slow figure; those runs are left out): " \
+           f"allocator: planned {name}, none mapped." in text
+    assert f"NOT COUNTED: auto did not run its plan: allocator: planned {name}, none mapped" in text
+    assert f"{name} mapped, eager; 1 thread(s) on CPUs" in text  # the sweep point, beside its figure
+    assert suite._targets({}, False, auto_as_planned=False)["auto ran its plan"] is False

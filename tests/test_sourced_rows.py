@@ -1,0 +1,150 @@
+"""compat/ rows checked against primary sources (each test names its source): the rows a sample found wrong, the
+clock rows a source now exists for, and the ones still unsourced, which the data and `cpuperf doctor` name rather
+than guess. doctor runs as a real process on recorded hosts (--sysroot)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_util import run_cli, run_json
+from hosts import make_arm_host, make_host
+from packaging.version import Version
+
+from cpuperf.data import load_builtin
+from cpuperf.decide.recommend import recommend
+from cpuperf.decide.workload import PRESETS
+from cpuperf.knowledge.cpu_peaks import boost_row, hardware_peak, peak_data
+from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.probe import probe_host
+
+SPR = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
+       "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
+
+
+# --------------------------------------------------------------------------- the rows found wrong
+
+
+@pytest.mark.parametrize("version, cu129", [("2.11.0", True), ("2.12.0", False), ("2.12.1", True), ("2.13.0", True)])
+def test_cu129_builds_of_torch_2_11_to_2_13(version, cu129):
+    """pytorch/pytorch #185269 (SGLang depends on the 2.11 cu129 binary; 2.12.1's wheels confirmed by two release
+    maintainers), PR #186015 'Revive CUDA 12.9 nightly binary builds' and its release/2.13 cherry-pick #188162.
+    2.12.0 shipped without (the request that reopened 12.9 came after it)."""
+    row = load_matrix().torch_release(Version(version))
+    assert row is not None and ("cu129" in row.cuda) is cu129, row.cuda
+    source = next(r for r in load_builtin("torch.toml")["torch"] if r["version"] == version)["source"]
+    assert not cu129 or "#185269" in source or "#186015" in source
+
+
+def test_the_onednn_fp32_precision_attribute_first_ships_in_torch_2_9(tmp_path):
+    """The issue said 2.4 (docs/source/notes/mkldnn.rst: 'Starting in PyTorch 2.4 ...'), but the released wheels
+    say 2.9: torch/backends/mkldnn/__init__.py has no fp32_precision in 2.4.0, 2.5.0, 2.7.0 or 2.8.0 and defines
+    matmul = _FP32Precision("mkldnn", "matmul") in 2.9.0. The row keeps 2.9, now with that source: planning the
+    lever for torch 2.4-2.8 would make the worker fail setting it."""
+    row = load_builtin("tuning.toml")["fp32_math_mode"]
+    assert row["min_torch"] == "2.9" and "2.8.0" in row["source"] and "2.9.0" in row["source"]
+    for torch, planned in (("2.9.0+cpu", "bf16"), ("2.8.0+cpu", None)):
+        env = {"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": torch})}
+        facts = probe_host(sysroot=str(make_host(tmp_path / torch, flags=SPR, model=143)), environ=env)
+        assert recommend(facts, PRESETS["tiny"]).levers.fp32_math_mode.value == planned, torch
+
+
+def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
+    (row,) = [r for r in load_builtin("eol.toml")["eol"] if r["component"] == "ipex"]
+    assert row["announced"] == "2025-10-10" and "#867" in row["source"]  # 2025-08-08 is 2.8.0's release date
+
+
+# --------------------------------------------------------------------------- clock rows with a source now
+
+
+@pytest.mark.parametrize("name, ghz", [
+    ("Intel(R) Xeon(R) 6980P", 3.9), ("Intel(R) Xeon(R) 6979P", 3.9), ("Intel(R) Xeon(R) 6972P", 3.9),
+    ("Intel(R) Xeon(R) 6952P", 3.9), ("Intel(R) Xeon(R) 6960P", 3.9),
+    ("Intel(R) Xeon(R) 6767P", None),  # Xeon 6700P: no launch table here
+])
+def test_xeon_6900p_boosts_to_3_9_ghz(name, ghz):
+    """Intel's Xeon 6900P launch table (hardwareluxx, 2024-09): base / boost / all-core 2.0/3.9/3.2 GHz (6980P) ..."""
+    row = boost_row("graniterapids", name)
+    assert (row and row["ghz"]) == ghz and (row is None or "hardwareluxx" in row["source"])
+
+
+def test_ampere_altra_and_panther_lake_clocks():
+    """heise (2020-06): Altra Q80-33 at a fixed 3.3 GHz; hardwareluxx (2021-09): Altra Max M128-30 at 3.0 GHz;
+    hardwareluxx (2026-01-26): Core Ultra X9 388H, Panther Lake's flagship, up to 5.1 GHz."""
+    assert boost_row("neoverse_n1", None)["ghz"] == 3.3  # /proc/cpuinfo names no Arm part: the higher row
+    assert boost_row("neoverse_n1", "Ampere(R) Altra(R) Max Processor M128-30")["ghz"] == 3.0
+    assert boost_row("pantherlake", "Intel(R) Core(TM) Ultra X9 388H")["ghz"] == 5.1
+    # The boost fallback at work: a GEMM beating 2 cores x 16 FLOPs x 3.0 GHz on an N1 uses Altra's 3.3 GHz.
+    peak, info = hardware_peak("neoverse_n1", "fp32", 2, None, 3.0e9, None, achievable_tflops=0.1)
+    assert peak is not None and info["clock_used"] == "boost" and info["clock_used_ghz"] == 3.3
+
+
+# --------------------------------------------------------------------------- still unsourced: said, not guessed
+
+
+@pytest.mark.parametrize("micro, kind, what", [
+    ("lunarlake", "boost_clock", "Lunar Lake"), ("neoverse_v1", "boost_clock", "Graviton3"),
+    ("neoverse_v2", "boost_clock", "Graviton4 and NVIDIA Grace"), ("power10", "flops_per_cycle", "POWER10"),
+    ("zen6", "flops_per_cycle", "Zen 6"), ("novalake", "flops_per_cycle", "Nova Lake"),
+    ("novalake", "boost_clock", "Nova Lake"),
+])
+def test_unsourced_generations_are_named_in_the_data(micro, kind, what):
+    data = peak_data(micro, None)
+    gaps = [g for g in data["unsourced"] if g["kind"] == kind]
+    assert gaps and what in gaps[0]["what"] and gaps[0]["why"]
+    assert data[kind] is None  # left out, not guessed
+
+
+def test_an_unsourced_bf16_rate_is_not_called_emulated():
+    peak, info = hardware_peak("neoverse_v1", "bf16", 2, None, 2.6e9)
+    assert peak is None and "unsourced" in info["why_none"] and "emulated" not in info["why_none"]
+    peak, info = hardware_peak("zen3", "bf16", 2, None, 2.6e9)
+    assert peak is None and "emulated" in info["why_none"]
+
+
+def _doctor(root):
+    proc = run_cli(["doctor", "--sysroot", str(root)])
+    assert proc.returncode in (0, 1), proc.stderr
+    return " ".join(proc.stdout.split())
+
+
+def test_doctor_prints_the_clock_rows_and_names_the_unsourced(tmp_path):
+    gnr = make_host(tmp_path / "gnr", flags=SPR, model=0xAD, name="Intel(R) Xeon(R) 6980P")
+    assert "highest rated clock 3.90 GHz (Xeon 6980P" in _doctor(gnr)
+    ptl = make_host(tmp_path / "ptl", flags=["avx2", "fma", "avx_vnni"], model=0xCC, name="Intel(R) Core(TM) Ultra X9 388H")
+    assert "highest rated clock 5.10 GHz (Core Ultra X9 388H)" in _doctor(ptl)
+    assert "highest rated clock 3.30 GHz (Ampere Altra Q80-33" in _doctor(make_arm_host(tmp_path / "n1", "neoverse_n1"))
+    lnl = make_host(tmp_path / "lnl", flags=["avx2", "fma", "avx_vnni"], model=0xBD, name="Intel(R) Core(TM) Ultra 7 258V")
+    text = _doctor(lnl)
+    assert "unsourced: Lunar Lake" in text and "cpu-data-unsourced" in text
+    text = _doctor(make_arm_host(tmp_path / "v2", "neoverse_v2"))
+    assert "unsourced: AWS Graviton4 and NVIDIA Grace clocks" in text
+
+
+@pytest.mark.parametrize("kind, native", [("neoverse_v1", True), ("neoverse_v2", True), ("neoverse_n1", False)])
+def test_doctors_bf16_line_agrees_with_the_arm_isa_it_prints(tmp_path, kind, native):
+    """The V2 said 'bf16 native: no' beside 'bf16 svebf16': the line read x86's avx512_bf16/AMX flag only."""
+    rep, _ = run_json(["doctor", "--sysroot", str(make_arm_host(tmp_path, kind))], expect_rc=None)
+    cpu = rep["host"]["cpu"]
+    assert cpu["bf16_native"] is native is ("bf16" in cpu["isa"])
+    assert ("bf16 native yes" if native else "bf16 native no") in _doctor(tmp_path)
+
+
+def test_a_cpu_arm_host_takes_the_registrys_newest_cpu_build():
+    """The registry's Linux aarch64 torch is a CPU build up to 2.10 (2.9.1: a 104 MB wheel, no nvidia-*
+    requirement) and a CUDA build from 2.11 (about 400 MiB, nvidia-* requirements in its metadata): `cpuperf
+    install` on a CPU Arm host without the PyTorch CPU index takes 2.10.0, never a CUDA payload it cannot use."""
+    from cpuperf.plan.install import registry_cpu_builds
+
+    offered = ["2.15.0", "2.14.1", "2.13.0", "2.11.0", "2.10.0", "2.9.1"]
+    keep, cuda = registry_cpu_builds(offered, load_matrix(), "linux_aarch64")
+    assert keep == ["2.10.0", "2.9.1"] and cuda == ["2.15.0", "2.14.1", "2.13.0", "2.11.0"]
+    assert registry_cpu_builds(offered, load_matrix(), "linux_x86_64") == (offered, [])
+
+
+def test_every_unsourced_row_names_a_known_generation_and_why():
+    data = load_builtin("microarch.toml")
+    names = {r["name"] for kind in ("x86", "arm") for r in data[kind]} | {"power10"}  # POWER: named by probe/cpu.py
+    for row in load_builtin("cpu_peaks.toml")["unsourced"]:
+        assert set(row["match"]) <= names and row["kind"] in ("flops_per_cycle", "boost_clock"), row
+        assert row["what"] and row["why"]
