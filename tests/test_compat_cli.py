@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from cli_util import run_cli, run_json
 
 
+@pytest.mark.smoke("compat")
 def test_compat_resolves_the_oneccl_trap():
-    rep, proc = run_json(["compat", "--python", "3.10", "--torch", "1.12.1", "--with", "ipex,oneccl"])
+    rep, proc = run_json(["compat", "--python", "3.10", "--torch", "1.12.1", "--with", "ipex,oneccl"], process=True)
     assert rep["schema"] == "cpuperf.compat/1"
     assert rep["torch"] == "1.12.1"
     assert rep["oneccl"]["version"] == "1.12.100"

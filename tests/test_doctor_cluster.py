@@ -29,6 +29,7 @@ def _doctor(nodes, args, timeout=150):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=cli_env(nodes.env()))
 
 
+@pytest.mark.full  # nodes as network namespaces
 @pytest.mark.skipif(TORCH is None, reason="needs torch in the test interpreter (the skew is made against it)")
 def test_a_node_with_another_torch_is_named_with_the_fix(tmp_path):
     other = "2.12.0+cpu" if not TORCH.version.startswith("2.12.0") else "2.11.0+cpu"
@@ -54,6 +55,7 @@ def test_a_node_with_another_torch_is_named_with_the_fix(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.full  # nodes as network namespaces
 def test_unreachable_and_unresolvable_nodes_are_named_and_the_rest_reported(tmp_path):
     with namespace_nodes(2, tmp_path) as nodes:
         hostfile = nodes.hostfile(extra=["10.98.0.7", "no-such-node.invalid"])
@@ -74,6 +76,7 @@ def test_unreachable_and_unresolvable_nodes_are_named_and_the_rest_reported(tmp_
     assert "Traceback" not in text.stderr
 
 
+@pytest.mark.full  # nodes as network namespaces
 def test_nodes_that_agree_exit_0_over_ssh_too(tmp_path):
     with namespace_nodes(2, tmp_path) as nodes:
         proc = _doctor(nodes, ["--hostfile", str(nodes.hostfile()), "--launcher", "ssh", "--json"])
@@ -83,6 +86,7 @@ def test_nodes_that_agree_exit_0_over_ssh_too(tmp_path):
     assert not [f for f in rep["findings"] if f["severity"] == "error"]
 
 
+@pytest.mark.full  # nodes as network namespaces
 def test_saved_facts_plan_without_reaching_the_nodes(tmp_path):
     with namespace_nodes(2, tmp_path) as nodes:
         nodes.set_env(1, {"CPUPERF_OVERRIDE_PYTHON": "3.10"})
@@ -270,6 +274,7 @@ def test_names_resolving_to_the_wrong_address(tmp_path):
 
 # -- collectives ------------------------------------------------------------------------------------
 
+@pytest.mark.full  # a real allreduce across namespace nodes
 @pytest.mark.skipif(TORCH is None, reason="the allreduce needs torch")
 def test_allreduce_across_the_nodes_is_measured_and_cached(tmp_path):
     cache = tmp_path / "cache"
@@ -310,6 +315,7 @@ def test_ddp_choice_from_a_measurement():
     assert cluster.choose_ddp({"backends": {"gloo": {"skipped": "x"}}}) is None
 
 
+@pytest.mark.full  # srun
 def test_inside_a_slurm_allocation_doctor_probes_its_nodes_through_srun(tmp_path):
     """A stand-in srun (no Slurm here) that runs the step on this host: doctor's argv and node list are real."""
     bindir = tmp_path / "bin"
@@ -367,6 +373,7 @@ def test_a_plan_from_saved_node_facts_is_the_plan_made_live(tmp_path):
     assert from_saved.placement == live.placement
 
 
+@pytest.mark.full  # nodes as network namespaces
 def test_a_name_that_resolves_to_the_wrong_address_on_one_node(tmp_path):
     """Hostfile by name; node 2's /etc/hosts maps node 1 to Debian's 127.0.1.1: doctor names node 2."""
     with namespace_nodes(2, tmp_path) as nodes:

@@ -67,9 +67,9 @@ PRODUCED_ELSEWHERE = {
     11: ("test_install_transaction.py", "test_sigkill_leaves_a_journal_that_recover_restores"),
     13: ("test_saved_plan.py", "test_a_plan_for_another_stack_is_refused_naming_the_difference"),
     14: ("test_doctor_cluster.py", "test_a_node_with_another_torch_is_named_with_the_fix"),
-    129: ("test_launch_run.py", "test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept"),
+    129: ("test_run_dir.py", "test_no_rank_outlives_cpuperf"),
     130: ("test_launch_run.py", "test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept"),
-    143: ("test_launch_run.py", "test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept"),
+    143: ("test_install_transaction.py", "test_stop_signal_kills_pip_group_and_restores"),
 }
 
 
@@ -87,6 +87,22 @@ def test_every_documented_code_is_an_exit_code_and_has_a_producer():
         assert str(code) in body + near, (code, func)
 
 
+def test_each_stop_signal_has_its_documented_code():
+    """The signal-to-exit-code map every stop path uses (install, train, the worker): 128 + the signal's number, as
+    the table says; the real signals are sent once per mechanism (PRODUCED_ELSEWHERE)."""
+    import signal
+
+    from cpuperf.errors import STOP_SIGNALS, exit_code_for_signal
+
+    rows = (ROOT / "docs" / "exit-codes.md").read_text()
+    for name in STOP_SIGNALS:
+        code = exit_code_for_signal(name)
+        assert code == 128 + getattr(signal, name), (name, code)
+        assert re.search(rf"^\| {int(code)} \|[^\n]*{name}", rows, re.M), (name, code)
+    assert exit_code_for_signal(None) == exit_code_for_signal("SIGUSR1") == ExitCode.INTERRUPTED == 130
+
+
+@pytest.mark.smoke("exit codes")
 @pytest.mark.parametrize("code", sorted(PRODUCED_HERE))
 def test_code_is_produced(code, tmp_path):
     (tmp_path / "a-file").write_text("x")
@@ -94,7 +110,7 @@ def test_code_is_produced(code, tmp_path):
     env = {"HOME": str(tmp_path), "CPUPERF_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
     try:
-        proc = run_cli([*args, "--json"], extra_env=env, cwd=str(tmp_path), timeout=180)
+        proc = run_cli([*args, "--json"], extra_env=env, cwd=str(tmp_path), timeout=180, process=True)
     finally:
         cleanup()
     assert proc.returncode == code, (code, proc.stdout[-1500:], proc.stderr[-1500:])

@@ -3,8 +3,9 @@
 For each transformers release below, the flags cpuperf would pass (recommend's hf_args for that release, in
 every CPU class, one rank and two, with and without --set dtype=bf16) are parsed by that release's own
 HfArgumentParser into TrainingArguments, which runs its __post_init__ checks (the couplings between flags:
-compat/couplings.toml). The release is installed for real from the registry into a throwaway directory
-(pip's cache under ~/.cache/cpuperf-tests/wheels keeps the downloads), next to the test venv's torch.
+compat/couplings.toml). The release is installed for real into a throwaway venv, next to the test venv's torch,
+from a wheelhouse on this machine (~/.cache/cpuperf-tests/wheelhouse): the registry is asked once per release, on
+the first run here.
 
 CI checks the releases where the rules change: either side of the bf16 -> use_cpu coupling (4.51.3, 4.52.1),
 the last 4.x, the first 5.x and the installed newest (through the host-class matrix). CPUPERF_SLOW=1 adds the newest patch of every minor from 4.46 on.
@@ -12,6 +13,7 @@ the last 4.x, the first 5.x and the installed newest (through the host-class mat
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -20,8 +22,8 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-from cli_util import cli_env
-from test_host_classes import CLASSES, linked_venv
+from cli_util import cli_env, run_in_process
+from host_classes import CLASSES, linked_venv
 
 PY = sys.executable
 WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cpuperf-tests" / "wheels"
@@ -50,15 +52,32 @@ print(json.dumps(out))
 """
 
 
+def _wheelhouse(version: str) -> Path:
+    """That release and its requirements as wheels in a folder on this machine: fetched from the registry once
+    (the first run here), read from the folder with --no-index ever after."""
+    house = WHEELS.parent / "wheelhouse"
+    house.mkdir(parents=True, exist_ok=True)
+    with open(house / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two xdist workers fetch one at a time
+        if not list(house.glob(f"transformers-{version}-*.whl")):
+            proc = subprocess.run([PY, "-m", "pip", "--disable-pip-version-check", "-q", "download", "--only-binary=:all:",
+                                   "--dest", str(house), f"transformers=={version}"], capture_output=True, text=True,
+                                  timeout=900, env={**os.environ, "PIP_CACHE_DIR": str(WHEELS)})
+            if proc.returncode != 0 and ("Could not find" in proc.stderr or "connection" in proc.stderr.lower()):
+                pytest.skip(f"transformers=={version}: the registry could not be reached ({proc.stderr.strip()[-200:]})")
+            assert proc.returncode == 0, proc.stderr[-2000:]
+    return house
+
+
 def _release(version: str, tmp: Path) -> str:
-    """A throwaway venv with that transformers release installed by pip, beside the test venv's torch (linked
-    in): pip adds the release and whatever of its requirements the linked packages do not satisfy."""
+    """A throwaway venv with that transformers release installed by pip from the local wheelhouse, beside the test
+    venv's torch (linked in): pip adds the release and whatever of its requirements the linked packages do not
+    satisfy."""
+    house = _wheelhouse(version)
     python = linked_venv(tmp / f"venv-{version}", ("transformers", "huggingface_hub", "tokenizers"))
     proc = subprocess.run([PY, "-m", "pip", "--disable-pip-version-check", "-q", "--python", python, "install",
-                           f"transformers=={version}"], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PIP_CACHE_DIR": str(WHEELS)})
-    if proc.returncode != 0 and ("Could not find" in proc.stderr or "connection" in proc.stderr.lower()):
-        pytest.skip(f"transformers=={version}: the registry could not be reached ({proc.stderr.strip()[-200:]})")
+                           "--no-index", "--find-links", str(house), f"transformers=={version}"],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return python
 
@@ -75,14 +94,14 @@ def _flags(version: str, cls, variant: List[str]) -> List[str]:
     """What cpuperf passes a Trainer script for this release, class and request (recommend's hf_args)."""
     env = cli_env({**cls.overrides(), "CPUPERF_OVERRIDE_PACKAGES": json.dumps({"transformers": version}),
                    "CPUPERF_CACHE_DIR": os.devnull + "-none"})
-    proc = subprocess.run([PY, "-m", "cpuperf", "recommend", "--json", *variant], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = run_in_process(["recommend", "--json", *variant], env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["hf_args_for"] == version
     return data["hf_args"]
 
 
+@pytest.mark.full  # installs transformers releases
 @pytest.mark.parametrize("version", RELEASES)
 def test_every_class_flag_set_builds_training_arguments(version, tmp_path):
     pytest.importorskip("transformers")
@@ -121,8 +140,7 @@ def test_accelerate_launch_accepts_what_cpuperf_adds(tmp_path):
     for cls in CPU_CLASSES:
         for variant in VARIANTS.values():
             env = cli_env({**cls.overrides(), "CPUPERF_CACHE_DIR": str(tmp_path / "none")})
-            proc = subprocess.run([PY, "-m", "cpuperf", "recommend", "--json", *variant], capture_output=True, text=True,
-                                  env=env, timeout=120)
+            proc = run_in_process(["recommend", "--json", *variant], env)
             assert proc.returncode == 0, proc.stderr[-2000:]
             data = json.loads(proc.stdout)
             args = data["accelerate_launch_args"]

@@ -10,7 +10,7 @@ machine's instruction set and a GPU class stops at the launch: those cells are p
 Every cell runs the real command (real venvs, torchrun, mpirun, accelerate, real shells) and passes only when
 it exits 0 and what ran inside matches the plan: the flags the script received, its dtype, its CPUs and threads
 per rank. The measurement cache is a fresh directory: plans come from the rules, as on a host never measured.
-The matrix (classes x paths) is printed at the end of the run (conftest.py).
+The classes live in tests/host_classes.py. The matrix (classes x paths) is printed at the end of the run (conftest.py).
 """
 
 from __future__ import annotations
@@ -21,109 +21,19 @@ import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from cli_util import cli_env
-from hosts import CPUINFO, make_host, write
+from host_classes import BY_NAME, CLASSES, HostClass, linked_venv
+
+pytestmark = pytest.mark.full  # every path in every class, real runs (torchrun, mpirun, accelerate)
 
 PY = sys.executable
 BIN = os.path.dirname(PY)
 SCRIPTS = Path(__file__).parent / "fixtures" / "scripts"
-GPUS = Path(__file__).parent / "fixtures" / "gpus"
-MATRIX: Dict[Tuple[str, str], str] = {}  # (class, path) -> "ok" | "FAIL" | "n/a: why"; printed by conftest.py
-
-
-def _flags(fixture: str) -> List[str]:
-    for line in (CPUINFO / fixture).read_text().splitlines():
-        if line.startswith("flags"):
-            return line.split(":", 1)[1].split()
-    raise AssertionError(fixture)
-
-
-ZEN3 = _flags("linux-ubuntu20.04-zen3")  # AVX2, no AVX-512
-CASCADE = _flags("linux-centos7-cascadelake")  # AVX-512 without bf16
-ZEN4 = ZEN3 + ["avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512ifma",
-               "avx512vbmi", "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq", "gfni"]
-SAPPHIRE = CASCADE + ["avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "avx_vnni"]
-
-
-@dataclass(frozen=True)
-class HostClass:
-    name: str
-    what: str
-    dtype: str  # the dtype every plan of this class must carry (from the rules: nothing is measured here)
-    isa: Tuple[str, ...] = ()
-    microarch: str = ""
-    family: int = 6
-    model: int = 85
-    vendor: str = "GenuineIntel"
-    amx_usable: Optional[bool] = None
-    gpus: Optional[str] = None  # a recorded NVML answer (tests/fixtures/gpus)
-    cpuinfo: Optional[Callable[[int], str]] = None  # non-x86: the recorded /proc/cpuinfo text for N CPUs
-    runs_here: bool = True  # x86 classes train for real here
-    why_not_here: str = ""
-    trainer_bf16: bool = False  # the Trainer gets --bf16 from the rule alone (AMX: the case the rule is for)
-    emulated: Tuple[str, ...] = ()  # paths the Arm tier runs for real under QEMU (tests/arm/tier.sh, docs/testing.md)
-    device: str = "cpu"
-    extra: Dict[str, str] = field(default_factory=dict)
-
-    def overrides(self) -> Dict[str, str]:
-        """The class on the live host: the facts that make it this class, nothing else."""
-        env = {"CPUPERF_OVERRIDE_ISA": " ".join(self.isa), "CPUPERF_OVERRIDE_MICROARCH": self.microarch,
-               "CPUPERF_OVERRIDE_GPUS": (GPUS / self.gpus).read_text() if self.gpus else "[]"}
-        if self.amx_usable is not None:
-            env["CPUPERF_OVERRIDE_AMX_USABLE"] = "1" if self.amx_usable else "0"
-        env.update(self.extra)
-        return env
-
-    def tree(self, root: Path) -> Path:
-        """The class as a recorded host: 2 cores like the machines this suite runs on (cgroup, NUMA, sysfs)."""
-        if root.exists():
-            return root
-        host = make_host(root, sockets=1, cores_per_socket=2, flags=self.isa or ("avx2", "fma"), vendor=self.vendor,
-                         family=self.family, model=self.model, name=f"{self.what} (recorded)")
-        if self.cpuinfo is not None:
-            write(host, "/proc/cpuinfo", self.cpuinfo(2))
-        return host
-
-
-def _arm_cpuinfo(n: int) -> str:
-    block = (CPUINFO / "linux-amazon-neoverse_v1").read_text().split("\n\n")[0]
-    lines = [ln for ln in block.splitlines() if not ln.startswith("processor")]
-    return "".join(f"processor\t: {c}\n" + "\n".join(lines) + "\n\n" for c in range(n))
-
-
-def _power10_cpuinfo(n: int) -> str:
-    return "".join(f"processor\t: {c}\ncpu\t\t: POWER10 (architected), altivec supported\nclock\t\t: 3000.000000MHz\n"
-                   "revision\t: 2.0 (pvr 0080 0200)\n\n" for c in range(n))
-
-
-CLASSES = [
-    HostClass("avx2", "x86 AVX2, no bf16 (Zen 3)", "fp32", tuple(ZEN3), "zen3", family=25, model=1, vendor="AuthenticAMD"),
-    HostClass("avx2-vm", "x86 AVX2 cloud VM, one NUMA node (Zen 3 guest, `hypervisor` flag)", "fp32",
-              tuple(ZEN3) + ("hypervisor",), "zen3", family=25, model=1, vendor="AuthenticAMD",
-              extra={"CPUPERF_OVERRIDE_HYPERVISOR": "1"}),
-    HostClass("avx512", "AVX-512 without bf16 (Cascade Lake)", "fp32", tuple(CASCADE), "cascadelake", model=85),
-    HostClass("avx512-bf16", "avx512_bf16 (Zen 4 / Cooper Lake)", "bf16", tuple(ZEN4), "zen4", family=25, model=17,
-              vendor="AuthenticAMD"),
-    HostClass("amx", "AMX usable (Sapphire Rapids)", "bf16", tuple(SAPPHIRE), "sapphirerapids", model=143,
-              amx_usable=True, trainer_bf16=True),
-    HostClass("amx-denied", "AMX present, not permitted by the OS", "bf16", tuple(SAPPHIRE), "sapphirerapids",
-              model=143, amx_usable=False),
-    HostClass("neoverse", "Arm Neoverse V1 with BF16", "fp32", cpuinfo=_arm_cpuinfo, runs_here=False,
-              why_not_here="an aarch64 plan does not execute on this instruction set",
-              emulated=("builtin-run", "ddp-script-torchrun")),
-    HostClass("power10", "POWER10 (MMA)", "fp32", cpuinfo=_power10_cpuinfo, runs_here=False,
-              why_not_here="a ppc64le plan does not execute on this instruction set"),
-    HostClass("gpu", "NVIDIA H100 host (recorded NVML)", "bf16", tuple(ZEN3), "zen3", family=25, model=1,
-              vendor="AuthenticAMD", gpus="h100-80gb-hbm3.json", runs_here=False, device="cuda",
-              why_not_here="no GPU on this machine: planned up to the launch",
-              extra={"CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cu128"})}),  # a GPU host's CUDA build
-]
-BY_NAME = {c.name: c for c in CLASSES}
+MATRIX: Dict[Tuple[str, str], str] = {}  # (class, path) -> "n/a: why" for a cell skipped here; conftest.py prints the table
 
 
 # -- the machinery: real processes, an isolated measurement cache, a venv without torch --------------------
@@ -132,29 +42,6 @@ BY_NAME = {c.name: c for c in CLASSES}
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("classes")
     return {"root": root, "cache": root / "cache", "notorch": _venv_without_torch(root / "notorch")}
-
-
-def linked_venv(path: Path, leave_out: Tuple[str, ...]) -> str:
-    """A real venv with the test venv's packages, less those whose names start with `leave_out`.
-
-    Built offline in a second: the packages are linked in (a .pth file naming a folder of links), so pip and
-    importlib.metadata see them as installed, and pip puts a release of its own in front where asked."""
-    subprocess.run([PY, "-m", "venv", "--without-pip", str(path)], check=True, timeout=60)
-    import sysconfig
-
-    site_src = Path(sysconfig.get_paths()["purelib"])
-    site_dst = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
-                                   capture_output=True, text=True, check=True).stdout.strip())
-    farm = path / "linked"
-    farm.mkdir()
-    for entry in site_src.iterdir():
-        low = entry.name.lower()
-        if low.startswith(leave_out + ("_cpuperf", "__editable__", "cpuperf")) or entry.suffix == ".pth":
-            continue
-        (farm / entry.name).symlink_to(entry)
-    repo = Path(__file__).resolve().parent.parent
-    (site_dst / "cpuperf_test_links.pth").write_text(f"{farm}\n{repo}\n")
-    return str(path / "bin" / "python")
 
 
 def _venv_without_torch(path: Path) -> str:
@@ -277,52 +164,27 @@ def test_dry_run(world, cls, cell):
     c = BY_NAME[cls]
     where = _where(c, world)
     plan = _ok(_cpuperf(world, c, ["train", "--auto", "--dry-run", "--json", *where]), "train --auto --dry-run")
-    rec = _ok(_cpuperf(world, c, ["recommend", "--json", *where]), "recommend")
-    assert _decisions(plan) == _decisions(rec)  # one plan in every command
-    assert plan["settings"]["dtype"] == c.dtype and plan["settings"]["device"] == c.device
+    assert plan["settings"]["dtype"] == c.dtype == _decisions(plan)["dtype"] and plan["settings"]["device"] == c.device
+    # that recommend, ccl-env and train --dry-run agree is test_one_plan.py's (in-process, every host shape)
 
 
-@pytest.mark.parametrize("cls", [c.name for c in CLASSES])
-def test_ccl_env_in_every_shell(world, cls, cell):
-    c = BY_NAME[cls]
-    where = _where(c, world)
-    data = _ok(_cpuperf(world, c, ["ccl-env", "--json", *where]), "ccl-env --json")
-    want = {k: v for k, v in data["env"].items() if v is not None}
-    shells = {"sh": (["sh", "-c"], "sh"), "bash": (["bash", "--norc", "--noprofile", "-c"], "bash"),
-              "zsh": (["zsh", "-f", "-c"], "zsh"), "dash": (["dash", "-c"], "sh"), "fish": (["fish", "--no-config", "-c"], "fish")}
-    missing = [s for s in shells if shutil.which(s) is None]
-    if missing:
-        MATRIX[cell] = f"n/a: {' '.join(missing)} not installed"
-        pytest.skip(f"{missing} not installed (tests/run.sh installs them as root)")
-    for shell, (argv, fmt) in shells.items():
-        proc = _cpuperf(world, c, ["ccl-env", "--shell", fmt, *where])
-        _ok(proc, f"ccl-env --shell {fmt}")
-        code = world["root"] / f"env-{cls}.{shell}"
-        code.write_text(proc.stdout)
-        body = f"source {code}; env -0" if shell == "fish" else f'eval "$(cat {code})"; env -0'
-        got = subprocess.run(argv + [body], capture_output=True, env={"PATH": "/usr/bin:/bin", "HOME": str(world["root"])},
-                             timeout=60)
-        assert got.returncode == 0, (shell, got.stderr[-1000:])
-        seen = dict(item.split("=", 1) for item in got.stdout.decode().split("\0") if "=" in item)
-        for name, value in want.items():
-            assert seen.get(name) == str(value), (shell, name, seen.get(name), value)
+SAVED_PLAN_RUNS = "avx512-bf16"  # the class whose saved plan is also run for real: what a run adds is class-free
 
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_saved_plan(world, cls, cell):
-    """recommend --save, then train --plan and ccl-env --plan: the saved plan, run as it stands."""
+    """recommend --save, then ccl-env --plan and train --plan --dry-run: the saved plan, used as it stands. Every class
+    trains for real in test_builtin_run; a saved plan's real run is the same launch, so one class runs it."""
     c = BY_NAME[cls]
     where = _where(c, world) if not c.runs_here else []
     plan_file = world["root"] / f"plan-{cls}.json"
     _ok(_cpuperf(world, c, ["recommend", "--model", "micro", "--save", str(plan_file), "--json", *where]),
         "recommend --save")  # the micro model: bf16 is emulated (slow) on CPUs without it
-    env_saved = _ok(_cpuperf(world, c, ["ccl-env", "--plan", str(plan_file), "--json", *where]), "ccl-env --plan")
-    env_fresh = _ok(_cpuperf(world, c, ["ccl-env", "--json", *where]), "ccl-env")
-    if c.device == "cpu":  # ccl-env decides the CPU collectives' environment; a GPU plan's is its own
-        assert env_saved["env"] == env_fresh["env"]
+    _ok(_cpuperf(world, c, ["ccl-env", "--plan", str(plan_file), "--json", *where]), "ccl-env --plan")
     dry = _ok(_cpuperf(world, c, ["train", "--plan", str(plan_file), "--dry-run", "--json", *where]), "train --plan --dry-run")
     assert dry["settings"]["dtype"] == c.dtype
-    if not c.runs_here:
+    # that the saved plan's commands render it alike is test_saved_plan.py's
+    if cls != SAVED_PLAN_RUNS:
         return
     out = world["root"] / f"run-plan-{cls}"
     ran = _ok(_cpuperf(world, c, ["train", "--plan", str(plan_file), "--max-steps", "3", "--out", str(out), "--json"]),

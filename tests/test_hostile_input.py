@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import pytest
-from cli_util import cli_env
+from cli_util import cli_env, without_dac_override
 from hosts import make_host
 
 from cpuperf.errors import ExitCode
@@ -261,22 +261,6 @@ CASES = [
 ]
 
 
-def _without_dac_override() -> Optional[Callable[[], None]]:
-    """Root reads and writes everything: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the child's
-    bounding set (prctl PR_CAPBSET_DROP), so after exec mode bits bind it as they bind any user."""
-    if os.geteuid() != 0:
-        return None  # not root: permissions already apply
-
-    def drop() -> None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (linux/capability.h)
-            if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-                os._exit(97)
-    return drop
-
-
 def _fill(text: str, files: Dict[str, str], tmp: Path) -> str:
     """{name} -> the file's path; other braces (JSON values) stay as they are."""
     for key, value in {**files, "tmp": str(tmp)}.items():
@@ -291,7 +275,7 @@ def _run(case: Case, files: Dict[str, str], tmp: Path, json_out: bool) -> subpro
     env.update({k: _fill(v, files, tmp) for k, v in case.env.items()})
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "cpuperf", *args], capture_output=True, text=True, env=env,
-                          timeout=60, cwd=str(tmp), preexec_fn=_without_dac_override() if case.unprivileged else None)
+                          timeout=60, cwd=str(tmp), preexec_fn=without_dac_override() if case.unprivileged else None)
     elapsed = time.monotonic() - started
     assert elapsed < case.seconds, f"{case.name}: took {elapsed:.1f} s"
     return proc
@@ -325,6 +309,7 @@ def _check_stderr(case: Case, stderr: str) -> str:
 CASES = [c for c in CASES if c is not None]
 
 
+@pytest.mark.full  # a real process per case, with its time bound
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hostile_input_gets_its_exit_code_and_one_line(case: Case, files: Dict[str, str]) -> None:
     tmp = Path(files["__tmp__"])
@@ -342,6 +327,7 @@ def test_hostile_input_gets_its_exit_code_and_one_line(case: Case, files: Dict[s
     assert err["code"] == case.code and err["message"] and "\n" not in err["message"], (case.name, err)
 
 
+@pytest.mark.full  # a real train process
 def test_unresolvable_hostfile_never_trains_locally(files: Dict[str, str]) -> None:
     tmp = Path(files["__tmp__"])
     case = next(c for c in CASES if c.name == "hostfile-unresolvable-train")
@@ -350,6 +336,7 @@ def test_unresolvable_hostfile_never_trains_locally(files: Dict[str, str]) -> No
     assert not (tmp / "never").exists()  # nothing started: no run directory, no metrics
 
 
+@pytest.mark.full  # real processes
 def test_corrupt_measurement_cache_is_named_and_planning_goes_on_without_it(tmp_path: Path) -> None:
     env = cli_env({"CPUPERF_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path)})
     host_id = subprocess.run(
@@ -377,6 +364,7 @@ def test_json_never_prints_nan_or_infinity() -> None:
         {"a": None, "b": [None, 1.5], "c": {"d": None}}
 
 
+@pytest.mark.smoke("bench")
 def test_bench_size_and_seconds_are_used(tmp_path: Path) -> None:
     """`bench --size/--seconds` reach the GEMM measurement (they were once parsed and dropped)."""
     pytest.importorskip("torch")

@@ -6,217 +6,29 @@ a private cache), so nothing here can reach the public registry or pull a real t
 
 from __future__ import annotations
 
-import base64
-import csv
 import dataclasses
-import functools
-import hashlib
-import http.server
-import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Dict
 
 import pytest
 from cli_util import cli_env, run_cli
+from pkgindex import REPO, cli, hermetic_env, pip_freeze, serve, torch_wheel, write_index
 
 from cpuperf.plan import install as ip
 
-REPO = Path(__file__).resolve().parent.parent
 
-# --------------------------------------------------------------------------- wheels
-
-FAKE_TORCH = '__version__ = "{version}"\n'
-# Like IPEX: the import refuses a torch of another minor version and ends the process (exit 127).
-FAKE_IPEX = '''import os, sys, torch
-__version__ = "{version}"
-if torch.__version__.split("+")[0].rsplit(".", 1)[0] != "{minor}":
-    print("ERROR! Intel Extension for PyTorch needs torch {minor}.*, found " + torch.__version__, file=sys.stderr)
-    os._exit(127)
-'''
-BROKEN_IPEX = 'import os\nos._exit(127)\n'
-
-
-def build_wheel(dest: Path, name: str, version: str, files: Dict[str, Any], requires: Iterable[str] = (),
-                extra_paths: Dict[str, str] = None) -> Path:
-    """A pure-python wheel with correct METADATA, WHEEL and RECORD."""
-    dist = name.replace("-", "_")
-    di = f"{dist}-{version}.dist-info"
-    path = dest / f"{dist}-{version}-py3-none-any.whl"
-    contents = dict(files)
-    contents[f"{di}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                  + "".join(f"Requires-Dist: {r}\n" for r in requires))
-    contents[f"{di}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: cpuperf-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    contents.update(extra_paths or {})
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    for rel, text in contents.items():
-        data = text if isinstance(text, bytes) else text.encode()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        writer.writerow((rel, f"sha256={digest}", len(data)))
-    writer.writerow((f"{di}/RECORD", "", ""))
-    contents[f"{di}/RECORD"] = buf.getvalue()
-    with zipfile.ZipFile(path, "w") as zf:
-        for rel, text in contents.items():
-            zf.writestr(rel, text)
-    return path
-
-
-def torch_wheel(dest: Path, version: str, requires: Iterable[str] = ()) -> Path:
-    return build_wheel(dest, "torch", version, {"torch/__init__.py": FAKE_TORCH.format(version=version)}, requires)
-
-
-def ipex_wheel(dest: Path, version: str, body: Optional[str] = None, extra_paths=None) -> Path:
-    minor = version.rsplit(".", 1)[0]
-    body = body if body is not None else FAKE_IPEX.format(version=version, minor=minor)
-    return build_wheel(dest, "intel_extension_for_pytorch", version,
-                       {"intel_extension_for_pytorch/__init__.py": body}, [f"torch=={minor}.*"], extra_paths)
-
-
-def oneccl_wheel(dest: Path, version: str) -> Path:
-    return build_wheel(dest, "oneccl_bind_pt", version,
-                       {"oneccl_bindings_for_pytorch/__init__.py": f'__version__ = "{version}"\n'})
-
-
-def allocator_wheel(dest: Path, version: str = "3.4.3") -> Path:
-    """Like cmeel-mimalloc: a real shared library under cmeel.prefix/lib (built here with cc)."""
-    src, lib = dest / "alloc.c", dest / "liballoc.so"
-    src.write_text("int cpuperf_test_allocator = 1;\n")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True).returncode:
-        pytest.skip("no C compiler to build the test allocator library")
-    return build_wheel(dest, "cmeel-mimalloc", version, {"cmeel.prefix/lib/libmimalloc.so": lib.read_bytes()})
-
-
-def write_index(root: Path, wheels: List[Path]) -> None:
-    """A PEP 503 simple index under root/simple, files under root/files."""
-    from packaging.utils import canonicalize_name
-
-    files = root / "files"
-    files.mkdir(parents=True, exist_ok=True)
-    projects: Dict[str, List[Path]] = {}
-    for w in wheels:
-        shutil.copy(w, files / w.name)
-        projects.setdefault(canonicalize_name(w.name.split("-")[0]), []).append(w)
-    simple = root / "simple"
-    simple.mkdir(exist_ok=True)
-    (simple / "index.html").write_text("<html><body>" + "".join(
-        f'<a href="{p}/">{p}</a>' for p in sorted(projects)) + "</body></html>")
-    for project, ws in projects.items():
-        d = simple / project
-        d.mkdir(exist_ok=True)
-        links = []
-        for w in ws:
-            sha = hashlib.sha256(w.read_bytes()).hexdigest()
-            href = "../../files/" + w.name.replace("+", "%2B")
-            links.append(f'<a href="{href}#sha256={sha}">{w.name}</a><br/>')
-        (d / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-
-@pytest.fixture(scope="session")
-def index(tmp_path_factory):
-    """Loopback indexes: good, cuda (torch's CUDA build only), badinstall, badverify."""
-    base = tmp_path_factory.mktemp("index")
-    wheels = base / "wheels"
-    wheels.mkdir()
-    common = [torch_wheel(wheels, "2.6.0+cpu"), torch_wheel(wheels, "2.7.0+cpu"),
-              oneccl_wheel(wheels, "2.7.0+cpu"),
-              build_wheel(wheels, "helper-pkg", "1.0", {"helper_pkg.py": "X = 1\n"}), allocator_wheel(wheels)]
-    good_ipex = ipex_wheel(wheels, "2.7.0")
-    cu = wheels / "cu"
-    cu.mkdir()
-    cuda_torch = torch_wheel(cu, "2.7.0", ["nvidia-cublas-cu12==12.6.4.1"])
-    cublas = build_wheel(cu, "nvidia-cublas-cu12", "12.6.4.1", {"nvidia/cublas/__init__.py": ""})
-    cu128 = torch_wheel(cu, "2.7.0+cu128")
-    bad = wheels / "bad"
-    bad.mkdir()
-    # pip refuses a wheel that writes outside its target: it fails after torch was already replaced.
-    escaping = ipex_wheel(bad, "2.7.0", extra_paths={"../../../../../../../../escape-cpuperf-test.txt": "x"})
-    vbad = wheels / "vbad"
-    vbad.mkdir()
-    broken = ipex_wheel(vbad, "2.7.0", body=BROKEN_IPEX)
-
-    sleepy = wheels / "sleepy"
-    sleepy.mkdir()
-    slow_ipex = ipex_wheel(sleepy, "2.7.0", body="import time\ntime.sleep(60)\n")
-
-    root = base / "www"
-    write_index(root / "good", [*common, good_ipex, cu128])
-    write_index(root / "cuda", [cuda_torch, cublas])
-    write_index(root / "badinstall", [common[1], escaping])  # no torch 2.6.0+cpu: the stash repacks it
-    write_index(root / "badverify", [*common, broken])
-    write_index(root / "sleepy", [*common, slow_ipex])
-
-    handler = functools.partial(_Quiet, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield SimpleNamespace(url=url, good=f"{url}/good/simple", cuda=f"{url}/cuda/simple",
-                          badinstall=f"{url}/badinstall/simple", badverify=f"{url}/badverify/simple", sleepy=f"{url}/sleepy/simple",
-                          wheels=wheels)
-    server.shutdown()
-
-
-@pytest.fixture(scope="session")
-def pip_home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-def hermetic_env(home: Path) -> Dict[str, str]:
-    """pip sees no machine configuration; cpuperf keeps its logs and stash under a private HOME."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_CACHE_DIR": str(home / "pip-cache"),
-                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "5", "PIP_RETRIES": "0",
-                "XDG_CACHE_HOME": str(home / "cache"), "HOME": str(home),
-                "CPUPERF_CACHE_DIR": str(home / "cache" / "cpuperf"),  # not the suite's shared one
-                "PYTHONPATH": str(REPO), "CPUPERF_OVERRIDE_GPUS": ""})
-    return env
-
-
-def cli(args: List[str], home: Path, extra: Optional[Dict[str, str]] = None, timeout: float = 240):
-    """cpuperf as a child process in the hermetic environment (stdin is not a terminal)."""
-    env = cli_env(hermetic_env(home))
-    env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
-    env.update({k: v for k, v in hermetic_env(home).items() if k.startswith("PIP_")})
-    env.update(extra or {})
-    return subprocess.run([sys.executable, "-m", "cpuperf", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, input="", cwd=str(REPO))
-
-
-def make_venv(path: Path, home: Path) -> str:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=300)
-    return str(path / "bin" / "python")
-
-
-def pip_freeze(python: str, home: Path) -> str:
-    return subprocess.run([python, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True,
-                          env=hermetic_env(home), timeout=120).stdout
-
-
-@pytest.fixture(scope="session")
-def used_env(tmp_path_factory, index, pip_home):
-    """A venv that already holds torch 2.6.0+cpu and another package (restored after each test)."""
-    python = make_venv(tmp_path_factory.mktemp("venvs") / "used", pip_home)
-    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--index-url", index.good,
-                    "torch==2.6.0+cpu", "helper-pkg==1.0"], check=True, capture_output=True,
-                   env=hermetic_env(pip_home), timeout=300)
-    return python
+@pytest.fixture
+def used_env(torch26_venv):
+    """A venv that already holds torch 2.6.0+cpu and another package (restored after each test; conftest.py)."""
+    return torch26_venv
 
 
 def ok_json(proc, rc=0):
@@ -228,11 +40,12 @@ def ok_json(proc, rc=0):
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.smoke("install")  # real pip into a new venv, from the loopback index
 def test_fresh_venv_install_and_lock_round_trip(tmp_path, index, pip_home):
     venv = tmp_path / "new"
     lock = tmp_path / "cluster.lock.txt"
     proc = cli(["install", "--venv", str(venv), "--index-url", index.good, "--torch", "2.7.0",
-                "--with", "ipex,oneccl", "--yes", "--json", "--write-lock", str(lock)], pip_home)
+                "--with", "ipex,oneccl", "--yes", "--json", "--write-lock", str(lock)], pip_home, process=True)
     data = ok_json(proc)
     assert data["schema"] == "cpuperf.install/1"
     assert data["result"]["status"] == "installed"
@@ -258,6 +71,7 @@ def test_fresh_venv_install_and_lock_round_trip(tmp_path, index, pip_home):
     assert not other.exists()  # a dry run creates nothing
 
 
+@pytest.mark.full  # real pip
 def test_a_fresh_venv_after_install_offers_an_allocator(tmp_path, index, pip_home):
     """No root: the allocator wheel lands in the venv's site-packages; the probe finds it there and
     `recommend` has it to measure (`cpuperf bench`) and preload."""
@@ -288,9 +102,7 @@ def test_no_allocator_wheel_where_no_source_offers_it(tmp_path, pip_home, index)
     """An index without the wheel still installs torch: the allocator is skipped with a note."""
     root = tmp_path / "www"
     write_index(root / "plain", [index.wheels / "torch-2.7.0+cpu-py3-none-any.whl"])
-    handler = functools.partial(_Quiet, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(root)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/plain/simple"
         data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--index-url", url, "--torch", "2.7.0",
@@ -301,6 +113,7 @@ def test_no_allocator_wheel_where_no_source_offers_it(tmp_path, pip_home, index)
     assert any("cmeel-mimalloc" in n for n in data["notes"])
 
 
+@pytest.mark.full  # pip asked 8 times
 def test_cpu_dry_run_plans_cpu_build_without_nvidia(tmp_path, index, pip_home):
     proc = cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run", "--json"],
                pip_home)
@@ -343,9 +156,7 @@ def cu13_index(tmp_path_factory):
     plain.mkdir()
     built.append(torch_wheel(plain, "2.15.0"))
     write_index(base / "www" / "cu13", built)
-    handler = functools.partial(_Quiet, directory=str(base / "www"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(base / "www")
     yield f"http://127.0.0.1:{server.server_address[1]}/cu13/simple"
     server.shutdown()
 
@@ -355,6 +166,7 @@ def _gpu_host(driver: str) -> Dict[str, str]:
                                                   "memory_bytes": 85899345920, "driver_version": driver}])}
 
 
+@pytest.mark.full  # pip asked 8 times
 def test_a_driver_older_than_the_newest_torch_needs_gets_the_newest_torch_it_runs(tmp_path, cu13_index, pip_home):
     """The real data: torch 2.15.0 builds only cu130/cu132 (CUDA 13.x needs driver >= 580), 2.14.1 still cu126."""
     args = ["install", "--venv", str(tmp_path / "v"), "--index-url", cu13_index, "--dry-run", "--json"]
@@ -374,6 +186,7 @@ def test_a_driver_older_than_the_newest_torch_needs_gets_the_newest_torch_it_run
     assert "torch 2.15.0 builds cu130, cu132" in json.loads(proc.stdout)["error"]["message"]
 
 
+@pytest.mark.full  # pip asked 8 times
 def test_plan_pulling_nvidia_on_cpu_host_is_refused(tmp_path, index, pip_home):
     args = ["install", "--venv", str(tmp_path / "v"), "--index-url", index.cuda, "--torch", "2.7.0", "--dry-run",
             "--json"]
@@ -406,6 +219,7 @@ def test_no_tty_and_no_yes_refuses_without_hanging(tmp_path, index, pip_home):
     assert not (tmp_path / "v").exists()
 
 
+@pytest.mark.full  # real pip
 def test_pip_failure_restores_the_environment(used_env, index, pip_home):
     before = pip_freeze(used_env, pip_home)
     proc = cli(["install", "--python", used_env, "--index-url", index.badinstall, "--torch", "2.7.0",
@@ -421,6 +235,7 @@ def test_pip_failure_restores_the_environment(used_env, index, pip_home):
     assert stashed
 
 
+@pytest.mark.full  # real pip
 def test_verification_failure_restores_the_environment(used_env, index, pip_home):
     before = pip_freeze(used_env, pip_home)
     proc = cli(["install", "--python", used_env, "--index-url", index.badverify, "--torch", "2.7.0",
@@ -432,6 +247,7 @@ def test_verification_failure_restores_the_environment(used_env, index, pip_home
     assert pip_freeze(used_env, pip_home) == before
 
 
+@pytest.mark.full  # real pip, a real SIGINT
 def test_ctrl_c_restores_the_environment(used_env, index, pip_home):
     """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) after pip changed the env."""
     before = pip_freeze(used_env, pip_home)
@@ -464,6 +280,7 @@ def test_ctrl_c_restores_the_environment(used_env, index, pip_home):
     assert pip_freeze(used_env, pip_home) == before
 
 
+@pytest.mark.full  # real pip
 def test_download_then_air_gapped_install(tmp_path, index, pip_home):
     house = tmp_path / "house"
     data = ok_json(cli(["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--torch", "2.7.0",
@@ -477,6 +294,7 @@ def test_download_then_air_gapped_install(tmp_path, index, pip_home):
     assert [(p["name"], p["version"]) for p in data["packages"]] == [("torch", "2.7.0+cpu"), ("cmeel-mimalloc", "3.4.3")]
 
 
+@pytest.mark.full  # real pip
 @pytest.mark.skipif(not list(Path("/opt/wheels").glob("torch-*+cpu-*.whl")),
                     reason="this machine's pip configuration (find-links /opt/wheels) is not here")
 def test_dry_run_on_this_host_uses_its_pip_configuration(tmp_path):

@@ -21,18 +21,8 @@ from types import SimpleNamespace
 from typing import Dict, List, Tuple
 
 import pytest
-from cli_util import cli_env
-from test_install import (
-    REPO,
-    build_wheel,
-    cli,
-    hermetic_env,
-    ipex_wheel,
-    make_venv,
-    pip_freeze,
-    torch_wheel,
-    write_index,
-)
+from cli_util import cli_env, without_dac_override
+from pkgindex import REPO, build_wheel, cli, hermetic_env, ipex_wheel, make_venv, pip_freeze, serve, torch_wheel, write_index
 
 # --------------------------------------------------------------------------- a server that stalls
 
@@ -122,10 +112,7 @@ def txn_index(tmp_path_factory):
     write_index(root / "big", [t26, huge])
     write_index(root / "sleepy", [t26, t27, slow_ipex])
     state = dict(stall_began=threading.Event(), release=threading.Event(), seen={})
-    handler = functools.partial(type("H", (_Handler,), state), directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(root, functools.partial(type("H", (_Handler,), state), directory=str(root)))
     url = f"http://127.0.0.1:{server.server_address[1]}"
     yield SimpleNamespace(good=f"{url}/good/simple", big=f"{url}/big/simple", many=f"{url}/many/simple", corrupt=f"{url}/corrupt/simple", stall=f"{url}/stall/simple",
                           sleepy=f"{url}/sleepy/simple", state=SimpleNamespace(**state))
@@ -138,14 +125,11 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("txn-home")
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory, txn_index, home):
-    """torch 2.6.0+cpu and helper-pkg installed; each test leaves it as it found it (and checks so)."""
-    python = make_venv(tmp_path_factory.mktemp("txn-venv") / "v", home)
-    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--index-url", txn_index.good,
-                    "torch==2.6.0+cpu", "helper-pkg==1.0"], check=True, capture_output=True,
-                   env=hermetic_env(home), timeout=300)
-    return python
+@pytest.fixture
+def venv(torch26_venv):
+    """torch 2.6.0+cpu and helper-pkg installed (conftest.py, shared with test_install.py); each test leaves it as
+    it found it (and checks so)."""
+    return torch26_venv
 
 
 def tree(python: str) -> Dict[str, Tuple[int, bytes]]:
@@ -228,9 +212,13 @@ def _drain(proc: subprocess.Popen, lines: List[str]) -> threading.Thread:
 
 # --------------------------------------------------------------------------- tests
 
-STOPS = [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM"), (signal.SIGHUP, 129, "SIGHUP")]
+# One stop signal, SIGTERM (a scheduler's, or `timeout`'s): SIGINT and SIGHUP take the same handler (cpuperf.run.pip's
+# STOP_SIGNALS), their exit codes are test_exit_codes.py's unit test of the map, and a real SIGINT stops an unpack
+# below and a whole foreground group in test_install.py.
+STOPS = [(signal.SIGTERM, 143, "SIGTERM")]
 
 
+@pytest.mark.full  # real pip, a real SIGTERM
 @pytest.mark.parametrize("sig,code,name", STOPS, ids=[s[2] for s in STOPS])
 def test_stop_signal_kills_pip_group_and_restores(venv, txn_index, home, sig, code, name):
     """The signal goes to cpuperf alone (as `timeout`, `kill` or a scheduler send it): pip dies with it."""
@@ -263,6 +251,7 @@ def test_stop_signal_kills_pip_group_and_restores(venv, txn_index, home, sig, co
     assert cli(["install", "--python", venv, "--recover"], home).stdout.startswith("nothing to recover")
 
 
+@pytest.mark.full  # real pip
 def test_corrupt_wheel_leaves_no_half_unpacked_files(venv, txn_index, home):
     """pip fails mid-unpack (a damaged member): the torch/ files and functorch/ it wrote are removed,
     the torch it replaced is back, and the user reads the zlib/CRC cause, not `ERROR: Exception:`."""
@@ -280,6 +269,7 @@ def test_corrupt_wheel_leaves_no_half_unpacked_files(venv, txn_index, home):
     assert not list(Path(venv).parent.parent.glob("lib/python3*/site-packages/functorch"))
 
 
+@pytest.mark.full  # real pip, a real SIGINT
 def test_sigint_during_the_unpack_restores_every_file(venv, txn_index, home):
     """Ctrl-C while pip is writing the new torch's 6000 files: pip's group is killed, every file it wrote is
     removed, the torch it replaced is back (the site-packages tree compared), exit 130."""
@@ -300,6 +290,7 @@ def test_sigint_during_the_unpack_restores_every_file(venv, txn_index, home):
     assert_as_before(venv, home, freeze, files)
 
 
+@pytest.mark.full  # real pip, a read-only mount
 def test_read_only_site_packages_changes_nothing_and_says_so(venv, txn_index, home):
     """site-packages on a read-only mount: one line naming it, a filesystem or pip code, nothing changed."""
     if os.geteuid() != 0:
@@ -321,6 +312,7 @@ def test_read_only_site_packages_changes_nothing_and_says_so(venv, txn_index, ho
     assert_as_before(venv, home, freeze, files)
 
 
+@pytest.mark.full  # real pip, a real SIGKILL
 def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):
     """SIGKILL mid-download: pip dies with cpuperf (parent-death signal), the next install refuses
     with exit 11 and names --recover, and --recover leaves the environment as it was."""
@@ -358,6 +350,7 @@ def test_sigkill_leaves_a_journal_that_recover_restores(venv, txn_index, home):
     assert json.loads(again.stdout)["status"] == "nothing-to-recover"
 
 
+@pytest.mark.full  # real pip, a real SIGKILL
 def test_sigkill_after_pip_changed_things_is_recovered(venv, txn_index, home):
     """SIGKILL while verifying (torch 2.7 and IPEX are in): --recover removes IPEX and puts torch 2.6 back."""
     freeze, files = pip_freeze(venv, home), tree(venv)
@@ -396,6 +389,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@pytest.mark.full  # real pip, a full tmpfs
 def test_full_disk_names_the_path_and_restores(small_disk, txn_index, home):
     python = make_venv(small_disk / "v", home)
     subprocess.run([python, "-m", "pip", "install", "--no-deps", "--index-url", txn_index.good,
@@ -415,6 +409,7 @@ def test_full_disk_names_the_path_and_restores(small_disk, txn_index, home):
     assert_as_before(python, home, freeze, files)
 
 
+@pytest.mark.full  # real pip
 def test_hash_mismatch_is_named_in_one_line(venv, txn_index, home, tmp_path):
     freeze = pip_freeze(venv, home)
     lock = tmp_path / "cluster.lock.txt"
@@ -462,10 +457,9 @@ def test_unreadable_lock_and_directory_lock(tmp_path, home):
     assert "cannot read the lock file" in err or "is a directory, not a file" in err
 
 
+@pytest.mark.full  # a real install process without CAP_DAC_OVERRIDE
 def test_unwritable_cache_is_a_filesystem_error(venv, txn_index, tmp_path, home):
     """A read-only cache directory, with permissions binding (root drops CAP_DAC_OVERRIDE for the child)."""
-    from test_hostile_input import _without_dac_override
-
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
@@ -475,11 +469,12 @@ def test_unwritable_cache_is_a_filesystem_error(venv, txn_index, tmp_path, home)
     env.update(CPUPERF_CACHE_DIR=str(ro / "cpuperf"), PIP_CACHE_DIR=str(tmp_path / "pipcache"))
     proc = subprocess.run([sys.executable, "-m", "cpuperf", "install", "--python", venv, "--index-url",
                            txn_index.good, "--torch", "2.7.0", "--yes"], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=str(REPO), stdin=subprocess.DEVNULL, preexec_fn=_without_dac_override())
+                          timeout=120, cwd=str(REPO), stdin=subprocess.DEVNULL, preexec_fn=without_dac_override())
     assert "CPUPERF_CACHE_DIR" in proc.stderr and "cannot write" in _err(proc, 10)
     assert str(ro) in proc.stderr
 
 
+@pytest.mark.full  # the shared venv (real pip)
 def test_cache_path_that_is_a_file_is_a_filesystem_error(venv, txn_index, tmp_path, home):
     blocker = tmp_path / "cache"
     blocker.write_text("not a directory")
@@ -561,6 +556,7 @@ def _journal(cache: Path, site: str, python: str, started: float) -> Path:
     return path
 
 
+@pytest.mark.full  # a real install process
 @pytest.mark.parametrize("recreated", [True, False], ids=["venv-made-again", "same-venv"])
 def test_a_journal_of_a_venv_made_again_is_closed_not_refused(tmp_path, recreated):
     """`rm -rf .venv && python -m venv .venv` after a killed install: nothing is left to recover there."""

@@ -57,6 +57,7 @@ def _in_ns(ns: str, args, tmp_out: str) -> subprocess.Popen:
                             text=True, env=cli_env())
 
 
+@pytest.mark.full  # two network namespaces, real ranks
 def test_two_nodes_over_a_veth_pair(two_namespaces, tmp_path):
     ns, veth = two_namespaces
     hostfile = tmp_path / "hosts"
@@ -85,6 +86,7 @@ def test_two_nodes_over_a_veth_pair(two_namespaces, tmp_path):
         assert f"--local-addr=10.99.0.{i + 1}" in launch["argv"]
 
 
+@pytest.mark.full  # network namespaces
 def test_unreachable_host_is_one_line_exit_7(two_namespaces, tmp_path):
     ns, _ = two_namespaces
     hostfile = tmp_path / "hosts"
@@ -122,6 +124,7 @@ def test_dry_run_shows_plan_and_runs_nothing(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.full  # torchrun
 def test_rendezvous_without_the_second_node_fails_in_bounded_time(tmp_path):
     """Node 0 of a two-node hostfile whose node 1 never starts: a bounded wait, then one line naming it."""
     hostfile = tmp_path / "hosts"

@@ -37,15 +37,16 @@ def native_bf16_here() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
-def train_json(args, tmp_path, expect_rc=0, timeout=180):
-    proc = run_cli(["train", *args, "--out", str(tmp_path / "run"), "--json"], timeout=timeout)
+def train_json(args, tmp_path, expect_rc=0, timeout=180, process=False):
+    proc = run_cli(["train", *args, "--out", str(tmp_path / "run"), "--json"], timeout=timeout, process=process)
     assert proc.returncode == expect_rc, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     assert "Traceback" not in proc.stdout
     return json.loads(proc.stdout), proc
 
 
+@pytest.mark.smoke("train")
 def test_auto_single_process_real_run(tmp_path):
-    data, proc = train_json(["--auto", *MICRO, "--max-steps", "30"], tmp_path)
+    data, proc = train_json(["--auto", *MICRO, "--max-steps", "30"], tmp_path, process=True)
     assert data["schema"] == "cpuperf.train/1" and data["steps"] == 30 and data["world_size"] == 1
     assert data["loss_last"] < data["loss_first"]
     assert data["samples_per_s"] > 0 and data["tokens_per_s"] > 0
@@ -65,6 +66,7 @@ def test_auto_single_process_real_run(tmp_path):
     assert decisions["dtype"]["value"] == expected
 
 
+@pytest.mark.full  # a real run
 def test_plain_run_without_auto_uses_defaults(tmp_path):
     data, _ = train_json([*MICRO, "--max-steps", "5", "--set", "dtype=fp32"], tmp_path)
     s = data["settings"]
@@ -72,6 +74,7 @@ def test_plain_run_without_auto_uses_defaults(tmp_path):
     assert data["launch"]["affinity"] is None and "OMP_NUM_THREADS" not in data["launch"]["env"]
 
 
+@pytest.mark.full  # real ranks
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
 def test_two_ranks_keep_ddp_in_sync(tmp_path, launcher):
     if launcher == "mpirun" and not shutil.which("mpirun"):
@@ -97,6 +100,7 @@ def test_two_ranks_keep_ddp_in_sync(tmp_path, launcher):
     assert data["launch"]["master_port"] == int(port)
 
 
+@pytest.mark.full  # real ranks
 def test_killed_rank_is_named_and_resume_finishes(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--auto", *MICRO, "--max-steps", "200", "--nproc-per-node", "2", "--set", "ckpt_every=20",
@@ -148,10 +152,12 @@ def _descendants(pid: int) -> List[int]:
     return found
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+@pytest.mark.full  # real ranks, a real SIGINT
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130)])
 def test_signal_exits_128_plus_n_ranks_stopped_checkpoint_kept(tmp_path, sig, code):
-    """The exit-code table (docs/exit-codes.md): SIGINT 130, SIGTERM 143 (a batch scheduler), SIGHUP 129; the ranks are gone and
-    the last checkpoint is on disk and resumable."""
+    """Ctrl-C (SIGINT, 130 in docs/exit-codes.md) stops a two-rank run: the ranks are gone and the last checkpoint is on
+    disk and resumable. SIGTERM and SIGHUP take the same handler: their codes are test_exit_codes.py's unit test of
+    the map, and test_run_dir.py stops real runs with them."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "cpuperf", "train", "--auto", *MICRO, "--max-steps", "100000",
                              "--nproc-per-node", "2", "--out", str(out)], stdout=subprocess.PIPE,
@@ -192,6 +198,7 @@ print("trained", args.per_device_train_batch_size, args.use_cpu)
 '''
 
 
+@pytest.mark.full  # a real Trainer run
 def test_hf_trainer_script_gets_only_flags_its_transformers_accepts(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # Trainer needs it
@@ -235,6 +242,7 @@ def test_single_node_dry_run_shows_the_port_it_launches_with(tmp_path):
     assert "MASTER_PORT" not in launch["env"]
 
 
+@pytest.mark.full  # real ranks
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_failing_rank_is_one_error_line_with_one_hint(tmp_path, ranks):
     proc = run_cli(["train", *MICRO, "--max-steps", "5", "--nproc-per-node", str(ranks),
@@ -246,6 +254,7 @@ def test_failing_rank_is_one_error_line_with_one_hint(tmp_path, ranks):
     assert "vocab_size 10" in json.loads(proc.stdout)["error"]["message"]
 
 
+@pytest.mark.full  # a real run
 def test_full_disk_at_checkpoint_is_named(tmp_path):
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("mounting a small tmpfs needs root")

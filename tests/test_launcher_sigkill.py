@@ -67,6 +67,7 @@ def _job(marker: str):
     return [p for p in found if _alive(p)]
 
 
+@pytest.mark.full  # real launches, SIGKILL
 @pytest.mark.parametrize("auto", [True, False], ids=["auto", "plain"])
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_sigkill_of_cpuperf_leaves_no_rank_running(tmp_path, spelling, auto):
@@ -107,6 +108,7 @@ def test_sigkill_of_cpuperf_leaves_no_rank_running(tmp_path, spelling, auto):
             proc.kill()
 
 
+@pytest.mark.full  # real launches, SIGKILL
 def test_a_process_the_launcher_orphaned_in_a_session_of_its_own_is_ended_with_the_run(tmp_path):
     """The launcher exits and leaves a 'rank' behind in a new session (setsid): cpuperf train ends it."""
     pids = tmp_path / "pids"

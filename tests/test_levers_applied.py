@@ -2,8 +2,8 @@
 
 A property over host classes (test_host_classes' recorded trees, the GPU class through its recorded NVML answer
 and CUDA torch) x paths (the built-in loop, a Trainer script, the script behind torchrun, mpirun and accelerate
-launch, a plain run): the real CLI plans each (`train --dry-run --json`, a child process, as test_plan_golden runs
-it), and its `levers` report names every decided lever exactly once, each not-applied one with a reason, and each
+launch, a plain run): the real CLI plans each (`train --dry-run --json`, called in-process with the environment
+test_plan_golden gives its children), and its `levers` report names every decided lever exactly once, each not-applied one with a reason, and each
 applied one is really in the job the same JSON describes (worker settings, per-rank threads and CPUs, the flags on
 the command, the preload). Then the pure function itself over a table of decisions and jobs.
 """
@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
+from cli_util import run_in_process
+from host_classes import CLASSES, TRAINER_SCRIPT, HostClass, planning_env
 from levers_util import levers
-from test_host_classes import CLASSES, HostClass
-from test_plan_golden import TRAINER_SCRIPT, _env
 
 from cpuperf.knowledge.knobs import DECISION_IDS
 from cpuperf.plan.applied import PLAIN, RankView, RenderedJob, lever_report, split
@@ -54,10 +51,9 @@ def _dry_run(cls: HostClass, path: str, root: Path) -> Tuple[int, Dict[str, Any]
     tree = cls.tree(root / f"tree-{cls.name}")
     options = PATHS[path]
     script = options[options.index("--"):] if "--" in options else []
-    args = [sys.executable, "-m", "cpuperf", "train", "--dry-run", "--json", *options[:len(options) - len(script)],
-            "--sysroot", str(tree), *script]
-    env = {**_env(cls, root), **PATH_ENV.get(path, {})}
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=str(root / "run"))
+    args = ["train", "--dry-run", "--json", *options[:len(options) - len(script)], "--sysroot", str(tree), *script]
+    # in-process (tests/cli_util.py): the same entry point, environment and directory as test_plan_golden's children
+    proc = run_in_process(args, {**planning_env(cls, root), **PATH_ENV.get(path, {})}, cwd=str(root / "run"))
     return proc.returncode, (json.loads(proc.stdout) if proc.returncode == 0 else {}), proc.stderr
 
 
@@ -70,8 +66,7 @@ def dry_runs(tmp_path_factory) -> Dict[Tuple[str, str], Tuple[int, Dict[str, Any
     for cls in CLASSES:
         cls.tree(root / f"tree-{cls.name}")
     keys = [(cls, path) for cls in CLASSES for path in PATHS]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        got = list(pool.map(lambda key: _dry_run(key[0], key[1], root), keys))
+    got = [_dry_run(cls, path, root) for cls, path in keys]
     return {(cls.name, path): result for (cls, path), result in zip(keys, got)}
 
 
@@ -231,8 +226,7 @@ def test_threads_per_rank_is_one_value_on_every_path(dry_runs, cls: HostClass):
 
 def _cli(cls: HostClass, root: Path, *args: str) -> Tuple[int, str, str]:
     tree = cls.tree(root / f"tree-{cls.name}")
-    proc = subprocess.run([sys.executable, "-m", "cpuperf", *args, "--sysroot", str(tree)], capture_output=True,
-                          text=True, timeout=120, env=_env(cls, root), cwd=str(root / "run"))
+    proc = run_in_process([*args, "--sysroot", str(tree)], planning_env(cls, root), cwd=str(root / "run"))
     return proc.returncode, proc.stdout, proc.stderr
 
 

@@ -37,6 +37,7 @@ def test_recorded_file_and_bad_file(tmp_path):
         measure.load_file(str(bad))
 
 
+@pytest.mark.full  # a real measurement
 def test_real_gemm_in_a_child_process():
     pytest.importorskip("torch")
     rates = measure.gemm_rates(size=128, seconds=0.2, threads=1)
@@ -50,6 +51,7 @@ def test_measure_if_unsure_skips_hosts_with_nothing_to_decide(tmp_path, monkeypa
     assert measure.measure_if_unsure(snapshot, threads=1) is None  # never measures for a snapshot
 
 
+@pytest.mark.full  # real measurements
 def test_allocator_speedups_measure_real_preloads(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     facts = probe_host()
@@ -136,6 +138,7 @@ def test_a_changed_torch_build_or_an_old_entry_invalidates_it(tmp_path, monkeypa
     assert measure.load_cached(facts, said.append) is None and "40 days old" in said[-1]
 
 
+@pytest.mark.full  # real measurements
 def test_bench_reuses_a_trusted_entry_and_refresh_measures_again(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from cli_util import run_json
@@ -269,6 +272,7 @@ def test_progress_is_said_at_least_every_few_seconds_and_never_under_quiet_or_js
         assert "progress" not in got and (got == "" if out.quiet else got == "x: a note\n")
 
 
+@pytest.mark.full  # a real measurement
 def test_a_real_side_by_side_measurement_under_load_says_how_far_it_is(tmp_path, monkeypatch):
     """Two busy loops keep both CPUs busy: the ratios are still measured (at the CPUs left free: one thread), said
     at least every 10 s, and the whole takes about its budget, not minutes."""

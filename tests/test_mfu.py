@@ -103,9 +103,10 @@ def test_workload_shapes_are_the_model_linears():
                                                (2048, 1024, 256), (2048, 256, 768)]
 
 
+@pytest.mark.full  # three real runs
 def test_same_job_three_times_gives_a_narrow_mfu_band_below_100(tmp_path):
     pytest.importorskip("torch")
-    from test_train_worker import _settings, run_worker
+    from worker_util import _settings, run_worker
 
     mfus = []
     for i in range(3):

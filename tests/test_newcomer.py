@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import user_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +116,7 @@ def test_a_saved_plan_carries_no_host_name(tmp_path):
     assert "never its name" in (ROOT / "docs" / "saved-plans.md").read_text()  # what the docs promise
 
 
+@pytest.mark.full  # a real run
 def test_a_run_says_what_it_does_before_its_first_step_and_between_log_lines(tmp_path, monkeypatch):
     """The worker's start-up (torch's import, tokenizer, model, the first step) is said as it goes; between log
     lines a plain log says the step at least every EVERY_S seconds."""

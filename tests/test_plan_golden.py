@@ -29,19 +29,11 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
-from cli_util import cli_env
-from test_host_classes import CLASSES, HostClass
+from host_classes import CLASSES, TRAINER_SCRIPT, HostClass
+from host_classes import planning_env as _env
 
 GOLDEN = Path(__file__).parent / "fixtures" / "plans"
 UPDATE = os.environ.get("CPUPERF_UPDATE_GOLDEN") == "1"
-STACK = {"torch": "2.13.0+cpu", "transformers": "5.23.0", "accelerate": "1.15.0"}
-PYTHON_VERSION = "3.11.9"
-TRAINER_SCRIPT = (
-    "from transformers import HfArgumentParser, TrainingArguments\n\n"
-    "(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()\n"
-    "print(args.output_dir)\n"
-)
-
 # The requests, by name: (the options, which commands take them). ccl-env has no --set or --model.
 COMMANDS = {  # name -> (argv before the request's options, file extension)
     "recommend": (["recommend", "--json"], "json"),
@@ -71,23 +63,6 @@ def _cases(cls: HostClass) -> List[Tuple[str, str]]:
 
 def _golden(cls: HostClass, command: str, request: str) -> Path:
     return GOLDEN / cls.name / f"{command}--{request}.{COMMANDS[command][1]}"
-
-
-def _env(cls: HostClass, root: Path) -> Dict[str, str]:
-    """The whole environment of a child: fixed. The caller's own variables are inputs of a plan (ccl-env and
-    train keep an OMP_NUM_THREADS or MASTER_PORT already set), so none is inherited beyond finding Python."""
-    stack = dict(STACK)
-    if cls.runs_here or cls.gpus:  # as test_host_classes: the overrides that make the class, on its tree too
-        overrides = cls.overrides()
-        stack.update(json.loads(overrides.pop("CPUPERF_OVERRIDE_PACKAGES", "{}")))  # the GPU class's CUDA torch
-    else:
-        overrides = {}
-    inherited = {k: os.environ[k] for k in ("PATH", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
-    fixed = {k: v for k, v in cli_env().items() if k in ("NO_COLOR", "COLUMNS", "CPUPERF_MEASURE")}
-    return {**inherited, **fixed, **overrides, "CPUPERF_OVERRIDE_PACKAGES": json.dumps(stack, sort_keys=True),
-            "CPUPERF_OVERRIDE_PYTHON": PYTHON_VERSION, "CPUPERF_CACHE_DIR": str(root / "cache"),
-            "HF_HOME": str(root / "hf"), "HOME": str(root / "home"), "PYTHONIOENCODING": "utf-8",
-            "PYTHONWARNINGS": "ignore"}  # bytecode written: ~100 children compile cpuperf once, not each
 
 
 def _normalise(text: str, root: Path) -> str:
@@ -137,6 +112,7 @@ def _diff(path: Path, want: str, got: str) -> str:
     return "".join(list(lines)[:60])
 
 
+@pytest.mark.smoke("golden plans")  # ~100 real `python -m cpuperf` children, 2-4 at a time
 @pytest.mark.parametrize("cls", CLASSES, ids=[c.name for c in CLASSES])
 def test_plans_match_the_recorded_ones(plans, cls: HostClass):
     recorded = {_golden(cls, command, request) for command, request in _cases(cls)}

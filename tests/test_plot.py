@@ -36,11 +36,12 @@ def test_parse_keeps_finite_points_and_counts_the_rest():
     assert len(doc.findall("{http://www.w3.org/2000/svg}circle")) == 2  # the eval point, and its legend mark
 
 
+@pytest.mark.smoke("plot")
 def test_plot_command_writes_the_picture_and_json(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text(METRICS)
-    proc = run_cli(["plot", str(run), "--json"])
+    proc = run_cli(["plot", str(run), "--json"], process=True)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["schema"] == "cpuperf.plot/1" and data["series"]["loss"] == [[1, 6.6], [2, 6.4], [4, 6.1]]
@@ -78,6 +79,7 @@ def test_plot_bad_input_is_one_line(tmp_path, setup, code, words):
     assert len(errors) == 1 and words in errors[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.full  # a real run
 def test_train_draws_the_plot_at_the_end(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "run"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_util import run_cli, run_json
 from hosts import make_host
 
@@ -11,8 +12,9 @@ SPR = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_
        "amx_tile", "amx_bf16", "amx_int8"]
 
 
+@pytest.mark.smoke("recommend")
 def test_json_shape_on_this_host():
-    rep, _ = run_json(["recommend"])
+    rep, _ = run_json(["recommend"], process=True)
     assert rep["schema"] == "cpuperf.recommend/1"
     ids = [d["id"] for d in rep["decisions"]]
     for required in ("dtype", "tf32", "nproc_per_node", "threads_per_rank", "ddp_backend", "ipex", "compile",

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from cli_util import cli_env, run_cli
 
+pytestmark = pytest.mark.full  # real training runs, signals, locks
+
 pytest.importorskip("torch")
 
 MICRO = ["--model", "micro", "--set", "eval_every=0", "--set", "log_every=5"]
@@ -152,8 +154,7 @@ def test_stale_lock_of_a_dead_run_is_taken_over(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("sig,ranks", [(signal.SIGKILL, 1), (signal.SIGKILL, 2), (signal.SIGHUP, 1),
-                                       (signal.SIGTERM, 2)])
+@pytest.mark.parametrize("sig,ranks", [(signal.SIGKILL, 2), (signal.SIGHUP, 1), (signal.SIGTERM, 2)])
 def test_no_rank_outlives_cpuperf(tmp_path, sig, ranks):
     out = tmp_path / f"run-{sig.name}-{ranks}"
     proc = start(out, "--max-steps", "100000", "--nproc-per-node", str(ranks), "--set", "ckpt_every=1000")

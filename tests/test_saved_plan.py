@@ -41,11 +41,9 @@ def test_the_same_plan_run_after_run_and_with_a_foreign_busy_process(foreign_bus
     first, _ = run_json(["recommend"])
     second, _ = run_json(["recommend"])
     assert _stable(first) == _stable(second)
-    ccl, _ = run_json(["ccl-env"])
-    dry, _ = run_json(["train", "--auto", "--dry-run"])
     threads = next(d["value"] for d in first["decisions"] if d["id"] == "threads_per_rank")
-    assert ccl["env"]["OMP_NUM_THREADS"] == dry["launch"]["env"]["OMP_NUM_THREADS"] == str(threads)
     assert first["env"]["OMP_NUM_THREADS"] == str(threads)
+    # ccl-env and train --dry-run plan the same: test_one_plan.py's test_recommend_ccl_env_and_train_dry_run_agree
 
 
 def test_a_saved_plan_is_run_and_rendered_as_it_stands(tmp_path):

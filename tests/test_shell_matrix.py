@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
+from fakeenv import SETVARS, add_dist, make_venv, parse_env0, site_packages
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_cclenv import SETVARS, add_dist, make_venv, parse_env0, site_packages
 
 from cpuperf.commands import ccl_env
 from cpuperf.decide import runtime_env as envplan
@@ -75,6 +75,7 @@ def _evaluate(shell: str, code_file: Path, tmp: Path, export_all: bool = False) 
     return parse_env0(out) if out.exists() else {}
 
 
+@pytest.mark.full  # hundreds of real shells
 def test_every_format_in_every_shell_runs_nothing_and_writes_exactly_or_refuses(stack):
     need_all()
     tmp: Path = stack["root"]

@@ -51,6 +51,7 @@ def _train(tmp_path, cpuperf_args, user_argv, expect_rc=0):
     return json.loads(proc.stdout)
 
 
+@pytest.mark.full  # real runs
 @pytest.mark.parametrize("how", ["direct", "user_torchrun", "cpuperf_torchrun"])
 def test_supervisor_uses_a_negligible_share_of_a_core(tmp_path, how):
     script = _script(tmp_path)
@@ -77,6 +78,7 @@ def test_supervisor_uses_a_negligible_share_of_a_core(tmp_path, how):
             assert seen["omp_num_threads"] == str(plan[seen["rank"]]["threads"])
 
 
+@pytest.mark.full  # a real run
 def test_a_failed_run_reports_the_supervisor_too(tmp_path):
     data = _train(tmp_path, ["--nproc-per-node", "2"], [PY, _script(tmp_path), "0.5", "3"], expect_rc=3)
     assert "rank" in data["error"]["message"]
@@ -137,6 +139,7 @@ def test_the_first_rank_to_die_is_known_and_the_log_is_echoed(tmp_path, pidfds):
     assert echo.getvalue() == "step 1\n"
 
 
+@pytest.mark.full  # a real run, its grace period
 def test_a_job_that_ignores_sigterm_is_killed_when_the_grace_period_ends(tmp_path):
     """The main thread blocks in waitpid; the grace period is a timer that SIGKILLs the child's group."""
     import signal

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,33 +13,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
-# Tiny shapes so the suite stays fast on 2 cores.
-MICRO = {"preset": "micro", "batch_size": 8, "log_every": 5, "eval_every": 10, "ckpt_every": 10,
-         "eval_batches": 2, "warmup": 5, "lr": 0.003, "progress": "plain", "threads_per_rank": 1}
+from worker_util import ROOT, _env, _settings, run_worker  # noqa: E402  (after the skip)
+
+pytestmark = pytest.mark.full  # real worker runs, torchrun, Open MPI
 
 
 @pytest.fixture(scope="module")
 def tok_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("tokcache"))
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "PMI_", "OMPI_",
-                                "SLURM_", "CPUPERF_DEBUG"))}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _settings(out: Path, cache: str, **kw) -> str:
-    return json.dumps({**MICRO, "out_dir": str(out), "tokenizer_cache": cache, **kw})
-
-
-def run_worker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cpuperf.train.worker", *args], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def _records(path: Path) -> list[dict]:
@@ -104,7 +84,7 @@ def test_resume_reaches_the_same_step_and_weights(tmp_path, tok_cache) -> None:
     assert not list((tmp_path / "b").glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143)])  # SIGINT: the same handler; test_launch_run.py sends it
 def test_signal_leaves_a_loadable_checkpoint(tmp_path, tok_cache, sig, code) -> None:
     import torch
 

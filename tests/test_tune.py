@@ -242,6 +242,7 @@ def test_trainer_rate_is_read_from_the_trainers_own_metrics():
 
 # -- real runs -----------------------------------------------------------------------------------------
 
+@pytest.mark.full  # real tuning runs
 def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_path):
     """A budget the test sets: where it holds two settings and the confirming pair, the tuning is cached and the
     next plan reads it; where a loaded host makes one run too slow for it, nothing is saved and the command says
@@ -269,6 +270,7 @@ def test_bench_tune_caches_and_the_next_dry_run_shows_it_without_measuring(tmp_p
     assert "measuring" not in plan.stderr and "tuning the plan" not in plan.stderr
 
 
+@pytest.mark.full  # real tuning runs
 def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from cpuperf.run import measure
@@ -295,6 +297,7 @@ def test_a_real_auto_run_tunes_its_shape_first_when_nothing_is_cached_for_it(tmp
     assert got is not None and shape_key(PRESETS["micro"]) in got.tuned_by_shape and got.gemm_fp32_gflops == 100.0
 
 
+@pytest.mark.full  # real tuning runs
 def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):
     pytest.importorskip("transformers")
     scripts = Path(__file__).parent / "fixtures" / "scripts"

@@ -74,6 +74,7 @@ def _cached_commands(tmp: Path) -> Dict[str, object]:
     return json.loads(files[0].read_text()).get("tuned_by_command", {}) if files else {}
 
 
+@pytest.mark.full  # real tuning runs within their budget
 @pytest.mark.parametrize("mode", ["hang", "fork", "silent", "inf"])
 def test_a_misbehaving_command_cannot_outlive_the_budget_or_leave_anything(tmp_path, mode):
     budget = 10.0
@@ -99,6 +100,7 @@ def test_a_misbehaving_command_cannot_outlive_the_budget_or_leave_anything(tmp_p
         assert "did not end within the 10 s budget" in proc.stderr and "not saved as a tuning" in proc.stderr
 
 
+@pytest.mark.full  # real tuning runs, real signals
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_cpuperf_stopped_or_killed_mid_search_leaves_nothing(tmp_path, sig):
     tag = uuid.uuid4().hex
@@ -128,6 +130,7 @@ def test_cpuperf_stopped_or_killed_mid_search_leaves_nothing(tmp_path, sig):
     assert _cached_commands(tmp_path) == {}
 
 
+@pytest.mark.full  # a real tuning run
 def test_a_command_too_slow_for_the_budget_takes_fewer_steps_or_says_what_budget_would_do(tmp_path):
     """The run's length is the test's (FAKE_SECONDS): no budget holds 7 runs of it, at any step count (its
     train_runtime is a small part of the run), so the command says so and what budget would, and saves nothing."""
@@ -148,6 +151,7 @@ def test_the_key_is_the_exact_argument_list_and_the_script(tmp_path):
     assert command_key(base, "v1") != command_key(base, "v2")  # an edited script is another command
 
 
+@pytest.mark.full  # a real tuning run
 def test_an_auto_run_says_which_tuning_it_used(tmp_path):
     """The fake reports steady figures: a tuning of several settings is saved, and the next --auto plan names it
     (a loaded host may make it too noisy to use: then the plan says that instead)."""

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_host_classes import linked_venv
+from host_classes import linked_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -144,6 +144,7 @@ SPELLINGS = {
 }
 
 
+@pytest.mark.full  # real launchers and ranks
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_each_rank_gets_its_own_cores_and_threads_equal_to_its_share(tmp_path, spelling, monkeypatch):
     if spelling == "accelerate":
@@ -171,6 +172,7 @@ def test_each_rank_gets_its_own_cores_and_threads_equal_to_its_share(tmp_path, s
 VM = {"CPUPERF_OVERRIDE_HYPERVISOR": "1"}
 
 
+@pytest.mark.full  # real ranks
 def test_on_a_virtual_machine_ranks_on_one_numa_node_get_their_threads_but_keep_every_cpu(tmp_path):
     if _cores() < 2:
         pytest.skip("needs 2 usable cores")
@@ -186,6 +188,7 @@ def test_on_a_virtual_machine_ranks_on_one_numa_node_get_their_threads_but_keep_
     assert "CPUs left as your launcher sets them" in applied["placement"]["why"]
 
 
+@pytest.mark.full  # real ranks
 def test_on_a_virtual_machine_affinity_auto_pins_the_ranks_anyway(tmp_path):
     if _cores() < 2:
         pytest.skip("needs 2 usable cores")
@@ -204,6 +207,7 @@ def test_more_ranks_than_cores_are_refused_unless_oversubscribing_is_allowed(tmp
     assert proc.returncode == 2 and f"this host has {cores} usable core(s)" in proc.stderr, proc.stderr
 
 
+@pytest.mark.full  # real ranks
 def test_more_ranks_than_cores_are_left_to_the_launcher(tmp_path):
     cores = _cores()
     n = cores + 1
@@ -229,6 +233,7 @@ def test_dry_run_shows_each_ranks_cpus_and_says_the_count_came_from_the_launcher
     assert "applied: rank 1: CPUs" in text
 
 
+@pytest.mark.full  # a real rank
 def test_a_single_process_plan_equal_to_torchs_defaults_changes_nothing_but_says_so(tmp_path):
     """One rank: pinned to the usable cores with one thread per core, which is what torch does anyway."""
     result, seen = _launch(tmp_path, [PY, SCRIPT])
@@ -253,6 +258,7 @@ def test_an_oversubscribed_mpirun_is_planned_for_the_ranks_it_starts(tmp_path):
     assert "cpuperf.run.rankexec" in result["launch"]["argv"]  # every rank still dies with cpuperf
 
 
+@pytest.mark.full  # real ranks
 def test_a_users_own_thread_count_that_the_plan_keeps_is_what_every_rank_gets(tmp_path):
     if _cores() < 2:
         pytest.skip("needs 2 usable cores")

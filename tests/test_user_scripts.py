@@ -154,6 +154,7 @@ CASES = {
 }
 
 
+@pytest.mark.full  # real scripts and launchers
 @pytest.mark.parametrize("case", list(CASES))
 def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, tmp_path):
     if case != "plain_loop":
@@ -195,6 +196,7 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
         assert applied["flags"] == []
 
 
+@pytest.mark.full  # real scripts
 def test_a_script_that_rejects_forced_flags_gets_the_command_without_them(tmp_path):
     proc = run_cli(["train", "--auto", "--hf-flags", "always", "--set", "dtype=bf16", "--out", str(tmp_path / "run"),
                     "--", PY, str(SCRIPTS / "plain_loop.py"), "--steps", "1"],
@@ -231,6 +233,7 @@ def _gpt2_config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.full  # a real run
 def test_model_config_drives_the_builtin_loop(tmp_path):
     cfg = _gpt2_config(tmp_path)
     proc = run_cli(["train", "--auto", "--dry-run", "--json", "--model", str(cfg)])

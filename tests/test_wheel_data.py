@@ -9,9 +9,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.full  # pip builds and installs the wheel
 def test_installed_wheel_finds_its_data(tmp_path):
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
                            capture_output=True, text=True, timeout=300)

@@ -31,6 +31,13 @@ _clean_env
 foreign_busy_process
 pytest_runtest_makereport
 pytest_terminal_summary
+pytest_addoption  # tests/conftest.py: the tiers (tests/tiers.py)
+pytest_configure
+pytest_collection_modifyitems
+pytest_runtest_protocol
+pytest_runtest_logreport
+_.longrepr  # a report's failure text, set by the tier guard
+pytestmark  # a test module's markers (the full tier), read by pytest
 _.log_message
 _.daemon_threads
 _.on_step_end
