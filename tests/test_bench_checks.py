@@ -79,6 +79,7 @@ def _run(seconds=1.0):
 
 
 @pytest.mark.torch
+@pytest.mark.full  # real timed benchmark runs
 def test_a_busy_loop_on_the_runs_cpu_is_seen_and_the_run_repeated_then_left_out():
     pytest.importorskip("torch")
     cpu = sorted(os.sched_getaffinity(0))[0]
@@ -106,6 +107,7 @@ def test_a_busy_loop_on_the_runs_cpu_is_seen_and_the_run_repeated_then_left_out(
 
 
 @pytest.mark.torch
+@pytest.mark.full  # real timed benchmark runs
 def test_an_auto_whose_allocator_is_taken_from_its_environment_is_called_out_not_counted():
     pytest.importorskip("torch")
     from benchmarks import sweep

@@ -277,6 +277,7 @@ def test_a_users_own_thread_count_that_the_plan_keeps_is_what_every_rank_gets(tm
 
 # -- issue 41 item 6 / issue 42: the line's own variables and wrappers, seen from inside each rank -------------
 
+@pytest.mark.full  # real mpirun ranks
 def test_a_thread_count_on_the_mpirun_line_is_what_every_rank_runs_with(tmp_path):
     """`mpirun -np 2 -x OMP_NUM_THREADS=2 python x.py` ran each rank with 1 thread: the per-rank step overwrote it."""
     if _cores() < 2:
@@ -289,6 +290,7 @@ def test_a_thread_count_on_the_mpirun_line_is_what_every_rank_runs_with(tmp_path
     assert "your OMP_NUM_THREADS=2 is kept" in text, text[-3000:]
 
 
+@pytest.mark.full  # real mpirun ranks
 def test_a_binding_variable_on_the_mpirun_line_reaches_the_ranks_and_cpuperf_places_nothing(tmp_path):
     if _cores() < 2:
         pytest.skip("needs 2 usable cores")

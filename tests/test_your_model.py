@@ -296,6 +296,7 @@ def test_an_args_file_names_the_model(tmp_path):
     assert found.config == CONFIGS["125m"] and found.per_device_batch == 2
 
 
+@pytest.mark.full  # the installed transformers read in a child
 def test_model_type_with_overrides_from_the_installed_transformers(tmp_path):
     found = script_model(["--model_type", "gpt2", "--config_overrides", "n_embd=256,n_layer=4,n_head=4"],
                          str(tmp_path), {}, python=sys.executable)
@@ -335,6 +336,7 @@ def _tiny(root: Path) -> Path:
     return root / "tiny"
 
 
+@pytest.mark.full  # real torchrun ranks
 def test_the_trainer_does_not_shard_on_cpu(tmp_path):
     """Why a CPU plan never gives a Trainer script --fsdp: with --use_cpu the Trainer wraps the model in DDP anyway
     (accelerate's MULTI_CPU). If a release ever shards there, this fails and the lever can open on CPUs."""
@@ -351,6 +353,7 @@ def test_the_trainer_does_not_shard_on_cpu(tmp_path):
     assert "wrapped=DistributedDataParallel" in proc.stdout, proc.stdout[-1000:]
 
 
+@pytest.mark.full  # real training runs
 def test_a_real_trainer_run_with_a_local_model_directory(tmp_path):
     """`cpuperf train -- python script.py --model_name_or_path DIR`, plain and --auto, on this CPU: both train the
     model the directory names; --auto plans memory for it and adds no lever that changes the math."""

@@ -106,7 +106,7 @@ class Round:
     incumbent: Point
     samples: Dict[Point, Tuple[float, ...]]  # every point measured in this round, interleaved
     failed: Tuple[Point, ...]
-    noise: float  # the incumbent's spread: (max - min) / median of its repeats
+    noise: float  # the incumbent's spread: (max - min) / median of its runs' figures (of its windows: one run)
     winner: Optional[Point]  # the neighbour moved to, or None
     confirmation: Dict[Point, Tuple[float, ...]] = field(default_factory=dict)  # the winner's pair, run after
 
@@ -197,10 +197,12 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
         if len(points) == 1 and rounds:
             break
         samples: Dict[Point, List[float]] = {p: [] for p in points}
+        per_run: Dict[Point, List[float]] = {p: [] for p in points}
         failed: List[Point] = []
-        out_of_time = _run_round(points * max(1, passes) + [incumbent], lambda p: run(p, keep=2), samples, failed)
+        out_of_time = _run_round(points * max(1, passes) + [incumbent], lambda p: run(p, keep=2), samples, per_run,
+                                 failed)
         seen.update(points)
-        rnd = _decide(incumbent, samples, failed, min_gain)
+        rnd = _decide(incumbent, samples, per_run[incumbent], failed, min_gain)
         if rnd.winner is not None:
             rnd = _confirmed(rnd, run(rnd.winner), run(incumbent), min_gain)
         rounds.append(rnd)
@@ -218,9 +220,9 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
 
 
 def _run_round(schedule: Sequence[Point], run: Callable[[Point], Optional[List[float]]],
-               samples: Dict[Point, List[float]], failed: List[Point]) -> bool:
-    """Run the round's schedule into `samples` (a point that fails is not run again): True when the budget
-    stopped it."""
+               samples: Dict[Point, List[float]], per_run: Dict[Point, List[float]], failed: List[Point]) -> bool:
+    """Run the round's schedule into `samples` (every window) and `per_run` (each run's median; a point that
+    fails is not run again): True when the budget stopped it."""
     for p in schedule:
         if p in failed:
             continue
@@ -229,6 +231,7 @@ def _run_round(schedule: Sequence[Point], run: Callable[[Point], Optional[List[f
             return True
         if got:
             samples[p].extend(got)
+            per_run[p].append(statistics.median(got))
         else:
             failed.append(p)
     return False
@@ -248,13 +251,19 @@ def _confirmed(rnd: Round, again: Optional[Sequence[float]], beside: Optional[Se
     return replace(rnd, winner=rnd.winner if won else None, confirmation=pair)
 
 
-def _decide(incumbent: Point, samples: Mapping[Point, List[float]], failed: Sequence[Point], min_gain: float) -> Round:
-    """The round's winner: the fastest neighbour, if its median beats the incumbent's by more than the noise."""
+def _decide(incumbent: Point, samples: Mapping[Point, List[float]], runs: Sequence[float], failed: Sequence[Point],
+            min_gain: float) -> Round:
+    """The round's winner: the fastest neighbour, if its median beats the incumbent's by more than the noise.
+
+    The noise is how far the incumbent's runs (processes) differ, each run's figure the median of its windows:
+    what the comparison between points is, process against process. A trend inside every process (its first
+    window faster, measured on a Zen 4 VM) hits each point's median alike and is no noise; counted as noise it
+    hid a 1.10x allocator win. One run only: the spread of its windows."""
     mine = samples[incumbent]
     kept = {p: tuple(s) for p, s in samples.items() if s}
     if not mine:
         return Round(incumbent, kept, tuple(failed), 0.0, None)
-    noise = spread(mine)
+    noise = spread(runs) if len(runs) > 1 else spread(mine)
     base = statistics.median(mine)
     rivals = [(statistics.median(s), p) for p, s in samples.items() if p != incumbent and s]
     winner = None
