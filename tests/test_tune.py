@@ -355,3 +355,31 @@ def test_train_tune_on_a_trainer_script_is_used_by_the_next_auto_run(tmp_path):
     elif got["levers"]:
         assert "is not used: its repeats spread" in plan.stdout + plan.stderr
     assert "tuning the plan" not in plan.stderr and "on your command (" not in plan.stderr  # nothing ran again
+
+
+@pytest.mark.parametrize("model,batch", [("config", 16), ("tiny", 8)])
+def test_the_batch_you_set_is_the_shape_a_tuning_is_found_for(tmp_path, monkeypatch, model, batch):
+    """`train --auto --model M --batch-size B` looks up the tuning of M at batch B, the one `bench --tune` and the
+    benchmark's tuner cached: the workload kept the model's default batch (8 for a config file), so the tuning of
+    the batch you run was never found (the benchmark's auto ran without its tuned mimalloc)."""
+    from cpuperf.decide.workload import resolve_workload
+    from cpuperf.run import measure
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(cache))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 32,
+                                  "vocab_size": 128}))
+    name = str(config) if model == "config" else model
+    assert resolve_workload(name).batch_size != batch  # not the model's default batch
+    facts = probe_host()
+    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 10.0, "load": {"under_load": False}})
+    measure.save_tuned(facts, "tuned_by_shape", shape_key(resolve_workload(name, None, None, batch)), _entry())
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--model", name, "--batch-size", str(batch)],
+                   {"CPUPERF_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    plan = json.loads(proc.stdout)
+    assert plan["workload"]["batch_size"] == batch
+    affinity = next(d for d in plan["decisions"] if d["id"] == "affinity")
+    if next(d for d in plan["decisions"] if d["id"] == "device")["value"] == "cpu":
+        assert "tuned here for" in affinity["reason"] and f"-B{batch} " in affinity["reason"], affinity

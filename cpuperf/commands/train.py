@@ -122,8 +122,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                              its_python or launcher_python(argv[:1]) if script else None)
         workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
                     else from_script(found))
-    else:
-        workload = resolve_workload(request.model, None, None, None, steps)
+    else:  # the batch you set is the workload's: the shape a tuning is cached and looked up for (shape_key)
+        batch = request.decided.get("batch_size")
+        workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None
     threads = plan_placement(facts).threads_per_rank if real_auto else None

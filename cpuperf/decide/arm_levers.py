@@ -75,7 +75,7 @@ def _decide(row: Mapping[str, Any], facts: HostFacts, torch: Optional[str], knob
         return lever(False, f"{row['what']}: torch {torch} reads it from {minimum} on")
     knob = row.get("knob")
     if row.get("changes_math") and knob and knobs.get(knob) != row.get("when"):
-        has = f": {where} has Arm BF16 ('{need}' in cpuinfo Features)" if need else ""
+        has = f": the CPU has Arm BF16 ('{need}' in cpuinfo Features)" if need else ""
         return lever(False, f"{row['what']}{has}; it changes fp32 results, so it is yours to choose, never cpuperf's: "
                             f"--set {knob}={row['when']} applies it")
     if knob:

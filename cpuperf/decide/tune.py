@@ -146,13 +146,18 @@ class TuneResult:
         """How many settings have a figure: under two, nothing was compared."""
         return len({p for r in self.rounds for p, s in (*r.samples.items(), *r.confirmation.items()) if s})
 
+    @property
+    def noise(self) -> Optional[float]:
+        """The noise of the last round whose incumbent ran (a round the budget cut before it ran measured none)."""
+        return next((r.noise for r in reversed(self.rounds) if r.samples.get(r.incumbent)), None)
+
     def to_json(self) -> Dict[str, Any]:
         """What the cache keeps: start, best, the per-lever figures, the noise, how it stopped."""
         best = self.median(self.best)
         return {"schema": SCHEMA, "start": self.start.to_json(), "best": self.best.to_json(),
                 "best_samples_per_s": round(best, 3) if best else None,
                 "start_samples_per_s": _round(self.median(self.start)),
-                "noise": round(self.rounds[-1].noise, 4) if self.rounds else None,
+                "noise": round(self.noise, 4) if self.noise is not None else None,
                 "levers": self.lever_figures(), "stopped": self.stopped, "elapsed_s": round(self.elapsed_s, 1),
                 "rounds": len(self.rounds), "runs": self.runs}
 

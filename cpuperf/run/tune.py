@@ -265,7 +265,7 @@ def summary(result: TuneResult, cand: Candidates) -> List[str]:
              + (f" vs the rule's point {start:.2f} ({best / start:.2f}x)" if best and start and result.best != result.start
                 else " (the rule's point)" if result.best == result.start else "")
              + f"; {result.runs} runs in {result.elapsed_s:.0f} s, {len(result.rounds)} round(s)"]
-    noise = result.rounds[-1].noise if result.rounds else 0.0
+    noise = result.noise or 0.0
     max_spread = float(load_builtin("tuning.toml")["measure"]["max_spread"])
     if noise > max_spread:
         lines.append(f"too noisy to decide: the rule's point's repeats spread {noise * 100:.0f}% (over "
