@@ -302,3 +302,18 @@ def test_a_real_side_by_side_measurement_under_load_says_how_far_it_is(tmp_path,
     assert took < 300, took
     decided = got["ratios"]["bf16_over_fp32"]["decided"]
     assert ("gemm_bf16_gflops" in got) == decided and ("bf16_over_fp32" in got["undecided"]) == (not decided)
+
+
+@pytest.mark.full  # torch, real training steps
+def test_the_measuring_server_runs_the_lm_under_bf16_autocast_when_asked():
+    """The allocator's bf16 figure (lm-bf16) is the LM stepped under CPU autocast, a model of its own beside the
+    fp32 one in the same server, each built and warmed once."""
+    pytest.importorskip("torch")
+    from cpuperf.train.bench import _workload_rate
+
+    cache: dict = {}
+    for dtype in ("fp32", "bf16", "bf16"):
+        assert _workload_rate({"workload": "lm", "size": "small", "dtype": dtype, "seconds": 0.05}, cache) > 0
+    assert sorted(k[-1] for k in cache) == ["bf16", "fp32"]
+    assert measure._workload_request("lm-bf16") == {"workload": "lm", "dtype": "bf16"}
+    assert measure._workload_request("mlp") == {"workload": "mlp", "dtype": "fp32"}

@@ -282,7 +282,8 @@ def _workload_rate(cfg: Dict[str, Any], cache: Dict[Any, Any]) -> float:
 
     workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
     batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
-    key = ("workload", workload, size, batch)
+    dtype = "bf16" if cfg.get("dtype") == "bf16" else "fp32"  # bf16: the forward under CPU autocast, as a plan runs it
+    key = ("workload", workload, size, batch, dtype)
     if key not in cache:
         torch.manual_seed(0)
         model, loss_fn = _build(workload, size, batch)
@@ -291,7 +292,12 @@ def _workload_rate(cfg: Dict[str, Any], cache: Dict[Any, Any]) -> float:
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
-            loss_fn(model).backward()
+            if dtype == "bf16":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = loss_fn(model)
+            else:
+                loss = loss_fn(model)
+            loss.backward()
             opt.step()
 
         step()  # the first step carries oneDNN primitive creation and the optimizer's state
