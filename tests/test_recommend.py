@@ -32,7 +32,10 @@ def test_sapphire_rapids_gets_bf16_with_amx(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, flags=SPR, model=143, cores_per_socket=32)
     rec = recommend(facts, PRESETS["tiny"])
     assert rec.levers.dtype.value == "bf16" and "AMX" in rec.levers.dtype.reason
-    assert rec.levers.fp32_math_mode.value == "bf16"  # torch 2.13 offers the oneDNN bf16 math mode
+    # torch 2.13 offers the oneDNN bf16 math mode; it changes fp32 results, so it is named, applied only when set
+    assert rec.levers.fp32_math_mode.value is None and "--set fp32_math_mode=bf16" in rec.levers.fp32_math_mode.reason
+    assert rec.levers.fp32_math_mode.evidence["would_be"] == "bf16"
+    assert recommend(facts, PRESETS["tiny"], overrides={"fp32_math_mode": "bf16"}).levers.fp32_math_mode.value == "bf16"
     assert rec.levers.tf32.value is False
 
 

@@ -525,9 +525,11 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
                              hint="leave fp32_math_mode unset: fp32 matmuls stay fp32")
         mode = ctx.choose(pin, "fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
     elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
-        mode = ctx.choose(pin, "fp32_math_mode", _math_mode(mm["value"]), "AMX host with torch >= " + mm["min_torch"] +
-                          ": oneDNN runs remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision)",
-                          {"torch": ctx.torch}, needs_torch=True)
+        # Like Arm's fast-math mode: it changes fp32 results, so it is the user's lever (do no harm), not a default.
+        mode = ctx.choose(pin, "fp32_math_mode", None, "AMX host with torch >= " + mm["min_torch"] + ": oneDNN can run "
+                          "the remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision); it changes "
+                          f"fp32 results, so it is yours to choose, never cpuperf's: --set fp32_math_mode={mm['value']} "
+                          "applies it", {"torch": ctx.torch, "would_be": _math_mode(mm["value"])}, needs_torch=True)
     else:
         mode = ctx.choose(pin, "fp32_math_mode", None, "needs an AMX host and torch >= " + mm["min_torch"],
                           {"torch": ctx.torch})
