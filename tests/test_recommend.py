@@ -284,6 +284,28 @@ def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
 
 
 
+
+def test_a_launcher_whose_rank_count_is_unknown_gets_no_allocator_unsafe_with_several():
+    """`accelerate launch` with its own config, a wrapper cpuperf cannot read through: the count is not known, and was
+    planned as one rank, so mimalloc (which aborted jobs of several ranks at exit) was preloaded into whatever it
+    started. Unknown counts as possibly several."""
+    from dataclasses import replace
+
+    from cpuperf.decide.recommend import decide_allocator
+
+    facts = probe_host()
+    if facts.software is None:
+        pytest.skip("needs a live host")
+    sw = replace(facts.software, allocators={"mimalloc": ("/venv/cmeel.prefix/lib/libmimalloc.so",)})
+    facts = replace(facts, software=sw, gpus=())
+    only_mi = Measurements(allocator_speedup={"mimalloc_by_workload": {"lm": 1.2, "mlp": 1.3}})
+    d = decide_allocator(facts, only_mi, False, "lm", world=1, ranks_unknown=True)
+    assert d.value is None and "rank count is unknown" in d.reason and d.evidence["not_with_ranks"]["world"] is None
+    assert decide_allocator(facts, only_mi, False, "lm", world=1).value == "mimalloc"  # one known rank: preloaded
+    rec = recommend(facts, PRESETS["tiny"], measurements=only_mi, nproc_per_node=1, ranks_from="your launcher: x",
+                    ranks_unknown=True)
+    assert rec.levers.allocator.value is None
+
 def test_a_bf16_plan_reads_the_allocator_measured_in_bf16():
     """The allocation pattern under bf16 autocast is another: a bf16 plan reads the LM's bf16 figure (lm-bf16) where
     it was measured here, a fp32 plan the fp32 one; without a bf16 figure the fp32 one stands, and the reason says

@@ -156,6 +156,7 @@ class _Context:
     stack: Dict[str, Optional[str]]
     fixed: Constraints
     ranks_from: Optional[Tuple[int, str]] = None  # (count, where): ranks a user's own launcher starts
+    ranks_unknown: bool = False  # that launcher's count is not known: it may start several
     notes: List[str] = field(default_factory=list)
     tuned: Constraints = field(default_factory=Constraints)  # measured on this plan: cpuperf.decide.tune
 
@@ -239,7 +240,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
               environ: Optional[Mapping[str, str]] = None,
               baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
               tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True,
-              pins: Optional[Constraints] = None, memory_levers: Optional[MemoryLevers] = None) -> Recommendation:
+              pins: Optional[Constraints] = None, memory_levers: Optional[MemoryLevers] = None,
+              ranks_unknown: bool = False) -> Recommendation:
     """Decide every setting for this host and workload; the user's values (overrides) are constraints
     applied where each knob is decided, so placement, memory plan and backend are built around them.
     `baseline` fixes knobs the same way without calling them the user's (train without --auto).
@@ -247,7 +249,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
     `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: the memory
     levers that keep the math which the job's path can apply (cpuperf.decide.memory.MemoryLevers); None: every one.
-    `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's."""
+    `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's.
+    `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks."""
     mine = constraints_of(user_constraints(overrides))
     if nproc_per_node is not None and ranks_from is None and mine.nproc_per_node is None:
         mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
@@ -259,7 +262,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
         constraints = pins.under(constraints)
     ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
                    stack_versions(facts), constraints,
-                   ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None)
+                   ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None,
+                   ranks_unknown=ranks_unknown)
     if tuned is None and shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
@@ -599,7 +603,8 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> Decision[bool]:
 
 def _choose_allocator(ctx: _Context, on_gpu: bool, world: int = 1,
                       dtype: str = "fp32") -> Decision[Optional[AllocatorName]]:
-    d = decide_allocator(ctx.facts, ctx.meas, on_gpu, reference_workload(ctx.workload), world, dtype)
+    d = decide_allocator(ctx.facts, ctx.meas, on_gpu, reference_workload(ctx.workload), world, dtype,
+                         ranks_unknown=ctx.ranks_unknown)
     asked = pinned_value(ctx.fixed.allocator)
     if asked:
         available = ctx.facts.software.allocators if ctx.facts.software else {}
@@ -691,7 +696,7 @@ def _allocator_hint() -> str:
 
 
 def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm",
-                     world: int = 1, dtype: str = "fp32") -> Decision[Optional[AllocatorName]]:
+                     world: int = 1, dtype: str = "fp32", ranks_unknown: bool = False) -> Decision[Optional[AllocatorName]]:
     """The allocator to preload for a workload of this family: the measured best, only where it beats the
     default, and never one known to abort jobs of several ranks (`world` > 1) at exit.
 
@@ -724,11 +729,14 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
                     "source": meas.source}
         figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
         good = {k: v for k, v in measured.items() if v >= rule["min_speedup"]}
-        unsafe = not_with_ranks(list(good), world)
+        unknown = ranks_unknown and world <= 1  # a launcher whose count cpuperf cannot tell may start several
+        unsafe = not_with_ranks(list(good), 2 if unknown else world)
         if unsafe:
-            evidence["not_with_ranks"] = {"allocators": unsafe, "world": world, "source": rule["not_with_ranks_source"]}
+            evidence["not_with_ranks"] = {"allocators": unsafe, "world": None if unknown else world,
+                                          "source": rule["not_with_ranks_source"]}
             good = {k: v for k, v in good.items() if k not in unsafe}
-        not_here = (f"; not {', '.join(unsafe)}: with {world} ranks it aborted jobs at exit after training "
+        ranks = "your launcher's rank count is unknown, and with several ranks" if unknown else f"with {world} ranks"
+        not_here = (f"; not {', '.join(unsafe)}: {ranks} it aborted jobs at exit after training "
                     "(terminate called without an active exception; compat/tuning.toml)") if unsafe else ""
         if good:
             best = max(good, key=lambda k: good[k])

@@ -108,6 +108,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
                      environ=edge.environ if facts.live else {},
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
+                     ranks_unknown=yours is not None and yours.count is None,
                      memory_levers=memory_levers(request, facts, edge))
     # A tuning is of CPU levers: a plan on a GPU says nothing of one.
     return rec if said is None or rec.levers.device.value != "cpu" else replace(rec, notes=(*rec.notes, said))
