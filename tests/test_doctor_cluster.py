@@ -108,13 +108,18 @@ def test_saved_facts_plan_without_reaching_the_nodes(tmp_path):
     assert bad.returncode == 2 and "not a cpuperf facts file" in bad.stderr
 
 
+
+def _fake_ssh(root, per_host: str):
+    """A stand-in ssh: skips its options, then runs `per_host` (shell lines reading $host), else the probe locally."""
+    fake = root / "ssh"
+    fake.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do [ "$1" = -o ] && shift; shift; done\n'
+                    'host=$1; shift; [ "$1" = -- ] && shift\n' + per_host + 'exec sh -c "$*"\n')
+    fake.chmod(0o755)
+    return fake
+
 def test_a_hung_node_costs_its_timeout_not_the_run(tmp_path):
     """A stand-in ssh that runs the probe locally for one node and hangs for the other."""
-    fake = tmp_path / "ssh"
-    fake.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do [ "$1" = -o ] && shift; shift; done\n'
-                    'host=$1; shift; [ "$1" = -- ] && shift\n'
-                    '[ "$host" = 127.0.0.2 ] && exec sleep 617\nexec sh -c "$*"\n')
-    fake.chmod(0o755)
+    fake = _fake_ssh(tmp_path, '[ "$host" = 127.0.0.2 ] && exec sleep 617\n')
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.1\n127.0.0.2\n")
     t0 = time.monotonic()
@@ -133,13 +138,8 @@ def test_a_hung_node_costs_its_timeout_not_the_run(tmp_path):
 def test_a_node_that_floods_or_leaves_its_pipes_open_is_one_failed_node(tmp_path):
     """One node prints without end (`yes`), one leaves a process outside its group holding the pipes past the
     timeout: each is one failed node, said, within its timeout; the third answers; cpuperf's memory stays small."""
-    fake = tmp_path / "ssh"
-    fake.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do [ "$1" = -o ] && shift; shift; done\n'
-                    'host=$1; shift; [ "$1" = -- ] && shift\n'
-                    '[ "$host" = 127.0.0.2 ] && exec yes cpuperf-flood\n'
-                    '[ "$host" = 127.0.0.3 ] && { setsid sleep 621 & exec sleep 622; }\n'
-                    'exec sh -c "$*"\n')
-    fake.chmod(0o755)
+    fake = _fake_ssh(tmp_path, '[ "$host" = 127.0.0.2 ] && exec yes cpuperf-flood\n'
+                               '[ "$host" = 127.0.0.3 ] && { setsid sleep 621 & exec sleep 622; }\n')
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.1\n127.0.0.2\n127.0.0.3\n")
     t0 = time.monotonic()
