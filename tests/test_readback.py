@@ -139,28 +139,10 @@ def test_a_measurement_cache_that_is_no_file_is_ignored_said_once_and_never_bloc
     facts = probe_host(use_cache=False)
     path, good = _measurement_file(facts)
     path.unlink()
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "dev-null-link":
+    if kind == "dev-null-link":
         path.symlink_to("/dev/null")
-    elif kind == "dir":
-        path.mkdir()
-    elif kind == "huge":
-        with open(path, "wb") as fh:
-            fh.truncate(17 * 1024 * 1024)
-    elif kind == "truncated":
-        path.write_text(json.dumps(good)[:200])
-    elif kind == "binary":
-        path.write_bytes(b"\xff\xfe\x00\x1b[2J")
-    elif kind == "deep":
-        path.write_text("[" * 100000 + "]" * 100000)
-    elif kind == "dup-key":
-        path.write_text(json.dumps(good)[:-1] + ', "gemm_fp32_gflops": 1e9}')
     else:
-        (tmp_path / "a").symlink_to(path)
-        path.symlink_to(tmp_path / "a")
+        _hostile_file(path, kind, json.dumps(good), tmp_path)
     for argv in (["recommend", "--json"], ["ccl-env"], ["train", "--auto", "--dry-run"]):
         code, out, err = _run(argv, capsys)
         _clean(code, out, err, allowed=(0,))
