@@ -128,6 +128,9 @@ def test_the_gpu_host_lists_what_its_launch_leaves_to_torch(dry_runs):
     states = {i["id"]: i for i in plan["levers"]["applied"] + plan["levers"]["not_applied"]}
     assert states["device"]["value"] == "cuda"
     assert "attention" in {i["id"] for i in plan["levers"]["not_applied"]}
+    # cpuperf pins no cores there, but torchrun binds each rank to its GPU's NUMA node: the report says which
+    if "--numa-binding=node" in plan["launch"]["argv"]:
+        assert "--numa-binding=node" in states["affinity"]["how"], states["affinity"]
 
 
 # -- the pure function ---------------------------------------------------------------------------------

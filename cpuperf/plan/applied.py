@@ -59,6 +59,7 @@ class RenderedJob:
     own_args: Tuple[str, ...] = ()  # a user's script's own arguments (its batch and accumulation are its own)
     by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
     env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
+    numa_binding: bool = False  # torchrun binds each GPU rank to its GPU's NUMA node (--numa-binding=node)
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,8 @@ def _affinity(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[st
     if d.value == "auto" and pinned:
         return "each rank pinned to its CPUs"
     if d.value is None and not pinned and not any(r.cpus for r in job.ranks):
+        if job.numa_binding:  # cpuperf pins nothing; torchrun places each rank near its GPU
+            return "torchrun binds each rank to its GPU's NUMA node (--numa-binding=node); cpuperf pins no cores"
         return "ranks left to the OS scheduler"
     return None
 
@@ -328,4 +331,4 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags_why=script.why if script is not None else "",
         your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
         placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else (),
-        by_default=script.by_default if script is not None else ())
+        by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv)
