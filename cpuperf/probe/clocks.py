@@ -77,6 +77,17 @@ def read_clocks(cpus: Optional[Sequence[int]] = None, src: Optional[Sources] = N
     return Clocks(nominal, nominal_from, measured_clock_hz(cpuinfo, cpus), model_name(cpuinfo))
 
 
+def cpu_is_guest() -> bool:
+    """This CPU runs a virtual machine's guest (the `hypervisor` flag, or CPUPERF_OVERRIDE_HYPERVISOR), as the probe
+    says: its /proc/cpuinfo clock is then the host's TSC rate, not what the cores run at."""
+    try:
+        from cpuperf.probe import probe_host
+
+        return "hypervisor" in probe_host(software=False).cpu.flags
+    except Exception:  # the report must never stop training
+        return False
+
+
 def cpu_microarchitecture() -> str:
     """This CPU's microarchitecture, as cpuperf's probe names it ('unknown' when it cannot tell)."""
     try:

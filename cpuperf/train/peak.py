@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.knowledge.cpu_peaks import hardware_peak
 from cpuperf.knowledge.gpu import Peak
-from cpuperf.probe.clocks import cpu_microarchitecture, read_clocks
+from cpuperf.probe.clocks import cpu_is_guest, cpu_microarchitecture, read_clocks
 
 Shape = Tuple[int, int, int]  # (m, k, n): an (m x k) @ (k x n) product
 
@@ -66,7 +66,7 @@ def this_hardware_peak(dtype: str, cores: int, cpus: Optional[Sequence[int]] = N
     """hardware_peak for this host: its microarchitecture, model name and clocks (read now)."""
     clocks = read_clocks(cpus)
     return hardware_peak(cpu_microarchitecture(), dtype, cores, clocks.model_name, clocks.nominal_hz,
-                         clocks.measured_hz, clocks.nominal_from, achievable_tflops)
+                         clocks.measured_hz, clocks.nominal_from, achievable_tflops, guest=cpu_is_guest())
 
 
 def data_peak(microarchitecture: str, dtype: str, threads: int, clock_hz: Optional[float] = None,
