@@ -98,6 +98,16 @@ PATHS = [("load",), ("measured_at",), ("torch_build",), ("repeats",), ("repeats"
 IDENTITY = {("measured_at",), ("torch_build",)}
 
 
+
+def _replaced(document: Any, where: Tuple[Any, ...], value: Any) -> Any:
+    """A deep copy of `document` with the field at the path `where` (keys and indices) set to `value`."""
+    data = copy.deepcopy(document)
+    node = data
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    return data
+
 def test_every_field_of_the_measurement_cache_is_typed_and_one_bad_entry_costs_only_itself(cache, capsys):
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
@@ -108,11 +118,7 @@ def test_every_field_of_the_measurement_cache_is_typed_and_one_bad_entry_costs_o
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.sampled_from(PATHS), st.sampled_from(HOSTILE_VALUES))
     def check(where: Tuple[str, ...], value: Any) -> None:
-        data = copy.deepcopy(good)
-        node = data
-        for key in where[:-1]:
-            node = node[key]
-        node[where[-1]] = value
+        data = _replaced(good, where, value)
         path.write_text(json.dumps(data))  # inf and nan as JSON's Infinity/NaN, as json.dumps writes them
         for argv in (["recommend", "--json"], ["ccl-env"], ["train", "--auto", "--dry-run"]):
             _clean(*_run(argv, capsys), allowed=(0,))
@@ -292,11 +298,7 @@ def test_a_facts_file_with_one_bad_node_keeps_the_others(cache, capsys, tmp_path
     @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.sampled_from(FACT_PATHS), st.sampled_from(HOSTILE_VALUES))
     def check(where: Tuple[str, ...], value: Any) -> None:
-        data = copy.deepcopy(good)
-        node = data["nodes"][1]
-        for key in where[:-1]:
-            node = node[key]
-        node[where[-1]] = value
+        data = _replaced(good, ("nodes", 1, *where), value)
         path.write_text(json.dumps(data))
         code, out, err = _run(["doctor", "--facts", str(path), "--json"], capsys)
         _clean(code, out, err, allowed=(ExitCode.OK, ExitCode.NODES_DIFFER, ExitCode.UNREACHABLE))
@@ -437,11 +439,7 @@ def test_every_field_of_the_collectives_cache_is_typed_and_one_bad_backend_costs
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.sampled_from(COLLECTIVE_PATHS), st.sampled_from(HOSTILE_VALUES))
     def check(where: Tuple[str, ...], value: Any) -> None:
-        data = copy.deepcopy(good)
-        node = data
-        for key in where[:-1]:
-            node = node[key]
-        node[where[-1]] = value
+        data = _replaced(good, where, value)
         path.write_text(json.dumps(data))
         collectives._SAID.clear()
         got = collectives.read_cached(names)
@@ -515,11 +513,7 @@ def test_a_nodes_printed_record_is_checked_like_a_facts_file(cache, capsys, tmp_
                             ("interpreter_found",), ("error",), ("name",), ("host", "software", "packages")]),
            st.sampled_from(HOSTILE_VALUES))
     def check(where: Tuple[str, ...], value: Any) -> None:
-        data = copy.deepcopy(record)
-        node = data
-        for key in where[:-1]:
-            node = node[key]
-        node[where[-1]] = value
+        data = _replaced(record, where, value)
         facts, error = read_output("ssh: warning\n" + MARKER + json.dumps(data) + "\n")
         assert facts is not None or (error or "").startswith("unreadable probe output")
 

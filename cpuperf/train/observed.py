@@ -19,14 +19,7 @@ from typing import Any, Dict, List, Optional
 from cpuperf.probe.load import CpuTimes, parse_stat_times, pressure_total
 from cpuperf.probe.parse import parse_maps
 from cpuperf.probe.sources import Sources
-
-
-def _read_maps() -> str:
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
+from cpuperf.train.runtime_check import read_self_maps
 
 
 def _busy(t: CpuTimes) -> int:
@@ -97,7 +90,7 @@ def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str],
              maps_text: Optional[str] = None) -> Dict[str, Any]:
     """This process's levers as in force: allocator and OpenMP mapped, threads, CPUs, dtype, optimizer, compile
     (`maps_text`: a recorded /proc/self/maps; None reads this process's)."""
-    libs = parse_maps(_read_maps() if maps_text is None else maps_text)
+    libs = parse_maps(read_self_maps() if maps_text is None else maps_text)
     alloc = None if libs.allocator == "glibc" else libs.allocator
     defaults = getattr(opt, "defaults", {}) or {}
     optimizer = type(opt).__name__.lower()

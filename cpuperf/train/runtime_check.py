@@ -43,7 +43,8 @@ def _read_cpuinfo() -> str:
         return ""
 
 
-def _read_maps() -> str:
+def read_self_maps() -> str:
+    """This process's /proc/self/maps ('' where the kernel will not give it): the libraries really mapped."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
             return fh.read()
@@ -62,7 +63,7 @@ def runtime_report(maps_text: Optional[str] = None, affinity: Optional[list[int]
                    environ: Optional[Mapping[str, str]] = None,
                    cpuinfo_text: Optional[str] = None) -> Dict[str, Any]:
     """A JSON-ready record of CPUs, threads, OpenMP runtime, allocator and tuning variables."""
-    maps_text = _read_maps() if maps_text is None else maps_text
+    maps_text = read_self_maps() if maps_text is None else maps_text
     cpuinfo_text = _read_cpuinfo() if cpuinfo_text is None else cpuinfo_text
     affinity = _affinity() if affinity is None else affinity
     environ = os.environ if environ is None else environ
