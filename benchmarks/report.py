@@ -60,6 +60,20 @@ def _sweep_lines(r: Dict[str, Any]) -> List[str]:
     return out
 
 
+def head_to_head_line(r: Dict[str, Any]) -> Optional[str]:
+    """How auto / best of sweep was taken: fresh pairs after the sweep, and why not the rounds' own figure."""
+    h = r.get("head_to_head")
+    if not h:
+        return None
+    c, m = h.get("checks") or {}, h.get("medians") or {}
+    return (f"- {r['workload']}: auto / best of sweep is taken head to head: after the rounds picked the best "
+            f"({h.get('best')}) as the highest of their medians, auto and it ran {h['pairs']} fresh pairs side by side, which "
+            f"ran first alternating ({h['pairs_counted']} pair(s) counted; {c.get('left_out_disturbed', 0)} run(s) left out "
+            f"as disturbed, {c.get('not_as_planned', 0)} not as planned, {c.get('failed', 0)} failed); medians auto "
+            f"{m.get('auto', 0):.1f}, best {m.get('best', 0):.1f} samples/s. The best's median in the rounds carries the luck "
+            "that picked it among many; the fresh pairs do not.")
+
+
 def checked_lines(r: Dict[str, Any]) -> List[str]:
     """Each run checked: how many were disturbed, repeated, left out; what each configuration ran, beside its figure."""
     from benchmarks.checks import ran_line
@@ -115,13 +129,20 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
         for r in results:
             spread = r["ratio_spread"]
             auto = next(c for c in r["configs"] if c["name"] == "auto")
-            lines.append(f"| {r['workload']} | {_fmt(spread['auto_vs_default'])} | {_fmt(spread['auto_vs_best_sweep'])} "
-                         f"({r['best_sweep'] or 'n/a'}) | {_fmt(spread['auto_vs_run_cpu'])} | "
+            h2h = r.get("head_to_head") or {}
+            best_col = (f"{_fmt(spread['auto_vs_best_sweep'])} ({r['best_sweep'] or 'n/a'}"
+                        + (f"; head to head, {h2h['pairs_counted']} of {h2h['pairs']} pairs; in the sweep rounds "
+                           f"{_fmt(spread.get('auto_vs_best_sweep_in_rounds'))}" if spread.get("auto_vs_best_sweep_in_rounds") else "")
+                        + ")")
+            lines.append(f"| {r['workload']} | {_fmt(spread['auto_vs_default'])} | {best_col} | {_fmt(spread['auto_vs_run_cpu'])} | "
                          + (f"{auto['median']:.1f}" if auto["median"] else "n/a") + " | "
                          f"{_mfu(r)} | {_decisions(r['auto_decisions'])} | {_targets(r)} |")
         lines.append("")
         for r in results:
             lines += _sweep_lines(r)
+            line = head_to_head_line(r)
+            if line:
+                lines.append(line)
         for r in results:
             line = _tuning(r)
             if line:

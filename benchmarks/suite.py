@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -304,6 +304,45 @@ def run_rounds(configs: List[Dict[str, Any]], workload: str, size: str, rounds: 
     return all_rounds
 
 
+def head_to_head(auto: Dict[str, Any], best: Dict[str, Any], pairs: int, run_one: Callable[[Dict[str, Any]], Dict[str, Any]],
+                 log: Callable[[str], Any], max_repeats: Optional[int] = None) -> Dict[str, Any]:
+    """auto against the sweep's best in `pairs` fresh rounds of the two side by side, which runs first alternating.
+
+    The best was picked as the highest of many medians taken from the sweep's own runs, so its median carries the
+    luck that picked it (a configuration run twice as auto and as its sweep twin reads below 1.0x of itself); fresh
+    runs, adjacent in time, measure the two on the same footing. Each run is checked as the rounds' are."""
+    from benchmarks import checks
+
+    repeats = checks.MAX_REPEATS if max_repeats is None else max_repeats
+    best = dict(best, name="best")
+    rounds: List[Dict[str, Dict[str, Any]]] = []
+    for p in range(pairs):
+        results: Dict[str, Dict[str, Any]] = {}
+        for c in ((auto, best) if p % 2 == 0 else (best, auto)):
+            results[c["name"]] = checks.run_checked(run_one, c, log, repeats)
+        a, b = checks.counted(results["auto"]), checks.counted(results["best"])
+        log(f"  head to head {p + 1}/{pairs}: auto " + (f"{a:.2f}" if a else "not counted") + ", best "
+            + (f"{b:.2f}" if b else "not counted") + (f" ({a / b:.2f}x)" if a and b else ""))
+        rounds.append(results)
+    per_pair = [a / b for a, b in ((checks.counted(r["auto"]), checks.counted(r["best"])) for r in rounds) if a and b]
+    ratio = ({"median": statistics.median(per_pair), "min": min(per_pair), "max": max(per_pair)} if per_pair
+             else {"median": None, "min": None, "max": None})
+    return {"pairs": pairs, "pairs_counted": len(per_pair), "ratio": ratio, "checks": checks.tally(rounds),
+            "medians": {name: statistics.median([x for x in (checks.counted(r[name]) for r in rounds) if x] or [0.0])
+                        for name in ("auto", "best")},
+            "runs": {name: _config_runs(name, rounds) for name in ("auto", "best")}}
+
+
+def with_head_to_head(summary: Dict[str, Any], confirmed: Dict[str, Any]) -> Dict[str, Any]:
+    """The summary whose auto / best of sweep is the head-to-head figure (the one the target reads), the rounds' own
+    beside it; unchanged where no pair counted."""
+    if confirmed["ratio"]["median"] is None:
+        return summary
+    ratios = dict(summary["ratios"], auto_vs_best_sweep=confirmed["ratio"],
+                  auto_vs_best_sweep_in_rounds=summary["ratios"]["auto_vs_best_sweep"])
+    return dict(summary, ratios=ratios)
+
+
 def checked_result(configs: List[Dict[str, Any]], all_rounds: List[Dict[str, Dict[str, Any]]],
                    medians: Dict[str, float]) -> Dict[str, Any]:
     """The results' record of the rounds: each configuration with its figures, what it ran and each run's checks;
@@ -351,7 +390,7 @@ def _what_ran(name: str, all_rounds: List[Dict[str, Dict[str, Any]]]) -> Optiona
 
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
                    peak: Dict[str, float], log, hardware: Optional[Dict[str, Any]] = None,
-                   keep: int = 1, tune_budget: Optional[float] = None) -> Dict[str, Any]:
+                   keep: int = 1, tune_budget: Optional[float] = None, pairs: int = 0) -> Dict[str, Any]:
     compile_note = None
     if (workload, size) == ("lm", "small") and any(shutil.which(c) for c in ("cc", "gcc", "g++")):
         # The rule's compile decision reads this host's crossover for the tiny preset (the small LM's shape);
@@ -365,6 +404,13 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}] + points
     all_rounds = run_rounds(configs, workload, size, rounds, seconds, log, run_steps=steps)
     summary = summarise(configs, all_rounds)
+    confirmed = None
+    if pairs and summary["best_sweep"]:
+        best_cfg = next(c for c in configs if c["name"] == summary["best_sweep"])
+        log(f"auto against the sweep's best ({summary['best_sweep']}), {pairs} fresh rounds side by side ...")
+        confirmed = head_to_head(auto, best_cfg, pairs, lambda cfg: run_config(cfg, workload, size, seconds, steps), log)
+        confirmed["best"] = summary["best_sweep"]
+        summary = with_head_to_head(summary, confirmed)
 
     auto_dtype = auto["settings"]["dtype"]
     fps = next((r["auto"].get("flops_per_sample") for r in all_rounds if r.get("auto", {}).get("flops_per_sample")), None)
@@ -393,6 +439,7 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         "ratio_spread": summary["ratios"],
         "targets": _targets(ratios, lever_applied, not any((r.get("auto") or {}).get("not_as_planned") for r in all_rounds)),
         "best_sweep": summary["best_sweep"],
+        "head_to_head": confirmed,
         "auto_decisions": d,
         "auto_reasons": auto.get("reasons", {}),
         "compile_measurement_note": compile_note,
@@ -461,6 +508,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "default 5, --full 4: one workload's full sweep in about 20 minutes on 2 cores)")
     ap.add_argument("--keep", type=int, default=1, help="--quick: points of the tuner's path kept for the rounds "
                     "beside auto (the best ones; default 1)")
+    ap.add_argument("--pairs", type=int, default=None, help="fresh rounds of auto beside the sweep's best after the "
+                    "sweep, which runs first alternating (the target's auto / best figure; default --full 8, --quick 4; "
+                    "0: the sweep rounds' own ratio)")
     ap.add_argument("--tune-budget", type=float, default=None, metavar="S",
                     help="seconds each workload's tuning may take (default: compat/tuning.toml's budget_s, 60)")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
@@ -482,6 +532,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds is None:
         args.rounds = 4 if args.full else 5
+    if args.pairs is None:
+        args.pairs = 8 if args.full else 4
     if args.gpu:  # a separate path: GPU results never mix with the CPU suite's
         from benchmarks import gpu
 
@@ -524,7 +576,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results = []
     for workload, size in workloads:
         res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log,
-                             hardware=hardware, keep=args.keep, tune_budget=args.tune_budget)
+                             hardware=hardware, keep=args.keep, tune_budget=args.tune_budget, pairs=args.pairs)
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
     user_results: List[Dict[str, Any]] = []
