@@ -38,6 +38,9 @@ PATHS: Dict[str, List[str]] = {
     "own-srun": ["--auto", "--nproc-per-node", "2"],
     # MPICH / Intel MPI: the user's hydra line (-ppn, -genv). cpuperf's own mpirun is test_launch_plan's: under
     # --sysroot the probe finds no launcher on the recorded tree
+    # the Trainer script inside a shell line: read through, its flags inside the line; a chained line gets none
+    "shell-line": ["--auto", "--", "bash", "-c", "python train.py --output_dir o"],
+    "shell-chained": ["--auto", "--hf-flags", "always", "--", "bash", "-c", "cd . && python train.py --output_dir o"],
     "hydra": ["--auto", "--", "mpiexec.hydra", "-n", "2", "-ppn", "2", "-genv", "I_MPI_DEBUG", "0", "python", "train.py",
               "--output_dir", "o"],
 }
@@ -200,6 +203,22 @@ def test_the_trainers_default_fused_adamw_is_applied_by_that_default(dry_runs):
         applied = {i["id"]: i for i in plan["levers"]["applied"]}
         assert applied["optimizer"]["value"] == "adamw_fused", (path, plan["levers"])
         assert applied["optimizer"]["how"] == "default: the Trainer's default is fused AdamW"
+
+
+def test_a_shell_lines_flags_are_inside_it_or_listed_as_not_applied(dry_runs):
+    carried = set()
+    for cls in CLASSES:
+        line = dry_runs[(cls.name, "shell-line")][1]
+        argv, flags = line["launch"]["argv"], line["applied"]["flags"]
+        carried.update(flags)
+        assert argv[-3:-1] == ["bash", "-c"] and argv[-1] == " ".join(["python", "train.py", "--output_dir", "o", *flags])
+        chained = dry_runs[(cls.name, "shell-chained")][1]
+        assert chained["launch"]["argv"][-1] == "cd . && python train.py --output_dir o" and not chained["applied"]["flags"]
+        flagless = [i for i in chained["levers"]["not_applied"] if "no Trainer flags" in i["why"]]
+        assert all("would reach the shell, not your script" in i["why"] for i in flagless), (cls.name, flagless)
+        if "--bf16" in flags:  # what the line carried is, behind a chained line, listed with that reason
+            assert "dtype" in {i["id"] for i in flagless}, cls.name
+    assert {"--bf16", "--use_cpu"} <= carried  # the bf16 classes' lines carry their flags
 
 
 @pytest.mark.parametrize("cls", [c for c in CLASSES if not c.gpus], ids=[c.name for c in CLASSES if not c.gpus])

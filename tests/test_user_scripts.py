@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,40 @@ def test_the_parser_decides_whether_trainer_flags_are_safe():
     assert plan_script(["python", "t.py"], ours, "auto", "import argparse\nTrainer(").added == ()
     assert plan_script(["python", "t.py"], ours, "always", "import argparse").argv[-1] == "--use_cpu"
     assert plan_script(["python", "t.py"], ours, "never", hf).added == ()
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+def test_trainer_flags_go_inside_a_shell_line_and_the_shell_hands_them_to_the_script(shell, tmp_path):
+    # `bash -c 'python t.py ...'`: after the line a flag would be the shell's $0, never the script's
+    (tmp_path / "t.py").write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    hf = "p = HfArgumentParser((TrainingArguments,)); p.parse_args_into_dataclasses()"
+    user = [shell, "-c", f"OMP_PROC_BIND=close {sys.executable} t.py --output_dir 'my out' --per_device_train_batch_size 4", "name"]
+    cmd = parse_command(user)
+    assert (cmd.script, list(cmd.script_args)) == ("t.py", ["--output_dir", "my out", "--per_device_train_batch_size", "4"])
+    for mode in ("auto", "always"):
+        plan = plan_script(user, [Flag(("--bf16",), "dtype"), Flag(("--use_cpu",), "device")], mode, hf)
+        assert plan.added_args == ["--bf16", "--use_cpu"] and plan.argv[:2] == (shell, "-c") and plan.argv[-1] == "name"
+        ran = subprocess.run(list(plan.argv), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert json.loads(ran.stdout) == ["--output_dir", "my out", "--per_device_train_batch_size", "4", "--bf16", "--use_cpu"]
+    assert plan_script(user, [Flag(("--bf16",), "dtype")], "never", hf).argv == tuple(user)
+
+
+def test_a_shell_line_cpuperf_does_not_read_through_gets_no_flags_even_when_forced():
+    user = ["bash", "-c", "cd data && python t.py --output_dir o"]
+    plan = plan_script(user, [Flag(("--bf16",), "dtype")], "always", None)
+    assert plan.argv == tuple(user) and plan.added == ()
+    assert "does not read through" in plan.why and "would reach the shell, not your script" in plan.why
+
+
+def test_a_tuning_run_of_a_shell_line_keeps_the_shell_and_sets_its_length_inside():
+    from cpuperf.plan.user_script import command_key, tuning_argv
+
+    user = ["bash", "-c", "python t.py --max_steps 900 --output_dir o --lr 1"]
+    assert tuning_argv(user, 5, "/tmp/x") == ["bash", "-c", "python t.py --lr 1 --max_steps 5 --output_dir /tmp/x"]
+    # the run length and output directory are no part of the command's identity; the shell and the rest are
+    assert command_key(user, "s") == command_key(["bash", "-c", "python t.py --output_dir p --lr 1"], "s")
+    assert command_key(user, "s") != command_key(["python", "t.py", "--lr", "1"], "s")
+    assert command_key(user, "s") != command_key(["bash", "-c", "python t.py --lr 2"], "s")
 
 
 def test_torch_compile_for_a_trainer_when_measured_to_pay_back_on_cpu():
@@ -151,6 +186,8 @@ CASES = {
     "torchrun_hf": lambda t: [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
                               "hf_parser.py", *_hf(t)],
     "plain_loop": lambda t: [PY, "plain_loop.py", "--batch-size", "4"],
+    # the Trainer script inside a shell line: its flags go into the line, where the shell hands them to the script
+    "shell_line_hf": lambda t: ["bash", "-c", shlex.join([PY, "hf_parser.py", *_hf(t)])],
 }
 
 
@@ -182,7 +219,7 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
     assert applied["launcher"]["name"] == "direct"  # never a second launcher on top of the user's
     if case in ("accelerate_launch", "torchrun_hf"):
         assert applied["launcher"]["yours"] in ("accelerate", "torchrun")
-    if case in ("hf_parser", "torchrun_hf"):
+    if case in ("hf_parser", "torchrun_hf", "shell_line_hf"):
         # GPUs to keep off, or --bf16 (transformers >= 4.52 refuses it without --use_cpu on a CPU): it decides something
         if probe_host().gpus or "--bf16" in applied["flags"]:
             assert "--use_cpu" in applied["flags"] and auto["speed"]["use_cpu"] == "True"

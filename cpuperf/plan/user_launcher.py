@@ -211,7 +211,7 @@ def split_launcher(argv: Sequence[str]) -> Optional[LauncherCommand]:
     it is none of these. A launcher named where cpuperf cannot read the line (a shell line with `&&`, `$`...;
     a command it does not know in front) comes back with `hidden` saying why. An option the launcher itself
     would refuse (torchrun and accelerate: not in their parser) exits 2."""
-    wrappers, args, hidden = _unwrap(list(argv))
+    wrappers, args, hidden = unwrap(list(argv))
     found = _launcher_at(args, 0) if args and not hidden else None
     if found is None:
         named, hidden = _named_launcher(args, wrappers, hidden)
@@ -313,7 +313,7 @@ def _negative_number(word: str) -> bool:
 
 # -- wrappers in front of the launcher -----------------------------------------------------------------
 
-def _unwrap(args: List[str]) -> Tuple[List[Wrapper], List[str], str]:
+def unwrap(args: List[str]) -> Tuple[List[Wrapper], List[str], str]:
     """(the wrappers in front, the words of the command behind them, why a shell line is not read through or '').
     A shell's `-c LINE` that is one simple command is read through: its words are the command behind."""
     found: List[Wrapper] = []

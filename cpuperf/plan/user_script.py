@@ -25,6 +25,7 @@ from cpuperf.versions import base_or_none
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Levers, Recommendation
+    from cpuperf.plan.user_launcher import Wrapper
 
 HF_MODES = ("auto", "always", "never")
 _HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
@@ -58,6 +59,17 @@ class UserCommand:
     script: Optional[str]
     script_args: Tuple[str, ...]
     module: Optional[str] = None  # `python -m pkg.train` (not a launcher)
+    # `bash -c 'LINE'` (and what is in front of it or inside it): argv is the command inside, read through the
+    # wrappers; flags go into the line (rewrap). A line cpuperf does not read through: `hidden` says why.
+    wrappers: Tuple[Wrapper, ...] = ()
+    hidden: str = ""
+
+    def rewrap(self, argv: Sequence[str]) -> Tuple[str, ...]:
+        """`argv` (this command, changed) inside the wrappers it was given in."""
+        out = tuple(argv)
+        for w in reversed(self.wrappers):
+            out = w.around(out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,19 @@ def _nproc(launcher: str, opts: Sequence[str]) -> Optional[int]:
 
 
 def parse_command(argv: Sequence[str]) -> UserCommand:
-    """Find the script behind `python`, torchrun, `python -m torch.distributed.run`, `accelerate launch`, mpirun, srun."""
+    """Find the script behind `python`, torchrun, `python -m torch.distributed.run`, `accelerate launch`, mpirun, srun;
+    inside a shell's `-c LINE` where the line is one simple command (read as cpuperf.plan.user_launcher reads it)."""
+    from cpuperf.plan.user_launcher import unwrap
+
+    wrappers, inner, hidden = unwrap(list(argv))
+    if hidden:
+        return UserCommand(tuple(argv), None, None, None, (), None, hidden=hidden)
+    if any(w.shell for w in wrappers):
+        return replace(_parse_words(inner), wrappers=tuple(wrappers))
+    return _parse_words(argv)
+
+
+def _parse_words(argv: Sequence[str]) -> UserCommand:
     args = list(argv)
     launcher: Optional[str] = None
     i = 0
@@ -463,21 +487,26 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
     parser, why = detect_parser(source, cmd.script_args) if (cmd.script or cmd.module) else ("n/a", "no Python script")
     if cmd.module and source is None:
         parser, why = "unknown", f"python -m {cmd.module}: the module's parser is unknown"
+    words = cmd.argv if cmd.wrappers else tuple(user_argv)  # inside `bash -c 'LINE'`: the line's words
+
     def made(argv: Sequence[str], added: Sequence[Flag], left: Sequence[Tuple[str, str]], why_: str) -> ScriptPlan:
-        return ScriptPlan(argv=tuple(argv), command=cmd, parser=parser, mode=mode, added=tuple(added),
+        final = tuple(user_argv) if tuple(argv) == tuple(words) else cmd.rewrap(argv)
+        return ScriptPlan(argv=final, command=cmd, parser=parser, mode=mode, added=tuple(added),
                           not_added=tuple(left), why=why_, transformers=transformers)
 
     if mode == "never":
-        return made(user_argv, (), (), "--hf-flags never")
+        return made(words, (), (), "--hf-flags never")
+    if cmd.hidden:  # after the line a flag would be the shell's $0 or $1, never the script's: even --hf-flags always
+        return made(words, (), (), f"{cmd.hidden}: a flag after the line would reach the shell, not your script")
     launch = launcher_flags(cmd, ours)
-    base = _with_launcher_flags(user_argv, launch)
+    base = _with_launcher_flags(words, launch)
     if mode == "auto" and parser != "hf":
         return made(base, launch, (), why + " (--hf-flags always adds them anyway)")
-    add, left = merge_flags(cmd.script_args or user_argv, ours, source)
+    add, left = merge_flags(cmd.script_args or words, ours, source)
     argv = base + tuple(a for f in add for a in f.args)
     plan = made(argv, [*launch, *add], [*left, *skipped], why if mode == "auto" else "--hf-flags always")
     # fused AdamW without a flag: the Trainer's default, where neither your command nor your code picks another
-    fused = ("--optim", TRAINER_FUSED) in skipped and "--optim" not in user_flag_names(cmd.script_args or user_argv) \
+    fused = ("--optim", TRAINER_FUSED) in skipped and "--optim" not in user_flag_names(cmd.script_args or words) \
         and not _sets_optim(source)
     return replace(plan, by_default=("optimizer",)) if fused else plan
 
@@ -612,7 +641,8 @@ def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
     import json
 
     cmd = parse_command(argv)
-    head = list(argv[:len(argv) - len(cmd.script_args)])
+    words = cmd.argv if cmd.wrappers else tuple(argv)
+    head = [*(a for w in cmd.wrappers for a in w.argv), *words[:len(words) - len(cmd.script_args)]]
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]
     kept = [[k, v] for k, v in _pairs(cmd.script_args) if _norm(k) not in _RUN_LENGTH]
@@ -625,13 +655,14 @@ _RUN_LENGTH = ("--max_steps", "--num_train_epochs", "--output_dir")
 def tuning_argv(argv: Sequence[str], steps: int, out_dir: str) -> List[str]:
     """The command for one short tuning run: --max_steps `steps` and --output_dir `out_dir` in place of its own."""
     cmd = parse_command(argv)
-    head = list(argv[:len(argv) - len(cmd.script_args)])
+    words = cmd.argv if cmd.wrappers else tuple(argv)
+    head = list(words[:len(words) - len(cmd.script_args)])
     rest: List[str] = []
     for key, value in _pairs(cmd.script_args):
         if _norm(key) in ("--max_steps", "--output_dir", "--num_train_epochs"):
             continue
         rest += [key] if value is None else [key, value]
-    return [*head, *rest, "--max_steps", str(steps), "--output_dir", out_dir]
+    return list(cmd.rewrap([*head, *rest, "--max_steps", str(steps), "--output_dir", out_dir]))
 
 
 def cpu_only_host(rec: Recommendation) -> bool:
