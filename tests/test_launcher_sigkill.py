@@ -5,6 +5,7 @@ Open MPI's mpirun), real processes; the ranks record their pids from inside."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,9 +41,14 @@ SPELLINGS = {
     "mpirun -np 2": lambda: [*_mpirun(), "-np", "2", PY, SCRIPT],
     "mpirun --oversubscribe -np 4": lambda: [*_mpirun(), "--oversubscribe", "-np", "4", PY, SCRIPT],
     "mpirun --bind-to core -np 2": lambda: [*_mpirun(), "--bind-to", "core", "-np", "2", PY, SCRIPT],
+    # wrappers cpuperf reads through: the launcher in a session of its own, behind a timeout, inside a shell line
+    "setsid torchrun": lambda: ["setsid", os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", SCRIPT],
+    "timeout 600 torchrun": lambda: ["timeout", "600", os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", SCRIPT],
+    "sh -c 'torchrun ...'": lambda: ["sh", "-c", shlex.join([os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", SCRIPT])],
 }
 EXPECTED = {"torchrun": 2, "python -m torch.distributed.run": 2, "accelerate launch": 2, "mpirun -np 2": 2,
-            "mpirun --oversubscribe -np 4": 4, "mpirun --bind-to core -np 2": 2}
+            "mpirun --oversubscribe -np 4": 4, "mpirun --bind-to core -np 2": 2, "setsid torchrun": 2,
+            "timeout 600 torchrun": 2, "sh -c 'torchrun ...'": 2}
 
 
 def _alive(pid: int) -> bool:
@@ -125,3 +131,19 @@ def test_a_process_the_launcher_orphaned_in_a_session_of_its_own_is_ended_with_t
     finally:
         for pid in _job(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.full  # a real run
+def test_a_command_behind_setsid_is_the_run_not_a_fork_that_ends_it_at_once(tmp_path):
+    """setsid(1) forks when it leads a process group and its parent exits 0 at once: started so, the run ended as it
+    began and its job was ended with it. cpuperf runs the command as setsid's own process, in its own session."""
+    code = "import os, sys, time; time.sleep(1); print('own session', os.getsid(0) == os.getpid()); sys.exit(3)"
+    proc = subprocess.run([PY, "-m", "cpuperf", "train", "--out", str(tmp_path / "run"), "--", "setsid", PY, "-c", code],
+                          env=cli_env({}), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]  # the command's own exit code, after its second of work
+    assert "own session True" in proc.stdout
+
+    forked = subprocess.run([PY, "-m", "cpuperf", "train", "--out", str(tmp_path / "run2"), "--", "setsid", "--fork", PY,
+                             "-c", code], env=cli_env({}), capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 2 and "`setsid --fork` detaches your command from cpuperf" in forked.stderr, forked.stderr
+    assert "own session" not in forked.stdout

@@ -9,7 +9,8 @@ refused before it touches anything), the child gets SIGTERM from the kernel when
 (PR_SET_PDEATHSIG, also set by rankexec in every rank, a user's own launcher's ranks included, so each
 rank follows its launcher), SIGTERM/SIGHUP to cpuperf stop the child and, after a grace period, its
 whole process group; once the child has ended, any process still carrying this run's environment marker
-(a rank its launcher orphaned, in another session or group) is killed.
+(a rank its launcher orphaned, in another session or group) is killed, and if cpuperf itself is killed a
+watchdog (cpuperf.run.owned) kills them: behind `sh -c` or `setsid` no death signal reaches the launcher.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
 
     direct = plan.launcher == "direct"
     try:
-        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=True,
+        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=not _opens_a_session(plan.argv),
                                 stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
@@ -175,6 +176,22 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
         raise LaunchFailedError(f"cannot start {plan.argv[0]}: {exc.strerror}") from exc
+
+
+def _opens_a_session(argv: Sequence[str]) -> bool:
+    """The command makes its own session (`setsid torchrun ...`, behind `env`, `nice`...): it is not started in one.
+    setsid(1) in a process group's leader forks and its parent exits at once: the run would end as it began, and
+    the job it left behind would be ended with it. Not a leader, it calls setsid() and execs: the same process."""
+    from cpuperf.plan.user_launcher import unwrap
+
+    wrappers, _, _ = unwrap(list(argv))
+    setsids = [w for w in wrappers[:next((i for i, w in enumerate(wrappers) if w.shell), len(wrappers))]
+               if w.name == "setsid"]
+    if any(o in ("-f", "--fork") for w in setsids for o in w.argv[1:]):
+        raise UsageError("`setsid --fork` detaches your command from cpuperf: the run would end as it starts, and "
+                         "what it started be ended with it", hint="drop --fork: cpuperf runs the command in a session "
+                         "of its own already")
+    return bool(setsids)
 
 
 def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Optional[TextIO],
@@ -290,9 +307,14 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
     stderr, keeping our stdout for the one summary object. run_dir (default: the log directory's
     parent, cpuperf train's --out) is locked before anything in it is touched.
     """
+    from cpuperf.run.owned import start_watchdog, stop_watchdog
+
     run_dir = run_dir or (os.path.dirname(plan.log_dir) if plan.log_dir else None)
     lock = lock_run_dir(run_dir) if run_dir else None
     errors_dir = tempfile.mkdtemp(prefix="cpuperf-rank-errors-")
+    # A process of the job that no death signal reaches (behind `sh -c`, a launcher that daemonized, a rank in a
+    # session of its own) still ends when cpuperf is killed, even by SIGKILL: the watchdog ends what carries the marker.
+    watchdog = start_watchdog(f"{ERRORS_VAR}={errors_dir}", errors_dir)
     try:
         env = dict(os.environ if environ is None else environ)
         env.update(plan.env)
@@ -302,6 +324,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         return _run(plan, env, echo, stdout_is_product, errors_dir, tee_stderr)
     finally:
         shutil.rmtree(errors_dir, ignore_errors=True)
+        stop_watchdog(watchdog)
         if lock is not None:
             lock.release()
 

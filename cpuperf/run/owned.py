@@ -57,6 +57,26 @@ if workdir:
 """
 
 
+def start_watchdog(marker: str, workdir: str = "") -> subprocess.Popen[bytes]:
+    """A process that outlives this one by a moment, however this one ends (SIGKILL too: its pipe closes), and then
+    kills every process carrying `marker` in its environment and removes `workdir`. In a session of its own and deaf
+    to the terminal's signals: a Ctrl-C or a kill of this process's group does not take it first."""
+    env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, marker, workdir], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
+def stop_watchdog(watchdog: subprocess.Popen[bytes]) -> None:
+    """This process is done with its run: the watchdog sweeps once (nothing should be left) and exits."""
+    if watchdog.stdin is not None:
+        watchdog.stdin.close()
+    try:
+        watchdog.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class Stopped(CpuperfError):
     """cpuperf was asked to stop (SIGTERM, SIGINT, SIGHUP) while a run it owns was going: 128 + the signal."""
 
@@ -80,10 +100,7 @@ class Owner:
         self._count = 0
 
     def __enter__(self) -> Owner:
-        env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
-        self._watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, self.marker, self.workdir], env=env,
-                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True, close_fds=True)
+        self._watchdog = start_watchdog(self.marker, self.workdir)
         for sig in _SIGNALS:
             self._old[sig] = signal.signal(sig, self._stop)
         return self
@@ -92,12 +109,8 @@ class Owner:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._end_current()
-        if self._watchdog is not None and self._watchdog.stdin is not None:
-            self._watchdog.stdin.close()  # the watchdog sweeps once more and removes the directory
-            try:
-                self._watchdog.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        if self._watchdog is not None:
+            stop_watchdog(self._watchdog)  # it sweeps once more and removes the directory
 
     def _stop(self, signum: int, _frame: object) -> None:
         for sig in _SIGNALS:  # a second signal while stopping is not a second exception
