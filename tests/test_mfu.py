@@ -118,12 +118,12 @@ def test_workload_shapes_are_the_model_linears():
 
 
 @pytest.mark.full  # three real runs
-def test_same_job_three_times_gives_a_narrow_mfu_band_below_100(tmp_path, monkeypatch):
+def test_same_job_three_times_divides_by_the_same_peak_and_stays_below_100(tmp_path, monkeypatch):
     monkeypatch.delenv("CPUPERF_OVERRIDE_HYPERVISOR", raising=False)  # a guest is one (its clock is its host's TSC)
     pytest.importorskip("torch")
     from worker_util import _settings, run_worker
 
-    mfus = []
+    mfus, peaks = [], []
     for i in range(3):
         p = run_worker("--config", _settings(tmp_path / f"r{i}", str(tmp_path / "tok"), max_steps=60,
                                              eval_every=1000, ckpt_every=1000, log_every=50), "--json")
@@ -144,8 +144,14 @@ def test_same_job_three_times_gives_a_narrow_mfu_band_below_100(tmp_path, monkey
         # (the ceiling may be re-measured higher once at the end: 2% for that).
         assert summary["mfu"] <= summary["pct_of_achievable"] / 100 * 1.02 + 1e-9, summary["hardware_peak"]
         mfus.append(summary["mfu"])
-    # Measured on a shared, loaded 2-core host: 0.34-0.47 (the old 0.3 s 512x512 peak gave 17.8%-200.6%).
-    assert max(mfus) / min(mfus) < 1.8, mfus
+        peaks.append((summary["peak"]["tflops"], summary["hardware_peak"]["clock_used"]))
+    # The denominator is the host's, not the run's: the same clock in every run (the old 0.3 s 512x512 peak gave 17.8%-200.6%,
+    # and a guest's clock flipped between its TSC and the boost clock). The numerator is a timing: how far it moves
+    # with other work on the host is the benchmarks' business (a run under CI's own load read 0.054 against 0.159).
+    # (a host's reported clock may drift with its governor, within its turbo range: never the 2.2x of that flip)
+    if peaks:
+        assert len({clock for _, clock in peaks}) == 1, peaks
+        assert max(t for t, _ in peaks) / min(t for t, _ in peaks) < 1.25, peaks
     assert statistics.median(mfus) < 1.0
 
 
