@@ -314,7 +314,7 @@ def head_to_head(auto: Dict[str, Any], best: Dict[str, Any], pairs: int, run_one
     from benchmarks import checks
 
     repeats = checks.MAX_REPEATS if max_repeats is None else max_repeats
-    best = dict(best, name="best")
+    best_name, best = best["name"], dict(best, name="best")
     rounds: List[Dict[str, Dict[str, Any]]] = []
     for p in range(pairs):
         results: Dict[str, Dict[str, Any]] = {}
@@ -327,7 +327,7 @@ def head_to_head(auto: Dict[str, Any], best: Dict[str, Any], pairs: int, run_one
     per_pair = [a / b for a, b in ((checks.counted(r["auto"]), checks.counted(r["best"])) for r in rounds) if a and b]
     ratio = ({"median": statistics.median(per_pair), "min": min(per_pair), "max": max(per_pair)} if per_pair
              else {"median": None, "min": None, "max": None})
-    return {"pairs": pairs, "pairs_counted": len(per_pair), "ratio": ratio, "checks": checks.tally(rounds),
+    return {"best": best_name, "pairs": pairs, "pairs_counted": len(per_pair), "ratio": ratio, "checks": checks.tally(rounds),
             "medians": {name: statistics.median([x for x in (checks.counted(r[name]) for r in rounds) if x] or [0.0])
                         for name in ("auto", "best")},
             "runs": {name: _config_runs(name, rounds) for name in ("auto", "best")}}
@@ -409,7 +409,6 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         best_cfg = next(c for c in configs if c["name"] == summary["best_sweep"])
         log(f"auto against the sweep's best ({summary['best_sweep']}), {pairs} fresh rounds side by side ...")
         confirmed = head_to_head(auto, best_cfg, pairs, lambda cfg: run_config(cfg, workload, size, seconds, steps), log)
-        confirmed["best"] = summary["best_sweep"]
         summary = with_head_to_head(summary, confirmed)
 
     auto_dtype = auto["settings"]["dtype"]

@@ -487,7 +487,7 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
     parser, why = detect_parser(source, cmd.script_args) if (cmd.script or cmd.module) else ("n/a", "no Python script")
     if cmd.module and source is None:
         parser, why = "unknown", f"python -m {cmd.module}: the module's parser is unknown"
-    words = cmd.argv if cmd.wrappers else tuple(user_argv)  # inside `bash -c 'LINE'`: the line's words
+    words = cmd.argv  # inside `bash -c 'LINE'`: the line's words
 
     def made(argv: Sequence[str], added: Sequence[Flag], left: Sequence[Tuple[str, str]], why_: str) -> ScriptPlan:
         final = tuple(user_argv) if tuple(argv) == tuple(words) else cmd.rewrap(argv)
@@ -641,8 +641,7 @@ def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
     import json
 
     cmd = parse_command(argv)
-    words = cmd.argv if cmd.wrappers else tuple(argv)
-    head = [*(a for w in cmd.wrappers for a in w.argv), *words[:len(words) - len(cmd.script_args)]]
+    head = [*(a for w in cmd.wrappers for a in w.argv), *cmd.argv[:len(cmd.argv) - len(cmd.script_args)]]
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]
     kept = [[k, v] for k, v in _pairs(cmd.script_args) if _norm(k) not in _RUN_LENGTH]
@@ -655,8 +654,7 @@ _RUN_LENGTH = ("--max_steps", "--num_train_epochs", "--output_dir")
 def tuning_argv(argv: Sequence[str], steps: int, out_dir: str) -> List[str]:
     """The command for one short tuning run: --max_steps `steps` and --output_dir `out_dir` in place of its own."""
     cmd = parse_command(argv)
-    words = cmd.argv if cmd.wrappers else tuple(argv)
-    head = list(words[:len(words) - len(cmd.script_args)])
+    head = list(cmd.argv[:len(cmd.argv) - len(cmd.script_args)])
     rest: List[str] = []
     for key, value in _pairs(cmd.script_args):
         if _norm(key) in ("--max_steps", "--output_dir", "--num_train_epochs"):

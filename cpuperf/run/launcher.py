@@ -182,11 +182,12 @@ def _opens_a_session(argv: Sequence[str]) -> bool:
     """The command makes its own session (`setsid torchrun ...`, behind `env`, `nice`...): it is not started in one.
     setsid(1) in a process group's leader forks and its parent exits at once: the run would end as it began, and
     the job it left behind would be ended with it. Not a leader, it calls setsid() and execs: the same process."""
+    from itertools import takewhile
+
     from cpuperf.plan.user_launcher import unwrap
 
     wrappers, _, _ = unwrap(list(argv))
-    setsids = [w for w in wrappers[:next((i for i, w in enumerate(wrappers) if w.shell), len(wrappers))]
-               if w.name == "setsid"]
+    setsids = [w for w in takewhile(lambda w: not w.shell, wrappers) if w.name == "setsid"]  # in front of any shell line
     if any(o in ("-f", "--fork") for w in setsids for o in w.argv[1:]):
         raise UsageError("`setsid --fork` detaches your command from cpuperf: the run would end as it starts, and "
                          "what it started be ended with it", hint="drop --fork: cpuperf runs the command in a session "
