@@ -113,17 +113,26 @@ def test_window_zero_skips_sampling():
     assert load is not None and load.cpu_busy is None and time.monotonic() - start < 0.25
 
 
-def test_a_process_that_is_just_ending_is_not_load():
-    """A CPU busy in the first window only (a child that exits) is sampled again and does not count;
-    one busy in both windows (the busy_loop test above) does."""
-    import os
+def test_load_seen_in_one_window_only_does_not_count(monkeypatch):
+    """The rule itself, at the sampler: a CPU busy in the first window is sampled again and keeps its lower
+    figure; a CPU quiet in the first window is not sampled twice."""
+    from cpuperf.probe import load as load_mod
+    from cpuperf.probe.sources import Sources
 
+    windows = iter([([(0, 0.1), (1, 0.95)], [2], 0.1), ([(0, 0.3), (1, 0.05)], [1], 0.1)])
+    monkeypatch.setattr(load_mod, "_sample", lambda src, window_s, cpus: next(windows))
+    monkeypatch.setattr(load_mod.time, "sleep", lambda s: None)
+    load = load_mod.probe_load(Sources(), cpus=[0, 1], window_s=0.1)
+    assert dict(load.cpu_busy or ()) == {0: 0.1, 1: 0.05} and load.window_s == 0.2
+    windows = iter([([(0, 0.1), (1, 0.2)], [1], 0.1)])
+    assert load_mod.probe_load(Sources(), cpus=[0, 1], window_s=0.1).window_s == 0.1
+
+
+def _just_ending_child_load(cpu):
+    """(load probed while a child pinned to `cpu` spins its last 0.15 s, load probed after it exited)."""
     from cpuperf.probe.load import probe_load
     from cpuperf.probe.sources import Sources
 
-    cpu = sorted(os.sched_getaffinity(0))[-1]
-    if probe_load(Sources(), cpus=[cpu], window_s=0.1).busy().get(cpu, 0.0) >= 0.5:
-        pytest.skip(f"CPU {cpu} is busy with other work already: the premise (a quiet CPU) does not hold")
     code = (f"import os, sys, time\nos.sched_setaffinity(0, {{{cpu}}})\nprint('go', flush=True)\n"
             "t = time.time()\nwhile time.time() - t < 0.15:\n    pass\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -132,5 +141,28 @@ def test_a_process_that_is_just_ending_is_not_load():
         load = probe_load(Sources(), cpus=[cpu], window_s=0.1)
     finally:
         child.wait(timeout=30)
-    assert load.window_s >= 0.15  # the busy first window was confirmed by a second one
-    assert load.busy().get(cpu, 0.0) < 0.5, load
+    return load, probe_load(Sources(), cpus=[cpu], window_s=0.1)
+
+
+def test_a_process_that_is_just_ending_is_not_load():
+    """A real child busy in the first window only (it exits) does not count; one busy in both windows (the
+    busy_loop test above) does. The suite's other worker may take the same CPU at any moment: an attempt
+    where the CPU is still busy after the child has gone measured that work, not the child, and is tried
+    again; a probe that counts the ending child reads busy in every attempt (it fails with two such attempts
+    on a quiet CPU and none that passed)."""
+    import os
+
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    attempts = []
+    for _ in range(5):
+        load, after = _just_ending_child_load(cpu)
+        assert load.window_s >= 0.15, load  # the busy first window was confirmed by a second one
+        if after.busy().get(cpu, 0.0) >= 0.5:
+            attempts.append(("other work on the CPU", load))
+            continue
+        attempts.append(("quiet after", load))
+        if load.busy().get(cpu, 0.0) < 0.5:
+            return
+    if sum(why == "quiet after" for why, _ in attempts) < 2:
+        pytest.skip(f"CPU {cpu} stayed busy with other work: the premise (a quiet CPU) did not hold")
+    pytest.fail(f"the ending child counted as load: {attempts}")
