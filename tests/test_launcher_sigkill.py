@@ -147,3 +147,8 @@ def test_a_command_behind_setsid_is_the_run_not_a_fork_that_ends_it_at_once(tmp_
                              "-c", code], env=cli_env({}), capture_output=True, text=True, timeout=120)
     assert forked.returncode == 2 and "`setsid --fork` detaches your command from cpuperf" in forked.stderr, forked.stderr
     assert "own session" not in forked.stdout
+    # --dry-run refuses it the same way, --json included: a plan that could not run is no plan.
+    for extra in ([], ["--json"]):
+        dry = subprocess.run([PY, "-m", "cpuperf", "train", "--dry-run", *extra, "--", "env", "A=1", "setsid", "-f", PY,
+                              "-c", code], env=cli_env({}), capture_output=True, text=True, timeout=120)
+        assert dry.returncode == 2 and "`setsid --fork`" in dry.stdout + dry.stderr, (dry.stdout, dry.stderr)

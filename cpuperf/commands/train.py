@@ -21,7 +21,7 @@ from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
 from cpuperf.plan.launch import mpi_flavour
 from cpuperf.plan.saved import plan_fits, read_plan_file
-from cpuperf.plan.user_launcher import split_launcher
+from cpuperf.plan.user_launcher import opens_a_session, split_launcher
 from cpuperf.plan.user_script import parse_command
 from cpuperf.probe import probe_host, with_load
 from cpuperf.probe.hf import accelerate_default_config, script_model
@@ -95,6 +95,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     # The edge is gathered in the layers' order, each value made once and handed on: the user's command split
     # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
     # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
+    if argv:
+        opens_a_session(argv)  # `setsid --fork` is refused here, so --dry-run says what the launch would
     yours = split_launcher(argv) if argv else None
     command = parse_command(argv) if argv else None
     script, script_args = (command.script, command.script_args) if command else (None, ())

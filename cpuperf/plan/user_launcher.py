@@ -311,6 +311,22 @@ def _negative_number(word: str) -> bool:
     return re.fullmatch(r"-\d+$|-\d*\.\d+", word) is not None  # argparse's _negative_number_matcher
 
 
+def opens_a_session(argv: Sequence[str]) -> bool:
+    """The command makes its own session (`setsid torchrun ...`, behind `env`, `nice`...): the launcher does not
+    start it in one. setsid(1) in a process group's leader forks and its parent exits at once: the run would end as
+    it began, and the job it left behind would be ended with it. Not a leader, it calls setsid() and execs: the
+    same process. `setsid --fork` forks anyway: a usage error, in --dry-run as at the launch."""
+    from itertools import takewhile
+
+    wrappers, _, _ = unwrap(list(argv))
+    setsids = [w for w in takewhile(lambda w: not w.shell, wrappers) if w.name == "setsid"]  # in front of any shell line
+    if any(o in ("-f", "--fork") for w in setsids for o in w.argv[1:]):
+        raise UsageError("`setsid --fork` detaches your command from cpuperf: the run would end as it starts, and "
+                         "what it started be ended with it", hint="drop --fork: cpuperf runs the command in a session "
+                         "of its own already")
+    return bool(setsids)
+
+
 # -- wrappers in front of the launcher -----------------------------------------------------------------
 
 def unwrap(args: List[str]) -> Tuple[List[Wrapper], List[str], str]:

@@ -34,6 +34,7 @@ from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
 from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UsageError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
+from cpuperf.plan.user_launcher import opens_a_session
 from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
@@ -168,7 +169,7 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
 
     direct = plan.launcher == "direct"
     try:
-        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=not _opens_a_session(plan.argv),
+        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=not opens_a_session(plan.argv),
                                 stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
@@ -176,23 +177,6 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
         raise LaunchFailedError(f"cannot start {plan.argv[0]}: {exc.strerror}") from exc
-
-
-def _opens_a_session(argv: Sequence[str]) -> bool:
-    """The command makes its own session (`setsid torchrun ...`, behind `env`, `nice`...): it is not started in one.
-    setsid(1) in a process group's leader forks and its parent exits at once: the run would end as it began, and
-    the job it left behind would be ended with it. Not a leader, it calls setsid() and execs: the same process."""
-    from itertools import takewhile
-
-    from cpuperf.plan.user_launcher import unwrap
-
-    wrappers, _, _ = unwrap(list(argv))
-    setsids = [w for w in takewhile(lambda w: not w.shell, wrappers) if w.name == "setsid"]  # in front of any shell line
-    if any(o in ("-f", "--fork") for w in setsids for o in w.argv[1:]):
-        raise UsageError("`setsid --fork` detaches your command from cpuperf: the run would end as it starts, and "
-                         "what it started be ended with it", hint="drop --fork: cpuperf runs the command in a session "
-                         "of its own already")
-    return bool(setsids)
 
 
 def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Optional[TextIO],
