@@ -330,3 +330,52 @@ def test_a_launcher_hidden_in_a_shell_line_is_left_alone_and_the_plan_says_so(tm
     assert yours["ranks"] is None and not yours["placed_by_cpuperf"]
     assert "does not read through" in yours["why"] and "placement is left to the launcher" in yours["why"]
     assert "cpuperf.run.rankexec" not in " ".join(result["launch"]["argv"])
+
+
+# -- a launcher behind env, nice or taskset: the script's plan knows it is the launcher's --------------------
+
+@pytest.mark.parametrize("wrap", [["env", "FOO=1"], ["nice", "-n", "5"]])
+def test_a_launcher_behind_a_wrapper_is_the_users_launcher_in_the_applied_list(tmp_path, wrap):
+    """`env FOO=1 torchrun --nproc-per-node 2 x.py`: the applied list said "launcher direct" and "1 thread(s) per
+    process", as for one process, while the launch placed two ranks; the script's parse read torchrun only in front."""
+    from hosts import make_host
+
+    from cpuperf.plan.user_script import parse_command
+
+    cmd = parse_command([*wrap, "torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"])
+    assert (cmd.launcher, cmd.nproc, cmd.script, cmd.script_args) == ("torchrun", 2, "t.py", ("--lr", "1"))
+    assert cmd.rewrap([*cmd.argv, "--bf16"]) == (*wrap, "torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1",
+                                                  "--bf16")
+    root = make_host(tmp_path / "host", cores_per_socket=4)
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(root), "--", *wrap, "torchrun",
+                    "--nproc-per-node", "2", SCRIPT])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    applied = json.loads(proc.stdout)["applied"]
+    assert applied["launcher"]["yours"] == "torchrun", applied["launcher"]
+    assert [r["threads"] for r in applied["ranks"]] == [2, 2]
+
+
+def test_a_thread_count_of_yours_that_crowds_the_cores_is_kept_and_the_plan_says_what_fits(tmp_path):
+    """`env OMP_NUM_THREADS=4 torchrun --nproc-per-node 2` on 2 cores: 8 compute threads take turns on 2 cores.
+    The count stays the user's; the plan says so, and the lever report names their value, not 'not carried'."""
+    from hosts import make_host
+
+    root = make_host(tmp_path / "host", cores_per_socket=2)
+
+    def plan(threads, env=None):
+        argv = ["train", "--auto", "--dry-run", "--json", "--sysroot", str(root), "--"]
+        line = ["torchrun", "--nproc-per-node", "2", SCRIPT]
+        proc = run_cli([*argv, *(["env", f"OMP_NUM_THREADS={threads}"] if env is None else []), *line],
+                       extra_env=env or {})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    for result in (plan(4), plan(4, env={"OMP_NUM_THREADS": "4"})):
+        assert result["launch"]["env"]["OMP_NUM_THREADS"] == "4"  # theirs, kept
+        notes = " ".join(result["launch"]["notes"])
+        assert "OMP_NUM_THREADS=4 x 2 rank(s) = 8 compute threads on 2 physical core(s)" in notes, notes
+        assert "OMP_NUM_THREADS=1 (cpuperf's plan)" in notes
+        threads = [lv for lv in result["levers"]["not_applied"] if lv["id"] == "threads_per_rank"]
+        assert threads and "your OMP_NUM_THREADS=4" in str(threads[0]), result["levers"]
+    fits = plan(1)
+    assert not any("compute threads on" in n for n in fits["launch"]["notes"])

@@ -156,6 +156,12 @@ def test_a_rejection_names_the_flags_and_the_command_without_them():
     assert hint.endswith("cpuperf train --auto --hf-flags never -- python t.py --x")
     assert rejected_flags(1, 3.0, "unrecognized arguments", script) is None
     assert rejected_flags(2, 300.0, "unrecognized arguments", script) is None
+    # The command to run again is the user's whole command, the wrappers and the shell line in front kept.
+    for argv, tail in ((["env", "A=1", "python", "t.py", "--x"], "-- env A=1 python t.py --x"),
+                       (["bash", "-c", "python t.py --x"], "-- bash -c 'python t.py --x'")):
+        wrapped = plan_script(argv, [Flag(("--bf16",), "")], "always", None)
+        hint = rejected_flags(2, 3.0, "error: unrecognized arguments: --bf16", wrapped)[1]
+        assert hint.endswith(tail), hint
 
 
 # -- real scripts --------------------------------------------------------------------------------------

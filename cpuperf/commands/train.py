@@ -501,9 +501,11 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     else:
         lines = [f"# launcher: {plan.launcher}" + (f" ({plan.flavour})" if plan.flavour and plan.flavour != plan.launcher else "")
                  + f", {plan.world_size} rank(s)"]
+    shared = plan.env.get("OMP_NUM_THREADS")  # every rank's, where no rank has its own (yours, kept)
+    unset = f"OMP_NUM_THREADS={shared} (every rank)" if shared else "the launcher or torch default"
     for spec in plan.per_rank:
         lines.append(f"#   local rank {spec.local_rank}: CPUs {','.join(map(str, spec.cpus)) or 'unpinned'}, "
-                     f"threads {spec.threads if spec.threads is not None else 'the launcher or torch default'}")
+                     f"threads {spec.threads if spec.threads is not None else unset}")
     # A user's script gets the launch-level decisions; its own hyperparameters stay its own (the applied
     # list below says which Trainer flags, if any, carry a decision to it).
     shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.user_argv else

@@ -265,6 +265,9 @@ def _why_not(d: Decision[Any], levers: Levers, job: RenderedJob) -> str:
     left = [f"{flag}: {why}" for flag, why in job.flags_left if FLAG_LEVERS.get(flag.split(" ", 1)[0]) == d.id]
     if left:
         return "; ".join(left)
+    theirs = job.env.get("OMP_NUM_THREADS")
+    if d.id == "threads_per_rank" and theirs is not None and theirs != str(d.value):
+        return f"the job runs your OMP_NUM_THREADS={theirs}: a thread count you set is kept"  # cpuperf sets only its own
     if d.id in ("threads_per_rank", "affinity"):
         if job.placement_why:
             return job.placement_why

@@ -292,6 +292,21 @@ def _rendezvous_env(env: Dict[str, str], reasons: Dict[str, str], chosen: str, a
     reasons[RDZV_TIMEOUT_VAR] = "how long the ranks' process group may take to form (--rdzv-timeout)"
 
 
+def _crowded(theirs: str, ranks: int, placement: Placement, threads: Optional[int]) -> List[str]:
+    """A note where the user's OMP_NUM_THREADS, which cpuperf keeps, gives the node more compute threads than it
+    has cores: the threads then take turns on the cores. The value stays theirs; the note says what would fit."""
+    first = theirs.split(",", 1)[0].strip()  # OpenMP also takes a list, one count per nesting level
+    if not first.isdigit() or placement.cpu_budget < 1:
+        return []
+    total = int(first) * ranks
+    if total <= placement.cpu_budget:
+        return []
+    fits = threads or max(1, min(placement.threads_per_rank, placement.cpu_budget // ranks))
+    return [f"your OMP_NUM_THREADS={first} x {ranks} rank(s) = {total} compute threads on {placement.cpu_budget} "
+            f"physical core(s): they take turns on the cores; OMP_NUM_THREADS={fits} (cpuperf's plan) gives each "
+            "thread a core of its own"]
+
+
 def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,
                 threads: Optional[int], log_dir: Optional[str], environ: Mapping[str, str]) -> LaunchPlan:
     """The user's launcher, run directly. Placed: the launcher itself on all the ranks' CPUs, each rank
@@ -320,6 +335,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
             cpus = len(specs[0].cpus) if specs and specs[0].cpus else 0
             notes.append(f"your OMP_NUM_THREADS={theirs} is kept: each rank runs {theirs} thread(s) "
                          + (f"on its {cpus} CPU(s)" if cpus else "on the CPUs the OS scheduler gives it"))
+            notes.extend(_crowded(theirs, len(specs), placement, threads))
             env["OMP_NUM_THREADS"] = theirs
         elif share:
             env["OMP_NUM_THREADS"] = str(share)
@@ -338,6 +354,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
             reasons.pop(name, None)
         if theirs or environ.get("OMP_NUM_THREADS"):
             notes.append(f"your OMP_NUM_THREADS={theirs or environ['OMP_NUM_THREADS']} reaches every rank unchanged")
+            notes.extend(_crowded(theirs or environ["OMP_NUM_THREADS"], max(1, yours.count or 1), placement, threads))
         notes.append(f"placement: {yours.why}" if pin or not yours.place
                      else "placement: plain run (no --auto): your launcher's own")
     n = len(specs)

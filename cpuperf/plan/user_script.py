@@ -59,8 +59,9 @@ class UserCommand:
     script: Optional[str]
     script_args: Tuple[str, ...]
     module: Optional[str] = None  # `python -m pkg.train` (not a launcher)
-    # `bash -c 'LINE'` (and what is in front of it or inside it): argv is the command inside, read through the
-    # wrappers; flags go into the line (rewrap). A line cpuperf does not read through: `hidden` says why.
+    # What is in front of the command (`env X=1`, `nice -n 5`, `bash -c 'LINE'` and what is inside the line): argv
+    # is the command behind the wrappers; flags go after it, inside a shell's line (rewrap). A line cpuperf does
+    # not read through: `hidden` says why.
     wrappers: Tuple[Wrapper, ...] = ()
     hidden: str = ""
 
@@ -144,7 +145,7 @@ def parse_command(argv: Sequence[str]) -> UserCommand:
     wrappers, inner, hidden = unwrap(list(argv))
     if hidden:
         return UserCommand(tuple(argv), None, None, None, (), None, hidden=hidden)
-    if any(w.shell for w in wrappers):
+    if wrappers:  # `env X=1 torchrun ...`, `nice -n 5 accelerate launch ...`: the launcher is the command behind
         return replace(_parse_words(inner), wrappers=tuple(wrappers))
     return _parse_words(argv)
 
@@ -600,7 +601,7 @@ def rejected_flags(code: int, wall_s: float, output: str, script: Optional[Scrip
         return None
     if "unrecognized arguments" not in output and "error: argument" not in output:
         return None
-    rerun = ["cpuperf", "train", "--auto", "--hf-flags", "never", "--", *script.command.argv]
+    rerun = ["cpuperf", "train", "--auto", "--hf-flags", "never", "--", *script.command.rewrap(script.command.argv)]
     return (f"the script rejected the Trainer flags cpuperf added: {' '.join(script.added_args)}",
             "run it without them: " + " ".join(shlex.quote(a) for a in rerun))
 
