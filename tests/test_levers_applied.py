@@ -175,6 +175,21 @@ def test_a_claim_follows_the_job_not_the_plan():
     assert script["dtype"].how == "flag --bf16" and not script["threads_per_rank"].applied
 
 
+def test_the_trainers_defaults_are_claimed_only_for_a_script_that_builds_trainingarguments():
+    """A plain torch script's batch is its own code's: the report said 'default: the Trainer's
+    per_device_train_batch_size 8' for a script with no Trainer in it."""
+    decided = levers({"batch_size": 8, "grad_accum_steps": 1, "dataloader_workers": 0})
+    plain = RenderedJob(auto=True, nproc_per_node=1, nnodes=1, env={}, ranks=(RankView((), 2),),
+                        flags_why="not a Hugging Face Trainer script", trainer=False)
+    trainer = RenderedJob(**{**plain.__dict__, "trainer": True})
+    for lever in ("batch_size", "grad_accum_steps", "dataloader_workers"):
+        theirs = {s.id: s for s in lever_report(decided, plain)}[lever]
+        assert not theirs.applied and "its own code's" in theirs.how, theirs
+        assert {s.id: s for s in lever_report(decided, trainer)}[lever].applied
+    assert "the Trainer's per_device_train_batch_size 8" in {s.id: s for s in lever_report(decided, trainer)}[
+        "batch_size"].how
+
+
 # -- the paths the first property left out, and what they must show ---------------------------------------------
 
 def test_the_launch_lines_of_srun_and_mpirun_are_the_ones_reported(dry_runs):

@@ -60,6 +60,7 @@ class RenderedJob:
     by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
     env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
     numa_binding: bool = False  # torchrun binds each GPU rank to its GPU's NUMA node (--numa-binding=node)
+    trainer: bool = True  # a user's script builds TrainingArguments: the Trainer's defaults are what it runs with
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ _OWN = {"batch_size": ("--per_device_train_batch_size", 8), "grad_accum_steps": 
 def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
     """The decided value is the script's own argument (or the Trainer's default where it gives none)."""
     known = _OWN.get(d.id)
-    if known is None or job.settings is not None:
+    if known is None or job.settings is not None or not job.trainer:  # not a Trainer: its batch is its code's
         return None
     name, default = known
     given = None
@@ -159,6 +160,7 @@ def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
 def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
     """The decided value is what the job does without being told: said as such."""
     script = job.settings is None and not job.env_only
+    trainer = script and job.trainer  # the Trainer's defaults hold only for a script that builds TrainingArguments
     if d.id == "device" and script:
         if levers.on_gpu:
             return "default: the Trainer uses the visible GPUs"
@@ -172,13 +174,13 @@ def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str
         "ipex": (d.value is False, "no IPEX by default"),
         "compile": (d.value is False, "eager by default"),
         "grad_checkpointing": (d.value is False, "no recomputation by default"),
-        "dataloader_workers": (d.value == 0 and script, "the Trainer's default is 0 workers"),
-        "pin_memory": ((d.value is False and not levers.on_gpu) or (script and d.value is True),
+        "dataloader_workers": (d.value == 0 and trainer, "the Trainer's default is 0 workers"),
+        "pin_memory": ((d.value is False and not levers.on_gpu) or (trainer and d.value is True),
                        "no device copies on CPU training" if not levers.on_gpu else "the Trainer pins by default"),
         "zero": (d.value is None, "no DeepSpeed ZeRO plan"),
         "sharding": (d.value is None, "no sharding: the model's state fits each rank whole"),
         "offload": (d.value is False, "no offload"),
-        "grad_accum_steps": (d.value == 1 and script, "one step per batch: the Trainer's default"),
+        "grad_accum_steps": (d.value == 1 and trainer, "one step per batch: the Trainer's default"),
         "optimizer": (d.value == "adamw_fused" and d.id in job.by_default, "the Trainer's default is fused AdamW"),
     }
     hit = defaults.get(d.id)
@@ -292,7 +294,13 @@ def _builtin_why(d: Decision[Any]) -> str:
             "offload": "the built-in loop has no offload"}.get(d.id, "the built-in worker's settings do not carry it")
 
 
+# What a script that is no Trainer decides in its own code: no default of the Trainer's stands for it.
+_ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulation", "dataloader_workers": "its data loading"}
+
+
 def _script_why(d: Decision[Any], job: RenderedJob) -> str:
+    if not job.trainer and d.id in _ITS_OWN_CODE:
+        return f"not a Hugging Face Trainer script: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"
     if job.flags_why and not job.flags:
         return f"no Trainer flags for this command: {job.flags_why}"
     return {
@@ -334,4 +342,5 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags_why=script.why if script is not None else "",
         your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
         placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else (),
-        by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv)
+        by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv,
+        trainer=script.trainer if script is not None else True)
