@@ -60,7 +60,9 @@ class RenderedJob:
     by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
     env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
     numa_binding: bool = False  # torchrun binds each GPU rank to its GPU's NUMA node (--numa-binding=node)
-    trainer: bool = True  # a user's script builds TrainingArguments: the Trainer's defaults are what it runs with
+    # a user's script builds TrainingArguments, so the Trainer's defaults are what it runs with (False: it does not;
+    # None: its source was not read)
+    trainer: Optional[bool] = True
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ _OWN = {"batch_size": ("--per_device_train_batch_size", 8), "grad_accum_steps": 
 def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
     """The decided value is the script's own argument (or the Trainer's default where it gives none)."""
     known = _OWN.get(d.id)
-    if known is None or job.settings is not None or not job.trainer:  # not a Trainer: its batch is its code's
+    if known is None or job.settings is not None:
         return None
     name, default = known
     given = None
@@ -154,13 +156,14 @@ def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
             given = value if eq else (job.own_args[i + 1] if i + 1 < len(job.own_args) else None)
     if given is not None:
         return f"your command's own {name} {given}" if given == str(d.value) else None
-    return f"default: the Trainer's {name[2:]} {default}" if d.value == default else None
+    # The Trainer's default stands only where the script builds TrainingArguments: other code has its own.
+    return f"default: the Trainer's {name[2:]} {default}" if d.value == default and job.trainer else None
 
 
 def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
     """The decided value is what the job does without being told: said as such."""
     script = job.settings is None and not job.env_only
-    trainer = script and job.trainer  # the Trainer's defaults hold only for a script that builds TrainingArguments
+    trainer = script and job.trainer is True  # the Trainer's defaults hold only where the script builds TrainingArguments
     if d.id == "device" and script:
         if levers.on_gpu:
             return "default: the Trainer uses the visible GPUs"
@@ -299,8 +302,9 @@ _ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulatio
 
 
 def _script_why(d: Decision[Any], job: RenderedJob) -> str:
-    if not job.trainer and d.id in _ITS_OWN_CODE:
-        return f"not a Hugging Face Trainer script: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"
+    if job.trainer is not True and d.id in _ITS_OWN_CODE:
+        what = "not a Hugging Face Trainer script" if job.trainer is False else "the script was not read"
+        return f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"
     if job.flags_why and not job.flags:
         return f"no Trainer flags for this command: {job.flags_why}"
     return {

@@ -100,8 +100,8 @@ class ScriptPlan:
     # the levers the Trainer's own default already carries (no flag needed): cpuperf.plan.applied says so
     by_default: Tuple[str, ...] = field(default_factory=tuple)
     # the script builds TrainingArguments: the Trainer's defaults (batch 8, no accumulation, 0 loader workers) are
-    # what it runs with where it sets none; any other script's are its own code's, unknown to cpuperf
-    trainer: bool = False
+    # what it runs with where it sets none; any other script's are its own code's. None: its source was not read
+    trainer: Optional[bool] = None
 
     @property
     def added_args(self) -> List[str]:
@@ -497,7 +497,7 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
         final = tuple(user_argv) if tuple(argv) == tuple(words) else cmd.rewrap(argv)
         return ScriptPlan(argv=final, command=cmd, parser=parser, mode=mode, added=tuple(added),
                           not_added=tuple(left), why=why_, transformers=transformers,
-                          trainer=source is not None and looks_like_hf_trainer(source))
+                          trainer=None if source is None else looks_like_hf_trainer(source))
 
     if mode == "never":
         return made(words, (), (), "--hf-flags never")
