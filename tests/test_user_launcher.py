@@ -379,3 +379,27 @@ def test_a_thread_count_of_yours_that_crowds_the_cores_is_kept_and_the_plan_says
         assert threads and "your OMP_NUM_THREADS=4" in str(threads[0]), result["levers"]
     fits = plan(1)
     assert not any("compute threads on" in n for n in fits["launch"]["notes"])
+
+
+def test_on_a_gpu_host_your_launchers_count_is_the_plans(tmp_path):
+    """`torchrun --nproc-per-node 1` on a host with 2 GPUs starts one rank: the plan said 2 ("one rank per visible
+    GPU"), reported "your torchrun starts 2 rank(s)", laid out 2 rank slots and added --ddp_backend nccl."""
+    from hosts import make_host
+
+    root = make_host(tmp_path / "host", cores_per_socket=8)
+    gpus = (Path(__file__).parent / "fixtures" / "gpus" / "h100-80gb-hbm3.json").read_text()
+    env = {"CPUPERF_OVERRIDE_GPUS": gpus,
+           "CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cu128", "transformers": "4.57.0"})}
+    trainer = str(Path(__file__).parent / "fixtures" / "scripts" / "hf_parser.py")
+    for count in (1, 2):
+        proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(root), "--", "torchrun",
+                        "--nproc-per-node", str(count), trainer], extra_env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        plan = json.loads(proc.stdout)
+        decided = {d["id"]: d for d in plan["decisions"]}
+        assert decided["device"]["value"] == "cuda"
+        assert decided["nproc_per_node"]["value"] == count, decided["nproc_per_node"]
+        assert len(plan["launch"]["per_rank"]) == count
+        applied = {i["id"]: i["how"] for i in plan["levers"]["applied"]}
+        assert applied["nproc_per_node"] == f"your torchrun starts {count} rank(s) per node"
+        assert ("--ddp_backend" in plan["launch"]["argv"]) == (count > 1), plan["launch"]["argv"]

@@ -373,7 +373,8 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     threads = pinned_value(fixed.threads_per_rank) or pinned_value(ctx.tuned.threads_per_rank)
     load_ev: Dict[str, Any] = {}
     if on_gpu:
-        nproc = pinned_value(fixed.nproc_per_node) or max(1, len(gpus))
+        # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
+        nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
         if nproc > max(1, len(gpus)) and not oversubscribe:
             raise UsageError(f"nproc_per_node {nproc} but {len(gpus)} GPU(s) are visible",
                              hint=f"use at most {len(gpus)} (one rank per GPU)")
@@ -384,7 +385,8 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
                              threads) if nproc <= len(gpus) else None
         placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
                                            oversubscribe=oversubscribe)
-        nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc, "one rank per visible GPU",
+        nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc,
+                             f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from else "one rank per visible GPU",
                              {"visible_gpus": len(gpus)})
     else:
         backend = pinned_value(fixed.ddp_backend)
