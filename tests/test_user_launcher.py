@@ -403,3 +403,30 @@ def test_on_a_gpu_host_your_launchers_count_is_the_plans(tmp_path):
         applied = {i["id"]: i["how"] for i in plan["levers"]["applied"]}
         assert applied["nproc_per_node"] == f"your torchrun starts {count} rank(s) per node"
         assert ("--ddp_backend" in plan["launch"]["argv"]) == (count > 1), plan["launch"]["argv"]
+
+
+def test_the_gpus_your_command_sees_are_the_ones_planned_for(tmp_path):
+    """`env CUDA_VISIBLE_DEVICES=0 python x.py` on a host with 2 GPUs: cpuperf planned 2 ranks from the GPUs
+    it saw itself, and its torchrun would have started both on GPU 0. The command's own assignments count."""
+    from hosts import make_host
+
+    root = make_host(tmp_path / "host", cores_per_socket=8)
+    gpus = (Path(__file__).parent / "fixtures" / "gpus" / "h100-80gb-hbm3.json").read_text()
+    env = {"CPUPERF_OVERRIDE_GPUS": gpus, "CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cu128"})}
+    trainer = str(Path(__file__).parent / "fixtures" / "scripts" / "hf_parser.py")
+
+    def plan(*command):
+        return run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(root), "--", *command],
+                       extra_env=env)
+
+    for command, ranks, device in ((["python", trainer], 2, "cuda"),
+                                   (["env", "CUDA_VISIBLE_DEVICES=1", "python", trainer], 1, "cuda"),
+                                   (["bash", "-c", f"CUDA_VISIBLE_DEVICES=0 exec python {trainer}"], 1, "cuda"),
+                                   (["env", "CUDA_VISIBLE_DEVICES=", "python", trainer], 1, "cpu")):
+        proc = plan(*command)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        decided = {d["id"]: d["value"] for d in json.loads(proc.stdout)["decisions"]}
+        assert (decided["nproc_per_node"], decided["device"]) == (ranks, device), (command, decided)
+    refused = plan("env", "CUDA_VISIBLE_DEVICES=0", "torchrun", "--nproc-per-node", "2", trainer)
+    assert refused.returncode == 2 and "2 rank(s) from your launcher: --nproc-per-node 2 but 1 GPU(s)" in \
+        refused.stderr, refused.stderr

@@ -376,7 +376,9 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
         # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
         nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
         if nproc > max(1, len(gpus)) and not oversubscribe:
-            raise UsageError(f"nproc_per_node {nproc} but {len(gpus)} GPU(s) are visible",
+            whose = (f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from and fixed.nproc_per_node is None
+                     else f"nproc_per_node {nproc}")
+            raise UsageError(f"{whose} but {len(gpus)} GPU(s) are visible to the job (CUDA_VISIBLE_DEVICES included)",
                              hint=f"use at most {len(gpus)} (one rank per GPU)")
         cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
         from cpuperf.decide.placement import gpu_placement

@@ -105,7 +105,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
     rec = recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=edge.nnodes, unit=request.unit,
                      device=request.device, measurements=meas, overrides=decided, tuned=tuned,
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
-                     environ=edge.environ if facts.live else {},
+                     environ=command_environ(request.user_argv, edge.environ if facts.live else {}),
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
                      ranks_unknown=yours is not None and yours.count is None,
@@ -235,9 +235,22 @@ def _your_launcher(request: PlanRequest, facts: HostFacts, edge: EdgeFacts,
     if cmd is None:
         return None
     return launcher_ranks(cmd, logical_cpus=len(facts.topology.cpus) or 1,
-                          physical_cores=max(1, len(usable_cores(facts))), gpus=len(visible_gpus(facts, edge.environ)),
+                          physical_cores=max(1, len(usable_cores(facts))),
+                          gpus=len(visible_gpus(facts, command_environ(request.user_argv, edge.environ))),
                           has_default_config=cmd.launcher == "accelerate" and edge.accelerate_default_config,
                           environ=edge.environ, interpreter=edge.launcher_python, oversubscribe=oversubscribe)
+
+
+def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment the user's command runs in: `environ`, with what `env NAME=VALUE` in front of it (or a
+    shell line's own assignments) sets. `env CUDA_VISIBLE_DEVICES=0 python x.py` sees one GPU, however many
+    this process sees: the ranks cpuperf plans for it must too."""
+    if not user_argv:
+        return dict(environ)
+    from cpuperf.plan.user_launcher import unwrap
+
+    wrappers, _, _ = unwrap(list(user_argv))
+    return {**environ, **{k: v for w in wrappers for k, v in w.env}}
 
 
 def _preset(model: Optional[str]) -> Optional[str]:
