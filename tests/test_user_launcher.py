@@ -430,3 +430,17 @@ def test_the_gpus_your_command_sees_are_the_ones_planned_for(tmp_path):
     refused = plan("env", "CUDA_VISIBLE_DEVICES=0", "torchrun", "--nproc-per-node", "2", trainer)
     assert refused.returncode == 2 and "2 rank(s) from your launcher: --nproc-per-node 2 but 1 GPU(s)" in \
         refused.stderr, refused.stderr
+
+
+def test_the_environment_of_a_command_follows_env_as_env_does():
+    from cpuperf.plan.build import command_environ
+
+    here = {"CUDA_VISIBLE_DEVICES": "0", "A": "1"}
+    assert command_environ(["python", "x.py"], here) == here
+    assert command_environ(["env", "-u", "CUDA_VISIBLE_DEVICES", "python", "x.py"], here) == {"A": "1"}
+    assert command_environ(["env", "--unset=A", "B=2", "torchrun", "x.py"], here) == {"CUDA_VISIBLE_DEVICES": "0",
+                                                                                    "B": "2"}
+    assert command_environ(["env", "-i", "B=2", "python", "x.py"], here) == {"B": "2"}
+    assert command_environ(["nice", "-n", "5", "env", "CUDA_VISIBLE_DEVICES=1", "python", "x.py"], here)[
+        "CUDA_VISIBLE_DEVICES"] == "1"
+    assert command_environ(["sh", "-c", "CUDA_VISIBLE_DEVICES= exec python x.py"], here)["CUDA_VISIBLE_DEVICES"] == ""

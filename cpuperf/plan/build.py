@@ -250,7 +250,18 @@ def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dic
     from cpuperf.plan.user_launcher import unwrap
 
     wrappers, _, _ = unwrap(list(user_argv))
-    return {**environ, **{k: v for w in wrappers for k, v in w.env}}
+    env = dict(environ)
+    for w in wrappers:
+        words = w.argv[1:] if w.name == "env" else ()
+        for i, word in enumerate(words):  # env's own options act before its assignments (GNU coreutils env.c)
+            if word in ("-i", "--ignore-environment", "-"):
+                env = {}
+            elif word in ("-u", "--unset") and i + 1 < len(words):
+                env.pop(words[i + 1], None)
+            elif word.startswith(("--unset=", "-u")) and word not in ("-u", "--unset"):
+                env.pop(word.split("=", 1)[1] if word.startswith("--unset=") else word[2:], None)
+        env.update(w.env)
+    return env
 
 
 def _preset(model: Optional[str]) -> Optional[str]:
