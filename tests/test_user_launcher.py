@@ -444,3 +444,24 @@ def test_the_environment_of_a_command_follows_env_as_env_does():
     assert command_environ(["nice", "-n", "5", "env", "CUDA_VISIBLE_DEVICES=1", "python", "x.py"], here)[
         "CUDA_VISIBLE_DEVICES"] == "1"
     assert command_environ(["sh", "-c", "CUDA_VISIBLE_DEVICES= exec python x.py"], here)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize("nnodes, nodes", [("2", 2), ("1:3", 3)])
+def test_your_torchrun_across_nodes_is_planned_as_a_job_of_several_ranks(tmp_path, nnodes, nodes):
+    """`torchrun --nnodes 2 --nproc-per-node 1` starts one rank here and one on another node: a process group of
+    2. The plan said "nnodes=1 applied", "ddp_backend none: one rank", and preloaded an allocator the tuning
+    table keeps out of jobs of several ranks. Its own rendezvous stands: cpuperf asks for no address."""
+    from hosts import make_host
+
+    root = make_host(tmp_path / "host", cores_per_socket=4)
+    trainer = str(Path(__file__).parent / "fixtures" / "scripts" / "hf_parser.py")
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(root), "--", "torchrun", "--nnodes",
+                    nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", "node1:29500", trainer])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    decided = {d["id"]: d["value"] for d in plan["decisions"]}
+    assert decided["nnodes"] == nodes and decided["nproc_per_node"] == 1 and decided["ddp_backend"] is not None
+    applied = {i["id"]: i["how"] for i in plan["levers"]["applied"]}
+    assert applied["nnodes"] == f"the launch spans {nodes} node(s)"
+    assert "--ddp_backend" in plan["launch"]["argv"]
+    assert not any(k in plan["launch"]["env"] for k in ("MASTER_ADDR", "MASTER_PORT"))  # torchrun's rendezvous

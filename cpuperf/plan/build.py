@@ -102,7 +102,9 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
 
     meas = edge.measurements
     tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
-    rec = recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=edge.nnodes, unit=request.unit,
+    # Your launcher's nodes (torchrun --nnodes 2) are the job's, where cpuperf starts no nodes of its own.
+    nnodes = max(edge.nnodes, yours.nodes) if yours is not None else edge.nnodes
+    rec = recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=nnodes, unit=request.unit,
                      device=request.device, measurements=meas, overrides=decided, tuned=tuned,
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
                      environ=command_environ(request.user_argv, edge.environ if facts.live else {}),

@@ -79,7 +79,8 @@ class JobPlan:
 
 def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
                  socket_ifname: Optional[str] = None, environ: Mapping[str, str],
-                 libraries: Optional[envplan.Libraries] = None) -> Tuple[List[envplan.EnvVar], List[str]]:
+                 libraries: Optional[envplan.Libraries] = None,
+                 own_rendezvous: bool = False) -> Tuple[List[envplan.EnvVar], List[str]]:
     """The runtime variables of this plan (cpuperf.decide.runtime_env owns each one) and notes.
 
     --auto: all of them. Plain: only what the user's own keys imply (threads, allocator) and what
@@ -92,7 +93,9 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
                              master_addr=request.master_addr, master_port=request.master_port, preload=preload,
                              threads=rank_threads(lv, request.auto),
-                             allocator=lv.allocator.value, nnodes=lv.nnodes.value, mpi=mpi, socket_ifname=socket_ifname,
+                             # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
+                             allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
+                             socket_ifname=socket_ifname,
                              libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
                              pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value})
     table = variables()
@@ -201,7 +204,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
     world = lv.world
     notes: List[str] = list(rec.notes)
     wanted, env_notes = runtime_vars(facts, rec, request, mpi=mpi, socket_ifname=socket_ifname, environ=environ,
-                                     libraries=libraries)
+                                     libraries=libraries, own_rendezvous=yours is not None)
     if planned_env is not None:
         wanted = with_launch_vars(planned_env, wanted)
     env, merge_notes = merged_env(wanted, request, world, environ)

@@ -473,6 +473,9 @@ class LauncherRanks:
     # keeps; whether the per-rank step goes in front of every rank (placed or not: it ties the rank to cpuperf).
     user_threads: Optional[str] = field(default=None, metadata=NOT_IN_JSON)
     step: bool = field(default=False, metadata=NOT_IN_JSON)
+    # The nodes the launcher's job spans (torchrun --nnodes, accelerate --num_machines; the most of a MIN:MAX
+    # range): with several, the job has a process group however many ranks start here.
+    nodes: int = field(default=1, metadata=NOT_IN_JSON)
 
     def to_json(self) -> Dict[str, Any]:
         return as_json(self)
@@ -689,12 +692,23 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
         why = f"the Python that {name} runs the script with could not be found"
     if not why and count and count > 1 and not step:
         why = f"cpuperf's per-rank step cannot run {name}'s ranks exactly as {name} would (it refuses --no-python here)"
+    nodes = _nodes(cmd)
     if why:
         return LauncherRanks(name, count, source, False, why + ": placement is left to the launcher", over,
-                             tuple(notes), user_threads, step)
+                             tuple(notes), user_threads, step, nodes)
     return LauncherRanks(name, count, source, True,
                          "each rank is pinned to its own cores by a per-rank step keyed on its local rank", over,
-                         tuple(notes), user_threads, step)
+                         tuple(notes), user_threads, step, nodes)
+
+
+def _nodes(cmd: LauncherCommand) -> int:
+    """How many nodes the user's launcher spans: torchrun's --nnodes (N or MIN:MAX, the most counted),
+    accelerate's --num_machines; 1 where it gives none or none cpuperf can read."""
+    rule = rules().get(cmd.launcher, {})
+    names = rule.get("hosts", ()) if cmd.launcher == "torchrun" else rule.get("machines", ())
+    given = cmd.option(names) if names else None
+    counts = [_python_int(part) for part in (given or "").split(":")]
+    return max([c for c in counts if c is not None and c > 0] or [1])
 
 
 def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:
