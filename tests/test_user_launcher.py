@@ -57,6 +57,19 @@ def test_the_rank_count_comes_from_the_launchers_own_arguments(argv, count):
     assert ranks.count == count and ranks.place, ranks
 
 
+@pytest.mark.parametrize("argv, count, nodes", [
+    (["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "t.py"], 2, 2),
+    (["torchrun", "--nnodes=1:4", "--nproc-per-node", "1", "t.py"], 1, 4),
+    # --num_processes is the job's: each of --num_machines starts its share (accelerate's prepare_multi_gpu_env)
+    (["accelerate", "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "4", "t.py"], 2, 2),
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "4", "t.py"], 4, 1),
+])
+def test_a_launcher_across_nodes_counts_this_nodes_ranks_and_the_nodes(argv, count, nodes):
+    ranks = _ranks(argv)
+    assert (ranks.count, ranks.nodes) == (count, nodes), ranks
+    assert ranks.place == (nodes == 1), ranks  # the job's other nodes run without cpuperf: placement is theirs
+
+
 @pytest.mark.parametrize("argv, why", [
     (["mpirun", "-np", "2", "--bind-to", "core", "python", "t.py"], "binds the ranks itself"),
     (["mpirun", "-np", "2", "--host", "a,b", "python", "t.py"], "names hosts"),

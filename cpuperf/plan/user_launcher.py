@@ -544,7 +544,10 @@ def _accelerate_count(cmd: LauncherCommand, has_default_config: bool) -> Tuple[O
         return 1, "accelerate's simple launcher (one process)", ""
     if raw is None:
         return None, "accelerate --multi_gpu", "--multi_gpu without --num_processes: the count is accelerate's own choice"
-    return _python_int(raw), said, ""
+    total, machines = _python_int(raw) or 1, _nodes(cmd)
+    if machines > 1:  # --num_processes is the whole job's: each machine starts its share (prepare_multi_gpu_env)
+        return max(1, total // machines), f"{said} over {cmd.spelled(rule['machines'])}", ""
+    return total, said, ""
 
 
 def _mpirun_count(cmd: LauncherCommand, physical_cores: int) -> Tuple[Optional[int], str, str]:
@@ -606,6 +609,8 @@ def _count_and_source(cmd: LauncherCommand, logical_cpus: int, physical_cores: i
         count2, source, why = _accelerate_count(cmd, has_default_config)
         if not why and cmd.has(rule["threads"]):
             why = f"you set {cmd.spelled(rule['threads'])}"
+        if not why and _nodes(cmd) > 1:  # as torchrun --nnodes: the job's other nodes run without cpuperf
+            why = f"{cmd.spelled(rule['machines'])}: your accelerate spans several nodes"
         return count2, source, why
     count3, source, why = _mpirun_count(cmd, physical_cores)
     env_bound = [v for v in variables().names(binds_ranks=True) if environ.get(v)]
