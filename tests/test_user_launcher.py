@@ -446,7 +446,7 @@ def test_the_gpus_your_command_sees_are_the_ones_planned_for(tmp_path):
 
 
 def test_the_environment_of_a_command_follows_env_as_env_does():
-    from cpuperf.plan.build import command_environ
+    from cpuperf.plan.user_launcher import command_environ
 
     here = {"CUDA_VISIBLE_DEVICES": "0", "A": "1"}
     assert command_environ(["python", "x.py"], here) == here

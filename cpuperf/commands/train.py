@@ -497,10 +497,9 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
 
     plan = jp.launch
     if plan.yours:
-        per_node = f"{plan.nproc_per_node} per node x {plan.nnodes} nodes, " if plan.nnodes > 1 else ""
-        lines = [f"# launcher: yours ({plan.yours['launcher']}), {plan.world_size} rank(s) ({per_node}from "
-                 f"{plan.yours['from']})" if per_node else
-                 f"# launcher: yours ({plan.yours['launcher']}), {plan.world_size} rank(s) from {plan.yours['from']}"]
+        source = (f"({plan.nproc_per_node} per node x {plan.nnodes} nodes, from {plan.yours['from']})"
+                  if plan.nnodes > 1 else f"from {plan.yours['from']}")
+        lines = [f"# launcher: yours ({plan.yours['launcher']}), {plan.world_size} rank(s) {source}"]
     else:
         lines = [f"# launcher: {plan.launcher}" + (f" ({plan.flavour})" if plan.flavour and plan.flavour != plan.launcher else "")
                  + f", {plan.world_size} rank(s)"]

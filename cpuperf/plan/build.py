@@ -99,6 +99,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
             yours: Optional[LauncherRanks], use_tuned: bool) -> Recommendation:
     """recommend's decisions for this request, from the measurements the edge took."""
     from cpuperf.decide.recommend import recommend
+    from cpuperf.plan.user_launcher import command_environ
 
     meas = edge.measurements
     tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
@@ -231,7 +232,7 @@ def _your_launcher(request: PlanRequest, facts: HostFacts, edge: EdgeFacts,
         return None
     from cpuperf.decide.placement import usable_cores
     from cpuperf.knowledge.gpu import visible_gpus
-    from cpuperf.plan.user_launcher import launcher_ranks, split_launcher
+    from cpuperf.plan.user_launcher import command_environ, launcher_ranks, split_launcher
 
     cmd = split_launcher(request.user_argv)
     if cmd is None:
@@ -241,29 +242,6 @@ def _your_launcher(request: PlanRequest, facts: HostFacts, edge: EdgeFacts,
                           gpus=len(visible_gpus(facts, command_environ(request.user_argv, edge.environ))),
                           has_default_config=cmd.launcher == "accelerate" and edge.accelerate_default_config,
                           environ=edge.environ, interpreter=edge.launcher_python, oversubscribe=oversubscribe)
-
-
-def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """The environment the user's command runs in: `environ`, with what `env NAME=VALUE` in front of it (or a
-    shell line's own assignments) sets. `env CUDA_VISIBLE_DEVICES=0 python x.py` sees one GPU, however many
-    this process sees: the ranks cpuperf plans for it must too."""
-    if not user_argv:
-        return dict(environ)
-    from cpuperf.plan.user_launcher import unwrap
-
-    wrappers, _, _ = unwrap(list(user_argv))
-    env = dict(environ)
-    for w in wrappers:
-        words = w.argv[1:] if w.name == "env" else ()
-        for i, word in enumerate(words):  # env's own options act before its assignments (GNU coreutils env.c)
-            if word in ("-i", "--ignore-environment", "-"):
-                env = {}
-            elif word in ("-u", "--unset") and i + 1 < len(words):
-                env.pop(words[i + 1], None)
-            elif word.startswith(("--unset=", "-u")) and word not in ("-u", "--unset"):
-                env.pop(word.split("=", 1)[1] if word.startswith("--unset=") else word[2:], None)
-        env.update(w.env)
-    return env
 
 
 def _preset(model: Optional[str]) -> Optional[str]:

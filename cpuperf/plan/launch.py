@@ -359,8 +359,8 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
                      else "placement: plain run (no --auto): your launcher's own")
     n = len(specs)
     return LaunchPlan(launcher="direct", flavour=yours.launcher, argv=tuple(rank_command), env=env, env_reasons=reasons,
-                      per_rank=specs, nproc_per_node=n, nnodes=max(1, getattr(yours, "nodes", 1)), node_rank=0, hosts=(), master_addr=None,
-                      master_port=None, affinity=affinity, log_dir=log_dir, rank_command=tuple(rank_command),
+                      per_rank=specs, nproc_per_node=n, nnodes=max(1, yours.nodes), node_rank=0, hosts=(),
+                      master_addr=None, master_port=None, affinity=affinity, log_dir=log_dir, rank_command=tuple(rank_command),
                       notes=tuple(notes), yours=yours.to_json(), pid_dir=log_dir if placed and n > 1 else None)
 
 

@@ -65,6 +65,29 @@ class Wrapper:
             return (*self.argv, shlex.join(command), *self.tail)
         return (*self.argv, *command)
 
+    @property
+    def clears(self) -> bool:
+        """`env -i`: the command behind it starts from an empty environment."""
+        return self.name == "env" and bool(set(self.argv[1:]) & set(_ENV_CLEARS))
+
+    def environ(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        """`environ` as the command behind this wrapper sees it: env(1)'s -i and -u act before its assignments
+        (GNU coreutils env.c)."""
+        env = {} if self.clears else dict(environ)
+        words = self.argv[1:] if self.name == "env" else ()
+        for i, word in enumerate(words):
+            if word in ("-u", "--unset") and i + 1 < len(words):
+                env.pop(words[i + 1], None)
+            elif word.startswith("--unset="):
+                env.pop(word.partition("=")[2], None)
+            elif word.startswith("-u") and len(word) > 2:
+                env.pop(word[2:], None)
+        env.update(self.env)
+        return env
+
+
+_ENV_CLEARS = ("-i", "--ignore-environment", "-")  # env(1)'s spellings of an empty start
+
 
 @dataclass(frozen=True)
 class LauncherCommand:
@@ -325,6 +348,16 @@ def opens_a_session(argv: Sequence[str]) -> bool:
                          "what it started be ended with it", hint="drop --fork: cpuperf runs the command in a session "
                          "of its own already")
     return bool(setsids)
+
+
+def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment the user's command runs in: `environ` through the wrappers in front of it (`env NAME=VALUE`,
+    `env -u NAME`, a shell line's own assignments). `env CUDA_VISIBLE_DEVICES=0 python x.py` sees one GPU, however
+    many this process sees: the ranks cpuperf plans for it must too."""
+    env = dict(environ)
+    for w in unwrap(list(user_argv))[0] if user_argv else ():
+        env = w.environ(env)
+    return env
 
 
 # -- wrappers in front of the launcher -----------------------------------------------------------------
@@ -670,8 +703,7 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     placing = next((w for w in cmd.wrappers if w.places), None)
     rule = rules().get(name, {})
     binding = rule.get("binding", ())
-    cleared = next((w for w in cmd.wrappers if w.name == "env" and set(w.argv[1:]) & {"-i", "--ignore-environment", "-"}),
-                   None)
+    cleared = next((w for w in cmd.wrappers if w.clears), None)
     if not why and cleared is not None:
         why = f"`{cleared.spelled}` clears the environment that carries cpuperf's per-rank settings"
     if not why and cmd.has(rule.get("env_none", ())):
