@@ -100,6 +100,18 @@ def test_a_misbehaving_command_cannot_outlive_the_budget_or_leave_anything(tmp_p
         assert "did not end within the 10 s budget" in proc.stderr and "not saved as a tuning" in proc.stderr
 
 
+@pytest.mark.full  # a real tuning run
+@pytest.mark.parametrize("code", [1, 3])
+def test_a_command_that_fails_gives_tune_its_own_exit_code(tmp_path, code):
+    """`--tune` on a command that exits 1 returned 8 ("a launcher missing or a rank died"): a run of the command
+    returns the command's code, and so does a tuning of it (issue 53, case 15)."""
+    proc, _, tag = _tune(tmp_path, "fail", 30.0, FAKE_CODE=str(code))
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert f"exited with code {code}" in proc.stderr and "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == code
+    assert _gone(tag) and _cached_commands(tmp_path) == {}
+
+
 @pytest.mark.full  # real tuning runs, real signals
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_cpuperf_stopped_or_killed_mid_search_leaves_nothing(tmp_path, sig):

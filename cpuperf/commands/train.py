@@ -236,6 +236,13 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         raise CpuperfError(f"--tune: not saved as a tuning: {found.why_not}",
                            hint="your command was measured, not changed; the rules decide its --auto runs")
     result = found.result
+    if result is None and found.code:  # the command's own failure: its exit code, as a run of it returns
+        message = f"your command exited with code {found.code} at the rule's point: nothing tuned"
+        hint = "run it once with cpuperf train --auto -- ... to see why"
+        if out.json_mode:
+            out.json({"error": {"code": found.code, "name": "command_failed", "message": message, "hint": hint}})
+        out.error(message, hint)
+        return found.code
     if result is None or result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")

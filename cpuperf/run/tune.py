@@ -131,10 +131,11 @@ def trainer_rate(output: str) -> Optional[float]:
 
 
 def script_point(point: Point, tuned: Sequence[str], argv: Sequence[str], owner: Owner, deadline: float,
-                 python: str = sys.executable, timeout: float = 600.0) -> Tuple[Optional[List[float]], str]:
+                 python: str = sys.executable, timeout: float = 600.0
+                 ) -> Tuple[Optional[List[float]], str, Optional[int]]:
     """One short run of the user's command under `cpuperf train --auto`, the tuned levers set, owned (its own
     session, stopped at `deadline` on the monotonic clock, nothing of it left after): (samples/s or None, what
-    it printed)."""
+    it printed, its exit code: the command's own, which `train` returns; None where it was stopped)."""
     from cpuperf.decide.tune import DECISIONS, decision_values
 
     values = decision_values(point)
@@ -148,9 +149,9 @@ def script_point(point: Point, tuned: Sequence[str], argv: Sequence[str], owner:
     env = clean_env({"CPUPERF_MEASURE": "0", "NO_COLOR": "1"})
     code, output = owner.run(cmd, env, min(timeout, deadline - time.monotonic()), cwd=os.getcwd())
     if code is None:
-        return None, "stopped at the budget"
+        return None, "stopped at the budget", None
     rate = trainer_rate(output) if code == 0 else None
-    return ([rate] if rate else None), output
+    return ([rate] if rate else None), output, code
 
 
 @dataclass
@@ -161,6 +162,7 @@ class CommandTuning:
     result: Optional[TuneResult]
     steps: int
     why_not: Optional[str]
+    code: int = 0  # the first run's exit code where it failed: the command's own, which --tune returns
 
 
 def runs_to_compare(passes: int) -> int:
@@ -184,18 +186,18 @@ def tune_command(start: Point, cand: Candidates, argv: Sequence[str], budget: fl
         t0 = time.monotonic()
         deadline = t0 + budget
 
-        def once(p: Point, n: int) -> Tuple[Optional[List[float]], str]:
+        def once(p: Point, n: int) -> Tuple[Optional[List[float]], str, Optional[int]]:
             return script_point(p, list(cand.values), tuning_argv(argv, n, os.path.join(work, "out")), owner,
                                 deadline)
 
-        first, output = once(start, steps)
+        first, output, code = once(start, steps)
         cost = time.monotonic() - t0
         if first is None:
             if output == "stopped at the budget":
                 return CommandTuning(None, steps, f"one run of your command ({steps} steps) did not end within the "
                                      f"{budget:.0f} s budget, so nothing could be compared; two settings and the "
                                      f"confirming pair take {needed} runs: give --budget well above {needed} runs' time")
-            return CommandTuning(None, steps, None)  # failed at the rule's point: said by the caller
+            return CommandTuning(None, steps, None, code or 0)  # failed at the rule's point: said by the caller
         left = deadline - time.monotonic()
         if cost * needed > left:
             fewer = _fewer_steps(steps, cost, _last_figure(_TRAINER_RUNTIME, output), left / needed, min_steps)
