@@ -221,6 +221,22 @@ def colour_allowed(stream: Any) -> bool:
     return bool(isatty and isatty())
 
 
+# Off a terminal: COLUMNS when it is a width a table can be drawn in, else 100. Below 20 columns rich draws
+# nothing at all (COLUMNS=0 printed an empty doctor with exit 0); past 1000 a line is padded to no one's benefit.
+PIPED_WIDTH, PIPED_WIDTH_MIN, PIPED_WIDTH_MAX = 100, 20, 1000
+
+
+def piped_width(columns: Optional[str]) -> int:
+    """The width for output off a terminal: COLUMNS when it is a whole number, held to 20..1000; else 100.
+    rich itself ignores a COLUMNS that is not digits; so does this (COLUMNS=abc was an internal error)."""
+    text = (columns or "").strip()
+    if not text.isascii() or not text.isdigit():
+        return PIPED_WIDTH
+    if len(text) > 6:  # int() refuses past 4300 digits; any such number is past the cap
+        return PIPED_WIDTH_MAX
+    return min(max(int(text), PIPED_WIDTH_MIN), PIPED_WIDTH_MAX)
+
+
 def _console(stream: Any) -> Console:
     from rich.console import Console
 
@@ -228,7 +244,7 @@ def _console(stream: Any) -> Console:
     width = None
     if not colour:
         # A fixed width off a terminal keeps piped output and golden files stable.
-        width = int(os.environ.get("COLUMNS", "100") or 100)
+        width = piped_width(os.environ.get("COLUMNS"))
     return Console(file=stream, no_color=not colour, color_system="auto" if colour else None,
                    highlight=False, width=width, force_terminal=False if not colour else None,
                    emoji=False)
