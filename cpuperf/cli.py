@@ -378,6 +378,23 @@ def _json_requested(argv: List[str]) -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
+def _check_user_program(command: List[str]) -> None:
+    """The words after train's `--` start with a program: not nothing (click drops a bare `--`, and `-- --`
+    reached train as no command, so the built-in loop was planned), not an empty or blank word (a dry run
+    planned it with exit 0, a real run failed to start it with exit 8), not a second `--`."""
+    from cpuperf.errors import UsageError
+
+    hint = "cpuperf train --auto -- python train.py ... (or leave out `--` for the built-in loop)"
+    if not command:
+        raise UsageError("train --: no command after `--`", hint=hint)
+    first = command[0]
+    if not first.strip():
+        raise UsageError("train --: the command after `--` starts with an empty word", hint=hint)
+    if first == "--":
+        raise UsageError("train -- --: `--` is not a program; the command after the first `--` is yours",
+                         hint=hint)
+
+
 def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -> int:
     """Run the command line: the typer-free fast path's error, ccl-env's fast path, or the typer app."""
     if pending is not None:
@@ -387,11 +404,8 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
         check_env_dir()
     if args[:1] == ["ccl-env"]:  # fast path, see _ccl_env_main
         return _ccl_env_main(args[1:])
-    if args[:1] == ["train"] and "--" in args and args.index("--") == len(args) - 1:  # click drops a bare `--`
-        from cpuperf.errors import UsageError
-
-        raise UsageError("train --: no command after `--`",
-                         hint="cpuperf train --auto -- python train.py ... (or leave out `--` for the built-in loop)")
+    if args[:1] == ["train"] and "--" in args:
+        _check_user_program(args[args.index("--") + 1:])
     result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 
