@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from cpuperf.decide.records import Decision, Levers
 from cpuperf.jsonable import as_json
+from cpuperf.plan.user_launcher import command_environ
 
 if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
@@ -202,6 +203,9 @@ def _nodes(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
 
 
 def _threads(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+    theirs = job.env.get("OMP_NUM_THREADS")
+    if theirs is not None and theirs != str(d.value):  # the command gets another count (_why_not says whose)
+        return None
     if job.ranks and all(r.threads == d.value for r in job.ranks):
         return f"each rank starts with OMP_NUM_THREADS={d.value}"
     if job.env.get("OMP_NUM_THREADS") == str(d.value):
@@ -338,8 +342,11 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
     yours = plan.yours or {}
     ranks = tuple(RankView(tuple(r.cpus), r.threads) for r in plan.per_rank)
     placement_why = "" if not yours or yours.get("placed_by_cpuperf") else str(yours.get("why") or "")
+    # The environment the user's command gets: `env OMP_NUM_THREADS=4 python s.py` runs with 4 whatever the
+    # plan's own variables say, and the report says what the command gets.
+    env = command_environ(jp.request.user_argv, plan.env)
     return RenderedJob(
-        auto=jp.request.auto, nproc_per_node=plan.nproc_per_node, nnodes=plan.nnodes, env=dict(plan.env), ranks=ranks,
+        auto=jp.request.auto, nproc_per_node=plan.nproc_per_node, nnodes=plan.nnodes, env=env, ranks=ranks,
         pinned=tuple(plan.affinity or ()), settings=jp.settings,
         flags=tuple(f.args for f in script.added) if script is not None else (),
         flags_left=tuple(script.not_added) if script is not None else (),

@@ -356,8 +356,22 @@ def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dic
     many this process sees: the ranks cpuperf plans for it must too."""
     env = dict(environ)
     for w in unwrap(list(user_argv))[0] if user_argv else ():
+        _check_wrapper_threads(w)
         env = w.environ(env)
     return env
+
+
+def _check_wrapper_threads(wrapper: Wrapper) -> None:
+    """`env OMP_NUM_THREADS=abc` in front of a command: the command gets that value whatever cpuperf sets (the
+    wrapper runs inside cpuperf's environment), so a count no OpenMP reads exits 2, as on a launcher's line
+    (`mpirun -x OMP_NUM_THREADS=abc`) and in a saved plan."""
+    from cpuperf.decide.runtime_env import user_value_problem
+
+    for name, value in wrapper.env:
+        problem = user_value_problem(name, value) if name == "OMP_NUM_THREADS" else None
+        if problem:
+            raise UsageError(f"`{_shown(wrapper.spelled)}`: OMP_NUM_THREADS={value[:40]!r}: {problem}",
+                             hint="give a positive whole number of threads, e.g. env OMP_NUM_THREADS=4")
 
 
 # -- wrappers in front of the launcher -----------------------------------------------------------------
@@ -744,8 +758,22 @@ def _nodes(cmd: LauncherCommand) -> int:
     rule = rules().get(cmd.launcher, {})
     names = rule.get("hosts", ()) if cmd.launcher == "torchrun" else rule.get("machines", ())
     given = cmd.option(names) if names else None
-    counts = [_python_int(part) for part in (given or "").split(":")]
-    return max([c for c in counts if c is not None and c > 0] or [1])
+    if given is None:
+        return 1
+    parts = given.split(":") if cmd.launcher == "torchrun" else [given]
+    counts = [_python_int(part) if len(part) <= 12 else None for part in parts]  # as torchrun and argparse read them
+    low, high = (counts[0], counts[-1]) if len(counts) <= 2 else (None, None)
+    if low is None or high is None or low < 1 or high < low or high > MAX_NODES:
+        said = f"{cmd.spelled(names)}"
+        form = "N or MIN:MAX, " if cmd.launcher == "torchrun" else ""
+        raise UsageError(f"{cmd.launcher} {_shown(said)}: not a count of nodes {cmd.launcher} can start "
+                         f"({form}1 to {MAX_NODES})", hint=f"give the nodes as a whole number, e.g. "
+                         f"{names[0]} 2" + (" or 1:4" if form else ""))
+    return high
+
+
+# The most nodes a plan is made for (knowledge/knobs.py: --set nnodes past it is refused).
+MAX_NODES = 4096
 
 
 def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:

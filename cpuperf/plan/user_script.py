@@ -542,16 +542,28 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
 
         why = UNPINNED_RANKS
     per_rank = len(plan.per_rank) > 1 and placed
-    return {"launcher": launcher, "env": dict(plan.env),
+    yours_env = _wrapped_env(plan.env, script.command)
+    return {"launcher": launcher, "env": {k: v for k, v in plan.env.items() if k not in yours_env},
+            "env_yours": yours_env,
             "env_per_rank": {"OMP_NUM_THREADS": [r.threads for r in plan.per_rank]} if per_rank else {},
             "cpus": list(plan.affinity) if plan.affinity else (list(spec.cpus) if spec and spec.cpus else None),
-            "threads": spec.threads if spec and spec.threads else None,
+            "threads": spec.threads if spec and spec.threads and "OMP_NUM_THREADS" not in yours_env else None,
             "ranks": ranks, "placement": {"placed_by_cpuperf": placed, "ranks": len(plan.per_rank),
                                           "from": yours.get("from"), "why": why},
             "flags": script.added_args, "flags_why": {" ".join(f.args): f.why for f in script.added},
             "flags_not_added": [{"flag": n, "why": w} for n, w in script.not_added],
             "behaviour": behaviour_notes(script, len(plan.per_rank) if yours else 1),
             "parser": script.parser, "hf_flags_mode": script.mode, "why_flags": script.why}
+
+
+def _wrapped_env(env: Mapping[str, str], command: UserCommand) -> Dict[str, Optional[str]]:
+    """The variables of cpuperf's `env` that the wrappers in front of the command change (`env OMP_NUM_THREADS=4
+    python s.py` runs with 4 whatever cpuperf sets; `env -u X` removes X): {name: the value the command gets, or
+    None where it gets none}."""
+    seen = dict(env)
+    for w in command.wrappers:
+        seen = w.environ(seen)
+    return {k: seen.get(k) for k, v in env.items() if seen.get(k) != v}
 
 
 def behaviour_notes(script: ScriptPlan, ranks: int) -> List[str]:
@@ -573,6 +585,9 @@ def applied_lines(a: Mapping[str, Any]) -> List[str]:
              + (f" (your {a['launcher']['yours']} starts the ranks)" if a["launcher"]["yours"] else "")]
     for k, v in a["env"].items():
         lines.append(f"applied: env {k}={v}")
+    for k, v in (a.get("env_yours") or {}).items():
+        gets = f"gets {k}={v}" if v is not None else f"gets no {k}"
+        lines.append(f"not applied: env {k} (the command behind your wrappers {gets})")
     place = a.get("placement") or {}
     if a["launcher"]["yours"]:
         if a["cpus"]:
