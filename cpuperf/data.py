@@ -114,8 +114,28 @@ def _remembered_parse(path: str, stamp: List[Any]) -> Optional[Dict[str, Any]]:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         _say_once(f"note: the remembered parse {where} is not used ({why}): {os.path.basename(path)} is parsed again")
         return None
-    data = known.get("data") if isinstance(known, dict) and known.get("stamp") == stamp else None
-    return data if isinstance(data, dict) and not too_deep(data) else None
+    if not isinstance(known, dict) or known.get("stamp") != stamp:
+        return None  # another version of the file, or of Python: parsed again and replaced, as it should be
+    data = known.get("data")
+    if not isinstance(data, dict) or too_deep(data) or known.get("digest") != _digest(data):
+        # The parse as written carries a digest of its data: one edited or corrupted since (`data: {}`, a number
+        # where the TOML has text) would reach the code that trusts compat/ as shipped, an internal error.
+        _say_once(f"note: the remembered parse {where} is not used (its data is not what was parsed): "
+                  f"{os.path.basename(path)} is parsed again")
+        return None
+    return data
+
+
+def _digest(data: Dict[str, Any]) -> str:
+    """sha256 of the data as canonical JSON: what a remembered parse must still be to be used."""
+    import hashlib
+    import json
+
+    try:
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return ""  # NaN, or not JSON: never a digest that matches
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _say_once(line: str) -> None:
@@ -135,7 +155,8 @@ def _remember_parse(path: str, stamp: List[Any], data: Dict[str, Any]) -> None:
     from cpuperf.fsutil import atomic_write_bytes
 
     try:
-        text = json.dumps({"stamp": stamp, "data": data})  # TypeError: a date or time (not JSON): parsed each time
+        # TypeError: a date or time (not JSON), ValueError: NaN: such a file is parsed each time.
+        text = json.dumps({"stamp": stamp, "data": data, "digest": _digest(data)}, allow_nan=False)
         if json.loads(text)["data"] == data:
             atomic_write_bytes(_parse_path(stamp), text.encode("utf-8"))
     except (OSError, TypeError, ValueError):

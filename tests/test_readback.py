@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -497,6 +498,84 @@ def test_a_remembered_compat_parse_that_is_no_file_is_parsed_again(cache, capsys
     out, err = capsys.readouterr()
     _clean(0, out, err, allowed=(0,))
     assert err.count("remembered parse") <= 1
+
+
+def _hf_cache_entry(doc: Dict[str, Any]) -> Tuple[str, ...]:
+    """A path to a number in the remembered parse of hf.toml (its max_age_days where it has one)."""
+    for key, value in doc["data"].items():
+        if isinstance(value, dict) and "max_age_days" in value:
+            return ("data", key, "max_age_days")
+    return ("data", next(iter(doc["data"])))
+
+
+def _everywhere(value: Any, leaf: Any) -> Any:
+    """`value` with every leaf (a string, number or bool) replaced by `leaf`."""
+    if isinstance(value, dict):
+        return {k: _everywhere(v, leaf) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_everywhere(v, leaf) for v in value]
+    return leaf
+
+
+@pytest.mark.parametrize("edit", ["text-for-a-number", "data-empty", "integers-everywhere", "no-digest",
+                                  "digest-a-number", "data-a-list"])
+def test_a_remembered_compat_parse_whose_data_was_edited_is_parsed_again(cache, capsys, edit):
+    """The parsed-compat cache was read without a schema: with its stamp intact, max_age_days="x", data={} or
+    integers everywhere crashed ccl-env, recommend and train --dry-run with internal errors (issue 53, case 10).
+    Its data now carries a digest; what does not match it is parsed again, said once, and replaced."""
+    from cpuperf import data
+
+    names = [str(data.builtin_compat_dir() / n) for n in ("launchers.toml", "cclenv.toml", "variables.toml")]
+    data.load_toml.cache_clear()
+    truth = {n: data.load_toml(n) for n in names}
+    for name in names:
+        remembered = next((cache / "compat-parsed").glob(f"{Path(name).name}-*.json"))
+        doc = json.loads(remembered.read_text())
+        doc = {"text-for-a-number": lambda d: _replaced(d, _hf_cache_entry(d), "x"),
+               "data-empty": lambda d: {**d, "data": {}},
+               "integers-everywhere": lambda d: {**d, "data": _everywhere(d["data"], 7)},
+               "no-digest": lambda d: {k: v for k, v in d.items() if k != "digest"},
+               "digest-a-number": lambda d: {**d, "digest": 7},
+               "data-a-list": lambda d: {**d, "data": [1, 2]}}[edit](doc)
+        remembered.write_text(json.dumps(doc))
+    data.load_toml.cache_clear()
+    data._SAID.clear()
+    try:
+        assert {n: data.load_toml(n) for n in names} == truth
+        data.load_toml.cache_clear()
+        assert {n: data.load_toml(n) for n in names} == truth  # and replaced by a good one: nothing said again
+    finally:
+        data.load_toml.cache_clear()
+    out, err = capsys.readouterr()
+    _clean(0, out, err, allowed=(0,))
+    if edit != "data-a-list":
+        assert err.count("remembered parse") == len(names), err
+
+
+@pytest.mark.parametrize("args", [["ccl-env"], ["recommend"], ["train", "--dry-run"]])
+def test_commands_run_past_an_edited_compat_parse(cache, args):
+    """Through the CLI, every remembered parse rewritten with integers everywhere: the command's own answer."""
+    from cli_util import run_cli
+
+    from cpuperf import data
+
+    first = run_cli(args, extra_env={"CPUPERF_CACHE_DIR": str(cache)})
+    assert first.returncode == 0, first.stderr[-1500:]
+    files = list((cache / "compat-parsed").glob("*.json"))
+    assert files
+    for remembered in files:
+        doc = json.loads(remembered.read_text())
+        remembered.write_text(json.dumps({**doc, "data": _everywhere(doc["data"], 7)}))
+    for other in cache.iterdir():  # ccl-env's remembered answer would spare it the data
+        if other.name != "compat-parsed":
+            shutil.rmtree(other) if other.is_dir() else other.unlink()
+    data.load_toml.cache_clear()
+    try:
+        again = run_cli(args, extra_env={"CPUPERF_CACHE_DIR": str(cache)}, process=args == ["ccl-env"])
+    finally:
+        data.load_toml.cache_clear()
+    assert again.returncode == 0 and "internal error" not in again.stderr, again.stderr[-1500:]
+    assert again.stdout == first.stdout
 
 
 # -- what a node's probe prints back (doctor --hostfile reads it over ssh or mpirun) ------------------------------
