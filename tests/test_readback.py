@@ -186,6 +186,54 @@ def test_remembered_decisions_are_held_to_this_host(cache, capsys):
         assert json.loads(out)["backend"] == "gloo" or "oneccl" in out
 
 
+def _lever(d: Dict[str, Any], lever_id: str) -> Dict[str, Any]:
+    return next(x for x in d["value"]["levers"] if x.get("id") == lever_id)
+
+
+LEVER_EDITS: List[Tuple[str, Callable[[Dict[str, Any]], None]]] = [
+    ("duplicate", lambda d: d["value"]["levers"].append(dict(d["value"]["levers"][0]))),
+    ("missing-id", lambda d: d["value"]["levers"][0].pop("id")),
+    ("escape-in-id", lambda d: d["value"]["levers"][0].update(id="dtype\x1b[2J")),
+    ("unknown-id", lambda d: d["value"]["levers"][0].update(id="nonsense")),
+    ("object-value", lambda d: _lever(d, "dtype").update(value={"a": 1})),
+    ("list-value", lambda d: _lever(d, "compile").update(value=[True])),
+    ("text-for-a-count", lambda d: _lever(d, "threads_per_rank").update(value="2")),
+    ("bool-for-a-count", lambda d: _lever(d, "nproc_per_node").update(value=True)),
+    ("a-choice-not-offered", lambda d: _lever(d, "dtype").update(value="fp8")),
+    ("9999-threads", lambda d: _lever(d, "threads_per_rank").update(value=9999)),
+    ("9999-ranks", lambda d: _lever(d, "nproc_per_node").update(value=9999)),
+    ("escape-in-reason", lambda d: _lever(d, "dtype").update(reason="\x1b]0;pwned\x07")),
+    ("evidence-a-list", lambda d: _lever(d, "dtype").update(evidence=[1])),
+    ("levers-an-object", lambda d: d["value"].update(levers={"dtype": "fp32"})),
+    ("a-lever-a-number", lambda d: d["value"]["levers"].__setitem__(0, 7)),
+]
+
+
+@pytest.mark.parametrize("what, edit", LEVER_EDITS, ids=[e[0] for e in LEVER_EDITS])
+def test_a_remembered_decision_with_a_bad_lever_is_decided_again_and_replaced(cache, capsys, what, edit):
+    """A remembered ccl-env decision with a lever twice, without an id, an escape in one, an object as a value:
+    `ccl-env --json` was an internal error (ValueError) in every run, while plain ccl-env accepted the entry, so it
+    was never replaced; 9999 threads was accepted (issue 53, case 9). Now both decide again and replace it."""
+    from cpuperf.probe import probe_host
+
+    usable = len(probe_host(use_cache=False).usable_cpus())
+    _clean(*_run(["ccl-env", "--json"], capsys), allowed=(0,))
+    entry = next((cache / "ccl-decisions").iterdir())
+    good = json.loads(entry.read_text())
+    data = copy.deepcopy(good)
+    edit(data)
+    entry.write_text(json.dumps(data))
+    code, out, err = _run(["ccl-env"], capsys)  # plain: decided again, and the entry replaced
+    _clean(code, out, err, allowed=(0,))
+    assert json.loads(entry.read_text())["value"]["levers"] == good["value"]["levers"]
+    entry.write_text(json.dumps(data))
+    code, out, err = _run(["ccl-env", "--json"], capsys)
+    _clean(code, out, err, allowed=(0,))
+    levers = {lv["id"]: lv["value"] for part in json.loads(out)["levers"].values() for lv in part}
+    assert 1 <= levers["threads_per_rank"] <= usable and 1 <= levers["nproc_per_node"] <= usable
+    assert json.loads(entry.read_text())["value"]["levers"] == good["value"]["levers"]
+
+
 @pytest.mark.parametrize("name,kind", [("proc/cpuinfo", "fifo"), ("proc/cpuinfo", "dev"), ("proc/meminfo", "fifo"),
                                        ("sys/devices/system/cpu/online", "fifo"), ("proc/cpuinfo", "huge")])
 def test_a_snapshot_with_a_file_that_cannot_be_read_is_refused(tmp_path, capsys, monkeypatch, name, kind):

@@ -87,8 +87,38 @@ def decisions_from_json(raw: Any) -> EnvDecisions:
     if not isinstance(pin, bool):
         raise TypeError(f"pin {pin!r} is not true or false")
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
-                        _typed(raw["threads"], (int, type(None))), pin,
-                        tuple(_typed(d, dict) for d in _typed(raw["levers"], list)))
+                        _typed(raw["threads"], (int, type(None))), pin, _levers(raw["levers"]))
+
+
+def _levers(raw: Any) -> Tuple[Any, ...]:
+    """The levers' decisions as JSON, held to what the --json report reads (cpuperf.plan.saved.levers_from_json,
+    not imported on this path): every decided knob once by its id, a value its knob takes, a printable reason.
+    A remembered entry with a lever twice, without an id, an escape in one or an object as a value was an internal
+    error of `ccl-env --json` in every shell, while plain ccl-env kept the entry (ValueError: decided again)."""
+    from cpuperf.errors import UsageError
+    from cpuperf.knowledge.knobs import BY_ID, coerce
+
+    levers = tuple(_typed(d, dict) for d in _typed(raw, list))
+    ids = [d.get("id") for d in levers]
+    decided = {k for k, knob in BY_ID.items() if knob.decided}
+    if len(set(map(str, ids))) != len(ids) or set(ids) != decided:
+        raise ValueError("levers: not every decision once by its id")
+    for d in levers:
+        value, reason = d.get("value"), d.get("reason", "")
+        if value is not None:  # typed as levers_from_json types it: the knob's own coercion, the same type back
+            if not isinstance(value, (str, int, float, bool)) or value != value:
+                raise ValueError(f"lever {d['id']}: its value is not a string, number or true/false")
+            try:
+                same = coerce(d["id"], "true" if value is True else "false" if value is False else str(value))
+            except UsageError:
+                raise ValueError(f"lever {d['id']}: a value its knob does not take") from None
+            if same != value or type(same) is not type(value):
+                raise ValueError(f"lever {d['id']}: a value its knob does not take")
+        if not isinstance(reason, str) or not reason.isprintable() or len(reason) > 4096 or \
+                not isinstance(d.get("evidence", {}), dict) or \
+                any(not isinstance(d.get(k, False), bool) for k in ("overridden", "needs_torch")):
+            raise ValueError(f"lever {d['id']}: its reason, evidence or flags are not a decision's")
+    return levers
 
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
