@@ -14,6 +14,7 @@ from cpuperf.decide.recommend import recommend, shape_key
 from cpuperf.decide.records import Measurements
 from cpuperf.decide.tune import Candidates, Point, descend, tuned_decisions
 from cpuperf.decide.workload import PRESETS
+from cpuperf.errors import CpuperfError
 from cpuperf.plan.user_script import command_key, tuning_argv
 from cpuperf.probe import probe_host
 from cpuperf.run.tune import trainer_rate
@@ -243,11 +244,67 @@ def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_p
     got = measure.load_cached(facts)
     assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
     assert got.gemm_fp32_gflops == 100.0 and path.exists()
-    # so is a point outside the one vocabulary (a recorded file comes from elsewhere), and a figure of inf
-    measure.save_tuned(facts, "tuned_by_shape", "K1", {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}})
-    measure.save_tuned(facts, "tuned_by_shape", "K2", {**_entry(), "best_samples_per_s": float("inf")})
+    # so is a point outside the one vocabulary (a recorded file comes from elsewhere), and a figure of inf or past
+    # the reader's bound; the writer holds the same bounds and refuses them (1e308 samples/s was written)
+    bad = {"K1": {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}},
+           "K2": {**_entry(), "best_samples_per_s": float("inf")}, "K3": {**_entry(), "best_samples_per_s": 1e308}}
+    for key, entry in bad.items():
+        with pytest.raises(CpuperfError) as err:
+            measure.save_tuned(facts, "tuned_by_shape", key, entry)
+        assert "not saved" in err.value.message
+    data = json.loads(path.read_text())
+    data["tuned_by_shape"] = bad
+    path.write_text(json.dumps(data))
     got = measure.load_cached(facts)
     assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
+
+
+def test_a_trainers_figure_past_what_the_cache_holds_is_no_figure():
+    assert trainer_rate("{'train_runtime': 1.0, 'train_samples_per_second': 1e308}") is None
+    assert trainer_rate("{'train_runtime': 1.0, 'train_samples_per_second': 1e15}") == 1e15
+
+
+@pytest.mark.parametrize("best, fits", [
+    ({"ranks": 4, "threads": 1}, True), ({"ranks": 2, "threads": 2}, True), ({"ranks": 5, "threads": 1}, False),
+    ({"ranks": 4096, "threads": 1}, False), ({"ranks": 2, "threads": 3}, False), ({"ranks": 1, "threads": 4096}, False),
+    ({"dtype": "fp16"}, False), ({"dtype": "bf16"}, False), ({"dtype": "fp32"}, True),
+])
+def test_a_cached_tuning_is_held_to_the_host_it_runs_on(tmp_path, best, fits):
+    """A recorded host of 4 cores without native bf16: a tuning's best point fits it or is named why not."""
+    from hosts import make_host
+
+    from cpuperf.decide.tune import host_problem
+
+    facts = probe_host(sysroot=str(make_host(tmp_path / "h", cores_per_socket=4)))
+    why = host_problem({"best": {**START.to_json(), **best}}, facts)
+    assert (why is None) is fits, why
+
+
+def test_a_cached_tuning_this_host_cannot_run_is_dropped_named_and_planned_again(tmp_path, monkeypatch, capsys):
+    """best.ranks=4096 made every later `train --auto` exit 2 while the entry stayed; best.dtype=fp16 added --fp16
+    on a CPU host (issue 53, case 8). Dropped on reading and named; the next save leaves it out; the plan is made."""
+    from cpuperf.run import measure
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    facts = probe_host()
+    w = PRESETS["tiny"]
+    measure.save_tuned(facts, "tuned_by_command", "C1", _entry())
+    path = next((tmp_path / "cache" / "measurements").glob("*.json"))
+    data = json.loads(path.read_text())
+    data["tuned_by_shape"] = {shape_key(w): {**_entry(), "best": {**START.to_json(), "ranks": 4096}},
+                              "K2": {**_entry(), "best": {**START.to_json(), "dtype": "fp16"}}}
+    path.write_text(json.dumps(data))
+    measure._SAID.clear()
+    got = measure.load_cached(facts)
+    assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
+    err = capsys.readouterr().err
+    assert "best.ranks 4096" in err and "best.dtype fp16" in err and str(path) in err
+    measure._SAID.clear()  # said once per process: the command is another process
+    plan = run_cli(["train", "--auto", "--dry-run", "--json"], extra_env={"CPUPERF_CACHE_DIR": str(tmp_path / "cache")})
+    assert plan.returncode == 0, plan.stderr[-1500:]  # was exit 2: nproc_per_node 4096 exceeds the usable cores
+    assert "best.ranks 4096" in plan.stderr
+    measure.save_tuned(facts, "tuned_by_command", "C2", _entry())  # the next save: the bad entries are gone
+    assert set(json.loads(path.read_text())["tuned_by_shape"]) == set()
 
 
 # -- the user's command ------------------------------------------------------------------------------

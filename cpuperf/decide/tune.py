@@ -19,6 +19,7 @@ from cpuperf.jsonable import as_json
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Recommendation
+    from cpuperf.probe.facts import HostFacts
 
 SCHEMA = "cpuperf.tune/1"
 LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
@@ -354,6 +355,27 @@ DECISIONS = {"dtype": ("dtype",), "allocator": ("allocator",), "optimizer": ("op
 def decision_values(p: Point) -> Dict[str, Any]:
     return {"dtype": p.dtype, "allocator": p.allocator, "optimizer": p.optimizer, "nproc_per_node": p.ranks,
             "threads_per_rank": p.threads, "affinity": "auto" if p.pinned else None, "compile": p.compile}
+
+
+def host_problem(entry: Mapping[str, Any], facts: HostFacts) -> Optional[str]:
+    """Why a cached tuning's best point cannot run on this host (None: it can): a dtype the tuner never offers
+    here (fp16 on a CPU; bf16 without native bf16, cpuperf.knowledge.bf16), more ranks than usable cores or more
+    ranks x threads than usable CPUs. A cached best.ranks=4096 made every later --auto of the command exit 2, and
+    best.dtype=fp16 added --fp16 on a CPU host (issue 53)."""
+    from cpuperf.decide.placement import usable_cores
+    from cpuperf.knowledge.bf16 import bf16_native
+
+    best = entry.get("best")
+    if not isinstance(best, Mapping):
+        return None  # the schema requires it: nothing here to hold
+    dtype, ranks, threads = best.get("dtype"), best.get("ranks", 1), best.get("threads", 1)
+    if dtype == "fp16" or (dtype == "bf16" and not bf16_native(facts)):
+        return f"best.dtype {dtype} is not one a tuning runs on this host's CPUs"
+    cores, cpus = max(1, len(usable_cores(facts))), max(1, len(facts.usable_cpus()))
+    if not isinstance(ranks, int) or not isinstance(threads, int) or ranks > cores or ranks * threads > cpus:
+        return (f"best.ranks {ranks} x best.threads {threads} does not fit this host's {cores} usable core(s) "
+                f"and {cpus} CPU(s)")
+    return None
 
 
 def too_noisy(entry: Mapping[str, Any], max_spread: float) -> bool:

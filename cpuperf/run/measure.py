@@ -24,7 +24,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import compile_worth_measuring
 from cpuperf.decide.records import Measurements
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import ProbeFailedError, UsageError
+from cpuperf.errors import CpuperfError, ProbeFailedError, UsageError
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
 
@@ -154,7 +154,7 @@ def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
         return _read_recorded(Path(str(facts.sysroot)) / RECORDED_FILE)
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
-        return _read_file(path), path
+        return _fit_host(_read_file(path), facts, path), path
     except FileNotFoundError:
         return None, path
     except OSError as exc:  # unreadable: say so once, measure or decide without it
@@ -162,6 +162,24 @@ def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
     except CacheUnusable as exc:
         _say_once(f"note: ignoring the measurement cache {path}: {exc} (cpuperf bench --refresh measures again)")
     return None, path
+
+
+def _fit_host(data: Dict[str, Any], facts: HostFacts, path: Path) -> Dict[str, Any]:
+    """The cache less the tunings whose best point this host cannot run (decide.tune.host_problem), each named
+    once: the rules decide for that command or shape, and the next save leaves the entry out."""
+    from cpuperf.decide.tune import host_problem
+
+    for kind in ("tuned_by_shape", "tuned_by_command"):
+        entries = data.get(kind)
+        if not isinstance(entries, dict):
+            continue
+        for key in list(entries):
+            why = host_problem(entries[key], facts)
+            if why is not None:
+                del entries[key]
+                _say_once(f"note: dropped {kind}.{key[:40]!r} from {path}: {why}; the rules decide, and a new "
+                          "tuning replaces it")
+    return data
 
 
 def _read_recorded(path: Path) -> Tuple[Optional[Dict[str, Any]], Path]:
@@ -274,6 +292,12 @@ def save(facts: HostFacts, results: Dict[str, Any]) -> Path:
 def save_tuned(facts: HostFacts, kind: str, key: str, entry: Dict[str, Any]) -> Path:
     """One tuning result into this host's cache (kind: tuned_by_shape | tuned_by_command), beside what is there;
     the rest of the entry keeps its own time and load."""
+    from cpuperf.decide.measurement_schema import tuning
+
+    why = tuning()(entry)
+    if why is not None:  # the writer holds the reader's bounds: what it would drop is never written
+        raise CpuperfError(f"the tuning is not saved: {why}", hint="a figure or point the measurement cache refuses "
+                           "is no measurement; tune again")
     data, _ = read_cached(facts)
     usable = data is not None and assess(data, facts)[0]
     base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")} if usable else {}

@@ -113,15 +113,18 @@ _TRAINER_RUNTIME = re.compile(r"""['"]train_runtime['"]\s*:\s*['"]?([0-9][0-9.eE
 
 
 def _last_figure(pattern: re.Pattern[str], output: str) -> Optional[float]:
-    """The last figure `pattern` finds, when it is a finite positive number; else None."""
+    """The last figure `pattern` finds, when it is a finite positive number the cache holds (at most
+    readback.MAX_FIGURE: 1e308 samples/s was written, and dropped by the reader later); else None."""
     import math
+
+    from cpuperf.readback import MAX_FIGURE
 
     found = pattern.findall(output)
     try:
         value = float(found[-1]) if found else None
     except ValueError:
         return None
-    return value if value is not None and math.isfinite(value) and value > 0 else None
+    return value if value is not None and math.isfinite(value) and 0 < value <= MAX_FIGURE else None
 
 
 def trainer_rate(output: str) -> Optional[float]:
