@@ -365,10 +365,11 @@ def host_problem(entry: Mapping[str, Any], facts: HostFacts) -> Optional[str]:
     from cpuperf.decide.placement import usable_cores
     from cpuperf.knowledge.bf16 import bf16_native
 
-    best = entry.get("best")
-    if not isinstance(best, Mapping):
+    raw = entry.get("best")
+    if not isinstance(raw, Mapping):
         return None  # the schema requires it: nothing here to hold
-    dtype, ranks, threads = best.get("dtype"), best.get("ranks", 1), best.get("threads", 1)
+    best = Point.from_json(raw)
+    dtype, ranks, threads = best.dtype, best.ranks, best.threads
     if dtype == "fp16" or (dtype == "bf16" and not bf16_native(facts)):
         return f"best.dtype {dtype} is not one a tuning runs on this host's CPUs"
     cores, cpus = max(1, len(usable_cores(facts))), max(1, len(facts.usable_cpus()))
