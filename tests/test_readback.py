@@ -7,6 +7,7 @@ on stdout or stderr, the exit code documented for that file, and nothing else in
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import re
@@ -268,6 +269,15 @@ PLAN_EDITS = [
     ("ONEDNN_JIT_DUMP", lambda d: _env(d, "ONEDNN_JIT_DUMP", "1"), "ONEDNN_JIT_DUMP"),
     ("jemalloc prof", lambda d: _env(d, "MALLOC_CONF", "prof:true,prof_prefix:jeprof"), "prof"),
     ("nodes []", lambda d: d.update(nodes=[]), "nodes"),
+    # values that reached the job unbounded (issue 53, case 7): a step that never ends, a million worker processes
+    ("accumulation 2**62", lambda d: _decision(d, "grad_accum_steps", 2**62), "grad_accum_steps"),
+    ("batch 1e15", lambda d: _decision(d, "batch_size", 10**15), "batch_size"),
+    ("workers 1e6", lambda d: _decision(d, "dataloader_workers", 10**6), "dataloader_workers"),
+    ("workers past the host's CPUs", lambda d: _decision(d, "dataloader_workers", 4000), "usable CPU"),
+    *([("ipex without IPEX", lambda d: _decision(d, "ipex", True), "IPEX")]
+      if importlib.util.find_spec("intel_extension_for_pytorch") is None else []),
+    *([("cuda without a GPU", lambda d: _decision(d, "device", "cuda"), "no NVIDIA GPU")]
+      if shutil.which("nvidia-smi") is None else []),
 ]
 
 

@@ -142,3 +142,17 @@ def test_a_bad_node_count_exits_2_through_the_cli():
                     "t.py"])
     assert proc.returncode == 2, proc.stderr[-1500:]
     assert "--nnodes" in _one_error_line(proc.stderr)
+
+
+# -- case 7, from the command line: a batch or accumulation no step finishes ---------------------------------------
+
+@pytest.mark.parametrize("args, said", [
+    (["--batch-size", str(10**15)], "--batch-size 1000000000000000: at most 1048576"),
+    (["--set", f"grad_accum_steps={2**62}"], "grad_accum_steps=4611686018427387904: at most 65536"),
+    (["--set", "batch_size=1048577"], "batch_size=1048577: at most 1048576"),
+    (["--set", "dataloader_workers=1000000"], "dataloader_workers=1000000: at most 4096"),
+])
+def test_a_batch_or_accumulation_no_step_finishes_exits_2(args, said):
+    proc = run_cli(["train", "--dry-run", *args])
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert said in _one_error_line(proc.stderr)

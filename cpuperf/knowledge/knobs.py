@@ -17,6 +17,10 @@ from cpuperf.errors import UsageError
 
 # A node count past this is a typo, not a plan (ranks and threads are bounded by the host, in placement).
 MAX_COUNT = 4096
+# Samples per optimizer step and micro-batches per step: far above any real job (a global batch of a million
+# samples), far below one that never ends a step (a plan's grad_accum_steps of 2**62). Dataloader workers are
+# processes: the host bounds them further (its usable CPUs, where the plan is run).
+MAX_BATCH, MAX_ACCUMULATION, MAX_WORKERS = 1 << 20, 1 << 16, 4096
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class Knob:
     kind: str  # bool | int | float | choice | str | dict
     choices: Tuple[Any, ...] = ()
     minimum: Optional[float] = None
+    maximum: Optional[float] = None  # past it no job finishes a step (a saved plan's batch of 10**15 never did)
     decided: bool = False  # recommend decides it (a Decision with this id)
     worker: bool = False  # the built-in loop's setting of the same name
     launch: bool = False  # carried by the launch plan (ranks, threads, CPUs, env)
@@ -52,14 +57,14 @@ KNOBS: Tuple[Knob, ...] = (
     _k("compile", "bool", decided=True, worker=True),
     _k("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
     _k("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
-    _k("batch_size", "int", minimum=1, decided=True, worker=True),
-    _k("grad_accum_steps", "int", minimum=1, decided=True, worker=True),
+    _k("batch_size", "int", minimum=1, maximum=MAX_BATCH, decided=True, worker=True),
+    _k("grad_accum_steps", "int", minimum=1, maximum=MAX_ACCUMULATION, decided=True, worker=True),
     _k("grad_checkpointing", "bool", decided=True, worker=True),
     _k("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
     _k("sharding", "choice", choices=("fsdp", "zero3", None), decided=True,
        doc="fsdp: torch FSDP full shard; zero3: DeepSpeed ZeRO-3 (installed); none: every rank holds the whole state"),
     _k("offload", "bool", decided=True, doc="GPU ranks park the sharded state in host RAM"),
-    _k("dataloader_workers", "int", minimum=0, decided=True, worker=True),
+    _k("dataloader_workers", "int", minimum=0, maximum=MAX_WORKERS, decided=True, worker=True),
     _k("pin_memory", "bool", decided=True),
     _k("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
     # placement options ---------------------------------------------------------------------------------
@@ -117,7 +122,7 @@ def _bool(key: str, text: str) -> bool:
     raise UsageError(f"--set {key}={text}: expected true or false")
 
 
-def _number(key: str, text: str, kind: str, minimum: Optional[float]) -> Any:
+def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: Optional[float] = None) -> Any:
     try:
         value: Any = int(text) if kind == "int" else float(text)
     except ValueError:
@@ -126,6 +131,8 @@ def _number(key: str, text: str, kind: str, minimum: Optional[float]) -> Any:
         raise UsageError(f"--set {key}={text}: expected a finite number")
     if minimum is not None and value < minimum:
         raise UsageError(f"--set {key}={text}: must be at least {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"--set {key}={text[:40]}: at most {maximum:.0f} (past it no step of a job finishes)")
     if kind == "int" and key == "nnodes" and value > MAX_COUNT:
         raise UsageError(f"--set {key}={text}: more than {MAX_COUNT} nodes is not a plan cpuperf makes")
     return value
@@ -147,7 +154,7 @@ def coerce(key: str, raw: Any) -> Any:
     if knob.kind == "bool":
         return _bool(key, text)
     if knob.kind in ("int", "float"):
-        return _number(key, text, knob.kind, knob.minimum)
+        return _number(key, text, knob.kind, knob.minimum, knob.maximum)
     if knob.kind == "choice":
         value = None if text.lower() in ("none", "null") else text
         if value not in knob.choices:

@@ -54,7 +54,7 @@ class PlanRequest:
 def split_constraints(sets: Sequence[str], batch_size: Optional[int],
                       user_argv: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """--set values, typed by the one vocabulary: (decisions for recommend, the built-in loop's own settings)."""
-    from cpuperf.knowledge.knobs import BY_ID, parse_assignments
+    from cpuperf.knowledge.knobs import BY_ID, coerce, parse_assignments
 
     constraints = parse_assignments(list(sets))
     decided = {k: v for k, v in constraints.items() if BY_ID[k].decided or k == "oversubscribe"}
@@ -63,8 +63,11 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
         key = sorted(worker)[0]
         raise UsageError(f"--set {key}: a setting of the built-in training loop; your script sets its own",
                          hint="pass it to your script as its own argument")
-    if batch_size is not None:
-        decided.setdefault("batch_size", batch_size)
+    if batch_size is not None:  # --batch-size: typed and bounded as --set batch_size is
+        try:
+            decided.setdefault("batch_size", coerce("batch_size", str(batch_size)))
+        except UsageError as exc:
+            raise UsageError(exc.message.replace("--set batch_size=", "--batch-size "), hint=exc.hint) from None
     return decided, worker
 
 

@@ -628,6 +628,9 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
     if foreign:  # never a library the probe does not know as an allocator or OpenMP runtime here
         raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "
                          "found in this environment", hint=f"make a new plan here: cpuperf recommend --save {path}")
+    refused = host_refusal(plan, facts) if not diffs else None
+    if refused:  # run as saved, a value this host cannot honour is refused, as the same --set would be
+        raise UsageError(f"plan {path}: {refused}", hint=f"make a new plan here: cpuperf recommend --save {path}")
     if diffs and not replan:
         # Every difference is named (up to a few): "and 1 more" sent users to --replan just to learn what it was.
         shown = "; ".join(diffs[:_DIFFERENCES_SHOWN])
@@ -636,6 +639,24 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
                                 hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
                                      "from this host's facts")
     return plan, diffs
+
+
+def host_refusal(plan: SavedPlan, facts: HostFacts) -> Optional[str]:
+    """Why a plan that names this host and stack still cannot run here as saved (None: it can): a GPU plan on a
+    host without one, IPEX where it is not installed, more dataloader workers (processes) than usable CPUs.
+    Ranks, threads and CPUs are held to the host where the placement is read (_slot); batch and accumulation to
+    the vocabulary's bounds (knowledge.knobs)."""
+    lv = plan.rec.levers
+    sw = facts.software
+    if lv.device.value == "cuda" and not facts.gpus:
+        return "device cuda, and this host has no NVIDIA GPU"
+    if lv.ipex.value is True and (sw is None or sw.packages.get("intel_extension_for_pytorch") is None):
+        return "ipex true, and IPEX (intel_extension_for_pytorch) is not installed here"
+    usable = max(1, len(facts.usable_cpus()))
+    workers = lv.dataloader_workers.value
+    if isinstance(workers, int) and workers > usable:
+        return f"dataloader_workers {workers}: more worker processes than this host's {usable} usable CPU(s)"
+    return None
 
 
 def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> List[str]:
