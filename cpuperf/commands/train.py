@@ -335,16 +335,35 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
 
 
 def _write_config_files(files: Tuple[Tuple[str, str], ...]) -> None:
-    """The FSDP / DeepSpeed files the added flags name, in the run directory, before the script reads them."""
+    """The FSDP / DeepSpeed files the added flags name, in the run directory, before the script reads them: each
+    created new (O_EXCL, never through a link), or left as it is where the same bytes are there already (this plan's
+    file, from an earlier run into the same --out). Anything else there is not cpuperf's to overwrite: a link (a
+    link to a file outside was written through), or a project's own fsdp_config.json under `--out .`."""
+    import stat
+
     from cpuperf.errors import FilesystemError
+    from cpuperf.fsutil import read_capped
 
     for path, text in files:
+        data = (text + "\n").encode("utf-8")
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-        except OSError as exc:
-            raise FilesystemError(f"cannot write {path}: {exc.strerror or exc}",
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_size == len(data) and read_capped(path, len(data)) == data:
+                    continue  # this very file: written by an earlier run of the same plan
+                what = "a link" if stat.S_ISLNK(st.st_mode) else "a file cpuperf did not write"
+                raise FilesystemError(f"{path} is there already ({what}): cpuperf does not overwrite it",
+                                      hint="move it away, or give --out a directory of the run's own") from None
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        except FilesystemError:
+            raise
+        except (OSError, ValueError) as exc:  # ValueError: fsutil.InputRefused (not a regular file, too big)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise FilesystemError(f"cannot write {path}: {why}",
                                   hint="check the run directory (--out): permissions, space") from exc
 
 

@@ -8,6 +8,7 @@ draws the suite's throughput.png. The series are parsed once into typed points: 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -230,7 +231,13 @@ def png(series: Series, title: str, path: str) -> bool:
         _draw(left, right, series)
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        from cpuperf.fsutil import atomic_write_bytes
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        # Replaced as a whole, as plot.svg is: never written through a link that stands there (a plot.png linked
+        # to a file outside the run directory got the PNG's bytes).
+        atomic_write_bytes(path, buf.getvalue())
     except (ValueError, ArithmeticError):  # values near the float limit: matplotlib's transforms turn singular
         return False  # the SVG (drawn here, with halved arithmetic) is the picture
     finally:
