@@ -40,6 +40,9 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
 else
   # shellcheck disable=SC1091
   . "$venv/bin/activate"
+  # A venv made for another checkout (CPUPERF_TEST_VENV shared, or this one moved) runs the other code: install
+  # this checkout's cpuperf into it, and say which one it held.
+  python tests/venv_cpuperf.py "$PWD" || pip install -q -e '.[test]'
 fi
 
 lint-imports                   # the layers contract in pyproject.toml
