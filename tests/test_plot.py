@@ -36,6 +36,30 @@ def test_parse_keeps_finite_points_and_counts_the_rest():
     assert len(doc.findall("{http://www.w3.org/2000/svg}circle")) == 2  # the eval point, and its legend mark
 
 
+def _attempt(resumed_from, steps, evals=()):
+    lines = [json.dumps({"type": "settings", "settings": {}, "resumed_from": resumed_from})]
+    lines += [json.dumps({"type": "step", "step": s, "loss": 10.0 - s / 10 - (resumed_from or 0) / 1000,
+                          "samples_per_s": 50.0 + s}) for s in steps]
+    lines += [json.dumps({"type": "eval", "step": s, "eval_loss": 5.0}) for s in evals]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("attempts, steps, evals", [
+    # SIGKILL before the first checkpoint, then --resume: it starts from step 0 again (issue 53, case 4)
+    ([(None, (1, 10), ()), (None, (1, 10, 20), ())], (1, 10, 20), ()),
+    # killed after the checkpoint at step 10, having logged 15: the resumed attempt does 11.. again
+    ([(None, (1, 10, 15), (10, 15)), (10, (20, 30), (20,))], (1, 10, 20, 30), (10, 20)),
+    # three attempts, the middle one killed before logging a step
+    ([(None, (1, 5), ()), (5, (), ()), (5, (10,), ())], (1, 5, 10), ()),
+])
+def test_a_resumed_run_draws_one_series_each_step_once(attempts, steps, evals):
+    s = plot.parse_metrics("".join(_attempt(r, st, ev) for r, st, ev in attempts))
+    assert tuple(x for x, _ in s.loss) == steps and tuple(x for x, _ in s.samples_per_s) == steps
+    assert tuple(x for x, _ in s.eval_loss) == evals
+    last = attempts[-1][0] or 0  # the points after the resume point are the last attempt's
+    assert all(v == 10.0 - x / 10 - last / 1000 for x, v in s.loss if x > last)
+
+
 @pytest.mark.smoke("plot")
 def test_plot_command_writes_the_picture_and_json(tmp_path):
     run = tmp_path / "run"

@@ -176,6 +176,37 @@ def test_no_rank_outlives_cpuperf(tmp_path, sig, ranks):
         assert "Traceback" not in proc.stderr.read()
 
 
+@pytest.mark.full  # a real run, SIGKILL, a resumed run
+def test_a_run_killed_and_resumed_draws_one_series(tmp_path):
+    """SIGKILL of the built-in loop before its first checkpoint, then --resume (from step 0): metrics.jsonl kept
+    the killed attempt's lines and `cpuperf plot` drew steps 1, 10, 1, 10, 20 (issue 53, case 4). Each attempt
+    starts with its settings record (resumed_from); the plot draws each step once, the last attempt's."""
+    from cpuperf.render.plot import parse_metrics
+
+    out = tmp_path / "run"
+    proc = start(out, "--max-steps", "100000", "--set", "ckpt_every=100000")
+    try:
+        assert wait_for(lambda: steps_logged(out) >= 2), proc.stderr.read() if proc.poll() is not None else ""
+        for pid in survivors(str(out)):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        for pid in survivors(str(out)):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    killed = steps_logged(out)
+    resumed = run_cli(["train", *MICRO, "--max-steps", "15", "--out", str(out), "--resume", "--json"], timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    records = all_json_lines(out / "metrics.jsonl")
+    assert [r.get("resumed_from") for r in records if r["type"] == "settings"] == [None, None]  # both marked
+    assert steps_logged(out) > killed
+    steps = [x for x, _ in parse_metrics((out / "metrics.jsonl").read_text()).loss]
+    assert steps == sorted(set(steps)) and steps[-1] == 15, steps
+    drawn = json.loads(run_cli(["plot", str(out), "--json"]).stdout)["series"]
+    assert [pt[0] for pt in drawn["loss"]] == steps
+
+
 def test_stop_before_the_first_step_claims_no_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--max-steps", "100000", "--json")

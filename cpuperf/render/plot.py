@@ -56,6 +56,14 @@ def parse_metrics(text: str) -> Series:
         if not isinstance(rec, dict):
             skipped += 1
             continue
+        if rec.get("type") == "settings":  # an attempt starts: from its checkpoint's step, or from 0
+            start = rec.get("resumed_from")
+            start = start if isinstance(start, int) and not isinstance(start, bool) else 0
+            # What an earlier attempt logged past that step was lost with it (a kill, a crash) and done again:
+            # one series, each step once (a resume from 0 after a SIGKILL drew steps 1, 10, 1, 10, 20).
+            for points in (loss, speed, evals):
+                points[:] = [pt for pt in points if pt[0] <= start]
+            continue
         if rec.get("type") not in ("step", "eval"):
             continue  # settings, summary, runtime reports: not points
         step = rec.get("step")
