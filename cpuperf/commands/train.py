@@ -121,7 +121,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
     if argv:  # the model and batch your script names in its own arguments (never downloaded)
         found = script_model(script_args, os.getcwd(), environ,
-                             its_python or launcher_python(argv[:1]) if script else None)
+                             its_python or launcher_python(argv[:1]) if script else None,
+                             may_run=not request.dry_run or options.tune)  # --tune runs it anyway
         workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
                     else from_script(found))
     else:  # the batch you set is the workload's: the shape a tuning is cached and looked up for (shape_key)
@@ -546,6 +547,10 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
     for note in plan.notes:
         lines.append(f"# {note}")
+    from cpuperf.probe.hf import NOT_RUN_IN_A_DRY_RUN
+
+    if NOT_RUN_IN_A_DRY_RUN in (jp.rec.workload.found or ""):  # what it would have run a program of yours to know
+        lines.append(f"# assumed: {jp.rec.workload.found}")
     applied = _applied(jp)
     if applied is not None:
         from cpuperf.plan.user_script import applied_lines

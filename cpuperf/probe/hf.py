@@ -198,11 +198,18 @@ def _type_defaults(model_type: str, python: Optional[str], run: Any) -> Tuple[Op
     return (data, "") if isinstance(data, dict) else (None, f"--model_type {model_type}: no config")
 
 
+# What a dry run says where it did not start a program of the user's to learn something (train --dry-run shows it).
+NOT_RUN_IN_A_DRY_RUN = "a dry run starts no program of yours"
+
+
 def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, str]] = None,
-                 python: Optional[str] = None, run: Any = None) -> ScriptModel:
+                 python: Optional[str] = None, run: Any = None, may_run: bool = True) -> ScriptModel:
     """The model a script trains, read from its arguments as Hugging Face's example scripts read them: --config_name,
     else --model_name_or_path (a local directory or the local HF cache), else --model_type with --config_overrides
-    (that type's defaults in the installed transformers, read by `run(argv, timeout)`). Never the network."""
+    (that type's defaults in the installed transformers, read by `run(argv, timeout)`). Never the network.
+    `may_run` False (a dry run): no program is started, the script's Python included (it is the user's: a wrapper
+    named python3-wrapper, or the interpreter on a launcher's `#!` line, ran under --dry-run); the type's defaults
+    are then not read, and the reason says so."""
     named = script_arguments(args) or _args_file(args, cwd)
     batch = _positive(named.get("per_device_train_batch_size"))
     accum = _positive(named.get("gradient_accumulation_steps"))
@@ -221,6 +228,10 @@ def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, s
         if named.get(key):
             config, where, why = _named_config(named[key], cwd, environ)
             return made(config, f"--{key} {where}" if config is not None else "", why)
+    if named.get("model_type") and not may_run:
+        return made(None, "", f"--model_type {named['model_type']}: {NOT_RUN_IN_A_DRY_RUN}, so the installed "
+                              "transformers' defaults for this type (read through your script's Python) are not read "
+                              "here: the plan assumes an unknown model size; a real run reads them")
     if named.get("model_type"):
         config, why = _type_defaults(named["model_type"], python, run)
         if config is not None and named.get("config_overrides"):
