@@ -9,8 +9,10 @@ refused before it touches anything), the child gets SIGTERM from the kernel when
 (PR_SET_PDEATHSIG, also set by rankexec in every rank, a user's own launcher's ranks included, so each
 rank follows its launcher), SIGTERM/SIGHUP to cpuperf stop the child and, after a grace period, its
 whole process group; once the child has ended, any process still carrying this run's environment marker
-(a rank its launcher orphaned, in another session or group) is killed, and if cpuperf itself is killed a
-watchdog (cpuperf.run.owned) kills them: behind `sh -c` or `setsid` no death signal reaches the launcher.
+(a rank its launcher orphaned, in another session or group) is killed, and so is any process under cpuperf
+that started with the run (cpuperf adopts what the job detaches, PR_SET_CHILD_SUBREAPER: `setsid env -i`
+leaves the group and the marker behind, never the tree); if cpuperf itself is killed a watchdog
+(cpuperf.run.owned) kills them: behind `sh -c` or `setsid` no death signal reaches the launcher.
 """
 
 from __future__ import annotations
@@ -297,9 +299,14 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
     run_dir = run_dir or (os.path.dirname(plan.log_dir) if plan.log_dir else None)
     lock = lock_run_dir(run_dir) if run_dir else None
     errors_dir = tempfile.mkdtemp(prefix="cpuperf-rank-errors-")
-    # A process of the job that no death signal reaches (behind `sh -c`, a launcher that daemonized, a rank in a
-    # session of its own) still ends when cpuperf is killed, even by SIGKILL: the watchdog ends what carries the marker.
-    watchdog = start_watchdog(f"{ERRORS_VAR}={errors_dir}", errors_dir)
+    # The job's processes are found two ways: the environment marker every process inherits, and the process tree
+    # under cpuperf, which adopts what the job detaches (`env -i` drops the marker, `setsid` leaves the group; neither
+    # leaves the tree). After the run both are ended; when cpuperf is killed, even by SIGKILL, the watchdog is.
+    adopted = adopt_orphans(True)
+    if not adopted:
+        say_no_adoption()
+    watchdog = start_watchdog(f"{ERRORS_VAR}={errors_dir}", errors_dir, tree=adopted)
+    since = start_time(watchdog.pid)
     try:
         env = dict(os.environ if environ is None else environ)
         env.update(plan.env)
@@ -308,10 +315,25 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
             env[LOCK_TOKEN_VAR] = lock.holder.token
         return _run(plan, env, echo, stdout_is_product, errors_dir, tee_stderr)
     finally:
+        if adopted:
+            end_descendants(since, exclude=(watchdog.pid,))  # what the job detached, in any session or environment
+            adopt_orphans(False)
         shutil.rmtree(errors_dir, ignore_errors=True)
         stop_watchdog(watchdog)
         if lock is not None:
             lock.release()
+
+
+_NO_ADOPTION = ("note: this host does not let cpuperf adopt the processes your command detaches (no "
+                "PR_SET_CHILD_SUBREAPER): one that leaves both its process group and cpuperf's environment marker "
+                "(setsid with env -i) may outlive the run")
+
+
+def say_no_adoption() -> None:
+    """Said where the process tree is no handle on the job: only the process group and the marker are."""
+    from cpuperf.output import message
+
+    message(_NO_ADOPTION)
 
 
 def _tee(proc: subprocess.Popen[bytes], captured: List[str]) -> threading.Thread:
@@ -398,6 +420,87 @@ def end_leftovers(marker: str) -> List[int]:
         except ChildProcessError:
             pass
     return left
+
+
+# -- the process tree: a handle that neither `env -i` nor `setsid` escapes ------------------------------
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans of our descendants are re-parented to us, not to init
+
+
+def adopt_orphans(on: bool) -> bool:
+    """Linux: make this process its descendants' subreaper (on), or stop (off), so that a process the job detaches
+    (setsid, a double fork) stays in our tree; False where the host does not allow it (then it is said)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _proc_table() -> Dict[int, Tuple[int, int, str]]:
+    """pid -> (parent pid, start time in clock ticks since boot, state) of every process (/proc/PID/stat)."""
+    table: Dict[int, Tuple[int, int, str]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), int(fields[19]), fields[0].decode("ascii", "replace"))
+        except (OSError, IndexError, ValueError):
+            continue  # gone, or not readable
+    return table
+
+
+def start_time(pid: int) -> int:
+    """When `pid` started (clock ticks since boot; 0 where it cannot be read)."""
+    return _proc_table().get(pid, (0, 0, ""))[1]
+
+
+def descendants(root: int, since: int = 0, exclude: Sequence[int] = ()) -> List[int]:
+    """The processes under `root` in the process tree that started at or after `since`, leaving out the subtrees
+    of `exclude` (a watchdog); zombies included (they are reaped, not killed)."""
+    table = _proc_table()
+    children: Dict[int, List[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: List[int] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child in exclude or child in found:
+                continue
+            stack.append(child)
+            if table[child][1] >= since:
+                found.append(child)
+    return found
+
+
+def end_descendants(since: int, exclude: Sequence[int] = ()) -> List[int]:
+    """SIGKILL every process under this one started at or after `since` (the job's: with adopt_orphans, one that
+    called setsid and cleared its environment is still here) and reap those that are our children; their pids."""
+    ended: List[int] = []
+    for _ in range(40):
+        left = descendants(os.getpid(), since, exclude)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02 if left else 0)
+        for pid in left:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        ended += [p for p in left if p not in ended]
+        if not left:
+            break
+    return ended
 
 
 def kill_tree(pid: int) -> None:
