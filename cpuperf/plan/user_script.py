@@ -544,7 +544,7 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
     per_rank = len(plan.per_rank) > 1 and placed
     yours_env = _wrapped_env(plan.env, script.command)
     return {"launcher": launcher, "env": {k: v for k, v in plan.env.items() if k not in yours_env},
-            "env_yours": yours_env,
+            **({"env_yours": yours_env} if yours_env else {}),  # only where a wrapper changes one of them
             "env_per_rank": {"OMP_NUM_THREADS": [r.threads for r in plan.per_rank]} if per_rank else {},
             "cpus": list(plan.affinity) if plan.affinity else (list(spec.cpus) if spec and spec.cpus else None),
             "threads": spec.threads if spec and spec.threads and "OMP_NUM_THREADS" not in yours_env else None,
