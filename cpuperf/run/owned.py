@@ -27,7 +27,7 @@ MAX_OUTPUT = 4 * 1024 * 1024  # what a run printed, read back for its figure: it
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # The watchdog: ignores the terminal's and a group's signals (it must outlive cpuperf). While cpuperf lives it
-# notes, four times a second, the processes under cpuperf that started after the watchdog (pid and start time:
+# notes, four times a second (less often where a scan of /proc costs more than 1% of a core), the processes under cpuperf that started after the watchdog (pid and start time:
 # cpuperf adopts what the job detaches, so a process that called setsid and cleared its environment is still
 # there); when the pipe closes it kills those still alive (the same start time: never a reused pid), what they
 # started since, and what carries the marker (until none is left, a few seconds at most), then removes the
@@ -72,18 +72,20 @@ def marked():
             except OSError:
                 pass
     return found
-known, since = {}, None
+known, since, wait = {}, None, 0.25
 while True:
-    ready = select.select([0], [], [], 0.25)[0]
+    ready = select.select([0], [], [], wait)[0]
     if ready and not os.read(0, 4096):
         break
     if owner > 0:
+        began = time.process_time()
         now = table()
         if since is None:
             since = now.get(me, (0, 0, b""))[1]
         for pid in under(now, [owner]):
             if now[pid][1] >= since:
                 known[pid] = now[pid][1]
+        wait = max(0.25, (time.process_time() - began) * 100)  # at most 1% of a core, on a host of many processes
 def targets():
     now = table()
     mine = {pid for pid, start in known.items() if pid in now and now[pid][1] == start}
