@@ -85,3 +85,44 @@ def _dry_in(where: Path, command: List[str]) -> Dict[str, Any]:
     proc = run_cli(["train", "--sysroot", SNAP, "--auto", "--dry-run", "--json", "--", *command], cwd=str(where))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return dict(json.loads(proc.stdout))
+
+
+def _recorded_peak() -> Dict[str, float]:
+    """The Trainer script's own report on the card: torch.cuda.max_memory_allocated / reserved, in GiB."""
+    line = next(ln for ln in (RESULTS / "trainer_auto.stdout.txt").read_text().splitlines()
+                if ln.startswith("TRAINER_RESULT "))
+    result = json.loads(line.split(" ", 1)[1])
+    assert "--per_device_train_batch_size" in result["argv"] and "--bf16" in result["argv"]
+    return {"allocated": result["peak_alloc_gib"], "reserved": result["peak_reserved_gib"]}
+
+
+def test_the_memory_plan_predicts_the_recorded_peak_within_15_percent(monkeypatch):
+    from dataclasses import replace
+
+    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.workload import from_hf_config
+    from cpuperf.probe import probe_host
+
+    for name in ("CPUPERF_OVERRIDE_GPUS", "CPUPERF_OVERRIDE_PACKAGES"):
+        monkeypatch.delenv(name, raising=False)
+    facts = probe_host(sysroot=SNAP)
+    # The run: batch 8 x 1024 tokens (the script's --seq_len), bf16 autocast, fused AdamW, one rank.
+    w = replace(from_hf_config(str(HOST / "trainer" / "llama1b" / "config.json")), seq_len=1024, batch_size=8)
+    rec = recommend(facts, w)
+    assert (rec.levers.dtype.value, rec.levers.optimizer.value, rec.levers.batch_size.value) == ("bf16", "adamw_fused", 8)
+    assert rec.levers.grad_checkpointing.value is False and rec.levers.grad_accum_steps.value == 1
+    predicted = rec.levers.batch_size.evidence["per_rank_bytes"] / 2**30
+    peak = _recorded_peak()  # 35.44 allocated, 37.22 reserved
+    for what in ("allocated", "reserved"):
+        assert abs(predicted - peak[what]) <= 0.15 * peak[what], (what, predicted, peak)
+    # and the plan fits what it predicts within the card's budget
+    assert rec.levers.batch_size.evidence["per_rank_bytes"] <= rec.levers.batch_size.evidence["budget_bytes"]
+
+
+def test_a_sequence_length_the_plan_cannot_see_is_said(tmp_path):
+    where = _trainer_dir(tmp_path)
+    reason = next(d["reason"] for d in _dry_in(where, TRAINER)["decisions"] if d["id"] == "batch_size")
+    assert "assumed 2048 tokens per sample" in reason and "--block_size" in reason
+    told = _dry_in(where, [*TRAINER, "--block_size", "1024"])
+    reason = next(d["reason"] for d in told["decisions"] if d["id"] == "batch_size")
+    assert "assumed" not in reason and "8 x 1024 = 8192 tokens" in reason

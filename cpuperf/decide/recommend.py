@@ -51,6 +51,7 @@ from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, coerce
 from cpuperf.probe.facts import Gpu, HostFacts, allocator_names
+from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
 
 SCHEMA = "cpuperf.recommend/1"
@@ -844,6 +845,9 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
                  f"({plan.budget})" if plan.budget_bytes is not None else f"{whose} (memory unknown)")
     if plan.tensor_core:
         why_batch += f"; {plan.tensor_core}"
+    if w.seq_assumed:  # the script's own sequence length is not one cpuperf reads
+        why_batch += (f"; assumed {w.seq_len} tokens per sample, the model config's length: your command has none of "
+                      f"--{', --'.join(SEQ_ARGS)} (the activations scale with it)")
     act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
     ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
               + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))

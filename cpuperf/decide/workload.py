@@ -36,6 +36,15 @@ class Workload:
     optimizer: Optional[str] = field(default=None, metadata=NOT_IN_JSON)  # a cpuperf optimizer id
     found: str = field(default="", metadata=NOT_IN_JSON)  # where a script's model was found, or why it was not
     of_script: bool = field(default=False, metadata=NOT_IN_JSON)  # trained by a user's script (its batch is its own)
+    # The block's shape beyond width and depth, for the activations it keeps (decide/memory.py): the MLP's width
+    # (0: 4 x d_model), the key/value heads (0: n_head; fewer with grouped-query attention), and the block family:
+    # 'gpt2' (LayerNorm, one fused q/k/v projection, GELU MLP: the built-in model) or 'llama' (RMSNorm computed in
+    # fp32 ops, q, k, v, gate and up projections apart, SwiGLU MLP). Not in a saved plan, which plans again as 'gpt2'.
+    d_ff: int = field(default=0, metadata=NOT_IN_JSON)
+    kv_heads: int = field(default=0, metadata=NOT_IN_JSON)
+    block: str = field(default="gpt2", metadata=NOT_IN_JSON)
+    # True where the sequence length is not the script's own (it names none cpuperf reads): the plan says so.
+    seq_assumed: bool = field(default=False, metadata=NOT_IN_JSON)
 
     @property
     def head_dim(self) -> int:
@@ -136,7 +145,8 @@ def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) ->
     attention = 2 * d_model * d_model + 2 * d_model * (kv_heads * (d_model // n_head))
     params = n_layer * (attention + mlp) + vocab * d_model * (1 if tied else 2)
     name = cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).parent.name
-    return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config")
+    return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config",
+                    d_ff=inter, kv_heads=kv_heads, block="llama" if gated else "gpt2")
 
 
 def from_script(found: ScriptModel) -> Workload:
@@ -152,7 +162,7 @@ def from_script(found: ScriptModel) -> Workload:
     per_device = found.per_device_batch
     return replace(base, seq_len=seq, batch_size=(per_device or 8) * (found.grad_accum or 1), steps=steps,
                    source="script", per_device_batch=per_device, grad_accum=found.grad_accum,
-                   optimizer=found.optimizer, found=found.where, of_script=True)
+                   optimizer=found.optimizer, found=found.where, of_script=True, seq_assumed=not found.seq_len)
 
 
 def for_script(base: Workload, found: ScriptModel) -> Workload:
