@@ -96,7 +96,8 @@ def _recorded_peak() -> Dict[str, float]:
     return {"allocated": result["peak_alloc_gib"], "reserved": result["peak_reserved_gib"]}
 
 
-def test_the_memory_plan_predicts_the_recorded_peak_within_15_percent(monkeypatch):
+def _recorded_plan(monkeypatch, batch: int = 8) -> Any:
+    """The plan for the recorded run: 1.1B Llama shape, batch x 1024 tokens (the script's --seq_len), one H100."""
     from dataclasses import replace
 
     from cpuperf.decide.recommend import recommend
@@ -106,9 +107,12 @@ def test_the_memory_plan_predicts_the_recorded_peak_within_15_percent(monkeypatc
     for name in ("CPUPERF_OVERRIDE_GPUS", "CPUPERF_OVERRIDE_PACKAGES"):
         monkeypatch.delenv(name, raising=False)
     facts = probe_host(sysroot=SNAP)
-    # The run: batch 8 x 1024 tokens (the script's --seq_len), bf16 autocast, fused AdamW, one rank.
-    w = replace(from_hf_config(str(HOST / "trainer" / "llama1b" / "config.json")), seq_len=1024, batch_size=8)
-    rec = recommend(facts, w)
+    w = replace(from_hf_config(str(HOST / "trainer" / "llama1b" / "config.json")), seq_len=1024, batch_size=batch)
+    return recommend(facts, w)
+
+
+def test_the_memory_plan_predicts_the_recorded_peak_within_15_percent(monkeypatch):
+    rec = _recorded_plan(monkeypatch)
     assert (rec.levers.dtype.value, rec.levers.optimizer.value, rec.levers.batch_size.value) == ("bf16", "adamw_fused", 8)
     assert rec.levers.grad_checkpointing.value is False and rec.levers.grad_accum_steps.value == 1
     predicted = rec.levers.batch_size.evidence["per_rank_bytes"] / 2**30
@@ -126,3 +130,23 @@ def test_a_sequence_length_the_plan_cannot_see_is_said(tmp_path):
     told = _dry_in(where, [*TRAINER, "--block_size", "1024"])
     reason = next(d["reason"] for d in told["decisions"] if d["id"] == "batch_size")
     assert "assumed" not in reason and "8 x 1024 = 8192 tokens" in reason
+
+
+def test_the_run_sets_its_real_peak_beside_the_plan(monkeypatch):
+    from cpuperf.commands.train import _memory_line
+    from cpuperf.decide.memory import planned_peak
+
+    evidence = _recorded_plan(monkeypatch).levers.batch_size.evidence
+    peak = _recorded_peak()
+    # what rank 0 reports (cpuperf.train.loop gpu_memory), for the batch that ran
+    measured = {"max_allocated_bytes": int(peak["allocated"] * 2**30), "max_reserved_bytes": int(peak["reserved"] * 2**30),
+                "batch_size": 8}
+    mem = planned_peak(evidence, 8, measured)
+    assert mem["planned_bytes"] == evidence["per_rank_bytes"]
+    assert 0.85 <= mem["planned_over_allocated"] <= 1.15 and 0.85 <= mem["planned_over_reserved"] <= 1.15
+    line = _memory_line(mem)
+    assert "peak 35.4 GiB allocated, 37.2 GiB reserved; planned 39.0 GiB (1.10x allocated)" in line, line
+    # a batch the trial shrank: the plan's figure for the batch that ran, not for the one planned
+    smaller = planned_peak(evidence, 4, {**measured, "batch_size": 4})
+    assert smaller["planned_bytes"] == evidence["weights_grads_optimizer_bytes"] + 4 * evidence["activation_bytes_per_sample"]
+    assert planned_peak({}, 8, measured) == measured  # no plan figure: the real peak alone

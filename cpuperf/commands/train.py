@@ -421,6 +421,11 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
         raise LaunchFailedError("the training run ended without a summary in its metrics file",
                                 hint=f"see the logs under {plan.log_dir}")
     summary = {k: val for k, val in summary.items() if k != "type"}
+    if summary.get("gpu_memory") and jp.request.auto:  # the plan's figure beside the real peak
+        from cpuperf.decide.memory import planned_peak
+
+        mem = summary["gpu_memory"]
+        summary["gpu_memory"] = planned_peak(jp.rec.levers.batch_size.evidence, int(mem.get("batch_size") or 0), mem)
     return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "levers": _levers(jp),
             "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
@@ -489,7 +494,20 @@ def _human(r: Dict[str, Any]) -> str:
             f"loss {f(r.get('loss_first'), '.4f')} -> {f(r.get('loss_last'), '.4f')}, "
             f"{f(r.get('samples_per_s'), '.1f')} samples/s, {f(r.get('tokens_per_s'), '.0f')} tokens/s, "
             f"wall {r['wall_s']:.1f} s\n"
-            f"metrics {r.get('metrics_file')}\ncheckpoint {r.get('checkpoint')}")
+            f"metrics {r.get('metrics_file')}\ncheckpoint {r.get('checkpoint')}" + _memory_line(r.get("gpu_memory")))
+
+
+def _memory_line(mem: Optional[Dict[str, Any]]) -> str:
+    """'GPU memory (rank 0): peak 35.4 GiB allocated, 37.2 GiB reserved; planned 39.0 GiB (1.10x allocated)'."""
+    if not mem or "max_allocated_bytes" not in mem:
+        return ""
+    line = (f"\nGPU memory (rank 0): peak {mem['max_allocated_bytes'] / 2**30:.1f} GiB allocated, "
+            f"{mem['max_reserved_bytes'] / 2**30:.1f} GiB reserved")
+    if mem.get("planned_bytes") is not None:
+        line += f"; planned {mem['planned_bytes'] / 2**30:.1f} GiB"
+        if mem.get("planned_over_allocated") is not None:
+            line += f" ({mem['planned_over_allocated']:.2f}x allocated)"
+    return line
 
 
 def _print_plan(out: Output, jp: JobPlan) -> None:

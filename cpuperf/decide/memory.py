@@ -548,6 +548,22 @@ def _would_fit(facts: HostFacts, fig: _Figures, split: _Split, budget: int, ask:
     return "; ".join(options)
 
 
+def planned_peak(evidence: Mapping[str, Any], batch: int, measured: Mapping[str, Any]) -> Dict[str, Any]:
+    """The real peak a run reports (rank 0: torch.cuda.max_memory_allocated / max_memory_reserved) beside the plan's
+    figure for the batch that ran (its state plus that many samples' activations); the measured figures alone where
+    the plan has none."""
+    out = {k: measured[k] for k in ("max_allocated_bytes", "max_reserved_bytes", "batch_size") if k in measured}
+    state, per = evidence.get("weights_grads_optimizer_bytes"), evidence.get("activation_bytes_per_sample")
+    if isinstance(state, int) and isinstance(per, int) and batch >= 1:
+        planned = state + batch * per
+        out["planned_bytes"] = planned
+        for key in ("max_allocated_bytes", "max_reserved_bytes"):
+            real = measured.get(key)
+            if isinstance(real, int) and real > 0:
+                out["planned_over_" + key[4:-6]] = round(planned / real, 4)
+    return out
+
+
 def zero_config(plan: MemoryPlan, w: Workload, dtype: str) -> Optional[Dict[str, Any]]:
     """The DeepSpeed config for a ZeRO plan (None when the plan needs none); offload only on GPUs."""
     c = plan.candidate
