@@ -528,6 +528,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="--gpu: optimizer steps per run")
     ap.add_argument("--batch", type=int, default=8, help="--gpu: the per-step batch of the plain default")
     ap.add_argument("--global-batch", type=int, default=64, help="--gpu: samples per optimizer step")
+    ap.add_argument("--joint", action="store_true", help="--gpu: the product of the decided levers (at least 3 rounds), "
+                    "then --pairs rounds of auto against its best head to head")
     args = ap.parse_args(argv)
     if args.rounds is None:
         args.rounds = 4 if args.full else 5
@@ -536,7 +538,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.gpu:  # a separate path: GPU results never mix with the CPU suite's
         from benchmarks import gpu
 
-        return gpu.main(args.rounds, args.steps, args.batch, args.global_batch, Path(args.out))
+        return gpu.main(args.rounds, args.steps, args.batch, args.global_batch, Path(args.out), joint=args.joint,
+                        pairs=args.pairs)
     if args.user_launchers:
         return _user_launchers_only(args)
     if args.users:
