@@ -127,9 +127,10 @@ def test_a_sequence_length_the_plan_cannot_see_is_said(tmp_path):
     where = _trainer_dir(tmp_path)
     reason = next(d["reason"] for d in _dry_in(where, TRAINER)["decisions"] if d["id"] == "batch_size")
     assert "assumed 2048 tokens per sample" in reason and "--block_size" in reason
-    told = _dry_in(where, [*TRAINER, "--block_size", "1024"])
-    reason = next(d["reason"] for d in told["decisions"] if d["id"] == "batch_size")
-    assert "assumed" not in reason and "8 x 1024 = 8192 tokens" in reason
+    for named in (["--block_size", "1024"], ["--seq_len", "1024"]):  # the script's own name for it is read too
+        told = _dry_in(where, [*TRAINER, *named])
+        reason = next(d["reason"] for d in told["decisions"] if d["id"] == "batch_size")
+        assert "assumed" not in reason and "8 x 1024 = 8192 tokens" in reason and "38.96 GiB" in reason, reason
 
 
 def test_the_run_sets_its_real_peak_beside_the_plan(monkeypatch):

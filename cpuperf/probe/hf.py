@@ -55,7 +55,9 @@ def accelerate_default_config(environ: Optional[Mapping[str, str]] = None) -> bo
 # and the TrainingArguments that size a rank's memory. Both spellings argparse accepts (HfArgumentParser takes
 # --per-device-train-batch-size too).
 _MODEL_ARGS = ("model_name_or_path", "config_name", "model_type", "config_overrides")
-SEQ_ARGS = ("block_size", "max_seq_length", "max_length", "seq_length")
+# A script of one's own often names its length --seq_len (the recorded H100 check's Trainer script did:
+# tests/fixtures/hosts/h100-emeraldrapids-16c/trainer/trainer_script.py) or --max_seq_len.
+SEQ_ARGS = ("block_size", "max_seq_length", "max_length", "seq_length", "seq_len", "max_seq_len")
 _TRAINER_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "max_steps")
 # TrainingArguments' --optim names -> cpuperf's optimizer ids (the families the memory plan knows).
 _OPTIM_IDS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_hf": "adamw", "adamw": "adamw",
