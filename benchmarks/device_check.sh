@@ -8,8 +8,8 @@
 # Otherwise it runs, in this order, each step under its own time limit and all of them within the budget
 # (DEVICE_CHECK_BUDGET_S, 480 s; a step that no longer fits is recorded as skipped):
 #   info, doctor (--json and --save-snapshot), recommend    the host and the plan
-#   builtin_auto      train --auto --model gpt2-small: MFU, attention kernel, the real GPU peak beside the plan's
 #   trainer_plan      recommend for the 1.1B Llama shape at batch 8 x 1024: the plan's figure (per_rank_bytes)
+#   builtin_auto      train --auto --model gpt2-small: MFU, attention kernel, the real GPU peak beside the plan's
 #   trainer_auto      train --auto -- the Trainer script (benchmarks/scripts/trainer_llama.py): its own peak
 #   builtin_compile   the same built-in run compiled: first step (compile) and steady tokens/s, for the crossover
 #   bench_gpu         python -m benchmarks --gpu --rounds 3: auto against the sweep, MFU per configuration
@@ -64,7 +64,7 @@ printf 'step\trc\tseconds\tnote\n' > "$DEST/steps.tsv"
 step() {  # NAME LIMIT_S CMD...: stdout and stderr to DEST/NAME.out and .err; the exit code and seconds to steps.tsv
     local name=$1 limit=$2
     shift 2
-    local left=$((deadline - $(date +%s) - 5))
+    local left=$((deadline - $(date +%s) - 15))  # what the step may take, its 10 s to stop after a TERM included
     if [ "$left" -lt 20 ]; then
         printf '%s\tskipped\t0\tthe %s s budget is spent\n' "$name" "$BUDGET_S" >> "$DEST/steps.tsv"
         echo "device_check: $name skipped (the budget is spent)" >&2
@@ -88,8 +88,6 @@ step info 20 bash -c "\"$PY\" -c 'import sys, torch; print(sys.version); print(t
 step doctor 40 "$PY" -m cpuperf doctor --json
 step snapshot 40 "$PY" -m cpuperf doctor --save-snapshot "$DEST/snapshot"
 step recommend 30 "$PY" -m cpuperf recommend --model gpt2-small --json
-step builtin_auto 100 "$PY" -m cpuperf train --auto --model gpt2-small --max-steps 200 --out "$WORK/builtin_auto" --json
-
 # The 1.1B Llama shape of the recorded check (tests/fixtures/hosts/h100-emeraldrapids-16c/trainer/llama1b).
 mkdir -p "$WORK/llama1b"
 cat > "$WORK/llama1b/config.json" <<'EOF'
@@ -99,6 +97,8 @@ cat > "$WORK/llama1b/config.json" <<'EOF'
  "torch_dtype": "float32", "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
 EOF
 step trainer_plan 30 "$PY" -m cpuperf recommend --model "$WORK/llama1b/config.json" --seq-len 1024 --batch-size 8 --json
+step builtin_auto 100 "$PY" -m cpuperf train --auto --model gpt2-small --max-steps 200 --out "$WORK/builtin_auto" --json
+
 if "$PY" -c 'import transformers' 2>/dev/null; then
     step trainer_auto 120 bash -c "cd \"$WORK\" && \"$PY\" -m cpuperf train --auto -- \"$PY\" \"$ROOT/benchmarks/scripts/trainer_llama.py\" \
         --model_name_or_path llama1b --block_size 1024 --per_device_train_batch_size 8 --max_steps 20 \
