@@ -12,7 +12,9 @@
 #   builtin_auto      train --auto --model gpt2-small: MFU, attention kernel, the real GPU peak beside the plan's
 #   trainer_auto      train --auto -- the Trainer script (benchmarks/scripts/trainer_llama.py): its own peak
 #   builtin_compile   the same built-in run compiled: first step (compile) and steady tokens/s, for the crossover
-#   bench_gpu         python -m benchmarks --gpu --rounds 3: auto against the sweep, MFU per configuration
+#   trainer_plain     the Trainer script as typed, without cpuperf (auto against plain)
+#   bench_gpu         python -m benchmarks --gpu, as many rounds (up to 3) as the budget still holds: auto against
+#                     the sweep, MFU per configuration
 # and writes RESULTS_DIR/summary.json (benchmarks/device_summary.py: the figures, from the steps' outputs), steps.tsv (each
 # step's exit code and seconds) and each step's stdout and stderr. Runs write their checkpoints to a temporary folder
 # that is removed at the end. PYTHON (default python3) is the interpreter with torch (a CUDA build), and for the
@@ -99,16 +101,33 @@ EOF
 step trainer_plan 30 "$PY" -m cpuperf recommend --model "$WORK/llama1b/config.json" --seq-len 1024 --batch-size 8 --json
 step builtin_auto 100 "$PY" -m cpuperf train --auto --model gpt2-small --max-steps 200 --out "$WORK/builtin_auto" --json
 
-if "$PY" -c 'import transformers' 2>/dev/null; then
-    step trainer_auto 120 bash -c "cd \"$WORK\" && \"$PY\" -m cpuperf train --auto -- \"$PY\" \"$ROOT/benchmarks/scripts/trainer_llama.py\" \
-        --model_name_or_path llama1b --block_size 1024 --per_device_train_batch_size 8 --max_steps 20 \
-        --logging_steps 5 --report_to none --save_strategy no --output_dir \"$WORK/o_auto\""
+TRAINER=("$ROOT/benchmarks/scripts/trainer_llama.py" --model_name_or_path llama1b --block_size 1024
+         --per_device_train_batch_size 8 --max_steps 20 --logging_steps 5 --report_to none --save_strategy no)
+has_transformers=$("$PY" -c 'import transformers; print(1)' 2>/dev/null)
+if [ -n "$has_transformers" ]; then
+    step trainer_auto 120 bash -c 'cd "$1" && shift && exec "$@"' _ "$WORK" "$PY" -m cpuperf train --auto -- \
+        "$PY" "${TRAINER[@]}" --output_dir "$WORK/o_auto"
 else
     skip trainer_auto "transformers is not installed in $PY"
 fi
 step builtin_compile 150 "$PY" -m cpuperf train --auto --model gpt2-small --set compile=true --max-steps 200 \
     --out "$WORK/builtin_compile" --json
-step bench_gpu 300 "$PY" -m benchmarks --gpu --rounds 3 --steps 12 --out "$DEST/bench"
+if [ -n "$has_transformers" ]; then  # the same script as typed, without cpuperf: fp32, its own defaults
+    step trainer_plain 90 bash -c 'cd "$1" && shift && exec "$@"' _ "$WORK" "$PY" "${TRAINER[@]}" \
+        --output_dir "$WORK/o_plain"
+else
+    skip trainer_plain "transformers is not installed in $PY"
+fi
+# As many rounds (up to 3) as the budget still holds: a round is 7 fresh worker runs, about 22 s each on the recorded
+# H100 (tests/fixtures/hosts/h100-emeraldrapids-16c), and the results file is written only when the rounds end.
+per_round=${DEVICE_CHECK_ROUND_S:-180}
+rounds=$(((deadline - $(date +%s) - 15) / per_round))
+[ "$rounds" -gt 3 ] && rounds=3
+if [ "$rounds" -ge 1 ]; then
+    step bench_gpu $((rounds * per_round)) "$PY" -m benchmarks --gpu --rounds "$rounds" --steps 12 --out "$DEST/bench"
+else
+    skip bench_gpu "less than one round (${per_round} s) of the budget left"
+fi
 
 # -- the figures, from the steps' outputs ----------------------------------------------------------------------------
 "$PY" -m benchmarks.device_summary "$DEST" "$BUDGET_S" "$(($(date +%s) - start))" \

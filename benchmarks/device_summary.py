@@ -87,6 +87,11 @@ def summarise(dest: Path, budget_s: int, took_s: int) -> Dict[str, Any]:
         for key, real in peak.items():
             if plan and real:
                 trainer["planned_over_" + key[5:-6]] = round(plan / real, 4)
+        plain = trainer_result(dest, "trainer_plain")
+        plain_rate = (plain.get("metrics") or {}).get("train_samples_per_second") if plain else None
+        trainer["plain_samples_per_s"] = plain_rate
+        if plain_rate and trainer["samples_per_s"]:
+            trainer["auto_over_plain"] = round(trainer["samples_per_s"] / plain_rate, 4)
         out["trainer"] = trainer
     bench = sorted((dest / "bench").glob("gpu-*.json")) if (dest / "bench").is_dir() else []
     if bench:

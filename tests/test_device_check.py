@@ -64,6 +64,11 @@ def test_the_summary_sets_the_trainer_peak_beside_the_plan(tmp_path):
     trainer = out["trainer"]
     assert trainer["peak_allocated_bytes"] == int(35.44063472747803 * 2**30)
     assert 0.85 <= trainer["planned_over_allocated"] <= 1.15 and 0.85 <= trainer["planned_over_reserved"] <= 1.15
+    assert trainer["plain_samples_per_s"] is None and "auto_over_plain" not in trainer
+    # the plain run's figure the recorded check logged (results/device-log-run1.txt in the shared record)
+    (dest / "trainer_plain.out").write_text('TRAINER_RESULT {"metrics": {"train_samples_per_second": 5.684}}\n')
+    trainer = summarise(dest, 480, 300)["trainer"]
+    assert trainer["auto_over_plain"] == round(28.035 / 5.684, 4)
     assert out["builtin_auto"] is None and "compile_crossover" not in out and "bench_gpu" not in out
 
 
