@@ -86,7 +86,8 @@ skip() {  # NAME WHY
     echo "device_check: $1 skipped ($2)" >&2
 }
 
-step info 20 bash -c "\"$PY\" -c 'import sys, torch; print(sys.version); print(torch.__version__, torch.version.cuda)'; nvidia-smi; lscpu"
+step info 20 bash -c '"$1" -c "import sys, torch; print(sys.version); print(torch.__version__, torch.version.cuda)"
+    nvidia-smi; lscpu' _ "$PY"
 step doctor 40 "$PY" -m cpuperf doctor --json
 step snapshot 40 "$PY" -m cpuperf doctor --save-snapshot "$DEST/snapshot"
 step recommend 30 "$PY" -m cpuperf recommend --model gpt2-small --json
