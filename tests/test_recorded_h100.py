@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List
 
+import pytest
 from cli_util import run_cli, run_json
 
 HOST = Path(__file__).parent / "fixtures" / "hosts" / "h100-emeraldrapids-16c"
@@ -151,3 +152,23 @@ def test_the_run_sets_its_real_peak_beside_the_plan(monkeypatch):
     smaller = planned_peak(evidence, 4, {**measured, "batch_size": 4})
     assert smaller["planned_bytes"] == evidence["weights_grads_optimizer_bytes"] + 4 * evidence["activation_bytes_per_sample"]
     assert planned_peak({}, 8, measured) == measured  # no plan figure: the real peak alone
+
+
+def test_a_saved_plan_keeps_the_blocks_shape(tmp_path):
+    from cpuperf.plan.saved import loads
+
+    path = tmp_path / "plan.json"
+    proc = run_cli(["recommend", "--sysroot", SNAP, "--model", str(HOST / "trainer" / "llama1b" / "config.json"),
+                    "--seq-len", "1024", "--batch-size", "8", "--save", str(path), "--json"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    w = loads(path.read_text()).rec.workload
+    assert (w.block, w.d_ff, w.kv_heads, w.seq_len) == ("llama", 5632, 4, 1024)
+    # a plan written before the block's shape was saved reads as before: the defaults
+    data = json.loads(path.read_text())
+    for key in ("block", "d_ff", "kv_heads"):
+        del data["workload"][key]
+    old = loads(json.dumps(data)).rec.workload
+    assert (old.block, old.d_ff, old.kv_heads, old.seq_len) == ("gpt2", 0, 0, 1024)
+    data["workload"]["block"] = "mamba"  # a family the plan cannot count is refused, not planned as another
+    with pytest.raises(Exception, match="workload.block"):
+        loads(json.dumps(data))

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from cpuperf.probe.hf import ScriptModel
 
 
+# The block families the memory plan counts activations for (decide/memory.py, _layer_bytes_per_token).
+BLOCKS = ("gpt2", "llama")
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -39,10 +43,11 @@ class Workload:
     # The block's shape beyond width and depth, for the activations it keeps (decide/memory.py): the MLP's width
     # (0: 4 x d_model), the key/value heads (0: n_head; fewer with grouped-query attention), and the block family:
     # 'gpt2' (LayerNorm, one fused q/k/v projection, GELU MLP: the built-in model) or 'llama' (RMSNorm computed in
-    # fp32 ops, q, k, v, gate and up projections apart, SwiGLU MLP). Not in a saved plan, which plans again as 'gpt2'.
-    d_ff: int = field(default=0, metadata=NOT_IN_JSON)
-    kv_heads: int = field(default=0, metadata=NOT_IN_JSON)
-    block: str = field(default="gpt2", metadata=NOT_IN_JSON)
+    # fp32 ops, q, k, v, gate and up projections apart, SwiGLU MLP). A saved plan keeps them (one written before they
+    # were has none: the defaults).
+    d_ff: int = 0
+    kv_heads: int = 0
+    block: str = "gpt2"
     # True where the sequence length is not the script's own (it names none cpuperf reads): the plan says so.
     seq_assumed: bool = field(default=False, metadata=NOT_IN_JSON)
 
@@ -219,7 +224,11 @@ def _scaled(base: Workload, count: int) -> Workload:
     layers = max(1, round((count / (12.0 * aspect * aspect)) ** (1.0 / 3.0)))
     head_dim = max(1, base.head_dim)
     d_model = max(head_dim, int(round(aspect * layers / head_dim)) * head_dim)
-    return replace(base, n_layer=layers, d_model=d_model, n_head=max(1, d_model // head_dim))
+    n_head = max(1, d_model // head_dim)
+    # The MLP's width and the key/value heads keep their proportions to the width and the heads.
+    return replace(base, n_layer=layers, d_model=d_model, n_head=n_head,
+                   d_ff=round(base.d_ff * d_model / base.d_model) if base.d_ff else 0,
+                   kv_heads=max(1, base.kv_heads * n_head // max(1, base.n_head)) if base.kv_heads else 0)
 
 
 def parse_count(text: str) -> int:
