@@ -289,6 +289,12 @@ def start_point(rec: Recommendation) -> Point:
                  compile=lv.compile.value)
 
 
+def keeps_the_job(rec: Recommendation, ranks: int) -> bool:
+    """Whether `ranks` ranks run the same job as one process for this plan (cpuperf.decide.workload's rule)."""
+    yours = {d.id for d in rec.decisions if d.overridden} & {"batch_size", "grad_accum_steps"}
+    return rec.workload.splits_into(ranks, batch_yours=bool(yours))
+
+
 def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], script: bool = False,
                own_launcher: bool = False) -> Candidates:
     """What each lever may be on this host for this plan, and why a lever is left to the rule.
@@ -332,11 +338,17 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     offer("optimizer", ["adamw", "adamw_fused"], "the Trainer's optimizer is the script's (a flag is added only "
           "towards the fused kernel)" if script else no_fused)
     cores = start.ranks * start.threads
-    layouts = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
+    # Only layouts that run the same job: a rank count that would change it (N copies of a one-process script, or
+    # N times a Trainer's global batch) is no candidate, whatever it would measure (issue 51).
+    every = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
+    layouts = [(r, t) for r, t in every if keeps_the_job(rec, r)]
     one_node = rec.levers.nnodes.value == 1
+    changes = [r for r, _ in every if (r, cores // r) not in layouts]
     offer("layout", layouts, "your command's launcher starts the ranks" if own_launcher else
           None if len(layouts) > 1 and one_node else
-          "several nodes: ranks follow the nodes" if not one_node else f"{cores} core(s): one layout")
+          "several nodes: ranks follow the nodes" if not one_node else
+          f"{changes[0]} ranks would change the job ({rec.workload.parallel.signs}): one process only"
+          if changes else f"{cores} core(s): one layout")
     offer("pinning", [True, False], None if len(facts.usable_cpus()) > 1 else "one usable CPU: nothing to pin to")
     compile_d = rec.levers.compile
     offer("compile", [True, False], None if compile_d.value else

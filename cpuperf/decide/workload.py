@@ -9,13 +9,108 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from cpuperf.errors import UsageError
 from cpuperf.jsonable import NOT_IN_JSON, as_json
 
 if TYPE_CHECKING:
     from cpuperf.probe.hf import ScriptModel
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """What a command trained as one process lets cpuperf do with ranks without changing its math (issue 51): split
+    it into N data-parallel ranks only where it runs data-parallel under a launcher's environment AND cpuperf can keep
+    its global batch (per-device batch x accumulation x ranks), by the flags the launch passes."""
+
+    kind: str  # builtin | trainer | accelerate | process-group | plain | unread
+    signs: str  # what cpuperf read to say so (said in the plan)
+    # the one process's per-device batch and accumulation, where cpuperf passes both on the command line (a
+    # Trainer whose arguments come from it); None: the batch is the command's own code's, it cannot be kept
+    per_device: Optional[int] = None
+    grad_accum: int = 1
+    where: str = ""  # where that batch comes from ("your --per_device_train_batch_size 8", "the Trainer's default 8")
+
+    @property
+    def runs_data_parallel(self) -> bool:
+        return self.kind in ("builtin", "trainer", "accelerate", "process-group")
+
+    @property
+    def global_batch(self) -> Optional[int]:
+        return None if self.per_device is None else self.per_device * self.grad_accum
+
+    def split(self, ranks: int) -> Optional[Tuple[int, int]]:
+        """(per-device batch, accumulation) that keep the global batch over `ranks`, or None where none does."""
+        if ranks <= 1:
+            return (self.per_device, self.grad_accum) if self.per_device is not None else None
+        if self.kind != "trainer" or self.per_device is None:
+            return None
+        return split_batch(self.per_device, self.grad_accum, ranks)
+
+    def why_not_split(self, ranks: int) -> str:
+        """Why `ranks` ranks would change the job (for the plan), given split(ranks) is None."""
+        copies = f"each of {ranks} ranks would run the whole job: {ranks} identical copies writing the same outputs"
+        if self.kind in ("plain", "unread"):
+            return f"{self.signs}: {copies}"
+        if self.kind in ("accelerate", "process-group"):
+            return (f"{self.signs}, but its batch is its own code's, which cpuperf cannot pass: {ranks} ranks would "
+                    f"train {ranks}x the global batch")
+        if self.per_device is None:
+            return f"{self.signs}, but cpuperf cannot pass its batch on the command line ({self.where})"
+        return (f"its global batch {self.global_batch} ({self.per_device} per device x {self.grad_accum} accumulation) "
+                f"does not split evenly into {ranks} ranks")
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How the ranks cpuperf starts share what one process of a user's Trainer trained: the same global batch."""
+
+    ranks: int
+    per_device: int
+    grad_accum: int
+    was_per_device: int
+    was_grad_accum: int
+    where: str  # where the one process's batch came from
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device * self.grad_accum * self.ranks
+
+    def describe(self) -> str:
+        return (f"global batch {self.global_batch} kept over {self.ranks} ranks: {self.was_per_device} per device x "
+                f"{self.was_grad_accum} accumulation x 1 process ({self.where}) -> {self.per_device} x "
+                f"{self.grad_accum} x {self.ranks} ranks")
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"ranks": self.ranks, "global_batch": self.global_batch,
+                "before": {"per_device": self.was_per_device, "grad_accum": self.was_grad_accum, "processes": 1,
+                           "from": self.where},
+                "after": {"per_device": self.per_device, "grad_accum": self.grad_accum, "processes": self.ranks}}
+
+
+BUILTIN_LOOP = DataParallel("builtin", "cpuperf's own loop: it splits the global batch over its ranks")
+
+# A user's script before cpuperf read its source (cpuperf.plan.user_script.data_parallel tells): never split.
+NOT_READ = DataParallel("unread", "the script's source was not read")
+
+
+def split_batch(per_device: int, grad_accum: int, ranks: int) -> Optional[Tuple[int, int]]:
+    """(b, a) with b x a x ranks == per_device x grad_accum, b <= per_device: the per-device batch divided where it
+    divides, else the accumulation, else the largest micro-batch that does; None where the global batch cannot be
+    shared equally by `ranks` ranks."""
+    if ranks <= 1:
+        return per_device, grad_accum
+    if per_device % ranks == 0:
+        return per_device // ranks, grad_accum
+    if grad_accum % ranks == 0:
+        return per_device, grad_accum // ranks
+    total = per_device * grad_accum
+    if total % ranks:
+        return None
+    share = total // ranks
+    micro = max(d for d in range(1, min(per_device, share) + 1) if share % d == 0)
+    return micro, share // micro
 
 
 @dataclass(frozen=True)
@@ -36,6 +131,21 @@ class Workload:
     optimizer: Optional[str] = field(default=None, metadata=NOT_IN_JSON)  # a cpuperf optimizer id
     found: str = field(default="", metadata=NOT_IN_JSON)  # where a script's model was found, or why it was not
     of_script: bool = field(default=False, metadata=NOT_IN_JSON)  # trained by a user's script (its batch is its own)
+    parallel: DataParallel = field(default=BUILTIN_LOOP, metadata=NOT_IN_JSON)  # may cpuperf split it into ranks
+
+    def splits_into(self, ranks: int, batch_yours: bool = False, gpus: bool = False) -> bool:
+        """Whether `ranks` ranks started by cpuperf run the same job as one process (the same global batch, one
+        copy): cpuperf's own loop where its global batch splits evenly; a user's Trainer whose batch cpuperf passes
+        (not where you set the per-device batch or accumulation: those are per rank, yours to multiply). On GPUs
+        (one rank per visible GPU) a Trainer run as one process already trains its per-device batch on every
+        visible GPU (torch.nn.DataParallel: TrainingArguments' n_gpu and train_batch_size), so DDP ranks keep it."""
+        if ranks <= 1:
+            return True
+        if self.parallel.kind == "builtin":
+            return not batch_yours and self.batch_size % ranks == 0
+        if gpus and self.parallel.kind == "trainer":
+            return True
+        return not batch_yours and self.parallel.split(ranks) is not None
 
     @property
     def head_dim(self) -> int:
@@ -146,13 +256,13 @@ def from_script(found: ScriptModel) -> Workload:
     steps = found.max_steps
     if found.config is None:
         return Workload("unknown", 1, 1, 1, 1, 1, 1, steps, 0, "unknown", found.per_device_batch, found.grad_accum,
-                        found.optimizer, found.why_not, True)
+                        found.optimizer, found.why_not, True, parallel=NOT_READ)
     base = from_config_dict(found.config, found.where)
     seq = found.seq_len or base.seq_len
     per_device = found.per_device_batch
     return replace(base, seq_len=seq, batch_size=(per_device or 8) * (found.grad_accum or 1), steps=steps,
                    source="script", per_device_batch=per_device, grad_accum=found.grad_accum,
-                   optimizer=found.optimizer, found=found.where, of_script=True)
+                   optimizer=found.optimizer, found=found.where, of_script=True, parallel=NOT_READ)
 
 
 def for_script(base: Workload, found: ScriptModel) -> Workload:
@@ -160,7 +270,7 @@ def for_script(base: Workload, found: ScriptModel) -> Workload:
     per_device = found.per_device_batch
     return replace(base, batch_size=(per_device or 8) * (found.grad_accum or 1), per_device_batch=per_device,
                    grad_accum=found.grad_accum, optimizer=found.optimizer, found=f"--model {base.name}", of_script=True,
-                   steps=found.max_steps)
+                   steps=found.max_steps, parallel=NOT_READ)
 
 
 def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, seq_len: Optional[int] = None,

@@ -511,6 +511,8 @@ class RankObservation:
     omp_num_threads: Optional[str] = None
     openmp: List[str] = field(default_factory=list)
     allocator: Optional[str] = None
+    world_size: Optional[int] = None  # WORLD_SIZE (or MPI's size) in the rank's own environment
+    argv: Tuple[str, ...] = ()  # what the rank runs (/proc/PID/cmdline): the flags its script parsed
 
     def to_json(self) -> Dict[str, Any]:
         return as_json(self)
