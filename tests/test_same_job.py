@@ -170,12 +170,13 @@ def test_the_builtin_loop_splits_its_global_batch_exactly(trees, sockets, tmp_pa
 # -- the tuner: a layout that cannot keep the batch is no candidate -------------------------------------------------
 
 def test_the_tuner_offers_only_layouts_that_keep_the_job(tmp_path):
-    from cpuperf.decide.records import Measurements
+    from dataclasses import replace
+
     from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.records import Measurements
     from cpuperf.decide.tune import candidates, keeps_the_job
     from cpuperf.decide.workload import PRESETS
     from cpuperf.probe import probe_host
-    from dataclasses import replace
 
     facts = probe_host(sysroot=str(make_host(tmp_path / "h", sockets=1, cores_per_socket=4, flags=("avx2", "fma"))))
     tuning = {"optimizer": {"fused_cpu_min_torch": "2.4"}, "allocator": {}}
@@ -199,11 +200,11 @@ def test_the_tuner_offers_only_layouts_that_keep_the_job(tmp_path):
 # -- checked from inside the job ---------------------------------------------------------------------------------
 
 def test_a_mismatch_read_back_from_the_ranks_is_an_error():
-    from cpuperf.plan.launch import RankObservation
-    from cpuperf.plan.user_script import batch_ran
     from types import SimpleNamespace
 
     from cpuperf.decide.workload import BatchSplit
+    from cpuperf.plan.launch import RankObservation
+    from cpuperf.plan.user_script import batch_ran
 
     dp = DataParallel("trainer", "hf", 8, 1, "yours")
     split = BatchSplit(2, 4, 1, 8, 1, "yours")
