@@ -33,10 +33,6 @@ class DataParallel:
     where: str = ""  # where that batch comes from ("your --per_device_train_batch_size 8", "the Trainer's default 8")
 
     @property
-    def runs_data_parallel(self) -> bool:
-        return self.kind in ("builtin", "trainer", "accelerate", "process-group")
-
-    @property
     def global_batch(self) -> Optional[int]:
         return None if self.per_device is None else self.per_device * self.grad_accum
 
