@@ -239,3 +239,38 @@ def test_a_real_trainer_run_split_in_two_trains_the_batch_it_had_as_one_process(
     assert got == {"world_size": 2, "per_device": 2, "grad_accum": 1, "global_batch": 4, "planned": 4,
                    "ranks_read": 2}, got
     assert "global batch 4 (planned 4" in proc.stderr
+
+
+# -- the host-class matrix: the property on every class, as a two-socket host -------------------------------------
+
+def _class_tree(root: Path, cls) -> Path:
+    from hosts import write
+
+    tree = root / cls.name
+    if not tree.exists():
+        make_host(tree, sockets=2, cores_per_socket=4, flags=cls.isa or ("avx2", "fma"), vendor=cls.vendor,
+                  family=cls.family, model=cls.model, name=f"{cls.what} (recorded, two sockets)")
+        if cls.cpuinfo is not None:
+            write(tree, "/proc/cpuinfo", cls.cpuinfo(8))
+    return tree
+
+
+@pytest.mark.parametrize("cls", [c for c in __import__("host_classes").CLASSES if c.device == "cpu"],
+                         ids=lambda c: c.name)
+def test_every_cpu_class_keeps_the_users_global_batch_on_two_sockets(tmp_path_factory, cls):
+    tree = _class_tree(tmp_path_factory.getbasetemp() / "classes", cls)
+    env = {**NO_GPU, **cls.extra}
+    for batch, accum in ((8, None), (1, None), (2, 2)):
+        proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(tree), "--", *_trainer(batch, accum)],
+                       extra_env=env, cwd=str(SCRIPTS))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        plan = json.loads(proc.stdout)
+        assert _trainer_global_batch(plan) == batch * (accum or 1), (cls.name, batch, plan["launch"]["argv"])
+        assert plan["launch"]["world_size"] == (1 if batch == 1 else 2), (cls.name, batch)  # split where it keeps
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(tree), "--", "python", "plain_loop.py"],
+                   extra_env=env, cwd=str(SCRIPTS))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["launch"]["world_size"] == 1, cls.name
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(tree)], extra_env=env)
+    plan = json.loads(proc.stdout)
+    s = plan["settings"]
+    assert s["batch_size"] * s["grad_accum_steps"] * plan["launch"]["world_size"] == plan["workload"]["batch_size"]
