@@ -8,7 +8,7 @@ which reads its local rank from the launcher and a slot table from CPUPERF_RANK_
 variables (OMP_NUM_THREADS, CCL_*, KMP_*, I_MPI_PIN_DOMAIN, MASTER_*, GLOO_SOCKET_IFNAME, LD_PRELOAD)
 are decided by cpuperf.decide.runtime_env, never here.
 
-The edge (subprocess, signals, /proc) lives in cpuperf/launch_exec.py.
+The edge (subprocess, signals, /proc) lives in cpuperf/run/launcher.py, each rank in cpuperf/run/rankexec.py.
 """
 
 from __future__ import annotations
