@@ -17,6 +17,8 @@ from cpuperf.decide.workload import PRESETS
 from cpuperf.knowledge.cpu_peaks import boost_row, hardware_peak, peak_data
 from cpuperf.knowledge.matrix import load_matrix
 from cpuperf.probe import probe_host
+from cpuperf.train.settings import TrainSettings
+from cpuperf.train.loop import peak_tflops
 
 SPR = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
        "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
@@ -48,6 +50,21 @@ def test_the_onednn_fp32_precision_attribute_first_ships_in_torch_2_9(tmp_path):
         facts = probe_host(sysroot=str(make_host(tmp_path / torch, flags=SPR, model=143)), environ=env)
         mode = recommend(facts, PRESETS["tiny"]).levers.fp32_math_mode  # changes fp32 results: offered, never a default
         assert mode.value is None and ("--set fp32_math_mode=bf16 applies it" in mode.reason) == offered, torch
+
+
+@pytest.mark.parametrize("card, dtype, tf32, tflops", [
+    ("NVIDIA H200 NVL", "bf16", False, 835.5), ("NVIDIA H200 NVL", "fp16", False, 835.5),
+    ("NVIDIA H200 NVL", "fp32", True, 417.5), ("NVIDIA H200 NVL", "fp32", False, 60.0),
+    ("NVIDIA H200", "bf16", False, 989.4), ("NVIDIA H200", "fp32", True, 494.7),
+])
+def test_the_h200_nvl_has_its_own_mfu_denominator(card, dtype, tf32, tflops):
+    """NVIDIA's H200 datasheet lists the NVL card apart: BF16/FP16 1,671, TF32 835 TFLOPS with sparsity, FP32 60
+    (the SXM module: 1,979 / 989 / 67). It matched '\\bH200\\b' and took the SXM figures, so the worker's MFU on an
+    H200 NVL read 835.5 / 989.4 = 84% of the true value. The worker's own denominator, for the math it runs."""
+    settings = TrainSettings(device="cuda", dtype=dtype, tf32=tf32)
+    peak = peak_tflops(settings, f"cuda:0 ({card})", dtype if dtype != "fp32" else None)
+    assert peak is not None and peak.tflops == tflops
+    assert ("H200 NVL column" in peak.source) is card.endswith("NVL")
 
 
 def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
