@@ -16,6 +16,7 @@ from cpuperf.decide.recommend import recommend
 from cpuperf.decide.workload import PRESETS
 from cpuperf.knowledge.cpu_peaks import boost_row, hardware_peak, peak_data
 from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.knowledge.resolve import resolve
 from cpuperf.probe import probe_host
 from cpuperf.train.settings import TrainSettings
 from cpuperf.train.loop import peak_tflops
@@ -65,6 +66,25 @@ def test_the_h200_nvl_has_its_own_mfu_denominator(card, dtype, tf32, tflops):
     peak = peak_tflops(settings, f"cuda:0 ({card})", dtype if dtype != "fp32" else None)
     assert peak is not None and peak.tflops == tflops
     assert ("H200 NVL column" in peak.source) is card.endswith("NVL")
+
+
+@pytest.mark.parametrize("version, has_315", [("2.13.0", False), ("2.14.0", False), ("2.14.1", False), ("2.15.0", True)])
+def test_python_3_15_wheels_are_the_registrys_not_release_mds(version, has_315):
+    """pytorch/pytorch RELEASE.md lists 3.15 / 3.15t as experimental for torch 2.13 and 2.14, but the registry's simple
+    index (re-read 2026-11-28, identical to tests/fixtures/regen/torch_wheels.txt) holds cp315 wheels from 2.15.0
+    only. The python column follows the wheels pip can install, so a 3.15 interpreter gets 2.15.0 and a pinned
+    2.14.1 is refused with the reason, not planned into a pip failure."""
+    m = load_matrix()
+    row = m.torch_release(Version(version))
+    for platform in ("linux_x86_64", "linux_aarch64"):
+        pys = row.pythons(platform)
+        assert "3.14" in pys and "3.14t" in pys
+        assert ("3.15" in pys) is ("3.15t" in pys) is has_315, (version, platform, sorted(pys))
+    if not has_315:
+        assert "RELEASE.md" in row.reason and "cp315" in row.reason
+        res = resolve("3.15", version, matrix=m)
+        assert res.torch is None and "Python 3.15" in [r.reason for r in res.rejected if r.package == "torch"][0]
+    assert resolve("3.15", None, matrix=m).torch == "2.15.0"
 
 
 def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
