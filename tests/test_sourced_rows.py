@@ -15,6 +15,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import recommend
 from cpuperf.decide.workload import PRESETS
 from cpuperf.knowledge.cpu_peaks import boost_row, hardware_peak, peak_data
+from cpuperf.knowledge.hf_flags import sharding_form
 from cpuperf.knowledge.matrix import load_matrix
 from cpuperf.knowledge.resolve import resolve
 from cpuperf.probe import probe_host
@@ -85,6 +86,45 @@ def test_python_3_15_wheels_are_the_registrys_not_release_mds(version, has_315):
         res = resolve("3.15", version, matrix=m)
         assert res.torch is None and "Python 3.15" in [r.reason for r in res.rejected if r.package == "torch"][0]
     assert resolve("3.15", None, matrix=m).torch == "2.15.0"
+
+
+def _fsdp_string_row():
+    (row,) = [r for r in load_matrix().hf if r.package == "transformers" and r.name == "fsdp"]
+    return row
+
+
+@pytest.mark.parametrize("version, form", [
+    ("4.18.0", None), ("4.19.0", "value"), ("5.9.0", "value"), ("5.10.0", "switch"), ("5.19.0", "switch"),
+    ("5.20.0", "switch"), ("5.21.0", "switch"), ("5.22.0", "switch"), ("5.23.0", "switch"), ("5.24.0", "switch"),
+])
+def test_the_fsdp_string_form_per_transformers_release(version, form):
+    """A 5.x training_args.py warns that the --fsdp string 'will be removed in v5.20', but the wheels of 5.19.0-5.24.0
+    all still declare fsdp as a str with nargs='?' and translate the string (warning only). The row keeps it
+    deprecated from 5.10.0 and not removed; cpuperf gives the bare --fsdp switch with --fsdp_config wherever it
+    exists (5.10 on) and the string only to 4.19-5.9, where it is the one form."""
+    row, v = _fsdp_string_row(), Version(version)
+    assert sharding_form(version)["fsdp"] == form
+    assert row.valid_in(v) is (form is not None)  # parsed wherever FSDP exists, 5.20-5.24 included
+    assert (row.deprecated is not None and v >= row.deprecated) is (form == "switch")
+    assert row.removed is None and "5.24.0" in row.source and "5.20.0" in row.reason
+
+
+@pytest.mark.full  # imports transformers (and torch) into the test interpreter
+def test_the_installed_trainer_parses_the_fsdp_string_as_the_row_says(tmp_path):
+    """The real consumer: the installed transformers' own argument parser takes the string form exactly where the row
+    says it is still parsed (a removal in a newer release would fail here until the row says so)."""
+    transformers = pytest.importorskip("transformers")
+    installed = Version(transformers.__version__)
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "--fsdp", "full_shard auto_wrap offload"]
+    if not _fsdp_string_row().valid_in(installed):
+        with pytest.raises((SystemExit, ValueError)):
+            parser.parse_args_into_dataclasses(args=argv)
+        return
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    assert args.fsdp
+    if installed >= Version("5.10.0"):  # the string is translated into the switch and its config
+        assert args.fsdp is True and args.fsdp_config.get("cpu_offload") is True
 
 
 def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
