@@ -127,6 +127,39 @@ def test_the_installed_trainer_parses_the_fsdp_string_as_the_row_says(tmp_path):
         assert args.fsdp is True and args.fsdp_config.get("cpu_offload") is True
 
 
+GA_DRIVERS = {"cu102": "440.33", "cu111": "455.23", "cu113": "465.19.01", "cu115": "495.29.05", "cu116": "510.39.01",
+              "cu117": "515.43.04", "cu118": "520.61.05", "cu121": "530.30.02", "cu124": "550.54.14",
+              "cu126": "560.28.03", "cu128": "570.26", "cu129": "575.51.03", "cu130": "580.65.06", "cu132": "595.45.04"}
+
+
+def test_every_cuda_driver_row_cites_table_3_or_the_ga_installer():
+    """The rows reasoned 'unverified (from memory)' match the CUDA release notes' Table 3 (audit of issue 55); the
+    three it found no source for, cu117/cu121/cu126, are the drivers NVIDIA's GA local installers name
+    (cuda_11.7.0_515.43.04_linux.run, cuda_12.1.0_530.30.02_linux.run, cuda_12.6.0_560.28.03_linux.run), and
+    cu132's empty toolkit driver is its installer's 595.45.04. Each row says which of those it rests on."""
+    m = load_matrix()
+    assert {v.tag: v.toolkit_driver_linux for v in m.cuda} == GA_DRIVERS
+    for v in m.cuda:
+        assert "memory" not in v.reason and "unverified" not in v.reason, v.tag
+        assert "Table 3" in v.source or f"cuda_{v.cuda}.0_{v.toolkit_driver_linux}_linux.run" in v.source, v.tag
+        assert "minor-version-compatibility" in v.source, v.tag  # the floor's source
+    for tag in ("cu117", "cu121", "cu126", "cu132"):
+        v = next(r for r in m.cuda if r.tag == tag)
+        assert f"cuda_{v.cuda}.0_{v.toolkit_driver_linux}_linux.run" in v.source
+
+
+def test_a_driver_below_cuda_13_2s_own_is_told_ptx_jit_is_unavailable():
+    """cu132's toolkit driver was empty, so every 13.x driver counted as cu132's own; 580 runs it by minor-version
+    compatibility, without PTX JIT of newer code below 595.45.04."""
+    from cpuperf.knowledge.cuda import cuda_tag_for_driver
+
+    variants = load_matrix().cuda
+    tag, why = cuda_tag_for_driver("580.65.06", ["cu130", "cu132"], variants)
+    assert tag == "cu132" and "PTX JIT of newer code needs 595.45.04" in why
+    tag, why = cuda_tag_for_driver("595.45.04", ["cu130", "cu132"], variants)
+    assert tag == "cu132" and "PTX" not in why
+
+
 def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
     (row,) = [r for r in load_builtin("eol.toml")["eol"] if r["component"] == "ipex"]
     assert row["announced"] == "2025-10-10" and "#867" in row["source"]  # 2025-08-08 is 2.8.0's release date
