@@ -22,7 +22,8 @@ def _descend(speed, drift=1.0):
         return [speed(p) * scale] * 3
 
     ticks = iter(range(10_000))
-    return descend(START, CAND, run, budget_s=1e9, passes=1, min_gain=0.02, clock=lambda: float(next(ticks)))
+    return descend(START, CAND, run, budget_s=1e9, passes=1, min_gain=0.02, confidence=0.90,
+                   clock=lambda: float(next(ticks)))
 
 
 def _speed(p):
