@@ -41,9 +41,11 @@ def _tuning(r: Dict[str, Any]) -> str:
     if not t.get("best"):
         return str(t.get("note") or "")
     path = ", ".join(f"{p['point']} {p['vs_rule_point']:.2f}" for p in (t.get("path") or [])[:4])
+    judged = "; ".join(f"{lever} {j['outcome']} ({j['alternative']} {j['ratio']:.2f}x, {j['low']:.2f}-{j['high']:.2f})"
+                       for lever, j in (t.get("judged") or {}).items())
     return (f"{t.get('elapsed_s')} s, {t.get('runs')} runs, {t.get('rounds')} round(s), stopped: {t.get('stopped')}, "
-            f"noise {(t.get('noise') or 0) * 100:.0f}%" + ("" if t.get("applied") else f" ({t.get('note')})")
-            + f"; path vs the rule's point: {path}")
+            f"noise {(t.get('noise') or 0) * 100:.0f}%" + (f"; judged: {judged}" if judged else "")
+            + ("" if t.get("applied") else f" ({t.get('note')})") + f"; path vs the rule's point: {path}")
 
 
 def _sweep_lines(r: Dict[str, Any]) -> List[str]:
