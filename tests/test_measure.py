@@ -385,3 +385,21 @@ def test_a_host_busy_every_time_is_measured_a_bounded_number_of_times_then_the_r
     assert len(calls) == 2 * most - 1
     # disturbed but decided, or undecided on a quiet host: nothing to take again
     assert measure.disturbed(_taken(_BUSY, {})) is None and measure.disturbed(_taken(_QUIET, {"x": "y"})) is None
+
+
+def test_bench_shows_each_ratio_with_its_interval_and_its_verdict(tmp_path, monkeypatch):
+    from cli_util import run_cli
+
+    from cpuperf.decide.ratios import Ratio
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    judging = (load_builtin("tuning.toml")["judge"]["confidence"], load_builtin("tuning.toml")["judge"]["resolution"])
+    ratios = {"bf16_over_fp32": Ratio("bf16/fp32 GEMM", 1.0, (1.9, 2.1, 2.0)).to_json(3, *judging),
+              "mimalloc_on_mlp": Ratio("mimalloc/default allocator on mlp", 1.02, (0.95, 1.23, 1.06)).to_json(3, *judging)}
+    measure.save(probe_host(use_cache=False), {**_taken(_QUIET, {}), "ratios": ratios, "threads": 1})
+    proc = run_cli(["bench"], {"CPUPERF_CACHE_DIR": str(tmp_path), "CPUPERF_OVERRIDE_ISA": NATIVE_ISA})
+    assert proc.returncode == 0, proc.stderr
+    assert "bf16/fp32 GEMM: 2.00x (1.90-2.10 over 3 rounds; interval 1.8" in proc.stdout and ": above)" in proc.stdout
+    assert ("mimalloc/default allocator on mlp: 1.06x (0.95-1.23 over 3 rounds; interval 0.86-1.34 against 1.02: "
+            "undecided): too noisy to decide, the rule decides") in proc.stdout

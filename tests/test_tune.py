@@ -255,6 +255,12 @@ def test_the_cache_keeps_old_entries_readable_and_adds_tunings_beside_them(tmp_p
     # so is a point outside the one vocabulary (a recorded file comes from elsewhere), and a figure of inf
     measure.save_tuned(facts, "tuned_by_shape", "K1", {**_entry(), "best": {**START.to_json(), "allocator": "evil.so"}})
     measure.save_tuned(facts, "tuned_by_shape", "K2", {**_entry(), "best_samples_per_s": float("inf")})
+    # and a verdict outside the judgement's outcomes, or a bound that is no number
+    judged = _entry()["judged"]
+    measure.save_tuned(facts, "tuned_by_shape", "K3", {**_entry(), "judged": {
+        **judged, "pinning": {**judged["pinning"], "outcome": "trust me"}}})
+    measure.save_tuned(facts, "tuned_by_shape", "K4", {**_entry(), "judged": {
+        **judged, "pinning": {**judged["pinning"], "low": "1.5"}}})
     got = measure.load_cached(facts)
     assert got is not None and got.tuned_by_shape == {} and set(got.tuned_by_command) == {"C1"}
 

@@ -450,8 +450,11 @@ def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
         rounds = [x for x in r.get("rounds") or [] if isinstance(x, (int, float))] if isinstance(r, dict) else []
         if not rounds:
             continue
+        v = r.get("verdict") or {}
+        judged = (f"; interval {v['low']:.2f}-{v['high']:.2f} against {v['bar']:.2f}: {v['outcome']}"
+                  if {"low", "high", "bar", "outcome"} <= set(v) else "")
         lines.append(f"{r.get('name')}: {statistics.median(rounds):.2f}x ({min(rounds):.2f}-{max(rounds):.2f} over "
-                     f"{len(rounds)} rounds)" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
+                     f"{len(rounds)} rounds{judged})" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
     load = results.get("load") or {}
     if load.get("figure"):
         lines.append(f"load around it: {load['figure']}")
