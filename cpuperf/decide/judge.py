@@ -44,12 +44,6 @@ class Verdict:
     def decided(self) -> bool:
         return self.outcome != UNDECIDED
 
-    def describe(self) -> str:
-        """'1.59x (1.41-1.79, 90% interval, 9 figures)'."""
-        if not self.n:
-            return "not measured"
-        return f"{self.ratio:.2f}x ({self.low:.2f}-{self.high:.2f}, {self.n} {'pairs' if self.n != 1 else 'pair'})"
-
     def to_json(self) -> Dict[str, Any]:
         return {"ratio": round(self.ratio, 4), "low": round(self.low, 4), "high": round(self.high, 4),
                 "bar": round(self.bar, 4), "n": self.n, "outcome": self.outcome}
