@@ -460,3 +460,22 @@ def test_a_105x_difference_inside_a_10_percent_spread_does_not_move_and_is_named
     assert judged["pinning"]["outcome"] == "kept"  # 0.90x, decided: the pinned rule's point stands
     entry = {**result.to_json(), "measured_at": 1795516100}
     assert set(tuned_decisions(entry, "here")) == {"affinity"}
+
+
+def test_a_lever_that_won_its_round_but_was_not_compared_at_the_best_is_undecided_and_says_why():
+    """Two neighbours beat the start; tcmalloc moves first and the budget ends before unpinned is compared beside
+    it: pinning is undecided (the rule's), the allocator stands, and the plan's note says which."""
+    from cpuperf.decide.tune import undecided_levers
+
+    tc = START.with_value("allocator", "tcmalloc")
+    result = go({tc: 12.0, START.with_value("pinning", False): 11.0}, budget=9.5)
+    assert result.best == tc and result.stopped == "budget"
+    judged = result.judged()
+    assert judged["allocator"]["outcome"] == "moved" and judged["pinning"]["outcome"] == "undecided"
+    assert judged["pinning"]["low"] > 1.02 and "another lever moved first" in judged["pinning"]["why"]
+    entry = {**result.to_json(), "measured_at": 1795516100}
+    assert "another lever moved first" in undecided_levers(entry)["pinning"]
+    assert "affinity" not in tuned_decisions(entry, "here") and "allocator" in tuned_decisions(entry, "here")
+    from cpuperf.run.tune import summary
+    assert any("pinning: " in line and "another lever moved first" in line and "so the rule decides it" in line
+               for line in summary(result, CAND))

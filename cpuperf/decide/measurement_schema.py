@@ -46,7 +46,8 @@ ROUNDS = rb.record({"name": rb.text(256), "median": rb.number(0, 1e6), "rounds":
                    required=("name", "rounds", "decided"))
 # Each lever of a tuning as judged (cpuperf.decide.tune.TuneResult.judged).
 JUDGED = rb.map_of(rb.record({**VERDICT, "outcome": rb.one_of("moved", "kept", "undecided"),
-                              "alternative": rb.text(256)}, required=(*VERDICT, "outcome", "alternative")),
+                              "alternative": rb.text(256), "why": rb.text(512)},
+                             required=(*VERDICT, "outcome", "alternative")),
                    rb.text(32))
 UNDECIDED = rb.map_of(rb.text(1000), rb.text(128))
 

@@ -166,9 +166,13 @@ class TuneResult:
                 open_ = [(p, v) for p, v in got if v.outcome not in (BELOW, EVEN)]
                 if open_:
                     p, v = max(open_, key=lambda pv: pv[1].ratio)
+                    why = v.why
                     if p in rnd.confirmation and rnd.confirmed is not None:
-                        v = rnd.confirmed  # it won its round and not its pair: the pair's verdict names why
-                    out[lever] = _judged(UNDECIDED, p, lever, v)
+                        v, why = rnd.confirmed, "it won its round but not its confirming pair, run again side by side"
+                    elif v.above:
+                        why = ("it beat its round's incumbent, but another lever moved first and it was not compared "
+                               "again (the budget, or the point was seen)")
+                    out[lever] = {**_judged(UNDECIDED, p, lever, v), "why": why}
                 else:
                     p, v = max(got, key=lambda pv: pv[1].ratio)
                     out[lever] = _judged(KEPT, p, lever, v)
@@ -435,7 +439,8 @@ def undecided_levers(entry: Mapping[str, Any]) -> Dict[str, str]:
     for lever, j in (entry.get("judged") or {}).items():
         if isinstance(j, Mapping) and j.get("outcome") == UNDECIDED:
             out[lever] = (f"{lever} undecided: {j.get('alternative')} {j.get('ratio', 0):.2f}x "
-                          f"({j.get('low', 0):.2f}-{j.get('high', 0):.2f}) against the bar {j.get('bar', 0):.2f}")
+                          f"({j.get('low', 0):.2f}-{j.get('high', 0):.2f}) against the bar {j.get('bar', 0):.2f}"
+                          + (f" ({j['why']})" if j.get("why") else ""))
     return out
 
 

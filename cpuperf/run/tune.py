@@ -270,15 +270,23 @@ def summary(result: TuneResult, cand: Candidates) -> List[str]:
     elif result.stopped == "failed":
         lines.append("the rule's point failed to run: nothing tuned")
     judged = result.judged()
-    for lever, fig in result.lever_figures().items():
+    figures = result.lever_figures()
+    for lever, fig in figures.items():
         alts = ", ".join(f"{k} {v:.2f}" for k, v in fig["alternatives"].items())
         j = judged.get(lever)
-        said = (f"; {j['outcome']}: {j['alternative']} {j['ratio']:.2f}x ({j['low']:.2f}-{j['high']:.2f}, bar "
-                f"{j['bar']:.2f})" + (", so the rule decides it" if j["outcome"] == UNDECIDED else "") if j else "")
-        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives {alts}{said}")
+        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives {alts}" + (f"; {_verdict(j)}" if j else ""))
+    for lever, j in judged.items():
+        if lever not in figures and j["outcome"] == UNDECIDED:  # compared, but never beside the best
+            lines.append(f"  {lever}: {_verdict(j)}")
     for lever, why in cand.skipped.items():
         lines.append(f"  {lever}: not tuned: {why}")
     return lines
+
+
+def _verdict(j: Mapping[str, Any]) -> str:
+    """A lever's verdict in words: 'moved: mimalloc 1.62x (1.54-1.70, bar 1.02)', an undecided one with why."""
+    return (f"{j['outcome']}: {j['alternative']} {j['ratio']:.2f}x ({j['low']:.2f}-{j['high']:.2f}, bar {j['bar']:.2f})"
+            + ((f" ({j['why']})" if j.get("why") else "") + ", so the rule decides it" if j["outcome"] == UNDECIDED else ""))
 
 
 def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
