@@ -353,6 +353,8 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     workload = resolve_workload(model)
     cached, path = measure.read_cached(facts)
     usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
+    again = measure.disturbed(cached) if cached is not None and usable else None
+    flags = flags + ([again] if again else [])
     fresh = cached is not None and usable and not flags and not refresh
     if fresh and compile and model_key(workload) not in (cached or {}).get("compile_by_model", {}):
         # The rest is cached and trusted: only this model's torch.compile cost and gain are measured.
@@ -368,9 +370,9 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
             out.info(f"measuring again: the cached one is {'; '.join(flags)}")
         out.info(f"measuring on {threads} thread(s): bf16/fp32 GEMM" + (", allocators" if allocators else "")
                  + (", torch.compile (slow)" if compile else "") + ", side by side ...")
-        results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size,
-                                    workload=workload, log=out.teller("cpuperf bench: "))
-        path = measure.save(facts, results)
+        results, path = measure.measure_and_save(facts, threads, tries=0 if refresh else measure.tries_before(cached),
+                                                 log=out.teller("cpuperf bench: "), allocators=allocators,
+                                                 compile=compile, seconds=seconds, size=size, workload=workload)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
     results["trusted"] = not flags
@@ -448,8 +450,11 @@ def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
         rounds = [x for x in r.get("rounds") or [] if isinstance(x, (int, float))] if isinstance(r, dict) else []
         if not rounds:
             continue
+        v = r.get("verdict") or {}
+        judged = (f"; interval {v['low']:.2f}-{v['high']:.2f} against {v['bar']:.2f}: {v['outcome']}"
+                  if {"low", "high", "bar", "outcome"} <= set(v) else "")
         lines.append(f"{r.get('name')}: {statistics.median(rounds):.2f}x ({min(rounds):.2f}-{max(rounds):.2f} over "
-                     f"{len(rounds)} rounds)" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
+                     f"{len(rounds)} rounds{judged})" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
     load = results.get("load") or {}
     if load.get("figure"):
         lines.append(f"load around it: {load['figure']}")

@@ -43,7 +43,7 @@ from cpuperf.decide.records import (
     constraints_of,
     pinned_value,
 )
-from cpuperf.decide.tune import too_noisy, tuned_decisions
+from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
 from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
@@ -343,13 +343,14 @@ def _batch_split(ctx: _Context, world: int, on_gpu: bool) -> Optional[BatchSplit
 
 
 def _use_tuning(ctx: _Context, tuned: Optional[Tuple[Mapping[str, Any], str]], device: str, nnodes: int) -> None:
-    """A cached tuning's levers over the rules (never over the user's values), unless its repeats were too noisy
-    to decide from, or the run is on a GPU (the tuner measures CPU levers)."""
-    if tuned is not None and too_noisy(tuned[0], ctx.tuning["measure"]["max_spread"]):
-        ctx.notes.append(f"the tuning {tuned[1]} is not used: its repeats spread {tuned[0]['noise'] * 100:.0f}% "
-                         f"(over {ctx.tuning['measure']['max_spread'] * 100:.0f}%: the host was busy); the rules decide. "
-                         "Tune again on a quiet host")
+    """A cached tuning's decided levers over the rules (never over the user's values); a lever it left undecided
+    is the rule's, and the plan names it. Not on a GPU (the tuner measures CPU levers)."""
+    why_not = not_judged(tuned[0]) if tuned is not None else None
+    if tuned is not None and why_not:
+        ctx.notes.append(f"the tuning {tuned[1]} is not used: {why_not}; the rules decide")
     elif tuned is not None and device != "cuda" and not ctx.facts.gpus:
+        for line in undecided_levers(tuned[0]).values():
+            ctx.notes.append(f"the tuning {tuned[1]}: {line}, so the rule decides it")
         measured = tuned_decisions(tuned[0], tuned[1])
         pins: Dict[str, Any] = {lever: Pin(value, why, evidence) for lever, (value, why, evidence) in measured.items()}
         ctx.tuned = _applicable(Constraints(**pins), ctx.fixed, ctx.ranks_from is not None, nnodes)

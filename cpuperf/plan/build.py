@@ -211,10 +211,9 @@ def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_t
     if not entry:
         return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
                       "`cpuperf train --tune -- <command>` tunes it")
-    from cpuperf.data import load_builtin
-    from cpuperf.decide.tune import too_noisy
+    from cpuperf.decide.tune import not_judged
 
-    if too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
+    if not_judged(entry):
         return (entry, "on this command"), None  # recommend says why it is not used
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
     return (entry, "on this command"), (f"the tuning of this command from {when} ({entry.get('runs')} runs, "
