@@ -78,7 +78,7 @@ def identify_x86(vendor: Optional[str], family: Optional[int], model: Optional[i
     by_model = next((e for e in entries if e["family"] == family and _model_matches(e, model, stepping)), None)
     by_flags = _by_features(entries, family, flags)
     if by_model is None:
-        return X86Name(by_flags[0]["name"] if by_flags[0] else by_flags[1], by_flags[2])
+        return X86Name(by_flags[1], by_flags[2])
     row = by_flags[0]
     beyond = tuple(f for f in (row["features"] if row else ()) if _vector(f) and f not in by_model["features"])
     if row is not None and row["order"] > by_model["order"] and beyond and by_model["features"]:
