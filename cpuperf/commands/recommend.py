@@ -38,7 +38,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     if adapt_to_load:
         facts = with_load(facts)
     # The built-in run length (train's default --max-steps) unless given: every command plans the same job.
-    workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps)
+    workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps, host=facts)
     hosts = read_hostfile(hostfile) if hostfile else None
     overrides: Dict[str, Any] = {}
     if config:
@@ -350,7 +350,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
                          hint=f"choose 1..{usable}")
     _writable_dir(measure.cache_dir())  # before minutes of measuring, not after
-    workload = resolve_workload(model)
+    workload = resolve_workload(model, host=facts)  # train --auto's model where none is named
     cached, path = measure.read_cached(facts)
     usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
     again = measure.disturbed(cached) if cached is not None and usable else None
@@ -397,7 +397,7 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
 
     facts = probe_host()
     _writable_dir(measure.cache_dir())
-    workload = resolve_workload(model, None, None, None, 400)
+    workload = resolve_workload(model, None, None, None, 400, host=facts)
     meas = measure.load_cached(facts)
     key = shape_key(workload)
     cached = meas.tuned_by_shape.get(key) if meas is not None else None

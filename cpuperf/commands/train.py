@@ -127,7 +127,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                     else from_script(found))
     else:  # the batch you set is the workload's: the shape a tuning is cached and looked up for (shape_key)
         batch = request.global_batch or request.decided.get("batch_size")
-        workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps)
+        workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps,
+                                    host=facts)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None
     threads = plan_placement(facts).threads_per_rank if real_auto else None
@@ -420,7 +421,13 @@ def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, Any]]]:
 def _lever_lines(jp: JobPlan) -> List[str]:
     from cpuperf.plan.applied import report_lines
 
-    return ["lever " + line for line in report_lines(_lever_report(jp))]
+    return ["lever " + line for line in (*_model_line(jp), *report_lines(_lever_report(jp)))]
+
+
+def _model_line(jp: JobPlan) -> List[str]:
+    """The built-in model the host chose (no --model), as the worker gets it: said with the levers it shows."""
+    why, preset = jp.rec.workload.why, (jp.settings or {}).get("preset")
+    return [f"applied: model={preset} (worker setting preset={preset}; {why})"] if why and preset else []
 
 
 def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
@@ -561,6 +568,8 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     # Ranks given thread counts but no CPUs: the plan decided against pinning, and says why.
     if len(plan.per_rank) > 1 and any(s.threads for s in plan.per_rank) and not any(s.cpus for s in plan.per_rank):
         shown = (*shown, "affinity")
+    if jp.settings is not None and jp.rec.workload.why:  # the built-in model, where the host chose it
+        lines.append(f"# model = {jp.settings.get('preset')}: {jp.rec.workload.why}")
     for d in jp.decisions:
         if d["overridden"] or d["id"] in shown or str(d["reason"]).startswith("tuned "):
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")

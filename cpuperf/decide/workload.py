@@ -15,6 +15,7 @@ from cpuperf.errors import UsageError
 from cpuperf.jsonable import NOT_IN_JSON, as_json
 
 if TYPE_CHECKING:
+    from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hf import ScriptModel
 
 
@@ -128,6 +129,9 @@ class Workload:
     found: str = field(default="", metadata=NOT_IN_JSON)  # where a script's model was found, or why it was not
     of_script: bool = field(default=False, metadata=NOT_IN_JSON)  # trained by a user's script (its batch is its own)
     parallel: DataParallel = field(default=BUILTIN_LOOP, metadata=NOT_IN_JSON)  # may cpuperf split it into ranks
+    # Why this built-in model: set where the host chose it (no --model). In JSON as "why" where the host chose another
+    # than the built-in default (DEFAULT_PRESET), so the plans of hosts that train it read as they always have.
+    why: str = field(default="", metadata=NOT_IN_JSON)
 
     def splits_into(self, ranks: int, batch_yours: bool = False, gpus: bool = False) -> bool:
         """Whether `ranks` ranks started by cpuperf run the same job as one process (the same global batch, one
@@ -161,7 +165,7 @@ class Workload:
 
     def json_computed(self) -> Dict[str, Any]:
         if not self.of_script:
-            return {}
+            return {"why": self.why} if self.why and self.name != DEFAULT_PRESET else {}
         return {"found": self.found, "per_device_batch": self.per_device_batch, "grad_accum": self.grad_accum,
                 "optimizer": self.optimizer}
 
@@ -169,7 +173,8 @@ class Workload:
 # The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for
 # exactly the model `cpuperf train` builds. Global batch defaults per preset: CPU default 16;
 # GPT-2-small shape (GPU workload) 32.
-_DEFAULT_BATCH = {"tiny": 16, "gpt2-small": 32, "micro": 16}
+_DEFAULT_BATCH = {"tiny": 16, "small": 16, "gpt2-small": 32, "micro": 16}
+DEFAULT_PRESET = "tiny"  # the built-in model where no host is given, and the smallest a host chooses
 
 
 def _builtin_presets() -> Dict[str, Workload]:
@@ -185,6 +190,35 @@ def _builtin_presets() -> Dict[str, Workload]:
 
 
 PRESETS: Dict[str, Workload] = _builtin_presets()
+
+
+def reference_run_s(workload: Workload, cores: int, steps: int, gflops_per_core: float) -> float:
+    """Seconds the plain fp32 run of `steps` optimizer steps takes at `gflops_per_core` on `cores` (an estimate)."""
+    flops = workload.flops_per_token() * workload.seq_len * workload.batch_size * steps
+    return flops / (max(1, cores) * gflops_per_core * 1e9)
+
+
+def builtin_default(facts: HostFacts) -> Tuple[str, str]:
+    """(preset, why): the built-in model a host trains when none is named, by compat/tuning.toml [builtin_model]."""
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.placement import cpu_budget, usable_cores
+
+    tuning = load_builtin("tuning.toml")
+    rule, rate = tuning["builtin_model"], float(tuning["compile"]["assumed_gflops_per_thread"])
+    cores, _ = cpu_budget(facts, usable_cores(facts))  # after affinity, cpuset, quota and Slurm: what the run gets
+    steps, budget = int(rule["reference_steps"]), float(rule["run_budget_s"])
+    est = {name: reference_run_s(PRESETS[name], cores, steps, rate) for name in rule["presets"]}
+    fits = [name for name in rule["presets"] if est[name] <= budget] or [rule["presets"][0]]
+    chosen = fits[-1]
+    w = PRESETS[chosen]
+    said = (f"{w.n_layer} layers x {w.d_model}, {w.seq_len} tokens, {w.params / 1e6:.1f}M parameters: {cores} "
+            f"physical core(s) to keep busy run its {steps} reference steps in ~{est[chosen] / 60:.0f} min (fp32, "
+            f"{rate:.0f} GFLOP/s per core assumed)")
+    larger = [name for name in rule["presets"] if est[name] > est[chosen]]
+    limit = f"{budget / 60:.0f} min"
+    said += (f"; {larger[0]} would take ~{est[larger[0]] / 60:.0f} min, over the {limit} budget" if larger else
+             f", the largest of {', '.join(rule['presets'])} within the {limit} budget")
+    return chosen, said + " (compat/tuning.toml [builtin_model])"
 
 
 def _no_constant(name: str) -> Any:
@@ -270,10 +304,15 @@ def for_script(base: Workload, found: ScriptModel) -> Workload:
 
 
 def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, seq_len: Optional[int] = None,
-                     batch_size: Optional[int] = None, steps: Optional[int] = None) -> Workload:
-    """The workload from CLI inputs: a preset name, a config path, a model id in the HF cache, or numbers."""
-    if model is None or model in PRESETS:
-        base = PRESETS[model or "tiny"]
+                     batch_size: Optional[int] = None, steps: Optional[int] = None,
+                     host: Optional[HostFacts] = None) -> Workload:
+    """The workload from CLI inputs: a preset name, a config path, a model id in the HF cache, or numbers. With no
+    model and no size, the host's built-in default (builtin_default) where its facts are given, else tiny."""
+    if model is None and params is None and host is not None:
+        chosen, why = builtin_default(host)
+        base = replace(PRESETS[chosen], why=why)
+    elif model is None or model in PRESETS:
+        base = PRESETS[model or DEFAULT_PRESET]
     elif os.path.exists(model):
         path = os.path.join(model, "config.json") if os.path.isdir(model) else model
         base = from_hf_config(path)
