@@ -20,7 +20,9 @@ class PlanRequest:
 
     auto: bool = False
     dry_run: bool = False
-    decided: Mapping[str, Any] = field(default_factory=dict)  # --set values recommend decides (and --batch-size)
+    decided: Mapping[str, Any] = field(default_factory=dict)  # --set values recommend decides (and a script's --batch-size)
+    # --batch-size of the built-in loop: its global batch (samples per optimizer step), which its ranks share
+    global_batch: Optional[int] = None
     worker: Mapping[str, Any] = field(default_factory=dict)  # --set values of the built-in loop itself
     has_sets: bool = False
     model: Optional[str] = None
@@ -63,7 +65,7 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
         key = sorted(worker)[0]
         raise UsageError(f"--set {key}: a setting of the built-in training loop; your script sets its own",
                          hint="pass it to your script as its own argument")
-    if batch_size is not None:
+    if batch_size is not None and user_argv:  # a script's: its per-device batch, as --set batch_size
         decided.setdefault("batch_size", batch_size)
     return decided, worker
 

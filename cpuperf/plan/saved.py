@@ -295,8 +295,10 @@ def _workload(raw: Any) -> Workload:
             _need(raw, key, str, "workload")
         else:
             _int(raw, key, "workload", 0 if key in later else 1, 1 << 50, key == "steps")
-    _exact_keys(raw, tuple(fields), "workload")
-    return Workload(**{k: raw[k] for k in fields if k in raw})
+    # why the host chose its built-in model: absent where --model named it; one printable line where present
+    why = _need(raw, "why", str, "workload") if "why" in raw else ""
+    _exact_keys(raw, (*fields, "why"), "workload")
+    return Workload(**{k: raw[k] for k in fields if k in raw}, why=why)
 
 
 def _decision(raw: Any, index: int) -> Decision[Any]:
@@ -665,7 +667,8 @@ def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Any, environ: M
     from cpuperf.knowledge.knobs import parse_assignments
 
     i = plan.inputs
-    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"))
+    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"),
+                                host=facts)
     overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
     overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
     return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
