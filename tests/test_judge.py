@@ -52,3 +52,18 @@ def test_pairs_side_by_side_decide_once_their_interval_clears_the_bar():
     assert paired([0.93, 0.92, 0.94, 0.93], 1.02, CONFIDENCE, 3).outcome == "below"
     # a head to head of auto against the best of the sweep at 0.63x (mlp-small before issue 52): below 0.97
     assert paired([0.62, 0.63, 0.68, 0.63], 0.97, CONFIDENCE).outcome == "below"
+
+
+def test_a_verdict_is_written_within_what_the_cache_reads_back():
+    """A noisy pair's interval can reach millions (8.5e6 seen in a --tune of a Trainer script): written as is, the
+    reader's bound dropped the whole tuning. The writer holds the reader's bound."""
+    from cpuperf import readback as rb
+    from cpuperf.decide.judge import FIGURE_MAX, Verdict
+    from cpuperf.decide.measurement_schema import VERDICT
+
+    wide = Verdict(3.0, 1e-7, 8_477_070.9583, 1.02, 2, "undecided", "")
+    data = wide.to_json()
+    assert data["high"] == FIGURE_MAX and data["low"] == 0.0 and data["outcome"] == "undecided"
+    check = rb.record({**VERDICT, "outcome": rb.one_of("above", "below", "even", "undecided")})
+    assert check(data) is None
+    assert check({**data, "high": 8_477_070.9583}) is not None  # what was written before: dropped on read

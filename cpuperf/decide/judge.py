@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
 ABOVE, BELOW, EVEN, UNDECIDED = "above", "below", "even", "undecided"
+FIGURE_MAX = 1e6  # the largest ratio or bound cpuperf writes and reads back
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,13 @@ class Verdict:
         return self.outcome != UNDECIDED
 
     def to_json(self) -> Dict[str, Any]:
-        return {"ratio": round(self.ratio, 4), "low": round(self.low, 4), "high": round(self.high, 4),
-                "bar": round(self.bar, 4), "n": self.n, "outcome": self.outcome}
+        # Held to what the cache's reader takes (cpuperf.decide.measurement_schema): a wide interval of a noisy pair
+        # (8.5e6 seen) is as undecided at the bound, and a figure past it would drop the whole tuning when read back.
+        def held(x: float) -> float:
+            return round(min(max(x, 0.0), FIGURE_MAX), 4)
+
+        return {"ratio": held(self.ratio), "low": held(self.low), "high": held(self.high),
+                "bar": held(self.bar), "n": self.n, "outcome": self.outcome}
 
 
 def t_quantile(p: float, df: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf import readback as rb
+from cpuperf.decide.judge import FIGURE_MAX
 
 
 def _timestamp(v: Any) -> Optional[str]:
@@ -36,7 +37,7 @@ COMPILED = rb.record({"compile_seconds": rb.positive(), "speedup": rb.positive(1
                      required=("compile_seconds", "speedup", "step_seconds", "batch"))
 RATIO = rb.positive(1e6)
 # A comparison judged (cpuperf.decide.judge.Verdict.to_json): its ratio, interval, bar, how many, the outcome.
-_FIGURE = rb.number(0, 1e6)
+_FIGURE = rb.number(0, FIGURE_MAX)
 VERDICT = {"ratio": _FIGURE, "low": _FIGURE, "high": _FIGURE, "bar": _FIGURE, "n": rb.count(0)}
 # A ratio measured side by side (cpuperf.decide.ratios.Ratio.to_json), and why one did not decide.
 ROUNDS = rb.record({"name": rb.text(256), "median": rb.number(0, 1e6), "rounds": rb.list_of(RATIO, 100000),
