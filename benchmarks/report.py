@@ -41,9 +41,11 @@ def _tuning(r: Dict[str, Any]) -> str:
     if not t.get("best"):
         return str(t.get("note") or "")
     path = ", ".join(f"{p['point']} {p['vs_rule_point']:.2f}" for p in (t.get("path") or [])[:4])
+    judged = "; ".join(f"{lever} {j['outcome']} ({j['alternative']} {j['ratio']:.2f}x, {j['low']:.2f}-{j['high']:.2f})"
+                       for lever, j in (t.get("judged") or {}).items())
     return (f"{t.get('elapsed_s')} s, {t.get('runs')} runs, {t.get('rounds')} round(s), stopped: {t.get('stopped')}, "
-            f"noise {(t.get('noise') or 0) * 100:.0f}%" + ("" if t.get("applied") else f" ({t.get('note')})")
-            + f"; path vs the rule's point: {path}")
+            f"noise {(t.get('noise') or 0) * 100:.0f}%" + (f"; judged: {judged}" if judged else "")
+            + ("" if t.get("applied") else f" ({t.get('note')})") + f"; path vs the rule's point: {path}")
 
 
 def _sweep_lines(r: Dict[str, Any]) -> List[str]:
@@ -71,7 +73,15 @@ def head_to_head_line(r: Dict[str, Any]) -> Optional[str]:
             f"ran first alternating ({h['pairs_counted']} pair(s) counted; {c.get('left_out_disturbed', 0)} run(s) left out "
             f"as disturbed, {c.get('not_as_planned', 0)} not as planned, {c.get('failed', 0)} failed); medians auto "
             f"{m.get('auto', 0):.1f}, best {m.get('best', 0):.1f} samples/s. The best's median in the rounds carries the luck "
-            "that picked it among many; the fresh pairs do not.")
+            "that picked it among many; the fresh pairs do not." + _verdict_words(h.get("verdict")))
+
+
+def _verdict_words(v: Optional[Dict[str, Any]]) -> str:
+    """The pairs judged against the target's bar (cpuperf.decide.judge): ' Judged: above 0.97x (...)'."""
+    if not v:
+        return ""
+    return (f" Judged against {v['bar']:.2f}x: {v['outcome']} ({v['ratio']:.2f}x, interval {v['low']:.2f}-"
+            f"{v['high']:.2f} over {v['n']} pair(s)).")
 
 
 def checked_lines(r: Dict[str, Any]) -> List[str]:

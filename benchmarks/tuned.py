@@ -29,7 +29,7 @@ class Tuned:
 
     result: Optional[TuneResult]
     cand: Optional[Candidates]
-    applied: bool  # the tuned point is what auto runs (False: too noisy or failed: the rules decide)
+    applied: bool  # the tuned point is what auto runs (False: it failed: the rules decide)
     auto: Optional[Dict[str, Any]]  # the suite's auto config where no cpuperf plan exists for the workload
     note: Optional[str] = None
 
@@ -116,8 +116,7 @@ def tune_workload(workload: str, size: str, lm_model: Optional[Tuple[str, int]],
 
 def _tune_lm(facts: Any, meas: Any, model: Tuple[str, int], log: Log, budget_s: Optional[float], steps: int) -> Tuned:
     """cpuperf's own shape tuning (what `cpuperf bench --tune --model` runs), cached for the shape and batch."""
-    from cpuperf.data import load_builtin
-    from cpuperf.decide.tune import too_noisy
+    from cpuperf.decide.tune import undecided_levers
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.run.tune import tune_shape
 
@@ -126,10 +125,15 @@ def _tune_lm(facts: Any, meas: Any, model: Tuple[str, int], log: Log, budget_s: 
     if got is None:
         return Tuned(None, None, False, None, "nothing tuned: the plan trains on a GPU")
     result, cand, entry = got
-    noisy = too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"])
-    applied = result.stopped != "failed" and not noisy
-    note = None if applied else ("too noisy: the plan keeps the rules" if noisy else "the rule's point failed")
-    return Tuned(result, cand, applied, None, note)
+    applied = result.stopped != "failed"
+    return Tuned(result, cand, applied, None, _note(applied, undecided_levers(entry)))
+
+
+def _note(applied: bool, undecided: Dict[str, str]) -> Optional[str]:
+    """What the report says beside a tuning: failed, or the levers it left undecided (each the rule's)."""
+    if not applied:
+        return "the rule's point failed: auto is the rules' point"
+    return ("; ".join(undecided.values()) + ": those are the rules'") if undecided else None
 
 
 def _tune_reference(facts: Any, meas: Any, workload: str, size: str, log: Log, budget_s: Optional[float],
@@ -160,11 +164,10 @@ def _tune_reference(facts: Any, meas: Any, workload: str, size: str, log: Log, b
 
     budget = float(budget_s if budget_s is not None else rule["budget_s"])
     result = tune(start, cand, run_one, budget, int(rule["passes"]), log)
-    noisy = dtune.too_noisy(result.to_json(), load_builtin("tuning.toml")["measure"]["max_spread"])
-    applied = result.stopped != "failed" and not noisy
-    point = result.best if applied else start
+    applied = result.stopped != "failed"
+    point = result.best if applied else start  # its undecided levers are the start's: the rules'
     env, cpus = point_env(facts, plan_wl, meas, point)
-    note = None if applied else ("too noisy" if noisy else "the rule's point failed") + ": auto is the rules' point"
+    note = _note(applied, dtune.undecided_levers(result.to_json()))
     return Tuned(result, cand, applied, auto_for_point(point, env, cpus, result if applied else None), note)
 
 

@@ -40,3 +40,4 @@ LAUNCHER_RANK_VARS: Tuple[RankVars, ...] = (
 )
 LOCAL_RANK_VARS = tuple(v.local_rank for v in LAUNCHER_RANK_VARS)
 RANK_VARS = tuple(v.rank for v in LAUNCHER_RANK_VARS)
+WORLD_SIZE_VARS = tuple(v.world_size for v in LAUNCHER_RANK_VARS)

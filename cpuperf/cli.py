@@ -194,7 +194,7 @@ RECOMMEND_SETS_HELP = "Override a decision: --set dtype=fp32 (repeatable)."
 
 @app.command(short_help="Every training decision for this host, with its reason.")
 def recommend(
-    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, gpt2-small, micro), a HF config.json, or a model id in the local HF cache."),
+    model: Optional[str] = typer.Option(None, "--model", help="Preset (tiny, small, gpt2-small, micro; default: the host's built-in model), a HF config.json, or a model id in the local HF cache."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count, e.g. 124M or 7B."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch (samples per optimizer step)."),
@@ -238,7 +238,7 @@ def bench(
     seconds: float = typer.Option(1.0, "--seconds", min=0.1, help="Time per GEMM measurement (at most 600)."),
     allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading each allocator found (tcmalloc, jemalloc, mimalloc)."),
     compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain for --model (tens of seconds to minutes)."),
-    model: Optional[str] = typer.Option(None, "--model", help="--compile: the model to measure (a preset or config.json; default tiny)."),
+    model: Optional[str] = typer.Option(None, "--model", help="--compile: the model to measure (a preset or config.json; default: the host's built-in model)."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again even if a fresh, trusted measurement is cached."),
     tune: bool = typer.Option(False, "--tune", help="Tune the plan's levers jointly for --model's shape (dtype, allocator, optimizer, ranks x threads, pinning): ~60 s, cached."),
     budget: Optional[float] = typer.Option(None, "--budget", metavar="S", help="--tune: seconds the search may take (default 60)."),
@@ -279,7 +279,7 @@ def train(
     auto: bool = typer.Option(False, "--auto", help="Apply the recommendation: dtype, IPEX/compile, threads, pinning, env, ranks, backend."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (argv, env, decisions) and do not run it."),
     sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=TRAIN_SETS_HELP),
-    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset (tiny (default), gpt2-small, micro), or a Hugging Face config.json: sizes the memory plan, and the built-in model's shape."),
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in preset (tiny, small, gpt2-small, micro; default: tiny, or small on a host with the cores for it), or a Hugging Face config.json: sizes the memory plan, and the built-in model's shape."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Optimizer steps (default 400: ~2-3 minutes on 2 cores)."),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", metavar="S", help="Stop after S seconds of training."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Global batch (samples per optimizer step)."),

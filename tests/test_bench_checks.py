@@ -181,6 +181,10 @@ def test_the_sweeps_best_is_measured_again_beside_auto_in_fresh_pairs_not_judged
     ratios = {k: v["median"] for k, v in judged["ratios"].items()}
     assert suite._targets(ratios, lever_applied=False)["auto >= 0.97x best of sweep"] is True
     assert judged["ratios"]["auto_vs_best_sweep_in_rounds"] == summary["ratios"]["auto_vs_best_sweep"]
+    # the pairs judged as cpuperf judges a comparison (cpuperf.decide.judge): their interval clears the 0.97 bar
+    assert h["verdict"]["outcome"] == "above" and 0.97 < h["verdict"]["low"] < 1.0 < h["verdict"]["high"]
+    from benchmarks.report import head_to_head_line
+    assert "Judged against 0.97x: above (1.01x, interval 0.9" in head_to_head_line({"workload": "x", "head_to_head": h})
 
 
 def test_a_pair_whose_run_stays_disturbed_is_left_out_and_the_report_says_how_auto_best_was_taken():
@@ -196,3 +200,4 @@ def test_a_pair_whose_run_stays_disturbed_is_left_out_and_the_report_says_how_au
     line = head_to_head_line({"workload": "lm-small", "head_to_head": h})
     assert "after the rounds picked the best (bf16 x)" in line and "2 fresh pairs" in line
     assert "(1 pair(s) counted; 1 run(s) left out as disturbed" in line
+    assert "Judged against 0.97x: undecided" in line and h["verdict"]["n"] == 1  # one pair: no interval

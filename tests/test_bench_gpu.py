@@ -121,3 +121,59 @@ def test_cpu_only_torch_is_named(tmp_path, monkeypatch) -> None:
     assert "CPU-only build" in bench.no_gpu_reason(facts)
     assert bench.main(facts=facts, out=tmp_path / "r", runner=lambda s, o: {}) == 0
     assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------ the joint sweep (--joint)
+
+def test_the_joint_sweep_is_the_product_of_the_decided_levers(tmp_path, monkeypatch) -> None:
+    values = _values(tmp_path, monkeypatch, "h100-80gb-hbm3.json")
+    configs, pruned = bench.joint_configs(values, 8, 64)
+    default, auto = configs[0]["settings"], configs[1]["settings"]
+    points = [c for c in configs if c.get("joint")]
+    names = [c["name"] for c in points]
+    assert len(set(names)) == len(names) and "default" not in names
+    # dtype, tf32, compile, batch, optimizer: 2^5 combinations; TF32 under bf16 autocast is the point without it
+    assert len(points) == 2 ** 5 - 2 ** 3 - 1 and pruned == [bench.TF32_UNDER_AUTOCAST]
+    assert not any(c["settings"]["dtype"] == "bf16" and c["settings"]["tf32"] for c in points)
+    for c in points:  # every point is the default with some decided levers at auto's values, the same global batch
+        s = c["settings"]
+        assert s["batch_size"] * s["grad_accum_steps"] == default["batch_size"] * default["grad_accum_steps"] or \
+            (s["batch_size"], s["grad_accum_steps"]) == (auto["batch_size"], auto["grad_accum_steps"])
+        for key in ("dtype", "compile", "optimizer"):
+            assert s[key] in (default[key], auto[key], True)
+    bf16_all = f"bf16+compile+batch={auto['batch_size']}+adamw_fused"
+    assert bf16_all in names and "tf32" in names and "compile" in names
+
+
+def test_head_to_head_decides_by_every_pair_against_the_target() -> None:
+    same = bench.head_to_head([100.0, 99.0, 102.0], [100.0, 100.0, 100.0])
+    assert same["verdict"] == "auto at the best" and same["min"] == 0.99 and same["median"] == 1.0
+    worse = bench.head_to_head([90.0, 92.0, 91.0], [100.0, 100.0, 100.0])
+    assert worse["verdict"] == "the best beats auto" and worse["max"] == 0.92
+    noisy = bench.head_to_head([95.0, 100.0, 99.0], [100.0, 100.0, 100.0])
+    assert noisy["verdict"] == "undecided" and "range 0.950x-1.000x" in noisy["why"]
+    few = bench.head_to_head([100.0, None, 100.0], [100.0, 100.0, None])  # a failed run leaves its pair out
+    assert few["verdict"] == "undecided" and few["ratios"] == [1.0]
+
+
+def test_main_joint_runs_three_rounds_then_auto_against_the_best_in_alternating_pairs(tmp_path, monkeypatch) -> None:
+    facts = recorded_facts(tmp_path / "host", monkeypatch, "h100-80gb-hbm3.json")
+    seen = []
+
+    def runner(settings, out_dir):
+        seen.append(dict(settings))
+        rate = 10000.0 * (4 if settings["dtype"] != "fp32" else 1) * (1.2 if settings["compile"] else 1)
+        return {"tokens_per_s": rate, "mfu": rate / 130000}
+
+    code = bench.main(rounds=2, steps=5, out=tmp_path / "res", log=lambda m: None, facts=facts, runner=runner,
+                      joint=True, pairs=3)
+    assert code == 0
+    rec = json.loads((tmp_path / "res" / "gpu-h100-80gb-hbm3-joint.json").read_text())
+    assert rec["rounds"] == 3  # 2 asked: the joint sweep runs at least 3
+    joint = rec["joint"]
+    assert joint["best"].startswith("bf16+compile") and joint["best_settings"]["compile"] is True
+    assert joint["head_to_head"]["verdict"] == "the best beats auto"  # auto left compile off for 5 steps
+    assert joint["head_to_head"]["ratios"] == [1 / 1.2] * 3
+    n = len(rec["configs"])
+    tail = seen[3 * n:]
+    assert len(tail) == 6 and [s["compile"] for s in tail] == [False, True, True, False, False, True]

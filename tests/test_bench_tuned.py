@@ -22,7 +22,8 @@ def _descend(speed, drift=1.0):
         return [speed(p) * scale] * 3
 
     ticks = iter(range(10_000))
-    return descend(START, CAND, run, budget_s=1e9, passes=1, min_gain=0.02, clock=lambda: float(next(ticks)))
+    return descend(START, CAND, run, budget_s=1e9, passes=1, min_gain=0.02, confidence=0.90,
+                   clock=lambda: float(next(ticks)))
 
 
 def _speed(p):
@@ -84,3 +85,19 @@ def test_a_benchmark_lm_is_tuned_and_planned_for_the_shape_bench_tune_caches(tmp
     assert shape_key(resolve_workload(small, None, None, 16, 200)) == shape_key(resolve_workload("tiny", None, None, None, 400))
     gpt2 = resolve_workload(lm_model_config("gpt2", LM_SHAPES["gpt2"], vocab, tmp_path), None, None, 2, 200)
     assert shape_key(gpt2) == "L12-d768-h12-T128-V768-B2" and gpt2.steps == 200
+
+
+def test_the_report_names_each_levers_verdict_beside_the_tuning():
+    """The results keep each lever's verdict (cpuperf.decide.judge), and the report line names it: the tuning is
+    applied whole and no note says it was too noisy (the gate of issue 52 is gone)."""
+    from benchmarks.report import _tuning
+    from benchmarks.tuned import Tuned, tuning_json
+
+    result = _descend(_speed)
+    line = _tuning({"tuning": tuning_json(Tuned(result, CAND, True, None), [])})
+    assert "judged: allocator moved (mimalloc 1.30x, 1.30-1.30)" in line and "too noisy" not in line
+    assert "layout kept (2x1 0.70x" in line
+    from benchmarks.tuned import _note
+    assert _note(True, {}) is None and _note(False, {}) == "the rule's point failed: auto is the rules' point"
+    assert _note(True, {"pinning": "pinning undecided: unpinned 1.02x (0.88-1.17) against the bar 1.02"}) == (
+        "pinning undecided: unpinned 1.02x (0.88-1.17) against the bar 1.02: those are the rules'")

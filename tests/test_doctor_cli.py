@@ -76,10 +76,10 @@ def test_gpu_override_ampere_vs_turing_and_ampere_altra_cpu(tmp_path):
 def test_recorded_nvml_answer_h100():
     # What NVML reported on an H100 80GB HBM3 (compute capability 9.0).
     gpus = [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 85520809984,
-             "driver_version": "550.54.15"}]
+             "driver_version": "580.159.04"}]
     rep, _ = run_json(["doctor"], {"CPUPERF_OVERRIDE_GPUS": json.dumps(gpus)}, expect_rc=None)
     (h100,) = rep["host"]["gpus"]
-    assert h100["bf16"] and h100["tf32"] and h100["driver_version"] == "550.54.15"
+    assert h100["bf16"] and h100["tf32"] and h100["driver_version"] == "580.159.04"
 
 
 def test_bad_gpu_override_is_a_one_line_usage_error():

@@ -37,7 +37,7 @@ def test_recorded_nvml_answer_loads_with_free_memory() -> None:
     assert len(h100) == 2
     g = h100[0]
     assert (g.name, g.compute_capability, g.memory_bytes) == ("NVIDIA H100 80GB HBM3", "9.0", 85520809984)
-    assert g.bf16 and g.tf32 and g.driver_version == "550.54.15"
+    assert g.bf16 and g.tf32 and g.driver_version == "580.159.04"
     assert g.memory_free_bytes is not None and 0.99 < g.memory_free_bytes / g.memory_bytes < 1
     (t4, _) = gpus_from_json(recorded("t4.json"))
     assert not t4.bf16 and not t4.tf32 and t4.compute_capability == "7.5"

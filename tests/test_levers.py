@@ -28,6 +28,7 @@ LAYERS = ("decide", "plan", "render", "run")
 # being written, the install resolution's IPEX wheel. (module, the receiver's source text).
 NOT_LEVERS = {
     ("decide/allocator.py", "load_builtin('tuning.toml')"), ("decide/recommend.py", "tuning"),
+    ("decide/workload.py", "tuning"),
     ("decide/recommend.py", "load_builtin('tuning.toml')"), ("decide/runtime_env.py", "tuning"),
     ("decide/runtime_env.py", "tuning['kmp']"), ("decide/tune.py", "tuning"), ("plan/user_script.py", "tuning"),
     ("plan/install.py", "load_builtin('tuning.toml')"), ("plan/install.py", "data"), ("run/measure.py", "_tuning()"),

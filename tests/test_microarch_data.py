@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import pytest
-from cli_util import run_json
-from hosts import CPUINFO, make_host, write
+from cli_util import run_cli, run_json
+from hosts import CPUINFO, fixture_host, make_host, write
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import Measurements, recommend
 from cpuperf.decide.workload import PRESETS
+from cpuperf.knowledge.cpu_peaks import hardware_peak
 from cpuperf.probe import probe_host
-from cpuperf.probe.cpu import name_x86
+from cpuperf.probe.cpu import identify_x86, name_x86
 from cpuperf.probe.facts import ARM_ISA, X86_ISA
 
 # Linux arch/x86/kernel/cpu/amd.c, bsp_init_amd(), "Figure out Zen generations" (v6.18 with tip commit
@@ -163,6 +164,124 @@ def test_doctor_clearwater_forest_and_alder_lake_n(tmp_path):
     ecore = ["avx2", "fma", "avx_vnni", "gfni", "vaes", "serialize", "lm"]
     assert _doctor_cpu(make_host(tmp_path / "c", model=0xDD, flags=ecore))["microarchitecture"] == "clearwaterforest"
     assert _doctor_cpu(make_host(tmp_path / "n", model=0xBE, flags=ecore))["microarchitecture"] == "alderlake_n"
+
+
+# --------------------------------------------------------------------------- the model number against the flags
+# A hypervisor reports its guest any family/model but exposes only extensions the hardware has: where the flags
+# allow a newer generation with vector extensions the model's generation lacks, the flags name the host.
+
+# archspec-json microarchitectures.json at 90b453f (2026-08-19): the AVX-512/AMX features of every generation it
+# shares with compat/microarch.toml (Linux spelling; an archspec name absent from it has none).
+ARCHSPEC_VECTOR = {
+    "skylake_avx512": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"},
+    "cascadelake": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"},
+    "cannonlake": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi"},
+    "icelake": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512_vnni",
+                "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq"},
+    "sapphirerapids": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
+                       "avx512_vnni", "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16", "amx_tile",
+                       "amx_bf16", "amx_int8"},
+    "zen4": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512_vnni",
+             "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16"},
+    "zen5": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512_vnni",
+             "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16", "avx512_vp2intersect"},
+    **{name: set() for name in ("sandybridge", "ivybridge", "haswell", "broadwell", "skylake", "alderlake",
+                                "arrowlake", "zen", "zen2", "zen3")},
+}
+
+
+def test_a_newer_rows_vector_extensions_are_ones_the_older_generation_lacks():
+    """The flags overrule a model only by a newer row's AVX-512/AMX features that the model's row does not list:
+    each of those must be one the model's generation really lacks (archspec's full lists), or a real host of that
+    generation would be renamed."""
+    rows = _table()["x86"]
+    for old in rows:
+        if old["name"] not in ARCHSPEC_VECTOR:
+            continue
+        for new in rows:
+            if new["vendor"] != old["vendor"] or new["order"] <= old["order"]:
+                continue
+            beyond = {f for f in new["features"] if f.startswith(("avx512", "amx_"))} - set(old["features"])
+            assert not beyond & ARCHSPEC_VECTOR[old["name"]], (old["name"], new["name"], beyond)
+
+
+def _masked(text, **fields):
+    """A recorded cpuinfo with some of its fields (model, stepping) replaced, as a hypervisor may report them."""
+    keys = {"model": "model\t\t", "stepping": "stepping\t"}
+    out = []
+    for line in text.splitlines():
+        key = line.split(":", 1)[0].strip()
+        out.append(f"{keys[key]}: {fields[key]}" if key in fields else line)
+    return "\n".join(out) + "\n"
+
+
+def test_the_recorded_amx_guest_is_named_by_its_flags_with_the_amx_peak(tmp_path):
+    """The KVM guest that reports Rocket Lake's model 167 with AMX and avx512_fp16: sapphirerapids, both names
+    shown, a finding, and the AMX bf16 peak (before: icelake, no bf16 row, every MFU 'n/a')."""
+    rep, _ = run_json(["doctor", "--sysroot", str(fixture_host(tmp_path, "intel-kvm-model167-amx"))], expect_rc=None)
+    cpu = rep["host"]["cpu"]
+    assert (cpu["model"], cpu["microarchitecture"], cpu["microarchitecture_source"]) == (167, "sapphirerapids",
+                                                                                         "features")
+    assert cpu["microarchitecture_by_model"] == "icelake"
+    assert cpu["peak_data"]["flops_per_cycle"]["bf16"] == 1024
+    finding = next(f for f in rep["findings"] if f["id"] == "microarchitecture-from-flags")
+    assert "model 167 (icelake" in finding["message"] and "named sapphirerapids" in finding["message"]
+    for flag in ("avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"):
+        assert flag in finding["message"]
+    assert "avx512cd" not in finding["message"]  # Ice Lake has it: no disagreement there
+    peak, info = hardware_peak(cpu["microarchitecture"], "bf16", 2, cpu["model_name"], nominal_hz=2.6e9)
+    assert peak is not None and info["flops_per_cycle"] == 1024
+    text = run_cli(["doctor", "--sysroot", str(tmp_path)]).stdout
+    assert "sapphirerapids (by features; family 6 model 167 says icelake)" in text
+
+
+# Synthetic masked samples: a recorded host's cpuinfo under another generation's model number, or a flag set from a
+# named document under a model the kernel gives an older generation.
+@pytest.mark.parametrize("fixture,fields,by_model", [
+    ("linux-centos7-cascadelake", {"model": 63}, "haswell"),        # intel-family.h HASWELL_X 0x3F
+    ("linux-centos7-cascadelake", {"model": 94}, "skylake"),        # intel-family.h SKYLAKE 0x5E (client)
+    ("linux-centos7-cascadelake", {"stepping": 4}, "skylake_avx512"),  # SDM Vol. 4 table 2-1: 0x55 stepping 4
+])
+def test_a_recorded_host_under_an_older_model_is_named_by_its_flags(tmp_path, fixture, fields, by_model):
+    write(tmp_path, "/proc/cpuinfo", _masked((CPUINFO / fixture).read_text(), **fields))
+    rep, _ = run_json(["doctor", "--sysroot", str(tmp_path)], expect_rc=None)
+    cpu = rep["host"]["cpu"]
+    assert (cpu["microarchitecture"], cpu["microarchitecture_source"]) == ("cascadelake", "features")
+    assert cpu["microarchitecture_by_model"] == by_model
+    assert any(f["id"] == "microarchitecture-from-flags" and "avx512_vnni" in f["message"] for f in rep["findings"])
+
+
+# Flag sets: ZEN4 above (archspec-json microarchitectures.json zen4, Linux spelling); Cooper Lake and Sapphire
+# Rapids from Intel's ISA extensions reference (AVX512_BF16; AMX-TILE/BF16/INT8, AVX512-FP16, AVX-VNNI) as
+# tests/test_probe.py builds them.
+_SKX = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "clwb", "lm"]
+_SPR = _SKX + ["avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
+
+
+@pytest.mark.parametrize("vendor,family,model,stepping,flags,name,by_model", [
+    ("AuthenticAMD", 0x17, 0x31, 0, ZEN4, "zen4", "zen2"),    # Zen 4 flags under Rome's model (amd.c 0x30-0x4f)
+    ("AuthenticAMD", 0x19, 0x01, 0, ZEN4, "zen4", "zen3"),    # ... under Milan's (amd.c 0x00-0x0f)
+    ("GenuineIntel", 6, 0x55, 7, _SKX + ["avx512_vnni", "avx512_bf16"], "cooperlake", "cascadelake"),
+    ("GenuineIntel", 6, 0x6A, 6, _SPR, "sapphirerapids", "icelake"),   # Ice Lake-SP's model
+])
+def test_flags_of_a_newer_generation_overrule_the_model(vendor, family, model, stepping, flags, name, by_model):
+    named = identify_x86(vendor, family, model, stepping, tuple(flags))
+    assert (named.name, named.how, named.by_model) == (name, "features", by_model)
+    assert named.beyond_model and all(f.startswith(("avx512", "amx_")) for f in named.beyond_model)
+
+
+CLIENT = ["avx2", "fma", "bmi1", "bmi2", "movbe", "abm", "avx", "f16c", "avx_vnni", "gfni", "vaes", "serialize", "lm"]
+
+
+@pytest.mark.parametrize("family,model,flags,name", [
+    (6, 0xCF, _SPR, "emeraldrapids"),     # the same flags as Sapphire Rapids: the model tells them apart
+    (6, 0xAD, _SPR, "graniterapids"),
+    (6, 0x97, CLIENT + ["movdiri"], "alderlake"),   # a newer client row's movdiri is no vector extension
+    (6, 0x97, CLIENT + ["movdiri"] + _SPR[2:7] + ["avx512_vnni", "avx512_bf16", "avx512_fp16"], "alderlake"),
+    (6, 0x6A, _SKX + sorted(ARCHSPEC_VECTOR["icelake"]) + ["gfni", "vaes", "vpclmulqdq"], "icelake"),
+])
+def test_flags_that_allow_nothing_newer_keep_the_models_name(family, model, flags, name):
+    assert identify_x86("GenuineIntel", family, model, 0, tuple(flags)) == (name, "model", None, ())
 
 
 # --------------------------------------------------------------------------- Arm and POWER dtype evidence

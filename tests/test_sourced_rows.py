@@ -15,8 +15,12 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import recommend
 from cpuperf.decide.workload import PRESETS
 from cpuperf.knowledge.cpu_peaks import boost_row, hardware_peak, peak_data
+from cpuperf.knowledge.hf_flags import sharding_form
 from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.knowledge.resolve import resolve
 from cpuperf.probe import probe_host
+from cpuperf.train.loop import peak_tflops
+from cpuperf.train.settings import TrainSettings
 
 SPR = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
        "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
@@ -48,6 +52,112 @@ def test_the_onednn_fp32_precision_attribute_first_ships_in_torch_2_9(tmp_path):
         facts = probe_host(sysroot=str(make_host(tmp_path / torch, flags=SPR, model=143)), environ=env)
         mode = recommend(facts, PRESETS["tiny"]).levers.fp32_math_mode  # changes fp32 results: offered, never a default
         assert mode.value is None and ("--set fp32_math_mode=bf16 applies it" in mode.reason) == offered, torch
+
+
+@pytest.mark.parametrize("card, dtype, tf32, tflops", [
+    ("NVIDIA H200 NVL", "bf16", False, 835.5), ("NVIDIA H200 NVL", "fp16", False, 835.5),
+    ("NVIDIA H200 NVL", "fp32", True, 417.5), ("NVIDIA H200 NVL", "fp32", False, 60.0),
+    ("NVIDIA H200", "bf16", False, 989.4), ("NVIDIA H200", "fp32", True, 494.7),
+])
+def test_the_h200_nvl_has_its_own_mfu_denominator(card, dtype, tf32, tflops):
+    """NVIDIA's H200 datasheet lists the NVL card apart: BF16/FP16 1,671, TF32 835 TFLOPS with sparsity, FP32 60
+    (the SXM module: 1,979 / 989 / 67). It matched '\\bH200\\b' and took the SXM figures, so the worker's MFU on an
+    H200 NVL read 835.5 / 989.4 = 84% of the true value. The worker's own denominator, for the math it runs."""
+    settings = TrainSettings(device="cuda", dtype=dtype, tf32=tf32)
+    peak = peak_tflops(settings, f"cuda:0 ({card})", dtype if dtype != "fp32" else None)
+    assert peak is not None and peak.tflops == tflops
+    assert ("H200 NVL column" in peak.source) is card.endswith("NVL")
+
+
+@pytest.mark.parametrize("version, has_315", [("2.13.0", False), ("2.14.0", False), ("2.14.1", False), ("2.15.0", True)])
+def test_python_3_15_wheels_are_the_registrys_not_release_mds(version, has_315):
+    """pytorch/pytorch RELEASE.md lists 3.15 / 3.15t as experimental for torch 2.13 and 2.14, but the registry's simple
+    index (re-read 2026-11-28, identical to tests/fixtures/regen/torch_wheels.txt) holds cp315 wheels from 2.15.0
+    only. The python column follows the wheels pip can install, so a 3.15 interpreter gets 2.15.0 and a pinned
+    2.14.1 is refused with the reason, not planned into a pip failure."""
+    m = load_matrix()
+    row = m.torch_release(Version(version))
+    for platform in ("linux_x86_64", "linux_aarch64"):
+        pys = row.pythons(platform)
+        assert "3.14" in pys and "3.14t" in pys
+        assert ("3.15" in pys) is ("3.15t" in pys) is has_315, (version, platform, sorted(pys))
+    if not has_315:
+        assert "RELEASE.md" in row.reason and "cp315" in row.reason
+        res = resolve("3.15", version, matrix=m)
+        assert res.torch is None and "Python 3.15" in [r.reason for r in res.rejected if r.package == "torch"][0]
+    assert resolve("3.15", None, matrix=m).torch == "2.15.0"
+
+
+def _fsdp_string_row():
+    (row,) = [r for r in load_matrix().hf if r.package == "transformers" and r.name == "fsdp"]
+    return row
+
+
+@pytest.mark.parametrize("version, form", [
+    ("4.18.0", None), ("4.19.0", "value"), ("5.9.0", "value"), ("5.10.0", "switch"), ("5.19.0", "switch"),
+    ("5.20.0", "switch"), ("5.21.0", "switch"), ("5.22.0", "switch"), ("5.23.0", "switch"), ("5.24.0", "switch"),
+])
+def test_the_fsdp_string_form_per_transformers_release(version, form):
+    """A 5.x training_args.py warns that the --fsdp string 'will be removed in v5.20', but the wheels of 5.19.0-5.24.0
+    all still declare fsdp as a str with nargs='?' and translate the string (warning only). The row keeps it
+    deprecated from 5.10.0 and not removed; cpuperf gives the bare --fsdp switch with --fsdp_config wherever it
+    exists (5.10 on) and the string only to 4.19-5.9, where it is the one form."""
+    row, v = _fsdp_string_row(), Version(version)
+    assert sharding_form(version)["fsdp"] == form
+    assert row.valid_in(v) is (form is not None)  # parsed wherever FSDP exists, 5.20-5.24 included
+    assert (row.deprecated is not None and v >= row.deprecated) is (form == "switch")
+    assert row.removed is None and "5.24.0" in row.source and "5.20.0" in row.reason
+
+
+@pytest.mark.full  # imports transformers (and torch) into the test interpreter
+def test_the_installed_trainer_parses_the_fsdp_string_as_the_row_says(tmp_path):
+    """The real consumer: the installed transformers' own argument parser takes the string form exactly where the row
+    says it is still parsed (a removal in a newer release would fail here until the row says so)."""
+    transformers = pytest.importorskip("transformers")
+    installed = Version(transformers.__version__)
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "--fsdp", "full_shard auto_wrap offload"]
+    if not _fsdp_string_row().valid_in(installed):
+        with pytest.raises((SystemExit, ValueError)):
+            parser.parse_args_into_dataclasses(args=argv)
+        return
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    assert args.fsdp
+    if installed >= Version("5.10.0"):  # the string is translated into the switch and its config
+        assert args.fsdp is True and args.fsdp_config.get("cpu_offload") is True
+
+
+GA_DRIVERS = {"cu102": "440.33", "cu111": "455.23", "cu113": "465.19.01", "cu115": "495.29.05", "cu116": "510.39.01",
+              "cu117": "515.43.04", "cu118": "520.61.05", "cu121": "530.30.02", "cu124": "550.54.14",
+              "cu126": "560.28.03", "cu128": "570.26", "cu129": "575.51.03", "cu130": "580.65.06", "cu132": "595.45.04"}
+
+
+def test_every_cuda_driver_row_cites_table_3_or_the_ga_installer():
+    """The rows reasoned 'unverified (from memory)' match the CUDA release notes' Table 3 (audit of issue 55); the
+    three it found no source for, cu117/cu121/cu126, are the drivers NVIDIA's GA local installers name
+    (cuda_11.7.0_515.43.04_linux.run, cuda_12.1.0_530.30.02_linux.run, cuda_12.6.0_560.28.03_linux.run), and
+    cu132's empty toolkit driver is its installer's 595.45.04. Each row says which of those it rests on."""
+    m = load_matrix()
+    assert {v.tag: v.toolkit_driver_linux for v in m.cuda} == GA_DRIVERS
+    for v in m.cuda:
+        assert "memory" not in v.reason and "unverified" not in v.reason, v.tag
+        assert "Table 3" in v.source or f"cuda_{v.cuda}.0_{v.toolkit_driver_linux}_linux.run" in v.source, v.tag
+        assert "minor-version-compatibility" in v.source, v.tag  # the floor's source
+    for tag in ("cu117", "cu121", "cu126", "cu132"):
+        v = next(r for r in m.cuda if r.tag == tag)
+        assert f"cuda_{v.cuda}.0_{v.toolkit_driver_linux}_linux.run" in v.source
+
+
+def test_a_driver_below_cuda_13_2s_own_is_told_ptx_jit_is_unavailable():
+    """cu132's toolkit driver was empty, so every 13.x driver counted as cu132's own; 580 runs it by minor-version
+    compatibility, without PTX JIT of newer code below 595.45.04."""
+    from cpuperf.knowledge.cuda import cuda_tag_for_driver
+
+    variants = load_matrix().cuda
+    tag, why = cuda_tag_for_driver("580.65.06", ["cu130", "cu132"], variants)
+    assert tag == "cu132" and "PTX JIT of newer code needs 595.45.04" in why
+    tag, why = cuda_tag_for_driver("595.45.04", ["cu130", "cu132"], variants)
+    assert tag == "cu132" and "PTX" not in why
 
 
 def test_ipex_retirement_was_announced_in_issue_867_on_2025_10_10():
@@ -84,8 +194,9 @@ def test_ampere_altra_and_panther_lake_clocks():
 
 
 @pytest.mark.parametrize("micro, kind, what", [
-    ("lunarlake", "boost_clock", "Lunar Lake"), ("neoverse_v1", "boost_clock", "Graviton3"),
-    ("neoverse_v2", "boost_clock", "Graviton4 and NVIDIA Grace"), ("power10", "flops_per_cycle", "POWER10"),
+    ("lunarlake", "boost_clock", "Lunar Lake"), ("neoverse_v1", "boost_clock", "Neoverse V1 whose model name"),
+    ("neoverse_v2", "boost_clock", "NVIDIA Grace"), ("emeraldrapids", "boost_clock", "Emerald Rapids"),
+    ("power10", "flops_per_cycle", "POWER10"),
     ("zen6", "flops_per_cycle", "Zen 6"), ("novalake", "flops_per_cycle", "Nova Lake"),
     ("novalake", "boost_clock", "Nova Lake"),
 ])
@@ -119,7 +230,50 @@ def test_doctor_prints_the_clock_rows_and_names_the_unsourced(tmp_path):
     text = _doctor(lnl)
     assert "unsourced: Lunar Lake" in text and "cpu-data-unsourced" in text
     text = _doctor(make_arm_host(tmp_path / "v2", "neoverse_v2"))
-    assert "unsourced: AWS Graviton4 and NVIDIA Grace clocks" in text
+    assert "unsourced: NVIDIA Grace highest rated clock" in text
+
+
+def test_doctor_names_emerald_rapids_clock_as_unsourced(tmp_path):
+    """Family 6 model 207 had neither a [[boost]] row nor an [[unsourced]] entry, so doctor said only 'no row' and
+    nothing of the gap: ark.intel.com and Intel's 5th-gen launch table are not reachable here (the articles found
+    give 'up to 4.1 GHz' with no table of parts). A Xeon guest like the recorded H100 host (its model name masked
+    to 'Intel(R) Xeon(R) Processor', measured 2.10 GHz) now gets the gap named, and no boost guessed."""
+    emr = make_host(tmp_path / "emr", flags=SPR, model=207, name="Intel(R) Xeon(R) Processor")
+    rep, _ = run_json(["doctor", "--sysroot", str(emr)], expect_rc=None)
+    assert rep["host"]["cpu"]["microarchitecture"] == "emeraldrapids"
+    text = _doctor(emr)
+    assert "unsourced: Emerald Rapids (Xeon 5th gen) highest rated boost clock" in text and "cpu-data-unsourced" in text
+    assert boost_row("emeraldrapids", "Intel(R) Xeon(R) Platinum 8592+") is None
+
+
+@pytest.mark.parametrize("micro, name, ghz", [
+    ("neoverse_v2", "AWS Graviton4 Processor", 2.8), ("neoverse_v2", None, None), ("neoverse_v2", "NVIDIA Grace", None),
+    ("neoverse_v1", "AWS Graviton3 Processor", 2.6), ("neoverse_v1", None, None),
+    ("neoverse_n1", "AWS Graviton2 Processor", 2.5), ("neoverse_n1", None, 3.3),  # unnamed: Altra's bound stands
+    ("neoverse_n1", "Ampere(R) Altra(R) Max Processor M128-30", 3.0),
+])
+def test_graviton_clocks_apply_to_the_graviton_named_only(micro, name, ghz):
+    """aws/aws-graviton-getting-started README, 'Building for Graviton': Graviton2 2500 MHz, Graviton3(E) 2600 MHz,
+    Graviton4 2800 MHz (2700 on the 48xlarge), no turbo. Graviton4 shares Neoverse V2 with NVIDIA Grace (and
+    Graviton2 N1 with Ampere Altra), and an Arm /proc/cpuinfo names no part: a row applies only where the model name
+    says Graviton, and an unnamed V2 keeps Grace's gap named instead of taking Graviton4's clock."""
+    row = boost_row(micro, name)
+    assert (row and row["ghz"]) == ghz
+    assert row is None or ("Graviton" in row["part"]) is ("Graviton" in (name or ""))
+    assert row is None or "Graviton" not in row["part"] or "aws-graviton-getting-started" in row["source"]
+    gap = [g for g in peak_data(micro, name)["unsourced"] if g["kind"] == "boost_clock"]
+    assert bool(gap) is (row is None)  # a clock, or its gap said: never neither
+    if micro == "neoverse_v2" and row is None:
+        assert "NVIDIA Grace" in gap[0]["what"]
+
+
+def test_a_graviton4_guest_takes_its_fixed_clock_as_the_peak():
+    """On a guest the clocks read are the host's TSC: the generation's rated clock is used, here the fixed 2.8 GHz."""
+    peak, info = hardware_peak("neoverse_v2", "fp32", 4, "AWS Graviton4 Processor", 1.0e9, None, guest=True)
+    assert peak is not None and info["clock_used"] == "boost" and info["clock_used_ghz"] == 2.8
+    assert peak.tflops == round(4 * 32 * 2.8e9 / 1e12, 4)
+    peak, info = hardware_peak("neoverse_v2", "fp32", 4, None, 1.0e9, None, guest=True)  # a Grace, or unnamed
+    assert peak is not None and info["clock_used"] == "nominal"
 
 
 @pytest.mark.parametrize("kind, native", [("neoverse_v1", True), ("neoverse_v2", True), ("neoverse_n1", False)])

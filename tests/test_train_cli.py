@@ -59,6 +59,13 @@ def test_human_summary() -> None:
                   "amp": {"dtype": "fp16", "autocast": True, "grad_scaler": True},
                   "batch_trial": {"adjusted": True, "planned_batch": 64, "batch": 24, "grad_accum_steps": 3}})
     assert "attention mem_efficient, fp16 autocast + GradScaler, batch 64 -> 24 x 3 (trial step)" in gpu
+    peak = _human({"status": "completed", "steps": 3, "train_s": 1.0, "world_size": 1,
+                   "device": "cuda:0 (NVIDIA H100 80GB HBM3)", "loss_first": 6.6, "loss_last": 5.0, "eval_loss": None,
+                   "samples_per_s": 10.0, "tokens_per_s": 1280.0, "warmup_s": 0.5, "mfu": 0.25,
+                   "metrics_file": "m", "checkpoint": "c",
+                   "gpu_memory": {"max_allocated_bytes": 38054211584, "max_reserved_bytes": 39965179904,
+                                  "batch_size": 8}})
+    assert "GPU memory peak 35.4 GiB allocated, 37.2 GiB reserved" in peak
 
 
 def test_importing_the_package_does_not_import_torch() -> None:

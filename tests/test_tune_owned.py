@@ -166,7 +166,7 @@ def test_the_key_is_the_exact_argument_list_and_the_script(tmp_path):
 @pytest.mark.full  # a real tuning run
 def test_an_auto_run_says_which_tuning_it_used(tmp_path):
     """The fake reports steady figures: a tuning of several settings is saved, and the next --auto plan names it
-    (a loaded host may make it too noisy to use: then the plan says that instead)."""
+    (each lever as judged: a lever a loaded host left undecided is the rule's, and named, the others stand)."""
     proc, _, tag = _tune(tmp_path, "ok", 60.0)
     assert _gone(tag)
     env = _env(tmp_path, "ok", tag)
@@ -175,7 +175,7 @@ def test_an_auto_run_says_which_tuning_it_used(tmp_path):
     assert plan.returncode == 0, plan.stderr[-2000:]
     said = plan.stdout + plan.stderr
     if proc.returncode == 0:
-        assert "the tuning of this command from" in said or "is not used: its repeats spread" in said, said[-3000:]
+        assert "the tuning of this command from" in said, said[-3000:]
     else:  # the budget compared nothing on a loaded host: refused, and the plan says none is cached
         assert "not saved as a tuning" in proc.stderr
         assert "no tuning of this command is cached" in said

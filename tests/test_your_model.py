@@ -250,9 +250,13 @@ def test_cpu_hosts_1b_fits_each_numa_node_or_exits_3(place, trainer_parser, node
         for file, content in (plan["hf_flags"].get("files") or {}).items():
             os.makedirs(os.path.dirname(file), exist_ok=True)
             Path(file).write_text(json.dumps(content))
-        trainer_parser.parse_args(argv)
-        assert not set(plan["hf_flags"]["added"]) & set(CHANGES_THE_MATH)
-        job = _job_from(argv, world, "--bf16" in argv, 2, place["root"])
+        ns = trainer_parser.parse_args(argv)
+        # the math is the user's: the only batch flags are those that keep the one process's global batch of 2
+        # over the ranks (issue 51), and nothing else that changes it
+        keeps_batch = {"--per_device_train_batch_size", "--gradient_accumulation_steps"}
+        assert not set(plan["hf_flags"]["added"]) & (set(CHANGES_THE_MATH) - keeps_batch)
+        assert world * ns.per_device_train_batch_size * ns.gradient_accumulation_steps == 2
+        job = _job_from(argv, world, "--bf16" in argv, ns.per_device_train_batch_size, place["root"])
     device, _ = estimate(cfg, job)
     assert device * ranks_per_node <= node_bytes, (device / GiB, node_gib)
 

@@ -65,7 +65,9 @@ def _section(title: str) -> Table:
 def _cpu_section(cpu: Dict[str, Any]) -> Table:
     t = _section("CPU")
     t.add_row("model", f"{cpu['model_name'] or '?'} ({cpu['vendor'] or '?'}, {cpu['arch']})")
-    t.add_row("microarchitecture", f"{cpu['microarchitecture']} (by {cpu['microarchitecture_source']})")
+    by_model = cpu.get("microarchitecture_by_model")
+    t.add_row("microarchitecture", f"{cpu['microarchitecture']} (by {cpu['microarchitecture_source']}"
+              + (f"; family {cpu['family']} model {cpu['model']} says {by_model})" if by_model else ")"))
     t.add_row("ISA", " ".join(cpu["isa"]) or "-")
     t.add_row("bf16 native", "yes" if cpu["bf16_native"] else "no")
     data = cpu.get("peak_data") or {}

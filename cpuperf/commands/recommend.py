@@ -38,7 +38,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     if adapt_to_load:
         facts = with_load(facts)
     # The built-in run length (train's default --max-steps) unless given: every command plans the same job.
-    workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps)
+    workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps, host=facts)
     hosts = read_hostfile(hostfile) if hostfile else None
     overrides: Dict[str, Any] = {}
     if config:
@@ -350,9 +350,11 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
         raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
                          hint=f"choose 1..{usable}")
     _writable_dir(measure.cache_dir())  # before minutes of measuring, not after
-    workload = resolve_workload(model)
+    workload = resolve_workload(model, host=facts)  # train --auto's model where none is named
     cached, path = measure.read_cached(facts)
     usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
+    again = measure.disturbed(cached) if cached is not None and usable else None
+    flags = flags + ([again] if again else [])
     fresh = cached is not None and usable and not flags and not refresh
     if fresh and compile and model_key(workload) not in (cached or {}).get("compile_by_model", {}):
         # The rest is cached and trusted: only this model's torch.compile cost and gain are measured.
@@ -368,9 +370,9 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
             out.info(f"measuring again: the cached one is {'; '.join(flags)}")
         out.info(f"measuring on {threads} thread(s): bf16/fp32 GEMM" + (", allocators" if allocators else "")
                  + (", torch.compile (slow)" if compile else "") + ", side by side ...")
-        results = measure.run_micro(facts, threads, allocators=allocators, compile=compile, seconds=seconds, size=size,
-                                    workload=workload, log=out.teller("cpuperf bench: "))
-        path = measure.save(facts, results)
+        results, path = measure.measure_and_save(facts, threads, tries=0 if refresh else measure.tries_before(cached),
+                                                 log=out.teller("cpuperf bench: "), allocators=allocators,
+                                                 compile=compile, seconds=seconds, size=size, workload=workload)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
     results["trusted"] = not flags
@@ -395,7 +397,7 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
 
     facts = probe_host()
     _writable_dir(measure.cache_dir())
-    workload = resolve_workload(model, None, None, None, 400)
+    workload = resolve_workload(model, None, None, None, 400, host=facts)
     meas = measure.load_cached(facts)
     key = shape_key(workload)
     cached = meas.tuned_by_shape.get(key) if meas is not None else None
@@ -448,8 +450,11 @@ def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
         rounds = [x for x in r.get("rounds") or [] if isinstance(x, (int, float))] if isinstance(r, dict) else []
         if not rounds:
             continue
+        v = r.get("verdict") or {}
+        judged = (f"; interval {v['low']:.2f}-{v['high']:.2f} against {v['bar']:.2f}: {v['outcome']}"
+                  if {"low", "high", "bar", "outcome"} <= set(v) else "")
         lines.append(f"{r.get('name')}: {statistics.median(rounds):.2f}x ({min(rounds):.2f}-{max(rounds):.2f} over "
-                     f"{len(rounds)} rounds)" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
+                     f"{len(rounds)} rounds{judged})" + ("" if r.get("decided") else ": too noisy to decide, the rule decides"))
     load = results.get("load") or {}
     if load.get("figure"):
         lines.append(f"load around it: {load['figure']}")

@@ -74,7 +74,8 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     decided, worker = split_constraints(o.sets, o.batch_size, given.user_argv)
     nproc = o.nproc_per_node or o.ppn
     check_own_launcher(given.user_argv, nproc, given.launcher)
-    return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc)
+    return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc,
+                               global_batch=o.batch_size if not given.user_argv else None)
 
 
 def _say(msg: str) -> None:
@@ -126,8 +127,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
                     else from_script(found))
     else:  # the batch you set is the workload's: the shape a tuning is cached and looked up for (shape_key)
-        batch = request.decided.get("batch_size")
-        workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps)
+        batch = request.global_batch or request.decided.get("batch_size")
+        workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps,
+                                    host=facts)
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None
     threads = plan_placement(facts).threads_per_rank if real_auto else None
@@ -187,13 +189,32 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
                   "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes)}
+                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
+                  "global_batch": _global_batch(jp)}
         if out.json_mode:
             out.json(result)
         else:
             _print_plan(out, jp)
         return 0
     return _execute(out, request, jp, launch)
+
+
+def _global_batch(jp: JobPlan) -> Optional[Dict[str, Any]]:
+    """The job's global batch as planned (world x per-device x accumulation) where the plan knows it, with how the
+    ranks share it; None where the batch is the command's own code's."""
+    rec = jp.rec
+    if rec.split is not None:
+        return rec.split.to_json()
+    dp = rec.workload.parallel
+    if dp.kind == "builtin" and jp.settings is not None:
+        per, acc = int(jp.settings.get("batch_size") or 0), int(jp.settings.get("grad_accum_steps") or 1)
+        return {"ranks": rec.levers.world, "global_batch": rec.levers.world * per * acc,
+                "after": {"per_device": per, "grad_accum": acc, "processes": rec.levers.world}}
+    if dp.global_batch is None:
+        return None
+    return {"ranks": rec.levers.world, "global_batch": rec.levers.world * dp.global_batch,
+            "after": {"per_device": dp.per_device, "grad_accum": dp.grad_accum, "processes": rec.levers.world,
+                      "from": dp.where}}
 
 
 def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
@@ -305,6 +326,10 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     for w in warnings:
         out.warn(w)
     verification = {"ranks": [o.to_json() for o in observed], "warnings": warnings, "worker_runtime": runtime}
+    failed = _check_global_batch(out, jp, observed, verification, launch) \
+        if user and res.code == 0 and not res.interrupted else None
+    if failed is not None:
+        return failed
     ckpt = os.path.join(jp.request.out_dir, "checkpoint.pt")
     has_ckpt = not user and os.path.isfile(ckpt)
     if res.interrupted:
@@ -333,6 +358,28 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         if not user:
             out.product(_human(result))
     return 0
+
+
+def _check_global_batch(out: Output, jp: JobPlan, observed: List[Any], verification: Dict[str, Any],
+                        launch: Dict[str, Any]) -> Optional[int]:
+    """The global batch the ranks trained, read back from them and said (and put in `verification`); a mismatch
+    with the plan is an error, its exit code returned (issue 51: splitting a job into ranks keeps its global batch)."""
+    from cpuperf.plan.user_script import batch_ran
+
+    ran, mismatch = batch_ran(jp.rec, observed)
+    if ran is not None:
+        verification["global_batch"] = ran.to_json()
+        out.info(f"cpuperf train: the ranks trained {ran.world_size} rank(s) x {ran.per_device} per device x "
+                 f"{ran.grad_accum} accumulation = global batch {ran.global_batch} (planned {ran.planned}; read from "
+                 f"{ran.ranks_read} rank(s)' own environment and command line)")
+    if mismatch is None:
+        return None
+    fix = "the job changed its math: report it with the plan (cpuperf train --dry-run --json)"
+    out.error(mismatch, fix)
+    if out.json_mode:
+        out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "found_error", "message": mismatch,
+                            "hint": fix}, "launch": launch, "verification": verification})
+    return int(ExitCode.FOUND_ERROR)
 
 
 def _write_config_files(files: Tuple[Tuple[str, str], ...]) -> None:
@@ -401,7 +448,13 @@ def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, Any]]]:
 def _lever_lines(jp: JobPlan) -> List[str]:
     from cpuperf.plan.applied import report_lines
 
-    return ["lever " + line for line in report_lines(_lever_report(jp))]
+    return ["lever " + line for line in (*_model_line(jp), *report_lines(_lever_report(jp)))]
+
+
+def _model_line(jp: JobPlan) -> List[str]:
+    """The built-in model the host chose (no --model), as the worker gets it: said with the levers it shows."""
+    why, preset = jp.rec.workload.why, (jp.settings or {}).get("preset")
+    return [f"applied: model={preset} (worker setting preset={preset}; {why})"] if why and preset else []
 
 
 def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
@@ -448,6 +501,11 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
         raise LaunchFailedError("the training run ended without a summary in its metrics file",
                                 hint=f"see the logs under {plan.log_dir}")
     summary = {k: val for k, val in summary.items() if k != "type"}
+    if summary.get("gpu_memory") and jp.request.auto:  # the plan's figure beside the real peak
+        from cpuperf.decide.memory import planned_peak
+
+        mem = summary["gpu_memory"]
+        summary["gpu_memory"] = planned_peak(jp.rec.levers.batch_size.evidence, int(mem.get("batch_size") or 0), mem)
     return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "levers": _levers(jp),
             "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
@@ -516,7 +574,20 @@ def _human(r: Dict[str, Any]) -> str:
             f"loss {f(r.get('loss_first'), '.4f')} -> {f(r.get('loss_last'), '.4f')}, "
             f"{f(r.get('samples_per_s'), '.1f')} samples/s, {f(r.get('tokens_per_s'), '.0f')} tokens/s, "
             f"wall {r['wall_s']:.1f} s\n"
-            f"metrics {r.get('metrics_file')}\ncheckpoint {r.get('checkpoint')}")
+            f"metrics {r.get('metrics_file')}\ncheckpoint {r.get('checkpoint')}" + _memory_line(r.get("gpu_memory")))
+
+
+def _memory_line(mem: Optional[Dict[str, Any]]) -> str:
+    """'GPU memory (rank 0): peak 35.4 GiB allocated, 37.2 GiB reserved; planned 39.0 GiB (1.10x allocated)'."""
+    if not mem or "max_allocated_bytes" not in mem:
+        return ""
+    line = (f"\nGPU memory (rank 0): peak {mem['max_allocated_bytes'] / 2**30:.1f} GiB allocated, "
+            f"{mem['max_reserved_bytes'] / 2**30:.1f} GiB reserved")
+    if mem.get("planned_bytes") is not None:
+        line += f"; planned {mem['planned_bytes'] / 2**30:.1f} GiB"
+        if mem.get("planned_over_allocated") is not None:
+            line += f" ({mem['planned_over_allocated']:.2f}x allocated)"
+    return line
 
 
 def _print_plan(out: Output, jp: JobPlan) -> None:
@@ -542,6 +613,8 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     # Ranks given thread counts but no CPUs: the plan decided against pinning, and says why.
     if len(plan.per_rank) > 1 and any(s.threads for s in plan.per_rank) and not any(s.cpus for s in plan.per_rank):
         shown = (*shown, "affinity")
+    if jp.settings is not None and jp.rec.workload.why:  # the built-in model, where the host chose it
+        lines.append(f"# model = {jp.settings.get('preset')}: {jp.rec.workload.why}")
     for d in jp.decisions:
         if d["overridden"] or d["id"] in shown or str(d["reason"]).startswith("tuned "):
             lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")

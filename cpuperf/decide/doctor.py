@@ -11,7 +11,7 @@ from cpuperf.decide.load import check_load
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations
 from cpuperf.knowledge.gpu import visible_gpus
-from cpuperf.probe.facts import HostFacts, PackageInfo, allocator_names
+from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, allocator_names
 from cpuperf.versions import base_or_none, major_minor
 
 SCHEMA = "cpuperf.doctor/1"
@@ -35,6 +35,16 @@ def check_platform(facts: HostFacts) -> List[Finding]:
         return []
     return [Finding("unsupported-platform", "error",
                     f"cpuperf serves Linux hosts; this is {facts.platform}", None)]
+
+
+def _flags_overrule_model(cpu: CpuFacts) -> Finding:
+    """The model number names one generation, the flags show a newer one's vector extensions: the flags win."""
+    return Finding(
+        "microarchitecture-from-flags", "info",
+        f"the CPU reports family {cpu.family} model {cpu.model} ({cpu.model_microarchitecture} in the kernel's "
+        f"table), but its flags show {', '.join(cpu.beyond_model)}, which {cpu.model_microarchitecture} does not "
+        f"have: named {cpu.microarchitecture} by its flags (a hypervisor may report another model number), and "
+        f"its peak and decisions are {cpu.microarchitecture}'s", None)
 
 
 def check_cpu(facts: HostFacts) -> List[Finding]:
@@ -62,6 +72,8 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
             "the CPU has AMX but the kernel refused tile state to this process (arch_prctl "
             "ARCH_REQ_XCOMP_PERM); AMX kernels will crash or be skipped",
             "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
+    if cpu.model_microarchitecture:
+        out.append(_flags_overrule_model(cpu))
     named = cpu.model_name or cpu.vendor or "unknown"
     if cpu.microarchitecture in ("unknown", "x86_64", "x86_64_v2", "x86_64_v3", "x86_64_v4", "aarch64"):
         out.append(Finding("unknown-microarchitecture", "info",
@@ -315,6 +327,7 @@ def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
                 "family": cpu.family, "model": cpu.model, "stepping": cpu.stepping,
                 "microarchitecture": cpu.microarchitecture,
                 "microarchitecture_source": cpu.microarchitecture_source,
+                "microarchitecture_by_model": cpu.model_microarchitecture,
                 "isa": list(cpu.isa), "bf16_native": bf16_native(facts),
                 "peak_data": peak_data(cpu.microarchitecture, cpu.model_name),
                 "amx": {"supported": cpu.amx_supported, "usable": cpu.amx_usable},

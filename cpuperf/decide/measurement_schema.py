@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf import readback as rb
+from cpuperf.decide.judge import FIGURE_MAX
 
 
 def _timestamp(v: Any) -> Optional[str]:
@@ -35,10 +36,20 @@ COMPILED = rb.record({"compile_seconds": rb.positive(), "speedup": rb.positive(1
                       "batch": rb.positive(), "model": rb.text(256), "threads": rb.count()},
                      required=("compile_seconds", "speedup", "step_seconds", "batch"))
 RATIO = rb.positive(1e6)
+# A comparison judged (cpuperf.decide.judge.Verdict.to_json): its ratio, interval, bar, how many, the outcome.
+_FIGURE = rb.number(0, FIGURE_MAX)
+VERDICT = {"ratio": _FIGURE, "low": _FIGURE, "high": _FIGURE, "bar": _FIGURE, "n": rb.count(0)}
 # A ratio measured side by side (cpuperf.decide.ratios.Ratio.to_json), and why one did not decide.
 ROUNDS = rb.record({"name": rb.text(256), "median": rb.number(0, 1e6), "rounds": rb.list_of(RATIO, 100000),
-                    "spread": rb.number(0, 1e6), "threshold": RATIO, "decided": rb.boolean},
+                    "spread": rb.number(0, 1e6), "threshold": RATIO, "decided": rb.boolean,
+                    "verdict": rb.record({**VERDICT, "outcome": rb.one_of("above", "below", "even", "undecided")},
+                                         required=tuple(VERDICT))},
                    required=("name", "rounds", "decided"))
+# Each lever of a tuning as judged (cpuperf.decide.tune.TuneResult.judged).
+JUDGED = rb.map_of(rb.record({**VERDICT, "outcome": rb.one_of("moved", "kept", "undecided"),
+                              "alternative": rb.text(256), "why": rb.text(512)},
+                             required=(*VERDICT, "outcome", "alternative")),
+                   rb.text(32))
 UNDECIDED = rb.map_of(rb.text(1000), rb.text(128))
 
 
@@ -68,7 +79,7 @@ def tuning() -> rb.Check:
                       "rounds": rb.count(0), "runs": rb.count(0), "measured_at": TIMESTAMP, "budget_s": rb.positive(),
                       "skipped": rb.map_of(rb.text(), rb.text(32)), "shape": rb.text(256),
                       "command": rb.list_of(rb.text(printable=False), 4096), "script_sha256": rb.nullable(rb.text(64)),
-                      "steps": rb.count(), "load": LOAD},
+                      "steps": rb.count(), "load": LOAD, "judged": JUDGED},
                      required=("best", "levers", "measured_at"))
 
 
@@ -105,7 +116,7 @@ def sanitized(data: Any, identity: bool = True) -> Tuple[Dict[str, Any], List[st
     scalars = {"schema": rb.text(64), "host_id": rb.text(64), "threads": rb.count(), "torch": rb.text(128),
                "gemm_fp32_gflops": rb.positive(), "gemm_bf16_gflops": rb.positive(), "gemm_fp16_gflops": rb.positive(),
                "gemm_size": rb.count(), "gemm_seconds": rb.positive(), "duration_s": rb.number(0, 1e9), "load": LOAD,
-               "method": rb.text(64), "undecided": UNDECIDED}
+               "method": rb.text(64), "undecided": UNDECIDED, "tries": rb.count()}
     out, notes = rb.pruned(data, scalars, "")
     for section, check in (("repeats", REPEAT), ("ratios", ROUNDS), ("compile_by_model", COMPILED), ("tuned_by_shape", tuning()),
                            ("tuned_by_command", tuning())):

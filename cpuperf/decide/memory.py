@@ -142,10 +142,12 @@ class MemoryPlan:
     batch_note: str = ""  # how the global batch is split, or why it could not be kept exactly
     tensor_core: str = ""  # the Tensor Core alignment of the batch's GEMMs (GPU), in words
     gathered_bytes: int = 0  # a sharded plan's working copy of the layer being computed
+    autocast_copy_bytes: int = 0  # autocast's 16-bit copies of the weights, kept for the backward
 
     @property
     def state_bytes(self) -> int:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.gathered_bytes
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.gathered_bytes \
+            + self.autocast_copy_bytes
 
     def per_rank_bytes(self) -> int:
         return self.state_bytes + self.per_rank_batch * self.activation_bytes_per_sample
@@ -154,7 +156,7 @@ class MemoryPlan:
         return {"budget_bytes": self.budget_bytes, "budget": self.budget, "node_budget_bytes": self.node_budget_bytes,
                 "ranks_per_numa_node": self.ranks_per_node, "weights_bytes": self.weights_bytes,
                 "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
-                "weights_grads_optimizer_bytes": self.state_bytes,
+                "weights_grads_optimizer_bytes": self.state_bytes, "autocast_copy_bytes": self.autocast_copy_bytes,
                 "activation_bytes_per_sample": self.activation_bytes_per_sample,
                 "activation_bytes_per_sample_no_checkpointing": self.activation_bytes_per_sample_no_ckpt,
                 "activation_bytes_per_sample_checkpointing": self.activation_bytes_per_sample_ckpt,
@@ -167,18 +169,55 @@ class MemoryPlan:
 
 def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, rule: Mapping[str, Any],
                                 fused_attention: bool = False) -> float:
-    """Korthikanti et al. 2022 eq. 1 per layer (16-bit; doubled in fp32) plus logits and their grad.
+    """Bytes the forward keeps for the backward, per sample: every layer's saved tensors, the final norm, the logits.
 
-    fused_attention: a flash or memory-efficient SDPA kernel never stores the T x T attention scores, so the
-    5*h*T/d term of eq. 1 (scores, softmax, dropout mask) is not kept (Dao et al. 2022, FlashAttention, sec. 3)."""
-    t, d, h, layers = w.seq_len, w.d_model, max(1, w.n_head), w.n_layer
-    attn = 0.0 if fused_attention else rule["activation_attn_coeff"] * h * t / d
-    per_layer_16bit: float = t * d * (rule["activation_coeff"] + attn)
-    scale = 2.0 if dtype == "fp32" else 1.0
+    A 16-bit dtype is autocast (fp32 weights, 16-bit matmuls); with checkpointing only each block's input is kept,
+    plus one block recomputed at a time. fused_attention: a flash or memory-efficient SDPA kernel keeps no T x T
+    scores (Dao et al. 2022, FlashAttention, sec. 3)."""
+    t, d = w.seq_len, w.d_model
+    a = 4 if dtype == "fp32" else 2  # bytes of what the matmuls read and write
+    per_token = _layer_bytes_per_token(w, a, fused_attention, rule)
+    norm_out = 4 * d * (2 if w.block == "llama" else 1) + a * d  # the final norm's saved input(s) and lm_head's input
+    # The logits in the matmul dtype, their fp32 copy for the loss (autocast only) and the log-softmax the loss keeps.
+    logits = t * w.vocab * (a + (4 if a < 4 else 0) + 4)
     if checkpointing:
-        # Only block inputs are kept, plus one block recomputed at a time.
-        return (layers * 2 * t * d * 2 + per_layer_16bit) * scale + t * w.vocab * 4
-    return layers * per_layer_16bit * scale + t * w.vocab * 4 * 2  # logits + their grad in fp32
+        return w.n_layer * 4 * d * t + per_token * t + norm_out * t + logits  # fp32 block inputs + one block
+    return w.n_layer * per_token * t + norm_out * t + logits
+
+
+def _layer_bytes_per_token(w: Workload, a: int, fused_attention: bool, rule: Mapping[str, Any]) -> float:
+    """What one block keeps for its backward, per token, in bytes (a: bytes of the matmul dtype, 2 under autocast).
+
+    Counted from the ops autograd saves (their derivative formulas, tools/autograd/derivatives.yaml): the residual
+    stream stays fp32 under autocast (the embedding and every residual add are fp32), so the block's input and the
+    residual after attention are 4 bytes an element, each kept by the norm that reads it; Hugging Face's RMSNorm
+    (Llama) runs in fp32 ops and keeps its normalised input too, where LayerNorm's kernel keeps only mean and rstd;
+    autocast caches the 16-bit copies of weights only (leaf tensors), so every projection reading a norm's output
+    casts and keeps its own copy (Llama: q, k, v and gate, up; the built-in block: one q/k/v and one MLP input), in
+    fp32 one copy serves them; attention keeps q, k, v and its output; the MLP keeps its hidden activations (GELU:
+    input and output; SwiGLU: gate, its SiLU, up and their product). Without a fused attention kernel the scores,
+    softmax and dropout mask of Korthikanti et al. 2022 eq. 1 (5 h T bytes at 16-bit) come on top."""
+    d = w.d_model
+    f = w.d_ff or 4 * d
+    kv = (w.kv_heads or w.n_head) * w.head_dim
+    llama = w.block == "llama"
+    residual = 2 * 4 * d
+    norms = 2 * 4 * d if llama else 0
+    readers = 5 if llama else 2
+    normed = readers * a * d if a < 4 else 2 * 4 * d
+    attention = a * (d + 2 * kv) + a * d
+    scores = 0.0 if fused_attention else rule["activation_attn_coeff"] * max(1, w.n_head) * w.seq_len * a / 2
+    mlp = (4 if llama else 2) * a * f
+    return residual + norms + normed + attention + scores + mlp
+
+
+def autocast_copy_bytes(w: Workload, dtype: str, sharded: bool) -> int:
+    """The 16-bit copies autocast makes of the matmul weights (all but the input embedding) and the backward keeps
+    until each layer's gradient is computed: 0 in fp32, and in a sharded plan (its gathered layer is in the compute
+    dtype already)."""
+    if dtype == "fp32" or sharded:
+        return 0
+    return 2 * max(0, w.params - w.vocab * w.d_model)
 
 
 def _ranks_per_node(placement: Placement) -> int:
@@ -275,8 +314,10 @@ class _Figures:
     act: Mapping[bool, int]
     rule: Mapping[str, Any]
 
-    def state(self, c: Candidate) -> Tuple[int, int, int, int]:
-        """(weights, grads, optimizer state, gathered working copy) on the device of one rank."""
+    def state(self, c: Candidate) -> Tuple[int, int, int, int, int]:
+        """(weights, grads, optimizer state, gathered working copy, autocast's 16-bit copies) on the device of one
+        rank. Gradients are counted as held at the activations' peak: a job that accumulates holds them through the
+        next forward (one that frees them each step, as the Trainer does, peaks up to 4 bytes a parameter lower)."""
         if c.offload:  # parameters, grads and optimizer state live in host RAM
             share = float("inf")
         else:
@@ -286,7 +327,7 @@ class _Figures:
         gathered = int(2 * self.w.params / max(1, self.w.n_layer) * (4 if self.dtype == "fp32" else 2)) \
             if c.sharding else 0
         return (int(self.w.params * 4 / share), int(self.w.params * 4 / share), int(self.w.params * opt / share),
-                gathered)
+                gathered, autocast_copy_bytes(self.w, self.dtype, bool(c.sharding)))
 
     def need(self, c: Candidate, batch: int) -> int:
         return sum(self.state(c)) + batch * self.act[c.checkpointing]
@@ -316,11 +357,11 @@ def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str,
 
     def make(c: Candidate, batch: int, fit: Optional[int], tried: List[Tuple[str, int]], accum: int,
              note: str) -> MemoryPlan:
-        weights, grads, opt, gathered = fig.state(c)
+        weights, grads, opt, gathered, copies = fig.state(c)
         tc = align.describe(batch) if align is not None else ""
         return MemoryPlan(budget, how, node_budget, _ranks_per_node(placement), weights, grads, opt,
                           act[c.checkpointing], act[False], act[True], c, why_opt, batch, fit, tuple(tried),
-                          accum, batch * accum * fig.world, note, tc, gathered)
+                          accum, batch * accum * fig.world, note, tc, gathered, copies)
 
     candidates = _candidates(optimizer, fig.world, on_gpu, ask)
     if not candidates:  # the levers you set leave no plan this job can run
@@ -505,6 +546,22 @@ def _would_fit(facts: HostFacts, fig: _Figures, split: _Split, budget: int, ask:
         options.append(ask.cannot_why)
     options.append("or a host with more " + ("GPU memory" if on_gpu else "memory") + " per rank")
     return "; ".join(options)
+
+
+def planned_peak(evidence: Mapping[str, Any], batch: int, measured: Mapping[str, Any]) -> Dict[str, Any]:
+    """The real peak a run reports (rank 0: torch.cuda.max_memory_allocated / max_memory_reserved) beside the plan's
+    figure for the batch that ran (its state plus that many samples' activations); the measured figures alone where
+    the plan has none."""
+    out = {k: measured[k] for k in ("max_allocated_bytes", "max_reserved_bytes", "batch_size") if k in measured}
+    state, per = evidence.get("weights_grads_optimizer_bytes"), evidence.get("activation_bytes_per_sample")
+    if isinstance(state, int) and isinstance(per, int) and batch >= 1:
+        planned = state + batch * per
+        out["planned_bytes"] = planned
+        for key in ("max_allocated_bytes", "max_reserved_bytes"):
+            real = measured.get(key)
+            if isinstance(real, int) and real > 0:
+                out["planned_over_" + key[4:-6]] = round(planned / real, 4)
+    return out
 
 
 def zero_config(plan: MemoryPlan, w: Workload, dtype: str) -> Optional[Dict[str, Any]]:

@@ -2,9 +2,10 @@
 
 Pure. A shared host's load falls on both runs of a round alike (they run back to back, in alternating order), so
 the ratio of a round holds where either figure alone would not (a busy 2-core host halved the fp32 GEMM rate from
-one second to the next). A ratio decides once it has `min_rounds` rounds and either all of them fall on one side of
-the value where the decision flips (bf16 at 1.0x fp32, an allocator at min_speedup) or they agree within
-`max_spread`; a ratio that has neither when the time budget ends is too noisy to decide, and the rule decides.
+one second to the next). Each round is a pair, judged by the one judgement (cpuperf.decide.judge.paired): a ratio
+decides once it has `min_rounds` rounds and its interval lies wholly on one side of the value where the decision
+flips (bf16 at 1.0x fp32, an allocator at min_speedup); one still undecided when the time budget ends is named, and
+the rule decides.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Tuple
+
+from cpuperf.decide.judge import Verdict, paired
 
 
 @dataclass(frozen=True)
@@ -35,12 +38,12 @@ class Ratio:
         med = self.median
         return (max(self.rounds) - min(self.rounds)) / med if len(self.rounds) > 1 and med > 0 else 0.0
 
-    def one_side(self) -> bool:
-        """Every round on the same side of the threshold: the decision is the same whichever round is believed."""
-        return all(r >= self.threshold for r in self.rounds) or all(r < self.threshold for r in self.rounds)
+    def verdict(self, min_rounds: int, confidence: float, resolution: float = 0.0) -> Verdict:
+        """The rounds as pairs against the threshold (cpuperf.decide.judge)."""
+        return paired(self.rounds, self.threshold, confidence, min_rounds, resolution)
 
-    def decided(self, min_rounds: int, max_spread: float) -> bool:
-        return len(self.rounds) >= min_rounds and (self.one_side() or self.spread <= max_spread)
+    def decided(self, min_rounds: int, confidence: float, resolution: float = 0.0) -> bool:
+        return self.verdict(min_rounds, confidence, resolution).decided
 
     def describe(self) -> str:
         """'0.91x (0.88-0.95 over 4 rounds)'."""
@@ -49,10 +52,11 @@ class Ratio:
         return (f"{self.median:.2f}x ({min(self.rounds):.2f}-{max(self.rounds):.2f} over {len(self.rounds)} "
                 f"round{'s' if len(self.rounds) != 1 else ''})")
 
-    def to_json(self, min_rounds: int, max_spread: float) -> Dict[str, Any]:
+    def to_json(self, min_rounds: int, confidence: float, resolution: float = 0.0) -> Dict[str, Any]:
+        v = self.verdict(min_rounds, confidence, resolution)
         return {"name": self.name, "median": round(self.median, 4), "rounds": [round(r, 4) for r in self.rounds],
-                "spread": round(self.spread, 4), "threshold": self.threshold,
-                "decided": self.decided(min_rounds, max_spread)}
+                "spread": round(self.spread, 4), "threshold": self.threshold, "decided": v.decided,
+                "verdict": v.to_json()}
 
 
 def alternating(names: Tuple[str, ...], round_no: int) -> Tuple[str, ...]:

@@ -43,14 +43,15 @@ from cpuperf.decide.records import (
     constraints_of,
     pinned_value,
 )
-from cpuperf.decide.tune import too_noisy, tuned_decisions
-from cpuperf.decide.workload import Workload
+from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
+from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, coerce
 from cpuperf.probe.facts import Gpu, HostFacts, allocator_names
+from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
 
 SCHEMA = "cpuperf.recommend/1"
@@ -279,6 +280,9 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     layout = _decide_placement(ctx, gpus, unit, on_gpu)
     placement = layout.placement
     world = layout.nproc_per_node.value * layout.nnodes.value
+    split = _batch_split(ctx, world, on_gpu)
+    if split is not None:  # the ranks share the one process's global batch: the memory plan keeps it
+        workload = replace(workload, per_device_batch=split.per_device, grad_accum=split.grad_accum)
     precision = _decide_precision(ctx, gpu)
     backend = _decide_backend(ctx, world, on_gpu)
     ipex = _decide_ipex(ctx, on_gpu)
@@ -288,6 +292,8 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
     memory = _memory_plan(facts, workload, placement, precision.dtype.value, ctx.tuning, gpu, world, ctx.torch,
                           fixed=ctx.fixed, levers=memory_levers, attention=attention.value)
+    if split is not None:
+        memory = replace(memory, batch_size=replace(memory.batch_size, reason=f"{split.per_device}: {split.describe()}"))
     if pinned_value(ctx.fixed.dtype) == "bf16" and not on_gpu and not bf16_native(facts):
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
     levers = Levers(
@@ -303,21 +309,57 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
         dataloader_workers=ctx.take(memory.dataloader_workers, ctx.fixed.dataloader_workers),
         pin_memory=ctx.take(memory.pin_memory, ctx.fixed.pin_memory),
         zero=ctx.take(memory.zero, ctx.fixed.zero))
-    return Recommendation(levers, placement, workload, tuple(ctx.notes), ctx.stack,
-                          oversubscribe=ctx.fixed.oversubscribe)
+    return Recommendation(levers, placement, ctx.workload, tuple(ctx.notes), ctx.stack,
+                          oversubscribe=ctx.fixed.oversubscribe, split=split)
+
+
+def _keeps_the_job(ctx: _Context, ranks: int, on_gpu: bool = False) -> bool:
+    yours = ctx.fixed.batch_size is not None or ctx.fixed.grad_accum_steps is not None
+    return ctx.workload.splits_into(ranks, batch_yours=yours, gpus=on_gpu)
+
+
+def _why_not_split(ctx: _Context, ranks: int) -> str:
+    w = ctx.workload
+    if ctx.fixed.batch_size is not None or ctx.fixed.grad_accum_steps is not None:
+        return "you set the per-device batch or accumulation: each rank would train that many samples"
+    if w.parallel.kind == "builtin":
+        return f"the global batch {w.batch_size} does not split evenly into {ranks} ranks"
+    return w.parallel.why_not_split(ranks)
+
+
+def _batch_split(ctx: _Context, world: int, on_gpu: bool) -> Optional[BatchSplit]:
+    """How the ranks share a user's Trainer's global batch (None: one process, cpuperf's loop, GPU ranks that keep
+    the per-device batch, or a count of yours that cannot keep it, said in the notes)."""
+    w = ctx.workload
+    if world <= 1 or on_gpu or ctx.ranks_from is not None or w.parallel.kind != "trainer" \
+            or not _keeps_the_job(ctx, world):
+        return None
+    shared = w.parallel.split(world)
+    dp = w.parallel
+    if shared is None or dp.per_device is None:
+        return None
+    split = BatchSplit(world, shared[0], shared[1], dp.per_device, dp.grad_accum, dp.where)
+    ctx.notes.append(split.describe())
+    return split
 
 
 def _use_tuning(ctx: _Context, tuned: Optional[Tuple[Mapping[str, Any], str]], device: str, nnodes: int) -> None:
-    """A cached tuning's levers over the rules (never over the user's values), unless its repeats were too noisy
-    to decide from, or the run is on a GPU (the tuner measures CPU levers)."""
-    if tuned is not None and too_noisy(tuned[0], ctx.tuning["measure"]["max_spread"]):
-        ctx.notes.append(f"the tuning {tuned[1]} is not used: its repeats spread {tuned[0]['noise'] * 100:.0f}% "
-                         f"(over {ctx.tuning['measure']['max_spread'] * 100:.0f}%: the host was busy); the rules decide. "
-                         "Tune again on a quiet host")
+    """A cached tuning's decided levers over the rules (never over the user's values); a lever it left undecided
+    is the rule's, and the plan names it. Not on a GPU (the tuner measures CPU levers)."""
+    why_not = not_judged(tuned[0]) if tuned is not None else None
+    if tuned is not None and why_not:
+        ctx.notes.append(f"the tuning {tuned[1]} is not used: {why_not}; the rules decide")
     elif tuned is not None and device != "cuda" and not ctx.facts.gpus:
+        for line in undecided_levers(tuned[0]).values():
+            ctx.notes.append(f"the tuning {tuned[1]}: {line}, so the rule decides it")
         measured = tuned_decisions(tuned[0], tuned[1])
         pins: Dict[str, Any] = {lever: Pin(value, why, evidence) for lever, (value, why, evidence) in measured.items()}
         ctx.tuned = _applicable(Constraints(**pins), ctx.fixed, ctx.ranks_from is not None, nnodes)
+        ranks = pinned_value(ctx.tuned.nproc_per_node)
+        if ranks and not _keeps_the_job(ctx, ranks):  # a layout measured before cpuperf kept the batch
+            ctx.tuned = replace(ctx.tuned, nproc_per_node=None, threads_per_rank=None)
+            ctx.notes.append(f"the tuning {tuned[1]} chose {ranks} ranks, which would change the job "
+                             f"({_why_not_split(ctx, ranks)}): its layout is not used")
         gone = pinned_value(ctx.tuned.allocator)
         software = ctx.facts.software
         if gone and software is not None and not software.allocators.get(gone):
@@ -375,6 +417,8 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     if on_gpu:
         # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
         nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
+        kept = _fewer_ranks(ctx, nproc, on_gpu=True)
+        nproc = kept.ranks if kept is not None else nproc
         if nproc > max(1, len(gpus)) and not oversubscribe:
             whose = (f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from and fixed.nproc_per_node is None
                      else f"nproc_per_node {nproc}")
@@ -388,8 +432,9 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
         placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
                                            oversubscribe=oversubscribe)
         nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc,
-                             f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from else "one rank per visible GPU",
-                             {"visible_gpus": len(gpus)})
+                             f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from else
+                             kept.reason if kept is not None else "one rank per visible GPU",
+                             {"visible_gpus": len(gpus), **(kept.evidence() if kept is not None else {})})
     else:
         backend = pinned_value(fixed.ddp_backend)
         want_ccl = backend == "ccl" or (fixed.ddp_backend is None and facts.software is not None
@@ -398,6 +443,10 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
             pinned_value(ctx.tuned.nproc_per_node)
         placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
                                    threads_per_rank=threads, oversubscribe=oversubscribe)
+        kept = _fewer_ranks(ctx, placement.nproc_per_node)
+        if kept is not None:  # one process (or fewer ranks) with all the cores: the same job, not N copies
+            placement = plan_placement(facts, kept.ranks, unit, ccl=want_ccl, nnodes=nnodes,
+                                       threads_per_rank=threads, oversubscribe=oversubscribe)
         # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
         # user set threads or affinity: theirs stands, with a note).
         placement, load_ev, load_note = adjust_placement(
@@ -405,9 +454,10 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
         ctx.notes.extend([load_note] if load_note else [])
         nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", placement.nproc_per_node,
                              f"{placement.nproc_per_node} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from
-                             else "; ".join(placement.reasons[-1:]),
+                             else kept.reason if kept is not None else "; ".join(placement.reasons[-1:]),
                              {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
-                              "usable_physical_cores": placement.cpu_budget}, tuned=ctx.tuned.nproc_per_node)
+                              "usable_physical_cores": placement.cpu_budget,
+                              **(kept.evidence() if kept is not None else {})}, tuned=ctx.tuned.nproc_per_node)
     nnodes_d = ctx.choose(fixed.nnodes, "nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
     threads_d = ctx.choose(fixed.threads_per_rank, "threads_per_rank", placement.threads_per_rank,
                            placement.reasons[0] if placement.unit == "gpu-numa" else
@@ -439,6 +489,42 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
                               f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to",
                               evidence, tuned=ctx.tuned.affinity)
     return _Layout(placement, nproc_d, nnodes_d, threads_d, affinity)
+
+
+@dataclass(frozen=True)
+class _FewerRanks:
+    """cpuperf's rank count cut to what keeps the job: `ranks` instead of the `better` one the host would take."""
+
+    ranks: int
+    better: int
+    why: str
+
+    @property
+    def reason(self) -> str:
+        run = "one process with all the usable cores" if self.ranks == 1 else f"{self.ranks} ranks"
+        return (f"{run}, the same job as yours: this host's layout is {self.better} ranks, but {self.why} (opt in: "
+                f"--set nproc_per_node={self.better})")
+
+    def evidence(self) -> Dict[str, Any]:
+        return {"not_split": {"ranks": self.better, "why": f"{self.why}; the job runs {self.ranks} rank(s). Opt in "
+                              f"with --set nproc_per_node={self.better} (the plan then says what it changes)"}}
+
+
+def _fewer_ranks(ctx: _Context, ranks: int, on_gpu: bool = False) -> Optional[_FewerRanks]:
+    """Where cpuperf itself chose `ranks` (no count of yours, of your launcher's, or a tuning's that kept the batch)
+    and they would change the job: the most ranks that keep it. A count you set stands, its consequence said."""
+    if ranks <= 1 or ctx.ranks_from is not None:
+        return None
+    if ctx.fixed.nproc_per_node is not None:
+        if not _keeps_the_job(ctx, ranks, on_gpu):
+            ctx.notes.append(f"warning: nproc_per_node={ranks} is yours: {_why_not_split(ctx, ranks)}")
+        return None
+    if _keeps_the_job(ctx, ranks, on_gpu):
+        return None
+    fewer = max(k for k in range(1, ranks + 1) if _keeps_the_job(ctx, k, on_gpu))
+    kept = _FewerRanks(fewer, ranks, _why_not_split(ctx, ranks))
+    ctx.notes.append(f"{kept.reason}")
+    return kept
 
 
 def _ranks_share_a_vm_numa_node(ctx: _Context, placement: Placement) -> bool:
@@ -844,6 +930,9 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
                  f"({plan.budget})" if plan.budget_bytes is not None else f"{whose} (memory unknown)")
     if plan.tensor_core:
         why_batch += f"; {plan.tensor_core}"
+    if w.seq_assumed:  # the script's own sequence length is not one cpuperf reads
+        why_batch += (f"; assumed {w.seq_len} tokens per sample, the model config's length: your command has none of "
+                      f"--{', --'.join(SEQ_ARGS)} (the activations scale with it)")
     act_no, act_ck = plan.activation_bytes_per_sample_no_ckpt, plan.activation_bytes_per_sample_ckpt
     ck_why = (f"without it one sample needs {act_no / 2**20:.0f} MiB of activations, {act_ck / 2**20:.0f} MiB with it: "
               + ("the plan fits only with recomputation" if c.checkpointing else "the plan fits without recomputation"))

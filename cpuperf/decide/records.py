@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, cast, get_args
 
 from cpuperf.decide.placement import Placement
-from cpuperf.decide.workload import Workload
+from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.jsonable import as_json
 
 T = TypeVar("T")
@@ -172,6 +172,7 @@ class Recommendation:
     notes: Tuple[str, ...]
     stack: Dict[str, Optional[str]]
     oversubscribe: bool = False
+    split: Optional[BatchSplit] = None  # how cpuperf's ranks share a user's Trainer's global batch
 
     @property
     def decisions(self) -> Tuple[Decision[Any], ...]:

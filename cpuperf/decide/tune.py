@@ -1,11 +1,12 @@
 """Joint tuning (issue 33): coordinate descent over a plan's levers, from measured throughput.
 
 Pure. It starts from the rule's point (what recommend decides), measures the neighbours that change one
-lever at a time, moves while a neighbour beats the incumbent by more than the measured noise (the spread of
-the incumbent's own repeats, which are interleaved with the neighbours' so drift hits all alike) and wins again
-when run once more beside the incumbent, and stops
-when none does or the time budget is spent (keeping the best so far, and saying so). Running a point is a
-function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
+lever at a time, interleaved with the incumbent's own runs so drift hits all alike, and moves while a neighbour
+beats the incumbent with confidence (cpuperf.decide.judge: the interval of its ratio above 1 + min_gain) and
+wins again when run once more beside the incumbent; it stops when none does or the time budget is spent (keeping
+the best so far, and saying so). Each lever's last comparison is kept as its verdict: moved, kept (every
+alternative judged below the bar) or undecided (left to the rule); the decided ones stand whatever the others do.
+Running a point is a function passed in: cpuperf.run.tune runs real processes; the tests pass tables.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.decide.judge import BELOW, EVEN, Verdict, bar_for, interleaved
 from cpuperf.jsonable import as_json
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Recommendation
     from cpuperf.probe.facts import HostFacts
 
-SCHEMA = "cpuperf.tune/1"
+SCHEMA = "cpuperf.tune/2"  # /2: each lever judged (cpuperf.decide.judge); /1 had one noise gate for all
+MOVED, KEPT, UNDECIDED = "moved", "kept", "undecided"
 LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
 
 
@@ -110,6 +113,8 @@ class Round:
     noise: float  # the incumbent's spread: (max - min) / median of its runs' figures (of its windows: one run)
     winner: Optional[Point]  # the neighbour moved to, or None
     confirmation: Dict[Point, Tuple[float, ...]] = field(default_factory=dict)  # the winner's pair, run after
+    verdicts: Dict[Point, Verdict] = field(default_factory=dict)  # each neighbour against the incumbent
+    confirmed: Optional[Verdict] = None  # the candidate with its pair, against the incumbent with its pair
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,37 @@ class TuneResult:
                                   "alternatives": alts}
         return {lever: out[lever] for lever in LEVERS if lever in out}
 
+    def judged(self) -> Dict[str, Dict[str, Any]]:
+        """Per lever, its latest comparison: moved (a confirmed win), kept (every alternative measured beside the
+        incumbent judged below the bar) or undecided (an interval that holds the bar, or a win that did not
+        repeat: the rule decides that lever), with the figure that decided it and the alternative it names."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for rnd in reversed(self.rounds):
+            if rnd.winner is not None and rnd.confirmed is not None:
+                lever = _lever_between(rnd.incumbent, rnd.winner)
+                if lever is not None and lever not in out:
+                    out[lever] = _judged(MOVED, rnd.winner, lever, rnd.confirmed)
+            by_lever: Dict[str, List[Tuple[Point, Verdict]]] = {}
+            for p, v in rnd.verdicts.items():
+                lever = _lever_between(rnd.incumbent, p)
+                if lever is not None and lever not in out:
+                    by_lever.setdefault(lever, []).append((p, v))
+            for lever, got in by_lever.items():
+                open_ = [(p, v) for p, v in got if v.outcome not in (BELOW, EVEN)]
+                if open_:
+                    p, v = max(open_, key=lambda pv: pv[1].ratio)
+                    why = v.why
+                    if p in rnd.confirmation and rnd.confirmed is not None:
+                        v, why = rnd.confirmed, "it won its round but not its confirming pair, run again side by side"
+                    elif v.above:
+                        why = ("it beat its round's incumbent, but another lever moved first and it was not compared "
+                               "again (the budget, or the point was seen)")
+                    out[lever] = {**_judged(UNDECIDED, p, lever, v), "why": why}
+                else:
+                    p, v = max(got, key=lambda pv: pv[1].ratio)
+                    out[lever] = _judged(KEPT, p, lever, v)
+        return {lever: out[lever] for lever in LEVERS if lever in out}
+
     def measured(self) -> int:
         """How many settings have a figure: under two, nothing was compared."""
         return len({p for r in self.rounds for p, s in (*r.samples.items(), *r.confirmation.items()) if s})
@@ -159,12 +195,23 @@ class TuneResult:
                 "best_samples_per_s": round(best, 3) if best else None,
                 "start_samples_per_s": _round(self.median(self.start)),
                 "noise": round(self.noise, 4) if self.noise is not None else None,
-                "levers": self.lever_figures(), "stopped": self.stopped, "elapsed_s": round(self.elapsed_s, 1),
+                "levers": self.lever_figures(), "judged": self.judged(), "stopped": self.stopped,
+                "elapsed_s": round(self.elapsed_s, 1),
                 "rounds": len(self.rounds), "runs": self.runs}
 
 
 def _round(x: Optional[float]) -> Optional[float]:
     return round(x, 3) if x is not None else None
+
+
+def _lever_between(p: Point, q: Point) -> Optional[str]:
+    """The one lever `q` changes of `p` (None: not one lever apart)."""
+    differ = [lever for lever in LEVERS if p.get(lever) != q.get(lever)]
+    return differ[0] if len(differ) == 1 else None
+
+
+def _judged(outcome: str, alt: Point, lever: str, v: Verdict) -> Dict[str, Any]:
+    return {**v.to_json(), "outcome": outcome, "alternative": label(lever, alt.get(lever))}
 
 
 def _differs_only_in(p: Point, q: Point, lever: str) -> bool:
@@ -178,14 +225,18 @@ def spread(samples: Sequence[float]) -> float:
 
 
 def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Sequence[float]]], *,
-            budget_s: float, passes: int, min_gain: float, clock: Callable[[], float]) -> TuneResult:
+            budget_s: float, passes: int, min_gain: float, confidence: float, clock: Callable[[], float],
+            resolution: float = 0.0) -> TuneResult:
     """Coordinate descent from `start`. `run_one(point)` is one timed run: its samples/s figures (several short
     windows of one process, or one), None or [] when it failed. A round runs the incumbent and its unseen
-    neighbours `passes` times, interleaved, then the incumbent once more, so its spread covers the round's drift;
-    its winner moves only when it wins again, run once more beside the incumbent (_confirmed). A round keeps
-    the budget for that pair: one the budget cuts short still confirms what it measured."""
+    neighbours `passes` times, interleaved, then the incumbent once more, and judges each neighbour against the
+    incumbent (cpuperf.decide.judge, at `confidence` and `resolution`, the bar 1 + `min_gain`); its best win moves
+    only when it
+    wins again, run once more beside the incumbent (_confirmed). A round keeps the budget for that pair: one the
+    budget cuts short still confirms what it measured."""
     t0 = clock()
     costs: List[float] = []  # the seconds each run took, to see whether the next one fits the budget
+    bar = bar_for(1.0, min_gain)
 
     def run(p: Point, keep: int = 0) -> Optional[List[float]]:
         """One run's figures ([] when it failed), or None when it and `keep` more would not end in the budget."""
@@ -202,17 +253,15 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
         points = [incumbent] + [q for _, q in neighbours(incumbent, cand) if q not in seen]
         if len(points) == 1 and rounds:
             break
-        samples: Dict[Point, List[float]] = {p: [] for p in points}
-        per_run: Dict[Point, List[float]] = {p: [] for p in points}
+        runs: Dict[Point, List[List[float]]] = {p: [] for p in points}
         failed: List[Point] = []
-        out_of_time = _run_round(points * max(1, passes) + [incumbent], lambda p: run(p, keep=2), samples, per_run,
-                                 failed)
+        out_of_time = _run_round(points * max(1, passes) + [incumbent], lambda p: run(p, keep=2), runs, failed)
         seen.update(points)
-        rnd = _decide(incumbent, samples, per_run[incumbent], failed, min_gain)
+        rnd = _decide(incumbent, runs, failed, bar, (confidence, resolution))
         if rnd.winner is not None:
-            rnd = _confirmed(rnd, run(rnd.winner), run(incumbent), min_gain)
+            rnd = _confirmed(rnd, run(rnd.winner), run(incumbent), bar, (confidence, resolution))
         rounds.append(rnd)
-        if not samples[incumbent]:  # the start never ran: nothing tuned; a later incumbent ran in its round
+        if not runs[incumbent]:  # the start never ran: nothing tuned; a later incumbent ran in its round
             stopped = "failed" if incumbent == start or not out_of_time else "budget"
             break
         if rnd.winner is not None:
@@ -226,9 +275,9 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
 
 
 def _run_round(schedule: Sequence[Point], run: Callable[[Point], Optional[List[float]]],
-               samples: Dict[Point, List[float]], per_run: Dict[Point, List[float]], failed: List[Point]) -> bool:
-    """Run the round's schedule into `samples` (every window) and `per_run` (each run's median; a point that
-    fails is not run again): True when the budget stopped it."""
+               runs: Dict[Point, List[List[float]]], failed: List[Point]) -> bool:
+    """Run the round's schedule into `runs` (each run's windows; a point that fails is not run again): True when
+    the budget stopped it."""
     for p in schedule:
         if p in failed:
             continue
@@ -236,48 +285,68 @@ def _run_round(schedule: Sequence[Point], run: Callable[[Point], Optional[List[f
         if got is None:
             return True
         if got:
-            samples[p].extend(got)
-            per_run[p].append(statistics.median(got))
+            runs[p].append(got)
         else:
             failed.append(p)
     return False
 
 
-def _confirmed(rnd: Round, again: Optional[Sequence[float]], beside: Optional[Sequence[float]],
-               min_gain: float) -> Round:
-    """The round's winner run once more (`again`), then the incumbent (`beside`): it must win that pair too.
-    Two processes started apart in time can differ by more than one process's windows do (other work starting
-    or ending between them), so a win seen in one run is not enough; side by side, both runs see the same
-    host. Unconfirmed, or not run: no move. The pair is kept apart from the round's figures (it may be drifted
-    from them)."""
-    assert rnd.winner is not None
-    pair = {p: tuple(s) for p, s in ((rnd.winner, again), (rnd.incumbent, beside)) if s}
-    won = len(pair) == 2 and statistics.median(pair[rnd.winner]) > (
-        statistics.median(pair[rnd.incumbent]) * (1 + max(rnd.noise, min_gain)))
-    return replace(rnd, winner=rnd.winner if won else None, confirmation=pair)
+def detrended(runs: Mapping[Point, Sequence[Sequence[float]]]) -> Dict[Point, List[float]]:
+    """Every window of every run, each divided by how far its position in a run sits from the run's own level,
+    over all runs here: a trend inside every process (its first window faster, measured on a Zen 4 VM: 70.4,
+    62.7, 60.4 samples/s) hits every point alike and is no noise; counted as noise it hid a 1.10x allocator win."""
+    shift: Dict[int, List[float]] = {}
+    for point_runs in runs.values():
+        for windows in point_runs:
+            level = statistics.fmean(math.log(x) for x in windows)
+            for k, x in enumerate(windows):
+                shift.setdefault(k, []).append(math.log(x) - level)
+    factor = {k: math.exp(statistics.fmean(v)) for k, v in shift.items()}
+    return {p: [x / factor[k] for windows in point_runs for k, x in enumerate(windows)]
+            for p, point_runs in runs.items()}
 
 
-def _decide(incumbent: Point, samples: Mapping[Point, List[float]], runs: Sequence[float], failed: Sequence[Point],
-            min_gain: float) -> Round:
-    """The round's winner: the fastest neighbour, if its median beats the incumbent's by more than the noise.
+def _decide(incumbent: Point, runs: Mapping[Point, Sequence[Sequence[float]]], failed: Sequence[Point], bar: float,
+            judging: Tuple[float, float]) -> Round:
+    """The round's winner: of the neighbours judged above the bar against the incumbent (every window of the
+    round, the trend inside a process taken out: `detrended`), the fastest.
 
-    The noise is how far the incumbent's runs (processes) differ, each run's figure the median of its windows:
-    what the comparison between points is, process against process. A trend inside every process (its first
-    window faster, measured on a Zen 4 VM) hits each point's median alike and is no noise; counted as noise it
-    hid a 1.10x allocator win. One run only: the spread of its windows."""
-    mine = samples[incumbent]
-    kept = {p: tuple(s) for p, s in samples.items() if s}
+    The noise kept beside it (for the record; it decides nothing) is how far the incumbent's runs (processes)
+    differ, each run's figure the median of its windows; one run only: the spread of its windows."""
+    kept = {p: tuple(x for w in rs for x in w) for p, rs in runs.items() if rs}
+    mine = runs.get(incumbent) or []
     if not mine:
         return Round(incumbent, kept, tuple(failed), 0.0, None)
-    noise = spread(runs) if len(runs) > 1 else spread(mine)
-    base = statistics.median(mine)
-    rivals = [(statistics.median(s), p) for p, s in samples.items() if p != incumbent and s]
-    winner = None
-    if rivals:
-        fig, p = max(rivals, key=lambda t: t[0])
-        if fig > base * (1 + max(noise, min_gain)):
-            winner = p
-    return Round(incumbent, kept, tuple(failed), noise, winner)
+    per_run = [statistics.median(w) for w in mine]
+    noise = spread(per_run) if len(per_run) > 1 else spread(kept[incumbent])
+    flat = detrended({p: rs for p, rs in runs.items() if rs})
+    verdicts = {p: interleaved(flat[p], flat[incumbent], bar, judging[0], resolution=judging[1])
+                for p in flat if p != incumbent}
+    wins = [(v.ratio, p) for p, v in verdicts.items() if v.above]
+    winner = max(wins, key=lambda t: t[0])[1] if wins else None
+    return Round(incumbent, kept, tuple(failed), noise, winner, verdicts=verdicts)
+
+
+def _confirmed(rnd: Round, again: Optional[Sequence[float]], beside: Optional[Sequence[float]], bar: float,
+               judging: Tuple[float, float]) -> Round:
+    """The round's winner run once more (`again`), then the incumbent (`beside`): that pair, judged on its own, must
+    be above the bar too. Two processes started apart in time can differ by more than one process's windows do
+    (other work starting or ending between them), so a win seen in one run is not enough; side by side, both runs
+    see the same host. The pair is judged apart from the round (the host may have changed between them: a drift
+    that hits both sides of the pair alike is no noise). Unconfirmed, or not run: no move. The lever's verdict is
+    the weaker of the two."""
+    assert rnd.winner is not None
+    pair = {p: tuple(s) for p, s in ((rnd.winner, again), (rnd.incumbent, beside)) if s}
+    if len(pair) < 2:
+        return replace(rnd, winner=None, confirmation=pair)
+    in_round = rnd.verdicts[rnd.winner]
+    if min(len(s) for s in pair.values()) < 2:  # one figure a run (a Trainer's own): the pair's ratio must clear it
+        won = statistics.median(pair[rnd.winner]) > statistics.median(pair[rnd.incumbent]) * bar
+        return replace(rnd, winner=rnd.winner if won else None, confirmation=pair, confirmed=in_round)
+    flat = detrended({p: [list(s)] for p, s in pair.items()})
+    verdict = interleaved(flat[rnd.winner], flat[rnd.incumbent], bar, judging[0], resolution=judging[1])
+    weaker = min(verdict, in_round, key=lambda v: v.low)
+    return replace(rnd, winner=rnd.winner if verdict.above else None, confirmation=pair, confirmed=weaker)
 
 
 # -- the levers this host and plan have ---------------------------------------------------------------
@@ -288,6 +357,12 @@ def start_point(rec: Recommendation) -> Point:
     return Point(dtype=lv.dtype.value, allocator=lv.allocator.value, optimizer=lv.optimizer.value,
                  ranks=lv.nproc_per_node.value, threads=lv.threads_per_rank.value, pinned=lv.affinity.value == "auto",
                  compile=lv.compile.value)
+
+
+def keeps_the_job(rec: Recommendation, ranks: int) -> bool:
+    """Whether `ranks` ranks run the same job as one process for this plan (cpuperf.decide.workload's rule)."""
+    yours = {d.id for d in rec.decisions if d.overridden} & {"batch_size", "grad_accum_steps"}
+    return rec.workload.splits_into(ranks, batch_yours=bool(yours))
 
 
 def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], script: bool = False,
@@ -333,11 +408,17 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     offer("optimizer", ["adamw", "adamw_fused"], "the Trainer's optimizer is the script's (a flag is added only "
           "towards the fused kernel)" if script else no_fused)
     cores = start.ranks * start.threads
-    layouts = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
+    # Only layouts that run the same job: a rank count that would change it (N copies of a one-process script, or
+    # N times a Trainer's global batch) is no candidate, whatever it would measure (issue 51).
+    every = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
+    layouts = [(r, t) for r, t in every if keeps_the_job(rec, r)]
     one_node = rec.levers.nnodes.value == 1
+    changes = [r for r, _ in every if (r, cores // r) not in layouts]
     offer("layout", layouts, "your command's launcher starts the ranks" if own_launcher else
           None if len(layouts) > 1 and one_node else
-          "several nodes: ranks follow the nodes" if not one_node else f"{cores} core(s): one layout")
+          "several nodes: ranks follow the nodes" if not one_node else
+          f"{changes[0]} ranks would change the job ({rec.workload.parallel.signs}): one process only"
+          if changes else f"{cores} core(s): one layout")
     offer("pinning", [True, False], None if len(facts.usable_cpus()) > 1 else "one usable CPU: nothing to pin to")
     compile_d = rec.levers.compile
     offer("compile", [True, False], None if compile_d.value else
@@ -379,15 +460,28 @@ def host_problem(entry: Mapping[str, Any], facts: HostFacts) -> Optional[str]:
     return None
 
 
-def too_noisy(entry: Mapping[str, Any], max_spread: float) -> bool:
-    """A tuning whose incumbent spread more than `max_spread` over its repeats: the host was not steady enough
-    for its figures to decide anything (a busy shared host made one Trainer run 60x slower than the next)."""
-    noise = entry.get("noise")
-    return isinstance(noise, (int, float)) and noise > max_spread
+def not_judged(entry: Mapping[str, Any]) -> Optional[str]:
+    """Why a cached tuning decides nothing: it was taken before each lever was judged (schema /1 had one noise
+    gate over the whole tuning); None: its levers are judged one by one (`undecided_levers`)."""
+    if isinstance(entry.get("judged"), Mapping):
+        return None
+    return "it was tuned before cpuperf judged each lever against its own noise: tune again"
+
+
+def undecided_levers(entry: Mapping[str, Any]) -> Dict[str, str]:
+    """lever -> why its comparison stayed undecided (the rule decides it; the tuning's other levers stand)."""
+    out: Dict[str, str] = {}
+    for lever, j in (entry.get("judged") or {}).items():
+        if isinstance(j, Mapping) and j.get("outcome") == UNDECIDED:
+            out[lever] = (f"{lever} undecided: {j.get('alternative')} {j.get('ratio', 0):.2f}x "
+                          f"({j.get('low', 0):.2f}-{j.get('high', 0):.2f}) against the bar {j.get('bar', 0):.2f}"
+                          + (f" ({j['why']})" if j.get("why") else ""))
+    return out
 
 
 def tuned_decisions(entry: Mapping[str, Any], what: str) -> Dict[str, Tuple[Any, str, Dict[str, Any]]]:
-    """decision id -> (value, reason, evidence) for each lever a cached tuning measured; `what` names where."""
+    """decision id -> (value, reason, evidence) for each lever a cached tuning decided (moved, or kept against
+    every alternative); `what` names where. An undecided lever is left out: the rule decides it."""
     import time
 
     best = Point.from_json(entry.get("best") or {})
@@ -400,15 +494,21 @@ def tuned_decisions(entry: Mapping[str, Any], what: str) -> Dict[str, Tuple[Any,
     if isinstance(load, Mapping) and load.get("under_load"):  # said, as for any measurement; a real --auto run tunes again
         how += f"; taken under load ({load.get('figure') or 'busy CPUs'})"
     out: Dict[str, Tuple[Any, str, Dict[str, Any]]] = {}
+    judged: Mapping[str, Any] = entry.get("judged") or {}
     for lever, fig in (entry.get("levers") or {}).items():
-        if lever not in DECISIONS or not isinstance(fig, Mapping):
-            continue
+        verdict = judged.get(lever)
+        if lever not in DECISIONS or not isinstance(fig, Mapping) or not isinstance(verdict, Mapping) or \
+                verdict.get("outcome") not in (MOVED, KEPT):
+            continue  # not compared, or undecided: the rule decides it
         alts = ", ".join(f"{name} {x:.2f} ({x / fig['figure']:.2f}x)" for name, x in
                          sorted(fig.get("alternatives", {}).items(), key=lambda kv: -kv[1])) if fig.get("figure") else ""
+        judged_as = (f"; {verdict['outcome']}: {verdict.get('alternative')} {verdict.get('ratio', 0):.2f}x "
+                     f"({verdict.get('low', 0):.2f}-{verdict.get('high', 0):.2f}, bar {verdict.get('bar', 0):.2f})")
         reason = (f"tuned {what} at {when}: {fig['value']} {fig['figure']:.2f} samples/s; alternatives: {alts}"
-                  + (f"; noise {noise * 100:.0f}%" if isinstance(noise, (int, float)) else "") + how)
+                  + judged_as + (f"; noise {noise * 100:.0f}%" if isinstance(noise, (int, float)) else "") + how)
         evidence = {"tuned": {"lever": lever, "value": fig["value"], "samples_per_s": fig["figure"],
                               "alternatives": dict(fig.get("alternatives", {})), "noise": noise,
+                              "judged": dict(verdict),
                               "measured_at": entry.get("measured_at"), "stopped": entry.get("stopped")}}
         for decision in DECISIONS[lever]:
             out[decision] = (values[decision], reason, evidence)

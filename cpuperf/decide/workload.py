@@ -9,13 +9,109 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from cpuperf.errors import UsageError
 from cpuperf.jsonable import NOT_IN_JSON, as_json
 
 if TYPE_CHECKING:
+    from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hf import ScriptModel
+
+
+# The block families the memory plan counts activations for (decide/memory.py, _layer_bytes_per_token).
+BLOCKS = ("gpt2", "llama")
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """What a command trained as one process lets cpuperf do with ranks without changing its math (issue 51): split
+    it into N data-parallel ranks only where it runs data-parallel under a launcher's environment AND cpuperf can keep
+    its global batch (per-device batch x accumulation x ranks), by the flags the launch passes."""
+
+    kind: str  # builtin | trainer | accelerate | process-group | plain | unread
+    signs: str  # what cpuperf read to say so (said in the plan)
+    # the one process's per-device batch and accumulation, where cpuperf passes both on the command line (a
+    # Trainer whose arguments come from it); None: the batch is the command's own code's, it cannot be kept
+    per_device: Optional[int] = None
+    grad_accum: int = 1
+    where: str = ""  # where that batch comes from ("your --per_device_train_batch_size 8", "the Trainer's default 8")
+
+    @property
+    def global_batch(self) -> Optional[int]:
+        return None if self.per_device is None else self.per_device * self.grad_accum
+
+    def split(self, ranks: int) -> Optional[Tuple[int, int]]:
+        """(per-device batch, accumulation) that keep the global batch over `ranks`, or None where none does."""
+        if ranks <= 1:
+            return (self.per_device, self.grad_accum) if self.per_device is not None else None
+        if self.kind != "trainer" or self.per_device is None:
+            return None
+        return split_batch(self.per_device, self.grad_accum, ranks)
+
+    def why_not_split(self, ranks: int) -> str:
+        """Why `ranks` ranks would change the job (for the plan), given split(ranks) is None."""
+        copies = f"each of {ranks} ranks would run the whole job: {ranks} identical copies writing the same outputs"
+        if self.kind in ("plain", "unread"):
+            return f"{self.signs}: {copies}"
+        if self.kind in ("accelerate", "process-group"):
+            return (f"{self.signs}, but its batch is its own code's, which cpuperf cannot pass: {ranks} ranks would "
+                    f"train {ranks}x the global batch")
+        if self.per_device is None:
+            return f"{self.signs}, but cpuperf cannot pass its batch on the command line ({self.where})"
+        return (f"its global batch {self.global_batch} ({self.per_device} per device x {self.grad_accum} accumulation) "
+                f"does not split evenly into {ranks} ranks")
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How the ranks cpuperf starts share what one process of a user's Trainer trained: the same global batch."""
+
+    ranks: int
+    per_device: int
+    grad_accum: int
+    was_per_device: int
+    was_grad_accum: int
+    where: str  # where the one process's batch came from
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device * self.grad_accum * self.ranks
+
+    def describe(self) -> str:
+        return (f"global batch {self.global_batch} kept over {self.ranks} ranks: {self.was_per_device} per device x "
+                f"{self.was_grad_accum} accumulation x 1 process ({self.where}) -> {self.per_device} x "
+                f"{self.grad_accum} x {self.ranks} ranks")
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"ranks": self.ranks, "global_batch": self.global_batch,
+                "before": {"per_device": self.was_per_device, "grad_accum": self.was_grad_accum, "processes": 1,
+                           "from": self.where},
+                "after": {"per_device": self.per_device, "grad_accum": self.grad_accum, "processes": self.ranks}}
+
+
+BUILTIN_LOOP = DataParallel("builtin", "cpuperf's own loop: it splits the global batch over its ranks")
+
+# A user's script before cpuperf read its source (cpuperf.plan.user_script.data_parallel tells): never split.
+NOT_READ = DataParallel("unread", "the script's source was not read")
+
+
+def split_batch(per_device: int, grad_accum: int, ranks: int) -> Optional[Tuple[int, int]]:
+    """(b, a) with b x a x ranks == per_device x grad_accum, b <= per_device: the per-device batch divided where it
+    divides, else the accumulation, else the largest micro-batch that does; None where the global batch cannot be
+    shared equally by `ranks` ranks."""
+    if ranks <= 1:
+        return per_device, grad_accum
+    if per_device % ranks == 0:
+        return per_device // ranks, grad_accum
+    if grad_accum % ranks == 0:
+        return per_device, grad_accum // ranks
+    total = per_device * grad_accum
+    if total % ranks:
+        return None
+    share = total // ranks
+    micro = max(d for d in range(1, min(per_device, share) + 1) if share % d == 0)
+    return micro, share // micro
 
 
 @dataclass(frozen=True)
@@ -36,6 +132,34 @@ class Workload:
     optimizer: Optional[str] = field(default=None, metadata=NOT_IN_JSON)  # a cpuperf optimizer id
     found: str = field(default="", metadata=NOT_IN_JSON)  # where a script's model was found, or why it was not
     of_script: bool = field(default=False, metadata=NOT_IN_JSON)  # trained by a user's script (its batch is its own)
+    # The block's shape beyond width and depth, for the activations it keeps (decide/memory.py): the MLP's width
+    # (0: 4 x d_model), the key/value heads (0: n_head; fewer with grouped-query attention), and the block family:
+    # 'gpt2' (LayerNorm, one fused q/k/v projection, GELU MLP: the built-in model) or 'llama' (RMSNorm computed in
+    # fp32 ops, q, k, v, gate and up projections apart, SwiGLU MLP). A saved plan keeps them (one written before they
+    # were has none: the defaults).
+    d_ff: int = 0
+    kv_heads: int = 0
+    block: str = "gpt2"
+    # True where the sequence length is not the script's own (it names none cpuperf reads): the plan says so.
+    seq_assumed: bool = field(default=False, metadata=NOT_IN_JSON)
+    parallel: DataParallel = field(default=BUILTIN_LOOP, metadata=NOT_IN_JSON)  # may cpuperf split it into ranks
+    # Why this built-in model: set where the host chose it (no --model). In JSON as "why" where the host chose another
+    # than the built-in default (DEFAULT_PRESET), so the plans of hosts that train it read as they always have.
+    why: str = field(default="", metadata=NOT_IN_JSON)
+
+    def splits_into(self, ranks: int, batch_yours: bool = False, gpus: bool = False) -> bool:
+        """Whether `ranks` ranks started by cpuperf run the same job as one process (the same global batch, one
+        copy): cpuperf's own loop where its global batch splits evenly; a user's Trainer whose batch cpuperf passes
+        (not where you set the per-device batch or accumulation: those are per rank, yours to multiply). On GPUs
+        (one rank per visible GPU) a Trainer run as one process already trains its per-device batch on every
+        visible GPU (torch.nn.DataParallel: TrainingArguments' n_gpu and train_batch_size), so DDP ranks keep it."""
+        if ranks <= 1:
+            return True
+        if self.parallel.kind == "builtin":
+            return not batch_yours and self.batch_size % ranks == 0
+        if gpus and self.parallel.kind == "trainer":
+            return True
+        return not batch_yours and self.parallel.split(ranks) is not None
 
     @property
     def head_dim(self) -> int:
@@ -55,7 +179,7 @@ class Workload:
 
     def json_computed(self) -> Dict[str, Any]:
         if not self.of_script:
-            return {}
+            return {"why": self.why} if self.why and self.name != DEFAULT_PRESET else {}
         return {"found": self.found, "per_device_batch": self.per_device_batch, "grad_accum": self.grad_accum,
                 "optimizer": self.optimizer}
 
@@ -63,7 +187,8 @@ class Workload:
 # The built-in LM's presets come from cpuperf/train/model.py (torch-free), so the engine plans for
 # exactly the model `cpuperf train` builds. Global batch defaults per preset: CPU default 16;
 # GPT-2-small shape (GPU workload) 32.
-_DEFAULT_BATCH = {"tiny": 16, "gpt2-small": 32, "micro": 16}
+_DEFAULT_BATCH = {"tiny": 16, "small": 16, "gpt2-small": 32, "micro": 16}
+DEFAULT_PRESET = "tiny"  # the built-in model where no host is given, and the smallest a host chooses
 
 
 def _builtin_presets() -> Dict[str, Workload]:
@@ -79,6 +204,35 @@ def _builtin_presets() -> Dict[str, Workload]:
 
 
 PRESETS: Dict[str, Workload] = _builtin_presets()
+
+
+def reference_run_s(workload: Workload, cores: int, steps: int, gflops_per_core: float) -> float:
+    """Seconds the plain fp32 run of `steps` optimizer steps takes at `gflops_per_core` on `cores` (an estimate)."""
+    flops = workload.flops_per_token() * workload.seq_len * workload.batch_size * steps
+    return flops / (max(1, cores) * gflops_per_core * 1e9)
+
+
+def builtin_default(facts: HostFacts) -> Tuple[str, str]:
+    """(preset, why): the built-in model a host trains when none is named, by compat/tuning.toml [builtin_model]."""
+    from cpuperf.data import load_builtin
+    from cpuperf.decide.placement import cpu_budget, usable_cores
+
+    tuning = load_builtin("tuning.toml")
+    rule, rate = tuning["builtin_model"], float(tuning["compile"]["assumed_gflops_per_thread"])
+    cores, _ = cpu_budget(facts, usable_cores(facts))  # after affinity, cpuset, quota and Slurm: what the run gets
+    steps, budget = int(rule["reference_steps"]), float(rule["run_budget_s"])
+    est = {name: reference_run_s(PRESETS[name], cores, steps, rate) for name in rule["presets"]}
+    fits = [name for name in rule["presets"] if est[name] <= budget] or [rule["presets"][0]]
+    chosen = fits[-1]
+    w = PRESETS[chosen]
+    said = (f"{w.n_layer} layers x {w.d_model}, {w.seq_len} tokens, {w.params / 1e6:.1f}M parameters: {cores} "
+            f"physical core(s) to keep busy run its {steps} reference steps in ~{est[chosen] / 60:.0f} min (fp32, "
+            f"{rate:.0f} GFLOP/s per core assumed)")
+    larger = [name for name in rule["presets"] if est[name] > est[chosen]]
+    limit = f"{budget / 60:.0f} min"
+    said += (f"; {larger[0]} would take ~{est[larger[0]] / 60:.0f} min, over the {limit} budget" if larger else
+             f", the largest of {', '.join(rule['presets'])} within the {limit} budget")
+    return chosen, said + " (compat/tuning.toml [builtin_model])"
 
 
 def _no_constant(name: str) -> Any:
@@ -136,7 +290,8 @@ def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) ->
     attention = 2 * d_model * d_model + 2 * d_model * (kv_heads * (d_model // n_head))
     params = n_layer * (attention + mlp) + vocab * d_model * (1 if tied else 2)
     name = cfg.get("_name_or_path") or cfg.get("model_type") or Path(where).parent.name
-    return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config")
+    return Workload(str(name), n_layer, d_model, n_head, min(seq, 4096), vocab, batch_size, None, params, "hf-config",
+                    d_ff=inter, kv_heads=kv_heads, block="llama" if gated else "gpt2")
 
 
 def from_script(found: ScriptModel) -> Workload:
@@ -146,13 +301,14 @@ def from_script(found: ScriptModel) -> Workload:
     steps = found.max_steps
     if found.config is None:
         return Workload("unknown", 1, 1, 1, 1, 1, 1, steps, 0, "unknown", found.per_device_batch, found.grad_accum,
-                        found.optimizer, found.why_not, True)
+                        found.optimizer, found.why_not, True, parallel=NOT_READ)
     base = from_config_dict(found.config, found.where)
     seq = found.seq_len or base.seq_len
     per_device = found.per_device_batch
     return replace(base, seq_len=seq, batch_size=(per_device or 8) * (found.grad_accum or 1), steps=steps,
                    source="script", per_device_batch=per_device, grad_accum=found.grad_accum,
-                   optimizer=found.optimizer, found=found.where, of_script=True)
+                   optimizer=found.optimizer, found=found.where, of_script=True, seq_assumed=not found.seq_len,
+                   parallel=NOT_READ)
 
 
 def for_script(base: Workload, found: ScriptModel) -> Workload:
@@ -160,14 +316,19 @@ def for_script(base: Workload, found: ScriptModel) -> Workload:
     per_device = found.per_device_batch
     return replace(base, batch_size=(per_device or 8) * (found.grad_accum or 1), per_device_batch=per_device,
                    grad_accum=found.grad_accum, optimizer=found.optimizer, found=f"--model {base.name}", of_script=True,
-                   steps=found.max_steps)
+                   steps=found.max_steps, parallel=NOT_READ)
 
 
 def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, seq_len: Optional[int] = None,
-                     batch_size: Optional[int] = None, steps: Optional[int] = None) -> Workload:
-    """The workload from CLI inputs: a preset name, a config path, a model id in the HF cache, or numbers."""
-    if model is None or model in PRESETS:
-        base = PRESETS[model or "tiny"]
+                     batch_size: Optional[int] = None, steps: Optional[int] = None,
+                     host: Optional[HostFacts] = None) -> Workload:
+    """The workload from CLI inputs: a preset name, a config path, a model id in the HF cache, or numbers. With no
+    model and no size, the host's built-in default (builtin_default) where its facts are given, else tiny."""
+    if model is None and params is None and host is not None:
+        chosen, why = builtin_default(host)
+        base = replace(PRESETS[chosen], why=why)
+    elif model is None or model in PRESETS:
+        base = PRESETS[model or DEFAULT_PRESET]
     elif os.path.exists(model):
         path = os.path.join(model, "config.json") if os.path.isdir(model) else model
         base = from_hf_config(path)
@@ -209,7 +370,11 @@ def _scaled(base: Workload, count: int) -> Workload:
     layers = max(1, round((count / (12.0 * aspect * aspect)) ** (1.0 / 3.0)))
     head_dim = max(1, base.head_dim)
     d_model = max(head_dim, int(round(aspect * layers / head_dim)) * head_dim)
-    return replace(base, n_layer=layers, d_model=d_model, n_head=max(1, d_model // head_dim))
+    n_head = max(1, d_model // head_dim)
+    # The MLP's width and the key/value heads keep their proportions to the width and the heads.
+    return replace(base, n_layer=layers, d_model=d_model, n_head=n_head,
+                   d_ff=round(base.d_ff * d_model / base.d_model) if base.d_ff else 0,
+                   kv_heads=max(1, base.kv_heads * n_head // max(1, base.n_head)) if base.kv_heads else 0)
 
 
 def parse_count(text: str) -> int:

@@ -70,7 +70,7 @@ KNOBS: Tuple[Knob, ...] = (
     # placement options ---------------------------------------------------------------------------------
     _k("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
     # the built-in loop only -------------------------------------------------------------------------
-    _k("preset", "choice", choices=("tiny", "gpt2-small", "micro"), worker=True),
+    _k("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
     _k("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),
     _k("lr", "float", minimum=0.0, worker=True),
     _k("min_lr_ratio", "float", minimum=0.0, worker=True),

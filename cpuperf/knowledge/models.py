@@ -30,6 +30,9 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # CPU default: ~3.3M parameters; ~20+ samples/s fp32 at batch 16 on 2 Zen 3 cores.
     "tiny": ModelConfig(n_layer=4, n_head=4, d_model=256, seq_len=128),
+    # The built-in model on hosts with many cores (compat/tuning.toml [builtin_model]): ~19M parameters, 4096-row
+    # GEMMs of width 512 at batch 16, ~12x tiny's FLOPs per step.
+    "small": ModelConfig(n_layer=6, n_head=8, d_model=512, seq_len=256),
     # GPT-2 small's shape (Radford et al. 2019): for GPUs. With our 768-id BPE it has ~85M params.
     "gpt2-small": ModelConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
     # For tests and smoke runs: fast on any machine.

@@ -112,6 +112,10 @@ _Check = Callable[[Decision[Any], Levers, RenderedJob], Optional[str]]
 
 def _state(d: Decision[Any], levers: Levers, job: RenderedJob) -> LeverState:
     """Where the job carries `d`, else why not: the job's own content first, then the path's reason."""
+    not_split = d.evidence.get("not_split") if d.id == "nproc_per_node" and not d.overridden else None
+    if isinstance(not_split, dict) and job.nproc_per_node == d.value:
+        # the host's layout, not taken because it would change the job: the better value, not applied, and why
+        return LeverState(d.id, not_split.get("ranks"), False, str(not_split.get("why")))
     where = _CARRIED[d.id](d, levers, job)
     if where is not None:
         return LeverState(d.id, d.value, True, where)

@@ -105,7 +105,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
     tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
     # Your launcher's nodes (torchrun --nnodes 2) are the job's, where cpuperf starts no nodes of its own.
     nnodes = max(edge.nnodes, yours.nodes) if yours is not None else edge.nnodes
-    rec = recommend(facts, edge.workload, nproc_per_node=nproc, nnodes=nnodes, unit=request.unit,
+    rec = recommend(facts, _with_parallel(request, edge), nproc_per_node=nproc, nnodes=nnodes, unit=request.unit,
                      device=request.device, measurements=meas, overrides=decided, tuned=tuned,
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
                      environ=command_environ(request.user_argv, edge.environ if facts.live else {}),
@@ -113,8 +113,27 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
                      ranks_unknown=yours is not None and yours.count is None,
                      memory_levers=memory_levers(request, facts, edge))
+    dp = rec.workload.parallel
+    if yours is not None and dp.kind == "trainer" and dp.global_batch is not None and rec.levers.world > 1:
+        world = rec.levers.world  # your launcher's ranks are yours, and so is the batch they train
+        rec = replace(rec, notes=(*rec.notes, f"your {yours.launcher} starts {world} rank(s): global batch {world} x "
+                                  f"{dp.per_device} per device x {dp.grad_accum} accumulation = {world * dp.global_batch}"
+                                  f" ({dp.where}; cpuperf changes no batch of a launch you start)"))
     # A tuning is of CPU levers: a plan on a GPU says nothing of one.
     return rec if said is None or rec.levers.device.value != "cpu" else replace(rec, notes=(*rec.notes, said))
+
+
+def _with_parallel(request: PlanRequest, edge: EdgeFacts) -> Workload:
+    """The workload with what the user's command allows of ranks (cpuperf.plan.user_script.data_parallel): whether
+    it runs data-parallel under a launcher and whether cpuperf can keep its global batch."""
+    w = edge.workload
+    if not request.user_argv:
+        return w
+    from cpuperf.plan.user_script import data_parallel, parse_command
+
+    cmd = parse_command(request.user_argv)
+    mode = request.hf_flags if request.auto else "never"
+    return replace(w, parallel=data_parallel(cmd, edge.script_text, mode, w.per_device_batch, w.grad_accum))
 
 
 def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> MemoryLevers:
@@ -192,10 +211,9 @@ def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_t
     if not entry:
         return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
                       "`cpuperf train --tune -- <command>` tunes it")
-    from cpuperf.data import load_builtin
-    from cpuperf.decide.tune import too_noisy
+    from cpuperf.decide.tune import not_judged
 
-    if too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
+    if not_judged(entry):
         return (entry, "on this command"), None  # recommend says why it is not used
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
     return (entry, "on this command"), (f"the tuning of this command from {when} ({entry.get('runs')} runs, "

@@ -51,7 +51,7 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
     from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
 
-    rec = recommend(facts, resolve_workload(None, None, None, None, 400), nproc_per_node=nproc_per_node,
+    rec = recommend(facts, resolve_workload(None, None, None, None, 400, host=facts), nproc_per_node=nproc_per_node,
                     nnodes=nnodes, unit=unit, device="cpu", measurements=measurements, environ=environ)
     return decisions_of(facts, rec)
 

@@ -145,7 +145,9 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> D
     check_worker_can_honour(rec)
     lv = rec.levers
     world = lv.world
-    s: Dict[str, Any] = {"preset": request.preset or "tiny"}
+    # --model's preset, else the one the plan's workload is (the host's default: decide.workload.builtin_default)
+    built_in = rec.workload.name if rec.workload.source == "preset" else "tiny"
+    s: Dict[str, Any] = {"preset": request.preset or built_in}
     if request.auto:
         s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
                  threads_per_rank=rank_threads(lv, True),

@@ -8,7 +8,7 @@ which reads its local rank from the launcher and a slot table from CPUPERF_RANK_
 variables (OMP_NUM_THREADS, CCL_*, KMP_*, I_MPI_PIN_DOMAIN, MASTER_*, GLOO_SOCKET_IFNAME, LD_PRELOAD)
 are decided by cpuperf.decide.runtime_env, never here.
 
-The edge (subprocess, signals, /proc) lives in cpuperf/launch_exec.py.
+The edge (subprocess, signals, /proc) lives in cpuperf/run/launcher.py, each rank in cpuperf/run/rankexec.py.
 """
 
 from __future__ import annotations
@@ -511,6 +511,8 @@ class RankObservation:
     omp_num_threads: Optional[str] = None
     openmp: List[str] = field(default_factory=list)
     allocator: Optional[str] = None
+    world_size: Optional[int] = None  # WORLD_SIZE (or MPI's size) in the rank's own environment
+    argv: Tuple[str, ...] = ()  # what the rank runs (/proc/PID/cmdline): the flags its script parsed
 
     def to_json(self) -> Dict[str, Any]:
         return as_json(self)

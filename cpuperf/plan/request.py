@@ -20,7 +20,9 @@ class PlanRequest:
 
     auto: bool = False
     dry_run: bool = False
-    decided: Mapping[str, Any] = field(default_factory=dict)  # --set values recommend decides (and --batch-size)
+    decided: Mapping[str, Any] = field(default_factory=dict)  # --set values recommend decides (and a script's --batch-size)
+    # --batch-size of the built-in loop: its global batch (samples per optimizer step), which its ranks share
+    global_batch: Optional[int] = None
     worker: Mapping[str, Any] = field(default_factory=dict)  # --set values of the built-in loop itself
     has_sets: bool = False
     model: Optional[str] = None
@@ -65,9 +67,11 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
                          hint="pass it to your script as its own argument")
     if batch_size is not None:  # --batch-size: typed and bounded as --set batch_size is
         try:
-            decided.setdefault("batch_size", coerce("batch_size", str(batch_size)))
+            typed = coerce("batch_size", str(batch_size))
         except UsageError as exc:
             raise UsageError(exc.message.replace("--set batch_size=", "--batch-size "), hint=exc.hint) from None
+        if user_argv:  # a script's: its per-device batch, as --set batch_size (the built-in loop's is its global batch)
+            decided.setdefault("batch_size", typed)
     return decided, worker
 
 

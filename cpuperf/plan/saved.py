@@ -18,7 +18,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.decide.records import Decision, Levers, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
-from cpuperf.decide.workload import Workload
+from cpuperf.decide.workload import BLOCKS, Workload
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
@@ -283,13 +283,22 @@ def _workload(raw: Any) -> Workload:
     _need({"workload": raw}, "workload", dict, "")
     # The fields a workload's JSON holds (a user script's own batch and optimizer are not in a saved plan).
     fields = [name for name, f in Workload.__dataclass_fields__.items() if f.metadata.get("json", name) is not None]
+    # The block's shape came later: a plan written before has none of these keys, and takes the defaults.
+    later = {"d_ff", "kv_heads", "block"}
     for key in fields:
-        if key in ("name", "source"):
+        if key in later and key not in raw:
+            continue
+        if key == "block":
+            if _need(raw, key, str, "workload") not in BLOCKS:
+                raise ValueError(f"workload.block must be one of {', '.join(BLOCKS)}")
+        elif key in ("name", "source"):
             _need(raw, key, str, "workload")
         else:
-            _int(raw, key, "workload", 1, 1 << 50, key == "steps")
-    _exact_keys(raw, tuple(fields), "workload")
-    return Workload(**{k: raw[k] for k in fields})
+            _int(raw, key, "workload", 0 if key in later else 1, 1 << 50, key == "steps")
+    # why the host chose its built-in model: absent where --model named it; one printable line where present
+    why = _need(raw, "why", str, "workload") if "why" in raw else ""
+    _exact_keys(raw, (*fields, "why"), "workload")
+    return Workload(**{k: raw[k] for k in fields if k in raw}, why=why)
 
 
 def _decision(raw: Any, index: int) -> Decision[Any]:
@@ -679,7 +688,8 @@ def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Any, environ: M
     from cpuperf.knowledge.knobs import parse_assignments
 
     i = plan.inputs
-    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"))
+    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"),
+                                host=facts)
     overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
     overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
     return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from packaging.version import Version
 
+from cpuperf.decide.workload import DataParallel
 from cpuperf.errors import UsageError
 from cpuperf.versions import base_or_none
 
@@ -78,6 +79,8 @@ class Flag:
     args: Tuple[str, ...]  # ("--bf16",) or ("--optim", "adamw_torch_fused")
     why: str
     file: Optional[Tuple[str, str]] = None  # (path, JSON text) the flag names: written in the run directory
+    # keeps the global batch over cpuperf's ranks: it takes the place of the value your command gives, if any
+    replaces: bool = False
 
     @property
     def name(self) -> str:
@@ -209,6 +212,103 @@ def detect_parser(source: Optional[str], script_args: Sequence[str]) -> Tuple[st
     if looks_like_hf_trainer(source):
         return "in-code", "TrainingArguments is built in code: command-line flags would not reach it"
     return "other", "not a Hugging Face Trainer script"
+
+
+# -- may cpuperf split it into ranks (issue 51) -----------------------------------------------------
+
+# What a script's source shows of running data-parallel under a launcher's environment (RANK, WORLD_SIZE...).
+_ACCELERATE_SIGN = re.compile(r"\bAccelerator\s*\(")
+_PROCESS_GROUP_SIGN = re.compile(r"\binit_process_group\s*\(|\bDistributedDataParallel\b|\bdeepspeed\.initialize\b")
+_BATCH_IN_CODE = re.compile(r"\bper_device_train_batch_size\s*=|\bgradient_accumulation_steps\s*=")
+TRAINER_DEFAULT_BATCH = 8  # TrainingArguments' per_device_train_batch_size default (transformers training_args.py)
+
+
+def data_parallel(cmd: UserCommand, source: Optional[str], mode: str, per_device: Optional[int],
+                  grad_accum: Optional[int]) -> DataParallel:
+    """Whether the user's one-process command runs data-parallel when a launcher starts it several times, and
+    whether cpuperf can keep its global batch: the signs read from its source, each said. Only a Trainer whose
+    arguments come from the command line (HfArgumentParser) gets its batch passed by cpuperf; an accelerate
+    script or one that forms its own process group runs data-parallel with a batch of its own code's."""
+    if cmd.hidden:
+        return DataParallel("unread", f"{cmd.hidden}: its script is not read")
+    if source is None:
+        what = f"python -m {cmd.module}: its source was not read" if cmd.module else "the script could not be read"
+        return DataParallel("unread", what)
+    parser, why = detect_parser(source, cmd.script_args)
+    if parser == "hf":
+        if mode == "never":
+            return DataParallel("trainer", why, where="--hf-flags never: cpuperf passes no flag to it")
+        if per_device is None and _BATCH_IN_CODE.search(source):
+            return DataParallel("trainer", why, where="its code sets the batch or accumulation")
+        where = (f"your --per_device_train_batch_size {per_device}" if per_device is not None
+                 else f"the Trainer's default per_device_train_batch_size {TRAINER_DEFAULT_BATCH}")
+        return DataParallel("trainer", why, per_device or TRAINER_DEFAULT_BATCH, grad_accum or 1, where)
+    if looks_like_hf_trainer(source):
+        return DataParallel("trainer", "the script builds TrainingArguments", where=why)
+    if _ACCELERATE_SIGN.search(source):
+        return DataParallel("accelerate", "the script runs under accelerate's Accelerator")
+    if _PROCESS_GROUP_SIGN.search(source):
+        return DataParallel("process-group", "the script forms its own process group")
+    return DataParallel("plain", f"{cmd.script or 'the script'} forms no process group (no Trainer, Accelerator or "
+                        "init_process_group in its source)")
+
+
+@dataclass(frozen=True)
+class BatchRan:
+    """The global batch a Trainer's ranks trained with, read back from the ranks themselves: the world size in each
+    rank's environment and the per-device batch and accumulation on the command line its script parsed."""
+
+    world_size: int
+    per_device: int
+    grad_accum: int
+    planned: int  # the plan's global batch: world x per-device x accumulation as planned
+    ranks_read: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.per_device * self.grad_accum
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"world_size": self.world_size, "per_device": self.per_device, "grad_accum": self.grad_accum,
+                "global_batch": self.global_batch, "planned": self.planned, "ranks_read": self.ranks_read}
+
+
+def _last_int(argv: Sequence[str], name: str, default: int) -> Optional[int]:
+    """The value argparse keeps for option `name` (its last occurrence), the default without one; None: not a number."""
+    value: Optional[str] = None
+    for i, item in enumerate(argv):
+        key, eq, rest = item.partition("=")
+        if key.startswith("--") and _norm(key) == name:
+            value = rest if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    if value is None:
+        return default
+    return int(value) if value.isdigit() else None
+
+
+def batch_ran(rec: Recommendation, observed: Sequence[Any]) -> Tuple[Optional[BatchRan], Optional[str]]:
+    """(what the ranks trained, a mismatch with the plan) for a Trainer whose batch the plan knows; (None, None)
+    where there is nothing to compare (not such a script, or no rank was read while it ran)."""
+    dp = rec.workload.parallel
+    if dp.kind != "trainer" or dp.per_device is None:
+        return None, None
+    split = rec.split
+    per, acc = (split.per_device, split.grad_accum) if split is not None else (dp.per_device, dp.grad_accum)
+    planned = rec.levers.world * per * acc
+    read = [o for o in observed if o.argv]
+    if not read:
+        return None, None
+    worlds = {o.world_size or 1 for o in read}
+    batches = {(_last_int(o.argv, "--per_device_train_batch_size", TRAINER_DEFAULT_BATCH),
+                _last_int(o.argv, "--gradient_accumulation_steps", 1)) for o in read}
+    if len(worlds) > 1 or len(batches) > 1 or None in next(iter(batches)):
+        return None, (f"the ranks did not agree on the job: world sizes {sorted(worlds)}, per-device batch and "
+                      f"accumulation {sorted(batches, key=str)}; the plan's global batch is {planned}")
+    (b, a), = batches
+    ran = BatchRan(worlds.pop(), int(b or 0), int(a or 0), planned, len(read))
+    if ran.global_batch != planned:
+        return ran, (f"the ranks trained a global batch of {ran.global_batch} ({ran.world_size} rank(s) x {ran.per_device} "
+                     f"per device x {ran.grad_accum} accumulation), the plan {planned}")
+    return ran, None
 
 
 # -- the flags -------------------------------------------------------------------------------------
@@ -507,13 +607,39 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
     base = _with_launcher_flags(words, launch)
     if mode == "auto" and parser != "hf":
         return made(base, launch, (), why + " (--hf-flags always adds them anyway)")
-    add, left = merge_flags(cmd.script_args or words, ours, source)
-    argv = base + tuple(a for f in add for a in f.args)
+    base, ours = _replace_values(base, len(cmd.script_args), ours)
+    add, left = merge_flags(cmd.script_args or words, [f for f in ours if not f.replaces], source)
+    add = [*[f for f in ours if f.replaces], *add]
+    argv = base + tuple(a for f in add if not f.replaces or f.args[0] not in base for a in f.args)
     plan = made(argv, [*launch, *add], [*left, *skipped], why if mode == "auto" else "--hf-flags always")
     # fused AdamW without a flag: the Trainer's default, where neither your command nor your code picks another
     fused = ("--optim", TRAINER_FUSED) in skipped and "--optim" not in user_flag_names(cmd.script_args or words) \
         and not _sets_optim(source)
     return replace(plan, by_default=("optimizer",)) if fused else plan
+
+
+def _replace_values(words: Tuple[str, ...], n_script_args: int, ours: Sequence[Flag]
+                   ) -> Tuple[Tuple[str, ...], List[Flag]]:
+    """`words` with each replacing flag's value put in place of the one the script's arguments give (every
+    occurrence, `--k v` and `--k=v`, normalized to `--k v`), and the flags: those that replaced come back with their
+    option name as written there, so the argv carries each once."""
+    out = list(words)
+    start = len(out) - n_script_args
+    kept: List[Flag] = []
+    for flag in ours:
+        if not flag.replaces:
+            kept.append(flag)
+            continue
+        hit = False
+        i = start
+        while i < len(out):
+            key, eq, _ = out[i].partition("=")
+            if key.startswith("--") and _norm(key) == flag.name:
+                out[i:i + (1 if eq else 2)] = [flag.args[0], *flag.args[1:]]
+                hit = True
+            i += 1
+        kept.append(flag if not hit else replace(flag, why=flag.why + " (in place of your value)"))
+    return tuple(out), kept
 
 
 # -- what was applied, and a rejection ---------------------------------------------------------------
@@ -703,6 +829,19 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
         else None
     if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
-    return speed_flags(lv, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
-                       world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio, gpus_visible=not cpu_only_host(rec),
-                       config_dir=config_dir)
+    flags, skipped = speed_flags(lv, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
+                                 world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio,
+                                 gpus_visible=not cpu_only_host(rec), config_dir=config_dir)
+    return [*batch_split_flags(rec), *flags], skipped
+
+
+def batch_split_flags(rec: Recommendation) -> List[Flag]:
+    """The per-device batch and accumulation that keep a Trainer's global batch over the ranks cpuperf starts."""
+    split = rec.split
+    if split is None:
+        return []
+    why = split.describe()
+    out = [Flag(("--per_device_train_batch_size", str(split.per_device)), why, replaces=True)]
+    if split.grad_accum != split.was_grad_accum:
+        out.append(Flag(("--gradient_accumulation_steps", str(split.grad_accum)), why, replaces=True))
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.probe import parse
@@ -45,13 +45,50 @@ _PSABI_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 _PSABI_V3 = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe")
 
 
+# The vector extensions that set a CPU's peak and its native dtypes (AVX-512's family, AMX), in Linux flag spelling.
+# A hypervisor may report any family/model to its guest but can expose only extensions the hardware has (the guest
+# would fault on them otherwise), so flags are a lower bound and a model number is a claim: a model whose row does
+# not list a vector extension that a newer generation the flags allow does list is overruled by the flags
+# (archspec's rule: a host is the most specific microarchitecture whose features it has; archspec/archspec
+# archspec/cpu/detect.py host(), compatible_microarchitectures()).
+def _vector(feature: str) -> bool:
+    return feature.startswith(("avx512", "amx_"))
+
+
+class X86Name(NamedTuple):
+    """The name of an x86 CPU, how it was named, and (where the flags overruled it) what the model number said."""
+
+    name: str
+    how: str  # model | features | none
+    by_model: Optional[str] = None  # the family/model's name, when the flags overruled it
+    beyond_model: Tuple[str, ...] = ()  # the vector extensions the flags show that the model's row does not list
+
+
 def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
              stepping: Optional[int], flags: Tuple[str, ...]) -> Tuple[str, str]:
     """(microarchitecture, how it was named): by family/model first, else by features."""
+    named = identify_x86(vendor, family, model, stepping, flags)
+    return named.name, named.how
+
+
+def identify_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
+                 stepping: Optional[int], flags: Tuple[str, ...]) -> X86Name:
+    """The family/model's name where the flags allow nothing newer with more vector extensions, else the flags'."""
     entries = [e for e in microarch_table()["x86"] if e["vendor"] == vendor]
-    for entry in entries:
-        if entry["family"] == family and _model_matches(entry, model, stepping):
-            return entry["name"], "model"
+    by_model = next((e for e in entries if e["family"] == family and _model_matches(e, model, stepping)), None)
+    by_flags = _by_features(entries, family, flags)
+    if by_model is None:
+        return X86Name(by_flags[1], by_flags[2])
+    row = by_flags[0]
+    beyond = tuple(f for f in (row["features"] if row else ()) if _vector(f) and f not in by_model["features"])
+    if row is not None and row["order"] > by_model["order"] and beyond and by_model["features"]:
+        return X86Name(row["name"], "features", by_model["name"], beyond)
+    return X86Name(by_model["name"], "model")
+
+
+def _by_features(entries: List[Dict[str, Any]], family: Optional[int],
+                 flags: Tuple[str, ...]) -> Tuple[Optional[Dict[str, Any]], str, str]:
+    """(the table's row, or None; the name; how): the newest generation whose features are all present."""
     present = set(flags)
     # A family newer than every family the table knows for this vendor (Intel's 18 and 19 followed 6) is a
     # newer CPU than any row: naming it after an older part by its flags would understate it.
@@ -64,14 +101,14 @@ def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
         best = min(same, key=lambda e: e["order"])
         # Never give an AVX-512 part the name of a generation without it (e.g. 'zen' for a Zen 4).
         if "avx512f" in best["features"] or "avx512f" not in present:
-            return best["name"], "features"
+            return best, best["name"], "features"
     if set(_PSABI_V4) <= present:
-        return "x86_64_v4", "features"
+        return None, "x86_64_v4", "features"
     if fits:
-        return best["name"], "features"
+        return best, best["name"], "features"
     if set(_PSABI_V3) <= present:
-        return "x86_64_v3", "features"
-    return ("x86_64" if "lm" in present else "unknown"), "none"
+        return None, "x86_64_v3", "features"
+    return None, ("x86_64" if "lm" in present else "unknown"), "none"
 
 
 def name_arm(implementer: Optional[int], part: Optional[int]) -> Tuple[str, Optional[str], str]:
@@ -136,15 +173,16 @@ def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tu
     family = parse.int_auto(first.get("cpu family"))
     model = parse.int_auto(first.get("model"))
     stepping = parse.int_auto(first.get("stepping"))
-    uarch, how = name_x86(vendor, family, model, stepping, flags)
+    named = identify_x86(vendor, family, model, stepping, flags)
     isa = tuple(f for f in X86_ISA if f in flags)
     amx_supported = "amx_tile" in flags
     bf16_native = "avx512_bf16" in flags or "amx_bf16" in flags
     return dict(arch="x86_64", vendor=vendor, model_name=first.get("model name"), family=family,
-                model=model, stepping=stepping, microarchitecture=uarch, isa=isa, flags=flags,
+                model=model, stepping=stepping, microarchitecture=named.name, isa=isa, flags=flags,
                 bf16_native=bf16_native, amx_supported=amx_supported,
                 amx_usable=_amx_usable(src) if amx_supported else False,
-                microarchitecture_source=how)
+                microarchitecture_source=named.how, model_microarchitecture=named.by_model,
+                beyond_model=named.beyond_model)
 
 
 def _arm_facts(first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> Dict[str, Any]:
@@ -189,4 +227,4 @@ def _amx_usable(src: Sources) -> Optional[bool]:
     return None
 
 
-__all__ = ["probe_cpu", "name_x86", "name_arm"]
+__all__ = ["probe_cpu", "name_x86", "identify_x86", "X86Name", "name_arm"]

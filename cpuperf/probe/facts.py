@@ -58,6 +58,10 @@ class CpuFacts:
     implementer: Optional[int] = None  # Arm
     part: Optional[int] = None  # Arm
     microarchitecture_source: str = "model"  # model | features | override | none
+    # x86: where the flags overruled the family/model (a hypervisor's model number), the name the model gives and
+    # the vector extensions (AVX-512, AMX) the flags show beyond that generation's; None and () otherwise.
+    model_microarchitecture: Optional[str] = None
+    beyond_model: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

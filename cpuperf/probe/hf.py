@@ -55,7 +55,9 @@ def accelerate_default_config(environ: Optional[Mapping[str, str]] = None) -> bo
 # and the TrainingArguments that size a rank's memory. Both spellings argparse accepts (HfArgumentParser takes
 # --per-device-train-batch-size too).
 _MODEL_ARGS = ("model_name_or_path", "config_name", "model_type", "config_overrides")
-_SEQ_ARGS = ("block_size", "max_seq_length", "max_length", "seq_length")
+# A script of one's own often names its length --seq_len (the recorded H100 check's Trainer script did:
+# tests/fixtures/hosts/h100-emeraldrapids-16c/trainer/trainer_script.py) or --max_seq_len.
+SEQ_ARGS = ("block_size", "max_seq_length", "max_length", "seq_length", "seq_len", "max_seq_len")
 _TRAINER_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "max_steps")
 # TrainingArguments' --optim names -> cpuperf's optimizer ids (the families the memory plan knows).
 _OPTIM_IDS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_hf": "adamw", "adamw": "adamw",
@@ -81,7 +83,7 @@ class ScriptModel:
 
 def script_arguments(args: Sequence[str]) -> Dict[str, str]:
     """The model, sequence and Trainer memory arguments of a script's argv (`--k v` and `--k=v`, - or _)."""
-    wanted = set(_MODEL_ARGS + _SEQ_ARGS + _TRAINER_ARGS)
+    wanted = set(_MODEL_ARGS + SEQ_ARGS + _TRAINER_ARGS)
     out: Dict[str, str] = {}
     i = 0
     while i < len(args):
@@ -107,7 +109,7 @@ def _args_file(args: Sequence[str], cwd: str) -> Dict[str, str]:
         data = json.loads(read_capped(os.path.join(cwd, args[0]), 1024 * 1024).decode("utf-8"))
     except (OSError, InputRefused, ValueError):
         return {}
-    keys = set(_MODEL_ARGS + _SEQ_ARGS + _TRAINER_ARGS)
+    keys = set(_MODEL_ARGS + SEQ_ARGS + _TRAINER_ARGS)
     return {k: str(v) for k, v in data.items() if k in keys and v is not None} if isinstance(data, dict) else {}
 
 
@@ -215,7 +217,7 @@ def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, s
     accum = _positive(named.get("gradient_accumulation_steps"))
     optim = named.get("optim")
     optimizer = _OPTIM_IDS.get(optim) if optim else None
-    seq = next((_positive(named.get(k)) for k in _SEQ_ARGS if _positive(named.get(k))), None)
+    seq = next((_positive(named.get(k)) for k in SEQ_ARGS if _positive(named.get(k))), None)
 
     steps = _positive(named.get("max_steps"))
 

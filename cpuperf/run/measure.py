@@ -122,8 +122,8 @@ def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) 
     if "load" not in data:
         flags.append("the load during it was not recorded")
     for name, rep in (data.get("repeats") or {}).items():
-        spread = rep.get("spread")
-        if spread is not None and spread > rules["max_spread"]:
+        spread = rep.get("spread")  # single figures (no comparison to judge): their repeats must agree
+        if spread is not None and spread > rules["single_figure_max_spread"]:
             flags.append(f"{name} spread {spread * 100:.0f}% over {rep.get('n')} repeats "
                          f"(min {rep.get('min'):.1f}, median {rep.get('median'):.1f}, max {rep.get('max'):.1f})")
     return True, flags
@@ -538,11 +538,11 @@ def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, ov
     """fp32 and bf16 GEMM rounds on one server until their ratio decides or `deadline`: the figures for the plan."""
     from cpuperf.decide.ratios import Ratio, alternating
 
-    min_rounds, max_spread = int(rules["min_rounds"]), float(rules["ratio_max_spread"])
+    min_rounds, judging = int(rules["min_rounds"]), _judging()
     windows = int(rules["windows"])
     ratio = Ratio("bf16/fp32 GEMM", float(_tuning()["dtype"]["min_bf16_over_fp32_gemm"]))
     rates: Dict[str, List[float]] = {"fp32": [], "bf16": []}
-    while not ratio.decided(min_rounds, max_spread) and (not ratio.rounds or time.monotonic() < deadline):
+    while not ratio.decided(min_rounds, *judging) and (not ratio.rounds or time.monotonic() < deadline):
         got = {}
         for dtype in alternating(("fp32", "bf16"), len(ratio.rounds)):
             rate = server.ask({"gemm": dtype, "size": size, "seconds": seconds, "windows": windows}, timeout=300.0)
@@ -555,21 +555,26 @@ def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, ov
                         left_s=max(0.0, overall - time.monotonic()))
     out: Dict[str, Any] = {"gemm_fp32_gflops": round(statistics.median(rates["fp32"]), 3),
                            "repeats": {f"gemm_{k}_gflops": _spread(v) for k, v in rates.items()},
-                           "ratios": {"bf16_over_fp32": ratio.to_json(min_rounds, max_spread)}, "undecided": {}}
-    if ratio.decided(min_rounds, max_spread):
+                           "ratios": {"bf16_over_fp32": ratio.to_json(min_rounds, *judging)}, "undecided": {}}
+    if ratio.decided(min_rounds, *judging):
         out["gemm_bf16_gflops"] = round(statistics.median(rates["bf16"]), 3)
     else:
-        out["undecided"]["bf16_over_fp32"] = f"{ratio.name} {ratio.describe()}: {_why_undecided(ratio, min_rounds)}, so the " \
+        out["undecided"]["bf16_over_fp32"] = f"{ratio.name} {ratio.describe()}: {_why_undecided(ratio, min_rounds, judging)}, so the " \
                                     "rule decides the dtype; `cpuperf bench --refresh` measures again"
     return out
 
 
-def _why_undecided(ratio: Any, min_rounds: int) -> str:
-    """Why a ratio did not decide within the budget: too few rounds, or rounds on both sides and far apart."""
+def _judging() -> Tuple[float, float]:
+    """(confidence, resolution) of the one judgement (compat/tuning.toml [judge])."""
+    judge = _tuning()["judge"]
+    return float(judge["confidence"]), float(judge["resolution"])
+
+
+def _why_undecided(ratio: Any, min_rounds: int, judging: Tuple[float, float]) -> str:
+    """Why a ratio did not decide within the budget: too few rounds, or its interval holds the threshold."""
     if len(ratio.rounds) < min_rounds:
         return f"only {len(ratio.rounds)} of the {min_rounds} rounds it needs fitted in the time budget"
-    return (f"too noisy to decide (rounds {ratio.spread * 100:.0f}% apart, on both sides of "
-            f"{ratio.threshold:.2f}x)")
+    return f"too noisy to decide ({ratio.verdict(min_rounds, *judging).why})"
 
 
 def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Any,
@@ -581,13 +586,13 @@ def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], d
 
     from cpuperf.decide.ratios import Ratio, alternating
 
-    min_rounds, max_spread = int(rules["min_rounds"]), float(rules["ratio_max_spread"])
+    min_rounds, judging = int(rules["min_rounds"]), _judging()
     threshold = float(_tuning()["allocator"]["min_speedup"])
     request = {"size": "small", "seconds": float(rules["workload_window_s"]), "windows": int(rules["windows"])}
     ratios = {(name, w): Ratio(f"{name}/default allocator on {w}", threshold) for name in libs for w in workloads}
     round_no = 0
     while time.monotonic() < deadline:
-        pending = [w for w in workloads if any(not ratios[(n, w)].decided(min_rounds, max_spread) for n in libs)]
+        pending = [w for w in workloads if any(not ratios[(n, w)].decided(min_rounds, *judging) for n in libs)]
         if not pending:
             break
         for w in pending:
@@ -600,19 +605,20 @@ def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], d
                 if "default" in got and name in got:
                     ratios[(name, w)] = ratios[(name, w)].add(got[name] / got["default"])
         round_no += 1
-        done = sum(r.decided(min_rounds, max_spread) for r in ratios.values())
+        done = sum(r.decided(min_rounds, *judging) for r in ratios.values())
         progress.update(f"allocator round {round_no}, {done} of {len(ratios)} decided: "
                         + ", ".join(f"{n} on {w} {r.describe()}" for (n, w), r in ratios.items()),
                         left_s=max(0.0, deadline - time.monotonic()))
     speedups: Dict[str, Any] = {}
     for name in libs:
-        decided = {w: ratios[(name, w)].median for w in workloads if ratios[(name, w)].decided(min_rounds, max_spread)}
+        decided = {w: ratios[(name, w)].verdict(min_rounds, *judging).ratio for w in workloads
+                   if ratios[(name, w)].decided(min_rounds, *judging)}
         for w in workloads:
             r = ratios[(name, w)]
-            out["ratios"][f"{name}_on_{w}"] = r.to_json(min_rounds, max_spread)
-            if not r.decided(min_rounds, max_spread):
+            out["ratios"][f"{name}_on_{w}"] = r.to_json(min_rounds, *judging)
+            if not r.decided(min_rounds, *judging):
                 out["undecided"][f"allocator {name} on {w}"] = (
-                    f"{r.name} {r.describe()}: {_why_undecided(r, min_rounds)}, so it does not count (the default "
+                    f"{r.name} {r.describe()}: {_why_undecided(r, min_rounds, judging)}, so it does not count (the default "
                     "allocator stays unless a measured ratio says otherwise); `cpuperf bench --refresh` measures again")
         if decided:
             speedups[name] = round(math.exp(sum(math.log(v) for v in decided.values()) / len(decided)), 4)
@@ -775,12 +781,36 @@ def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executab
     return got
 
 
+def disturbed(data: Mapping[str, Any]) -> Optional[str]:
+    """Why a side-by-side measurement is taken again: a ratio left undecided while other work used its CPUs (the
+    load before or after it), fewer than [measure].disturbed_tries times so far; None: it stands (decided, taken
+    on a quiet host, or tried enough: then the rule decides what it left undecided, and says so)."""
+    undecided = data.get("undecided") or {}
+    load = data.get("load") or {}
+    if data.get("method") != METHOD or not undecided or not load.get("under_load"):
+        return None
+    tries, most = int(data.get("tries") or 1), int(_rules()["disturbed_tries"])
+    if tries >= most:
+        return None
+    return (f"{len(undecided)} ratio(s) left undecided while other work used its CPUs "
+            f"({load.get('figure') or 'busy CPUs'}): taken again, try {tries + 1} of {most}")
+
+
+def _why_measure(data: Optional[Dict[str, Any]], facts: HostFacts) -> Tuple[bool, List[str]]:
+    """(usable as it is, why it is measured now): nothing cached, expired, flagged, or disturbed and undecided."""
+    if data is None:
+        return False, ["no measurement yet"]
+    usable, flags = assess(data, facts)
+    again = disturbed(data) if usable else None
+    return usable, flags + ([again] if again else [])
+
+
 def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
                        log: Optional[Callable[[str], Any]]) -> Optional[Measurements]:
     need_dtype = facts.cpu.bf16_native
     need_alloc = bool(allocator_libraries(facts))
     data, _ = read_cached(facts)
-    usable, flags = assess(data, facts) if data is not None else (False, ["no measurement yet"])
+    usable, flags = _why_measure(data, facts)
     if usable and not flags:
         return load_cached(facts, log)
     if not (need_dtype or need_alloc):
@@ -789,9 +819,29 @@ def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
         log(f"measuring this host ({'; '.join(flags)}): the bf16/fp32 GEMM ratio"
             + (", the allocators against the default" if need_alloc else "")
             + f", side by side, at most about {_rules()['budget_s']} s; cached for later runs ...")
-    results = run_micro(facts, threads, python, allocators=need_alloc, log=log)
-    save(facts, results)
+    measure_and_save(facts, threads, python, tries_before(data), log, allocators=need_alloc)
     return load_cached(facts, log)
+
+
+def tries_before(data: Optional[Mapping[str, Any]]) -> int:
+    """How many times the cached measurement was taken while disturbed (0: it stands, or there is none)."""
+    return int((data or {}).get("tries") or 1) if data is not None and disturbed(data) else 0
+
+
+def measure_and_save(facts: HostFacts, threads: int, python: str = sys.executable, tries: int = 0,
+                     log: Optional[Callable[[str], Any]] = None, **micro: Any) -> Tuple[Dict[str, Any], Path]:
+    """run_micro, cached; taken again while other work disturbed it and left a ratio undecided (`disturbed`), at
+    most [measure].disturbed_tries times in all (`tries`: how many were taken before). (the last results, path)."""
+    while True:
+        results = run_micro(facts, threads, python, log=log, **micro)
+        tries += 1
+        results["tries"] = tries
+        path = save(facts, results)
+        again = disturbed(results)
+        if again is None:
+            return results, path
+        if log:
+            log(again)
 
 
 def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
@@ -812,10 +862,10 @@ def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]
     if not facts.live or facts.gpus or os.environ.get("CPUPERF_MEASURE", "1").strip() == "0":
         return planning_measurements(facts, log)
     data, _ = read_cached(facts)
-    usable, flags = assess(data, facts) if data is not None else (False, [])
+    usable, flags = _why_measure(data, facts)
     if usable and not flags:
         meas = load_cached(facts, log)
-    else:  # nothing cached, expired, or a single-figure one taken under load: measured again, side by side
+    else:  # nothing cached, expired, a single-figure one taken under load, or one disturbed and left undecided
         try:
             meas = measure_if_unsure(facts, threads, log=log)
         except ProbeFailedError as exc:

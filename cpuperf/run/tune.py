@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from cpuperf.boundary import LAUNCHER_RANK_VARS
 from cpuperf.data import load_builtin
-from cpuperf.decide.tune import Candidates, Point, TuneResult, descend
+from cpuperf.decide.tune import UNDECIDED, Candidates, Point, TuneResult, descend
 from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Lis
     """The descent with the real clock, each run said as it ends."""
     from cpuperf.output import Progress
 
-    rule = rules()
+    rule, judge = rules(), load_builtin("tuning.toml")["judge"]
     began = time.monotonic()
     runs = 0
 
@@ -260,7 +260,7 @@ def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Lis
     # A run is a fresh process (torch's import, a warm-up): on a busy host tens of seconds with nothing to say.
     with Progress(log, "tuning") as progress:
         return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
-                       clock=time.monotonic)
+                       confidence=float(judge["confidence"]), resolution=float(judge["resolution"]), clock=time.monotonic)
 
 
 def summary(result: TuneResult, cand: Candidates) -> List[str]:
@@ -270,21 +270,28 @@ def summary(result: TuneResult, cand: Candidates) -> List[str]:
              + (f" vs the rule's point {start:.2f} ({best / start:.2f}x)" if best and start and result.best != result.start
                 else " (the rule's point)" if result.best == result.start else "")
              + f"; {result.runs} runs in {result.elapsed_s:.0f} s, {len(result.rounds)} round(s)"]
-    noise = result.noise or 0.0
-    max_spread = float(load_builtin("tuning.toml")["measure"]["max_spread"])
-    if noise > max_spread:
-        lines.append(f"too noisy to decide: the rule's point's repeats spread {noise * 100:.0f}% (over "
-                     f"{max_spread * 100:.0f}%): plans keep the rules' decisions; tune again on a quiet host")
     if result.stopped == "budget":
         lines.append("the time budget ended the search: the best point so far is kept")
     elif result.stopped == "failed":
         lines.append("the rule's point failed to run: nothing tuned")
-    for lever, fig in result.lever_figures().items():
+    judged = result.judged()
+    figures = result.lever_figures()
+    for lever, fig in figures.items():
         alts = ", ".join(f"{k} {v:.2f}" for k, v in fig["alternatives"].items())
-        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives {alts}")
+        j = judged.get(lever)
+        lines.append(f"  {lever}: {fig['value']} {fig['figure']:.2f}; alternatives {alts}" + (f"; {_verdict(j)}" if j else ""))
+    for lever, j in judged.items():
+        if lever not in figures and j["outcome"] == UNDECIDED:  # compared, but never beside the best
+            lines.append(f"  {lever}: {_verdict(j)}")
     for lever, why in cand.skipped.items():
         lines.append(f"  {lever}: not tuned: {why}")
     return lines
+
+
+def _verdict(j: Mapping[str, Any]) -> str:
+    """A lever's verdict in words: 'moved: mimalloc 1.62x (1.54-1.70, bar 1.02)', an undecided one with why."""
+    return (f"{j['outcome']}: {j['alternative']} {j['ratio']:.2f}x ({j['low']:.2f}-{j['high']:.2f}, bar {j['bar']:.2f})"
+            + ((f" ({j['why']})" if j.get("why") else "") + ", so the rule decides it" if j["outcome"] == UNDECIDED else ""))
 
 
 def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
@@ -293,13 +300,12 @@ def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measure
     tuned for it, and only where the run is long enough for the budget to be a small part of it (a short run
     pays the budget and gains little: the rules decide it, and say how to tune)."""
     from cpuperf.decide.recommend import shape_key
-    from cpuperf.decide.tune import too_noisy
+    from cpuperf.decide.tune import not_judged
     from cpuperf.run import measure
 
     entry = meas.tuned_by_shape.get(shape_key(workload)) if meas is not None else None
-    if entry is not None and not (entry.get("load") or {}).get("under_load") and \
-            not too_noisy(entry, load_builtin("tuning.toml")["measure"]["max_spread"]):
-        return meas  # tuned on a quiet host: kept; one tuned under load or too noisy is tuned again here
+    if entry is not None and not (entry.get("load") or {}).get("under_load") and not not_judged(entry):
+        return meas  # tuned on a quiet host: kept; one tuned under load or before levers were judged is tuned again
     rule = rules()
     steps_needed = int(rule["tune_when_run_exceeds_steps"])
     if (workload.steps or 0) < steps_needed:
@@ -308,7 +314,8 @@ def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measure
                 f"about {rule['budget_s']} s of tuning (`cpuperf bench --tune` tunes this shape once, for every later run)")
         return meas
     log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {rule['budget_s']} s"
-        + ("; the cached tuning was taken under load or too noisy" if entry is not None else ", once")
+        + ("; the cached tuning was taken under load or before each lever was judged" if entry is not None
+           else ", once")
         + "; cached for later runs) ...")
     if tune_shape(facts, workload, meas, log) is None:
         return meas

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, TextIO, Tuple
 
+from cpuperf.boundary import WORLD_SIZE_VARS
 from cpuperf.plan.launch import LaunchPlan, RankObservation
 
 # Offsets between /proc samples of a rank not yet verified: torch takes a second or more to load,
@@ -74,9 +75,16 @@ def observe(rank: int, pid: int) -> Optional[RankObservation]:
     obs = RankObservation(rank=rank, pid=pid)
     _status(obs, status)
     environ = _read(f"/proc/{pid}/environ") or ""
+    sizes: Dict[str, int] = {}
     for item in environ.split("\0"):
         if item.startswith("OMP_NUM_THREADS="):
             obs.omp_num_threads = item.split("=", 1)[1]
+        key, _, value = item.partition("=")
+        if key in WORLD_SIZE_VARS and value.strip().isdigit():
+            sizes[key] = min(int(value.strip()), 1 << 20)
+    obs.world_size = next((sizes[k] for k in WORLD_SIZE_VARS if k in sizes), None)
+    cmdline = _read(f"/proc/{pid}/cmdline") or ""
+    obs.argv = tuple(cmdline.split("\0")[:-1][:4096])
     libs = parse_maps(maps)
     obs.openmp = list(libs.openmp)
     obs.allocator = libs.allocator

@@ -454,6 +454,8 @@ class Run:
         if self.batch_trial is not None and self.batch_trial.get("adjusted"):
             self.s = s.replace(batch_size=self.batch_trial["batch"],
                                grad_accum_steps=self.batch_trial["grad_accum_steps"])
+        if s.device == "cuda":  # the run's peak is its training's, not the trial's (which may try a larger batch)
+            self.torch.cuda.reset_peak_memory_stats(self.device)
 
     def wrap_model(self, model: Any) -> None:
         """DDP over several ranks, then torch.compile when asked."""
@@ -905,6 +907,16 @@ class Run:
             values = [int(p.item()) for p in parts]
         return [f"{v & (2**64 - 1):016x}" for v in values]
 
+    def gpu_memory(self) -> Optional[Dict[str, int]]:
+        """Rank 0's real peak on its card since the batch trial: what torch allocated and what its caching allocator
+        reserved (torch.cuda.max_memory_allocated / max_memory_reserved); None off a GPU."""
+        if self.s.device != "cuda":
+            return None
+        torch = self.torch
+        return {"max_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                "max_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+                "batch_size": self.s.batch_size}
+
     def summarise(self, st: LoopState) -> Optional[Dict[str, Any]]:
         """Rank 0's summary record (also the last line of metrics.jsonl); None on other ranks."""
         checksums = self.rank_checksums()
@@ -939,7 +951,7 @@ class Run:
             "achieved_tflops": _round(achieved, 4), **mfu_fields,
             "amp": {"dtype": self.amp.name, "autocast": self.amp.autocast,
                     "grad_scaler": self.amp.grad_scaler},
-            "attention_kernel": self.attention, "batch_trial": self.batch_trial,
+            "attention_kernel": self.attention, "batch_trial": self.batch_trial, "gpu_memory": self.gpu_memory(),
             "settings": self.s.to_dict(),
             "metrics_file": str(self.metrics_path), "checkpoint": str(self.ckpt_path),
             "param_checksums": checksums,

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Tuple
 from cpuperf.jsonable import as_json
 from cpuperf.train.errors import ConfigError
 
-PRESETS = ("tiny", "gpt2-small", "micro")
+PRESETS = ("tiny", "small", "gpt2-small", "micro")
 DTYPES = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw_fused")
 DEVICES = ("cpu", "cuda")

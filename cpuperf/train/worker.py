@@ -65,6 +65,10 @@ def _human(summary: Dict[str, Any]) -> str:
     if (summary.get("amp") or {}).get("autocast"):
         amp = summary["amp"]
         extra.append(f"{amp['dtype']} autocast" + (" + GradScaler" if amp["grad_scaler"] else ""))
+    mem = summary.get("gpu_memory") or {}
+    if mem:
+        extra.append(f"GPU memory peak {mem['max_allocated_bytes'] / 2**30:.1f} GiB allocated, "
+                     f"{mem['max_reserved_bytes'] / 2**30:.1f} GiB reserved")
     trial = summary.get("batch_trial") or {}
     if trial.get("adjusted"):
         extra.append(f"batch {trial['planned_batch']} -> {trial['batch']} x {trial['grad_accum_steps']} "
