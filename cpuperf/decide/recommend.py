@@ -313,14 +313,18 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
                           oversubscribe=ctx.fixed.oversubscribe, split=split)
 
 
+def _batch_is_yours(ctx: _Context) -> bool:
+    """You set the per-device batch or accumulation: per rank, so yours to multiply, never cpuperf's."""
+    return ctx.fixed.batch_size is not None or ctx.fixed.grad_accum_steps is not None
+
+
 def _keeps_the_job(ctx: _Context, ranks: int, on_gpu: bool = False) -> bool:
-    yours = ctx.fixed.batch_size is not None or ctx.fixed.grad_accum_steps is not None
-    return ctx.workload.splits_into(ranks, batch_yours=yours, gpus=on_gpu)
+    return ctx.workload.splits_into(ranks, batch_yours=_batch_is_yours(ctx), gpus=on_gpu)
 
 
 def _why_not_split(ctx: _Context, ranks: int) -> str:
     w = ctx.workload
-    if ctx.fixed.batch_size is not None or ctx.fixed.grad_accum_steps is not None:
+    if _batch_is_yours(ctx):
         return "you set the per-device batch or accumulation: each rank would train that many samples"
     if w.parallel.kind == "builtin":
         return f"the global batch {w.batch_size} does not split evenly into {ranks} ranks"
@@ -330,12 +334,10 @@ def _why_not_split(ctx: _Context, ranks: int) -> str:
 def _batch_split(ctx: _Context, world: int, on_gpu: bool) -> Optional[BatchSplit]:
     """How the ranks share a user's Trainer's global batch (None: one process, cpuperf's loop, GPU ranks that keep
     the per-device batch, or a count of yours that cannot keep it, said in the notes)."""
-    w = ctx.workload
-    if world <= 1 or on_gpu or ctx.ranks_from is not None or w.parallel.kind != "trainer" \
-            or not _keeps_the_job(ctx, world):
+    dp = ctx.workload.parallel
+    if world <= 1 or on_gpu or ctx.ranks_from is not None or _batch_is_yours(ctx):
         return None
-    shared = w.parallel.split(world)
-    dp = w.parallel
+    shared = dp.split(world)  # None but for a Trainer whose batch cpuperf passes
     if shared is None or dp.per_device is None:
         return None
     split = BatchSplit(world, shared[0], shared[1], dp.per_device, dp.grad_accum, dp.where)
@@ -523,7 +525,7 @@ def _fewer_ranks(ctx: _Context, ranks: int, on_gpu: bool = False) -> Optional[_F
         return None
     fewer = max(k for k in range(1, ranks + 1) if _keeps_the_job(ctx, k, on_gpu))
     kept = _FewerRanks(fewer, ranks, _why_not_split(ctx, ranks))
-    ctx.notes.append(f"{kept.reason}")
+    ctx.notes.append(kept.reason)
     return kept
 
 
