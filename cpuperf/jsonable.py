@@ -16,7 +16,13 @@ import dataclasses
 import enum
 import os
 from types import MappingProxyType
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+# Free-form JSON, for data that has no fixed shape (a record's own JSON, what json.loads gave before it is checked).
+# Reading a value out of one makes mypy ask which kind it is: parse it into a typed record at the edge instead.
+JsonValue = Union[None, bool, int, float, str, List["JsonValue"], Dict[str, "JsonValue"]]
+JsonObject = Dict[str, JsonValue]
+JsonMapping = Mapping[str, JsonValue]  # read-only: a Dict[str, str] is one, where it is not a JsonObject
 
 _KEY = "json"  # field metadata: the field's key in JSON; None leaves the field out
 
