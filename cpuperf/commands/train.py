@@ -21,8 +21,6 @@ from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
 from cpuperf.plan.launch import mpi_flavour
 from cpuperf.plan.saved import plan_fits, read_plan_file
-from cpuperf.plan.user_launcher import opens_a_session, split_launcher
-from cpuperf.plan.user_script import parse_command
 from cpuperf.probe import probe_host, with_load
 from cpuperf.probe.hf import accelerate_default_config, script_model
 from cpuperf.probe.hosts import read_hostfile, this_node_names
@@ -63,7 +61,7 @@ class TrainOptions:
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     """The request as the options gave it, completed with the values `o` types (the constraints, the ranks per
     node); the combinations refused before anything is probed (exit 2)."""
-    from cpuperf.plan.request import check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints
+    from cpuperf.plan.request import check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints, with_command
 
     check_sysroot(o.sysroot, given.dry_run)
     if given.plan:
@@ -73,7 +71,8 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
         check_saved_plan_options(given.plan, [name for name, v in fixes.items() if v], given.device, given.unit)
     decided, worker = split_constraints(o.sets, o.batch_size, given.user_argv)
     nproc = o.nproc_per_node or o.ppn
-    check_own_launcher(given.user_argv, nproc, given.launcher)
+    given = with_command(given)  # the user's command, read once: every later step reads given.command
+    check_own_launcher(given.command, nproc, given.launcher)
     return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc,
                                global_batch=o.batch_size if not given.user_argv else None)
 
@@ -90,16 +89,19 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
     measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
     `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
+    from cpuperf.plan.request import with_command
+
     environ = dict(os.environ if environ is None else environ)
+    request = with_command(request)
     argv = request.user_argv
     steps = request.steps
     # The edge is gathered in the layers' order, each value made once and handed on: the user's command split
     # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
     # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
-    if argv:
-        opens_a_session(argv)  # `setsid --fork` is refused here, so --dry-run says what the launch would
-    yours = split_launcher(argv) if argv else None
-    command = parse_command(argv) if argv else None
+    if request.command is not None:
+        request.command.opens_a_session()  # `setsid --fork` is refused here, so --dry-run says what the launch would
+    yours = request.command.launcher if request.command is not None else None
+    command = request.command.script if request.command is not None else None
     script, script_args = (command.script, command.script_args) if command else (None, ())
     if facts is None:
         facts = probe_host(sysroot=options.sysroot)
@@ -226,12 +228,15 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
 
     from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
-    from cpuperf.plan.user_script import command_key, detect_parser, parse_command, script_digest
+    from cpuperf.plan.request import with_command
+    from cpuperf.plan.user_script import detect_parser, key_of_command, script_digest
     from cpuperf.run import measure
     from cpuperf.run import tune as rtune
 
     _check_tunable(given, options)
-    parsed = parse_command(given.user_argv)
+    given = with_command(given)
+    assert given.command is not None  # _check_tunable: a command is given
+    parsed = given.command.script
     parser, why = detect_parser(read_script(parsed.script), parsed.script_args)
     if parser != "hf":
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
@@ -272,7 +277,7 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
              "command": list(given.user_argv), "steps": found.steps,
              "script_sha256": script_digest(script_text)}
     lines = rtune.summary(result, cand)
-    path = measure.save_tuned(facts, "tuned_by_command", command_key(given.user_argv, script_text), entry)
+    path = measure.save_tuned(facts, "tuned_by_command", key_of_command(parsed, script_text), entry)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from cpuperf.decide.records import Decision, Levers
 from cpuperf.jsonable import as_json
-from cpuperf.plan.user_launcher import command_environ
 
 if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
@@ -348,7 +347,7 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
     placement_why = "" if not yours or yours.get("placed_by_cpuperf") else str(yours.get("why") or "")
     # The environment the user's command gets: `env OMP_NUM_THREADS=4 python s.py` runs with 4 whatever the
     # plan's own variables say, and the report says what the command gets.
-    env = command_environ(jp.request.user_argv, plan.env)
+    env = jp.request.command.environ(plan.env) if jp.request.command is not None else dict(plan.env)
     return RenderedJob(
         auto=jp.request.auto, nproc_per_node=plan.nproc_per_node, nnodes=plan.nnodes, env=env, ranks=ranks,
         pinned=tuple(plan.affinity or ()), settings=jp.settings,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from cpuperf.plan.request import PlanRequest
     from cpuperf.plan.saved import SavedPlan
     from cpuperf.plan.user_launcher import LauncherRanks
+    from cpuperf.plan.user_script import ScriptPlan
     from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hosts import Host
 
@@ -69,7 +70,9 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     False: the rules' plan, without a cached tuning (the start of `--tune`)."""
     from cpuperf.plan.job import plan_job
     from cpuperf.plan.launch import mpi_flavour
+    from cpuperf.plan.request import with_command
 
+    request = with_command(request)  # the user's command, read once (a request from train_request carries it)
     auto = request.auto or edge.saved is not None  # a saved plan is what recommend decided
     decided = dict(request.decided)
     yours = _your_launcher(request, facts, edge, oversubscribe=bool(decided.get("oversubscribe")))
@@ -81,11 +84,14 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     else:
         rec = _decide(request, facts, edge, decided, nproc, yours, use_tuned)
     job = _job_request(request, edge, rec, auto)
-    cmd, settings, hf = _rank_command(request, edge, rec, job, auto)
-    if yours is not None and yours.step:  # every rank dies with cpuperf; placed ones are also pinned
-        from cpuperf.plan.user_launcher import split_launcher, with_rank_step
+    cmd, settings, script = _rank_command(request, edge, rec, job, auto)
+    hf: Dict[str, Any] = {**script.to_json(), "_script": script} if script is not None else {}
+    if yours is not None and yours.step and request.command is not None and script is not None:
+        from cpuperf.plan.user_launcher import with_rank_step
 
-        flagged = split_launcher(cmd)  # the command with its Trainer flags, as the launcher will see it
+        # every rank dies with cpuperf; placed ones are also pinned. The command with its Trainer flags, as the
+        # launcher will see it:
+        flagged = request.command.launcher_with(script.words)
         if flagged is not None:
             cmd = list(with_rank_step(flagged, edge.python, edge.launcher_python))
     mpi = mpi_flavour(facts)
@@ -99,7 +105,6 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
             yours: Optional[LauncherRanks], use_tuned: bool) -> Recommendation:
     """recommend's decisions for this request, from the measurements the edge took."""
     from cpuperf.decide.recommend import recommend
-    from cpuperf.plan.user_launcher import command_environ
 
     meas = edge.measurements
     tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
@@ -108,7 +113,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Di
     rec = recommend(facts, _with_parallel(request, edge), nproc_per_node=nproc, nnodes=nnodes, unit=request.unit,
                      device=request.device, measurements=meas, overrides=decided, tuned=tuned,
                      shape_tuning=use_tuned and request.auto and not request.user_argv,
-                     environ=command_environ(request.user_argv, edge.environ if facts.live else {}),
+                     environ=_command_environ(request, edge.environ if facts.live else {}),
                      baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
                      ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
                      ranks_unknown=yours is not None and yours.count is None,
@@ -127,11 +132,11 @@ def _with_parallel(request: PlanRequest, edge: EdgeFacts) -> Workload:
     """The workload with what the user's command allows of ranks (cpuperf.plan.user_script.data_parallel): whether
     it runs data-parallel under a launcher and whether cpuperf can keep its global batch."""
     w = edge.workload
-    if not request.user_argv:
+    if request.command is None:
         return w
-    from cpuperf.plan.user_script import data_parallel, parse_command
+    from cpuperf.plan.user_script import data_parallel
 
-    cmd = parse_command(request.user_argv)
+    cmd = request.command.script
     mode = request.hf_flags if request.auto else "never"
     return replace(w, parallel=data_parallel(cmd, edge.script_text, mode, w.per_device_batch, w.grad_accum))
 
@@ -145,13 +150,13 @@ def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> Me
     recompute_only = Reach(True, False, False)
     if not request.auto:
         return MemoryLevers(NOTHING, "plain run (no --auto): the job as you gave it", advisory=True)
-    if not request.user_argv:
+    if request.command is None:
         return MemoryLevers(recompute_only, "the built-in loop runs plain DDP (no sharding): bring a Trainer "
                             "script after -- for FSDP")
     from cpuperf.knowledge.hf_flags import sharding_form
-    from cpuperf.plan.user_script import detect_parser, parse_command
+    from cpuperf.plan.user_script import detect_parser
 
-    cmd = parse_command(request.user_argv)
+    cmd = request.command.script
     parser, why = detect_parser(edge.script_text, cmd.script_args) if cmd.script else ("n/a", "no Python script")
     if request.hf_flags == "never" or (parser != "hf" and request.hf_flags != "always"):
         return MemoryLevers(NOTHING, f"{why}: cpuperf adds no memory lever to it", advisory=True)
@@ -177,37 +182,37 @@ def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, aut
                       max_steps=request.max_steps, time_budget=request.time_budget, seed=request.seed,
                       hf_flags=request.hf_flags, job_id=_job_id(edge.hosts, request.master_port),
                       rdzv_timeout=request.rdzv_timeout, slurm=edge.slurm,
-                      preset=_preset(model) if not request.user_argv else None)
+                      preset=_preset(model) if not request.user_argv else None, command=request.command)
 
 
 def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, job: JobRequest,
-                  auto: bool) -> Tuple[List[str], Optional[Dict[str, Any]], Dict[str, Any]]:
-    """(what each rank runs, the built-in worker's settings or None, the HF flags report)."""
+                  auto: bool) -> Tuple[List[str], Optional[Dict[str, Any]], Optional[ScriptPlan]]:
+    """(what each rank runs, the built-in worker's settings or None, the plan of the user's command or None)."""
     from cpuperf.plan.job import worker_command, worker_settings
 
-    if not request.user_argv:
+    if request.command is None:
         raw = worker_settings(rec, job, edge.out_dir)
         settings = edge.worker_schema(raw) if edge.worker_schema is not None else raw
-        return worker_command(edge.python, settings), settings, {}
+        return worker_command(edge.python, settings), settings, None
     from cpuperf.plan import user_script
 
     ours, skipped = user_script.recommended_speed_flags(rec, config_dir=edge.out_dir) if auto else ([], [])
-    script = user_script.plan_script(list(request.user_argv), ours, request.hf_flags if auto else "never",
-                                     edge.script_text, rec.stack.get("transformers"), skipped)
-    return list(script.argv), None, {**script.to_json(), "_script": script}
+    script = user_script.plan_command(request.command, ours, request.hf_flags if auto else "never",
+                                      edge.script_text, rec.stack.get("transformers"), skipped)
+    return list(script.argv), None, script
 
 
 def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_text: Optional[str]
                     ) -> Tuple[Optional[Tuple[Dict[str, Any], str]], Optional[str]]:
     """(the cached `train --tune` result for this command and where, a note saying which tuning the plan uses or
     that none is cached) for an --auto run of a user's command; (None, None) otherwise."""
-    if not (request.auto and request.user_argv):
+    if not request.auto or request.command is None:
         return None, None
     import time
 
-    from cpuperf.plan.user_script import command_key
+    from cpuperf.plan.user_script import key_of_command
 
-    entry = (meas.tuned_by_command if meas is not None else {}).get(command_key(list(request.user_argv), script_text))
+    entry = (meas.tuned_by_command if meas is not None else {}).get(key_of_command(request.command.script, script_text))
     if not entry:
         return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
                       "`cpuperf train --tune -- <command>` tunes it")
@@ -246,20 +251,23 @@ def _from_saved(request: PlanRequest, plan: SavedPlan, edge: EdgeFacts, facts: H
 def _your_launcher(request: PlanRequest, facts: HostFacts, edge: EdgeFacts,
                    oversubscribe: bool = False) -> Optional[LauncherRanks]:
     """The user's own launcher and its ranks (cpuperf.plan.user_launcher.LauncherRanks), or None."""
-    if not request.user_argv:
+    cmd = request.command.launcher if request.command is not None else None
+    if cmd is None:
         return None
     from cpuperf.decide.placement import usable_cores
     from cpuperf.knowledge.gpu import visible_gpus
-    from cpuperf.plan.user_launcher import command_environ, launcher_ranks, split_launcher
+    from cpuperf.plan.user_launcher import launcher_ranks
 
-    cmd = split_launcher(request.user_argv)
-    if cmd is None:
-        return None
     return launcher_ranks(cmd, logical_cpus=len(facts.topology.cpus) or 1,
                           physical_cores=max(1, len(usable_cores(facts))),
-                          gpus=len(visible_gpus(facts, command_environ(request.user_argv, edge.environ))),
+                          gpus=len(visible_gpus(facts, _command_environ(request, edge.environ))),
                           has_default_config=cmd.launcher == "accelerate" and edge.accelerate_default_config,
                           environ=edge.environ, interpreter=edge.launcher_python, oversubscribe=oversubscribe)
+
+
+def _command_environ(request: PlanRequest, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment the user's command runs in (its wrappers' `env NAME=VALUE`...), or `environ` itself."""
+    return request.command.environ(environ) if request.command is not None else dict(environ)
 
 
 def _preset(model: Optional[str]) -> Optional[str]:

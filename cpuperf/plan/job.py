@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
@@ -24,6 +24,9 @@ from cpuperf.plan.launch import LaunchPlan, numa_binding_ok, plan_launch
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
+
+if TYPE_CHECKING:
+    from cpuperf.plan.command import CommandLine
 
 # What the built-in loop can run (cpuperf.train.settings); a value outside these cannot be honoured there.
 WORKER_OPTIMIZERS = ("adamw", "adamw_fused")
@@ -55,6 +58,7 @@ class JobRequest:
     job_id: str = "cpuperf"
     rdzv_timeout: Optional[float] = None
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (srun inside an allocation; its first node is rank 0)
+    command: Optional[CommandLine] = None  # user_argv as read once (cpuperf.plan.command.read_command)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,12 @@ looking at the host are refused here (exit 2), before anything is probed or meas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import UsageError
+
+if TYPE_CHECKING:
+    from cpuperf.plan.command import CommandLine
 
 # The built-in run length when neither --max-steps nor --time-budget is given (recommend plans the same job).
 DEFAULT_STEPS = 400
@@ -44,6 +47,8 @@ class PlanRequest:
     user_argv: Tuple[str, ...] = ()
     plan: Optional[str] = None  # a saved plan to run as it stands
     replan: bool = False
+    # user_argv read once (cpuperf.plan.command.read_command, by `with_command`); None: no command, or not yet read
+    command: Optional[CommandLine] = None
 
     @property
     def steps(self) -> Optional[int]:
@@ -51,6 +56,17 @@ class PlanRequest:
         if self.max_steps is not None:
             return self.max_steps
         return None if self.time_budget else DEFAULT_STEPS
+
+
+def with_command(request: PlanRequest) -> PlanRequest:
+    """The request with the user's command read, once: a request that carries it already is returned as it is."""
+    if request.command is not None or not request.user_argv:
+        return request
+    from dataclasses import replace
+
+    from cpuperf.plan.command import read_command
+
+    return replace(request, command=read_command(request.user_argv))
 
 
 def split_constraints(sets: Sequence[str], batch_size: Optional[int],
@@ -90,13 +106,11 @@ def check_sysroot(sysroot: Optional[str], dry_run: bool) -> None:
                          hint="add --dry-run")
 
 
-def check_own_launcher(user_argv: Sequence[str], nproc: Optional[int], launcher: Optional[str]) -> None:
+def check_own_launcher(command: Optional[CommandLine], nproc: Optional[int], launcher: Optional[str]) -> None:
     """A command that starts its own launcher gets none from cpuperf on top (exit 2)."""
-    if not user_argv or ((nproc or 1) <= 1 and not launcher):
+    if command is None or ((nproc or 1) <= 1 and not launcher):
         return
-    from cpuperf.plan.user_launcher import split_launcher
-
-    cmd = split_launcher(user_argv)
+    cmd = command.launcher
     if cmd is not None:
         raise UsageError(f"your command starts its own launcher ({cmd.launcher}): cpuperf adds none on top",
                          hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")

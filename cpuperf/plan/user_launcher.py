@@ -233,8 +233,16 @@ def split_launcher(argv: Sequence[str]) -> Optional[LauncherCommand]:
     (behind env / taskset / numactl / nice / chrt / timeout / stdbuf / `bash -c`, if any) -> its parts; None when
     it is none of these. A launcher named where cpuperf cannot read the line (a shell line with `&&`, `$`...;
     a command it does not know in front) comes back with `hidden` saying why. An option the launcher itself
-    would refuse (torchrun and accelerate: not in their parser) exits 2."""
-    wrappers, args, hidden = unwrap(list(argv))
+    would refuse (torchrun and accelerate: not in their parser) exits 2. The user's command is read once, by
+    cpuperf.plan.command.read_command: this is its launcher part."""
+    from cpuperf.plan.command import read_command
+
+    return read_command(argv).launcher
+
+
+def launcher_of(args: Sequence[str], wrappers: Sequence[Wrapper], hidden: str) -> Optional[LauncherCommand]:
+    """The launcher part of a command already unwrapped (`unwrap`): its words behind `wrappers`, and why a shell
+    line is not read through ('' where it is)."""
     found = _launcher_at(args, 0) if args and not hidden else None
     if found is None:
         named, hidden = _named_launcher(args, wrappers, hidden)
@@ -339,9 +347,13 @@ def opens_a_session(argv: Sequence[str]) -> bool:
     start it in one. setsid(1) in a process group's leader forks and its parent exits at once: the run would end as
     it began, and the job it left behind would be ended with it. Not a leader, it calls setsid() and execs: the
     same process. `setsid --fork` forks anyway: a usage error, in --dry-run as at the launch."""
+    return opens_session(unwrap(list(argv))[0])
+
+
+def opens_session(wrappers: Sequence[Wrapper]) -> bool:
+    """`opens_a_session` of a command already unwrapped: its wrappers."""
     from itertools import takewhile
 
-    wrappers, _, _ = unwrap(list(argv))
     setsids = [w for w in takewhile(lambda w: not w.shell, wrappers) if w.name == "setsid"]  # in front of any shell line
     if any(o in ("-f", "--fork") for w in setsids for o in w.argv[1:]):
         raise UsageError("`setsid --fork` detaches your command from cpuperf: the run would end as it starts, and "
@@ -354,8 +366,13 @@ def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dic
     """The environment the user's command runs in: `environ` through the wrappers in front of it (`env NAME=VALUE`,
     `env -u NAME`, a shell line's own assignments). `env CUDA_VISIBLE_DEVICES=0 python x.py` sees one GPU, however
     many this process sees: the ranks cpuperf plans for it must too."""
+    return wrapped_environ(unwrap(list(user_argv))[0] if user_argv else (), environ)
+
+
+def wrapped_environ(wrappers: Sequence[Wrapper], environ: Mapping[str, str]) -> Dict[str, str]:
+    """`command_environ` of a command already unwrapped: `environ` through its wrappers, in order."""
     env = dict(environ)
-    for w in unwrap(list(user_argv))[0] if user_argv else ():
+    for w in wrappers:
         _check_wrapper_threads(w)
         env = w.environ(env)
     return env

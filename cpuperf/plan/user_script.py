@@ -26,6 +26,7 @@ from cpuperf.versions import base_or_none
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Levers, Recommendation
+    from cpuperf.plan.command import CommandLine
     from cpuperf.plan.user_launcher import Wrapper
 
 HF_MODES = ("auto", "always", "never")
@@ -92,6 +93,7 @@ class ScriptPlan:
     """What cpuperf does to the user's command: the final argv, the flags added and those it left out."""
 
     argv: Tuple[str, ...]
+    words: Tuple[str, ...]  # argv behind the user's wrappers (inside a shell line: the line's words)
     command: UserCommand
     parser: str  # hf | argparse | args-file | in-code | other | unknown | n/a
     mode: str
@@ -145,10 +147,16 @@ def _nproc(launcher: str, opts: Sequence[str]) -> Optional[int]:
 
 def parse_command(argv: Sequence[str]) -> UserCommand:
     """Find the script behind `python`, torchrun, `python -m torch.distributed.run`, `accelerate launch`, mpirun, srun;
-    inside a shell's `-c LINE` where the line is one simple command (read as cpuperf.plan.user_launcher reads it)."""
-    from cpuperf.plan.user_launcher import unwrap
+    inside a shell's `-c LINE` where the line is one simple command (read as cpuperf.plan.user_launcher reads it).
+    The user's command is read once, by cpuperf.plan.command.read_command: this is its script part."""
+    from cpuperf.plan.command import read_command
 
-    wrappers, inner, hidden = unwrap(list(argv))
+    return read_command(argv).script
+
+
+def script_of(argv: Sequence[str], wrappers: Sequence[Wrapper], inner: Sequence[str], hidden: str) -> UserCommand:
+    """The script part of a command already unwrapped (cpuperf.plan.user_launcher.unwrap): `argv` as given, its
+    wrappers, the words behind them and why a shell line is not read through ('' where it is)."""
     if hidden:
         return UserCommand(tuple(argv), None, None, None, (), None, hidden=hidden)
     if wrappers:  # `env X=1 torchrun ...`, `nice -n 5 accelerate launch ...`: the launcher is the command behind
@@ -585,9 +593,18 @@ def _with_launcher_flags(argv: Sequence[str], flags: Sequence[Flag]) -> Tuple[st
 def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, source: Optional[str],
                 transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
     """The user's command with the Trainer flags that are safe for it (--hf-flags auto|always|never)."""
+    from cpuperf.plan.command import read_command
+
+    return plan_command(read_command(user_argv), ours, mode, source, transformers, skipped)
+
+
+def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, source: Optional[str],
+                 transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
+    """`plan_script` of the user's command as read once (cpuperf.plan.command.read_command)."""
     if mode not in HF_MODES:
         raise UsageError(f"--hf-flags {mode!r}: use auto, always or never")
-    cmd = parse_command(user_argv)
+    cmd = command.script
+    user_argv = command.given
     parser, why = detect_parser(source, cmd.script_args) if (cmd.script or cmd.module) else ("n/a", "no Python script")
     if cmd.module and source is None:
         parser, why = "unknown", f"python -m {cmd.module}: the module's parser is unknown"
@@ -595,7 +612,7 @@ def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, sourc
 
     def made(argv: Sequence[str], added: Sequence[Flag], left: Sequence[Tuple[str, str]], why_: str) -> ScriptPlan:
         final = tuple(user_argv) if tuple(argv) == tuple(words) else cmd.rewrap(argv)
-        return ScriptPlan(argv=final, command=cmd, parser=parser, mode=mode, added=tuple(added),
+        return ScriptPlan(argv=final, words=tuple(argv), command=cmd, parser=parser, mode=mode, added=tuple(added),
                           not_added=tuple(left), why=why_, transformers=transformers,
                           trainer=None if source is None else looks_like_hf_trainer(source))
 
@@ -783,10 +800,14 @@ def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
     """The key a tuning of this command is cached under: its exact argument list, in order (the script's path
     resolved), with the script's content; only the run length and the output directory are left out (a tuning
     run sets both, and a later run of any length is the same command)."""
+    return key_of_command(parse_command(argv), script_text)
+
+
+def key_of_command(cmd: UserCommand, script_text: Optional[str]) -> str:
+    """`command_key` of the user's command as read once (cpuperf.plan.command.read_command)."""
     import hashlib
     import json
 
-    cmd = parse_command(argv)
     head = [*(a for w in cmd.wrappers for a in w.argv), *cmd.argv[:len(cmd.argv) - len(cmd.script_args)]]
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]

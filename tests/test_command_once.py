@@ -1,0 +1,41 @@
+"""The user's command is read once (cpuperf.plan.command.read_command): every later step of `train --auto
+--dry-run` reads the one record it makes, never the argv again (issue 54)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cpuperf.plan import command as command_mod
+from tests.cli_util import run_cli
+
+
+@pytest.mark.parametrize("argv", [
+    ["torchrun", "--nproc-per-node", "2", "script.py", "--per_device_train_batch_size", "4"],
+    ["env", "OMP_NUM_THREADS=2", "python", "script.py", "--per_device_train_batch_size", "4"],
+], ids=["torchrun", "env-python"])
+def test_the_command_is_read_once(monkeypatch, tmp_path, argv):
+    calls = []
+    real = command_mod.read_command
+
+    def counting(given):
+        calls.append(tuple(given))
+        return real(given)
+
+    monkeypatch.setattr(command_mod, "read_command", counting)
+    res = run_cli(["train", "--auto", "--dry-run", "--json", "--out", str(tmp_path / "out"), "--", *argv],
+                  cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["launch"]["argv"], plan
+    assert calls == [tuple(argv)]
+
+
+def test_the_record_has_the_parts():
+    cmd = command_mod.read_command(["nice", "-n", "5", "torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"])
+    assert [w.name for w in cmd.wrappers] == ["nice"]
+    assert cmd.launcher is not None and cmd.launcher.launcher == "torchrun"
+    assert cmd.launcher.option(["--nproc-per-node", "--nproc_per_node"]) == "2"
+    assert cmd.script.script == "t.py" and cmd.script.script_args == ("--lr", "1") and cmd.script.nproc == 2
+    assert cmd.words == ("torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1")
