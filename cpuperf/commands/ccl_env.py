@@ -316,8 +316,8 @@ def _fits_here(decided: EnvDecisions, facts: HostFacts) -> EnvDecisions:
             raise ValueError(f"placement: rank {slot.local_rank}'s threads or CPUs are not this host's")
     if decided.threads is not None and not 1 <= decided.threads <= len(usable):
         raise ValueError("threads per rank out of this host's range")
-    counts = {d["id"]: d.get("value") for d in decided.levers if d["id"] in ("threads_per_rank", "nproc_per_node")}
-    if any(v is not None and not 1 <= v <= len(usable) for v in counts.values()):  # what --json reports
+    counts = [d.get("value") for d in decided.levers if d["id"] in ("threads_per_rank", "nproc_per_node")]
+    if any(v is not None and not (isinstance(v, (int, float)) and 1 <= v <= len(usable)) for v in counts):  # --json
         raise ValueError("the levers' ranks or threads out of this host's range")
     backend, sw = decided.backend, facts.software
     if backend.name not in ("gloo", "ccl", "mpi") or not backend.reason.isprintable() or len(backend.reason) > 4096:

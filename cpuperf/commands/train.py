@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
     from cpuperf.plan.launch import LaunchPlan
     from cpuperf.plan.request import PlanRequest
+    from cpuperf.plan.user_script import ScriptReport
     from cpuperf.probe.facts import HostFacts
     from cpuperf.run.launcher import ExecResult
 
@@ -177,7 +178,7 @@ def _plan_json(jp: JobPlan) -> Dict[str, Any]:
             "node_rank": plan.node_rank, "hosts": list(plan.hosts), "master_addr": plan.master_addr,
             "master_port": plan.master_port, "affinity": list(plan.affinity) if plan.affinity else None,
             "log_dir": plan.log_dir, "rank_command": list(plan.rank_command), "notes": list(plan.notes),
-            "node_commands": list(plan.node_commands), "yours": plan.yours}
+            "node_commands": list(plan.node_commands), "yours": plan.yours.to_json() if plan.yours is not None else None}
 
 
 def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
@@ -190,7 +191,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
-                  "decisions": list(jp.decisions), "hf_flags": _hf_json(jp), "applied": _applied(jp),
+                  "decisions": [d.to_json() for d in jp.decisions], "hf_flags": _hf_json(jp), "applied": _applied(jp),
                   "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
                   "global_batch": _global_batch(jp)}
         if out.json_mode:
@@ -248,7 +249,7 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
     facts, rule = jp.facts, rtune.rules()
     start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
-                                                        own_launcher=bool(jp.launch.yours))
+                                                        own_launcher=jp.launch.yours is not None)
     budget = float(options.budget or rule["script_budget_s"])
     out.info(f"cpuperf train: tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} "
              f"steps per run, {rule['script_passes']} interleaved passes, budget {budget:.0f} s) ...")
@@ -305,7 +306,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     plan, user = jp.launch, bool(jp.request.user_argv)
     for note in jp.notes:
         out.info(f"note: {note}")
-    who = f"your {plan.yours['launcher']}" if plan.yours else plan.launcher
+    who = f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
@@ -318,7 +319,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
 
         for line in applied_lines(applied):
             out.info(line)
-    script = jp.hf.get("_script")
+    script = jp.script
     if script is not None:
         _write_config_files(script.files)
     res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
@@ -433,8 +434,8 @@ def _plot(out: Output, run_dir: str) -> List[str]:
     return list(files)
 
 
-def _hf_json(jp: JobPlan) -> Optional[Dict[str, Any]]:
-    return {k: v for k, v in jp.hf.items() if k != "_script"} or None
+def _hf_json(jp: JobPlan) -> Optional[ScriptReport]:
+    return jp.script.to_json() if jp.script is not None else None
 
 
 def _lever_report(jp: JobPlan) -> Any:
@@ -464,7 +465,7 @@ def _model_line(jp: JobPlan) -> List[str]:
 
 def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
     """Every flag, env var and launcher choice applied to a user's script (None for the built-in loop)."""
-    script = jp.hf.get("_script")
+    script = jp.script
     if script is None:
         return None
     from cpuperf.plan.user_script import applied
@@ -477,7 +478,7 @@ def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str,
     code, message, hint = _failure(jp.launch, res)
     from cpuperf.plan.user_script import rejected_flags
 
-    rejected = rejected_flags(res.code, res.wall_s, res.launcher_output, jp.hf.get("_script"))
+    rejected = rejected_flags(res.code, res.wall_s, res.launcher_output, jp.script)
     if rejected:
         message, hint = rejected
     if hint is None and has_ckpt:
@@ -496,7 +497,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
     if jp.request.user_argv:
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                "decisions": list(jp.decisions), "levers": _levers(jp),
+                "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
@@ -511,7 +512,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
 
         mem = summary["gpu_memory"]
         summary["gpu_memory"] = planned_peak(jp.rec.levers.batch_size.evidence, int(mem.get("batch_size") or 0), mem)
-    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": list(jp.decisions), "levers": _levers(jp),
+    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
             "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
 
@@ -599,10 +600,10 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     from cpuperf.plan.launch import shell_line
 
     plan = jp.launch
-    if plan.yours:
-        source = (f"({plan.nproc_per_node} per node x {plan.nnodes} nodes, from {plan.yours['from']})"
-                  if plan.nnodes > 1 else f"from {plan.yours['from']}")
-        lines = [f"# launcher: yours ({plan.yours['launcher']}), {plan.world_size} rank(s) {source}"]
+    if plan.yours is not None:
+        source = (f"({plan.nproc_per_node} per node x {plan.nnodes} nodes, from {plan.yours.source})"
+                  if plan.nnodes > 1 else f"from {plan.yours.source}")
+        lines = [f"# launcher: yours ({plan.yours.launcher}), {plan.world_size} rank(s) {source}"]
     else:
         lines = [f"# launcher: {plan.launcher}" + (f" ({plan.flavour})" if plan.flavour and plan.flavour != plan.launcher else "")
                  + f", {plan.world_size} rank(s)"]
@@ -621,8 +622,8 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     if jp.settings is not None and jp.rec.workload.why:  # the built-in model, where the host chose it
         lines.append(f"# model = {jp.settings.get('preset')}: {jp.rec.workload.why}")
     for d in jp.decisions:
-        if d["overridden"] or d["id"] in shown or str(d["reason"]).startswith("tuned "):
-            lines.append(f"# {d['id']} = {d['value']}: {d['reason']}")
+        if d.overridden or d.id in shown or d.reason.startswith("tuned "):
+            lines.append(f"# {d.id} = {d.value}: {d.reason}")
     for note in plan.notes:
         lines.append(f"# {note}")
     from cpuperf.probe.hf import NOT_RUN_IN_A_DRY_RUN
@@ -635,7 +636,7 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
 
         lines.extend("# " + line for line in applied_lines(applied))
     lines.extend("# " + line for line in _lever_lines(jp))
-    script = jp.hf.get("_script")
+    script = jp.script
     for path, text in (script.files if script is not None else ()):
         lines.append(f"# file {path} (written before the script starts): {text}")
     lines.append(shell_line(plan.argv, dict(plan.env)))

@@ -341,10 +341,10 @@ def flag_groups(args: Sequence[str]) -> Tuple[Tuple[str, ...], ...]:
 def rendered_job(jp: JobPlan) -> RenderedJob:
     """The job a JobPlan starts, as lever_report reads it."""
     plan = jp.launch
-    script = jp.hf.get("_script")
-    yours = plan.yours or {}
+    script = jp.script
+    yours = plan.yours
     ranks = tuple(RankView(tuple(r.cpus), r.threads) for r in plan.per_rank)
-    placement_why = "" if not yours or yours.get("placed_by_cpuperf") else str(yours.get("why") or "")
+    placement_why = "" if yours is None or yours.place else yours.why
     # The environment the user's command gets: `env OMP_NUM_THREADS=4 python s.py` runs with 4 whatever the
     # plan's own variables say, and the report says what the command gets.
     env = jp.request.command.environ(plan.env) if jp.request.command is not None else dict(plan.env)
@@ -354,7 +354,7 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags=tuple(f.args for f in script.added) if script is not None else (),
         flags_left=tuple(script.not_added) if script is not None else (),
         flags_why=script.why if script is not None else "",
-        your_launcher=(script.command.launcher if script is not None else None) or (yours.get("launcher") if yours else None),
+        your_launcher=(script.command.launcher if script is not None else None) or (yours.launcher if yours is not None else None),
         placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else (),
         by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv,
         trainer=script.trainer if script is not None else True)

@@ -85,7 +85,6 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
         rec = _decide(request, facts, edge, decided, nproc, yours, use_tuned)
     job = _job_request(request, edge, rec, auto)
     cmd, settings, script = _rank_command(request, edge, rec, job, auto)
-    hf: Dict[str, Any] = {**script.to_json(), "_script": script} if script is not None else {}
     if yours is not None and yours.step and request.command is not None and script is not None:
         from cpuperf.plan.user_launcher import with_rank_step
 
@@ -98,7 +97,7 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     saved_env = edge.saved.env if edge.saved is not None and not edge.saved_diffs else None
     return plan_job(facts, rec, job, environ=edge.environ, rank_command=cmd, settings=settings,
                     mpi=mpi[1] if (mpi and request.launcher == "mpirun") else None, socket_ifname=edge.socket_ifname,
-                    log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid, hf=hf, yours=yours, planned_env=saved_env)
+                    log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid, script=script, yours=yours, planned_env=saved_env)
 
 
 def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Dict[str, Any], nproc: Optional[int],

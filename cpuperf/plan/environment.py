@@ -8,15 +8,16 @@ plan) reaches here without the decision engine; decide_here() loads the engine o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.placement import Placement, RankSlot
+from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.addons import Backend
 from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
-    from cpuperf.decide.records import Recommendation
+    from cpuperf.decide.records import Measurements, Recommendation
     from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hosts import Host
 
@@ -29,7 +30,7 @@ class EnvDecisions(NamedTuple):
     allocator: Optional[str]
     threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
     pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
-    levers: Tuple[Any, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
+    levers: Tuple[JsonObject, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
@@ -45,7 +46,8 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
                         rec.levers.affinity.value == "auto", tuple(d.to_json() for d in rec.levers.all()))
 
 
-def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int, measurements: Any,
+def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int,
+                measurements: Optional[Measurements],
                 environ: Mapping[str, str]) -> EnvDecisions:
     """The decisions `recommend` makes for this host's CPUs (the default workload): the engine runs here."""
     from cpuperf.decide.recommend import recommend
@@ -56,41 +58,68 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
     return decisions_of(facts, rec)
 
 
-def decisions_to_json(decided: EnvDecisions) -> Any:
+def decisions_to_json(decided: EnvDecisions) -> JsonObject:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
             "allocator": decided.allocator, "threads": decided.threads, "pin": decided.pin,
             "levers": list(decided.levers)}
 
 
-def _typed(value: Any, kind: Any) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise TypeError(f"{value!r} is not {kind}")
+def _not(value: JsonValue, kind: str) -> TypeError:
+    return TypeError(f"{value!r} is not {kind}")
+
+
+def _int(value: JsonValue) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _not(value, "int")
     return value
 
 
-def _ints(values: Any) -> Tuple[int, ...]:
-    return tuple(_typed(v, int) for v in _typed(values, list))
+def _maybe_int(value: JsonValue) -> Optional[int]:
+    return None if value is None else _int(value)
 
 
-def decisions_from_json(raw: Any) -> EnvDecisions:
+def _str(value: JsonValue) -> str:
+    if not isinstance(value, str):
+        raise _not(value, "str")
+    return value
+
+
+def _list(value: JsonValue) -> List[JsonValue]:
+    if not isinstance(value, list):
+        raise _not(value, "list")
+    return value
+
+
+def _object(value: JsonValue) -> JsonObject:
+    if not isinstance(value, dict):
+        raise _not(value, "dict")
+    return value
+
+
+def _ints(values: JsonValue) -> Tuple[int, ...]:
+    return tuple(_int(v) for v in _list(values))
+
+
+def decisions_from_json(raw: JsonValue) -> EnvDecisions:
     """decisions_to_json's JSON -> EnvDecisions; TypeError/KeyError when it is not that."""
-    p = raw["placement"]
-    slots = tuple(RankSlot(_typed(s["local_rank"], int), _typed(s["socket"], (int, type(None))),
-                           _typed(s["node"], (int, type(None))), _ints(s["cpus"]), _ints(s["compute_cpus"]),
-                           _ints(s["ccl_worker_cpus"]), _typed(s["threads"], int)) for s in _typed(p["slots"], list))
-    placement = Placement(_typed(p["nproc_per_node"], int), _typed(p["unit"], str), slots,
-                          _typed(p["ccl_workers"], int), _typed(p["cpu_budget"], int),
-                          tuple(_typed(r, str) for r in _typed(p["reasons"], list)))
-    name, reason = (_typed(v, str) for v in _typed(raw["backend"], list))
-    pin = raw["pin"]
+    top = _object(raw)
+    p = _object(top["placement"])
+    slots = tuple(RankSlot(_int(s["local_rank"]), _maybe_int(s["socket"]), _maybe_int(s["node"]), _ints(s["cpus"]),
+                           _ints(s["compute_cpus"]), _ints(s["ccl_worker_cpus"]), _int(s["threads"]))
+                  for s in map(_object, _list(p["slots"])))
+    placement = Placement(_int(p["nproc_per_node"]), _str(p["unit"]), slots, _int(p["ccl_workers"]),
+                          _int(p["cpu_budget"]), tuple(_str(r) for r in _list(p["reasons"])))
+    name, reason = (_str(v) for v in _list(top["backend"]))
+    pin = top["pin"]
     if not isinstance(pin, bool):
         raise TypeError(f"pin {pin!r} is not true or false")
-    return EnvDecisions(placement, Backend(name, reason, name == "ccl"), _typed(raw["allocator"], (str, type(None))),
-                        _typed(raw["threads"], (int, type(None))), pin, _levers(raw["levers"]))
+    allocator = top["allocator"]
+    return EnvDecisions(placement, Backend(name, reason, name == "ccl"), None if allocator is None else _str(allocator),
+                        _maybe_int(top["threads"]), pin, _levers(top["levers"]))
 
 
-def _levers(raw: Any) -> Tuple[Any, ...]:
+def _levers(raw: JsonValue) -> Tuple[JsonObject, ...]:
     """The levers' decisions as JSON, held to what the --json report reads (cpuperf.plan.saved.levers_from_json,
     not imported on this path): every decided knob once by its id, a value its knob takes, a printable reason.
     A remembered entry with a lever twice, without an id, an escape in one or an object as a value was an internal
@@ -98,18 +127,18 @@ def _levers(raw: Any) -> Tuple[Any, ...]:
     from cpuperf.errors import UsageError
     from cpuperf.knowledge.knobs import BY_ID, coerce
 
-    levers = tuple(_typed(d, dict) for d in _typed(raw, list))
+    levers = tuple(_object(d) for d in _list(raw))
     ids = [d.get("id") for d in levers]
     decided = {k for k, knob in BY_ID.items() if knob.decided}
     if len(set(map(str, ids))) != len(ids) or set(ids) != decided:
         raise ValueError("levers: not every decision once by its id")
     for d in levers:
-        value, reason = d.get("value"), d.get("reason", "")
+        value, reason, key = d.get("value"), d.get("reason", ""), str(d["id"])
         if value is not None:  # typed as levers_from_json types it: the knob's own coercion, the same type back
             if not isinstance(value, (str, int, float, bool)) or value != value:
                 raise ValueError(f"lever {d['id']}: its value is not a string, number or true/false")
             try:
-                same = coerce(d["id"], "true" if value is True else "false" if value is False else str(value))
+                same = coerce(key, "true" if value is True else "false" if value is False else str(value))
             except UsageError:
                 raise ValueError(f"lever {d['id']}: a value its knob does not take") from None
             if same != value or type(same) is not type(value):

@@ -27,6 +27,8 @@ from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
     from cpuperf.plan.command import CommandLine
+    from cpuperf.plan.user_launcher import LauncherRanks
+    from cpuperf.plan.user_script import ScriptPlan
 
 # What the built-in loop can run (cpuperf.train.settings); a value outside these cannot be honoured there.
 WORKER_OPTIMIZERS = ("adamw", "adamw_fused")
@@ -62,6 +64,19 @@ class JobRequest:
 
 
 @dataclass(frozen=True)
+class DecisionRow:
+    """One decision as the train reports show it (its JSON: id, value, reason, overridden)."""
+
+    id: str
+    value: object  # the lever's value, as decided (printed and written to JSON as it is)
+    reason: str
+    overridden: bool
+
+    def to_json(self) -> Dict[str, object]:
+        return {"id": self.id, "value": self.value, "reason": self.reason, "overridden": self.overridden}
+
+
+@dataclass(frozen=True)
 class JobPlan:
     facts: HostFacts
     rec: Recommendation
@@ -69,9 +84,9 @@ class JobPlan:
     env: Tuple[envplan.EnvVar, ...]
     launch: LaunchPlan
     settings: Optional[Dict[str, Any]]  # the built-in worker's settings; None for a user's command
-    decisions: Tuple[Dict[str, Any], ...]
+    decisions: Tuple[DecisionRow, ...]
     notes: Tuple[str, ...]
-    hf: Dict[str, Any] = field(default_factory=dict)
+    script: Optional[ScriptPlan] = None  # the plan of the user's command (its Trainer flags); None: the built-in loop
 
     @property
     def backend(self) -> Optional[str]:
@@ -187,20 +202,19 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> D
     return s
 
 
-def decision_records(rec: Recommendation, auto: bool) -> Tuple[Dict[str, Any], ...]:
+def decision_records(rec: Recommendation, auto: bool) -> Tuple[DecisionRow, ...]:
     """The decisions as the train reports show them (plain mode: the baseline and the user's keys)."""
-    rows = [{"id": d.id, "value": d.value, "reason": d.reason, "overridden": d.overridden}
-            for d in rec.decisions if auto or d.overridden]
+    rows = [DecisionRow(d.id, d.value, d.reason, d.overridden) for d in rec.decisions if auto or d.overridden]
     if not auto:
-        rows.insert(0, {"id": "plain", "value": True, "reason": PLAIN_REASON, "overridden": False})
+        rows.insert(0, DecisionRow("plain", True, PLAIN_REASON, False))
     return tuple(rows)
 
 
 def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, environ: Mapping[str, str],
              rank_command: Sequence[str], settings: Optional[Dict[str, Any]] = None,
              mpi: Optional[str] = None, socket_ifname: Optional[str] = None, log_dir: Optional[str] = None,
-             python: Optional[str] = None, euid: int = 1000, hf: Optional[Dict[str, Any]] = None,
-             libraries: Optional[envplan.Libraries] = None, yours: Optional[Any] = None,
+             python: Optional[str] = None, euid: int = 1000, script: Optional[ScriptPlan] = None,
+             libraries: Optional[envplan.Libraries] = None, yours: Optional[LauncherRanks] = None,
              planned_env: Optional[Sequence[envplan.EnvVar]] = None) -> JobPlan:
     """The whole plan, built once: env from the decisions, then the launch that carries both.
 
@@ -229,7 +243,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
                          job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm,
                          numa_binding=numa)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
-                   hf or {})
+                   script)
 
 
 def worker_command(python: str, settings: Mapping[str, Any]) -> List[str]:

@@ -19,7 +19,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.placement import Placement
@@ -29,6 +29,9 @@ from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
+
+if TYPE_CHECKING:
+    from cpuperf.plan.user_launcher import LauncherRanks
 
 SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")
@@ -70,7 +73,7 @@ class LaunchPlan:
     rank_command: Tuple[str, ...]  # what each rank finally runs (after rankexec)
     notes: Tuple[str, ...] = ()
     node_commands: Tuple[str, ...] = ()  # torchrun multi-node: the command to start on every node
-    yours: Optional[Dict[str, Any]] = None  # the user's own launcher: LauncherRanks.to_json()
+    yours: Optional[LauncherRanks] = None  # the user's own launcher (its JSON: LauncherRanks' fields)
     pid_dir: Optional[str] = None  # where each rank's pid file appears (rank<R>.pid), read by the watcher
 
     @property
@@ -143,7 +146,7 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
                 environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
                 python: Optional[str] = None, local_addr: Optional[str] = None,
                 job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None,
-                yours: Optional[Any] = None, slurm: SlurmFacts = NO_SLURM, numa_binding: bool = False) -> LaunchPlan:
+                yours: Optional[LauncherRanks] = None, slurm: SlurmFacts = NO_SLURM, numa_binding: bool = False) -> LaunchPlan:
     """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
@@ -307,7 +310,7 @@ def _crowded(theirs: str, ranks: int, placement: Placement, threads: Optional[in
             "thread a core of its own"]
 
 
-def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,
+def _plan_yours(placement: Placement, yours: LauncherRanks, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,
                 threads: Optional[int], log_dir: Optional[str], environ: Mapping[str, str]) -> LaunchPlan:
     """The user's launcher, run directly. Placed: the launcher itself on all the ranks' CPUs, each rank
     narrowed to its slot by the per-rank step (several ranks) and OMP_NUM_THREADS = its share. Not placed:
@@ -321,11 +324,11 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
     specs = rank_specs(placement, pin, threads) if placed else tuple(
         RankSpec(r, (), None) for r in range(max(1, yours.count or 1)))
     notes = [f"launcher: yours ({yours.launcher}); {yours.count if yours.count is not None else 'an unknown number of'} "
-             f"rank(s) from {yours.source}; cpuperf adds no launcher of its own", *getattr(yours, "notes", ())]
+             f"rank(s) from {yours.source}; cpuperf adds no launcher of its own", *yours.notes]
     affinity: Optional[Tuple[int, ...]] = None
     # The user's own thread count, where the plan keeps it (merged env) or set in front of the launcher: every
     # rank gets it, so no per-rank value of ours replaces it.
-    theirs = getattr(yours, "user_threads", None) or (environ.get("OMP_NUM_THREADS") if env.get("OMP_NUM_THREADS")
+    theirs = yours.user_threads or (environ.get("OMP_NUM_THREADS") if env.get("OMP_NUM_THREADS")
                                                       == environ.get("OMP_NUM_THREADS") else None)
     if placed:
         affinity = tuple(sorted({c for s in specs for c in s.cpus})) or None
@@ -361,7 +364,7 @@ def _plan_yours(placement: Placement, yours: Any, rank_command: Sequence[str], e
     return LaunchPlan(launcher="direct", flavour=yours.launcher, argv=tuple(rank_command), env=env, env_reasons=reasons,
                       per_rank=specs, nproc_per_node=n, nnodes=max(1, yours.nodes), node_rank=0, hosts=(),
                       master_addr=None, master_port=None, affinity=affinity, log_dir=log_dir, rank_command=tuple(rank_command),
-                      notes=tuple(notes), yours=yours.to_json(), pid_dir=log_dir if placed and n > 1 else None)
+                      notes=tuple(notes), yours=yours, pid_dir=log_dir if placed and n > 1 else None)
 
 
 

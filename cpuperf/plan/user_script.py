@@ -16,17 +16,19 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypedDict
 
 from packaging.version import Version
 
 from cpuperf.decide.workload import DataParallel
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import JsonValue
 from cpuperf.versions import base_or_none
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Levers, Recommendation
     from cpuperf.plan.command import CommandLine
+    from cpuperf.plan.launch import LaunchPlan
     from cpuperf.plan.user_launcher import Wrapper
 
 HF_MODES = ("auto", "always", "never")
@@ -88,6 +90,35 @@ class Flag:
         return _norm(self.args[0])
 
 
+class FlagReport(TypedDict):
+    args: List[str]
+    why: str
+
+
+class LeftOut(TypedDict):
+    flag: str
+    why: str
+
+
+class _ScriptReport(TypedDict):
+    added: List[str]
+    flags: List[FlagReport]
+    kept_yours: List[str]
+    not_added: List[LeftOut]
+    why: str
+    parser: str
+    mode: str
+    script: Optional[str]
+    your_launcher: Optional[str]
+    transformers: Optional[str]
+
+
+class ScriptReport(_ScriptReport, total=False):
+    """ScriptPlan's JSON (`train --dry-run --json` "hf_flags")."""
+
+    files: Dict[str, JsonValue]  # the config files the flags name, as JSON
+
+
 @dataclass(frozen=True)
 class ScriptPlan:
     """What cpuperf does to the user's command: the final argv, the flags added and those it left out."""
@@ -117,13 +148,15 @@ class ScriptPlan:
         """The config files the added flags name (an FSDP or DeepSpeed JSON), to write before the script starts."""
         return tuple(f.file for f in self.added if f.file is not None)
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"added": self.added_args, "flags": [{"args": list(f.args), "why": f.why} for f in self.added],
-                "kept_yours": [n for n, w in self.not_added if w.startswith("you ")],
-                "not_added": [{"flag": n, "why": w} for n, w in self.not_added], "why": self.why,
-                "parser": self.parser, "mode": self.mode, "script": self.command.script,
-                "your_launcher": self.command.launcher, "transformers": self.transformers,
-                **({"files": {path: json.loads(text) for path, text in self.files}} if self.files else {})}
+    def to_json(self) -> ScriptReport:
+        report = ScriptReport(added=self.added_args, flags=[FlagReport(args=list(f.args), why=f.why) for f in self.added],
+                              kept_yours=[n for n, w in self.not_added if w.startswith("you ")],
+                              not_added=[LeftOut(flag=n, why=w) for n, w in self.not_added], why=self.why,
+                              parser=self.parser, mode=self.mode, script=self.command.script,
+                              your_launcher=self.command.launcher, transformers=self.transformers)
+        if self.files:
+            report["files"] = {path: json.loads(text) for path, text in self.files}
+        return report
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -661,11 +694,11 @@ def _replace_values(words: Tuple[str, ...], n_script_args: int, ours: Sequence[F
 
 # -- what was applied, and a rejection ---------------------------------------------------------------
 
-def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
+def applied(plan: LaunchPlan, script: ScriptPlan) -> Dict[str, Any]:
     """Everything cpuperf applies to the user's command: launcher, every variable it sets, CPUs and threads (of
     the process it starts and of each rank), flags, and what a flag changes beyond speed."""
     launcher: Dict[str, Any]
-    yours = plan.yours or {}
+    yours = plan.yours
     if script.command.launcher:
         launcher = {"name": "direct", "yours": script.command.launcher,
                     "why": f"your command is a launcher ({script.command.launcher}): cpuperf adds none on top"}
@@ -674,13 +707,12 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
     spec = plan.per_rank[0] if plan.per_rank else None
     ranks = [{"local_rank": r.local_rank, "cpus": list(r.cpus) or None, "threads": r.threads} for r in plan.per_rank]
     # Placed: pinned, or given thread counts (each rank's, or the user's own kept for every rank).
-    placed = bool(yours.get("placed_by_cpuperf")) and bool(plan.affinity or any(r.threads for r in plan.per_rank)
+    placed = yours.place and bool(plan.affinity or any(r.threads for r in plan.per_rank)
                                                            or "OMP_NUM_THREADS" in plan.env) \
-        if yours \
+        if yours is not None \
         else bool(plan.affinity or (spec and spec.threads))
-    why = yours.get("why") if not yours or placed or not yours.get("placed_by_cpuperf") \
-        else "plain run (no --auto): your launcher's own"
-    if yours and placed and not plan.affinity:
+    why = None if yours is None else yours.why if placed or not yours.place else "plain run (no --auto): your launcher's own"
+    if yours is not None and placed and not plan.affinity:
         from cpuperf.plan.launch import UNPINNED_RANKS
 
         why = UNPINNED_RANKS
@@ -692,10 +724,10 @@ def applied(plan: Any, script: ScriptPlan) -> Dict[str, Any]:
             "cpus": list(plan.affinity) if plan.affinity else (list(spec.cpus) if spec and spec.cpus else None),
             "threads": spec.threads if spec and spec.threads and "OMP_NUM_THREADS" not in yours_env else None,
             "ranks": ranks, "placement": {"placed_by_cpuperf": placed, "ranks": len(plan.per_rank),
-                                          "from": yours.get("from"), "why": why},
+                                          "from": yours.source if yours is not None else None, "why": why},
             "flags": script.added_args, "flags_why": {" ".join(f.args): f.why for f in script.added},
             "flags_not_added": [{"flag": n, "why": w} for n, w in script.not_added],
-            "behaviour": behaviour_notes(script, len(plan.per_rank) if yours else 1),
+            "behaviour": behaviour_notes(script, len(plan.per_rank) if yours is not None else 1),
             "parser": script.parser, "hf_flags_mode": script.mode, "why_flags": script.why}
 
 
