@@ -17,6 +17,7 @@ from cpuperf.decide.nodes import job_nodes
 from cpuperf.decide.placement import plan_placement
 from cpuperf.decide.workload import for_script, from_script, resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
+from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
 from cpuperf.plan.launch import mpi_flavour
@@ -158,7 +159,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         raise
 
 
-def _worker_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
+def _worker_settings(raw: JsonObject) -> JsonObject:
     """The built-in worker's settings as it will read them (cpuperf.train.settings), or one line (exit 2)."""
     from cpuperf.train.errors import ConfigError
     from cpuperf.train.settings import TrainSettings
@@ -202,6 +203,11 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     return _execute(out, request, jp, launch)
 
 
+def _whole(value: JsonValue, default: int) -> int:
+    """A count of the worker's settings (a number), or `default` where it is unset or 0."""
+    return int(value) if isinstance(value, (int, float)) and value else default
+
+
 def _global_batch(jp: JobPlan) -> Optional[Dict[str, Any]]:
     """The job's global batch as planned (world x per-device x accumulation) where the plan knows it, with how the
     ranks share it; None where the batch is the command's own code's."""
@@ -210,7 +216,7 @@ def _global_batch(jp: JobPlan) -> Optional[Dict[str, Any]]:
         return rec.split.to_json()
     dp = rec.workload.parallel
     if dp.kind == "builtin" and jp.settings is not None:
-        per, acc = int(jp.settings.get("batch_size") or 0), int(jp.settings.get("grad_accum_steps") or 1)
+        per, acc = _whole(jp.settings.get("batch_size"), 0), _whole(jp.settings.get("grad_accum_steps"), 1)
         return {"ranks": rec.levers.world, "global_batch": rec.levers.world * per * acc,
                 "after": {"per_device": per, "grad_accum": acc, "processes": rec.levers.world}}
     if dp.global_batch is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.records import Decision, Levers
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, as_json
 
 if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
@@ -50,7 +50,7 @@ class RenderedJob:
     env: Mapping[str, str]
     ranks: Tuple[RankView, ...]
     pinned: Tuple[int, ...] = ()  # a direct launch: the CPUs the one process is pinned to
-    settings: Optional[Mapping[str, Any]] = None  # the built-in worker's; None for a user's command
+    settings: Optional[JsonMapping] = None  # the built-in worker's; None for a user's command
     flags: Tuple[Tuple[str, ...], ...] = ()  # the flags added to a user's command, each as its argv words
     flags_left: Tuple[Tuple[str, str], ...] = ()  # (flag, why) left out
     flags_why: str = ""  # why a user's command gets no Trainer flags at all (its parser), if it gets none

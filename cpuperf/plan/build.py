@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import JsonObject
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class EdgeFacts:
     accelerate_default_config: bool = False
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
     # The built-in worker's own schema (cpuperf.train.settings, a layer above plan/): settings in, checked ones out.
-    worker_schema: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None
+    worker_schema: Optional[Callable[[JsonObject], JsonObject]] = None
 
 
 def recommend_for(facts: HostFacts, workload: Workload, *, nnodes: int,
@@ -185,7 +186,7 @@ def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, aut
 
 
 def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, job: JobRequest,
-                  auto: bool) -> Tuple[List[str], Optional[Dict[str, Any]], Optional[ScriptPlan]]:
+                  auto: bool) -> Tuple[List[str], Optional[JsonObject], Optional[ScriptPlan]]:
     """(what each rank runs, the built-in worker's settings or None, the plan of the user's command or None)."""
     from cpuperf.plan.job import worker_command, worker_settings
 

@@ -17,6 +17,7 @@ from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.records import Recommendation, rank_threads
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import JsonMapping, JsonObject
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
@@ -83,7 +84,9 @@ class JobPlan:
     request: JobRequest
     env: Tuple[envplan.EnvVar, ...]
     launch: LaunchPlan
-    settings: Optional[Dict[str, Any]]  # the built-in worker's settings; None for a user's command
+    # The built-in worker's settings as its own schema checked them (cpuperf.train.settings, a layer above plan/):
+    # the JSON its --config reads; None for a user's command.
+    settings: Optional[JsonObject]
     decisions: Tuple[DecisionRow, ...]
     notes: Tuple[str, ...]
     script: Optional[ScriptPlan] = None  # the plan of the user's command (its Trainer flags); None: the built-in loop
@@ -159,14 +162,14 @@ def check_worker_can_honour(rec: Recommendation) -> None:
                              hint="it applies to your own script: cpuperf recommend renders it")
 
 
-def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> Dict[str, Any]:
+def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> JsonObject:
     """The built-in worker's settings (cpuperf.train.settings.TrainSettings, same ids as the knobs)."""
     check_worker_can_honour(rec)
     lv = rec.levers
     world = lv.world
     # --model's preset, else the one the plan's workload is (the host's default: decide.workload.builtin_default)
     built_in = rec.workload.name if rec.workload.source == "preset" else "tiny"
-    s: Dict[str, Any] = {"preset": request.preset or built_in}
+    s: JsonObject = {"preset": request.preset or built_in}
     if request.auto:
         s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
                  threads_per_rank=rank_threads(lv, True),
@@ -196,7 +199,8 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> D
         knob = BY_ID.get(key)
         if knob is not None and knob.worker and not knob.decided:
             if key == "model":
-                s.setdefault("model", {}).update(value)
+                model = s.get("model")
+                s["model"] = {**(model if isinstance(model, dict) else {}), **value}
             else:
                 s[key] = value
     return s
@@ -211,7 +215,7 @@ def decision_records(rec: Recommendation, auto: bool) -> Tuple[DecisionRow, ...]
 
 
 def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, environ: Mapping[str, str],
-             rank_command: Sequence[str], settings: Optional[Dict[str, Any]] = None,
+             rank_command: Sequence[str], settings: Optional[JsonObject] = None,
              mpi: Optional[str] = None, socket_ifname: Optional[str] = None, log_dir: Optional[str] = None,
              python: Optional[str] = None, euid: int = 1000, script: Optional[ScriptPlan] = None,
              libraries: Optional[envplan.Libraries] = None, yours: Optional[LauncherRanks] = None,
@@ -246,7 +250,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
                    script)
 
 
-def worker_command(python: str, settings: Mapping[str, Any]) -> List[str]:
+def worker_command(python: str, settings: JsonMapping) -> List[str]:
     """How each rank starts the built-in loop."""
     return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings, separators=(",", ":"))]
 
