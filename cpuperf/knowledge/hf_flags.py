@@ -15,29 +15,63 @@ never offered: the current spelling is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Dict, FrozenSet, Optional
+from typing import AbstractSet, Dict, FrozenSet, NamedTuple, Optional, Tuple
 
 from packaging.version import Version
 
 from cpuperf.knowledge.matrix import ENV_DIR, HfOption, Matrix
 from cpuperf.versions import base_of, version_or_none
 
+
+class TrainerFlag(NamedTuple):
+    """One option cpuperf adds to a user's command: its id in cpuperf (None: not checked against compat/hf.toml),
+    its row in compat/hf.toml (the releases that accept it), the option as written, the lever it carries."""
+
+    id: Optional[str]
+    row: Optional[str]
+    option: str
+    lever: Optional[str]
+
+
+# THE table of the Trainer (and accelerate launch) options cpuperf adds: `FLAG_ROWS` (flag id -> compat/hf.toml
+# row) and `FLAG_LEVERS` (option -> the lever it carries, cpuperf.plan.applied) are read from it.
+TRAINER_FLAGS: Tuple[TrainerFlag, ...] = (
+    TrainerFlag("use_ipex", "use_ipex", "--use_ipex", "ipex"),
+    TrainerFlag("no_cuda", "no_cuda", "--no_cuda", "device"),
+    TrainerFlag("use_cpu", "use_cpu", "--use_cpu", "device"),
+    TrainerFlag("ddp_backend", "ddp_backend", "--ddp_backend", "ddp_backend"),
+    *(TrainerFlag(f"ddp_backend_{b}", f"ddp_backend={b}", "--ddp_backend", "ddp_backend")
+      for b in ("ccl", "gloo", "xccl", "nccl", "mpi")),
+    TrainerFlag("bf16", "bf16", "--bf16", "dtype"),
+    TrainerFlag("fp16", "fp16", "--fp16", "dtype"),
+    TrainerFlag("tf32", "tf32", "--tf32", "tf32"),
+    TrainerFlag("gradient_checkpointing", "gradient_checkpointing", "--gradient_checkpointing", "grad_checkpointing"),
+    TrainerFlag("activation_checkpointing", "activation_checkpointing", "--activation_checkpointing",
+                "grad_checkpointing"),
+    TrainerFlag("optim", "optim", "--optim", "optimizer"),
+    TrainerFlag("optim_adamw", "optim=adamw_torch", "--optim", "optimizer"),
+    TrainerFlag("optim_fused", "optim=adamw_torch_fused", "--optim", "optimizer"),
+    TrainerFlag("optim_adafactor", "optim=adafactor", "--optim", "optimizer"),
+    TrainerFlag("optim_8bit", "optim=adamw_bnb_8bit", "--optim", "optimizer"),
+    TrainerFlag("torch_compile", "torch_compile", "--torch_compile", "compile"),
+    TrainerFlag("jit_mode_eval", "jit_mode_eval", "--jit_mode_eval", None),
+    TrainerFlag("half_precision_backend", "half_precision_backend", "--half_precision_backend", None),
+    TrainerFlag("per_device_train_batch_size", "per_device_train_batch_size", "--per_device_train_batch_size",
+                "batch_size"),
+    TrainerFlag("gradient_accumulation_steps", "gradient_accumulation_steps", "--gradient_accumulation_steps",
+                "grad_accum_steps"),
+    TrainerFlag("dataloader_num_workers", "dataloader_num_workers", "--dataloader_num_workers", "dataloader_workers"),
+    TrainerFlag("dataloader_pin_memory", "dataloader_pin_memory", "--dataloader_pin_memory", "pin_memory"),
+    # checked elsewhere: accelerate launch's autocast (plan/user_script.launcher_flags), sharding (sharding_form)
+    TrainerFlag(None, None, "--mixed_precision", "dtype"),
+    TrainerFlag(None, None, "--fsdp", "sharding"),
+    TrainerFlag(None, None, "--fsdp_config", "sharding"),
+    TrainerFlag(None, None, "--deepspeed", "sharding"),
+)
 # cpuperf's flag ids -> the option names in compat/hf.toml
-FLAG_ROWS = {
-    "use_ipex": "use_ipex", "no_cuda": "no_cuda", "use_cpu": "use_cpu", "ddp_backend": "ddp_backend",
-    "ddp_backend_ccl": "ddp_backend=ccl", "ddp_backend_gloo": "ddp_backend=gloo",
-    "ddp_backend_xccl": "ddp_backend=xccl",
-    "ddp_backend_nccl": "ddp_backend=nccl", "ddp_backend_mpi": "ddp_backend=mpi", "bf16": "bf16", "fp16": "fp16", "tf32": "tf32",
-    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "activation_checkpointing",
-    "optim": "optim",
-    "optim_adamw": "optim=adamw_torch", "optim_fused": "optim=adamw_torch_fused",
-    "optim_adafactor": "optim=adafactor", "optim_8bit": "optim=adamw_bnb_8bit",
-    "torch_compile": "torch_compile", "jit_mode_eval": "jit_mode_eval",
-    "half_precision_backend": "half_precision_backend",
-    "per_device_train_batch_size": "per_device_train_batch_size",
-    "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "dataloader_num_workers": "dataloader_num_workers", "dataloader_pin_memory": "dataloader_pin_memory",
-}
+FLAG_ROWS: Dict[str, str] = {f.id: f.row for f in TRAINER_FLAGS if f.id is not None and f.row is not None}
+# an option cpuperf adds -> the lever it carries (what plan/applied reports as applied by a flag)
+FLAG_LEVERS: Dict[str, str] = {f.option: f.lever for f in TRAINER_FLAGS if f.lever is not None}
 _FLAG_OF_ROW = {row: flag for flag, row in FLAG_ROWS.items()}
 
 

@@ -19,14 +19,6 @@ from cpuperf.jsonable import JsonMapping, as_json
 if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
 
-# Trainer flags (and `accelerate launch` options) -> the lever each one carries to a user's script.
-FLAG_LEVERS: Mapping[str, str] = {
-    "--bf16": "dtype", "--fp16": "dtype", "--mixed_precision": "dtype", "--tf32": "tf32", "--use_cpu": "device",
-    "--no_cuda": "device", "--torch_compile": "compile", "--use_ipex": "ipex", "--ddp_backend": "ddp_backend",
-    "--dataloader_num_workers": "dataloader_workers", "--dataloader_pin_memory": "pin_memory",
-    "--per_device_train_batch_size": "batch_size", "--gradient_accumulation_steps": "grad_accum_steps",
-    "--gradient_checkpointing": "grad_checkpointing", "--activation_checkpointing": "grad_checkpointing",
-    "--optim": "optimizer", "--fsdp": "sharding", "--fsdp_config": "sharding", "--deepspeed": "sharding"}
 # Library names an allocator preload carries (cpuperf.probe.facts.ALLOCATOR_LIBS names the files).
 _PRELOAD_STEM = {"tcmalloc": "libtcmalloc", "jemalloc": "libjemalloc", "mimalloc": "libmimalloc"}
 PLAIN = "plain run (no --auto): the baseline --auto is compared with"
@@ -134,6 +126,8 @@ def _setting(d: Decision[Any], job: RenderedJob) -> Optional[str]:
 
 def _flag(d: Decision[Any], job: RenderedJob) -> Optional[str]:
     """The flag added to a user's command that carries `d`."""
+    from cpuperf.knowledge.hf_flags import FLAG_LEVERS
+
     added = [" ".join(args) for args in job.flags if FLAG_LEVERS.get(args[0].split("=", 1)[0]) == d.id]
     return ("flag " + ", ".join(added)) if added else None
 
@@ -274,6 +268,8 @@ _CARRIED: Mapping[str, _Check] = {
 def _why_not(d: Decision[Any], levers: Levers, job: RenderedJob) -> str:
     """Why the job does not carry `d` (its value differs from what the job gets, or nothing can carry it)."""
     script = job.settings is None
+    from cpuperf.knowledge.hf_flags import FLAG_LEVERS
+
     left = [f"{flag}: {why}" for flag, why in job.flags_left if FLAG_LEVERS.get(flag.split(" ", 1)[0]) == d.id]
     if left:
         return "; ".join(left)
