@@ -7,17 +7,20 @@ for --explain, a subprocess only when a script exists or several nodes need the 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Set, Tuple
 
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
 
 if TYPE_CHECKING:
+    from cpuperf.decide.records import Recommendation
     from cpuperf.decide.runtime_env import EnvVar, Merged
     from cpuperf.plan.environment import EnvDecisions
+    from cpuperf.plan.saved import SavedPlan
     from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hosts import Host
     from cpuperf.render.shell import CclEnv
+    from cpuperf.run.vendor_env import Stack
 
 
 class Options(NamedTuple):
@@ -130,7 +133,7 @@ class _Job(NamedTuple):
 
     opts: Options
     hosts: Optional[Tuple[Host, ...]]
-    saved: Any  # plan.saved.SavedPlan from --plan, or None
+    saved: Optional[SavedPlan]  # from --plan, or None
     nodes: int
     master: str  # the rendezvous address in force
     slurm_first: Optional[str]  # the Slurm allocation's first node, if any
@@ -214,7 +217,7 @@ def _plan_decisions(job: _Job, facts: HostFacts,
     return decisions_of(facts, rec), planned, diffs
 
 
-def _rendered(job: _Job, stack: Any, facts: HostFacts, decided: EnvDecisions, planned: Optional[List[EnvVar]],
+def _rendered(job: _Job, stack: Stack, facts: HostFacts, decided: EnvDecisions, planned: Optional[List[EnvVar]],
               diffs: List[str], env: Mapping[str, str]) -> CclEnv:
     """ccl-env's own rendering of the plan's environment: the vendor scripts first, the plan's variables merged
     over what the shell has (kept unless --override or an option names them), every value checked for the shell."""
@@ -342,8 +345,8 @@ def _decide_now(facts: HostFacts, opts: Options, nodes: int,
     return decided, measure.expiry(facts) if meas else None
 
 
-def _from_plan(opts: Options, plan: Any, facts: HostFacts,
-               env: Mapping[str, str]) -> Tuple[Any, Optional[List[EnvVar]], List[str]]:
+def _from_plan(opts: Options, plan: SavedPlan, facts: HostFacts,
+               env: Mapping[str, str]) -> Tuple[Recommendation, Optional[List[EnvVar]], List[str]]:
     """(recommendation, its saved variables, how it differs from what cpuperf decides here) of a saved plan;
     decided again only with --replan (exit 13 without)."""
     from cpuperf.plan.saved import plan_fits
@@ -355,7 +358,7 @@ def _from_plan(opts: Options, plan: Any, facts: HostFacts,
 
         return replan_from(plan, facts, planning_measurements(facts), env if facts.live else {}), None, []
 
-    def fresh(p: Any, f: Any) -> List[str]:  # only when nothing remembered answers: the engine loads here
+    def fresh(p: SavedPlan, f: HostFacts) -> List[str]:  # only when nothing remembered answers: the engine loads here
         from cpuperf.plan.saved import fresh_differences
         from cpuperf.run.measure import planning_measurements
 
@@ -364,7 +367,8 @@ def _from_plan(opts: Options, plan: Any, facts: HostFacts,
     return plan.rec, [v._replace(source="cpuperf") for v in plan.env], _plan_differences(plan, facts, fresh)
 
 
-def _plan_differences(plan: Any, facts: HostFacts, compute: Any) -> List[str]:
+def _plan_differences(plan: SavedPlan, facts: HostFacts,
+                      compute: Callable[[SavedPlan, HostFacts], List[str]]) -> List[str]:
     """compute(plan, facts) (how the plan differs from a fresh one), remembered per plan, host and stack identity
     (run.remembered)."""
     from cpuperf.plan import saved
@@ -375,7 +379,7 @@ def _plan_differences(plan: Any, facts: HostFacts, compute: Any) -> List[str]:
 
         return list(compute(plan, facts)), measure.expiry(facts)
 
-    def checked(known: Any) -> List[str]:
+    def checked(known: object) -> List[str]:
         if not (isinstance(known, list) and all(isinstance(d, str) and d.isprintable() for d in known)):
             raise TypeError("not a list of printable lines")
         return known

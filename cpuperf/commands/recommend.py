@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT
 from cpuperf.output import Output
 
 if TYPE_CHECKING:  # commands import their layers inside functions (fast start-up)
+    import os
+
     from cpuperf.decide.records import Recommendation
+    from cpuperf.plan.applied import LeverState
     from cpuperf.plan.build import NodePlan
     from cpuperf.plan.job import JobPlan
     from cpuperf.probe.facts import HostFacts
@@ -145,7 +148,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs, out=out)
     kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
-    subs: List[Any] = []
+    subs: List[NodePlan] = []
     if node_facts or probe_nodes:
         facts, rec, subs = cluster_plan(out, facts, rec, hosts, node_facts)
     import os
@@ -248,7 +251,7 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
     return first[1], first[2], subs
 
 
-def _measured_allreduce(names: List[str], rec: Recommendation) -> Any:
+def _measured_allreduce(names: List[str], rec: Recommendation) -> Optional[Dict[str, Any]]:
     """The cached allreduce across exactly these nodes (`cpuperf doctor --hostfile FILE --collectives`), unless
     the user set the DDP backend: what the planner picks the backend and bucket size from."""
     if rec.levers.ddp_backend.overridden:
@@ -276,7 +279,7 @@ def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inp
     return path
 
 
-def _lever_report(rec: Recommendation, jp: JobPlan, hf_args: Sequence[str]) -> Any:
+def _lever_report(rec: Recommendation, jp: JobPlan, hf_args: Sequence[str]) -> Tuple[LeverState, ...]:
     """Each lever applied or not in what recommend renders (the environment, the launch line, the Trainer flags):
     cpuperf.plan.applied, as train --dry-run reports it."""
     import dataclasses
@@ -286,13 +289,13 @@ def _lever_report(rec: Recommendation, jp: JobPlan, hf_args: Sequence[str]) -> A
     return lever_report(rec.levers, dataclasses.replace(rendered_job(jp), flags=flag_groups(hf_args)))
 
 
-def _split(report: Any) -> Dict[str, Any]:
+def _split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
     from cpuperf.plan.applied import split
 
     return split(report)
 
 
-def _table(out: Output, result: Dict[str, Any], report: Any) -> None:
+def _table(out: Output, result: Dict[str, Any], report: Sequence[LeverState]) -> None:
     from rich.table import Table
 
     from cpuperf.plan.applied import report_lines
@@ -316,7 +319,7 @@ def _table(out: Output, result: Dict[str, Any], report: Any) -> None:
         out.info("* set by you: " + ", ".join(result["overridden"]))
 
 
-def _writable_dir(path: Any) -> None:
+def _writable_dir(path: Union[str, os.PathLike[str]]) -> None:
     """Create `path` and check that files can be written in it; else a one-line FilesystemError (exit 10)."""
     import os
 

@@ -33,6 +33,7 @@ from cpuperf.run.vendor_env import master_interface
 from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
+    from cpuperf.plan.applied import LeverState
     from cpuperf.plan.job import JobPlan
     from cpuperf.plan.launch import LaunchPlan
     from cpuperf.plan.request import PlanRequest
@@ -444,14 +445,14 @@ def _hf_json(jp: JobPlan) -> Optional[ScriptReport]:
     return jp.script.to_json() if jp.script is not None else None
 
 
-def _lever_report(jp: JobPlan) -> Any:
+def _lever_report(jp: JobPlan) -> Tuple[LeverState, ...]:
     """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied."""
     from cpuperf.plan.applied import lever_report, rendered_job
 
     return lever_report(jp.rec.levers, rendered_job(jp))
 
 
-def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, Any]]]:
+def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, object]]]:
     from cpuperf.plan.applied import split
 
     return split(_lever_report(jp))

@@ -11,7 +11,7 @@ CPU and GPU hosts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.records import Decision, Levers
 from cpuperf.jsonable import JsonMapping, as_json
@@ -62,11 +62,11 @@ class LeverState:
     """One lever: its value, and where the job carries it (`applied`) or why it does not."""
 
     id: str
-    value: Any
+    value: object
     applied: bool
     how: str
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         return as_json(self)
 
 
@@ -75,7 +75,7 @@ def lever_report(levers: Levers, job: RenderedJob) -> Tuple[LeverState, ...]:
     return tuple(_state(d, levers, job) for d in levers.all())
 
 
-def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, Any]]]:
+def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
     """The report as --json carries it: {"applied": [{id, value, how}], "not_applied": [{id, value, why}]}."""
     return {"applied": [{"id": s.id, "value": s.value, "how": s.how} for s in report if s.applied],
             "not_applied": [{"id": s.id, "value": s.value, "why": s.how} for s in report if not s.applied]}
@@ -86,7 +86,7 @@ def report_lines(report: Sequence[LeverState]) -> List[str]:
     return [f"{'applied' if s.applied else 'not applied'}: {s.id}={_show(s.value)} ({s.how})" for s in report]
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -98,10 +98,10 @@ def _show(value: Any) -> str:
 
 # -- each lever against the job ----------------------------------------------------------------------
 
-_Check = Callable[[Decision[Any], Levers, RenderedJob], Optional[str]]
+_Check = Callable[[Decision[object], Levers, RenderedJob], Optional[str]]
 
 
-def _state(d: Decision[Any], levers: Levers, job: RenderedJob) -> LeverState:
+def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
     """Where the job carries `d`, else why not: the job's own content first, then the path's reason."""
     not_split = d.evidence.get("not_split") if d.id == "nproc_per_node" and not d.overridden else None
     if isinstance(not_split, dict) and job.nproc_per_node == d.value:
@@ -117,14 +117,14 @@ def _state(d: Decision[Any], levers: Levers, job: RenderedJob) -> LeverState:
     return LeverState(d.id, d.value, False, _why_not(d, levers, job))
 
 
-def _setting(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+def _setting(d: Decision[object], job: RenderedJob) -> Optional[str]:
     """The built-in worker's setting of the same id, when it holds the decided value."""
     if job.settings is None or d.id not in job.settings:
         return None
     return f"worker setting {d.id}={_show(job.settings[d.id])}" if job.settings[d.id] == d.value else None
 
 
-def _flag(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+def _flag(d: Decision[object], job: RenderedJob) -> Optional[str]:
     """The flag added to a user's command that carries `d`."""
     from cpuperf.knowledge.hf_flags import FLAG_LEVERS
 
@@ -132,7 +132,7 @@ def _flag(d: Decision[Any], job: RenderedJob) -> Optional[str]:
     return ("flag " + ", ".join(added)) if added else None
 
 
-def _worker_or_flag(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _worker_or_flag(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     return _setting(d, job) or _flag(d, job) or _own(d, job) or _default(d, levers, job)
 
 
@@ -141,7 +141,7 @@ def _worker_or_flag(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optio
 _OWN = {"batch_size": ("--per_device_train_batch_size", 8), "grad_accum_steps": ("--gradient_accumulation_steps", 1)}
 
 
-def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
+def _own(d: Decision[object], job: RenderedJob) -> Optional[str]:
     """The decided value is the script's own argument (or the Trainer's default where it gives none)."""
     known = _OWN.get(d.id)
     if known is None or job.settings is not None:
@@ -158,7 +158,7 @@ def _own(d: Decision[Any], job: RenderedJob) -> Optional[str]:
     return f"default: the Trainer's {name[2:]} {default}" if d.value == default and job.trainer else None
 
 
-def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _default(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     """The decided value is what the job does without being told: said as such."""
     script = job.settings is None and not job.env_only
     trainer = script and job.trainer is True  # the Trainer's defaults hold only where the script builds TrainingArguments
@@ -188,18 +188,18 @@ def _default(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str
     return f"default: {hit[1]}" if hit is not None and hit[0] else None
 
 
-def _ranks(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _ranks(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     if job.nproc_per_node == d.value and not job.env_only:
         return (f"your {job.your_launcher} starts {d.value} rank(s) per node" if job.your_launcher
                 else f"the launch starts {d.value} rank(s) per node")
     return None
 
 
-def _nodes(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _nodes(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     return f"the launch spans {d.value} node(s)" if job.nnodes == d.value and not job.env_only else None
 
 
-def _threads(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _threads(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     theirs = job.env.get("OMP_NUM_THREADS")
     if theirs is not None and theirs != str(d.value):  # the command gets another count (_why_not says whose)
         return None
@@ -210,7 +210,7 @@ def _threads(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str
     return _setting(d, job)
 
 
-def _affinity(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _affinity(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     pinned = bool(job.pinned) or (bool(job.ranks) and all(r.cpus for r in job.ranks))
     if d.value == "auto" and pinned:
         return "each rank pinned to its CPUs"
@@ -221,7 +221,7 @@ def _affinity(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[st
     return None
 
 
-def _allocator(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _allocator(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     preload = job.env.get("LD_PRELOAD", "")
     entries = [e.rsplit("/", 1)[-1] for e in preload.replace(" ", ":").split(":") if e]
     if d.value is None:
@@ -231,13 +231,13 @@ def _allocator(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[s
     return "env LD_PRELOAD " + preload if any(e.startswith(stem) for e in entries) else None
 
 
-def _checkpointing(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _checkpointing(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     """A flag, the worker's setting, or FSDP's own activation checkpointing in the --fsdp_config file it names."""
     in_config = d.value is True and levers.sharding.value == "fsdp" and any(a[0] == "--fsdp_config" for a in job.flags)
     return "activation_checkpointing in the --fsdp_config file" if in_config else _worker_or_flag(d, levers, job)
 
 
-def _offload(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _offload(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     """CPU offload rides on the sharding form: the --fsdp_config file, the --fsdp value, or the DeepSpeed file."""
     if d.value is False:
         return _default(d, levers, job)
@@ -248,7 +248,7 @@ def _offload(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str
     return None
 
 
-def _attention(d: Decision[Any], levers: Levers, job: RenderedJob) -> Optional[str]:
+def _attention(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
     if job.settings is not None and d.value == "sdpa":
         return "the built-in model calls scaled_dot_product_attention"
     return None
@@ -265,7 +265,7 @@ _CARRIED: Mapping[str, _Check] = {
 }
 
 
-def _why_not(d: Decision[Any], levers: Levers, job: RenderedJob) -> str:
+def _why_not(d: Decision[object], levers: Levers, job: RenderedJob) -> str:
     """Why the job does not carry `d` (its value differs from what the job gets, or nothing can carry it)."""
     script = job.settings is None
     from cpuperf.knowledge.hf_flags import FLAG_LEVERS
@@ -293,7 +293,7 @@ def _why_not(d: Decision[Any], levers: Levers, job: RenderedJob) -> str:
     return _script_why(d, job)
 
 
-def _builtin_why(d: Decision[Any]) -> str:
+def _builtin_why(d: Decision[object]) -> str:
     return {"attention": "the built-in loop runs SDPA's dispatcher, which picks the kernel (the worker reports it)",
             "pin_memory": "the built-in loop has no DataLoader: its batches are built in memory",
             "zero": "the built-in loop has no sharding", "sharding": "the built-in loop has no sharding",
@@ -304,7 +304,7 @@ def _builtin_why(d: Decision[Any]) -> str:
 _ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulation", "dataloader_workers": "its data loading"}
 
 
-def _script_why(d: Decision[Any], job: RenderedJob) -> str:
+def _script_why(d: Decision[object], job: RenderedJob) -> str:
     if job.trainer is not True and d.id in _ITS_OWN_CODE:
         what = "not a Hugging Face Trainer script" if job.trainer is False else "the script was not read"
         return f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"

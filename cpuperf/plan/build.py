@@ -295,7 +295,7 @@ NodePlan = Tuple[str, "HostFacts", "Recommendation", "JobPlan"]
 
 
 def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: Recommendation,
-                  hosts: Optional[Sequence[Host]], measured: Any = None) -> List[NodePlan]:
+                  hosts: Optional[Sequence[Host]], measured: Optional[Mapping[str, Any]] = None) -> List[NodePlan]:
     """One plan over the hostfile's nodes from each node's own facts: bf16 only if every node runs it natively,
     threads from each node's cores, refused (exit 14) where the stacks differ; the DDP backend and bucket size
     from an allreduce measured across exactly these nodes (`measured`), unless the user set the backend."""

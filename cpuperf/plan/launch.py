@@ -31,6 +31,7 @@ from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
+    from cpuperf.decide.runtime_env import EnvVar
     from cpuperf.plan.user_launcher import LauncherRanks
 
 SCHEMA = "cpuperf.launch/1"
@@ -139,7 +140,7 @@ def slot_table(specs: Sequence[RankSpec]) -> str:
 
 
 def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequence[str],
-                env_vars: Sequence[Any] = (), launcher: Optional[str] = None,
+                env_vars: Sequence[EnvVar] = (), launcher: Optional[str] = None,
                 hosts: Optional[Sequence[Host]] = None, nnodes: int = 1, node_rank: Optional[int] = None,
                 master_addr: Optional[str] = None, master_port: Optional[int] = None,
                 pin: bool = True, threads: Optional[int] = None, log_dir: Optional[str] = None,
@@ -310,7 +311,7 @@ def _crowded(theirs: str, ranks: int, placement: Placement, threads: Optional[in
             "thread a core of its own"]
 
 
-def _plan_yours(placement: Placement, yours: LauncherRanks, rank_command: Sequence[str], env_vars: Sequence[Any], pin: bool,
+def _plan_yours(placement: Placement, yours: LauncherRanks, rank_command: Sequence[str], env_vars: Sequence[EnvVar], pin: bool,
                 threads: Optional[int], log_dir: Optional[str], environ: Mapping[str, str]) -> LaunchPlan:
     """The user's launcher, run directly. Placed: the launcher itself on all the ranks' CPUs, each rank
     narrowed to its slot by the per-rank step (several ranks) and OMP_NUM_THREADS = its share. Not placed:
@@ -384,7 +385,7 @@ def _torchrun_notes(nnodes: int, host_names: Sequence[str], port: Optional[int],
     return ()
 
 
-def _base_env(env_vars: Sequence[Any], world: int) -> Tuple[Dict[str, str], Dict[str, str]]:
+def _base_env(env_vars: Sequence[EnvVar], world: int) -> Tuple[Dict[str, str], Dict[str, str]]:
     """(name -> value, name -> why) of the plan's runtime variables; one rank drops the rendezvous ones."""
     env = {var.name: var.value for var in env_vars}
     reasons = {var.name: var.reason for var in env_vars}
