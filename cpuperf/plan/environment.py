@@ -101,22 +101,22 @@ def _ints(values: JsonValue) -> Tuple[int, ...]:
     return tuple(_int(v) for v in _list(values))
 
 
-def decisions_from_json(raw: JsonValue) -> EnvDecisions:
+def decisions_from_json(value: JsonValue) -> EnvDecisions:
     """decisions_to_json's JSON -> EnvDecisions; TypeError/KeyError when it is not that."""
-    top = _object(raw)
-    p = _object(top["placement"])
+    raw = _object(value)
+    p = _object(raw["placement"])
     slots = tuple(RankSlot(_int(s["local_rank"]), _maybe_int(s["socket"]), _maybe_int(s["node"]), _ints(s["cpus"]),
                            _ints(s["compute_cpus"]), _ints(s["ccl_worker_cpus"]), _int(s["threads"]))
                   for s in map(_object, _list(p["slots"])))
     placement = Placement(_int(p["nproc_per_node"]), _str(p["unit"]), slots, _int(p["ccl_workers"]),
                           _int(p["cpu_budget"]), tuple(_str(r) for r in _list(p["reasons"])))
-    name, reason = (_str(v) for v in _list(top["backend"]))
-    pin = top["pin"]
+    name, reason = (_str(v) for v in _list(raw["backend"]))
+    pin = raw["pin"]
     if not isinstance(pin, bool):
         raise TypeError(f"pin {pin!r} is not true or false")
-    allocator = top["allocator"]
+    allocator = raw["allocator"]
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), None if allocator is None else _str(allocator),
-                        _maybe_int(top["threads"]), pin, _levers(top["levers"]))
+                        _maybe_int(raw["threads"]), pin, _levers(raw["levers"]))
 
 
 def _levers(raw: JsonValue) -> Tuple[JsonObject, ...]:
