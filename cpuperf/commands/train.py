@@ -310,7 +310,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
 
-    plan, user = jp.launch, bool(jp.request.user_argv)
+    plan, user = jp.launch, bool(jp.request.asked.user_argv)
     for note in jp.notes:
         out.info(f"note: {note}")
     who = f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
@@ -501,7 +501,7 @@ def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str,
 def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], launch: Dict[str, Any],
             verification: Dict[str, Any]) -> Dict[str, Any]:
     plan = jp.launch
-    if jp.request.user_argv:
+    if jp.request.asked.user_argv:
         return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
                 "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
@@ -621,7 +621,7 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
                      f"threads {spec.threads if spec.threads is not None else unset}")
     # A user's script gets the launch-level decisions; its own hyperparameters stay its own (the applied
     # list below says which Trainer flags, if any, carry a decision to it).
-    shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.user_argv else
+    shown = (("threads_per_rank", "nproc_per_node", "ddp_backend", "allocator", "plain") if jp.request.asked.user_argv else
              ("dtype", "compile", "ipex", "threads_per_rank", "ddp_backend", "allocator", "batch_size", "optimizer", "plain"))
     # Ranks given thread counts but no CPUs: the plan decided against pinning, and says why.
     if len(plan.per_rank) > 1 and any(s.threads for s in plan.per_rank) and not any(s.cpus for s in plan.per_rank):

@@ -343,7 +343,8 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
     placement_why = "" if yours is None or yours.place else yours.why
     # The environment the user's command gets: `env OMP_NUM_THREADS=4 python s.py` runs with 4 whatever the
     # plan's own variables say, and the report says what the command gets.
-    env = jp.request.command.environ(plan.env) if jp.request.command is not None else dict(plan.env)
+    command = jp.request.asked.command
+    env = command.environ(plan.env) if command is not None else dict(plan.env)
     return RenderedJob(
         auto=jp.request.auto, nproc_per_node=plan.nproc_per_node, nnodes=plan.nnodes, env=env, ranks=ranks,
         pinned=tuple(plan.affinity or ()), settings=jp.settings,

@@ -175,14 +175,10 @@ def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, aut
     from cpuperf.plan.job import JobRequest
 
     model = request.model or (edge.saved.inputs.get("model") if edge.saved is not None else None)
-    return JobRequest(auto=auto, constraints=_hf_config_shape(rec.workload, dict(request.worker)),
-                      user_argv=request.user_argv, hosts=edge.hosts, nnodes=edge.nnodes, node_rank=edge.node_rank,
-                      launcher=request.launcher, master_addr=edge.master_addr, master_port=request.master_port,
-                      local_addr=edge.local_addr, out_dir=edge.out_dir, resume=request.resume,
-                      max_steps=request.max_steps, time_budget=request.time_budget, seed=request.seed,
-                      hf_flags=request.hf_flags, job_id=_job_id(edge.hosts, request.master_port),
-                      rdzv_timeout=request.rdzv_timeout, slurm=edge.slurm,
-                      preset=_preset(model) if not request.user_argv else None, command=request.command)
+    return JobRequest(request, auto=auto, constraints=_hf_config_shape(rec.workload, dict(request.worker)),
+                      hosts=edge.hosts, nnodes=edge.nnodes, node_rank=edge.node_rank, master_addr=edge.master_addr,
+                      local_addr=edge.local_addr, out_dir=edge.out_dir, job_id=_job_id(edge.hosts, request.master_port),
+                      slurm=edge.slurm, preset=_preset(model) if not request.user_argv else None)
 
 
 def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, job: JobRequest,

@@ -22,12 +22,12 @@ from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
 from cpuperf.plan.launch import LaunchPlan, numa_binding_ok, plan_launch
+from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
-    from cpuperf.plan.command import CommandLine
     from cpuperf.plan.user_launcher import LauncherRanks
     from cpuperf.plan.user_script import ScriptPlan
 
@@ -39,29 +39,21 @@ PLAIN_REASON = "no --auto: fp32, eager, torch's own thread count, no pinning (th
 
 @dataclass(frozen=True)
 class JobRequest:
-    """What the user asked for: mode, constraints (typed --set/--config values) and launch options."""
+    """What the user asked for (`asked`: the request as typed at the edge, cpuperf.plan.request) and what the
+    edge and the planner resolved of it: the mode in force, the constraints, the nodes, the run directory."""
 
-    auto: bool = True
-    constraints: Mapping[str, Any] = field(default_factory=dict)
-    user_argv: Tuple[str, ...] = ()
+    asked: PlanRequest = field(default_factory=PlanRequest)  # the user's options and command (read once)
+    auto: bool = True  # --auto, or a saved plan (what recommend decided)
+    constraints: Mapping[str, Any] = field(default_factory=dict)  # the built-in loop's --set values, with a config's shape
     hosts: Optional[Tuple[Host, ...]] = None
     nnodes: int = 1
     node_rank: Optional[int] = None
-    launcher: Optional[str] = None
     master_addr: Optional[str] = None
-    master_port: Optional[int] = None
     local_addr: Optional[str] = None
     out_dir: str = "runs/train"
-    resume: bool = False
-    max_steps: Optional[int] = None
-    time_budget: Optional[float] = None
-    seed: Optional[int] = None
     preset: Optional[str] = None
-    hf_flags: str = "auto"
     job_id: str = "cpuperf"
-    rdzv_timeout: Optional[float] = None
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (srun inside an allocation; its first node is rank 0)
-    command: Optional[CommandLine] = None  # user_argv as read once (cpuperf.plan.command.read_command)
 
 
 @dataclass(frozen=True)
@@ -113,7 +105,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     backend = process_group_backend(lv.ddp_backend.value)
     preload = bool(lv.allocator.value) and (request.auto or lv.allocator.overridden)
     rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
-                             master_addr=request.master_addr, master_port=request.master_port, preload=preload,
+                             master_addr=request.master_addr, master_port=request.asked.master_port, preload=preload,
                              threads=rank_threads(lv, request.auto),
                              # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
                              allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
@@ -135,7 +127,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
 def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int,
                environ: Mapping[str, str]) -> Tuple[Tuple[envplan.EnvVar, ...], List[str]]:
     """Our variables merged over the user's environment: theirs kept unless an option or the job needs ours."""
-    force = [n for n, given in (("MASTER_ADDR", request.master_addr), ("MASTER_PORT", request.master_port)) if given]
+    force = [n for n, given in (("MASTER_ADDR", request.master_addr), ("MASTER_PORT", request.asked.master_port)) if given]
     if world > 1:  # ours, not a stale value from the shell
         force += variables().names(launch=True, runtime="torch-distributed")
     merged = envplan.merge_env(environ, list(wanted), force=force)
@@ -186,15 +178,16 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> J
                 s[d.id] = d.value
     if lv.ddp_backend.value and world > 1:
         s["ddp_backend"] = lv.ddp_backend.value
-    if request.max_steps is not None:
-        s["max_steps"] = request.max_steps
-    if request.time_budget is not None:
-        s["time_budget_s"] = request.time_budget
-        if request.max_steps is None:
+    asked = request.asked
+    if asked.max_steps is not None:
+        s["max_steps"] = asked.max_steps
+    if asked.time_budget is not None:
+        s["time_budget_s"] = asked.time_budget
+        if asked.max_steps is None:
             s["max_steps"] = None
-    if request.seed is not None:
-        s["seed"] = request.seed
-    s.update(out_dir=out_dir, resume=request.resume, progress="plain")
+    if asked.seed is not None:
+        s["seed"] = asked.seed
+    s.update(out_dir=out_dir, resume=asked.resume, progress="plain")
     for key, value in request.constraints.items():
         knob = BY_ID.get(key)
         if knob is not None and knob.worker and not knob.decided:
@@ -239,12 +232,12 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))
-    launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.launcher,
+    launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.asked.launcher,
                          hosts=request.hosts, nnodes=lv.nnodes.value,
                          node_rank=request.node_rank if request.node_rank is not None else 0,
-                         master_addr=request.master_addr, master_port=request.master_port, pin=pin, threads=threads,
+                         master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
                          log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id, rdzv_timeout=request.rdzv_timeout, yours=yours, slurm=request.slurm,
+                         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=yours, slurm=request.slurm,
                          numa_binding=numa)
     return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
                    script)
@@ -272,7 +265,8 @@ def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Seque
     # Slurm allocation's first node (runtime_env says which), else a MASTER_ADDR already set; with none of them
     # runtime_env refuses (exit 2), as ccl-env does: loopback is never a rendezvous for other nodes.
     master = master_addr
-    request = JobRequest(auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
-                         launcher=None if not hosts or len(hosts) <= 1 else "torchrun", slurm=slurm)
+    asked = PlanRequest(auto=True, launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
+    request = JobRequest(asked, auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
+                         slurm=slurm)
     return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
                     python="python")
