@@ -39,3 +39,13 @@ def test_the_record_has_the_parts():
     assert cmd.launcher.option(["--nproc-per-node", "--nproc_per_node"]) == "2"
     assert cmd.script.script == "t.py" and cmd.script.script_args == ("--lr", "1") and cmd.script.nproc == 2
     assert cmd.words == ("torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1")
+
+
+def test_the_script_report_says_which_flags_were_yours():
+    from cpuperf.plan.user_script import Flag, plan_script
+
+    hf = "from transformers import HfArgumentParser, TrainingArguments\n" \
+         "HfArgumentParser((TrainingArguments,)).parse_args_into_dataclasses()\n"
+    report = plan_script(["python", "t.py", "--bf16"], [Flag(("--bf16",), "dtype")], "always", hf).to_json()
+    kept_yours = report["kept_yours"]
+    assert kept_yours == ["--bf16"] and report["added"] == [] and "files" not in report
