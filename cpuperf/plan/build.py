@@ -69,7 +69,7 @@ def recommend_for(facts: HostFacts, workload: Workload, *, nnodes: int,
 def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_tuned: bool = True) -> JobPlan:
     """The job's one plan (cpuperf.plan.job.JobPlan) from the request and what the edge found. `use_tuned`
     False: the rules' plan, without a cached tuning (the start of `--tune`)."""
-    from cpuperf.plan.job import plan_job
+    from cpuperf.plan.job import EnvInputs, RankRun, plan_job
     from cpuperf.plan.launch import mpi_flavour
     from cpuperf.plan.request import with_command
 
@@ -96,9 +96,10 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
             cmd = list(with_rank_step(flagged, edge.python, edge.launcher_python))
     mpi = mpi_flavour(facts)
     saved_env = edge.saved.env if edge.saved is not None and not edge.saved_diffs else None
-    return plan_job(facts, rec, job, environ=edge.environ, rank_command=cmd, settings=settings,
-                    mpi=mpi[1] if (mpi and request.launcher == "mpirun") else None, socket_ifname=edge.socket_ifname,
-                    log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid, script=script, yours=yours, planned_env=saved_env)
+    run = RankRun(tuple(cmd), settings, script, yours, log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid)
+    given = EnvInputs(edge.environ, mpi[1] if (mpi and request.launcher == "mpirun") else None, edge.socket_ifname,
+                      planned_env=tuple(saved_env) if saved_env is not None else None)
+    return plan_job(facts, rec, job, run, given)
 
 
 def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Dict[str, Any], nproc: Optional[int],

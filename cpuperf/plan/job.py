@@ -207,23 +207,41 @@ def decision_records(rec: Recommendation, auto: bool) -> Tuple[DecisionRow, ...]
     return tuple(rows)
 
 
-def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, environ: Mapping[str, str],
-             rank_command: Sequence[str], settings: Optional[JsonObject] = None,
-             mpi: Optional[str] = None, socket_ifname: Optional[str] = None, log_dir: Optional[str] = None,
-             python: Optional[str] = None, euid: int = 1000, script: Optional[ScriptPlan] = None,
-             libraries: Optional[envplan.Libraries] = None, yours: Optional[LauncherRanks] = None,
-             planned_env: Optional[Sequence[envplan.EnvVar]] = None) -> JobPlan:
-    """The whole plan, built once: env from the decisions, then the launch that carries both.
+@dataclass(frozen=True)
+class RankRun:
+    """What each rank runs and how the job starts it."""
 
-    planned_env: a saved plan's runtime variables, used as they are (only this launch's rendezvous
-    variables are added to them)."""
+    command: Tuple[str, ...]  # what each rank runs (the built-in worker, or the user's command with its flags)
+    settings: Optional[JsonObject] = None  # the built-in worker's checked settings; None for a user's command
+    script: Optional[ScriptPlan] = None  # the plan of the user's command
+    yours: Optional[LauncherRanks] = None  # the user's own launcher and its ranks
+    python: Optional[str] = None
+    log_dir: Optional[str] = None
+    euid: int = 1000
+
+
+@dataclass(frozen=True)
+class EnvInputs:
+    """What the job's environment is made from besides the decisions."""
+
+    environ: Mapping[str, str]  # the environment cpuperf runs in (or {} for a recorded host)
+    mpi: Optional[str] = None  # the MPI flavour mpirun starts the ranks with
+    socket_ifname: Optional[str] = None  # the interface to the rendezvous
+    libraries: Optional[envplan.Libraries] = None
+    # a saved plan's runtime variables, used as they are (only this launch's rendezvous variables are added to them)
+    planned_env: Optional[Tuple[envplan.EnvVar, ...]] = None
+
+
+def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: RankRun, given: EnvInputs) -> JobPlan:
+    """The whole plan, built once: env from the decisions, then the launch that carries both."""
     lv = rec.levers
     world = lv.world
     notes: List[str] = list(rec.notes)
-    wanted, env_notes = runtime_vars(facts, rec, request, mpi=mpi, socket_ifname=socket_ifname, environ=environ,
-                                     libraries=libraries, own_rendezvous=yours is not None)
-    if planned_env is not None:
-        wanted = with_launch_vars(planned_env, wanted)
+    environ = given.environ
+    wanted, env_notes = runtime_vars(facts, rec, request, mpi=given.mpi, socket_ifname=given.socket_ifname,
+                                     environ=environ, libraries=given.libraries, own_rendezvous=run.yours is not None)
+    if given.planned_env is not None:
+        wanted = with_launch_vars(given.planned_env, wanted)
     env, merge_notes = merged_env(wanted, request, world, environ)
     notes += merge_notes + env_notes
     pin = lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden) and \
@@ -232,15 +250,15 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, *, envi
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))
-    launch = plan_launch(facts, rec.placement, rank_command=rank_command, env_vars=env, launcher=request.asked.launcher,
+    launch = plan_launch(facts, rec.placement, rank_command=run.command, env_vars=env, launcher=request.asked.launcher,
                          hosts=request.hosts, nnodes=lv.nnodes.value,
                          node_rank=request.node_rank if request.node_rank is not None else 0,
                          master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
-                         log_dir=log_dir, environ=environ, euid=euid, python=python, local_addr=request.local_addr,
-                         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=yours, slurm=request.slurm,
-                         numa_binding=numa)
-    return JobPlan(facts, rec, request, env, launch, settings, decision_records(rec, request.auto), tuple(notes),
-                   script)
+                         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python,
+                         local_addr=request.local_addr, job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout,
+                         yours=run.yours, slurm=request.slurm, numa_binding=numa)
+    return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto), tuple(notes),
+                   run.script)
 
 
 def worker_command(python: str, settings: JsonMapping) -> List[str]:
@@ -268,5 +286,5 @@ def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Seque
     asked = PlanRequest(auto=True, launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
     request = JobRequest(asked, auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
                          slurm=slurm)
-    return plan_job(facts, rec, request, environ=environ or {}, rank_command=["python", SCRIPT_PLACEHOLDER],
-                    python="python")
+    return plan_job(facts, rec, request, RankRun(("python", SCRIPT_PLACEHOLDER), python="python"),
+                    EnvInputs(environ or {}))
