@@ -81,10 +81,10 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> Dict[str, object]:
         return {"world_size": self.world_size, "command": shell_line(self.argv, {})}
 
 
@@ -518,7 +518,7 @@ class RankObservation:
     world_size: Optional[int] = None  # WORLD_SIZE (or MPI's size) in the rank's own environment
     argv: Tuple[str, ...] = ()  # what the rank runs (/proc/PID/cmdline): the flags its script parsed
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         return as_json(self)
 
 

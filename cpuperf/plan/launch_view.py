@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Dict, List, Optional, TypedDict
 
 from cpuperf.plan.launch import SLOTS_VAR, LaunchPlan
 
 SCRIPT_PLACEHOLDER = "your_script.py"
 
 
-def launch_view(plan: LaunchPlan) -> Dict[str, Any]:
+class LaunchView(TypedDict):
+    launcher: Optional[str]  # None: cpuperf starts the command itself (direct)
+    argv: List[str]
+    env: Dict[str, str]
+
+
+def launch_view(plan: LaunchPlan) -> LaunchView:
     """{"launcher", "argv", "env"}: plan_launch's command for `python your_script.py`, as typed by hand."""
     argv = list(plan.argv)
     if plan.launcher == "torchrun":
@@ -19,4 +25,4 @@ def launch_view(plan: LaunchPlan) -> Dict[str, Any]:
         from cpuperf.probe.parse import format_cpulist
 
         argv = ["taskset", "-c", format_cpulist(plan.affinity), *argv]
-    return {"launcher": None if plan.launcher == "direct" else plan.launcher, "argv": argv, "env": extra}
+    return LaunchView(launcher=None if plan.launcher == "direct" else plan.launcher, argv=argv, env=extra)

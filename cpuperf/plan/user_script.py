@@ -871,7 +871,7 @@ def cpu_only_host(rec: Recommendation) -> bool:
 
 
 def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[str] = None, config_dir: str = ""
-                            ) -> Tuple[List[Any], List[Tuple[str, str]]]:
+                            ) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer speed flags for this recommendation, candidates left out with why): `speed_flags` over its values."""
     from cpuperf.data import load_builtin
 
