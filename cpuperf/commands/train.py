@@ -35,7 +35,7 @@ from cpuperf.train.rundir import remove_if_empty, run_dir
 if TYPE_CHECKING:
     from cpuperf.plan.applied import LeverState
     from cpuperf.plan.job import JobPlan
-    from cpuperf.plan.launch import LaunchPlan
+    from cpuperf.plan.launch import LaunchPlan, RankObservation
     from cpuperf.plan.request import PlanRequest
     from cpuperf.plan.user_script import ScriptReport
     from cpuperf.probe.facts import HostFacts
@@ -373,7 +373,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     return 0
 
 
-def _check_global_batch(out: Output, jp: JobPlan, observed: List[Any], verification: Dict[str, Any],
+def _check_global_batch(out: Output, jp: JobPlan, observed: List[RankObservation], verification: Dict[str, Any],
                         launch: Dict[str, Any]) -> Optional[int]:
     """The global batch the ranks trained, read back from them and said (and put in `verification`); a mismatch
     with the plan is an error, its exit code returned (issue 51: splitting a job into ranks keeps its global batch)."""
@@ -577,7 +577,7 @@ def _signal_name(code: int) -> str:
 
 
 def _human(r: Dict[str, Any]) -> str:
-    def f(v: Any, fmt: str) -> str:
+    def f(v: object, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
     st = r.get("settings") or {}

@@ -28,7 +28,7 @@ from cpuperf.versions import base_or_none
 if TYPE_CHECKING:
     from cpuperf.decide.records import Levers, Recommendation
     from cpuperf.plan.command import CommandLine
-    from cpuperf.plan.launch import LaunchPlan
+    from cpuperf.plan.launch import LaunchPlan, RankObservation
     from cpuperf.plan.user_launcher import Wrapper
 
 HF_MODES = ("auto", "always", "never")
@@ -326,7 +326,7 @@ def _last_int(argv: Sequence[str], name: str, default: int) -> Optional[int]:
     return int(value) if value.isdigit() else None
 
 
-def batch_ran(rec: Recommendation, observed: Sequence[Any]) -> Tuple[Optional[BatchRan], Optional[str]]:
+def batch_ran(rec: Recommendation, observed: Sequence[RankObservation]) -> Tuple[Optional[BatchRan], Optional[str]]:
     """(what the ranks trained, a mismatch with the plan) for a Trainer whose batch the plan knows; (None, None)
     where there is nothing to compare (not such a script, or no rank was read while it ran)."""
     dp = rec.workload.parallel
