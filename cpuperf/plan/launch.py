@@ -217,8 +217,7 @@ def _start(chosen: str, job: _Job, specs: Sequence[RankSpec], env: Dict[str, str
     if chosen == "direct":
         return _Start(job.cmd, None, job.addr, job.port, _direct_rank(specs, env, reasons))
     if chosen == "torchrun":
-        base, port, addr = _torchrun_base(job.python, nproc, job.nnodes, job.node_rank, job.addr, job.port,
-                                          job.master_port, job.job_id, job.local_addr, job.rdzv_timeout)
+        base, port, addr = _torchrun_base(job)
         if job.numa_binding:
             base.append("--numa-binding=node")
             notes.append("torchrun binds each rank to the CPUs of its GPU's NUMA node (--numa-binding=node)")
@@ -226,8 +225,7 @@ def _start(chosen: str, job: _Job, specs: Sequence[RankSpec], env: Dict[str, str
                       node_commands=_torchrun_notes(job.nnodes, job.host_names, port, env, reasons, notes))
     if chosen == "mpirun":
         assert job.mpi is not None  # choose_launcher checked
-        base = _mpirun_base(*job.mpi, nproc * job.nnodes, nproc, job.placement.cpu_budget, job.euid, job.hosts,
-                            job.nnodes, env, job.environ, notes)
+        base = _mpirun_base(job, *job.mpi, env, notes)
         return _Start((*base, *rankexec, *job.cmd), job.mpi[1], job.addr, job.port)
     return _Start(_srun_argv(job.nnodes, nproc, (*rankexec, *job.cmd)), "slurm",
                   _slurm_master(job.addr, job.nnodes, job.slurm, env, reasons), job.port)
@@ -404,18 +402,18 @@ def _check_rank0_known(count: int, hosts: Optional[Sequence[Host]], slurm_nodes:
                          hint="pass --hostfile FILE (first host = rank 0)")
 
 
-def _mpirun_base(path: str, flavour: str, world: int, nproc: int, cpu_budget: int, euid: int,
-                 hosts: Optional[Sequence[Host]], nnodes: int, env: Mapping[str, str],
-                 environ: Mapping[str, str], notes: List[str]) -> List[str]:
+def _mpirun_base(job: _Job, path: str, flavour: str, env: Mapping[str, str], notes: List[str]) -> List[str]:
     """mpirun's own argv (Open MPI, or Intel MPI / MPICH hydra), exporting the plan's env to every rank;
     over several nodes it starts them all from here (said in `notes`)."""
+    nproc, nnodes, hosts, environ = job.placement.nproc_per_node, job.nnodes, job.hosts, job.environ
+    world = nproc * nnodes
     if nnodes > 1:
         notes.append("mpirun starts every node's ranks from here (passwordless ssh to each host)")
     if flavour == "openmpi":
         base = [path, "-np", str(world), "--bind-to", "none", "--map-by", "slot"]
-        if euid == 0:
+        if job.euid == 0:
             base.append("--allow-run-as-root")  # Open MPI refuses root without it
-        if nproc > cpu_budget:
+        if nproc > job.placement.cpu_budget:
             base.append("--oversubscribe")  # Open MPI counts one slot per core
         if hosts and nnodes > 1:
             base += ["--host", ",".join(f"{h.name}:{nproc}" for h in hosts[:nnodes])]
@@ -466,9 +464,7 @@ def _seconds(value: Optional[float]) -> str:
     return str(int(t)) if float(t).is_integer() else f"{t:g}"
 
 
-def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: Optional[str],
-                   port: Optional[int], asked_port: Optional[int], job_id: str, local_addr: Optional[str],
-                   rdzv_timeout: Optional[float]) -> Tuple[List[str], Optional[int], Optional[str]]:
+def _torchrun_base(job: _Job) -> Tuple[List[str], Optional[int], Optional[str]]:
     """(torchrun argv up to the target, the rendezvous port, its address).
 
     One node: --standalone picks its own free port, so a port the user asked for (--master-port)
@@ -478,8 +474,9 @@ def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: O
     bounded by rdzv_timeout. torchrun runs its -m target with `python -u -m`: the caller's target is rankexec,
     which then execs the real command.
     """
-    base = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
-    timeout = _seconds(rdzv_timeout)
+    nnodes, node_rank, addr, port, asked_port = job.nnodes, job.node_rank, job.addr, job.port, job.master_port
+    base = [job.python, "-m", "torch.distributed.run", f"--nproc-per-node={job.placement.nproc_per_node}"]
+    timeout = _seconds(job.rdzv_timeout)
     if nnodes <= 1:
         if asked_port is None:
             return [*base, "--standalone"], None, addr
@@ -490,12 +487,12 @@ def _torchrun_base(python: str, nproc: int, nnodes: int, node_rank: int, addr: O
                          hint="pass --hostfile FILE or --master-addr HOST")
     rdzv_port = port or DEFAULT_MASTER_PORT
     base += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job_id}",
+             f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job.job_id}",
              # The node holding the endpoint hosts the store; saying so avoids torchrun's
              # hostname match, which fails when names resolve elsewhere (containers, netns).
              f"--rdzv-conf=is_host={'true' if node_rank == 0 else 'false'},join_timeout={timeout}"]
-    if local_addr:
-        base.append(f"--local-addr={local_addr}")
+    if job.local_addr:
+        base.append(f"--local-addr={job.local_addr}")
     return base, rdzv_port, addr
 
 
