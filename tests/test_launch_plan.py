@@ -13,17 +13,23 @@ from cpuperf.decide.records import rank_threads
 from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import UsageError
 from cpuperf.plan.launch import (
+    LaunchSpec,
     RankObservation,
     check_observations,
     parse_failure,
-    plan_launch,
 )
+from cpuperf.plan.launch import plan_launch as _plan_launch
 from cpuperf.probe import probe_host
 from cpuperf.probe.facts import MpiLauncher
 from cpuperf.probe.hosts import parse_hostfile_text
 from cpuperf.probe.slurm import expand_nodelist, slurm_facts
 
 CMD = ["python", "-m", "cpuperf.train.worker", "--config", "{}"]
+
+
+def plan_launch(facts, placement, **spec):
+    """plan_launch with the LaunchSpec's fields as keywords (the tests name only what each one varies)."""
+    return _plan_launch(facts, placement, LaunchSpec(**spec))
 
 
 def facts_for(tmp_path, monkeypatch, mpi=None, **host):

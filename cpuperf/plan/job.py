@@ -21,7 +21,7 @@ from cpuperf.jsonable import JsonMapping, JsonObject
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
-from cpuperf.plan.launch import LaunchPlan, numa_binding_ok, plan_launch
+from cpuperf.plan.launch import LaunchPlan, LaunchSpec, numa_binding_ok, plan_launch
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
@@ -250,13 +250,13 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))
-    launch = plan_launch(facts, rec.placement, rank_command=run.command, env_vars=env, launcher=request.asked.launcher,
-                         hosts=request.hosts, nnodes=lv.nnodes.value,
-                         node_rank=request.node_rank if request.node_rank is not None else 0,
-                         master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
-                         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python,
-                         local_addr=request.local_addr, job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout,
-                         yours=run.yours, slurm=request.slurm, numa_binding=numa)
+    launch = plan_launch(facts, rec.placement, LaunchSpec(
+        rank_command=run.command, env_vars=env, launcher=request.asked.launcher, hosts=request.hosts,
+        nnodes=lv.nnodes.value, node_rank=request.node_rank if request.node_rank is not None else 0,
+        master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
+        log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python, local_addr=request.local_addr,
+        job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=run.yours, slurm=request.slurm,
+        numa_binding=numa))
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto), tuple(notes),
                    run.script)
 

@@ -139,16 +139,9 @@ def slot_table(specs: Sequence[RankSpec]) -> str:
     return json.dumps([{"cpus": list(s.cpus), "threads": s.threads} for s in specs], separators=(",", ":"))
 
 
-def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequence[str],
-                env_vars: Sequence[EnvVar] = (), launcher: Optional[str] = None,
-                hosts: Optional[Sequence[Host]] = None, nnodes: int = 1, node_rank: Optional[int] = None,
-                master_addr: Optional[str] = None, master_port: Optional[int] = None,
-                pin: bool = True, threads: Optional[int] = None, log_dir: Optional[str] = None,
-                environ: Optional[Mapping[str, str]] = None, euid: int = 1000,
-                python: Optional[str] = None, local_addr: Optional[str] = None,
-                job_id: str = "cpuperf", rdzv_timeout: Optional[float] = None,
-                yours: Optional[LauncherRanks] = None, slurm: SlurmFacts = NO_SLURM, numa_binding: bool = False) -> LaunchPlan:
-    """The launch of `rank_command` on `placement.nproc_per_node` ranks per node over `nnodes` nodes.
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launch is asked for besides the host and the placement (plan_launch).
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
@@ -158,6 +151,36 @@ def plan_launch(facts: HostFacts, placement: Placement, *, rank_command: Sequenc
     yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
     directly; `placement` then holds its ranks, placed through the per-rank step already in rank_command.
     """
+
+    rank_command: Sequence[str]
+    env_vars: Sequence[EnvVar] = ()
+    launcher: Optional[str] = None
+    hosts: Optional[Sequence[Host]] = None
+    nnodes: int = 1
+    node_rank: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    pin: bool = True
+    threads: Optional[int] = None
+    log_dir: Optional[str] = None
+    environ: Optional[Mapping[str, str]] = None
+    euid: int = 1000
+    python: Optional[str] = None
+    local_addr: Optional[str] = None
+    job_id: str = "cpuperf"
+    rdzv_timeout: Optional[float] = None
+    yours: Optional[LauncherRanks] = None
+    slurm: SlurmFacts = NO_SLURM
+    numa_binding: bool = False
+
+
+def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> LaunchPlan:
+    """The launch of `spec.rank_command` on `placement.nproc_per_node` ranks per node over `spec.nnodes` nodes."""
+    rank_command, env_vars, launcher, hosts = spec.rank_command, spec.env_vars, spec.launcher, spec.hosts
+    nnodes, node_rank, master_addr, master_port = spec.nnodes, spec.node_rank, spec.master_addr, spec.master_port
+    pin, threads, log_dir, environ, euid = spec.pin, spec.threads, spec.log_dir, spec.environ, spec.euid
+    python, local_addr, job_id, rdzv_timeout = spec.python, spec.local_addr, spec.job_id, spec.rdzv_timeout
+    yours, slurm, numa_binding = spec.yours, spec.slurm, spec.numa_binding
     if yours is not None:
         return _plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir, environ or {})
     environ = environ or {}
