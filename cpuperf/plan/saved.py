@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.records import Decision, Levers, Recommendation, levers_of
+from cpuperf.decide.records import Decision, Levers, Measurements, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import BLOCKS, Workload
 from cpuperf.errors import UsageError
@@ -774,7 +774,7 @@ def host_refusal(plan: SavedPlan, facts: HostFacts) -> Optional[str]:
     return None
 
 
-def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> List[str]:
+def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements]) -> List[str]:
     """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
     measurements planning reads (never measures): every decision, the placement and the variables."""
     from cpuperf.plan.job import JobRequest, runtime_vars
@@ -786,7 +786,7 @@ def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> L
     return decision_differences(plan, fresh, env)
 
 
-def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Any, environ: Mapping[str, str]) -> Recommendation:
+def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements], environ: Mapping[str, str]) -> Recommendation:
     """The plan's own inputs decided again on this host's facts (--replan), from the measurements planning reads
     (the caller's: a plan never measures) and the environment the caller hands in (none for a recorded host)."""
     from cpuperf.decide.recommend import recommend
