@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import ExitCode, UsageError
 from cpuperf.output import Output
+
+if TYPE_CHECKING:
+    from cpuperf.decide.cluster import NodeFinding
+    from cpuperf.probe.node import NodeResult
+    from cpuperf.run.nodes import Reach
 
 # Findings that mean "a node could not be reached" (exit 7); any other error breaks the job (exit 14).
 UNREACHED_IDS = ("node-unresolvable", "node-unreachable", "node-timeout")
@@ -51,7 +56,8 @@ def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool
     return (slurm.allocation or 1) > 1 and bool(slurm.nodes)
 
 
-def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Mapping[str, str]) -> Any:
+def _probe(out: Output, opts: ClusterOptions, names: Sequence[str],
+           environ: Mapping[str, str]) -> Tuple[List[NodeResult], str, Optional[Dict[str, object]]]:
     from cpuperf.run.nodes import choose_reach, probe_cluster
 
     reach = choose_reach(opts.launcher, hostfile=opts.hostfile is not None, python=opts.python, environ=environ,
@@ -69,7 +75,7 @@ def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Map
     return results, reach.transport, collectives
 
 
-def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], reach: Any) -> Optional[Dict[str, Any]]:
+def _collectives(out: Output, opts: ClusterOptions, results: Sequence[NodeResult], reach: Reach) -> Optional[Dict[str, object]]:
     """Allreduce across the nodes (all of them reached, each with torch), cached for the DDP choice."""
     from cpuperf.decide.cluster import choose_ddp, hosts_of
     from cpuperf.run.collectives import measure, worker_code
@@ -93,7 +99,7 @@ def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], reac
     return measured
 
 
-def _save(out: Output, path: str, results: Sequence[Any], transport: str) -> None:
+def _save(out: Output, path: str, results: Sequence[NodeResult], transport: str) -> None:
     from cpuperf.errors import from_os_error
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.probe.node import saved_json
@@ -131,7 +137,7 @@ def save_this_node(out: Output, path: str, python: Optional[str]) -> None:
     _save(out, path, [NodeResult(name, None, OK, facts, None, round(time.monotonic() - t0, 3), "local")], "local")
 
 
-def exit_code(findings: Sequence[Any]) -> int:
+def exit_code(findings: Sequence[NodeFinding]) -> int:
     """7 when a node could not be reached, 14 when a skew breaks the job, else 0."""
     errors = [f for f in findings if f.severity == "error"]
     if any(f.id in UNREACHED_IDS for f in errors):
