@@ -14,7 +14,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, TypedDict
+from typing import Dict, FrozenSet, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union
 
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.decide.records import Decision, Levers, Measurements, Recommendation, levers_of
@@ -62,7 +62,7 @@ class SavedPlan:
     cpuperf: str
     host: HostIdentity
     stack: Dict[str, Optional[str]]
-    inputs: Dict[str, Any]
+    inputs: PlanInputs
     rec: Recommendation
     env: Tuple[EnvVar, ...]
     made_on: Optional[str] = None  # the host name it was made on (information, never compared)
@@ -112,12 +112,12 @@ def stack_identity(facts: HostFacts) -> Dict[str, Optional[str]]:
     return out
 
 
-def make(facts: HostFacts, rec: Recommendation, env: Sequence[EnvVar], inputs: Mapping[str, Any], version: str,
+def make(facts: HostFacts, rec: Recommendation, env: Sequence[EnvVar], inputs: Mapping[str, object], version: str,
          hostname: Optional[str] = None) -> SavedPlan:
     """The plan to save: the rendezvous variables of this launch left out (each launch sets its own)."""
     launch = variables().names(launch=True)  # the rendezvous: this launch's hosts, port and interface
     kept = tuple(e for e in env if e.name not in launch)
-    return SavedPlan(version, host_identity(facts), stack_identity(facts), dict(inputs), rec, kept, hostname)
+    return SavedPlan(version, host_identity(facts), stack_identity(facts), plan_inputs(inputs), rec, kept, hostname)
 
 
 def dumps(plan: SavedPlan) -> str:
@@ -130,6 +130,25 @@ MAX_COUNT = 1 << 20  # cores, ranks, layers: far above any real value, far below
 MAX_BYTES_MEMORY = 1 << 60
 _CHOICES = {"unit": ("socket", "numa"), "device": ("auto", "cpu", "cuda")}
 _TEXT_MAX = 4096
+class PlanInputs(TypedDict, total=False):
+    """What a plan was asked for (recommend's options), as saved: each of INPUT_KEYS, None where not given."""
+
+    model: Optional[str]
+    params: Union[int, str, None]  # --params as given ('124M'); a whole number in a plan written by hand
+    seq_len: Optional[int]
+    batch_size: Optional[int]
+    steps: Optional[int]
+    nproc_per_node: Optional[int]
+    nnodes: Optional[int]
+    unit: Optional[str]
+    device: Optional[str]
+    sets: Optional[List[str]]
+    config: Optional[str]
+    adapt_to_load: Optional[bool]
+
+
+_COUNTS: Tuple[Literal["seq_len", "batch_size", "steps", "nproc_per_node"], ...] = (
+    "seq_len", "batch_size", "steps", "nproc_per_node")
 INPUT_KEYS = ("model", "params", "seq_len", "batch_size", "steps", "nproc_per_node", "nnodes", "unit", "device", "sets",
               "config", "adapt_to_load")
 
@@ -308,28 +327,75 @@ def _stack(raw: JsonValue) -> Dict[str, Optional[str]]:
     return out
 
 
-def _inputs(raw: JsonValue) -> JsonObject:
-    """What the plan was asked for (replan_from decides again from these)."""
+def _inputs(raw: JsonValue) -> PlanInputs:
+    """What the plan was asked for (replan_from decides again from these), in INPUT_KEYS' order (the order a plan
+    is written in), each checked in that order."""
     w = "inputs"
     data = _as_object(raw, "", w)
     _exact_keys(data, INPUT_KEYS, w)
+    out = PlanInputs()
     if "model" in data:
-        _opt_text(data, "model", w)
-    for key in ("params", "seq_len", "batch_size", "steps", "nproc_per_node"):
+        out["model"] = _opt_text(data, "model", w)
+    if "params" in data:
+        out["params"] = _params(data, w)
+    for key in _COUNTS:
         if key in data:
-            _opt_int(data, key, w, 1, 1 << 50)
+            out[key] = _opt_int(data, key, w, 1, 1 << 50)
     if "nnodes" in data:
-        _opt_int(data, "nnodes", w, 1, 65536)
-    for key, allowed in _CHOICES.items():
-        if data.get(key) is not None and data.get(key) not in allowed:
-            raise ValueError(f"inputs.{key} must be one of {', '.join(allowed)}")
+        out["nnodes"] = _opt_int(data, "nnodes", w, 1, 65536)
+    if "unit" in data:
+        out["unit"] = _choice(data, "unit")
+    if "device" in data:
+        out["device"] = _choice(data, "device")
     if "sets" in data:
-        _opt_strings(data, "sets", w)
+        out["sets"] = _opt_strings(data, "sets", w)
     if "config" in data:
-        _opt_text(data, "config", w)
+        out["config"] = _opt_text(data, "config", w)
     if "adapt_to_load" in data:
-        _opt_flag(data, "adapt_to_load", w)
-    return dict(data)
+        out["adapt_to_load"] = _opt_flag(data, "adapt_to_load", w)
+    return out
+
+
+def _params(data: JsonObject, w: str) -> Union[int, str, None]:
+    """A parameter count: as --params takes it ('124M', what recommend --save writes), or a whole number."""
+    from cpuperf.decide.workload import parse_count
+
+    value = _value(data, "params", w)
+    if not isinstance(value, str):
+        return _opt_int(data, "params", w, 1, 1 << 50)
+    text = _as_text(value, w, "params")
+    try:
+        parse_count(text)
+    except UsageError:
+        raise ValueError(f"inputs.params {text[:40]!r} is not a parameter count like 124M") from None
+    return text
+
+
+def _choice(data: JsonObject, key: str) -> Optional[str]:
+    value = data.get(key)
+    if value is not None and value not in _CHOICES[key]:
+        raise ValueError(f"inputs.{key} must be one of {', '.join(_CHOICES[key])}")
+    return value if isinstance(value, str) else None
+
+
+def plan_inputs(given: Mapping[str, object]) -> PlanInputs:
+    """What the command was asked, as a plan keeps it: each of INPUT_KEYS, typed (the command's own values)."""
+    def text(key: str) -> Optional[str]:
+        value = given.get(key)
+        return value if isinstance(value, str) else None
+
+    def count(key: str) -> Optional[int]:
+        value = given.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    sets, adapt, params = given.get("sets"), given.get("adapt_to_load"), given.get("params")
+    out = PlanInputs(model=text("model"), params=params if isinstance(params, str) else count("params"))
+    for key in _COUNTS:
+        out[key] = count(key)
+    out["nnodes"], out["unit"], out["device"] = count("nnodes"), text("unit"), text("device")
+    out["sets"] = [str(x) for x in sets] if isinstance(sets, (list, tuple)) else None
+    out["config"], out["adapt_to_load"] = text("config"), adapt if isinstance(adapt, bool) else None
+    return out
 
 
 def _slot(raw: JsonValue, index: int, usable: FrozenSet[int]) -> RankSlot:
@@ -794,8 +860,9 @@ def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measur
     from cpuperf.knowledge.knobs import parse_assignments
 
     i = plan.inputs
-    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"),
-                                host=facts)
+    params = i.get("params")
+    workload = resolve_workload(i.get("model"), None if params is None else str(params), i.get("seq_len"),
+                                i.get("batch_size"), i.get("steps"), host=facts)
     overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
     overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
     return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
