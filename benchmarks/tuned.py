@@ -142,7 +142,8 @@ def _tune_reference(facts: Any, meas: Any, workload: str, size: str, log: Log, b
     point for the built-in model with the allocator the engine decides for this workload's family."""
     from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
-    from cpuperf.decide.recommend import decide_allocator, recommend
+    from cpuperf.decide.allocator import decide_allocator
+    from cpuperf.decide.recommend import recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.run.tune import bench_point, point_env, rules, tune
 

@@ -628,7 +628,7 @@ def test_remembered_decisions_are_keyed_by_the_facts_and_end_with_their_measurem
     known = json.loads(entry.read_text())
     for slot in known["value"]["placement"]["slots"]:
         slot["threads"] = 3
-    known["value"]["threads"] = 3  # the one count each rank runs with (decide.records.rank_threads)
+    known["value"]["threads"] = 3  # the one count each rank runs with (decide.threads.rank_threads)
     entry.write_text(json.dumps(known))  # what a run remembered is what the next one renders
     assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "3"
     entry.write_text(json.dumps({**known, "until": 1.0}))  # the measurement it was decided from has expired

@@ -9,7 +9,7 @@ import pytest
 from hosts import make_host
 
 from cpuperf.decide.recommend import recommend
-from cpuperf.decide.records import rank_threads
+from cpuperf.decide.threads import rank_threads
 from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import UsageError
 from cpuperf.plan.launch import (

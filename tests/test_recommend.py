@@ -261,7 +261,7 @@ def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
     (compat/tuning.toml not_with_ranks): one rank gets it, several ranks the next measured allocator or none."""
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import decide_allocator
+    from cpuperf.decide.allocator import decide_allocator
 
     facts = probe_host()
     if facts.software is None:
@@ -291,7 +291,7 @@ def test_a_launcher_whose_rank_count_is_unknown_gets_no_allocator_unsafe_with_se
     started. Unknown counts as possibly several."""
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import decide_allocator
+    from cpuperf.decide.allocator import decide_allocator
 
     facts = probe_host()
     if facts.software is None:
@@ -313,7 +313,7 @@ def test_a_bf16_plan_reads_the_allocator_measured_in_bf16():
     sweep's best)."""
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import decide_allocator
+    from cpuperf.decide.allocator import decide_allocator
 
     facts = probe_host()
     if facts.software is None:

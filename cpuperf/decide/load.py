@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.data import load_builtin
 from cpuperf.decide.findings import Finding
 from cpuperf.decide.placement import Placement
+from cpuperf.decide.threads import threads_on
 from cpuperf.probe.facts import HostFacts, LoadFacts
 
 
@@ -78,7 +79,7 @@ def adjust_placement(placement: Placement, load: Optional[LoadFacts],
     for slot in placement.slots:
         compute = tuple(slot.compute_cpus or slot.cpus)
         free = tuple(c for c in compute if c not in taken) or (min(compute, key=lambda c: busy.get(c, 0.0)),)
-        slots.append(dataclasses.replace(slot, compute_cpus=free, threads=max(1, min(slot.threads, len(free)))))
+        slots.append(dataclasses.replace(slot, compute_cpus=free, threads=threads_on(len(free), slot.threads)))
     before = placement.threads_per_rank
     new = dataclasses.replace(placement, slots=tuple(slots))
     where = "the free CPUs" if any(c not in taken for c in cpus) else "the least busy CPU (none is free)"

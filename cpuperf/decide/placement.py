@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.threads import threads_on
 from cpuperf.errors import UsageError
 from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import HostFacts
@@ -198,7 +199,7 @@ def _slot(rank: int, group: List[Core], workers: int, per_rank_budget: int, thre
     primaries = tuple(c.cpus[0] for c in group)
     worker_cpus = primaries[:workers] if workers else ()
     compute = primaries[workers:] if workers else primaries
-    threads = max(1, min(len(compute), per_rank_budget - workers if workers else per_rank_budget))
+    threads = threads_on(len(compute), per_rank_budget - workers if workers else per_rank_budget)
     if threads_per_rank is not None:
         compute, threads = _fit_threads(group, compute, worker_cpus, threads_per_rank)
     sockets = {c.socket for c in group}
@@ -241,7 +242,7 @@ def gpu_placement(facts: HostFacts, gpu_nodes: Sequence[Optional[int]], workers_
         taken[node] = taken.get(node, 0) + 1
         mine = by_node[node][first:first + share]
         workers = min(workers_per_rank, share // 2)  # at most half: the compute threads keep the other half
-        threads = threads_per_rank or max(1, share - workers)
+        threads = threads_per_rank or threads_on(share - workers)
         cpus = tuple(c.cpus[0] for c in mine)
         # The process may use all of its share: the compute threads' count leaves `workers` cores to the loaders.
         slots.append(RankSlot(rank, mine[0].socket, node, cpus, cpus, (), threads))

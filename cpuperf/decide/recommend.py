@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from packaging.version import Version
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import not_with_ranks
+from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.memory import MemoryLevers
@@ -35,7 +35,6 @@ from cpuperf.decide.records import (
     Recommendation,
     Sharding,
     T,
-    as_allocator,
     as_backend,
     as_device,
     as_optimizer,
@@ -50,7 +49,7 @@ from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_l
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, coerce
-from cpuperf.probe.facts import Gpu, HostFacts, allocator_names
+from cpuperf.probe.facts import Gpu, HostFacts
 from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
 
@@ -701,7 +700,7 @@ def _choose_allocator(ctx: _Context, on_gpu: bool, world: int = 1,
     if asked:
         available = ctx.facts.software.allocators if ctx.facts.software else {}
         if ctx.facts.software is not None and not available.get(asked):
-            raise UsageError(f"allocator={asked} is not installed on this host", hint=_allocator_hint())
+            raise UsageError(f"allocator={asked} is not installed on this host", hint=install_hint())
     return ctx.take(d, ctx.fixed.allocator, ctx.tuned.allocator)
 
 
@@ -780,71 +779,6 @@ def reference_workload(w: Optional[Workload]) -> str:
     """The reference workload whose allocator measurement stands for `w` (cpuperf bench measures 'lm' and
     'mlp'): every Workload cpuperf plans is a transformer LM; the MLP stands for dense non-LM models."""
     return "lm" if w is None or w.n_layer > 0 else "mlp"
-
-
-def _allocator_hint() -> str:
-    rule = load_builtin("tuning.toml")["allocator"]
-    return (f"`cpuperf install` adds the {rule['wheel']} wheel (no root); system ones: {rule['system_install']}")
-
-
-def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm",
-                     world: int = 1, dtype: str = "fp32", ranks_unknown: bool = False) -> Decision[Optional[AllocatorName]]:
-    """The allocator to preload for a workload of this family: the measured best, only where it beats the
-    default, and never one known to abort jobs of several ranks (`world` > 1) at exit.
-
-    A bf16 plan reads the ratio measured under bf16 autocast (`lm-bf16`) where the host has one: the allocation
-    pattern is another (on a Zen 4 VM mimalloc was 1.00x on the fp32 LM and 1.10x in bf16); else the fp32 one, and
-    the reason says so."""
-    available = {}
-    if facts.software is not None:
-        available = {k: v for k, v in facts.software.allocators.items() if v}
-    if on_gpu:
-        return Decision("allocator", None, "host allocator does not matter for GPU training", {})
-    if not available:
-        return Decision("allocator", None, f"no {allocator_names()} found: " + _allocator_hint(), {})
-    rule = load_builtin("tuning.toml")["allocator"]
-    measured: Dict[str, float] = {}
-    in_dtype = f"{family}-{dtype}" if dtype != "fp32" else None
-    if in_dtype and not any(in_dtype in (meas.allocator_speedup.get(f"{name}_by_workload") or {}) for name in available):
-        in_dtype = None  # not measured in this dtype here: the fp32 figure, said
-    key = in_dtype or family
-    for name in available:
-        by_workload = meas.allocator_speedup.get(f"{name}_by_workload") or {}
-        ratio = by_workload.get(key, meas.allocator_speedup.get(name) if not by_workload else None)
-        if isinstance(ratio, (int, float)):
-            measured[name] = float(ratio)
-    on = f"{family} reference workload" + (f" in {dtype} autocast" if in_dtype else
-                                           f" in fp32 (not measured in {dtype} here)" if dtype != "fp32" else "")
-    if measured:
-        evidence = {"measured": {k: round(v, 3) for k, v in measured.items()}, "workload": key,
-                    "by_workload": {k: meas.allocator_speedup.get(f"{k}_by_workload", {}) for k in measured},
-                    "source": meas.source}
-        figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
-        good = {k: v for k, v in measured.items() if v >= rule["min_speedup"]}
-        unknown = ranks_unknown and world <= 1  # a launcher whose count cpuperf cannot tell may start several
-        unsafe = not_with_ranks(list(good), 2 if unknown else world)
-        if unsafe:
-            evidence["not_with_ranks"] = {"allocators": unsafe, "world": None if unknown else world,
-                                          "source": rule["not_with_ranks_source"]}
-            good = {k: v for k, v in good.items() if k not in unsafe}
-        ranks = "your launcher's rank count is unknown, and with several ranks" if unknown else f"with {world} ranks"
-        not_here = (f"; not {', '.join(unsafe)}: {ranks} it aborted jobs at exit after training "
-                    "(terminate called without an active exception; compat/tuning.toml)") if unsafe else ""
-        if good:
-            best = max(good, key=lambda k: good[k])
-            return Decision("allocator", as_allocator(best), f"measured on the {on}: {figures} the default "
-                            f"allocator: the fastest is preloaded{not_here}", evidence)
-        if unsafe:
-            return Decision("allocator", None, f"measured on the {on}: {figures} the default"
-                            f"{not_here}: the default is kept", evidence)
-        return Decision("allocator", None, f"measured on the {on}: {figures} the default; none "
-                        f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
-    noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
-    if noisy:
-        return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
-                        {"available": sorted(available), "undecided": noisy})
-    return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
-                    "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
 
 
 def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision[Attention]:

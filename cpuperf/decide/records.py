@@ -117,15 +117,6 @@ class Levers:
 
 
 
-def rank_threads(levers: Levers, auto: bool) -> Optional[int]:
-    """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting, ccl-env):
-    the decided count under --auto or where you set it, on CPUs and GPUs alike (torchrun would give GPU ranks 1);
-    None (torch's own) otherwise. Here, beside the record, so ccl-env's start-up reads it without the planner."""
-    if not (auto or levers.threads_per_rank.overridden):
-        return None
-    return levers.threads_per_rank.value
-
-
 def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
     """Levers from a complete set of decisions (a saved plan's, read back and checked): ValueError otherwise."""
     by_id = {d.id: d for d in decisions}

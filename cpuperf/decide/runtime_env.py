@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import first_library, not_with_ranks, preload_choice, preloadable
+from cpuperf.decide.allocator import allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.variables import value_problem, variables
@@ -223,7 +223,7 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
                 pin: bool = True, knobs: Optional[Mapping[str, Any]] = None) -> RuntimeEnv:
     """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
 
-    threads: each rank's thread count as decided (cpuperf.decide.records.rank_threads; None: OMP_NUM_THREADS is
+    threads: each rank's thread count as decided (cpuperf.decide.threads.rank_threads; None: OMP_NUM_THREADS is
     not set, torch's own stands). backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
     libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
     interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
@@ -247,7 +247,7 @@ def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if preload:
-        preloaded = _preload_vars(c, libraries, allocator, placement.nproc_per_node * nodes, tuning) + preloaded
+        preloaded = _preload_vars(c, libraries, allocator, placement.nproc_per_node * nodes) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
     _arm_vars(c, facts, knobs)
     c.add("MASTER_ADDR", addr, addr_why)
@@ -306,8 +306,7 @@ def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], ba
                            f"(mpirun -ppn {nproc} -n {nproc * nodes})")
 
 
-def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], world: int,
-                  tuning: Mapping[str, Any]) -> List[str]:
+def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], world: int) -> List[str]:
     """--preload: libiomp5 and the allocator (decide.allocator.preload_choice); the libraries preloaded."""
     adds: List[str] = []
     iomp = first_library(libraries.openmp.get("iomp", ()))
@@ -320,10 +319,10 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
     if alloc_name:
         adds.append(preloadable(libraries.allocators[alloc_name]) or "")
         if alloc_name == "jemalloc":
-            c.add("MALLOC_CONF", tuning["allocator"]["jemalloc_malloc_conf"], tuning["allocator"]["source"])
+            c.add("MALLOC_CONF", allocator_rule().jemalloc_malloc_conf, allocator_rule().source)
     elif refused:
         c.notes.append(f"--preload: no allocator preloaded: {', '.join(refused)} aborted jobs of {world} ranks at exit "
-                       f"({tuning['allocator']['not_with_ranks_source']})")
+                       f"({allocator_rule().not_with_ranks_source})")
     else:
         c.notes.append(f"--preload: no {allocator_names()} found (cpuperf install adds the mimalloc wheel)")
     if adds:

@@ -373,7 +373,7 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
     from packaging.version import Version
 
-    from cpuperf.decide.allocator import preloadable
+    from cpuperf.decide.allocator import allocator_rule, preloadable
     from cpuperf.knowledge.bf16 import bf16_native
     from cpuperf.probe.facts import allocator_names
 
@@ -423,7 +423,7 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     compile_d = rec.levers.compile
     offer("compile", [True, False], None if compile_d.value else
           f"not tried: {compile_d.reason} (the compile-crossover rule)")
-    return Candidates(values, skipped, tuple(tuning["allocator"].get("not_with_ranks", [])))
+    return Candidates(values, skipped, allocator_rule().not_with_ranks)
 
 
 # -- the plan's side: what a cached result decides -----------------------------------------------------

@@ -35,7 +35,7 @@ class EnvDecisions(NamedTuple):
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     """The environment's decisions from a recommendation (decided here, or a saved plan's)."""
     from cpuperf.decide.backend import cpu_backend, recorded_backend  # not on the path of a remembered decision
-    from cpuperf.decide.records import rank_threads
+    from cpuperf.decide.threads import rank_threads
 
     decided = rec.levers.ddp_backend
     backend = recorded_backend(decided.value, decided.evidence, decided.reason)

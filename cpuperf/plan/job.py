@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
-from cpuperf.decide.records import Recommendation, rank_threads
+from cpuperf.decide.records import Recommendation
+from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
