@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.threads import threads_on
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import as_json
 from cpuperf.probe.facts import HostFacts
 
@@ -178,16 +178,18 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
 def _check_counts(facts: HostFacts, ncores: int, nproc: int, threads_per_rank: Optional[int], oversubscribe: bool) -> None:
     """The user's rank and thread counts against the usable cores and CPUs (a usage error where they cannot fit)."""
     if nproc < 1:
-        raise UsageError("--nproc-per-node must be at least 1")
+        raise FieldError("nproc_per_node", nproc, "{flag} must be at least 1")
     if nproc > ncores and not oversubscribe:
-        raise UsageError(f"nproc_per_node {nproc} exceeds the {ncores} usable physical cores "
+        raise FieldError("nproc_per_node", nproc, f"nproc_per_node {nproc} exceeds the {ncores} usable physical cores "
                          f"({len(facts.usable_cpus())} usable CPUs)",
-                         hint=f"use at most {ncores}, or --set oversubscribe=true to share cores")
+                         f"use at most {ncores}, or {{set.oversubscribe}}=true to share cores", setting=True)
     if threads_per_rank is not None and not oversubscribe:
         logical = len(facts.usable_cpus())
         if threads_per_rank * nproc > logical:
-            raise UsageError(f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
-                             hint=f"use at most {max(1, logical // nproc)} threads per rank, or --set oversubscribe=true")
+            raise FieldError("threads_per_rank", threads_per_rank,
+                             f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
+                             f"use at most {max(1, logical // nproc)} threads per rank, or {{set.oversubscribe}}=true",
+                             setting=True)
     logical = max(1, len(facts.usable_cpus()))
     if oversubscribe and max(nproc, nproc * (threads_per_rank or 1)) > OVERSUBSCRIBE_LIMIT * logical:
         raise UsageError(f"{nproc} rank(s) x {threads_per_rank or 1} thread(s) is more than {OVERSUBSCRIBE_LIMIT}x "

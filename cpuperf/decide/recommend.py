@@ -44,7 +44,7 @@ from cpuperf.decide.records import (
 )
 from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
 from cpuperf.decide.workload import BatchSplit, Workload
-from cpuperf.errors import IncompatibleHostError, UsageError
+from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
@@ -195,8 +195,8 @@ def user_constraints(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     for key, raw in (overrides or {}).items():
         knob = BY_ID.get(key)
         if knob is not None and not (knob.decided or key == "oversubscribe"):
-            raise UsageError(f"--set {key}: a setting of the built-in training loop, not a decision",
-                             hint=f"cpuperf train --set {key}=...; decisions: " + ", ".join(DECISION_IDS))
+            raise FieldError(key, raw, "{flag}: a setting of the built-in training loop, not a decision",
+                             "cpuperf train {flag}=...; decisions: " + ", ".join(DECISION_IDS), setting=True)
         fixed[key] = coerce(key, raw)
     return fixed
 
@@ -388,7 +388,7 @@ def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tu
     torch_info = facts.software.packages.get("torch") if facts.software else None
     torch_build = torch_info.build if torch_info else None
     if device not in ("auto", "cpu", "cuda"):
-        raise UsageError(f"--device {device!r}: use auto, cpu or cuda")
+        raise FieldError("device", device, "{flag} {value!r}: use auto, cpu or cuda")
     if device != "auto" and ctx.fixed.device is None:
         ctx.fixed = replace(ctx.fixed, device=Pin(as_device(device)))
     chosen: Device = "cpu"
@@ -804,12 +804,12 @@ def _memory_ask(w: Workload, fixed: Constraints, levers: Optional[MemoryLevers],
     optimizer = pinned_value(fixed.optimizer) or w.optimizer
     needs = OPTIMIZER_PACKAGE.get(optimizer or "")
     if needs and facts.software is not None and not facts.software.packages.get(needs):
-        raise UsageError(f"optimizer={optimizer} needs {needs}, which is not installed here",
-                         hint=f"pip install {needs}, or --set optimizer=adamw")
+        raise FieldError("optimizer", optimizer, f"optimizer={optimizer} needs {needs}, which is not installed here",
+                         f"pip install {needs}, or {{flag}}=adamw", setting=True)
     sharding = pinned_value(fixed.sharding) or "fsdp"
     if sharding == "zero3" and facts.software is not None and not facts.software.packages.get("deepspeed"):
-        raise UsageError("sharding=zero3 needs DeepSpeed, which is not installed here",
-                         hint="pip install deepspeed, or --set sharding=fsdp (torch's own)")
+        raise FieldError("sharding", sharding, "sharding=zero3 needs DeepSpeed, which is not installed here",
+                         "pip install deepspeed, or {flag}=fsdp (torch's own)", setting=True)
     can, why = levers.on(on_gpu) if levers is not None else (KEEPS_THE_MATH, "")
     set_batch, set_accum = pinned_value(fixed.batch_size), pinned_value(fixed.grad_accum_steps)
     per_device = set_batch or w.per_device_batch

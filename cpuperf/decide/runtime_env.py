@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError
 from cpuperf.knowledge.variables import value_problem, variables
 from cpuperf.probe.facts import HostFacts, allocator_names
 
@@ -163,7 +163,7 @@ def check_port(port: Optional[int]) -> int:
     if port is None:
         return int(_data()["rendezvous"]["master_port"])
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise UsageError(f"master port {port!r} is not in 1..65535", hint="e.g. --master-port 29500")
+        raise FieldError("master_port", port, "master port {value!r} is not in 1..65535", "e.g. {flag} 29500")
     return port
 
 
@@ -187,8 +187,8 @@ def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], 
         from cpuperf.probe.hosts import check_host
 
         return check_host(preset, "MASTER_ADDR"), "MASTER_ADDR already set"
-    raise UsageError(f"{nnodes} nodes need a rendezvous address",
-                     hint="pass --hostfile FILE (its first host) or --master-addr HOST")
+    raise FieldError("master_addr", None, f"{nnodes} nodes need a rendezvous address",
+                     "pass {opt.hostfile} FILE (its first host) or {flag} HOST")
 
 
 def _hexmask(cpus: Sequence[int]) -> str:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError, verbatim
 
 # A node count past this is a typo, not a plan (ranks and threads are bounded by the host, in placement).
 MAX_COUNT = 4096
@@ -96,7 +96,7 @@ DECISION_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.decided)
 # The model's shape keys the built-in loop takes under model.*
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
 # Settings of a run that the command line owns (--out, --resume, --max-steps): not --set keys.
-_NOT_SETTABLE = {"out_dir": "--out", "resume": "--resume"}
+_NOT_SETTABLE = ("out_dir", "resume")  # settings of the worker that a command's own option sets
 
 
 def known_ids() -> str:
@@ -109,7 +109,7 @@ def split_assignment(item: str) -> Tuple[str, str]:
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=bf16")
+        raise FieldError("set", item, "{opt.set} {value!r}: expected KEY=VALUE", "e.g. {set.dtype}=bf16")
     return key, value
 
 
@@ -119,22 +119,22 @@ def _bool(key: str, text: str) -> bool:
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise UsageError(f"--set {key}={text}: expected true or false")
+    raise FieldError(key, text, "{typed}: expected true or false", setting=True)
 
 
 def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: Optional[float] = None) -> Any:
     try:
         value: Any = int(text) if kind == "int" else float(text)
     except ValueError:
-        raise UsageError(f"--set {key}={text}: expected {'an integer' if kind == 'int' else 'a number'}") from None
+        raise FieldError(key, text, f"{{typed}}: expected {'an integer' if kind == 'int' else 'a number'}", setting=True) from None
     if kind == "float" and not math.isfinite(value):
-        raise UsageError(f"--set {key}={text}: expected a finite number")
+        raise FieldError(key, text, "{typed}: expected a finite number", setting=True)
     if minimum is not None and value < minimum:
-        raise UsageError(f"--set {key}={text}: must be at least {minimum:g}")
+        raise FieldError(key, text, f"{{typed}}: must be at least {minimum:g}", setting=True)
     if maximum is not None and value > maximum:
-        raise UsageError(f"--set {key}={text[:40]}: at most {maximum:.0f} (past it no step of a job finishes)")
+        raise FieldError(key, text[:40], f"{{typed}}: at most {maximum:.0f} (past it no step of a job finishes)", setting=True)
     if kind == "int" and key == "nnodes" and value > MAX_COUNT:
-        raise UsageError(f"--set {key}={text}: more than {MAX_COUNT} nodes is not a plan cpuperf makes")
+        raise FieldError(key, text, f"{{typed}}: more than {MAX_COUNT} nodes is not a plan cpuperf makes", setting=True)
     return value
 
 
@@ -143,8 +143,8 @@ def coerce(key: str, raw: Any) -> Any:
     knob = BY_ID.get(key)
     if knob is None:
         if key in _NOT_SETTABLE:
-            raise UsageError(f"--set {key}: set it with {_NOT_SETTABLE[key]}")
-        raise UsageError(f"unknown setting {key!r} in --set", hint="settings: " + known_ids())
+            raise FieldError(key, raw, "{flag}: set it with {opt.%s}" % key, setting=True)
+        raise FieldError("set", key, "unknown setting {value!r} in {flag}", "settings: " + known_ids())
     if not isinstance(raw, str):
         text = json.dumps(raw) if isinstance(raw, bool) or raw is None else str(raw)
     else:
@@ -159,7 +159,7 @@ def coerce(key: str, raw: Any) -> Any:
         value = None if text.lower() in ("none", "null") else text
         if value not in knob.choices:
             allowed = ", ".join("none" if c is None else str(c) for c in knob.choices)
-            raise UsageError(f"--set {key}={text}: expected one of {allowed}")
+            raise FieldError(key, text, f"{{typed}}: expected one of {verbatim(allowed)}", setting=True)
         return value
     return text
 
