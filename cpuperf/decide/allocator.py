@@ -10,12 +10,14 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.records import AllocatorName, Decision, Measurements, as_allocator
 from cpuperf.jsonable import JsonObject
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts, allocator_names
+
+if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new shell) does without them
+    from cpuperf.decide.records import AllocatorName, Decision, Measurements
 
 # Debug and profiler builds are never preloaded: they trade speed for checks.
 _NOT_FOR_SPEED = ("debug", "profiler")
@@ -110,6 +112,8 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
     A bf16 plan reads the ratio measured under bf16 autocast (`lm-bf16`) where the host has one: the allocation
     pattern is another (on a Zen 4 VM mimalloc was 1.00x on the fp32 LM and 1.10x in bf16); else the fp32 one, and
     the reason says so."""
+    from cpuperf.decide.records import Decision, as_allocator
+
     available: Dict[str, Tuple[str, ...]] = {}
     if facts.software is not None:
         available = {k: v for k, v in facts.software.allocators.items() if v}

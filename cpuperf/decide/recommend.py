@@ -234,37 +234,54 @@ class MemoryDecisions:
     zero: Decision[Optional[Dict[str, Any]]]
 
 
-def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[int] = None,
-              nnodes: int = 1, unit: str = "socket", device: str = "auto",
-              measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
-              environ: Optional[Mapping[str, str]] = None,
-              baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
-              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True,
-              pins: Optional[Constraints] = None, memory_levers: Optional[MemoryLevers] = None,
-              ranks_unknown: bool = False) -> Recommendation:
-    """Decide every setting for this host and workload; the user's values (overrides) are constraints
-    applied where each knob is decided, so placement, memory plan and backend are built around them.
-    `baseline` fixes knobs the same way without calling them the user's (train without --auto).
-    `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from).
-    `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
-    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: the memory
+@dataclass(frozen=True)
+class RecommendRequest:
+    """What a caller asks of `recommend` besides the host and the workload (issue 54: one record, not 14 keywords).
+
+    `overrides`: the user's values (--set / --config), constraints applied where each knob is decided, so placement,
+    memory plan and backend are built around them. `baseline` fixes knobs the same way without calling them the
+    user's (train without --auto). `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where
+    it came from). `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else,
+    with `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: the memory
     levers that keep the math which the job's path can apply (cpuperf.decide.memory.MemoryLevers); None: every one.
     `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's.
-    `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks."""
-    mine = constraints_of(user_constraints(overrides))
-    if nproc_per_node is not None and ranks_from is None and mine.nproc_per_node is None:
+    `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks.
+    `environ`: the environment the job's GPUs are seen through (CUDA_VISIBLE_DEVICES), read at the edge."""
+
+    nproc_per_node: Optional[int] = None
+    nnodes: int = 1
+    unit: str = "socket"
+    device: str = "auto"
+    measurements: Optional[Measurements] = None
+    overrides: Optional[Mapping[str, Any]] = None
+    environ: Mapping[str, str] = field(default_factory=dict)
+    baseline: Optional[Mapping[str, Any]] = None
+    ranks_from: Optional[str] = None
+    tuned: Optional[Tuple[Mapping[str, Any], str]] = None
+    shape_tuning: bool = True
+    pins: Optional[Constraints] = None
+    memory_levers: Optional[MemoryLevers] = None
+    ranks_unknown: bool = False
+
+
+def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendRequest] = None) -> Recommendation:
+    """Decide every setting for this host and workload, as `request` asks (RecommendRequest)."""
+    r = request or RecommendRequest()
+    nproc_per_node, nnodes, unit, device, tuned = r.nproc_per_node, r.nnodes, r.unit, r.device, r.tuned
+    mine = constraints_of(user_constraints(r.overrides))
+    if nproc_per_node is not None and r.ranks_from is None and mine.nproc_per_node is None:
         mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
     if nnodes and nnodes > 1 and mine.nnodes is None:
         mine = replace(mine, nnodes=Pin(nnodes))
-    base = constraints_of(baseline or {}, "the plain baseline (no --auto)")
+    base = constraints_of(r.baseline or {}, "the plain baseline (no --auto)")
     constraints = base.under(mine)
-    if pins is not None:
-        constraints = pins.under(constraints)
-    ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
+    if r.pins is not None:
+        constraints = r.pins.under(constraints)
+    ctx = _Context(facts, workload, r.measurements or Measurements(), load_builtin("tuning.toml"),
                    stack_versions(facts), constraints,
-                   ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None,
-                   ranks_unknown=ranks_unknown)
-    if tuned is None and shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
+                   ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
+                   ranks_unknown=r.ranks_unknown)
+    if tuned is None and r.shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
     _use_tuning(ctx, tuned, device, nnodes)
@@ -273,7 +290,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     elif ctx.torch is None:
         ctx.notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
                          "would install; run it first")
-    device_d, gpus = _decide_device(ctx, device, environ or {})
+    device_d, gpus = _decide_device(ctx, device, r.environ)
     on_gpu = device_d.value == "cuda"
     gpu = gpus[0] if (on_gpu and gpus) else None
     layout = _decide_placement(ctx, gpus, unit, on_gpu)
@@ -290,7 +307,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     allocator = _choose_allocator(ctx, on_gpu, world, precision.dtype.value)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
     memory = _memory_plan(facts, workload, placement, precision.dtype.value, ctx.tuning, gpu, world, ctx.torch,
-                          fixed=ctx.fixed, levers=memory_levers, attention=attention.value)
+                          fixed=ctx.fixed, levers=r.memory_levers, attention=attention.value)
     if split is not None:
         memory = replace(memory, batch_size=replace(memory.batch_size, reason=f"{split.per_device}: {split.describe()}"))
     if pinned_value(ctx.fixed.dtype) == "bf16" and not on_gpu and not bf16_native(facts):

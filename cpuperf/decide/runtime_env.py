@@ -168,9 +168,9 @@ def check_port(port: Optional[int]) -> int:
 
 
 def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], nnodes: int,
-                   environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None) -> Tuple[str, str]:
+                   environ: Mapping[str, str], slurm_first: Optional[str] = None) -> Tuple[str, str]:
     """(address, why): --master-addr, else the hostfile's first host, else the Slurm allocation's first node
-    (several nodes), else loopback on one node, else a MASTER_ADDR already set."""
+    (several nodes), else loopback on one node, else a MASTER_ADDR already set in `environ` (read at the edge)."""
     if master_addr is not None:
         from cpuperf.probe.hosts import check_host  # imported only when there is a host to check
 
@@ -181,8 +181,7 @@ def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], 
         return slurm_first, "the first node of the Slurm allocation (rank 0 runs there)"
     if nnodes <= 1:
         return str(_data()["rendezvous"]["single_node_addr"]), "one node: rendezvous over loopback"
-    env = os.environ if environ is None else environ
-    preset = env.get("MASTER_ADDR")
+    preset = environ.get("MASTER_ADDR")
     if preset:
         from cpuperf.probe.hosts import check_host
 
@@ -212,50 +211,64 @@ def pin_domain(placement: Placement) -> Optional[str]:
     return "[" + ",".join(masks) + "]"
 
 
-def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
-                hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
-                master_port: Optional[int] = None, preload: bool = False, allocator: Optional[str] = None,
-                threads: Optional[int] = None,
-                nnodes: Optional[int] = None,
-                mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
-                socket_ifname: Optional[str] = None,
-                environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None,
-                pin: bool = True, knobs: Optional[Mapping[str, Any]] = None) -> RuntimeEnv:
-    """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
+class RuntimeEnvRequest(NamedTuple):
+    """What `runtime_env` is asked for (issue 54: one record, not 15 keywords).
 
-    threads: each rank's thread count as decided (cpuperf.decide.threads.rank_threads; None: OMP_NUM_THREADS is
-    not set, torch's own stands). backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
-    libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
-    interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
-    pin: the affinity decision; False (ranks left to the OS scheduler) also keeps Intel MPI from pinning.
-    knobs: the plan's decided values the Arm levers follow (fp32_math_mode; cpuperf.decide.arm_levers).
-    """
+    backend: 'ccl' | 'gloo'. threads: each rank's thread count as decided (cpuperf.decide.threads.rank_threads;
+    None: OMP_NUM_THREADS is not set, torch's own stands). mpi: 'intelmpi' when Intel MPI launches the ranks (adds
+    pin domains). libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
+    interface that reaches the master (multi-node gloo). environ: the current environment (LD_PRELOAD, MASTER_ADDR),
+    read at the edge and passed in. pin: the affinity decision; False (ranks left to the OS scheduler) also keeps
+    Intel MPI from pinning. knobs: the plan's decided values the Arm levers follow (fp32_math_mode;
+    cpuperf.decide.arm_levers)."""
+
+    backend: str
+    hosts: Optional[Sequence[Host]] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    preload: bool = False
+    allocator: Optional[str] = None
+    threads: Optional[int] = None
+    nnodes: Optional[int] = None
+    mpi: Optional[str] = None
+    libraries: Optional[Libraries] = None
+    socket_ifname: Optional[str] = None
+    environ: Mapping[str, str] = MappingProxyType({})
+    slurm_first: Optional[str] = None
+    pin: bool = True
+    knobs: Optional[Mapping[str, Any]] = None
+
+
+def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvRequest) -> RuntimeEnv:
+    """The tuned variables for `placement.nproc_per_node` ranks on each of the request's nodes."""
+    r = request
+    backend, hosts, master_port, mpi, pin, env = r.backend, r.hosts, r.master_port, r.mpi, r.pin, r.environ
     if backend not in ("ccl", "gloo"):
         raise UsageError(f"unknown backend {backend!r}", hint="use 'ccl' or 'gloo'")
-    env = os.environ if environ is None else environ
     from cpuperf.decide.nodes import job_nodes
 
-    _, nodes = job_nodes(nnodes, hosts, None)  # the caller decided the count; the hostfile checked against it
-    addr, addr_why = master_address(hosts, master_addr, nodes, env, slurm_first)
+    _, nodes = job_nodes(r.nnodes, hosts, None)  # the caller decided the count; the hostfile checked against it
+    addr, addr_why = master_address(hosts, r.master_addr, nodes, env, r.slurm_first)
     port = check_port(master_port)
     tuning = load_builtin("tuning.toml")
+    libraries = r.libraries
     if libraries is None:
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, threads, backend, mpi, nodes, tuning, pin)
+    _thread_vars(c, placement, r.threads, backend, mpi, nodes, tuning, pin)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
-    if preload:
-        preloaded = _preload_vars(c, libraries, allocator, placement.nproc_per_node * nodes) + preloaded
+    if r.preload:
+        preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
-    _arm_vars(c, facts, knobs)
+    _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
           else f"the default rendezvous port ({_data()['rendezvous']['source']})")
     if backend == "gloo" and nodes > 1:
-        if socket_ifname:
-            c.add("GLOO_SOCKET_IFNAME", socket_ifname, f"the interface whose route reaches {addr}")
+        if r.socket_ifname:
+            c.add("GLOO_SOCKET_IFNAME", r.socket_ifname, f"the interface whose route reaches {addr}")
         else:
             c.notes.append(f"could not tell which interface reaches {addr}: set GLOO_SOCKET_IFNAME yourself "
                            "(ip -o route get ADDR)")
