@@ -338,11 +338,25 @@ class _Figures:
         return self.w.params * (8.0 + opt) * self.nproc / max(1, self.world) if c.offload else 0.0
 
 
-def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str, gpu: Optional[Gpu], world: int,
-                torch_ok_fused: bool, tuning: Mapping[str, Any], ask: MemoryAsk = MemoryAsk(),
-                fused_attention: bool = False) -> MemoryPlan:
+@dataclass(frozen=True)
+class MemoryJob:
+    """What a memory plan sizes: the model, where its ranks run, the math dtype, the card (None: CPU training), the
+    ranks in all, and whether attention keeps no scores (an SDPA flash or memory-efficient kernel on GPUs)."""
+
+    workload: Workload
+    placement: Placement
+    dtype: str
+    gpu: Optional[Gpu]
+    world: int
+    fused_attention: bool = False
+
+
+def plan_memory(facts: HostFacts, job: MemoryJob, torch_ok_fused: bool, tuning: Mapping[str, Any],
+                ask: MemoryAsk = MemoryAsk()) -> MemoryPlan:
     """The memory plan: the user's batch and optimizer as given, the levers that keep the math tried cheapest first.
     IncompatibleHostError (exit 3) when none fits, with the figures and the options that would."""
+    w, placement, dtype, gpu, world = job.workload, job.placement, job.dtype, job.gpu, job.world
+    fused_attention = job.fused_attention
     rule = tuning["memory"]
     on_gpu = gpu is not None
     budget, how, node_budget = memory_budget(facts, placement, "cuda" if on_gpu else "cpu", gpu, rule)

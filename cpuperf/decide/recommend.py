@@ -6,9 +6,10 @@ decision can be overridden (`--set id=value`), and the result says which were.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import Version
 
@@ -16,7 +17,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
-from cpuperf.decide.memory import MemoryLevers
+from cpuperf.decide.memory import MemoryJob, MemoryLevers
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import (
     Affinity,
@@ -30,10 +31,8 @@ from cpuperf.decide.records import (
     Levers,
     MathMode,
     Measurements,
-    Optimizer,
     Pin,
     Recommendation,
-    Sharding,
     T,
     as_backend,
     as_device,
@@ -220,21 +219,6 @@ class _Precision:
 
 
 @dataclass(frozen=True)
-class MemoryDecisions:
-    """The levers the memory plan decides (cpuperf.decide.memory), typed."""
-
-    batch_size: Decision[int]
-    grad_accum_steps: Decision[int]
-    grad_checkpointing: Decision[bool]
-    optimizer: Decision[Optimizer]
-    sharding: Decision[Optional[Sharding]]
-    offload: Decision[bool]
-    dataloader_workers: Decision[int]
-    pin_memory: Decision[bool]
-    zero: Decision[Optional[Dict[str, Any]]]
-
-
-@dataclass(frozen=True)
 class RecommendRequest:
     """What a caller asks of `recommend` besides the host and the workload (issue 54: one record, not 14 keywords).
 
@@ -306,17 +290,21 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
                          ctx.fixed.compile, ctx.tuned.compile)
     allocator = _choose_allocator(ctx, on_gpu, world, precision.dtype.value)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
-    memory = _memory_plan(facts, workload, placement, precision.dtype.value, ctx.tuning, gpu, world, ctx.torch,
-                          fixed=ctx.fixed, levers=r.memory_levers, attention=attention.value)
+    # The levers decided so far; the memory plan decides the rest and returns the whole record.
+    decided = functools.partial(
+        Levers, device=device_d, dtype=precision.dtype, tf32=precision.tf32, fp32_math_mode=precision.fp32_math_mode,
+        nproc_per_node=layout.nproc_per_node, nnodes=layout.nnodes, threads_per_rank=layout.threads_per_rank,
+        affinity=layout.affinity, ddp_backend=backend, ipex=ipex, compile=compile_d, allocator=allocator,
+        attention=attention)
+    fused = gpu is not None and attention.value in ("flash", "mem_efficient")  # GPU SDPA kernels keep no scores
+    memory = _memory_plan(ctx, MemoryJob(workload, placement, precision.dtype.value, gpu, world, fused),
+                          r.memory_levers, decided)
     if split is not None:
         memory = replace(memory, batch_size=replace(memory.batch_size, reason=f"{split.per_device}: {split.describe()}"))
     if pinned_value(ctx.fixed.dtype) == "bf16" and not on_gpu and not bf16_native(facts):
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
-    levers = Levers(
-        device=device_d, dtype=precision.dtype, tf32=precision.tf32, fp32_math_mode=precision.fp32_math_mode,
-        nproc_per_node=layout.nproc_per_node, nnodes=layout.nnodes, threads_per_rank=layout.threads_per_rank,
-        affinity=layout.affinity, ddp_backend=backend, ipex=ipex, compile=compile_d, allocator=allocator,
-        attention=attention,
+    levers = replace(
+        memory,
         batch_size=ctx.take(memory.batch_size, ctx.fixed.batch_size),
         grad_accum_steps=ctx.take(memory.grad_accum_steps, ctx.fixed.grad_accum_steps),
         grad_checkpointing=ctx.take(memory.grad_checkpointing, ctx.fixed.grad_checkpointing),
@@ -844,16 +832,16 @@ def _memory_ask(w: Workload, fixed: Constraints, levers: Optional[MemoryLevers],
                      park=None if fixed.offload is None else fixed.offload.value)
 
 
-def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dtype,
-                 tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
-                 fixed: Optional[Constraints] = None, levers: Optional[MemoryLevers] = None,
-                 attention: str = "sdpa") -> MemoryDecisions:
-    """Batch, accumulation, checkpointing, optimizer, sharding and offload from one MemoryPlan (cpuperf.decide.memory).
+def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
+                 decided: Callable[..., Levers]) -> Levers:
+    """Batch, accumulation, checkpointing, optimizer, sharding and offload from one MemoryPlan (cpuperf.decide.memory),
+    with the levers `decided` before them: the whole record.
 
-    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards. `levers`: (the
+    The user's values (ctx.fixed): the accumulation follows a set batch, never patched afterwards. `levers`: (the
     memory levers this job's path can apply, why not the others); None: all of them.
     """
-    fixed = fixed or Constraints()
+    facts, fixed, tuning, torch_v = ctx.facts, ctx.fixed, ctx.tuning, ctx.torch
+    w, placement, dtype, gpu, world = job.workload, job.placement, job.dtype, job.gpu, job.world
     from cpuperf.decide.memory import plan_memory, zero_config
 
     on_gpu = gpu is not None
@@ -862,17 +850,16 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
     ask = _memory_ask(w, fixed, levers, facts, on_gpu)
     if not w.known:
-        return _unknown_model(w, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu))
+        return _unknown_model(w, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), decided)
     try:
-        # On GPUs the SDPA kernel decided (flash or memory-efficient) keeps no attention scores.
-        fused = on_gpu and attention in ("flash", "mem_efficient")
-        plan = plan_memory(facts, w, placement, dtype, gpu, world, fused_ok, tuning, ask, fused)
+        plan = plan_memory(facts, job, fused_ok, tuning, ask)
     except IncompatibleHostError as exc:
         if levers is None or not levers.advisory:
             raise
         # Not cpuperf's to refuse: your script runs as you wrote it, with the estimate said.
         told = replace(w, found=f"{w.found}; by cpuperf's estimate it does not fit: {exc.message}; {exc.hint}")
-        return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), known=True)
+        return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), decided,
+                              known=True)
     evidence = {"params": w.params, **plan.evidence()}
     per_device, c, accum = int(plan.per_rank_batch), plan.candidate, plan.grad_accum
     yours = fixed.batch_size is not None
@@ -900,7 +887,7 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
     off_why = ("the sharded state does not fit the GPUs: parked in host RAM (slower steps, the same training)"
                if c.offload else "not needed" if on_gpu else "CPU training: nothing to offload to")
     workers_d, pin_d = _loading(facts, placement, tuning, on_gpu)
-    return MemoryDecisions(
+    return decided(
         batch_size=Decision("batch_size", per_device, why_batch, evidence),
         grad_accum_steps=Decision("grad_accum_steps", accum, global_why,
                                   {"global_batch": plan.global_batch, "world_size": world}),
@@ -917,14 +904,15 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
 
 
 def _unknown_model(w: Workload, ask: Any, fused_ok: bool, torch_v: Optional[str],
-                   loading: Tuple[Decision[int], Decision[bool]], known: bool = False) -> MemoryDecisions:
+                   loading: Tuple[Decision[int], Decision[bool]], decided: Callable[..., Levers],
+                   known: bool = False) -> Levers:
     """Your script's model could not be told (or cpuperf applies nothing to it): its own batch and no memory lever,
     each said why."""
     from cpuperf.decide.memory import default_optimizer
 
     why = f"no memory lever applied ({w.found})" if known else f"cannot tell your script's model ({w.found}): no memory plan"
     optimizer, opt_why = (ask.optimizer, "set by you") if ask.optimizer else default_optimizer(fused_ok)
-    return MemoryDecisions(
+    return decided(
         batch_size=Decision("batch_size", int(ask.per_device or 8), f"your script's own; {why}", {}),
         grad_accum_steps=Decision("grad_accum_steps", int(ask.grad_accum or 1), "your script's own", {}),
         grad_checkpointing=Decision("grad_checkpointing", False, why, {}),
