@@ -34,3 +34,15 @@ def test_threads_are_counted_in_one_function():
     assert threads_on(0) == 1 and threads_on(3, 0) == 1  # no rank runs without a thread
     counted = re.compile(r"max\(1, min\(.*threads")
     assert sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if counted.search(p.read_text())) == []
+
+
+OS_READS = re.compile(r"os\.environ|os\.getenv|os\.path\.(exists|isdir|isfile)|os\.access|os\.listdir|\bopen\(|read_capped|"
+                      r"\.read_text\(|\.read_bytes\(|\.is_file\(|\.is_dir\(|\.iterdir\(")
+
+
+def test_decide_and_knowledge_read_no_os():
+    # The environment and files are read in probe/ (or at a command's edge) and passed in. knowledge/matrix.py reads
+    # the compat data directories (CPUPERF_COMPAT_DIR) and is the one left (docs/architecture.md, Known exceptions).
+    readers = sorted(str(p.relative_to(PKG)) for layer in ("decide", "knowledge") for p in (PKG / layer).glob("*.py")
+                     if OS_READS.search(p.read_text()))
+    assert readers == ["knowledge/matrix.py"]

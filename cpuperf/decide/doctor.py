@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from cpuperf.decide.allocator import allocator_rule
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
@@ -162,7 +163,9 @@ def check_torch(facts: HostFacts) -> List[Finding]:
     return out
 
 
-def check_libraries(facts: HostFacts) -> List[Finding]:
+def check_libraries(facts: HostFacts, libccl: Optional[Sequence[str]] = None) -> List[Finding]:
+    """Allocators and the oneCCL runtime's libraries. `libccl`: which of libccl.so.1 / libccl.so.2 the environment's
+    lib directory holds (None: read there, by cpuperf.probe.libfiles)."""
     sw = facts.software
     if sw is None:
         return []
@@ -171,14 +174,15 @@ def check_libraries(facts: HostFacts) -> List[Finding]:
         out.append(Finding(
             "no-fast-allocator", "info",
             f"no {allocator_names()} is installed; cpuperf measures whether preloading one helps "
-            "(as root, system ones too: apt-get install -y libgoogle-perftools4 libjemalloc2)",
+            f"(as root, system ones too: {allocator_rule().system_install})",
             "cpuperf install --yes   # adds the mimalloc wheel to this environment, no root needed"))
     oneccl_cpu = sw.packages.get("oneccl-cpu")
     if oneccl_cpu is not None and sw.packages.get("oneccl") is None:
-        import os
+        if libccl is None:
+            from cpuperf.probe.libfiles import present_libraries
 
-        lib = os.path.join(sw.prefix, "lib")
-        if os.path.exists(os.path.join(lib, "libccl.so.1")) and not os.path.exists(os.path.join(lib, "libccl.so.2")):
+            libccl = present_libraries(sw.prefix, ("libccl.so.1", "libccl.so.2"))
+        if "libccl.so.1" in libccl and "libccl.so.2" not in libccl:
             out.append(Finding(
                 "oneccl-cpu-incomplete", "warning",
                 "the oneccl-cpu wheel's libccl.so.1 needs libccl.so.2, which it does not ship: ranks fail at load time",

@@ -5,14 +5,13 @@ Shapes only (no torch): enough for the memory plan and FLOP counts.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import NOT_IN_JSON, as_json
+from cpuperf.probe.model_files import local_config_path, read_model_config
 
 if TYPE_CHECKING:
     from cpuperf.probe.facts import HostFacts
@@ -235,33 +234,12 @@ def builtin_default(facts: HostFacts) -> Tuple[str, str]:
     return chosen, said + " (compat/tuning.toml [builtin_model])"
 
 
-def _no_constant(name: str) -> Any:
-    """json's NaN / Infinity / -Infinity: not a number any config field may hold."""
-    raise ValueError(f"{name} is not a finite number")
-
-
-def read_config(path: str) -> Dict[str, Any]:
-    """A Hugging Face config.json as a dict, read bounded; a usage error (exit 2) says what is wrong with it."""
-    from cpuperf.fsutil import InputRefused, read_capped
-
-    hint = "pass a Hugging Face config.json, or {flag}/{opt.seq_len}"
-    try:
-        cfg = json.loads(read_capped(path, 4 * 1024 * 1024).decode("utf-8"), parse_constant=_no_constant)
-    except InputRefused as exc:
-        raise FieldError("params", None, f"model config {verbatim(exc)}", hint) from None
-    except OSError as exc:
-        raise FieldError("params", None, verbatim(f"cannot read model config {path}: {exc.strerror or exc}"), hint) from None
-    except ValueError as exc:  # not UTF-8, not JSON, NaN/Infinity
-        raise FieldError("params", None, verbatim(f"model config {path} is malformed: {str(exc).splitlines()[0][:120]}"),
-                         hint) from None
-    if not isinstance(cfg, dict):
-        raise FieldError("params", None, f"model config {verbatim(path)} is not a JSON object", hint)
-    return cfg
-
-
 def from_hf_config(path: str, batch_size: int = 8) -> Workload:
     """A Hugging Face config.json (GPT-2, Llama, BERT... key names differ by family)."""
-    return from_config_dict(read_config(path), path, batch_size)
+    read = read_model_config(path)
+    if read.config is None:  # a usage error (exit 2) says what is wrong with it
+        raise FieldError("params", None, verbatim(read.problem), "pass a Hugging Face config.json, or {flag}/{opt.seq_len}")
+    return from_config_dict(read.config, path, batch_size)
 
 
 def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) -> Workload:
@@ -329,8 +307,7 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
         base = replace(PRESETS[chosen], why=why)
     elif model is None or model in PRESETS:
         base = PRESETS[model or DEFAULT_PRESET]
-    elif os.path.exists(model):
-        path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    elif (path := local_config_path(model)) is not None:
         base = from_hf_config(path)
     else:
         from cpuperf.probe.hf import cached_model_config
