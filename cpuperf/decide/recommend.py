@@ -47,7 +47,7 @@ from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
-from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, coerce
+from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, SetValue, coerce
 from cpuperf.probe.facts import Gpu, HostFacts
 from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
@@ -188,9 +188,9 @@ class _Context:
         return self.choose(pin, d.id, d.value, d.reason, d.evidence, d.needs_torch, tuned)
 
 
-def user_constraints(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def user_constraints(overrides: Optional[Mapping[str, SetValue]]) -> Dict[str, KnobValue]:
     """--set / --config values for recommend: decisions and `oversubscribe`, typed; anything else exits 2."""
-    fixed: Dict[str, Any] = {}
+    fixed: Dict[str, KnobValue] = {}
     for key, raw in (overrides or {}).items():
         knob = BY_ID.get(key)
         if knob is not None and not (knob.decided or key == "oversubscribe"):
@@ -237,9 +237,9 @@ class RecommendRequest:
     unit: str = "socket"
     device: str = "auto"
     measurements: Optional[Measurements] = None
-    overrides: Optional[Mapping[str, Any]] = None
+    overrides: Optional[Mapping[str, SetValue]] = None
     environ: Mapping[str, str] = field(default_factory=dict)
-    baseline: Optional[Mapping[str, Any]] = None
+    baseline: Optional[Mapping[str, KnobValue]] = None
     ranks_from: Optional[str] = None
     tuned: Optional[Tuple[Mapping[str, Any], str]] = None
     shape_tuning: bool = True

@@ -11,6 +11,7 @@ from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tup
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.jsonable import as_json
+from cpuperf.knowledge.knobs import KnobValue
 
 T = TypeVar("T")
 
@@ -219,7 +220,7 @@ class Constraints:
         return replace(other, oversubscribe=self.oversubscribe or other.oversubscribe, **mine)
 
 
-def constraints_of(values: Mapping[str, Any], reason: Optional[str] = None) -> Constraints:
+def constraints_of(values: Mapping[str, KnobValue], reason: Optional[str] = None) -> Constraints:
     """Typed values by knob id (knowledge/knobs.py has checked each) -> Constraints; `reason` None: the user's."""
     pins: Dict[str, Any] = {k: Pin(v, reason) for k, v in values.items() if k != "oversubscribe"}
     return Constraints(oversubscribe=bool(values.get("oversubscribe")), **pins)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from cpuperf.errors import FieldError, UsageError, verbatim
 
@@ -23,11 +23,20 @@ MAX_COUNT = 4096
 MAX_BATCH, MAX_ACCUMULATION, MAX_WORKERS = 1 << 20, 1 << 16, 4096
 
 
+# What a knob holds once its text is coerced (coerce): true/false, a count, a number, a choice or a path; None where
+# the knob takes none. The built-in loop's model shape (`--set model.d_model=256`) gathers under the key 'model'.
+KnobValue = Union[None, bool, int, float, str]
+ModelShape = Dict[str, int]
+SetValue = Union[KnobValue, ModelShape]
+# --set / --config values by knob id, each typed by its knob (model.* under 'model'): the user's constraints.
+Overrides = Dict[str, SetValue]
+
+
 @dataclass(frozen=True)
 class Knob:
     id: str
     kind: str  # bool | int | float | choice | str | dict
-    choices: Tuple[Any, ...] = ()
+    choices: Tuple[KnobValue, ...] = ()
     minimum: Optional[float] = None
     maximum: Optional[float] = None  # past it no job finishes a step (a saved plan's batch of 10**15 never did)
     decided: bool = False  # recommend decides it (a Decision with this id)
@@ -122,9 +131,9 @@ def _bool(key: str, text: str) -> bool:
     raise FieldError(key, text, "{typed}: expected true or false", setting=True)
 
 
-def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: Optional[float] = None) -> Any:
+def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: Optional[float] = None) -> Union[int, float]:
     try:
-        value: Any = int(text) if kind == "int" else float(text)
+        value: Union[int, float] = int(text) if kind == "int" else float(text)
     except ValueError:
         raise FieldError(key, text, f"{{typed}}: expected {'an integer' if kind == 'int' else 'a number'}", setting=True) from None
     if kind == "float" and not math.isfinite(value):
@@ -138,7 +147,7 @@ def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: O
     return value
 
 
-def coerce(key: str, raw: Any) -> Any:
+def coerce(key: str, raw: object) -> KnobValue:
     """One --set / --config value as its knob's plain type; a bad key or value is a usage error."""
     knob = BY_ID.get(key)
     if knob is None:
@@ -164,32 +173,29 @@ def coerce(key: str, raw: Any) -> Any:
     return text
 
 
-def parse_assignments(items: Sequence[str]) -> Dict[str, Any]:
+def parse_assignments(items: Sequence[str]) -> Overrides:
     """--set KEY=VALUE items -> {id: typed value}; model.X keys gather under 'model'."""
-    out: Dict[str, Any] = {}
+    out: Overrides = {}
     for item in items:
         key, raw = split_assignment(item)
         out.update(coerce_entry(key, raw))
     return out
 
 
-def coerce_entry(key: str, raw: Any) -> Dict[str, Any]:
+def coerce_entry(key: str, raw: object) -> Overrides:
     """One key/value (from --set or a --config file) -> {id: typed value}."""
     if key.startswith("model."):
         sub = key[len("model."):]
         if sub not in MODEL_KEYS:
             raise UsageError(f"unknown model setting {key!r}", hint="model." + ", model.".join(MODEL_KEYS))
-        value = _number(key, str(raw).strip(), "int", 1)
-        return {"model": {sub: value}}
+        return {"model": {sub: int(_number(key, str(raw).strip(), "int", 1))}}
     return {key: coerce(key, raw)}
 
 
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
+def merge(base: Mapping[str, SetValue], extra: Mapping[str, SetValue]) -> Overrides:
     """Constraints from a config file, then --set on top (model.* merged key by key)."""
     out = dict(base)
     for key, value in extra.items():
-        if key == "model":
-            out["model"] = {**out.get("model", {}), **value}
-        else:
-            out[key] = value
+        had = out.get(key)
+        out[key] = {**had, **value} if isinstance(had, dict) and isinstance(value, dict) else value
     return out
