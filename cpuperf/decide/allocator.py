@@ -93,12 +93,19 @@ def preload_env(name: str, library: str) -> Dict[str, str]:
     return env
 
 
+def _by_workload(meas: Measurements, name: str) -> Dict[str, float]:
+    """An allocator's measured ratios over the default, by reference workload ({} where none)."""
+    got = meas.allocator_speedup.get(f"{name}_by_workload")
+    return got if isinstance(got, dict) else {}
+
+
 def _measured(meas: Measurements, available: Sequence[str], key: str) -> Dict[str, float]:
-    """Each available allocator's measured ratio over the default on the workload `key`."""
+    """Each available allocator's measured ratio over the default on the workload `key` (an older cache without
+    ratios by workload: the geometric mean)."""
     measured: Dict[str, float] = {}
     for name in available:
-        by_workload = meas.allocator_speedup.get(f"{name}_by_workload") or {}
-        ratio = by_workload.get(key, meas.allocator_speedup.get(name) if not by_workload else None)
+        by_workload = _by_workload(meas, name)
+        ratio = by_workload.get(key) if by_workload else meas.allocator_speedup.get(name)
         if isinstance(ratio, (int, float)):
             measured[name] = float(ratio)
     return measured
@@ -123,7 +130,7 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
         return Decision("allocator", None, f"no {allocator_names()} found: " + install_hint(), {})
     rule = allocator_rule()
     in_dtype = f"{family}-{dtype}" if dtype != "fp32" else None
-    if in_dtype and not any(in_dtype in (meas.allocator_speedup.get(f"{name}_by_workload") or {}) for name in available):
+    if in_dtype and not any(in_dtype in _by_workload(meas, name) for name in available):
         in_dtype = None  # not measured in this dtype here: the fp32 figure, said
     key = in_dtype or family
     measured = _measured(meas, list(available), key)
@@ -131,7 +138,7 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
                                            f" in fp32 (not measured in {dtype} here)" if dtype != "fp32" else "")
     if measured:
         evidence: JsonObject = {"measured": {k: round(v, 3) for k, v in measured.items()}, "workload": key,
-                                "by_workload": {k: meas.allocator_speedup.get(f"{k}_by_workload", {}) for k in measured},
+                                "by_workload": {k: dict(_by_workload(meas, k)) for k in measured},
                                 "source": meas.source}
         figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
         good = {k: v for k, v in measured.items() if v >= rule.min_speedup}
@@ -156,6 +163,6 @@ def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family:
     noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
     if noisy:
         return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
-                        {"available": sorted(available), "undecided": noisy})
+                        {"available": list(sorted(available)), "undecided": list(noisy)})
     return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
-                    "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
+                    "preload lost 20% here before (run cpuperf bench to measure)", {"available": list(sorted(available))})

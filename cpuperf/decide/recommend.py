@@ -17,7 +17,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
-from cpuperf.decide.memory import MemoryJob, MemoryLevers
+from cpuperf.decide.memory import MemoryAsk, MemoryJob, MemoryLevers
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import (
     Affinity,
@@ -44,6 +44,7 @@ from cpuperf.decide.records import (
 from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
 from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
@@ -83,7 +84,7 @@ def _parse_cc(text: str) -> Tuple[int, int]:
 _BF16_EVIDENCE = {"aarch64": ("bf16", "svebf16", "i8mm", "sve", "sve2", "sme"), "ppc64le": ("mma", "vsx")}
 
 
-def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
+def _cpu_evidence(facts: HostFacts) -> JsonObject:
     cpu = facts.cpu
     if cpu.arch in _BF16_EVIDENCE:
         return {"microarchitecture": cpu.microarchitecture, **{f: f in cpu.isa for f in _BF16_EVIDENCE[cpu.arch]}}
@@ -167,7 +168,7 @@ class _Context:
     def python(self) -> Optional[str]:
         return self.facts.software.python if self.facts.software else None
 
-    def choose(self, pin: Optional[Pin[T]], id: str, value: T, reason: str, evidence: Optional[Dict[str, Any]] = None,
+    def choose(self, pin: Optional[Pin[T]], id: str, value: T, reason: str, evidence: Optional[JsonObject] = None,
                needs_torch: bool = False, tuned: Optional[Pin[T]] = None) -> Decision[T]:
         """cpuperf's choice, unless the lever is pinned: the user's value with ours in the reason, or another owner's
         value with its reason (the plain baseline, the cluster's nodes); a `tuned` value measured on this plan beats
@@ -419,7 +420,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     nnodes = pinned_value(fixed.nnodes) or 1
     oversubscribe = fixed.oversubscribe
     threads = pinned_value(fixed.threads_per_rank) or pinned_value(ctx.tuned.threads_per_rank)
-    load_ev: Dict[str, Any] = {}
+    load_ev: JsonObject = {}
     if on_gpu:
         # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
         nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
@@ -474,9 +475,9 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     from cpuperf.probe.parse import format_cpulist
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
-    evidence: Dict[str, Any] = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
+    evidence: JsonObject = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
     if on_gpu:
-        gpu_evidence = {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]}
+        gpu_evidence: JsonObject = {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]}
         bound: Optional[Affinity] = "auto" if placement.unit == "gpu-numa" else None
         affinity = ctx.choose(fixed.affinity, "affinity", bound,
                               f"each rank pinned to the cores of its GPU's NUMA node: {pinned}" if bound else
@@ -511,7 +512,7 @@ class _FewerRanks:
         return (f"{run}, the same job as yours: this host's layout is {self.better} ranks, but {self.why} (opt in: "
                 f"--set nproc_per_node={self.better})")
 
-    def evidence(self) -> Dict[str, Any]:
+    def evidence(self) -> JsonObject:
         return {"not_split": {"ranks": self.better, "why": f"{self.why}; the job runs {self.ranks} rank(s). Opt in "
                               f"with --set nproc_per_node={self.better} (the plan then says what it changes)"}}
 
@@ -570,7 +571,7 @@ def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> _Precision:
     return _Precision(dtype_d, tf32_d, mode)
 
 
-def _cpu_dtype(ctx: _Context, evidence: Dict[str, Any]) -> Tuple[Dtype, str]:
+def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
     """bf16 or fp32 on this CPU, and why."""
     facts, meas, tuning = ctx.facts, ctx.meas, ctx.tuning
     ratio = None
@@ -679,7 +680,7 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> Decision[bool]:
     if asked and (on_gpu or not ok):
         raise UsageError(f"ipex=true cannot run here: {'IPEX is for CPU training' if on_gpu else why}",
                          hint="cpuperf compat --with ipex shows the matching wheels, or use compile=true")
-    evidence = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
+    evidence: JsonObject = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
     if on_gpu:
         return ctx.choose(pin, "ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {})
     if facts.cpu.arch != "x86_64":
@@ -748,7 +749,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
     rule = tuning["compile"]
     per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
     own = meas.compile_by_model.get(model_key(w)) if not on_gpu else None
-    evidence: Dict[str, Any] = {"model": model_key(w)}
+    evidence: JsonObject = {"model": model_key(w)}
     if own:
         # Measured for this model: the step time scales with the rank's batch (the measurement's was own["batch"]).
         compile_s, speedup = float(own["compile_seconds"]), float(own["speedup"])
@@ -801,10 +802,10 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision[A
 
 
 def _memory_ask(w: Workload, fixed: Constraints, levers: Optional[MemoryLevers], facts: HostFacts,
-                on_gpu: bool) -> Any:
+                on_gpu: bool) -> MemoryAsk:
     """What the memory plan must honour: your batch, accumulation and optimizer (--set, else your script's own),
     the levers the path can apply, and the levers you set."""
-    from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE, MemoryAsk
+    from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE
 
     optimizer = pinned_value(fixed.optimizer) or w.optimizer
     needs = OPTIMIZER_PACKAGE.get(optimizer or "")
@@ -903,7 +904,7 @@ def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
                       else "no DeepSpeed ZeRO plan", {"plan": c.name}))
 
 
-def _unknown_model(w: Workload, ask: Any, fused_ok: bool, torch_v: Optional[str],
+def _unknown_model(w: Workload, ask: MemoryAsk, fused_ok: bool, torch_v: Optional[str],
                    loading: Tuple[Decision[int], Decision[bool]], decided: Callable[..., Levers],
                    known: bool = False) -> Levers:
     """Your script's model could not be told (or cpuperf applies nothing to it): its own batch and no memory lever,

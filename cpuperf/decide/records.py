@@ -6,11 +6,11 @@ Kept apart from the engine (cpuperf.decide.recommend) so that reading a saved pl
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, cast, get_args
+from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast, get_args
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import BatchSplit, Workload
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 from cpuperf.knowledge.knobs import KnobValue
 
 T = TypeVar("T")
@@ -26,9 +26,10 @@ AllocatorName = Literal["tcmalloc", "jemalloc", "mimalloc"]
 Attention = Literal["sdpa", "flash", "mem_efficient", "math"]
 Optimizer = Literal["adamw", "adamw_fused", "adafactor", "adamw_8bit"]
 Sharding = Literal["fsdp", "zero3"]
+ZeroConfig = Dict[str, JsonValue]  # a DeepSpeed ZeRO config, as DeepSpeed reads it (JSON)
 
 
-def _member(kind: Any, value: object, what: str) -> Any:
+def _member(kind: object, value: object, what: str) -> object:
     if value not in get_args(kind):
         raise ValueError(f"{what} {value!r} is not one of {', '.join(map(str, get_args(kind)))}")
     return value
@@ -61,7 +62,7 @@ class Decision(Generic[T]):
     id: str
     value: T
     reason: str
-    evidence: Dict[str, Any] = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
     overridden: bool = False
     needs_torch: bool = False
 
@@ -96,7 +97,7 @@ class Levers:
     offload: Decision[bool]
     dataloader_workers: Decision[int]
     pin_memory: Decision[bool]
-    zero: Decision[Optional[Dict[str, Any]]]
+    zero: Decision[Optional[ZeroConfig]]
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -116,6 +117,14 @@ class Levers:
     def on_gpu(self) -> bool:
         return self.device.value == "cuda"
 
+
+
+def measured_gemm(evidence: JsonMapping) -> Optional[Tuple[float, float]]:
+    """(fp32, bf16) GEMM GFLOP/s the dtype decision was measured from (its evidence), None where it was not."""
+    fp32, bf16 = evidence.get("gemm_fp32_gflops"), evidence.get("gemm_bf16_gflops")
+    if isinstance(fp32, (int, float)) and isinstance(bf16, (int, float)) and fp32 and bf16:
+        return float(fp32), float(bf16)
+    return None
 
 
 def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
@@ -139,7 +148,7 @@ class Measurements:
     step_seconds: Optional[float] = None  # eager fp32 step of the workload, if measured
     compile_speedup: Optional[float] = None
     # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
-    allocator_speedup: Dict[str, Any] = field(default_factory=dict)
+    allocator_speedup: Dict[str, Union[float, Dict[str, float]]] = field(default_factory=dict)
     # model_key(workload) -> {"compile_seconds", "speedup", "step_seconds", "batch"}: torch.compile
     # measured on this host for that model (cpuperf bench --compile --model NAME)
     compile_by_model: Dict[str, Dict[str, float]] = field(default_factory=dict)
@@ -179,7 +188,7 @@ class Pin(Generic[T]):
 
     value: T
     reason: Optional[str] = None
-    evidence: Optional[Dict[str, Any]] = None
+    evidence: Optional[JsonObject] = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,7 @@ class Constraints:
     offload: Optional[Pin[bool]] = None
     dataloader_workers: Optional[Pin[int]] = None
     pin_memory: Optional[Pin[bool]] = None
-    zero: Optional[Pin[Optional[Dict[str, Any]]]] = None
+    zero: Optional[Pin[Optional[ZeroConfig]]] = None
     oversubscribe: bool = False  # more ranks x threads than usable cores, allowed (a placement option)
 
     def pinned(self) -> Tuple[str, ...]:

@@ -391,9 +391,11 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
         else:
             values[lever] = tuple(dict.fromkeys([start.get(lever), *options]))
 
-    ev = rec.levers.dtype.evidence
-    ratio = (f" (GEMM {ev['gemm_fp32_gflops'] / ev['gemm_bf16_gflops']:.0f}x slower measured here)"
-             if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") else "")
+    from cpuperf.decide.records import measured_gemm
+
+    gemm = measured_gemm(rec.levers.dtype.evidence)
+    ratio = (f" (GEMM {gemm[0] / gemm[1]:.0f}x slower measured here)"
+             if gemm else "")
     offer("dtype", ["fp32", "bf16"], None if bf16_native(facts) else
           f"{facts.cpu.microarchitecture} has no native bf16 (avx512_bf16, usable AMX, Arm BF16, POWER10 MMA): emulated "
           f"bf16 runs many times slower than fp32{ratio}, so it is not a candidate")
