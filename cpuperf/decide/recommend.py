@@ -138,8 +138,9 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu]) -> Tuple[Optional[int], str]:
     """Bytes one rank may use and how (cpuperf.decide.memory owns the computation)."""
     from cpuperf.decide.memory import memory_budget as budget
+    from cpuperf.decide.memory import memory_rule
 
-    per_rank, how, _ = budget(facts, placement, device, gpu, load_builtin("tuning.toml")["memory"])
+    per_rank, how, _ = budget(facts, placement, device, gpu, memory_rule(load_builtin("tuning.toml")))
     return per_rank, how
 
 
