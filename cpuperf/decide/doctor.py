@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from cpuperf.decide.allocator import allocator_rule
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.bf16 import bf16_native
-from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations
+from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations, unsourced
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, allocator_names
 from cpuperf.versions import base_or_none, major_minor
@@ -87,7 +88,7 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
                            "(newer than the data, or no vendor guide gives its datapath): training reports no MFU "
                            "for it, only the measured GEMM rate ('% of achievable'); placement and dtype use its "
                            "ISA flags", None))
-    gaps = peak_data(cpu.microarchitecture, cpu.model_name)["unsourced"]
+    gaps = unsourced(cpu.microarchitecture, cpu.model_name)
     if gaps:
         out.append(Finding("cpu-data-unsourced", "info",
                            "not in cpuperf's data for want of a primary source: "
@@ -305,10 +306,10 @@ def diagnose(facts: HostFacts) -> List[Finding]:
     return sorted(findings, key=lambda f: order.get(f.severity, 9))
 
 
-def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
+def report(facts: HostFacts, findings: List[Finding]) -> JsonObject:
     """The `doctor --json` object."""
     cpu, topo, sw = facts.cpu, facts.topology, facts.software
-    software: Optional[Dict[str, Any]] = None
+    software: Optional[JsonObject] = None
     if sw is not None:
         software = {
             "python": sw.python,

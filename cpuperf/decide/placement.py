@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.threads import threads_on
 from cpuperf.errors import FieldError, UsageError
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonObject, as_json
 from cpuperf.probe.facts import HostFacts
 
 # Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
@@ -53,10 +53,10 @@ class Placement:
     def threads_per_rank(self) -> int:
         return min(s.threads for s in self.slots) if self.slots else 1
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> JsonObject:
         return {"threads_per_rank": self.threads_per_rank}
 
 
@@ -118,7 +118,7 @@ def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
             return c.socket
         return c.node if c.node is not None else c.socket
 
-    by_unit: Dict[Any, List[Core]] = {}
+    by_unit: Dict[Optional[int], List[Core]] = {}
     for core in cores:
         by_unit.setdefault(key(core), []).append(core)
     units = [by_unit[k] for k in sorted(by_unit, key=lambda k: (k is None, k))]

@@ -21,6 +21,7 @@ from cpuperf.knowledge.variables import value_problem, variables
 from cpuperf.probe.facts import HostFacts, allocator_names
 
 if TYPE_CHECKING:
+    from cpuperf.knowledge.knobs import KnobValue  # the knob table: not needed at ccl-env's start-up
     from cpuperf.probe.hosts import Host
 
 # Records are NamedTuples, not frozen dataclasses: ccl-env runs in every new shell and a frozen
@@ -236,7 +237,7 @@ class RuntimeEnvRequest(NamedTuple):
     environ: Mapping[str, str] = MappingProxyType({})
     slurm_first: Optional[str] = None
     pin: bool = True
-    knobs: Optional[Mapping[str, Any]] = None
+    knobs: Optional[Mapping[str, KnobValue]] = None
 
 
 def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvRequest) -> RuntimeEnv:
@@ -344,7 +345,7 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
     return adds
 
 
-def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Any]]) -> None:
+def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, KnobValue]]) -> None:
     """The Arm levers (cpuperf.decide.arm_levers): the applied ones as variables, the others as notes with why."""
     from cpuperf.decide.arm_levers import arm_levers
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from cpuperf.errors import FieldError, verbatim
-from cpuperf.jsonable import NOT_IN_JSON, as_json
+from cpuperf.jsonable import NOT_IN_JSON, JsonObject, as_json
 from cpuperf.probe.model_files import local_config_path, read_model_config
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class BatchSplit:
                 f"{self.was_grad_accum} accumulation x 1 process ({self.where}) -> {self.per_device} x "
                 f"{self.grad_accum} x {self.ranks} ranks")
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"ranks": self.ranks, "global_batch": self.global_batch,
                 "before": {"per_device": self.was_per_device, "grad_accum": self.was_grad_accum, "processes": 1,
                            "from": self.where},
@@ -173,10 +173,10 @@ class Workload:
         """False when a user script's model could not be told: no memory plan is made for a guess."""
         return self.source != "unknown"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> JsonObject:
         if not self.of_script:
             return {"why": self.why} if self.why and self.name != DEFAULT_PRESET else {}
         return {"found": self.found, "per_device_batch": self.per_device_batch, "grad_accum": self.grad_accum,

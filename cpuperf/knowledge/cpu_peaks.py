@@ -44,14 +44,6 @@ class UnsourcedRow(TypedDict):
     why: str
 
 
-class PeakData(TypedDict):
-    """What the table says about one CPU, for doctor."""
-
-    flops_per_cycle: Optional[JsonObject]
-    boost_clock: Optional[JsonObject]
-    unsourced: List[UnsourcedRow]
-
-
 def _peak_row(row: Mapping[str, Any]) -> PeakRow:
     out: PeakRow = {"match": list(row["match"]), "variant": str(row["variant"]), "source": str(row["source"])}
     if "model_name" in row:
@@ -97,14 +89,15 @@ def unsourced(microarchitecture: str, model_name: Optional[str]) -> List[Unsourc
             for row in load_builtin("cpu_peaks.toml").get("unsourced", []) if _fits(row, microarchitecture, model_name)]
 
 
-def peak_data(microarchitecture: str, model_name: Optional[str]) -> PeakData:
+def peak_data(microarchitecture: str, model_name: Optional[str]) -> JsonObject:
     """What compat/cpu_peaks.toml says about this CPU, for doctor: its FLOPs-per-cycle row, its highest rated
     clock row, and what it leaves out unsourced (each None / empty where the data has nothing)."""
     row, boost = peak_row(microarchitecture, model_name), boost_row(microarchitecture, model_name)
     return {"flops_per_cycle": None if row is None else {"variant": row["variant"], "fp32": row.get("fp32"),
                                                           "bf16": row.get("bf16"), "source": row["source"]},
             "boost_clock": None if boost is None else {"ghz": boost["ghz"], "part": boost["part"], "source": boost["source"]},
-            "unsourced": unsourced(microarchitecture, model_name)}
+            "unsourced": [{"kind": r["kind"], "what": r["what"], "why": r["why"]}
+                          for r in unsourced(microarchitecture, model_name)]}
 
 
 def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Optional[str] = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from cpuperf.errors import FieldError, UsageError, verbatim
 
@@ -46,58 +46,54 @@ class Knob:
     doc: str = ""
 
 
-def _k(id: str, kind: str, **kw: Any) -> Knob:
-    return Knob(id, kind, **kw)
-
-
 KNOBS: Tuple[Knob, ...] = (
     # decided by recommend --------------------------------------------------------------------------
-    _k("device", "choice", choices=("cpu", "cuda"), decided=True, worker=True),
-    _k("dtype", "choice", choices=("fp32", "bf16", "fp16"), decided=True, worker=True),
-    _k("tf32", "bool", decided=True, worker=True),
-    _k("fp32_math_mode", "choice", choices=("bf16", None), decided=True, worker=True),
-    _k("nproc_per_node", "int", minimum=1, decided=True, launch=True),
-    _k("nnodes", "int", minimum=1, decided=True, launch=True),
-    _k("threads_per_rank", "int", minimum=1, decided=True, worker=True, launch=True),
-    _k("affinity", "choice", choices=("auto", None), decided=True, launch=True,
+    Knob("device", "choice", choices=("cpu", "cuda"), decided=True, worker=True),
+    Knob("dtype", "choice", choices=("fp32", "bf16", "fp16"), decided=True, worker=True),
+    Knob("tf32", "bool", decided=True, worker=True),
+    Knob("fp32_math_mode", "choice", choices=("bf16", None), decided=True, worker=True),
+    Knob("nproc_per_node", "int", minimum=1, decided=True, launch=True),
+    Knob("nnodes", "int", minimum=1, decided=True, launch=True),
+    Knob("threads_per_rank", "int", minimum=1, decided=True, worker=True, launch=True),
+    Knob("affinity", "choice", choices=("auto", None), decided=True, launch=True,
        doc="auto: each rank pinned to its own cores; none: unpinned"),
-    _k("ddp_backend", "choice", choices=("gloo", "ccl", "mpi", "nccl", None), decided=True, worker=True),
-    _k("ipex", "bool", decided=True, worker=True),
-    _k("compile", "bool", decided=True, worker=True),
-    _k("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
-    _k("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
-    _k("batch_size", "int", minimum=1, maximum=MAX_BATCH, decided=True, worker=True),
-    _k("grad_accum_steps", "int", minimum=1, maximum=MAX_ACCUMULATION, decided=True, worker=True),
-    _k("grad_checkpointing", "bool", decided=True, worker=True),
-    _k("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
-    _k("sharding", "choice", choices=("fsdp", "zero3", None), decided=True,
+    Knob("ddp_backend", "choice", choices=("gloo", "ccl", "mpi", "nccl", None), decided=True, worker=True),
+    Knob("ipex", "bool", decided=True, worker=True),
+    Knob("compile", "bool", decided=True, worker=True),
+    Knob("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
+    Knob("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
+    Knob("batch_size", "int", minimum=1, maximum=MAX_BATCH, decided=True, worker=True),
+    Knob("grad_accum_steps", "int", minimum=1, maximum=MAX_ACCUMULATION, decided=True, worker=True),
+    Knob("grad_checkpointing", "bool", decided=True, worker=True),
+    Knob("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
+    Knob("sharding", "choice", choices=("fsdp", "zero3", None), decided=True,
        doc="fsdp: torch FSDP full shard; zero3: DeepSpeed ZeRO-3 (installed); none: every rank holds the whole state"),
-    _k("offload", "bool", decided=True, doc="GPU ranks park the sharded state in host RAM"),
-    _k("dataloader_workers", "int", minimum=0, maximum=MAX_WORKERS, decided=True, worker=True),
-    _k("pin_memory", "bool", decided=True),
-    _k("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
+    Knob("offload", "bool", decided=True, doc="GPU ranks park the sharded state in host RAM"),
+    Knob("dataloader_workers", "int", minimum=0, maximum=MAX_WORKERS, decided=True, worker=True),
+    Knob("pin_memory", "bool", decided=True),
+    Knob("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
     # placement options ---------------------------------------------------------------------------------
-    _k("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
+    Knob("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
     # the built-in loop only -------------------------------------------------------------------------
-    _k("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
-    _k("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),
-    _k("lr", "float", minimum=0.0, worker=True),
-    _k("min_lr_ratio", "float", minimum=0.0, worker=True),
-    _k("weight_decay", "float", minimum=0.0, worker=True),
-    _k("grad_clip", "float", minimum=0.0, worker=True),
-    _k("warmup", "int", minimum=0, worker=True),
-    _k("max_steps", "int", minimum=1, worker=True, nullable=True),
-    _k("time_budget_s", "float", minimum=0.0, worker=True, nullable=True),
-    _k("eval_every", "int", minimum=0, worker=True),
-    _k("eval_batches", "int", minimum=1, worker=True),
-    _k("ckpt_every", "int", minimum=0, worker=True),
-    _k("log_every", "int", minimum=1, worker=True),
-    _k("seed", "int", minimum=0, worker=True),
-    _k("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
-    _k("bpe_merges", "int", minimum=1, worker=True),
-    _k("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
-    _k("confirm_batch", "bool", worker=True),
-    _k("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
+    Knob("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
+    Knob("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),
+    Knob("lr", "float", minimum=0.0, worker=True),
+    Knob("min_lr_ratio", "float", minimum=0.0, worker=True),
+    Knob("weight_decay", "float", minimum=0.0, worker=True),
+    Knob("grad_clip", "float", minimum=0.0, worker=True),
+    Knob("warmup", "int", minimum=0, worker=True),
+    Knob("max_steps", "int", minimum=1, worker=True, nullable=True),
+    Knob("time_budget_s", "float", minimum=0.0, worker=True, nullable=True),
+    Knob("eval_every", "int", minimum=0, worker=True),
+    Knob("eval_batches", "int", minimum=1, worker=True),
+    Knob("ckpt_every", "int", minimum=0, worker=True),
+    Knob("log_every", "int", minimum=1, worker=True),
+    Knob("seed", "int", minimum=0, worker=True),
+    Knob("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
+    Knob("bpe_merges", "int", minimum=1, worker=True),
+    Knob("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
+    Knob("confirm_batch", "bool", worker=True),
+    Knob("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
 )
 
 BY_ID: Dict[str, Knob] = {k.id: k for k in KNOBS}
