@@ -48,7 +48,7 @@ from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
-from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, SetValue, coerce
+from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, coerce
 from cpuperf.probe.facts import Gpu, HostFacts
 from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
@@ -190,7 +190,7 @@ class _Context:
         return self.choose(pin, d.id, d.value, d.reason, d.evidence, d.needs_torch, tuned)
 
 
-def user_constraints(overrides: Optional[Mapping[str, SetValue]]) -> Dict[str, KnobValue]:
+def user_constraints(overrides: Optional[Mapping[str, object]]) -> Dict[str, KnobValue]:
     """--set / --config values for recommend: decisions and `oversubscribe`, typed; anything else exits 2."""
     fixed: Dict[str, KnobValue] = {}
     for key, raw in (overrides or {}).items():
@@ -239,7 +239,7 @@ class RecommendRequest:
     unit: str = "socket"
     device: str = "auto"
     measurements: Optional[Measurements] = None
-    overrides: Optional[Mapping[str, SetValue]] = None
+    overrides: Optional[Mapping[str, object]] = None  # --set / --config values, or a plan's: coerced by their knobs
     environ: Mapping[str, str] = field(default_factory=dict)
     baseline: Optional[Mapping[str, KnobValue]] = None
     ranks_from: Optional[str] = None

@@ -14,6 +14,7 @@ from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 from cpuperf.knowledge.knobs import KnobValue
 
 T = TypeVar("T")
+V_co = TypeVar("V_co", covariant=True)  # a decision's value: a Decision[int] is a Decision[object]
 
 # The closed sets a lever's value is one of: the same values as its knob's choices (cpuperf.knowledge.knobs;
 # tests/test_levers.py keeps the two equal). A lever's value is typed once, where it is decided or read back.
@@ -56,11 +57,11 @@ def as_sharding(value: object) -> Optional[Sharding]:
 
 
 @dataclass(frozen=True)
-class Decision(Generic[T]):
+class Decision(Generic[V_co]):
     """One lever's value, why, and what it was decided from; `overridden`: the user's (--set/--config)."""
 
     id: str
-    value: T
+    value: V_co
     reason: str
     evidence: JsonObject = field(default_factory=dict)
     overridden: bool = False
@@ -104,7 +105,7 @@ class Levers:
             if getattr(self, f.name).id != f.name:
                 raise ValueError(f"the {f.name} lever holds the decision {getattr(self, f.name).id!r}")
 
-    def all(self) -> Tuple[Decision[Any], ...]:
+    def all(self) -> Tuple[Decision[object], ...]:
         """Every lever's decision, in the vocabulary's order (how reports and JSON list them)."""
         return tuple(getattr(self, f.name) for f in fields(self))
 
@@ -176,7 +177,7 @@ class Recommendation:
     split: Optional[BatchSplit] = None  # how cpuperf's ranks share a user's Trainer's global batch
 
     @property
-    def decisions(self) -> Tuple[Decision[Any], ...]:
+    def decisions(self) -> Tuple[Decision[object], ...]:
         """Every decision in the vocabulary's order (reports, JSON)."""
         return self.levers.all()
 
