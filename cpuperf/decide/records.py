@@ -67,7 +67,7 @@ class Decision(Generic[V_co]):
     overridden: bool = False
     needs_torch: bool = False
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
 from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import NOT_IN_JSON, JsonObject, as_json
@@ -242,7 +242,7 @@ def from_hf_config(path: str, batch_size: int = 8) -> Workload:
     return from_config_dict(read.config, path, batch_size)
 
 
-def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) -> Workload:
+def from_config_dict(cfg: Mapping[str, object], where: str, batch_size: int = 8) -> Workload:
     """The shape and parameter count of a Hugging Face model config (GPT-2, Llama, BERT... key names differ)."""
     def pick(*keys: str, default: Optional[int] = None) -> Optional[int]:
         for key in keys:
