@@ -90,9 +90,12 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
             cmd = list(with_rank_step(flagged, edge.python, edge.launcher_python))
     mpi = mpi_flavour(facts)
     saved_env = edge.saved.env if edge.saved is not None and not edge.saved_diffs else None
-    return plan_job(facts, rec, job, environ=edge.environ, rank_command=cmd, settings=settings,
-                    mpi=mpi[1] if (mpi and request.launcher == "mpirun") else None, socket_ifname=edge.socket_ifname,
-                    log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid, hf=hf, yours=yours, planned_env=saved_env)
+    jp = plan_job(facts, rec, job, environ=edge.environ, rank_command=cmd, settings=settings,
+                  mpi=mpi[1] if (mpi and request.launcher == "mpirun") else None, socket_ifname=edge.socket_ifname,
+                  log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid, hf=hf, yours=yours, planned_env=saved_env)
+    from cpuperf.plan.peak_report import reporting_peak
+
+    return reporting_peak(jp, edge.environ)
 
 
 def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Dict[str, Any], nproc: Optional[int],
