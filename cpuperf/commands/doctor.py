@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from cpuperf.errors import ExitCode
+from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.output import Output
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn (fast start-up)
@@ -77,16 +78,21 @@ def _cpu_section(facts: HostFacts) -> Table:
               + (f"; family {cpu.family} model {cpu.model} says {by_model})" if by_model else ")"))
     t.add_row("ISA", " ".join(cpu.isa) or "-")
     t.add_row("bf16 native", "yes" if bf16_native(facts) else "no")
-    data = peak_data(cpu.microarchitecture, cpu.model_name) or {}
-    flops = data.get("flops_per_cycle")
-    gaps = {g["kind"]: g for g in data.get("unsourced", ())}
-    t.add_row("FLOPs/cycle/core", _flops_line(flops, gaps.get("flops_per_cycle")))
-    boost = data.get("boost_clock")
+    data = peak_data(cpu.microarchitecture, cpu.model_name)
+    unsourced = data.get("unsourced")
+    gaps = {str(g["kind"]): g for g in unsourced if isinstance(g, dict)} if isinstance(unsourced, list) else {}
+    t.add_row("FLOPs/cycle/core", _flops_line(_object(data.get("flops_per_cycle")), gaps.get("flops_per_cycle")))
+    boost = _object(data.get("boost_clock"))
     t.add_row("highest rated clock", f"{boost['ghz']:.2f} GHz ({boost['part']})" if boost
               else _gap_line(gaps.get("boost_clock"), "no row"))
     usable = {True: "usable", False: "not usable", None: "unknown"}[cpu.amx_usable]
     t.add_row("AMX", f"supported, {usable}" if cpu.amx_supported else "no")
     return t
+
+
+def _object(value: JsonValue) -> Optional[JsonObject]:
+    """A row of the peak data (knowledge.cpu_peaks.peak_data); None where it has none."""
+    return value if isinstance(value, dict) else None
 
 
 def _gap_line(gap: Optional[Mapping[str, object]], otherwise: str) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import ExitCode, UsageError
+from cpuperf.jsonable import JsonObject
 from cpuperf.output import Output
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool
 
 
 def _probe(out: Output, opts: ClusterOptions, names: Sequence[str],
-           environ: Mapping[str, str]) -> Tuple[List[NodeResult], str, Optional[Dict[str, object]]]:
+           environ: Mapping[str, str]) -> Tuple[List[NodeResult], str, Optional[JsonObject]]:
     from cpuperf.run.nodes import choose_reach, probe_cluster
 
     reach = choose_reach(opts.launcher, hostfile=opts.hostfile is not None, python=opts.python, environ=environ,
@@ -75,7 +76,7 @@ def _probe(out: Output, opts: ClusterOptions, names: Sequence[str],
     return results, reach.transport, collectives
 
 
-def _collectives(out: Output, opts: ClusterOptions, results: Sequence[NodeResult], reach: Reach) -> Optional[Dict[str, object]]:
+def _collectives(out: Output, opts: ClusterOptions, results: Sequence[NodeResult], reach: Reach) -> Optional[JsonObject]:
     """Allreduce across the nodes (all of them reached, each with torch), cached for the DDP choice."""
     from cpuperf.decide.cluster import choose_ddp, hosts_of
     from cpuperf.run.collectives import measure, worker_code

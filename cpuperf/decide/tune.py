@@ -415,7 +415,7 @@ def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, scrip
     slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
     from packaging.version import Version
 
-    from cpuperf.decide.allocator import preloadable
+    from cpuperf.decide.allocator import allocator_rule, preloadable
     from cpuperf.knowledge.bf16 import bf16_native
     from cpuperf.probe.facts import allocator_names
 
@@ -433,9 +433,11 @@ def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, scrip
         else:
             values[lever] = tuple(dict.fromkeys([start.get(lever), *options]))
 
-    ev = rec.levers.dtype.evidence
-    ratio = (f" (GEMM {ev['gemm_fp32_gflops'] / ev['gemm_bf16_gflops']:.0f}x slower measured here)"
-             if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") else "")
+    from cpuperf.decide.records import measured_gemm
+
+    gemm = measured_gemm(rec.levers.dtype.evidence)
+    ratio = (f" (GEMM {gemm[0] / gemm[1]:.0f}x slower measured here)"
+             if gemm else "")
     offer("dtype", ["fp32", "bf16"], None if bf16_native(facts) else
           f"{facts.cpu.microarchitecture} has no native bf16 (avx512_bf16, usable AMX, Arm BF16, POWER10 MMA): emulated "
           f"bf16 runs many times slower than fp32{ratio}, so it is not a candidate")
@@ -465,8 +467,7 @@ def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, scrip
     compile_d = rec.levers.compile
     offer("compile", [True, False], None if compile_d.value else
           f"not tried: {compile_d.reason} (the compile-crossover rule)")
-    never = _table(tuning, "allocator").get("not_with_ranks", [])
-    return Candidates(values, skipped, tuple(str(a) for a in never) if isinstance(never, list) else ())
+    return Candidates(values, skipped, allocator_rule().not_with_ranks)
 
 
 def _table(data: JsonMapping, name: str) -> JsonMapping:
@@ -541,7 +542,7 @@ def _figure(data: JsonMapping, key: str) -> float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
-def tuned_decisions(entry: JsonMapping, what: str) -> Dict[str, Tuple[DecisionValue, str, Dict[str, object]]]:
+def tuned_decisions(entry: JsonMapping, what: str) -> Dict[str, Tuple[DecisionValue, str, JsonObject]]:
     """decision id -> (value, reason, evidence) for each lever a cached tuning decided (moved, or kept against
     every alternative); `what` names where. An undecided lever is left out: the rule decides it."""
     import time
@@ -555,7 +556,7 @@ def tuned_decisions(entry: JsonMapping, what: str) -> Dict[str, Tuple[DecisionVa
     load = _object(entry.get("load"))
     if load.get("under_load"):  # said, as for any measurement; a real --auto run tunes again
         how += f"; taken under load ({load.get('figure') or 'busy CPUs'})"
-    out: Dict[str, Tuple[DecisionValue, str, Dict[str, object]]] = {}
+    out: Dict[str, Tuple[DecisionValue, str, JsonObject]] = {}
     judged = _object(entry.get("judged"))
     for lever, fig in _object(entry.get("levers")).items():
         verdict = judged.get(lever)
@@ -571,7 +572,7 @@ def tuned_decisions(entry: JsonMapping, what: str) -> Dict[str, Tuple[DecisionVa
                      f"({_figure(verdict, 'low'):.2f}-{_figure(verdict, 'high'):.2f}, bar {_figure(verdict, 'bar'):.2f})")
         reason = (f"tuned {what} at {when}: {fig['value']} {figure:.2f} samples/s; alternatives: {alts}"
                   + judged_as + (f"; noise {noise * 100:.0f}%" if isinstance(noise, (int, float)) else "") + how)
-        evidence: Dict[str, object] = {
+        evidence: JsonObject = {
             "tuned": {"lever": lever, "value": fig["value"], "samples_per_s": fig["figure"],
                       "alternatives": dict(alternatives), "noise": noise, "judged": dict(verdict),
                       "measured_at": entry.get("measured_at"), "stopped": entry.get("stopped")}}

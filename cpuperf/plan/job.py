@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
-from cpuperf.decide.records import Recommendation, rank_threads
+from cpuperf.decide.records import Recommendation
+from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import UsageError
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
@@ -90,14 +91,15 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     world = lv.world
     backend = process_group_backend(lv.ddp_backend.value)
     preload = bool(lv.allocator.value) and (request.auto or lv.allocator.overridden)
-    rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
-                             master_addr=request.master_addr, master_port=request.master_port, preload=preload,
-                             threads=rank_threads(lv, request.auto),
-                             # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
-                             allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
-                             socket_ifname=socket_ifname,
-                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
-                             pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value})
+    rt = envplan.runtime_env(facts, rec.placement, envplan.RuntimeEnvRequest(
+        backend=backend, hosts=request.hosts,
+        master_addr=request.master_addr, master_port=request.master_port, preload=preload,
+        threads=rank_threads(lv, request.auto),
+        # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
+        allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
+        socket_ifname=socket_ifname,
+        libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
+        pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value}))
     table = variables()
     keep = {e.name for e in rt.vars} if request.auto else (set(table.names(lever="allocator")) if preload else set())
     if lv.fp32_math_mode.overridden:  # your value, plain or not: its Arm variable goes with it

@@ -855,7 +855,7 @@ def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Optional[
 def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements], environ: Mapping[str, str]) -> Recommendation:
     """The plan's own inputs decided again on this host's facts (--replan), from the measurements planning reads
     (the caller's: a plan never measures) and the environment the caller hands in (none for a recorded host)."""
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import parse_assignments
 
@@ -865,7 +865,7 @@ def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measur
                                 i.get("batch_size"), i.get("steps"), host=facts)
     overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
     overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
-    return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
-                     unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
-                     measurements=measurements, overrides=overrides,
-                     environ=environ)
+    return recommend(facts, workload, RecommendRequest(
+        nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
+        unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
+        measurements=measurements, overrides=overrides, environ=environ))
