@@ -488,7 +488,7 @@ def _decision(raw: JsonValue, index: int) -> Decision[object]:
         try:
             value = coerce(did, "true" if value is True else "false" if value is False else str(value))
         except UsageError as exc:
-            raise ValueError(f"{w} ({did}).value: {exc.message.replace('--set ', '')}") from None
+            raise ValueError(f"{w} ({did}).value: {exc.message}") from None
     given = _value(data, "evidence", w) if "evidence" in data else None
     evidence = None if given is None else _as_object(given, w, "evidence", True)
     flags = [_flag(data, k, w) if k in data else False for k in ("overridden", "needs_torch")]
