@@ -248,7 +248,7 @@ def main(rounds: int = 3, steps: int = 30, batch: int = 8, global_batch: int = 6
     the product's best head to head (gpu-<card>-joint.json)."""
     import tempfile
 
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.probe import probe_host
 
@@ -259,7 +259,7 @@ def main(rounds: int = 3, steps: int = 30, batch: int = 8, global_batch: int = 6
         return 0
     gpu = facts.gpus[0]
     workload = resolve_workload(WORKLOAD, steps=steps, batch_size=global_batch)
-    rec = recommend(facts, workload, nproc_per_node=1, environ={"CUDA_VISIBLE_DEVICES": str(gpu.index)})
+    rec = recommend(facts, workload, RecommendRequest(nproc_per_node=1, environ={"CUDA_VISIBLE_DEVICES": str(gpu.index)}))
     values = {d.id: d.value for d in rec.decisions}
     pruned: List[str] = []
     if joint:

@@ -142,12 +142,13 @@ def _tune_reference(facts: Any, meas: Any, workload: str, size: str, log: Log, b
     point for the built-in model with the allocator the engine decides for this workload's family."""
     from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
-    from cpuperf.decide.recommend import decide_allocator, recommend
+    from cpuperf.decide.allocator import decide_allocator
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.run.tune import bench_point, point_env, rules, tune
 
     plan_wl = resolve_workload(None, None, None, None, steps)
-    rec = recommend(facts, plan_wl, measurements=meas, shape_tuning=False, environ={})
+    rec = recommend(facts, plan_wl, RecommendRequest(measurements=meas, shape_tuning=False, environ={}))
     if rec.levers.device.value != "cpu":
         return Tuned(None, None, False, None, "nothing tuned: the plan trains on a GPU")
     start = dtune.start_point(rec)

@@ -41,3 +41,6 @@ LAUNCHER_RANK_VARS: Tuple[RankVars, ...] = (
 LOCAL_RANK_VARS = tuple(v.local_rank for v in LAUNCHER_RANK_VARS)
 RANK_VARS = tuple(v.rank for v in LAUNCHER_RANK_VARS)
 WORLD_SIZE_VARS = tuple(v.world_size for v in LAUNCHER_RANK_VARS)
+
+# A user's own script on a GPU (train --auto): rank 0 writes its real memory peak here (cpuperf/rank_hook/).
+GPU_PEAK_FILE = "CPUPERF_GPU_PEAK_FILE"

@@ -347,7 +347,11 @@ def _report(out: Output, exc: CpuperfError) -> int:
     """The error line (plus a hint line) on stderr, and the JSON object on stdout with --json.
 
     cpuperf's own messages are printed as written (install's carry pip's error lines on purpose);
-    third-party text is cut to one line where it is caught (_known_failure, the internal-error line)."""
+    third-party text is cut to one line where it is caught (_known_failure, the internal-error line); a pure
+    layer's FieldError is said with the flag the user typed (cpuperf.commands.flags)."""
+    from cpuperf.commands.flags import with_flags
+
+    exc = with_flags(exc)
     if out.json_mode:
         out.json(exc.to_json())
     out.error(exc.message, exc.hint)

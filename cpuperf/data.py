@@ -5,17 +5,20 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
 
 from cpuperf.errors import BadDataError
+
+if TYPE_CHECKING:
+    from cpuperf.jsonable import JsonValue
 
 # Real data files nest 3-4 levels; hundreds of levels is an attack on the parser (RecursionError).
 MAX_DEPTH = 32
 
 
-def too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
+def too_deep(obj: object, limit: int = MAX_DEPTH) -> bool:
     """True when lists/tables nest deeper than `limit` (iterative: never recurses itself)."""
-    stack = [(obj, 1)]
+    stack: List[tuple[object, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
@@ -78,36 +81,41 @@ def load_toml(path: str) -> Dict[str, Any]:
     return parsed
 
 
+# What a remembered parse was made from: the file's path, size, mtime, inode, device, checksum, and the Python.
+Stamp = List[Union[str, int]]
+
+
 # tomllib is pure Python (~1 ms per kB) and ccl-env, which runs in every new shell, reads ~35 kB of TOML: the
 # parsed form is remembered as JSON (parsed in C), checked against the file's size, mtime, inode and checksum
 # (as Python checks a .pyc against its source) and the Python that parsed it.
-def _stamp(path: str, st: os.stat_result, raw: bytes) -> List[Any]:
+def _stamp(path: str, st: os.stat_result, raw: bytes) -> Stamp:
     import sys
     import zlib
 
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, zlib.crc32(raw), sys.version]
 
 
-def _parse_path(stamp: List[Any]) -> Path:
+def _parse_path(path: str) -> Path:
+    """Where the parse of the file at `path` (absolute) is remembered."""
     import zlib
 
     from cpuperf.fsutil import cache_root
 
-    return cache_root() / "compat-parsed" / f"{os.path.basename(stamp[0])}-{zlib.crc32(stamp[0].encode()):08x}.json"
+    return cache_root() / "compat-parsed" / f"{os.path.basename(path)}-{zlib.crc32(path.encode()):08x}.json"
 
 
 _SAID: List[str] = []
 
 
-def _remembered_parse(path: str, stamp: List[Any]) -> Optional[Dict[str, Any]]:
+def _remembered_parse(path: str, stamp: Stamp) -> Optional[Dict[str, JsonValue]]:
     """The remembered parse of this very file, None when there is none (or it is for another version of it).
     Read bounded and without blocking (cpuperf.readback); one that cannot be read is parsed again, said once,
     and replaced by the next remembered parse."""
     from cpuperf.readback import read_json
 
-    where = _parse_path(stamp)
+    where = _parse_path(os.path.abspath(path))
     try:
-        known = read_json(where)
+        known: JsonValue = read_json(where)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:  # a FIFO, a device, too big (InputRefused), not JSON, a key twice
@@ -126,7 +134,7 @@ def _remembered_parse(path: str, stamp: List[Any]) -> Optional[Dict[str, Any]]:
     return data
 
 
-def _digest(data: Dict[str, Any]) -> str:
+def _digest(data: Mapping[str, object]) -> str:
     """sha256 of the data as canonical JSON: what a remembered parse must still be to be used."""
     import hashlib
     import json
@@ -149,7 +157,7 @@ def _say_once(line: str) -> None:
     message(line)
 
 
-def _remember_parse(path: str, stamp: List[Any], data: Dict[str, Any]) -> None:
+def _remember_parse(path: str, stamp: Stamp, data: Mapping[str, object]) -> None:
     import json
 
     from cpuperf.fsutil import atomic_write_bytes
@@ -158,7 +166,7 @@ def _remember_parse(path: str, stamp: List[Any], data: Dict[str, Any]) -> None:
         # TypeError: a date or time (not JSON), ValueError: NaN: such a file is parsed each time.
         text = json.dumps({"stamp": stamp, "data": data, "digest": _digest(data)}, allow_nan=False)
         if json.loads(text)["data"] == data:
-            atomic_write_bytes(_parse_path(stamp), text.encode("utf-8"))
+            atomic_write_bytes(_parse_path(os.path.abspath(path)), text.encode("utf-8"))
     except (OSError, TypeError, ValueError):
         pass  # a read-only cache costs the parse, nothing else
 

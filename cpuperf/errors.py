@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
 
 class ExitCode(enum.IntEnum):
@@ -58,6 +59,63 @@ class CpuperfError(Exception):
 
 class UsageError(CpuperfError, ValueError):
     code = ExitCode.USAGE
+
+
+class FieldError(UsageError):
+    """A value the user gave for one field cannot be used (exit 2), said about the field, never a flag: pure layers
+    raise it, and the command that read the value names the flag the user typed (cpuperf.commands.flags, at the
+    error boundary). Like packaging's InvalidMarker, it knows nothing of a command line.
+
+    `field`: a knob id when `setting` (a `--set` key, the decision vocabulary), else an option's field (`nnodes`,
+    `params`, `master_port`). `template` and `hint_template` are str.format templates: `{typed}` is the field as
+    the user typed it with its value, `{flag}` the field alone, `{value}` the value (`{value!r}` quoted),
+    `{set.KEY}` another --set key and `{opt.FIELD}` another option. Until a command names the flags, `message`
+    reads with the fields' own names (`nnodes 0 must be at least 1`, `dtype=bf17: expected one of ...`)."""
+
+    def __init__(self, field: str, value: object, template: str, hint_template: str | None = None,
+                 setting: bool = False, code: ExitCode | None = None):
+        self.field, self.value, self.setting = field, value, setting
+        self.template, self.hint_template = template, hint_template
+        message, hint = self.render(_plain_spelling)
+        super().__init__(message, hint, code)
+
+    def render(self, spell: Spelling) -> tuple[str, str | None]:
+        """(message, hint) with each field spelled by `spell(field, setting, value)` (value None: the field alone)."""
+        names = {"typed": spell(self.field, self.setting, str(self.value)), "flag": spell(self.field, self.setting, None),
+                 "value": self.value, "set": _Names(spell, True), "opt": _Names(spell, False)}
+        return (self.template.format_map(names),
+                None if self.hint_template is None else self.hint_template.format_map(names))
+
+    def as_option(self) -> FieldError:
+        """The same error about the option of the same name (a value read from `--batch-size`, checked as the
+        `batch_size` setting is)."""
+        return FieldError(self.field, self.value, self.template, self.hint_template, False, self.code)
+
+
+def verbatim(text: object) -> str:
+    """Text put into a FieldError template as it is (a path, a model name): its braces doubled."""
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
+class Spelling(Protocol):
+    def __call__(self, field: str, setting: bool, value: str | None) -> str: ...
+
+
+def _plain_spelling(field: str, setting: bool, value: str | None) -> str:
+    """A field by its own name: `nnodes 0`, `dtype=bf16`, `seq_len`."""
+    if value is None:
+        return field
+    return f"{field}={value}" if setting else f"{field} {value}"
+
+
+class _Names:
+    """`{set.KEY}` / `{opt.FIELD}` in a template: another field, spelled alone."""
+
+    def __init__(self, spell: Spelling, setting: bool):
+        self._spell, self._setting = spell, setting
+
+    def __getattr__(self, field: str) -> str:
+        return self._spell(field, self._setting, None)
 
 
 class IncompatibleHostError(CpuperfError):

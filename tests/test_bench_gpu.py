@@ -10,7 +10,7 @@ from pathlib import Path
 from hosts import FIXTURES, make_host
 
 from benchmarks import gpu as bench
-from cpuperf.decide.recommend import recommend
+from cpuperf.decide.recommend import RecommendRequest, recommend
 from cpuperf.decide.workload import resolve_workload
 from cpuperf.probe import probe_host
 
@@ -33,7 +33,7 @@ def test_card_slug() -> None:
 def _values(tmp_path, monkeypatch, card: str) -> dict:
     facts = recorded_facts(tmp_path, monkeypatch, card)
     w = resolve_workload(bench.WORKLOAD, steps=30, batch_size=64)
-    return {d.id: d.value for d in recommend(facts, w, nproc_per_node=1).decisions}
+    return {d.id: d.value for d in recommend(facts, w, RecommendRequest(nproc_per_node=1)).decisions}
 
 
 def test_configs_for_an_h100_sweep_the_decided_knobs(tmp_path, monkeypatch) -> None:

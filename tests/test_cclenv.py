@@ -93,7 +93,7 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
     from hosts import fixture_host
 
     from cpuperf.decide.backend import cpu_backend, recorded_backend
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import PRESETS
     from cpuperf.plan.environment import decisions_of
 
@@ -107,13 +107,13 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
     assert recorded_backend("ccl", {}, "why").name == "ccl"
     assert recorded_backend(None, {"several_ranks": "gloo", "several_ranks_reason": "r"}, "one rank")[:2] == ("gloo", "r")
     assert recorded_backend("nccl", {}, "NCCL for NVIDIA GPUs") is None
-    rec = recommend(arm, PRESETS["tiny"], nproc_per_node=2, device="cpu", overrides={"oversubscribe": True})
+    rec = recommend(arm, PRESETS["tiny"], RecommendRequest(nproc_per_node=2, device="cpu", overrides={"oversubscribe": True}))
     assert decisions_of(arm, rec).backend == cpu_backend(arm, rec.stack, None)
     nccl = dataclasses.replace(rec.levers.ddp_backend, value="nccl", evidence={})
     gpu_plan = dataclasses.replace(rec, levers=dataclasses.replace(rec.levers, ddp_backend=nccl))
     assert decisions_of(arm, gpu_plan).backend == cpu_backend(arm, rec.stack, None)
     # one rank records what several would use by the same rule, so ccl-env gives one reason on either count
-    one = recommend(arm, PRESETS["tiny"], nproc_per_node=1, device="cpu")
+    one = recommend(arm, PRESETS["tiny"], RecommendRequest(nproc_per_node=1, device="cpu"))
     assert decisions_of(arm, one).backend == cpu_backend(arm, one.stack, None)
     assert decisions_of(arm, gpu_plan).backend.name == "gloo"
 
@@ -121,11 +121,10 @@ def test_one_backend_rule_and_a_recorded_decision_read_back(tmp_path):
 def test_runtime_env_ccl_two_sockets_workers_domains_and_rendezvous(host2):
     facts = probe_host(sysroot=host2, software=False)
     placement = plan_placement(facts, 2, ccl=True)
-    env = envplan.runtime_env(facts, placement, backend="ccl", mpi="intelmpi", environ={},
-                              threads=placement.threads_per_rank)
+    env = envplan.runtime_env(facts, placement, envplan.RuntimeEnvRequest(backend="ccl", mpi="intelmpi", environ={}, threads=placement.threads_per_rank))
     got = {v.name: v.value for v in env.vars}
     assert got["OMP_NUM_THREADS"] == "12" and got["CCL_WORKER_COUNT"] == "4"
-    unset = envplan.runtime_env(facts, placement, backend="ccl", mpi="intelmpi", environ={}, threads=None)
+    unset = envplan.runtime_env(facts, placement, envplan.RuntimeEnvRequest(backend="ccl", mpi="intelmpi", environ={}, threads=None))
     assert "OMP_NUM_THREADS" not in {v.name for v in unset.vars}  # no count decided: torch's own stands
     assert got["CCL_WORKER_AFFINITY"] == "0,1,2,3,16,17,18,19"
     assert got["I_MPI_PIN_DOMAIN"] == f"[{hex(0xfff0)},{hex(0xfff0 << 16)}]"
@@ -137,12 +136,12 @@ def test_runtime_env_ccl_two_sockets_workers_domains_and_rendezvous(host2):
 def test_kmp_only_with_libiomp5_preloaded(host2):
     facts = probe_host(sysroot=host2, software=False)
     one = plan_placement(facts, 1)
-    plain = envplan.runtime_env(facts, one, backend="gloo", environ={})
+    plain = envplan.runtime_env(facts, one, envplan.RuntimeEnvRequest(backend="gloo", environ={}))
     assert not any(v.name.startswith("KMP_") for v in plain.vars)
-    iomp = envplan.runtime_env(facts, one, backend="gloo", environ={"LD_PRELOAD": "/opt/lib/libiomp5.so"})
+    iomp = envplan.runtime_env(facts, one, envplan.RuntimeEnvRequest(backend="gloo", environ={"LD_PRELOAD": "/opt/lib/libiomp5.so"}))
     assert {v.name for v in iomp.vars} >= {"KMP_AFFINITY", "KMP_BLOCKTIME"}
     libs = envplan.Libraries(openmp={"iomp": ("/x/libiomp5.so",)}, allocators={"tcmalloc": ("/x/libtcmalloc.so.4",)})
-    pre = envplan.runtime_env(facts, one, backend="gloo", environ={}, preload=True, libraries=libs)
+    pre = envplan.runtime_env(facts, one, envplan.RuntimeEnvRequest(backend="gloo", environ={}, preload=True, libraries=libs))
     got = {v.name: v for v in pre.vars}
     assert got["LD_PRELOAD"].value == "/x/libiomp5.so:/x/libtcmalloc.so.4" and got["LD_PRELOAD"].kind == "prepend"
     assert "KMP_AFFINITY" in got
@@ -153,13 +152,13 @@ def test_preload_without_a_decision_keeps_the_multi_rank_rule(host2):
     at exit (compat/tuning.toml [allocator] not_with_ranks): the rule recommend decides by, here too."""
     facts = probe_host(sysroot=host2, software=False)
     libs = envplan.Libraries(allocators={"mimalloc": ("/x/libmimalloc.so",)})
-    one = envplan.runtime_env(facts, plan_placement(facts, 1), backend="gloo", environ={}, preload=True, libraries=libs)
+    one = envplan.runtime_env(facts, plan_placement(facts, 1), envplan.RuntimeEnvRequest(backend="gloo", environ={}, preload=True, libraries=libs))
     assert {v.name: v.value for v in one.vars}["LD_PRELOAD"] == "/x/libmimalloc.so"
-    two = envplan.runtime_env(facts, plan_placement(facts, 2), backend="gloo", environ={}, preload=True, libraries=libs)
+    two = envplan.runtime_env(facts, plan_placement(facts, 2), envplan.RuntimeEnvRequest(backend="gloo", environ={}, preload=True, libraries=libs))
     assert "LD_PRELOAD" not in {v.name for v in two.vars}
     assert any("mimalloc aborted jobs of 2 ranks" in n for n in two.notes), two.notes
     both = envplan.Libraries(allocators={"mimalloc": ("/x/libmimalloc.so",), "jemalloc": ("/x/libjemalloc.so.2",)})
-    two = envplan.runtime_env(facts, plan_placement(facts, 2), backend="gloo", environ={}, preload=True, libraries=both)
+    two = envplan.runtime_env(facts, plan_placement(facts, 2), envplan.RuntimeEnvRequest(backend="gloo", environ={}, preload=True, libraries=both))
     assert {v.name: v.value for v in two.vars}["LD_PRELOAD"] == "/x/libjemalloc.so.2"
 
 
@@ -167,16 +166,16 @@ def test_multi_node_master_and_interface(host2):
     facts = probe_host(sysroot=host2, software=False)
     placement = plan_placement(facts, 2)
     hosts = envplan_hosts("node07 slots=2\nnode08 slots=2\n")
-    env = envplan.runtime_env(facts, placement, backend="gloo", hosts=hosts, socket_ifname="eth1", environ={})
+    env = envplan.runtime_env(facts, placement, envplan.RuntimeEnvRequest(backend="gloo", hosts=hosts, socket_ifname="eth1", environ={}))
     got = {v.name: v.value for v in env.vars}
     assert got["MASTER_ADDR"] == "node07" and got["GLOO_SOCKET_IFNAME"] == "eth1" and env.nnodes == 2
-    unknown = envplan.runtime_env(facts, placement, backend="gloo", hosts=hosts, environ={})
+    unknown = envplan.runtime_env(facts, placement, envplan.RuntimeEnvRequest(backend="gloo", hosts=hosts, environ={}))
     assert "GLOO_SOCKET_IFNAME" not in {v.name for v in unknown.vars}
     assert any("GLOO_SOCKET_IFNAME" in n for n in unknown.notes)
     with pytest.raises(UsageError):
-        envplan.runtime_env(facts, placement, backend="gloo", nnodes=2, environ={})  # no address at all
+        envplan.runtime_env(facts, placement, envplan.RuntimeEnvRequest(backend="gloo", nnodes=2, environ={}))  # no address at all
     with pytest.raises(UsageError):
-        envplan.runtime_env(facts, placement, backend="gloo", master_addr="$(reboot)", environ={})
+        envplan.runtime_env(facts, placement, envplan.RuntimeEnvRequest(backend="gloo", master_addr="$(reboot)", environ={}))
     with pytest.raises(UsageError):
         envplan.check_port(70000)
 
@@ -628,7 +627,7 @@ def test_remembered_decisions_are_keyed_by_the_facts_and_end_with_their_measurem
     known = json.loads(entry.read_text())
     for slot in known["value"]["placement"]["slots"]:
         slot["threads"] = 3
-    known["value"]["threads"] = 3  # the one count each rank runs with (decide.records.rank_threads)
+    known["value"]["threads"] = 3  # the one count each rank runs with (decide.threads.rank_threads)
     entry.write_text(json.dumps(known))  # what a run remembered is what the next one renders
     assert ccl_json(["--sysroot", str(host), "--nproc-per-node", "2"], env)["env"]["OMP_NUM_THREADS"] == "3"
     entry.write_text(json.dumps({**known, "until": 1.0}))  # the measurement it was decided from has expired

@@ -8,8 +8,8 @@ import json
 import pytest
 from hosts import make_host
 
-from cpuperf.decide.recommend import recommend
-from cpuperf.decide.records import rank_threads
+from cpuperf.decide.recommend import RecommendRequest, recommend
+from cpuperf.decide.threads import rank_threads
 from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import UsageError
 from cpuperf.plan.launch import (
@@ -86,7 +86,7 @@ def test_open_mpi_and_intel_mpi_argv_differ(tmp_path, monkeypatch):
 
 def test_more_ranks_than_cores_oversubscribes_open_mpi(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, mpi="openmpi", sockets=1, cores_per_socket=2)
-    rec = recommend(facts, PRESETS["micro"], nproc_per_node=2)
+    rec = recommend(facts, PRESETS["micro"], RecommendRequest(nproc_per_node=2))
     p = plan_launch(facts, rec.placement, rank_command=CMD, launcher="mpirun", euid=0)
     assert "--oversubscribe" not in p.argv
     from cpuperf.decide.placement import Placement
@@ -107,7 +107,7 @@ def test_mpirun_without_mpi_is_a_launch_error(tmp_path, monkeypatch):
 
 def test_slurm_allocation_uses_srun_and_first_node_as_master(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=4)
-    rec = recommend(facts, PRESETS["micro"], nnodes=2)
+    rec = recommend(facts, PRESETS["micro"], RecommendRequest(nnodes=2))
     environ = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "cn[007-008]"}
     p = plan_launch(facts, rec.placement, rank_command=CMD, environ=environ, python="py", nnodes=2,
                     slurm=slurm_facts(environ))
@@ -128,7 +128,7 @@ def test_nodelist_expansion():
 def test_hostfile_torchrun_multi_node_uses_first_host_as_rendezvous(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=1, cores_per_socket=4)
     hosts = parse_hostfile_text("10.99.0.1 slots=1\n10.99.0.2 slots=1\n")
-    rec = recommend(facts, PRESETS["micro"], nnodes=2)
+    rec = recommend(facts, PRESETS["micro"], RecommendRequest(nnodes=2))
     env = [_v("MASTER_ADDR", "10.99.0.1"), _v("MASTER_PORT", "29555")]
     p = plan_launch(facts, rec.placement, rank_command=CMD, hosts=hosts, nnodes=2, node_rank=1, env_vars=env,
                     local_addr="10.99.0.2", python="py")
@@ -146,7 +146,7 @@ def test_hostfile_torchrun_multi_node_uses_first_host_as_rendezvous(tmp_path, mo
 def test_node_rank_out_of_range(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, sockets=1, cores_per_socket=2)
     hosts = parse_hostfile_text("a\nb\n")
-    rec = recommend(facts, PRESETS["micro"], nnodes=2)
+    rec = recommend(facts, PRESETS["micro"], RecommendRequest(nnodes=2))
     with pytest.raises(UsageError):
         plan_launch(facts, rec.placement, rank_command=CMD, hosts=hosts, nnodes=2, node_rank=2,
                     env_vars=[_v("MASTER_ADDR", "a")])

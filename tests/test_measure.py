@@ -161,7 +161,7 @@ def test_bench_reuses_a_trusted_entry_and_refresh_measures_again(tmp_path, monke
 
 def test_compile_figures_are_per_model_kept_across_benches_and_validated(tmp_path, monkeypatch):
     """A bench of one model's compile keeps the others'; the engine decides each model from its own."""
-    from cpuperf.decide.recommend import model_key, recommend
+    from cpuperf.decide.recommend import RecommendRequest, model_key, recommend
     from cpuperf.decide.workload import PRESETS, resolve_workload
 
     monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
@@ -174,9 +174,9 @@ def test_compile_figures_are_per_model_kept_across_benches_and_validated(tmp_pat
     assert set(data["compile_by_model"]) == {model_key(tiny), model_key(micro)}
     meas = measure.load_cached(facts)
     # 40 s / (0.5 s x (1 - 1/1.25)) = 400 steps to pay back.
-    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), measurements=meas).levers.compile
+    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), RecommendRequest(measurements=meas)).levers.compile
     assert long_tiny.value is True and long_tiny.evidence["crossover_steps"] == 400 and "1000" in long_tiny.reason
-    assert recommend(facts, resolve_workload("micro", steps=1000), measurements=meas).levers.compile.value is False
+    assert recommend(facts, resolve_workload("micro", steps=1000), RecommendRequest(measurements=meas)).levers.compile.value is False
     # A non-positive figure is no figure: that model's entry is dropped alone, the rest stands.
     path = measure.save(facts, _steady(compile_by_model={model_key(tiny): {**entry, "speedup": -1}}))
     data, _ = measure.read_cached(facts)

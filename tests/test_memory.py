@@ -8,7 +8,7 @@ import pytest
 from cli_util import run_cli
 from hosts import make_host
 
-from cpuperf.decide.recommend import recommend
+from cpuperf.decide.recommend import RecommendRequest, recommend
 from cpuperf.decide.workload import resolve_workload
 from cpuperf.errors import IncompatibleHostError
 from cpuperf.probe import probe_host
@@ -49,7 +49,7 @@ def test_too_big_for_the_host_exits_3_with_the_figures(tmp_path, monkeypatch):
 def test_cpu_ranks_shard_and_never_offload(tmp_path, monkeypatch):
     # 4 nodes x 1 rank, 24 GiB installed each: 3B with AdamW (48 GB of state) fits only sharded (12 GB a rank).
     facts = _host(tmp_path, monkeypatch, 24)
-    rec = recommend(facts, resolve_workload(params="3B"), nnodes=4)
+    rec = recommend(facts, resolve_workload(params="3B"), RecommendRequest(nnodes=4))
     assert rec.levers.sharding.value == "fsdp" and rec.levers.offload.value is False
     assert rec.levers.optimizer.value in ("adamw", "adamw_fused")  # the family is kept: sharding comes first
     assert rec.levers.zero.value is None  # no DeepSpeed plan unless you choose ZeRO-3
@@ -65,7 +65,7 @@ def test_the_optimizer_family_changes_only_when_you_ask(tmp_path, monkeypatch):
         recommend(facts, w)
     hint = err.value.hint or ""
     assert "--set optimizer=adafactor" in hint and "--nnodes" in hint
-    rec = recommend(facts, w, overrides={"optimizer": "adafactor"})
+    rec = recommend(facts, w, RecommendRequest(overrides={"optimizer": "adafactor"}))
     assert rec.levers.optimizer.value == "adafactor" and rec.levers.optimizer.overridden
     ev = rec.levers.batch_size.evidence
     assert ev["per_rank_bytes"] <= ev["budget_bytes"]
@@ -74,7 +74,7 @@ def test_the_optimizer_family_changes_only_when_you_ask(tmp_path, monkeypatch):
 @pytest.mark.parametrize("global_batch, world, micro, accum", [(100, 1, 100, 1), (100, 4, 25, 1), (12, 1, 12, 1)])
 def test_the_global_batch_is_kept_exactly(tmp_path, monkeypatch, global_batch, world, micro, accum):
     facts = _host(tmp_path, monkeypatch, 48, sockets=world, cores_per_socket=1)
-    rec = recommend(facts, resolve_workload("micro", batch_size=global_batch), nproc_per_node=world)
+    rec = recommend(facts, resolve_workload("micro", batch_size=global_batch), RecommendRequest(nproc_per_node=world))
     lv = rec.levers
     assert lv.batch_size.value * lv.grad_accum_steps.value * world == global_batch
     assert (lv.batch_size.value, lv.grad_accum_steps.value) == (micro, accum)
@@ -85,9 +85,9 @@ def test_an_optimizer_whose_package_is_missing_is_refused(tmp_path, monkeypatch)
 
     facts = _host(tmp_path, monkeypatch, 48)  # torch only: no bitsandbytes
     with pytest.raises(UsageError, match="bitsandbytes"):
-        recommend(facts, resolve_workload("micro"), overrides={"optimizer": "adamw_8bit"})
+        recommend(facts, resolve_workload("micro"), RecommendRequest(overrides={"optimizer": "adamw_8bit"}))
     with pytest.raises(UsageError, match="DeepSpeed"):
-        recommend(facts, resolve_workload("micro"), overrides={"sharding": "zero3"})
+        recommend(facts, resolve_workload("micro"), RecommendRequest(overrides={"sharding": "zero3"}))
 
 
 @pytest.mark.parametrize("params", ["7B", "13B", "70B"])

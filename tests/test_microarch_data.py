@@ -8,7 +8,7 @@ from cli_util import run_cli, run_json
 from hosts import CPUINFO, fixture_host, make_host, write
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.recommend import Measurements, recommend
+from cpuperf.decide.recommend import Measurements, RecommendRequest, recommend
 from cpuperf.decide.workload import PRESETS
 from cpuperf.knowledge.cpu_peaks import hardware_peak
 from cpuperf.probe import probe_host
@@ -304,14 +304,14 @@ def test_arm_dtype_evidence_is_arm_features(tmp_path):
     assert "avx512_bf16" not in d.evidence and "amx_bf16" not in d.evidence
     assert "Arm BF16" in d.reason and "fp32 kept" in d.reason and "cpuperf bench" in d.reason
     fast = Measurements(gemm_fp32_gflops=100.0, gemm_bf16_gflops=300.0, source="recorded")
-    d = recommend(facts, PRESETS["tiny"], measurements=fast).levers.dtype
+    d = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=fast)).levers.dtype
     assert d.value == "bf16" and "3.00x" in d.reason and "Arm BF16" in d.reason
 
 
 def test_arm_without_bf16_keeps_fp32_even_when_a_measurement_looks_fast(tmp_path):
     facts = probe_host(sysroot=str(_arm_host(tmp_path, "fp asimd evtstrm aes pmull sha1 sha2 crc32 asimddp")))
     fast = Measurements(gemm_fp32_gflops=100.0, gemm_bf16_gflops=300.0, source="recorded")
-    d = recommend(facts, PRESETS["tiny"], measurements=fast).levers.dtype
+    d = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=fast)).levers.dtype
     assert d.value == "fp32" and d.evidence["bf16"] is False and "no Arm BF16" in d.reason
 
 

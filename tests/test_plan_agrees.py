@@ -10,7 +10,7 @@ from cli_util import run_cli
 from hosts import make_host
 
 from cpuperf.decide import runtime_env as envplan
-from cpuperf.decide.recommend import recommend
+from cpuperf.decide.recommend import RecommendRequest, recommend
 from cpuperf.decide.workload import PRESETS
 from cpuperf.plan.environment import EnvRequest, decisions_from_json, decisions_of, decisions_to_json, plan_env
 from cpuperf.probe import probe_host
@@ -41,7 +41,7 @@ def test_no_pinning_reaches_intel_mpi(tmp_path, monkeypatch):
     monkeypatch.setenv("CPUPERF_OVERRIDE_HYPERVISOR", "1")  # a virtual machine (the suite's default is bare metal)
     root = make_host(tmp_path / "vm", sockets=1, cores_per_socket=4, flags=("avx2", "fma", "hypervisor"))
     facts = probe_host(sysroot=str(root))
-    rec = recommend(facts, PRESETS["micro"], nproc_per_node=2, device="cpu")
+    rec = recommend(facts, PRESETS["micro"], RecommendRequest(nproc_per_node=2, device="cpu"))
     assert rec.levers.affinity.value is None, rec.levers.affinity.reason
     decided = decisions_of(facts, rec)
     assert decided.pin is False and decisions_from_json(decisions_to_json(decided)).pin is False
@@ -49,7 +49,7 @@ def test_no_pinning_reaches_intel_mpi(tmp_path, monkeypatch):
     env, _ = plan_env(facts, decided, request, {})
     names = {v.name: v.value for v in env}
     assert names.get("I_MPI_PIN") == "0" and "I_MPI_PIN_DOMAIN" not in names
-    pinned = envplan.runtime_env(facts, rec.placement, backend="gloo", mpi="intelmpi", environ={})
+    pinned = envplan.runtime_env(facts, rec.placement, envplan.RuntimeEnvRequest(backend="gloo", mpi="intelmpi", environ={}))
     assert "I_MPI_PIN_DOMAIN" in {v.name for v in pinned.vars}  # the same ranks, pinned where the plan pins
 
 

@@ -32,6 +32,8 @@ import pytest
 from host_classes import CLASSES, TRAINER_SCRIPT, HostClass
 from host_classes import planning_env as _env
 
+from cpuperf.plan.peak_report import HOOK_DIR
+
 GOLDEN = Path(__file__).parent / "fixtures" / "plans"
 UPDATE = os.environ.get("CPUPERF_UPDATE_GOLDEN") == "1"
 # The requests, by name: (the options, which commands take them). ccl-env has no --set or --model.
@@ -66,9 +68,10 @@ def _golden(cls: HostClass, command: str, request: str) -> Path:
 
 
 def _normalise(text: str, root: Path) -> str:
-    """Replace what depends on where the test runs (its temporary directory, this interpreter), nothing else."""
+    """Replace what depends on where the test runs (its temporary directory, this interpreter, this checkout), nothing
+    else."""
     places = {str(root): "<TMP>", os.path.realpath(root): "<TMP>", sys.executable: "<PYTHON>",
-              os.path.realpath(sys.executable): "<PYTHON>",
+              os.path.realpath(sys.executable): "<PYTHON>", HOOK_DIR: "<CPUPERF>/rank_hook",
               json.dumps(sys.prefix): '"<PREFIX>"'}  # whole JSON strings only: a prefix may be as short as /usr
     for place in sorted(places, key=len, reverse=True):
         text = text.replace(place, places[place])

@@ -8,7 +8,7 @@ import os
 import pytest
 from hosts import fixture_host, make_host
 
-from cpuperf.decide.recommend import Measurements, recommend
+from cpuperf.decide.recommend import Measurements, RecommendRequest, recommend
 from cpuperf.decide.workload import PRESETS, resolve_workload
 from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.knowledge.knobs import parse_assignments as parse_sets
@@ -35,7 +35,7 @@ def test_sapphire_rapids_gets_bf16_with_amx(tmp_path, monkeypatch):
     # torch 2.13 offers the oneDNN bf16 math mode; it changes fp32 results, so it is named, applied only when set
     assert rec.levers.fp32_math_mode.value is None and "--set fp32_math_mode=bf16" in rec.levers.fp32_math_mode.reason
     assert rec.levers.fp32_math_mode.evidence["would_be"] == "bf16"
-    assert recommend(facts, PRESETS["tiny"], overrides={"fp32_math_mode": "bf16"}).levers.fp32_math_mode.value == "bf16"
+    assert recommend(facts, PRESETS["tiny"], RecommendRequest(overrides={"fp32_math_mode": "bf16"})).levers.fp32_math_mode.value == "bf16"
     assert rec.levers.tf32.value is False
 
 
@@ -91,11 +91,11 @@ def test_bf16_you_set_on_an_arm_bf16_host_is_not_called_emulated(tmp_path, monke
     monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", NEW_TORCH)
     facts = probe_host(sysroot=str(fixture_host(tmp_path, "linux-amazon-neoverse_v1")))
     assert "bf16" in facts.cpu.isa
-    rec = recommend(facts, PRESETS["tiny"], overrides={"dtype": "bf16"})
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(overrides={"dtype": "bf16"}))
     assert not any("without native bf16" in n for n in rec.notes), rec.notes
     zen3 = facts_for(tmp_path / "z", monkeypatch, vendor="AuthenticAMD", family=25, model=1,
                      flags=["fpu", "sse4_2", "avx", "avx2", "fma", "f16c"])
-    assert any("without native bf16" in n for n in recommend(zen3, PRESETS["tiny"], overrides={"dtype": "bf16"}).notes)
+    assert any("without native bf16" in n for n in recommend(zen3, PRESETS["tiny"], RecommendRequest(overrides={"dtype": "bf16"})).notes)
 
 
 def test_container_limited_to_four_cpus_gets_four_threads(tmp_path, monkeypatch):
@@ -110,15 +110,15 @@ def test_container_limited_to_four_cpus_gets_four_threads(tmp_path, monkeypatch)
 def test_measured_slow_bf16_is_vetoed(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, vendor="AuthenticAMD", family=25, model=17, flags=ZEN4)
     slow = Measurements(gemm_fp32_gflops=240.0, gemm_bf16_gflops=50.0, source="recorded")
-    rec = recommend(facts, PRESETS["tiny"], measurements=slow)
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=slow))
     assert rec.levers.dtype.value == "fp32" and "measured" in rec.levers.dtype.reason
     fast = Measurements(gemm_fp32_gflops=240.0, gemm_bf16_gflops=900.0, source="recorded")
-    assert recommend(facts, PRESETS["tiny"], measurements=fast).levers.dtype.value == "bf16"
+    assert recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=fast)).levers.dtype.value == "bf16"
 
 
 def test_allocator_only_when_measured_better(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch)
-    rec = recommend(facts, PRESETS["tiny"], measurements=Measurements(allocator_speedup={"tcmalloc": 1.2}))
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=Measurements(allocator_speedup={"tcmalloc": 1.2})))
     assert rec.levers.allocator.value is None  # a snapshot has no libraries to preload
 
 
@@ -132,20 +132,20 @@ def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
     meas = Measurements(compile_by_model={model_key(short): {"compile_seconds": 50.0, "step_seconds": 0.8,
                                                              "speedup": 1.1, "batch": short.batch_size}},
                         source="recorded")
-    rec = recommend(facts, short, measurements=meas)
+    rec = recommend(facts, short, RecommendRequest(measurements=meas))
     d = rec.levers.compile
     assert rec.levers.compile.value is False and d.evidence["crossover_steps"] == 688, (batch, d)
     assert "pays back after 688 steps" in d.reason and "only 30" in d.reason
     long = resolve_workload("tiny", steps=100_000)
-    assert recommend(facts, long, measurements=meas).levers.compile.value is True
+    assert recommend(facts, long, RecommendRequest(measurements=meas)).levers.compile.value is True
     # A measurement of another model is not this model's: assumed (no CPU gain), never compiled.
     other = resolve_workload("micro", steps=100_000)
-    d = recommend(facts, other, measurements=meas).levers.compile
+    d = recommend(facts, other, RecommendRequest(measurements=meas)).levers.compile
     assert d.value is False and d.evidence["measured"] == "assumed" and d.evidence["crossover_steps"] is None
     # No steady gain measured: never pays, whatever the length.
     slow = Measurements(compile_by_model={model_key(long): {"compile_seconds": 50.0, "step_seconds": 0.8,
                                                             "speedup": 0.97, "batch": 16}})
-    assert recommend(facts, long, measurements=slow).levers.compile.value is False
+    assert recommend(facts, long, RecommendRequest(measurements=slow)).levers.compile.value is False
 
 
 def test_train_auto_measures_compile_only_for_runs_long_enough(tmp_path, monkeypatch):
@@ -193,9 +193,9 @@ def test_recorded_gpus(tmp_path, monkeypatch, card):
 
 def test_cuda_visible_devices_is_respected(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch, packages=CUDA_TORCH, gpus=[GPUS["a100"]] * 4)
-    rec = recommend(facts, PRESETS["tiny"], environ={"CUDA_VISIBLE_DEVICES": "1,3"})
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(environ={"CUDA_VISIBLE_DEVICES": "1,3"}))
     assert rec.levers.nproc_per_node.value == 2
-    rec = recommend(facts, PRESETS["tiny"], environ={"CUDA_VISIBLE_DEVICES": ""})
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(environ={"CUDA_VISIBLE_DEVICES": ""}))
     assert rec.levers.device.value == "cpu"
 
 
@@ -215,13 +215,13 @@ def test_huge_model_gets_sharded_offload_on_gpu_only_where_host_ram_holds_it(tmp
 
 def test_overrides_are_applied_and_marked(tmp_path, monkeypatch):
     facts = facts_for(tmp_path, monkeypatch)
-    rec = recommend(facts, PRESETS["tiny"], overrides=parse_sets(["dtype=bf16", "threads_per_rank=1"]))
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(overrides=parse_sets(["dtype=bf16", "threads_per_rank=1"])))
     assert rec.levers.dtype.value == "bf16" and rec.levers.dtype.overridden
     assert rec.levers.threads_per_rank.value == 1
     with pytest.raises(UsageError):
         parse_sets(["colour=blue"])
     with pytest.raises(UsageError):
-        recommend(facts, PRESETS["tiny"], overrides={"dtype": "fp8"})
+        recommend(facts, PRESETS["tiny"], RecommendRequest(overrides={"dtype": "fp8"}))
 
 
 def test_this_host(monkeypatch):
@@ -234,7 +234,7 @@ def test_this_host(monkeypatch):
     cores = min(len(os.sched_getaffinity(0)), facts.topology.physical_cores)
     if facts.topology.sockets == 1 and facts.topology.cpu_quota is None:
         assert rec.levers.threads_per_rank.value == cores
-    rec2 = recommend(facts, PRESETS["tiny"], nproc_per_node=2) if cores >= 2 else None
+    rec2 = recommend(facts, PRESETS["tiny"], RecommendRequest(nproc_per_node=2)) if cores >= 2 else None
     if rec2 is not None:
         assert rec2.levers.ddp_backend.value in ("gloo", "ccl")
 
@@ -249,10 +249,10 @@ def test_allocator_needs_a_gain_that_hurts_no_workload(monkeypatch):
     facts = replace(facts, software=sw, gpus=())
     helps = Measurements(allocator_speedup={"tcmalloc": 1.15, "tcmalloc_by_workload": {"lm": 1.04, "mlp": 1.27},
                                             "jemalloc": 0.82, "jemalloc_by_workload": {"lm": 0.8, "mlp": 0.84}})
-    assert recommend(facts, PRESETS["tiny"], measurements=helps).levers.allocator.value == "tcmalloc"
+    assert recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=helps)).levers.allocator.value == "tcmalloc"
     mixed = Measurements(allocator_speedup={"tcmalloc": 1.05, "tcmalloc_by_workload": {"lm": 0.9, "mlp": 1.22}})
-    assert recommend(facts, PRESETS["tiny"], measurements=mixed).levers.allocator.value is None
-    unmeasured = recommend(facts, PRESETS["tiny"], measurements=Measurements())
+    assert recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=mixed)).levers.allocator.value is None
+    unmeasured = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=Measurements()))
     assert unmeasured.levers.allocator.value is None and "unmeasured" in unmeasured.levers.allocator.reason
 
 
@@ -261,7 +261,7 @@ def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
     (compat/tuning.toml not_with_ranks): one rank gets it, several ranks the next measured allocator or none."""
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import decide_allocator
+    from cpuperf.decide.allocator import decide_allocator
 
     facts = probe_host()
     if facts.software is None:
@@ -278,9 +278,9 @@ def test_an_allocator_that_aborts_multi_rank_jobs_is_kept_out_of_them():
     picked = decide_allocator(facts, both, False, "lm", world=2)
     assert picked.value == "tcmalloc" and "not mimalloc" in picked.reason
     # Through the engine: the ranks of the plan decide it.
-    two = recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 2})
+    two = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=only_mi, overrides={"nproc_per_node": 2}))
     assert two.levers.allocator.value is None
-    assert recommend(facts, PRESETS["tiny"], measurements=only_mi, overrides={"nproc_per_node": 1}).levers.allocator.value == "mimalloc"
+    assert recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=only_mi, overrides={"nproc_per_node": 1})).levers.allocator.value == "mimalloc"
 
 
 
@@ -291,7 +291,7 @@ def test_a_launcher_whose_rank_count_is_unknown_gets_no_allocator_unsafe_with_se
     started. Unknown counts as possibly several."""
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import decide_allocator
+    from cpuperf.decide.allocator import decide_allocator
 
     facts = probe_host()
     if facts.software is None:
@@ -302,8 +302,7 @@ def test_a_launcher_whose_rank_count_is_unknown_gets_no_allocator_unsafe_with_se
     d = decide_allocator(facts, only_mi, False, "lm", world=1, ranks_unknown=True)
     assert d.value is None and "rank count is unknown" in d.reason and d.evidence["not_with_ranks"]["world"] is None
     assert decide_allocator(facts, only_mi, False, "lm", world=1).value == "mimalloc"  # one known rank: preloaded
-    rec = recommend(facts, PRESETS["tiny"], measurements=only_mi, nproc_per_node=1, ranks_from="your launcher: x",
-                    ranks_unknown=True)
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=only_mi, nproc_per_node=1, ranks_from="your launcher: x", ranks_unknown=True))
     assert rec.levers.allocator.value is None
 
 def test_a_bf16_plan_reads_the_allocator_measured_in_bf16():
@@ -313,7 +312,7 @@ def test_a_bf16_plan_reads_the_allocator_measured_in_bf16():
     sweep's best)."""
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import decide_allocator
+    from cpuperf.decide.allocator import decide_allocator
 
     facts = probe_host()
     if facts.software is None:
@@ -330,9 +329,9 @@ def test_a_bf16_plan_reads_the_allocator_measured_in_bf16():
     kept = decide_allocator(facts, old, False, "lm", world=1, dtype="bf16")
     assert kept.value is None and "in fp32 (not measured in bf16 here)" in kept.reason
     # through the engine, on a host whose plan is bf16: the dtype decided first, the allocator for it
-    rec = recommend(facts, PRESETS["tiny"], measurements=both, overrides={"nproc_per_node": 1, "dtype": "bf16"})
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=both, overrides={"nproc_per_node": 1, "dtype": "bf16"}))
     assert rec.levers.allocator.value == "mimalloc"
-    rec = recommend(facts, PRESETS["tiny"], measurements=both, overrides={"nproc_per_node": 1, "dtype": "fp32"})
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=both, overrides={"nproc_per_node": 1, "dtype": "fp32"}))
     assert rec.levers.allocator.value is None
 
 
@@ -357,7 +356,7 @@ def test_ranks_sharing_one_numa_node_of_a_virtual_machine_are_not_pinned(tmp_pat
     monkeypatch.delenv("CPUPERF_OVERRIDE_HYPERVISOR")  # the recorded flags say it
     facts = facts_for(tmp_path, monkeypatch, **host)
     unit = "numa" if host.get("nodes_per_socket") else "socket"
-    rec = recommend(facts, PRESETS["tiny"], nproc_per_node=nproc, unit=unit)
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(nproc_per_node=nproc, unit=unit))
     assert (rec.levers.affinity.value == "auto") is pinned, rec.levers.affinity.reason
     assert rec.levers.threads_per_rank.value == 8 // rec.levers.nproc_per_node.value  # threads are set either way
     if not pinned:
@@ -367,7 +366,7 @@ def test_ranks_sharing_one_numa_node_of_a_virtual_machine_are_not_pinned(tmp_pat
 def test_a_virtual_machines_ranks_are_pinned_when_asked(tmp_path, monkeypatch):
     monkeypatch.delenv("CPUPERF_OVERRIDE_HYPERVISOR")
     facts = facts_for(tmp_path, monkeypatch, flags=["avx2", "fma", "hypervisor"], cores_per_socket=8)
-    rec = recommend(facts, PRESETS["tiny"], nproc_per_node=2, overrides={"affinity": "auto"})
+    rec = recommend(facts, PRESETS["tiny"], RecommendRequest(nproc_per_node=2, overrides={"affinity": "auto"}))
     assert rec.levers.affinity.value == "auto" and rec.levers.affinity.overridden
 
 

@@ -172,7 +172,7 @@ def test_the_builtin_loop_splits_its_global_batch_exactly(trees, sockets, tmp_pa
 def test_the_tuner_offers_only_layouts_that_keep_the_job(tmp_path):
     from dataclasses import replace
 
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.records import Measurements
     from cpuperf.decide.tune import candidates, keeps_the_job
     from cpuperf.decide.workload import PRESETS
@@ -185,8 +185,7 @@ def test_the_tuner_offers_only_layouts_that_keep_the_job(tmp_path):
                      (DataParallel("trainer", "hf", 8, 1, "yours"), [(1, 4), (2, 2), (4, 1)]),
                      (DataParallel("trainer", "hf", 3, 1, "yours"), [(1, 4)]),
                      (DataParallel("trainer", "hf", 1, 2, "yours"), [(1, 4), (2, 2)])):
-        rec = recommend(facts, replace(base, parallel=dp), measurements=Measurements(source="test"),
-                        overrides={"nproc_per_node": 1, "threads_per_rank": 4}, environ={})
+        rec = recommend(facts, replace(base, parallel=dp), RecommendRequest(measurements=Measurements(source="test"), overrides={"nproc_per_node": 1, "threads_per_rank": 4}, environ={}))
         rec = replace(rec, levers=replace(rec.levers, nproc_per_node=replace(rec.levers.nproc_per_node, overridden=False),
                                           threads_per_rank=replace(rec.levers.threads_per_rank, overridden=False)))
         cand = candidates(facts, rec, tuning)

@@ -65,6 +65,27 @@ def test_a_saved_plan_is_run_and_rendered_as_it_stands(tmp_path):
     assert again["env"] == ccl["env"]
 
 
+def test_a_plan_saved_with_params_reads_back_and_plans_again(tmp_path):
+    """recommend --params 124M --save wrote "params": "124M", which the reader refused (a whole number only): the
+    plan it had just written could not be run. The count is kept as given and read as --params reads it; a whole
+    number (a plan written by hand) still reads."""
+    from cpuperf.plan import saved
+
+    path = tmp_path / "plan.json"
+    rec, _ = run_json(["recommend", "--params", "124M", "--seq-len", "128", "--save", str(path)])
+    assert json.loads(path.read_text())["inputs"]["params"] == "124M"
+    plan = saved.loads(path.read_text())
+    assert plan.inputs["params"] == "124M"
+    dry, _ = run_json(["train", "--plan", str(path), "--replan", "--dry-run"])
+    assert dry["workload"]["params"] == rec["workload"]["params"]
+    by_hand = json.loads(path.read_text())
+    by_hand["inputs"]["params"] = 124000000
+    assert saved.loads(json.dumps(by_hand)).inputs["params"] == 124000000
+    by_hand["inputs"]["params"] = "many"
+    with pytest.raises(ValueError, match="inputs.params 'many' is not a parameter count"):
+        saved.loads(json.dumps(by_hand))
+
+
 def test_a_plan_for_another_stack_is_refused_naming_the_difference(tmp_path):
     path = str(tmp_path / "plan.json")
     run_json(["recommend", "--save", path], {"CPUPERF_OVERRIDE_PACKAGES": STACK})

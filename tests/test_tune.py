@@ -10,7 +10,7 @@ import pytest
 from cli_util import run_cli
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.recommend import recommend, shape_key
+from cpuperf.decide.recommend import RecommendRequest, recommend, shape_key
 from cpuperf.decide.records import Measurements
 from cpuperf.decide.tune import Candidates, Point, descend, tuned_decisions
 from cpuperf.decide.workload import PRESETS
@@ -184,7 +184,7 @@ def test_bf16_is_a_candidate_only_where_it_is_native(monkeypatch):
     cand = candidates(facts, recommend(facts, PRESETS["micro"]), tuning)
     assert set(cand.values["dtype"]) == {"fp32", "bf16"}
     # what you set is yours: not a lever
-    cand = candidates(facts, recommend(facts, PRESETS["micro"], overrides={"dtype": "fp32"}), tuning)
+    cand = candidates(facts, recommend(facts, PRESETS["micro"], RecommendRequest(overrides={"dtype": "fp32"})), tuning)
     assert cand.skipped["dtype"] == "dtype is set by you"
 
 
@@ -201,32 +201,32 @@ def test_tuned_figures_decide_and_show_in_the_plan(tmp_path):
     entry = _entry()
     w = PRESETS["micro"]
     meas = Measurements(tuned_by_shape={shape_key(w): entry}, source="test")
-    rec = recommend(facts, w, measurements=meas)
+    rec = recommend(facts, w, RecommendRequest(measurements=meas))
     if rec.levers.device.value != "cpu":
         pytest.skip("a GPU host plans for its GPUs")
     d = rec.levers.affinity
     assert d.value is None and "tuned here for" in d.reason and "unpinned 14.00 samples/s" in d.reason
     assert "pinned 12.00 (0.86x)" in d.reason and d.evidence["tuned"]["alternatives"] == {"pinned": 12.0}
     # yours wins over the tuning; another shape is not this one's
-    assert recommend(facts, w, measurements=meas, overrides={"affinity": "auto"}).levers.affinity.value == "auto"
-    assert "tuned" not in recommend(facts, PRESETS["tiny"], measurements=meas).levers.affinity.evidence
+    assert recommend(facts, w, RecommendRequest(measurements=meas, overrides={"affinity": "auto"})).levers.affinity.value == "auto"
+    assert "tuned" not in recommend(facts, PRESETS["tiny"], RecommendRequest(measurements=meas)).levers.affinity.evidence
     if facts.software is not None and not facts.software.allocators.get("tcmalloc"):
         assert "tuned" not in rec.levers.allocator.evidence  # not installed here: the rule decides
     # a command's tuning applies only where the caller passes it
     got = tuned_decisions(entry, "on this command")
     assert got["affinity"][1].startswith("tuned on this command at 2026-11-24 ")
     # a noise figure alone decides nothing: each lever stands on its own verdict
-    assert "tuned" in recommend(facts, w, measurements=Measurements(
-        tuned_by_shape={shape_key(w): {**entry, "noise": 3.5}}, source="test")).levers.affinity.evidence
+    assert "tuned" in recommend(facts, w, RecommendRequest(measurements=Measurements(
+        tuned_by_shape={shape_key(w): {**entry, "noise": 3.5}}, source="test"))).levers.affinity.evidence
     # one lever undecided: that one is the rule's, and the plan names it; the decided ones stand
     judged = {**entry["judged"], "pinning": {**entry["judged"]["pinning"], "outcome": "undecided"}}
-    rec = recommend(facts, w, measurements=Measurements(tuned_by_shape={shape_key(w): {**entry, "judged": judged}},
-                                                        source="test"))
+    rec = recommend(facts, w, RecommendRequest(measurements=Measurements(tuned_by_shape={shape_key(w): {**entry, "judged": judged}},
+                                                        source="test")))
     assert "tuned" not in rec.levers.affinity.evidence and any("pinning undecided" in n for n in rec.notes)
     assert "tuned" in rec.levers.optimizer.evidence and "kept" in rec.levers.optimizer.reason
     # tuned before each lever was judged (one noise gate over the whole tuning): the rules decide, said
     old = {k: v for k, v in entry.items() if k != "judged"}
-    rec = recommend(facts, w, measurements=Measurements(tuned_by_shape={shape_key(w): old}, source="test"))
+    rec = recommend(facts, w, RecommendRequest(measurements=Measurements(tuned_by_shape={shape_key(w): old}, source="test")))
     assert "tuned" not in rec.levers.affinity.evidence and any("before cpuperf judged" in n for n in rec.notes)
     busy = tuned_decisions({**entry, "load": {"under_load": True, "figure": "load average 5"}}, "here")
     assert busy["affinity"][1].endswith("; taken under load (load average 5)")

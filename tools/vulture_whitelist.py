@@ -16,6 +16,11 @@ slurm_job_id  # probe.facts.Limits
 slurm_cpus_on_node
 slurm_ntasks
 slurm_nnodes
+memory_total_bytes  # plan.saved.HostIdentity (a TypedDict: read by key, host["memory_total_bytes"])
+min_torch  # decide.arm_levers.ArmLeverRow (compat/tuning.toml [[arm_lever]] keys, read with row.get)
+changes_math
+why_not_training
+needs_isa
 
 # The launcher's local size: part of train.dist_env.RankInfo's value (tests compare whole RankInfos).
 local_world_size

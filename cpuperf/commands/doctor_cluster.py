@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import ExitCode, UsageError
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue
 from cpuperf.output import Output
+
+if TYPE_CHECKING:
+    from cpuperf.decide.cluster import NodeFinding
+    from cpuperf.probe.node import NodeResult
+    from cpuperf.run.nodes import Reach
 
 # Findings that mean "a node could not be reached" (exit 7); any other error breaks the job (exit 14).
 UNREACHED_IDS = ("node-unresolvable", "node-unreachable", "node-timeout")
@@ -51,7 +57,8 @@ def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool
     return (slurm.allocation or 1) > 1 and bool(slurm.nodes)
 
 
-def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Mapping[str, str]) -> Any:
+def _probe(out: Output, opts: ClusterOptions, names: Sequence[str],
+           environ: Mapping[str, str]) -> Tuple[List[NodeResult], str, Optional[JsonObject]]:
     from cpuperf.run.nodes import choose_reach, probe_cluster
 
     reach = choose_reach(opts.launcher, hostfile=opts.hostfile is not None, python=opts.python, environ=environ,
@@ -69,7 +76,7 @@ def _probe(out: Output, opts: ClusterOptions, names: Sequence[str], environ: Map
     return results, reach.transport, collectives
 
 
-def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], reach: Any) -> Optional[Dict[str, Any]]:
+def _collectives(out: Output, opts: ClusterOptions, results: Sequence[NodeResult], reach: Reach) -> Optional[JsonObject]:
     """Allreduce across the nodes (all of them reached, each with torch), cached for the DDP choice."""
     from cpuperf.decide.cluster import choose_ddp, hosts_of
     from cpuperf.run.collectives import measure, worker_code
@@ -93,7 +100,7 @@ def _collectives(out: Output, opts: ClusterOptions, results: Sequence[Any], reac
     return measured
 
 
-def _save(out: Output, path: str, results: Sequence[Any], transport: str) -> None:
+def _save(out: Output, path: str, results: Sequence[NodeResult], transport: str) -> None:
     from cpuperf.errors import from_os_error
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.probe.node import saved_json
@@ -131,7 +138,7 @@ def save_this_node(out: Output, path: str, python: Optional[str]) -> None:
     _save(out, path, [NodeResult(name, None, OK, facts, None, round(time.monotonic() - t0, 3), "local")], "local")
 
 
-def exit_code(findings: Sequence[Any]) -> int:
+def exit_code(findings: Sequence[NodeFinding]) -> int:
     """7 when a node could not be reached, 14 when a skew breaks the job, else 0."""
     errors = [f for f in findings if f.severity == "error"]
     if any(f.id in UNREACHED_IDS for f in errors):
@@ -178,8 +185,8 @@ def _gib(n: Optional[int]) -> str:
     return "-" if not n else f"{n / 2**30:.0f}G"
 
 
-def _isa(row: Dict[str, Any]) -> str:
-    isa = set(row.get("isa") or ())
+def _isa(row: JsonMapping) -> str:
+    isa = set(_texts(row.get("isa")))
     tiers = []
     if "amx_bf16" in isa:
         tiers.append("AMX" if row.get("amx_usable") else "AMX(blocked)")
@@ -194,18 +201,36 @@ def _isa(row: Dict[str, Any]) -> str:
     return " ".join(tiers) or "-"
 
 
-def _cells(row: Dict[str, Any]) -> List[str]:
+def _texts(value: JsonValue) -> List[str]:
+    """A list of text in a report row (decide.cluster's JSON); [] where there is none."""
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _object(value: JsonValue) -> JsonObject:
+    """An object in the report (decide.cluster's JSON); {} where there is none."""
+    return value if isinstance(value, dict) else {}
+
+
+def _or_dash(value: JsonValue) -> str:
+    """A field as text, '-' where it is empty or null (as `value or '-'` shows it)."""
+    return str(value) if value else "-"
+
+
+def _cells(row: JsonMapping) -> List[str]:
     if "microarchitecture" not in row:
-        return [row["name"], row["status"]] + ["-"] * 5 + [row.get("python") or "-"]
-    pk = row["packages"]
-    quota = "" if row["cpu_quota"] is None else f" q{row['cpu_quota']:g}"
-    python = (row["python"] or "-") + ("" if row.get("interpreter_found", True) else " (job's missing)")
-    mpi = ", ".join(m.replace("mpirun ", "").replace("srun slurm", "srun") for m in row["mpi"]) or "-"
-    return [row["name"], row["status"], row["microarchitecture"], _isa(row),
-            f"{row['cores']}/{row['cpus']} use {row['cpu_budget']}{quota}", str(row["numa_nodes"]),
-            _gib(row["memory_bytes"]), python, pk.get("torch") or "-",
-            "/".join(pk.get(p) or "-" for p in ("intel_extension_for_pytorch", "oneccl_bind_pt")),
-            " ".join(pk.get(p) or "-" for p in ("transformers", "accelerate")), mpi, row.get("rendezvous_ifname") or "-"]
+        return [str(row["name"]), str(row["status"])] + ["-"] * 5 + [_or_dash(row.get("python"))]
+    pk = _object(row["packages"])
+    quota = row["cpu_quota"]
+    shown_quota = "" if quota is None else f" q{quota:g}"
+    python = _or_dash(row["python"]) + ("" if row.get("interpreter_found", True) else " (job's missing)")
+    mpi = ", ".join(m.replace("mpirun ", "").replace("srun slurm", "srun") for m in _texts(row["mpi"])) or "-"
+    memory = row["memory_bytes"]
+    return [str(row["name"]), str(row["status"]), str(row["microarchitecture"]), _isa(row),
+            f"{row['cores']}/{row['cpus']} use {row['cpu_budget']}{shown_quota}", str(row["numa_nodes"]),
+            _gib(memory if isinstance(memory, int) else None), python, _or_dash(pk.get("torch")),
+            "/".join(_or_dash(pk.get(p)) for p in ("intel_extension_for_pytorch", "oneccl_bind_pt")),
+            " ".join(_or_dash(pk.get(p)) for p in ("transformers", "accelerate")), mpi,
+            _or_dash(row.get("rendezvous_ifname"))]
 
 
 # cores/CPUs: physical cores / logical CPUs; use: the CPU budget (usable cores, cgroup quota qN, Slurm).
@@ -217,14 +242,15 @@ HEADERS = ["node", "status", "CPU", "ISA", "cores/CPUs", "NUMA", "mem", "Python"
 WIDE = 150
 
 
-def render(out: Output, rep: Dict[str, Any]) -> None:
+def render(out: Output, rep: JsonMapping) -> None:
     from rich import box
     from rich.table import Table
 
     from cpuperf.output import stdout_console
 
     title = f"Nodes (reached through {rep['transport']})"
-    rows = [_cells(row) for row in rep["nodes"]]
+    nodes = [_object(row) for row in rep["nodes"]] if isinstance(rep["nodes"], list) else []
+    rows = [_cells(row) for row in nodes]
     rows = [cells + ["-"] * (len(HEADERS) - len(cells)) for cells in rows]
     if stdout_console().width >= WIDE:
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -244,37 +270,42 @@ def render(out: Output, rep: Dict[str, Any]) -> None:
                 t.add_row(h, cell)
             out.table(t)
     if rep.get("collectives"):
-        _render_collectives(out, rep["collectives"])
-    findings = rep["findings"]
+        _render_collectives(out, _object(rep["collectives"]))
+    findings = [_object(f) for f in rep["findings"]] if isinstance(rep["findings"], list) else []
     if not findings:
-        out.product(f"The {len(rep['nodes'])} nodes agree: nothing would break or slow the job.")
+        out.product(f"The {len(nodes)} nodes agree: nothing would break or slow the job.")
         return
     f = Table(title="Skews", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in ("severity", "id", "nodes", "what", "fix"):
         f.add_column(h, overflow="fold")
     for item in findings:
-        f.add_row(item["severity"], item["id"], ", ".join(item["nodes"]), item["message"], item["fix"] or "")
+        f.add_row(str(item["severity"]), str(item["id"]), ", ".join(_texts(item["nodes"])), str(item["message"]),
+                  str(item["fix"] or ""))
     out.table(f)
 
 
-def _render_collectives(out: Output, col: Dict[str, Any]) -> None:
+def _render_collectives(out: Output, col: JsonMapping) -> None:
     from rich import box
     from rich.table import Table
 
     if "backends" not in col:
-        out.product(f"allreduce: {col.get('skipped') or 'failed: ' + '; '.join(f'{n}: {w}' for n, w in col.get('failed', {}).items())}")
+        failed = _object(col.get("failed", {}))
+        out.product(f"allreduce: {col.get('skipped') or 'failed: ' + '; '.join(f'{n}: {w}' for n, w in failed.items())}")
         return
     t = Table(title=f"Allreduce across {col['world']} node(s), {col['bucket_mb']:g} MiB (torch {col['torch']})",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in ("backend", "time", "algbw GB/s", "busbw GB/s", "latency"):
         t.add_column(h)
-    for name, m in col["backends"].items():
+    for name, entry in _object(col["backends"]).items():
+        m = _object(entry)
         if "skipped" in m:
             t.add_row(name, "-", "-", "-", f"not measured: {m['skipped']}")
         else:
             busbw = "-" if m["busbw_gbps"] is None else f"{m['busbw_gbps']:g}"
-            t.add_row(name, f"{m['seconds'] * 1e3:.1f} ms", f"{m['algbw_gbps']:g}", busbw, f"{m['latency_us']:g} us")
+            seconds = m["seconds"]
+            ms = seconds * 1e3 if isinstance(seconds, (int, float)) else float("nan")
+            t.add_row(name, f"{ms:.1f} ms", f"{m['algbw_gbps']:g}", busbw, f"{m['latency_us']:g} us")
     out.table(t)
     if col.get("choice"):
-        c = col["choice"]
+        c = _object(col["choice"])
         out.product(f"DDP: backend {c['backend']}, bucket_cap_mb {c['bucket_cap_mb']} ({c['reason']})")

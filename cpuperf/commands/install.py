@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from packaging.version import Version
 
@@ -33,6 +33,14 @@ from cpuperf.plan import install as ip
 from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.run import pip as pd
 from cpuperf.versions import base_of, base_or_none, local_label, major_minor, version_or_none
+
+if TYPE_CHECKING:
+    from cpuperf.knowledge.matrix import Matrix
+    from cpuperf.knowledge.resolve import Resolution
+    from cpuperf.probe.facts import HostFacts
+
+# The torch builds a CUDA host takes: one cuXYZ tag, or every tag its driver runs.
+CudaTags = Union[str, Collection[str], None]
 
 OFFLINE_HINT = ("offline route: on a connected machine run `cpuperf install --download DIR` (same Python), "
                 "copy DIR here, then `cpuperf install --find-links DIR --from-lock DIR/cpuperf.lock.txt --yes`")
@@ -55,7 +63,7 @@ class Options:
     recover: bool = False
 
 
-def load_matrix_for_install() -> Any:
+def load_matrix_for_install() -> Matrix:
     """The compat matrix (shipped data plus $CPUPERF_COMPAT_DIR); malformed data is exit code 6."""
     from cpuperf.errors import BadDataError
     from cpuperf.knowledge import matrix as mx
@@ -96,7 +104,7 @@ def _target(opts: Options, env: Mapping[str, str]) -> ip.Target:
     return ip.Target(os.path.abspath(python) if opts.python else python, version)
 
 
-def _facts(target: ip.Target) -> Any:
+def _facts(target: ip.Target) -> HostFacts:
     from cpuperf.probe import probe_host
 
     if target.create_venv:
@@ -169,8 +177,9 @@ def _requested_match(text: str, request: Optional[str]) -> bool:
     return v.release[:len(r.release)] == r.release
 
 
-def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, device: str, cuda_tag: Any,
-                  versions: Optional[List[str]], specs: List[str], installed: Optional[str]) -> Tuple[Any, Optional[str], List[str]]:
+def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Matrix, device: str, cuda_tag: CudaTags,
+                  versions: Optional[List[str]], specs: List[str],
+                  installed: Optional[str]) -> Tuple[Optional[Resolution], Optional[str], List[str]]:
     """(resolution, exact torch build or None = host default label, notes)."""
     from cpuperf.knowledge.resolve import resolve
     from cpuperf.probe.wheel_platform import wheel_platform
@@ -203,7 +212,7 @@ def _choose_torch(opts: Options, py: str, want: frozenset[str], matrix: Any, dev
     return None, None, notes
 
 
-def _plain_cpu_builds(versions: List[str], matrix: Any, notes: List[str]) -> List[str]:
+def _plain_cpu_builds(versions: List[str], matrix: Matrix, notes: List[str]) -> List[str]:
     """The registry's unlabelled builds a CPU host may take on this interpreter's platform, with a note where the
     newer ones are CUDA builds (plan/install.py registry_cpu_builds)."""
     from cpuperf.probe.wheel_platform import wheel_platform
@@ -343,7 +352,7 @@ def _unchanged(out: Output, plan: ip.InstallPlan) -> int:
     return int(ExitCode.OK)
 
 
-def _plan_lock(opts: Options, out: Output, lock: ip.Lock, facts: Any, target: ip.Target, sources: ip.SourceSet,
+def _plan_lock(opts: Options, out: Output, lock: ip.Lock, facts: HostFacts, target: ip.Target, sources: ip.SourceSet,
                run_dir: Path, environ: Mapping[str, str]) -> ip.InstallPlan:
     """The plan that installs exactly the lock's pins, checked by their hashes where every pin has one."""
     _fail_unreachable(sources, out)
@@ -389,7 +398,7 @@ def _read_lock(path: str) -> ip.Lock:
         raise UsageError(f"{path}: {exc}", hint=hint) from exc
 
 
-def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
+def _plan(opts: Options, out: Output, facts: HostFacts, target: ip.Target, pip: pd.Pip, sources: ip.SourceSet,
           config: Mapping[str, str], proxy: Optional[str], device: str, py: str,
           environ: Mapping[str, str]) -> ip.InstallPlan:
     from cpuperf.knowledge.resolve import ResolveError, resolve
@@ -446,12 +455,12 @@ def _plan(opts: Options, out: Output, facts: Any, target: ip.Target, pip: pd.Pip
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
 
 
-def _cuda_builds(opts: Options, facts: Any, matrix: Any, torch: str,
-                 device: str) -> Tuple[Any, Any, Optional[str], Optional[Version], List[str]]:
+def _cuda_builds(opts: Options, facts: HostFacts, matrix: Matrix, torch: str,
+                 device: str) -> Tuple[Optional[str], CudaTags, Optional[str], Optional[Version], List[str]]:
     """On a CUDA host: (the walk's tag, the builds acceptable, the CUDA index, the torch cap, notes); Nones on CPU."""
     if device != "cuda":
         return None, None, None, None, []
-    driver = next((g.driver_version for g in facts.gpus if g.driver_version), None)
+    driver = next((g.driver_version for g in facts.gpus or () if g.driver_version), None)
     tag, cap, walk_notes = _cuda_release(matrix, torch, driver, pinned=bool(opts.torch))
     variant = matrix.cuda_variant(tag)
     # any build the driver runs is acceptable; the newest torch (then the newest CUDA) wins
@@ -459,11 +468,11 @@ def _cuda_builds(opts: Options, facts: Any, matrix: Any, torch: str,
     return tag, cuda_tag, variant.index_url if variant else None, cap, walk_notes
 
 
-def _refuse_unoffered(opts: Options, sources: ip.SourceSet, device: str, cuda_tag: Any, py: str,
+def _refuse_unoffered(opts: Options, sources: ip.SourceSet, device: str, cuda_tag: CudaTags, py: str,
                       versions: Optional[List[str]]) -> NoReturn:
     """No source offers the torch build the host needs: an unreachable PyTorch index, or what was offered."""
     skipped = [s for s in sources.skipped() if "PyTorch" in s.detail]
-    label = "+cpu" if device == "cpu" else "+" + (cuda_tag if isinstance(cuda_tag, str) else "/+".join(cuda_tag))
+    label = "+cpu" if device == "cpu" else "+" + (cuda_tag if isinstance(cuda_tag, str) else "/+".join(cuda_tag or ()))
     what = f"torch {opts.torch + ' ' if opts.torch else ''}({label} build) for Python {py}"
     if skipped:
         s = skipped[0]
@@ -474,7 +483,7 @@ def _refuse_unoffered(opts: Options, sources: ip.SourceSet, device: str, cuda_ta
                                 hint="point --index-url/--find-links at the wheels, or choose another --torch")
 
 
-def _check_addon_servers(resolution: Any, sources: ip.SourceSet, pip: pd.Pip) -> None:
+def _check_addon_servers(resolution: Resolution, sources: ip.SourceSet, pip: pd.Pip) -> None:
     """The add-ons' own servers may be the ones that are down: their pins must then be offered elsewhere."""
     for pin in (resolution.ipex, resolution.oneccl):
         if pin is None or not pin.index_url:
@@ -490,7 +499,7 @@ def _public(version: str) -> Version:
     return base_or_none(version) or Version("0")
 
 
-def _cuda_release(matrix: Any, torch: str, driver: Optional[str],
+def _cuda_release(matrix: Matrix, torch: str, driver: Optional[str],
                   pinned: bool) -> Tuple[str, Optional[Version], List[str]]:
     """The CUDA build for this driver: (tag, cap or None, notes). The newest release may build only for a CUDA
     the driver is too old for: unpinned, the install walks to the newest older release that has a build (its
@@ -519,7 +528,7 @@ def _cuda_release(matrix: Any, torch: str, driver: Optional[str],
     return tag, row.version, [note]
 
 
-def _rejections(resolution: Any) -> str:
+def _rejections(resolution: Resolution) -> str:
     rej = [r.reason for r in resolution.rejected] or list(resolution.notes) or ["nothing fits"]
     return "; ".join(rej)
 
@@ -797,7 +806,8 @@ def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
         else:
             out.product(f"nothing to recover: no unfinished install into {python}")
         return int(ExitCode.OK)
-    done: List[Dict[str, Any]] = []
+    done: List[Dict[str, object]] = []
+    removed = reinstalled = 0
     for path, data in found:
         if pd.install_running(data):
             raise CpuperfError(f"another cpuperf install (pid {data.get('pid')}) is changing {python} right now",
@@ -818,12 +828,12 @@ def recover(out: Output, python: str, environ: Mapping[str, str]) -> int:
             raise PipFailedError("RESTORE INCOMPLETE: " + "; ".join(res.problems), hint=f"full log: {log}")
         done.append({"journal": str(path), "started": data.get("started"), "removed": len(res.removed),
                      "reinstalled": res.reinstalled, "uninstalled": res.uninstalled})
+        removed, reinstalled = removed + len(res.removed), reinstalled + len(res.reinstalled)
     if out.json_mode:
         out.json({"status": "restored", "python": python, "restores": done})
     else:
         out.product(f"restored {python} to its state before the unfinished install "
-                    f"({sum(d['removed'] for d in done)} leftover path(s) removed, "
-                    f"{sum(len(d['reinstalled']) for d in done)} package(s) reinstalled)")
+                    f"({removed} leftover path(s) removed, {reinstalled} package(s) reinstalled)")
     return int(ExitCode.OK)
 
 

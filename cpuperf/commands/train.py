@@ -363,14 +363,21 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
         result["plot"] = _plot(out, jp.request.out_dir)
+    _say_result(out, jp, result)
+    return 0
+
+
+def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any]) -> None:
     if out.json_mode:
         out.json(result)
-    else:
-        for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
-            out.info(line)
-        if not user:
-            out.product(_human(result))
-    return 0
+        return
+    for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
+        out.info(line)
+    if not jp.request.asked.user_argv:
+        out.product(_human(result))
+    elif result.get("gpu_memory"):  # the script's stdout is its own: its peak goes with the messages
+        memory = result["gpu_memory"]
+        out.info("cpuperf train: " + (_memory_line(memory).strip() or str(memory.get("not_reported"))))
 
 
 def _check_global_batch(out: Output, jp: JobPlan, observed: List[RankObservation], verification: Dict[str, Any],
@@ -502,10 +509,12 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
             verification: Dict[str, Any]) -> Dict[str, Any]:
     plan = jp.launch
     if jp.request.asked.user_argv:
-        return {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
+        mine = {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
                 "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
+        memory = _script_memory(jp, verification)
+        return mine if memory is None else {**mine, "gpu_memory": memory}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
                    "world_size": plan.world_size, "settings": jp.settings,
@@ -522,6 +531,28 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
     return {**summary, "wall_s": round(res.wall_s, 3), "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
             "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
+
+
+def _script_memory(jp: JobPlan, verification: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Rank 0's real GPU peak beside the plan's figure, for a user's script asked to report it (plan/peak_report):
+    the plan's figure for the per-device batch its ranks were read training; where rank 0 wrote nothing, why."""
+    from cpuperf.boundary import GPU_PEAK_FILE
+    from cpuperf.decide.memory import planned_peak
+    from cpuperf.run.rank_peak import read_rank_peak
+
+    path = jp.launch.env.get(GPU_PEAK_FILE)
+    if path is None or jp.launch.node_rank != 0:  # not asked, or rank 0 runs on another node
+        return None
+    peak, why = read_rank_peak(path)
+    if peak is None:
+        return {"not_reported": why}
+    ran = verification.get("global_batch") or {}
+    dp, split = jp.rec.workload.parallel, jp.rec.split
+    batch = ran.get("per_device") or (split.per_device if split is not None else None) or dp.per_device \
+        or jp.rec.levers.batch_size.value
+    measured = {"max_allocated_bytes": peak.max_allocated_bytes, "max_reserved_bytes": peak.max_reserved_bytes,
+                "batch_size": int(batch)}
+    return planned_peak(jp.rec.levers.batch_size.evidence, int(batch), measured)
 
 
 def _supervisor(res: ExecResult) -> Optional[Dict[str, float]]:

@@ -1,16 +1,56 @@
-"""Which allocator library a job preloads: THE rules every caller shares (recommend's decision, the runtime
-variables' preload, the tuner's candidates, the measurement). Light: no engine, no TOML parsed at import."""
+"""Which allocator library a job preloads: THE rule, in one place (issue 54). Its data is compat/tuning.toml
+[allocator], read once into `AllocatorRule`; every caller asks this module: recommend's decision
+(`decide_allocator`), the runtime variables' preload (`preload_choice`, `preload_env`), the tuner's candidates
+(`allocator_rule().not_with_ranks`) and the measurement (`allocator_rule().min_speedup`, `preload_env`); the
+install plan reads the wheel to install from the same row. A newcomer changing an allocator rule edits this file
+and that table, nothing else. Light: no engine, no TOML parsed at import."""
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.probe.facts import ALLOCATOR_LIBS
+from cpuperf.jsonable import JsonObject
+from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts, allocator_names
+
+if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new shell) does without them
+    from cpuperf.decide.records import AllocatorName, Decision, Measurements
 
 # Debug and profiler builds are never preloaded: they trade speed for checks.
 _NOT_FOR_SPEED = ("debug", "profiler")
+
+
+@dataclass(frozen=True)
+class AllocatorRule:
+    """compat/tuning.toml [allocator], typed: the threshold, the refusals and the wheel, read in one place."""
+
+    min_speedup: float  # preload only where the measured ratio over the default reaches this
+    not_with_ranks: Tuple[str, ...]  # never preloaded into a job of several ranks
+    not_with_ranks_source: str
+    jemalloc_malloc_conf: str  # the MALLOC_CONF the launchers export with jemalloc
+    source: str
+    wheel: str  # the wheel that ships a preloadable allocator without root
+    system_install: str
+
+
+@functools.cache
+def allocator_rule() -> AllocatorRule:
+    """The allocator row of compat/tuning.toml, read once."""
+    row = load_builtin("tuning.toml")["allocator"]
+    return AllocatorRule(min_speedup=float(row["min_speedup"]),
+                         not_with_ranks=tuple(str(n) for n in row.get("not_with_ranks", [])),
+                         not_with_ranks_source=str(row.get("not_with_ranks_source", "")),
+                         jemalloc_malloc_conf=str(row["jemalloc_malloc_conf"]), source=str(row["source"]),
+                         wheel=str(row["wheel"]), system_install=str(row["system_install"]))
+
+
+def install_hint() -> str:
+    """How to get an allocator: the wheel without root, the system packages with it."""
+    rule = allocator_rule()
+    return f"`cpuperf install` adds the {rule.wheel} wheel (no root); system ones: {rule.system_install}"
 
 
 def first_library(paths: Sequence[str]) -> Optional[str]:
@@ -31,7 +71,7 @@ def not_with_ranks(names: Sequence[str], world: int) -> List[str]:
     [allocator] not_with_ranks: they aborted jobs of several ranks at exit)."""
     if world <= 1:
         return []
-    refused = load_builtin("tuning.toml")["allocator"].get("not_with_ranks", [])
+    refused = allocator_rule().not_with_ranks
     return sorted(n for n in names if n in refused)
 
 
@@ -43,3 +83,86 @@ def preload_choice(decided: Optional[str], allocators: Mapping[str, Sequence[str
     installed = [n for n in ALLOCATOR_LIBS if preloadable(allocators.get(n, ()))]
     refused = not_with_ranks(installed, world)
     return next((n for n in installed if n not in refused), None)
+
+
+def preload_env(name: str, library: str) -> Dict[str, str]:
+    """What preloading `name` sets: LD_PRELOAD, and for jemalloc the MALLOC_CONF the launchers export."""
+    env = {"LD_PRELOAD": library}
+    if name == "jemalloc":
+        env["MALLOC_CONF"] = allocator_rule().jemalloc_malloc_conf
+    return env
+
+
+def _by_workload(meas: Measurements, name: str) -> Dict[str, float]:
+    """An allocator's measured ratios over the default, by reference workload ({} where none)."""
+    got = meas.allocator_speedup.get(f"{name}_by_workload")
+    return got if isinstance(got, dict) else {}
+
+
+def _measured(meas: Measurements, available: Sequence[str], key: str) -> Dict[str, float]:
+    """Each available allocator's measured ratio over the default on the workload `key` (an older cache without
+    ratios by workload: the geometric mean)."""
+    measured: Dict[str, float] = {}
+    for name in available:
+        by_workload = _by_workload(meas, name)
+        ratio = by_workload.get(key) if by_workload else meas.allocator_speedup.get(name)
+        if isinstance(ratio, (int, float)):
+            measured[name] = float(ratio)
+    return measured
+
+
+def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm",
+                     world: int = 1, dtype: str = "fp32", ranks_unknown: bool = False) -> Decision[Optional[AllocatorName]]:
+    """The allocator to preload for a workload of this family: the measured best, only where it beats the
+    default, and never one known to abort jobs of several ranks (`world` > 1) at exit.
+
+    A bf16 plan reads the ratio measured under bf16 autocast (`lm-bf16`) where the host has one: the allocation
+    pattern is another (on a Zen 4 VM mimalloc was 1.00x on the fp32 LM and 1.10x in bf16); else the fp32 one, and
+    the reason says so."""
+    from cpuperf.decide.records import Decision, as_allocator
+
+    available: Dict[str, Tuple[str, ...]] = {}
+    if facts.software is not None:
+        available = {k: v for k, v in facts.software.allocators.items() if v}
+    if on_gpu:
+        return Decision("allocator", None, "host allocator does not matter for GPU training", {})
+    if not available:
+        return Decision("allocator", None, f"no {allocator_names()} found: " + install_hint(), {})
+    rule = allocator_rule()
+    in_dtype = f"{family}-{dtype}" if dtype != "fp32" else None
+    if in_dtype and not any(in_dtype in _by_workload(meas, name) for name in available):
+        in_dtype = None  # not measured in this dtype here: the fp32 figure, said
+    key = in_dtype or family
+    measured = _measured(meas, list(available), key)
+    on = f"{family} reference workload" + (f" in {dtype} autocast" if in_dtype else
+                                           f" in fp32 (not measured in {dtype} here)" if dtype != "fp32" else "")
+    if measured:
+        evidence: JsonObject = {"measured": {k: round(v, 3) for k, v in measured.items()}, "workload": key,
+                                "by_workload": {k: dict(_by_workload(meas, k)) for k in measured},
+                                "source": meas.source}
+        figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
+        good = {k: v for k, v in measured.items() if v >= rule.min_speedup}
+        unknown = ranks_unknown and world <= 1  # a launcher whose count cpuperf cannot tell may start several
+        unsafe = not_with_ranks(list(good), 2 if unknown else world)
+        if unsafe:
+            evidence["not_with_ranks"] = {"allocators": list(unsafe), "world": None if unknown else world,
+                                          "source": rule.not_with_ranks_source}
+            good = {k: v for k, v in good.items() if k not in unsafe}
+        ranks = "your launcher's rank count is unknown, and with several ranks" if unknown else f"with {world} ranks"
+        not_here = (f"; not {', '.join(unsafe)}: {ranks} it aborted jobs at exit after training "
+                    "(terminate called without an active exception; compat/tuning.toml)") if unsafe else ""
+        if good:
+            best = max(good, key=lambda k: good[k])
+            return Decision("allocator", as_allocator(best), f"measured on the {on}: {figures} the default "
+                            f"allocator: the fastest is preloaded{not_here}", evidence)
+        if unsafe:
+            return Decision("allocator", None, f"measured on the {on}: {figures} the default"
+                            f"{not_here}: the default is kept", evidence)
+        return Decision("allocator", None, f"measured on the {on}: {figures} the default; none "
+                        f"beats it by {rule.min_speedup:.2f}x: the default is kept", evidence)
+    noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
+    if noisy:
+        return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
+                        {"available": list(sorted(available)), "undecided": list(noisy)})
+    return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
+                    "preload lost 20% here before (run cpuperf bench to measure)", {"available": list(sorted(available))})

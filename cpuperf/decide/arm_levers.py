@@ -9,11 +9,12 @@ ones into the job's variables and the others into notes, so recommend, ccl-env a
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import List, Mapping, NamedTuple, Optional, Tuple, TypedDict
 
 from packaging.version import Version
 
 from cpuperf.data import load_builtin
+from cpuperf.knowledge.knobs import KnobValue
 from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import version_or_none
 
@@ -37,9 +38,28 @@ class ArmLever(NamedTuple):
         return f"not applied: {self.env}={self.value}: {self.why}"
 
 
-def lever_rows() -> List[Dict[str, Any]]:
+class _ArmRow(TypedDict):
+    env: str
+    value: str
+    what: str
+    source: str
+
+
+class ArmLeverRow(_ArmRow, total=False):
+    """An [[arm_lever]] row of compat/tuning.toml: the variable, its value, and when it applies."""
+
+    needs_isa: str  # a cpuinfo Features flag the lever needs
+    training: bool  # false: the lever is not for training (why_not_training says why)
+    why_not_training: str
+    min_torch: str
+    knob: str  # the decision it follows (fp32_math_mode), applied only at `when`
+    when: str
+    changes_math: bool
+
+
+def lever_rows() -> List[ArmLeverRow]:
     """The [[arm_lever]] rows of compat/tuning.toml."""
-    rows: List[Dict[str, Any]] = load_builtin("tuning.toml").get("arm_lever", [])
+    rows: List[ArmLeverRow] = load_builtin("tuning.toml").get("arm_lever", [])
     return rows
 
 
@@ -48,7 +68,7 @@ def knob_vars(knob: str) -> Tuple[str, ...]:
     return tuple(row["env"] for row in lever_rows() if row.get("knob") == knob)
 
 
-def arm_levers(facts: HostFacts, knobs: Optional[Mapping[str, Any]] = None) -> Tuple[ArmLever, ...]:
+def arm_levers(facts: HostFacts, knobs: Optional[Mapping[str, KnobValue]] = None) -> Tuple[ArmLever, ...]:
     """Every Arm lever decided for this host and the plan's knob values (none off aarch64)."""
     if facts.cpu.arch != "aarch64":
         return ()
@@ -56,7 +76,7 @@ def arm_levers(facts: HostFacts, knobs: Optional[Mapping[str, Any]] = None) -> T
     return tuple(_decide(row, facts, torch.version if torch else None, knobs or {}) for row in lever_rows())
 
 
-def _decide(row: Mapping[str, Any], facts: HostFacts, torch: Optional[str], knobs: Mapping[str, Any]) -> ArmLever:
+def _decide(row: ArmLeverRow, facts: HostFacts, torch: Optional[str], knobs: Mapping[str, KnobValue]) -> ArmLever:
     cpu = facts.cpu
     where = f"{cpu.arch} ({cpu.microarchitecture})"
 

@@ -6,8 +6,9 @@ without loading the compat matrix; only cpu_backend() reads it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
+from cpuperf.jsonable import JsonMapping, JsonObject
 from cpuperf.knowledge.addons import Backend
 
 if TYPE_CHECKING:
@@ -30,22 +31,22 @@ def cpu_backend(facts: HostFacts, stack: Mapping[str, Optional[str]], python: Op
     return cpu_ddp_backend(stack.get("torch"), stack.get("oneccl_bind_pt"), python)
 
 
-def several_ranks_evidence(backend: Optional[Backend]) -> Mapping[str, Any]:
+def several_ranks_evidence(backend: Optional[Backend]) -> JsonObject:
     """What a one-rank decision records: the backend several ranks would use, so no reader looks at the matrix again."""
     return {"several_ranks": backend.name, "several_ranks_reason": backend.reason} if backend else {}
 
 
-def recorded_backend(value: Any, evidence: Mapping[str, Any], reason: str) -> Optional[Backend]:
+def recorded_backend(value: object, evidence: JsonMapping, reason: str) -> Optional[Backend]:
     """The CPU backend a recorded ddp_backend decision names: its value, else (one rank) the one several ranks would
     use; None when it names neither (a GPU plan, or a plan saved before the evidence was recorded)."""
-    if value in ("ccl", "gloo"):
+    if isinstance(value, str) and value in ("ccl", "gloo"):
         return Backend(value, reason, value == "ccl")
     several = evidence.get("several_ranks")
-    if several in ("ccl", "gloo"):
+    if isinstance(several, str) and several in ("ccl", "gloo"):
         return Backend(several, str(evidence.get("several_ranks_reason", "")), several == "ccl")
     return None
 
 
-def process_group_backend(value: Any) -> str:
+def process_group_backend(value: object) -> str:
     """The backend the job's runtime variables are tuned for: the decided CPU backend, gloo for anything else."""
-    return value if value in ("ccl", "gloo") else "gloo"
+    return value if isinstance(value, str) and value in ("ccl", "gloo") else "gloo"

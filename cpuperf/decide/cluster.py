@@ -10,17 +10,18 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from cpuperf.decide.placement import cpu_budget, usable_cores
 from cpuperf.errors import NodesDifferError
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonObject, as_json
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.node import NO_PYTHON, PROBE_FAILED, TIMEOUT, UNREACHABLE, UNRESOLVABLE, NodeResult
 from cpuperf.versions import major_minor
 
 SCHEMA = "cpuperf.cluster-doctor/1"
+V = TypeVar("V", bound=Hashable)  # a value nodes report, compared across them
 
 # Packages whose versions must match on every node, and why (a mismatch breaks the job, not its speed).
 # torch: DDP's collectives and the c10d store protocol are version-bound; a rank with another torch
@@ -39,7 +40,7 @@ class NodeFinding:
     fix: Optional[str]
     nodes: Tuple[str, ...]  # the nodes it concerns
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 
@@ -59,7 +60,7 @@ class ClusterConstraints:
         if self.refusal is not None:
             raise NodesDifferError(self.refusal, hint=self.refusal_hint)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 
@@ -68,7 +69,7 @@ def _names(items: Sequence[str], limit: int = 8) -> str:
     return shown + (f" (and {len(items) - limit} more)" if len(items) > limit else "")
 
 
-def _split(values: Mapping[str, Any]) -> Tuple[Any, List[str]]:
+def _split(values: Mapping[str, V]) -> Tuple[V, List[str]]:
     """(the majority value, the nodes that differ from it); a tie goes to the first node's value."""
     counts = Counter(values.values())
     order = list(values.values())
@@ -77,8 +78,8 @@ def _split(values: Mapping[str, Any]) -> Tuple[Any, List[str]]:
     return reference, [n for n, v in values.items() if v != reference]
 
 
-def _describe(values: Mapping[str, Any], show: Callable[[Any], str] = str) -> str:
-    groups: Dict[Any, List[str]] = {}
+def _describe(values: Mapping[str, V], show: Callable[[V], str] = str) -> str:
+    groups: Dict[V, List[str]] = {}
     for name, value in values.items():
         groups.setdefault(value, []).append(name)
     return "; ".join(f"{show(v)} on {_names(ns, 4)}" for v, ns in groups.items())
@@ -342,9 +343,9 @@ def constraints(hosts: Mapping[str, HostFacts]) -> ClusterConstraints:
                               refusal=refusal, refusal_hint=hint, nodes=tuple(hosts))
 
 
-def _row(r: NodeResult) -> Dict[str, Any]:
+def _row(r: NodeResult) -> JsonObject:
     """The per-node summary `doctor --json` and the table show (the full facts ride along)."""
-    row: Dict[str, Any] = {"name": r.name, "address": r.address, "status": r.status, "error": r.error,
+    row: JsonObject = {"name": r.name, "address": r.address, "status": r.status, "error": r.error,
                            "seconds": r.seconds}
     f = r.facts
     h = f.host if f is not None else None
@@ -368,7 +369,7 @@ def _row(r: NodeResult) -> Dict[str, Any]:
     return row
 
 
-def report(results: Sequence[NodeResult], findings: Sequence[NodeFinding], transport: str) -> Dict[str, Any]:
+def report(results: Sequence[NodeResult], findings: Sequence[NodeFinding], transport: str) -> JsonObject:
     """The `doctor --hostfile --json` object: one record per node, then the findings."""
     hosts = hosts_of(results)
     return {"schema": SCHEMA, "transport": transport, "nodes": [_row(r) for r in results],
@@ -388,9 +389,9 @@ class DdpChoice:
     backend: str
     bucket_cap_mb: int
     reason: str
-    evidence: Dict[str, Any]
+    evidence: JsonObject
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 

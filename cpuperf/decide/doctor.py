@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
+from cpuperf.decide.allocator import allocator_rule
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.bf16 import bf16_native
-from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations
+from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations, unsourced
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, allocator_names
 from cpuperf.versions import base_or_none, major_minor
@@ -86,7 +88,7 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
                            "(newer than the data, or no vendor guide gives its datapath): training reports no MFU "
                            "for it, only the measured GEMM rate ('% of achievable'); placement and dtype use its "
                            "ISA flags", None))
-    gaps = peak_data(cpu.microarchitecture, cpu.model_name)["unsourced"]
+    gaps = unsourced(cpu.microarchitecture, cpu.model_name)
     if gaps:
         out.append(Finding("cpu-data-unsourced", "info",
                            "not in cpuperf's data for want of a primary source: "
@@ -162,7 +164,9 @@ def check_torch(facts: HostFacts) -> List[Finding]:
     return out
 
 
-def check_libraries(facts: HostFacts) -> List[Finding]:
+def check_libraries(facts: HostFacts, libccl: Optional[Sequence[str]] = None) -> List[Finding]:
+    """Allocators and the oneCCL runtime's libraries. `libccl`: which of libccl.so.1 / libccl.so.2 the environment's
+    lib directory holds (None: read there, by cpuperf.probe.libfiles)."""
     sw = facts.software
     if sw is None:
         return []
@@ -171,14 +175,15 @@ def check_libraries(facts: HostFacts) -> List[Finding]:
         out.append(Finding(
             "no-fast-allocator", "info",
             f"no {allocator_names()} is installed; cpuperf measures whether preloading one helps "
-            "(as root, system ones too: apt-get install -y libgoogle-perftools4 libjemalloc2)",
+            f"(as root, system ones too: {allocator_rule().system_install})",
             "cpuperf install --yes   # adds the mimalloc wheel to this environment, no root needed"))
     oneccl_cpu = sw.packages.get("oneccl-cpu")
     if oneccl_cpu is not None and sw.packages.get("oneccl") is None:
-        import os
+        if libccl is None:
+            from cpuperf.probe.libfiles import present_libraries
 
-        lib = os.path.join(sw.prefix, "lib")
-        if os.path.exists(os.path.join(lib, "libccl.so.1")) and not os.path.exists(os.path.join(lib, "libccl.so.2")):
+            libccl = present_libraries(sw.prefix, ("libccl.so.1", "libccl.so.2"))
+        if "libccl.so.1" in libccl and "libccl.so.2" not in libccl:
             out.append(Finding(
                 "oneccl-cpu-incomplete", "warning",
                 "the oneccl-cpu wheel's libccl.so.1 needs libccl.so.2, which it does not ship: ranks fail at load time",
@@ -301,10 +306,10 @@ def diagnose(facts: HostFacts) -> List[Finding]:
     return sorted(findings, key=lambda f: order.get(f.severity, 9))
 
 
-def report(facts: HostFacts, findings: List[Finding]) -> Dict[str, Any]:
+def report(facts: HostFacts, findings: List[Finding]) -> JsonObject:
     """The `doctor --json` object."""
     cpu, topo, sw = facts.cpu, facts.topology, facts.software
-    software: Optional[Dict[str, Any]] = None
+    software: Optional[JsonObject] = None
     if sw is not None:
         software = {
             "python": sw.python,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Optional
 
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonObject, as_json
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -17,5 +17,5 @@ class Finding:
     message: str
     fix: Optional[str]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)

@@ -7,10 +7,14 @@ Pure over HostFacts and the compat matrix: the driver floor per CUDA version is 
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from cpuperf.probe.facts import Gpu, HostFacts
+from cpuperf.probe.facts import Gpu, HostFacts, PackageInfo
 from cpuperf.versions import version_or_none
+
+if TYPE_CHECKING:  # the matrix and the findings are imported where a check needs them: doctor stays light
+    from cpuperf.decide.findings import Finding
+    from cpuperf.knowledge.matrix import CudaVariant, Matrix
 
 # `ubuntu-drivers install --gpgpu` installs the recommended server (compute) driver branch.
 # Source: Ubuntu Server docs, "NVIDIA drivers installation" (ubuntu-drivers --gpgpu).
@@ -32,7 +36,7 @@ def _cuda_key(cuda: str) -> Tuple[int, int]:
     return int(major), int(minor or 0)
 
 
-def driver_floor(cuda: str, matrix: Any = None) -> Optional[Tuple[str, str, str]]:
+def driver_floor(cuda: str, matrix: Optional[Matrix] = None) -> Optional[Tuple[str, str, str]]:
     """(minimum Linux driver, the cuXYZ row it came from, its source) for a CUDA major.minor.
 
     A CUDA version without its own row takes the newest row of the same major at or below it:
@@ -60,7 +64,7 @@ def driver_floor(cuda: str, matrix: Any = None) -> Optional[Tuple[str, str, str]
     return best.min_driver_linux, best.tag, best.source
 
 
-def variant_for_driver(torch_version: str, driver: str, matrix: Any = None) -> Optional[Any]:
+def variant_for_driver(torch_version: str, driver: str, matrix: Optional[Matrix] = None) -> Optional[CudaVariant]:
     """The newest CUDA variant of this torch release that `driver` can run, or None.
 
     The same rule `cpuperf install` picks builds by (install.cuda_tag_for_driver).
@@ -93,11 +97,11 @@ def _older_torch_fix(torch_version: str, driver: str) -> Optional[str]:
     return f"cpuperf install --torch {row.version}   # the newest torch with a CUDA build ({tag}) driver {driver} runs"
 
 
-def _torch(facts: HostFacts) -> Any:
+def _torch(facts: HostFacts) -> Optional[PackageInfo]:
     return facts.software.packages.get("torch") if facts.software is not None else None
 
 
-def check_driver(facts: HostFacts) -> List[Any]:
+def check_driver(facts: HostFacts) -> List[Finding]:
     """Error when the NVIDIA driver is older than torch's CUDA build needs."""
     from cpuperf.decide.findings import Finding
 
@@ -146,7 +150,7 @@ def full_gpus(gpus: Tuple[Gpu, ...]) -> List[Gpu]:
             and g.memory_free_bytes < g.memory_bytes * frac]
 
 
-def check_memory(facts: HostFacts) -> List[Any]:
+def check_memory(facts: HostFacts) -> List[Finding]:
     """Warning (error when every GPU is taken) for GPUs whose memory other processes hold."""
     from cpuperf.decide.findings import Finding
 
@@ -170,6 +174,6 @@ def check_memory(facts: HostFacts) -> List[Any]:
                     "at the first step", fix)]
 
 
-def check_gpus(facts: HostFacts) -> List[Any]:
+def check_gpus(facts: HostFacts) -> List[Finding]:
     """doctor's GPU findings (the CPU-only-torch finding stays in doctor.check_torch)."""
     return check_driver(facts) + check_memory(facts)

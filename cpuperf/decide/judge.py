@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import Optional, Sequence
+
+from cpuperf.jsonable import JsonObject
 
 ABOVE, BELOW, EVEN, UNDECIDED = "above", "below", "even", "undecided"
 FIGURE_MAX = 1e6  # the largest ratio or bound cpuperf writes and reads back
@@ -45,7 +47,7 @@ class Verdict:
     def decided(self) -> bool:
         return self.outcome != UNDECIDED
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         # Held to what the cache's reader takes (cpuperf.decide.measurement_schema): a wide interval of a noisy pair
         # (8.5e6 seen) is as undecided at the bound, and a figure past it would drop the whole tuning when read back.
         def held(x: float) -> float:

@@ -10,11 +10,13 @@ The rule: compute threads go only to the CPUs others leave free (at least one pe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.findings import Finding
 from cpuperf.decide.placement import Placement
+from cpuperf.decide.threads import threads_on
+from cpuperf.jsonable import JsonObject
 from cpuperf.probe.facts import HostFacts, LoadFacts
 
 
@@ -50,7 +52,7 @@ def describe(load: LoadFacts, taken: Mapping[int, float]) -> str:
     return "; ".join(parts)
 
 
-def evidence(load: Optional[LoadFacts], taken: Mapping[int, float]) -> Dict[str, Any]:
+def evidence(load: Optional[LoadFacts], taken: Mapping[int, float]) -> JsonObject:
     if load is None:
         return {}
     return {"load": {"busy_cpus": {str(c): v for c, v in sorted(taken.items())}, "window_s": load.window_s,
@@ -59,7 +61,7 @@ def evidence(load: Optional[LoadFacts], taken: Mapping[int, float]) -> Dict[str,
 
 
 def adjust_placement(placement: Placement, load: Optional[LoadFacts],
-                     yours: bool = False) -> Tuple[Placement, Dict[str, Any], Optional[str]]:
+                     yours: bool = False) -> Tuple[Placement, JsonObject, Optional[str]]:
     """Drop CPUs others keep busy from each rank's compute CPUs (at least one stays); fewer threads.
 
     Returns the placement (unchanged when nothing is busy or the user set threads or affinity: `yours`), the
@@ -78,7 +80,7 @@ def adjust_placement(placement: Placement, load: Optional[LoadFacts],
     for slot in placement.slots:
         compute = tuple(slot.compute_cpus or slot.cpus)
         free = tuple(c for c in compute if c not in taken) or (min(compute, key=lambda c: busy.get(c, 0.0)),)
-        slots.append(dataclasses.replace(slot, compute_cpus=free, threads=max(1, min(slot.threads, len(free)))))
+        slots.append(dataclasses.replace(slot, compute_cpus=free, threads=threads_on(len(free), slot.threads)))
     before = placement.threads_per_rank
     new = dataclasses.replace(placement, slots=tuple(slots))
     where = "the free CPUs" if any(c not in taken for c in cpus) else "the least busy CPU (none is free)"
@@ -86,7 +88,9 @@ def adjust_placement(placement: Placement, load: Optional[LoadFacts],
            f"{where} instead of {before}")
     # The last reason names the rank count (recommend reads it for nproc_per_node): keep it last.
     new = dataclasses.replace(new, reasons=placement.reasons[:-1] + (why,) + placement.reasons[-1:])
-    ev["load"]["threads_without_load"] = before
+    load_ev = ev.get("load")
+    if isinstance(load_ev, dict):
+        load_ev["threads_without_load"] = before
     return new, ev, None
 
 

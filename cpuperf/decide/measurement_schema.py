@@ -12,9 +12,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from cpuperf import readback as rb
 from cpuperf.decide.judge import FIGURE_MAX
+from cpuperf.jsonable import JsonObject
 
 
-def _timestamp(v: Any) -> Optional[str]:
+def _timestamp(v: object) -> Optional[str]:
     """Seconds since the epoch: after 2001 and not over a day ahead of this clock (a clock set to 1970, or a
     hand-edited date in the future that would never expire, is not when it was measured)."""
     import time
@@ -83,12 +84,12 @@ def tuning() -> rb.Check:
                      required=("best", "levers", "measured_at"))
 
 
-def _speedups(value: Any, where: str) -> Tuple[Dict[str, Any], List[str]]:
+def _speedups(value: object, where: str) -> Tuple[JsonObject, List[str]]:
     """allocator_speedup: name -> ratio, name_by_workload -> {workload: ratio}; each entry on its own."""
     by_workload = rb.map_of(RATIO, rb.text(64))
     if not isinstance(value, dict):
         return {}, [f"{where} must be an object"]
-    kept: Dict[str, Any] = {}
+    kept: JsonObject = {}
     notes: List[str] = []
     for key, item in value.items():
         why = rb.text(64)(key) or (by_workload if str(key).endswith("_by_workload") else RATIO)(item)
@@ -103,7 +104,7 @@ class NotUsable(ValueError):
     """The file's identity (its date, its torch build) does not fit: nothing in it can be used."""
 
 
-def sanitized(data: Any, identity: bool = True) -> Tuple[Dict[str, Any], List[str]]:
+def sanitized(data: object, identity: bool = True) -> Tuple[Dict[str, Any], List[str]]:
     """(the cache as it can be used, a note per field or entry dropped); NotUsable where nothing can be.
     `identity`: the file must say when and with which torch build it was measured (a cache; a file a user hands
     to --measurements need not)."""

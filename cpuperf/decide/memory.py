@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import IncompatibleHostError, UsageError
+from cpuperf.jsonable import JsonMapping, JsonObject
 from cpuperf.probe.facts import Gpu, HostFacts
 
 GIB = float(2**30)
@@ -152,7 +153,7 @@ class MemoryPlan:
     def per_rank_bytes(self) -> int:
         return self.state_bytes + self.per_rank_batch * self.activation_bytes_per_sample
 
-    def evidence(self) -> Dict[str, Any]:
+    def evidence(self) -> JsonObject:
         return {"budget_bytes": self.budget_bytes, "budget": self.budget, "node_budget_bytes": self.node_budget_bytes,
                 "ranks_per_numa_node": self.ranks_per_node, "weights_bytes": self.weights_bytes,
                 "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
@@ -167,7 +168,7 @@ class MemoryPlan:
                 "tried": [list(t) for t in self.tried], "global_batch": self.global_batch}
 
 
-def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, rule: Mapping[str, Any],
+def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, rule: MemoryRule,
                                 fused_attention: bool = False) -> float:
     """Bytes the forward keeps for the backward, per sample: every layer's saved tensors, the final norm, the logits.
 
@@ -185,7 +186,7 @@ def activation_bytes_per_sample(w: Workload, dtype: str, checkpointing: bool, ru
     return w.n_layer * per_token * t + norm_out * t + logits
 
 
-def _layer_bytes_per_token(w: Workload, a: int, fused_attention: bool, rule: Mapping[str, Any]) -> float:
+def _layer_bytes_per_token(w: Workload, a: int, fused_attention: bool, rule: MemoryRule) -> float:
     """What one block keeps for its backward, per token, in bytes (a: bytes of the matmul dtype, 2 under autocast).
 
     Counted from the ops autograd saves (their derivative formulas, tools/autograd/derivatives.yaml): the residual
@@ -206,7 +207,7 @@ def _layer_bytes_per_token(w: Workload, a: int, fused_attention: bool, rule: Map
     readers = 5 if llama else 2
     normed = readers * a * d if a < 4 else 2 * 4 * d
     attention = a * (d + 2 * kv) + a * d
-    scores = 0.0 if fused_attention else rule["activation_attn_coeff"] * max(1, w.n_head) * w.seq_len * a / 2
+    scores = 0.0 if fused_attention else rule.activation_attn_coeff * max(1, w.n_head) * w.seq_len * a / 2
     mlp = (4 if llama else 2) * a * f
     return residual + norms + normed + attention + scores + mlp
 
@@ -228,18 +229,18 @@ def _ranks_per_node(placement: Placement) -> int:
 
 
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu],
-                  rule: Mapping[str, Any]) -> Tuple[Optional[int], str, Optional[int]]:
+                  rule: MemoryRule) -> Tuple[Optional[int], str, Optional[int]]:
     """(bytes one rank may use, how, bytes the ranks of one NUMA node may use); None = unknown."""
     if device == "cuda" and gpu is not None:
         if gpu.memory_bytes is None:
             return None, "GPU memory unknown", None
-        if gpu.memory_free_bytes is not None and gpu.memory_free_bytes < gpu.memory_bytes * rule["gpu_headroom"]:
+        if gpu.memory_free_bytes is not None and gpu.memory_free_bytes < gpu.memory_bytes * rule.gpu_headroom:
             # Another process holds part of the card: only what is free now can be planned for.
-            b = int(gpu.memory_free_bytes * rule["gpu_headroom"])
+            b = int(gpu.memory_free_bytes * rule.gpu_headroom)
             return b, (f"{gpu.name}: {gpu.memory_free_bytes / GIB:.1f} GiB free of {gpu.memory_bytes / GIB:.0f} GiB "
-                       f"x {rule['gpu_headroom']}"), b
-        b = int(gpu.memory_bytes * rule["gpu_headroom"])
-        return b, f"{gpu.name}: {gpu.memory_bytes / GIB:.0f} GiB x {rule['gpu_headroom']}", b
+                       f"x {rule.gpu_headroom}"), b
+        b = int(gpu.memory_bytes * rule.gpu_headroom)
+        return b, f"{gpu.name}: {gpu.memory_bytes / GIB:.0f} GiB x {rule.gpu_headroom}", b
     # Installed memory, not what is free this second: a plan is a function of stable facts (what other
     # processes hold now is a doctor finding, and differs from run to run).
     available = facts.memory.total_bytes or facts.memory.available_bytes
@@ -261,20 +262,38 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
         node_usable = min(usable, float(min(node_mem)))
         per_rank = min(per_rank, node_usable / per_node_ranks)
         words += f", {node_usable / GIB:.1f} GiB per NUMA node over {per_node_ranks} rank(s)"
-    how = f"{words}; {per_rank / GIB:.1f} GiB per rank x {rule['headroom']}"
-    return int(per_rank * rule["headroom"]), how, int(node_usable * rule["headroom"])
+    how = f"{words}; {per_rank / GIB:.1f} GiB per rank x {rule.headroom}"
+    return int(per_rank * rule.headroom), how, int(node_usable * rule.headroom)
 
 
 # Optimizer state beyond fp32 weights (4) and grads (4), per parameter: compat/tuning.toml [memory].
-_STATE_ROW = {"adamw": "bytes_per_param_adamw", "adamw_fused": "bytes_per_param_adamw",
-              "adamw_8bit": "bytes_per_param_adamw_8bit", "adafactor": "bytes_per_param_adafactor"}
+@dataclass(frozen=True)
+class MemoryRule:
+    """compat/tuning.toml [memory], typed: bytes per parameter of each optimizer's training state (bytes_per_param_X),
+    the attention scores' coefficient, the share of RAM (headroom) and of a card (gpu_headroom) a plan may fill."""
+
+    bytes_per_param: Dict[str, float]  # optimizer row (adamw, adamw_8bit, adafactor) -> bytes per parameter
+    activation_attn_coeff: float
+    headroom: float
+    gpu_headroom: float
+
+
+def memory_rule(tuning: Mapping[str, Any]) -> MemoryRule:
+    """The [memory] table of a tuning.toml as a MemoryRule."""
+    row = tuning["memory"]
+    prefix = "bytes_per_param_"
+    return MemoryRule({k[len(prefix):]: float(v) for k, v in row.items() if k.startswith(prefix)},
+                      float(row["activation_attn_coeff"]), float(row["headroom"]), float(row["gpu_headroom"]))
+
+
+_STATE_ROW = {"adamw": "adamw", "adamw_fused": "adamw", "adamw_8bit": "adamw_8bit", "adafactor": "adafactor"}
 # The optimizer families and the package each needs beyond torch (a family whose package is missing is refused).
 OPTIMIZER_PACKAGE = {"adamw_8bit": "bitsandbytes"}
 
 
-def optimizer_state_bytes(optimizer: str, rule: Mapping[str, Any]) -> float:
+def optimizer_state_bytes(optimizer: str, rule: MemoryRule) -> float:
     """Bytes of optimizer state per parameter (beyond weights and grads) for an optimizer id."""
-    return float(rule[_STATE_ROW.get(optimizer, "bytes_per_param_adamw")]) - 8.0
+    return rule.bytes_per_param.get(_STATE_ROW.get(optimizer, "adamw"), rule.bytes_per_param["adamw"]) - 8.0
 
 
 def default_optimizer(torch_ok_fused: bool) -> Tuple[str, str]:
@@ -312,7 +331,7 @@ class _Figures:
     world: int
     nproc: int
     act: Mapping[bool, int]
-    rule: Mapping[str, Any]
+    rule: MemoryRule
 
     def state(self, c: Candidate) -> Tuple[int, int, int, int, int]:
         """(weights, grads, optimizer state, gathered working copy, autocast's 16-bit copies) on the device of one
@@ -338,12 +357,26 @@ class _Figures:
         return self.w.params * (8.0 + opt) * self.nproc / max(1, self.world) if c.offload else 0.0
 
 
-def plan_memory(facts: HostFacts, w: Workload, placement: Placement, dtype: str, gpu: Optional[Gpu], world: int,
-                torch_ok_fused: bool, tuning: Mapping[str, Any], ask: MemoryAsk = MemoryAsk(),
-                fused_attention: bool = False) -> MemoryPlan:
+@dataclass(frozen=True)
+class MemoryJob:
+    """What a memory plan sizes: the model, where its ranks run, the math dtype, the card (None: CPU training), the
+    ranks in all, and whether attention keeps no scores (an SDPA flash or memory-efficient kernel on GPUs)."""
+
+    workload: Workload
+    placement: Placement
+    dtype: str
+    gpu: Optional[Gpu]
+    world: int
+    fused_attention: bool = False
+
+
+def plan_memory(facts: HostFacts, job: MemoryJob, torch_ok_fused: bool, tuning: Mapping[str, Any],
+                ask: MemoryAsk = MemoryAsk()) -> MemoryPlan:
     """The memory plan: the user's batch and optimizer as given, the levers that keep the math tried cheapest first.
     IncompatibleHostError (exit 3) when none fits, with the figures and the options that would."""
-    rule = tuning["memory"]
+    w, placement, dtype, gpu, world = job.workload, job.placement, job.dtype, job.gpu, job.world
+    fused_attention = job.fused_attention
+    rule = memory_rule(tuning)
     on_gpu = gpu is not None
     budget, how, node_budget = memory_budget(facts, placement, "cuda" if on_gpu else "cpu", gpu, rule)
     if ask.optimizer is not None:
@@ -469,7 +502,7 @@ def tensor_core_alignment(gpu: Optional[Gpu], dtype: str, seq_len: int,
     return TensorCoreAlignment(1, max(1, seq_len), f"no {math_dtype} Tensor Cores on {gpu.name}: no alignment rule")
 
 
-def _host_room(facts: HostFacts, placement: Placement, rule: Mapping[str, Any]) -> Optional[float]:
+def _host_room(facts: HostFacts, placement: Placement, rule: MemoryRule) -> Optional[float]:
     """Host RAM (after headroom) that GPU ranks may offload state to, on one node."""
     per_rank, _, _ = memory_budget(facts, placement, "cpu", None, rule)
     return None if per_rank is None else float(per_rank) * max(1, placement.nproc_per_node)
@@ -548,11 +581,11 @@ def _would_fit(facts: HostFacts, fig: _Figures, split: _Split, budget: int, ask:
     return "; ".join(options)
 
 
-def planned_peak(evidence: Mapping[str, Any], batch: int, measured: Mapping[str, Any]) -> Dict[str, Any]:
+def planned_peak(evidence: JsonMapping, batch: int, measured: JsonMapping) -> JsonObject:
     """The real peak a run reports (rank 0: torch.cuda.max_memory_allocated / max_memory_reserved) beside the plan's
     figure for the batch that ran (its state plus that many samples' activations); the measured figures alone where
     the plan has none."""
-    out = {k: measured[k] for k in ("max_allocated_bytes", "max_reserved_bytes", "batch_size") if k in measured}
+    out: JsonObject = {k: measured[k] for k in ("max_allocated_bytes", "max_reserved_bytes", "batch_size") if k in measured}
     state, per = evidence.get("weights_grads_optimizer_bytes"), evidence.get("activation_bytes_per_sample")
     if isinstance(state, int) and isinstance(per, int) and batch >= 1:
         planned = state + batch * per
@@ -564,12 +597,12 @@ def planned_peak(evidence: Mapping[str, Any], batch: int, measured: Mapping[str,
     return out
 
 
-def zero_config(plan: MemoryPlan, w: Workload, dtype: str) -> Optional[Dict[str, Any]]:
+def zero_config(plan: MemoryPlan, w: Workload, dtype: str) -> Optional[JsonObject]:
     """The DeepSpeed config for a ZeRO plan (None when the plan needs none); offload only on GPUs."""
     c = plan.candidate
     if not c.zero_stage:
         return None
-    zero: Dict[str, Any] = {"stage": c.zero_stage}
+    zero: JsonObject = {"stage": c.zero_stage}
     if c.offload:
         zero.update(offload_optimizer={"device": "cpu", "pin_memory": True},
                     offload_param={"device": "cpu", "pin_memory": True})

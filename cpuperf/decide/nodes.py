@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError
 from cpuperf.probe.hosts import Host
 
 
@@ -13,9 +13,9 @@ def job_nodes(nnodes: Optional[int], hosts: Optional[Sequence[Host]], slurm_node
     """The job's nodes: --nnodes, else the count a saved plan was made for, else the hostfile's length, else the
     Slurm allocation's, else 1; the hostfile cut to that count (exit 2 where it names fewer)."""
     if nnodes is not None and nnodes < 1:
-        raise UsageError(f"--nnodes {nnodes} must be at least 1")
+        raise FieldError("nnodes", nnodes, "{typed} must be at least 1")
     count = nnodes or planned or (len(hosts) if hosts else None) or slurm_nodes or 1
     if hosts and count > len(hosts):
-        raise UsageError(f"--nnodes {count} but the hostfile names {len(hosts)} host(s)",
-                         hint="list every node in the hostfile, or lower --nnodes")
+        raise FieldError("nnodes", count, f"{{typed}} but the hostfile names {len(hosts)} host(s)",
+                         "list every node in the hostfile, or lower {flag}")
     return (tuple(hosts[:count]) if hosts else None), count

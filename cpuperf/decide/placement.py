@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.errors import UsageError
-from cpuperf.jsonable import as_json
+from cpuperf.decide.threads import threads_on
+from cpuperf.errors import FieldError, UsageError
+from cpuperf.jsonable import JsonObject, as_json
 from cpuperf.probe.facts import HostFacts
 
 # Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
@@ -52,10 +53,10 @@ class Placement:
     def threads_per_rank(self) -> int:
         return min(s.threads for s in self.slots) if self.slots else 1
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> JsonObject:
         return {"threads_per_rank": self.threads_per_rank}
 
 
@@ -117,7 +118,7 @@ def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:
             return c.socket
         return c.node if c.node is not None else c.socket
 
-    by_unit: Dict[Any, List[Core]] = {}
+    by_unit: Dict[Optional[int], List[Core]] = {}
     for core in cores:
         by_unit.setdefault(key(core), []).append(core)
     units = [by_unit[k] for k in sorted(by_unit, key=lambda k: (k is None, k))]
@@ -177,16 +178,18 @@ def plan_placement(facts: HostFacts, nproc_per_node: Optional[int] = None, unit:
 def _check_counts(facts: HostFacts, ncores: int, nproc: int, threads_per_rank: Optional[int], oversubscribe: bool) -> None:
     """The user's rank and thread counts against the usable cores and CPUs (a usage error where they cannot fit)."""
     if nproc < 1:
-        raise UsageError("--nproc-per-node must be at least 1")
+        raise FieldError("nproc_per_node", nproc, "{flag} must be at least 1")
     if nproc > ncores and not oversubscribe:
-        raise UsageError(f"nproc_per_node {nproc} exceeds the {ncores} usable physical cores "
+        raise FieldError("nproc_per_node", nproc, f"nproc_per_node {nproc} exceeds the {ncores} usable physical cores "
                          f"({len(facts.usable_cpus())} usable CPUs)",
-                         hint=f"use at most {ncores}, or --set oversubscribe=true to share cores")
+                         f"use at most {ncores}, or {{set.oversubscribe}}=true to share cores", setting=True)
     if threads_per_rank is not None and not oversubscribe:
         logical = len(facts.usable_cpus())
         if threads_per_rank * nproc > logical:
-            raise UsageError(f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
-                             hint=f"use at most {max(1, logical // nproc)} threads per rank, or --set oversubscribe=true")
+            raise FieldError("threads_per_rank", threads_per_rank,
+                             f"threads_per_rank {threads_per_rank} x {nproc} rank(s) exceeds the {logical} usable CPUs",
+                             f"use at most {max(1, logical // nproc)} threads per rank, or {{set.oversubscribe}}=true",
+                             setting=True)
     logical = max(1, len(facts.usable_cpus()))
     if oversubscribe and max(nproc, nproc * (threads_per_rank or 1)) > OVERSUBSCRIBE_LIMIT * logical:
         raise UsageError(f"{nproc} rank(s) x {threads_per_rank or 1} thread(s) is more than {OVERSUBSCRIBE_LIMIT}x "
@@ -198,7 +201,7 @@ def _slot(rank: int, group: List[Core], workers: int, per_rank_budget: int, thre
     primaries = tuple(c.cpus[0] for c in group)
     worker_cpus = primaries[:workers] if workers else ()
     compute = primaries[workers:] if workers else primaries
-    threads = max(1, min(len(compute), per_rank_budget - workers if workers else per_rank_budget))
+    threads = threads_on(len(compute), per_rank_budget - workers if workers else per_rank_budget)
     if threads_per_rank is not None:
         compute, threads = _fit_threads(group, compute, worker_cpus, threads_per_rank)
     sockets = {c.socket for c in group}
@@ -241,7 +244,7 @@ def gpu_placement(facts: HostFacts, gpu_nodes: Sequence[Optional[int]], workers_
         taken[node] = taken.get(node, 0) + 1
         mine = by_node[node][first:first + share]
         workers = min(workers_per_rank, share // 2)  # at most half: the compute threads keep the other half
-        threads = threads_per_rank or max(1, share - workers)
+        threads = threads_per_rank or threads_on(share - workers)
         cpus = tuple(c.cpus[0] for c in mine)
         # The process may use all of its share: the compute threads' count leaves `workers` cores to the loaders.
         slots.append(RankSlot(rank, mine[0].socket, node, cpus, cpus, (), threads))

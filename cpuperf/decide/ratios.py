@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Tuple
+from typing import Tuple
 
 from cpuperf.decide.judge import Verdict, paired
+from cpuperf.jsonable import JsonObject
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Ratio:
         return (f"{self.median:.2f}x ({min(self.rounds):.2f}-{max(self.rounds):.2f} over {len(self.rounds)} "
                 f"round{'s' if len(self.rounds) != 1 else ''})")
 
-    def to_json(self, min_rounds: int, confidence: float, resolution: float = 0.0) -> Dict[str, Any]:
+    def to_json(self, min_rounds: int, confidence: float, resolution: float = 0.0) -> JsonObject:
         v = self.verdict(min_rounds, confidence, resolution)
         return {"name": self.name, "median": round(self.median, 4), "rounds": [round(r, 4) for r in self.rounds],
                 "spread": round(self.spread, 4), "threshold": self.threshold, "decided": v.decided,

@@ -6,17 +6,18 @@ decision can be overridden (`--set id=value`), and the result says which were.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import Version
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import not_with_ranks
+from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
-from cpuperf.decide.memory import MemoryLevers
+from cpuperf.decide.memory import MemoryAsk, MemoryJob, MemoryLevers
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import (
     Affinity,
@@ -30,12 +31,9 @@ from cpuperf.decide.records import (
     Levers,
     MathMode,
     Measurements,
-    Optimizer,
     Pin,
     Recommendation,
-    Sharding,
     T,
-    as_allocator,
     as_backend,
     as_device,
     as_optimizer,
@@ -45,12 +43,13 @@ from cpuperf.decide.records import (
 )
 from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
 from cpuperf.decide.workload import BatchSplit, Workload
-from cpuperf.errors import IncompatibleHostError, UsageError
+from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
-from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, coerce
-from cpuperf.probe.facts import Gpu, HostFacts, allocator_names
+from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, coerce
+from cpuperf.probe.facts import Gpu, HostFacts
 from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
 
@@ -85,7 +84,7 @@ def _parse_cc(text: str) -> Tuple[int, int]:
 _BF16_EVIDENCE = {"aarch64": ("bf16", "svebf16", "i8mm", "sve", "sve2", "sme"), "ppc64le": ("mma", "vsx")}
 
 
-def _cpu_evidence(facts: HostFacts) -> Dict[str, Any]:
+def _cpu_evidence(facts: HostFacts) -> JsonObject:
     cpu = facts.cpu
     if cpu.arch in _BF16_EVIDENCE:
         return {"microarchitecture": cpu.microarchitecture, **{f: f in cpu.isa for f in _BF16_EVIDENCE[cpu.arch]}}
@@ -139,8 +138,9 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
 def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Optional[Gpu]) -> Tuple[Optional[int], str]:
     """Bytes one rank may use and how (cpuperf.decide.memory owns the computation)."""
     from cpuperf.decide.memory import memory_budget as budget
+    from cpuperf.decide.memory import memory_rule
 
-    per_rank, how, _ = budget(facts, placement, device, gpu, load_builtin("tuning.toml")["memory"])
+    per_rank, how, _ = budget(facts, placement, device, gpu, memory_rule(load_builtin("tuning.toml")))
     return per_rank, how
 
 
@@ -169,7 +169,7 @@ class _Context:
     def python(self) -> Optional[str]:
         return self.facts.software.python if self.facts.software else None
 
-    def choose(self, pin: Optional[Pin[T]], id: str, value: T, reason: str, evidence: Optional[Dict[str, Any]] = None,
+    def choose(self, pin: Optional[Pin[T]], id: str, value: T, reason: str, evidence: Optional[JsonObject] = None,
                needs_torch: bool = False, tuned: Optional[Pin[T]] = None) -> Decision[T]:
         """cpuperf's choice, unless the lever is pinned: the user's value with ours in the reason, or another owner's
         value with its reason (the plain baseline, the cluster's nodes); a `tuned` value measured on this plan beats
@@ -190,14 +190,14 @@ class _Context:
         return self.choose(pin, d.id, d.value, d.reason, d.evidence, d.needs_torch, tuned)
 
 
-def user_constraints(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def user_constraints(overrides: Optional[Mapping[str, object]]) -> Dict[str, KnobValue]:
     """--set / --config values for recommend: decisions and `oversubscribe`, typed; anything else exits 2."""
-    fixed: Dict[str, Any] = {}
+    fixed: Dict[str, KnobValue] = {}
     for key, raw in (overrides or {}).items():
         knob = BY_ID.get(key)
         if knob is not None and not (knob.decided or key == "oversubscribe"):
-            raise UsageError(f"--set {key}: a setting of the built-in training loop, not a decision",
-                             hint=f"cpuperf train --set {key}=...; decisions: " + ", ".join(DECISION_IDS))
+            raise FieldError(key, raw, "{flag}: a setting of the built-in training loop, not a decision",
+                             "cpuperf train {flag}=...; decisions: " + ", ".join(DECISION_IDS), setting=True)
         fixed[key] = coerce(key, raw)
     return fixed
 
@@ -221,51 +221,53 @@ class _Precision:
 
 
 @dataclass(frozen=True)
-class MemoryDecisions:
-    """The levers the memory plan decides (cpuperf.decide.memory), typed."""
+class RecommendRequest:
+    """What a caller asks of `recommend` besides the host and the workload (issue 54: one record, not 14 keywords).
 
-    batch_size: Decision[int]
-    grad_accum_steps: Decision[int]
-    grad_checkpointing: Decision[bool]
-    optimizer: Decision[Optimizer]
-    sharding: Decision[Optional[Sharding]]
-    offload: Decision[bool]
-    dataloader_workers: Decision[int]
-    pin_memory: Decision[bool]
-    zero: Decision[Optional[Dict[str, Any]]]
-
-
-def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[int] = None,
-              nnodes: int = 1, unit: str = "socket", device: str = "auto",
-              measurements: Optional[Measurements] = None, overrides: Optional[Mapping[str, Any]] = None,
-              environ: Optional[Mapping[str, str]] = None,
-              baseline: Optional[Mapping[str, Any]] = None, ranks_from: Optional[str] = None,
-              tuned: Optional[Tuple[Mapping[str, Any], str]] = None, shape_tuning: bool = True,
-              pins: Optional[Constraints] = None, memory_levers: Optional[MemoryLevers] = None,
-              ranks_unknown: bool = False) -> Recommendation:
-    """Decide every setting for this host and workload; the user's values (overrides) are constraints
-    applied where each knob is decided, so placement, memory plan and backend are built around them.
-    `baseline` fixes knobs the same way without calling them the user's (train without --auto).
-    `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where it came from).
-    `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else, with
-    `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: the memory
+    `overrides`: the user's values (--set / --config), constraints applied where each knob is decided, so placement,
+    memory plan and backend are built around them. `baseline` fixes knobs the same way without calling them the
+    user's (train without --auto). `ranks_from`: nproc_per_node is the count a user's own launcher starts (said where
+    it came from). `tuned`: (a cached tuning result, where it was measured) that overrides the rules' levers; else,
+    with `shape_tuning`, the one cached for this workload's shape (cpuperf bench --tune). `memory_levers`: the memory
     levers that keep the math which the job's path can apply (cpuperf.decide.memory.MemoryLevers); None: every one.
     `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's.
-    `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks."""
-    mine = constraints_of(user_constraints(overrides))
-    if nproc_per_node is not None and ranks_from is None and mine.nproc_per_node is None:
+    `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks.
+    `environ`: the environment the job's GPUs are seen through (CUDA_VISIBLE_DEVICES), read at the edge."""
+
+    nproc_per_node: Optional[int] = None
+    nnodes: int = 1
+    unit: str = "socket"
+    device: str = "auto"
+    measurements: Optional[Measurements] = None
+    overrides: Optional[Mapping[str, object]] = None  # --set / --config values, or a plan's: coerced by their knobs
+    environ: Mapping[str, str] = field(default_factory=dict)
+    baseline: Optional[Mapping[str, KnobValue]] = None
+    ranks_from: Optional[str] = None
+    tuned: Optional[Tuple[Mapping[str, Any], str]] = None
+    shape_tuning: bool = True
+    pins: Optional[Constraints] = None
+    memory_levers: Optional[MemoryLevers] = None
+    ranks_unknown: bool = False
+
+
+def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendRequest] = None) -> Recommendation:
+    """Decide every setting for this host and workload, as `request` asks (RecommendRequest)."""
+    r = request or RecommendRequest()
+    nproc_per_node, nnodes, unit, device, tuned = r.nproc_per_node, r.nnodes, r.unit, r.device, r.tuned
+    mine = constraints_of(user_constraints(r.overrides))
+    if nproc_per_node is not None and r.ranks_from is None and mine.nproc_per_node is None:
         mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
     if nnodes and nnodes > 1 and mine.nnodes is None:
         mine = replace(mine, nnodes=Pin(nnodes))
-    base = constraints_of(baseline or {}, "the plain baseline (no --auto)")
+    base = constraints_of(r.baseline or {}, "the plain baseline (no --auto)")
     constraints = base.under(mine)
-    if pins is not None:
-        constraints = pins.under(constraints)
-    ctx = _Context(facts, workload, measurements or Measurements(), load_builtin("tuning.toml"),
+    if r.pins is not None:
+        constraints = r.pins.under(constraints)
+    ctx = _Context(facts, workload, r.measurements or Measurements(), load_builtin("tuning.toml"),
                    stack_versions(facts), constraints,
-                   ranks_from=(int(nproc_per_node or 1), ranks_from) if ranks_from else None,
-                   ranks_unknown=ranks_unknown)
-    if tuned is None and shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
+                   ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
+                   ranks_unknown=r.ranks_unknown)
+    if tuned is None and r.shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
     _use_tuning(ctx, tuned, device, nnodes)
@@ -274,7 +276,7 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
     elif ctx.torch is None:
         ctx.notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
                          "would install; run it first")
-    device_d, gpus = _decide_device(ctx, device, environ or {})
+    device_d, gpus = _decide_device(ctx, device, r.environ)
     on_gpu = device_d.value == "cuda"
     gpu = gpus[0] if (on_gpu and gpus) else None
     layout = _decide_placement(ctx, gpus, unit, on_gpu)
@@ -290,17 +292,21 @@ def recommend(facts: HostFacts, workload: Workload, *, nproc_per_node: Optional[
                          ctx.fixed.compile, ctx.tuned.compile)
     allocator = _choose_allocator(ctx, on_gpu, world, precision.dtype.value)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
-    memory = _memory_plan(facts, workload, placement, precision.dtype.value, ctx.tuning, gpu, world, ctx.torch,
-                          fixed=ctx.fixed, levers=memory_levers, attention=attention.value)
+    # The levers decided so far; the memory plan decides the rest and returns the whole record.
+    decided = functools.partial(
+        Levers, device=device_d, dtype=precision.dtype, tf32=precision.tf32, fp32_math_mode=precision.fp32_math_mode,
+        nproc_per_node=layout.nproc_per_node, nnodes=layout.nnodes, threads_per_rank=layout.threads_per_rank,
+        affinity=layout.affinity, ddp_backend=backend, ipex=ipex, compile=compile_d, allocator=allocator,
+        attention=attention)
+    fused = gpu is not None and attention.value in ("flash", "mem_efficient")  # GPU SDPA kernels keep no scores
+    memory = _memory_plan(ctx, MemoryJob(workload, placement, precision.dtype.value, gpu, world, fused),
+                          r.memory_levers, decided)
     if split is not None:
         memory = replace(memory, batch_size=replace(memory.batch_size, reason=f"{split.per_device}: {split.describe()}"))
     if pinned_value(ctx.fixed.dtype) == "bf16" and not on_gpu and not bf16_native(facts):
         ctx.notes.append("dtype=bf16 was set on a CPU without native bf16: expect it to be several times slower than fp32")
-    levers = Levers(
-        device=device_d, dtype=precision.dtype, tf32=precision.tf32, fp32_math_mode=precision.fp32_math_mode,
-        nproc_per_node=layout.nproc_per_node, nnodes=layout.nnodes, threads_per_rank=layout.threads_per_rank,
-        affinity=layout.affinity, ddp_backend=backend, ipex=ipex, compile=compile_d, allocator=allocator,
-        attention=attention,
+    levers = replace(
+        memory,
         batch_size=ctx.take(memory.batch_size, ctx.fixed.batch_size),
         grad_accum_steps=ctx.take(memory.grad_accum_steps, ctx.fixed.grad_accum_steps),
         grad_checkpointing=ctx.take(memory.grad_checkpointing, ctx.fixed.grad_checkpointing),
@@ -389,7 +395,7 @@ def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tu
     torch_info = facts.software.packages.get("torch") if facts.software else None
     torch_build = torch_info.build if torch_info else None
     if device not in ("auto", "cpu", "cuda"):
-        raise UsageError(f"--device {device!r}: use auto, cpu or cuda")
+        raise FieldError("device", device, "{flag} {value!r}: use auto, cpu or cuda")
     if device != "auto" and ctx.fixed.device is None:
         ctx.fixed = replace(ctx.fixed, device=Pin(as_device(device)))
     chosen: Device = "cpu"
@@ -415,7 +421,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     nnodes = pinned_value(fixed.nnodes) or 1
     oversubscribe = fixed.oversubscribe
     threads = pinned_value(fixed.threads_per_rank) or pinned_value(ctx.tuned.threads_per_rank)
-    load_ev: Dict[str, Any] = {}
+    load_ev: JsonObject = {}
     if on_gpu:
         # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
         nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
@@ -470,9 +476,9 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     from cpuperf.probe.parse import format_cpulist
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
-    evidence: Dict[str, Any] = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
+    evidence: JsonObject = {"slots": [list(s.cpus) for s in placement.slots], "cpus": pinned}
     if on_gpu:
-        gpu_evidence = {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]}
+        gpu_evidence: JsonObject = {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]}
         bound: Optional[Affinity] = "auto" if placement.unit == "gpu-numa" else None
         affinity = ctx.choose(fixed.affinity, "affinity", bound,
                               f"each rank pinned to the cores of its GPU's NUMA node: {pinned}" if bound else
@@ -507,7 +513,7 @@ class _FewerRanks:
         return (f"{run}, the same job as yours: this host's layout is {self.better} ranks, but {self.why} (opt in: "
                 f"--set nproc_per_node={self.better})")
 
-    def evidence(self) -> Dict[str, Any]:
+    def evidence(self) -> JsonObject:
         return {"not_split": {"ranks": self.better, "why": f"{self.why}; the job runs {self.ranks} rank(s). Opt in "
                               f"with --set nproc_per_node={self.better} (the plan then says what it changes)"}}
 
@@ -566,7 +572,7 @@ def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> _Precision:
     return _Precision(dtype_d, tf32_d, mode)
 
 
-def _cpu_dtype(ctx: _Context, evidence: Dict[str, Any]) -> Tuple[Dtype, str]:
+def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
     """bf16 or fp32 on this CPU, and why."""
     facts, meas, tuning = ctx.facts, ctx.meas, ctx.tuning
     ratio = None
@@ -675,7 +681,7 @@ def _decide_ipex(ctx: _Context, on_gpu: bool) -> Decision[bool]:
     if asked and (on_gpu or not ok):
         raise UsageError(f"ipex=true cannot run here: {'IPEX is for CPU training' if on_gpu else why}",
                          hint="cpuperf compat --with ipex shows the matching wheels, or use compile=true")
-    evidence = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
+    evidence: JsonObject = {"torch": ctx.torch, "ipex": ctx.stack.get("intel_extension_for_pytorch")}
     if on_gpu:
         return ctx.choose(pin, "ipex", False, "IPEX's CPU optimisations do not apply to CUDA training", {})
     if facts.cpu.arch != "x86_64":
@@ -701,7 +707,7 @@ def _choose_allocator(ctx: _Context, on_gpu: bool, world: int = 1,
     if asked:
         available = ctx.facts.software.allocators if ctx.facts.software else {}
         if ctx.facts.software is not None and not available.get(asked):
-            raise UsageError(f"allocator={asked} is not installed on this host", hint=_allocator_hint())
+            raise UsageError(f"allocator={asked} is not installed on this host", hint=install_hint())
     return ctx.take(d, ctx.fixed.allocator, ctx.tuned.allocator)
 
 
@@ -744,7 +750,7 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
     rule = tuning["compile"]
     per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
     own = meas.compile_by_model.get(model_key(w)) if not on_gpu else None
-    evidence: Dict[str, Any] = {"model": model_key(w)}
+    evidence: JsonObject = {"model": model_key(w)}
     if own:
         # Measured for this model: the step time scales with the rank's batch (the measurement's was own["batch"]).
         compile_s, speedup = float(own["compile_seconds"]), float(own["speedup"])
@@ -782,71 +788,6 @@ def reference_workload(w: Optional[Workload]) -> str:
     return "lm" if w is None or w.n_layer > 0 else "mlp"
 
 
-def _allocator_hint() -> str:
-    rule = load_builtin("tuning.toml")["allocator"]
-    return (f"`cpuperf install` adds the {rule['wheel']} wheel (no root); system ones: {rule['system_install']}")
-
-
-def decide_allocator(facts: HostFacts, meas: Measurements, on_gpu: bool, family: str = "lm",
-                     world: int = 1, dtype: str = "fp32", ranks_unknown: bool = False) -> Decision[Optional[AllocatorName]]:
-    """The allocator to preload for a workload of this family: the measured best, only where it beats the
-    default, and never one known to abort jobs of several ranks (`world` > 1) at exit.
-
-    A bf16 plan reads the ratio measured under bf16 autocast (`lm-bf16`) where the host has one: the allocation
-    pattern is another (on a Zen 4 VM mimalloc was 1.00x on the fp32 LM and 1.10x in bf16); else the fp32 one, and
-    the reason says so."""
-    available = {}
-    if facts.software is not None:
-        available = {k: v for k, v in facts.software.allocators.items() if v}
-    if on_gpu:
-        return Decision("allocator", None, "host allocator does not matter for GPU training", {})
-    if not available:
-        return Decision("allocator", None, f"no {allocator_names()} found: " + _allocator_hint(), {})
-    rule = load_builtin("tuning.toml")["allocator"]
-    measured: Dict[str, float] = {}
-    in_dtype = f"{family}-{dtype}" if dtype != "fp32" else None
-    if in_dtype and not any(in_dtype in (meas.allocator_speedup.get(f"{name}_by_workload") or {}) for name in available):
-        in_dtype = None  # not measured in this dtype here: the fp32 figure, said
-    key = in_dtype or family
-    for name in available:
-        by_workload = meas.allocator_speedup.get(f"{name}_by_workload") or {}
-        ratio = by_workload.get(key, meas.allocator_speedup.get(name) if not by_workload else None)
-        if isinstance(ratio, (int, float)):
-            measured[name] = float(ratio)
-    on = f"{family} reference workload" + (f" in {dtype} autocast" if in_dtype else
-                                           f" in fp32 (not measured in {dtype} here)" if dtype != "fp32" else "")
-    if measured:
-        evidence = {"measured": {k: round(v, 3) for k, v in measured.items()}, "workload": key,
-                    "by_workload": {k: meas.allocator_speedup.get(f"{k}_by_workload", {}) for k in measured},
-                    "source": meas.source}
-        figures = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(measured.items(), key=lambda kv: -kv[1]))
-        good = {k: v for k, v in measured.items() if v >= rule["min_speedup"]}
-        unknown = ranks_unknown and world <= 1  # a launcher whose count cpuperf cannot tell may start several
-        unsafe = not_with_ranks(list(good), 2 if unknown else world)
-        if unsafe:
-            evidence["not_with_ranks"] = {"allocators": unsafe, "world": None if unknown else world,
-                                          "source": rule["not_with_ranks_source"]}
-            good = {k: v for k, v in good.items() if k not in unsafe}
-        ranks = "your launcher's rank count is unknown, and with several ranks" if unknown else f"with {world} ranks"
-        not_here = (f"; not {', '.join(unsafe)}: {ranks} it aborted jobs at exit after training "
-                    "(terminate called without an active exception; compat/tuning.toml)") if unsafe else ""
-        if good:
-            best = max(good, key=lambda k: good[k])
-            return Decision("allocator", as_allocator(best), f"measured on the {on}: {figures} the default "
-                            f"allocator: the fastest is preloaded{not_here}", evidence)
-        if unsafe:
-            return Decision("allocator", None, f"measured on the {on}: {figures} the default"
-                            f"{not_here}: the default is kept", evidence)
-        return Decision("allocator", None, f"measured on the {on}: {figures} the default; none "
-                        f"beats it by {rule['min_speedup']:.2f}x: the default is kept", evidence)
-    noisy = [line for what, line in meas.undecided.items() if what.startswith("allocator") and what.endswith(family)]
-    if noisy:
-        return Decision("allocator", None, f"{', '.join(sorted(available))} installed; measured here, but {noisy[0]}",
-                        {"available": sorted(available), "undecided": noisy})
-    return Decision("allocator", None, f"{', '.join(sorted(available))} installed but unmeasured on this host: a fixed "
-                    "preload lost 20% here before (run cpuperf bench to measure)", {"available": sorted(available)})
-
-
 def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision[Attention]:
     if gpu is None:
         return Decision("attention", "sdpa", "scaled_dot_product_attention (PyTorch picks its CPU flash kernel)",
@@ -862,20 +803,20 @@ def _decide_attention(w: Workload, dtype: str, gpu: Optional[Gpu]) -> Decision[A
 
 
 def _memory_ask(w: Workload, fixed: Constraints, levers: Optional[MemoryLevers], facts: HostFacts,
-                on_gpu: bool) -> Any:
+                on_gpu: bool) -> MemoryAsk:
     """What the memory plan must honour: your batch, accumulation and optimizer (--set, else your script's own),
     the levers the path can apply, and the levers you set."""
-    from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE, MemoryAsk
+    from cpuperf.decide.memory import KEEPS_THE_MATH, OPTIMIZER_PACKAGE
 
     optimizer = pinned_value(fixed.optimizer) or w.optimizer
     needs = OPTIMIZER_PACKAGE.get(optimizer or "")
     if needs and facts.software is not None and not facts.software.packages.get(needs):
-        raise UsageError(f"optimizer={optimizer} needs {needs}, which is not installed here",
-                         hint=f"pip install {needs}, or --set optimizer=adamw")
+        raise FieldError("optimizer", optimizer, f"optimizer={optimizer} needs {needs}, which is not installed here",
+                         f"pip install {needs}, or {{flag}}=adamw", setting=True)
     sharding = pinned_value(fixed.sharding) or "fsdp"
     if sharding == "zero3" and facts.software is not None and not facts.software.packages.get("deepspeed"):
-        raise UsageError("sharding=zero3 needs DeepSpeed, which is not installed here",
-                         hint="pip install deepspeed, or --set sharding=fsdp (torch's own)")
+        raise FieldError("sharding", sharding, "sharding=zero3 needs DeepSpeed, which is not installed here",
+                         "pip install deepspeed, or {flag}=fsdp (torch's own)", setting=True)
     can, why = levers.on(on_gpu) if levers is not None else (KEEPS_THE_MATH, "")
     set_batch, set_accum = pinned_value(fixed.batch_size), pinned_value(fixed.grad_accum_steps)
     per_device = set_batch or w.per_device_batch
@@ -893,16 +834,16 @@ def _memory_ask(w: Workload, fixed: Constraints, levers: Optional[MemoryLevers],
                      park=None if fixed.offload is None else fixed.offload.value)
 
 
-def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dtype,
-                 tuning: Mapping[str, Any], gpu: Optional[Gpu], world: int, torch_v: Optional[str],
-                 fixed: Optional[Constraints] = None, levers: Optional[MemoryLevers] = None,
-                 attention: str = "sdpa") -> MemoryDecisions:
-    """Batch, accumulation, checkpointing, optimizer, sharding and offload from one MemoryPlan (cpuperf.decide.memory).
+def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
+                 decided: Callable[..., Levers]) -> Levers:
+    """Batch, accumulation, checkpointing, optimizer, sharding and offload from one MemoryPlan (cpuperf.decide.memory),
+    with the levers `decided` before them: the whole record.
 
-    `fixed` holds the user's values: the accumulation follows a set batch, never patched afterwards. `levers`: (the
+    The user's values (ctx.fixed): the accumulation follows a set batch, never patched afterwards. `levers`: (the
     memory levers this job's path can apply, why not the others); None: all of them.
     """
-    fixed = fixed or Constraints()
+    facts, fixed, tuning, torch_v = ctx.facts, ctx.fixed, ctx.tuning, ctx.torch
+    w, placement, dtype, gpu, world = job.workload, job.placement, job.dtype, job.gpu, job.world
     from cpuperf.decide.memory import plan_memory, zero_config
 
     on_gpu = gpu is not None
@@ -911,17 +852,16 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
     ask = _memory_ask(w, fixed, levers, facts, on_gpu)
     if not w.known:
-        return _unknown_model(w, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu))
+        return _unknown_model(w, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), decided)
     try:
-        # On GPUs the SDPA kernel decided (flash or memory-efficient) keeps no attention scores.
-        fused = on_gpu and attention in ("flash", "mem_efficient")
-        plan = plan_memory(facts, w, placement, dtype, gpu, world, fused_ok, tuning, ask, fused)
+        plan = plan_memory(facts, job, fused_ok, tuning, ask)
     except IncompatibleHostError as exc:
         if levers is None or not levers.advisory:
             raise
         # Not cpuperf's to refuse: your script runs as you wrote it, with the estimate said.
         told = replace(w, found=f"{w.found}; by cpuperf's estimate it does not fit: {exc.message}; {exc.hint}")
-        return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), known=True)
+        return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), decided,
+                              known=True)
     evidence = {"params": w.params, **plan.evidence()}
     per_device, c, accum = int(plan.per_rank_batch), plan.candidate, plan.grad_accum
     yours = fixed.batch_size is not None
@@ -949,7 +889,7 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
     off_why = ("the sharded state does not fit the GPUs: parked in host RAM (slower steps, the same training)"
                if c.offload else "not needed" if on_gpu else "CPU training: nothing to offload to")
     workers_d, pin_d = _loading(facts, placement, tuning, on_gpu)
-    return MemoryDecisions(
+    return decided(
         batch_size=Decision("batch_size", per_device, why_batch, evidence),
         grad_accum_steps=Decision("grad_accum_steps", accum, global_why,
                                   {"global_batch": plan.global_batch, "world_size": world}),
@@ -965,15 +905,16 @@ def _memory_plan(facts: HostFacts, w: Workload, placement: Placement, dtype: Dty
                       else "no DeepSpeed ZeRO plan", {"plan": c.name}))
 
 
-def _unknown_model(w: Workload, ask: Any, fused_ok: bool, torch_v: Optional[str],
-                   loading: Tuple[Decision[int], Decision[bool]], known: bool = False) -> MemoryDecisions:
+def _unknown_model(w: Workload, ask: MemoryAsk, fused_ok: bool, torch_v: Optional[str],
+                   loading: Tuple[Decision[int], Decision[bool]], decided: Callable[..., Levers],
+                   known: bool = False) -> Levers:
     """Your script's model could not be told (or cpuperf applies nothing to it): its own batch and no memory lever,
     each said why."""
     from cpuperf.decide.memory import default_optimizer
 
     why = f"no memory lever applied ({w.found})" if known else f"cannot tell your script's model ({w.found}): no memory plan"
     optimizer, opt_why = (ask.optimizer, "set by you") if ask.optimizer else default_optimizer(fused_ok)
-    return MemoryDecisions(
+    return decided(
         batch_size=Decision("batch_size", int(ask.per_device or 8), f"your script's own; {why}", {}),
         grad_accum_steps=Decision("grad_accum_steps", int(ask.grad_accum or 1), "your script's own", {}),
         grad_checkpointing=Decision("grad_checkpointing", False, why, {}),

@@ -6,13 +6,15 @@ Kept apart from the engine (cpuperf.decide.recommend) so that reading a saved pl
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, cast, get_args
+from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast, get_args
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import BatchSplit, Workload
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
+from cpuperf.knowledge.knobs import KnobValue
 
 T = TypeVar("T")
+V_co = TypeVar("V_co", covariant=True)  # a decision's value: a Decision[int] is a Decision[object]
 
 # The closed sets a lever's value is one of: the same values as its knob's choices (cpuperf.knowledge.knobs;
 # tests/test_levers.py keeps the two equal). A lever's value is typed once, where it is decided or read back.
@@ -25,9 +27,10 @@ AllocatorName = Literal["tcmalloc", "jemalloc", "mimalloc"]
 Attention = Literal["sdpa", "flash", "mem_efficient", "math"]
 Optimizer = Literal["adamw", "adamw_fused", "adafactor", "adamw_8bit"]
 Sharding = Literal["fsdp", "zero3"]
+ZeroConfig = Dict[str, JsonValue]  # a DeepSpeed ZeRO config, as DeepSpeed reads it (JSON)
 
 
-def _member(kind: Any, value: object, what: str) -> Any:
+def _member(kind: object, value: object, what: str) -> object:
     if value not in get_args(kind):
         raise ValueError(f"{what} {value!r} is not one of {', '.join(map(str, get_args(kind)))}")
     return value
@@ -54,17 +57,17 @@ def as_sharding(value: object) -> Optional[Sharding]:
 
 
 @dataclass(frozen=True)
-class Decision(Generic[T]):
+class Decision(Generic[V_co]):
     """One lever's value, why, and what it was decided from; `overridden`: the user's (--set/--config)."""
 
     id: str
-    value: T
+    value: V_co
     reason: str
-    evidence: Dict[str, Any] = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
     overridden: bool = False
     needs_torch: bool = False
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 
@@ -95,14 +98,14 @@ class Levers:
     offload: Decision[bool]
     dataloader_workers: Decision[int]
     pin_memory: Decision[bool]
-    zero: Decision[Optional[Dict[str, Any]]]
+    zero: Decision[Optional[ZeroConfig]]
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name).id != f.name:
                 raise ValueError(f"the {f.name} lever holds the decision {getattr(self, f.name).id!r}")
 
-    def all(self) -> Tuple[Decision[Any], ...]:
+    def all(self) -> Tuple[Decision[object], ...]:
         """Every lever's decision, in the vocabulary's order (how reports and JSON list them)."""
         return tuple(getattr(self, f.name) for f in fields(self))
 
@@ -117,13 +120,12 @@ class Levers:
 
 
 
-def rank_threads(levers: Levers, auto: bool) -> Optional[int]:
-    """THE threads each rank runs with (OMP_NUM_THREADS, the launch's per-rank count, the worker's setting, ccl-env):
-    the decided count under --auto or where you set it, on CPUs and GPUs alike (torchrun would give GPU ranks 1);
-    None (torch's own) otherwise. Here, beside the record, so ccl-env's start-up reads it without the planner."""
-    if not (auto or levers.threads_per_rank.overridden):
-        return None
-    return levers.threads_per_rank.value
+def measured_gemm(evidence: JsonMapping) -> Optional[Tuple[float, float]]:
+    """(fp32, bf16) GEMM GFLOP/s the dtype decision was measured from (its evidence), None where it was not."""
+    fp32, bf16 = evidence.get("gemm_fp32_gflops"), evidence.get("gemm_bf16_gflops")
+    if isinstance(fp32, (int, float)) and isinstance(bf16, (int, float)) and fp32 and bf16:
+        return float(fp32), float(bf16)
+    return None
 
 
 def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
@@ -147,7 +149,7 @@ class Measurements:
     step_seconds: Optional[float] = None  # eager fp32 step of the workload, if measured
     compile_speedup: Optional[float] = None
     # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
-    allocator_speedup: Dict[str, Any] = field(default_factory=dict)
+    allocator_speedup: Dict[str, Union[float, Dict[str, float]]] = field(default_factory=dict)
     # model_key(workload) -> {"compile_seconds", "speedup", "step_seconds", "batch"}: torch.compile
     # measured on this host for that model (cpuperf bench --compile --model NAME)
     compile_by_model: Dict[str, Dict[str, float]] = field(default_factory=dict)
@@ -175,7 +177,7 @@ class Recommendation:
     split: Optional[BatchSplit] = None  # how cpuperf's ranks share a user's Trainer's global batch
 
     @property
-    def decisions(self) -> Tuple[Decision[Any], ...]:
+    def decisions(self) -> Tuple[Decision[object], ...]:
         """Every decision in the vocabulary's order (reports, JSON)."""
         return self.levers.all()
 
@@ -187,7 +189,7 @@ class Pin(Generic[T]):
 
     value: T
     reason: Optional[str] = None
-    evidence: Optional[Dict[str, Any]] = None
+    evidence: Optional[JsonObject] = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ class Constraints:
     offload: Optional[Pin[bool]] = None
     dataloader_workers: Optional[Pin[int]] = None
     pin_memory: Optional[Pin[bool]] = None
-    zero: Optional[Pin[Optional[Dict[str, Any]]]] = None
+    zero: Optional[Pin[Optional[ZeroConfig]]] = None
     oversubscribe: bool = False  # more ranks x threads than usable cores, allowed (a placement option)
 
     def pinned(self) -> Tuple[str, ...]:
@@ -228,7 +230,7 @@ class Constraints:
         return replace(other, oversubscribe=self.oversubscribe or other.oversubscribe, **mine)
 
 
-def constraints_of(values: Mapping[str, Any], reason: Optional[str] = None) -> Constraints:
+def constraints_of(values: Mapping[str, KnobValue], reason: Optional[str] = None) -> Constraints:
     """Typed values by knob id (knowledge/knobs.py has checked each) -> Constraints; `reason` None: the user's."""
     pins: Dict[str, Any] = {k: Pin(v, reason) for k, v in values.items() if k != "oversubscribe"}
     return Constraints(oversubscribe=bool(values.get("oversubscribe")), **pins)

@@ -14,13 +14,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import first_library, not_with_ranks, preload_choice, preloadable
+from cpuperf.decide.allocator import allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError
 from cpuperf.knowledge.variables import value_problem, variables
 from cpuperf.probe.facts import HostFacts, allocator_names
 
 if TYPE_CHECKING:
+    from cpuperf.knowledge.knobs import KnobValue  # the knob table: not needed at ccl-env's start-up
     from cpuperf.probe.hosts import Host
 
 # Records are NamedTuples, not frozen dataclasses: ccl-env runs in every new shell and a frozen
@@ -163,14 +164,14 @@ def check_port(port: Optional[int]) -> int:
     if port is None:
         return int(_data()["rendezvous"]["master_port"])
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise UsageError(f"master port {port!r} is not in 1..65535", hint="e.g. --master-port 29500")
+        raise FieldError("master_port", port, "master port {value!r} is not in 1..65535", "e.g. {flag} 29500")
     return port
 
 
 def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], nnodes: int,
-                   environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None) -> Tuple[str, str]:
+                   environ: Mapping[str, str], slurm_first: Optional[str] = None) -> Tuple[str, str]:
     """(address, why): --master-addr, else the hostfile's first host, else the Slurm allocation's first node
-    (several nodes), else loopback on one node, else a MASTER_ADDR already set."""
+    (several nodes), else loopback on one node, else a MASTER_ADDR already set in `environ` (read at the edge)."""
     if master_addr is not None:
         from cpuperf.probe.hosts import check_host  # imported only when there is a host to check
 
@@ -181,14 +182,13 @@ def master_address(hosts: Optional[Sequence[Host]], master_addr: Optional[str], 
         return slurm_first, "the first node of the Slurm allocation (rank 0 runs there)"
     if nnodes <= 1:
         return str(_data()["rendezvous"]["single_node_addr"]), "one node: rendezvous over loopback"
-    env = os.environ if environ is None else environ
-    preset = env.get("MASTER_ADDR")
+    preset = environ.get("MASTER_ADDR")
     if preset:
         from cpuperf.probe.hosts import check_host
 
         return check_host(preset, "MASTER_ADDR"), "MASTER_ADDR already set"
-    raise UsageError(f"{nnodes} nodes need a rendezvous address",
-                     hint="pass --hostfile FILE (its first host) or --master-addr HOST")
+    raise FieldError("master_addr", None, f"{nnodes} nodes need a rendezvous address",
+                     "pass {opt.hostfile} FILE (its first host) or {flag} HOST")
 
 
 def _hexmask(cpus: Sequence[int]) -> str:
@@ -212,50 +212,64 @@ def pin_domain(placement: Placement) -> Optional[str]:
     return "[" + ",".join(masks) + "]"
 
 
-def runtime_env(facts: HostFacts, placement: Placement, *, backend: str,
-                hosts: Optional[Sequence[Host]] = None, master_addr: Optional[str] = None,
-                master_port: Optional[int] = None, preload: bool = False, allocator: Optional[str] = None,
-                threads: Optional[int] = None,
-                nnodes: Optional[int] = None,
-                mpi: Optional[str] = None, libraries: Optional[Libraries] = None,
-                socket_ifname: Optional[str] = None,
-                environ: Optional[Mapping[str, str]] = None, slurm_first: Optional[str] = None,
-                pin: bool = True, knobs: Optional[Mapping[str, Any]] = None) -> RuntimeEnv:
-    """The tuned variables for `placement.nproc_per_node` ranks on each of `nnodes` nodes.
+class RuntimeEnvRequest(NamedTuple):
+    """What `runtime_env` is asked for (issue 54: one record, not 15 keywords).
 
-    threads: each rank's thread count as decided (cpuperf.decide.records.rank_threads; None: OMP_NUM_THREADS is
-    not set, torch's own stands). backend: 'ccl' | 'gloo'. mpi: 'intelmpi' when Intel MPI launches the ranks (adds pin domains).
-    libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
-    interface that reaches the master (multi-node gloo); environ: the current environment (LD_PRELOAD).
-    pin: the affinity decision; False (ranks left to the OS scheduler) also keeps Intel MPI from pinning.
-    knobs: the plan's decided values the Arm levers follow (fp32_math_mode; cpuperf.decide.arm_levers).
-    """
+    backend: 'ccl' | 'gloo'. threads: each rank's thread count as decided (cpuperf.decide.threads.rank_threads;
+    None: OMP_NUM_THREADS is not set, torch's own stands). mpi: 'intelmpi' when Intel MPI launches the ranks (adds
+    pin domains). libraries: OpenMP runtimes and allocators found (default: facts.software's). socket_ifname: the
+    interface that reaches the master (multi-node gloo). environ: the current environment (LD_PRELOAD, MASTER_ADDR),
+    read at the edge and passed in. pin: the affinity decision; False (ranks left to the OS scheduler) also keeps
+    Intel MPI from pinning. knobs: the plan's decided values the Arm levers follow (fp32_math_mode;
+    cpuperf.decide.arm_levers)."""
+
+    backend: str
+    hosts: Optional[Sequence[Host]] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    preload: bool = False
+    allocator: Optional[str] = None
+    threads: Optional[int] = None
+    nnodes: Optional[int] = None
+    mpi: Optional[str] = None
+    libraries: Optional[Libraries] = None
+    socket_ifname: Optional[str] = None
+    environ: Mapping[str, str] = MappingProxyType({})
+    slurm_first: Optional[str] = None
+    pin: bool = True
+    knobs: Optional[Mapping[str, KnobValue]] = None
+
+
+def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvRequest) -> RuntimeEnv:
+    """The tuned variables for `placement.nproc_per_node` ranks on each of the request's nodes."""
+    r = request
+    backend, hosts, master_port, mpi, pin, env = r.backend, r.hosts, r.master_port, r.mpi, r.pin, r.environ
     if backend not in ("ccl", "gloo"):
         raise UsageError(f"unknown backend {backend!r}", hint="use 'ccl' or 'gloo'")
-    env = os.environ if environ is None else environ
     from cpuperf.decide.nodes import job_nodes
 
-    _, nodes = job_nodes(nnodes, hosts, None)  # the caller decided the count; the hostfile checked against it
-    addr, addr_why = master_address(hosts, master_addr, nodes, env, slurm_first)
+    _, nodes = job_nodes(r.nnodes, hosts, None)  # the caller decided the count; the hostfile checked against it
+    addr, addr_why = master_address(hosts, r.master_addr, nodes, env, r.slurm_first)
     port = check_port(master_port)
     tuning = load_builtin("tuning.toml")
+    libraries = r.libraries
     if libraries is None:
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, threads, backend, mpi, nodes, tuning, pin)
+    _thread_vars(c, placement, r.threads, backend, mpi, nodes, tuning, pin)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
-    if preload:
-        preloaded = _preload_vars(c, libraries, allocator, placement.nproc_per_node * nodes, tuning) + preloaded
+    if r.preload:
+        preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
-    _arm_vars(c, facts, knobs)
+    _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
           else f"the default rendezvous port ({_data()['rendezvous']['source']})")
     if backend == "gloo" and nodes > 1:
-        if socket_ifname:
-            c.add("GLOO_SOCKET_IFNAME", socket_ifname, f"the interface whose route reaches {addr}")
+        if r.socket_ifname:
+            c.add("GLOO_SOCKET_IFNAME", r.socket_ifname, f"the interface whose route reaches {addr}")
         else:
             c.notes.append(f"could not tell which interface reaches {addr}: set GLOO_SOCKET_IFNAME yourself "
                            "(ip -o route get ADDR)")
@@ -306,8 +320,7 @@ def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], ba
                            f"(mpirun -ppn {nproc} -n {nproc * nodes})")
 
 
-def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], world: int,
-                  tuning: Mapping[str, Any]) -> List[str]:
+def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], world: int) -> List[str]:
     """--preload: libiomp5 and the allocator (decide.allocator.preload_choice); the libraries preloaded."""
     adds: List[str] = []
     iomp = first_library(libraries.openmp.get("iomp", ()))
@@ -320,10 +333,10 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
     if alloc_name:
         adds.append(preloadable(libraries.allocators[alloc_name]) or "")
         if alloc_name == "jemalloc":
-            c.add("MALLOC_CONF", tuning["allocator"]["jemalloc_malloc_conf"], tuning["allocator"]["source"])
+            c.add("MALLOC_CONF", allocator_rule().jemalloc_malloc_conf, allocator_rule().source)
     elif refused:
         c.notes.append(f"--preload: no allocator preloaded: {', '.join(refused)} aborted jobs of {world} ranks at exit "
-                       f"({tuning['allocator']['not_with_ranks_source']})")
+                       f"({allocator_rule().not_with_ranks_source})")
     else:
         c.notes.append(f"--preload: no {allocator_names()} found (cpuperf install adds the mimalloc wheel)")
     if adds:
@@ -332,7 +345,7 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
     return adds
 
 
-def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Any]]) -> None:
+def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, KnobValue]]) -> None:
     """The Arm levers (cpuperf.decide.arm_levers): the applied ones as variables, the others as notes with why."""
     from cpuperf.decide.arm_levers import arm_levers
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypedDict, Union
 
 from cpuperf.decide.judge import BELOW, EVEN, Verdict, bar_for, interleaved
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Recommendation
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 SCHEMA = "cpuperf.tune/2"  # /2: each lever judged (cpuperf.decide.judge); /1 had one noise gate for all
 MOVED, KEPT, UNDECIDED = "moved", "kept", "undecided"
 LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
+# A lever's value: a dtype, allocator or optimizer name (None: the default), pinned or compiled, (ranks, threads).
+LeverValue = Union[str, bool, None, Tuple[int, int]]
+# A decision's value a tuning sets (cpuperf.knowledge.knobs): a name, a count, true/false, None.
+DecisionValue = Union[str, int, bool, None]
 
 
 @dataclass(frozen=True)
@@ -40,52 +44,90 @@ class Point:
     pinned: bool = True
     compile: bool = False
 
-    def get(self, lever: str) -> Any:
+    def get(self, lever: str) -> LeverValue:
         if lever == "layout":
             return (self.ranks, self.threads)
         if lever == "pinning":
             return self.pinned
-        return getattr(self, lever)
+        if lever == "compile":
+            return self.compile
+        if lever == "dtype":
+            return self.dtype
+        if lever == "allocator":
+            return self.allocator
+        if lever == "optimizer":
+            return self.optimizer
+        raise KeyError(lever)
 
-    def with_value(self, lever: str, value: Any) -> Point:
-        if lever == "layout":
+    def with_value(self, lever: str, value: LeverValue) -> Point:
+        if lever == "layout" and isinstance(value, tuple):
             return replace(self, ranks=int(value[0]), threads=int(value[1]))
         if lever == "pinning":
             return replace(self, pinned=bool(value))
-        return replace(self, **{lever: value})
+        if lever == "compile":
+            return replace(self, compile=bool(value))
+        name = None if value is None else str(value)
+        if lever == "dtype" and name is not None:
+            return replace(self, dtype=name)
+        if lever == "allocator":
+            return replace(self, allocator=name)
+        if lever == "optimizer":
+            return replace(self, optimizer=name)
+        raise ValueError(f"{lever} cannot be {value!r}")
 
     def label(self) -> str:
         return " ".join(label(lever, self.get(lever)) for lever in LEVERS)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Point:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_json(cls, data: JsonMapping) -> Point:
+        """A point as the cache holds it (checked by cpuperf.decide.measurement_schema); a field absent, or not of
+        its type, takes the default."""
+        d = cls()
+        dtype, ranks, threads = data.get("dtype"), data.get("ranks"), data.get("threads")
+        pinned, compiled = data.get("pinned", d.pinned), data.get("compile", d.compile)
+        return cls(dtype=dtype if isinstance(dtype, str) else d.dtype, allocator=_name(data.get("allocator")),
+                   optimizer=_name(data.get("optimizer")),
+                   ranks=ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else d.ranks,
+                   threads=threads if isinstance(threads, int) and not isinstance(threads, bool) else d.threads,
+                   pinned=pinned if isinstance(pinned, bool) else d.pinned,
+                   compile=compiled if isinstance(compiled, bool) else d.compile)
 
 
-def label(lever: str, value: Any) -> str:
+def _name(value: JsonValue) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def label(lever: str, value: LeverValue) -> str:
     """A lever's value in words: 'mimalloc', 'default allocator', '1x2', 'pinned', 'eager'."""
-    if lever == "layout":
+    if lever == "layout" and isinstance(value, tuple):
         return f"{value[0]}x{value[1]}"
     if lever == "pinning":
         return "pinned" if value else "unpinned"
     if lever == "compile":
         return "compile" if value else "eager"
     if lever == "allocator":
-        return value or "default allocator"
+        return str(value) if value else "default allocator"
     if lever == "optimizer":
-        return value or "default optimizer"
+        return str(value) if value else "default optimizer"
     return str(value)
+
+
+class LeverFigure(TypedDict):
+    """A lever measured beside the best: the best's value and figure, each alternative's figure (samples/s)."""
+
+    value: str
+    figure: float
+    alternatives: Dict[str, float]
 
 
 @dataclass(frozen=True)
 class Candidates:
     """The values each lever may take here (the start's first), and why a lever is not tuned."""
 
-    values: Dict[str, Tuple[Any, ...]]
+    values: Dict[str, Tuple[LeverValue, ...]]
     skipped: Dict[str, str] = field(default_factory=dict)
     not_with_ranks: Tuple[str, ...] = ()  # allocators never preloaded into a job of several ranks
 
@@ -132,10 +174,10 @@ class TuneResult:
                 return statistics.median(r.samples[p])
         return None
 
-    def lever_figures(self) -> Dict[str, Dict[str, Any]]:
+    def lever_figures(self) -> Dict[str, LeverFigure]:
         """Per lever: the best's value and figure, and each alternative measured beside it (one lever apart),
         from the latest round that measured both (figures from one round only: drift between rounds)."""
-        out: Dict[str, Dict[str, Any]] = {}
+        out: Dict[str, LeverFigure] = {}
         for rnd in reversed(self.rounds):
             if not rnd.samples.get(self.best):
                 continue
@@ -148,11 +190,11 @@ class TuneResult:
                                   "alternatives": alts}
         return {lever: out[lever] for lever in LEVERS if lever in out}
 
-    def judged(self) -> Dict[str, Dict[str, Any]]:
+    def judged(self) -> Dict[str, Dict[str, object]]:
         """Per lever, its latest comparison: moved (a confirmed win), kept (every alternative measured beside the
         incumbent judged below the bar) or undecided (an interval that holds the bar, or a win that did not
         repeat: the rule decides that lever), with the figure that decided it and the alternative it names."""
-        out: Dict[str, Dict[str, Any]] = {}
+        out: Dict[str, Dict[str, object]] = {}
         for rnd in reversed(self.rounds):
             if rnd.winner is not None and rnd.confirmed is not None:
                 lever = _lever_between(rnd.incumbent, rnd.winner)
@@ -188,7 +230,7 @@ class TuneResult:
         """The noise of the last round whose incumbent ran (a round the budget cut before it ran measured none)."""
         return next((r.noise for r in reversed(self.rounds) if r.samples.get(r.incumbent)), None)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         """What the cache keeps: start, best, the per-lever figures, the noise, how it stopped."""
         best = self.median(self.best)
         return {"schema": SCHEMA, "start": self.start.to_json(), "best": self.best.to_json(),
@@ -210,7 +252,7 @@ def _lever_between(p: Point, q: Point) -> Optional[str]:
     return differ[0] if len(differ) == 1 else None
 
 
-def _judged(outcome: str, alt: Point, lever: str, v: Verdict) -> Dict[str, Any]:
+def _judged(outcome: str, alt: Point, lever: str, v: Verdict) -> Dict[str, object]:
     return {**v.to_json(), "outcome": outcome, "alternative": label(lever, alt.get(lever))}
 
 
@@ -365,7 +407,7 @@ def keeps_the_job(rec: Recommendation, ranks: int) -> bool:
     return rec.workload.splits_into(ranks, batch_yours=bool(yours))
 
 
-def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], script: bool = False,
+def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, script: bool = False,
                own_launcher: bool = False) -> Candidates:
     """What each lever may be on this host for this plan, and why a lever is left to the rule.
 
@@ -373,16 +415,16 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
     from packaging.version import Version
 
-    from cpuperf.decide.allocator import preloadable
+    from cpuperf.decide.allocator import allocator_rule, preloadable
     from cpuperf.knowledge.bf16 import bf16_native
     from cpuperf.probe.facts import allocator_names
 
-    values: Dict[str, Tuple[Any, ...]] = {}
+    values: Dict[str, Tuple[LeverValue, ...]] = {}
     skipped: Dict[str, str] = {}
     start = start_point(rec)
     fixed = {d.id for d in rec.decisions if d.overridden}
 
-    def offer(lever: str, options: Sequence[Any], why_not: Optional[str]) -> None:
+    def offer(lever: str, options: Sequence[LeverValue], why_not: Optional[str]) -> None:
         mine = [d for d in DECISIONS[lever] if d in fixed]
         if mine:
             skipped[lever] = f"{mine[0]} is set by you"
@@ -391,9 +433,11 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
         else:
             values[lever] = tuple(dict.fromkeys([start.get(lever), *options]))
 
-    ev = rec.levers.dtype.evidence
-    ratio = (f" (GEMM {ev['gemm_fp32_gflops'] / ev['gemm_bf16_gflops']:.0f}x slower measured here)"
-             if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") else "")
+    from cpuperf.decide.records import measured_gemm
+
+    gemm = measured_gemm(rec.levers.dtype.evidence)
+    ratio = (f" (GEMM {gemm[0] / gemm[1]:.0f}x slower measured here)"
+             if gemm else "")
     offer("dtype", ["fp32", "bf16"], None if bf16_native(facts) else
           f"{facts.cpu.microarchitecture} has no native bf16 (avx512_bf16, usable AMX, Arm BF16, POWER10 MMA): emulated "
           f"bf16 runs many times slower than fp32{ratio}, so it is not a candidate")
@@ -401,7 +445,7 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     libs = sorted(k for k, path in installed.items() if path)
     offer("allocator", [None, *libs], None if libs else f"no {allocator_names()} installed")
     torch_v = rec.stack.get("torch")
-    fused_min = tuning["optimizer"]["fused_cpu_min_torch"]
+    fused_min = str(_table(tuning, "optimizer")["fused_cpu_min_torch"])
     no_fused = ("torch is not installed" if not torch_v else
                 f"torch {torch_v} has no fused AdamW on CPU (since {fused_min})"
                 if Version(torch_v).release < Version(fused_min).release else None)
@@ -423,7 +467,15 @@ def candidates(facts: Any, rec: Recommendation, tuning: Mapping[str, Any], scrip
     compile_d = rec.levers.compile
     offer("compile", [True, False], None if compile_d.value else
           f"not tried: {compile_d.reason} (the compile-crossover rule)")
-    return Candidates(values, skipped, tuple(tuning["allocator"].get("not_with_ranks", [])))
+    return Candidates(values, skipped, allocator_rule().not_with_ranks)
+
+
+def _table(data: JsonMapping, name: str) -> JsonMapping:
+    """compat/tuning.toml's [name] table (shipped data: its tests hold its shape)."""
+    table = data[name]
+    if not isinstance(table, dict):
+        raise TypeError(f"tuning.toml [{name}] is not a table")
+    return table
 
 
 # -- the plan's side: what a cached result decides -----------------------------------------------------
@@ -433,12 +485,12 @@ DECISIONS = {"dtype": ("dtype",), "allocator": ("allocator",), "optimizer": ("op
              "layout": ("nproc_per_node", "threads_per_rank"), "pinning": ("affinity",), "compile": ("compile",)}
 
 
-def decision_values(p: Point) -> Dict[str, Any]:
+def decision_values(p: Point) -> Dict[str, DecisionValue]:
     return {"dtype": p.dtype, "allocator": p.allocator, "optimizer": p.optimizer, "nproc_per_node": p.ranks,
             "threads_per_rank": p.threads, "affinity": "auto" if p.pinned else None, "compile": p.compile}
 
 
-def host_problem(entry: Mapping[str, Any], facts: HostFacts) -> Optional[str]:
+def host_problem(entry: JsonMapping, facts: HostFacts) -> Optional[str]:
     """Why a cached tuning's best point cannot run on this host (None: it can): a dtype the tuner never offers
     here (fp16 on a CPU; bf16 without native bf16, cpuperf.knowledge.bf16), more ranks than usable cores or more
     ranks x threads than usable CPUs. A cached best.ranks=4096 made every later --auto of the command exit 2, and
@@ -447,69 +499,83 @@ def host_problem(entry: Mapping[str, Any], facts: HostFacts) -> Optional[str]:
     from cpuperf.knowledge.bf16 import bf16_native
 
     raw = entry.get("best")
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         return None  # the schema requires it: nothing here to hold
     best = Point.from_json(raw)
     dtype, ranks, threads = best.dtype, best.ranks, best.threads
     if dtype == "fp16" or (dtype == "bf16" and not bf16_native(facts)):
         return f"best.dtype {dtype} is not one a tuning runs on this host's CPUs"
     cores, cpus = max(1, len(usable_cores(facts))), max(1, len(facts.usable_cpus()))
-    if not isinstance(ranks, int) or not isinstance(threads, int) or ranks > cores or ranks * threads > cpus:
+    if ranks > cores or ranks * threads > cpus:
         return (f"best.ranks {ranks} x best.threads {threads} does not fit this host's {cores} usable core(s) "
                 f"and {cpus} CPU(s)")
     return None
 
 
-def not_judged(entry: Mapping[str, Any]) -> Optional[str]:
+def not_judged(entry: JsonMapping) -> Optional[str]:
     """Why a cached tuning decides nothing: it was taken before each lever was judged (schema /1 had one noise
     gate over the whole tuning); None: its levers are judged one by one (`undecided_levers`)."""
-    if isinstance(entry.get("judged"), Mapping):
+    if isinstance(entry.get("judged"), dict):
         return None
     return "it was tuned before cpuperf judged each lever against its own noise: tune again"
 
 
-def undecided_levers(entry: Mapping[str, Any]) -> Dict[str, str]:
+def undecided_levers(entry: JsonMapping) -> Dict[str, str]:
     """lever -> why its comparison stayed undecided (the rule decides it; the tuning's other levers stand)."""
     out: Dict[str, str] = {}
-    for lever, j in (entry.get("judged") or {}).items():
-        if isinstance(j, Mapping) and j.get("outcome") == UNDECIDED:
-            out[lever] = (f"{lever} undecided: {j.get('alternative')} {j.get('ratio', 0):.2f}x "
-                          f"({j.get('low', 0):.2f}-{j.get('high', 0):.2f}) against the bar {j.get('bar', 0):.2f}"
+    for lever, j in _object(entry.get("judged")).items():
+        if isinstance(j, dict) and j.get("outcome") == UNDECIDED:
+            out[lever] = (f"{lever} undecided: {j.get('alternative')} {_figure(j, 'ratio'):.2f}x "
+                          f"({_figure(j, 'low'):.2f}-{_figure(j, 'high'):.2f}) against the bar {_figure(j, 'bar'):.2f}"
                           + (f" ({j['why']})" if j.get("why") else ""))
     return out
 
 
-def tuned_decisions(entry: Mapping[str, Any], what: str) -> Dict[str, Tuple[Any, str, Dict[str, Any]]]:
+def _object(value: JsonValue) -> JsonObject:
+    """A JSON object of the cache entry (checked by cpuperf.decide.measurement_schema); {} where absent."""
+    return value if isinstance(value, dict) else {}
+
+
+def _figure(data: JsonMapping, key: str) -> float:
+    """A figure of the cache entry; 0 where absent."""
+    value = data.get(key, 0)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def tuned_decisions(entry: JsonMapping, what: str) -> Dict[str, Tuple[DecisionValue, str, JsonObject]]:
     """decision id -> (value, reason, evidence) for each lever a cached tuning decided (moved, or kept against
     every alternative); `what` names where. An undecided lever is left out: the rule decides it."""
     import time
 
-    best = Point.from_json(entry.get("best") or {})
+    best = Point.from_json(_object(entry.get("best")))
     values = decision_values(best)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(_figure(entry, "measured_at")))
     noise = entry.get("noise")
     how = ("" if entry.get("stopped") != "budget" else
            f"; the {entry.get('budget_s', '')} s budget ended the search: best so far")
-    load: Mapping[str, Any] = entry.get("load") or {}
-    if isinstance(load, Mapping) and load.get("under_load"):  # said, as for any measurement; a real --auto run tunes again
+    load = _object(entry.get("load"))
+    if load.get("under_load"):  # said, as for any measurement; a real --auto run tunes again
         how += f"; taken under load ({load.get('figure') or 'busy CPUs'})"
-    out: Dict[str, Tuple[Any, str, Dict[str, Any]]] = {}
-    judged: Mapping[str, Any] = entry.get("judged") or {}
-    for lever, fig in (entry.get("levers") or {}).items():
+    out: Dict[str, Tuple[DecisionValue, str, JsonObject]] = {}
+    judged = _object(entry.get("judged"))
+    for lever, fig in _object(entry.get("levers")).items():
         verdict = judged.get(lever)
-        if lever not in DECISIONS or not isinstance(fig, Mapping) or not isinstance(verdict, Mapping) or \
+        if lever not in DECISIONS or not isinstance(fig, dict) or not isinstance(verdict, dict) or \
                 verdict.get("outcome") not in (MOVED, KEPT):
             continue  # not compared, or undecided: the rule decides it
-        alts = ", ".join(f"{name} {x:.2f} ({x / fig['figure']:.2f}x)" for name, x in
-                         sorted(fig.get("alternatives", {}).items(), key=lambda kv: -kv[1])) if fig.get("figure") else ""
-        judged_as = (f"; {verdict['outcome']}: {verdict.get('alternative')} {verdict.get('ratio', 0):.2f}x "
-                     f"({verdict.get('low', 0):.2f}-{verdict.get('high', 0):.2f}, bar {verdict.get('bar', 0):.2f})")
-        reason = (f"tuned {what} at {when}: {fig['value']} {fig['figure']:.2f} samples/s; alternatives: {alts}"
+        figure = _figure(fig, "figure")
+        alternatives = _object(fig.get("alternatives", {}))
+        alts = ", ".join(f"{name} {x:.2f} ({x / figure:.2f}x)" for name, x in
+                         sorted(((n, _figure(alternatives, n)) for n in alternatives), key=lambda kv: -kv[1])) \
+            if figure else ""
+        judged_as = (f"; {verdict['outcome']}: {verdict.get('alternative')} {_figure(verdict, 'ratio'):.2f}x "
+                     f"({_figure(verdict, 'low'):.2f}-{_figure(verdict, 'high'):.2f}, bar {_figure(verdict, 'bar'):.2f})")
+        reason = (f"tuned {what} at {when}: {fig['value']} {figure:.2f} samples/s; alternatives: {alts}"
                   + judged_as + (f"; noise {noise * 100:.0f}%" if isinstance(noise, (int, float)) else "") + how)
-        evidence = {"tuned": {"lever": lever, "value": fig["value"], "samples_per_s": fig["figure"],
-                              "alternatives": dict(fig.get("alternatives", {})), "noise": noise,
-                              "judged": dict(verdict),
-                              "measured_at": entry.get("measured_at"), "stopped": entry.get("stopped")}}
+        evidence: JsonObject = {
+            "tuned": {"lever": lever, "value": fig["value"], "samples_per_s": fig["figure"],
+                      "alternatives": dict(alternatives), "noise": noise, "judged": dict(verdict),
+                      "measured_at": entry.get("measured_at"), "stopped": entry.get("stopped")}}
         for decision in DECISIONS[lever]:
             out[decision] = (values[decision], reason, evidence)
     return out

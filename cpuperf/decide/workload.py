@@ -5,14 +5,13 @@ Shapes only (no torch): enough for the memory plan and FLOP counts.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
-from cpuperf.errors import UsageError
-from cpuperf.jsonable import NOT_IN_JSON, as_json
+from cpuperf.errors import FieldError, verbatim
+from cpuperf.jsonable import NOT_IN_JSON, JsonObject, as_json
+from cpuperf.probe.model_files import local_config_path, read_model_config
 
 if TYPE_CHECKING:
     from cpuperf.probe.facts import HostFacts
@@ -83,7 +82,7 @@ class BatchSplit:
                 f"{self.was_grad_accum} accumulation x 1 process ({self.where}) -> {self.per_device} x "
                 f"{self.grad_accum} x {self.ranks} ranks")
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"ranks": self.ranks, "global_batch": self.global_batch,
                 "before": {"per_device": self.was_per_device, "grad_accum": self.was_grad_accum, "processes": 1,
                            "from": self.where},
@@ -174,10 +173,10 @@ class Workload:
         """False when a user script's model could not be told: no memory plan is made for a guess."""
         return self.source != "unknown"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> JsonObject:
         if not self.of_script:
             return {"why": self.why} if self.why and self.name != DEFAULT_PRESET else {}
         return {"found": self.found, "per_device_batch": self.per_device_batch, "grad_accum": self.grad_accum,
@@ -235,36 +234,15 @@ def builtin_default(facts: HostFacts) -> Tuple[str, str]:
     return chosen, said + " (compat/tuning.toml [builtin_model])"
 
 
-def _no_constant(name: str) -> Any:
-    """json's NaN / Infinity / -Infinity: not a number any config field may hold."""
-    raise ValueError(f"{name} is not a finite number")
-
-
-def read_config(path: str) -> Dict[str, Any]:
-    """A Hugging Face config.json as a dict, read bounded; a usage error (exit 2) says what is wrong with it."""
-    from cpuperf.fsutil import InputRefused, read_capped
-
-    hint = "pass a Hugging Face config.json, or --params/--seq-len"
-    try:
-        cfg = json.loads(read_capped(path, 4 * 1024 * 1024).decode("utf-8"), parse_constant=_no_constant)
-    except InputRefused as exc:
-        raise UsageError(f"model config {exc}", hint=hint) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read model config {path}: {exc.strerror or exc}", hint=hint) from None
-    except ValueError as exc:  # not UTF-8, not JSON, NaN/Infinity
-        raise UsageError(f"model config {path} is malformed: {str(exc).splitlines()[0][:120]}",
-                         hint=hint) from None
-    if not isinstance(cfg, dict):
-        raise UsageError(f"model config {path} is not a JSON object", hint=hint)
-    return cfg
-
-
 def from_hf_config(path: str, batch_size: int = 8) -> Workload:
     """A Hugging Face config.json (GPT-2, Llama, BERT... key names differ by family)."""
-    return from_config_dict(read_config(path), path, batch_size)
+    read = read_model_config(path)
+    if read.config is None:  # a usage error (exit 2) says what is wrong with it
+        raise FieldError("params", None, verbatim(read.problem), "pass a Hugging Face config.json, or {flag}/{opt.seq_len}")
+    return from_config_dict(read.config, path, batch_size)
 
 
-def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) -> Workload:
+def from_config_dict(cfg: Mapping[str, object], where: str, batch_size: int = 8) -> Workload:
     """The shape and parameter count of a Hugging Face model config (GPT-2, Llama, BERT... key names differ)."""
     def pick(*keys: str, default: Optional[int] = None) -> Optional[int]:
         for key in keys:
@@ -276,8 +254,8 @@ def from_config_dict(cfg: Mapping[str, Any], where: str, batch_size: int = 8) ->
     n_layer = pick("num_hidden_layers", "n_layer", "num_layers")
     d_model = pick("hidden_size", "n_embd", "d_model")
     if not n_layer or not d_model:
-        raise UsageError(f"{where} has no layer count or hidden size",
-                         hint="pass --params and --seq-len instead")
+        raise FieldError("params", None, f"{verbatim(where)} has no layer count or hidden size",
+                         "pass {flag} and {opt.seq_len} instead")
     n_head = pick("num_attention_heads", "n_head", default=max(1, d_model // 64)) or 1
     seq = pick("max_position_embeddings", "n_positions", "n_ctx", "seq_length", default=1024) or 1024
     vocab = pick("vocab_size", default=32000) or 32000
@@ -329,17 +307,16 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
         base = replace(PRESETS[chosen], why=why)
     elif model is None or model in PRESETS:
         base = PRESETS[model or DEFAULT_PRESET]
-    elif os.path.exists(model):
-        path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    elif (path := local_config_path(model)) is not None:
         base = from_hf_config(path)
     else:
         from cpuperf.probe.hf import cached_model_config
 
         cached = cached_model_config(model)
         if cached is None:
-            raise UsageError(f"model {model!r} is neither a preset ({', '.join(PRESETS)}), a config file, "
+            raise FieldError("params", None, f"model {verbatim(repr(model))} is neither a preset ({', '.join(PRESETS)}), a config file, "
                              "nor in the local Hugging Face cache",
-                             hint="pass the path of its config.json, or --params N --seq-len T")
+                             "pass the path of its config.json, or {flag} N {opt.seq_len} T")
         base = from_hf_config(cached)
     if params is not None:
         count = parse_count(params)
@@ -347,15 +324,15 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
         base = replace(_scaled(base, count), params=count, source="explicit", name=f"{base.name}@{params}")
     if seq_len is not None:
         if seq_len < 1:
-            raise UsageError("--seq-len must be positive")
+            raise FieldError("seq_len", seq_len, "{flag} must be positive")
         base = replace(base, seq_len=seq_len)
     if batch_size is not None:
         if batch_size < 1:
-            raise UsageError("--batch-size must be positive")
+            raise FieldError("batch_size", batch_size, "{flag} must be positive")
         base = replace(base, batch_size=batch_size)
     if steps is not None:
         if steps < 1:
-            raise UsageError("--steps must be positive")
+            raise FieldError("steps", steps, "{flag} must be positive")
         base = replace(base, steps=steps)
     return base
 
@@ -385,9 +362,9 @@ def parse_count(text: str) -> int:
     try:
         value = float(number) * mult
     except ValueError:
-        raise UsageError(f"--params {text!r} is not a count", hint="e.g. --params 124M or --params 7B") from None
+        raise FieldError("params", text, "{flag} {value!r} is not a count", "e.g. {flag} 124M or {flag} 7B") from None
     if not value >= 1:  # also NaN
-        raise UsageError(f"--params {text!r} must be a positive count", hint="e.g. --params 124M or --params 7B")
+        raise FieldError("params", text, "{flag} {value!r} must be a positive count", "e.g. {flag} 124M or {flag} 7B")
     if value > 1e15:  # also inf: 1e999 parses as infinity
-        raise UsageError(f"--params {text!r} is beyond any model (over 10^15)", hint="e.g. --params 7B")
+        raise FieldError("params", text, "{flag} {value!r} is beyond any model (over 10^15)", "e.g. {flag} 7B")
     return int(value)

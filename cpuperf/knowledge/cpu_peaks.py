@@ -5,10 +5,54 @@ denominator) from clocks given. Pure."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, FrozenSet, List, Mapping, Optional, Tuple, TypedDict, Union
 
 from cpuperf.data import load_builtin
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.gpu import Peak
+
+Number = Union[int, float]  # as the table writes it (32, or 2.5): shown as written
+
+
+class _PeakRequired(TypedDict):
+    match: List[str]
+    variant: str
+    source: str
+
+
+class PeakRow(_PeakRequired, total=False):
+    """A [[cpu]] row: the FLOPs per cycle per core of one generation's variant (no fp32/bf16: unsourced or emulated)."""
+
+    model_name: List[str]
+    fp32: Number
+    bf16: Number
+
+
+class BoostRow(TypedDict):
+    """A [[boost]] row: a generation's highest rated boost clock, and its part."""
+
+    ghz: Number
+    part: str
+    source: str
+
+
+class UnsourcedRow(TypedDict):
+    """An [[unsourced]] row: what the data leaves out about a CPU, and why."""
+
+    kind: str  # flops_per_cycle | boost_clock
+    what: str
+    why: str
+
+
+def _peak_row(row: Mapping[str, Any]) -> PeakRow:
+    out: PeakRow = {"match": list(row["match"]), "variant": str(row["variant"]), "source": str(row["source"])}
+    if "model_name" in row:
+        out["model_name"] = list(row["model_name"])
+    if "fp32" in row:
+        out["fp32"] = row["fp32"]
+    if "bf16" in row:
+        out["bf16"] = row["bf16"]
+    return out
 
 
 def peak_generations() -> FrozenSet[str]:
@@ -16,48 +60,51 @@ def peak_generations() -> FrozenSet[str]:
     return frozenset(name for row in load_builtin("cpu_peaks.toml").get("cpu", []) for name in row["match"])
 
 
-def peak_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict[str, Any]]:
+def peak_row(microarchitecture: str, model_name: Optional[str]) -> Optional[PeakRow]:
     """The compat/cpu_peaks.toml row for this CPU: the first variant whose model_name pattern matches."""
     for row in load_builtin("cpu_peaks.toml").get("cpu", []):
         if microarchitecture not in row["match"]:
             continue
         patterns = row.get("model_name")
         if not patterns or any(re.search(p, model_name or "") for p in patterns):
-            return dict(row)
+            return _peak_row(row)
     return None
 
 
-def _fits(row: Dict[str, Any], microarchitecture: str, model_name: Optional[str]) -> bool:
+def _fits(row: Mapping[str, Any], microarchitecture: str, model_name: Optional[str]) -> bool:
     patterns = row.get("model_name")
     return microarchitecture in row["match"] and (not patterns or any(re.search(p, model_name or "") for p in patterns))
 
 
-def boost_row(microarchitecture: str, model_name: Optional[str]) -> Optional[Dict[str, Any]]:
+def boost_row(microarchitecture: str, model_name: Optional[str]) -> Optional[BoostRow]:
     """The compat/cpu_peaks.toml [[boost]] row for this CPU: its generation's highest rated boost clock."""
-    return next((dict(row) for row in load_builtin("cpu_peaks.toml").get("boost", [])
-                 if _fits(row, microarchitecture, model_name)), None)
+    return next((BoostRow(ghz=row["ghz"], part=str(row["part"]), source=str(row["source"]))
+                 for row in load_builtin("cpu_peaks.toml").get("boost", []) if _fits(row, microarchitecture, model_name)),
+                None)
 
 
-def unsourced(microarchitecture: str, model_name: Optional[str]) -> List[Dict[str, Any]]:
+def unsourced(microarchitecture: str, model_name: Optional[str]) -> List[UnsourcedRow]:
     """The [[unsourced]] rows for this CPU: what the data leaves out about it for want of a primary source."""
-    return [dict(row) for row in load_builtin("cpu_peaks.toml").get("unsourced", [])
-            if _fits(row, microarchitecture, model_name)]
+    return [UnsourcedRow(kind=str(row["kind"]), what=str(row["what"]), why=str(row["why"]))
+            for row in load_builtin("cpu_peaks.toml").get("unsourced", []) if _fits(row, microarchitecture, model_name)]
 
 
-def peak_data(microarchitecture: str, model_name: Optional[str]) -> Dict[str, Any]:
+def peak_data(microarchitecture: str, model_name: Optional[str]) -> JsonObject:
     """What compat/cpu_peaks.toml says about this CPU, for doctor: its FLOPs-per-cycle row, its highest rated
     clock row, and what it leaves out unsourced (each None / empty where the data has nothing)."""
     row, boost = peak_row(microarchitecture, model_name), boost_row(microarchitecture, model_name)
-    return {"flops_per_cycle": None if row is None else {k: row.get(k) for k in ("variant", "fp32", "bf16", "source")},
-            "boost_clock": None if boost is None else {k: boost[k] for k in ("ghz", "part", "source")},
-            "unsourced": [{k: r[k] for k in ("kind", "what", "why")} for r in unsourced(microarchitecture, model_name)]}
+    return {"flops_per_cycle": None if row is None else {"variant": row["variant"], "fp32": row.get("fp32"),
+                                                          "bf16": row.get("bf16"), "source": row["source"]},
+            "boost_clock": None if boost is None else {"ghz": boost["ghz"], "part": boost["part"], "source": boost["source"]},
+            "unsourced": [{"kind": r["kind"], "what": r["what"], "why": r["why"]}
+                          for r in unsourced(microarchitecture, model_name)]}
 
 
 def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Optional[str] = None,
                   nominal_hz: Optional[float] = None, measured_hz: Optional[float] = None,
                   nominal_from: str = "given",
                   achievable_tflops: Optional[float] = None,
-                  guest: bool = False) -> Tuple[Optional[Peak], Dict[str, Any]]:
+                  guest: bool = False) -> Tuple[Optional[Peak], JsonObject]:
     """cores x FLOPs/cycle/core (this CPU's variant) x clock: the MFU denominator, and its parts.
 
     The clock is the higher of nominal and measured (a peak the run could beat is no peak); both are
@@ -68,7 +115,7 @@ def hardware_peak(microarchitecture: str, dtype: str, cores: int, model_name: Op
     GEMM measured (a GEMM within noise of the TSC-clock peak flipped the denominator, and MFU 2x, between runs).
     (None, why) for a CPU or dtype the table has no peak for (emulated bf16 among them).
     """
-    info: Dict[str, Any] = {"microarchitecture": microarchitecture, "model_name": model_name, "cores": cores,
+    info: JsonObject = {"microarchitecture": microarchitecture, "model_name": model_name, "cores": cores,
                             "clock_nominal_ghz": round(nominal_hz / 1e9, 3) if nominal_hz else None,
                             "clock_nominal_from": nominal_from if nominal_hz else None,
                             "clock_measured_ghz": round(measured_hz / 1e9, 3) if measured_hz else None}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from packaging.version import Version
 
+from cpuperf.knowledge.matrix import CudaVariant, TorchRelease
 from cpuperf.versions import numeric_version, version_or_none
 
 
-def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants: Sequence[Any]) -> Tuple[Optional[str], str]:
+def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str],
+                        variants: Sequence[CudaVariant]) -> Tuple[Optional[str], str]:
     """The newest cuXYZ build of `offered` that this Linux driver runs, and why.
 
     `variants` are matrix CudaVariant rows. pip's CUDA wheels ship their own CUDA runtime, so the
@@ -39,8 +41,8 @@ def cuda_tag_for_driver(driver: Optional[str], offered: Sequence[str], variants:
     return None, f"driver {driver} is older than CUDA {oldest.cuda} needs ({oldest.min_driver_linux})"
 
 
-def newest_release_for_driver(releases: Sequence[Any], ceiling: Version, driver: Optional[str],
-                              variants: Sequence[Any]) -> Tuple[Optional[Any], Optional[str], str]:
+def newest_release_for_driver(releases: Sequence[TorchRelease], ceiling: Version, driver: Optional[str],
+                              variants: Sequence[CudaVariant]) -> Tuple[Optional[TorchRelease], Optional[str], str]:
     """The newest torch release at or below `ceiling` with a CUDA build this driver runs: (release, tag, why).
 
     `releases` are matrix TorchRelease rows, oldest first. A newer release may build only for a CUDA the

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonObject, as_json
 from cpuperf.probe.facts import Gpu, HostFacts
 
 # Ampere (compute capability 8.0) brought bf16 and TF32 Tensor Cores; Volta (7.0) fp16 ones.
@@ -28,7 +28,7 @@ class Peak:
     source: str  # the datasheet row, or 'measured: ...'
     card: Optional[str] = None  # the table row's pattern
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 

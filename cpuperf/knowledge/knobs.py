@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError, verbatim
 
 # A node count past this is a typo, not a plan (ranks and threads are bounded by the host, in placement).
 MAX_COUNT = 4096
@@ -23,11 +23,20 @@ MAX_COUNT = 4096
 MAX_BATCH, MAX_ACCUMULATION, MAX_WORKERS = 1 << 20, 1 << 16, 4096
 
 
+# What a knob holds once its text is coerced (coerce): true/false, a count, a number, a choice or a path; None where
+# the knob takes none. The built-in loop's model shape (`--set model.d_model=256`) gathers under the key 'model'.
+KnobValue = Union[None, bool, int, float, str]
+ModelShape = Dict[str, int]
+SetValue = Union[KnobValue, ModelShape]
+# --set / --config values by knob id, each typed by its knob (model.* under 'model'): the user's constraints.
+Overrides = Dict[str, SetValue]
+
+
 @dataclass(frozen=True)
 class Knob:
     id: str
     kind: str  # bool | int | float | choice | str | dict
-    choices: Tuple[Any, ...] = ()
+    choices: Tuple[KnobValue, ...] = ()
     minimum: Optional[float] = None
     maximum: Optional[float] = None  # past it no job finishes a step (a saved plan's batch of 10**15 never did)
     decided: bool = False  # recommend decides it (a Decision with this id)
@@ -37,58 +46,54 @@ class Knob:
     doc: str = ""
 
 
-def _k(id: str, kind: str, **kw: Any) -> Knob:
-    return Knob(id, kind, **kw)
-
-
 KNOBS: Tuple[Knob, ...] = (
     # decided by recommend --------------------------------------------------------------------------
-    _k("device", "choice", choices=("cpu", "cuda"), decided=True, worker=True),
-    _k("dtype", "choice", choices=("fp32", "bf16", "fp16"), decided=True, worker=True),
-    _k("tf32", "bool", decided=True, worker=True),
-    _k("fp32_math_mode", "choice", choices=("bf16", None), decided=True, worker=True),
-    _k("nproc_per_node", "int", minimum=1, decided=True, launch=True),
-    _k("nnodes", "int", minimum=1, decided=True, launch=True),
-    _k("threads_per_rank", "int", minimum=1, decided=True, worker=True, launch=True),
-    _k("affinity", "choice", choices=("auto", None), decided=True, launch=True,
+    Knob("device", "choice", choices=("cpu", "cuda"), decided=True, worker=True),
+    Knob("dtype", "choice", choices=("fp32", "bf16", "fp16"), decided=True, worker=True),
+    Knob("tf32", "bool", decided=True, worker=True),
+    Knob("fp32_math_mode", "choice", choices=("bf16", None), decided=True, worker=True),
+    Knob("nproc_per_node", "int", minimum=1, decided=True, launch=True),
+    Knob("nnodes", "int", minimum=1, decided=True, launch=True),
+    Knob("threads_per_rank", "int", minimum=1, decided=True, worker=True, launch=True),
+    Knob("affinity", "choice", choices=("auto", None), decided=True, launch=True,
        doc="auto: each rank pinned to its own cores; none: unpinned"),
-    _k("ddp_backend", "choice", choices=("gloo", "ccl", "mpi", "nccl", None), decided=True, worker=True),
-    _k("ipex", "bool", decided=True, worker=True),
-    _k("compile", "bool", decided=True, worker=True),
-    _k("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
-    _k("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
-    _k("batch_size", "int", minimum=1, maximum=MAX_BATCH, decided=True, worker=True),
-    _k("grad_accum_steps", "int", minimum=1, maximum=MAX_ACCUMULATION, decided=True, worker=True),
-    _k("grad_checkpointing", "bool", decided=True, worker=True),
-    _k("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
-    _k("sharding", "choice", choices=("fsdp", "zero3", None), decided=True,
+    Knob("ddp_backend", "choice", choices=("gloo", "ccl", "mpi", "nccl", None), decided=True, worker=True),
+    Knob("ipex", "bool", decided=True, worker=True),
+    Knob("compile", "bool", decided=True, worker=True),
+    Knob("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
+    Knob("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
+    Knob("batch_size", "int", minimum=1, maximum=MAX_BATCH, decided=True, worker=True),
+    Knob("grad_accum_steps", "int", minimum=1, maximum=MAX_ACCUMULATION, decided=True, worker=True),
+    Knob("grad_checkpointing", "bool", decided=True, worker=True),
+    Knob("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
+    Knob("sharding", "choice", choices=("fsdp", "zero3", None), decided=True,
        doc="fsdp: torch FSDP full shard; zero3: DeepSpeed ZeRO-3 (installed); none: every rank holds the whole state"),
-    _k("offload", "bool", decided=True, doc="GPU ranks park the sharded state in host RAM"),
-    _k("dataloader_workers", "int", minimum=0, maximum=MAX_WORKERS, decided=True, worker=True),
-    _k("pin_memory", "bool", decided=True),
-    _k("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
+    Knob("offload", "bool", decided=True, doc="GPU ranks park the sharded state in host RAM"),
+    Knob("dataloader_workers", "int", minimum=0, maximum=MAX_WORKERS, decided=True, worker=True),
+    Knob("pin_memory", "bool", decided=True),
+    Knob("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
     # placement options ---------------------------------------------------------------------------------
-    _k("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
+    Knob("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
     # the built-in loop only -------------------------------------------------------------------------
-    _k("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
-    _k("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),
-    _k("lr", "float", minimum=0.0, worker=True),
-    _k("min_lr_ratio", "float", minimum=0.0, worker=True),
-    _k("weight_decay", "float", minimum=0.0, worker=True),
-    _k("grad_clip", "float", minimum=0.0, worker=True),
-    _k("warmup", "int", minimum=0, worker=True),
-    _k("max_steps", "int", minimum=1, worker=True, nullable=True),
-    _k("time_budget_s", "float", minimum=0.0, worker=True, nullable=True),
-    _k("eval_every", "int", minimum=0, worker=True),
-    _k("eval_batches", "int", minimum=1, worker=True),
-    _k("ckpt_every", "int", minimum=0, worker=True),
-    _k("log_every", "int", minimum=1, worker=True),
-    _k("seed", "int", minimum=0, worker=True),
-    _k("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
-    _k("bpe_merges", "int", minimum=1, worker=True),
-    _k("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
-    _k("confirm_batch", "bool", worker=True),
-    _k("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
+    Knob("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
+    Knob("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),
+    Knob("lr", "float", minimum=0.0, worker=True),
+    Knob("min_lr_ratio", "float", minimum=0.0, worker=True),
+    Knob("weight_decay", "float", minimum=0.0, worker=True),
+    Knob("grad_clip", "float", minimum=0.0, worker=True),
+    Knob("warmup", "int", minimum=0, worker=True),
+    Knob("max_steps", "int", minimum=1, worker=True, nullable=True),
+    Knob("time_budget_s", "float", minimum=0.0, worker=True, nullable=True),
+    Knob("eval_every", "int", minimum=0, worker=True),
+    Knob("eval_batches", "int", minimum=1, worker=True),
+    Knob("ckpt_every", "int", minimum=0, worker=True),
+    Knob("log_every", "int", minimum=1, worker=True),
+    Knob("seed", "int", minimum=0, worker=True),
+    Knob("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
+    Knob("bpe_merges", "int", minimum=1, worker=True),
+    Knob("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
+    Knob("confirm_batch", "bool", worker=True),
+    Knob("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
 )
 
 BY_ID: Dict[str, Knob] = {k.id: k for k in KNOBS}
@@ -96,7 +101,7 @@ DECISION_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.decided)
 # The model's shape keys the built-in loop takes under model.*
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
 # Settings of a run that the command line owns (--out, --resume, --max-steps): not --set keys.
-_NOT_SETTABLE = {"out_dir": "--out", "resume": "--resume"}
+_NOT_SETTABLE = ("out_dir", "resume")  # settings of the worker that a command's own option sets
 
 
 def known_ids() -> str:
@@ -109,7 +114,7 @@ def split_assignment(item: str) -> Tuple[str, str]:
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise UsageError(f"--set {item!r}: expected KEY=VALUE", hint="e.g. --set dtype=bf16")
+        raise FieldError("set", item, "{opt.set} {value!r}: expected KEY=VALUE", "e.g. {set.dtype}=bf16")
     return key, value
 
 
@@ -119,32 +124,32 @@ def _bool(key: str, text: str) -> bool:
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise UsageError(f"--set {key}={text}: expected true or false")
+    raise FieldError(key, text, "{typed}: expected true or false", setting=True)
 
 
-def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: Optional[float] = None) -> Any:
+def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: Optional[float] = None) -> Union[int, float]:
     try:
-        value: Any = int(text) if kind == "int" else float(text)
+        value: Union[int, float] = int(text) if kind == "int" else float(text)
     except ValueError:
-        raise UsageError(f"--set {key}={text}: expected {'an integer' if kind == 'int' else 'a number'}") from None
+        raise FieldError(key, text, f"{{typed}}: expected {'an integer' if kind == 'int' else 'a number'}", setting=True) from None
     if kind == "float" and not math.isfinite(value):
-        raise UsageError(f"--set {key}={text}: expected a finite number")
+        raise FieldError(key, text, "{typed}: expected a finite number", setting=True)
     if minimum is not None and value < minimum:
-        raise UsageError(f"--set {key}={text}: must be at least {minimum:g}")
+        raise FieldError(key, text, f"{{typed}}: must be at least {minimum:g}", setting=True)
     if maximum is not None and value > maximum:
-        raise UsageError(f"--set {key}={text[:40]}: at most {maximum:.0f} (past it no step of a job finishes)")
+        raise FieldError(key, text[:40], f"{{typed}}: at most {maximum:.0f} (past it no step of a job finishes)", setting=True)
     if kind == "int" and key == "nnodes" and value > MAX_COUNT:
-        raise UsageError(f"--set {key}={text}: more than {MAX_COUNT} nodes is not a plan cpuperf makes")
+        raise FieldError(key, text, f"{{typed}}: more than {MAX_COUNT} nodes is not a plan cpuperf makes", setting=True)
     return value
 
 
-def coerce(key: str, raw: Any) -> Any:
+def coerce(key: str, raw: object) -> KnobValue:
     """One --set / --config value as its knob's plain type; a bad key or value is a usage error."""
     knob = BY_ID.get(key)
     if knob is None:
         if key in _NOT_SETTABLE:
-            raise UsageError(f"--set {key}: set it with {_NOT_SETTABLE[key]}")
-        raise UsageError(f"unknown setting {key!r} in --set", hint="settings: " + known_ids())
+            raise FieldError(key, raw, "{flag}: set it with {opt.%s}" % key, setting=True)
+        raise FieldError("set", key, "unknown setting {value!r} in {flag}", "settings: " + known_ids())
     if not isinstance(raw, str):
         text = json.dumps(raw) if isinstance(raw, bool) or raw is None else str(raw)
     else:
@@ -159,37 +164,34 @@ def coerce(key: str, raw: Any) -> Any:
         value = None if text.lower() in ("none", "null") else text
         if value not in knob.choices:
             allowed = ", ".join("none" if c is None else str(c) for c in knob.choices)
-            raise UsageError(f"--set {key}={text}: expected one of {allowed}")
+            raise FieldError(key, text, f"{{typed}}: expected one of {verbatim(allowed)}", setting=True)
         return value
     return text
 
 
-def parse_assignments(items: Sequence[str]) -> Dict[str, Any]:
+def parse_assignments(items: Sequence[str]) -> Overrides:
     """--set KEY=VALUE items -> {id: typed value}; model.X keys gather under 'model'."""
-    out: Dict[str, Any] = {}
+    out: Overrides = {}
     for item in items:
         key, raw = split_assignment(item)
         out.update(coerce_entry(key, raw))
     return out
 
 
-def coerce_entry(key: str, raw: Any) -> Dict[str, Any]:
+def coerce_entry(key: str, raw: object) -> Overrides:
     """One key/value (from --set or a --config file) -> {id: typed value}."""
     if key.startswith("model."):
         sub = key[len("model."):]
         if sub not in MODEL_KEYS:
             raise UsageError(f"unknown model setting {key!r}", hint="model." + ", model.".join(MODEL_KEYS))
-        value = _number(key, str(raw).strip(), "int", 1)
-        return {"model": {sub: value}}
+        return {"model": {sub: int(_number(key, str(raw).strip(), "int", 1))}}
     return {key: coerce(key, raw)}
 
 
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
+def merge(base: Mapping[str, SetValue], extra: Mapping[str, SetValue]) -> Overrides:
     """Constraints from a config file, then --set on top (model.* merged key by key)."""
     out = dict(base)
     for key, value in extra.items():
-        if key == "model":
-            out["model"] = {**out.get("model", {}), **value}
-        else:
-            out[key] = value
+        had = out.get(key)
+        out[key] = {**had, **value} if isinstance(had, dict) and isinstance(value, dict) else value
     return out

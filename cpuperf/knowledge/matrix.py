@@ -6,13 +6,12 @@ checks and indexes it. A malformed data set raises one MatrixError listing every
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, TypeVar, Union
 
 from packaging.version import Version
 
@@ -81,7 +80,7 @@ def python_range(pys: Iterable[str]) -> str:
     return text
 
 
-def spec_text(specs: Iterable[Any]) -> str:
+def spec_text(specs: Iterable[object]) -> str:
     """Human form of torch specifiers: '==2.8.*' -> '2.8.*', '==1.12.0' -> '1.12.0'."""
     out = []
     for s in specs:
@@ -190,13 +189,6 @@ class TorchPin:
 _PIN_RE = re.compile(r"^==\s*\d+(\.\d+)*(\.\*)?$")
 
 
-def _torch_pin(value: Any) -> TorchPin:
-    text = _nonempty(value).strip()
-    if not _PIN_RE.match(text):
-        raise _Bad(f"{text!r}: give the newest torch as '==X.Y.*' or '==X.Y.Z'")
-    return TorchPin(text)
-
-
 @dataclass(frozen=True)
 class EolNotice:
     """A retired component: last release, newest torch it covers, and what to use instead."""
@@ -289,40 +281,41 @@ class Matrix:
 
 # --------------------------------------------------------------------------- field parsers
 
-Parser = Callable[[Any], Any]
+T = TypeVar("T")
+Parser = Callable[[object], T]
 
 
 class _Bad(Exception):
     """A field failed to parse; the message is the problem text."""
 
 
-def _str(value: Any) -> str:
+def _str(value: object) -> str:
     if not isinstance(value, str):
         raise _Bad(f"expected a string, got {type(value).__name__}")
     return value
 
 
-def _build_kind(value: Any) -> str:
+def _build_kind(value: object) -> str:
     text = _str(value)
     if text not in ("cpu", "cuda"):
         raise _Bad(f"{text!r} is not 'cpu' or 'cuda'")
     return text
 
 
-def _nonempty(value: Any) -> str:
+def _nonempty(value: object) -> str:
     text = _str(value)
     if not text.strip():
         raise _Bad("must not be empty")
     return text
 
 
-def _bool(value: Any) -> bool:
+def _bool(value: object) -> bool:
     if not isinstance(value, bool):
         raise _Bad(f"expected true/false, got {value!r}")
     return value
 
 
-def _version(value: Any) -> Version:
+def _version(value: object) -> Version:
     text = _nonempty(value)
     version = version_or_none(text)
     if version is None:
@@ -330,12 +323,12 @@ def _version(value: Any) -> Version:
     return version
 
 
-def _opt_version(value: Any) -> Version | None:
+def _opt_version(value: object) -> Version | None:
     text = _str(value)
     return _version(text) if text else None
 
 
-def _spec(value: Any) -> SpecifierSet:
+def _spec(value: object) -> SpecifierSet:
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     text = _nonempty(value)
@@ -345,44 +338,48 @@ def _spec(value: Any) -> SpecifierSet:
         raise _Bad(f"{text!r} is not a PEP 440 specifier") from None
 
 
-def _spec_list(value: Any) -> tuple[SpecifierSet, ...]:
+def _spec_list(value: object) -> tuple[SpecifierSet, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
         raise _Bad("expected a specifier or a non-empty list of specifiers")
     return tuple(_spec(v) for v in items)
 
 
-def _pythons(value: Any) -> frozenset[str]:
+def _pythons(value: object) -> frozenset[str]:
     if not isinstance(value, list):
         raise _Bad("expected a list of Python versions like \"3.11\"")
-    bad = [v for v in value if not isinstance(v, str) or not PY_RE.match(v)]
-    if bad:
+    good = [v for v in value if isinstance(v, str) and PY_RE.match(v)]
+    if len(good) != len(value):
+        bad = [v for v in value if not isinstance(v, str) or not PY_RE.match(v)]
         raise _Bad(f"not Python versions of the form 3.N or 3.Nt: {bad!r}")
-    return frozenset(value)
+    return frozenset(good)
 
 
-def _str_list(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+def _str_list(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
         raise _Bad("expected a list of strings")
-    return tuple(value)
+    items = [v for v in value if isinstance(v, str)]
+    if len(items) != len(value):
+        raise _Bad("expected a list of strings")
+    return tuple(items)
 
 
-def _url(value: Any) -> str:
+def _url(value: object) -> str:
     text = _str(value)
     if text and not re.match(r"^https?://\S+$", text):
         raise _Bad(f"{text!r} is not an http(s) URL")
     return text
 
 
-def _date(value: Any) -> str:
+def _date(value: object) -> str:
     text = _str(value)
     if not _DATE_RE.match(text):
         raise _Bad(f"{text!r} is not a YYYY-MM-DD date")
     return text
 
 
-def _choice(*allowed: str) -> Parser:
-    def parse(value: Any) -> str:
+def _choice(*allowed: str) -> Parser[str]:
+    def parse(value: object) -> str:
         text = _str(value)
         if text not in allowed:
             raise _Bad(f"{text!r} is not one of {', '.join(allowed)}")
@@ -391,137 +388,201 @@ def _choice(*allowed: str) -> Parser:
     return parse
 
 
-def _driver(value: Any) -> str:
+def _driver(value: object) -> str:
     text = _str(value)
     if text and not re.match(r"^\d+(\.\d+)*$", text):
         raise _Bad(f"{text!r} is not a driver version like 525.60.13")
     return text
 
 
-# kind -> (field -> (parser, required)), key fields, default for missing optional fields
-_SCHEMA: dict[str, dict[str, tuple[Parser, bool]]] = {
-    "torch": {
-        "version": (_version, True),
-        "python": (_pythons, True),
-        "python_aarch64": (_pythons, False),
-        "cuda": (_str_list, False),
-        "cpu_index_url": (_url, False),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-        "pypi_aarch64": (_build_kind, False),
-    },
-    "cuda": {
-        "tag": (_nonempty, True),
-        "cuda": (_nonempty, True),
-        "min_driver_linux": (_driver, True),
-        "toolkit_driver_linux": (_driver, False),
-        "index_url": (_url, True),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-    },
-    "ipex": {
-        "version": (_version, True),
-        "torch": (_spec, True),
-        "built_against": (_opt_version, False),
-        "python": (_pythons, True),
-        "pypi": (_bool, True),
-        "pypi_yanked": (_bool, True),
-        "yank_reason": (_str, False),
-        "index_url": (_url, True),
-        "index_kind": (_choice("find-links", "extra-index-url", "index-url"), True),
-        "local": (_str, False),
-        "import_check": (_choice("none", "exit127", "attributeerror"), True),
-        "status": (_choice("release", "withdrawn"), True),
-        "released": (_date, False),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-    },
-    "oneccl": {
-        "version": (_version, True),
-        "device": (_choice("cpu", "xpu"), True),
-        "torch": (_spec_list, True),
-        "python": (_pythons, True),
-        "index_url": (_url, True),
-        "index_kind": (_choice("find-links", "extra-index-url", "index-url"), True),
-        "import_name": (_choice("torch_ccl", "oneccl_bindings_for_pytorch"), True),
-        "local": (_str, False),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-    },
-    "eol": {
-        "component": (_choice("ipex", "oneccl"), True),
-        "status": (_choice("archived", "deprecated", "end-of-life"), True),
-        "last_release": (_version, True),
-        "last_torch": (_torch_pin, True),
-        "announced": (_date, False),
-        "end_of_support": (_date, False),
-        "alternative": (_nonempty, True),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-    },
-    "hf": {
-        "package": (_choice("transformers", "accelerate"), True),
-        "name": (_nonempty, True),
-        "kind": (_choice("trainer-arg", "launch-flag", "value", "config-key", "sharding-arg"), True),
-        "introduced": (_opt_version, False),
-        "deprecated": (_opt_version, False),
-        "removed": (_opt_version, False),
-        "replacement": (_str, False),
-        "verified": (_bool, False),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-    },
-    "hf_data": {
-        "package": (_choice("transformers", "accelerate"), True),
-        "through": (_version, True),
-        "source": (_nonempty, True),
-        "reason": (_str, False),
-    },
-}
-_DEFAULTS: dict[str, Any] = {
-    "python_aarch64": frozenset(),
-    "cuda": (),
-    "reason": "",
-    "yank_reason": "",
-    "built_against": None,
-    "local": "",
-    "released": "",
-    "toolkit_driver_linux": "",
-    "announced": "",
-    "end_of_support": "",
-    "introduced": None,
-    "deprecated": None,
-    "removed": None,
-    "replacement": "",
-    "verified": False,
-    "pypi_aarch64": "cpu",
+_INDEX_KIND = _choice("find-links", "extra-index-url", "index-url")
+_HF_PACKAGE = _choice("transformers", "accelerate")
+_NO_VERSION = Version("0")
+
+
+def _torch_pin(value: object) -> TorchPin:
+    text = _nonempty(value).strip()
+    if not _PIN_RE.match(text):
+        raise _Bad(f"{text!r}: give the newest torch as '==X.Y.*' or '==X.Y.Z'")
+    return TorchPin(text)
+
+
+# --------------------------------------------------------------------------- rows, field by field
+
+Row = Union[TorchRelease, CudaVariant, IpexRelease, OnecclRelease, EolNotice, HfOption, HfData]
+RowKey = tuple[Union[str, Version], ...]
+
+
+class _Fields:
+    """One [[kind]] row read field by field into its record. A field that is missing or does not parse is a problem,
+    and a stand-in of its type takes its place, so one pass finds every problem of the row (the record is then
+    dropped). An optional field that is absent takes the file's default, else the record's."""
+
+    def __init__(self, raw: Mapping[str, object], defaults: Mapping[str, str]):
+        self.raw = raw
+        self.defaults = defaults
+        self.read: list[str] = []
+        self.problems: list[str] = []
+
+    def need(self, name: str, parse: Parser[T], stand_in: T) -> T:
+        """A required field."""
+        self.read.append(name)
+        if name not in self.raw:
+            self.problems.append(f"missing required field {name!r}")
+            return stand_in
+        return self._parse(name, parse, stand_in)
+
+    def may(self, name: str, parse: Parser[T], default: T) -> T:
+        """An optional field; absent, the record's default."""
+        self.read.append(name)
+        if name not in self.raw:
+            return default
+        return self._parse(name, parse, default)
+
+    def url(self, name: str, default: str) -> str:
+        """An optional URL that a file may set for all of its rows (a top-level scalar)."""
+        return self.may(name, _url, self.defaults.get(name, default))
+
+    def _parse(self, name: str, parse: Parser[T], stand_in: T) -> T:
+        try:
+            return parse(self.raw[name])
+        except _Bad as exc:
+            self.problems.append(f"{name}: {exc}")
+            return stand_in
+
+    def unknown(self) -> list[str]:
+        return [f"unknown field {name!r}" for name in self.raw if name not in self.read]
+
+
+def _torch(f: _Fields) -> TorchRelease:
+    return TorchRelease(
+        version=f.need("version", _version, _NO_VERSION),
+        python=f.need("python", _pythons, frozenset()),
+        python_aarch64=f.may("python_aarch64", _pythons, frozenset()),
+        cuda=f.may("cuda", _str_list, ()),
+        cpu_index_url=f.url("cpu_index_url", _DEFAULT_CPU_INDEX),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+        pypi_aarch64=f.may("pypi_aarch64", _build_kind, "cpu"),
+    )
+
+
+def _cuda(f: _Fields) -> CudaVariant:
+    return CudaVariant(
+        tag=f.need("tag", _nonempty, ""),
+        cuda=f.need("cuda", _nonempty, ""),
+        min_driver_linux=f.need("min_driver_linux", _driver, ""),
+        toolkit_driver_linux=f.may("toolkit_driver_linux", _driver, ""),
+        index_url=f.need("index_url", _url, ""),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+    )
+
+
+def _ipex(f: _Fields) -> IpexRelease:
+    from packaging.specifiers import SpecifierSet
+
+    return IpexRelease(
+        version=f.need("version", _version, _NO_VERSION),
+        torch=f.need("torch", _spec, SpecifierSet()),
+        built_against=f.may("built_against", _opt_version, None),
+        python=f.need("python", _pythons, frozenset()),
+        pypi=f.need("pypi", _bool, False),
+        pypi_yanked=f.need("pypi_yanked", _bool, False),
+        yank_reason=f.may("yank_reason", _str, ""),
+        index_url=f.need("index_url", _url, ""),
+        index_kind=f.need("index_kind", _INDEX_KIND, ""),
+        local=f.may("local", _str, ""),
+        import_check=f.need("import_check", _choice("none", "exit127", "attributeerror"), ""),
+        status=f.need("status", _choice("release", "withdrawn"), ""),
+        released=f.may("released", _date, ""),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+    )
+
+
+def _oneccl(f: _Fields) -> OnecclRelease:
+    return OnecclRelease(
+        version=f.need("version", _version, _NO_VERSION),
+        device=f.need("device", _choice("cpu", "xpu"), ""),
+        torch=f.need("torch", _spec_list, ()),
+        python=f.need("python", _pythons, frozenset()),
+        index_url=f.need("index_url", _url, ""),
+        index_kind=f.need("index_kind", _INDEX_KIND, ""),
+        import_name=f.need("import_name", _choice("torch_ccl", "oneccl_bindings_for_pytorch"), ""),
+        local=f.may("local", _str, ""),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+    )
+
+
+def _eol(f: _Fields) -> EolNotice:
+    return EolNotice(
+        component=f.need("component", _choice("ipex", "oneccl"), ""),
+        status=f.need("status", _choice("archived", "deprecated", "end-of-life"), ""),
+        last_release=f.need("last_release", _version, _NO_VERSION),
+        last_torch=f.need("last_torch", _torch_pin, TorchPin("==0")),
+        announced=f.may("announced", _date, ""),
+        end_of_support=f.may("end_of_support", _date, ""),
+        alternative=f.need("alternative", _nonempty, ""),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+    )
+
+
+def _hf(f: _Fields) -> HfOption:
+    package = f.need("package", _HF_PACKAGE, "")
+    name = f.need("name", _nonempty, "")
+    kind = f.need("kind", _choice("trainer-arg", "launch-flag", "value", "config-key", "sharding-arg"), "")
+    introduced = f.may("introduced", _opt_version, None)
+    deprecated = f.may("deprecated", _opt_version, None)
+    removed = f.may("removed", _opt_version, None)
+    replacement = f.may("replacement", _str, "")
+    verified = f.may("verified", _bool, False)
+    return HfOption(package=package, name=name, kind=kind, introduced=introduced, deprecated=deprecated,
+                    removed=removed, replacement=replacement, verified=verified,
+                    source=f.need("source", _nonempty, ""), reason=f.may("reason", _str, ""))
+
+
+def _hf_data(f: _Fields) -> HfData:
+    return HfData(
+        package=f.need("package", _HF_PACKAGE, ""),
+        through=f.need("through", _version, _NO_VERSION),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+    )
+
+
+# kind -> its record, read field by field (in the order problems are listed)
+_KINDS: dict[str, Callable[[_Fields], Row]] = {
+    "torch": _torch, "cuda": _cuda, "ipex": _ipex, "oneccl": _oneccl, "eol": _eol, "hf": _hf, "hf_data": _hf_data,
 }
 # Top-level scalars a file may set as defaults for its rows.
 _FILE_DEFAULTS = {"cpu_index_url": "torch"}
 _DEFAULT_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def _key(kind: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
+def _key(row: Row) -> RowKey:
     """Identity of a row: a row in CPUPERF_COMPAT_DIR with the same key replaces the shipped one."""
-    if kind == "oneccl":
-        return (row["version"], row["device"])
-    if kind == "cuda":
-        return (row["tag"],)
-    if kind == "eol":
-        return (row["component"],)
-    if kind == "hf":
-        return (row["package"], row["name"])
-    if kind == "hf_data":
-        return (row["package"],)
-    return (row["version"],)
+    if isinstance(row, OnecclRelease):
+        return (row.version, row.device)
+    if isinstance(row, CudaVariant):
+        return (row.tag,)
+    if isinstance(row, EolNotice):
+        return (row.component,)
+    if isinstance(row, HfOption):
+        return (row.package, row.name)
+    if isinstance(row, HfData):
+        return (row.package,)
+    return (row.version,)
 
 
-def _label(kind: str, index: int, raw: Mapping[str, Any]) -> str:
+def _label(kind: str, index: int, raw: Mapping[str, object]) -> str:
     ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name") or raw.get("package")
     return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
 
 
-def _read_table(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
+def _read_table(path: Path, problems: list[Problem]) -> dict[str, object] | None:
     """One TOML file's top table; None (with the problem appended) when it cannot be read or parsed."""
     from cpuperf.fsutil import InputRefused, read_text_capped
 
@@ -545,18 +606,18 @@ def _read_table(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
     except RecursionError:
         problems.append(Problem(name, "file", f"nested deeper than {MAX_DEPTH} levels"))
         return None
-    table: dict[str, Any] = data
+    table: dict[str, object] = data
     return table
 
 
-def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    """Parse one TOML file into (kind, key, fields) rows, appending every problem found."""
+def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, RowKey, Row]]:
+    """Parse one TOML file into (kind, key, record) rows, appending every problem found."""
     name = path.name
     data = _read_table(path, problems)
     if data is None:
         return []
-    defaults: dict[str, Any] = {}
-    rows: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    defaults: dict[str, str] = {}
+    rows: list[tuple[str, RowKey, Row]] = []
     for top, value in data.items():
         if top in _FILE_DEFAULTS:
             try:
@@ -564,95 +625,73 @@ def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, tuple[An
             except _Bad as exc:
                 problems.append(Problem(name, top, str(exc)))
             continue
-        if top not in _SCHEMA:
-            problems.append(Problem(name, top, f"unknown table; expected one of {', '.join(sorted(_SCHEMA))}"))
+        if top not in _KINDS:
+            problems.append(Problem(name, top, f"unknown table; expected one of {', '.join(sorted(_KINDS))}"))
             continue
-        if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+        tables = [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+        if not isinstance(value, list) or len(tables) != len(value):
             problems.append(Problem(name, top, f"must be an array of tables ([[{top}]])"))
             continue
-        for i, raw in enumerate(value):
-            parsed, row_problems = _parse_row(top, raw, defaults)
-            if row_problems:
+        for i, raw in enumerate(tables):
+            row, row_problems = _parse_row(top, raw, defaults)
+            if row is None:
                 problems.append(Problem(name, _label(top, i, raw), "; ".join(row_problems)))
                 continue
-            rows.append((top, _key(top, parsed), parsed))
+            rows.append((top, _key(row), row))
     return rows
 
 
-def _parse_row(kind: str, raw: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """One [[kind]] row's fields parsed (absent ones from the file's or the schema's defaults), and its problems."""
-    fields = _SCHEMA[kind]
-    parsed: dict[str, Any] = {}
-    row_problems: list[str] = []
-    for fname in raw:
-        if fname not in fields:
-            row_problems.append(f"unknown field {fname!r}")
-    for fname, (parser, required) in fields.items():
-        if fname not in raw:
-            if required:
-                row_problems.append(f"missing required field {fname!r}")
-            elif fname in defaults:
-                parsed[fname] = defaults[fname]
-            elif fname == "cpu_index_url":
-                parsed[fname] = _DEFAULT_CPU_INDEX
-            else:
-                parsed[fname] = _DEFAULTS.get(fname)
-            continue
-        try:
-            parsed[fname] = parser(raw[fname])
-        except _Bad as exc:
-            row_problems.append(f"{fname}: {exc}")
+def _parse_row(kind: str, raw: Mapping[str, object], defaults: Mapping[str, str]) -> tuple[Row | None, list[str]]:
+    """One [[kind]] row as its record (None when it has problems), and its problems."""
+    fields = _Fields(raw, defaults)
+    row = _KINDS[kind](fields)
+    row_problems = fields.unknown() + fields.problems
     if not row_problems:
-        row_problems.extend(_row_checks(kind, parsed))
-    return parsed, row_problems
+        row_problems.extend(_row_checks(row))
+    return (None if row_problems else row), row_problems
 
 
-def _row_checks(kind: str, row: Mapping[str, Any]) -> list[str]:
+def _row_checks(row: Row) -> list[str]:
     """Cross-field checks a parser of one field cannot make."""
     out: list[str] = []
-    if kind in ("ipex", "oneccl", "torch") and not row["python"]:
+    if isinstance(row, (IpexRelease, OnecclRelease, TorchRelease)) and not row.python:
         out.append("python: must list at least one version")
-    if kind == "ipex":
-        if row["status"] == "release" and not row["index_url"] and not row["pypi"]:
+    if isinstance(row, IpexRelease):
+        if row.status == "release" and not row.index_url and not row.pypi:
             out.append("a release needs an index_url or pypi = true")
-        if row["pypi_yanked"] and not row["pypi"]:
+        if row.pypi_yanked and not row.pypi:
             out.append("pypi_yanked = true but pypi = false")
-        ba = row["built_against"]
-        if ba is not None and not row["torch"].contains(ba, prereleases=True):
-            out.append(f"built_against {ba} does not satisfy torch {row['torch']}")
-    if kind == "hf" and row["introduced"] is not None and row["removed"] is not None \
-            and row["removed"] <= row["introduced"]:
-        out.append(f"removed {row['removed']} is not after introduced {row['introduced']}")
-    if kind == "hf" and row["verified"] and "unverified" in (row["source"] + row["reason"]).lower():
+        ba = row.built_against
+        if ba is not None and not row.torch.contains(ba, prereleases=True):
+            out.append(f"built_against {ba} does not satisfy torch {row.torch}")
+    if isinstance(row, HfOption) and row.introduced is not None and row.removed is not None \
+            and row.removed <= row.introduced:
+        out.append(f"removed {row.removed} is not after introduced {row.introduced}")
+    if isinstance(row, HfOption) and row.verified and "unverified" in (row.source + row.reason).lower():
         out.append("verified = true but the source or reason says unverified")
-    if kind == "oneccl" and row["device"] == "cpu" and not row["index_url"]:
+    if isinstance(row, OnecclRelease) and row.device == "cpu" and not row.index_url:
         out.append("a CPU release needs an index_url (the bindings are not on PyPI)")
     return out
 
 
-def _build(kind: str, row: dict[str, Any]) -> Any:
-    cls = {
-        "torch": TorchRelease,
-        "cuda": CudaVariant,
-        "ipex": IpexRelease,
-        "oneccl": OnecclRelease,
-        "eol": EolNotice,
-        "hf": HfOption,
-        "hf_data": HfData,
-    }[kind]
-    return cls(**row)
+R = TypeVar("R", TorchRelease, CudaVariant, IpexRelease, OnecclRelease, EolNotice, HfOption, HfData)
 
 
-def _sort_key(kind: str, row: Any) -> tuple[Any, ...]:
-    if kind in ("torch", "ipex"):
+def _sorted(rows: Iterable[Row], cls: type[R]) -> tuple[R, ...]:
+    """The rows of one kind, oldest to newest."""
+    return tuple(sorted((r for r in rows if isinstance(r, cls)), key=_sort_key))
+
+
+def _sort_key(row: Row) -> RowKey:
+    if isinstance(row, (TorchRelease, IpexRelease)):
         return (row.version,)
-    if kind == "oneccl":
+    if isinstance(row, OnecclRelease):
         return (row.version, row.device)
-    if kind == "cuda":
+    if isinstance(row, CudaVariant):
         return (numeric_version(row.cuda), row.tag)
-    if kind == "eol":
+    if isinstance(row, EolNotice):
         return (row.component,)
-    if kind == "hf_data":
+    if isinstance(row, HfData):
         return (row.package,)
     return (row.package, row.name)
 
@@ -720,10 +759,10 @@ def load_matrix(
 
     if subjects:
         layers = [[f for f in layer if f.name.startswith(subjects)] for layer in layers]
-    merged: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {k: {} for k in _SCHEMA}
+    merged: dict[str, dict[RowKey, Row]] = {k: {} for k in _KINDS}
     files: list[str] = []
     for layer in layers:
-        seen: dict[tuple[str, tuple[Any, ...]], str] = {}
+        seen: dict[tuple[str, RowKey], str] = {}
         for path in layer:
             files.append(str(path))
             for kind, key, row in _parse_file(path, problems):
@@ -737,13 +776,16 @@ def load_matrix(
                 merged[kind][key] = row  # a later layer replaces an earlier one
     if problems:
         raise MatrixError(problems)
-
-    built: dict[str, tuple[Any, ...]] = {}
-    for kind, rows in merged.items():
-        objs = [_build(kind, r) for r in rows.values()]
-        objs.sort(key=functools.partial(_sort_key, kind))
-        built[kind] = tuple(objs)
-    return Matrix(files=tuple(files), **built)
+    return Matrix(
+        torch=_sorted(merged["torch"].values(), TorchRelease),
+        cuda=_sorted(merged["cuda"].values(), CudaVariant),
+        ipex=_sorted(merged["ipex"].values(), IpexRelease),
+        oneccl=_sorted(merged["oneccl"].values(), OnecclRelease),
+        eol=_sorted(merged["eol"].values(), EolNotice),
+        hf=_sorted(merged["hf"].values(), HfOption),
+        hf_data=_sorted(merged["hf_data"].values(), HfData),
+        files=tuple(files),
+    )
 
 
 @lru_cache(maxsize=8)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from packaging.version import Version
 
-from cpuperf.jsonable import NOT_IN_JSON, as_json
+from cpuperf.jsonable import NOT_IN_JSON, JsonObject, as_json
 from cpuperf.knowledge.matrix import (
     PY_RE,
     IpexRelease,
@@ -115,11 +115,11 @@ class Pin:
             args += [flag[self.index_kind], self.index_url]
         return args
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """{"version", "index_url", ...} as in the cpuperf.compat/1 schema."""
         return as_json(self)
 
-    def json_computed(self) -> dict[str, Any]:
+    def json_computed(self) -> Mapping[str, object]:
         return {"pip_args": self.pip_args()}
 
 
@@ -131,7 +131,7 @@ class Rejection:
     version: str | None
     reason: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """{"package", "version", "reason"}."""
         return as_json(self)
 
@@ -168,7 +168,7 @@ class Resolution:
                 out.append(pin.pip_args())
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The cpuperf.compat/1 JSON object."""
         return {
             "schema": SCHEMA,
@@ -512,7 +512,7 @@ def _best_stack(m: Matrix, py: str, wants: frozenset[str], plat: str, notes: lis
 
 def _why_no_component(m: Matrix, comp: str, py: str, plat: str, torches: list[TorchRelease]) -> Rejection:
     name = PIP_NAME[comp]
-    rows: list[Any] = list(m.ipex) if comp == "ipex" else [r for r in m.oneccl if r.device == "cpu"]
+    rows: list[IpexRelease | OnecclRelease] = list(m.ipex) if comp == "ipex" else [r for r in m.oneccl if r.device == "cpu"]
     if plat != "linux_x86_64":
         return Rejection(comp, None, f"{name} has wheels for Linux x86_64 only, not {plat}")
     if not any(py in r.python for r in rows):

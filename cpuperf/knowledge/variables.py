@@ -10,7 +10,7 @@ warm run reads JSON and builds NamedTuples (a frozen dataclass costs ~5x more to
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from cpuperf.errors import BadDataError
 
@@ -61,6 +61,10 @@ class Family(NamedTuple):
     lever: Optional[str] = None
 
 
+# A column's wanted value in names()/prefixes(): the value, or a tuple of values any of which will do.
+Where = Union[str, bool, None, Tuple[str, ...]]
+
+
 class Variables(NamedTuple):
     rows: Mapping[str, Variable]  # in the table's order
     families: Tuple[Family, ...]
@@ -69,11 +73,11 @@ class Variables(NamedTuple):
     def row(self, name: str) -> Optional[Variable]:
         return self.rows.get(name)
 
-    def names(self, **where: Any) -> Tuple[str, ...]:
+    def names(self, **where: Where) -> Tuple[str, ...]:
         """The names of the rows whose columns have the given values (lever=("a", "b"): any of them)."""
         return tuple(v.name for v in self.rows.values() if _matches(v, where))
 
-    def prefixes(self, **where: Any) -> Tuple[str, ...]:
+    def prefixes(self, **where: Where) -> Tuple[str, ...]:
         return tuple(f.prefix for f in self.families if _matches(f, where))
 
     def family(self, name: str) -> Optional[Family]:
@@ -82,7 +86,7 @@ class Variables(NamedTuple):
         return max(found, key=lambda f: len(f.prefix)) if found else None
 
 
-def _matches(row: Any, where: Mapping[str, Any]) -> bool:
+def _matches(row: Union[Variable, Family], where: Mapping[str, Where]) -> bool:
     for key, want in where.items():
         got = getattr(row, key)
         if got not in want if isinstance(want, tuple) else got != want:
@@ -102,7 +106,7 @@ def variables() -> Variables:
     return _MEMO[0]
 
 
-def parse(raw: Mapping[str, Any], lever_ids: Optional[Iterable[str]] = None) -> Variables:
+def parse(raw: Mapping[str, object], lever_ids: Optional[Iterable[str]] = None) -> Variables:
     """The table from its parsed TOML; BadDataError naming the first row that is not what the header says."""
     if raw.get("schema") != SCHEMA:
         raise _bad(f"schema {str(raw.get('schema'))[:40]!r}, expected {SCHEMA!r}")
@@ -120,7 +124,8 @@ def parse(raw: Mapping[str, Any], lever_ids: Optional[Iterable[str]] = None) -> 
     families = tuple(_family(item, f"family[{i}]", levers) for i, item in enumerate(_list(raw, "family")))
     if len({f.prefix for f in families}) != len(families):
         raise _bad("family: a prefix is given twice")
-    parts = raw.get("families", {}).get("refused_parts") if isinstance(raw.get("families"), dict) else None
+    table = raw.get("families")
+    parts = table.get("refused_parts") if isinstance(table, dict) else None
     if not isinstance(parts, list) or not all(isinstance(p, str) and _NAME.fullmatch(p) for p in parts):
         raise _bad("families.refused_parts must be a list of upper-case name parts")
     return Variables(rows, families, tuple(parts))
@@ -130,21 +135,31 @@ def _bad(what: str) -> BadDataError:
     return BadDataError(f"malformed data file compat/{FILE}: {what}", hint="fix the row, or reinstall cpuperf")
 
 
-def _list(raw: Mapping[str, Any], key: str) -> List[Any]:
+def _list(raw: Mapping[str, object], key: str) -> List[object]:
     items = raw.get(key)
     if not isinstance(items, list) or not items:
         raise _bad(f"[[{key}]] rows are missing")
     return items
 
 
-def _text(item: Mapping[str, Any], key: str, where: str, pattern: Optional[re.Pattern[str]] = None) -> str:
+def _text(item: Mapping[str, object], key: str, where: str, pattern: Optional[re.Pattern[str]] = None) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value.strip() or pattern is not None and not pattern.fullmatch(value):
         raise _bad(f"{where}.{key} must be " + ("a name like OMP_NUM_THREADS" if pattern is not None else "text"))
     return value
 
 
-def _common(item: Any, where: str, levers: FrozenSet[str], keys: Tuple[str, ...]) -> Dict[str, Any]:
+class _Common(NamedTuple):
+    """The columns a variable's row and a family's share, checked."""
+
+    item: Mapping[str, object]  # the row, a table
+    runtime: str
+    source: str
+    lever: Optional[str]
+    flags: Dict[str, bool]
+
+
+def _common(item: object, where: str, levers: FrozenSet[str], keys: Tuple[str, ...]) -> _Common:
     if not isinstance(item, dict):
         raise _bad(f"{where} is not a table")
     unknown = sorted(set(item) - set(keys))
@@ -159,40 +174,47 @@ def _common(item: Any, where: str, levers: FrozenSet[str], keys: Tuple[str, ...]
     lever = item.get("lever")
     if lever is not None and lever not in levers:
         raise _bad(f"{where}.lever {str(lever)[:40]!r} is not a lever (cpuperf.decide.records.Levers)")
-    flags = {k: item.get(k, False) for k in _FLAGS if k in keys}
-    bad = next((k for k, v in flags.items() if not isinstance(v, bool)), None)
-    if bad is not None:
-        raise _bad(f"{where}.{bad} must be true or false")
-    return {"runtime": runtime, "source": source, "lever": lever, **flags}
+    flags: Dict[str, bool] = {}
+    for k in _FLAGS:
+        value = item.get(k, False)
+        if k in keys and not isinstance(value, bool):
+            raise _bad(f"{where}.{k} must be true or false")
+        if k in keys:
+            flags[k] = bool(value)
+    return _Common(item, runtime, source, None if lever is None else str(lever), flags)
 
 
 _VARIABLE_KEYS = ("name", "runtime", "type", "reason", "source", "lever", "min", "max", "file_options", *_FLAGS)
 
 
-def _variable(item: Any, where: str, levers: FrozenSet[str]) -> Variable:
-    common = _common(item, where, levers, _VARIABLE_KEYS)
+def _variable(raw: object, where: str, levers: FrozenSet[str]) -> Variable:
+    common = _common(raw, where, levers, _VARIABLE_KEYS)
+    item = common.item
     name = _text(item, "name", where, _NAME)
     kind = _text(item, "type", where)
     if kind not in TYPES:
         raise _bad(f"{where} ({name}).type {kind[:40]!r} is not one of {', '.join(TYPES)}")
     low, high = item.get("min"), item.get("max")
-    if (low is None) != (high is None) or low is not None and not (
-            type(low) is int and type(high) is int and 0 <= low <= high):
+    if low is None and high is None:
+        low = high = None
+    elif not (type(low) is int and type(high) is int and 0 <= low <= high):
         raise _bad(f"{where} ({name}): min and max are whole numbers, both or neither, min <= max")
     if kind in ("threads", "count", "port") and low is None:
         raise _bad(f"{where} ({name}): a {kind} needs its range (min, max)")
     options = item.get("file_options", [])
     if not isinstance(options, list) or not all(isinstance(o, str) and o for o in options):
         raise _bad(f"{where} ({name}).file_options must be a list of option names")
-    if common["plan"] and (common["writes_files"] and not options):
+    if common.flags["plan"] and (common.flags["writes_files"] and not options):
         raise _bad(f"{where} ({name}): a variable that makes its runtime write files is never a plan's")
     return Variable(name=name, type=kind, reason=_text(item, "reason", where), min=low, max=high,
-                    file_options=tuple(options), **common)
+                    file_options=tuple(options), runtime=common.runtime, source=common.source, lever=common.lever,
+                    **common.flags)
 
 
-def _family(item: Any, where: str, levers: FrozenSet[str]) -> Family:
-    common = _common(item, where, levers, ("prefix", "runtime", "source", "lever", "plan"))
-    return Family(prefix=_text(item, "prefix", where, _PREFIX), **common)
+def _family(raw: object, where: str, levers: FrozenSet[str]) -> Family:
+    common = _common(raw, where, levers, ("prefix", "runtime", "source", "lever", "plan"))
+    return Family(prefix=_text(common.item, "prefix", where, _PREFIX), runtime=common.runtime, source=common.source,
+                  lever=common.lever, plan=common.flags["plan"])
 
 
 # -- values, typed per row ---------------------------------------------------------------------------------------

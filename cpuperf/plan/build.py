@@ -60,10 +60,10 @@ def recommend_for(facts: HostFacts, workload: Workload, *, nnodes: int,
                   nproc_per_node: Optional[int], unit: str, device: str, measurements: Optional[Measurements],
                   overrides: Mapping[str, Any], environ: Mapping[str, str]) -> Recommendation:
     """recommend's decisions (the plan `recommend --save` writes) for the job's nodes (decide.nodes.job_nodes)."""
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
 
-    return recommend(facts, workload, nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
-                     measurements=measurements, overrides=dict(overrides), environ=environ)
+    return recommend(facts, workload, RecommendRequest(nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
+                                                       measurements=measurements, overrides=dict(overrides), environ=environ))
 
 
 def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_tuned: bool = True) -> JobPlan:
@@ -99,26 +99,30 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     run = RankRun(tuple(cmd), settings, script, yours, log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid)
     given = EnvInputs(edge.environ, mpi[1] if (mpi and request.launcher == "mpirun") else None, edge.socket_ifname,
                       planned_env=tuple(saved_env) if saved_env is not None else None)
-    return plan_job(facts, rec, job, run, given)
+    jp = plan_job(facts, rec, job, run, given)
+    from cpuperf.plan.peak_report import reporting_peak
+
+    return reporting_peak(jp, edge.environ)
 
 
 def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Dict[str, Any], nproc: Optional[int],
             yours: Optional[LauncherRanks], use_tuned: bool) -> Recommendation:
     """recommend's decisions for this request, from the measurements the edge took."""
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
 
     meas = edge.measurements
     tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
     # Your launcher's nodes (torchrun --nnodes 2) are the job's, where cpuperf starts no nodes of its own.
     nnodes = max(edge.nnodes, yours.nodes) if yours is not None else edge.nnodes
-    rec = recommend(facts, _with_parallel(request, edge), nproc_per_node=nproc, nnodes=nnodes, unit=request.unit,
-                     device=request.device, measurements=meas, overrides=decided, tuned=tuned,
-                     shape_tuning=use_tuned and request.auto and not request.user_argv,
-                     environ=_command_environ(request, edge.environ if facts.live else {}),
-                     baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
-                     ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
-                     ranks_unknown=yours is not None and yours.count is None,
-                     memory_levers=memory_levers(request, facts, edge))
+    rec = recommend(facts, _with_parallel(request, edge), RecommendRequest(
+        nproc_per_node=nproc, nnodes=nnodes, unit=request.unit,
+        device=request.device, measurements=meas, overrides=decided, tuned=tuned,
+        shape_tuning=use_tuned and request.auto and not request.user_argv,
+        environ=_command_environ(request, edge.environ if facts.live else {}),
+        baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
+        ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
+        ranks_unknown=yours is not None and yours.count is None,
+        memory_levers=memory_levers(request, facts, edge)))
     dp = rec.workload.parallel
     if yours is not None and dp.kind == "trainer" and dp.global_batch is not None and rec.levers.world > 1:
         world = rec.levers.world  # your launcher's ranks are yours, and so is the batch they train
@@ -297,7 +301,7 @@ def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: R
     threads from each node's cores, refused (exit 14) where the stacks differ; the DDP backend and bucket size
     from an allreduce measured across exactly these nodes (`measured`), unless the user set the backend."""
     from cpuperf.decide import cluster
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.plan.job import placeholder_job
 
     cons = cluster.constraints({n: by_name[n] for n in names})
@@ -307,7 +311,7 @@ def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: R
     subs: List[NodePlan] = []
     for name in names:
         node = by_name[name]
-        r = recommend(node, rec.workload, nnodes=len(names), overrides=yours, environ={}, pins=pins)
+        r = recommend(node, rec.workload, RecommendRequest(nnodes=len(names), overrides=yours, environ={}, pins=pins))
         subs.append((name, node, r, placeholder_job(node, r, hosts)))
     return subs
 

@@ -36,7 +36,7 @@ class EnvDecisions(NamedTuple):
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     """The environment's decisions from a recommendation (decided here, or a saved plan's)."""
     from cpuperf.decide.backend import cpu_backend, recorded_backend  # not on the path of a remembered decision
-    from cpuperf.decide.records import rank_threads
+    from cpuperf.decide.threads import rank_threads
 
     decided = rec.levers.ddp_backend
     backend = recorded_backend(decided.value, decided.evidence, decided.reason)
@@ -50,11 +50,11 @@ def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnod
                 measurements: Optional[Measurements],
                 environ: Mapping[str, str]) -> EnvDecisions:
     """The decisions `recommend` makes for this host's CPUs (the default workload): the engine runs here."""
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
 
-    rec = recommend(facts, resolve_workload(None, None, None, None, 400, host=facts), nproc_per_node=nproc_per_node,
-                    nnodes=nnodes, unit=unit, device="cpu", measurements=measurements, environ=environ)
+    rec = recommend(facts, resolve_workload(None, None, None, None, 400, host=facts), RecommendRequest(
+        nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device="cpu", measurements=measurements, environ=environ))
     return decisions_of(facts, rec)
 
 
@@ -176,12 +176,13 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
              planned: Optional[Sequence[envplan.EnvVar]] = None) -> Tuple[List[envplan.EnvVar], List[str]]:
     """(variables, notes) of the plan's environment: decide/runtime_env's for these decisions, or a saved plan's
     own variables (its preloads only with --preload: they affect every later command of the shell)."""
-    tuned = envplan.runtime_env(facts, decided.placement, backend=decided.backend.name, hosts=request.hosts,
-                                master_addr=request.master_addr, master_port=request.master_port,
-                                preload=request.preload, allocator=decided.allocator, threads=decided.threads,
-                                nnodes=request.nnodes,
-                                mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
-                                environ=environ, slurm_first=request.slurm_first, pin=decided.pin)
+    tuned = envplan.runtime_env(facts, decided.placement, envplan.RuntimeEnvRequest(
+        backend=decided.backend.name, hosts=request.hosts,
+        master_addr=request.master_addr, master_port=request.master_port,
+        preload=request.preload, allocator=decided.allocator, threads=decided.threads,
+        nnodes=request.nnodes,
+        mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
+        environ=environ, slurm_first=request.slurm_first, pin=decided.pin))
     notes = list(tuned.notes)
     if planned is None:
         return list(tuned.vars), notes

@@ -13,16 +13,21 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
-from cpuperf.jsonable import NOT_IN_JSON, as_json
+from cpuperf.jsonable import NOT_IN_JSON, JsonMapping, JsonObject, JsonValue, as_json
 from cpuperf.knowledge.cuda import cuda_tag_for_driver
 from cpuperf.probe.pkgscan import canonical_name as canonicalize_name
 from cpuperf.probe.pkgscan import key_for
 from cpuperf.versions import is_version, local_label, major_minor, version_or_none
+
+if TYPE_CHECKING:
+    from cpuperf.knowledge.matrix import CudaVariant, Matrix
+    from cpuperf.knowledge.resolve import Resolution
+    from cpuperf.probe.facts import HostFacts
 
 SCHEMA = "cpuperf.install/1"
 LOCK_SCHEMA = "cpuperf.lock/1"
@@ -79,10 +84,10 @@ class Source:
                 "find-links": "--find-links"}[self.kind]
         return [flag, self.location]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> Mapping[str, object]:
         return {"error": self.error or None}  # no error: null, not ""
 
 
@@ -232,7 +237,7 @@ def constraint_specs(constraint_text: str, name: str) -> List[str]:
 # --------------------------------------------------------------------------- builds
 
 
-def runnable_cuda_tags(driver: Optional[str], variants: Sequence[Any]) -> Tuple[str, ...]:
+def runnable_cuda_tags(driver: Optional[str], variants: Sequence[CudaVariant]) -> Tuple[str, ...]:
     """Every cuXYZ build this driver runs (CUDA minor-version compatibility floor)."""
     have = version_or_none(driver)
     if have is None:
@@ -245,7 +250,7 @@ def is_cuda_payload(name: str) -> bool:
     return bool(_CUDA_PAYLOAD.match(canonicalize_name(name)))
 
 
-def newest_build(versions: Iterable[str], device: str, cuda_tag: Any = None,
+def newest_build(versions: Iterable[str], device: str, cuda_tag: Union[str, Collection[str], None] = None,
                  specifiers: Sequence[str] = (), allow_plain: bool = False) -> Optional[str]:
     """The newest version string from `pip index versions` that is the right build for the host.
 
@@ -303,7 +308,7 @@ class PlannedPackage:
     def requirement(self) -> str:
         return f"{self.name}=={self.version}"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
 
@@ -339,7 +344,7 @@ class InstallPlan:
     def cuda_payload(self) -> List[PlannedPackage]:
         return [p for p in self.packages if is_cuda_payload(p.name)]
 
-    def to_json(self, result: Any = None) -> Dict[str, Any]:
+    def to_json(self, result: object = None) -> Dict[str, object]:
         return {
             "schema": SCHEMA,
             "python": self.target.python,
@@ -367,20 +372,20 @@ def child_env(environ: Mapping[str, str]) -> Dict[str, str]:
     return env
 
 
-def host_device(facts: Any) -> str:
+def host_device(facts: HostFacts) -> str:
     """'cuda' when the host has an NVIDIA GPU, else 'cpu'."""
     gpus = getattr(facts, "gpus", None) or ()
     return "cuda" if any(getattr(g, "vendor", "nvidia") == "nvidia" for g in gpus) else "cpu"
 
 
-def _driver(facts: Any) -> Optional[str]:
+def _driver(facts: HostFacts) -> Optional[str]:
     for g in getattr(facts, "gpus", None) or ():
         if g.driver_version:
             return str(g.driver_version)
     return None
 
 
-def _installed(facts: Any, name: str) -> Optional[str]:
+def _installed(facts: HostFacts, name: str) -> Optional[str]:
     software = getattr(facts, "software", None)
     if software is None:
         return None
@@ -388,7 +393,7 @@ def _installed(facts: Any, name: str) -> Optional[str]:
     return info.version if info else None
 
 
-def default_sources(resolution: Any, cuda_index: Optional[str]) -> List[Source]:
+def default_sources(resolution: Resolution, cuda_index: Optional[str]) -> List[Source]:
     """The built-in places the resolver names for torch and the Intel add-ons."""
     out: List[Source] = []
     torch_index = cuda_index or getattr(resolution, "torch_index_url", None) or TORCH_CPU_INDEX
@@ -400,10 +405,10 @@ def default_sources(resolution: Any, cuda_index: Optional[str]) -> List[Source]:
     return out
 
 
-def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target, *,
+def plan_install(facts: HostFacts, resolution: Resolution, sources: SourceSet, target: Target, *,
                  torch_version: Optional[str] = None, cuda_tag: Optional[str] = None,
                  allow_cuda_torch: bool = False, environ: Optional[Mapping[str, str]] = None,
-                 matrix: Any = None, allocator_version: Optional[str] = None,
+                 matrix: Optional[Matrix] = None, allocator_version: Optional[str] = None,
                  platform: str = "linux_x86_64") -> InstallPlan:
     """Pin the resolution's packages for this host and say where they come from and why.
 
@@ -447,7 +452,7 @@ def plan_install(facts: Any, resolution: Any, sources: SourceSet, target: Target
                        warnings=tuple(warnings), notes=tuple(notes))
 
 
-def registry_cpu_builds(versions: Sequence[str], matrix: Any, platform: str) -> Tuple[List[str], List[str]]:
+def registry_cpu_builds(versions: Sequence[str], matrix: Matrix, platform: str) -> Tuple[List[str], List[str]]:
     """(CPU builds, CUDA builds) among the registry's unlabelled torch `versions` on `platform`: on Linux aarch64
     a CPU build up to 2.10 and a CUDA build from 2.11 (compat/torch.toml pypi_aarch64); x86_64 keeps them all
     (its registry build is CUDA throughout: pip's dry run shows the payload and the plan refuses it)."""
@@ -458,14 +463,14 @@ def registry_cpu_builds(versions: Sequence[str], matrix: Any, platform: str) -> 
     return [v for v in versions if v not in cuda], cuda
 
 
-def _registry_cpu_build(matrix: Any, base: str, platform: str) -> bool:
+def _registry_cpu_build(matrix: Optional[Matrix], base: str, platform: str) -> bool:
     """The registry's unlabelled torch `base` is a CPU build on `platform` (Linux aarch64 up to 2.10)."""
     row = matrix.torch_release(Version(base)) if matrix is not None and platform == "linux_aarch64" else None
     return row is not None and row.pypi_aarch64 == "cpu"
 
 
-def _torch_build(facts: Any, device: str, base: str, torch_version: Optional[str], cuda_tag: Optional[str],
-                 matrix: Any, notes: List[str]) -> Tuple[str, Optional[str]]:
+def _torch_build(facts: HostFacts, device: str, base: str, torch_version: Optional[str], cuda_tag: Optional[str],
+                 matrix: Optional[Matrix], notes: List[str]) -> Tuple[str, Optional[str]]:
     """(the exact torch build, its CUDA tag): the one chosen from the sources, else `base` with the host's
     label (+cpu, or the +cuXYZ this NVIDIA driver runs, said in `notes`)."""
     if torch_version is not None:
@@ -484,7 +489,7 @@ def _torch_build(facts: Any, device: str, base: str, torch_version: Optional[str
     return f"{base}+{tag}", tag
 
 
-def _planned(facts: Any, name: str, version: str, where: str, why: str) -> PlannedPackage:
+def _planned(facts: HostFacts, name: str, version: str, where: str, why: str) -> PlannedPackage:
     """One pinned package: kept where installed at that version, else installed, upgraded or replaced."""
     have = _installed(facts, name)
     act = _action(have, version)
@@ -500,7 +505,7 @@ def allocator_wheel() -> Tuple[str, str]:
     return rule["wheel"], rule["wheel_version"]
 
 
-def pick_allocator_version(facts: Any, offered: Optional[Sequence[str]]) -> Optional[str]:
+def pick_allocator_version(facts: HostFacts, offered: Optional[Sequence[str]]) -> Optional[str]:
     """The allocator wheel version to plan: the tested one if offered, else the newest offered; None where
     this CPU has no build or no source offers it. GPU hosts get none: the engine never preloads one there."""
     from cpuperf.data import load_builtin
@@ -515,14 +520,14 @@ def pick_allocator_version(facts: Any, offered: Optional[Sequence[str]]) -> Opti
     return str(max(valid, key=Version)) if valid else None
 
 
-def allocator_requirement(facts: Any, where: str, version: str) -> Optional[PlannedPackage]:
+def allocator_requirement(facts: HostFacts, where: str, version: str) -> Optional[PlannedPackage]:
     """The wheel that ships a preloadable allocator (compat/tuning.toml [allocator]), where one is built
     for this CPU: `--auto` then has an allocator to measure and preload without root."""
     name, _ = allocator_wheel()
     return _planned(facts, name, version, where, "mimalloc for `--auto` to measure and preload (LD_PRELOAD; no root needed)")
 
 
-def system_allocator_note(facts: Any) -> Optional[str]:
+def system_allocator_note(facts: HostFacts) -> Optional[str]:
     """The exact command that adds tcmalloc and jemalloc system-wide, where neither is found (needs root)."""
     from cpuperf.data import load_builtin
 
@@ -557,23 +562,25 @@ def _replaced(installed: Optional[str], planned: str) -> Optional[str]:
 # --------------------------------------------------------------------------- pip's report
 
 
-def parse_report(report: Mapping[str, Any], plan: InstallPlan, installed: Mapping[str, str]) -> Tuple[PlannedPackage, ...]:
+def parse_report(report: JsonMapping, plan: InstallPlan, installed: Mapping[str, str]) -> Tuple[PlannedPackage, ...]:
     """pip's `--report` JSON -> exactly the packages pip would install or change, with source and reason.
 
     `installed` maps canonical names to the versions in the environment now (from pip freeze).
     """
     wanted = {canonicalize_name(p.name): p for p in plan.requirements}
     out: List[PlannedPackage] = []
-    for item in report.get("install", []):
-        meta = item.get("metadata", {})
-        name = meta.get("name", "?")
-        version = meta.get("version", "?")
-        info = item.get("download_info") or {}
-        url = info.get("url")
-        hashes = (info.get("archive_info") or {}).get("hashes") or {}
-        sha = hashes.get("sha256")
+    items = report.get("install", [])
+    for item in items if isinstance(items, list) else []:
+        entry = _object(item)
+        meta = _object(entry.get("metadata", {}))
+        name = str(meta.get("name", "?"))
+        version = str(meta.get("version", "?"))
+        info = _object(entry.get("download_info"))
+        url = _text(info.get("url"))
+        archive = _object(info.get("archive_info"))
+        sha = _text(_object(archive.get("hashes")).get("sha256"))
         if not sha:
-            h = (info.get("archive_info") or {}).get("hash", "")
+            h = _text(archive.get("hash", "")) or ""
             sha = h.split("=", 1)[1] if h.startswith("sha256=") else None
         cname = canonicalize_name(name)
         have = installed.get(cname)
@@ -587,8 +594,18 @@ def parse_report(report: Mapping[str, Any], plan: InstallPlan, installed: Mappin
         out.append(PlannedPackage(name, version, source_of(url, plan.sources), reason,
                                   action=_action(have, version) if have else "install",
                                   replaces=have if have and have != version else None,
-                                  requested=bool(item.get("requested")), url=url, sha256=sha))
+                                  requested=bool(entry.get("requested")), url=url, sha256=sha))
     return tuple(out)
+
+
+def _object(value: JsonValue) -> JsonObject:
+    """An object of pip's report; {} where absent (or not an object)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: JsonValue) -> Optional[str]:
+    """A text field of pip's report; None where absent (or not text)."""
+    return value if isinstance(value, str) else None
 
 
 def source_of(url: Optional[str], sources: SourceSet) -> str:
@@ -900,11 +917,11 @@ def _valid_pin(name: str, version: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name)) and is_version(version)
 
 
-def _opt_str(value: Any) -> Optional[str]:
+def _opt_str(value: object) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def plan_from_lock(lock: Lock, facts: Any, sources: SourceSet, target: Target, *,
+def plan_from_lock(lock: Lock, facts: HostFacts, sources: SourceSet, target: Target, *,
                    allow_cuda_torch: bool = False, environ: Optional[Mapping[str, str]] = None) -> InstallPlan:
     """Install exactly the lock's pins (all of them, dependencies included: pip runs with --no-deps)."""
     device = host_device(facts)

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
-from cpuperf.decide.records import Recommendation, rank_threads
+from cpuperf.decide.records import Recommendation
+from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import UsageError
-from cpuperf.jsonable import JsonMapping, JsonObject
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
@@ -104,14 +105,15 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     world = lv.world
     backend = process_group_backend(lv.ddp_backend.value)
     preload = bool(lv.allocator.value) and (request.auto or lv.allocator.overridden)
-    rt = envplan.runtime_env(facts, rec.placement, backend=backend, hosts=request.hosts,
-                             master_addr=request.master_addr, master_port=request.asked.master_port, preload=preload,
-                             threads=rank_threads(lv, request.auto),
-                             # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
-                             allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
-                             socket_ifname=socket_ifname,
-                             libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
-                             pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value})
+    rt = envplan.runtime_env(facts, rec.placement, envplan.RuntimeEnvRequest(
+        backend=backend, hosts=request.hosts,
+        master_addr=request.master_addr, master_port=request.asked.master_port, preload=preload,
+        threads=rank_threads(lv, request.auto),
+        # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
+        allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
+        socket_ifname=socket_ifname,
+        libraries=libraries, environ=environ, slurm_first=_slurm_first(request.slurm),
+        pin=lv.affinity.value == "auto", knobs={"fp32_math_mode": lv.fp32_math_mode.value}))
     table = variables()
     keep = {e.name for e in rt.vars} if request.auto else (set(table.names(lever="allocator")) if preload else set())
     if lv.fp32_math_mode.overridden:  # your value, plain or not: its Arm variable goes with it
@@ -175,7 +177,7 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> J
                  device=lv.device.value)
         for d in rec.decisions:  # plain = the baseline plus exactly the user's keys
             if d.overridden and BY_ID[d.id].worker:
-                s[d.id] = d.value
+                s[d.id] = _json_scalar(d.value)
     if lv.ddp_backend.value and world > 1:
         s["ddp_backend"] = lv.ddp_backend.value
     asked = request.asked
@@ -197,6 +199,13 @@ def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> J
             else:
                 s[key] = value
     return s
+
+
+def _json_scalar(value: object) -> JsonValue:
+    """A user's value of a worker setting as the worker's JSON carries it (a string, number, true/false or null)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"{value!r} is not a JSON value")
 
 
 def decision_records(rec: Recommendation, auto: bool) -> Tuple[DecisionRow, ...]:

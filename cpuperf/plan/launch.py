@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.placement import Placement
+from cpuperf.decide.threads import threads_on
 from cpuperf.errors import LaunchFailedError, UsageError
 from cpuperf.jsonable import as_json
 from cpuperf.knowledge.variables import variables
@@ -326,7 +327,7 @@ def _crowded(theirs: str, ranks: int, placement: Placement, threads: Optional[in
     total = int(first) * ranks
     if total <= placement.cpu_budget:
         return []
-    fits = threads or max(1, min(placement.threads_per_rank, placement.cpu_budget // ranks))
+    fits = threads or threads_on(placement.threads_per_rank, placement.cpu_budget // ranks)
     return [f"your OMP_NUM_THREADS={first} x {ranks} rank(s) = {total} compute threads on {placement.cpu_budget} "
             f"physical core(s): they take turns on the cores; OMP_NUM_THREADS={fits} (cpuperf's plan) gives each "
             "thread a core of its own"]

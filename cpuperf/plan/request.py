@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError
 
 if TYPE_CHECKING:
     from cpuperf.plan.command import CommandLine
@@ -84,8 +84,8 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
     if batch_size is not None:  # --batch-size: typed and bounded as --set batch_size is
         try:
             typed = coerce("batch_size", str(batch_size))
-        except UsageError as exc:
-            raise UsageError(exc.message.replace("--set batch_size=", "--batch-size "), hint=exc.hint) from None
+        except FieldError as exc:  # said about --batch-size (cpuperf.commands.flags)
+            raise exc.as_option() from None
         if user_argv:  # a script's: its per-device batch, as --set batch_size (the built-in loop's is its global batch)
             decided.setdefault("batch_size", typed)
     return decided, worker

@@ -9,17 +9,19 @@ node of a homogeneous cluster; a node that differs is refused with the first dif
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union
 
 from cpuperf.decide.placement import Placement, RankSlot
-from cpuperf.decide.records import Decision, Levers, Recommendation, levers_of
+from cpuperf.decide.records import Decision, Levers, Measurements, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import BLOCKS, Workload
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import is_version, major_minor
@@ -32,27 +34,48 @@ MEMORY_TOLERANCE = 0.98  # nodes of one model differ by what firmware reserves
 UNKNOWABLE = ("gpus", "amx_usable")  # None = not probed (a recorded host): not a difference
 
 
+class HostIdentity(TypedDict):
+    """What the decisions depend on, as a plan saves it (host_identity): equal on identical nodes."""
+
+    arch: str
+    vendor: Optional[str]
+    model_name: Optional[str]
+    microarchitecture: str
+    isa: List[str]
+    bf16_native: bool
+    amx_usable: Optional[bool]  # None: not probed (a recorded host)
+    sockets: int
+    physical_cores: int
+    threads_per_core: int
+    numa_nodes: int
+    usable_cpus: str  # a CPU list, '0-3,8'
+    cpu_quota: Optional[float]
+    memory_total_bytes: Optional[int]
+    memory_limit_bytes: Optional[int]
+    gpus: Optional[List[str]]  # None: not probed
+
+
 @dataclass(frozen=True)
 class SavedPlan:
     """A plan as saved: what was decided, for which host and stack, from which inputs."""
 
     cpuperf: str
-    host: Dict[str, Any]
+    host: HostIdentity
     stack: Dict[str, Optional[str]]
-    inputs: Dict[str, Any]
+    inputs: PlanInputs
     rec: Recommendation
     env: Tuple[EnvVar, ...]
     made_on: Optional[str] = None  # the host name it was made on (information, never compared)
     # Several nodes planned from each node's own facts (recommend --hostfile --node-facts): name -> its plan.
     nodes: Tuple[Tuple[str, SavedPlan], ...] = ()
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         data = self._own_json()
         if self.nodes:
             data["nodes"] = {name: sub._own_json() for name, sub in self.nodes}
         return data
 
-    def _own_json(self) -> Dict[str, Any]:
+    def _own_json(self) -> Dict[str, object]:
         # made_on: only a plan read from an older file has one; a plan carries no host name (docs/saved-plans.md)
         return {"schema": SCHEMA, "cpuperf": self.cpuperf, **({"made_on": self.made_on} if self.made_on else {}),
                 "host": self.host,
@@ -63,12 +86,12 @@ class SavedPlan:
                 "env": [{"name": e.name, "value": e.value, "reason": e.reason, "kind": e.kind} for e in self.env]}
 
 
-def host_identity(facts: HostFacts) -> Dict[str, Any]:
+def host_identity(facts: HostFacts) -> HostIdentity:
     """What the decisions depend on, never the host's name: equal on identical nodes."""
     from cpuperf.probe.parse import format_cpulist
 
     cpu, topo = facts.cpu, facts.topology
-    return {"arch": cpu.arch, "vendor": cpu.vendor, "model_name": cpu.model_name,
+    return {"arch": cpu.arch, "vendor": cpu.vendor, "model_name": cpu.model_name,  # (in HostIdentity's order)
             "microarchitecture": cpu.microarchitecture, "isa": sorted(cpu.isa), "bf16_native": cpu.bf16_native,
             "amx_usable": cpu.amx_usable, "sockets": topo.sockets, "physical_cores": topo.physical_cores,
             "threads_per_core": topo.threads_per_core, "numa_nodes": len(topo.numa_nodes),
@@ -89,12 +112,12 @@ def stack_identity(facts: HostFacts) -> Dict[str, Optional[str]]:
     return out
 
 
-def make(facts: HostFacts, rec: Recommendation, env: Sequence[EnvVar], inputs: Mapping[str, Any], version: str,
+def make(facts: HostFacts, rec: Recommendation, env: Sequence[EnvVar], inputs: Mapping[str, object], version: str,
          hostname: Optional[str] = None) -> SavedPlan:
     """The plan to save: the rendezvous variables of this launch left out (each launch sets its own)."""
     launch = variables().names(launch=True)  # the rendezvous: this launch's hosts, port and interface
     kept = tuple(e for e in env if e.name not in launch)
-    return SavedPlan(version, host_identity(facts), stack_identity(facts), dict(inputs), rec, kept, hostname)
+    return SavedPlan(version, host_identity(facts), stack_identity(facts), plan_inputs(inputs), rec, kept, hostname)
 
 
 def dumps(plan: SavedPlan) -> str:
@@ -107,6 +130,25 @@ MAX_COUNT = 1 << 20  # cores, ranks, layers: far above any real value, far below
 MAX_BYTES_MEMORY = 1 << 60
 _CHOICES = {"unit": ("socket", "numa"), "device": ("auto", "cpu", "cuda")}
 _TEXT_MAX = 4096
+class PlanInputs(TypedDict, total=False):
+    """What a plan was asked for (recommend's options), as saved: each of INPUT_KEYS, None where not given."""
+
+    model: Optional[str]
+    params: Union[int, str, None]  # --params as given ('124M'); a whole number in a plan written by hand
+    seq_len: Optional[int]
+    batch_size: Optional[int]
+    steps: Optional[int]
+    nproc_per_node: Optional[int]
+    nnodes: Optional[int]
+    unit: Optional[str]
+    device: Optional[str]
+    sets: Optional[List[str]]
+    config: Optional[str]
+    adapt_to_load: Optional[bool]
+
+
+_COUNTS: Tuple[Literal["seq_len", "batch_size", "steps", "nproc_per_node"], ...] = (
+    "seq_len", "batch_size", "steps", "nproc_per_node")
 INPUT_KEYS = ("model", "params", "seq_len", "batch_size", "steps", "nproc_per_node", "nnodes", "unit", "device", "sets",
               "config", "adapt_to_load")
 
@@ -115,201 +157,326 @@ def _where(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _type_name(kind: Any) -> str:
-    return {bool: "true or false", int: "a whole number", str: "a string", list: "a list", dict: "an object",
-            float: "a number"}.get(kind, getattr(kind, "__name__", str(kind)))
-
-
-def _need(data: Mapping[str, Any], key: str, kind: type, where: str, optional: bool = False) -> Any:
-    """data[key] of JSON type `kind` (bool is not an int here, an int is a float); ValueError naming the field."""
+def _value(data: JsonValue, key: str, where: str) -> JsonValue:
+    """data[key], present (null included); ValueError naming the field."""
     if not isinstance(data, dict):
         raise ValueError(f"{where or 'plan'} is not an object")
     if key not in data:
         raise ValueError(f"{_where(where, key)} is missing")
-    value = data[key]
-    if value is None and optional:
-        return None
-    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok:
-        raise ValueError(f"{_where(where, key)} must be {_type_name(kind)}" + (" or null" if optional else ""))
-    if kind is str and (len(value) > _TEXT_MAX or not value.isprintable()):
+    return data[key]
+
+
+def _wrong(where: str, key: str, kind: str, optional: bool) -> ValueError:
+    return ValueError(f"{_where(where, key)} must be {kind}" + (" or null" if optional else ""))
+
+
+# Each JSON type read as its Python type (bool is not an int here, an int is a float); `optional`: null was allowed.
+def _as_text(value: JsonValue, where: str, key: str, optional: bool = False) -> str:
+    if not isinstance(value, str):
+        raise _wrong(where, key, "a string", optional)
+    if len(value) > _TEXT_MAX or not value.isprintable():
         raise ValueError(f"{_where(where, key)} holds a control character or is over {_TEXT_MAX} characters")
     return value
 
 
-def _int(data: Mapping[str, Any], key: str, where: str, low: int, high: int, optional: bool = False) -> Any:
-    value = _need(data, key, int, where, optional)
-    if value is not None and not low <= value <= high:
-        raise ValueError(f"{_where(where, key)} must be in {low}..{high}, not {value}")
+def _as_whole(value: JsonValue, where: str, key: str, optional: bool = False) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _wrong(where, key, "a whole number", optional)
     return value
 
 
-def _strings(data: Mapping[str, Any], key: str, where: str, optional: bool = False) -> Any:
-    values = _need(data, key, list, where, optional)
-    if values is not None:
-        for i, _ in enumerate(values):
-            _need({f"{key}[{i}]": values[i]}, f"{key}[{i}]", str, where)
-    return values
+def _as_flag(value: JsonValue, where: str, key: str, optional: bool = False) -> bool:
+    if not isinstance(value, bool):
+        raise _wrong(where, key, "true or false", optional)
+    return value
 
 
-def _exact_keys(data: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+def _as_number(value: JsonValue, where: str, key: str, optional: bool = False) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise _wrong(where, key, "a number", optional)
+    return value
+
+
+def _as_list(value: JsonValue, where: str, key: str, optional: bool = False) -> List[JsonValue]:
+    if not isinstance(value, list):
+        raise _wrong(where, key, "a list", optional)
+    return value
+
+
+def _as_object(value: JsonValue, where: str, key: str, optional: bool = False) -> JsonObject:
+    if not isinstance(value, dict):
+        raise _wrong(where, key, "an object", optional)
+    return value
+
+
+def _text(data: JsonValue, key: str, where: str) -> str:
+    return _as_text(_value(data, key, where), where, key)
+
+
+def _opt_text(data: JsonValue, key: str, where: str) -> Optional[str]:
+    value = _value(data, key, where)
+    return None if value is None else _as_text(value, where, key, True)
+
+
+def _flag(data: JsonValue, key: str, where: str) -> bool:
+    return _as_flag(_value(data, key, where), where, key)
+
+
+def _opt_flag(data: JsonValue, key: str, where: str) -> Optional[bool]:
+    value = _value(data, key, where)
+    return None if value is None else _as_flag(value, where, key, True)
+
+
+def _list(data: JsonValue, key: str, where: str) -> List[JsonValue]:
+    return _as_list(_value(data, key, where), where, key)
+
+
+def _in_range(value: float, where: str, key: str, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{_where(where, key)} must be in {low}..{high}, not {value}")
+
+
+def _int(data: JsonValue, key: str, where: str, low: int, high: int) -> int:
+    value = _as_whole(_value(data, key, where), where, key)
+    _in_range(value, where, key, low, high)
+    return value
+
+
+def _opt_int(data: JsonValue, key: str, where: str, low: int, high: int) -> Optional[int]:
+    value = _value(data, key, where)
+    if value is None:
+        return None
+    whole = _as_whole(value, where, key, True)
+    _in_range(whole, where, key, low, high)
+    return whole
+
+
+def _as_strings(value: JsonValue, where: str, key: str, optional: bool = False) -> List[str]:
+    return [_as_text(item, where, f"{key}[{i}]") for i, item in enumerate(_as_list(value, where, key, optional))]
+
+
+def _opt_strings(data: JsonValue, key: str, where: str) -> Optional[List[str]]:
+    value = _value(data, key, where)
+    return None if value is None else _as_strings(value, where, key, True)
+
+
+def _exact_keys(data: JsonObject, keys: Sequence[str], where: str) -> None:
     extra = sorted(str(k) for k in data if k not in keys)
     if extra:
         raise ValueError(f"{where}.{extra[0][:40]!r} is not a field of a cpuperf plan")
 
 
-# Every field host_identity() writes: (JSON type, null allowed, range for numbers).
-_HOST_SCHEMA: Dict[str, Tuple[type, bool, Optional[Tuple[int, int]]]] = {
-    "arch": (str, False, None), "vendor": (str, True, None), "model_name": (str, True, None),
-    "microarchitecture": (str, False, None), "isa": (list, False, None), "bf16_native": (bool, False, None),
-    "amx_usable": (bool, True, None), "sockets": (int, False, (1, 4096)), "physical_cores": (int, False, (1, MAX_COUNT)),
-    "threads_per_core": (int, False, (1, 64)), "numa_nodes": (int, False, (0, 4096)), "usable_cpus": (str, False, None),
-    "cpu_quota": (float, True, (0, MAX_COUNT)), "memory_total_bytes": (int, True, (1, MAX_BYTES_MEMORY)),
-    "memory_limit_bytes": (int, True, (1, MAX_BYTES_MEMORY)), "gpus": (list, True, None)}
-_HOST_FIELDS = tuple(_HOST_SCHEMA)
+_HOST_FIELDS = tuple(HostIdentity.__annotations__)
 
 
-def _host(raw: Any) -> Dict[str, Any]:
-    """The host identity, complete: every field host_identity() writes, typed and in range."""
+def _host(raw: JsonValue) -> HostIdentity:
+    """The host identity, complete: every field host_identity() writes, typed and in range (in the order written)."""
     from cpuperf.errors import UsageError
     from cpuperf.probe.parse import parse_cpulist
 
-    _need({"host": raw}, "host", dict, "")
-    _exact_keys(raw, _HOST_FIELDS, "host")
-    for key, (kind, nullable, bounds) in _HOST_SCHEMA.items():
-        if kind is list:
-            _strings(raw, key, "host", nullable)
-            continue
-        value = _need(raw, key, kind, "host", nullable)
-        if value is None or bounds is None:
-            continue
-        if kind is float and value <= 0:  # a CPU quota: a positive share of CPUs
-            raise ValueError(f"host.{key} must be positive, not {value}")
-        if not bounds[0] <= value <= bounds[1]:
-            raise ValueError(f"host.{key} must be in {bounds[0]}..{bounds[1]}, not {value}")
+    w = "host"
+    data = _as_object(raw, "", w)
+    _exact_keys(data, _HOST_FIELDS, w)
+    host = HostIdentity(
+        arch=_text(data, "arch", w), vendor=_opt_text(data, "vendor", w), model_name=_opt_text(data, "model_name", w),
+        microarchitecture=_text(data, "microarchitecture", w), isa=_as_strings(_value(data, "isa", w), w, "isa"),
+        bf16_native=_flag(data, "bf16_native", w), amx_usable=_opt_flag(data, "amx_usable", w),
+        sockets=_int(data, "sockets", w, 1, 4096), physical_cores=_int(data, "physical_cores", w, 1, MAX_COUNT),
+        threads_per_core=_int(data, "threads_per_core", w, 1, 64), numa_nodes=_int(data, "numa_nodes", w, 0, 4096),
+        usable_cpus=_text(data, "usable_cpus", w),
+        cpu_quota=_quota(data),
+        memory_total_bytes=_opt_int(data, "memory_total_bytes", w, 1, MAX_BYTES_MEMORY),
+        memory_limit_bytes=_opt_int(data, "memory_limit_bytes", w, 1, MAX_BYTES_MEMORY),
+        gpus=_opt_strings(data, "gpus", w))
     try:
-        cpus = parse_cpulist(raw["usable_cpus"], "host.usable_cpus")
+        cpus = parse_cpulist(host["usable_cpus"], "host.usable_cpus")
     except UsageError as exc:
         raise ValueError(exc.message) from None
     if not cpus:
         raise ValueError("host.usable_cpus names no CPU")
-    return dict(raw)
+    return host
 
 
-def _stack(raw: Any) -> Dict[str, Optional[str]]:
+def _quota(data: JsonValue) -> Optional[float]:
+    """A CPU quota: a positive share of CPUs, or null."""
+    value = _value(data, "cpu_quota", "host")
+    if value is None:
+        return None
+    quota = _as_number(value, "host", "cpu_quota", True)
+    if quota <= 0:
+        raise ValueError(f"host.cpu_quota must be positive, not {quota}")
+    _in_range(quota, "host", "cpu_quota", 0, MAX_COUNT)
+    return quota
+
+
+def _stack(raw: JsonValue) -> Dict[str, Optional[str]]:
     """Python major.minor and every package version the decisions depend on (null: not installed)."""
-    _need({"stack": raw}, "stack", dict, "")
-    if raw == {"python": None}:  # made from a recorded host without software facts
+    data = _as_object(raw, "", "stack")
+    if data == {"python": None}:  # made from a recorded host without software facts
         return {"python": None}
-    _exact_keys(raw, ("python", *STACK_PACKAGES), "stack")
-    python = _need(raw, "python", str, "stack")
+    _exact_keys(data, ("python", *STACK_PACKAGES), "stack")
+    python = _text(data, "python", "stack")
     if not re.fullmatch(r"3\.[0-9]{1,3}t?", python):  # 't': a free-threaded build
         raise ValueError(f"stack.python must be a Python version like 3.11, not {python[:20]!r}")
     out: Dict[str, Optional[str]] = {"python": python}
     for name in STACK_PACKAGES:
-        version = _need(raw, name, str, "stack", True)
+        version = _opt_text(data, name, "stack")
         if version is not None and not is_version(version):
             raise ValueError(f"stack.{name} is not a version: {version[:40]!r}")
         out[name] = version
     return out
 
 
-def _inputs(raw: Any) -> Dict[str, Any]:
-    """What the plan was asked for (replan_from decides again from these)."""
+def _inputs(raw: JsonValue) -> PlanInputs:
+    """What the plan was asked for (replan_from decides again from these), in INPUT_KEYS' order (the order a plan
+    is written in), each checked in that order."""
     w = "inputs"
-    _need({"inputs": raw}, "inputs", dict, "")
-    _exact_keys(raw, INPUT_KEYS, w)
-    if "model" in raw:
-        _need(raw, "model", str, w, True)
-    for key in ("params", "seq_len", "batch_size", "steps", "nproc_per_node"):
-        if key in raw:
-            _int(raw, key, w, 1, 1 << 50, True)
-    if "nnodes" in raw:
-        _int(raw, "nnodes", w, 1, 65536, True)
-    for key, allowed in _CHOICES.items():
-        if raw.get(key) is not None and raw.get(key) not in allowed:
-            raise ValueError(f"inputs.{key} must be one of {', '.join(allowed)}")
-    if "sets" in raw:
-        _strings(raw, "sets", w, True)
-    if "config" in raw:
-        _need(raw, "config", str, w, True)
-    if "adapt_to_load" in raw:
-        _need(raw, "adapt_to_load", bool, w, True)
-    return dict(raw)
+    data = _as_object(raw, "", w)
+    _exact_keys(data, INPUT_KEYS, w)
+    out = PlanInputs()
+    if "model" in data:
+        out["model"] = _opt_text(data, "model", w)
+    if "params" in data:
+        out["params"] = _params(data, w)
+    for key in _COUNTS:
+        if key in data:
+            out[key] = _opt_int(data, key, w, 1, 1 << 50)
+    if "nnodes" in data:
+        out["nnodes"] = _opt_int(data, "nnodes", w, 1, 65536)
+    if "unit" in data:
+        out["unit"] = _choice(data, "unit")
+    if "device" in data:
+        out["device"] = _choice(data, "device")
+    if "sets" in data:
+        out["sets"] = _opt_strings(data, "sets", w)
+    if "config" in data:
+        out["config"] = _opt_text(data, "config", w)
+    if "adapt_to_load" in data:
+        out["adapt_to_load"] = _opt_flag(data, "adapt_to_load", w)
+    return out
 
 
-def _slot(raw: Any, index: int, usable: FrozenSet[int]) -> RankSlot:
+def _params(data: JsonObject, w: str) -> Union[int, str, None]:
+    """A parameter count: as --params takes it ('124M', what recommend --save writes), or a whole number."""
+    from cpuperf.decide.workload import parse_count
+
+    value = _value(data, "params", w)
+    if not isinstance(value, str):
+        return _opt_int(data, "params", w, 1, 1 << 50)
+    text = _as_text(value, w, "params")
+    try:
+        parse_count(text)
+    except UsageError:
+        raise ValueError(f"inputs.params {text[:40]!r} is not a parameter count like 124M") from None
+    return text
+
+
+def _choice(data: JsonObject, key: str) -> Optional[str]:
+    value = data.get(key)
+    if value is not None and value not in _CHOICES[key]:
+        raise ValueError(f"inputs.{key} must be one of {', '.join(_CHOICES[key])}")
+    return value if isinstance(value, str) else None
+
+
+def plan_inputs(given: Mapping[str, object]) -> PlanInputs:
+    """What the command was asked, as a plan keeps it: each of INPUT_KEYS, typed (the command's own values)."""
+    def text(key: str) -> Optional[str]:
+        value = given.get(key)
+        return value if isinstance(value, str) else None
+
+    def count(key: str) -> Optional[int]:
+        value = given.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    sets, adapt, params = given.get("sets"), given.get("adapt_to_load"), given.get("params")
+    out = PlanInputs(model=text("model"), params=params if isinstance(params, str) else count("params"))
+    for key in _COUNTS:
+        out[key] = count(key)
+    out["nnodes"], out["unit"], out["device"] = count("nnodes"), text("unit"), text("device")
+    out["sets"] = [str(x) for x in sets] if isinstance(sets, (list, tuple)) else None
+    out["config"], out["adapt_to_load"] = text("config"), adapt if isinstance(adapt, bool) else None
+    return out
+
+
+def _slot(raw: JsonValue, index: int, usable: FrozenSet[int]) -> RankSlot:
     w = f"placement.slots[{index}]"
 
     def cpus(key: str, nonempty: bool) -> Tuple[int, ...]:
-        values = _need(raw, key, list, w)
+        values = _list(raw, key, w)
+        out: List[int] = []
         for cpu in values:
             if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu not in usable:
                 shown = cpu if isinstance(cpu, int) else repr(cpu)[:20]
                 raise ValueError(f"{w}.{key}: CPU {shown} is not one of host.usable_cpus")
-        if nonempty and not values:
+            out.append(cpu)
+        if nonempty and not out:
             raise ValueError(f"{w}.{key} names no CPU")
-        return tuple(values)
+        return tuple(out)
 
     if _int(raw, "local_rank", w, 0, MAX_COUNT) != index:
         raise ValueError(f"{w}.local_rank must be {index} (slots are in local-rank order)")
-    socket, node = _int(raw, "socket", w, 0, 4096, True), _int(raw, "node", w, 0, 4096, True)
+    socket, node = _opt_int(raw, "socket", w, 0, 4096), _opt_int(raw, "node", w, 0, 4096)
     all_cpus = cpus("cpus", True)
     threads = _int(raw, "threads", w, 1, len(usable))
     return RankSlot(index, socket, node, all_cpus, cpus("compute_cpus", False), cpus("ccl_worker_cpus", False), threads)
 
 
-def _placement(raw: Any, host: Mapping[str, Any]) -> Placement:
+def _placement(raw: JsonValue, host: HostIdentity) -> Placement:
     from cpuperf.probe.parse import parse_cpulist
 
     w = "placement"
-    _need({"placement": raw}, "placement", dict, "")
+    data = _as_object(raw, "", w)
     usable = frozenset(parse_cpulist(host["usable_cpus"]) or ())
-    slots = tuple(_slot(s, i, usable) for i, s in enumerate(_need(raw, "slots", list, w)))
+    slots = tuple(_slot(s, i, usable) for i, s in enumerate(_list(data, "slots", w)))
     if not slots:
         raise ValueError("placement has no rank slots")
-    nproc = _int(raw, "nproc_per_node", w, 1, len(usable))
+    nproc = _int(data, "nproc_per_node", w, 1, len(usable))
     if nproc != len(slots):
         raise ValueError(f"placement.nproc_per_node is {nproc} but placement.slots has {len(slots)}")
-    unit = _need(raw, "unit", str, w) if "unit" in raw else "cores"
-    reasons = _strings(raw, "reasons", w, True) or ()
-    workers = _int(raw, "ccl_workers", w, 0, len(usable), True) if "ccl_workers" in raw else 0
-    return Placement(nproc, unit, slots, workers or 0, _int(raw, "cpu_budget", w, 1, MAX_COUNT), tuple(reasons))
+    unit = _text(data, "unit", w) if "unit" in data else "cores"
+    reasons = _opt_strings(data, "reasons", w) or ()
+    workers = _opt_int(data, "ccl_workers", w, 0, len(usable)) if "ccl_workers" in data else 0
+    return Placement(nproc, unit, slots, workers or 0, _int(data, "cpu_budget", w, 1, MAX_COUNT), tuple(reasons))
 
 
-def _workload(raw: Any) -> Workload:
-    _need({"workload": raw}, "workload", dict, "")
-    # The fields a workload's JSON holds (a user script's own batch and optimizer are not in a saved plan).
-    fields = [name for name, f in Workload.__dataclass_fields__.items() if f.metadata.get("json", name) is not None]
+def _workload(raw: JsonValue) -> Workload:
+    w = "workload"
+    data = _as_object(raw, "", w)
     # The block's shape came later: a plan written before has none of these keys, and takes the defaults.
-    later = {"d_ff", "kv_heads", "block"}
-    for key in fields:
-        if key in later and key not in raw:
-            continue
-        if key == "block":
-            if _need(raw, key, str, "workload") not in BLOCKS:
-                raise ValueError(f"workload.block must be one of {', '.join(BLOCKS)}")
-        elif key in ("name", "source"):
-            _need(raw, key, str, "workload")
-        else:
-            _int(raw, key, "workload", 0 if key in later else 1, 1 << 50, key == "steps")
+    d_ff, kv_heads, block = 0, 0, "gpt2"
+    # (in the order of Workload's fields, the order a bad one is named in; a user script's own batch and optimizer
+    # are not in a saved plan)
+    workload = Workload(
+        name=_text(data, "name", w), n_layer=_int(data, "n_layer", w, 1, 1 << 50),
+        d_model=_int(data, "d_model", w, 1, 1 << 50), n_head=_int(data, "n_head", w, 1, 1 << 50),
+        seq_len=_int(data, "seq_len", w, 1, 1 << 50), vocab=_int(data, "vocab", w, 1, 1 << 50),
+        batch_size=_int(data, "batch_size", w, 1, 1 << 50), steps=_opt_int(data, "steps", w, 1, 1 << 50),
+        params=_int(data, "params", w, 1, 1 << 50), source=_text(data, "source", w),
+        d_ff=_int(data, "d_ff", w, 0, 1 << 50) if "d_ff" in data else d_ff,
+        kv_heads=_int(data, "kv_heads", w, 0, 1 << 50) if "kv_heads" in data else kv_heads,
+        block=_text(data, "block", w) if "block" in data else block)
+    if workload.block not in BLOCKS:
+        raise ValueError(f"workload.block must be one of {', '.join(BLOCKS)}")
     # why the host chose its built-in model: absent where --model named it; one printable line where present
-    why = _need(raw, "why", str, "workload") if "why" in raw else ""
-    _exact_keys(raw, (*fields, "why"), "workload")
-    return Workload(**{k: raw[k] for k in fields if k in raw}, why=why)
+    why = _text(data, "why", w) if "why" in data else ""
+    _exact_keys(data, (*_WORKLOAD_KEYS, "why"), w)
+    return dataclasses.replace(workload, why=why)
 
 
-def _decision(raw: Any, index: int) -> Decision[Any]:
+# The fields a workload's JSON holds.
+_WORKLOAD_KEYS = tuple(name for name, f in Workload.__dataclass_fields__.items() if f.metadata.get("json", name) is not None)
+
+
+def _decision(raw: JsonValue, index: int) -> Decision[object]:
     from cpuperf.errors import UsageError
     from cpuperf.knowledge.knobs import BY_ID, coerce
 
     w = f"decisions[{index}]"
-    did = _need(raw, "id", str, w)
+    did = _text(raw, "id", w)
+    data = _as_object(raw, "", w)
     if did not in BY_ID:
         raise ValueError(f"{w}.id: unknown decision {did[:40]!r}")
-    value = raw.get("value")
+    value: object = data.get("value")
     if value is not None:
         if not isinstance(value, (str, int, float, bool)) or isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{w} ({did}).value must be a string, number or true/false")
@@ -321,22 +488,24 @@ def _decision(raw: Any, index: int) -> Decision[Any]:
         try:
             value = coerce(did, "true" if value is True else "false" if value is False else str(value))
         except UsageError as exc:
-            raise ValueError(f"{w} ({did}).value: {exc.message.replace('--set ', '')}") from None
-    evidence = _need(raw, "evidence", dict, w, True) if "evidence" in raw else None
-    flags = [_need(raw, k, bool, w) if k in raw else False for k in ("overridden", "needs_torch")]
-    reason = _need(raw, "reason", str, w) if "reason" in raw else ""
+            raise ValueError(f"{w} ({did}).value: {exc.message}") from None
+    given = _value(data, "evidence", w) if "evidence" in data else None
+    evidence = None if given is None else _as_object(given, w, "evidence", True)
+    flags = [_flag(data, k, w) if k in data else False for k in ("overridden", "needs_torch")]
+    reason = _text(data, "reason", w) if "reason" in data else ""
     return Decision(did, value, reason, dict(evidence or {}), flags[0], flags[1])
 
 
-def _with_memory_levers(decisions: Tuple[Decision[Any], ...]) -> Tuple[Decision[Any], ...]:
+def _with_memory_levers(decisions: Tuple[Decision[object], ...]) -> Tuple[Decision[object], ...]:
     """A plan saved before sharding and offload were decided held neither: it ran without them, said as such."""
     have = {d.id for d in decisions}
     why = "a plan saved before cpuperf decided sharding and offload: it runs without them"
-    added = [Decision(i, v, why, {}) for i, v in (("sharding", None), ("offload", False)) if i not in have]
+    added: List[Decision[object]] = [Decision(i, v, why, {}) for i, v in (("sharding", None), ("offload", False))
+                                      if i not in have]
     return decisions + tuple(added) if added else decisions
 
 
-def levers_from_json(raw: Any) -> Levers:
+def levers_from_json(raw: object) -> Levers:
     """Levers from their decisions' JSON (a saved plan's, a remembered ccl-env decision's): ValueError when not."""
     if not isinstance(raw, (list, tuple)):
         raise ValueError("decisions must be a list")
@@ -345,7 +514,7 @@ def levers_from_json(raw: Any) -> Levers:
     return levers_of(decisions)
 
 
-def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
+def _check_decision_set(decisions: Sequence[Decision[object]]) -> None:
     """Every decision recommend makes, once each, and nothing else (a run reads each one)."""
     from cpuperf.knowledge.knobs import BY_ID
 
@@ -361,22 +530,23 @@ def _check_decision_set(decisions: Sequence[Decision[Any]]) -> None:
         raise ValueError(f"decisions lack {', '.join(missing)}")
 
 
-def _env(raw: Any, index: int) -> EnvVar:
+def _env(raw: JsonValue, index: int) -> EnvVar:
     w = f"env[{index}]"
-    name = _need(raw, "name", str, w)
+    name = _text(raw, "name", w)
     problem = env_name_problem(name)
     if problem:
         raise ValueError(f"{w}.name {name[:40]!r}: {problem}")
-    value = _need(raw, "value", str, w)
+    value = _text(raw, "value", w)
+    data = _as_object(raw, "", w)
     problem = env_value_problem(name, value)
     if problem:
         raise ValueError(f"{w} ({name}).value: {problem}")
-    kind = _need(raw, "kind", str, w) if "kind" in raw else "set"
+    kind = _text(data, "kind", w) if "kind" in data else "set"
     row = variables().row(name)
     prepends = row is not None and row.type == "preload"  # a preload may go before the user's own
     if kind not in ("set", "prepend", "append") or kind != "set" and not prepends:
         raise ValueError(f"{w} ({name}).kind must be 'set'" + (" or 'prepend'" if prepends else ""))
-    return EnvVar(name, value, "plan", _need(raw, "reason", str, w) if "reason" in raw else "", kind)
+    return EnvVar(name, value, "plan", _text(data, "reason", w) if "reason" in data else "", kind)
 
 
 def env_name_problem(name: str) -> Optional[str]:
@@ -437,8 +607,10 @@ def loads(text: str) -> SavedPlan:
     would be a parser's guess)."""
     from cpuperf.readback import loads as read_back
 
-    data = read_back(text)
+    data: JsonValue = read_back(text)
     plan = _from_json(data)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")  # (_from_json said so)
     nodes = data.get("nodes", {})
     if not isinstance(nodes, dict) or "nodes" in data and not nodes:
         raise ValueError("nodes must map node names to their plans (absent for a plan of one node)")
@@ -463,7 +635,7 @@ _TOP = ("schema", "cpuperf", "made_on", "host", "stack", "inputs", "decisions", 
         "oversubscribe", "env", "nodes")
 
 
-def _from_json(data: Any) -> SavedPlan:
+def _from_json(data: JsonValue) -> SavedPlan:
     from cpuperf.probe.parse import parse_cpulist
 
     if not isinstance(data, dict):
@@ -473,15 +645,15 @@ def _from_json(data: Any) -> SavedPlan:
     _exact_keys(data, _TOP, "plan")
     host = _host(data.get("host"))
     stack = _stack(data.get("stack"))
-    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(_need(data, "decisions", list, ""))))
+    decisions = _with_memory_levers(tuple(_decision(d, i) for i, d in enumerate(_list(data, "decisions", ""))))
     _check_decision_set(decisions)
-    env = tuple(_env(item, i) for i, item in enumerate(_need(data, "env", list, "")))
+    env = tuple(_env(item, i) for i, item in enumerate(_list(data, "env", "")))
     names = [e.name for e in env]
     if len(set(names)) != len(names):
         raise ValueError("env names a variable twice")
-    notes = tuple(_strings(data, "notes", "", True) or ())
-    oversubscribe = _need(data, "oversubscribe", bool, "") if "oversubscribe" in data else False
-    made_on = _need(data, "made_on", str, "", True) if "made_on" in data else None
+    notes = tuple(_opt_strings(data, "notes", "") or ())
+    oversubscribe = _flag(data, "oversubscribe", "") if "oversubscribe" in data else False
+    made_on = _opt_text(data, "made_on", "") if "made_on" in data else None
     rec = Recommendation(levers_of(decisions), _placement(data.get("placement"), host), _workload(data.get("workload")),
                          notes, stack, oversubscribe)
     threads = {slot.threads for slot in rec.placement.slots}
@@ -491,7 +663,7 @@ def _from_json(data: Any) -> SavedPlan:
     if rec.levers.nproc_per_node.value != rec.placement.nproc_per_node:
         raise ValueError(f"decision nproc_per_node is {rec.levers.nproc_per_node.value} but the placement has "
                          f"{rec.placement.nproc_per_node} rank slot(s)")
-    return SavedPlan(_need(data, "cpuperf", str, ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
+    return SavedPlan(_text(data, "cpuperf", ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
 
 
 def read(path: str, text: str) -> SavedPlan:
@@ -582,7 +754,7 @@ def _slots(slots: Sequence[Tuple[Tuple[int, ...], int]]) -> str:
     return "; ".join(f"rank {i}: CPUs {format_cpulist(cpus)} x {threads} thread(s)" for i, (cpus, threads) in enumerate(slots))
 
 
-def _show(value: Any, none: str = "none") -> str:
+def _show(value: object, none: str = "none") -> str:
     if value is None:
         return none
     if isinstance(value, list):
@@ -668,7 +840,7 @@ def host_refusal(plan: SavedPlan, facts: HostFacts) -> Optional[str]:
     return None
 
 
-def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> List[str]:
+def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements]) -> List[str]:
     """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
     measurements planning reads (never measures): every decision, the placement and the variables."""
     from cpuperf.plan.job import JobRequest, runtime_vars
@@ -680,19 +852,20 @@ def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Any) -> L
     return decision_differences(plan, fresh, env)
 
 
-def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Any, environ: Mapping[str, str]) -> Recommendation:
+def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements], environ: Mapping[str, str]) -> Recommendation:
     """The plan's own inputs decided again on this host's facts (--replan), from the measurements planning reads
     (the caller's: a plan never measures) and the environment the caller hands in (none for a recorded host)."""
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import parse_assignments
 
     i = plan.inputs
-    workload = resolve_workload(i.get("model"), i.get("params"), i.get("seq_len"), i.get("batch_size"), i.get("steps"),
-                                host=facts)
+    params = i.get("params")
+    workload = resolve_workload(i.get("model"), None if params is None else str(params), i.get("seq_len"),
+                                i.get("batch_size"), i.get("steps"), host=facts)
     overrides = {d.id: d.value for d in plan.rec.decisions if d.overridden}
     overrides.update(parse_assignments([str(s) for s in i.get("sets") or []]))
-    return recommend(facts, workload, nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
-                     unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
-                     measurements=measurements, overrides=overrides,
-                     environ=environ)
+    return recommend(facts, workload, RecommendRequest(
+        nproc_per_node=i.get("nproc_per_node"), nnodes=int(i.get("nnodes") or 1),
+        unit=str(i.get("unit") or "socket"), device=str(i.get("device") or "auto"),
+        measurements=measurements, overrides=overrides, environ=environ))

@@ -878,8 +878,10 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
     lv = rec.levers
     world = lv.world
     ev = lv.dtype.evidence
-    ratio = (ev["gemm_bf16_gflops"] / ev["gemm_fp32_gflops"]) if ev.get("gemm_bf16_gflops") and ev.get("gemm_fp32_gflops") \
-        else None
+    from cpuperf.decide.records import measured_gemm
+
+    gemm = measured_gemm(ev)
+    ratio = gemm[1] / gemm[0] if gemm else None
     if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
     flags, skipped = speed_flags(lv, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from cpuperf.probe import parse
 from cpuperf.probe.cpu import probe_cpu
@@ -13,7 +13,9 @@ from cpuperf.probe.software import probe_software
 from cpuperf.probe.sources import Sources, check_python, check_sysroot
 from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
 
-_CACHE: Dict[Tuple[Any, ...], HostFacts] = {}
+# (sysroot, python, software, runtimes, gpus, the CPUPERF_OVERRIDE_* and SLURM_* variables) -> the facts
+_Key = Tuple[Optional[str], Optional[str], bool, bool, bool, Tuple[Tuple[str, str], ...]]
+_CACHE: Dict[_Key, HostFacts] = {}
 
 
 def _int_env(src: Sources, name: str) -> Optional[int]:
@@ -62,7 +64,7 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     src.check_overrides()
     overrides = tuple(sorted(k[len("CPUPERF_OVERRIDE_"):].lower() for k in src.environ
                              if k.startswith("CPUPERF_OVERRIDE_")))
-    key = (src.sysroot, python, software, runtimes, gpus, tuple((k, src.environ[k]) for k in sorted(src.environ)
+    key: _Key = (src.sysroot, python, software, runtimes, gpus, tuple((k, src.environ[k]) for k in sorted(src.environ)
                                                 if k.startswith(("CPUPERF_OVERRIDE_", "SLURM_"))))
     if use_cache and key in _CACHE:
         return _CACHE[key]

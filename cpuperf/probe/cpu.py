@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from dataclasses import replace
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.probe import parse
@@ -22,18 +23,61 @@ _AMX_PERMISSION_CHECK = (
 )
 
 
+class X86Row(NamedTuple):
+    """One [[x86]] row of compat/microarch.toml: a generation, the family/models that name it, its features."""
+
+    name: str
+    vendor: str
+    family: int
+    order: int  # newer generations have higher orders
+    features: Tuple[str, ...]
+    models: Optional[Tuple[int, ...]] = None
+    steppings: Optional[Tuple[int, ...]] = None  # None: every stepping of its models
+    model_ranges: Tuple[Tuple[int, int], ...] = ()
+
+
+class ArmRow(NamedTuple):
+    """One [[arm]] row: the implementer and part registers that name a core."""
+
+    name: str
+    implementer: int
+    parts: Tuple[int, ...]
+    vendor: str
+
+
+class MicroarchTable(NamedTuple):
+    x86: Tuple[X86Row, ...]
+    arm: Tuple[ArmRow, ...]
+    arm_vendors: Dict[int, str]  # implementer -> vendor
+
+
+def _ints(value: object) -> Tuple[int, ...]:
+    return tuple(int(v) for v in value) if isinstance(value, list) else ()
+
+
 @functools.lru_cache(maxsize=1)
-def microarch_table() -> Dict[str, Any]:
-    return load_builtin("microarch.toml")
+def microarch_table() -> MicroarchTable:
+    """compat/microarch.toml as typed rows (shipped data: tests/test_knowledge_rows.py holds its shape)."""
+    data = load_builtin("microarch.toml")
+    x86 = tuple(X86Row(name=str(e["name"]), vendor=str(e["vendor"]), family=int(e["family"]), order=int(e["order"]),
+                       features=tuple(str(f) for f in e["features"]),
+                       models=_ints(e["models"]) if "models" in e else None,
+                       steppings=_ints(e["steppings"]) if "steppings" in e else None,
+                       model_ranges=tuple((int(lo), int(hi)) for lo, hi in e.get("model_ranges", [])))
+                for e in data["x86"])
+    arm = tuple(ArmRow(name=str(e["name"]), implementer=int(e["implementer"]), parts=_ints(e["parts"]),
+                       vendor=str(e["vendor"])) for e in data["arm"])
+    vendors = {int(k, 16): str(v) for k, v in data.get("arm_vendors", {}).items()}
+    return MicroarchTable(x86, arm, vendors)
 
 
-def _model_matches(entry: Dict[str, Any], model: Optional[int], stepping: Optional[int]) -> bool:
+def _model_matches(entry: X86Row, model: Optional[int], stepping: Optional[int]) -> bool:
     if model is None:
         return False
-    if "models" in entry and model in entry["models"]:
-        steppings = entry.get("steppings")
+    if entry.models is not None and model in entry.models:
+        steppings = entry.steppings
         return steppings is None or (stepping is not None and stepping in steppings)
-    for lo, hi in entry.get("model_ranges", []):
+    for lo, hi in entry.model_ranges:
         if lo <= model <= hi:
             return True
     return False
@@ -74,38 +118,38 @@ def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
 def identify_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
                  stepping: Optional[int], flags: Tuple[str, ...]) -> X86Name:
     """The family/model's name where the flags allow nothing newer with more vector extensions, else the flags'."""
-    entries = [e for e in microarch_table()["x86"] if e["vendor"] == vendor]
-    by_model = next((e for e in entries if e["family"] == family and _model_matches(e, model, stepping)), None)
+    entries = [e for e in microarch_table().x86 if e.vendor == vendor]
+    by_model = next((e for e in entries if e.family == family and _model_matches(e, model, stepping)), None)
     by_flags = _by_features(entries, family, flags)
     if by_model is None:
         return X86Name(by_flags[1], by_flags[2])
     row = by_flags[0]
-    beyond = tuple(f for f in (row["features"] if row else ()) if _vector(f) and f not in by_model["features"])
-    if row is not None and row["order"] > by_model["order"] and beyond and by_model["features"]:
-        return X86Name(row["name"], "features", by_model["name"], beyond)
-    return X86Name(by_model["name"], "model")
+    beyond = tuple(f for f in (row.features if row else ()) if _vector(f) and f not in by_model.features)
+    if row is not None and row.order > by_model.order and beyond and by_model.features:
+        return X86Name(row.name, "features", by_model.name, beyond)
+    return X86Name(by_model.name, "model")
 
 
-def _by_features(entries: List[Dict[str, Any]], family: Optional[int],
-                 flags: Tuple[str, ...]) -> Tuple[Optional[Dict[str, Any]], str, str]:
+def _by_features(entries: List[X86Row], family: Optional[int],
+                 flags: Tuple[str, ...]) -> Tuple[Optional[X86Row], str, str]:
     """(the table's row, or None; the name; how): the newest generation whose features are all present."""
     present = set(flags)
     # A family newer than every family the table knows for this vendor (Intel's 18 and 19 followed 6) is a
     # newer CPU than any row: naming it after an older part by its flags would understate it.
-    newer_family = bool(entries) and family is not None and family > max(e["family"] for e in entries)
-    fits = [] if newer_family else [e for e in entries if e["features"] and set(e["features"]) <= present]
+    newer_family = bool(entries) and family is not None and family > max(e.family for e in entries)
+    fits = [] if newer_family else [e for e in entries if e.features and set(e.features) <= present]
     if fits:
-        newest = max(fits, key=lambda e: e["order"])
+        newest = max(fits, key=lambda e: e.order)
         # Generations with the same flags cannot be told apart: claim only the oldest of them.
-        same = [e for e in fits if set(e["features"]) == set(newest["features"])]
-        best = min(same, key=lambda e: e["order"])
+        same = [e for e in fits if set(e.features) == set(newest.features)]
+        best = min(same, key=lambda e: e.order)
         # Never give an AVX-512 part the name of a generation without it (e.g. 'zen' for a Zen 4).
-        if "avx512f" in best["features"] or "avx512f" not in present:
-            return best, best["name"], "features"
+        if "avx512f" in best.features or "avx512f" not in present:
+            return best, best.name, "features"
     if set(_PSABI_V4) <= present:
         return None, "x86_64_v4", "features"
     if fits:
-        return best, best["name"], "features"
+        return best, best.name, "features"
     if set(_PSABI_V3) <= present:
         return None, "x86_64_v3", "features"
     return None, ("x86_64" if "lm" in present else "unknown"), "none"
@@ -114,11 +158,10 @@ def _by_features(entries: List[Dict[str, Any]], family: Optional[int],
 def name_arm(implementer: Optional[int], part: Optional[int]) -> Tuple[str, Optional[str], str]:
     """(microarchitecture, vendor, how) from the Arm implementer/part registers."""
     table = microarch_table()
-    vendors = {int(k, 16): v for k, v in table.get("arm_vendors", {}).items()}
-    for entry in table["arm"]:
-        if entry["implementer"] == implementer and part in entry["parts"]:
-            return entry["name"], entry["vendor"], "model"
-    return "aarch64" if implementer is not None else "unknown", vendors.get(implementer or -1), "none"
+    for entry in table.arm:
+        if entry.implementer == implementer and part in entry.parts:
+            return entry.name, entry.vendor, "model"
+    return "aarch64" if implementer is not None else "unknown", table.arm_vendors.get(implementer or -1), "none"
 
 
 def _with_hypervisor(flags: Tuple[str, ...], guest: Optional[bool]) -> Tuple[str, ...]:
@@ -149,22 +192,21 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
     elif arch == "ppc64le":
         facts = _power_facts(blocks)
     else:
-        facts = dict(arch=arch, vendor=first.get("vendor_id"), model_name=first.get("model name"),
+        facts = CpuFacts(arch=arch, vendor=first.get("vendor_id"), model_name=first.get("model name"),
                      family=None, model=None, stepping=None, microarchitecture="unknown", isa=(),
                      flags=(), bf16_native=False, amx_supported=False, amx_usable=False,
                      microarchitecture_source="none")
 
     override_uarch = src.override_name("microarch")
     if override_uarch:
-        facts["microarchitecture"] = override_uarch
-        facts["microarchitecture_source"] = "override"
+        facts = replace(facts, microarchitecture=override_uarch, microarchitecture_source="override")
     amx_override = src.override_bool("amx_usable")
-    if amx_override is not None and facts["amx_supported"]:
-        facts["amx_usable"] = amx_override
-    return CpuFacts(**facts)  # keys and types checked by CpuFacts' fields
+    if amx_override is not None and facts.amx_supported:
+        facts = replace(facts, amx_usable=amx_override)
+    return facts
 
 
-def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> Dict[str, Any]:
+def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> CpuFacts:
     flags = tuple(first.get("flags", "").split())
     if override_isa is not None:
         flags = override_isa
@@ -177,7 +219,7 @@ def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tu
     isa = tuple(f for f in X86_ISA if f in flags)
     amx_supported = "amx_tile" in flags
     bf16_native = "avx512_bf16" in flags or "amx_bf16" in flags
-    return dict(arch="x86_64", vendor=vendor, model_name=first.get("model name"), family=family,
+    return CpuFacts(arch="x86_64", vendor=vendor, model_name=first.get("model name"), family=family,
                 model=model, stepping=stepping, microarchitecture=named.name, isa=isa, flags=flags,
                 bf16_native=bf16_native, amx_supported=amx_supported,
                 amx_usable=_amx_usable(src) if amx_supported else False,
@@ -185,28 +227,28 @@ def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tu
                 beyond_model=named.beyond_model)
 
 
-def _arm_facts(first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> Dict[str, Any]:
+def _arm_facts(first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> CpuFacts:
     flags = tuple(first.get("features", "").split())
     if override_isa is not None:
         flags = override_isa
     implementer = parse.int_auto(first.get("cpu implementer"))
     part = parse.int_auto(first.get("cpu part"))
     uarch, vendor, how = name_arm(implementer, part)
-    return dict(arch="aarch64", vendor=vendor, model_name=first.get("model name"), family=None,
+    return CpuFacts(arch="aarch64", vendor=vendor, model_name=first.get("model name"), family=None,
                 model=part, stepping=parse.int_auto(first.get("cpu variant")),
                 microarchitecture=uarch, isa=tuple(f for f in ARM_ISA if f in flags),
                 flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
                 implementer=implementer, part=part, microarchitecture_source=how)
 
 
-def _power_facts(blocks: List[Dict[str, str]]) -> Dict[str, Any]:
+def _power_facts(blocks: List[Dict[str, str]]) -> CpuFacts:
     cpu_line = next((b["cpu"] for b in blocks if "cpu" in b), "")
     generation = cpu_line.split()[0].lower() if cpu_line else "unknown"  # 'POWER9' -> 'power9'
     flags = tuple(w.strip(",").lower() for w in cpu_line.split()[1:])
     gen = parse.int_auto(generation[5:]) if generation.startswith("power") else None
     # cpuinfo names only the generation: VSX is ISA 2.06 (POWER7+), MMA is ISA 3.1 (POWER10+).
     implied = {"vsx": gen is not None and gen >= 7, "mma": gen is not None and gen >= 10}
-    return dict(arch="ppc64le", vendor="IBM", model_name=cpu_line or None, family=None, model=None,
+    return CpuFacts(arch="ppc64le", vendor="IBM", model_name=cpu_line or None, family=None, model=None,
                 stepping=None, microarchitecture=generation if generation.startswith("power") else "unknown",
                 isa=tuple(f for f in POWER_ISA if f in flags or implied.get(f, False)),
                 flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Dict, List, Optional, Tuple
 
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 
 # ISA flags cpuperf reasons about, as Linux prints them in /proc/cpuinfo (x86: the quoted names in
 # arch/x86/include/asm/cpufeatures.h; AMX-FP16 and AVX-VNNI-INT8 have none, so they never appear) and in
@@ -204,45 +204,47 @@ class HostFacts:
             return tuple(c for c in online if c in allowed) or tuple(sorted(allowed))
         return online
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> HostFacts:
-        return cast(HostFacts, _build(cls, data))  # _build rebuilds cls itself from its type hints
+    def from_json(cls, data: JsonMapping) -> HostFacts:
+        built = _build(cls, dict(data))  # _build rebuilds cls itself from its type hints
+        if not isinstance(built, HostFacts):
+            raise TypeError("host facts must be an object")
+        return built
 
     @classmethod
     def loads(cls, text: str) -> HostFacts:
         return cls.from_json(json.loads(text))
 
 
-def _build(tp: Any, value: Any) -> Any:
-    """Rebuild nested frozen dataclasses from asdict() output."""
+def _build(tp: object, value: JsonValue) -> object:
+    """Rebuild nested frozen dataclasses from asdict() output (`tp`: a field's type, as its dataclass declares it)."""
     import typing
 
     if value is None:
         return None
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise TypeError(f"{tp.__name__} must be an object")
         hints = typing.get_type_hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
             if f.name in value:
                 kwargs[f.name] = _build(hints[f.name], value[f.name])
-        return tp(**kwargs)
+        built: object = tp(**kwargs)
+        return built
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union:
         inner = [a for a in args if a is not type(None)]
         return _build(inner[0], value) if inner else value
-    if origin in (tuple, Tuple):
-        elem = args[0] if args else Any
-        return tuple(_build(elem, v) for v in value)
-    if origin in (dict, Dict):
-        val_t = args[1] if len(args) > 1 else Any
-        return {k: _build(val_t, v) for k, v in value.items()}
+    if origin in (tuple, Tuple) and isinstance(value, list):
+        return tuple(_build(args[0], v) if args else v for v in value)
+    if origin in (dict, Dict) and isinstance(value, dict):
+        return {k: _build(args[1], v) if len(args) > 1 else v for k, v in value.items()}
     return value
-
-

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any, Callable, Dict, Optional
+from typing import Callable, Dict, Optional
 
 from cpuperf.versions import is_version
 
@@ -21,29 +21,51 @@ class FactsError(ValueError):
     """A facts file field with the wrong type or an impossible value."""
 
 
-def _positive(limit: int) -> Callable[[Any], Optional[str]]:
-    return lambda v: None if v is None or 1 <= v <= limit else f"must be in 1..{limit}, not {v}"
+# A range: None where a value (already of its field's type) is in it, else the problem.
+Rule = Callable[[object], Optional[str]]
 
 
-def _non_negative(limit: int) -> Callable[[Any], Optional[str]]:
-    return lambda v: None if v is None or 0 <= v <= limit else f"must be in 0..{limit}, not {v}"
+def _within(low: float, high: float, *, above: bool = False) -> Rule:
+    """low <= v <= high (low < v where `above`); None always fits (its field's type allows it or not)."""
+    def rule(v: object) -> Optional[str]:
+        if v is None or isinstance(v, (int, float)) and (low < v if above else low <= v) and v <= high:
+            return None
+        return f"must be in {low}..{high}, not {v}"
+
+    return rule
 
 
-def _python_version(v: Any) -> Optional[str]:
-    return None if is_version(v) else f"is not a Python version: {str(v)[:40]!r}"
+def _positive(limit: int) -> Rule:
+    return _within(1, limit)
+
+
+def _non_negative(limit: int) -> Rule:
+    return _within(0, limit)
+
+
+def _quota(v: object) -> Optional[str]:
+    fits = _within(0, MAX_COUNT, above=True)(v) is None
+    return None if fits else f"must be a positive number of CPUs, not {v}"
+
+
+def _percent(v: object) -> Optional[str]:
+    return _within(0, 100)(v)
+
+
+def _python_version(v: object) -> Optional[str]:
+    return None if isinstance(v, str) and is_version(v) else f"is not a Python version: {str(v)[:40]!r}"
 
 
 # Ranges by field name (the last part of its path); types come from the dataclasses themselves.
-RANGES: Dict[str, Callable[[Any], Optional[str]]] = {
+RANGES: Dict[str, Rule] = {
     "sockets": _positive(4096), "physical_cores": _positive(MAX_COUNT), "logical_cpus": _positive(MAX_COUNT),
     "threads_per_core": _positive(64), "total_bytes": _positive(MAX_BYTES), "available_bytes": _non_negative(MAX_BYTES),
     "memory_bytes": _non_negative(MAX_BYTES), "memory_limit_bytes": _positive(MAX_BYTES), "shm_bytes": _non_negative(MAX_BYTES),
-    "memory_free_bytes": _non_negative(MAX_BYTES), "cpu_quota": lambda v: None if v is None or 0 < v <= MAX_COUNT else
-    f"must be a positive number of CPUs, not {v}", "id": _non_negative(MAX_COUNT), "socket": _non_negative(4096),
+    "memory_free_bytes": _non_negative(MAX_BYTES), "cpu_quota": _quota, "id": _non_negative(MAX_COUNT), "socket": _non_negative(4096),
     "core": _non_negative(MAX_COUNT), "node": _non_negative(4096), "cgroup_version": lambda v: None if v in (None, 1, 2)
     else "must be 1 or 2", "python": _python_version, "window_s": _non_negative(3600),
     "loadavg_1m": _non_negative(MAX_COUNT), "runnable_others": _non_negative(MAX_COUNT),
-    "psi_some_avg10": lambda v: None if v is None or 0 <= v <= 100 else f"must be in 0..100, not {v}",
+    "psi_some_avg10": _percent,
     "slurm_cpus_per_task": _positive(MAX_COUNT), "slurm_cpus_on_node": _positive(MAX_COUNT),
     "slurm_ntasks": _positive(MAX_COUNT), "slurm_nnodes": _positive(MAX_COUNT), "index": _non_negative(4096),
     "numa_node": _non_negative(4096),
@@ -51,10 +73,11 @@ RANGES: Dict[str, Callable[[Any], Optional[str]]] = {
 CPU_ID_LISTS = ("cpus", "offline_cpus", "allowed_cpus", "cpuset")
 
 
-def check(tp: Any, value: Any, path: str) -> None:
-    """FactsError naming the first field of `value` (JSON) that does not fit type `tp`."""
+def check(tp: object, value: object, path: str) -> None:
+    """FactsError naming the first field of `value` (JSON) that does not fit type `tp` (a field's type, as its
+    dataclass declares it; None: anything)."""
     if value is None:
-        if _optional(tp) or tp is Any:
+        if tp is None or _optional(tp):
             return
         raise FactsError(f"{path} is missing or null")
     tp = _strip_optional(tp)
@@ -71,7 +94,7 @@ def check(tp: Any, value: Any, path: str) -> None:
                 check(sub, item, f"{path}[{i}]")
             return
         for i, item in enumerate(value):
-            check(args[0] if args else Any, item, f"{path}[{i}]")
+            check(args[0] if args else None, item, f"{path}[{i}]")
     elif typing.get_origin(tp) in (dict, typing.Dict):
         if not isinstance(value, dict):
             raise FactsError(f"{path} must be an object")
@@ -82,18 +105,19 @@ def check(tp: Any, value: Any, path: str) -> None:
         _check_scalar(tp, value, path)
 
 
-def _optional(tp: Any) -> bool:
+def _optional(tp: object) -> bool:
     return typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
 
 
-def _strip_optional(tp: Any) -> Any:
+def _strip_optional(tp: object) -> object:
+    """Optional[X] -> X; a union of several types -> None (anything)."""
     if typing.get_origin(tp) is typing.Union:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return inner[0] if len(inner) == 1 else Any
+        return inner[0] if len(inner) == 1 else None
     return tp
 
 
-def _check_record(tp: type, value: Any, path: str) -> None:
+def _check_record(tp: type, value: object, path: str) -> None:
     if not isinstance(value, dict):
         raise FactsError(f"{path} must be an object")
     hints = typing.get_type_hints(tp)
@@ -115,14 +139,14 @@ def _check_record(tp: type, value: Any, path: str) -> None:
                 raise FactsError(f"{where}: CPU {bad} is out of range")
 
 
-def _text(value: Any, path: str) -> None:
+def _text(value: object, path: str) -> None:
     if not isinstance(value, str):
         raise FactsError(f"{path} must be a string")
     if len(value) > MAX_TEXT:
         raise FactsError(f"{path} is over {MAX_TEXT} characters")
 
 
-def _check_scalar(tp: Any, value: Any, path: str) -> None:
+def _check_scalar(tp: object, value: object, path: str) -> None:
     if tp is bool:
         if not isinstance(value, bool):
             raise FactsError(f"{path} must be true or false")
@@ -136,7 +160,7 @@ def _check_scalar(tp: Any, value: Any, path: str) -> None:
         _text(value, path)
 
 
-def check_host(value: Any, path: str = "host") -> None:
+def check_host(value: object, path: str = "host") -> None:
     """A HostFacts record (its to_json()) as a facts file holds it."""
     from cpuperf.probe.facts import HostFacts
 

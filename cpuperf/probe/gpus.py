@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Optional, Tuple
 
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import JsonValue
 from cpuperf.probe import parse
 from cpuperf.probe.facts import Gpu
 from cpuperf.probe.sources import Sources
@@ -76,23 +77,36 @@ def pci_numa_node(src: Sources, bus_id: Optional[str]) -> Optional[int]:
     return node if node is not None and node >= 0 else None
 
 
-def _opt_int(value: Any) -> Optional[int]:
-    return int(value) if value is not None else None
+def _opt_int(value: JsonValue) -> Optional[int]:
+    return None if value is None else _int(value)
 
 
-def gpu_from_row(row: Dict[str, Any], default_index: int = 0) -> Gpu:
+def _int(value: JsonValue) -> int:
+    if not isinstance(value, (int, float, str)):
+        raise TypeError(f"{json.dumps(value)[:40]} is not a number")
+    return int(value)
+
+
+def _opt_text(value: JsonValue) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+def gpu_from_row(row: JsonValue, default_index: int = 0) -> Gpu:
     """One GPU from doctor's `gpus` shape or from the NVML child's row ('cc', 'free_bytes')."""
+    if not isinstance(row, dict):
+        raise TypeError("a GPU is not an object")
     cc = row.get("compute_capability", row.get("cc"))
     free = row.get("memory_free_bytes", row.get("free_bytes"))
-    return make_gpu(int(row.get("index", default_index)), str(row.get("name", "NVIDIA GPU")),
-                    str(cc) if cc is not None else None, _opt_int(row.get("memory_bytes")),
-                    row.get("driver_version"), row.get("uuid"), _opt_int(free), _opt_int(row.get("numa_node")))
+    return make_gpu(_int(row.get("index", default_index)), str(row.get("name", "NVIDIA GPU")),
+                    _opt_text(cc), _opt_int(row.get("memory_bytes")),
+                    _opt_text(row.get("driver_version")), _opt_text(row.get("uuid")), _opt_int(free),
+                    _opt_int(row.get("numa_node")))
 
 
 def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
     """CPUPERF_OVERRIDE_GPUS: a JSON list in doctor's `gpus` shape or a recorded NVML answer ('[]' = none)."""
     try:
-        rows = json.loads(text)
+        rows: JsonValue = json.loads(text)
         if not isinstance(rows, list):
             raise ValueError("not a list")
         return tuple(gpu_from_row(row, i) for i, row in enumerate(rows))
@@ -121,10 +135,14 @@ def probe_gpus(src: Sources) -> Optional[Tuple[Gpu, ...]]:
     result = src.run([sys.executable, "-I", "-c", _NVML_SCRIPT], timeout=10.0)
     if result is not None and result.returncode == 0:
         try:
-            rows: List[Dict[str, Any]] = json.loads(result.stdout)
-            for row in rows:  # the GPU's NUMA node: where its rank's CPUs and memory belong
-                row.setdefault("numa_node", pci_numa_node(src, row.get("pci_bus_id")))
-            return tuple(gpu_from_row(r, i) for i, r in enumerate(rows))
+            found: JsonValue = json.loads(result.stdout)
+            nvml = [entry for entry in found if isinstance(entry, dict)] if isinstance(found, list) else []
+            if not isinstance(found, list) or len(nvml) != len(found):
+                raise TypeError("not a list of GPUs")
+            for entry in nvml:  # the GPU's NUMA node: where its rank's CPUs and memory belong
+                bus = entry.get("pci_bus_id")
+                entry.setdefault("numa_node", pci_numa_node(src, bus if isinstance(bus, str) else None))
+            return tuple(gpu_from_row(r, i) for i, r in enumerate(nvml))
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
     smi = src.which("nvidia-smi")

@@ -11,7 +11,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
+
+from cpuperf.jsonable import JsonObject, JsonValue
 
 
 def _expanded(path: str) -> str:
@@ -71,7 +73,7 @@ _TYPE_DEFAULTS = ("import json, sys\nfrom transformers import AutoConfig\n"
 class ScriptModel:
     """The model and batch a user's script names in its own arguments, as found on this host (never the network)."""
 
-    config: Optional[Dict[str, Any]]  # the model's config.json (or its type's defaults with your overrides)
+    config: Optional[JsonObject]  # the model's config.json (or its type's defaults with your overrides)
     where: str  # where it was found, in words
     why_not: str = ""  # when config is None: why the model could not be told
     per_device_batch: Optional[int] = None
@@ -121,11 +123,11 @@ def _positive(text: Optional[str]) -> Optional[int]:
     return value if value is not None and value > 0 else None
 
 
-def _read_json(path: str) -> Tuple[Optional[Dict[str, Any]], str]:
+def _read_json(path: str) -> Tuple[Optional[JsonObject], str]:
     from cpuperf.fsutil import InputRefused, read_capped
 
     try:
-        data = json.loads(read_capped(path, 4 * 1024 * 1024).decode("utf-8"))
+        data: JsonValue = json.loads(read_capped(path, 4 * 1024 * 1024).decode("utf-8"))
     except (OSError, InputRefused, ValueError) as exc:
         return None, f"{path} could not be read as JSON ({str(exc).splitlines()[0][:100] if str(exc) else 'unreadable'})"
     if not isinstance(data, dict):
@@ -133,7 +135,7 @@ def _read_json(path: str) -> Tuple[Optional[Dict[str, Any]], str]:
     return data, ""
 
 
-def _named_config(name: str, cwd: str, environ: Optional[Mapping[str, str]]) -> Tuple[Optional[Dict[str, Any]], str, str]:
+def _named_config(name: str, cwd: str, environ: Optional[Mapping[str, str]]) -> Tuple[Optional[JsonObject], str, str]:
     """(config, where, why not) for a model named by path or hub id: a local directory or file, else the local
     Hugging Face cache. Nothing is downloaded: a model only on the hub cannot be told here."""
     path = name if os.path.isabs(name) else os.path.join(cwd, name)
@@ -154,27 +156,42 @@ def _named_config(name: str, cwd: str, environ: Optional[Mapping[str, str]]) -> 
     return data, f"the local Hugging Face cache ({name})", why
 
 
-def _overrides(text: str) -> Tuple[Dict[str, Any], str]:
+def _overrides(text: str) -> Tuple[JsonObject, str]:
     """--config_overrides 'n_embd=10,n_layer=2' as PretrainedConfig.update_from_string reads it."""
-    out: Dict[str, Any] = {}
+    out: JsonObject = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, eq, raw = item.partition("=")
         if not eq or not key.strip():
             return {}, f"--config_overrides {text!r}: expected key=value pairs separated by commas"
-        value: Any = raw.strip()
-        for cast in (int, float):
+        value: JsonValue = raw.strip()
+        try:
+            value = int(raw)
+        except ValueError:
             try:
-                value = cast(raw)
-                break
+                value = float(raw)
             except ValueError:
-                continue
+                pass
         if raw.strip().lower() in ("true", "false"):
             value = raw.strip().lower() == "true"
         out[key.strip()] = value
     return out, ""
 
 
-def _run(argv: Sequence[str], timeout: float) -> Any:
+class Ran(Protocol):
+    """What a finished child leaves that is read here (subprocess.CompletedProcess, text mode)."""
+
+    @property
+    def returncode(self) -> int: ...
+
+    @property
+    def stdout(self) -> str: ...
+
+
+# run(argv, timeout): the child's result, None where it could not start or ran past the timeout.
+Runner = Callable[[Sequence[str], float], Optional[Ran]]
+
+
+def _run(argv: Sequence[str], timeout: float) -> Optional[Ran]:
     import subprocess
 
     try:
@@ -184,7 +201,7 @@ def _run(argv: Sequence[str], timeout: float) -> Any:
         return None
 
 
-def _type_defaults(model_type: str, python: Optional[str], run: Any) -> Tuple[Optional[Dict[str, Any]], str]:
+def _type_defaults(model_type: str, python: Optional[str], run: Optional[Runner]) -> Tuple[Optional[JsonObject], str]:
     """The installed transformers' defaults for a model type (AutoConfig.for_model), in a child with a timeout
     and the hub switched off."""
     if python is None:
@@ -194,7 +211,7 @@ def _type_defaults(model_type: str, python: Optional[str], run: Any) -> Tuple[Op
         return None, (f"--model_type {model_type}: the installed transformers does not know it "
                       "(or transformers is not installed for your script's Python)")
     try:
-        data = json.loads(result.stdout)
+        data: JsonValue = json.loads(result.stdout)
     except ValueError:
         return None, f"--model_type {model_type}: transformers printed no config"
     return (data, "") if isinstance(data, dict) else (None, f"--model_type {model_type}: no config")
@@ -205,7 +222,7 @@ NOT_RUN_IN_A_DRY_RUN = "a dry run starts no program of yours"
 
 
 def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, str]] = None,
-                 python: Optional[str] = None, run: Any = None, may_run: bool = True) -> ScriptModel:
+                 python: Optional[str] = None, run: Optional[Runner] = None, may_run: bool = True) -> ScriptModel:
     """The model a script trains, read from its arguments as Hugging Face's example scripts read them: --config_name,
     else --model_name_or_path (a local directory or the local HF cache), else --model_type with --config_overrides
     (that type's defaults in the installed transformers, read by `run(argv, timeout)`). Never the network.
@@ -221,7 +238,7 @@ def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, s
 
     steps = _positive(named.get("max_steps"))
 
-    def made(config: Optional[Dict[str, Any]], where: str, why: str) -> ScriptModel:
+    def made(config: Optional[JsonObject], where: str, why: str) -> ScriptModel:
         return ScriptModel(config, where, why, batch, accum, optimizer, seq, steps)
 
     if optim and optimizer is None:

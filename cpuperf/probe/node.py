@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.sources import Sources
 
@@ -46,20 +46,29 @@ class NodeFacts:
     def addresses(self) -> Tuple[str, ...]:
         return tuple(a for addrs in self.interfaces.values() for a in addrs)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> NodeFacts:
-        host = data.get("host")
-        return cls(name=str(data["name"]), hostname=data.get("hostname"),
-                   interfaces={str(k): tuple(v) for k, v in (data.get("interfaces") or {}).items()},
-                   master=data.get("master"), master_address=data.get("master_address"),
-                   self_address=data.get("self_address"), rendezvous_ifname=data.get("rendezvous_ifname"),
+    def from_json(cls, data: JsonMapping) -> NodeFacts:
+        """A node's record, checked against the schema first (facts_schema.check)."""
+        host, interfaces = data.get("host"), data.get("interfaces")
+        return cls(name=str(data["name"]), hostname=_opt_str(data.get("hostname")),
+                   interfaces={str(k): tuple(str(a) for a in v) for k, v in interfaces.items() if isinstance(v, list)}
+                   if isinstance(interfaces, dict) else {},
+                   master=_opt_str(data.get("master")), master_address=_opt_str(data.get("master_address")),
+                   self_address=_opt_str(data.get("self_address")),
+                   rendezvous_ifname=_opt_str(data.get("rendezvous_ifname")),
                    interpreter=str(data.get("interpreter") or ""),
                    interpreter_found=bool(data.get("interpreter_found", True)),
                    python=str(data.get("python") or "?"),
-                   host=HostFacts.from_json(host) if host else None, error=data.get("error"))
+                   host=HostFacts.from_json(host) if isinstance(host, dict) and host else None,
+                   error=_opt_str(data.get("error")))
+
+
+def _opt_str(value: JsonValue) -> Optional[str]:
+    """A text field the schema checked (a string or null)."""
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -74,15 +83,18 @@ class NodeResult:
     seconds: float
     transport: str
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return as_json(self)
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> NodeResult:
-        facts = data.get("facts")
-        return cls(name=str(data["name"]), address=data.get("address"), status=str(data["status"]),
-                   facts=NodeFacts.from_json(facts) if facts else None, error=data.get("error"),
-                   seconds=float(data.get("seconds") or 0.0), transport=str(data.get("transport") or "?"))
+    def from_json(cls, data: JsonMapping) -> NodeResult:
+        """A saved node result, checked against the schema first (check_result)."""
+        facts, seconds = data.get("facts"), data.get("seconds")
+        return cls(name=str(data["name"]), address=_opt_str(data.get("address")), status=str(data["status"]),
+                   facts=NodeFacts.from_json(facts) if isinstance(facts, dict) and facts else None,
+                   error=_opt_str(data.get("error")),
+                   seconds=float(seconds) if isinstance(seconds, (int, float)) and seconds else 0.0,
+                   transport=str(data.get("transport") or "?"))
 
 
 def read_output(text: str) -> Tuple[Optional[NodeFacts], Optional[str]]:
@@ -145,18 +157,19 @@ def probe_node(name: str, master: Optional[str], interpreter: str, interpreter_f
 
 def main(argv: Sequence[str]) -> int:
     """`--name N --master M --interpreter P [--interpreter-missing]`: print the marked record."""
-    args: Dict[str, Any] = {"missing": False}
+    args: Dict[str, str] = {}
+    missing = False
     rest: List[str] = list(argv)
     while rest:
         flag = rest.pop(0)
         if flag == "--interpreter-missing":
-            args["missing"] = True
+            missing = True
         elif flag in ("--name", "--master", "--interpreter", "--load-window") and rest:
             args[flag[2:]] = rest.pop(0)
     t0 = time.monotonic()
     window = float(args["load-window"]) if "load-window" in args else None
     facts = probe_node(args.get("name") or "", args.get("master"), args.get("interpreter") or "",
-                       not args["missing"], load_window_s=window)
+                       not missing, load_window_s=window)
     record = facts.to_json()
     record["seconds"] = round(time.monotonic() - t0, 3)
     print(MARKER + json.dumps(record), flush=True)
@@ -166,7 +179,7 @@ def main(argv: Sequence[str]) -> int:
 SAVED_SCHEMA = "cpuperf.cluster-facts/1"
 
 
-def saved_json(results: Sequence[NodeResult], transport: str) -> Dict[str, Any]:
+def saved_json(results: Sequence[NodeResult], transport: str) -> JsonObject:
     """The `doctor --save-facts` document: every node's outcome and facts, to plan from later."""
     return {"schema": SAVED_SCHEMA, "transport": transport, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "nodes": [r.to_json() for r in results]}
@@ -176,20 +189,25 @@ STATUSES = (OK, UNRESOLVABLE, UNREACHABLE, TIMEOUT, NO_PYTHON, PROBE_FAILED)
 MAX_FACTS_BYTES = 16 * 1024 * 1024  # the documented bound on a facts file (docs/commands.md)
 
 
-def check_result(data: Any, where: str) -> None:
-    """A saved node result against the schema (facts_schema.FactsError naming the field)."""
+def check_result(data: JsonValue, where: str) -> JsonObject:
+    """A saved node result against the schema (facts_schema.FactsError naming the field); the record, checked."""
     from cpuperf.probe.facts_schema import FactsError, check
     from cpuperf.probe.hosts import valid_host
 
     check(NodeResult, data, where)
+    if not isinstance(data, dict) or not isinstance(data["name"], str):
+        raise FactsError(f"{where} must be an object")  # (check said so)
+    facts = data.get("facts")
     if not valid_host(data["name"]):
         raise FactsError(f"{where}.name {data['name'][:60]!r} is not a host name or IP address")
     if data["status"] not in STATUSES:
         raise FactsError(f"{where}.status must be one of {', '.join(STATUSES)}")
-    if not 0 <= data.get("seconds", 0) <= 1e6:
+    seconds = data.get("seconds", 0)
+    if not isinstance(seconds, (int, float)) or not 0 <= seconds <= 1e6:
         raise FactsError(f"{where}.seconds must be in 0..1000000")
-    if data["status"] == OK and (not data.get("facts") or not data["facts"].get("host")):
+    if data["status"] == OK and (not isinstance(facts, dict) or not facts.get("host")):
         raise FactsError(f"{where}: status ok but no host facts")
+    return data
 
 
 def parse_saved(text: Union[str, bytes], origin: str, notes: Optional[List[str]] = None) -> List[NodeResult]:
@@ -203,7 +221,7 @@ def parse_saved(text: Union[str, bytes], origin: str, notes: Optional[List[str]]
 
     hint = "save one with: cpuperf doctor --save-facts PATH (this node) or --hostfile FILE --save-facts DIR/"
     try:
-        data = loads(text)
+        data: JsonValue = loads(text)
     except Unreadable as exc:
         raise UsageError(f"{origin} is not a cpuperf facts file: it {exc}", hint=hint) from None
     said = notes if notes is not None else []
@@ -226,12 +244,11 @@ def parse_saved(text: Union[str, bytes], origin: str, notes: Optional[List[str]]
     raise UsageError(f"{origin} is not a cpuperf facts file (no {SAVED_SCHEMA} schema)", hint=hint)
 
 
-def _one_saved(node: Any, where: str, origin: str, transport: str, notes: List[str]) -> Optional[NodeResult]:
+def _one_saved(node: JsonValue, where: str, origin: str, transport: str, notes: List[str]) -> Optional[NodeResult]:
     """One node of a saved document; a record that does not fit: a probe-failed node (its name readable) or None,
     and a note."""
     try:
-        check_result(node, where)
-        return NodeResult.from_json(node)
+        return NodeResult.from_json(check_result(node, where))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # FactsError is a ValueError
         why = str(exc)[:300] if isinstance(exc, ValueError) else f"{where} {type(exc).__name__}"
     name = node.get("name") if isinstance(node, dict) else None

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 # distribution name -> names it has been published under
 PACKAGES = {
@@ -111,11 +111,36 @@ def _torch_build(local: str | None, meta: dict[str, str | None]) -> str:
     return "cpu"
 
 
-def scan(paths: list[str] | None = None) -> dict[str, Any]:
+# The shapes scan() reports: for the type checker only (this script runs in any interpreter a user names).
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class PackageRow(TypedDict):
+        """One installed package as scanned (the fields of probe.facts.PackageInfo)."""
+
+        version: str
+        local: Optional[str]
+        build: Optional[str]
+        cuda: Optional[str]
+        location: Optional[str]
+
+    class Scanned(TypedDict):
+        """An interpreter's packages as scan() reports them (printed as JSON where it runs in another interpreter)."""
+
+        python: str
+        python_abi: str
+        executable: str
+        prefix: str
+        bindir: str
+        packages: Dict[str, Optional[PackageRow]]  # PACKAGES' keys; None: not installed
+        site_dirs: List[str]
+
+
+def scan(paths: list[str] | None = None) -> Scanned:
     index = _index(sys.path if paths is None else paths)
-    packages = {}
+    packages: Dict[str, Optional[PackageRow]] = {}
     for key, names in PACKAGES.items():
-        info = None
+        info: Optional[PackageRow] = None
         for name in names:
             hit = index.get(canonical_name(name))
             version = _version(hit[1]) if hit else None

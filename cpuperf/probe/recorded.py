@@ -8,9 +8,10 @@ record is data from elsewhere: every field is typed here, once, and a bad one is
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from cpuperf.errors import UsageError
+from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.probe.facts import Gpu, MpiLauncher, PackageInfo, Software
 from cpuperf.probe.sources import Sources
 from cpuperf.versions import is_version
@@ -24,15 +25,17 @@ class _Bad(ValueError):
     pass
 
 
-def _str(value: Any, field: str, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
+def _opt_str(value: JsonValue, field: str) -> Optional[str]:
+    return None if value is None else _str(value, field)
+
+
+def _str(value: JsonValue, field: str) -> str:
     if not isinstance(value, str) or len(value) > 4096 or "\0" in value:
         raise _Bad(f"{field} is not a string")
     return value
 
 
-def _int(value: Any, field: str) -> Optional[int]:
+def _int(value: JsonValue, field: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 2**62:
@@ -40,19 +43,19 @@ def _int(value: Any, field: str) -> Optional[int]:
     return value
 
 
-def _paths(value: Any, field: str) -> Dict[str, Tuple[str, ...]]:
+def _paths(value: JsonValue, field: str) -> Dict[str, Tuple[str, ...]]:
     if not isinstance(value, dict):
         raise _Bad(f"{field} is not an object")
     return {_str(k, field): tuple(_str(p, f"{field}.{k}") for p in _list(v, f"{field}.{k}")) for k, v in value.items()}
 
 
-def _list(value: Any, field: str) -> List[Any]:
+def _list(value: JsonValue, field: str) -> List[JsonValue]:
     if not isinstance(value, list):
         raise _Bad(f"{field} is not a list")
     return value
 
 
-def _package(value: Any, name: str) -> Optional[PackageInfo]:
+def _package(value: JsonValue, name: str) -> Optional[PackageInfo]:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -60,47 +63,55 @@ def _package(value: Any, name: str) -> Optional[PackageInfo]:
     version = _str(value.get("version"), f"packages.{name}.version")
     if not is_version(version):
         raise _Bad(f"packages.{name}.version {version[:40]!r} is not a version")
-    return PackageInfo(version=version, **{k: _str(value.get(k), f"packages.{name}.{k}", optional=True)
-                                           for k in ("local", "build", "cuda", "location")})
+    where = f"packages.{name}"
+    return PackageInfo(version=version, local=_opt_str(value.get("local"), f"{where}.local"),
+                       build=_opt_str(value.get("build"), f"{where}.build"),
+                       cuda=_opt_str(value.get("cuda"), f"{where}.cuda"),
+                       location=_opt_str(value.get("location"), f"{where}.location"))
 
 
-def software_from_record(data: Any) -> Software:
+def software_from_record(data: JsonValue) -> Software:
     if not isinstance(data, dict):
         raise _Bad("software is not an object")
     packages = data.get("packages")
     if not isinstance(packages, dict):
         raise _Bad("software.packages is not an object")
     mpi = tuple(MpiLauncher(name=_str(m.get("name"), "mpi.name"), path=_str(m.get("path"), "mpi.path"),
-                            flavour=_str(m.get("flavour"), "mpi.flavour", optional=True),
-                            version=_str(m.get("version"), "mpi.version", optional=True))
+                            flavour=_opt_str(m.get("flavour"), "mpi.flavour"),
+                            version=_opt_str(m.get("version"), "mpi.version"))
                 for m in _list(data.get("mpi", []), "mpi") if isinstance(m, dict))
     return Software(python=_python(data.get("python")), python_abi=_str(data.get("python_abi"), "python_abi"),
                     executable=_str(data.get("executable", ""), "executable"), prefix=_str(data.get("prefix", ""), "prefix"),
                     packages={_str(k, "packages"): _package(v, k) for k, v in packages.items()}, mpi=mpi,
-                    numactl=_str(data.get("numactl"), "numactl", optional=True),
+                    numactl=_opt_str(data.get("numactl"), "numactl"),
                     openmp=_paths(data.get("openmp", {}), "openmp"), allocators=_paths(data.get("allocators", {}), "allocators"))
 
 
-def _python(value: Any) -> str:
-    text: str = _str(value, "python")
+def _python(value: JsonValue) -> str:
+    text = _str(value, "python")
     parts = text.split(".")
     if len(parts) < 2 or not all(p.isdigit() and p.isascii() for p in parts[:2]):
         raise _Bad(f"python {text[:40]!r} is not a Python version")
     return text
 
 
-def _gpu(row: Any, i: int) -> Gpu:
+def _flag(row: JsonObject, key: str, i: int) -> bool:
+    value = row.get(key)
+    if not isinstance(value, bool):
+        raise _Bad(f"gpus[{i}].{key} is not true or false")
+    return value
+
+
+def _gpu(row: JsonValue, i: int) -> Gpu:
     if not isinstance(row, dict):
         raise _Bad(f"gpus[{i}] is not an object")
-    for key in ("bf16", "tf32"):
-        if not isinstance(row.get(key), bool):
-            raise _Bad(f"gpus[{i}].{key} is not true or false")
+    bf16, tf32 = _flag(row, "bf16", i), _flag(row, "tf32", i)
     return Gpu(vendor=_str(row.get("vendor"), "vendor"), name=_str(row.get("name"), "name"),
-               compute_capability=_str(row.get("compute_capability"), "compute_capability", optional=True),
-               memory_bytes=_int(row.get("memory_bytes"), "memory_bytes"), bf16=row["bf16"], tf32=row["tf32"],
+               compute_capability=_opt_str(row.get("compute_capability"), "compute_capability"),
+               memory_bytes=_int(row.get("memory_bytes"), "memory_bytes"), bf16=bf16, tf32=tf32,
                index=_int(row.get("index", i), "index") or 0,
-               driver_version=_str(row.get("driver_version"), "driver_version", optional=True),
-               uuid=_str(row.get("uuid"), "uuid", optional=True),
+               driver_version=_opt_str(row.get("driver_version"), "driver_version"),
+               uuid=_opt_str(row.get("uuid"), "uuid"),
                memory_free_bytes=_int(row.get("memory_free_bytes"), "memory_free_bytes"),
                numa_node=_int(row.get("numa_node"), "numa_node"))
 
@@ -109,7 +120,7 @@ def _reject_constants(token: str) -> float:
     raise ValueError(f"{token} is not a number")
 
 
-def read_record(src: Sources) -> Optional[Dict[str, Any]]:
+def read_record(src: Sources) -> Optional[JsonObject]:
     """The recorded stack of a snapshot (None: live host, or a tree recorded without one)."""
     if src.live:
         return None
@@ -118,7 +129,7 @@ def read_record(src: Sources) -> Optional[Dict[str, Any]]:
         return None
     where = f"{src.sysroot}{STACK_FILE}"
     try:
-        data = json.loads(text, parse_constant=_reject_constants)
+        data: JsonValue = json.loads(text, parse_constant=_reject_constants)
     except ValueError as exc:
         raise UsageError(f"recorded stack {where} is not JSON ({str(exc)[:80]})", hint=_HINT) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -146,7 +157,7 @@ def recorded_gpus(src: Sources) -> Optional[Tuple[Gpu, ...]]:
         raise UsageError(f"recorded stack {src.sysroot}{STACK_FILE}: {exc}", hint=_HINT) from None
 
 
-def stack_record(software: Optional[Software], gpus: Optional[Tuple[Gpu, ...]]) -> Dict[str, Any]:
+def stack_record(software: Optional[Software], gpus: Optional[Tuple[Gpu, ...]]) -> Dict[str, object]:
     """What a snapshot records beside its tree: the stack and the GPUs, as the readers above expect them."""
     import dataclasses
 

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from cpuperf.errors import ProbeFailedError, UsageError
 from cpuperf.probe import parse, pkgscan
@@ -26,7 +26,7 @@ WHEEL_LIB_DIRS = ("cmeel.prefix/lib",)
 LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra", "srun", "torchrun")
 
 
-def scan_interpreter(src: Sources, python: Optional[str]) -> Dict[str, Any]:
+def scan_interpreter(src: Sources, python: Optional[str]) -> pkgscan.Scanned:
     """Package metadata of this interpreter (in-process) or of another one (a child process)."""
     # abspath, not realpath: a venv's python is a symlink to the base interpreter, yet its own environment.
     if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
@@ -39,7 +39,7 @@ def scan_interpreter(src: Sources, python: Optional[str]) -> Dict[str, Any]:
     if result is None or result.returncode != 0:
         raise ProbeFailedError(f"could not inspect the packages of {python}",
                                hint=(result.stderr.strip().splitlines() or [""])[-1] if result else None)
-    scanned: Dict[str, Any] = json.loads(result.stdout)
+    scanned: pkgscan.Scanned = json.loads(result.stdout)  # the output of pkgscan.scan(), our own script
     return scanned
 
 

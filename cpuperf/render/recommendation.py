@@ -6,7 +6,8 @@ import shlex
 from typing import Any, Dict, List, Optional
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT
-from cpuperf.decide.records import Recommendation, rank_threads
+from cpuperf.decide.records import Recommendation
+from cpuperf.decide.threads import rank_threads
 
 
 def hf_notes(rec: Recommendation) -> List[str]:

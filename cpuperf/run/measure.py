@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from cpuperf.data import load_builtin
+from cpuperf.decide.allocator import allocator_rule, preload_env
 from cpuperf.decide.recommend import compile_worth_measuring
 from cpuperf.decide.records import Measurements
+from cpuperf.decide.threads import threads_on
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import CpuperfError, ProbeFailedError, UsageError
 from cpuperf.knowledge.variables import variables
@@ -402,7 +404,7 @@ def ratio_threads(facts: HostFacts, threads: int, load: Mapping[str, Any]) -> in
     if not load.get("under_load"):
         return threads
     free = len(facts.usable_cpus()) - len(load.get("busy_cpus") or {})
-    return max(1, min(threads, free))
+    return threads_on(free, threads)
 
 
 # How a cached measurement was taken: ratios of runs side by side, so load from other work is no reason to distrust
@@ -587,7 +589,7 @@ def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], d
     from cpuperf.decide.ratios import Ratio, alternating
 
     min_rounds, judging = int(rules["min_rounds"]), _judging()
-    threshold = float(_tuning()["allocator"]["min_speedup"])
+    threshold = allocator_rule().min_speedup
     request = {"size": "small", "seconds": float(rules["workload_window_s"]), "windows": int(rules["windows"])}
     ratios = {(name, w): Ratio(f"{name}/default allocator on {w}", threshold) for name in libs for w in workloads}
     round_no = 0
@@ -679,10 +681,7 @@ def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
 
 def allocator_env(name: str, library: str) -> Dict[str, str]:
     """What preloading `name` sets: LD_PRELOAD, and for jemalloc the MALLOC_CONF the launchers export."""
-    env = {"LD_PRELOAD": library}
-    if name == "jemalloc":
-        env["MALLOC_CONF"] = _tuning()["allocator"]["jemalloc_malloc_conf"]
-    return env
+    return preload_env(name, library)
 
 
 def _tuning() -> Dict[str, Any]:

@@ -331,12 +331,12 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
 
     from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
-    from cpuperf.decide.recommend import recommend, shape_key
+    from cpuperf.decide.recommend import RecommendRequest, recommend, shape_key
     from cpuperf.run import measure
 
     rule = rules()
     budget = float(budget_s if budget_s is not None else rule["budget_s"])
-    rec = recommend(facts, workload, measurements=meas, shape_tuning=False, environ={})
+    rec = recommend(facts, workload, RecommendRequest(measurements=meas, shape_tuning=False, environ={}))
     if rec.levers.device.value != "cpu":
         return None
     start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, load_builtin("tuning.toml"))
@@ -381,14 +381,14 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
 def point_env(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
               p: Point) -> Tuple[Dict[str, str], List[List[int]]]:
     """(env, CPUs per rank) of the plan with `p`'s values: what `train --auto` would run at that point."""
-    from cpuperf.decide.recommend import recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.tune import decision_values
     from cpuperf.plan.job import placeholder_job
     from cpuperf.run import measure
 
     sets = {k: ("none" if v is None else str(v).lower()) for k, v in decision_values(p).items()
             if not (k == "optimizer" and v is None)}
-    rec = recommend(facts, workload, measurements=meas, overrides=sets, shape_tuning=False, environ={})
+    rec = recommend(facts, workload, RecommendRequest(measurements=meas, overrides=sets, shape_tuning=False, environ={}))
     jp = placeholder_job(facts, rec, None)
     env = dict(jp.env_map())
     if p.allocator and "LD_PRELOAD" not in env:

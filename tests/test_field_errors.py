@@ -1,0 +1,87 @@
+"""Pure layers raise domain errors about a field; commands name the flag (issue 54).
+
+decide/ and knowledge/ raise `FieldError` (cpuperf/errors.py) about a knob id or an option's field, with a
+message that names no flag; the error boundary (cli._report) renders it with the flag the user typed
+(cpuperf/commands/flags.py), so what the user reads is unchanged."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import typer
+
+from cpuperf.cli import app
+from cpuperf.commands.flags import OPTION_FLAGS, flag_of, with_flags
+from cpuperf.decide.nodes import job_nodes
+from cpuperf.decide.workload import parse_count
+from cpuperf.errors import FieldError, UsageError
+from cpuperf.knowledge.knobs import coerce, split_assignment
+
+PKG = Path(__file__).resolve().parent.parent / "cpuperf"
+PURE = ("decide", "knowledge")
+# A hint that is a whole command line to run (another cpuperf command with its own flags) is not a flag the user typed.
+COMMAND_LINE = re.compile(r"cpuperf (install|compat) --[^,\"]*")
+
+
+def _flag_raises():
+    for layer in PURE:
+        for path in sorted((PKG / layer).glob("*.py")):
+            text = path.read_text()
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.Raise) and node.exc is not None:
+                    src = ast.get_source_segment(text, node) or ""
+                    if re.search(r"--[a-z]", COMMAND_LINE.sub("", src)):
+                        yield f"{path.relative_to(PKG)}:{node.lineno}"
+
+
+def test_no_raise_in_the_pure_layers_names_a_flag():
+    # decide/tune.py, decide/measurement_schema.py and knowledge/{hf_flags,matrix,resolve,cuda}.py included.
+    assert list(_flag_raises()) == []
+
+
+def _cli_flags():
+    flags = set()
+    for command in typer.main.get_command(app).commands.values():
+        for param in command.params:
+            flags.update(o for o in param.opts if o.startswith("--"))
+    return flags
+
+
+def test_every_flag_the_table_names_is_one_a_command_declares():
+    ccl = (PKG / "commands" / "ccl_env.py").read_text()
+    declared = _cli_flags() | set(re.findall(r'add_argument\("(--[a-z-]+)"', ccl))  # ccl-env declares its own
+    assert sorted(f for f in OPTION_FLAGS.values() if f not in declared) == []
+
+
+@pytest.mark.parametrize(("raise_it", "plain", "flagged"), [
+    (lambda: coerce("dtype", "bf17"), "dtype=bf17: expected one of", "--set dtype=bf17: expected one of"),
+    (lambda: coerce("nope", "1"), "unknown setting 'nope' in set", "unknown setting 'nope' in --set"),
+    (lambda: coerce("out_dir", "x"), "out_dir: set it with out_dir", "--set out_dir: set it with --out"),
+    (lambda: split_assignment("dtype"), "set 'dtype': expected KEY=VALUE", "--set 'dtype': expected KEY=VALUE"),
+    (lambda: job_nodes(0, None, None), "nnodes 0 must be at least 1", "--nnodes 0 must be at least 1"),
+    (lambda: parse_count("7Q"), "params '7Q' is not a count", "--params '7Q' is not a count"),
+])
+def test_a_field_error_names_no_flag_until_the_command_does(raise_it, plain, flagged):
+    with pytest.raises(FieldError) as err:
+        raise_it()
+    assert err.value.message.startswith(plain) and "--" not in err.value.message
+    named = with_flags(err.value)
+    assert isinstance(named, UsageError) and named.code == err.value.code
+    assert named.message.startswith(flagged), named.message
+
+
+def test_a_value_read_from_an_option_is_said_with_that_option():
+    with pytest.raises(FieldError) as err:
+        coerce("batch_size", "0")
+    assert with_flags(err.value).message.startswith("--set batch_size=0: must be at least 1")
+    assert with_flags(err.value.as_option()).message.startswith("--batch-size 0: must be at least 1")
+
+
+def test_braces_in_the_users_text_reach_the_message_as_typed():
+    with pytest.raises(FieldError) as err:
+        coerce("dtype", "{typed}")
+    assert with_flags(err.value).message.startswith("--set dtype={typed}: expected one of")
+    assert flag_of("seq_len", False, None) == "--seq-len" and flag_of("dtype", True, "bf16") == "--set dtype=bf16"

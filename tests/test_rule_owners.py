@@ -1,0 +1,48 @@
+"""One owner per rule (issue 54): the allocator rule is read from compat/tuning.toml [allocator] in
+cpuperf/decide/allocator.py only, and a rank's thread count is computed in cpuperf/decide/threads.py only."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cpuperf.decide.allocator import allocator_rule, not_with_ranks, preload_env
+from cpuperf.decide.threads import threads_on
+
+PKG = Path(__file__).resolve().parent.parent / "cpuperf"
+# Reads of the allocator row's keys; the install plan reads the wheel's name and version (plan/install.py).
+ALLOCATOR_KEYS = re.compile(r"""\[["'](min_speedup|not_with_ranks|not_with_ranks_source|jemalloc_malloc_conf)["']\]""")
+
+
+def test_the_allocator_rule_is_read_in_one_module():
+    readers = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if ALLOCATOR_KEYS.search(p.read_text()))
+    assert readers == ["decide/allocator.py"]  # read once, into AllocatorRule
+    assert allocator_rule().min_speedup > 1.0
+    assert "mimalloc" in allocator_rule().not_with_ranks
+
+
+def test_the_allocator_rule_answers_every_caller():
+    assert not_with_ranks(["mimalloc", "tcmalloc"], 1) == []
+    assert not_with_ranks(["mimalloc", "tcmalloc"], 2) == ["mimalloc"]
+    assert preload_env("tcmalloc", "/l/libtcmalloc.so") == {"LD_PRELOAD": "/l/libtcmalloc.so"}
+    assert preload_env("jemalloc", "/l/libjemalloc.so")["MALLOC_CONF"] == allocator_rule().jemalloc_malloc_conf
+
+
+def test_threads_are_counted_in_one_function():
+    assert threads_on(4) == 4
+    assert threads_on(4, 2) == 2
+    assert threads_on(0) == 1 and threads_on(3, 0) == 1  # no rank runs without a thread
+    counted = re.compile(r"max\(1, min\(.*threads")
+    assert sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if counted.search(p.read_text())) == []
+
+
+OS_READS = re.compile(r"os\.environ|os\.getenv|os\.path\.(exists|isdir|isfile)|os\.access|os\.listdir|\bopen\(|read_capped|"
+                      r"\.read_text\(|\.read_bytes\(|\.is_file\(|\.is_dir\(|\.iterdir\(")
+
+
+def test_decide_and_knowledge_read_no_os():
+    # The environment and files are read in probe/ (or at a command's edge) and passed in. knowledge/matrix.py reads
+    # the compat data directories (CPUPERF_COMPAT_DIR) and is the one left (docs/architecture.md, Known exceptions).
+    readers = sorted(str(p.relative_to(PKG)) for layer in ("decide", "knowledge") for p in (PKG / layer).glob("*.py")
+                     if OS_READS.search(p.read_text()))
+    assert readers == ["knowledge/matrix.py"]
