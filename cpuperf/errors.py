@@ -154,10 +154,6 @@ class FilesystemError(CpuperfError, OSError):
     code = ExitCode.FILESYSTEM
 
 
-class PlanMismatchError(CpuperfError):
-    code = ExitCode.PLAN_MISMATCH
-
-
 def one_line(text: str, limit: int = 400) -> str:
     """A message as one line: the first line of a multi-line text, with a count of the rest."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]

@@ -17,7 +17,7 @@ from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.records import Recommendation
 from cpuperf.decide.threads import rank_threads
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
@@ -145,8 +145,9 @@ def check_worker_can_honour(rec: Recommendation) -> None:
     lv = rec.levers
     if lv.optimizer.value not in WORKER_OPTIMIZERS:
         why = "set by you" if lv.optimizer.overridden else "the memory plan's choice"
-        raise UsageError(f"optimizer {lv.optimizer.value} ({why}): the built-in loop has " + ", ".join(WORKER_OPTIMIZERS),
-                         hint="--set optimizer=adamw, or bring your own script after --")
+        raise FieldError("optimizer", lv.optimizer.value, f"optimizer {{value}} ({why}): the built-in loop has "
+                         + ", ".join(WORKER_OPTIMIZERS), "{set.optimizer}=adamw, or bring your own script after --",
+                         setting=True)
     if lv.attention.overridden and lv.attention.value not in WORKER_ATTENTION:
         raise UsageError(f"attention {lv.attention.value}: the built-in loop uses torch's SDPA dispatcher",
                          hint="leave attention unset; the worker reports the kernel SDPA ran")

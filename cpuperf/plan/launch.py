@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.threads import threads_on
-from cpuperf.errors import LaunchFailedError, UsageError
+from cpuperf.errors import ExitCode, FieldError
 from cpuperf.jsonable import as_json
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
@@ -111,10 +111,10 @@ def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: 
     """(launcher, why)."""
     if asked is not None:
         if asked not in LAUNCHERS[1:]:
-            raise UsageError(f"--launcher {asked!r}: use torchrun, mpirun or srun")
+            raise FieldError("launcher", asked, "{flag} {value!r}: use torchrun, mpirun or srun")
         if asked == "mpirun" and mpi is None:
-            raise LaunchFailedError("--launcher mpirun, but no Open MPI, Intel MPI or MPICH mpirun was found",
-                                    hint="apt-get install openmpi-bin, or use --launcher torchrun")
+            raise FieldError("launcher", asked, "{typed}, but no Open MPI, Intel MPI or MPICH mpirun was found",
+                             "apt-get install openmpi-bin, or use {flag} torchrun", code=ExitCode.LAUNCH_FAILED)
         return asked, "as asked"
     if world <= 1:
         return "direct", "one process: run directly, pinned, no launcher"
@@ -277,13 +277,13 @@ def _node_rank(node_rank: Optional[int], nnodes: int) -> int:
     """This node's rank among the job's nodes (0 unless given); a rank outside them is a usage error."""
     rank = 0 if node_rank is None else node_rank
     if not 0 <= rank < max(1, nnodes):
-        raise UsageError(f"--node-rank {rank} is outside 0..{nnodes - 1}")
+        raise FieldError("node_rank", rank, f"{{typed}} is outside 0..{nnodes - 1}")
     return rank
 
 
 def _check_rdzv_timeout(rdzv_timeout: Optional[float]) -> None:
     if rdzv_timeout is not None and not (math.isfinite(rdzv_timeout) and 0 < rdzv_timeout <= 7 * 86400):
-        raise UsageError(f"--rdzv-timeout {rdzv_timeout}: give seconds, more than 0 and at most a week")
+        raise FieldError("rdzv_timeout", rdzv_timeout, "{typed}: give seconds, more than 0 and at most a week")
 
 
 def _rankexec_env(chosen: str, env: Dict[str, str], reasons: Dict[str, str], specs: Sequence[RankSpec],
@@ -422,8 +422,8 @@ def _check_rank0_known(count: int, hosts: Optional[Sequence[Host]], slurm_nodes:
                        master_addr: Optional[str]) -> None:
     """Several nodes are refused where nothing says where rank 0 is."""
     if count > 1 and not hosts and slurm_nodes is None and master_addr is None:
-        raise UsageError(f"{count} nodes need a hostfile, a Slurm allocation or --master-addr",
-                         hint="pass --hostfile FILE (first host = rank 0)")
+        raise FieldError("nnodes", count, f"{count} nodes need a hostfile, a Slurm allocation or {{opt.master_addr}}",
+                         "pass {opt.hostfile} FILE (first host = rank 0)")
 
 
 def _mpirun_base(job: _Job, path: str, flavour: str, env: Mapping[str, str], notes: List[str]) -> List[str]:
@@ -507,8 +507,8 @@ def _torchrun_base(job: _Job) -> Tuple[List[str], Optional[int], Optional[str]]:
         return [*base, "--nnodes=1", "--node-rank=0", "--rdzv-backend=static", "--master-addr=127.0.0.1",
                 f"--master-port={asked_port}"], asked_port, "127.0.0.1"
     if addr is None:
-        raise UsageError("torchrun over several nodes needs a rendezvous address",
-                         hint="pass --hostfile FILE or --master-addr HOST")
+        raise FieldError("master_addr", None, "torchrun over several nodes needs a rendezvous address",
+                         "pass {opt.hostfile} FILE or {flag} HOST")
     rdzv_port = port or DEFAULT_MASTER_PORT
     base += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
              f"--rdzv-endpoint={addr}:{rdzv_port}", f"--rdzv-id={job.job_id}",

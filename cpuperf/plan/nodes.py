@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import List, Optional, Sequence, Tuple
 
-from cpuperf.errors import LaunchFailedError, UsageError
+from cpuperf.errors import ExitCode, FieldError, LaunchFailedError, UsageError
 
 TRANSPORTS = ("srun", "mpirun", "ssh")
 DEFAULT_TIMEOUT_S = 60.0
@@ -29,12 +29,13 @@ def choose_transport(asked: Optional[str], in_slurm: bool, mpi: Optional[Tuple[s
     """(transport, why): the launcher the job itself would use to reach the nodes."""
     if asked is not None:
         if asked not in TRANSPORTS:
-            raise UsageError(f"--launcher {asked!r}: use srun, mpirun or ssh")
+            raise FieldError("launcher", asked, "{flag} {value!r}: use srun, mpirun or ssh")
         if asked == "mpirun" and mpi is None:
-            raise LaunchFailedError("--launcher mpirun, but no Open MPI, Intel MPI or MPICH mpirun was found",
-                                    hint="apt-get install openmpi-bin, or use --launcher ssh")
+            raise FieldError("launcher", asked, "{typed}, but no Open MPI, Intel MPI or MPICH mpirun was found",
+                             "apt-get install openmpi-bin, or use {flag} ssh", code=ExitCode.LAUNCH_FAILED)
         if asked == "ssh" and ssh is None:
-            raise LaunchFailedError("--launcher ssh, but no ssh client was found", hint="apt-get install openssh-client")
+            raise FieldError("launcher", asked, "{typed}, but no ssh client was found", "apt-get install openssh-client",
+                             code=ExitCode.LAUNCH_FAILED)
         return asked, "as asked"
     if in_slurm:
         return "srun", "inside a Slurm allocation: srun reaches its nodes"

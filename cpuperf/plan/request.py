@@ -79,8 +79,8 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
     worker = {k: v for k, v in constraints.items() if k not in decided}
     if worker and user_argv:
         key = sorted(worker)[0]
-        raise UsageError(f"--set {key}: a setting of the built-in training loop; your script sets its own",
-                         hint="pass it to your script as its own argument")
+        raise FieldError(key, None, "{flag}: a setting of the built-in training loop; your script sets its own",
+                         "pass it to your script as its own argument", setting=True)
     if batch_size is not None:  # --batch-size: typed and bounded as --set batch_size is
         try:
             typed = coerce("batch_size", str(batch_size))

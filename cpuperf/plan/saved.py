@@ -20,7 +20,7 @@ from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.decide.records import Decision, Levers, Measurements, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import BLOCKS, Workload
-from cpuperf.errors import UsageError
+from cpuperf.errors import ExitCode, FieldError, UsageError, verbatim
 from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
@@ -798,7 +798,6 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
               names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
     plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
-    from cpuperf.errors import PlanMismatchError
     from cpuperf.probe.hosts import this_node_names
 
     plan, node = for_this_node(plan, facts, list(names) or (this_node_names() if plan.nodes else []))
@@ -816,9 +815,9 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
         # Every difference is named (up to a few): "and 1 more" sent users to --replan just to learn what it was.
         shown = "; ".join(diffs[:_DIFFERENCES_SHOWN])
         more = f" (and {len(diffs) - _DIFFERENCES_SHOWN} more)" if len(diffs) > _DIFFERENCES_SHOWN else ""
-        raise PlanMismatchError(f"plan {path} was made for another host or stack: {shown}{more}",
-                                hint=f"make a new plan here (cpuperf recommend --save {path}), or pass --replan to plan again "
-                                     "from this host's facts")
+        raise FieldError("plan", path, f"plan {verbatim(path)} was made for another host or stack: {verbatim(shown + more)}",
+                         f"make a new plan here (cpuperf recommend --save {verbatim(path)}), or pass {{opt.replan}} to plan "
+                         "again from this host's facts", code=ExitCode.PLAN_MISMATCH)
     return plan, diffs
 
 

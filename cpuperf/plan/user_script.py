@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 from packaging.version import Version
 
 from cpuperf.decide.workload import DataParallel
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import JsonValue
 from cpuperf.versions import base_or_none
 
@@ -577,8 +577,9 @@ def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
         clash = name in given or ("--no_" + name[2:]) in given
         clash = clash or any(name in fam and given & set(fam) for fam in _EXCLUSIVE)
         if clash and flag.why.startswith("you set") and name in given and _value_of(user_args, name) != flag.args[1:]:
-            raise UsageError(f"--set says {' '.join(flag.args)}, your command says otherwise ({name})",
-                             hint="change it in your command, or drop the --set: one value per setting")
+            raise FieldError("set", None, f"{{opt.set}} says {verbatim(' '.join(flag.args))}, your command says "
+                             f"otherwise ({verbatim(name)})", "change it in your command, or drop the {opt.set}: one value "
+                             "per setting")
         if clash:
             left.append((" ".join(flag.args), "you decided (your command has it or its opposite)"))
         elif name == "--optim" and sets_optim and not flag.why.startswith("you set"):
@@ -635,7 +636,7 @@ def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, source: 
                  transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
     """`plan_script` of the user's command as read once (cpuperf.plan.command.read_command)."""
     if mode not in HF_MODES:
-        raise UsageError(f"--hf-flags {mode!r}: use auto, always or never")
+        raise FieldError("hf_flags", mode, "{flag} {value!r}: use auto, always or never")
     cmd = command.script
     user_argv = command.given
     parser, why = detect_parser(source, cmd.script_args) if (cmd.script or cmd.module) else ("n/a", "no Python script")
