@@ -97,12 +97,17 @@ def test_more_ranks_than_cores_oversubscribes_open_mpi(tmp_path, monkeypatch):
 
 
 def test_mpirun_without_mpi_is_a_launch_error(tmp_path, monkeypatch):
-    from cpuperf.errors import LaunchFailedError
+    from cpuperf.commands.flags import with_flags
+    from cpuperf.errors import CpuperfError, ExitCode
 
     facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=2)
     rec = recommend(facts, PRESETS["micro"])
-    with pytest.raises(LaunchFailedError):
+    with pytest.raises(CpuperfError) as refused:
         plan_launch(facts, rec.placement, rank_command=CMD, launcher="mpirun")
+    said = with_flags(refused.value)  # as the error boundary says it
+    assert said.code == ExitCode.LAUNCH_FAILED
+    assert said.message == "--launcher mpirun, but no Open MPI, Intel MPI or MPICH mpirun was found"
+    assert said.hint == "apt-get install openmpi-bin, or use --launcher torchrun"
 
 
 def test_slurm_allocation_uses_srun_and_first_node_as_master(tmp_path, monkeypatch):
