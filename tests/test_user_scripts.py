@@ -331,3 +331,18 @@ def test_accelerate_launch_gets_mixed_precision_only_where_the_rule_gave_bf16():
         plan = plan_script(argv, ours, mode, "import argparse\nargparse.ArgumentParser().parse_args()\n")
         assert "--mixed_precision" not in plan.argv[2:4] or argv[2] == "--mixed_precision", argv
         assert all(f.args[0] != "--mixed_precision" for f in plan.added), argv
+
+
+def test_a_flag_is_written_from_its_row_of_the_one_table(monkeypatch):
+    """The option speed_flags writes comes from knowledge/hf_flags.TRAINER_FLAGS (FLAG_OPTIONS), and the lever it
+    carries back (FLAG_LEVERS, read by plan/applied) from the same row: one place to change a lever's flag."""
+    from cpuperf.knowledge import hf_flags
+
+    for row in hf_flags.TRAINER_FLAGS:
+        if row.id is not None:
+            assert hf_flags.FLAG_OPTIONS[row.id] == row.option
+        if row.lever is not None:
+            assert hf_flags.FLAG_LEVERS[row.option] == row.lever
+    monkeypatch.setitem(hf_flags.FLAG_OPTIONS, "use_cpu", "--use_cpu_renamed")
+    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("5.23.0", "2.13.0+cpu", 1, TUNING, ALL))
+    assert [f.args for f in flags] == [("--use_cpu_renamed",)]

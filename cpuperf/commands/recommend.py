@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # commands import their layers inside functions (fast start-u
     import os
 
     from cpuperf.decide.records import Recommendation
+    from cpuperf.knowledge.knobs import Overrides
     from cpuperf.plan.applied import LeverState
     from cpuperf.plan.build import NodePlan
     from cpuperf.plan.job import JobPlan
@@ -43,7 +44,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     # The built-in run length (train's default --max-steps) unless given: every command plans the same job.
     workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps, host=facts)
     hosts = read_hostfile(hostfile) if hostfile else None
-    overrides: Dict[str, Any] = {}
+    overrides: Overrides = {}
     if config:
         for key, raw in load_settings_file(config).items():
             overrides = merge(overrides, coerce_entry(key, raw))

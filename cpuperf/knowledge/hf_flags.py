@@ -72,6 +72,8 @@ TRAINER_FLAGS: Tuple[TrainerFlag, ...] = (
 FLAG_ROWS: Dict[str, str] = {f.id: f.row for f in TRAINER_FLAGS if f.id is not None and f.row is not None}
 # an option cpuperf adds -> the lever it carries (what plan/applied reports as applied by a flag)
 FLAG_LEVERS: Dict[str, str] = {f.option: f.lever for f in TRAINER_FLAGS if f.lever is not None}
+# cpuperf's flag ids -> the option as written (plan/user_script.speed_flags writes each flag from its id)
+FLAG_OPTIONS: Dict[str, str] = {f.id: f.option for f in TRAINER_FLAGS if f.id is not None}
 _FLAG_OF_ROW = {row: flag for flag, row in FLAG_ROWS.items()}
 
 

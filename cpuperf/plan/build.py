@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cpuperf.decide.memory import MemoryLevers
     from cpuperf.decide.records import Constraints, Dtype, Levers, Measurements, Recommendation
     from cpuperf.decide.workload import Workload
+    from cpuperf.knowledge.knobs import Overrides
     from cpuperf.plan.job import JobPlan, JobRequest
     from cpuperf.plan.request import PlanRequest
     from cpuperf.plan.saved import SavedPlan
@@ -105,7 +106,7 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     return reporting_peak(jp, edge.environ)
 
 
-def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Dict[str, Any], nproc: Optional[int],
+def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Overrides, nproc: Optional[int],
             yours: Optional[LauncherRanks], use_tuned: bool) -> Recommendation:
     """recommend's decisions for this request, from the measurements the edge took."""
     from cpuperf.decide.recommend import RecommendRequest, recommend

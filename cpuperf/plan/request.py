@@ -6,11 +6,12 @@ looking at the host are refused here (exit 2), before anything is probed or meas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import FieldError, UsageError
 
 if TYPE_CHECKING:
+    from cpuperf.knowledge.knobs import Overrides, SetValue
     from cpuperf.plan.command import CommandLine
 
 # The built-in run length when neither --max-steps nor --time-budget is given (recommend plans the same job).
@@ -23,10 +24,10 @@ class PlanRequest:
 
     auto: bool = False
     dry_run: bool = False
-    decided: Mapping[str, Any] = field(default_factory=dict)  # --set values recommend decides (and a script's --batch-size)
+    decided: Mapping[str, SetValue] = field(default_factory=dict)  # --set values recommend decides (and a script's --batch-size)
     # --batch-size of the built-in loop: its global batch (samples per optimizer step), which its ranks share
     global_batch: Optional[int] = None
-    worker: Mapping[str, Any] = field(default_factory=dict)  # --set values of the built-in loop itself
+    worker: Mapping[str, SetValue] = field(default_factory=dict)  # --set values of the built-in loop itself
     has_sets: bool = False
     model: Optional[str] = None
     max_steps: Optional[int] = None
@@ -70,7 +71,7 @@ def with_command(request: PlanRequest) -> PlanRequest:
 
 
 def split_constraints(sets: Sequence[str], batch_size: Optional[int],
-                      user_argv: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                      user_argv: Sequence[str]) -> Tuple[Overrides, Overrides]:
     """--set values, typed by the one vocabulary: (decisions for recommend, the built-in loop's own settings)."""
     from cpuperf.knowledge.knobs import BY_ID, coerce, parse_assignments
 

@@ -377,6 +377,13 @@ _OPTIM_NAMES = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "ada
                 "adamw_8bit": "adamw_bnb_8bit"}
 
 
+def _option(flag_id: str) -> str:
+    """The option a flag id is written as (its row of knowledge/hf_flags.TRAINER_FLAGS)."""
+    from cpuperf.knowledge.hf_flags import FLAG_OPTIONS
+
+    return FLAG_OPTIONS[flag_id]
+
+
 def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
                 torch_v: Optional[str], tuning: Mapping[str, Any]) -> Tuple[Optional[Flag], Optional[str]]:
     """The same family (AdamW) in its fastest implementation; another family only when --set."""
@@ -384,14 +391,14 @@ def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
         return None, "--optim: not in the installed transformers"
     if lv.optimizer.overridden:
         name = _OPTIM_NAMES.get(lv.optimizer.value)
-        return (Flag(("--optim", name), "you set optimizer") if name else None), None
+        return (Flag((_option("optim"), name), "you set optimizer") if name else None), None
     if trainer_default_fused(tf_v, torch_v, tuning):
         return None, "--optim: " + TRAINER_FUSED
     on_cuda = lv.on_gpu
     minimum = tuning["optimizer"]["fused_cuda_min_torch" if on_cuda else "fused_cpu_min_torch"]
     if not _at_least(torch_v, minimum) or "optim_fused" not in ok:
         return None, f"--optim: fused AdamW needs torch >= {minimum} and transformers with adamw_torch_fused"
-    return Flag(("--optim", "adamw_torch_fused"), f"same family as the default adamw_torch, fused kernel "
+    return Flag((_option("optim"), "adamw_torch_fused"), f"same family as the default adamw_torch, fused kernel "
                 f"(torch >= {minimum} on {'CUDA' if on_cuda else 'CPU'})"), None
 
 
@@ -414,8 +421,10 @@ def speed_flags(lv: Levers, transformers_version: Optional[str],
     out: List[Flag] = []
     skipped: List[Tuple[str, str]] = []
 
-    def want(flag_id: str, args: Tuple[str, ...], why: str) -> None:
-        # the current spelling for the installed release: a renamed option is emitted under its new name
+    def want(flag_id: str, values: Tuple[str, ...], why: str) -> None:
+        # the option is the flag's row of knowledge/hf_flags.TRAINER_FLAGS; the current spelling for the installed
+        # release: a renamed option is emitted under its new name
+        args = (_option(flag_id), *values)
         chosen = spelling(flag_id, ok, transformers_version)
         if chosen is None:
             skipped.append((args[0], flag_why_not(flag_id, transformers_version)))
@@ -442,7 +451,7 @@ def speed_flags(lv: Levers, transformers_version: Optional[str],
     return out, skipped
 
 
-_Want = Callable[[str, Tuple[str, ...], str], None]  # speed_flags' want(flag id, argv words, why)
+_Want = Callable[[str, Tuple[str, ...], str], None]  # speed_flags' want(flag id, the option's values, why)
 
 
 def _device_flags(lv: Levers, ok: Set[str], world: int, gpus_visible: bool, want: _Want,
@@ -452,9 +461,9 @@ def _device_flags(lv: Levers, ok: Set[str], world: int, gpus_visible: bool, want
         skipped.append(("--use_cpu", "one process on a host without GPUs runs on the CPU anyway (measured slower with it)"))
     elif not lv.on_gpu:
         if "use_cpu" in ok or "no_cuda" not in ok:
-            want("use_cpu", ("--use_cpu",), "device: cpu")
+            want("use_cpu", (), "device: cpu")
         else:
-            want("no_cuda", ("--no_cuda",), "device: cpu")
+            want("no_cuda", (), "device: cpu")
 
 
 def _precision_flags(lv: Levers, tuning: Mapping[str, Any],
@@ -467,38 +476,38 @@ def _precision_flags(lv: Levers, tuning: Mapping[str, Any],
         skipped.append(("--" + dtype, f"on CPU only where bf16 GEMM measured >= {gain}x fp32 (AMX) or "
                         "you --set dtype: autocast costs more than it gains on small models"))
     elif dtype in ("bf16", "fp16"):
-        want(dtype, ("--" + dtype,), f"dtype: {dtype} autocast")
+        want(dtype, (), f"dtype: {dtype} autocast")
     if lv.tf32.value and lv.on_gpu:
-        want("tf32", ("--tf32", "true"), "TF32 matmuls on Ampere and newer")
+        want("tf32", ("true",), "TF32 matmuls on Ampere and newer")
 
 
 def _runtime_flags(lv: Levers, ok: Set[str], world: int, want: _Want) -> None:
     """DDP backend, data loading, torch.compile, IPEX."""
     backend = lv.ddp_backend.value
     if backend and world > 1 and (backend != "ccl" or "ddp_backend_ccl" in ok):
-        want("ddp_backend", ("--ddp_backend", str(backend)), f"DDP backend {backend} over {world} ranks")
+        want("ddp_backend", (str(backend),), f"DDP backend {backend} over {world} ranks")
     workers = lv.dataloader_workers.value
     if workers > 0:  # the Trainer's default is 0; only a different value changes anything
-        want("dataloader_num_workers", ("--dataloader_num_workers", str(workers)), "data loading off the training thread")
+        want("dataloader_num_workers", (str(workers),), "data loading off the training thread")
     if lv.on_gpu and lv.pin_memory.value is False:
-        want("dataloader_pin_memory", ("--dataloader_pin_memory", "false"), "pinned memory does not help here")
+        want("dataloader_pin_memory", ("false",), "pinned memory does not help here")
     # torch.compile costs minutes of warm-up: when you asked (--set), or where recommend found it paying back
     # within the run (compile time / per-step saving < the script's --max_steps; the plan shows the figure).
     if lv.compile.value:
-        want("torch_compile", ("--torch_compile",), "you set compile" if lv.compile.overridden
+        want("torch_compile", (), "you set compile" if lv.compile.overridden
              else "torch.compile measured or estimated to pay back within this run")
     if lv.ipex.value:  # installed by you, and recommend found it compatible
-        want("use_ipex", ("--use_ipex",), "IPEX installed and compatible: its CPU kernels")
+        want("use_ipex", (), "IPEX installed and compatible: its CPU kernels")
 
 
 def _hyperparameter_flags(lv: Levers, want: _Want, out: List[Flag]) -> None:
     """Hyperparameters and memory trade-offs: the script's own unless you set them."""
     if lv.batch_size.overridden:
-        want("per_device_train_batch_size", ("--per_device_train_batch_size", str(lv.batch_size.value)), "you set batch_size")
+        want("per_device_train_batch_size", (str(lv.batch_size.value),), "you set batch_size")
     if lv.grad_accum_steps.overridden:
-        out.append(Flag(("--gradient_accumulation_steps", str(lv.grad_accum_steps.value)), "you set grad_accum_steps"))
+        out.append(Flag((_option("gradient_accumulation_steps"), str(lv.grad_accum_steps.value)), "you set grad_accum_steps"))
     elif lv.batch_size.overridden and lv.grad_accum_steps.value > 1:
-        out.append(Flag(("--gradient_accumulation_steps", str(lv.grad_accum_steps.value)),
+        out.append(Flag((_option("gradient_accumulation_steps"), str(lv.grad_accum_steps.value)),
                         "keeps your global batch with the batch_size you set"))
 
 
@@ -537,7 +546,7 @@ def _memory_flags(lv: Levers, transformers_version: Optional[str], config_dir: s
     elif sharding:
         skipped.append(("--fsdp", f"the memory plan needs sharding, but {form['why'] or 'this release has no form for it'}"))
     if ckpt and not in_config:
-        want("gradient_checkpointing", ("--gradient_checkpointing",), "you set grad_checkpointing"
+        want("gradient_checkpointing", (), "you set grad_checkpointing"
              if lv.grad_checkpointing.overridden else "the memory plan recomputes activations "
              "(activation checkpointing: the same training, more compute)")
 
@@ -551,7 +560,7 @@ def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: _Want
     ids = {f.name[2:] for f in out}
     for c in companions("transformers", transformers_version, ids, gpu_bf16=on_gpu):
         skipped[:] = [(flag, why) for flag, why in skipped if flag != "--" + c.requires]
-        want(c.requires, ("--" + c.requires,), f"--{c.flag} on a CPU needs it: transformers {c.since}+ refuses "
+        want(c.requires, (), f"--{c.flag} on a CPU needs it: transformers {c.since}+ refuses "
              f"--{c.flag} without --{c.requires} where no GPU has bf16")
 
 
