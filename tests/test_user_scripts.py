@@ -344,5 +344,5 @@ def test_a_flag_is_written_from_its_row_of_the_one_table(monkeypatch):
         if row.lever is not None:
             assert hf_flags.FLAG_LEVERS[row.option] == row.lever
     monkeypatch.setitem(hf_flags.FLAG_OPTIONS, "use_cpu", "--use_cpu_renamed")
-    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("5.23.0", "2.13.0+cpu", 1, TUNING, ALL))
+    flags, _ = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
     assert [f.args for f in flags] == [("--use_cpu_renamed",)]
