@@ -11,7 +11,8 @@ from cpuperf.decide.threads import threads_on
 
 PKG = Path(__file__).resolve().parent.parent / "cpuperf"
 # Reads of the allocator row's keys; the install plan reads the wheel's name and version (plan/install.py).
-ALLOCATOR_KEYS = re.compile(r"""\[["'](min_speedup|not_with_ranks|not_with_ranks_source|jemalloc_malloc_conf)["']\]""")
+ALLOCATOR_KEYS = re.compile(r"""\[["'](min_speedup|not_with_ranks|not_with_ranks_source|jemalloc_malloc_conf|wheel|"""
+                            r"""wheel_version|wheel_platforms|system_install)["']\]|\(["']tuning\.toml["']\)\[["']allocator["']\]""")
 
 
 def test_the_allocator_rule_is_read_in_one_module():

@@ -33,6 +33,8 @@ class AllocatorRule:
     jemalloc_malloc_conf: str  # the MALLOC_CONF the launchers export with jemalloc
     source: str
     wheel: str  # the wheel that ships a preloadable allocator without root
+    wheel_version: str  # the version tested (cpuperf install prefers it)
+    wheel_platforms: Tuple[str, ...]  # the CPU architectures it is built for
     system_install: str
 
 
@@ -44,7 +46,9 @@ def allocator_rule() -> AllocatorRule:
                          not_with_ranks=tuple(str(n) for n in row.get("not_with_ranks", [])),
                          not_with_ranks_source=str(row.get("not_with_ranks_source", "")),
                          jemalloc_malloc_conf=str(row["jemalloc_malloc_conf"]), source=str(row["source"]),
-                         wheel=str(row["wheel"]), system_install=str(row["system_install"]))
+                         wheel=str(row["wheel"]), wheel_version=str(row["wheel_version"]),
+                         wheel_platforms=tuple(str(p) for p in row["wheel_platforms"]),
+                         system_install=str(row["system_install"]))
 
 
 def install_hint() -> str:

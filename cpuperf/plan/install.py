@@ -499,23 +499,23 @@ def _planned(facts: HostFacts, name: str, version: str, where: str, why: str) ->
 
 def allocator_wheel() -> Tuple[str, str]:
     """(name, preferred version) of the wheel that ships an allocator (compat/tuning.toml [allocator])."""
-    from cpuperf.data import load_builtin
+    from cpuperf.decide.allocator import allocator_rule
 
-    rule = load_builtin("tuning.toml")["allocator"]
-    return rule["wheel"], rule["wheel_version"]
+    rule = allocator_rule()
+    return rule.wheel, rule.wheel_version
 
 
 def pick_allocator_version(facts: HostFacts, offered: Optional[Sequence[str]]) -> Optional[str]:
     """The allocator wheel version to plan: the tested one if offered, else the newest offered; None where
     this CPU has no build or no source offers it. GPU hosts get none: the engine never preloads one there."""
-    from cpuperf.data import load_builtin
+    from cpuperf.decide.allocator import allocator_rule
 
-    rule = load_builtin("tuning.toml")["allocator"]
+    rule = allocator_rule()
     cpu = getattr(facts, "cpu", None)
-    if host_device(facts) == "cuda" or not offered or cpu is None or getattr(cpu, "arch", None) not in rule["wheel_platforms"]:
+    if host_device(facts) == "cuda" or not offered or cpu is None or getattr(cpu, "arch", None) not in rule.wheel_platforms:
         return None
-    if rule["wheel_version"] in offered:
-        return str(rule["wheel_version"])
+    if rule.wheel_version in offered:
+        return rule.wheel_version
     valid = [v for v in offered if is_version(v)]
     return str(max(valid, key=Version)) if valid else None
 
@@ -529,12 +529,12 @@ def allocator_requirement(facts: HostFacts, where: str, version: str) -> Optiona
 
 def system_allocator_note(facts: HostFacts) -> Optional[str]:
     """The exact command that adds tcmalloc and jemalloc system-wide, where neither is found (needs root)."""
-    from cpuperf.data import load_builtin
+    from cpuperf.decide.allocator import allocator_rule
 
     software = getattr(facts, "software", None)
     if software is None or any(software.allocators.get(n) for n in ("tcmalloc", "jemalloc")):
         return None
-    cmd = load_builtin("tuning.toml")["allocator"]["system_install"]
+    cmd = allocator_rule().system_install
     return (f"no system tcmalloc or jemalloc: as root, `{cmd}` adds them for cpuperf bench to measure too "
             "(cpuperf never runs the system package manager itself)")
 
