@@ -41,9 +41,9 @@ OS_READS = re.compile(r"os\.environ|os\.getenv|os\.path\.(exists|isdir|isfile)|o
                       r"\.read_text\(|\.read_bytes\(|\.is_file\(|\.is_dir\(|\.iterdir\(")
 
 
-def test_decide_and_knowledge_read_no_os():
+def test_decide_knowledge_and_plan_read_no_os():
     # The environment and files are read in probe/ (or at a command's edge) and passed in. knowledge/matrix.py reads
     # the compat data directories (CPUPERF_COMPAT_DIR) and is the one left (docs/architecture.md, Known exceptions).
-    readers = sorted(str(p.relative_to(PKG)) for layer in ("decide", "knowledge") for p in (PKG / layer).glob("*.py")
+    readers = sorted(str(p.relative_to(PKG)) for layer in ("decide", "knowledge", "plan") for p in (PKG / layer).glob("*.py")
                      if OS_READS.search(p.read_text()))
     assert readers == ["knowledge/matrix.py"]

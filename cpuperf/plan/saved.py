@@ -27,7 +27,6 @@ from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import is_version, major_minor
 
 SCHEMA = "cpuperf.plan/1"
-MAX_BYTES = 4 * 1024 * 1024  # a plan is a few kB; a bigger file is not one
 # The packages whose versions the decisions depend on; another version is another plan.
 STACK_PACKAGES = ("torch", "intel_extension_for_pytorch", "oneccl_bind_pt", "transformers", "accelerate")
 MEMORY_TOLERANCE = 0.98  # nodes of one model differ by what firmware reserves
@@ -763,32 +762,11 @@ def _show(value: object, none: str = "none") -> str:
 
 
 def read_plan_file(path: str) -> SavedPlan:
-    """A saved plan (cpuperf.plan.saved.SavedPlan) from FILE: a regular file of bounded size, or one line (exit 2)."""
-    import os
-    import stat
+    """A saved plan (cpuperf.plan.saved.SavedPlan) from FILE: its text read by the probe (bounded, a regular
+    file, or one line, exit 2), parsed here."""
+    from cpuperf.probe.plan_file import plan_text
 
-    from cpuperf.errors import UsageError, from_os_error
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block us
-    except OSError as exc:
-        if exc.errno in (2, 20):  # ENOENT, ENOTDIR
-            raise UsageError(f"plan file {path} does not exist", hint="make one with: cpuperf recommend --save FILE") from None
-        raise from_os_error(exc) from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"plan file {path} is not a regular file", hint="give the JSON file cpuperf recommend --save wrote")
-        raw = os.read(fd, MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_BYTES:
-        raise UsageError(f"plan file {path} is over {MAX_BYTES // 2**20} MiB: not a cpuperf plan",
-                         hint="make one with: cpuperf recommend --save FILE")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"plan file {path} is not UTF-8 text", hint="make one with: cpuperf recommend --save FILE") from None
-    return read(path, text)
+    return read(path, plan_text(path))
 
 
 _DIFFERENCES_SHOWN = 4
