@@ -15,7 +15,7 @@ from cpuperf.data import load_builtin
 from cpuperf.knowledge.accelerate import config_keys, launch_flag_ok
 from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, renamed_to, supported_flags
 from cpuperf.knowledge.matrix import load_matrix
-from cpuperf.plan.user_script import speed_flags
+from cpuperf.plan.user_script import FlagContext, speed_flags
 
 TUNING = load_builtin("tuning.toml")
 
@@ -192,7 +192,7 @@ def test_no_release_is_offered_a_deprecated_flag(m):
                                               ("4.11.0", "--gradient_checkpointing")])
 def test_the_current_spelling_is_emitted(release, spelling):
     values = {"device": "cpu", "dtype": "fp32", "grad_checkpointing": True, "compile": False, "ipex": False}
-    flags, _ = speed_flags(levers(values, {"grad_checkpointing"}), release, "2.13.0", 1, TUNING)
+    flags, _ = speed_flags(levers(values, {"grad_checkpointing"}), FlagContext(release, "2.13.0", 1, TUNING))
     args = [a for f in flags for a in f.args]
     assert spelling in args
     assert not ({"--gradient_checkpointing", "--activation_checkpointing"} - {spelling}) & set(args)
@@ -201,7 +201,7 @@ def test_the_current_spelling_is_emitted(release, spelling):
 @pytest.mark.parametrize("release,emitted", [("4.52.1", True), ("4.53.0", False), ("4.56.2", False), ("4.57.0", False)])
 def test_use_ipex_is_not_emitted_once_deprecated_and_the_notice_says_why(release, emitted):
     values = {"device": "cpu", "dtype": "fp32", "compile": False, "ipex": True}
-    flags, skipped = speed_flags(levers(values, set()), release, "2.8.0", 1, TUNING)
+    flags, skipped = speed_flags(levers(values, set()), FlagContext(release, "2.8.0", 1, TUNING))
     assert ("--use_ipex" in [a for f in flags for a in f.args]) is emitted
     if not emitted:
         why = dict(skipped)["--use_ipex"]
@@ -377,7 +377,7 @@ def test_the_installed_transformers_accepts_every_rendered_flag_without_a_deprec
     values = {"device": "cpu", "dtype": "bf16", "grad_checkpointing": True, "compile": True, "ipex": False,
               "batch_size": 4, "grad_accum_steps": 2, "dataloader_workers": 2, "optimizer": "adamw_fused"}
     overridden = {"dtype", "grad_checkpointing", "compile", "batch_size", "grad_accum_steps", "optimizer"}
-    flags, _ = speed_flags(levers(values, overridden), version, "2.13.0+cpu", 1, TUNING)
+    flags, _ = speed_flags(levers(values, overridden), FlagContext(version, "2.13.0+cpu", 1, TUNING))
     args = [a for f in flags for a in f.args]
     assert args, f"nothing rendered for transformers {version}"
     parser = transformers.HfArgumentParser(transformers.TrainingArguments)

@@ -423,7 +423,7 @@ def test_plan_install_pins_cpu_build_and_skips_dead_default():
     res = resolve("3.11", "2.7.0", {"ipex"}, matrix=m)
     srcs = ip.SourceSet((ip.Source("find-links", "/opt/wheels", "pip-config", True),)).with_defaults(
         [ip.Source("extra-index-url", ip.TORCH_CPU_INDEX, "default", False, error="no DNS")])
-    plan = ip.plan_install(facts, res, srcs, ip.Target("/venv/bin/python", "3.11.7"), environ={"PYTHONPATH": "x"})
+    plan = ip.plan_install(facts, res, srcs, ip.Target("/venv/bin/python", "3.11.7"), ip.InstallChoices(environ={"PYTHONPATH": "x"}))
     assert [p.requirement() for p in plan.requirements] == ["torch==2.7.0+cpu", "intel-extension-for-pytorch==2.7.0"]
     assert plan.argv()[-2:] == ["torch==2.7.0+cpu", "intel-extension-for-pytorch==2.7.0"]
     assert "PYTHONPATH" not in plan.env and plan.env["PIP_NO_INPUT"] == "1"

@@ -12,7 +12,7 @@ from cli_util import run_cli
 from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import RecommendRequest, recommend, shape_key
 from cpuperf.decide.records import Measurements
-from cpuperf.decide.tune import Candidates, Point, descend, tuned_decisions
+from cpuperf.decide.tune import Candidates, Point, Search, descend, tuned_decisions
 from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import CpuperfError
 from cpuperf.plan.user_script import command_key, tuning_argv
@@ -21,6 +21,7 @@ from cpuperf.run.tune import trainer_rate
 from cpuperf.train.bench import window_rates
 
 CONFIDENCE = load_builtin("tuning.toml")["judge"]["confidence"]
+SEARCH = Search(budget_s=1000.0, passes=1, min_gain=0.02, confidence=CONFIDENCE)  # a budget no test reaches
 START = Point(dtype="fp32", allocator=None, optimizer="adamw_fused", ranks=1, threads=2, pinned=True)
 CAND = Candidates({"allocator": (None, "tcmalloc", "mimalloc"), "optimizer": ("adamw_fused", "adamw"),
                    "layout": ((1, 2), (2, 1)), "pinning": (True, False)}, {"dtype": "no native bf16"},
@@ -50,8 +51,8 @@ def table_runner(table, clock, jitter=(0.0, 0.0, 0.0), ran=None):
 
 def go(table, budget=1000.0, jitter=(0.0, 0.0, 0.0), min_gain=0.02, ran=None, cost=1.0, start=START):
     clock = Clock(cost)
-    return descend(start, CAND, table_runner(table, clock, jitter, ran), budget_s=budget, passes=1,
-                   min_gain=min_gain, confidence=CONFIDENCE, clock=clock)
+    return descend(start, CAND, table_runner(table, clock, jitter, ran),
+                   Search(budget_s=budget, passes=1, min_gain=min_gain, confidence=CONFIDENCE), clock=clock)
 
 
 def test_descent_moves_one_lever_at_a_time_to_the_best_point():
@@ -86,7 +87,7 @@ def _alternating(table, clock, run_factors, window_factors=(1.0, 1.0, 1.0)):
 
 
 def _descend(run, clock):
-    return descend(START, CAND, run, budget_s=1000.0, passes=1, min_gain=0.02, confidence=CONFIDENCE, clock=clock)
+    return descend(START, CAND, run, SEARCH, clock=clock)
 
 
 def test_a_win_inside_the_noise_is_no_win():
@@ -138,7 +139,7 @@ def test_a_win_that_does_not_repeat_is_no_win():
         clock.t += clock.cost
         return [next(figures)] * 3 if p == burst else [10.0] * 3
 
-    result = descend(START, CAND, run, budget_s=1000.0, passes=1, min_gain=0.02, confidence=CONFIDENCE, clock=clock)
+    result = descend(START, CAND, run, SEARCH, clock=clock)
     assert result.best == START and result.stopped == "converged"
     assert result.rounds[0].confirmation == {burst: (10.0,) * 3, START: (10.0,) * 3}
     # a real win repeats, and moves
@@ -486,8 +487,7 @@ def test_a_159x_win_whose_own_runs_spread_22_percent_moves_and_its_lever_stands(
         mim: [[22.5, 20.5, 26.8], [23.0, 21.9, 24.1], [20.6, 21.0, 20.5], [25.4, 26.8, 24.9]],
         mim.with_value("pinning", False): [[24.0, 20.9, 25.6]],
     })
-    result = descend(AMX_START, AMX_CAND, run, budget_s=1000.0, passes=1, min_gain=0.02, confidence=CONFIDENCE,
-                     clock=clock)
+    result = descend(AMX_START, AMX_CAND, run, SEARCH, clock=clock)
     assert result.best == mim and result.noise is not None and result.noise > 0.15  # the old gate: dropped
     judged = result.judged()
     assert judged["allocator"]["outcome"] == "moved" and judged["allocator"]["low"] > 1.3
@@ -507,8 +507,7 @@ def test_a_105x_difference_inside_a_10_percent_spread_does_not_move_and_is_named
         mim: [[105.0, 99.75, 109.7]],
         AMX_START.with_value("pinning", False): [[90.0, 89.0, 91.0]],
     })
-    result = descend(AMX_START, AMX_CAND, run, budget_s=1000.0, passes=1, min_gain=0.02, confidence=CONFIDENCE,
-                     clock=clock)
+    result = descend(AMX_START, AMX_CAND, run, SEARCH, clock=clock)
     assert result.best == AMX_START and len(result.rounds) == 1
     judged = result.judged()
     assert judged["allocator"]["outcome"] == "undecided" and judged["allocator"]["alternative"] == "mimalloc"

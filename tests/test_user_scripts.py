@@ -20,6 +20,7 @@ from levers_util import levers
 from cpuperf.data import load_builtin
 from cpuperf.plan.user_script import (
     Flag,
+    FlagContext,
     detect_parser,
     merge_flags,
     parse_command,
@@ -106,38 +107,38 @@ def test_a_tuning_run_of_a_shell_line_keeps_the_shell_and_sets_its_length_inside
 
 def test_torch_compile_for_a_trainer_when_measured_to_pay_back_on_cpu():
     """recommend turns compile on (CPU) only where this model's measured crossover is below the run's steps."""
-    flags, _ = speed_flags(levers(dict(CPU_BF16, compile=True), set()), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(dict(CPU_BF16, compile=True), set()), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL))
     compiled = [f for f in flags if f.args == ("--torch_compile",)]
     assert compiled and "pay back" in compiled[0].why
-    flags, _ = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL))
     assert all(f.name != "--torch_compile" for f in flags)
     # On a GPU too, where the engine decided it: it decides compile for a script only when the script's own
     # --max_steps is long enough to pay back the compile time (tests/test_your_model.py plans both cases).
     gpu = dict(CPU_BF16, device="cuda", compile=True)
-    assert any(f.name == "--torch_compile" for f in speed_flags(levers(gpu, set()), "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
+    assert any(f.name == "--torch_compile" for f in speed_flags(levers(gpu, set()), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL))[0])
     off = dict(gpu, compile=False)
-    assert all(f.name != "--torch_compile" for f in speed_flags(levers(off, set()), "5.23.0", "2.13.0", 1, TUNING, ALL)[0])
+    assert all(f.name != "--torch_compile" for f in speed_flags(levers(off, set()), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL))[0])
 
 
 def test_no_hyperparameters_and_no_slower_optimizer():
-    flags, skipped = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
+    flags, skipped = speed_flags(levers(CPU_BF16, set()), FlagContext("5.23.0", "2.13.0+cpu", 1, TUNING, ALL))
     args = [a for f in flags for a in f.args]
     assert args == ["--use_cpu"]  # no batch size, no --optim: 5.x's default is fused already
     assert any(n == "--optim" and "already fused" in w for n, w in skipped)
     assert any(n == "--bf16" and "AMX" in w for n, w in skipped)  # measured slower here without AMX
-    flags, _ = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0", 1, TUNING, ALL, bf16_gemm_ratio=4.0)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL, bf16_gemm_ratio=4.0))
     assert [f.args for f in flags] == [("--use_cpu",), ("--bf16",)]
     # transformers 4.x defaults to foreach adamw_torch: the fused kernel of the same family, if torch has it
-    flags, _ = speed_flags(levers(CPU_BF16, set()), "4.46.0", "2.5.1", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("4.46.0", "2.5.1", 1, TUNING, ALL))
     assert ("--optim", "adamw_torch_fused") in [f.args for f in flags]
-    flags, _ = speed_flags(levers(CPU_BF16, set()), "4.46.0", "2.3.1", 1, TUNING, ALL)  # no fused CPU AdamW before 2.4
+    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("4.46.0", "2.3.1", 1, TUNING, ALL))  # no fused CPU AdamW before 2.4
     assert all(f.name != "--optim" for f in flags)
     # a hyperparameter only when set; the user's own optimizer family through --set
     values = dict(CPU_BF16, batch_size=4, optimizer="adafactor")
-    flags, _ = speed_flags(levers(values, {"batch_size", "optimizer"}), "5.23.0", "2.13.0", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(values, {"batch_size", "optimizer"}), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL))
     assert [f.args for f in flags][-2:] == [("--per_device_train_batch_size", "4"), ("--optim", "adafactor")]
     # a flag the installed transformers lacks is left out, and said so
-    flags, skipped = speed_flags(levers(CPU_BF16, {"dtype"}), "5.23.0", "2.13.0", 1, TUNING, ALL - {"bf16"})
+    flags, skipped = speed_flags(levers(CPU_BF16, {"dtype"}), FlagContext("5.23.0", "2.13.0", 1, TUNING, ALL - {"bf16"}))
     assert [f.args for f in flags] == [("--use_cpu",)] and skipped[0][0] == "--bf16"
 
 
@@ -344,5 +345,5 @@ def test_a_flag_is_written_from_its_row_of_the_one_table(monkeypatch):
         if row.lever is not None:
             assert hf_flags.FLAG_LEVERS[row.option] == row.lever
     monkeypatch.setitem(hf_flags.FLAG_OPTIONS, "use_cpu", "--use_cpu_renamed")
-    flags, _ = speed_flags(levers(CPU_BF16, set()), "5.23.0", "2.13.0+cpu", 1, TUNING, ALL)
+    flags, _ = speed_flags(levers(CPU_BF16, set()), FlagContext("5.23.0", "2.13.0+cpu", 1, TUNING, ALL))
     assert [f.args for f in flags] == [("--use_cpu_renamed",)]

@@ -446,10 +446,10 @@ def _plan(opts: Options, out: Output, facts: HostFacts, target: ip.Target, pip: 
     if alloc_version is None and ip.host_device(facts) == "cpu":
         notes.append(f"no package source offers {alloc_name} for this host: no allocator wheel planned")
     try:
-        plan = ip.plan_install(facts, resolution, sources, target, torch_version=torch_build,
-                               cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
-                               allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix,
-                               allocator_version=alloc_version, platform=wheel_platform())
+        plan = ip.plan_install(facts, resolution, sources, target, ip.InstallChoices(
+            torch_version=torch_build, cuda_tag=cuda_tag if isinstance(cuda_tag, str) else None,
+            allow_cuda_torch=opts.allow_cuda_torch, environ=environ, matrix=matrix, allocator_version=alloc_version,
+            platform=wheel_platform()))
     except ip.PlanError as exc:
         raise IncompatibleHostError(str(exc)) from exc
     return dataclasses.replace(plan, notes=plan.notes + tuple(notes))

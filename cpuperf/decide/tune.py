@@ -266,9 +266,20 @@ def spread(samples: Sequence[float]) -> float:
     return (max(samples) - min(samples)) / med if len(samples) > 1 and med > 0 else 0.0
 
 
-def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Sequence[float]]], *,
-            budget_s: float, passes: int, min_gain: float, confidence: float, clock: Callable[[], float],
-            resolution: float = 0.0) -> TuneResult:
+@dataclass(frozen=True)
+class Search:
+    """How a tuning searches: its time budget, the interleaved passes a round runs, and what a move must show (the
+    bar 1 + `min_gain`, judged at `confidence` and `resolution` by cpuperf.decide.judge)."""
+
+    budget_s: float
+    passes: int
+    min_gain: float
+    confidence: float
+    resolution: float = 0.0
+
+
+def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Sequence[float]]], search: Search,
+            clock: Callable[[], float]) -> TuneResult:
     """Coordinate descent from `start`. `run_one(point)` is one timed run: its samples/s figures (several short
     windows of one process, or one), None or [] when it failed. A round runs the incumbent and its unseen
     neighbours `passes` times, interleaved, then the incumbent once more, and judges each neighbour against the
@@ -276,6 +287,8 @@ def descend(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[
     only when it
     wins again, run once more beside the incumbent (_confirmed). A round keeps the budget for that pair: one the
     budget cuts short still confirms what it measured."""
+    budget_s, passes, min_gain, confidence, resolution = (search.budget_s, search.passes, search.min_gain,
+                                                          search.confidence, search.resolution)
     t0 = clock()
     costs: List[float] = []  # the seconds each run took, to see whether the next one fits the budget
     bar = bar_for(1.0, min_gain)

@@ -19,6 +19,7 @@ from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 if TYPE_CHECKING:
     from cpuperf.decide.cluster import ClusterConstraints
     from cpuperf.decide.memory import MemoryLevers
+    from cpuperf.decide.recommend import RecommendRequest
     from cpuperf.decide.records import Constraints, Dtype, Levers, Measurements, Recommendation
     from cpuperf.decide.workload import Workload
     from cpuperf.knowledge.knobs import Overrides
@@ -57,14 +58,11 @@ class EdgeFacts:
     worker_schema: Optional[Callable[[JsonObject], JsonObject]] = None
 
 
-def recommend_for(facts: HostFacts, workload: Workload, *, nnodes: int,
-                  nproc_per_node: Optional[int], unit: str, device: str, measurements: Optional[Measurements],
-                  overrides: Mapping[str, Any], environ: Mapping[str, str]) -> Recommendation:
+def recommend_for(facts: HostFacts, workload: Workload, ask: RecommendRequest) -> Recommendation:
     """recommend's decisions (the plan `recommend --save` writes) for the job's nodes (decide.nodes.job_nodes)."""
-    from cpuperf.decide.recommend import RecommendRequest, recommend
+    from cpuperf.decide.recommend import recommend
 
-    return recommend(facts, workload, RecommendRequest(nproc_per_node=nproc_per_node, nnodes=nnodes, unit=unit, device=device,
-                                                       measurements=measurements, overrides=dict(overrides), environ=environ))
+    return recommend(facts, workload, ask)
 
 
 def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_tuned: bool = True) -> JobPlan:

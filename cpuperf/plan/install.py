@@ -405,18 +405,28 @@ def default_sources(resolution: Resolution, cuda_index: Optional[str]) -> List[S
     return out
 
 
-def plan_install(facts: HostFacts, resolution: Resolution, sources: SourceSet, target: Target, *,
-                 torch_version: Optional[str] = None, cuda_tag: Optional[str] = None,
-                 allow_cuda_torch: bool = False, environ: Optional[Mapping[str, str]] = None,
-                 matrix: Optional[Matrix] = None, allocator_version: Optional[str] = None,
-                 platform: str = "linux_x86_64") -> InstallPlan:
-    """Pin the resolution's packages for this host and say where they come from and why.
+@dataclass(frozen=True)
+class InstallChoices:
+    """What the command chose for an install beyond the resolution: `torch_version` is the exact build chosen from
+    what the sources offer (e.g. '2.13.0+cpu'; default: the resolution's torch with the host's label, +cpu or
+    +cuXYZ for the driver); `allocator_version` the allocator wheel's version the sources offer (None: not offered,
+    not planned); `platform` the target's wheel platform (the registry's unlabelled aarch64 torch is a CPU build
+    up to 2.10); `environ` the environment pip runs in."""
 
-    `torch_version` is the exact build chosen from what the sources offer (e.g. '2.13.0+cpu');
-    default: the resolution's torch with the host's label (+cpu, or +cuXYZ for the driver).
-    `allocator_version`: the allocator wheel's version the sources offer (None: not offered, not planned).
-    `platform`: the target's wheel platform (the registry's unlabelled aarch64 torch is a CPU build up to 2.10).
-    """
+    torch_version: Optional[str] = None
+    cuda_tag: Optional[str] = None
+    allow_cuda_torch: bool = False
+    environ: Optional[Mapping[str, str]] = None
+    matrix: Optional[Matrix] = None
+    allocator_version: Optional[str] = None
+    platform: str = "linux_x86_64"
+
+
+def plan_install(facts: HostFacts, resolution: Resolution, sources: SourceSet, target: Target,
+                 chosen: InstallChoices = InstallChoices()) -> InstallPlan:
+    """Pin the resolution's packages for this host and say where they come from and why."""
+    torch_version, cuda_tag, matrix, platform = chosen.torch_version, chosen.cuda_tag, chosen.matrix, chosen.platform
+    allow_cuda_torch, environ, allocator_version = chosen.allow_cuda_torch, chosen.environ, chosen.allocator_version
     if resolution.torch is None:
         reasons = "; ".join(r.reason for r in getattr(resolution, "rejected", ())) or "no torch fits"
         raise PlanError(reasons)

@@ -402,11 +402,23 @@ def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
                 f"(torch >= {minimum} on {'CUDA' if on_cuda else 'CPU'})"), None
 
 
-def speed_flags(lv: Levers, transformers_version: Optional[str],
-                torch_version: Optional[str], world: int, tuning: Mapping[str, Any],
-                supported: Optional[Set[str]] = None,
-                bf16_gemm_ratio: Optional[float] = None,
-                gpus_visible: bool = True, config_dir: str = "") -> Tuple[List[Flag], List[Tuple[str, str]]]:
+@dataclass(frozen=True)
+class FlagContext:
+    """What decides which Trainer flags a plan's levers become: the installed transformers and torch, the ranks,
+    compat/tuning.toml, the flags this transformers takes (None: read from compat/hf.toml), the measured bf16 GEMM
+    ratio, whether GPUs are visible, and where config files the flags name are written."""
+
+    transformers_version: Optional[str]
+    torch_version: Optional[str]
+    world: int
+    tuning: Mapping[str, Any]
+    supported: Optional[Set[str]] = None
+    bf16_gemm_ratio: Optional[float] = None
+    gpus_visible: bool = True
+    config_dir: str = ""
+
+
+def speed_flags(lv: Levers, context: FlagContext) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer flags that only change speed, candidates left out with why); hyperparameters only when --set.
 
     gpus_visible False (a CPU-only host): one process is on the CPU anyway, and --use_cpu cost 5% there
@@ -415,6 +427,10 @@ def speed_flags(lv: Levers, transformers_version: Optional[str],
     from cpuperf.knowledge.hf_flags import FLAG_ROWS, spelling, supported_flags
     from cpuperf.knowledge.hf_flags import why_not as flag_why_not
 
+    transformers_version, torch_version, world, tuning = (context.transformers_version, context.torch_version,
+                                                          context.world, context.tuning)
+    supported, bf16_gemm_ratio, gpus_visible, config_dir = (context.supported, context.bf16_gemm_ratio,
+                                                            context.gpus_visible, context.config_dir)
     if supported is None:
         supported = set(supported_flags(transformers_version))
     ok = supported
@@ -894,9 +910,9 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
     ratio = gemm[1] / gemm[0] if gemm else None
     if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
-    flags, skipped = speed_flags(lv, transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
+    flags, skipped = speed_flags(lv, FlagContext(transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
                                  world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio,
-                                 gpus_visible=not cpu_only_host(rec), config_dir=config_dir)
+                                 gpus_visible=not cpu_only_host(rec), config_dir=config_dir))
     return [*batch_split_flags(rec), *flags], skipped
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from cpuperf.boundary import LAUNCHER_RANK_VARS
 from cpuperf.data import load_builtin
-from cpuperf.decide.tune import UNDECIDED, Candidates, Point, TuneResult, descend
+from cpuperf.decide.tune import UNDECIDED, Candidates, Point, Search, TuneResult, descend
 from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
@@ -259,8 +259,9 @@ def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Lis
 
     # A run is a fresh process (torch's import, a warm-up): on a busy host tens of seconds with nothing to say.
     with Progress(log, "tuning") as progress:
-        return descend(start, cand, timed, budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
-                       confidence=float(judge["confidence"]), resolution=float(judge["resolution"]), clock=time.monotonic)
+        search = Search(budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
+                        confidence=float(judge["confidence"]), resolution=float(judge["resolution"]))
+        return descend(start, cand, timed, search, clock=time.monotonic)
 
 
 def summary(result: TuneResult, cand: Candidates) -> List[str]:
