@@ -3,6 +3,7 @@ cpuperf/decide/allocator.py only, and a rank's thread count is computed in cpupe
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -47,3 +48,18 @@ def test_decide_knowledge_and_plan_read_no_os():
     readers = sorted(str(p.relative_to(PKG)) for layer in ("decide", "knowledge", "plan") for p in (PKG / layer).glob("*.py")
                      if OS_READS.search(p.read_text()))
     assert readers == ["knowledge/matrix.py"]
+
+
+def _parameters(fn: ast.FunctionDef) -> int:
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    return len(names[1:] if names[:1] in (["self"], ["cls"]) else names) + bool(a.vararg) + bool(a.kwarg)
+
+
+def test_no_function_of_the_planners_takes_more_than_8_parameters():
+    # A request record per entry point (RecommendRequest, RuntimeEnvRequest, LaunchSpec, Search, FlagContext, ...):
+    # a long keyword list is copied by hand from caller to callee and drifts.
+    wide = [f"{p.relative_to(PKG)}:{fn.name} ({_parameters(fn)})" for layer in ("plan", "decide")
+            for p in sorted((PKG / layer).glob("*.py")) for fn in ast.walk(ast.parse(p.read_text()))
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(fn) > 8]
+    assert wide == []
