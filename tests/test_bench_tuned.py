@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.tuned import lever_info, path_scores, point_of, screen
-from cpuperf.decide.tune import Candidates, Point, descend
+from cpuperf.decide.tune import Candidates, Point, Search, descend
 
 START = Point(dtype="fp32", allocator=None, optimizer="adamw", ranks=1, threads=2, pinned=True)
 CAND = Candidates({"allocator": (None, "mimalloc"), "optimizer": ("adamw", "adamw_fused"),
@@ -22,7 +22,7 @@ def _descend(speed, drift=1.0):
         return [speed(p) * scale] * 3
 
     ticks = iter(range(10_000))
-    return descend(START, CAND, run, budget_s=1e9, passes=1, min_gain=0.02, confidence=0.90,
+    return descend(START, CAND, run, Search(budget_s=1e9, passes=1, min_gain=0.02, confidence=0.90),
                    clock=lambda: float(next(ticks)))
 
 

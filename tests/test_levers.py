@@ -30,7 +30,7 @@ NOT_LEVERS = {
     ("decide/allocator.py", "load_builtin('tuning.toml')"), ("decide/recommend.py", "tuning"),
     ("decide/workload.py", "tuning"),
     ("decide/runtime_env.py", "tuning['kmp']"), ("decide/tune.py", "data"), ("plan/user_script.py", "tuning"),
-    ("plan/install.py", "load_builtin('tuning.toml')"), ("plan/install.py", "data"), ("run/measure.py", "_tuning()"),
+    ("plan/install.py", "data"), ("run/measure.py", "_tuning()"),
     ("plan/environment.py", "p"), ("plan/environment.py", "raw"), ("plan/saved.py", "data"), ("plan/saved.py", "i"),
     ("decide/measurement_schema.py", "BY_ID"), ("render/compat.py", "PIP_NAME"),
     ("plan/request.py", "decided"), ("plan/install.py", "resolution"),
