@@ -18,6 +18,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.fsutil import atomic_write_bytes, cache_root
@@ -169,7 +170,7 @@ def describe_stop(exc: BaseException) -> str:
     return signal.Signals(stop_signal(exc)).name
 
 
-def _raise_stopped(signum: int, _frame: Any) -> None:
+def _raise_stopped(signum: int, _frame: Optional[FrameType]) -> None:
     raise Stopped(signum)
 
 

@@ -19,7 +19,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO, Tuple
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, TextIO, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.errors import exit_code_for_signal
@@ -29,7 +30,12 @@ from cpuperf.train.rundir import METRICS_NAME
 from cpuperf.train.settings import TrainSettings
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from cpuperf.knowledge.gpu import Peak
+    from cpuperf.knowledge.models import ModelConfig
+    from cpuperf.output import Progress
+    from cpuperf.train.gpu import MemoryProbe
 
 RDZV_TIMEOUT_VAR = RDZV_TIMEOUT  # seconds; set by cpuperf train's launch plan
 # The process group's timeout also bounds every gloo collective (rank 0 writing a big checkpoint
@@ -54,7 +60,7 @@ class Stop:
 
 def install_signal_handlers(stop: Stop) -> None:
     """SIGINT/SIGTERM/SIGHUP: a clean stop with a checkpoint in the loop, an immediate one before it."""
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: Optional[FrameType]) -> None:
         if stop.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: give up on the clean stop
         if not stop.armed:
@@ -67,7 +73,7 @@ def install_signal_handlers(stop: Stop) -> None:
         signal.signal(sig, handler)
 
 
-def import_torch() -> Any:
+def import_torch() -> ModuleType:
     with warnings.catch_warnings():
         # The CPU wheel warns at import when numpy is absent; the worker does not use numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
@@ -79,7 +85,8 @@ def import_torch() -> Any:
     return torch
 
 
-def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None, cfg: Any = None) -> Any:
+def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
+                cfg: Optional[ModelConfig] = None) -> Optional[Peak]:
     """The MFU denominator (gpu.Peak) from settings.peak_tflops, compat/gpu_peaks.toml, or on CPU the
     sustained GEMM rate at the model's own shapes (cfg) in its dtype (cpuperf.train.peak); None if unknown.
 
@@ -101,7 +108,8 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
     return table_peak(device_name, dt, s.tf32)
 
 
-def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> Tuple[Optional[Peak], Dict[str, Any], Optional[Peak]]:
+def cpu_peak_parts(s: TrainSettings, dtype: str,
+                   cfg: ModelConfig) -> Tuple[Optional[Peak], Dict[str, object], Optional[Peak]]:
     """(hardware peak, its info, the measured GEMM ceiling at the model's shapes) for a CPU run.
 
     The ceiling is measured first: a hardware peak it beats was taken at a clock the cores do not run at.
@@ -121,8 +129,8 @@ def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> Tuple[Optional[Pea
     return hardware, {**info, **note}, achievable
 
 
-def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int,
-                cfg: Any) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
+def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Optional[Peak], world: int,
+                cfg: ModelConfig) -> Tuple[Optional[float], Optional[Peak], Dict[str, object]]:
     """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu); GPUs and a set peak."""
     import torch
 
@@ -131,8 +139,8 @@ def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: i
     return bound(achieved, peak, world, None, torch.get_num_threads(), data_fallback=False)
 
 
-def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Any, achievable: Any, world: int,
-                   cfg: Any, info: Dict[str, Any]) -> Dict[str, Any]:
+def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Optional[Peak], achievable: Optional[Peak],
+                   world: int, cfg: ModelConfig, info: Dict[str, object]) -> Dict[str, object]:
     """The summary's MFU fields on CPU: MFU against the hardware peak, the measured ceiling beside it."""
     from cpuperf.train.peak import cpu_mfu, measure_cpu_peak, workload_shapes
 
@@ -148,7 +156,7 @@ def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Any, a
             "pct_of_achievable": _round(frac * 100 if frac is not None else None, 2), **notes}
 
 
-def worker_backend(torch: Any, s: TrainSettings) -> str:
+def worker_backend(torch: ModuleType, s: TrainSettings) -> str:
     """The backend the plan decided (cpuperf.decide.backend); torch's own default for the device where the
     worker runs without a plan (settings written by hand), never a rule of the worker's own."""
     if s.ddp_backend:
@@ -158,7 +166,7 @@ def worker_backend(torch: Any, s: TrainSettings) -> str:
     return backend
 
 
-def checksum(model: Any) -> int:
+def checksum(model: nn.Module) -> int:
     """Exact, order-independent hash of all parameters and buffers (bit patterns, wrapping int64).
 
     Integer addition wraps and is associative, so the value is bit-exact whatever the thread count;
@@ -177,7 +185,7 @@ def checksum(model: Any) -> int:
     return int(total)
 
 
-def lr_lambda(s: TrainSettings, total: int) -> Any:
+def lr_lambda(s: TrainSettings, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if s.warmup and step < s.warmup:
             return (step + 1) / s.warmup
@@ -210,7 +218,7 @@ def disk_full(exc: BaseException, path: Path) -> Optional[DiskFullError]:
     return DiskFullError(f"no space left on device ({path})", hint="free some space, or pass another --out")
 
 
-def pg_timeout_s(environ: Any = None) -> float:
+def pg_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
     """init_process_group's timeout: the launch's rendezvous bound, never under MIN_PG_TIMEOUT_S."""
     raw = (os.environ if environ is None else environ).get(RDZV_TIMEOUT_VAR, "")
     try:
@@ -250,9 +258,9 @@ class Run:
         self.stop = stop
         self.torch = import_torch()
         self.t_start = time.perf_counter()
-        self.memory_probe: Any = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
+        self.memory_probe: Optional[MemoryProbe] = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
         self.metrics: Optional[TextIO] = None
-        self.start_progress: Any = None  # cpuperf.output.Progress until the first step (set by the worker)
+        self.start_progress: Optional[Progress] = None  # cpuperf.output.Progress until the first step (set by the worker)
 
     # ---------------------------------------------------------------------------------- setup
     def setup_dist(self) -> None:
