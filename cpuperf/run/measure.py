@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import allocator_rule, preload_env
@@ -27,8 +27,13 @@ from cpuperf.decide.records import Measurements
 from cpuperf.decide.threads import threads_on
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import CpuperfError, ProbeFailedError, UsageError
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
+
+if TYPE_CHECKING:
+    from cpuperf.decide.ratios import Ratio
+    from cpuperf.output import Progress
 
 SCHEMA = "cpuperf.measurement/2"
 
@@ -431,7 +436,7 @@ class _Server:
             self.lines.put(line)
         self.lines.put(None)  # the child is gone
 
-    def answer(self, timeout: float) -> Optional[Dict[str, Any]]:
+    def answer(self, timeout: float) -> Optional[JsonObject]:
         import queue
 
         deadline = time.monotonic() + timeout
@@ -443,10 +448,10 @@ class _Server:
             if line is None:
                 return None
             if line.startswith("{"):
-                got: Dict[str, Any] = json.loads(line)
+                got: JsonObject = json.loads(line)  # the server's own answer: one JSON object a line
                 return got
 
-    def ask(self, request: Mapping[str, Any], timeout: float) -> Optional[float]:
+    def ask(self, request: Mapping[str, object], timeout: float) -> Optional[float]:
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(dict(request)) + "\n")
@@ -535,7 +540,7 @@ def _close(servers: Mapping[str, _Server]) -> None:
             server.close()
 
 
-def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Any,
+def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Progress,
                  rules: Mapping[str, Any]) -> Dict[str, Any]:
     """fp32 and bf16 GEMM rounds on one server until their ratio decides or `deadline`: the figures for the plan."""
     from cpuperf.decide.ratios import Ratio, alternating
@@ -572,14 +577,14 @@ def _judging() -> Tuple[float, float]:
     return float(judge["confidence"]), float(judge["resolution"])
 
 
-def _why_undecided(ratio: Any, min_rounds: int, judging: Tuple[float, float]) -> str:
+def _why_undecided(ratio: Ratio, min_rounds: int, judging: Tuple[float, float]) -> str:
     """Why a ratio did not decide within the budget: too few rounds, or its interval holds the threshold."""
     if len(ratio.rounds) < min_rounds:
         return f"only {len(ratio.rounds)} of the {min_rounds} rounds it needs fitted in the time budget"
     return f"too noisy to decide ({ratio.verdict(min_rounds, *judging).why})"
 
 
-def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Any,
+def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Progress,
                       rules: Mapping[str, Any], out: Dict[str, Any],
                       workloads: Tuple[str, ...] = ("lm", "mlp")) -> Dict[str, Any]:
     """Each allocator over the default on the reference workloads, rounds side by side until every ratio decides or

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optiona
 if TYPE_CHECKING:
     import torch
 
-Device = Union[str, "torch.device"]  # what torch.device() takes
-
 from cpuperf.knowledge.gpu import (  # noqa: F401  (the worker's names for the shared rules)
     _DEFAULT_ORDER,
     BF16_CC,
@@ -31,6 +29,8 @@ from cpuperf.knowledge.gpu import (  # noqa: F401  (the worker's names for the s
     sdpa_constraints,
     table_peak,
 )
+
+Device = Union[str, "torch.device"]  # what torch.device() takes
 
 
 def measure_peak(device: Device, dtype: str, tf32: bool = False, size: Optional[int] = None,

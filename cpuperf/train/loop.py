@@ -20,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, TextIO, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.errors import exit_code_for_signal
@@ -30,7 +30,10 @@ from cpuperf.train.rundir import METRICS_NAME
 from cpuperf.train.settings import TrainSettings
 
 if TYPE_CHECKING:
-    from torch import nn
+    import torch
+    from torch import Tensor, nn
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim import Optimizer
 
     from cpuperf.knowledge.gpu import Peak
     from cpuperf.knowledge.models import ModelConfig
@@ -233,7 +236,7 @@ class LoopState:
     """What the loop tracks between steps (rates, losses, windows, the stop reason)."""
 
     start_step: int
-    window_loss: Any
+    window_loss: Tensor
     exclude: int = 1
     loss_first: Optional[float] = None
     loss_last: Optional[float] = None
@@ -403,24 +406,25 @@ class Run:
         self.setup_batch_trial(model, ck)
         self.wrap_model(model)
 
-    def make_optimizer(self, model: Any) -> Any:
+    def make_optimizer(self, model: nn.Module) -> Optimizer:
         s = self.s
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": s.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        kw: dict[str, Any] = {"lr": s.lr, "betas": (0.9, 0.95), "eps": 1e-8}
+        kw: dict[str, object] = {"lr": s.lr, "betas": (0.9, 0.95), "eps": 1e-8}
         # The implementation recommend chose (fused where the installed torch has it, else foreach);
         # IPEX swaps in its own fused step, so it gets the plain optimizer.
         if getattr(self, "ipex", None) is None:
             kw["fused" if s.optimizer == "adamw_fused" else "foreach"] = True
         try:
-            return self.torch.optim.AdamW(groups, **kw)
+            opt: Optimizer = self.torch.optim.AdamW(groups, **kw)
+            return opt
         except (RuntimeError, ValueError, TypeError) as exc:
             raise MissingFeatureError(f"optimizer {s.optimizer}: {exc}".splitlines()[0],
                                       hint="use optimizer adamw")
 
-    def restore(self, model: Any) -> Dict[str, Any]:
+    def restore(self, model: nn.Module) -> Dict[str, Any]:
         """Load the checkpoint into model, optimizer, scheduler, scaler and the RNGs; return it."""
         from cpuperf.train.checkpoint import load
 
@@ -451,7 +455,7 @@ class Run:
             torch.cuda.set_rng_state(rng["cuda"].cpu())
         return ck
 
-    def setup_batch_trial(self, model: Any, ck: Dict[str, Any]) -> None:
+    def setup_batch_trial(self, model: nn.Module, ck: Dict[str, Any]) -> None:
         s = self.s
         self.batch_trial: Optional[Dict[str, Any]] = None
         if s.device == "cuda" and self.resumed_from is not None and ck.get("batch_trial"):
@@ -465,10 +469,10 @@ class Run:
         if s.device == "cuda":  # the run's peak is its training's, not the trial's (which may try a larger batch)
             self.torch.cuda.reset_peak_memory_stats(self.device)
 
-    def wrap_model(self, model: Any) -> None:
+    def wrap_model(self, model: nn.Module) -> None:
         """DDP over several ranks, then torch.compile when asked."""
         self.model = model
-        self.ddp_model: Any = None
+        self.ddp_model: Optional[DistributedDataParallel] = None
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -481,7 +485,7 @@ class Run:
                 raise MissingFeatureError(f"torch.compile failed: {exc}".splitlines()[0],
                                           hint="set compile false")
 
-    def trial_batch(self, model: Any) -> Dict[str, Any]:
+    def trial_batch(self, model: nn.Module) -> Dict[str, Any]:
         """CUDA only: one forward+backward at the planned batch; shrink it if it would not fit."""
         from cpuperf.data import load_builtin
         from cpuperf.train.gpu import BatchFitError, confirm_batch, cuda_memory
@@ -539,11 +543,12 @@ class Run:
         return report
 
     # ------------------------------------------------------------------------------ pieces
-    def autocast(self) -> Any:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         torch = self.torch
         if not self.amp.autocast:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp.dtype)
+        on: contextlib.AbstractContextManager[object] = torch.autocast(device_type=self.device.type, dtype=self.amp.dtype)
+        return on
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -557,8 +562,9 @@ class Run:
         return float(t.item()) / self.world
 
     @property
-    def comm_device(self) -> Any:
-        return self.device if self.backend == "nccl" else self.torch.device("cpu")
+    def comm_device(self) -> torch.device:
+        device: torch.device = self.device if self.backend == "nccl" else self.torch.device("cpu")
+        return device
 
     def evaluate(self) -> Optional[float]:
         from cpuperf.train.batches import eval_batches
@@ -655,7 +661,7 @@ class Run:
             self.torch.distributed.barrier()
             # DDP (its reducer and gloo work) goes before its process group: the other order aborted at exit
             # ("terminate called without an active exception") in 3 of 10 2-rank gloo jobs with mimalloc.
-            self.model = self.ddp_model = self.opt = None
+            del self.model, self.ddp_model, self.opt
             import gc
 
             gc.collect()
@@ -701,7 +707,7 @@ class Run:
         self.attention = self.attention_report()
         self.peak = peak_tflops(s, self.device_name, self.amp.name, self.cfg)
         self.peak_info: Dict[str, Any] = {}
-        self.achievable: Any = None
+        self.achievable: Optional[Peak] = None
         if s.device != "cuda" and s.peak_tflops is None:
             self.peak, self.peak_info, self.achievable = cpu_peak_parts(s, self.amp.name, self.cfg)
         elif self.peak is None and self.is0:
@@ -739,7 +745,7 @@ class Run:
                              + (f" ({why})" if why else "") + "\n")
         return attention
 
-    def batches(self) -> Any:
+    def batches(self) -> Iterator[Tuple[Tensor, Tensor]]:
         """The iterator of (x, y) micro-batches from this run's step on."""
         from cpuperf.train.batches import TokenBatches
 
@@ -789,7 +795,7 @@ class Run:
         self.progress.close()
         return st
 
-    def train_step(self, loader: Any, st: LoopState) -> float:
+    def train_step(self, loader: Iterator[Tuple[Tensor, Tensor]], st: LoopState) -> float:
         """One optimizer step over grad_accum_steps micro-batches; returns the lr it used."""
         torch, s = self.torch, self.s
         accum, ddp = s.grad_accum_steps, self.world > 1
@@ -799,7 +805,7 @@ class Run:
             y = y.to(self.device, non_blocking=True)
             # Skip the gradient all-reduce on all but the last micro-step (on the DDP module
             # itself, which torch.compile wraps).
-            no_sync = self.ddp_model.no_sync() if ddp and micro < accum - 1 \
+            no_sync = self.ddp_model.no_sync() if ddp and micro < accum - 1 and self.ddp_model is not None \
                 else contextlib.nullcontext()
             with no_sync, self.autocast():
                 _, loss = self.model(x, y)
