@@ -85,7 +85,8 @@ def import_torch() -> ModuleType:
         except ImportError as exc:
             raise MissingFeatureError(f"torch does not import ({exc})",
                                       hint="install PyTorch first (cpuperf install)")
-    return torch
+    module: ModuleType = torch  # (Any to mypy where torch is not installed)
+    return module
 
 
 def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,

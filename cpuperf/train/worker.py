@@ -42,7 +42,7 @@ def _peak_clock(summary: Dict[str, Any]) -> str:
 
 
 def _human(summary: Dict[str, Any]) -> str:
-    def f(v: Any, fmt: str) -> str:
+    def f(v: object, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
     lines = [
