@@ -26,15 +26,15 @@ JsonMapping = Mapping[str, JsonValue]  # read-only: a Dict[str, str] is one, whe
 
 _KEY = "json"  # field metadata: the field's key in JSON; None leaves the field out
 
-NOT_IN_JSON: Mapping[str, Any] = MappingProxyType({_KEY: None})
+NOT_IN_JSON: Mapping[str, Optional[str]] = MappingProxyType({_KEY: None})
 
 
-def json_key(name: str) -> Mapping[str, Any]:
+def json_key(name: str) -> Mapping[str, Optional[str]]:
     """Field metadata: write the field under `name`."""
     return MappingProxyType({_KEY: name})
 
 
-def as_json(record: Any) -> Dict[str, Any]:
+def as_json(record: object) -> Dict[str, Any]:
     """A dataclass instance as JSON-ready data (dicts, lists, str, int, float, bool, None), recursively."""
     if not dataclasses.is_dataclass(record) or isinstance(record, type):
         raise TypeError(f"as_json takes a dataclass instance, not {type(record).__name__}")
@@ -43,13 +43,13 @@ def as_json(record: Any) -> Dict[str, Any]:
         key = f.metadata.get(_KEY, f.name)
         if key is not None:
             out[key] = _value(getattr(record, f.name))
-    computed: Optional[Callable[[], Mapping[str, Any]]] = getattr(record, "json_computed", None)
+    computed: Optional[Callable[[], Mapping[str, object]]] = getattr(record, "json_computed", None)
     if computed is not None:
         out.update((k, _value(v)) for k, v in computed().items())
     return out
 
 
-def _value(value: Any) -> Any:
+def _value(value: object) -> Any:
     if value is None or type(value) in (str, int, float, bool):
         return value
     if isinstance(value, enum.Enum):

@@ -13,10 +13,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import IO, TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:  # rich is imported where it draws (fast start-up)
-    from rich.console import Console
+    from rich.console import Console, RenderableType
 
 # Terminal control characters: C0 but tab and newline, DEL, C1 (ECMA-48 5.2/5.3: ESC and CSI start sequences
 # that clear the screen or set the window title), and the Unicode line/paragraph separators. A string from a
@@ -43,7 +43,7 @@ class Output:
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
         sys.stdout.flush()
 
-    def json(self, obj: Any) -> None:
+    def json(self, obj: object) -> None:
         """Write one JSON object to stdout."""
         try:  # NaN and Infinity are not JSON: a script's parser would reject the whole object
             text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
@@ -53,7 +53,7 @@ class Output:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
-    def table(self, renderable: Any) -> None:
+    def table(self, renderable: RenderableType) -> None:
         """Print a rich renderable (table) to stdout as the product: cells as plain text, control characters escaped."""
         stdout_console().print(_inert_renderable(renderable))
 
@@ -69,7 +69,7 @@ class Output:
     def error(self, text: str, hint: Optional[str] = None) -> None:
         _err_write(f"error: {text}" + (f"\n  hint: {hint}" if hint else ""))
 
-    def err_renderable(self, renderable: Any) -> None:
+    def err_renderable(self, renderable: RenderableType) -> None:
         if not self.quiet:
             stderr_console().print(_inert_renderable(renderable))
 
@@ -103,7 +103,7 @@ class Progress:
     user never waits more than that in silence (a torch import or one round on a loaded host can take longer).
     `say` None: nothing is said."""
 
-    def __init__(self, say: Optional[Callable[[str], Any]], what: str, every: float = 6.0, gap: float = 3.0,
+    def __init__(self, say: Optional[Callable[[str], object]], what: str, every: float = 6.0, gap: float = 3.0,
                  clock: Callable[[], float] = time.monotonic):
         self.say, self.what, self.every, self.gap, self.clock = say, what, every, gap, clock
         self.started = self.last = clock()
@@ -143,7 +143,7 @@ class Progress:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
@@ -155,7 +155,7 @@ def _seconds(s: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
 
 
-def _finite(obj: Any) -> Any:
+def _finite(obj: object) -> object:
     """Non-finite floats (which inputs should have refused already) as null."""
     import math
 
@@ -168,7 +168,7 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> object:
     to_json = getattr(obj, "to_json", None)
     if callable(to_json):
         return to_json()
@@ -177,13 +177,13 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-def _inert_renderable(renderable: Any) -> Any:
+def _inert_renderable(renderable: RenderableType) -> RenderableType:
     """A rich Table with every cell and title as Text (never markup) with control characters escaped; other
     renderables (str, Text) likewise. Tables are what doctor fills with names from nodes and facts files."""
     from rich.table import Table
     from rich.text import Text
 
-    def cell(value: Any) -> Any:
+    def cell(value: RenderableType) -> RenderableType:
         if isinstance(value, str):
             return Text(inert(value))
         if isinstance(value, Text):
@@ -196,7 +196,8 @@ def _inert_renderable(renderable: Any) -> Any:
             column._cells[:] = [cell(c) for c in column._cells]
             column.header = cell(column.header)
         if renderable.title is not None:
-            renderable.title = cell(renderable.title)
+            title = cell(renderable.title)  # a str or Text: a Text
+            renderable.title = title if isinstance(title, Text) else renderable.title
         return renderable
     return cell(renderable)
 
@@ -213,7 +214,7 @@ def message(text: str) -> None:
     _err_write(text)
 
 
-def colour_allowed(stream: Any) -> bool:
+def colour_allowed(stream: object) -> bool:
     """Colour and spinners only on a terminal, and never when NO_COLOR is set."""
     if os.environ.get("NO_COLOR") is not None:
         return False
@@ -237,7 +238,7 @@ def piped_width(columns: Optional[str]) -> int:
     return min(max(int(text), PIPED_WIDTH_MIN), PIPED_WIDTH_MAX)
 
 
-def _console(stream: Any) -> Console:
+def _console(stream: IO[str]) -> Console:
     from rich.console import Console
 
     colour = colour_allowed(stream)

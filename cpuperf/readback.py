@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from cpuperf.fsutil import MAX_INPUT_BYTES, read_capped
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue
 
-Check = Callable[[Any], Optional[str]]
+Check = Callable[[object], Optional[str]]
 
 MAX_TEXT = 4096  # a name, a reason, a load figure: far above any cpuperf writes
 MAX_COUNT = 1 << 20  # CPUs, threads, ranks, repeats: far above any host, far below what breaks arithmetic
@@ -27,8 +28,8 @@ class Unreadable(ValueError):
     One line; the caller names the file."""
 
 
-def _no_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
+def _no_duplicates(pairs: List[Tuple[str, JsonValue]]) -> JsonObject:
+    out: JsonObject = {}
     for key, value in pairs:
         if key in out:
             raise Unreadable(f"names {key[:40]!r} twice")
@@ -64,7 +65,7 @@ def read_json(path: Union[str, Path], limit: int = MAX_INPUT_BYTES) -> Any:
 
 def number(low: float = 0.0, high: float = MAX_FIGURE, *, whole: bool = False, above: bool = False) -> Check:
     """A finite number in low..high (`above`: strictly above low); `whole`: an integer. true/false is no number."""
-    def check(v: Any) -> Optional[str]:
+    def check(v: object) -> Optional[str]:
         kind = "a whole number" if whole else "a number"
         if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)):
             return f"must be {kind}, not {_show(v)}"
@@ -87,7 +88,7 @@ def count(low: int = 1, high: int = MAX_COUNT) -> Check:
 
 def text(limit: int = MAX_TEXT, printable: bool = True) -> Check:
     """A string of at most `limit` characters; `printable`: none of them a terminal control (or a line break)."""
-    def check(v: Any) -> Optional[str]:
+    def check(v: object) -> Optional[str]:
         if not isinstance(v, str):
             return f"must be a string, not {_show(v)}"
         if len(v) > limit:
@@ -96,12 +97,12 @@ def text(limit: int = MAX_TEXT, printable: bool = True) -> Check:
     return check
 
 
-def boolean(v: Any) -> Optional[str]:
+def boolean(v: object) -> Optional[str]:
     return None if isinstance(v, bool) else f"must be true or false, not {_show(v)}"
 
 
-def one_of(*allowed: Any) -> Check:
-    def check(v: Any) -> Optional[str]:
+def one_of(*allowed: JsonValue) -> Check:
+    def check(v: object) -> Optional[str]:
         ok = any(v == a and type(v) is type(a) for a in allowed)
         return None if ok else f"must be one of {', '.join(json.dumps(a) for a in allowed)}, not {_show(v)}"
     return check
@@ -112,7 +113,7 @@ def nullable(inner: Check) -> Check:
 
 
 def list_of(item: Check, limit: int = MAX_COUNT) -> Check:
-    def check(v: Any) -> Optional[str]:
+    def check(v: object) -> Optional[str]:
         if not isinstance(v, list):
             return f"must be a list, not {_show(v)}"
         if len(v) > limit:
@@ -127,7 +128,7 @@ def list_of(item: Check, limit: int = MAX_COUNT) -> Check:
 
 def map_of(value: Check, key: Check = text(256)) -> Check:
     """An object whose every key and value fit (all or nothing; `entries` drops bad ones instead)."""
-    def check(v: Any) -> Optional[str]:
+    def check(v: object) -> Optional[str]:
         if not isinstance(v, dict):
             return f"must be an object, not {_show(v)}"
         for k, x in v.items():
@@ -143,7 +144,7 @@ def map_of(value: Check, key: Check = text(256)) -> Check:
 
 def record(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
     """An object whose listed fields fit where present (others are not read), and the required ones present."""
-    def check(v: Any) -> Optional[str]:
+    def check(v: object) -> Optional[str]:
         if not isinstance(v, dict):
             return f"must be an object, not {_show(v)}"
         for name in required:
@@ -160,10 +161,10 @@ def record(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
 
 # -- pruning: a bad part dropped alone -----------------------------------------------------------------
 
-def pruned(data: Mapping[str, Any], fields: Mapping[str, Check], where: str) -> Tuple[Dict[str, Any], List[str]]:
+def pruned(data: JsonMapping, fields: Mapping[str, Check], where: str) -> Tuple[JsonObject, List[str]]:
     """(data without the fields whose check fails, a note per field dropped). Fields not listed are kept as
     they are: the reader of each decides whether it uses them."""
-    kept: Dict[str, Any] = {}
+    kept: JsonObject = {}
     notes: List[str] = []
     for name, value in data.items():
         rule = fields.get(name)
@@ -175,11 +176,11 @@ def pruned(data: Mapping[str, Any], fields: Mapping[str, Check], where: str) -> 
     return kept, notes
 
 
-def entries(value: Any, check: Check, where: str) -> Tuple[Dict[str, Any], List[str]]:
+def entries(value: object, check: Check, where: str) -> Tuple[JsonObject, List[str]]:
     """(the entries of a map that fit `check`, a note per entry dropped); a value that is no map: ({}, one note)."""
     if not isinstance(value, dict):
         return {}, [f"{where} must be an object, not {_show(value)}"]
-    kept: Dict[str, Any] = {}
+    kept: JsonObject = {}
     notes: List[str] = []
     for name, item in value.items():
         why = text(256)(name)
@@ -196,12 +197,12 @@ def _join(where: str, why: str) -> str:
     return where + why if why.startswith((".", "[")) else f"{where} {why}"
 
 
-def _key(name: Any) -> str:
+def _key(name: object) -> str:
     shown = str(name)[:40]
     return shown if shown.isprintable() else repr(shown)
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     """A value in a message: short, and never a raw control character (repr escapes them)."""
     if isinstance(v, float) and not math.isfinite(v):
         return "a non-finite number"

@@ -33,15 +33,10 @@ def test_the_allocator_is_what_the_loader_mapped_not_what_was_asked():
             "7f02-7f03 r-xp 00000000 08:01 124 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n"
             "7f04-7f05 rw-p 00000000 00:00 0 \n")
 
-    class FakeTorch:  # what_ran asks torch only for its thread count
-        @staticmethod
-        def get_num_threads():
-            return 2
-
-    ran = what_ran(object(), object(), FakeTorch, "bf16", maps_text=maps)
+    ran = what_ran(object(), object(), 2, "bf16", maps_text=maps)
     assert ran["allocator"] == "mimalloc" and ran["openmp"] == ["gnu"] and ran["dtype"] == "bf16"
     assert ran["allocator_path"] == "/venv/lib/python3.11/site-packages/cmeel.prefix/lib/libmimalloc.so.3.1"
-    plain = what_ran(object(), object(), FakeTorch, None, maps_text=maps.splitlines()[1])
+    plain = what_ran(object(), object(), 2, None, maps_text=maps.splitlines()[1])
     assert plain["allocator"] is None and plain["allocator_path"] is None and plain["compile"] is False
 
 

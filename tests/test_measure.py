@@ -320,12 +320,13 @@ def test_the_measuring_server_runs_the_lm_under_bf16_autocast_when_asked():
     """The allocator's bf16 figure (lm-bf16) is the LM stepped under CPU autocast, a model of its own beside the
     fp32 one in the same server, each built and warmed once."""
     pytest.importorskip("torch")
-    from cpuperf.train.bench import _workload_rate
+    from cpuperf.train.bench import BenchConfig, ServeCache, _workload_rate
 
-    cache: dict = {}
+    cache = ServeCache()
     for dtype in ("fp32", "bf16", "bf16"):
-        assert _workload_rate({"workload": "lm", "size": "small", "dtype": dtype, "seconds": 0.05}, cache) > 0
-    assert sorted(k[-1] for k in cache) == ["bf16", "fp32"]
+        config = BenchConfig.from_json({"workload": "lm", "size": "small", "dtype": dtype, "seconds": 0.05})
+        assert _workload_rate(config, cache) > 0
+    assert sorted(k[-1] for k in cache.steps) == ["bf16", "fp32"]
     assert measure._workload_request("lm-bf16") == {"workload": "lm", "dtype": "bf16"}
     assert measure._workload_request("mlp") == {"workload": "mlp", "dtype": "fp32"}
 

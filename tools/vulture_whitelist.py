@@ -21,6 +21,9 @@ min_torch  # decide.arm_levers.ArmLeverRow (compat/tuning.toml [[arm_lever]] key
 changes_math
 why_not_training
 needs_isa
+busy_s  # train.observed.WindowFigures (a TypedDict: its keys are read by name, first.get("busy_s"))
+pressure_some_s
+pressure_file
 
 # The launcher's local size: part of train.dist_env.RankInfo's value (tests compare whole RankInfos).
 local_world_size

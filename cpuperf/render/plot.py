@@ -28,12 +28,12 @@ class Series(NamedTuple):
     eval_loss: Tuple[Tuple[int, float], ...]
     skipped: int  # lines that were not a record, or held a non-finite value
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         return {"loss": [list(p) for p in self.loss], "samples_per_s": [list(p) for p in self.samples_per_s],
                 "eval_loss": [list(p) for p in self.eval_loss], "skipped_lines": self.skipped}
 
 
-def _finite(value: Any) -> Optional[float]:
+def _finite(value: object) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None

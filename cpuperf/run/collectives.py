@@ -11,10 +11,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Set, Tuple
 
+from cpuperf.jsonable import JsonObject
 from cpuperf.probe.node import NodeResult
 from cpuperf.run.nodes import run_each
+
+if TYPE_CHECKING:
+    from cpuperf.readback import Check
 
 MARKER = "CPUPERF-COLLECTIVES-JSON:"
 DEFAULT_BUCKET_MB = 25.0  # torch DistributedDataParallel(bucket_cap_mb=25), its default
@@ -33,7 +37,7 @@ def cache_path(names: Sequence[str]) -> Path:
     return cache_dir() / "collectives" / f"{key}.json"
 
 
-def _schema() -> Tuple[Dict[str, Any], Callable[[Any], Optional[str]], Callable[[Any], Optional[str]]]:
+def _schema() -> Tuple[Dict[str, Check], Check, Check]:
     """(the record's fields, one measured backend, one skipped backend), with types and ranges."""
     from cpuperf.readback import count, list_of, map_of, nullable, number, positive, record, text
 
@@ -59,7 +63,7 @@ def _say(line: str) -> None:
         message(f"note: {line}")
 
 
-def read_cached(names: Sequence[str]) -> Optional[Dict[str, Any]]:
+def read_cached(names: Sequence[str]) -> Optional[JsonObject]:
     """The last measurement over exactly these nodes (in this order), or None. Read bounded, without blocking, and
     checked field by field: a bad field or backend is dropped alone and said once; a file that cannot be read,
     or is of other nodes, is not used (said once) and never removed."""
@@ -84,7 +88,7 @@ def read_cached(names: Sequence[str]) -> Optional[Dict[str, Any]]:
         _say(f"collectives cache {path} is not used: it is of other nodes")
         return None
     if "backends" in kept:
-        def backend(v: Any) -> Optional[str]:
+        def backend(v: object) -> Optional[str]:
             if not isinstance(v, dict):
                 return "must be an object"
             return skipped(v) if "skipped" in v else measured(v)
@@ -98,7 +102,7 @@ def read_cached(names: Sequence[str]) -> Optional[Dict[str, Any]]:
 
 
 def measure(results: Sequence[NodeResult], argv_for: Callable[[str, Sequence[str]], Sequence[str]], *,
-            bucket_mb: float = DEFAULT_BUCKET_MB, port: int = DEFAULT_PORT, timeout: float = 180.0) -> Dict[str, Any]:
+            bucket_mb: float = DEFAULT_BUCKET_MB, port: int = DEFAULT_PORT, timeout: float = 180.0) -> JsonObject:
     """Run the worker on every node at once (a collective needs all of them); rank 0's figures + cache."""
     names = [r.name for r in results]
     master = results[0].address or results[0].name
@@ -113,9 +117,9 @@ def measure(results: Sequence[NodeResult], argv_for: Callable[[str, Sequence[str
     done = run_each(names, lambda n: argv_for(n, args(n)), timeout=timeout, parallel=len(names))
     first = done[names[0]]
     record = next((json.loads(line[len(MARKER):]) for line in first.stdout.splitlines() if line.startswith(MARKER)), None)
-    failed = {n: (d.stderr.strip().splitlines() or [f"exit {d.returncode}"])[-1][:300]
+    failed: JsonObject = {n: (d.stderr.strip().splitlines() or [f"exit {d.returncode}"])[-1][:300]
               for n, d in done.items() if d.returncode != 0}
-    out: Dict[str, Any] = {"nodes": names, "master": master, "bucket_mb": bucket_mb,
+    out: JsonObject = {"nodes": [*names], "master": master, "bucket_mb": bucket_mb,
                            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                            "seconds": round(time.monotonic() - t0, 2), "failed": failed}
     if record is not None:

@@ -30,7 +30,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
 from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
 from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UsageError
@@ -40,6 +41,9 @@ from cpuperf.plan.user_launcher import opens_a_session
 from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
+
+# What signal.signal gives back: a handler, SIG_DFL/SIG_IGN, or None (one set from outside Python).
+SignalHandler = Union[Callable[[int, Optional[FrameType]], object], int, None]
 
 LOCK_TOKEN_VAR = RUN_LOCK  # the worker finds the run directory locked under this token
 ERRORS_VAR = RANK_ERRORS  # the worker leaves rank<R>.json here instead of an error line
@@ -214,7 +218,7 @@ class _Stopper:
         self.signum: Optional[int] = None
         self.deadline: Optional[float] = None
         self.timer: Optional[threading.Timer] = None
-        self.old: Dict[int, Any] = {}
+        self.old: Dict[int, SignalHandler] = {}
 
     def forward(self, signum: int, _frame: object) -> None:
         self.signum = signum

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import allocator_rule, preload_env
@@ -27,8 +27,13 @@ from cpuperf.decide.records import Measurements
 from cpuperf.decide.threads import threads_on
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import CpuperfError, ProbeFailedError, UsageError
+from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
+
+if TYPE_CHECKING:
+    from cpuperf.decide.ratios import Ratio
+    from cpuperf.output import Progress
 
 SCHEMA = "cpuperf.measurement/2"
 
@@ -209,7 +214,7 @@ def record_in_snapshot(dest: str, facts: HostFacts) -> bool:
     return True
 
 
-def load_cached(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
+def load_cached(facts: HostFacts, log: Optional[Callable[[str], object]] = None) -> Optional[Measurements]:
     """This host's cached measurements, or None (none, expired, another torch build).
 
     An untrusted entry is still returned (recommend never measures) but its source says why, so the
@@ -377,7 +382,7 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
 
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
               compile: bool = False, seconds: float = 1.0, size: int = 512,
-              workload: Optional[Workload] = None, log: Optional[Callable[[str], Any]] = None) -> Dict[str, Any]:
+              workload: Optional[Workload] = None, log: Optional[Callable[[str], object]] = None) -> Dict[str, Any]:
     """The micro-benchmarks the engine uses where its rules are unsure, with the load around them: the ratios
     that decide (bf16/fp32 GEMM, each allocator over the default) measured side by side (measure_ratios)."""
     started = time.time()
@@ -431,7 +436,7 @@ class _Server:
             self.lines.put(line)
         self.lines.put(None)  # the child is gone
 
-    def answer(self, timeout: float) -> Optional[Dict[str, Any]]:
+    def answer(self, timeout: float) -> Optional[JsonObject]:
         import queue
 
         deadline = time.monotonic() + timeout
@@ -443,10 +448,10 @@ class _Server:
             if line is None:
                 return None
             if line.startswith("{"):
-                got: Dict[str, Any] = json.loads(line)
+                got: JsonObject = json.loads(line)  # the server's own answer: one JSON object a line
                 return got
 
-    def ask(self, request: Mapping[str, Any], timeout: float) -> Optional[float]:
+    def ask(self, request: Mapping[str, object], timeout: float) -> Optional[float]:
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(dict(request)) + "\n")
@@ -478,7 +483,7 @@ def _server_env(threads: int, extra: Mapping[str, str]) -> Dict[str, str]:
 
 
 def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
-                   size: int = 512, gemm_seconds: float = 0.25, log: Optional[Callable[[str], Any]] = None,
+                   size: int = 512, gemm_seconds: float = 0.25, log: Optional[Callable[[str], object]] = None,
                    budget_s: Optional[float] = None) -> Dict[str, Any]:
     """bf16/fp32 GEMM and each installed allocator over the default on the reference workloads, as ratios of runs
     side by side (cpuperf.decide.ratios): one server process per allocator, asked in alternating order, round after
@@ -535,7 +540,7 @@ def _close(servers: Mapping[str, _Server]) -> None:
             server.close()
 
 
-def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Any,
+def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Progress,
                  rules: Mapping[str, Any]) -> Dict[str, Any]:
     """fp32 and bf16 GEMM rounds on one server until their ratio decides or `deadline`: the figures for the plan."""
     from cpuperf.decide.ratios import Ratio, alternating
@@ -572,14 +577,14 @@ def _judging() -> Tuple[float, float]:
     return float(judge["confidence"]), float(judge["resolution"])
 
 
-def _why_undecided(ratio: Any, min_rounds: int, judging: Tuple[float, float]) -> str:
+def _why_undecided(ratio: Ratio, min_rounds: int, judging: Tuple[float, float]) -> str:
     """Why a ratio did not decide within the budget: too few rounds, or its interval holds the threshold."""
     if len(ratio.rounds) < min_rounds:
         return f"only {len(ratio.rounds)} of the {min_rounds} rounds it needs fitted in the time budget"
     return f"too noisy to decide ({ratio.verdict(min_rounds, *judging).why})"
 
 
-def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Any,
+def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Progress,
                       rules: Mapping[str, Any], out: Dict[str, Any],
                       workloads: Tuple[str, ...] = ("lm", "mlp")) -> Dict[str, Any]:
     """Each allocator over the default on the reference workloads, rounds side by side until every ratio decides or
@@ -755,7 +760,7 @@ def compile_measurement(threads: int, python: str = sys.executable, seconds: flo
 
 
 def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
-                      log: Optional[Callable[[str], Any]] = None,
+                      log: Optional[Callable[[str], object]] = None,
                       workload: Optional[Workload] = None) -> Optional[Measurements]:
     """Measure once per host and torch build where a rule is unsure (native bf16, installed allocators),
     and torch.compile for `workload`'s model where its run is long enough for compile to matter.
@@ -805,7 +810,7 @@ def _why_measure(data: Optional[Dict[str, Any]], facts: HostFacts) -> Tuple[bool
 
 
 def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
-                       log: Optional[Callable[[str], Any]]) -> Optional[Measurements]:
+                       log: Optional[Callable[[str], object]]) -> Optional[Measurements]:
     need_dtype = facts.cpu.bf16_native
     need_alloc = bool(allocator_libraries(facts))
     data, _ = read_cached(facts)
@@ -828,7 +833,7 @@ def tries_before(data: Optional[Mapping[str, Any]]) -> int:
 
 
 def measure_and_save(facts: HostFacts, threads: int, python: str = sys.executable, tries: int = 0,
-                     log: Optional[Callable[[str], Any]] = None, **micro: Any) -> Tuple[Dict[str, Any], Path]:
+                     log: Optional[Callable[[str], object]] = None, **micro: Any) -> Tuple[Dict[str, Any], Path]:
     """run_micro, cached; taken again while other work disturbed it and left a ratio undecided (`disturbed`), at
     most [measure].disturbed_tries times in all (`tries`: how many were taken before). (the last results, path)."""
     while True:
@@ -843,7 +848,7 @@ def measure_and_save(facts: HostFacts, threads: int, python: str = sys.executabl
             log(again)
 
 
-def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], Any]] = None) -> Optional[Measurements]:
+def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], object]] = None) -> Optional[Measurements]:
     """The measurements every planning command (recommend, ccl-env, train --dry-run, train --auto) decides
     from: this host's cached ones as they stand (flagged if taken under load), else None, and the rules
     decide, each saying it was not measured. Planning never measures and never needs torch: `cpuperf bench`
@@ -851,7 +856,7 @@ def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], Any]] 
     return load_cached(facts, log)  # a snapshot's recorded one, for a recorded host
 
 
-def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any],
+def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], object],
                        workload: Optional[Workload] = None) -> Optional[Measurements]:
     """A real `train --auto` on a host where a rule is unsure and nothing usable is cached: measure now (said,
     and cached, so the next plan in any command is the same one); with `workload` (the built-in loop), tune the
@@ -877,7 +882,7 @@ def measure_before_run(facts: HostFacts, threads: int, log: Callable[[str], Any]
     return tune_before_run(facts, workload, meas, log)
 
 
-def train_measurements(facts: HostFacts, environ: Mapping[str, str], log: Callable[[str], Any], *,
+def train_measurements(facts: HostFacts, environ: Mapping[str, str], log: Callable[[str], object], *,
                        auto: bool, threads: Optional[int], shape: Optional[Workload]) -> Optional[Measurements]:
     """What `train` plans from. --auto: the cache (else the rules), measured first with `threads` per rank where
     a real run starts (`threads` given) on a host with nothing cached, the built-in loop's `shape` also tuned when

@@ -7,13 +7,14 @@ group killed (ssh, mpirun and their children), and Ctrl-C kills every group stil
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.plan.nodes import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from cpuperf.probe import node as nodefacts
@@ -118,7 +119,7 @@ def _read_bounded(proc: subprocess.Popen[bytes], timeout: float,
     return timed_out, flooded, out, err
 
 
-def _read_ready(sel: Any, wait: float) -> None:
+def _read_ready(sel: selectors.BaseSelector, wait: float) -> None:
     """One round of reads from whichever pipes are ready; a closed pipe leaves the selector."""
     for key, _ in sel.select(max(0.0, wait)):
         chunk = os.read(key.fd, 1 << 16)

@@ -18,9 +18,13 @@ import signal
 import subprocess
 import sys
 import uuid
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from types import FrameType
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from cpuperf.errors import CpuperfError, exit_code_for_signal
+
+# What signal.signal gives back: a handler, SIG_DFL/SIG_IGN, or None (one set from outside Python).
+SignalHandler = Union[Callable[[int, Optional[FrameType]], object], int, None]
 
 MARKER_VAR = "CPUPERF_OWNED_RUN"
 MAX_OUTPUT = 4 * 1024 * 1024  # what a run printed, read back for its figure: its tail is enough
@@ -146,7 +150,7 @@ class Owner:
         self.token = uuid.uuid4().hex
         self.marker = f"{MARKER_VAR}={self.token}"
         self.current: Optional[subprocess.Popen[bytes]] = None
-        self._old: Dict[int, Any] = {}
+        self._old: Dict[int, SignalHandler] = {}
         self._watchdog: Optional[subprocess.Popen[bytes]] = None
         self._count = 0
         self._adopted = False

@@ -18,10 +18,11 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.fsutil import atomic_write_bytes, cache_root
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 from cpuperf.plan import install as ip
 from cpuperf.plan.install import Source, parse_freeze, restore_steps
 
@@ -169,7 +170,7 @@ def describe_stop(exc: BaseException) -> str:
     return signal.Signals(stop_signal(exc)).name
 
 
-def _raise_stopped(signum: int, _frame: Any) -> None:
+def _raise_stopped(signum: int, _frame: Optional[FrameType]) -> None:
     raise Stopped(signum)
 
 
@@ -260,7 +261,7 @@ def check_source(src: Source, timeout: float = INDEX_TIMEOUT, proxy: Optional[st
     """Is this index / find-links location there? HTTP(S): one short request; paths: existence."""
     loc = src.location
     if loc.startswith(("http://", "https://")):
-        handlers: List[Any] = []
+        handlers: List[urllib.request.BaseHandler] = []
         if proxy:
             handlers.append(urllib.request.ProxyHandler({"http": proxy, "https": proxy}))
         opener = urllib.request.build_opener(*handlers)
@@ -558,28 +559,28 @@ JOURNAL = "journal.json"
 UNFINISHED = ("running", "restore-incomplete")
 
 
-def write_journal(path: Path, data: Mapping[str, Any]) -> None:
+def write_journal(path: Path, data: Mapping[str, object]) -> None:
     """Atomically: a power cut leaves the old journal or the new one, never half of one."""
     atomic_write_bytes(path, (json.dumps(dict(data), indent=1) + "\n").encode("utf-8"))
 
 
-def mark_journal(path: Path, state: str, **extra: Any) -> None:
+def mark_journal(path: Path, state: str, **extra: object) -> None:
     """Record how the install ended ('done', 'restored', 'restore-incomplete')."""
-    data = read_journal(path) or {}
-    data.update(extra, state=state, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    data: Dict[str, object] = {**(read_journal(path) or {}), **extra}
+    data.update(state=state, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_journal(path, data)
 
 
-def read_journal(path: Path) -> Optional[Dict[str, Any]]:
+def read_journal(path: Path) -> Optional[JsonObject]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data: JsonValue = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("schema") == "cpuperf.install-journal/1" else None
 
 
 def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None,
-                        site: Optional[str] = None) -> List[Tuple[Path, Dict[str, Any]]]:
+                        site: Optional[str] = None) -> List[Tuple[Path, JsonObject]]:
     """Journals of installs that neither finished nor were restored (SIGKILL, a power cut), newest first."""
     root = cache_root(environ) / "installs"
     try:
@@ -596,7 +597,7 @@ def unfinished_journals(environ: Mapping[str, str], python: Optional[str] = None
     return found
 
 
-def recreated_since(data: Mapping[str, Any]) -> bool:
+def recreated_since(data: JsonMapping) -> bool:
     """True when the journal's environment is a venv made again after that install started
     (`rm -rf .venv && python -m venv .venv`): nothing of the half-install is left to recover."""
     import calendar
@@ -628,7 +629,7 @@ def site_key(python: str, env: Mapping[str, str]) -> Optional[str]:
     return os.path.realpath(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip() else None
 
 
-def install_running(data: Mapping[str, Any]) -> bool:
+def install_running(data: JsonMapping) -> bool:
     """Is the cpuperf that wrote this journal still alive (another install going on right now)?"""
     pid = data.get("pid")
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
@@ -696,7 +697,7 @@ class VerifyResult:
     def to_json(self) -> Dict[str, Any]:
         return as_json(self)
 
-    def json_computed(self) -> Dict[str, Any]:
+    def json_computed(self) -> Dict[str, float]:
         return {"seconds": round(self.seconds, 1)}
 
 

@@ -8,13 +8,17 @@ any of these decides again.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, TypeVar
+
+from cpuperf.jsonable import JsonValue
 
 if TYPE_CHECKING:
     from cpuperf.probe.facts import HostFacts
 
+T = TypeVar("T")
 
-def _stamps(facts: HostFacts) -> List[Any]:
+
+def _stamps(facts: HostFacts) -> List[object]:
     """What invalidates an answer besides its own inputs: variables, measurement and knowledge files, the engine."""
     from pathlib import Path
 
@@ -22,7 +26,8 @@ def _stamps(facts: HostFacts) -> List[Any]:
     from cpuperf.fsutil import cache_root
 
     engine = Path(__file__).resolve().parent.parent  # the rules themselves: an edited checkout decides again
-    stamps: List[Any] = sorted((k, v) for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "CPUPERF_")))
+    stamps: List[object] = []
+    stamps += sorted((k, v) for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "CPUPERF_")))
     # A recorded host's own measurement: .cpuperf/ in its tree (run.measure.RECORDED_FILE; measure imports the engine).
     recorded = [] if facts.live else [Path(str(facts.sysroot)) / ".cpuperf"]
     for folder in (cache_root() / "measurements", *recorded, builtin_compat_dir(), *extra_compat_dirs(),
@@ -34,8 +39,8 @@ def _stamps(facts: HostFacts) -> List[Any]:
     return stamps
 
 
-def remembered(kind: str, facts: HostFacts, parts: List[Any], compute: Callable[[], Tuple[Any, Optional[float]]],
-               decode: Callable[[Any], Any]) -> Any:
+def remembered(kind: str, facts: HostFacts, parts: List[object], compute: Callable[[], Tuple[object, Optional[float]]],
+               decode: Callable[[JsonValue], T]) -> T:
     """decode(what compute() returns: (JSON, when it expires)), remembered per `parts` and _stamps(facts).
     decode raises ValueError, TypeError or KeyError on what is not its JSON (then it is computed again)."""
     import json

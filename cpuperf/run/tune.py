@@ -173,7 +173,7 @@ def runs_to_compare(passes: int) -> int:
     return 2 * passes + 3
 
 
-def tune_command(start: Point, cand: Candidates, argv: Sequence[str], budget: float, log: Callable[[str], Any],
+def tune_command(start: Point, cand: Candidates, argv: Sequence[str], budget: float, log: Callable[[str], object],
                  steps: int, passes: int, min_steps: int = 2) -> CommandTuning:
     """The descent on the user's own command, every run owned (cpuperf.run.owned) and the budget held: a first
     run of the rule's point times the command; where the budget cannot hold two settings and the confirming
@@ -241,7 +241,7 @@ def _fewer_steps(steps: int, cost: float, runtime: Optional[float], per_run: flo
 
 
 def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[List[float]]], budget_s: float,
-         passes: int, log: Callable[[str], Any]) -> TuneResult:
+         passes: int, log: Callable[[str], object]) -> TuneResult:
     """The descent with the real clock, each run said as it ends."""
     from cpuperf.output import Progress
 
@@ -296,7 +296,7 @@ def _verdict(j: Mapping[str, Any]) -> str:
 
 
 def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
-                    log: Callable[[str], Any]) -> Optional[Measurements]:
+                    log: Callable[[str], object]) -> Optional[Measurements]:
     """The start of a real `train --auto` of the built-in loop: tune its shape where nothing quiet and steady is
     tuned for it, and only where the run is long enough for the budget to be a small part of it (a short run
     pays the budget and gains little: the rules decide it, and say how to tune)."""
@@ -323,7 +323,7 @@ def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measure
     return measure.load_cached(facts)
 
 
-def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements], log: Callable[[str], Any],
+def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements], log: Callable[[str], object],
                budget_s: Optional[float] = None) -> Optional[Tuple[TuneResult, Candidates, Dict[str, Any]]]:
     """Coordinate descent over this plan's levers on the reference loop at the workload's shape, each point run
     with the env and CPUs its own plan gives (cpuperf.decide.tune); the result cached per host, torch build and

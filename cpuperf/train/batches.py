@@ -9,7 +9,10 @@ seeded start offset per epoch so windows do not always begin at the same tokens.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class TokenBatches:
@@ -33,12 +36,12 @@ class TokenBatches:
         self.n_windows = (len(tokens) - 1 - seq_len) // seq_len
         if self.n_windows < 1:
             raise ValueError(f"the corpus ({len(tokens)} tokens) is too short for seq_len {seq_len}")
-        self._perms: dict[int, tuple[Any, int]] = {}
+        self._perms: dict[int, tuple[Tensor, int]] = {}
 
     def __len__(self) -> int:
         return self.length
 
-    def _epoch(self, epoch: int) -> tuple[Any, int]:
+    def _epoch(self, epoch: int) -> tuple[Tensor, int]:
         import torch
 
         if epoch not in self._perms:
@@ -50,7 +53,7 @@ class TokenBatches:
             self._perms[epoch] = (perm, offset)
         return self._perms[epoch]
 
-    def window(self, g: int) -> tuple[Any, Any]:
+    def window(self, g: int) -> tuple[Tensor, Tensor]:
         """Inputs and targets of global sample number `g`."""
         epoch, i = divmod(g, self.n_windows)
         perm, offset = self._epoch(epoch)
@@ -58,7 +61,7 @@ class TokenBatches:
         chunk = self.data[start:start + self.seq_len + 1]
         return chunk[:-1], chunk[1:]
 
-    def __getitem__(self, k: int) -> tuple[Any, Any]:
+    def __getitem__(self, k: int) -> tuple[Tensor, Tensor]:
         """Batch for this rank at micro-step start_micro + k (DataLoader index)."""
         import torch
 
@@ -69,7 +72,7 @@ class TokenBatches:
 
 
 def eval_batches(tokens: list[int], seq_len: int, batch_size: int, n_batches: int, rank: int,
-                 world_size: int) -> list[tuple[Any, Any]]:
+                 world_size: int) -> list[tuple[Tensor, Tensor]]:
     """The fixed evaluation batches for this rank: windows i with i % world == rank."""
     import torch
 

@@ -7,13 +7,22 @@ torch is imported inside functions: this module is also imported by the torch-fr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from cpuperf.jsonable import JsonMapping, JsonValue
 from cpuperf.train import observed
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+    from torch.optim import Optimizer
+
+    LossFn = Callable[[nn.Module], Tensor]
 
 # Reference workloads: (builder, batch size, FLOPs-per-sample function). Sizes 'small' and 'large'.
 LM_SHAPES = {"small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128},
@@ -28,12 +37,63 @@ BATCH = {"lm": 16, "mlp": 256, "conv": 32}
 SIZE_BATCH = {("lm", "gpt2"): 2}
 
 
-def lm_shape(size: str, shape: Any = None) -> Dict[str, int]:
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """The settings of one run or one served request, read once from their JSON (absent keys: the defaults)."""
+
+    workload: str = "lm"
+    size: str = "small"
+    dtype: str = "fp32"
+    batch: int = 0  # 0: the workload's reference batch
+    shape: Optional[Dict[str, int]] = None  # an explicit LM shape (n_layer, n_head, d_model, seq_len)
+    cpus_per_rank: Tuple[Tuple[int, ...], ...] = ()  # [[cpus of rank 0], [cpus of rank 1], ...]: pinned ranks
+    threads_per_rank: int = 0
+    optimizer: str = ""
+    ipex: bool = False
+    fp32_math_mode: str = ""
+    compile: bool = False
+    warmup: int = 2
+    steps: int = 10
+    seconds: Optional[float] = None  # a run's default is 5 s, a served request's 1 s
+    windows: int = 1
+
+    @classmethod
+    def from_json(cls, data: JsonMapping) -> BenchConfig:
+        """The config from its JSON object; ValueError/TypeError for a value of the wrong kind."""
+        shape = data.get("shape")
+        pin = data.get("cpus_per_rank")
+        seconds = data.get("seconds")
+        return cls(
+            workload=str(data.get("workload", "lm")), size=str(data.get("size", "small")),
+            dtype=str(data.get("dtype", "fp32")), batch=_whole(data.get("batch") or 0),
+            shape={str(k): _whole(v) for k, v in shape.items()} if isinstance(shape, dict) and shape else None,
+            cpus_per_rank=tuple(tuple(_whole(c) for c in cpus) for cpus in pin if isinstance(cpus, list))
+            if isinstance(pin, list) else (),
+            threads_per_rank=_whole(data.get("threads_per_rank") or 0),
+            optimizer=str(data.get("optimizer") or ""), ipex=bool(data.get("ipex")),
+            fp32_math_mode=str(data.get("fp32_math_mode") or ""), compile=bool(data.get("compile")),
+            warmup=_whole(data.get("warmup", 2)), steps=_whole(data.get("steps", 10)),
+            seconds=None if seconds is None else _figure(seconds), windows=_whole(data.get("windows") or 1))
+
+
+def _whole(value: JsonValue) -> int:
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not a whole number: {type(value).__name__}")
+
+
+def _figure(value: JsonValue) -> float:
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"not a number: {type(value).__name__}")
+
+
+def lm_shape(size: str, shape: Optional[Mapping[str, int]] = None) -> Dict[str, int]:
     """The LM's shape: an explicit one (a model cpuperf plans for: `cpuperf bench --compile --model`) or a size."""
     return dict(shape) if shape else LM_SHAPES[size]
 
 
-def flops_per_sample(workload: str, size: str, shape: Any = None) -> float:
+def flops_per_sample(workload: str, size: str, shape: Optional[Mapping[str, int]] = None) -> float:
     """Training FLOPs per sample (forward + backward = 3x forward matmul FLOPs)."""
     if workload == "lm":
         from cpuperf.knowledge.models import flops_per_token, make_config
@@ -53,7 +113,8 @@ def flops_per_sample(workload: str, size: str, shape: Any = None) -> float:
     return 6.0 * (macs + c_in * 10)
 
 
-def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any, Any]:
+def _build(workload: str, size: str, batch: int,
+           shape: Optional[Mapping[str, int]] = None) -> Tuple[nn.Module, LossFn]:
     import torch
     from torch import nn
 
@@ -67,8 +128,9 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
         x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
         y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
 
-        def loss_fn(m: Any) -> Any:
-            return m(x, y)[1]
+        def loss_fn(m: nn.Module) -> Tensor:
+            loss: Tensor = m(x, y)[1]
+            return loss
     elif workload == "mlp":
         d_in, hidden, layers = MLP_SHAPES[size]
         mods = [nn.Linear(d_in, hidden), nn.GELU()]
@@ -78,11 +140,11 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
         x = torch.randn(batch, d_in, generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
 
-        def loss_fn(m: Any) -> Any:
+        def loss_fn(m: nn.Module) -> Tensor:
             return nn.functional.cross_entropy(m(x), y)
     elif workload == "conv":
         side, ch = CONV_SHAPES[size]
-        convs: list[Any] = []
+        convs: List[nn.Module] = []
         c_in = 3
         for c_out in (ch, ch * 2, ch * 4, ch * 8):
             convs += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(),
@@ -92,21 +154,23 @@ def _build(workload: str, size: str, batch: int, shape: Any = None) -> Tuple[Any
         x = torch.randn(batch, 3, side, side, generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
 
-        def loss_fn(m: Any) -> Any:
+        def loss_fn(m: nn.Module) -> Tensor:
             return nn.functional.cross_entropy(m(x), y)
     else:
         raise SystemExit(f"unknown workload {workload!r}")
     return model, loss_fn
 
 
-def _place_rank(cfg: Dict[str, Any], torch: Any) -> Tuple[int, int]:
+def _place_rank(cfg: BenchConfig) -> Tuple[int, int]:
     """(world size, rank) from torchrun's variables: this rank pinned, its threads set, its group joined."""
+    import torch
+
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    pin = cfg.get("cpus_per_rank")  # [[cpus of rank 0], [cpus of rank 1], ...]: pinned ranks
+    pin = cfg.cpus_per_rank
     if pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, pin[int(os.environ.get("LOCAL_RANK", "0")) % len(pin)])
-    if cfg.get("threads_per_rank"):
-        torch.set_num_threads(int(cfg["threads_per_rank"]))
+    if cfg.threads_per_rank:
+        torch.set_num_threads(cfg.threads_per_rank)
     if world > 1:  # data parallel over ranks started by torchrun: the global batch split between them
         import torch.distributed as dist
 
@@ -114,34 +178,38 @@ def _place_rank(cfg: Dict[str, Any], torch: Any) -> Tuple[int, int]:
     return world, rank
 
 
-def _optimised(model: Any, cfg: Dict[str, Any], torch: Any, dtype: str) -> Tuple[Any, Any]:
+def _optimised(model: nn.Module, cfg: BenchConfig, dtype: str) -> Tuple[nn.Module, Optimizer]:
     """(model, AdamW optimizer) with the settings under test: fused AdamW, IPEX, oneDNN bf16 math, compile."""
-    fused: Dict[str, Any] = {"fused": True} if cfg.get("optimizer") == "adamw_fused" else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
-    if cfg.get("ipex"):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if cfg.optimizer == "adamw_fused" else None)
+    if cfg.ipex:
         import intel_extension_for_pytorch as ipex  # noqa: F401  (legacy stacks only)
 
         model, opt = ipex.optimize(model, optimizer=opt, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
-    if cfg.get("fp32_math_mode") == "bf16":
+    if cfg.fp32_math_mode == "bf16":
         try:
-            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+            mkldnn: ModuleType = torch.backends.mkldnn  # its `matmul` is torch >= 2.9's
+            mkldnn.matmul.fp32_precision = "bf16"
         except AttributeError:
             pass
-    if cfg.get("compile"):
-        model = torch.compile(model)
+    if cfg.compile:
+        compiled = torch.compile(model)
+        assert isinstance(compiled, torch.nn.Module)  # a module compiled is one (OptimizedModule)
+        model = compiled
     return model, opt
 
 
-def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int,
-                 torch: Any, window: Any = None) -> Tuple[float, int, float, List[float]]:
+def _timed_steps(step: Callable[[], None], cfg: BenchConfig, world: int,
+                 window: Optional[observed.CpuWindow] = None) -> Tuple[float, int, float, List[float]]:
     """(first step's seconds, steps timed, their seconds, the time at each step's end) after the warm-up; every
     rank stops at the same step. `window` (observed.CpuWindow) brackets the timed steps."""
     t0 = time.perf_counter()
     step()  # the first step carries compile / oneDNN primitive creation
     first = time.perf_counter() - t0
-    for _ in range(int(cfg.get("warmup", 2))):
+    for _ in range(cfg.warmup):
         step()
-    min_steps, seconds = int(cfg.get("steps", 10)), float(cfg.get("seconds", 5.0))
+    min_steps, seconds = cfg.steps, 5.0 if cfg.seconds is None else cfg.seconds
     if window is not None:
         window.begin()
     count, start = 0, time.perf_counter()
@@ -153,6 +221,7 @@ def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int,
         marks.append(elapsed)
         done = (count >= min_steps and elapsed >= seconds) or elapsed >= seconds * 2  # emulated bf16: never minutes
         if world > 1:  # every rank stops at the same step (DDP's all-reduces must pair up)
+            import torch
             import torch.distributed as dist
 
             flag = torch.tensor([1.0 if done else 0.0])
@@ -165,23 +234,23 @@ def _timed_steps(step: Callable[[], None], cfg: Dict[str, Any], world: int,
     return first, count, elapsed, marks
 
 
-def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
+def run(cfg: BenchConfig) -> Dict[str, object]:
     import contextlib
 
     import torch
 
-    workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
-    batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
-    world, rank = _place_rank(cfg, torch)
+    workload, size = cfg.workload, cfg.size
+    batch = cfg.batch or SIZE_BATCH.get((workload, size), BATCH[workload])
+    world, rank = _place_rank(cfg)
     torch.manual_seed(0)
-    model, loss_fn = _build(workload, size, max(1, batch // world), cfg.get("shape"))
+    model, loss_fn = _build(workload, size, max(1, batch // world), cfg.shape)
     model.train()
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    dtype = cfg.get("dtype", "fp32")
-    model, opt = _optimised(model, cfg, torch, dtype)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
-    seen: Dict[str, Any] = {}  # read inside the step: what the timed code ran under
+    dtype = cfg.dtype
+    model, opt = _optimised(model, cfg, dtype)
+    autocast: contextlib.AbstractContextManager[object] = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
+    seen: Dict[str, Optional[str]] = {}  # read inside the step: what the timed code ran under
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -189,18 +258,18 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
             if not seen:
                 seen["autocast"] = observed.autocast_dtype(torch)
             loss = loss_fn(model)
-        loss.backward()
+        torch.autograd.backward(loss)
         opt.step()
 
     window = observed.CpuWindow()
-    first, count, elapsed, marks = _timed_steps(step, cfg, world, torch, window)
-    ran = observed.what_ran(model, opt, torch, seen.get("autocast"))
-    ranks_ran: List[Any] = [ran]
-    windows: List[Any] = [window.figures()]
+    first, count, elapsed, marks = _timed_steps(step, cfg, world, window)
+    ran = observed.what_ran(model, opt, torch.get_num_threads(), seen.get("autocast"))
+    ranks_ran: List[object] = [ran]
+    windows: List[observed.WindowFigures] = [window.figures()]
     if world > 1:
         import torch.distributed as dist
 
-        ranks_ran, windows = [None] * world, [None] * world
+        ranks_ran, windows = [None] * world, [{} for _ in range(world)]
         dist.all_gather_object(ranks_ran, ran)
         dist.all_gather_object(windows, window.figures())
         slowest = torch.tensor([elapsed])
@@ -215,7 +284,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         dist.destroy_process_group()
     return {
         "samples_per_s": count * max(1, batch // world) * world / elapsed,
-        "window_rates": window_rates(marks, int(cfg.get("windows") or 1), max(1, batch // world) * world),
+        "window_rates": window_rates(marks, cfg.windows, max(1, batch // world) * world),
         "ranks": world, "rank": rank,
         "steps": count,
         "first_step_s": first,
@@ -226,7 +295,7 @@ def run(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "openmp": ran["openmp"],
         "ran": ranks_ran,  # one record per rank, read back inside it
         "window": observed.combine_windows(windows),  # the timed steps: who else used their CPUs
-        "flops_per_sample": flops_per_sample(workload, size, cfg.get("shape")),
+        "flops_per_sample": flops_per_sample(workload, size, cfg.shape),
         "torch": torch.__version__,
     }
 
@@ -244,7 +313,7 @@ def window_rates(marks: List[float], windows: int, batch: int) -> List[float]:
     return out
 
 
-def best_window(run: Callable[[], Any], work: float, seconds: float, windows: int) -> float:
+def best_window(run: Callable[[], object], work: float, seconds: float, windows: int) -> float:
     """The highest rate (work per second) of `windows` timed windows of `seconds` each, each at least one run: on a
     shared host other work steals some windows and not others, and the least disturbed is the closest to the
     host's own figure."""
@@ -261,30 +330,39 @@ def best_window(run: Callable[[], Any], work: float, seconds: float, windows: in
     return best
 
 
-def gemm_rate(dtype: str, size: int, seconds: float, cache: Dict[Any, Any], windows: int = 1) -> float:
+def gemm_rate(dtype: str, size: int, seconds: float, cache: ServeCache, windows: int = 1) -> float:
     """GFLOP/s of size x size matrix products in `dtype` (best of `windows`; operands made, and warmed, once)."""
     import torch
 
-    key = ("gemm", dtype, size)
-    if key not in cache:
+    key = (dtype, size)
+    if key not in cache.operands:
         kind = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
         a, b = torch.randn(size, size, dtype=kind), torch.randn(size, size, dtype=kind)
         torch.mm(a, b)  # warm-up: oneDNN primitive creation
-        cache[key] = (a, b)
-    a, b = cache[key]
+        cache.operands[key] = (a, b)
+    a, b = cache.operands[key]
     return best_window(lambda: torch.mm(a, b), 2.0 * size ** 3 / 1e9, seconds, windows)
 
 
-def _workload_rate(cfg: Dict[str, Any], cache: Dict[Any, Any]) -> float:
+@dataclasses.dataclass
+class ServeCache:
+    """What a server keeps between requests: the operands of each (dtype, size) product, the warmed step of each
+    (workload, size, batch, dtype)."""
+
+    operands: Dict[Tuple[str, int], Tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)
+    steps: Dict[Tuple[str, str, int, str], Callable[[], None]] = dataclasses.field(default_factory=dict)
+
+
+def _workload_rate(cfg: BenchConfig, cache: ServeCache) -> float:
     """samples/s of the reference workload `cfg` names (best of cfg['windows'] of cfg['seconds']; built, and
     warmed, once)."""
     import torch
 
-    workload, size = cfg.get("workload", "lm"), cfg.get("size", "small")
-    batch = int(cfg.get("batch") or SIZE_BATCH.get((workload, size), BATCH[workload]))
-    dtype = "bf16" if cfg.get("dtype") == "bf16" else "fp32"  # bf16: the forward under CPU autocast, as a plan runs it
-    key = ("workload", workload, size, batch, dtype)
-    if key not in cache:
+    workload, size = cfg.workload, cfg.size
+    batch = cfg.batch or SIZE_BATCH.get((workload, size), BATCH[workload])
+    dtype = "bf16" if cfg.dtype == "bf16" else "fp32"  # bf16: the forward under CPU autocast, as a plan runs it
+    key = (workload, size, batch, dtype)
+    if key not in cache.steps:
         torch.manual_seed(0)
         model, loss_fn = _build(workload, size, batch)
         model.train()
@@ -297,15 +375,15 @@ def _workload_rate(cfg: Dict[str, Any], cache: Dict[Any, Any]) -> float:
                     loss = loss_fn(model)
             else:
                 loss = loss_fn(model)
-            loss.backward()
+            torch.autograd.backward(loss)
             opt.step()
 
         step()  # the first step carries oneDNN primitive creation and the optimizer's state
-        cache[key] = step
-    return best_window(cache[key], float(batch), float(cfg.get("seconds", 1.0)), int(cfg.get("windows", 1)))
+        cache.steps[key] = step
+    return best_window(cache.steps[key], float(batch), 1.0 if cfg.seconds is None else cfg.seconds, cfg.windows)
 
 
-def serve(lines: Any, write: Callable[[str], None]) -> int:
+def serve(lines: Iterable[str], write: Callable[[str], None]) -> int:
     """`--serve`: one timed run per request line, one JSON answer line each, the models and operands kept between
     requests. The parent alternates requests between servers (one per allocator preloaded) so that load from other
     work falls on both sides of a ratio alike, and pays each process's start (torch's import) once."""
@@ -313,7 +391,7 @@ def serve(lines: Any, write: Callable[[str], None]) -> int:
 
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    cache: Dict[Any, Any] = {}
+    cache = ServeCache()
     write(json.dumps({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__}))
     for line in lines:
         try:
@@ -324,15 +402,15 @@ def serve(lines: Any, write: Callable[[str], None]) -> int:
         if not isinstance(cfg, dict) or cfg.get("quit"):
             break
         if "gemm" in cfg:
-            rate = gemm_rate(str(cfg["gemm"]), int(cfg.get("size", 512)), float(cfg.get("seconds", 0.25)), cache,
-                             int(cfg.get("windows", 1)))
+            rate = gemm_rate(str(cfg["gemm"]), _whole(cfg.get("size", 512)), _figure(cfg.get("seconds", 0.25)), cache,
+                             _whole(cfg.get("windows", 1)))
         else:
-            rate = _workload_rate(cfg, cache)
+            rate = _workload_rate(BenchConfig.from_json(cfg), cache)
         write(json.dumps({"rate": rate}))
     return 0
 
 
-def main(argv: Any = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] == "--serve":
         def write(text: str) -> None:
@@ -341,11 +419,14 @@ def main(argv: Any = None) -> int:
 
         return serve(sys.stdin, write)
     try:
-        cfg = json.loads(args[0]) if args else {}
+        data: Union[JsonValue, Dict[str, JsonValue]] = json.loads(args[0]) if args else {}
     except ValueError as exc:
         print(json.dumps({"error": f"bad settings JSON: {exc}"}))
         return 2
-    result = run(cfg)
+    if not isinstance(data, dict):
+        print(json.dumps({"error": "bad settings JSON: not an object"}))
+        return 2
+    result = run(BenchConfig.from_json(data))
     if result.get("rank", 0) == 0:  # one line per job, from rank 0
         print(json.dumps(result))
     return 0

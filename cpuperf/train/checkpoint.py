@@ -8,7 +8,10 @@ filesystem; the directory fsync makes the rename itself durable).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    import torch
 
 CKPT_SCHEMA = "cpuperf.train.ckpt/1"
 CKPT_NAME = "checkpoint.pt"
@@ -24,7 +27,7 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
         torch.save(obj, fh)
 
 
-def load(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+def load(path: Path, map_location: Union[str, torch.device] = "cpu") -> dict[str, Any]:
     """Load a checkpoint written by save_atomic (weights_only: no code runs on load)."""
     import torch
 

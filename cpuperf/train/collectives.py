@@ -15,7 +15,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence
+from types import ModuleType
+from typing import Dict, Mapping, Optional, Sequence
 
 MARKER = "CPUPERF-COLLECTIVES-JSON:"
 BACKENDS = ("gloo", "mpi", "ccl")
@@ -52,7 +53,7 @@ def _available() -> Dict[str, Optional[str]]:
     return found
 
 
-def _measure(dist: Any, torch: Any, nbytes: int, iters: int, world: int) -> Dict[str, Any]:
+def _measure(dist: ModuleType, torch: ModuleType, nbytes: int, iters: int, world: int) -> Dict[str, object]:
     bucket = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
     small = torch.ones(1, dtype=torch.float32)
     for _ in range(2):
@@ -129,7 +130,7 @@ def main(argv: Sequence[str]) -> int:
     everyone = [dict(here) for _ in range(world)]
     dist.all_gather_object(everyone, here)
     dist.destroy_process_group()
-    results: Dict[str, Dict[str, Any]] = {}
+    results: Dict[str, Dict[str, object]] = {}
     for i, backend in enumerate(BACKENDS):
         why = next((f"{why} (rank {r})" for r, got in enumerate(everyone) for b, why in got.items()
                     if b == backend and why), None)

@@ -12,7 +12,10 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+
+if TYPE_CHECKING:
+    import torch
 
 from cpuperf.knowledge.gpu import (  # noqa: F401  (the worker's names for the shared rules)
     _DEFAULT_ORDER,
@@ -27,8 +30,10 @@ from cpuperf.knowledge.gpu import (  # noqa: F401  (the worker's names for the s
     table_peak,
 )
 
+Device = Union[str, "torch.device"]  # what torch.device() takes
 
-def measure_peak(device: Any, dtype: str, tf32: bool = False, size: Optional[int] = None,
+
+def measure_peak(device: Device, dtype: str, tf32: bool = False, size: Optional[int] = None,
                  seconds: Optional[float] = None) -> Peak:
     """Peak GEMM TFLOP/s measured on `device`: a short torch.mm loop (cards not in the table, CPUs).
 
@@ -79,7 +84,7 @@ class AmpPlan(NamedTuple):
     """(autocast enabled, the torch dtype autocast uses, whether a GradScaler is needed)."""
 
     autocast: bool
-    dtype: Any  # torch.dtype
+    dtype: torch.dtype
     grad_scaler: bool
 
     @property
@@ -88,7 +93,7 @@ class AmpPlan(NamedTuple):
         return {"bfloat16": "bf16", "float16": "fp16"}.get(str(self.dtype).replace("torch.", ""), "fp32")
 
 
-def capability(device: Any) -> Optional[Tuple[int, int]]:
+def capability(device: Device) -> Optional[Tuple[int, int]]:
     """The CUDA compute capability of `device`; None for a CPU device."""
     import torch
 
@@ -99,7 +104,7 @@ def capability(device: Any) -> Optional[Tuple[int, int]]:
     return int(major), int(minor)
 
 
-def amp_plan(dtype: str, device: Any, cc: Optional[Tuple[int, int]] = None) -> AmpPlan:
+def amp_plan(dtype: str, device: Device, cc: Optional[Tuple[int, int]] = None) -> AmpPlan:
     """Mixed precision for a device: bf16 autocast on cc >= 8.0, fp16 + GradScaler on 7.x, fp32 below.
 
     `dtype` is what was asked ('bf16', 'fp16', 'fp32', or 'auto'); on CUDA a half-precision ask gets
@@ -127,7 +132,7 @@ def amp_plan(dtype: str, device: Any, cc: Optional[Tuple[int, int]] = None) -> A
 
 # ------------------------------------------------------------------------------- attention
 
-def _torch_dtype(dtype: Any) -> Tuple[Any, str]:
+def _torch_dtype(dtype: Union[str, torch.dtype]) -> Tuple[torch.dtype, str]:
     import torch
 
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -152,13 +157,13 @@ def _priority() -> List[Any]:
     return [getattr(SDPBackend, n) for n in _DEFAULT_ORDER if hasattr(SDPBackend, n)]
 
 
-def _warning_text(message: Any) -> str:
+def _warning_text(message: object) -> str:
     """torch's warning without its '(Triggered internally at file:line.)' tail."""
     text = re.sub(r"\s*\(Triggered internally at [^)]*\)\s*$", "", str(message)).strip()
     return "" if text.endswith("not used because:") else text
 
 
-def sdpa_report(batch: int, heads: int, seq: int, head_dim: int, dtype: Any, device: Any,
+def sdpa_report(batch: int, heads: int, seq: int, head_dim: int, dtype: Union[str, torch.dtype], device: Device,
                 causal: bool = True, mask: bool = False, dropout_p: float = 0.0) -> Dict[str, Any]:
     """Which SDPA kernel really runs for this shape, and why each faster one did not.
 
@@ -262,7 +267,7 @@ class MemoryProbe:
     release: Callable[[], None]
 
 
-def cuda_memory(device: Any) -> MemoryProbe:
+def cuda_memory(device: Device) -> MemoryProbe:
     """MemoryProbe over torch.cuda for `device` (CUDA only)."""
     import torch
 

@@ -19,7 +19,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO, Tuple
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, TextIO, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.errors import exit_code_for_signal
@@ -29,7 +30,15 @@ from cpuperf.train.rundir import METRICS_NAME
 from cpuperf.train.settings import TrainSettings
 
 if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim import Optimizer
+
     from cpuperf.knowledge.gpu import Peak
+    from cpuperf.knowledge.models import ModelConfig
+    from cpuperf.output import Progress
+    from cpuperf.train.gpu import MemoryProbe
 
 RDZV_TIMEOUT_VAR = RDZV_TIMEOUT  # seconds; set by cpuperf train's launch plan
 # The process group's timeout also bounds every gloo collective (rank 0 writing a big checkpoint
@@ -54,7 +63,7 @@ class Stop:
 
 def install_signal_handlers(stop: Stop) -> None:
     """SIGINT/SIGTERM/SIGHUP: a clean stop with a checkpoint in the loop, an immediate one before it."""
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: Optional[FrameType]) -> None:
         if stop.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: give up on the clean stop
         if not stop.armed:
@@ -67,7 +76,7 @@ def install_signal_handlers(stop: Stop) -> None:
         signal.signal(sig, handler)
 
 
-def import_torch() -> Any:
+def import_torch() -> ModuleType:
     with warnings.catch_warnings():
         # The CPU wheel warns at import when numpy is absent; the worker does not use numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
@@ -76,10 +85,12 @@ def import_torch() -> Any:
         except ImportError as exc:
             raise MissingFeatureError(f"torch does not import ({exc})",
                                       hint="install PyTorch first (cpuperf install)")
-    return torch
+    module: ModuleType = torch  # (Any to mypy where torch is not installed)
+    return module
 
 
-def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None, cfg: Any = None) -> Any:
+def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
+                cfg: Optional[ModelConfig] = None) -> Optional[Peak]:
     """The MFU denominator (gpu.Peak) from settings.peak_tflops, compat/gpu_peaks.toml, or on CPU the
     sustained GEMM rate at the model's own shapes (cfg) in its dtype (cpuperf.train.peak); None if unknown.
 
@@ -101,7 +112,8 @@ def peak_tflops(s: TrainSettings, device_name: str, dtype: Optional[str] = None,
     return table_peak(device_name, dt, s.tf32)
 
 
-def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> Tuple[Optional[Peak], Dict[str, Any], Optional[Peak]]:
+def cpu_peak_parts(s: TrainSettings, dtype: str,
+                   cfg: ModelConfig) -> Tuple[Optional[Peak], Dict[str, object], Optional[Peak]]:
     """(hardware peak, its info, the measured GEMM ceiling at the model's shapes) for a CPU run.
 
     The ceiling is measured first: a hardware peak it beats was taken at a clock the cores do not run at.
@@ -121,8 +133,8 @@ def cpu_peak_parts(s: TrainSettings, dtype: str, cfg: Any) -> Tuple[Optional[Pea
     return hardware, {**info, **note}, achievable
 
 
-def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: int,
-                cfg: Any) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
+def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Optional[Peak], world: int,
+                cfg: ModelConfig) -> Tuple[Optional[float], Optional[Peak], Dict[str, object]]:
     """(MFU, the peak used, notes): never above 100% (cpuperf.train.peak.bounded_mfu); GPUs and a set peak."""
     import torch
 
@@ -131,8 +143,8 @@ def bounded_mfu(s: TrainSettings, achieved: Optional[float], peak: Any, world: i
     return bound(achieved, peak, world, None, torch.get_num_threads(), data_fallback=False)
 
 
-def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Any, achievable: Any, world: int,
-                   cfg: Any, info: Dict[str, Any]) -> Dict[str, Any]:
+def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Optional[Peak], achievable: Optional[Peak],
+                   world: int, cfg: ModelConfig, info: Dict[str, object]) -> Dict[str, object]:
     """The summary's MFU fields on CPU: MFU against the hardware peak, the measured ceiling beside it."""
     from cpuperf.train.peak import cpu_mfu, measure_cpu_peak, workload_shapes
 
@@ -148,7 +160,7 @@ def cpu_mfu_report(s: TrainSettings, achieved: Optional[float], hardware: Any, a
             "pct_of_achievable": _round(frac * 100 if frac is not None else None, 2), **notes}
 
 
-def worker_backend(torch: Any, s: TrainSettings) -> str:
+def worker_backend(torch: ModuleType, s: TrainSettings) -> str:
     """The backend the plan decided (cpuperf.decide.backend); torch's own default for the device where the
     worker runs without a plan (settings written by hand), never a rule of the worker's own."""
     if s.ddp_backend:
@@ -158,7 +170,7 @@ def worker_backend(torch: Any, s: TrainSettings) -> str:
     return backend
 
 
-def checksum(model: Any) -> int:
+def checksum(model: nn.Module) -> int:
     """Exact, order-independent hash of all parameters and buffers (bit patterns, wrapping int64).
 
     Integer addition wraps and is associative, so the value is bit-exact whatever the thread count;
@@ -177,7 +189,7 @@ def checksum(model: Any) -> int:
     return int(total)
 
 
-def lr_lambda(s: TrainSettings, total: int) -> Any:
+def lr_lambda(s: TrainSettings, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if s.warmup and step < s.warmup:
             return (step + 1) / s.warmup
@@ -210,7 +222,7 @@ def disk_full(exc: BaseException, path: Path) -> Optional[DiskFullError]:
     return DiskFullError(f"no space left on device ({path})", hint="free some space, or pass another --out")
 
 
-def pg_timeout_s(environ: Any = None) -> float:
+def pg_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
     """init_process_group's timeout: the launch's rendezvous bound, never under MIN_PG_TIMEOUT_S."""
     raw = (os.environ if environ is None else environ).get(RDZV_TIMEOUT_VAR, "")
     try:
@@ -225,7 +237,7 @@ class LoopState:
     """What the loop tracks between steps (rates, losses, windows, the stop reason)."""
 
     start_step: int
-    window_loss: Any
+    window_loss: Tensor
     exclude: int = 1
     loss_first: Optional[float] = None
     loss_last: Optional[float] = None
@@ -250,9 +262,9 @@ class Run:
         self.stop = stop
         self.torch = import_torch()
         self.t_start = time.perf_counter()
-        self.memory_probe: Any = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
+        self.memory_probe: Optional[MemoryProbe] = None  # gpu.MemoryProbe for the batch trial; None = torch.cuda's
         self.metrics: Optional[TextIO] = None
-        self.start_progress: Any = None  # cpuperf.output.Progress until the first step (set by the worker)
+        self.start_progress: Optional[Progress] = None  # cpuperf.output.Progress until the first step (set by the worker)
 
     # ---------------------------------------------------------------------------------- setup
     def setup_dist(self) -> None:
@@ -395,24 +407,25 @@ class Run:
         self.setup_batch_trial(model, ck)
         self.wrap_model(model)
 
-    def make_optimizer(self, model: Any) -> Any:
+    def make_optimizer(self, model: nn.Module) -> Optimizer:
         s = self.s
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": s.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        kw: dict[str, Any] = {"lr": s.lr, "betas": (0.9, 0.95), "eps": 1e-8}
+        kw: dict[str, object] = {"lr": s.lr, "betas": (0.9, 0.95), "eps": 1e-8}
         # The implementation recommend chose (fused where the installed torch has it, else foreach);
         # IPEX swaps in its own fused step, so it gets the plain optimizer.
         if getattr(self, "ipex", None) is None:
             kw["fused" if s.optimizer == "adamw_fused" else "foreach"] = True
         try:
-            return self.torch.optim.AdamW(groups, **kw)
+            opt: Optimizer = self.torch.optim.AdamW(groups, **kw)
+            return opt
         except (RuntimeError, ValueError, TypeError) as exc:
             raise MissingFeatureError(f"optimizer {s.optimizer}: {exc}".splitlines()[0],
                                       hint="use optimizer adamw")
 
-    def restore(self, model: Any) -> Dict[str, Any]:
+    def restore(self, model: nn.Module) -> Dict[str, Any]:
         """Load the checkpoint into model, optimizer, scheduler, scaler and the RNGs; return it."""
         from cpuperf.train.checkpoint import load
 
@@ -443,7 +456,7 @@ class Run:
             torch.cuda.set_rng_state(rng["cuda"].cpu())
         return ck
 
-    def setup_batch_trial(self, model: Any, ck: Dict[str, Any]) -> None:
+    def setup_batch_trial(self, model: nn.Module, ck: Dict[str, Any]) -> None:
         s = self.s
         self.batch_trial: Optional[Dict[str, Any]] = None
         if s.device == "cuda" and self.resumed_from is not None and ck.get("batch_trial"):
@@ -457,10 +470,10 @@ class Run:
         if s.device == "cuda":  # the run's peak is its training's, not the trial's (which may try a larger batch)
             self.torch.cuda.reset_peak_memory_stats(self.device)
 
-    def wrap_model(self, model: Any) -> None:
+    def wrap_model(self, model: nn.Module) -> None:
         """DDP over several ranks, then torch.compile when asked."""
         self.model = model
-        self.ddp_model: Any = None
+        self.ddp_model: Optional[DistributedDataParallel] = None
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -473,7 +486,7 @@ class Run:
                 raise MissingFeatureError(f"torch.compile failed: {exc}".splitlines()[0],
                                           hint="set compile false")
 
-    def trial_batch(self, model: Any) -> Dict[str, Any]:
+    def trial_batch(self, model: nn.Module) -> Dict[str, Any]:
         """CUDA only: one forward+backward at the planned batch; shrink it if it would not fit."""
         from cpuperf.data import load_builtin
         from cpuperf.train.gpu import BatchFitError, confirm_batch, cuda_memory
@@ -531,11 +544,12 @@ class Run:
         return report
 
     # ------------------------------------------------------------------------------ pieces
-    def autocast(self) -> Any:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         torch = self.torch
         if not self.amp.autocast:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp.dtype)
+        on: contextlib.AbstractContextManager[object] = torch.autocast(device_type=self.device.type, dtype=self.amp.dtype)
+        return on
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -549,8 +563,9 @@ class Run:
         return float(t.item()) / self.world
 
     @property
-    def comm_device(self) -> Any:
-        return self.device if self.backend == "nccl" else self.torch.device("cpu")
+    def comm_device(self) -> torch.device:
+        device: torch.device = self.device if self.backend == "nccl" else self.torch.device("cpu")
+        return device
 
     def evaluate(self) -> Optional[float]:
         from cpuperf.train.batches import eval_batches
@@ -647,7 +662,7 @@ class Run:
             self.torch.distributed.barrier()
             # DDP (its reducer and gloo work) goes before its process group: the other order aborted at exit
             # ("terminate called without an active exception") in 3 of 10 2-rank gloo jobs with mimalloc.
-            self.model = self.ddp_model = self.opt = None
+            del self.model, self.ddp_model, self.opt
             import gc
 
             gc.collect()
@@ -693,7 +708,7 @@ class Run:
         self.attention = self.attention_report()
         self.peak = peak_tflops(s, self.device_name, self.amp.name, self.cfg)
         self.peak_info: Dict[str, Any] = {}
-        self.achievable: Any = None
+        self.achievable: Optional[Peak] = None
         if s.device != "cuda" and s.peak_tflops is None:
             self.peak, self.peak_info, self.achievable = cpu_peak_parts(s, self.amp.name, self.cfg)
         elif self.peak is None and self.is0:
@@ -731,7 +746,7 @@ class Run:
                              + (f" ({why})" if why else "") + "\n")
         return attention
 
-    def batches(self) -> Any:
+    def batches(self) -> Iterator[Tuple[Tensor, Tensor]]:
         """The iterator of (x, y) micro-batches from this run's step on."""
         from cpuperf.train.batches import TokenBatches
 
@@ -781,7 +796,7 @@ class Run:
         self.progress.close()
         return st
 
-    def train_step(self, loader: Any, st: LoopState) -> float:
+    def train_step(self, loader: Iterator[Tuple[Tensor, Tensor]], st: LoopState) -> float:
         """One optimizer step over grad_accum_steps micro-batches; returns the lr it used."""
         torch, s = self.torch, self.s
         accum, ddp = s.grad_accum_steps, self.world > 1
@@ -791,7 +806,7 @@ class Run:
             y = y.to(self.device, non_blocking=True)
             # Skip the gradient all-reduce on all but the last micro-step (on the DDP module
             # itself, which torch.compile wraps).
-            no_sync = self.ddp_model.no_sync() if ddp and micro < accum - 1 \
+            no_sync = self.ddp_model.no_sync() if ddp and micro < accum - 1 and self.ddp_model is not None \
                 else contextlib.nullcontext()
             with no_sync, self.autocast():
                 _, loss = self.model(x, y)

@@ -5,7 +5,7 @@ The shapes live in cpuperf.knowledge.models (torch-free); build_model() imports 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple, Type
 
 from cpuperf.knowledge.models import (  # noqa: F401  (the worker's names for the shapes)
     PRESETS,
@@ -15,8 +15,11 @@ from cpuperf.knowledge.models import (  # noqa: F401  (the worker's names for th
     non_embedding_params,
 )
 
+if TYPE_CHECKING:
+    from torch import nn
 
-def _block_class(cfg: ModelConfig) -> Any:
+
+def _block_class(cfg: ModelConfig) -> Type[nn.Module]:
     """The transformer block for `cfg` (pre-LN causal self-attention + GELU MLP), as an nn.Module class."""
     import torch
     import torch.nn.functional as F
@@ -53,7 +56,7 @@ def _block_class(cfg: ModelConfig) -> Any:
     return Block
 
 
-def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> Any:
+def build_model(cfg: ModelConfig, grad_checkpointing: bool = False) -> nn.Module:
     """A torch nn.Module LM for `cfg`: forward(idx, targets=None) -> (logits, loss or None)."""
     import math
 

@@ -14,7 +14,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from types import ModuleType
+from typing import Dict, List, Optional, Sequence, TypedDict, Union
 
 from cpuperf.probe.load import CpuTimes, parse_stat_times, pressure_total
 from cpuperf.probe.parse import parse_maps
@@ -34,6 +35,17 @@ class _Mark:
     own_cpu_s: float
     busy: Dict[int, int]
     pressure_us: Optional[int]
+
+
+class WindowFigures(TypedDict, total=False):
+    """One rank's window (empty where it was not closed)."""
+
+    cpus: List[int]
+    elapsed_s: float
+    busy_s: Dict[str, float]  # CPU (as text) -> everyone's busy seconds there
+    own_cpu_s: float
+    pressure_some_s: Optional[float]
+    pressure_file: Optional[str]
 
 
 class CpuWindow:
@@ -56,7 +68,7 @@ class CpuWindow:
     def end(self) -> None:
         self._end = self._mark()
 
-    def figures(self) -> Dict[str, Any]:
+    def figures(self) -> WindowFigures:
         """elapsed_s, busy_s per CPU (everyone's), own_cpu_s, pressure_some_s over the window; {} if not closed."""
         a, b = self._begin, self._end
         if a is None or b is None:
@@ -71,7 +83,7 @@ class CpuWindow:
                 "pressure_file": self.pressure_path}
 
 
-def combine_windows(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
+def combine_windows(per_rank: Sequence[WindowFigures]) -> Dict[str, Union[None, float, str, List[int]]]:
     """One job's window from its ranks' own: the CPUs any rank may run on, everyone's busy time there (rank
     0's reading: the ranks' windows open and close within a step of each other), every rank's own CPU time;
     the rest is what other processes took on those CPUs."""
@@ -79,16 +91,16 @@ def combine_windows(per_rank: List[Dict[str, Any]]) -> Dict[str, Any]:
         return {}
     first = per_rank[0]
     cpus = sorted({int(c) for w in per_rank for c in w.get("cpus") or []})
-    busy = sum(float(first["busy_s"].get(str(c), 0.0)) for c in cpus)
+    busy = sum(float(first.get("busy_s", {}).get(str(c), 0.0)) for c in cpus)
     own = sum(float(w.get("own_cpu_s") or 0.0) for w in per_rank)
-    return {"cpus": cpus, "elapsed_s": first["elapsed_s"], "busy_cpu_s": round(busy, 3), "own_cpu_s": round(own, 3),
+    return {"cpus": cpus, "elapsed_s": first.get("elapsed_s"), "busy_cpu_s": round(busy, 3), "own_cpu_s": round(own, 3),
             "others_cpu_s": round(max(0.0, busy - own), 3), "pressure_some_s": first.get("pressure_some_s"),
             "pressure_file": first.get("pressure_file")}
 
 
-def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str],
-             maps_text: Optional[str] = None) -> Dict[str, Any]:
-    """This process's levers as in force: allocator and OpenMP mapped, threads, CPUs, dtype, optimizer, compile
+def what_ran(model: object, opt: object, threads: int, autocast_dtype: Optional[str],
+             maps_text: Optional[str] = None) -> Dict[str, Union[None, bool, int, str, List[int], List[str]]]:
+    """This process's levers as in force (`threads`: torch's count): allocator and OpenMP mapped, threads, CPUs, dtype, optimizer, compile
     (`maps_text`: a recorded /proc/self/maps; None reads this process's)."""
     libs = parse_maps(read_self_maps() if maps_text is None else maps_text)
     alloc = None if libs.allocator == "glibc" else libs.allocator
@@ -103,12 +115,13 @@ def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str],
         graphs = int(counters["stats"]["unique_graphs"])
     except Exception:  # a torch without dynamo's counters: the module type still says compiled
         pass
-    params = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    parameters = getattr(model, "parameters", None)
+    params = next(iter(parameters()), None) if callable(parameters) else None
     return {
         "allocator": alloc,
         "allocator_path": next((p for p in libs.paths if alloc and os.path.basename(p).startswith(f"lib{alloc}")), None),
         "openmp": libs.openmp,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
         "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "dtype": autocast_dtype or {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(
             str(getattr(params, "dtype", "")), str(getattr(params, "dtype", None))),
@@ -118,7 +131,7 @@ def what_ran(model: Any, opt: Any, torch: Any, autocast_dtype: Optional[str],
     }
 
 
-def autocast_dtype(torch: Any) -> Optional[str]:
+def autocast_dtype(torch: ModuleType) -> Optional[str]:
     """'bf16' / 'fp16' where CPU autocast is on in the calling code, else None."""
     try:
         on = torch.is_autocast_enabled("cpu")
@@ -126,4 +139,6 @@ def autocast_dtype(torch: Any) -> Optional[str]:
     except (TypeError, AttributeError):  # torch < 2.4: the CPU-specific calls
         on = torch.is_autocast_cpu_enabled()
         dtype = torch.get_autocast_cpu_dtype() if on else None
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype)) if on else None
+    if not on:
+        return None
+    return {str(torch.bfloat16): "bf16", str(torch.float16): "fp16"}.get(str(dtype), str(dtype))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.knowledge.cpu_peaks import hardware_peak
 from cpuperf.knowledge.gpu import Peak
@@ -84,13 +84,14 @@ def cpu_peak(d_model: int, vocab: int, rows: int, dtype: str, threads: int) -> P
 
 
 def cpu_mfu(achieved_tflops: Optional[float], hardware: Optional[Peak], achievable: Optional[Peak], world: int,
-            remeasure: Any = None) -> Tuple[Optional[float], Optional[float], Optional[Peak], Dict[str, Any]]:
+            remeasure: Optional[Callable[[], Peak]] = None
+            ) -> Tuple[Optional[float], Optional[float], Optional[Peak], Dict[str, object]]:
     """(MFU against the hardware peak, fraction of the achievable GEMM ceiling, the ceiling used, notes).
 
     MFU above 100% means the table row or the clock is wrong: not reported, and the note says so. A
     measured ceiling below the achieved rate was taken while the host was busy: measured again once.
     """
-    notes: Dict[str, Any] = {}
+    notes: Dict[str, object] = {}
     mfu = None
     if achieved_tflops is not None and hardware is not None and hardware.tflops > 0:
         mfu = achieved_tflops / (hardware.tflops * world)
@@ -104,13 +105,13 @@ def cpu_mfu(achieved_tflops: Optional[float], hardware: Optional[Peak], achievab
 
 
 def bounded_mfu(achieved_tflops: Optional[float], peak: Optional[Peak], world: int,
-                remeasure: Any = None, threads: int = 1,
-                data_fallback: bool = True) -> Tuple[Optional[float], Optional[Peak], Dict[str, Any]]:
+                remeasure: Optional[Callable[[], Peak]] = None, threads: int = 1,
+                data_fallback: bool = True) -> Tuple[Optional[float], Optional[Peak], Dict[str, object]]:
     """achieved / peak never above 100%: a peak below the achieved rate is wrong, so measure again or fall back.
 
     Returns (fraction, the peak used, notes for the report). `remeasure()` gives a longer measurement.
     """
-    notes: Dict[str, Any] = {}
+    notes: Dict[str, object] = {}
     if achieved_tflops is None or peak is None or peak.tflops <= 0:
         return None, peak, notes
     mfu = achieved_tflops / (peak.tflops * world)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 EVERY_S = 6.0  # the longest a plain log stays silent between step lines (but for a step longer than that)
 
@@ -29,8 +33,8 @@ class Progress:
         self.total = total
         self._t0 = self._last = time.monotonic()
         self._first = self._step = start
-        self._bar: Any = None
-        self._task: Any = None
+        self._bar: Optional[RichProgress] = None
+        self._task: Optional[TaskID] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if mode == "plain":  # a step longer than EVERY_S (a busy host) must not leave the log silent either
@@ -54,7 +58,7 @@ class Progress:
         """Move the bar to `step`; in plain mode, a short line where `EVERY_S` passed since the last one (ten
         steps between log lines took a minute on a busy host)."""
         self._step = step
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=step)
         elif self.mode == "plain" and time.monotonic() - self._last >= EVERY_S:
             self._write(self._where())
@@ -79,7 +83,7 @@ class Progress:
 
     def log(self, rec: Dict[str, Any], eta_s: Optional[float]) -> None:
         """Show one metrics record (step, loss, lr, samples_per_s, tokens_per_s)."""
-        if self.mode == "rich":
+        if self.mode == "rich" and self._bar is not None and self._task is not None:  # (both set in rich mode)
             self._bar.update(self._task, completed=rec["step"], loss=f"{rec['loss']:.4f}",
                              sps=f"{rec['samples_per_s']:.1f}", tps=f"{rec['tokens_per_s']:.0f}")
         elif self.mode == "plain":
@@ -91,7 +95,7 @@ class Progress:
 
     def note(self, text: str) -> None:
         """A one-line event (eval result, checkpoint written)."""
-        if self.mode == "rich":
+        if self.mode == "rich" and self._bar is not None:
             self._bar.console.print(text)
         elif self.mode == "plain":
             self._write(text + "\n")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import JsonObject, as_json
 from cpuperf.train.errors import ConfigError
 
 PRESETS = ("tiny", "small", "gpt2-small", "micro")
@@ -28,7 +28,7 @@ class TrainSettings:
     """One worker run. None means "decide for me" (threads: torch's default; backend: by device)."""
 
     preset: str = "tiny"
-    model: Dict[str, Any] = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
+    model: Dict[str, int] = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
     dtype: str = "fp32"
     compile: bool = False
     ipex: bool = False
@@ -63,7 +63,7 @@ class TrainSettings:
     confirm_batch: bool = True  # CUDA: one trial step at the planned batch; shrink it if it won't fit
 
     # ---- JSON -----------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain-JSON dict of every field."""
         return as_json(self)
 
@@ -72,7 +72,7 @@ class TrainSettings:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, obj: Any) -> TrainSettings:
+    def from_dict(cls, obj: object) -> TrainSettings:
         """Build and validate from a dict; unknown keys and wrong types raise ConfigError."""
         if not isinstance(obj, dict):
             raise ConfigError("settings must be a JSON object")
@@ -105,7 +105,7 @@ class TrainSettings:
                               f"column {exc.colno}")
         return cls.from_dict(obj)
 
-    def replace(self, **changes: Any) -> TrainSettings:
+    def replace(self, **changes: object) -> TrainSettings:
         """A validated copy with `changes` applied."""
         return TrainSettings.from_dict({**self.to_dict(), **changes})
 
@@ -173,7 +173,7 @@ class TrainSettings:
                 raise ConfigError(f"model.{k} must be a positive integer (got {v!r})")
 
 
-def _coerce(key: str, value: Any, default: Any) -> Any:
+def _coerce(key: str, value: object, default: object) -> object:
     """Check `value` against the type of the field's default; ints are accepted for floats."""
     optional_int = {"threads_per_rank", "max_steps"}
     optional_float = {"time_budget_s", "peak_tflops"}

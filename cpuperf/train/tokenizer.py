@@ -143,7 +143,7 @@ class BPETokenizer:
         """Text for `ids` (invalid UTF-8, e.g. a cut multi-byte character, becomes U+FFFD)."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         """JSON-ready form (schema, merges, the corpus it was trained on)."""
         return {"schema": TOKENIZER_SCHEMA, "corpus_sha256": self.corpus_sha256,
                 "vocab_size": self.vocab_size, "merges": [list(p) for p in self.merges]}

@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from cpuperf.boundary import RANK_ERRORS
 from cpuperf.errors import exit_code_for_signal
@@ -42,7 +42,7 @@ def _peak_clock(summary: Dict[str, Any]) -> str:
 
 
 def _human(summary: Dict[str, Any]) -> str:
-    def f(v: Any, fmt: str) -> str:
+    def f(v: object, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
     lines = [
@@ -124,7 +124,7 @@ def load_settings(args: argparse.Namespace) -> TrainSettings:
     return TrainSettings.from_dict(base)
 
 
-def _rank(environ: Any) -> int:
+def _rank(environ: Mapping[str, str]) -> int:
     """This process's global rank from the launcher's variables (0 when malformed: setup says why)."""
     from cpuperf.train.dist_env import LaunchEnvError, rank_info
 
