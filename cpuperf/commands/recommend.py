@@ -31,10 +31,9 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     otherwise the same host and stack give the same plan in every command, run after run."""
     import os
 
-    from cpuperf.decide.recommend import RecommendRequest
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import coerce_entry, merge, parse_assignments
-    from cpuperf.plan.build import recommend_for
     from cpuperf.probe import probe_host, with_load
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.run import measure
@@ -60,7 +59,7 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
 
     # The job's nodes as train and ccl-env count them in this shell (a Slurm allocation included).
     hosts, count = job_nodes(nnodes, hosts, slurm_facts(os.environ).allocation)
-    rec = recommend_for(facts, workload, RecommendRequest(
+    rec = recommend(facts, workload, RecommendRequest(
         nproc_per_node=nproc_per_node, nnodes=count, unit=unit, device=device, measurements=meas, overrides=overrides,
         environ=os.environ if facts.live else {}))
     return facts, rec, hosts

@@ -19,7 +19,6 @@ from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 if TYPE_CHECKING:
     from cpuperf.decide.cluster import ClusterConstraints
     from cpuperf.decide.memory import MemoryLevers
-    from cpuperf.decide.recommend import RecommendRequest
     from cpuperf.decide.records import Constraints, Dtype, Levers, Measurements, Recommendation
     from cpuperf.decide.workload import Workload
     from cpuperf.knowledge.knobs import Overrides
@@ -56,13 +55,6 @@ class EdgeFacts:
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
     # The built-in worker's own schema (cpuperf.train.settings, a layer above plan/): settings in, checked ones out.
     worker_schema: Optional[Callable[[JsonObject], JsonObject]] = None
-
-
-def recommend_for(facts: HostFacts, workload: Workload, ask: RecommendRequest) -> Recommendation:
-    """recommend's decisions (the plan `recommend --save` writes) for the job's nodes (decide.nodes.job_nodes)."""
-    from cpuperf.decide.recommend import recommend
-
-    return recommend(facts, workload, ask)
 
 
 def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_tuned: bool = True) -> JobPlan:
