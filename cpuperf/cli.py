@@ -323,7 +323,8 @@ def train(
                                budget=budget)
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
-    _finish(cmd.run_train(Output(json_mode=json_out, quiet=quiet), given, options))
+    run = cmd.run_tune if tune else cmd.run_train  # --tune searches the levers on the command instead of running it
+    _finish(run(Output(json_mode=json_out, quiet=quiet), given, options))
 
 
 @app.command("ccl-env", add_help_option=False, short_help="The oneCCL/MPI environment for this host, as shell.",

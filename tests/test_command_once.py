@@ -49,3 +49,29 @@ def test_the_script_report_says_which_flags_were_yours():
     report = plan_script(["python", "t.py", "--bf16"], [Flag(("--bf16",), "dtype")], "always", hf).to_json()
     kept_yours = report["kept_yours"]
     assert kept_yours == ["--bf16"] and report["added"] == [] and "files" not in report
+
+
+def test_a_real_run_reads_the_command_once_from_plan_to_launch(monkeypatch, tmp_path):
+    """The launch reads the plan (LaunchPlan.own_session), not the argv: `setsid CMD` runs as the run itself, and
+    the words are unwrapped once, by read_command, from the options to the exit."""
+    import sys
+
+    from cpuperf.plan import user_launcher
+
+    calls = []
+    real = user_launcher.unwrap
+
+    def counting(argv):
+        calls.append(tuple(argv))
+        return real(argv)
+
+    monkeypatch.setattr(user_launcher, "unwrap", counting)
+    monkeypatch.setattr(command_mod, "unwrap", counting)
+    marker = tmp_path / "session"
+    code = f"import os, time; time.sleep(0.5); open({str(marker)!r}, 'w').write(str(os.getsid(0) == os.getpid()))"
+    argv = ["setsid", sys.executable, "-c", code]
+    res = run_cli(["train", "--out", str(tmp_path / "out"), "--", *argv], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert marker.read_text() == "True"  # the run was setsid's own process, in its own session, not a fork
+    assert calls == [tuple(argv)]
+

@@ -256,3 +256,18 @@ def test_a_hostfile_slot_count_is_bounded_by_what_a_host_can_run(text, said):
         parse_hostfile_text(text)
     assert said in err.value.message and len(err.value.message) < 300
     assert parse_hostfile_text("a:8192\nb slots=2 max_slots=4\n")[0].slots == 8192
+
+
+def test_the_plan_says_which_launch_opens_its_own_session(tmp_path, monkeypatch):
+    """`setsid CMD` run directly is started in no session of cpuperf's (setsid would fork, the run end at once);
+    under a launcher, setsid runs inside each rank. The executor reads this from the plan, not from argv."""
+    facts = facts_for(tmp_path, monkeypatch, sockets=2, cores_per_socket=4, threads_per_core=1)
+    rec = recommend(facts, PRESETS["micro"])
+    words = ("setsid", "python", "t.py")
+    one = dataclasses.replace(rec.placement, nproc_per_node=1, slots=rec.placement.slots[:1])
+    direct = plan_launch(facts, one, rank_command=words, opens_session=True)
+    assert direct.launcher == "direct" and direct.own_session
+    assert "own_session" not in direct.to_json()  # how it is started, not a fact of the plan's JSON
+    torchrun = plan_launch(facts, rec.placement, rank_command=words, launcher="torchrun", opens_session=True)
+    assert torchrun.launcher == "torchrun" and not torchrun.own_session
+    assert not plan_launch(facts, one, rank_command=("python", "t.py")).own_session

@@ -98,7 +98,7 @@ def test_a_tuning_run_of_a_shell_line_keeps_the_shell_and_sets_its_length_inside
     from cpuperf.plan.user_script import command_key, tuning_argv
 
     user = ["bash", "-c", "python t.py --max_steps 900 --output_dir o --lr 1"]
-    assert tuning_argv(user, 5, "/tmp/x") == ["bash", "-c", "python t.py --lr 1 --max_steps 5 --output_dir /tmp/x"]
+    assert tuning_argv(parse_command(user), 5, "/tmp/x") == ["bash", "-c", "python t.py --lr 1 --max_steps 5 --output_dir /tmp/x"]
     # the run length and output directory are no part of the command's identity; the shell and the rest are
     assert command_key(user, "s") == command_key(["bash", "-c", "python t.py --output_dir p --lr 1"], "s")
     assert command_key(user, "s") != command_key(["python", "t.py", "--lr", "1"], "s")

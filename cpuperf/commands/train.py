@@ -72,10 +72,10 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
         fixes = {"sets": o.sets, "model": given.model, "batch_size": o.batch_size, "nproc_per_node": o.nproc_per_node,
                  "ppn": o.ppn, "nnodes": given.nnodes}
         check_saved_plan_options(given.plan, [name for name, v in fixes.items() if v], given.device, given.unit)
-    decided, worker = split_constraints(o.sets, o.batch_size, given.user_argv)
     nproc = o.nproc_per_node or o.ppn
     given = with_command(given)  # the user's command, read once: every later step reads given.command
     check_own_launcher(given.command, nproc, given.launcher)
+    decided, worker = split_constraints(o.sets, o.batch_size, given.user_argv)
     return dataclasses.replace(given, decided=decided, worker=worker, has_sets=bool(o.sets), nproc=nproc,
                                global_batch=o.batch_size if not given.user_argv else None)
 
@@ -101,8 +101,6 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     # The edge is gathered in the layers' order, each value made once and handed on: the user's command split
     # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
     # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
-    if request.command is not None:
-        request.command.opens_a_session()  # `setsid --fork` is refused here, so --dry-run says what the launch would
     yours = request.command.launcher if request.command is not None else None
     command = request.command.script if request.command is not None else None
     script, script_args = (command.script, command.script_args) if command else (None, ())
@@ -185,9 +183,7 @@ def _plan_json(jp: JobPlan) -> Dict[str, Any]:
 
 def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code. `given`: the request as
-    the options gave it (train_request completes it)."""
-    if options.tune:
-        return _run_tune(out, given, options)
+    the options gave it (train_request completes it). `train --tune` is another job: run_tune."""
     request = train_request(given, options)
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
@@ -227,7 +223,7 @@ def _global_batch(jp: JobPlan) -> Optional[Dict[str, Any]]:
                       "from": dp.where}}
 
 
-def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
+def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
@@ -245,7 +241,8 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     given = with_command(given)
     assert given.command is not None  # _check_tunable: a command is given
     parsed = given.command.script
-    parser, why = detect_parser(read_script(parsed.script), parsed.script_args)
+    script_text = read_script(parsed.script)
+    parser, why = detect_parser(script_text, parsed.script_args)
     if parser != "hf":
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
@@ -264,8 +261,7 @@ def _run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     def log(msg: str) -> None:
         out.info(f"cpuperf train: {msg}")
 
-    script_text = read_script(parsed.script)
-    found = rtune.tune_command(start, cand, given.user_argv, budget, log, int(rule["script_steps"]),
+    found = rtune.tune_command(start, cand, parsed, budget, log, int(rule["script_steps"]),
                                int(rule["script_passes"]))
     if found.why_not is not None:
         raise CpuperfError(f"--tune: not saved as a tuning: {found.why_not}",

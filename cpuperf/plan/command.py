@@ -31,7 +31,7 @@ class CommandLine:
 
     def opens_a_session(self) -> bool:
         """The command makes its own session (`setsid ...`); `setsid --fork` exits 2
-        (cpuperf.plan.user_launcher.opens_a_session)."""
+        (cpuperf.plan.user_launcher.opens_session)."""
         return opens_session(self.wrappers)
 
     def launcher_with(self, words: Sequence[str]) -> Optional[LauncherCommand]:

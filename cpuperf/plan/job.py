@@ -228,6 +228,7 @@ class RankRun:
     python: Optional[str] = None
     log_dir: Optional[str] = None
     euid: int = 1000
+    opens_session: bool = False  # the command makes its own session (`setsid ...`: CommandLine.opens_a_session)
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
         master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python, local_addr=request.local_addr,
         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=run.yours, slurm=request.slurm,
-        numa_binding=numa))
+        numa_binding=numa, opens_session=run.opens_session))
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto), tuple(notes),
                    run.script)
 

@@ -18,14 +18,14 @@ import math
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.threads import threads_on
 from cpuperf.errors import ExitCode, FieldError
-from cpuperf.jsonable import as_json
+from cpuperf.jsonable import NOT_IN_JSON, as_json
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 from cpuperf.probe.hosts import Host
@@ -77,6 +77,9 @@ class LaunchPlan:
     node_commands: Tuple[str, ...] = ()  # torchrun multi-node: the command to start on every node
     yours: Optional[LauncherRanks] = None  # the user's own launcher (its JSON: LauncherRanks' fields)
     pid_dir: Optional[str] = None  # where each rank's pid file appears (rank<R>.pid), read by the watcher
+    # argv makes its own session (the user's command behind `setsid`): started in none of cpuperf's, since setsid(1)
+    # leading a process group forks and its parent exits at once (cpuperf.plan.command.CommandLine.opens_a_session)
+    own_session: bool = field(default=False, metadata=NOT_IN_JSON)
 
     @property
     def world_size(self) -> int:
@@ -173,6 +176,7 @@ class LaunchSpec:
     yours: Optional[LauncherRanks] = None
     slurm: SlurmFacts = NO_SLURM
     numa_binding: bool = False
+    opens_session: bool = False  # rank_command makes its own session (the user's command behind `setsid`)
 
 
 def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> LaunchPlan:
@@ -182,8 +186,9 @@ def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> Lau
     pin, threads, log_dir, environ, euid = spec.pin, spec.threads, spec.log_dir, spec.environ, spec.euid
     python, local_addr, job_id, rdzv_timeout = spec.python, spec.local_addr, spec.job_id, spec.rdzv_timeout
     yours, slurm, numa_binding = spec.yours, spec.slurm, spec.numa_binding
-    if yours is not None:
-        return _plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir, environ or {})
+    if yours is not None:  # cpuperf runs your launcher's command as it is
+        return replace(_plan_yours(placement, yours, rank_command, env_vars, pin, threads, log_dir, environ or {}),
+                       own_session=spec.opens_session)
     environ = environ or {}
     nproc = placement.nproc_per_node
     _check_rdzv_timeout(rdzv_timeout)
@@ -207,7 +212,8 @@ def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> Lau
                       hosts=job.host_names, master_addr=start.addr if world > 1 else None,
                       master_port=start.port if world > 1 else None, affinity=start.affinity, log_dir=log_dir,
                       rank_command=job.cmd, notes=tuple(notes), node_commands=start.node_commands,
-                      pid_dir=log_dir if chosen != "direct" else None)
+                      pid_dir=log_dir if chosen != "direct" else None,
+                      own_session=spec.opens_session and chosen == "direct")  # else a launcher starts it, in its own
 
 
 class _Job(NamedTuple):

@@ -342,16 +342,11 @@ def _negative_number(word: str) -> bool:
     return re.fullmatch(r"-\d+$|-\d*\.\d+", word) is not None  # argparse's _negative_number_matcher
 
 
-def opens_a_session(argv: Sequence[str]) -> bool:
-    """The command makes its own session (`setsid torchrun ...`, behind `env`, `nice`...): the launcher does not
-    start it in one. setsid(1) in a process group's leader forks and its parent exits at once: the run would end as
+def opens_session(wrappers: Sequence[Wrapper]) -> bool:
+    """The command, by its wrappers, makes its own session (`setsid torchrun ...`, behind `env`, `nice`...): the
+    launcher does not start it in one. setsid(1) in a process group's leader forks and its parent exits at once: the run would end as
     it began, and the job it left behind would be ended with it. Not a leader, it calls setsid() and execs: the
     same process. `setsid --fork` forks anyway: a usage error, in --dry-run as at the launch."""
-    return opens_session(unwrap(list(argv))[0])
-
-
-def opens_session(wrappers: Sequence[Wrapper]) -> bool:
-    """`opens_a_session` of a command already unwrapped: its wrappers."""
     from itertools import takewhile
 
     setsids = [w for w in takewhile(lambda w: not w.shell, wrappers) if w.name == "setsid"]  # in front of any shell line

@@ -876,9 +876,9 @@ def key_of_command(cmd: UserCommand, script_text: Optional[str]) -> str:
 _RUN_LENGTH = ("--max_steps", "--num_train_epochs", "--output_dir")
 
 
-def tuning_argv(argv: Sequence[str], steps: int, out_dir: str) -> List[str]:
-    """The command for one short tuning run: --max_steps `steps` and --output_dir `out_dir` in place of its own."""
-    cmd = parse_command(argv)
+def tuning_argv(cmd: UserCommand, steps: int, out_dir: str) -> List[str]:
+    """The user's command (as read once) for one short tuning run: --max_steps `steps` and --output_dir `out_dir`
+    in place of its own."""
     head = list(cmd.argv[:len(cmd.argv) - len(cmd.script_args)])
     rest: List[str] = []
     for key, value in _pairs(cmd.script_args):

@@ -37,7 +37,6 @@ from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
 from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UsageError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
-from cpuperf.plan.user_launcher import opens_a_session
 from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
@@ -175,7 +174,7 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
 
     direct = plan.launcher == "direct"
     try:
-        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=not opens_a_session(plan.argv),
+        return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=not plan.own_session,
                                 stdin=subprocess.DEVNULL,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)

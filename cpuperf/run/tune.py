@@ -26,6 +26,7 @@ from cpuperf.knowledge.variables import variables
 if TYPE_CHECKING:
     from cpuperf.decide.records import Measurements
     from cpuperf.decide.workload import Workload
+    from cpuperf.plan.user_script import UserCommand
     from cpuperf.probe.facts import HostFacts
     from cpuperf.run.owned import Owner
 
@@ -173,9 +174,9 @@ def runs_to_compare(passes: int) -> int:
     return 2 * passes + 3
 
 
-def tune_command(start: Point, cand: Candidates, argv: Sequence[str], budget: float, log: Callable[[str], object],
+def tune_command(start: Point, cand: Candidates, command: UserCommand, budget: float, log: Callable[[str], object],
                  steps: int, passes: int, min_steps: int = 2) -> CommandTuning:
-    """The descent on the user's own command, every run owned (cpuperf.run.owned) and the budget held: a first
+    """The descent on the user's own command (as read once), every run owned (cpuperf.run.owned) and the budget held: a first
     run of the rule's point times the command; where the budget cannot hold two settings and the confirming
     pair at `steps` steps, fewer steps per run (from the Trainer's own train_runtime), or it says it cannot."""
     import math
@@ -190,7 +191,7 @@ def tune_command(start: Point, cand: Candidates, argv: Sequence[str], budget: fl
         deadline = t0 + budget
 
         def once(p: Point, n: int) -> Tuple[Optional[List[float]], str, Optional[int]]:
-            return script_point(p, list(cand.values), tuning_argv(argv, n, os.path.join(work, "out")), owner,
+            return script_point(p, list(cand.values), tuning_argv(command, n, os.path.join(work, "out")), owner,
                                 deadline)
 
         first, output, code = once(start, steps)
