@@ -227,42 +227,25 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
-    import dataclasses
-    import time
-
-    from cpuperf.data import load_builtin
-    from cpuperf.decide import tune as dtune
     from cpuperf.plan.request import with_command
-    from cpuperf.plan.user_script import detect_parser, key_of_command, script_digest
-    from cpuperf.run import measure
+    from cpuperf.plan.user_script import detect_parser
     from cpuperf.run import tune as rtune
 
     _check_tunable(given, options)
     given = with_command(given)
-    assert given.command is not None  # _check_tunable: a command is given
-    parsed = given.command.script
-    script_text = read_script(parsed.script)
-    parser, why = detect_parser(script_text, parsed.script_args)
+    command = given.command
+    assert command is not None  # _check_tunable: a command is given
+    script_text = read_script(command.script.script)
+    parser, why = detect_parser(script_text, command.script.script_args)
     if parser != "hf":
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
                               "(HfArgumentParser)")
-    jp = build_plan(train_request(dataclasses.replace(given, auto=True, dry_run=True), options), options, use_tuned=False,
-                    say=out.teller("cpuperf train: "))
+    request = train_request(dataclasses.replace(given, auto=True, dry_run=True), options)
+    jp = build_plan(request, options, use_tuned=False, say=out.teller("cpuperf train: "))
     if jp.rec.levers.device.value != "cpu":
         raise UsageError("--tune tunes CPU training: this plan trains on a GPU", hint="add --device cpu to tune the CPU plan")
-    facts, rule = jp.facts, rtune.rules()
-    start, cand = dtune.start_point(jp.rec), dtune.candidates(facts, jp.rec, load_builtin("tuning.toml"), script=True,
-                                                        own_launcher=jp.launch.yours is not None)
-    budget = float(options.budget or rule["script_budget_s"])
-    out.info(f"cpuperf train: tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} "
-             f"steps per run, {rule['script_passes']} interleaved passes, budget {budget:.0f} s) ...")
-
-    def log(msg: str) -> None:
-        out.info(f"cpuperf train: {msg}")
-
-    found = rtune.tune_command(start, cand, parsed, budget, log, int(rule["script_steps"]),
-                               int(rule["script_passes"]))
+    found, cand, budget = rtune.tune_on_command(jp, command, options.budget, out.teller("cpuperf train: "))
     if found.why_not is not None:
         raise CpuperfError(f"--tune: not saved as a tuning: {found.why_not}",
                            hint="your command was measured, not changed; the rules decide its --auto runs")
@@ -277,14 +260,11 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if result is None or result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")
-    entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
-             "command": list(given.user_argv), "steps": found.steps,
-             "script_sha256": script_digest(script_text)}
-    lines = rtune.summary(result, cand)
-    path = measure.save_tuned(facts, "tuned_by_command", key_of_command(parsed, script_text), entry)
+    entry, path = rtune.cache_command_tuning(jp.facts, command, script_text, found, cand, budget)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:
+        lines = rtune.summary(result, cand)
         out.product("\n".join(lines + [f"cached at {path}: `cpuperf train --auto -- <this command>` uses it"]))
     return 0
 

@@ -26,6 +26,8 @@ from cpuperf.knowledge.variables import variables
 if TYPE_CHECKING:
     from cpuperf.decide.records import Measurements
     from cpuperf.decide.workload import Workload
+    from cpuperf.plan.command import CommandLine
+    from cpuperf.plan.job import JobPlan
     from cpuperf.plan.user_script import UserCommand
     from cpuperf.probe.facts import HostFacts
     from cpuperf.run.owned import Owner
@@ -167,6 +169,37 @@ class CommandTuning:
     steps: int
     why_not: Optional[str]
     code: int = 0  # the first run's exit code where it failed: the command's own, which --tune returns
+
+
+def tune_on_command(jp: JobPlan, command: CommandLine, budget: Optional[float], log: Callable[[str], object]
+                    ) -> Tuple[CommandTuning, Candidates, float]:
+    """`train --tune`'s search from the rules' plan `jp` of the command (as read once): its candidates
+    (cpuperf.decide.tune), the budget (`budget`, else the rule's), the descent (tune_command). Returns what it found,
+    the candidates and the budget it held."""
+    from cpuperf.decide import tune as dtune
+
+    rule = rules()
+    start = dtune.start_point(jp.rec)
+    cand = dtune.candidates(jp.facts, jp.rec, load_builtin("tuning.toml"), script=True,
+                            own_launcher=jp.launch.yours is not None)
+    spend = float(budget or rule["script_budget_s"])
+    log(f"tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} steps per run, "
+        f"{rule['script_passes']} interleaved passes, budget {spend:.0f} s) ...")
+    found = tune_command(start, cand, command.script, spend, log, int(rule["script_steps"]), int(rule["script_passes"]))
+    return found, cand, spend
+
+
+def cache_command_tuning(facts: HostFacts, command: CommandLine, script_text: Optional[str], found: CommandTuning,
+                         cand: Candidates, budget: float) -> Tuple[Dict[str, Any], Path]:
+    """A tuning `train --tune` found, cached for this command line and script (what later `--auto` runs of it
+    read): (the entry, the cache file)."""
+    from cpuperf.plan.user_script import key_of_command, script_digest
+    from cpuperf.run import measure
+
+    assert found.result is not None  # the caller says why there is none
+    entry = {**found.result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
+             "command": list(command.given), "steps": found.steps, "script_sha256": script_digest(script_text)}
+    return entry, measure.save_tuned(facts, "tuned_by_command", key_of_command(command.script, script_text), entry)
 
 
 def runs_to_compare(passes: int) -> int:
