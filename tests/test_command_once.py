@@ -11,19 +11,25 @@ from cpuperf.plan import command as command_mod
 from tests.cli_util import run_cli
 
 
+def _count_calls(monkeypatch, function, *modules):
+    """The argv each call of `function` gets, wherever `modules` look it up (the list fills as cpuperf runs)."""
+    calls = []
+
+    def counting(argv):
+        calls.append(tuple(argv))
+        return function(argv)
+
+    for module in modules:
+        monkeypatch.setattr(module, function.__name__, counting)
+    return calls
+
+
 @pytest.mark.parametrize("argv", [
     ["torchrun", "--nproc-per-node", "2", "script.py", "--per_device_train_batch_size", "4"],
     ["env", "OMP_NUM_THREADS=2", "python", "script.py", "--per_device_train_batch_size", "4"],
 ], ids=["torchrun", "env-python"])
 def test_the_command_is_read_once(monkeypatch, tmp_path, argv):
-    calls = []
-    real = command_mod.read_command
-
-    def counting(given):
-        calls.append(tuple(given))
-        return real(given)
-
-    monkeypatch.setattr(command_mod, "read_command", counting)
+    calls = _count_calls(monkeypatch, command_mod.read_command, command_mod)
     res = run_cli(["train", "--auto", "--dry-run", "--json", "--out", str(tmp_path / "out"), "--", *argv],
                   cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
@@ -58,15 +64,7 @@ def test_a_real_run_reads_the_command_once_from_plan_to_launch(monkeypatch, tmp_
 
     from cpuperf.plan import user_launcher
 
-    calls = []
-    real = user_launcher.unwrap
-
-    def counting(argv):
-        calls.append(tuple(argv))
-        return real(argv)
-
-    monkeypatch.setattr(user_launcher, "unwrap", counting)
-    monkeypatch.setattr(command_mod, "unwrap", counting)
+    calls = _count_calls(monkeypatch, user_launcher.unwrap, user_launcher, command_mod)
     marker = tmp_path / "session"
     code = f"import os, time; time.sleep(0.5); open({str(marker)!r}, 'w').write(str(os.getsid(0) == os.getpid()))"
     argv = ["setsid", sys.executable, "-c", code]
