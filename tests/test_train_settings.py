@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cpuperf.train.errors import ConfigError, TrainExit
-from cpuperf.train.settings import TrainSettings
+from cpuperf.train.errors import TrainExit
+from cpuperf.worker_settings import ConfigError, TrainSettings
 
 
 def test_defaults_round_trip_through_json(tmp_path) -> None:

@@ -159,9 +159,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
 
 
 def _worker_settings(raw: JsonObject) -> JsonObject:
-    """The built-in worker's settings as it will read them (cpuperf.train.settings), or one line (exit 2)."""
-    from cpuperf.train.errors import ConfigError
-    from cpuperf.train.settings import TrainSettings
+    """The built-in worker's settings as it will read them (cpuperf.worker_settings), or one line (exit 2)."""
+    from cpuperf.worker_settings import ConfigError, TrainSettings
 
     try:
         return TrainSettings.from_dict(raw).to_dict()

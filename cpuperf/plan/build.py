@@ -53,7 +53,7 @@ class EdgeFacts:
     launcher_python: Optional[str] = None  # the Python the user's launcher runs scripts with
     accelerate_default_config: bool = False
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
-    # The built-in worker's own schema (cpuperf.train.settings, a layer above plan/): settings in, checked ones out.
+    # The built-in worker's own schema (cpuperf.worker_settings): settings in, checked ones out.
     worker_schema: Optional[Callable[[JsonObject], JsonObject]] = None
 
 

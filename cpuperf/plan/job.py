@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from cpuperf.plan.user_launcher import LauncherRanks
     from cpuperf.plan.user_script import ScriptPlan
 
-# What the built-in loop can run (cpuperf.train.settings); a value outside these cannot be honoured there.
+# What the built-in loop can run (cpuperf.worker_settings); a value outside these cannot be honoured there.
 WORKER_OPTIMIZERS = ("adamw", "adamw_fused")
 WORKER_ATTENTION = ("sdpa",)
 PLAIN_REASON = "no --auto: fp32, eager, torch's own thread count, no pinning (the baseline --auto is compared with)"
@@ -77,7 +77,7 @@ class JobPlan:
     request: JobRequest
     env: Tuple[envplan.EnvVar, ...]
     launch: LaunchPlan
-    # The built-in worker's settings as its own schema checked them (cpuperf.train.settings, a layer above plan/):
+    # The built-in worker's settings as its own schema checked them (cpuperf.worker_settings):
     # the JSON its --config reads; None for a user's command.
     settings: Optional[JsonObject]
     decisions: Tuple[DecisionRow, ...]
@@ -158,7 +158,7 @@ def check_worker_can_honour(rec: Recommendation) -> None:
 
 
 def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> JsonObject:
-    """The built-in worker's settings (cpuperf.train.settings.TrainSettings, same ids as the knobs)."""
+    """The built-in worker's settings (cpuperf.worker_settings.TrainSettings, same ids as the knobs)."""
     check_worker_can_honour(rec)
     lv = rec.levers
     world = lv.world
