@@ -192,6 +192,9 @@ class TrainSettings:
                 raise ConfigError(f"model.{k} must be a positive integer (got {v!r})")
 
 
+SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TrainSettings))  # the worker's settings, by id
+
+
 def _coerce(key: str, value: object, default: object) -> object:
     """Check `value` against the type of the field's default; ints are accepted for floats."""
     optional_int = {"threads_per_rank", "max_steps"}

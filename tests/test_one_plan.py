@@ -33,7 +33,7 @@ def _plan(host: str, sets: List[str], auto: bool) -> Dict[str, Any]:
                             TrainOptions(sets=tuple(sets)))
     jp = build_plan(request, facts=facts, environ={})
     launch = jp.launch
-    return {"settings": jp.settings or {}, "decisions": {d.id: d.to_json() for d in jp.decisions},
+    return {"settings": jp.settings.to_dict() if jp.settings is not None else {}, "decisions": {d.id: d.to_json() for d in jp.decisions},
             "world": launch.world_size, "nproc": launch.nproc_per_node, "env": dict(launch.env),
             "per_rank": [(r.cpus, r.threads) for r in launch.per_rank]}
 
@@ -150,7 +150,7 @@ def test_plain_mode_keeps_the_nproc_option(host):
     request = train_request(PlanRequest(dry_run=True, model="micro", out_dir="/tmp/cpuperf-one-plan"),
                             TrainOptions(nproc_per_node=2))
     jp = build_plan(request, facts=facts, environ={})
-    assert jp.launch.world_size == 2 and jp.settings["dtype"] == "fp32"
+    assert jp.launch.world_size == 2 and jp.settings is not None and jp.settings.dtype == "fp32"
     assert [d.id for d in jp.decisions] == ["plain", "nproc_per_node"]  # the user's own option
 
 
