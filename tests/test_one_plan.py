@@ -12,7 +12,7 @@ from cli_util import run_cli, run_json
 from hosts import make_host
 
 from cpuperf.commands.train import TrainOptions, build_plan, train_request
-from cpuperf.errors import CpuperfError, ExitCode
+from cpuperf.errors import CpuperfError, ExitCode, UsageError
 from cpuperf.knowledge.knobs import KNOBS, MODEL_KEYS
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe import probe_host
@@ -132,6 +132,17 @@ def test_set_is_honoured_or_refused(host, auto, key, value, shows):
         return
     plan = _plan(host, [f"{key}={value}"], auto)
     assert shows(plan), (key, value, plan)
+
+
+@pytest.mark.parametrize("auto", [True, False], ids=["auto", "plain"])
+def test_a_setting_the_workers_schema_refuses_is_refused_by_the_plan(host, auto):
+    """The plan checks the worker's settings with the worker's own schema (cpuperf.worker_settings), and says so
+    in one line with its hint (exit 2), before anything starts."""
+    with pytest.raises(UsageError) as info:
+        _plan(host, ["dtype=fp16"], auto)
+    assert (info.value.message, info.value.hint) == (
+        "training settings: dtype fp16 needs device cuda (fp16 autocast + GradScaler)", "use dtype bf16 or fp32 on CPU")
+    assert info.value.code == ExitCode.USAGE
 
 
 def test_user_ranks_and_threads_shape_placement_memory_and_env(host):

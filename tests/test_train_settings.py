@@ -39,6 +39,18 @@ def test_bad_settings_raise_config_error(obj, fragment: str) -> None:
     assert info.value.code == TrainExit.BAD_CONFIG == 2
 
 
+def test_the_worker_reports_bad_settings_as_one_line_with_exit_2(capsys) -> None:
+    """ConfigError lives below train/ (cpuperf.worker_settings) and is no TrainError: the worker's error boundary
+    still reports it as its one line, and as the record named bad_config."""
+    from cpuperf.train.worker import main
+
+    assert main(["--config", '{"lr": 0}', "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": {"code": 2, "name": "bad_config", "message": "lr must be > 0 (got 0.0)",
+                                         "hint": None}}
+    assert err == "cpuperf train: error: lr must be > 0 (got 0.0)\n"
+
+
 def test_bad_json_and_missing_file() -> None:
     with pytest.raises(ConfigError, match="not valid JSON"):
         TrainSettings.from_json("{bad")
