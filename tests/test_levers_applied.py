@@ -22,6 +22,7 @@ from levers_util import levers
 
 from cpuperf.knowledge.knobs import DECISION_IDS
 from cpuperf.plan.applied import PLAIN, RankView, RenderedJob, lever_report, split
+from cpuperf.worker_settings import TrainSettings
 
 PATHS: Dict[str, List[str]] = {
     "builtin": ["--auto"],
@@ -140,11 +141,11 @@ def test_the_gpu_host_lists_what_its_launch_leaves_to_torch(dry_runs):
 
 JOBS = {
     "builtin": RenderedJob(auto=True, nproc_per_node=1, nnodes=1, env={"OMP_NUM_THREADS": "4"},
-                           ranks=(RankView((0, 1, 2, 3), 4),), settings={"dtype": "bf16", "device": "cpu"}),
+                           ranks=(RankView((0, 1, 2, 3), 4),), settings=TrainSettings(dtype="bf16", device="cpu")),
     "script": RenderedJob(auto=True, nproc_per_node=2, nnodes=1, env={}, ranks=(RankView((), 2), RankView((), 2)),
                           flags=(("--use_cpu",), ("--bf16",)), flags_left=(("--optim", "the Trainer's default"),)),
     "plain": RenderedJob(auto=False, nproc_per_node=1, nnodes=1, env={}, ranks=(RankView((), None),),
-                         settings={"dtype": "fp32"}),
+                         settings=TrainSettings(dtype="fp32")),
 }
 LEVERS = {
     "cpu-bf16": levers({"dtype": "bf16", "threads_per_rank": 4, "affinity": "auto", "allocator": "jemalloc"}),

@@ -46,8 +46,8 @@ def test_a_workload_whose_modules_are_missing_says_why_and_the_table_keeps_going
 def test_default_run_dir_numbers_like_lightning(tmp_path):
     import pytest
 
-    from cpuperf.train.errors import ConfigError
     from cpuperf.train.rundir import default_run_dir
+    from cpuperf.worker_settings import ConfigError
 
     base = str(tmp_path / "runs" / "train")
     assert default_run_dir(base) == f"{base}/version_0" and not (tmp_path / "runs").exists()  # a plan creates nothing

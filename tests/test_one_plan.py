@@ -12,7 +12,7 @@ from cli_util import run_cli, run_json
 from hosts import make_host
 
 from cpuperf.commands.train import TrainOptions, build_plan, train_request
-from cpuperf.errors import CpuperfError, ExitCode
+from cpuperf.errors import CpuperfError, ExitCode, UsageError
 from cpuperf.knowledge.knobs import KNOBS, MODEL_KEYS
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe import probe_host
@@ -33,7 +33,7 @@ def _plan(host: str, sets: List[str], auto: bool) -> Dict[str, Any]:
                             TrainOptions(sets=tuple(sets)))
     jp = build_plan(request, facts=facts, environ={})
     launch = jp.launch
-    return {"settings": jp.settings or {}, "decisions": {d.id: d.to_json() for d in jp.decisions},
+    return {"settings": jp.settings.to_dict() if jp.settings is not None else {}, "decisions": {d.id: d.to_json() for d in jp.decisions},
             "world": launch.world_size, "nproc": launch.nproc_per_node, "env": dict(launch.env),
             "per_rank": [(r.cpus, r.threads) for r in launch.per_rank]}
 
@@ -134,6 +134,17 @@ def test_set_is_honoured_or_refused(host, auto, key, value, shows):
     assert shows(plan), (key, value, plan)
 
 
+@pytest.mark.parametrize("auto", [True, False], ids=["auto", "plain"])
+def test_a_setting_the_workers_schema_refuses_is_refused_by_the_plan(host, auto):
+    """The plan checks the worker's settings with the worker's own schema (cpuperf.worker_settings), and says so
+    in one line with its hint (exit 2), before anything starts."""
+    with pytest.raises(UsageError) as info:
+        _plan(host, ["dtype=fp16"], auto)
+    assert (info.value.message, info.value.hint) == (
+        "training settings: dtype fp16 needs device cuda (fp16 autocast + GradScaler)", "use dtype bf16 or fp32 on CPU")
+    assert info.value.code == ExitCode.USAGE
+
+
 def test_user_ranks_and_threads_shape_placement_memory_and_env(host):
     plan = _plan(host, ["nproc_per_node=4", "threads_per_rank=2", "batch_size=3"], auto=True)
     assert plan["world"] == 4 and plan["env"]["OMP_NUM_THREADS"] == "2"
@@ -150,7 +161,7 @@ def test_plain_mode_keeps_the_nproc_option(host):
     request = train_request(PlanRequest(dry_run=True, model="micro", out_dir="/tmp/cpuperf-one-plan"),
                             TrainOptions(nproc_per_node=2))
     jp = build_plan(request, facts=facts, environ={})
-    assert jp.launch.world_size == 2 and jp.settings["dtype"] == "fp32"
+    assert jp.launch.world_size == 2 and jp.settings is not None and jp.settings.dtype == "fp32"
     assert [d.id for d in jp.decisions] == ["plain", "nproc_per_node"]  # the user's own option
 
 

@@ -20,7 +20,7 @@ from cpuperf.knowledge.matrix import load_matrix
 from cpuperf.knowledge.resolve import resolve
 from cpuperf.probe import probe_host
 from cpuperf.train.loop import peak_tflops
-from cpuperf.train.settings import TrainSettings
+from cpuperf.worker_settings import TrainSettings
 
 SPR = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
        "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]

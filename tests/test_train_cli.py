@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cpuperf.train.errors import ConfigError
-from cpuperf.train.settings import TrainSettings
 from cpuperf.train.worker import _human, _lr_lambda, build_parser, load_settings
+from cpuperf.worker_settings import ConfigError, TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +69,7 @@ def test_human_summary() -> None:
 
 def test_importing_the_package_does_not_import_torch() -> None:
     code = ("import sys, cpuperf.train, cpuperf.train.worker, cpuperf.train.model, "
-            "cpuperf.train.settings, cpuperf.train.corpus, cpuperf.train.dist_env, "
+            "cpuperf.worker_settings, cpuperf.train.corpus, cpuperf.train.dist_env, "
             "cpuperf.train.runtime_check, cpuperf.train.batches, cpuperf.train.checkpoint; "
             "assert 'torch' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

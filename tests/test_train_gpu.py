@@ -20,8 +20,8 @@ from cpuperf.train.gpu import (
     sdpa_constraints,
     table_peak,
 )
-from cpuperf.train.settings import TrainSettings
 from cpuperf.train.worker import _peak_tflops
+from cpuperf.worker_settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1 << 30

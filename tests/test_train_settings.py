@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cpuperf.train.errors import ConfigError, TrainExit
-from cpuperf.train.settings import TrainSettings
+from cpuperf.train.errors import TrainExit
+from cpuperf.worker_settings import ConfigError, TrainSettings
 
 
 def test_defaults_round_trip_through_json(tmp_path) -> None:
@@ -37,6 +37,18 @@ def test_bad_settings_raise_config_error(obj, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment) as info:
         TrainSettings.from_dict(obj)
     assert info.value.code == TrainExit.BAD_CONFIG == 2
+
+
+def test_the_worker_reports_bad_settings_as_one_line_with_exit_2(capsys) -> None:
+    """ConfigError lives below train/ (cpuperf.worker_settings) and is no TrainError: the worker's error boundary
+    still reports it as its one line, and as the record named bad_config."""
+    from cpuperf.train.worker import main
+
+    assert main(["--config", '{"lr": 0}', "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": {"code": 2, "name": "bad_config", "message": "lr must be > 0 (got 0.0)",
+                                         "hint": None}}
+    assert err == "cpuperf train: error: lr must be > 0 (got 0.0)\n"
 
 
 def test_bad_json_and_missing_file() -> None:

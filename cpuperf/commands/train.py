@@ -17,7 +17,7 @@ from cpuperf.decide.nodes import job_nodes
 from cpuperf.decide.placement import plan_placement
 from cpuperf.decide.workload import for_script, from_script, resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
-from cpuperf.jsonable import JsonObject, JsonValue
+from cpuperf.jsonable import JsonObject
 from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
 from cpuperf.plan.launch import mpi_flavour
@@ -149,24 +149,13 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                          hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
                          node_rank=node_rank, local_addr=local_addr, master_addr=request.master_addr, slurm=slurm,
                          socket_ifname=master_interface(master, hosts) if nnodes > 1 else None,
-                         worker_schema=_worker_settings, script_text=script_text, launcher_python=its_python,
+                         script_text=script_text, launcher_python=its_python,
                          accelerate_default_config=accelerate_config)
         return build_job_plan(request, facts, edge, use_tuned)
     except BaseException:
         if request.out_dir is None and not request.dry_run and not request.resume:
             remove_if_empty(out_dir)  # made for this run, which never started
         raise
-
-
-def _worker_settings(raw: JsonObject) -> JsonObject:
-    """The built-in worker's settings as it will read them (cpuperf.train.settings), or one line (exit 2)."""
-    from cpuperf.train.errors import ConfigError
-    from cpuperf.train.settings import TrainSettings
-
-    try:
-        return TrainSettings.from_dict(raw).to_dict()
-    except ConfigError as exc:
-        raise UsageError(f"training settings: {exc.message}", hint=exc.hint) from exc
 
 
 def _plan_json(jp: JobPlan) -> Dict[str, Any]:
@@ -188,7 +177,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
     if request.dry_run:
-        result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": jp.settings,
+        result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
                   "decisions": [d.to_json() for d in jp.decisions], "hf_flags": _hf_json(jp), "applied": _applied(jp),
                   "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
                   "global_batch": _global_batch(jp)}
@@ -200,9 +189,9 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     return _execute(out, request, jp, launch)
 
 
-def _whole(value: JsonValue, default: int) -> int:
-    """A count of the worker's settings (a number), or `default` where it is unset or 0."""
-    return int(value) if isinstance(value, (int, float)) and value else default
+def _settings_json(jp: JobPlan) -> Optional[JsonObject]:
+    """The built-in worker's settings as the dry run and the result show them (None for a user's command)."""
+    return jp.settings.to_dict() if jp.settings is not None else None
 
 
 def _global_batch(jp: JobPlan) -> Optional[Dict[str, Any]]:
@@ -213,7 +202,7 @@ def _global_batch(jp: JobPlan) -> Optional[Dict[str, Any]]:
         return rec.split.to_json()
     dp = rec.workload.parallel
     if dp.kind == "builtin" and jp.settings is not None:
-        per, acc = _whole(jp.settings.get("batch_size"), 0), _whole(jp.settings.get("grad_accum_steps"), 1)
+        per, acc = jp.settings.batch_size, jp.settings.grad_accum_steps
         return {"ranks": rec.levers.world, "global_batch": rec.levers.world * per * acc,
                 "after": {"per_device": per, "grad_accum": acc, "processes": rec.levers.world}}
     if dp.global_batch is None:
@@ -449,7 +438,7 @@ def _lever_lines(jp: JobPlan) -> List[str]:
 
 def _model_line(jp: JobPlan) -> List[str]:
     """The built-in model the host chose (no --model), as the worker gets it: said with the levers it shows."""
-    why, preset = jp.rec.workload.why, (jp.settings or {}).get("preset")
+    why, preset = jp.rec.workload.why, jp.settings.preset if jp.settings is not None else None
     return [f"applied: model={preset} (worker setting preset={preset}; {why})"] if why and preset else []
 
 
@@ -493,7 +482,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
         return mine if memory is None else {**mine, "gpu_memory": memory}
     if summary is None and plan.node_rank != 0:
         summary = {"schema": SCHEMA, "status": "completed", "node_rank": plan.node_rank,
-                   "world_size": plan.world_size, "settings": jp.settings,
+                   "world_size": plan.world_size, "settings": _settings_json(jp),
                    "note": f"rank 0 runs on {plan.master_addr}: the run's summary and metrics are written there"}
     if summary is None:
         raise LaunchFailedError("the training run ended without a summary in its metrics file",
@@ -634,7 +623,7 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     if len(plan.per_rank) > 1 and any(s.threads for s in plan.per_rank) and not any(s.cpus for s in plan.per_rank):
         shown = (*shown, "affinity")
     if jp.settings is not None and jp.rec.workload.why:  # the built-in model, where the host chose it
-        lines.append(f"# model = {jp.settings.get('preset')}: {jp.rec.workload.why}")
+        lines.append(f"# model = {jp.settings.preset}: {jp.rec.workload.why}")
     for d in jp.decisions:
         if d.overridden or d.id in shown or d.reason.startswith("tuned "):
             lines.append(f"# {d.id} = {d.value}: {d.reason}")

@@ -2,7 +2,7 @@
 
 `recommend` decides the knobs marked `decided`, `--set`/`--config` constrain any knob by the same id, the
 launch plan carries the `launch` ones (ranks, threads, pinning, preload) and the built-in worker reads the
-`worker` ones under the same names (cpuperf.train.settings.TrainSettings), so a value means one thing
+`worker` ones under the same names (cpuperf.worker_settings.TrainSettings), so a value means one thing
 from the command line to the rank that runs it. Pure.
 """
 

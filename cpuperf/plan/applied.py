@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.records import Decision, Levers
-from cpuperf.jsonable import JsonMapping, as_json
+from cpuperf.jsonable import as_json
+from cpuperf.worker_settings import SETTING_NAMES, TrainSettings
 
 if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
@@ -42,7 +43,7 @@ class RenderedJob:
     env: Mapping[str, str]
     ranks: Tuple[RankView, ...]
     pinned: Tuple[int, ...] = ()  # a direct launch: the CPUs the one process is pinned to
-    settings: Optional[JsonMapping] = None  # the built-in worker's; None for a user's command
+    settings: Optional[TrainSettings] = None  # the built-in worker's; None for a user's command
     flags: Tuple[Tuple[str, ...], ...] = ()  # the flags added to a user's command, each as its argv words
     flags_left: Tuple[Tuple[str, str], ...] = ()  # (flag, why) left out
     flags_why: str = ""  # why a user's command gets no Trainer flags at all (its parser), if it gets none
@@ -119,9 +120,10 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
 
 def _setting(d: Decision[object], job: RenderedJob) -> Optional[str]:
     """The built-in worker's setting of the same id, when it holds the decided value."""
-    if job.settings is None or d.id not in job.settings:
+    if job.settings is None or d.id not in SETTING_NAMES:
         return None
-    return f"worker setting {d.id}={_show(job.settings[d.id])}" if job.settings[d.id] == d.value else None
+    value = getattr(job.settings, d.id)
+    return f"worker setting {d.id}={_show(value)}" if value == d.value else None
 
 
 def _flag(d: Decision[object], job: RenderedJob) -> Optional[str]:

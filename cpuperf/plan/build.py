@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.errors import UsageError
-from cpuperf.jsonable import JsonObject
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from cpuperf.plan.user_script import ScriptPlan
     from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hosts import Host
+    from cpuperf.worker_settings import TrainSettings
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,6 @@ class EdgeFacts:
     launcher_python: Optional[str] = None  # the Python the user's launcher runs scripts with
     accelerate_default_config: bool = False
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
-    # The built-in worker's own schema (cpuperf.train.settings, a layer above plan/): settings in, checked ones out.
-    worker_schema: Optional[Callable[[JsonObject], JsonObject]] = None
 
 
 def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_tuned: bool = True) -> JobPlan:
@@ -181,13 +179,12 @@ def _job_request(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, aut
 
 
 def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, job: JobRequest,
-                  auto: bool) -> Tuple[List[str], Optional[JsonObject], Optional[ScriptPlan]]:
+                  auto: bool) -> Tuple[List[str], Optional[TrainSettings], Optional[ScriptPlan]]:
     """(what each rank runs, the built-in worker's settings or None, the plan of the user's command or None)."""
     from cpuperf.plan.job import worker_command, worker_settings
 
     if request.command is None:
-        raw = worker_settings(rec, job, edge.out_dir)
-        settings = edge.worker_schema(raw) if edge.worker_schema is not None else raw
+        settings = worker_settings(rec, job, edge.out_dir)
         return worker_command(edge.python, settings), settings, None
     from cpuperf.plan import user_script
 

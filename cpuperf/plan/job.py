@@ -18,7 +18,7 @@ from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.records import Recommendation
 from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import FieldError, UsageError
-from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue
+from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.knobs import BY_ID
 from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
@@ -27,12 +27,13 @@ from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
+from cpuperf.worker_settings import ConfigError, TrainSettings
 
 if TYPE_CHECKING:
     from cpuperf.plan.user_launcher import LauncherRanks
     from cpuperf.plan.user_script import ScriptPlan
 
-# What the built-in loop can run (cpuperf.train.settings); a value outside these cannot be honoured there.
+# What the built-in loop can run (cpuperf.worker_settings); a value outside these cannot be honoured there.
 WORKER_OPTIMIZERS = ("adamw", "adamw_fused")
 WORKER_ATTENTION = ("sdpa",)
 PLAIN_REASON = "no --auto: fp32, eager, torch's own thread count, no pinning (the baseline --auto is compared with)"
@@ -77,9 +78,9 @@ class JobPlan:
     request: JobRequest
     env: Tuple[envplan.EnvVar, ...]
     launch: LaunchPlan
-    # The built-in worker's settings as its own schema checked them (cpuperf.train.settings, a layer above plan/):
-    # the JSON its --config reads; None for a user's command.
-    settings: Optional[JsonObject]
+    # The built-in worker's settings, checked by its own schema (cpuperf.worker_settings): their to_dict() is the
+    # JSON its --config reads; None for a user's command.
+    settings: Optional[TrainSettings]
     decisions: Tuple[DecisionRow, ...]
     notes: Tuple[str, ...]
     script: Optional[ScriptPlan] = None  # the plan of the user's command (its Trainer flags); None: the built-in loop
@@ -157,8 +158,18 @@ def check_worker_can_honour(rec: Recommendation) -> None:
                              hint="it applies to your own script: cpuperf recommend renders it")
 
 
-def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> JsonObject:
-    """The built-in worker's settings (cpuperf.train.settings.TrainSettings, same ids as the knobs)."""
+def worker_settings(rec: Recommendation, request: JobRequest, out_dir: str) -> TrainSettings:
+    """The built-in worker's settings (cpuperf.worker_settings.TrainSettings, same ids as the knobs), checked as the
+    worker will read them: a value its schema refuses is one line (exit 2)."""
+    raw = _worker_values(rec, request, out_dir)
+    try:
+        return TrainSettings.from_dict(raw)
+    except ConfigError as exc:
+        raise UsageError(f"training settings: {exc.message}", hint=exc.hint) from exc
+
+
+def _worker_values(rec: Recommendation, request: JobRequest, out_dir: str) -> JsonObject:
+    """The worker's settings that the plan sets, by id (the schema's defaults stand for the rest)."""
     check_worker_can_honour(rec)
     lv = rec.levers
     world = lv.world
@@ -222,7 +233,7 @@ class RankRun:
     """What each rank runs and how the job starts it."""
 
     command: Tuple[str, ...]  # what each rank runs (the built-in worker, or the user's command with its flags)
-    settings: Optional[JsonObject] = None  # the built-in worker's checked settings; None for a user's command
+    settings: Optional[TrainSettings] = None  # the built-in worker's checked settings; None for a user's command
     script: Optional[ScriptPlan] = None  # the plan of the user's command
     yours: Optional[LauncherRanks] = None  # the user's own launcher and its ranks
     python: Optional[str] = None
@@ -272,9 +283,9 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
                    run.script)
 
 
-def worker_command(python: str, settings: JsonMapping) -> List[str]:
-    """How each rank starts the built-in loop."""
-    return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings, separators=(",", ":"))]
+def worker_command(python: str, settings: TrainSettings) -> List[str]:
+    """How each rank starts the built-in loop (its --config: the settings' JSON)."""
+    return [python, "-m", "cpuperf.train.worker", "--config", json.dumps(settings.to_dict(), separators=(",", ":"))]
 
 
 def _slurm_first(slurm: SlurmFacts) -> Optional[str]:

@@ -16,7 +16,7 @@ class TrainExit(enum.IntEnum):
 
     OK = int(ExitCode.OK)
     FAILED = int(ExitCode.FOUND_ERROR)  # the run started and hit an error (NaN loss, I/O error, ...)
-    BAD_CONFIG = int(ExitCode.USAGE)  # the settings are malformed or contradict each other
+    BAD_CONFIG = int(ExitCode.USAGE)  # the settings are malformed or contradict each other (cpuperf.worker_settings.ConfigError)
     MISSING_FEATURE = int(ExitCode.INCOMPATIBLE_HOST)  # asked for IPEX / oneCCL / MPI / CUDA that this host or env lacks
     DIST_INIT_FAILED = int(ExitCode.LAUNCH_FAILED)  # torch.distributed could not start (matches LAUNCH_FAILED)
     BUSY = int(ExitCode.BUSY)  # another live run holds out_dir
@@ -30,12 +30,6 @@ class TrainError(CpuperfError):
     """A failure meant for the user: a one-line message, the next thing to try, an exit code."""
 
     code = TrainExit.FAILED  # type: ignore[assignment]  # the worker's own exit codes (TrainExit, not ExitCode)
-
-
-class ConfigError(TrainError, ValueError):
-    """Malformed or contradictory settings."""
-
-    code = TrainExit.BAD_CONFIG  # type: ignore[assignment]  # the worker's own exit codes
 
 
 class MissingFeatureError(TrainError):

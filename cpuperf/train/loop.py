@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Option
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.errors import exit_code_for_signal
 from cpuperf.train import SCHEMA
-from cpuperf.train.errors import ConfigError, DiskFullError, DistInitError, MissingFeatureError, TrainError
+from cpuperf.train.errors import DiskFullError, DistInitError, MissingFeatureError, TrainError
 from cpuperf.train.rundir import METRICS_NAME
-from cpuperf.train.settings import TrainSettings
+from cpuperf.worker_settings import ConfigError, TrainSettings
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,8 @@ from typing import Mapping, Optional
 from cpuperf.boundary import RUN_LOCK
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
 from cpuperf.train.checkpoint import CKPT_NAME
-from cpuperf.train.errors import ConfigError, RunDirBusyError
+from cpuperf.train.errors import RunDirBusyError
+from cpuperf.worker_settings import ConfigError
 
 METRICS_NAME = "metrics.jsonl"
 TOKEN_VAR = RUN_LOCK  # the token of a lock a launcher holds for this run

@@ -22,12 +22,12 @@ from typing import Any, Dict, Mapping, Optional
 
 from cpuperf.boundary import RANK_ERRORS
 from cpuperf.errors import exit_code_for_signal
-from cpuperf.train.errors import ConfigError, TrainError, TrainExit
+from cpuperf.train.errors import TrainError, TrainExit
 from cpuperf.train.loop import Run, Stop, Terminated, install_signal_handlers
 from cpuperf.train.loop import lr_lambda as _lr_lambda  # noqa: F401  (tests, older imports)
 from cpuperf.train.loop import peak_tflops as _peak_tflops  # noqa: F401
 from cpuperf.train.rundir import METRICS_NAME  # noqa: F401
-from cpuperf.train.settings import TrainSettings
+from cpuperf.worker_settings import ConfigError, TrainSettings
 
 _Stop = Stop  # the name older callers use
 ERRORS_VAR = RANK_ERRORS  # a directory where a rank leaves rank<R>.json on error
@@ -135,7 +135,7 @@ def _rank(environ: Mapping[str, str]) -> int:
     return info.rank if info else 0
 
 
-def _report(err: TrainError, as_json: bool, debug_hint: bool = False) -> int:
+def _report(err: TrainError | ConfigError, as_json: bool, debug_hint: bool = False) -> int:
     """The one error line (or a record for cpuperf train), and the JSON object with --json."""
     errors_dir = os.environ.get(ERRORS_VAR)
     rank = _rank(os.environ)
@@ -191,7 +191,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     install_signal_handlers(stop)
     try:
         summary, code = _train(args, stop)
-    except TrainError as exc:
+    except (TrainError, ConfigError) as exc:  # ConfigError: the settings' schema (cpuperf.worker_settings)
         if debug:
             raise
         return _report(exc, args.json)

@@ -1,15 +1,20 @@
-"""TrainSettings: everything one worker run needs, as a dataclass with a JSON form (torch-free)."""
+"""TrainSettings: everything one run of the built-in worker needs, as a dataclass with a JSON form (torch-free).
+
+Below plan/ and train/, so the plan carries the worker's settings as this typed record (JobPlan.settings) and the
+worker reads the same record from its --config. Its only imports: the standard library, jsonable and errors.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from cpuperf.errors import CpuperfError, ExitCode
 from cpuperf.jsonable import JsonObject, as_json
-from cpuperf.train.errors import ConfigError
 
 PRESETS = ("tiny", "small", "gpt2-small", "micro")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -23,7 +28,21 @@ MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_rati
 DEFAULT_MAX_STEPS = 400
 
 
-@dataclass
+class ConfigExit(enum.IntEnum):
+    """The exit code of malformed settings: 2 (usage), named `bad_config` in the worker's error records, as the
+    worker's own codes name it (cpuperf.train.errors.TrainExit.BAD_CONFIG)."""
+
+    BAD_CONFIG = int(ExitCode.USAGE)
+
+
+class ConfigError(CpuperfError, ValueError):
+    """Malformed or contradictory settings (exit 2). Not a TrainError (cpuperf.train.errors, a layer above): the
+    worker reports both as one line with its code."""
+
+    code = ConfigExit.BAD_CONFIG  # type: ignore[assignment]  # the worker's code, named as its records name it
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     """One worker run. None means "decide for me" (threads: torch's default; backend: by device)."""
 
@@ -171,6 +190,9 @@ class TrainSettings:
         for k, v in self.model.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"model.{k} must be a positive integer (got {v!r})")
+
+
+SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TrainSettings))  # the worker's settings, by id
 
 
 def _coerce(key: str, value: object, default: object) -> object:
