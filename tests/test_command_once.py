@@ -73,3 +73,14 @@ def test_a_real_run_reads_the_command_once_from_plan_to_launch(monkeypatch, tmp_
     assert marker.read_text() == "True"  # the run was setsid's own process, in its own session, not a fork
     assert calls == [tuple(argv)]
 
+
+
+def test_the_record_says_whether_the_command_opens_its_own_session():
+    """Read with the command, so `setsid --fork` is refused (exit 2) before anything is probed or measured."""
+    from cpuperf.errors import UsageError
+
+    assert command_mod.read_command(["env", "A=1", "setsid", "python", "t.py"]).own_session
+    assert not command_mod.read_command(["python", "t.py"]).own_session
+    with pytest.raises(UsageError, match="setsid --fork") as refused:
+        command_mod.read_command(["setsid", "--fork", "python", "t.py"])
+    assert refused.value.code == 2

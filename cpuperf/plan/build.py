@@ -85,10 +85,8 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
             cmd = list(with_rank_step(flagged, edge.python, edge.launcher_python))
     mpi = mpi_flavour(facts)
     saved_env = edge.saved.env if edge.saved is not None and not edge.saved_diffs else None
-    # `setsid --fork` is refused here (exit 2), so --dry-run says what the launch would
-    opens_session = request.command is not None and request.command.opens_a_session()
     run = RankRun(tuple(cmd), settings, script, yours, log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid,
-                  opens_session=opens_session)
+                  opens_session=request.command is not None and request.command.own_session)
     given = EnvInputs(edge.environ, mpi[1] if (mpi and request.launcher == "mpirun") else None, edge.socket_ifname,
                       planned_env=tuple(saved_env) if saved_env is not None else None)
     jp = plan_job(facts, rec, job, run, given)

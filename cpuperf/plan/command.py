@@ -24,15 +24,13 @@ class CommandLine:
     hidden: str  # why a shell line is not read through, or ''
     script: UserCommand  # the script or module, its arguments, the launcher's name and its -nproc if a number
     launcher: Optional[LauncherCommand]  # the user's own launcher, its options and target; None: none
+    # the command makes its own session (`setsid ...`, cpuperf.plan.user_launcher.opens_session): a launch that runs
+    # it directly starts it in none of cpuperf's; `setsid --fork` is refused as the command is read (exit 2)
+    own_session: bool = False
 
     def environ(self, environ: Mapping[str, str]) -> Dict[str, str]:
         """The environment the command runs in: `environ` through its wrappers (`env NAME=VALUE`, `env -u`...)."""
         return wrapped_environ(self.wrappers, environ)
-
-    def opens_a_session(self) -> bool:
-        """The command makes its own session (`setsid ...`); `setsid --fork` exits 2
-        (cpuperf.plan.user_launcher.opens_session)."""
-        return opens_session(self.wrappers)
 
     def launcher_with(self, words: Sequence[str]) -> Optional[LauncherCommand]:
         """The user's launcher as it starts `words` (this command behind the same wrappers, with the flags cpuperf
@@ -42,7 +40,8 @@ class CommandLine:
 
 def read_command(argv: Sequence[str]) -> CommandLine:
     """The one reading of the user's command: its wrappers, its launcher (an option the launcher would refuse
-    exits 2), its script or module and their arguments."""
+    exits 2, as `setsid --fork` does), its script or module and their arguments."""
     wrappers, inner, hidden = unwrap(list(argv))
     return CommandLine(tuple(argv), tuple(wrappers), tuple(inner), hidden,
-                       script_of(argv, wrappers, inner, hidden), launcher_of(inner, wrappers, hidden))
+                       script_of(argv, wrappers, inner, hidden), launcher_of(inner, wrappers, hidden),
+                       own_session=opens_session(wrappers))

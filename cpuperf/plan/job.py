@@ -239,7 +239,7 @@ class RankRun:
     python: Optional[str] = None
     log_dir: Optional[str] = None
     euid: int = 1000
-    opens_session: bool = False  # the command makes its own session (`setsid ...`: CommandLine.opens_a_session)
+    opens_session: bool = False  # the command makes its own session (`setsid ...`: CommandLine.own_session)
 
 
 @dataclass(frozen=True)

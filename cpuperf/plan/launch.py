@@ -78,7 +78,7 @@ class LaunchPlan:
     yours: Optional[LauncherRanks] = None  # the user's own launcher (its JSON: LauncherRanks' fields)
     pid_dir: Optional[str] = None  # where each rank's pid file appears (rank<R>.pid), read by the watcher
     # argv makes its own session (the user's command behind `setsid`): started in none of cpuperf's, since setsid(1)
-    # leading a process group forks and its parent exits at once (cpuperf.plan.command.CommandLine.opens_a_session)
+    # leading a process group forks and its parent exits at once (cpuperf.plan.command.CommandLine.own_session)
     own_session: bool = field(default=False, metadata=NOT_IN_JSON)
 
     @property
