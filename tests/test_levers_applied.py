@@ -193,7 +193,7 @@ def test_the_trainers_defaults_are_claimed_only_for_a_script_that_builds_trainin
     unread = RenderedJob(**{**plain.__dict__, "trainer": None})
     assert "the script was not read" in {s.id: s for s in lever_report(decided, unread)}["batch_size"].how
     # A value on the command line is the command's own, whatever parses it.
-    given = RenderedJob(**{**plain.__dict__, "own_args": ("--per_device_train_batch_size", "8")})
+    given = RenderedJob(**{**plain.__dict__, "own_values": {"per_device_train_batch_size": "8"}})
     assert {s.id: s for s in lever_report(decided, given)}["batch_size"].how == (
         "your command's own --per_device_train_batch_size 8")
 

@@ -132,7 +132,8 @@ def test_a_sequence_length_the_plan_cannot_see_is_said(tmp_path):
     where = _trainer_dir(tmp_path)
     reason = next(d["reason"] for d in _dry_in(where, TRAINER)["decisions"] if d["id"] == "batch_size")
     assert "assumed 2048 tokens per sample" in reason and "--block_size" in reason
-    for named in (["--block_size", "1024"], ["--seq_len", "1024"]):  # the script's own name for it is read too
+    # the script's own name for it (its ModelArgs.seq_len), in the spellings its HfArgumentParser reads
+    for named in (["--seq_len", "1024"], ["--seq-len=1024"], ["--seq_l", "1024"]):
         told = _dry_in(where, [*TRAINER, *named])
         reason = next(d["reason"] for d in told["decisions"] if d["id"] == "batch_size")
         assert "assumed" not in reason and "8 x 1024 = 8192 tokens" in reason and "38.96 GiB" in reason, reason

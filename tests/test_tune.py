@@ -335,7 +335,7 @@ def test_command_key_ignores_only_the_run_length_and_the_output_dir(tmp_path):
 
 def test_tuning_argv_sets_the_steps_and_a_throwaway_output_dir():
     argv = ["python", "t.py", "--max_steps=100", "--output_dir", "mine", "--seed", "1"]
-    assert tuning_argv(parse_command(argv), 4, "/tmp/x") == ["python", "t.py", "--seed", "1", "--max_steps", "4",
+    assert tuning_argv(parse_command(argv), None, 4, "/tmp/x") == ["python", "t.py", "--seed", "1", "--max_steps", "4",
                                               "--output_dir", "/tmp/x"]
 
 

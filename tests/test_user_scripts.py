@@ -58,15 +58,20 @@ def test_the_script_is_found_behind_launchers(argv, launcher, nproc, script, arg
 
 
 def test_the_parser_decides_whether_trainer_flags_are_safe():
-    hf = "p = HfArgumentParser((TrainingArguments,)); p.parse_args_into_dataclasses()"
+    hf = "from transformers import HfArgumentParser, Trainer, TrainingArguments\np = HfArgumentParser((TrainingArguments,)); p.parse_args_into_dataclasses()"
     assert detect_parser(hf, ["--output_dir", "o"])[0] == "hf"
     assert detect_parser(hf, ["args.json"])[0] == "args-file"
-    assert detect_parser("import argparse\nTrainingArguments(output_dir='x'); Trainer(", [])[0] == "argparse"
-    assert detect_parser("args = TrainingArguments(output_dir='x')", [])[0] == "in-code"
+    own = "import argparse\nfrom transformers import HfArgumentParser, Trainer, TrainingArguments\np = argparse.ArgumentParser(); p.add_argument('--lr', type=float)\n" \
+        "Trainer(args=TrainingArguments(output_dir='x'))"
+    assert detect_parser(own, [])[0] == "argparse"
+    assert detect_parser("from transformers import HfArgumentParser, Trainer, TrainingArguments\nargs = TrainingArguments(output_dir='x')", [])[0] == "in-code"
+    # recognised by what it imports and calls, never a substring: Lightning's Trainer is not Hugging Face's
+    lit = "import lightning as L\ntrainer = L.Trainer(max_epochs=1)\n# TrainingArguments HfArgumentParser Trainer("
+    assert detect_parser(lit, [])[0] == "lightning"
     assert detect_parser(None, [])[0] == "unknown"
     ours = [Flag(("--use_cpu",), "device")]
     # auto: only an HfArgumentParser script; always: anyway; never: nothing
-    assert plan_script(["python", "t.py"], ours, "auto", "import argparse\nTrainer(").added == ()
+    assert plan_script(["python", "t.py"], ours, "auto", own).added == ()
     assert plan_script(["python", "t.py"], ours, "always", "import argparse").argv[-1] == "--use_cpu"
     assert plan_script(["python", "t.py"], ours, "never", hf).added == ()
 
@@ -75,7 +80,7 @@ def test_the_parser_decides_whether_trainer_flags_are_safe():
 def test_trainer_flags_go_inside_a_shell_line_and_the_shell_hands_them_to_the_script(shell, tmp_path):
     # `bash -c 'python t.py ...'`: after the line a flag would be the shell's $0, never the script's
     (tmp_path / "t.py").write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
-    hf = "p = HfArgumentParser((TrainingArguments,)); p.parse_args_into_dataclasses()"
+    hf = "from transformers import HfArgumentParser, Trainer, TrainingArguments\np = HfArgumentParser((TrainingArguments,)); p.parse_args_into_dataclasses()"
     user = [shell, "-c", f"OMP_PROC_BIND=close {sys.executable} t.py --output_dir 'my out' --per_device_train_batch_size 4", "name"]
     cmd = parse_command(user)
     assert (cmd.script, list(cmd.script_args)) == ("t.py", ["--output_dir", "my out", "--per_device_train_batch_size", "4"])
@@ -98,7 +103,7 @@ def test_a_tuning_run_of_a_shell_line_keeps_the_shell_and_sets_its_length_inside
     from cpuperf.plan.user_script import command_key, tuning_argv
 
     user = ["bash", "-c", "python t.py --max_steps 900 --output_dir o --lr 1"]
-    assert tuning_argv(parse_command(user), 5, "/tmp/x") == ["bash", "-c", "python t.py --lr 1 --max_steps 5 --output_dir /tmp/x"]
+    assert tuning_argv(parse_command(user), None, 5, "/tmp/x") == ["bash", "-c", "python t.py --lr 1 --max_steps 5 --output_dir /tmp/x"]
     # the run length and output directory are no part of the command's identity; the shell and the rest are
     assert command_key(user, "s") == command_key(["bash", "-c", "python t.py --output_dir p --lr 1"], "s")
     assert command_key(user, "s") != command_key(["python", "t.py", "--lr", "1"], "s")
@@ -146,7 +151,8 @@ def test_flags_the_user_gave_or_contradicted_are_never_added():
     ours = [Flag(("--use_cpu",), ""), Flag(("--bf16",), ""), Flag(("--optim", "adamw_torch_fused"), "")]
     add, left = merge_flags(["--fp16", "--no-cuda"], ours)
     assert add == [ours[2]] and [n for n, _ in left] == ["--use_cpu", "--bf16"]
-    add, left = merge_flags(["--bf16=False"], ours, "args = TrainingArguments(optim='sgd')")
+    add, left = merge_flags(["--bf16=False"], ours, "from transformers import TrainingArguments\n"
+                                                      "args = TrainingArguments(optim='sgd')")
     assert add == [ours[0]] and "chooses its optimizer" in left[1][1]
 
 

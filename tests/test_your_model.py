@@ -23,7 +23,32 @@ import pytest
 from cli_util import cli_env
 from hosts import make_host
 
-from cpuperf.probe.hf import script_arguments, script_model
+from cpuperf.plan.script_read import read_user_script
+from cpuperf.plan.user_script import UserCommand
+from cpuperf.probe.hf import script_model
+
+# A run_clm.py-like script: its own dataclass for the model, TrainingArguments, both from the command line.
+CLM_LIKE = """from dataclasses import dataclass, field
+from typing import Optional
+from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: Optional[str] = field(default=None)
+    config_name: Optional[str] = None
+    model_type: Optional[str] = None
+    config_overrides: Optional[str] = None
+    block_size: Optional[int] = None
+
+
+margs, targs = HfArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses()
+"""
+
+
+def _named(args, source=CLM_LIKE):
+    """The values a run_clm-like script's own parser reads from `args` (what train hands script_model)."""
+    return read_user_script(UserCommand(("python", "s.py", *args), None, None, "s.py", tuple(args)), source).named()
 
 GPUS = Path(__file__).parent / "fixtures" / "gpus"
 GiB = float(1 << 30)
@@ -266,47 +291,51 @@ def test_cpu_hosts_1b_fits_each_numa_node_or_exits_3(place, trainer_parser, node
 def test_script_arguments_in_every_spelling():
     args = ["--model-name-or-path=./m", "--per_device_train_batch_size", "4", "--gradient-accumulation-steps=2",
             "--optim", "adafactor", "--block_size", "512", "--learning_rate", "1e-4", "--max_steps", "900"]
-    assert script_arguments(args) == {"model_name_or_path": "./m", "per_device_train_batch_size": "4",
-                                      "gradient_accumulation_steps": "2", "optim": "adafactor", "block_size": "512",
-                                      "max_steps": "900"}
+    named = _named(args)
+    assert {k: named[k] for k in named if k != "learning_rate"} == {
+        "model_name_or_path": "./m", "per_device_train_batch_size": "4", "gradient_accumulation_steps": "2",
+        "optim": "adafactor", "block_size": "512", "max_steps": "900"}
+    # prefixes and repeats as HfArgumentParser reads them: the last occurrence wins
+    assert _named(["--per_device_train_batch", "16", "--per-device-train-batch-size=3"])[
+        "per_device_train_batch_size"] == "3"
 
 
 def test_a_local_directory_the_hf_cache_and_a_hub_only_name(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(CONFIGS["125m"]))
-    found = script_model(["--model_name_or_path", "m", "--per_device_train_batch_size", "4"], str(tmp_path), {})
+    found = script_model(_named(["--model_name_or_path", "m", "--per_device_train_batch_size", "4"]), str(tmp_path), {})
     assert found.config == CONFIGS["125m"] and found.per_device_batch == 4 and "m/config.json" in found.where
     # the local Hugging Face cache (huggingface_hub's layout), found without the network
     snap = tmp_path / "hf" / "hub" / "models--org--small" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps(CONFIGS["1b"]))
     env = {"HF_HOME": str(tmp_path / "hf")}
-    found = script_model(["--model_name_or_path", "org/small"], str(tmp_path), env)
+    found = script_model(_named(["--model_name_or_path", "org/small"]), str(tmp_path), env)
     assert found.config == CONFIGS["1b"] and "cache" in found.where
     # --config_name comes first, as in Hugging Face's example scripts
-    found = script_model(["--model_name_or_path", "org/small", "--config_name", "m"], str(tmp_path), env)
+    found = script_model(_named(["--model_name_or_path", "org/small", "--config_name", "m"]), str(tmp_path), env)
     assert found.config == CONFIGS["125m"]
     # only on the hub: cpuperf cannot tell, and says so (it never downloads)
-    found = script_model(["--model_name_or_path", "org/elsewhere"], str(tmp_path), env)
+    found = script_model(_named(["--model_name_or_path", "org/elsewhere"]), str(tmp_path), env)
     assert found.config is None and "never downloads" in found.why_not
-    assert script_model([], str(tmp_path), env).why_not.startswith("the script names no model")
+    assert script_model(_named([]), str(tmp_path), env).why_not.startswith("the script names no model")
 
 
 def test_an_args_file_names_the_model(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(CONFIGS["125m"]))
     (tmp_path / "args.json").write_text(json.dumps({"model_name_or_path": "m", "per_device_train_batch_size": 2}))
-    found = script_model(["args.json"], str(tmp_path), {})
+    found = script_model(_named(["args.json"]), str(tmp_path), {})
     assert found.config == CONFIGS["125m"] and found.per_device_batch == 2
 
 
 @pytest.mark.full  # the installed transformers read in a child
 def test_model_type_with_overrides_from_the_installed_transformers(tmp_path):
-    found = script_model(["--model_type", "gpt2", "--config_overrides", "n_embd=256,n_layer=4,n_head=4"],
+    found = script_model(_named(["--model_type", "gpt2", "--config_overrides", "n_embd=256,n_layer=4,n_head=4"]),
                          str(tmp_path), {}, python=sys.executable)
     assert found.config is not None, found.why_not
     assert (found.config["n_embd"], found.config["n_layer"], found.config["vocab_size"]) == (256, 4, 50257)
-    bad = script_model(["--model_type", "no-such-family"], str(tmp_path), {}, python=sys.executable)
+    bad = script_model(_named(["--model_type", "no-such-family"]), str(tmp_path), {}, python=sys.executable)
     assert bad.config is None and "does not know it" in bad.why_not
 
 

@@ -22,6 +22,7 @@ from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
 from cpuperf.plan.launch import mpi_flavour
 from cpuperf.plan.saved import plan_fits, read_plan_file
+from cpuperf.plan.script_read import read_user_script
 from cpuperf.probe import probe_host, with_load
 from cpuperf.probe.hf import accelerate_default_config, script_model
 from cpuperf.probe.hosts import read_hostfile, this_node_names
@@ -113,6 +114,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     names = this_node_names(listed, request.node_rank) if request.plan else []
     its_python = launcher_python(yours.prefix) if yours else None
     script_text = read_script(script)
+    # the script read once (its source, framework and arguments by its own parser's rules): a value that parser
+    # refuses exits 2 here, before anything is probed or run
+    reading = read_user_script(command, script_text) if command is not None and (script or command.module) else None
     accelerate_config = yours is not None and yours.launcher == "accelerate" and accelerate_default_config(environ)
     # A saved plan: refused (exit 13) where this host differs from it, unless --replan.
     saved, diffs = (plan_fits(request.plan, read_plan_file(request.plan), facts, request.replan, names)
@@ -124,7 +128,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     if master is None and nnodes > 1 and not hosts and slurm.allocation:
         master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
     if argv:  # the model and batch your script names in its own arguments (never downloaded)
-        found = script_model(script_args, os.getcwd(), environ,
+        found = script_model(reading.named() if reading is not None else {}, os.getcwd(), environ,
                              its_python or launcher_python(argv[:1]) if script else None,
                              may_run=not request.dry_run or options.tune)  # --tune runs it anyway
         workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
@@ -149,7 +153,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                          hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
                          node_rank=node_rank, local_addr=local_addr, master_addr=request.master_addr, slurm=slurm,
                          socket_ifname=master_interface(master, hosts) if nnodes > 1 else None,
-                         script_text=script_text, launcher_python=its_python,
+                         script_text=script_text, script=reading, launcher_python=its_python,
                          accelerate_default_config=accelerate_config)
         return build_job_plan(request, facts, edge, use_tuned)
     except BaseException:
@@ -217,7 +221,8 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
     from cpuperf.plan.request import with_command
-    from cpuperf.plan.user_script import detect_parser
+    from cpuperf.plan.script_read import read_user_script
+    from cpuperf.plan.user_script import script_kind
     from cpuperf.run import tune as rtune
 
     _check_tunable(given, options)
@@ -225,7 +230,7 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     command = given.command
     assert command is not None  # _check_tunable: a command is given
     script_text = read_script(command.script.script)
-    parser, why = detect_parser(script_text, command.script.script_args)
+    parser, why = script_kind(read_user_script(command.script, script_text))
     if parser != "hf":
         raise UsageError(f"--tune runs your command for a few steps with --max_steps: {why}",
                          hint="it needs a Trainer script that parses TrainingArguments from its command line "
@@ -249,7 +254,8 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     if result is None or result.stopped == "failed":
         raise LaunchFailedError("your command failed at the rule's point: nothing tuned",
                                 hint="run it once with cpuperf train --auto -- ... to see why")
-    entry, path = rtune.cache_command_tuning(jp.facts, command, script_text, found, cand, budget)
+    entry, path = rtune.cache_command_tuning(jp.facts, command, script_text, found, cand, budget,
+                                              jp.script.reading if jp.script is not None else None)
     if out.json_mode:
         out.json({"schema": "cpuperf.train-tune/1", "cache": str(path), **entry})
     else:
@@ -351,7 +357,7 @@ def _check_global_batch(out: Output, jp: JobPlan, observed: List[RankObservation
     with the plan is an error, its exit code returned (issue 51: splitting a job into ranks keeps its global batch)."""
     from cpuperf.plan.user_script import batch_ran
 
-    ran, mismatch = batch_ran(jp.rec, observed)
+    ran, mismatch = batch_ran(jp.rec, observed, jp.script.reading if jp.script is not None else None)
     if ran is not None:
         verification["global_batch"] = ran.to_json()
         out.info(f"cpuperf train: the ranks trained {ran.world_size} rank(s) x {ran.per_device} per device x "

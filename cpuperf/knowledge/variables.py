@@ -20,7 +20,8 @@ SCHEMA = "cpuperf.variables/1"
 TYPES = ("threads", "count", "cpus", "time", "port", "host", "ifnames", "tuning", "malloc_conf", "preload",
          "path_list", "path")
 RUNTIMES = ("openmp", "intel-openmp", "gnu-openmp", "mkl", "oneccl", "intel-mpi", "libfabric", "gloo",
-            "open-mpi", "prrte", "hydra", "torch-distributed", "pytorch", "ideep", "loader", "jemalloc", "onednn", "python", "tools")
+            "open-mpi", "prrte", "hydra", "torch-distributed", "pytorch", "ideep", "loader", "jemalloc", "onednn", "python", "tools",
+            "lightning")
 _FLAGS = ("plan", "launch", "several_ranks", "meet", "binds_ranks", "writes_files", "loads_code", "report", "forward",
           "script_switch")
 _NAME = re.compile(r"[A-Z][A-Za-z0-9_]*")

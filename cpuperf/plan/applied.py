@@ -10,7 +10,7 @@ CPU and GPU hosts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.records import Decision, Levers
@@ -49,7 +49,10 @@ class RenderedJob:
     flags_why: str = ""  # why a user's command gets no Trainer flags at all (its parser), if it gets none
     your_launcher: Optional[str] = None  # torchrun | accelerate | mpirun | srun: the user's own launcher
     placement_why: str = ""  # why ranks are not placed by cpuperf (a user's launcher in a plain run)
-    own_args: Tuple[str, ...] = ()  # a user's script's own arguments (its batch and accumulation are its own)
+    # the values a user's script's own parser reads from its arguments (option -> value: cpuperf.plan.script_args)
+    own_values: Mapping[str, str] = field(default_factory=dict)
+    # levers the script's framework carries by its own mechanism (lever id -> how: an environment default it reads)
+    carried: Tuple[Tuple[str, str], ...] = ()
     by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
     env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
     numa_binding: bool = False  # torchrun binds each GPU rank to its GPU's NUMA node (--numa-binding=node)
@@ -108,7 +111,7 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
     if isinstance(not_split, dict) and job.nproc_per_node == d.value:
         # the host's layout, not taken because it would change the job: the better value, not applied, and why
         return LeverState(d.id, not_split.get("ranks"), False, str(not_split.get("why")))
-    where = _CARRIED[d.id](d, levers, job)
+    where = dict(job.carried).get(d.id) or _CARRIED[d.id](d, levers, job)
     if where is not None:
         return LeverState(d.id, d.value, True, where)
     if not job.auto and not d.overridden:
@@ -149,11 +152,7 @@ def _own(d: Decision[object], job: RenderedJob) -> Optional[str]:
     if known is None or job.settings is not None:
         return None
     name, default = known
-    given = None
-    for i, arg in enumerate(job.own_args):
-        key, eq, value = arg.partition("=")
-        if "--" + key.lstrip("-").replace("-", "_") == name:
-            given = value if eq else (job.own_args[i + 1] if i + 1 < len(job.own_args) else None)
+    given = job.own_values.get(name[2:])
     if given is not None:
         return f"your command's own {name} {given}" if given == str(d.value) else None
     # The Trainer's default stands only where the script builds TrainingArguments: other code has its own.
@@ -308,10 +307,12 @@ _ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulatio
 
 def _script_why(d: Decision[object], job: RenderedJob) -> str:
     if job.trainer is not True and d.id in _ITS_OWN_CODE:
-        what = "not a Hugging Face Trainer script" if job.trainer is False else "the script was not read"
+        what = "the script's own code decides it" if job.trainer is False else "the script was not read"
         return f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"
     if job.flags_why and not job.flags:
-        return f"no Trainer flags for this command: {job.flags_why}"
+        what = "no Trainer flags for this command" if job.trainer is not False else \
+            "no flag or variable of this command carries it"
+        return f"{what}: {job.flags_why}"
     return {
         "batch_size": "your script's own per-device batch: a hyperparameter cpuperf sets only when you --set it",
         "grad_accum_steps": "your script's own accumulation: a hyperparameter cpuperf sets only when you --set it",
@@ -354,6 +355,8 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         flags_left=tuple(script.not_added) if script is not None else (),
         flags_why=script.why if script is not None else "",
         your_launcher=(script.command.launcher if script is not None else None) or (yours.launcher if yours is not None else None),
-        placement_why=placement_why, own_args=tuple(script.command.script_args) if script is not None else (),
+        placement_why=placement_why,
+        own_values=script.reading.args.values() if script is not None and script.reading is not None else {},
+        carried=script.carried if script is not None else (),
         by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv,
         trainer=script.trainer if script is not None else True)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan, JobRequest
     from cpuperf.plan.request import PlanRequest
     from cpuperf.plan.saved import SavedPlan
+    from cpuperf.plan.script_read import ScriptRead
     from cpuperf.plan.user_launcher import LauncherRanks
     from cpuperf.plan.user_script import ScriptPlan
     from cpuperf.probe.facts import HostFacts
@@ -50,6 +51,9 @@ class EdgeFacts:
     master_addr: Optional[str] = None
     socket_ifname: Optional[str] = None
     script_text: Optional[str] = None  # the user's script, to see how it parses its arguments
+    # the script read once (source, framework, arguments by its parser: cpuperf.plan.script_read); None: read from
+    # script_text by build_job_plan
+    script: Optional[ScriptRead] = None
     launcher_python: Optional[str] = None  # the Python the user's launcher runs scripts with
     accelerate_default_config: bool = False
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
@@ -63,6 +67,12 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     from cpuperf.plan.request import with_command
 
     request = with_command(request)  # the user's command, read once (a request from train_request carries it)
+    if edge.script is None and request.command is not None:
+        from cpuperf.plan.script_read import read_user_script
+
+        user_cmd = request.command.script
+        if user_cmd.script or user_cmd.module:
+            edge = replace(edge, script=read_user_script(user_cmd, edge.script_text))
     auto = request.auto or edge.saved is not None  # a saved plan is what recommend decided
     decided = dict(request.decided)
     yours = _your_launcher(request, facts, edge, oversubscribe=bool(decided.get("oversubscribe")))
@@ -101,7 +111,7 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Ov
     from cpuperf.decide.recommend import RecommendRequest, recommend
 
     meas = edge.measurements
-    tuned, said = _command_tuning(request, meas, edge.script_text) if use_tuned else (None, None)
+    tuned, said = _command_tuning(request, meas, edge) if use_tuned else (None, None)
     # Your launcher's nodes (torchrun --nnodes 2) are the job's, where cpuperf starts no nodes of its own.
     nnodes = max(edge.nnodes, yours.nodes) if yours is not None else edge.nnodes
     rec = recommend(facts, _with_parallel(request, edge), RecommendRequest(
@@ -133,7 +143,7 @@ def _with_parallel(request: PlanRequest, edge: EdgeFacts) -> Workload:
 
     cmd = request.command.script
     mode = request.hf_flags if request.auto else "never"
-    return replace(w, parallel=data_parallel(cmd, edge.script_text, mode, w.per_device_batch, w.grad_accum))
+    return replace(w, parallel=data_parallel(cmd, edge.script, mode, edge.script_text))
 
 
 def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> MemoryLevers:
@@ -149,10 +159,10 @@ def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> Me
         return MemoryLevers(recompute_only, "the built-in loop runs plain DDP (no sharding): bring a Trainer "
                             "script after -- for FSDP")
     from cpuperf.knowledge.hf_flags import sharding_form
-    from cpuperf.plan.user_script import detect_parser
+    from cpuperf.plan.user_script import script_kind
 
     cmd = request.command.script
-    parser, why = detect_parser(edge.script_text, cmd.script_args) if cmd.script else ("n/a", "no Python script")
+    parser, why = script_kind(edge.script) if cmd.script else ("n/a", "no Python script")
     if request.hf_flags == "never" or (parser != "hf" and request.hf_flags != "always"):
         return MemoryLevers(NOTHING, f"{why}: cpuperf adds no memory lever to it", advisory=True)
     software = facts.software
@@ -188,11 +198,12 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
 
     ours, skipped = user_script.recommended_speed_flags(rec, config_dir=edge.out_dir) if auto else ([], [])
     script = user_script.plan_command(request.command, ours, request.hf_flags if auto else "never",
-                                      edge.script_text, rec.stack.get("transformers"), skipped)
+                                      edge.script, rec.stack.get("transformers"), skipped,
+                                      bf16_why=user_script.bf16_gain(rec))
     return list(script.argv), None, script
 
 
-def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_text: Optional[str]
+def _command_tuning(request: PlanRequest, meas: Optional[Measurements], edge: EdgeFacts
                     ) -> Tuple[Optional[Tuple[Dict[str, Any], str]], Optional[str]]:
     """(the cached `train --tune` result for this command and where, a note saying which tuning the plan uses or
     that none is cached) for an --auto run of a user's command; (None, None) otherwise."""
@@ -202,7 +213,8 @@ def _command_tuning(request: PlanRequest, meas: Optional[Measurements], script_t
 
     from cpuperf.plan.user_script import key_of_command
 
-    entry = (meas.tuned_by_command if meas is not None else {}).get(key_of_command(request.command.script, script_text))
+    entry = (meas.tuned_by_command if meas is not None else {}).get(key_of_command(request.command.script, edge.script,
+                                                                             edge.script_text))
     if not entry:
         return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
                       "`cpuperf train --tune -- <command>` tunes it")

@@ -264,7 +264,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
                                      environ=environ, libraries=given.libraries, own_rendezvous=run.yours is not None)
     if given.planned_env is not None:
         wanted = with_launch_vars(given.planned_env, wanted)
-    env, merge_notes = merged_env(wanted, request, world, environ)
+    env, merge_notes = merged_env([*wanted, *_framework_vars(run.script)], request, world, environ)
     notes += merge_notes + env_notes
     pin = lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden) and \
         (lv.device.value == "cpu" or rec.placement.unit == "gpu-numa")
@@ -281,6 +281,16 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
         numa_binding=numa, opens_session=run.opens_session))
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto), tuple(notes),
                    run.script)
+
+
+def _framework_vars(script: Optional[ScriptPlan]) -> List[envplan.EnvVar]:
+    """The variables the script's framework reads for a lever (PL_TRAINER_PRECISION), each with its reason; merged
+    like every other (a value in your environment stays yours, and is said)."""
+    if script is None:
+        return []
+    why = {" ".join(f.args): f.why for f in script.added}
+    return [envplan.EnvVar(name, value, "cpuperf", why.get(name, f"{script.framework}: read by the framework"))
+            for name, value in script.env]
 
 
 def worker_command(python: str, settings: TrainSettings) -> List[str]:

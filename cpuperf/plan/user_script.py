@@ -23,6 +23,9 @@ from packaging.version import Version
 from cpuperf.decide.workload import DataParallel
 from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import JsonValue
+from cpuperf.knowledge.script_parsers import ScriptParser, hf_parser
+from cpuperf.plan.script_args import UNREAD, ScriptArgError, ScriptArgs, positive_int, read_script_args
+from cpuperf.plan.script_read import ScriptRead
 from cpuperf.versions import base_or_none
 
 if TYPE_CHECKING:
@@ -32,7 +35,6 @@ if TYPE_CHECKING:
     from cpuperf.plan.user_launcher import Wrapper
 
 HF_MODES = ("auto", "always", "never")
-_HF_MARKERS = ("TrainingArguments", "HfArgumentParser", "Seq2SeqTrainingArguments", "Trainer(")
 # Flags that say the same thing in different words: one given by the user rules out the others.
 _EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend", "--bf16_full_eval", "--fp16_full_eval"),
               ("--use_cpu", "--no_cuda"), ("--activation_checkpointing", "--gradient_checkpointing"),
@@ -107,6 +109,7 @@ class _ScriptReport(TypedDict):
     not_added: List[LeftOut]
     why: str
     parser: str
+    framework: str
     mode: str
     script: Optional[str]
     your_launcher: Optional[str]
@@ -117,6 +120,7 @@ class ScriptReport(_ScriptReport, total=False):
     """ScriptPlan's JSON (`train --dry-run --json` "hf_flags")."""
 
     files: Dict[str, JsonValue]  # the config files the flags name, as JSON
+    env: Dict[str, str]  # variables the script's framework reads that carry a lever
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,10 @@ class ScriptPlan:
     # the script builds TrainingArguments: the Trainer's defaults (batch 8, no accumulation, 0 loader workers) are
     # what it runs with where it sets none; any other script's are its own code's. None: its source was not read
     trainer: Optional[bool] = None
+    framework: str = ""  # the script's framework (cpuperf.plan.frameworks): hf-trainer | lightning | plain; '': not read
+    env: Tuple[Tuple[str, str], ...] = ()  # variables the framework reads that carry a lever (PL_TRAINER_PRECISION)
+    carried: Tuple[Tuple[str, str], ...] = ()  # (lever id, how) carried by the framework's own mechanism
+    reading: Optional[ScriptRead] = field(default=None, compare=False)  # the script as read once
 
     @property
     def added_args(self) -> List[str]:
@@ -152,10 +160,13 @@ class ScriptPlan:
         report = ScriptReport(added=self.added_args, flags=[FlagReport(args=list(f.args), why=f.why) for f in self.added],
                               kept_yours=[n for n, w in self.not_added if w.startswith("you ")],
                               not_added=[LeftOut(flag=n, why=w) for n, w in self.not_added], why=self.why,
-                              parser=self.parser, mode=self.mode, script=self.command.script,
+                              parser=self.parser, framework=self.framework, mode=self.mode,
+                              script=self.command.script,
                               your_launcher=self.command.launcher, transformers=self.transformers)
         if self.files:
             report["files"] = {path: json.loads(text) for path, text in self.files}
+        if self.env:
+            report["env"] = dict(self.env)
         return report
 
 
@@ -232,66 +243,109 @@ def _parse_words(argv: Sequence[str]) -> UserCommand:
 
 # -- the script's parser ---------------------------------------------------------------------------
 
-def looks_like_hf_trainer(source: str) -> bool:
-    """A script that builds TrainingArguments (directly or through HfArgumentParser)."""
-    return any(marker in source for marker in _HF_MARKERS)
+def script_kind(read: Optional[ScriptRead]) -> Tuple[str, str]:
+    """(kind, why): whether Trainer flags on the command line reach TrainingArguments, from the script as read once
+    (cpuperf.plan.script_read): hf | args-file | in-code | argparse | lightning | lightning-cli | other | unknown."""
+    if read is None:
+        return "n/a", "no Python script"
+    parser = read.parser
+    if parser.kind == "args-file":
+        return "args-file", (f"{parser.why}: flags after it would be rejected (the `script.py args.json` pattern)")
+    if parser.kind == "unknown":
+        return "unknown", f"{parser.why}: no Trainer flags"
+    name = read.framework.name
+    if name == "hf-trainer":
+        if parser.kind == "hf":
+            if not _parses_command_line(read):
+                return "args-file", "HfArgumentParser reads a file, not the command line: no Trainer flags"
+            return "hf", ("HfArgumentParser parses TrainingArguments from the command line"
+                          + ("" if parser.complete else f" ({parser.why}: only options written in full are read)"))
+        if parser.kind == "argparse":
+            return "argparse", "the script parses its own arguments: Trainer flags would be rejected"
+        return "in-code", "TrainingArguments is built in code: command-line flags would not reach it"
+    if name == "lightning":
+        return parser.kind if parser.kind == "lightning-cli" else "lightning", (
+            "a Lightning script: LightningCLI reads --trainer.* options" if parser.kind == "lightning-cli" else
+            "a Lightning script: its Trainer is built in code; the dtype reaches it through the environment Lightning reads")
+    if parser.kind == "argparse":
+        return "argparse", "the script parses its own arguments: Trainer flags would be rejected"
+    return "other", "not a Hugging Face Trainer script"
+
+
+_PARSE_CALLS = ("parse_args_into_dataclasses", "parse_known_args", "parse_args")
+
+
+def _parses_command_line(read: ScriptRead) -> bool:
+    """The script asks its parser for the command line (not only parse_json_file / parse_yaml_file)."""
+    return any(c.rsplit(".", 1)[-1] in _PARSE_CALLS for c in read.source.calls)
 
 
 def detect_parser(source: Optional[str], script_args: Sequence[str]) -> Tuple[str, str]:
-    """(kind, why): whether Trainer flags on the command line reach TrainingArguments."""
-    if source is None:
-        return "unknown", "the script could not be read: no Trainer flags"
-    if len(script_args) == 1 and script_args[0].endswith((".json", ".yaml", ".yml")):
-        return "args-file", (f"the script reads its arguments from {script_args[0]}: flags after it would be "
-                             "rejected (the `script.py args.json` pattern)")
-    if "HfArgumentParser" in source and "TrainingArguments" in source:
-        if "parse_args_into_dataclasses" not in source and "parse_known_args" not in source:
-            return "args-file", "HfArgumentParser reads a file, not the command line: no Trainer flags"
-        return "hf", "HfArgumentParser parses TrainingArguments from the command line"
-    if re.search(r"\bargparse\b|ArgumentParser\s*\(|\bclick\b|\btyper\b|\bfire\b|\bhydra\b", source):
-        return "argparse", "the script parses its own arguments: Trainer flags would be rejected"
-    if looks_like_hf_trainer(source):
-        return "in-code", "TrainingArguments is built in code: command-line flags would not reach it"
-    return "other", "not a Hugging Face Trainer script"
+    """`script_kind` of a script's text and arguments (read here once, as cpuperf.plan.script_read reads them)."""
+    from cpuperf.plan.script_read import read_user_script
+
+    return script_kind(read_user_script(UserCommand(("python", "s.py", *script_args), None, None, "s.py",
+                                                    tuple(script_args)), source))
 
 
 # -- may cpuperf split it into ranks (issue 51) -----------------------------------------------------
 
-# What a script's source shows of running data-parallel under a launcher's environment (RANK, WORLD_SIZE...).
-_ACCELERATE_SIGN = re.compile(r"\bAccelerator\s*\(")
-_PROCESS_GROUP_SIGN = re.compile(r"\binit_process_group\s*\(|\bDistributedDataParallel\b|\bdeepspeed\.initialize\b")
+_ACCELERATE = ("accelerate.Accelerator",)
+_PROCESS_GROUP = ("torch.distributed.init_process_group", "torch.nn.parallel.DistributedDataParallel",
+                  "torch.nn.parallel.distributed.DistributedDataParallel", "deepspeed.initialize")
 _BATCH_IN_CODE = re.compile(r"\bper_device_train_batch_size\s*=|\bgradient_accumulation_steps\s*=")
 TRAINER_DEFAULT_BATCH = 8  # TrainingArguments' per_device_train_batch_size default (transformers training_args.py)
+BATCH_DESTS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
-def data_parallel(cmd: UserCommand, source: Optional[str], mode: str, per_device: Optional[int],
-                  grad_accum: Optional[int]) -> DataParallel:
+def trainer_batch(read: ScriptRead) -> Tuple[Optional[int], int, str]:
+    """(per-device batch, accumulation, where) the script's own parser reads from its arguments; (None, 1, why) where
+    cpuperf cannot tell it (an option it cannot place may be one of them) or no run can take it (0, -4)."""
+    args = read.args
+    for dest in BATCH_DESTS:
+        doubt = args.could_be(dest) if not args.has(dest) or not args.parser.complete else ""
+        if doubt:
+            return None, 1, doubt
+    per, why = positive_int(args, "per_device_train_batch_size")
+    acc, why_acc = positive_int(args, "gradient_accumulation_steps")
+    if why or why_acc:
+        return None, 1, why or why_acc
+    where = (f"your {args.spelled('per_device_train_batch_size')}" if per is not None
+             else f"the Trainer's default per_device_train_batch_size {TRAINER_DEFAULT_BATCH}")
+    return per or TRAINER_DEFAULT_BATCH, acc or 1, where
+
+
+def data_parallel(cmd: UserCommand, read: Optional[ScriptRead], mode: str, source_text: Optional[str] = None
+                  ) -> DataParallel:
     """Whether the user's one-process command runs data-parallel when a launcher starts it several times, and
     whether cpuperf can keep its global batch: the signs read from its source, each said. Only a Trainer whose
-    arguments come from the command line (HfArgumentParser) gets its batch passed by cpuperf; an accelerate
-    script or one that forms its own process group runs data-parallel with a batch of its own code's."""
+    arguments come from the command line (HfArgumentParser) gets its batch passed by cpuperf; an accelerate or
+    Lightning script, or one that forms its own process group, runs data-parallel with a batch of its own code's."""
     if cmd.hidden:
         return DataParallel("unread", f"{cmd.hidden}: its script is not read")
-    if source is None:
+    if read is None or not read.source.read:
         what = f"python -m {cmd.module}: its source was not read" if cmd.module else "the script could not be read"
         return DataParallel("unread", what)
-    parser, why = detect_parser(source, cmd.script_args)
+    src = read.source
+    parser, why = script_kind(read)
     if parser == "hf":
         if mode == "never":
             return DataParallel("trainer", why, where="--hf-flags never: cpuperf passes no flag to it")
-        if per_device is None and _BATCH_IN_CODE.search(source):
+        if not read.args.has("per_device_train_batch_size") and source_text and _BATCH_IN_CODE.search(source_text):
             return DataParallel("trainer", why, where="its code sets the batch or accumulation")
-        where = (f"your --per_device_train_batch_size {per_device}" if per_device is not None
-                 else f"the Trainer's default per_device_train_batch_size {TRAINER_DEFAULT_BATCH}")
-        return DataParallel("trainer", why, per_device or TRAINER_DEFAULT_BATCH, grad_accum or 1, where)
-    if looks_like_hf_trainer(source):
+        per, acc, where = trainer_batch(read)
+        return DataParallel("trainer", why, per, acc, where)
+    if read.framework.name == "hf-trainer":
         return DataParallel("trainer", "the script builds TrainingArguments", where=why)
-    if _ACCELERATE_SIGN.search(source):
+    if read.framework.name == "lightning":
+        return DataParallel("process-group", "a Lightning script (its Trainer forms the process group under a "
+                            "launcher)")
+    if src.calls_any(*_ACCELERATE):
         return DataParallel("accelerate", "the script runs under accelerate's Accelerator")
-    if _PROCESS_GROUP_SIGN.search(source):
+    if src.calls_any(*_PROCESS_GROUP):
         return DataParallel("process-group", "the script forms its own process group")
-    return DataParallel("plain", f"{cmd.script or 'the script'} forms no process group (no Trainer, Accelerator or "
-                        "init_process_group in its source)")
+    return DataParallel("plain", f"{cmd.script or 'the script'} forms no process group (no Trainer, Accelerator, "
+                        "Lightning or init_process_group in its source)")
 
 
 @dataclass(frozen=True)
@@ -314,24 +368,27 @@ class BatchRan:
                 "global_batch": self.global_batch, "planned": self.planned, "ranks_read": self.ranks_read}
 
 
-def _last_int(argv: Sequence[str], name: str, default: int) -> Optional[int]:
-    """The value argparse keeps for option `name` (its last occurrence), the default without one; None: not a number."""
-    value: Optional[str] = None
-    for i, item in enumerate(argv):
-        key, eq, rest = item.partition("=")
-        if key.startswith("--") and _norm(key) == name:
-            value = rest if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-    if value is None:
-        return default
-    return int(value) if value.isdigit() else None
+def _rank_batch(argv: Sequence[str], parser: ScriptParser) -> Tuple[Optional[int], Optional[int]]:
+    """(per-device batch, accumulation) a rank's script read from its own command line (its words after the first
+    `.py`), by the script's parser; None where a value is not a whole number of at least 1."""
+    at = next((i for i, w in enumerate(argv) if w.endswith(".py")), -1)
+    try:
+        args = read_script_args(argv[at + 1:], parser)
+    except ScriptArgError:
+        return None, None
+    per, why = positive_int(args, "per_device_train_batch_size")
+    acc, why_acc = positive_int(args, "gradient_accumulation_steps")
+    return (None if why else per or TRAINER_DEFAULT_BATCH), (None if why_acc else acc or 1)
 
 
-def batch_ran(rec: Recommendation, observed: Sequence[RankObservation]) -> Tuple[Optional[BatchRan], Optional[str]]:
+def batch_ran(rec: Recommendation, observed: Sequence[RankObservation], reading: Optional[ScriptRead] = None
+              ) -> Tuple[Optional[BatchRan], Optional[str]]:
     """(what the ranks trained, a mismatch with the plan) for a Trainer whose batch the plan knows; (None, None)
     where there is nothing to compare (not such a script, or no rank was read while it ran)."""
     dp = rec.workload.parallel
     if dp.kind != "trainer" or dp.per_device is None:
         return None, None
+    parser = reading.parser if reading is not None and reading.parser.kind == "hf" else UNREAD_HF
     split = rec.split
     per, acc = (split.per_device, split.grad_accum) if split is not None else (dp.per_device, dp.grad_accum)
     planned = rec.levers.world * per * acc
@@ -339,8 +396,7 @@ def batch_ran(rec: Recommendation, observed: Sequence[RankObservation]) -> Tuple
     if not read:
         return None, None
     worlds = {o.world_size or 1 for o in read}
-    batches = {(_last_int(o.argv, "--per_device_train_batch_size", TRAINER_DEFAULT_BATCH),
-                _last_int(o.argv, "--gradient_accumulation_steps", 1)) for o in read}
+    batches = {_rank_batch(o.argv, parser) for o in read}
     if len(worlds) > 1 or len(batches) > 1 or None in next(iter(batches)):
         return None, (f"the ranks did not agree on the job: world sizes {sorted(worlds)}, per-device batch and "
                       f"accumulation {sorted(batches, key=str)}; the plan's global batch is {planned}")
@@ -580,31 +636,44 @@ def _add_companions(out: List[Flag], skipped: List[Tuple[str, str]], want: _Want
              f"--{c.flag} without --{c.requires} where no GPU has bf16")
 
 
-def user_flag_names(argv: Sequence[str]) -> Set[str]:
-    """'--fp16', '--per-device-train-batch-size=8' -> {'--fp16', '--per_device_train_batch_size'}."""
-    return {_norm(item) for item in argv if item.startswith("--")}
-
-
-def _sets_optim(source: Optional[str]) -> bool:
-    """The script passes the Trainer an optimizer of its own (optim=..., optimizers=...)."""
-    return source is not None and re.search(r"\boptim\s*=|\boptimizers\s*=", source) is not None
+def _sets_optim(read: Optional[ScriptRead]) -> bool:
+    """The script passes the Trainer an optimizer of its own (TrainingArguments(optim=...), Trainer(optimizers=...))."""
+    if read is None or not read.source.read:
+        return False
+    src = read.source
+    kinds = [c for c in src.calls if c.startswith("transformers.")]
+    return any("optim" in src.keywords_of(c) or "optimizers" in src.keywords_of(c) for c in kinds)
 
 
 def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
                 source: Optional[str] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
-    """(flags to add, (flag, why) left out): never one the user gave, its opposite or a synonym."""
-    given = user_flag_names(user_args)
+    """`_merge` of a Trainer script's arguments (read with TrainingArguments' table) and source text."""
+    from cpuperf.plan.script_read import read_user_script
+
+    read = read_user_script(UserCommand(("python", "s.py", *user_args), None, None, "s.py", tuple(user_args)),
+                            source) if source is not None else None
+    args = read.args if read is not None and read.parser.kind == "hf" else read_script_args(user_args, UNREAD_HF)
+    return _merge(args, ours, _sets_optim(read))
+
+
+def _merge(args: ScriptArgs, ours: Sequence[Flag], sets_optim: bool) -> Tuple[List[Flag], List[Tuple[str, str]]]:
+    """(flags to add, (flag, why) left out): never one the user gave (in any spelling the parser reads), its opposite
+    or a synonym."""
+    # an option the parser's table does not hold counts too (written for an older release, or a synonym): never
+    # added beside it
+    given = {"--" + g.dest for g in args.given} | {_norm(w) for w in args.unread}
     add: List[Flag] = []
     left: List[Tuple[str, str]] = []
-    sets_optim = _sets_optim(source)
     for flag in ours:
         name = flag.name
         clash = name in given or ("--no_" + name[2:]) in given
         clash = clash or any(name in fam and given & set(fam) for fam in _EXCLUSIVE)
-        if clash and flag.why.startswith("you set") and name in given and _value_of(user_args, name) != flag.args[1:]:
+        mine = args.value(name[2:])
+        if clash and flag.why.startswith("you set") and name in given and (mine,) != tuple(flag.args[1:2]) \
+                and not (mine == "" and len(flag.args) == 1):
             raise FieldError("set", None, f"{{opt.set}} says {verbatim(' '.join(flag.args))}, your command says "
-                             f"otherwise ({verbatim(name)})", "change it in your command, or drop the {opt.set}: one value "
-                             "per setting")
+                             f"otherwise ({verbatim(args.spelled(name[2:]) or name)})", "change it in your command, "
+                             "or drop the {opt.set}: one value per setting")
         if clash:
             left.append((" ".join(flag.args), "you decided (your command has it or its opposite)"))
         elif name == "--optim" and sets_optim and not flag.why.startswith("you set"):
@@ -612,16 +681,6 @@ def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
         else:
             add.append(flag)
     return add, left
-
-
-def _value_of(args: Sequence[str], name: str) -> Tuple[str, ...]:
-    """The value your command gives option `name` (normalized), as a tuple of words (empty for a switch)."""
-    for i, item in enumerate(args):
-        if item.startswith("--") and _norm(item) == name:
-            if "=" in item:
-                return (item.split("=", 1)[1],)
-            return (args[i + 1],) if i + 1 < len(args) and not args[i + 1].startswith("--") else ()
-    return ()
 
 
 def launcher_flags(cmd: UserCommand, ours: Sequence[Flag]) -> List[Flag]:
@@ -651,29 +710,37 @@ def _with_launcher_flags(argv: Sequence[str], flags: Sequence[Flag]) -> Tuple[st
 
 def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, source: Optional[str],
                 transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
-    """The user's command with the Trainer flags that are safe for it (--hf-flags auto|always|never)."""
+    """The user's command with the Trainer flags that are safe for it (--hf-flags auto|always|never): the command
+    and its script (`source`: its text) read once, then `plan_command`."""
     from cpuperf.plan.command import read_command
+    from cpuperf.plan.script_read import read_user_script
 
-    return plan_command(read_command(user_argv), ours, mode, source, transformers, skipped)
+    command = read_command(user_argv)
+    return plan_command(command, ours, mode, read_user_script(command.script, source), transformers, skipped)
 
 
-def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, source: Optional[str],
-                 transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
-    """`plan_script` of the user's command as read once (cpuperf.plan.command.read_command)."""
+def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Optional[ScriptRead],
+                 transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = (),
+                 bf16_why: str = "") -> ScriptPlan:
+    """The plan of the user's command as read once (cpuperf.plan.command.read_command) with its script as read once
+    (cpuperf.plan.script_read.read_user_script: None where the command runs no script cpuperf read)."""
     if mode not in HF_MODES:
         raise FieldError("hf_flags", mode, "{flag} {value!r}: use auto, always or never")
     cmd = command.script
     user_argv = command.given
-    parser, why = detect_parser(source, cmd.script_args) if (cmd.script or cmd.module) else ("n/a", "no Python script")
-    if cmd.module and source is None:
+    parser, why = script_kind(read) if (cmd.script or cmd.module) else ("n/a", "no Python script")
+    if cmd.module and (read is None or not read.source.read):
         parser, why = "unknown", f"python -m {cmd.module}: the module's parser is unknown"
     words = cmd.argv  # inside `bash -c 'LINE'`: the line's words
+    framework = read.framework.name if read is not None and read.source.read else ""
 
-    def made(argv: Sequence[str], added: Sequence[Flag], left: Sequence[Tuple[str, str]], why_: str) -> ScriptPlan:
+    def made(argv: Sequence[str], added: Sequence[Flag], left: Sequence[Tuple[str, str]], why_: str,
+             env: Tuple[Tuple[str, str], ...] = (), carried: Tuple[Tuple[str, str], ...] = ()) -> ScriptPlan:
         final = tuple(user_argv) if tuple(argv) == tuple(words) else cmd.rewrap(argv)
         return ScriptPlan(argv=final, words=tuple(argv), command=cmd, parser=parser, mode=mode, added=tuple(added),
                           not_added=tuple(left), why=why_, transformers=transformers,
-                          trainer=None if source is None else looks_like_hf_trainer(source))
+                          trainer=None if read is None or not read.source.read else framework == "hf-trainer",
+                          framework=framework, env=env, carried=carried, reading=read)
 
     if mode == "never":
         return made(words, (), (), "--hf-flags never")
@@ -682,40 +749,56 @@ def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, source: 
     launch = launcher_flags(cmd, ours)
     base = _with_launcher_flags(words, launch)
     if mode == "auto" and parser != "hf":
-        return made(base, launch, (), why + " (--hf-flags always adds them anyway)")
-    base, ours = _replace_values(base, len(cmd.script_args), ours)
-    add, left = merge_flags(cmd.script_args or words, [f for f in ours if not f.replaces], source)
+        return _framework_plan(made, read, base, launch, ours, why, bf16_why)
+    args = read.args if read is not None else read_script_args(cmd.script_args, UNREAD_HF)
+    n_args = len(cmd.script_args)
+    head = base[:len(base) - n_args] if n_args else base
+    tail, ours = _replace_values(args, ours)
+    base = (*head, *tail)
+    add, left = _merge(args, [f for f in ours if not f.replaces], _sets_optim(read))
     add = [*[f for f in ours if f.replaces], *add]
     argv = base + tuple(a for f in add if not f.replaces or f.args[0] not in base for a in f.args)
     plan = made(argv, [*launch, *add], [*left, *skipped], why if mode == "auto" else "--hf-flags always")
     # fused AdamW without a flag: the Trainer's default, where neither your command nor your code picks another
-    fused = ("--optim", TRAINER_FUSED) in skipped and "--optim" not in user_flag_names(cmd.script_args or words) \
-        and not _sets_optim(source)
+    fused = ("--optim", TRAINER_FUSED) in skipped and not args.has("optim") and not _sets_optim(read)
     return replace(plan, by_default=("optimizer",)) if fused else plan
 
 
-def _replace_values(words: Tuple[str, ...], n_script_args: int, ours: Sequence[Flag]
-                   ) -> Tuple[Tuple[str, ...], List[Flag]]:
-    """`words` with each replacing flag's value put in place of the one the script's arguments give (every
-    occurrence, `--k v` and `--k=v`, normalized to `--k v`), and the flags: those that replaced come back with their
-    option name as written there, so the argv carries each once."""
-    out = list(words)
-    start = len(out) - n_script_args
+def _framework_plan(made: Callable[..., ScriptPlan], read: Optional[ScriptRead], base: Tuple[str, ...],
+                    launch: Sequence[Flag], ours: Sequence[Flag], why: str, bf16_why: str) -> ScriptPlan:
+    """A script that takes no Trainer flags: the dtype by the mechanism its framework reads (an environment default,
+    a flag of its own CLI) or said where none reaches it."""
+    bf16 = next((f for f in ours if f.args[0] == "--bf16"), None)
+    reach = read.framework.dtype(read.source, read.args, True, bf16_why or (bf16.why if bf16 else "")) \
+        if read is not None and read.source.read and bf16 is not None else None
+    if reach is None:
+        return made(base, launch, (), why + " (--hf-flags always adds them anyway)" if read is None or
+                    read.framework.name == "hf-trainer" or not read.source.read else why)
+    if not reach.applied:
+        return made(base, launch, [(f"dtype {reach.value}", reach.why)], why)
+    flags = [Flag(reach.flags, reach.why)] if reach.flags else []
+    argv = (*base, *(a for f in flags for a in f.args))
+    how = "; ".join([*(f"variable {k}={v}" for k, v in reach.env), *(f"flag {' '.join(f.args)}" for f in flags)])
+    return made(argv, [*launch, *flags], (), why, env=reach.env, carried=((reach.lever, how),))
+
+
+UNREAD_HF = hf_parser((), "TrainingArguments", (), True, "HfArgumentParser over TrainingArguments")
+
+
+def _replace_values(args: ScriptArgs, ours: Sequence[Flag]) -> Tuple[Tuple[str, ...], List[Flag]]:
+    """The script's arguments with each replacing flag in place of every occurrence the script's parser reads as
+    that option (prefixes, `=`, dashes and repeats alike: the first occurrence's place keeps it, the later go), and
+    the flags: those that replaced come back marked so, so the argv carries each once."""
     kept: List[Flag] = []
     for flag in ours:
         if not flag.replaces:
             kept.append(flag)
             continue
-        hit = False
-        i = start
-        while i < len(out):
-            key, eq, _ = out[i].partition("=")
-            if key.startswith("--") and _norm(key) == flag.name:
-                out[i:i + (1 if eq else 2)] = [flag.args[0], *flag.args[1:]]
-                hit = True
-            i += 1
+        dest = flag.name[2:]
+        hit = args.has(dest)
+        args = read_script_args(args.with_value(dest, flag.args), args.parser)
         kept.append(flag if not hit else replace(flag, why=flag.why + " (in place of your value)"))
-    return tuple(out), kept
+    return args.args, kept
 
 
 # -- what was applied, and a rejection ---------------------------------------------------------------
@@ -778,6 +861,9 @@ def behaviour_notes(script: ScriptPlan, ranks: int) -> List[str]:
     return notes
 
 
+_TRAINER_KINDS = ("hf", "args-file", "in-code")
+
+
 def applied_lines(a: Mapping[str, Any]) -> List[str]:
     """The applied list as text lines (stderr before the script starts; # comments in --dry-run)."""
     from cpuperf.probe.parse import format_cpulist
@@ -807,7 +893,8 @@ def applied_lines(a: Mapping[str, Any]) -> List[str]:
     for flag, why in a["flags_why"].items():
         lines.append(f"applied: flag {flag} ({why})")
     if not a["flags"]:
-        lines.append(f"applied: no Trainer flags ({a['why_flags']})")
+        what = "Trainer flags" if a["parser"] in _TRAINER_KINDS else "flags on your script's command line"
+        lines.append(f"applied: no {what} ({a['why_flags']})")
     for item in a["flags_not_added"]:
         lines.append(f"not applied: {item['flag']} ({item['why']})")
     for note in a.get("behaviour") or ():
@@ -829,24 +916,6 @@ def rejected_flags(code: int, wall_s: float, output: str, script: Optional[Scrip
 
 # -- tuning on the command itself (cpuperf train --tune) ----------------------------------------------
 
-def _pairs(args: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
-    """(option, value or None) items, `--k=v` split; a bare word after an option is its value."""
-    out: List[Tuple[str, Optional[str]]] = []
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if tok.startswith("--") and "=" in tok:
-            key, _, value = tok.partition("=")
-            out.append((key, value))
-        elif tok.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("-"):
-            out.append((tok, args[i + 1]))
-            i += 1
-        else:
-            out.append((tok, None))
-        i += 1
-    return out
-
-
 def script_digest(script_text: Optional[str]) -> Optional[str]:
     """sha256 of the script's text (None: no script read): an edited script is another command."""
     import hashlib
@@ -858,33 +927,39 @@ def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
     """The key a tuning of this command is cached under: its exact argument list, in order (the script's path
     resolved), with the script's content; only the run length and the output directory are left out (a tuning
     run sets both, and a later run of any length is the same command)."""
-    return key_of_command(parse_command(argv), script_text)
+    from cpuperf.plan.command import read_command
+    from cpuperf.plan.script_read import read_user_script
+
+    cmd = read_command(argv).script
+    return key_of_command(cmd, read_user_script(cmd, script_text), script_text)
 
 
-def key_of_command(cmd: UserCommand, script_text: Optional[str]) -> str:
-    """`command_key` of the user's command as read once (cpuperf.plan.command.read_command)."""
+_RUN_LENGTH = ("max_steps", "num_train_epochs", "output_dir")
+
+
+def _script_args(cmd: UserCommand, read: Optional[ScriptRead]) -> ScriptArgs:
+    return read.args if read is not None and read.args.args == tuple(cmd.script_args) else \
+        read_script_args(cmd.script_args, UNREAD)
+
+
+def key_of_command(cmd: UserCommand, read: Optional[ScriptRead], script_text: Optional[str]) -> str:
+    """`command_key` of the user's command and script as read once: its words in order, without the run length and
+    the output directory in any spelling the script's parser reads as them (`--max_steps=5`, `--max_st 5`)."""
     import hashlib
     import json
 
     head = [*(a for w in cmd.wrappers for a in w.argv), *cmd.argv[:len(cmd.argv) - len(cmd.script_args)]]
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]
-    kept = [[k, v] for k, v in _pairs(cmd.script_args) if _norm(k) not in _RUN_LENGTH]
+    kept = list(_script_args(cmd, read).without(_RUN_LENGTH))
     return hashlib.sha256(json.dumps([head, kept, script_digest(script_text)]).encode()).hexdigest()[:16]
 
 
-_RUN_LENGTH = ("--max_steps", "--num_train_epochs", "--output_dir")
-
-
-def tuning_argv(cmd: UserCommand, steps: int, out_dir: str) -> List[str]:
+def tuning_argv(cmd: UserCommand, read: Optional[ScriptRead], steps: int, out_dir: str) -> List[str]:
     """The user's command (as read once) for one short tuning run: --max_steps `steps` and --output_dir `out_dir`
-    in place of its own."""
+    in place of its own (every spelling of them its parser reads)."""
     head = list(cmd.argv[:len(cmd.argv) - len(cmd.script_args)])
-    rest: List[str] = []
-    for key, value in _pairs(cmd.script_args):
-        if _norm(key) in ("--max_steps", "--output_dir", "--num_train_epochs"):
-            continue
-        rest += [key] if value is None else [key, value]
+    rest = _script_args(cmd, read).without(_RUN_LENGTH)
     return list(cmd.rewrap([*head, *rest, "--max_steps", str(steps), "--output_dir", out_dir]))
 
 
@@ -903,17 +978,33 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
 
     lv = rec.levers
     world = lv.world
-    ev = lv.dtype.evidence
-    from cpuperf.decide.records import measured_gemm
-
-    gemm = measured_gemm(ev)
-    ratio = gemm[1] / gemm[0] if gemm else None
-    if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
-        ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
+    ratio = bf16_gemm_ratio(rec)
     flags, skipped = speed_flags(lv, FlagContext(transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
                                  world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio,
                                  gpus_visible=not cpu_only_host(rec), config_dir=config_dir))
     return [*batch_split_flags(rec), *flags], skipped
+
+
+def bf16_gemm_ratio(rec: Recommendation) -> Optional[float]:
+    """bf16 GEMM over fp32 GEMM as measured on this host (inf: AMX usable, not measured; None: neither)."""
+    from cpuperf.decide.records import measured_gemm
+
+    ev = rec.levers.dtype.evidence
+    gemm = measured_gemm(ev)
+    ratio = gemm[1] / gemm[0] if gemm else None
+    if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
+        ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
+    return ratio
+
+
+def bf16_gain(rec: Recommendation) -> str:
+    """Why bf16 autocast pays here, in words: the measured GEMM ratio, or AMX."""
+    ratio = bf16_gemm_ratio(rec)
+    if ratio is None:
+        return "dtype: bf16 autocast"
+    if ratio == float("inf"):
+        return "dtype: bf16 autocast (AMX: native bf16 matrix units)"
+    return f"dtype: bf16 autocast (bf16 GEMM measured {ratio:.1f}x fp32 on this host)"
 
 
 def batch_split_flags(rec: Recommendation) -> List[Flag]:

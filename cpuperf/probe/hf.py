@@ -83,28 +83,13 @@ class ScriptModel:
     max_steps: Optional[int] = None  # the run length (--max_steps) where given: what torch.compile must pay back in
 
 
-def script_arguments(args: Sequence[str]) -> Dict[str, str]:
-    """The model, sequence and Trainer memory arguments of a script's argv (`--k v` and `--k=v`, - or _)."""
-    wanted = set(_MODEL_ARGS + SEQ_ARGS + _TRAINER_ARGS)
-    out: Dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if tok.startswith("--"):
-            key, eq, value = tok[2:].partition("=")
-            key = key.replace("-", "_")
-            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value, i = args[i + 1], i + 1
-            if key in wanted and (eq or value):
-                out[key] = value
-        i += 1
-    return out
-
-
-def _args_file(args: Sequence[str], cwd: str) -> Dict[str, str]:
-    """`script.py args.json`: HfArgumentParser reads every argument from that one file."""
-    if len(args) != 1 or not args[0].endswith(".json"):
+def _args_file(named: Mapping[str, str], cwd: str) -> Dict[str, str]:
+    """`script.py args.json`: HfArgumentParser reads every argument from that one file (`named` holds its path under
+    the key ARGS_FILE where the command's only argument is such a file)."""
+    path = named.get(ARGS_FILE, "")
+    if not path.endswith(".json"):
         return {}
+    args = [path]
     from cpuperf.fsutil import InputRefused, read_capped
 
     try:
@@ -221,15 +206,20 @@ def _type_defaults(model_type: str, python: Optional[str], run: Optional[Runner]
 NOT_RUN_IN_A_DRY_RUN = "a dry run starts no program of yours"
 
 
-def script_model(args: Sequence[str], cwd: str, environ: Optional[Mapping[str, str]] = None,
+ARGS_FILE = "<args file>"  # the key of `script_model`'s values that names an arguments file
+
+
+def script_model(args: Mapping[str, str], cwd: str, environ: Optional[Mapping[str, str]] = None,
                  python: Optional[str] = None, run: Optional[Runner] = None, may_run: bool = True) -> ScriptModel:
-    """The model a script trains, read from its arguments as Hugging Face's example scripts read them: --config_name,
+    """The model a script trains, from the values its own parser reads from its arguments (`args`: option -> value,
+    cpuperf.plan.script_args), as Hugging Face's example scripts read them: --config_name,
     else --model_name_or_path (a local directory or the local HF cache), else --model_type with --config_overrides
     (that type's defaults in the installed transformers, read by `run(argv, timeout)`). Never the network.
     `may_run` False (a dry run): no program is started, the script's Python included (it is the user's: a wrapper
     named python3-wrapper, or the interpreter on a launcher's `#!` line, ran under --dry-run); the type's defaults
     are then not read, and the reason says so."""
-    named = script_arguments(args) or _args_file(args, cwd)
+    wanted = set(_MODEL_ARGS + SEQ_ARGS + _TRAINER_ARGS)
+    named = {k: v for k, v in args.items() if k in wanted and v} or _args_file(args, cwd)
     batch = _positive(named.get("per_device_train_batch_size"))
     accum = _positive(named.get("gradient_accumulation_steps"))
     optim = named.get("optim")

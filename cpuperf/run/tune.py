@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from cpuperf.decide.workload import Workload
     from cpuperf.plan.command import CommandLine
     from cpuperf.plan.job import JobPlan
+    from cpuperf.plan.script_read import ScriptRead
     from cpuperf.plan.user_script import UserCommand
     from cpuperf.probe.facts import HostFacts
     from cpuperf.run.owned import Owner
@@ -185,12 +186,14 @@ def tune_on_command(jp: JobPlan, command: CommandLine, budget: Optional[float], 
     spend = float(budget or rule["script_budget_s"])
     log(f"tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} steps per run, "
         f"{rule['script_passes']} interleaved passes, budget {spend:.0f} s) ...")
-    found = tune_command(start, cand, command.script, spend, log, int(rule["script_steps"]), int(rule["script_passes"]))
+    read = jp.script.reading if jp.script is not None else None
+    found = tune_command(start, cand, command.script, spend, log, int(rule["script_steps"]), int(rule["script_passes"]),
+                         read=read)
     return found, cand, spend
 
 
 def cache_command_tuning(facts: HostFacts, command: CommandLine, script_text: Optional[str], found: CommandTuning,
-                         cand: Candidates, budget: float) -> Tuple[Dict[str, Any], Path]:
+                         cand: Candidates, budget: float, read: Optional[ScriptRead] = None) -> Tuple[Dict[str, Any], Path]:
     """A tuning `train --tune` found, cached for this command line and script (what later `--auto` runs of it
     read): (the entry, the cache file)."""
     from cpuperf.plan.user_script import key_of_command, script_digest
@@ -199,7 +202,7 @@ def cache_command_tuning(facts: HostFacts, command: CommandLine, script_text: Op
     assert found.result is not None  # the caller says why there is none
     entry = {**found.result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
              "command": list(command.given), "steps": found.steps, "script_sha256": script_digest(script_text)}
-    return entry, measure.save_tuned(facts, "tuned_by_command", key_of_command(command.script, script_text), entry)
+    return entry, measure.save_tuned(facts, "tuned_by_command", key_of_command(command.script, read, script_text), entry)
 
 
 def runs_to_compare(passes: int) -> int:
@@ -208,7 +211,7 @@ def runs_to_compare(passes: int) -> int:
 
 
 def tune_command(start: Point, cand: Candidates, command: UserCommand, budget: float, log: Callable[[str], object],
-                 steps: int, passes: int, min_steps: int = 2) -> CommandTuning:
+                 steps: int, passes: int, min_steps: int = 2, read: Optional[ScriptRead] = None) -> CommandTuning:
     """The descent on the user's own command (as read once), every run owned (cpuperf.run.owned) and the budget held: a first
     run of the rule's point times the command; where the budget cannot hold two settings and the confirming
     pair at `steps` steps, fewer steps per run (from the Trainer's own train_runtime), or it says it cannot."""
@@ -224,7 +227,7 @@ def tune_command(start: Point, cand: Candidates, command: UserCommand, budget: f
         deadline = t0 + budget
 
         def once(p: Point, n: int) -> Tuple[Optional[List[float]], str, Optional[int]]:
-            return script_point(p, list(cand.values), tuning_argv(command, n, os.path.join(work, "out")), owner,
+            return script_point(p, list(cand.values), tuning_argv(command, read, n, os.path.join(work, "out")), owner,
                                 deadline)
 
         first, output, code = once(start, steps)
