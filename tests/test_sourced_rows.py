@@ -353,3 +353,13 @@ def test_every_unsourced_row_names_a_known_generation_and_why():
     for row in load_builtin("cpu_peaks.toml")["unsourced"]:
         assert set(row["match"]) <= names and row["kind"] in ("flops_per_cycle", "boost_clock"), row
         assert row["what"] and row["why"]
+
+
+def test_diamond_rapids_has_no_rate_until_a_source_covers_it():
+    """The Xeon 4th-6th gen row's sources say nothing of Panther Cove: Diamond Rapids gets no FLOPs per cycle (no MFU
+    against a guess) and an [[unsourced]] entry saying why; Granite Rapids keeps the row."""
+    dmr = peak_data("diamondrapids", "Intel(R) Xeon(R) 7")
+    assert dmr["flops_per_cycle"] is None
+    assert [u["kind"] for u in dmr["unsourced"]] == ["flops_per_cycle"] and "Panther Cove" in dmr["unsourced"][0]["what"]
+    assert hardware_peak("diamondrapids", "bf16", 2, "Intel(R) Xeon(R) 7", nominal_hz=2.0e9)[0] is None
+    assert peak_data("graniterapids", "Intel(R) Xeon(R) 6980P")["flops_per_cycle"]["bf16"] == 1024
