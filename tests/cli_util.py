@@ -18,6 +18,8 @@ import sys
 import tempfile
 from typing import Callable, Dict, List, Optional
 
+SUITE_TODAY = "2026-11-28"
+
 
 def cli_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
@@ -26,8 +28,10 @@ def cli_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     # test timings depend on the cache; the measuring path has its own tests.
     # CPUPERF_OVERRIDE_HYPERVISOR=0: the live host is bare metal unless a test names the virtual-machine class
     # (whether the machine running the suite is a VM changes where ranks are pinned).
+    # CPUPERF_OVERRIDE_TODAY: the day the suite describes, so date-dependent findings (a Python past its end of life)
+    # never change with the day the tests run.
     env.update({"NO_COLOR": "1", "COLUMNS": "120", "PYTHONDONTWRITEBYTECODE": "1", "CPUPERF_MEASURE": "0",
-                "CPUPERF_OVERRIDE_HYPERVISOR": "0"})
+                "CPUPERF_OVERRIDE_HYPERVISOR": "0", "CPUPERF_OVERRIDE_TODAY": SUITE_TODAY})
     if os.environ.get("CPUPERF_CACHE_DIR"):  # the suite's own cache (tests/conftest.py), not this machine's
         env["CPUPERF_CACHE_DIR"] = os.environ["CPUPERF_CACHE_DIR"]
     env.update(extra or {})

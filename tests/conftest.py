@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pkgindex  # noqa: E402  (tests/ on the path first)
 import tiers  # noqa: E402
+from cli_util import SUITE_TODAY  # noqa: E402
 
 # The suite's own cache directory (measurements, tunings, remembered decisions): what cpuperf cached on this machine
 # before (a measurement taken under load prints a warning first on stderr) must not change what a test sees.
@@ -30,6 +31,7 @@ def _clean_env(monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")
     # The live host is bare metal unless a test names the virtual-machine class (as tests/cli_util.py does).
     monkeypatch.setenv("CPUPERF_OVERRIDE_HYPERVISOR", "0")
+    monkeypatch.setenv("CPUPERF_OVERRIDE_TODAY", SUITE_TODAY)  # date-dependent findings never follow the calendar
     from cpuperf.probe import _CACHE
 
     _CACHE.clear()

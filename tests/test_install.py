@@ -129,6 +129,21 @@ def test_cpu_dry_run_plans_cpu_build_without_nvidia(tmp_path, index, pip_home):
     assert "asking pip" in proc.stderr and "asking pip" not in proc.stdout
 
 
+@pytest.mark.full  # real pip
+def test_install_says_the_python_is_past_its_end_of_life_before_it_plans(tmp_path, index, pip_home):
+    """The same words as doctor's python-end-of-life finding, on stderr before pip is asked; the plan (stdout) is
+    unchanged. A Python with nothing to say gets no line."""
+    args = ["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run"]
+    proc = cli(args, pip_home, {"CPUPERF_OVERRIDE_PYTHON": "3.10", "CPUPERF_OVERRIDE_TODAY": "2026-11-28"})
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stderr.index("Python 3.10 reached its end of life on 2026-10-31 (PEP 619)")
+    assert "the newest torch with a linux_x86_64 wheel for it is 2.14.1" in proc.stderr
+    assert said < proc.stderr.index("asking pip")
+    assert "end of life" not in proc.stdout and "2.7.0+cpu" in proc.stdout
+    quiet = cli(args, pip_home, {"CPUPERF_OVERRIDE_PYTHON": "3.13", "CPUPERF_OVERRIDE_TODAY": "2026-11-28"})
+    assert quiet.returncode == 0 and "end of life" not in quiet.stderr
+
+
 def test_gpu_host_gets_the_cuda_build_for_its_driver(tmp_path, index, pip_home):
     gpus = json.dumps([{"name": "NVIDIA A100", "compute_capability": "8.0", "memory_bytes": 85899345920,
                         "driver_version": "550.54.15"}])

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from cli_util import run_cli, run_json
 from hosts import CPUINFO, fixture_host, make_host, write
@@ -65,6 +68,9 @@ ZEN4 = ["avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"
         "vpclmulqdq", "sha_ni", "clzero", "clwb", "wbnoinvd", "rdpid", "pku", "lm"]
 
 
+FIXTURES = Path(__file__).parent / "fixtures" / "regen"
+
+
 def _table():
     return load_builtin("microarch.toml")
 
@@ -103,11 +109,50 @@ def test_intel_models_match_intel_family_h():
 def test_a_newer_family_is_never_named_after_an_older_part():
     client = ("avx2", "fma", "bmi1", "bmi2", "movbe", "abm", "avx", "f16c", "avx_vnni", "gfni", "vaes", "serialize",
               "movdiri", "lm")
-    assert name_x86("GenuineIntel", 6, 0xF0, 0, client)[0] == "meteorlake"  # unknown model of a known family
+    assert name_x86("GenuineIntel", 6, 0xF0, 0, client)[0] == "alderlake"  # unknown model of a known family
     assert name_x86("GenuineIntel", 20, 0x01, 0, client) == ("x86_64_v3", "features")
     assert name_x86("GenuineIntel", 18, 0x01, 0, client) == ("novalake", "model")
     assert name_x86("GenuineIntel", 19, 0x01, 0, client) == ("diamondrapids", "model")
     assert name_x86("AuthenticAMD", 0x1b, 0x00, 0, tuple(ZEN4))[0] == "x86_64_v4"
+
+
+# archspec-json's alderlake list in /proc/cpuinfo spelling (tests/fixtures/regen/archspec_x86_features.json):
+# movdiri and movdir64b included, so they tell an Alder Lake from nothing newer.
+ALDERLAKE = ["abm", "adx", "aes", "avx", "avx2", "avx_vnni", "bmi1", "bmi2", "clflushopt", "clwb", "fma", "gfni", "lm",
+             "movbe", "movdir64b", "movdiri", "pclmulqdq", "rdpid", "rdrand", "rdseed", "serialize", "sha_ni", "vaes",
+             "vpclmulqdq", "waitpkg", "xsavec", "xsaveopt"]
+
+
+@pytest.mark.parametrize("model", [0x97, 0x9A, 0xF0, 0xFE])
+def test_an_alder_lake_of_unknown_model_is_never_named_a_later_generation(model):
+    """Meteor, Arrow, Lunar, Panther and Wildcat Lake were told from Alder Lake by movdiri, which Alder Lake has
+    (archspec-json): an Alder Lake whose model the kernel table lacks was named meteorlake. They are named by model
+    only now; the flags of an unknown model name the oldest generation they fit."""
+    named = name_x86("GenuineIntel", 6, model, 0, tuple(ALDERLAKE))
+    assert named == ("alderlake", "model" if model in (0x97, 0x9A) else "features")
+
+
+@pytest.mark.parametrize("name, model", [("meteorlake", 0xAA), ("arrowlake", 0xC6), ("lunarlake", 0xBD),
+                                         ("pantherlake", 0xCC), ("wildcatlake", 0xD5)])
+def test_the_later_hybrids_are_named_by_their_model_and_say_so(name, model):
+    row = next(r for r in _table()["x86"] if r["name"] == name)
+    assert row["features"] == [] and "named by model only" in row["reason"]
+    assert name_x86("GenuineIntel", 6, model, 0, tuple(ALDERLAKE)) == (name, "model")
+
+
+def test_feature_sets_are_archspecs_where_archspec_names_the_generation():
+    """The header says the feature sets come from archspec-json: every feature of a row that archspec names is in
+    archspec's list for it (recorded at commit 90b453f), unless the row's source names the document for it. zen,
+    zen2 and zen3 listed sha_ni (and wbnoinvd, rdpid) that archspec's lists lack."""
+    recorded = json.loads((FIXTURES / "archspec_x86_features.json").read_text())["features"]
+    checked = set()
+    for row in _table()["x86"]:
+        if row["name"] not in recorded:
+            continue
+        extra = [f for f in row["features"] if f not in recorded[row["name"]]]
+        assert all(f in row["source"] for f in extra), (row["name"], extra)
+        checked.add(row["name"])
+    assert {"zen", "zen2", "zen3", "zen4", "zen5", "alderlake", "arrowlake", "sapphirerapids", "icelake"} <= checked
 
 
 def test_new_family_host_gets_a_report_finding(tmp_path):

@@ -15,6 +15,7 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import recommend
 from cpuperf.decide.workload import PRESETS
 from cpuperf.knowledge.cpu_peaks import boost_row, hardware_peak, peak_data
+from cpuperf.knowledge.gpu import table_peak
 from cpuperf.knowledge.hf_flags import sharding_form
 from cpuperf.knowledge.matrix import load_matrix
 from cpuperf.knowledge.resolve import resolve
@@ -67,6 +68,55 @@ def test_the_h200_nvl_has_its_own_mfu_denominator(card, dtype, tf32, tflops):
     peak = peak_tflops(settings, f"cuda:0 ({card})", dtype if dtype != "fp32" else None)
     assert peak is not None and peak.tflops == tflops
     assert ("H200 NVL column" in peak.source) is card.endswith("NVL")
+
+
+# Each card by the name NVML reports (nvmlDeviceGetName, as nvidia-smi and torch.cuda.get_device_name print it), from
+# the public logs the compat/gpu_peaks.toml rows cite, with its dense bf16 / tf32 / fp32 datasheet figures.
+CARDS_2026 = [
+    ("NVIDIA B200", r"\bB200\b", 2250.0, 1125.0, 75.0),
+    ("NVIDIA B300 SXM6 AC", r"\bB300\b", 2250.0, 1125.0, 75.0),
+    ("NVIDIA GB200", r"\bGB200\b", 2500.0, 1250.0, 80.0),
+    ("NVIDIA GB300", r"\bGB300\b(?![- ]WS)", 2500.0, 1250.0, 83.3),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", r"\bRTX PRO 6000 Blackwell Server Edition\b", 500.0, 125.0,
+     125.0),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", r"\bRTX PRO 6000 Blackwell Workstation Edition\b", 500.0,
+     125.0, 125.0),
+    ("NVIDIA GH200 480GB", r"\bGH200\b", 989.5, 494.5, 67.0),
+    ("NVIDIA GH200 144G HBM3e", r"\bGH200\b", 989.5, 494.5, 67.0),
+    ("NVIDIA H20", r"\bH20\b", 148.0, 74.0, 44.0),
+    ("NVIDIA H800", r"\bH800\b", 989.5, 494.5, 67.0),
+    ("NVIDIA H800 PCIe", r"\bH800 PCIe\b", 756.5, 378.0, 51.0),
+    ("NVIDIA A800-SXM4-80GB", r"\bA800\b", 312.0, 156.0, 19.5),
+    ("NVIDIA A800 80GB PCIe", r"\bA800\b", 312.0, 156.0, 19.5),
+    ("NVIDIA L20", r"\bL20\b", 119.5, 59.8, 59.8),
+    ("NVIDIA A40", r"\bA40\b", 149.7, 74.8, 37.4),
+    ("NVIDIA A30", r"\bA30\b", 165.0, 82.0, 10.3),
+    ("NVIDIA RTX 6000 Ada Generation", r"\bRTX 6000 Ada\b", 364.25, 91.1, 91.1),
+]
+
+
+@pytest.mark.parametrize("card, row, bf16, tf32, fp32", CARDS_2026)
+def test_each_card_of_2026_matches_its_own_datasheet_row(card, row, bf16, tf32, fp32):
+    """The cards of most new clusters took a measured peak (no row), and GH200 never matched '\\bH200\\b': each now
+    matches its own row, the worker's MFU denominator for every math it runs, fp16 at the bf16 rate."""
+    for dtype, allow_tf32, want, math in (("bf16", False, bf16, "bf16"), ("fp16", False, bf16, "fp16"),
+                                          ("fp32", True, tf32, "tf32"), ("fp32", False, fp32, "fp32")):
+        settings = TrainSettings(device="cuda", dtype=dtype, tf32=allow_tf32)
+        peak = peak_tflops(settings, f"cuda:0 ({card})", dtype if dtype != "fp32" else None)
+        assert peak is not None and (peak.tflops, peak.dtype, peak.card) == (want, math, row), (card, dtype)
+        assert peak.source.startswith("NVIDIA ")  # the vendor's own document, by name
+
+
+@pytest.mark.parametrize("card, neighbour", [
+    ("NVIDIA GH200 480GB", r"\bH200\b"), ("NVIDIA H200", r"\bGH200\b"), ("NVIDIA H20", r"\bH200\b"),
+    ("NVIDIA H200", r"\bH20\b"), ("NVIDIA GB200", r"\bB200\b"), ("NVIDIA B200", r"\bGB200\b"),
+    ("NVIDIA GB300", r"\bB300\b"), ("NVIDIA A800-SXM4-80GB", r"\bA100\b"), ("NVIDIA L20", r"\bL4\b"),
+])
+def test_a_card_never_falls_through_to_its_neighbours_row(card, neighbour):
+    """The more specific names come first, and no pattern reaches across a name: GH200 is not an H200 (nor the
+    reverse), H20 not H200, GB200 not B200."""
+    peak = table_peak(card, "bf16")
+    assert peak is not None and peak.card != neighbour
 
 
 @pytest.mark.parametrize("version, has_315", [("2.13.0", False), ("2.14.0", False), ("2.14.1", False), ("2.15.0", True)])
@@ -303,3 +353,13 @@ def test_every_unsourced_row_names_a_known_generation_and_why():
     for row in load_builtin("cpu_peaks.toml")["unsourced"]:
         assert set(row["match"]) <= names and row["kind"] in ("flops_per_cycle", "boost_clock"), row
         assert row["what"] and row["why"]
+
+
+def test_diamond_rapids_has_no_rate_until_a_source_covers_it():
+    """The Xeon 4th-6th gen row's sources say nothing of Panther Cove: Diamond Rapids gets no FLOPs per cycle (no MFU
+    against a guess) and an [[unsourced]] entry saying why; Granite Rapids keeps the row."""
+    dmr = peak_data("diamondrapids", "Intel(R) Xeon(R) 7")
+    assert dmr["flops_per_cycle"] is None
+    assert [u["kind"] for u in dmr["unsourced"]] == ["flops_per_cycle"] and "Panther Cove" in dmr["unsourced"][0]["what"]
+    assert hardware_peak("diamondrapids", "bf16", 2, "Intel(R) Xeon(R) 7", nominal_hz=2.0e9)[0] is None
+    assert peak_data("graniterapids", "Intel(R) Xeon(R) 6980P")["flops_per_cycle"]["bf16"] == 1024

@@ -21,7 +21,7 @@ def _gib(n: Optional[int]) -> str:
 
 def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapshot: Optional[str]) -> int:
     from cpuperf.decide import doctor
-    from cpuperf.probe import probe_host, with_load
+    from cpuperf.probe import probe_host, probe_today, with_load
 
     if save_snapshot:
         from cpuperf.probe.snapshot import save_snapshot as save
@@ -39,7 +39,7 @@ def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapsho
             out.json({"schema": doctor.SCHEMA, "host": {"platform": facts.platform}, "software": None,
                       "findings": [f.to_json() for f in doctor.check_platform(facts)]})
         return int(ExitCode.OK)
-    findings = doctor.diagnose(facts)
+    findings = doctor.diagnose(facts, today=probe_today())
     rep = doctor.report(facts, findings)
     if out.json_mode:
         out.json(rep)

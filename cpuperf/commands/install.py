@@ -303,6 +303,7 @@ def _run(out: Output, opts: Options) -> int:
     proxy = config.get("proxy") or None
     device = ip.host_device(facts)
     py = major_minor(target.version)
+    _say_python_eol(out, facts, py)
 
     if lock is not None:
         plan = _plan_lock(opts, out, lock, facts, target, _check_all(sources, proxy), run_dir, environ)
@@ -331,6 +332,24 @@ def _run(out: Output, opts: Options) -> int:
         render_plan(out, plan, product=False)
     _confirm(opts, out, plan)
     return _execute(plan, out, run_dir, env)
+
+
+def _say_python_eol(out: Output, facts: HostFacts, py: str) -> None:
+    """Before anything is installed: the target Python past its end of life, or close to it (doctor's finding)."""
+    from cpuperf.knowledge.resolve import python_eol_finding
+    from cpuperf.probe import probe_today
+    from cpuperf.probe.wheel_platform import wheel_platform
+
+    if facts.software is not None and facts.software.python:
+        py = major_minor(facts.software.python)  # CPUPERF_OVERRIDE_PYTHON describes another interpreter, as in doctor
+    found = python_eol_finding(py, probe_today(), load_matrix_for_install(), wheel_platform())
+    if found is None:
+        return
+    text = found["message"] + (f" (fix: {found['fix']})" if found["fix"] else "")
+    if found["severity"] == "warning":
+        out.warn(text)
+    else:
+        out.info(text)
 
 
 def _nothing_to_do(plan: ip.InstallPlan) -> bool:

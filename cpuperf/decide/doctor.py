@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import date
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from cpuperf.decide.allocator import allocator_rule
@@ -210,6 +211,22 @@ def check_stack(facts: HostFacts) -> List[Finding]:
             for f in installed_findings(pyver, packages, platform=plat)]
 
 
+def check_python_eol(facts: HostFacts, today: date) -> List[Finding]:
+    """The running Python past its end of life on `today`, or within six months of it (compat/eol.toml), with the
+    newest torch that still ships a wheel for it."""
+    from cpuperf.knowledge.resolve import python_eol_finding
+
+    sw = facts.software
+    if sw is None or not facts.platform.startswith("linux"):
+        return []
+    plat = "linux_aarch64" if facts.cpu.arch == "aarch64" else "linux_x86_64"
+    pyver = major_minor(str(sw.python)) + ("t" if str(getattr(sw, "python_abi", "")).endswith("t") else "")
+    found = python_eol_finding(pyver, today, platform=plat)
+    if found is None:
+        return []
+    return [Finding(found["id"], found["severity"], found["message"], found["fix"] or None)]
+
+
 def check_ddp_backend(facts: HostFacts) -> List[Finding]:
     """Which backend several CPU ranks would use: the note ccl-env says once (not in every shell) is said here."""
     from cpuperf.decide.backend import cpu_backend
@@ -297,11 +314,13 @@ def gpu_blockers(facts: HostFacts, environ: Optional[Mapping[str, str]] = None) 
     return [f"{f.message} (fix: {f.fix})" if f.fix else f.message for f in findings]
 
 
-def diagnose(facts: HostFacts) -> List[Finding]:
-    """All findings, errors first."""
+def diagnose(facts: HostFacts, today: Optional[date] = None) -> List[Finding]:
+    """All findings, errors first; `today` (probe_today()) adds the ones that depend on the date."""
     findings: List[Finding] = []
     for check in CHECKS:
         findings.extend(check(facts))
+    if today is not None:
+        findings.extend(check_python_eol(facts, today))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: order.get(f.severity, 9))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from datetime import date, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, TypeVar, Union
@@ -30,6 +31,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python < 3.11, or the bundle's
 ENV_DIR = "CPUPERF_COMPAT_DIR"
 PY_RE = re.compile(r"^3\.(\d{1,2})(t?)$")
 _DATE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})?$")
+_MONTH_OR_DATE_RE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-\d{2})?$")
 
 
 # --------------------------------------------------------------------------- errors
@@ -205,6 +207,25 @@ class EolNotice:
 
 
 @dataclass(frozen=True)
+class PythonEol:
+    """A CPython minor version's end of life, as its release PEP schedules it: a month ('2026-10') or a day."""
+
+    python: str  # '3.10'
+    end_of_life: str  # 'YYYY-MM' (the PEP's month) or 'YYYY-MM-DD' (the day it happened)
+    source: str
+    reason: str = ""
+
+    def last_day(self) -> date:
+        """The last day of support: the day given, or the last day of the month given."""
+        parts = [int(p) for p in self.end_of_life.split("-")]
+        if len(parts) == 3:
+            return date(parts[0], parts[1], parts[2])
+        year, month = parts
+        first_of_next = date(year + month // 12, month % 12 + 1, 1)
+        return first_of_next - timedelta(days=1)
+
+
+@dataclass(frozen=True)
 class HfOption:
     """A transformers/accelerate option with the releases that added, deprecated and removed it."""
 
@@ -247,7 +268,16 @@ class Matrix:
     eol: tuple[EolNotice, ...]
     hf: tuple[HfOption, ...]
     hf_data: tuple[HfData, ...] = ()
+    python_eol: tuple[PythonEol, ...] = ()
     files: tuple[str, ...] = ()
+
+    def python_end_of_life(self, python: str) -> PythonEol | None:
+        """The end-of-life row of a CPython minor ('3.10', or '3.13t': the same interpreter release), or None."""
+        minor = python.removesuffix("t")
+        for row in self.python_eol:
+            if row.python == minor:
+                return row
+        return None
 
     def hf_through(self, package: str) -> Version | None:
         """The newest `package` release the hf rows were checked against; None = unknown."""
@@ -378,6 +408,25 @@ def _date(value: object) -> str:
     return text
 
 
+def _month_or_date(value: object) -> str:
+    text = _nonempty(value)
+    if not _MONTH_OR_DATE_RE.match(text):
+        raise _Bad(f"{text!r} is not a YYYY-MM month or a YYYY-MM-DD date")
+    if text.count("-") == 2:
+        try:
+            date.fromisoformat(text)
+        except ValueError:
+            raise _Bad(f"{text!r} is not a calendar date") from None
+    return text
+
+
+def _minor_python(value: object) -> str:
+    text = _nonempty(value)
+    if not re.match(r"^3\.\d{1,2}$", text):
+        raise _Bad(f"{text!r} is not a CPython minor version like \"3.10\"")
+    return text
+
+
 def _choice(*allowed: str) -> Parser[str]:
     def parse(value: object) -> str:
         text = _str(value)
@@ -409,7 +458,7 @@ def _torch_pin(value: object) -> TorchPin:
 
 # --------------------------------------------------------------------------- rows, field by field
 
-Row = Union[TorchRelease, CudaVariant, IpexRelease, OnecclRelease, EolNotice, HfOption, HfData]
+Row = Union[TorchRelease, CudaVariant, IpexRelease, OnecclRelease, EolNotice, HfOption, HfData, PythonEol]
 RowKey = tuple[Union[str, Version], ...]
 
 
@@ -530,6 +579,15 @@ def _eol(f: _Fields) -> EolNotice:
     )
 
 
+def _python_eol(f: _Fields) -> PythonEol:
+    return PythonEol(
+        python=f.need("python", _minor_python, ""),
+        end_of_life=f.need("end_of_life", _month_or_date, ""),
+        source=f.need("source", _nonempty, ""),
+        reason=f.may("reason", _str, ""),
+    )
+
+
 def _hf(f: _Fields) -> HfOption:
     package = f.need("package", _HF_PACKAGE, "")
     name = f.need("name", _nonempty, "")
@@ -556,6 +614,7 @@ def _hf_data(f: _Fields) -> HfData:
 # kind -> its record, read field by field (in the order problems are listed)
 _KINDS: dict[str, Callable[[_Fields], Row]] = {
     "torch": _torch, "cuda": _cuda, "ipex": _ipex, "oneccl": _oneccl, "eol": _eol, "hf": _hf, "hf_data": _hf_data,
+    "python_eol": _python_eol,
 }
 # Top-level scalars a file may set as defaults for its rows.
 _FILE_DEFAULTS = {"cpu_index_url": "torch"}
@@ -574,11 +633,14 @@ def _key(row: Row) -> RowKey:
         return (row.package, row.name)
     if isinstance(row, HfData):
         return (row.package,)
+    if isinstance(row, PythonEol):
+        return (row.python,)
     return (row.version,)
 
 
 def _label(kind: str, index: int, raw: Mapping[str, object]) -> str:
-    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name") or raw.get("package")
+    ident = raw.get("version") or raw.get("tag") or raw.get("component") or raw.get("name") or raw.get("package") \
+        or raw.get("python")
     return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
 
 
@@ -674,7 +736,7 @@ def _row_checks(row: Row) -> list[str]:
     return out
 
 
-R = TypeVar("R", TorchRelease, CudaVariant, IpexRelease, OnecclRelease, EolNotice, HfOption, HfData)
+R = TypeVar("R", TorchRelease, CudaVariant, IpexRelease, OnecclRelease, EolNotice, HfOption, HfData, PythonEol)
 
 
 def _sorted(rows: Iterable[Row], cls: type[R]) -> tuple[R, ...]:
@@ -693,6 +755,8 @@ def _sort_key(row: Row) -> RowKey:
         return (row.component,)
     if isinstance(row, HfData):
         return (row.package,)
+    if isinstance(row, PythonEol):
+        return (Version(row.python),)
     return (row.package, row.name)
 
 
@@ -784,6 +848,7 @@ def load_matrix(
         eol=_sorted(merged["eol"].values(), EolNotice),
         hf=_sorted(merged["hf"].values(), HfOption),
         hf_data=_sorted(merged["hf_data"].values(), HfData),
+        python_eol=_sorted(merged["python_eol"].values(), PythonEol),
         files=tuple(files),
     )
 

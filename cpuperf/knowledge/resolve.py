@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from datetime import date, timedelta
 from typing import Iterable, Mapping
 
 from packaging.version import Version
@@ -786,3 +787,48 @@ __all__ = [
     "torch_reasons",
     "why_not",
 ]
+
+
+# "Within six months" of a Python's end of life: long enough to move an environment before security fixes stop.
+EOL_SOON = timedelta(days=183)
+
+
+def newest_torch_for_python(m: Matrix, python: str, platform: str = "linux_x86_64") -> Version | None:
+    """The newest torch in the data that ships a `platform` wheel for `python` ('3.10', '3.13t'), or None."""
+    return max((r.version for r in m.torch if normalize_python(python) in r.pythons(platform)), default=None)
+
+
+def python_eol_finding(python: str, today: date, matrix: Matrix | None = None,
+                       platform: str = "linux_x86_64") -> dict[str, str] | None:
+    """{"id", "severity", "message", "fix"} when `python` is past its end of life on `today` (a warning) or within
+    six months of it (info), naming the newest torch with a wheel for it; None otherwise or when the data has no
+    row for it. Pure: the caller passes today's date (probe_today)."""
+    m = matrix if matrix is not None else default_matrix()
+    py = normalize_python(python)
+    row = m.python_end_of_life(py)
+    if row is None:
+        return None
+    last = row.last_day()
+    if today < last - EOL_SOON:
+        return None
+    pep = re.search(r"PEP \d+", row.source)
+    cite = f" ({pep.group(0)})" if pep else ""
+    torch_v = newest_torch_for_python(m, py, platform)
+    newest = m.torch[-1].version if m.torch else None
+    if torch_v is None:
+        wheels = f"no torch release in cpuperf's data ships a {platform} wheel for it"
+    elif torch_v == newest:
+        wheels = f"torch {torch_v}, the newest in cpuperf's data, still ships {platform} wheels for it"
+    else:
+        wheels = f"the newest torch with a {platform} wheel for it is {torch_v} (torch {newest} has none)"
+    successor = max((p for p in (m.torch[-1].pythons(platform) if m.torch else ()) if not p.endswith("t")),
+                    key=python_key, default=None)
+    fix = (f"create an environment with Python {successor} (e.g. `uv venv --python {successor}`) and reinstall"
+           if successor and successor != py.removesuffix("t") else "")
+    if today > last:
+        return {"id": "python-end-of-life", "severity": "warning",
+                "message": f"Python {py} reached its end of life on {last}{cite}: no more security fixes; {wheels}",
+                "fix": fix}
+    return {"id": "python-end-of-life-soon", "severity": "info",
+            "message": f"Python {py} reaches its end of life on {last}{cite}, within six months; {wheels}",
+            "fix": fix}

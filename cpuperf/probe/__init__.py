@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import date
 from typing import Dict, Mapping, Optional, Tuple
 
 from cpuperf.probe import parse
@@ -85,6 +86,13 @@ def probe_host(sysroot: Optional[str] = None, python: Optional[str] = None,
     return facts
 
 
+def probe_today(environ: Optional[Mapping[str, str]] = None) -> date:
+    """Today's date (CPUPERF_OVERRIDE_TODAY describes another day): what a date-dependent finding is judged on."""
+    src = Sources(environ=environ)
+    src.check_overrides()
+    return src.today()
+
+
 def with_load(facts: HostFacts, window_s: Optional[float] = None) -> HostFacts:
     """`facts` with the load on its usable CPUs attached (sampled now when live; recorded for a snapshot)."""
     import dataclasses
@@ -94,4 +102,4 @@ def with_load(facts: HostFacts, window_s: Optional[float] = None) -> HostFacts:
     return dataclasses.replace(facts, load=load_for(facts.sysroot, facts.usable_cpus(), window_s))
 
 
-__all__ = ["probe_host", "with_load", "check_python", "HostFacts", "Sources"]
+__all__ = ["probe_host", "probe_today", "with_load", "check_python", "HostFacts", "Sources"]

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 # The facts CPUPERF_OVERRIDE_<FACT> may set (docs/commands.md: "CPUPERF_OVERRIDE_<FACT> overrides one fact").
 OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
-             "gpus", "platform", "hypervisor")
+             "gpus", "platform", "hypervisor", "today")
 _WORD = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.+-]{0,63}$")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
@@ -206,6 +207,18 @@ class Sources:
         if value not in _TRUE + _FALSE:
             _refuse(fact, text, "1 or 0 (true/false, yes/no)")
         return value in _TRUE
+
+    def today(self) -> date:
+        """Today's date on this machine's clock; CPUPERF_OVERRIDE_TODAY (YYYY-MM-DD) describes another day, as the
+        suite does so that a finding that depends on the date (a Python past its end of life) never depends on the
+        day the tests run."""
+        text = self.override("today")
+        if text is None or not text.strip():
+            return date.today()
+        try:
+            return date.fromisoformat(text.strip())
+        except ValueError:
+            _refuse("today", text, "a date such as 2026-11-28 (YYYY-MM-DD)")
 
     def check_overrides(self) -> None:
         """Every CPUPERF_OVERRIDE_* set must be one cpuperf knows: a typo is refused, not silently ignored."""
