@@ -291,6 +291,10 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
 
         for line in applied_lines(applied):
             out.info(line)
+    if jp.settings is not None:  # the built-in worker's files: a link there is refused before any rank starts
+        from cpuperf.train.rundir import refuse_links
+
+        refuse_links(jp.request.out_dir, asked.resume)
     script = jp.script
     if script is not None:
         _write_config_files(script.files)
