@@ -36,6 +36,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, TextIO, Tu
 from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
 from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UsageError
 from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock, append_nofollow, ensure_dir, refuse_link
+from cpuperf.output import StreamError, write_stream
 from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
 from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
@@ -217,11 +218,10 @@ def _pump(proc: subprocess.Popen[bytes], log: IO[bytes], echo: Optional[TextIO],
                 line = raw.decode("utf-8", "replace")
                 captured.append(line)
                 if shown is not None and (quiet is None or quiet.show(line)):
-                    try:
-                        shown.write(line)
-                        shown.flush()
-                    except (OSError, ValueError):  # our stderr closed or its reader gone: the launcher's output is
-                        shown = None  # still drained (a full pipe would stall the ranks) and kept in launcher.log
+                    try:  # a closed stderr or its reader gone: dropped (cpuperf.output), the pipe still drained
+                        write_stream(shown, line)
+                    except StreamError:  # a full disk under 2> FILE: the rest stays in launcher.log
+                        shown = None
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     return reader
@@ -365,10 +365,14 @@ def _tee(proc: subprocess.Popen[bytes], captured: List[str]) -> threading.Thread
     """A direct child's stderr still goes to ours; its tail is kept (to explain a rejected flag)."""
     def tee() -> None:
         assert proc.stderr is not None
+        shown = True
         for raw in iter(proc.stderr.readline, b""):
             text = raw.decode("utf-8", "replace")
-            sys.stderr.write(text)
-            sys.stderr.flush()
+            if shown:
+                try:  # as _pump: the child's stderr is drained whatever becomes of ours
+                    write_stream(sys.stderr, text)
+                except StreamError:
+                    shown = False
             captured.append(text)
             del captured[:-200]
 

@@ -185,6 +185,9 @@ def _say(text: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit code (the one error boundary of the worker)."""
+    from cpuperf.output import guard_std_streams
+
+    guard_std_streams()  # a closed stdout or stderr is /dev/null: no file of the run takes its number
     args = build_parser().parse_args(argv)
     debug = os.environ.get("CPUPERF_DEBUG") == "1"
     stop = Stop()
