@@ -119,14 +119,19 @@ def doctor(
 
     from cpuperf.commands import doctor_cluster
     out = Output(json_mode=json_out, quiet=quiet)
+    # Checked whichever way doctor goes: `doctor --timeout -1` without nodes was accepted silently.
+    timeout, bucket_mb = _finite("--timeout", timeout, 3600.0), _finite("--bucket-mb", bucket_mb, 4096.0)
+    if parallel < 1:
+        from cpuperf.errors import UsageError
+        raise UsageError(f"--parallel {parallel}: give at least 1", hint="e.g. --parallel 32 (nodes probed at once)")
     if (hostfile or facts) and (sysroot or save_snapshot):
         from cpuperf.errors import UsageError
         raise UsageError("--sysroot and --save-snapshot describe one host; --hostfile and --facts, several",
                          hint="use one or the other")
     if doctor_cluster.wants_cluster(hostfile, facts, this_node, os.environ) and sysroot is None:
         opts = doctor_cluster.ClusterOptions(hostfile=hostfile, launcher=launcher, python=python,
-                                             timeout=_finite("--timeout", timeout, 3600.0), parallel=parallel, save_facts=save_facts, facts=facts,
-                                             collectives=collectives, bucket_mb=_finite("--bucket-mb", bucket_mb, 4096.0))
+                                             timeout=timeout, parallel=parallel, save_facts=save_facts, facts=facts,
+                                             collectives=collectives, bucket_mb=bucket_mb)
         _finish(doctor_cluster.run(out, opts))
         return
     if save_facts:  # this node's facts (a user who asks to save facts expects a file, not a silent no-op)
