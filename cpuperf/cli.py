@@ -6,10 +6,11 @@ its exit code; a traceback only with CPUPERF_DEBUG=1.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import typer
 
@@ -34,7 +35,7 @@ SYSROOT_HELP = "Read /proc and /sys under DIR instead of the live host (as lscpu
 
 def _version(value: bool) -> None:
     if value:
-        sys.stdout.write(f"cpuperf {__version__}\n")
+        Output().product(f"cpuperf {__version__}")
         raise typer.Exit(0)
 
 
@@ -118,14 +119,19 @@ def doctor(
 
     from cpuperf.commands import doctor_cluster
     out = Output(json_mode=json_out, quiet=quiet)
+    # Checked whichever way doctor goes: `doctor --timeout -1` without nodes was accepted silently.
+    timeout, bucket_mb = _finite("--timeout", timeout, 3600.0), _finite("--bucket-mb", bucket_mb, 4096.0)
+    if parallel < 1:
+        from cpuperf.errors import UsageError
+        raise UsageError(f"--parallel {parallel}: give at least 1", hint="e.g. --parallel 32 (nodes probed at once)")
     if (hostfile or facts) and (sysroot or save_snapshot):
         from cpuperf.errors import UsageError
         raise UsageError("--sysroot and --save-snapshot describe one host; --hostfile and --facts, several",
                          hint="use one or the other")
     if doctor_cluster.wants_cluster(hostfile, facts, this_node, os.environ) and sysroot is None:
         opts = doctor_cluster.ClusterOptions(hostfile=hostfile, launcher=launcher, python=python,
-                                             timeout=_finite("--timeout", timeout, 3600.0), parallel=parallel, save_facts=save_facts, facts=facts,
-                                             collectives=collectives, bucket_mb=_finite("--bucket-mb", bucket_mb, 4096.0))
+                                             timeout=timeout, parallel=parallel, save_facts=save_facts, facts=facts,
+                                             collectives=collectives, bucket_mb=bucket_mb)
         _finish(doctor_cluster.run(out, opts))
         return
     if save_facts:  # this node's facts (a user who asks to save facts expects a file, not a silent no-op)
@@ -353,10 +359,20 @@ def _report(out: Output, exc: CpuperfError) -> int:
     from cpuperf.commands.flags import with_flags
 
     exc = with_flags(exc)
-    if out.json_mode:
-        out.json(exc.to_json())
-    out.error(exc.message, exc.hint)
+    _tell(out, exc.to_json(), exc.message, exc.hint)
     return int(exc.code)
+
+
+def _tell(out: Output, error: Optional[Dict[str, Any]], message: str, hint: Optional[str]) -> None:
+    """An error said at the boundary: the JSON object on stdout (with --json) and the line on stderr, each where it
+    still can be: a stream that fails now (stderr on a full disk) loses the line, never the error's own exit code."""
+    from cpuperf.output import StreamError
+
+    if out.json_mode and error is not None:
+        with contextlib.suppress(StreamError):
+            out.json(error)
+    with contextlib.suppress(StreamError):
+        out.error(message, hint)
 
 
 _FILE_ERRNOS = {getattr(errno, name) for name in (
@@ -419,21 +435,30 @@ def _usage_error(out: Output, exc: Any) -> int:  # Any: click or typer's vendore
     """A click usage error (a click.ClickException) as one line, and as a JSON error object in --json mode."""
     ctx = getattr(exc, "ctx", None)
     hint = f"{ctx.command_path if ctx else 'cpuperf'} --help"  # the command's own help: the one hint for both
-    if out.json_mode:
-        out.json({"error": {"code": int(ExitCode.USAGE), "name": "usage",
-                            "message": exc.format_message(), "hint": hint}})
     # One line, as every other error: click's own show() prints a usage block first.
-    out.error(one_line(exc.format_message()), hint)
+    _tell(out, {"error": {"code": int(ExitCode.USAGE), "name": "usage", "message": exc.format_message(), "hint": hint}},
+          one_line(exc.format_message()), hint)
     return int(ExitCode.USAGE)
 
 
-def _reader_left() -> int:
-    """`cpuperf ... | head`: the reader left; that is not an error of ours."""
-    try:
-        sys.stdout = open(os.devnull, "w")
-    except OSError:
-        pass
+def _reader_left(exc: BrokenPipeError) -> int:
+    """`cpuperf ... | head`: the reader left, in a write that did not go through Output (click's help): that is not
+    an error of ours (cpuperf.output's rule; the stream is /dev/null from now on)."""
+    from cpuperf.output import stream_failed
+
+    stream_failed(sys.stdout, exc)
     return 0
+
+
+def _library_reader_left(exc: SystemExit) -> bool:
+    """click ends the process with SystemExit(1) from its handler of EPIPE where a reader left: only typer's own
+    help reaches it (every product of cpuperf's own goes through cpuperf.output, and rich only draws into a buffer)."""
+    if not isinstance(exc.__context__, BrokenPipeError):
+        return False
+    from cpuperf.output import stream_failed
+
+    stream_failed(sys.stdout, exc.__context__)
+    return True
 
 
 def _unexpected(out: Output, exc: Exception) -> int:
@@ -443,15 +468,19 @@ def _unexpected(out: Output, exc: Exception) -> int:
     if known is not None:  # the host or the input caused it: its own class and exit code
         return _report(out, known)
     message = f"internal error: {type(exc).__name__}: {one_line(str(exc))}"
-    if out.json_mode:
-        out.json({"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal",
-                            "message": message, "hint": "rerun with CPUPERF_DEBUG=1 and report it"}})
-    out.error(message, "rerun with CPUPERF_DEBUG=1 and report it")
+    hint = "rerun with CPUPERF_DEBUG=1 and report it"
+    _tell(out, {"error": {"code": int(ExitCode.FOUND_ERROR), "name": "internal", "message": message, "hint": hint}},
+          message, hint)
     return int(ExitCode.FOUND_ERROR)
 
 
 def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:
-    """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path)."""
+    """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path). A closed
+    stdout or stderr is /dev/null first (cpuperf.output: what it would show is dropped, the exit code is the
+    command's own); stdout failing otherwise (a full disk) is a StreamError, exit 10, like any other error."""
+    from cpuperf.output import guard_std_streams
+
+    guard_std_streams()
     try:  # recent typer vendors click
         from typer._click import exceptions as click_exc
     except ImportError:  # pragma: no cover - typer that depends on click
@@ -469,15 +498,19 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
     except (typer.Exit, getattr(click_exc, "Exit", typer.Exit)) as exc:  # noqa: B030  (click 8.2 moved Exit)
         return int(exc.exit_code or 0)
     except typer.Abort:
-        out.error("interrupted")
+        _tell(out, None, "interrupted", None)
         return int(ExitCode.INTERRUPTED)
     except click_exc.ClickException as exc:
         return _usage_error(out, exc)
     except KeyboardInterrupt:
-        out.error("interrupted")
+        _tell(out, None, "interrupted", None)
         return int(ExitCode.INTERRUPTED)
-    except BrokenPipeError:
-        return _reader_left()
+    except BrokenPipeError as exc:
+        return _reader_left(exc)
+    except SystemExit as exc:
+        if not _library_reader_left(exc):
+            raise
+        return 0  # typer's help met a reader gone: as _reader_left
     except Exception as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("CPUPERF_DEBUG") == "1":
             raise

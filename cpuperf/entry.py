@@ -14,6 +14,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """`cpuperf` console script and `python -m cpuperf`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["ccl-env"]:
+        from cpuperf.output import guard_std_streams
+
+        guard_std_streams()  # a closed stdout is /dev/null before anything is opened (cpuperf.output)
         try:
             import os
 

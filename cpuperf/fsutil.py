@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -14,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Mapping, Optional, Union
+
+from cpuperf.errors import FilesystemError
 
 # Far above any config, lock, hostfile, RECORD or /proc file a real host has (cpuinfo of 1024 CPUs is ~1.5
 # MB); far below what makes a read or a parse hurt.
@@ -101,6 +104,71 @@ def atomic_write_bytes(path: Union[str, Path], data: bytes) -> None:
         fh.write(data)
 
 
+# -- no link followed in a run directory ------------------------------------------------------------
+# One rule for every file cpuperf writes or appends to in place in a directory of its own (a run's --out: the lock,
+# metrics.jsonl, logs/ with its rank logs and pid files; a checkpoint read back on --resume): a symbolic link standing
+# where the file goes is refused (exit 10, the link named), never followed: a link named .lock had its target emptied,
+# a dangling metrics.jsonl created its target outside the run. Files replaced as a whole (atomic_writer: the
+# checkpoint, plot.svg, the tokenizer cache) replace a link without touching its target and need no check.
+
+
+class LinkRefused(FilesystemError):
+    """A symbolic link where cpuperf writes (or reads back) a file of its own: refused, never followed (exit 10)."""
+
+    def __init__(self, path: Union[str, Path]):
+        where = os.fspath(path)
+        try:
+            target = f" (to {os.readlink(where)})"
+        except OSError:
+            target = ""
+        super().__init__(f"{where} is a symbolic link{target}: cpuperf follows no link among "
+                         "a run's own files", hint=f"remove the link (rm {where}), or give --out a directory of the run's own")
+        self.filename = where
+
+
+def is_link(path: Union[str, Path]) -> bool:
+    """lstat: is `path` itself a symbolic link (dangling or not)?"""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def refuse_link(path: Union[str, Path]) -> None:
+    """LinkRefused when `path` is a symbolic link; nothing when it is anything else or absent."""
+    if is_link(path):
+        raise LinkRefused(path)
+
+
+def open_nofollow(path: Union[str, Path], flags: int, mode: int = 0o644) -> int:
+    """os.open that never follows a link at `path` (O_NOFOLLOW): a link there is LinkRefused (exit 10, named);
+    any other OSError passes through."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        # ELOOP is O_NOFOLLOW's answer for a link; opening a link to a directory for writing can say EISDIR first.
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENOTDIR) and is_link(path):
+            raise LinkRefused(path) from None
+        raise
+
+
+def append_nofollow(path: Union[str, Path]) -> int:
+    """A file descriptor appending to `path` (created 0644 when absent), never through a link."""
+    return open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+
+def ensure_dir(path: Union[str, Path]) -> None:
+    """The directory `path` of cpuperf's own (logs/ in a run): made with its parents when absent; a link standing
+    there is LinkRefused, so nothing is written into its target. A file there passes through as OSError."""
+    refuse_link(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        refuse_link(path)  # made a link by someone else just now
+        raise
+    refuse_link(path)
+
+
 # -- a directory that belongs to one process at a time ----------------------------------------------
 
 LOCK_NAME = ".lock"
@@ -151,7 +219,7 @@ class DirLock:
 def read_lock_holder(path: Union[str, Path]) -> Optional[LockHolder]:
     """The record in a lock file; None when absent, empty or malformed (binary, truncated)."""
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
             data = json.loads(fh.read(4096).decode("utf-8"))
         return LockHolder(int(data["pid"]), str(data["host"]), float(data["started"]), str(data["token"]))
     except (OSError, ValueError, KeyError, TypeError):
@@ -166,7 +234,11 @@ def acquire_dir_lock(directory: Union[str, Path], token: str = "") -> DirLock:
     """
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = os.path.join(str(directory), LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)  # a link named .lock had its target emptied
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device named .lock: not ours to truncate
+        os.close(fd)
+        raise FilesystemError(f"{path} is not a regular file: cpuperf keeps its lock there",
+                              hint=f"remove it (rm {path}), or give --out a directory of the run's own")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -2,10 +2,17 @@
 
 Modes: human (rich tables when stdout is a terminal), json (one object, versioned schema),
 quiet (product only, no messages). Rich is imported lazily to keep start-up fast.
+
+A closed stream (`>&-`) or one whose reader left (`| head -c1`) is one outcome for every command
+(docs/exit-codes.md): what cannot be shown is dropped (the stream is /dev/null from then on, for cpuperf and
+the processes it starts), the command runs to its end and exits with its own code. Any other failure to write
+(a full disk under `> FILE`) is StreamError, exit 10, the stream named: the product is not silently cut short.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -14,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Callable, Optional
+
+from cpuperf.errors import FilesystemError
 
 if TYPE_CHECKING:  # rich is imported where it draws (fast start-up)
     from rich.console import Console, RenderableType
@@ -31,6 +40,94 @@ def inert(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
 
 
+# -- the standard streams ---------------------------------------------------------------------------
+
+_STREAMS = {0: "stdin", 1: "stdout", 2: "stderr"}
+
+
+class StreamError(FilesystemError):
+    """stdout or stderr refused a write for another reason than a closed stream or a reader gone (a full disk, an
+    I/O error): exit 10, the stream named."""
+
+
+def _devnull_onto(fd: int) -> None:
+    """/dev/null on descriptor `fd` (inheritable, as a standard stream is)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+    else:
+        os.set_inheritable(fd, True)
+
+
+def guard_std_streams() -> None:
+    """At start-up: a closed descriptor 0, 1 or 2 gets /dev/null, so no file cpuperf opens takes its number (a lock
+    or a log on descriptor 1 would get the product, and every child would inherit it as its stdout); a stream Python
+    left as None for want of its descriptor is made again on it. What a closed stream would have shown is dropped."""
+    for fd in _STREAMS:
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                _devnull_onto(fd)
+            except OSError:  # no /dev/null (a bare chroot): the None streams below stay None, _write skips them
+                return
+    for fd, name in _STREAMS.items():
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False, encoding="utf-8",
+                                    errors="backslashreplace"))
+
+
+def _gone(exc: BaseException) -> bool:
+    """A closed stream or a reader gone: EPIPE, EBADF, or a stream object already closed (ValueError)."""
+    return isinstance(exc, ValueError) or getattr(exc, "errno", None) in (errno.EPIPE, errno.EBADF, errno.ECONNRESET)
+
+
+def stream_failed(stream: Optional[IO[str]], exc: BaseException) -> None:
+    """A write to `stream` raised `exc`: a stream gone is /dev/null from now on (this process and its children);
+    any other failure is StreamError (exit 10) naming it."""
+    fd = _fileno(stream)
+    name = _STREAMS.get(fd if fd is not None else -1, "an output stream")
+    if not _gone(exc):
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise StreamError(f"cannot write {name}: {why}",
+                          hint=f"free space where {name} goes, or send it elsewhere") from None
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            _devnull_onto(fd)  # the pipe's end dropped: a later write or a child's goes nowhere, quietly
+    with contextlib.suppress(OSError, ValueError):
+        if stream is not None:
+            stream.flush()  # what was left in the buffer goes to /dev/null, not to an error at exit
+
+
+def _fileno(stream: Optional[IO[str]]) -> Optional[int]:
+    try:
+        return stream.fileno() if stream is not None else None
+    except (OSError, ValueError, AttributeError):
+        return {id(sys.__stdout__): 1, id(sys.__stderr__): 2}.get(id(stream))
+
+
+def write_stream(stream: Optional[IO[str]], text: str) -> None:
+    """Write and flush `text` on `stream` (stdout or stderr) under the rule above; None (no stream at all): dropped."""
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError) as exc:
+        stream_failed(stream, exc)
+
+
+def _rendered(stream: IO[str], renderable: RenderableType) -> str:
+    """A rich renderable as the text `stream`'s console would print: rich draws, write_stream writes (rich's own
+    writes end a broken pipe with a silent SystemExit(1))."""
+    import io
+
+    drawn = io.StringIO()
+    _console(stream, into=drawn).print(renderable)
+    return drawn.getvalue()
+
+
 @dataclass
 class Output:
     json_mode: bool = False
@@ -40,8 +137,7 @@ class Output:
     def product(self, text: str) -> None:
         """Write product text to stdout (adds a newline when missing); control characters escaped."""
         text = inert(text)
-        sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
-        sys.stdout.flush()
+        write_stream(sys.stdout, text if text.endswith("\n") or not text else text + "\n")
 
     def json(self, obj: object) -> None:
         """Write one JSON object to stdout."""
@@ -50,12 +146,11 @@ class Output:
         except ValueError:
             text = json.dumps(_finite(json.loads(json.dumps(obj, default=_json_default))), indent=2,
                               sort_keys=False, allow_nan=False)
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+        write_stream(sys.stdout, text + "\n")
 
     def table(self, renderable: RenderableType) -> None:
         """Print a rich renderable (table) to stdout as the product: cells as plain text, control characters escaped."""
-        stdout_console().print(_inert_renderable(renderable))
+        write_stream(sys.stdout, _rendered(sys.stdout, _inert_renderable(renderable)))
 
     # -- stderr: commentary -------------------------------------------------------------
     def info(self, text: str) -> None:
@@ -71,7 +166,7 @@ class Output:
 
     def err_renderable(self, renderable: RenderableType) -> None:
         if not self.quiet:
-            stderr_console().print(_inert_renderable(renderable))
+            write_stream(sys.stderr, _rendered(sys.stderr, _inert_renderable(renderable)))
 
     def teller(self, prefix: str = "") -> Teller:
         """A `log` for the engine's long steps: its lines on stderr after `prefix`; progress lines (ProgressLine)
@@ -204,8 +299,7 @@ def _inert_renderable(renderable: RenderableType) -> RenderableType:
 
 def _err_write(text: str) -> None:
     text = inert(text)
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    write_stream(sys.stderr, text + "\n")
 
 
 def message(text: str) -> None:
@@ -238,7 +332,8 @@ def piped_width(columns: Optional[str]) -> int:
     return min(max(int(text), PIPED_WIDTH_MIN), PIPED_WIDTH_MAX)
 
 
-def _console(stream: IO[str]) -> Console:
+def _console(stream: IO[str], into: Optional[IO[str]] = None) -> Console:
+    """A console drawing for `stream` (its colours and width); `into`: the file it writes to, when not the stream."""
     from rich.console import Console
 
     colour = colour_allowed(stream)
@@ -246,14 +341,13 @@ def _console(stream: IO[str]) -> Console:
     if not colour:
         # A fixed width off a terminal keeps piped output and golden files stable.
         width = piped_width(os.environ.get("COLUMNS"))
-    return Console(file=stream, no_color=not colour, color_system="auto" if colour else None,
-                   highlight=False, width=width, force_terminal=False if not colour else None,
+    elif into is not None:  # drawn into a buffer for a terminal: the width rich gives the terminal, not the buffer
+        width = Console(file=stream, highlight=False, emoji=False).width
+    return Console(file=into or stream, no_color=not colour, color_system="auto" if colour else None,
+                   highlight=False, width=width, force_terminal=(into is not None) if colour else False,
                    emoji=False)
 
 
 def stdout_console() -> Console:
     return _console(sys.stdout)
 
-
-def stderr_console() -> Console:
-    return _console(sys.stderr)

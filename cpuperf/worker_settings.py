@@ -27,6 +27,38 @@ MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_rati
 # loop, so 400 steps + 4 evals take ~2.3 minutes; the loss falls 6.7 -> ~1.5 in the first minute.
 DEFAULT_MAX_STEPS = 400
 
+# The one table of bounds on a run's sizes, (least, most) by setting id (model.X: the model's shape), read by every
+# door a size enters by: the worker's schema (TrainSettings.validate), the knob vocabulary that types --set, --config
+# and a saved plan (cpuperf.knowledge.knobs), train's options (--batch-size, --max-steps, --seed: cpuperf.plan.request)
+# and the workload recommend and train plan (--batch-size, --seq-len, --steps: cpuperf.decide.workload). Each bound is
+# far above any real job and far below one that never ends a step, overflows or takes minutes to plan
+# (recommend --batch-size 2**62 never returned).
+MAX_BATCH, MAX_ACCUMULATION, MAX_WORKERS = 1 << 20, 1 << 16, 4096  # a global batch of a million samples
+MAX_STEPS = 1 << 30  # a billion optimizer steps: a thousand times a long pre-training
+MAX_SEQ_LEN = 1 << 24  # 16M tokens: past the longest context windows models ship
+# bpe_merges: ids 256 + merge index are cached as 16-bit values (cpuperf/train/tokenizer.py, the ids file).
+# torch.manual_seed takes 0..2**64-1, and the worker seeds its batch order with seed * 1_000_003 + epoch
+# (cpuperf/train/batches.py); 2**32-1 is the range numpy and most tools take, far inside both.
+MAX_SEED = (1 << 32) - 1
+BOUNDS: Dict[str, Tuple[int, int]] = {
+    "batch_size": (1, MAX_BATCH), "grad_accum_steps": (1, MAX_ACCUMULATION), "dataloader_workers": (0, MAX_WORKERS),
+    "max_steps": (1, MAX_STEPS), "warmup": (0, MAX_STEPS), "eval_every": (0, MAX_STEPS), "ckpt_every": (0, MAX_STEPS),
+    "log_every": (1, MAX_STEPS), "eval_batches": (1, 1 << 20), "bpe_merges": (1, (1 << 16) - 256), "seed": (0, MAX_SEED),
+    "seq_len": (1, MAX_SEQ_LEN),
+    "model.n_layer": (1, 1 << 12), "model.n_head": (1, 1 << 12), "model.d_model": (1, 1 << 18),
+    "model.seq_len": (1, MAX_SEQ_LEN), "model.vocab_size": (1, 1 << 24), "model.mlp_ratio": (1, 1 << 8),
+}
+
+
+def out_of_bounds(key: str, value: int) -> Optional[str]:
+    """Why an integer `value` of setting `key` is outside BOUNDS (`must be at least 1`, `at most 1048576`), or None."""
+    low, high = BOUNDS[key]
+    if value < low:
+        return f"must be at least {low}"
+    if value > high:
+        return f"at most {high} (cpuperf's bound, far above any real run)"
+    return None
+
 
 class ConfigExit(enum.IntEnum):
     """The exit code of malformed settings: 2 (usage), named `bad_config` in the worker's error records, as the
@@ -153,16 +185,14 @@ class TrainSettings:
         one_of("fp32_math_mode", ("bf16",), allow_none=True)
 
     def _check_ranges(self) -> None:
-        for name in ("batch_size", "grad_accum_steps", "log_every", "eval_batches", "bpe_merges"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("warmup", "eval_every", "ckpt_every", "dataloader_workers"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0 (got {getattr(self, name)})")
+        for name in ("batch_size", "grad_accum_steps", "log_every", "eval_batches", "bpe_merges", "warmup",
+                     "eval_every", "ckpt_every", "dataloader_workers", "seed", "max_steps"):
+            value = getattr(self, name)
+            why = None if value is None else out_of_bounds(name, value)  # max_steps None: the time budget ends it
+            if why is not None:
+                raise ConfigError(f"{name} {why} (got {value})")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             raise ConfigError(f"threads_per_rank must be >= 1 or null (got {self.threads_per_rank})")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"max_steps must be >= 1 or null (got {self.max_steps})")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ConfigError(f"time_budget_s must be > 0 or null (got {self.time_budget_s})")
         if self.max_steps is None and self.time_budget_s is None:
@@ -188,8 +218,11 @@ class TrainSettings:
             raise ConfigError(f"unknown model override(s): {', '.join(bad)}",
                               hint=f"known: {', '.join(MODEL_KEYS)}")
         for k, v in self.model.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool):
                 raise ConfigError(f"model.{k} must be a positive integer (got {v!r})")
+            why = out_of_bounds(f"model.{k}", v)
+            if why is not None:
+                raise ConfigError(f"model.{k} {why} (got {v})")
 
 
 SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TrainSettings))  # the worker's settings, by id

@@ -29,7 +29,7 @@ def test_defaults_round_trip_through_json(tmp_path) -> None:
     ({"ddp_backend": "nccl"}, "nccl needs device cuda"),
     ({"max_steps": None, "time_budget_s": None}, "needs an end"),
     ({"threads_per_rank": 0}, "threads_per_rank must be >= 1"),
-    ({"model": {"d_model": -1}}, "model.d_model must be a positive integer"),
+    ({"model": {"d_model": -1}}, "model.d_model must be at least 1"),
     ({"model": {"width": 3}}, "unknown model override"),
     ([], "must be a JSON object"),
 ])

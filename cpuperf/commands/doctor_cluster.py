@@ -150,10 +150,6 @@ def run(out: Output, opts: ClusterOptions, environ: Optional[Mapping[str, str]] 
     from cpuperf.decide import cluster
 
     environ = dict(os.environ if environ is None else environ)
-    if opts.timeout <= 0 or opts.timeout != opts.timeout or opts.timeout == float("inf"):
-        raise UsageError(f"--timeout {opts.timeout}: give a positive number of seconds")
-    if opts.parallel < 1:
-        raise UsageError(f"--parallel {opts.parallel}: give at least 1")
     if opts.facts:
         from cpuperf.probe.node import read_saved
 

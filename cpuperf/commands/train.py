@@ -65,9 +65,17 @@ class TrainOptions:
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     """The request as the options gave it, completed with the values `o` types (the constraints, the ranks per
     node); the combinations refused before anything is probed (exit 2)."""
-    from cpuperf.plan.request import check_own_launcher, check_saved_plan_options, check_sysroot, split_constraints, with_command
+    from cpuperf.plan.request import (
+        check_option_values,
+        check_own_launcher,
+        check_saved_plan_options,
+        check_sysroot,
+        split_constraints,
+        with_command,
+    )
 
     check_sysroot(o.sysroot, given.dry_run)
+    check_option_values(given)
     if given.plan:
         # Options that decide something: a saved plan has decided them already.
         fixes = {"sets": o.sets, "model": given.model, "batch_size": o.batch_size, "nproc_per_node": o.nproc_per_node,
@@ -297,6 +305,10 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
 
         for line in applied_lines(applied):
             out.info(line)
+    if jp.settings is not None:  # the built-in worker's files: a link there is refused before any rank starts
+        from cpuperf.train.rundir import refuse_links
+
+        refuse_links(jp.request.out_dir, asked.resume)
     script = jp.script
     if script is not None:
         _write_config_files(script.files)

@@ -14,6 +14,7 @@ from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations, unsourced
 from cpuperf.knowledge.gpu import visible_gpus
+from cpuperf.probe.cpu import x86_contradictions
 from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, allocator_names
 from cpuperf.versions import base_or_none, major_minor
 
@@ -50,6 +51,23 @@ def _flags_overrule_model(cpu: CpuFacts) -> Finding:
         f"its peak and decisions are {cpu.microarchitecture}'s", None)
 
 
+def _contradictions(cpu: CpuFacts) -> List[Finding]:
+    """A cpuinfo that contradicts itself (AMX flags under AuthenticAMD; Intel's family 6 model 143 under AuthenticAMD):
+    named, with what cpuperf made of it (the probe trusts no flag of another maker, and names no generation from a
+    family/model of another vendor's numbering)."""
+    if cpu.arch != "x86_64":
+        return []
+    said = x86_contradictions(cpu.vendor, cpu.family, cpu.model, cpu.stepping, cpu.flags)
+    if not said.said:
+        return []
+    ignored = f"; cpuperf ignores {', '.join(said.foreign_flags)}" if said.foreign_flags else ""
+    return [Finding("cpu-identity-contradicts", "warning",
+                    f"this CPU's cpuinfo contradicts itself: {'; '.join(said.said)}{ignored} and plans it as "
+                    f"{cpu.microarchitecture}",
+                    "on a VM, give the guest the host's own CPU model (libvirt host-passthrough, QEMU -cpu host); "
+                    "on a recorded tree, record the host again (cpuperf doctor --save-snapshot DIR)")]
+
+
 def check_cpu(facts: HostFacts) -> List[Finding]:
     cpu = facts.cpu
     out: List[Finding] = []
@@ -77,6 +95,7 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
             "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
     if cpu.model_microarchitecture:
         out.append(_flags_overrule_model(cpu))
+    out.extend(_contradictions(cpu))
     named = cpu.model_name or cpu.vendor or "unknown"
     if cpu.microarchitecture in ("unknown", "x86_64", "x86_64_v2", "x86_64_v3", "x86_64_v4", "aarch64"):
         out.append(Finding("unknown-microarchitecture", "info",

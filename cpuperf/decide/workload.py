@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
 from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import NOT_IN_JSON, JsonObject, as_json
+from cpuperf.knowledge.knobs import bounded
 from cpuperf.probe.model_files import local_config_path, read_model_config
 
 if TYPE_CHECKING:
@@ -322,18 +323,14 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
         count = parse_count(params)
         # Explicit size: keep the preset's aspect, scale layers/width to match roughly.
         base = replace(_scaled(base, count), params=count, source="explicit", name=f"{base.name}@{params}")
+    # Each size held to the one table of bounds (worker_settings.BOUNDS), whichever command gave it: recommend planned
+    # --batch-size 2**62 for ever on a 4-socket host where train refused it.
     if seq_len is not None:
-        if seq_len < 1:
-            raise FieldError("seq_len", seq_len, "{flag} must be positive")
-        base = replace(base, seq_len=seq_len)
+        base = replace(base, seq_len=bounded("seq_len", seq_len))
     if batch_size is not None:
-        if batch_size < 1:
-            raise FieldError("batch_size", batch_size, "{flag} must be positive")
-        base = replace(base, batch_size=batch_size)
+        base = replace(base, batch_size=bounded("batch_size", batch_size))
     if steps is not None:
-        if steps < 1:
-            raise FieldError("steps", steps, "{flag} must be positive")
-        base = replace(base, steps=steps)
+        base = replace(base, steps=bounded("max_steps", steps, field="steps"))
     return base
 
 

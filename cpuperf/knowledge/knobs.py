@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from cpuperf.errors import FieldError, UsageError, verbatim
+from cpuperf.worker_settings import BOUNDS, out_of_bounds
 
 # A node count past this is a typo, not a plan (ranks and threads are bounded by the host, in placement).
 MAX_COUNT = 4096
-# Samples per optimizer step and micro-batches per step: far above any real job (a global batch of a million
-# samples), far below one that never ends a step (a plan's grad_accum_steps of 2**62). Dataloader workers are
+# Sizes are bounded by the one table (cpuperf.worker_settings.BOUNDS: batch, accumulation, steps, seed, the model's
+# shape), read here for --set, --config and a saved plan as the worker's schema reads it. Dataloader workers are
 # processes: the host bounds them further (its usable CPUs, where the plan is run).
-MAX_BATCH, MAX_ACCUMULATION, MAX_WORKERS = 1 << 20, 1 << 16, 4096
+
+
 
 
 # What a knob holds once its text is coerced (coerce): true/false, a count, a number, a choice or a path; None where
@@ -46,6 +48,12 @@ class Knob:
     doc: str = ""
 
 
+def _sized(key: str, *, decided: bool = False, worker: bool = False, nullable: bool = False) -> Knob:
+    """An integer knob whose minimum and maximum are the one table's (worker_settings.BOUNDS)."""
+    low, high = BOUNDS[key]
+    return Knob(key, "int", minimum=low, maximum=high, decided=decided, worker=worker, nullable=nullable)
+
+
 KNOBS: Tuple[Knob, ...] = (
     # decided by recommend --------------------------------------------------------------------------
     Knob("device", "choice", choices=("cpu", "cuda"), decided=True, worker=True),
@@ -62,14 +70,14 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("compile", "bool", decided=True, worker=True),
     Knob("allocator", "choice", choices=("tcmalloc", "jemalloc", "mimalloc", None), decided=True, launch=True),
     Knob("attention", "choice", choices=("sdpa", "flash", "mem_efficient", "math"), decided=True),
-    Knob("batch_size", "int", minimum=1, maximum=MAX_BATCH, decided=True, worker=True),
-    Knob("grad_accum_steps", "int", minimum=1, maximum=MAX_ACCUMULATION, decided=True, worker=True),
+    _sized("batch_size", decided=True, worker=True),
+    _sized("grad_accum_steps", decided=True, worker=True),
     Knob("grad_checkpointing", "bool", decided=True, worker=True),
     Knob("optimizer", "choice", choices=("adamw", "adamw_fused", "adafactor", "adamw_8bit"), decided=True, worker=True),
     Knob("sharding", "choice", choices=("fsdp", "zero3", None), decided=True,
        doc="fsdp: torch FSDP full shard; zero3: DeepSpeed ZeRO-3 (installed); none: every rank holds the whole state"),
     Knob("offload", "bool", decided=True, doc="GPU ranks park the sharded state in host RAM"),
-    Knob("dataloader_workers", "int", minimum=0, maximum=MAX_WORKERS, decided=True, worker=True),
+    _sized("dataloader_workers", decided=True, worker=True),
     Knob("pin_memory", "bool", decided=True),
     Knob("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
     # placement options ---------------------------------------------------------------------------------
@@ -81,16 +89,16 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("min_lr_ratio", "float", minimum=0.0, worker=True),
     Knob("weight_decay", "float", minimum=0.0, worker=True),
     Knob("grad_clip", "float", minimum=0.0, worker=True),
-    Knob("warmup", "int", minimum=0, worker=True),
-    Knob("max_steps", "int", minimum=1, worker=True, nullable=True),
+    _sized("warmup", worker=True),
+    _sized("max_steps", worker=True, nullable=True),
     Knob("time_budget_s", "float", minimum=0.0, worker=True, nullable=True),
-    Knob("eval_every", "int", minimum=0, worker=True),
-    Knob("eval_batches", "int", minimum=1, worker=True),
-    Knob("ckpt_every", "int", minimum=0, worker=True),
-    Knob("log_every", "int", minimum=1, worker=True),
-    Knob("seed", "int", minimum=0, worker=True),
+    _sized("eval_every", worker=True),
+    _sized("eval_batches", worker=True),
+    _sized("ckpt_every", worker=True),
+    _sized("log_every", worker=True),
+    _sized("seed", worker=True),
     Knob("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
-    Knob("bpe_merges", "int", minimum=1, worker=True),
+    _sized("bpe_merges", worker=True),
     Knob("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
     Knob("confirm_batch", "bool", worker=True),
     Knob("tokenizer_cache", "str", worker=True, doc="where the BPE tokenizer is cached (default: the run directory)"),
@@ -134,12 +142,25 @@ def _number(key: str, text: str, kind: str, minimum: Optional[float], maximum: O
         raise FieldError(key, text, f"{{typed}}: expected {'an integer' if kind == 'int' else 'a number'}", setting=True) from None
     if kind == "float" and not math.isfinite(value):
         raise FieldError(key, text, "{typed}: expected a finite number", setting=True)
+    why = out_of_bounds(key, int(value)) if key in BOUNDS else None  # the one table's words, as --batch-size says them
+    if why is not None:
+        raise FieldError(key, text[:40], "{typed}: " + why, setting=True)
     if minimum is not None and value < minimum:
         raise FieldError(key, text, f"{{typed}}: must be at least {minimum:g}", setting=True)
     if maximum is not None and value > maximum:
         raise FieldError(key, text[:40], f"{{typed}}: at most {maximum:.0f} (past it no step of a job finishes)", setting=True)
     if kind == "int" and key == "nnodes" and value > MAX_COUNT:
         raise FieldError(key, text, f"{{typed}}: more than {MAX_COUNT} nodes is not a plan cpuperf makes", setting=True)
+    return value
+
+
+def bounded(key: str, value: int, field: Optional[str] = None) -> int:
+    """An integer a command's option gives (--batch-size, --seq-len, --steps, --max-steps, --seed) held to the one
+    table's bounds for setting `key` (worker_settings.BOUNDS), as --set holds it: a FieldError about the option
+    `field` (default: the key), the value named."""
+    why = out_of_bounds(key, value)
+    if why is not None:
+        raise FieldError(field or key, value, "{typed}: " + why)
     return value
 
 
@@ -184,7 +205,8 @@ def coerce_entry(key: str, raw: object) -> Overrides:
         sub = key[len("model."):]
         if sub not in MODEL_KEYS:
             raise UsageError(f"unknown model setting {key!r}", hint="model." + ", model.".join(MODEL_KEYS))
-        return {"model": {sub: int(_number(key, str(raw).strip(), "int", 1))}}
+        low, high = BOUNDS[key]
+        return {"model": {sub: int(_number(key, str(raw).strip(), "int", low, high))}}
     return {key: coerce(key, raw)}
 
 

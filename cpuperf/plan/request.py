@@ -92,6 +92,21 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
     return decided, worker
 
 
+def check_option_values(request: PlanRequest) -> None:
+    """train's options that no later step reads before it is too late, checked as the request is made (exit 2,
+    the value named): --max-steps and --seed by the one table of bounds (--set max_steps / seed the same rule), and
+    --hf-flags even where no script would read it (`--hf-flags maybe` was accepted silently)."""
+    from cpuperf.knowledge.knobs import bounded
+    from cpuperf.plan.user_script import HF_MODES
+
+    if request.max_steps is not None:
+        bounded("max_steps", request.max_steps)
+    if request.seed is not None:
+        bounded("seed", request.seed)
+    if request.hf_flags not in HF_MODES:
+        raise FieldError("hf_flags", request.hf_flags, "{flag} {value!r}: use auto, always or never")
+
+
 def check_saved_plan_options(plan: str, given: Sequence[str], device: str, unit: str) -> None:
     """--plan fixes the decisions: an option that decides something (named in `given`) is refused (exit 2)."""
     if given or device != "auto" or unit != "socket":

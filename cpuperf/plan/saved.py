@@ -25,6 +25,7 @@ from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import is_version, major_minor
+from cpuperf.worker_settings import MAX_BATCH, MAX_SEQ_LEN, MAX_STEPS
 
 SCHEMA = "cpuperf.plan/1"
 # The packages whose versions the decisions depend on; another version is another plan.
@@ -448,8 +449,9 @@ def _workload(raw: JsonValue) -> Workload:
     workload = Workload(
         name=_text(data, "name", w), n_layer=_int(data, "n_layer", w, 1, 1 << 50),
         d_model=_int(data, "d_model", w, 1, 1 << 50), n_head=_int(data, "n_head", w, 1, 1 << 50),
-        seq_len=_int(data, "seq_len", w, 1, 1 << 50), vocab=_int(data, "vocab", w, 1, 1 << 50),
-        batch_size=_int(data, "batch_size", w, 1, 1 << 50), steps=_opt_int(data, "steps", w, 1, 1 << 50),
+        seq_len=_int(data, "seq_len", w, 1, MAX_SEQ_LEN), vocab=_int(data, "vocab", w, 1, 1 << 50),
+        batch_size=_int(data, "batch_size", w, 1, MAX_BATCH),
+        steps=_opt_int(data, "steps", w, 1, MAX_STEPS),  # sizes: the one table of bounds (worker_settings), as every door
         params=_int(data, "params", w, 1, 1 << 50), source=_text(data, "source", w),
         d_ff=_int(data, "d_ff", w, 0, 1 << 50) if "d_ff" in data else d_ff,
         kv_heads=_int(data, "kv_heads", w, 0, 1 << 50) if "kv_heads" in data else kv_heads,

@@ -115,10 +115,57 @@ def name_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
     return named.name, named.how
 
 
+# Extensions one maker's CPUs alone have, in Linux flag spelling: a cpuinfo showing one under another maker's vendor
+# string contradicts itself (a hypervisor's CPU model, a hand-made tree), and the flag names no generation or
+# capability there. AMX is Intel's alone (Intel SDM vol. 1 ch. 18, "Intel Advanced Matrix Extensions"; AMD's APM
+# vol. 3 CPUID lists no AMX leaf, Zen 5 included). SSE4a, XOP, FMA4 and TBM are AMD's (AMD APM vol. 3, CPUID
+# Fn8000_0001_ECX; Intel's SDM defines none of them); Hygon's parts are AMD's Zen under licence.
+_INTEL, _AMD = frozenset({"GenuineIntel"}), frozenset({"AuthenticAMD", "HygonGenuine"})
+MAKER_FLAGS: Dict[str, frozenset[str]] = {
+    **{flag: _INTEL for flag in ("amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx_complex")},
+    **{flag: _AMD for flag in ("sse4a", "xop", "fma4", "tbm")},
+}
+
+
+class Contradictions(NamedTuple):
+    """What an x86 cpuinfo says against itself: one sentence each, and the flags its vendor cannot have."""
+
+    said: Tuple[str, ...]
+    foreign_flags: Tuple[str, ...]
+
+
+def x86_contradictions(vendor: Optional[str], family: Optional[int], model: Optional[int],
+                       stepping: Optional[int], flags: Tuple[str, ...]) -> Contradictions:
+    """Flags of another maker than the vendor string says (AMX under AuthenticAMD), and a family/model that is another
+    vendor's generation where the vendor has no such family (AuthenticAMD family 6 model 143: Intel's numbering)."""
+    if not vendor:
+        return Contradictions((), ())
+    said: List[str] = []
+    foreign = tuple(sorted(f for f in set(flags) if f in MAKER_FLAGS and vendor not in MAKER_FLAGS[f]))
+    if foreign:
+        makers = sorted(set().union(*(MAKER_FLAGS[f] for f in foreign)))
+        said.append(f"its flags {', '.join(foreign)} are {' or '.join(makers)} extensions, and it says it is {vendor}")
+    rows = microarch_table().x86
+    own = [e for e in rows if e.vendor == vendor]
+    if own and family is not None and not any(e.family == family for e in own):
+        other = next((e for e in rows if e.vendor != vendor and e.family == family
+                      and _model_matches(e, model, stepping)), None)
+        if other is not None:
+            said.append(f"family {family} model {model} is {other.vendor}'s {other.name}, and it says it is {vendor} "
+                        f"(whose families are {', '.join(str(f) for f in sorted({e.family for e in own}))})")
+    return Contradictions(tuple(said), foreign)
+
+
 def identify_x86(vendor: Optional[str], family: Optional[int], model: Optional[int],
                  stepping: Optional[int], flags: Tuple[str, ...]) -> X86Name:
-    """The family/model's name where the flags allow nothing newer with more vector extensions, else the flags'."""
+    """The family/model's name where the flags allow nothing newer with more vector extensions, else the flags'.
+    Where the cpuinfo contradicts itself (x86_contradictions) flags of another maker count for nothing, and a
+    family/model of another vendor's numbering names no generation: only the psABI level the flags show."""
+    contradicts = x86_contradictions(vendor, family, model, stepping, flags)
+    flags = tuple(f for f in flags if f not in contradicts.foreign_flags)
     entries = [e for e in microarch_table().x86 if e.vendor == vendor]
+    if contradicts.said and not any(e.family == family for e in entries):
+        return X86Name(*_by_features([], family, flags)[1:])  # whose generation it is, the host does not agree
     by_model = next((e for e in entries if e.family == family and _model_matches(e, model, stepping)), None)
     by_flags = _by_features(entries, family, flags)
     if by_model is None:
@@ -212,19 +259,35 @@ def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tu
         flags = override_isa
     flags = _with_hypervisor(flags, src.override_bool("hypervisor"))
     vendor = first.get("vendor_id")
-    family = parse.int_auto(first.get("cpu family"))
-    model = parse.int_auto(first.get("model"))
+    family = _cpuid_number(first, "cpu family", 1)
+    model = _cpuid_number(first, "model", 0)
     stepping = parse.int_auto(first.get("stepping"))
     named = identify_x86(vendor, family, model, stepping, flags)
-    isa = tuple(f for f in X86_ISA if f in flags)
-    amx_supported = "amx_tile" in flags
-    bf16_native = "avx512_bf16" in flags or "amx_bf16" in flags
+    # What the CPU can do, from the flags its vendor can have: AMX under AuthenticAMD is no AMX (doctor says why).
+    foreign = x86_contradictions(vendor, family, model, stepping, flags).foreign_flags
+    able = tuple(f for f in flags if f not in foreign)
+    isa = tuple(f for f in X86_ISA if f in able)
+    amx_supported = "amx_tile" in able
+    bf16_native = "avx512_bf16" in able or "amx_bf16" in able
     return CpuFacts(arch="x86_64", vendor=vendor, model_name=first.get("model name"), family=family,
                 model=model, stepping=stepping, microarchitecture=named.name, isa=isa, flags=flags,
                 bf16_native=bf16_native, amx_supported=amx_supported,
                 amx_usable=_amx_usable(src) if amx_supported else False,
                 microarchitecture_source=named.how, model_microarchitecture=named.by_model,
                 beyond_model=named.beyond_model)
+
+
+def _cpuid_number(first: Mapping[str, str], key: str, least: int) -> Optional[int]:
+    """cpuinfo's `cpu family` (CPUID gives 1 or more; x86-64 parts 6 or more) or `model` (0 or more): a value below
+    is refused as input (exit 2, named), never matched against the table (family 0 was named sapphirerapids). Model 0
+    stays: it is a real CPUID model (the kernel's table of AMD family 0x1a parts starts at model 0x00)."""
+    value = parse.int_auto(first.get(key))
+    if value is not None and value < least:
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"proc/cpuinfo: {key} {value} is not a CPUID {key.rsplit(maxsplit=1)[-1]} (at least {least})",
+                         hint="record the host again (cpuperf doctor --save-snapshot DIR), or fix that file")
+    return value
 
 
 def _arm_facts(first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]) -> CpuFacts:

@@ -31,11 +31,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
 from cpuperf.boundary import RANK_ERRORS, RUN_LOCK
 from cpuperf.errors import CpuperfError, ExitCode, FilesystemError, LaunchFailedError, UsageError
-from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
+from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock, append_nofollow, ensure_dir, refuse_link
+from cpuperf.output import StreamError, write_stream
 from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
 from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
 from cpuperf.run.rankexec import die_with_parent
@@ -152,6 +153,8 @@ def lock_run_dir(run_dir: str) -> DirLock:
         who = f" ({exc.holder.describe()})" if exc.holder else ""
         raise CpuperfError(f"run directory {run_dir} is in use by another run{who}",
                            hint="wait for that run to end, or pass another --out", code=ExitCode.BUSY) from None
+    except FilesystemError:  # a link or a non-file named .lock: said as such (fsutil)
+        raise
     except OSError as exc:
         raise FilesystemError(f"cannot lock run directory {run_dir}: {exc.strerror}", hint="pass a writable --out") from None
     if lock.stale is not None:
@@ -159,6 +162,21 @@ def lock_run_dir(run_dir: str) -> DirLock:
 
         message(f"note: took over the stale lock of a run that is gone ({lock.stale.describe()})")
     return lock
+
+
+# What cpuperf writes in a run's logs/ (run/rankexec.py: rank<R>.log appended, rank<R>.pid; launcher.log appended).
+_LOG_FILE = re.compile(r"(rank[0-9]+\.(log|pid)|launcher\.log)")
+
+
+def prepare_log_dir(folder: str) -> None:
+    """A run's logs/ before any rank starts: made where absent, never through a link (logs/ itself, or a rank's log,
+    pid file or launcher.log in it: exit 10, the link named, before anything is written); last run's pid files gone."""
+    ensure_dir(folder)
+    for name in sorted(os.listdir(folder)):
+        if _LOG_FILE.fullmatch(name):
+            refuse_link(os.path.join(folder, name))
+    for stale in Path(folder).glob("rank*.pid"):
+        stale.unlink()
 
 
 def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
@@ -184,22 +202,26 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
         raise LaunchFailedError(f"cannot start {plan.argv[0]}: {exc.strerror}") from exc
 
 
-def _pump(proc: subprocess.Popen[bytes], launcher_log: Optional[str], echo: Optional[TextIO],
+def _pump(proc: subprocess.Popen[bytes], log: IO[bytes], echo: Optional[TextIO],
           captured: List[str]) -> threading.Thread:
-    """A thread copying the launcher's output to launcher.log (appended), `captured` and the echo."""
+    """A thread copying the launcher's output to `log` (launcher.log, appended; closed at the end), `captured` and
+    the echo."""
     quiet = None if os.environ.get("CPUPERF_DEBUG") == "1" else _EchoFilter()
 
     def pump() -> None:
         assert proc.stdout is not None
-        with open(launcher_log, "ab") if launcher_log else open(os.devnull, "wb") as log:
+        shown = echo
+        with log:
             for raw in iter(proc.stdout.readline, b""):
                 log.write(raw)
                 log.flush()
                 line = raw.decode("utf-8", "replace")
                 captured.append(line)
-                if echo is not None and (quiet is None or quiet.show(line)):
-                    echo.write(line)
-                    echo.flush()
+                if shown is not None and (quiet is None or quiet.show(line)):
+                    try:  # a closed stderr or its reader gone: dropped (cpuperf.output), the pipe still drained
+                        write_stream(shown, line)
+                    except StreamError:  # a full disk under 2> FILE: the rest stays in launcher.log
+                        shown = None
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     return reader
@@ -343,10 +365,14 @@ def _tee(proc: subprocess.Popen[bytes], captured: List[str]) -> threading.Thread
     """A direct child's stderr still goes to ours; its tail is kept (to explain a rejected flag)."""
     def tee() -> None:
         assert proc.stderr is not None
+        shown = True
         for raw in iter(proc.stderr.readline, b""):
             text = raw.decode("utf-8", "replace")
-            sys.stderr.write(text)
-            sys.stderr.flush()
+            if shown:
+                try:  # as _pump: the child's stderr is drained whatever becomes of ours
+                    write_stream(sys.stderr, text)
+                except StreamError:
+                    shown = False
             captured.append(text)
             del captured[:-200]
 
@@ -358,21 +384,28 @@ def _tee(proc: subprocess.Popen[bytes], captured: List[str]) -> threading.Thread
 def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_is_product: bool,
          errors_dir: str, tee_stderr: bool = False) -> ExecResult:
     for folder in {d for d in (plan.log_dir, plan.pid_dir) if d}:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        for stale in Path(folder).glob("rank*.pid"):
-            stale.unlink()
+        prepare_log_dir(folder)
     direct = plan.launcher == "direct"
     launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
+    # Opened before the launch: a link named launcher.log is refused (exit 10) before any rank starts.
+    log: Optional[IO[bytes]] = None
+    if not direct:
+        log = os.fdopen(append_nofollow(launcher_log), "ab") if launcher_log else open(os.devnull, "wb")
     t0 = time.monotonic()
     # Handlers first: a SIGTERM right after the start must reach the child, not end cpuperf alone.
     with _Stopper() as stopper:
-        proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
+        try:
+            proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
+        except BaseException:
+            if log is not None:
+                log.close()
+            raise
         cpu0, wall0 = time.process_time(), time.monotonic()
         stopper.started(proc)
         watch = Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
         watch.start()
         captured: List[str] = []
-        reader = _tee(proc, captured) if (direct and tee_stderr) else (None if direct else _pump(proc, launcher_log, echo, captured))
+        reader = _tee(proc, captured) if (direct and tee_stderr) else (None if log is None else _pump(proc, log, echo, captured))
         try:
             code = stopper.wait()
             supervisor = Supervisor(cpu_s=time.process_time() - cpu0, wall_s=time.monotonic() - wall0)

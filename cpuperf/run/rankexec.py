@@ -18,6 +18,7 @@ import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.boundary import LOCAL_RANK_VARS, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RANK_VARS
+from cpuperf.fsutil import LinkRefused, append_nofollow, ensure_dir, open_nofollow
 
 
 def _first_int(environ: Mapping[str, str], names: Tuple[str, ...]) -> Optional[int]:
@@ -81,6 +82,18 @@ def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), signum)
 
 
+def _write_pid(path: str) -> None:
+    """This process's pid in `path` (truncated first), never through a link."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+
+
+def _refused(rank: int, exc: LinkRefused) -> int:
+    sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: {exc.message} (hint: {exc.hint})\n")
+    return int(exc.code)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
@@ -105,26 +118,30 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ["OMP_NUM_THREADS"] = str(int(slot["threads"]))
     # The launcher is our parent (torchrun's agent, orted, slurmstepd): when it dies, so do we.
     die_with_parent(os.getppid())
+    # Every file here is opened without following a link (cpuperf.fsutil's rule for a run directory): a link where a
+    # pid file or a rank's log goes ends the rank with exit 10, the link named, and nothing written through it.
     piddir = os.environ.get(RANK_PIDDIR)
     if piddir:  # a user's launcher: its ranks' output stays where the launcher sends it
         try:
-            with open(os.path.join(piddir, f"rank{local}.pid"), "w") as fh:
-                fh.write(f"{os.getpid()}\n")
+            _write_pid(os.path.join(piddir, f"rank{local}.pid"))
+        except LinkRefused as exc:
+            return _refused(rank, exc)
         except OSError as exc:
             sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot record its pid under {piddir}: {exc.strerror}\n")
     logdir = os.environ.get(RANK_LOGDIR)
     if logdir:
         try:
-            os.makedirs(logdir, exist_ok=True)
-            with open(os.path.join(logdir, f"rank{rank}.pid"), "w") as fh:
-                fh.write(f"{os.getpid()}\n")
+            ensure_dir(logdir)
+            _write_pid(os.path.join(logdir, f"rank{rank}.pid"))
             # Appended, never truncated: a resumed run's log follows the earlier one's.
-            fd = os.open(os.path.join(logdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = append_nofollow(os.path.join(logdir, f"rank{rank}.log"))
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)
+        except LinkRefused as exc:
+            return _refused(rank, exc)
         except OSError as exc:
             sys.stderr.write(f"cpuperf.run.rankexec: rank {rank}: cannot write logs under {logdir}: {exc.strerror}\n")
     try:

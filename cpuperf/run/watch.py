@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, TextIO, Tuple
 
 from cpuperf.boundary import WORLD_SIZE_VARS
+from cpuperf.output import StreamError, write_stream
 from cpuperf.plan.launch import LaunchPlan, RankObservation
 
 # Offsets between /proc samples of a rank not yet verified: torch takes a second or more to load,
@@ -263,8 +264,10 @@ class Watch(threading.Thread):
             chunk = b""
         if chunk:
             self._log_pos += len(chunk)
-            self.echo.write(chunk.decode("utf-8", "replace"))
-            self.echo.flush()
+            try:  # a closed stderr or its reader gone: dropped (cpuperf.output); the run goes on either way
+                write_stream(self.echo, chunk.decode("utf-8", "replace"))
+            except StreamError:  # a full disk under 2> FILE: rank 0's log keeps it all
+                self.echo = None
         self._tail_at.reset(now)
 
     # -- the loop ------------------------------------------------------------------------------------

@@ -29,9 +29,15 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
 
 def load(path: Path, map_location: Union[str, torch.device] = "cpu") -> dict[str, Any]:
     """Load a checkpoint written by save_atomic (weights_only: no code runs on load)."""
+    import os
+
     import torch
 
-    obj = torch.load(path, map_location=map_location, weights_only=True)
+    from cpuperf.fsutil import open_nofollow
+
+    # Read through no link (fsutil.LinkRefused, exit 10): the run directory's one rule, --resume included.
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as fh:
+        obj = torch.load(fh, map_location=map_location, weights_only=True)
     if not isinstance(obj, dict) or obj.get("schema") != CKPT_SCHEMA:
         raise ValueError(f"{path} is not a {CKPT_SCHEMA} checkpoint")
     return obj

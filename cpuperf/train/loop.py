@@ -23,7 +23,8 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, TextIO, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
-from cpuperf.errors import exit_code_for_signal
+from cpuperf.errors import FilesystemError, exit_code_for_signal
+from cpuperf.fsutil import append_nofollow
 from cpuperf.train import SCHEMA
 from cpuperf.train.errors import DiskFullError, DistInitError, MissingFeatureError, TrainError
 from cpuperf.train.rundir import METRICS_NAME
@@ -403,7 +404,7 @@ class Run:
         self.ckpt_path = self.out_dir / CKPT_NAME
         self.resumed_from: Optional[int] = None
         self.ckpt_elapsed = 0.0
-        ck = self.restore(model) if s.resume and self.ckpt_path.exists() else {}
+        ck = self.restore(model) if s.resume and os.path.lexists(self.ckpt_path) else {}  # a link: refused by load
         self.setup_batch_trial(model, ck)
         self.wrap_model(model)
 
@@ -432,6 +433,8 @@ class Run:
         torch = self.torch
         try:
             ck = load(self.ckpt_path, map_location=self.device)
+        except FilesystemError:  # a link where the checkpoint is (fsutil.LinkRefused): exit 10, the link named
+            raise
         except Exception as exc:
             raise TrainError(f"cannot load checkpoint {self.ckpt_path}: {exc}".splitlines()[0],
                              hint="delete it or set resume false to start over")
@@ -697,7 +700,7 @@ class Run:
         if self.is0:
             # Append, never truncate: a resumed run adds its records after the earlier ones (a
             # fresh run into a directory that holds metrics was refused by rundir.claim).
-            self.metrics = open(self.metrics_path, "a", encoding="utf-8")
+            self.metrics = os.fdopen(append_nofollow(self.metrics_path), "a", encoding="utf-8")  # never through a link
         runtime = runtime_report()
         if self.is0 and s.dtype == "bf16" and s.device == "cpu" and runtime["native_bf16"] is False:
             sys.stderr.write("cpuperf train: note: this CPU has no AVX512-BF16/AMX, so bf16 is "

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from cpuperf.boundary import RUN_LOCK
-from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock
+from cpuperf.errors import FilesystemError
+from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock, refuse_link
 from cpuperf.train.checkpoint import CKPT_NAME
 from cpuperf.train.errors import RunDirBusyError
 from cpuperf.worker_settings import ConfigError
@@ -42,6 +43,15 @@ def existing_run(out_dir: Path) -> Optional[str]:
     return None
 
 
+def refuse_links(out_dir: str, resume: bool) -> None:
+    """The run's files written in place (metrics.jsonl appended) and, on resume, read back (the checkpoint): a
+    link standing there is refused before anything is read or written (fsutil.LinkRefused, exit 10). The
+    checkpoint itself is replaced as a whole, so a fresh run replaces a link there without touching its target."""
+    names = (METRICS_NAME, CKPT_NAME) if resume else (METRICS_NAME,)
+    for name in names:
+        refuse_link(os.path.join(out_dir, name))
+
+
 def claim(out_dir: str, resume: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[DirLock]:
     """Lock out_dir for this run (None: a launcher holds it for us) and refuse to overwrite a run.
 
@@ -57,9 +67,17 @@ def claim(out_dir: str, resume: bool, environ: Optional[Mapping[str, str]] = Non
         if not (token and exc.holder is not None and exc.holder.token == token):
             raise RunDirBusyError(busy_message(out_dir, exc.holder.describe() if exc.holder else None),
                                   hint=BUSY_HINT) from None
+    except FilesystemError:  # a link or a non-file named .lock (fsutil): exit 10, said as such
+        raise
     except OSError as exc:
         raise ConfigError(f"cannot lock run directory {out_dir}: {exc.strerror}",
                           hint="pass a writable --out") from None
+    try:
+        refuse_links(out_dir, resume)
+    except FilesystemError:
+        if lock is not None:
+            lock.release()
+        raise
     if lock is not None and lock.stale is not None:
         sys.stderr.write(f"cpuperf train: note: took over the stale lock of a run that is gone "
                          f"({lock.stale.describe()})\n")

@@ -185,6 +185,9 @@ def _say(text: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit code (the one error boundary of the worker)."""
+    from cpuperf.output import guard_std_streams
+
+    guard_std_streams()  # a closed stdout or stderr is /dev/null: no file of the run takes its number
     args = build_parser().parse_args(argv)
     debug = os.environ.get("CPUPERF_DEBUG") == "1"
     stop = Stop()
@@ -204,9 +207,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except OSError as exc:  # a file the run writes (metrics, logs, the run directory): exit 10, the path named
         if debug:
             raise
-        from cpuperf.errors import from_os_error
+        from cpuperf.errors import FilesystemError, from_os_error
 
-        fs = from_os_error(exc)
+        fs = exc if isinstance(exc, FilesystemError) else from_os_error(exc)  # a link refused (fsutil): its own line
         return _report(TrainError(fs.message, hint=fs.hint, code=TrainExit.FILESYSTEM), args.json)  # type: ignore[arg-type]  # TrainExit, the worker's codes
     except Exception as exc:
         if debug:
