@@ -152,7 +152,7 @@ def test_an_invalid_batch_is_refused_or_passed_on_unchanged(tmp_path, value, cod
 
 def test_the_users_arguments_are_walked_once(tmp_path, monkeypatch):
     """One function walks the script's words; the dry run asks it once for the user's own arguments."""
-    import cpuperf.plan.script_read as script_read
+    from cpuperf.plan import script_read
 
     (tmp_path / "train.py").write_text(HF_SCRIPT)
     tree = _tree(tmp_path, "spr2", 2, SAPPHIRE)
@@ -218,3 +218,29 @@ def test_a_plain_script_is_told_the_autocast_line_not_given_it(tmp_path):
     assert code == 0 and "PL_TRAINER_PRECISION" not in plan["launch"]["env"]
     said = [i["why"] for i in plan["hf_flags"]["not_added"] if i["flag"].startswith("dtype")]
     assert said and "torch.autocast" in said[0]
+
+
+# -- the DeepSpeed launcher --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, ranks", [(["--num_gpus", "2"], 2), (["--num_acc=2"], 2), ([], None),
+                                            (["--num_gpus", "-1"], None)])
+def test_deepspeed_is_read_as_the_users_launcher_never_wrapped_in_another(tmp_path, options, ranks):
+    (tmp_path / "train.py").write_text(HF_SCRIPT)
+    tree = _tree(tmp_path, "spr2", 2, SAPPHIRE)
+    code, plan, err = _dry(tree, tmp_path, "deepspeed", *options, "train.py", "--output_dir", "o")
+    assert code == 0, err[-1500:]
+    argv = plan["launch"]["argv"]
+    assert argv[0] == "deepspeed" and "torchrun" not in argv and "cpuperf.run.rankexec" not in " ".join(argv)
+    assert plan["launch"]["launcher"] == "direct" and plan["hf_flags"]["your_launcher"] == "deepspeed"
+    yours = plan["launch"]["yours"]
+    assert yours["ranks"] == ranks and not yours["placed_by_cpuperf"] and "DeepSpeed's runner" in yours["why"]
+    # the script's flags go after the script, the launcher's options stay before it
+    assert argv[argv.index("train.py") - len(options):argv.index("train.py")] == options
+
+
+def test_a_deepspeed_option_its_runner_refuses_is_refused(tmp_path):
+    (tmp_path / "train.py").write_text(HF_SCRIPT)
+    tree = _tree(tmp_path, "spr2", 2, SAPPHIRE)
+    for bad, says in ((["--num_gpus", "two"], "invalid int"), (["--no_such_option"], "has no option")):
+        code, _, err = _dry(tree, tmp_path, "deepspeed", *bad, "train.py")
+        assert code == 2 and says in err and "Traceback" not in err, err[-800:]

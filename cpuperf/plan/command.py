@@ -42,6 +42,7 @@ def read_command(argv: Sequence[str]) -> CommandLine:
     """The one reading of the user's command: its wrappers, its launcher (an option the launcher would refuse
     exits 2, as `setsid --fork` does), its script or module and their arguments."""
     wrappers, inner, hidden = unwrap(list(argv))
+    launcher = launcher_of(inner, wrappers, hidden)
     return CommandLine(tuple(argv), tuple(wrappers), tuple(inner), hidden,
-                       script_of(argv, wrappers, inner, hidden), launcher_of(inner, wrappers, hidden),
+                       script_of(argv, wrappers, inner, hidden, launcher), launcher,
                        own_session=opens_session(wrappers))

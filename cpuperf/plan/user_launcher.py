@@ -26,11 +26,13 @@ from cpuperf.jsonable import NOT_IN_JSON, as_json, json_key
 from cpuperf.knowledge.variables import variables
 
 RANKEXEC = ("-m", "cpuperf.run.rankexec", "--")
-_MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
+MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
                      "accelerate.commands.launch": "accelerate"}
-_EXEC_LAUNCHERS = {"torchrun": "torchrun", "mpirun": "mpirun", "mpiexec": "mpirun", "mpiexec.hydra": "mpirun",
-                   "prterun": "mpirun", "orterun": "mpirun", "srun": "srun"}
-_PYTHON_VALUED = {"-X", "-W", "--check-hash-based-pycs"}  # python's own options that take a value
+EXEC_LAUNCHERS = {"torchrun": "torchrun", "mpirun": "mpirun", "mpiexec": "mpirun", "mpiexec.hydra": "mpirun",
+                  "prterun": "mpirun", "orterun": "mpirun", "srun": "srun", "deepspeed": "deepspeed"}
+# Launchers whose options are an argparse parser: an option not in its table is refused, as the launcher would.
+_ARGPARSE = ("torchrun", "accelerate", "deepspeed")
+PYTHON_VALUED = {"-X", "-W", "--check-hash-based-pycs"}  # python's own options that take a value
 _NAME_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -212,19 +214,19 @@ class _Table:
 def _launcher_at(args: Sequence[str], i: int) -> Optional[Tuple[str, int]]:
     """(launcher, index of its first option) when args[i:] starts a launcher."""
     base = os.path.basename(args[i])
-    if base in _EXEC_LAUNCHERS:
-        return _EXEC_LAUNCHERS[base], i + 1
+    if base in EXEC_LAUNCHERS:
+        return EXEC_LAUNCHERS[base], i + 1
     if base == "accelerate" and list(args[i + 1:i + 2]) == ["launch"]:
         return "accelerate", i + 2
     if not is_python(args[i]):
         return None
     j = i + 1
     while j < len(args) and args[j].startswith("-") and not args[j].startswith("-m"):
-        j += 2 if args[j] in _PYTHON_VALUED else 1
+        j += 2 if args[j] in PYTHON_VALUED else 1
     if j < len(args) and args[j].startswith("-m"):
         module, start = (args[j][2:], j + 1) if len(args[j]) > 2 else ((args[j + 1] if j + 1 < len(args) else ""), j + 2)
-        if module in _MODULE_LAUNCHERS:
-            return _MODULE_LAUNCHERS[module], start
+        if module in MODULE_LAUNCHERS:
+            return MODULE_LAUNCHERS[module], start
     return None
 
 
@@ -266,10 +268,10 @@ def _named_launcher(words: Sequence[str], wrappers: Sequence[Wrapper], hidden: s
         words = [part for w in words for part in (_words_anyway(w) if " " in w or "\t" in w else [w]) if part]
     for i, word in enumerate(words):
         base = os.path.basename(word)
-        name = _EXEC_LAUNCHERS.get(base) or ("accelerate" if base == "accelerate" and
+        name = EXEC_LAUNCHERS.get(base) or ("accelerate" if base == "accelerate" and
                                              list(words[i + 1:i + 2]) == ["launch"] else None)
-        if name is None and word in _MODULE_LAUNCHERS and i > 0 and words[i - 1] == "-m":
-            name = _MODULE_LAUNCHERS[word]
+        if name is None and word in MODULE_LAUNCHERS and i > 0 and words[i - 1] == "-m":
+            name = MODULE_LAUNCHERS[word]
         if name is not None:
             shown = _shown(words[0])
             return name, hidden or f"`{shown}` runs {base}, and cpuperf does not know how {shown} reads its arguments"
@@ -306,7 +308,7 @@ def _one_option(table: _Table, args: Sequence[str], i: int, parsed: List[Tuple[s
     item = args[i]
     launcher = table.launcher
     name, eq, attached = _key(launcher, item).partition("=")
-    if not eq and launcher in ("srun", "torchrun", "accelerate") and not item.startswith("--") and len(item) > 2:
+    if not eq and (launcher == "srun" or launcher in _ARGPARSE) and not item.startswith("--") and len(item) > 2:
         name, attached, eq = item[:2], item[2:], "="  # -n4, -r3: a short option with its value attached
         if table.arity(name) == 0 and launcher == "srun":
             for n, letter in enumerate(item[1:]):  # -lv: short flags together
@@ -314,7 +316,7 @@ def _one_option(table: _Table, args: Sequence[str], i: int, parsed: List[Tuple[s
             return 1
     resolved = table.resolve(name)
     if resolved is None:
-        if launcher in ("torchrun", "accelerate"):
+        if launcher in _ARGPARSE:
             raise UsageError(f"{launcher} has no option {item.partition('=')[0]} (its parser refuses it)",
                              hint=f"`{launcher} --help` lists its options; your script's own go after the script")
         unknown.append(item)
@@ -323,7 +325,7 @@ def _one_option(table: _Table, args: Sequence[str], i: int, parsed: List[Tuple[s
         return 1 + takes
     arity = table.arity(resolved) or 0  # resolve() returns only names the table has
     if eq or arity == 0:
-        if eq and arity == 0 and launcher in ("torchrun", "accelerate"):
+        if eq and arity == 0 and launcher in _ARGPARSE:
             raise UsageError(f"{launcher} {item}: {resolved} takes no value")
         parsed.append((resolved, attached if eq else None, (item,)))
         return 1
@@ -332,7 +334,7 @@ def _one_option(table: _Table, args: Sequence[str], i: int, parsed: List[Tuple[s
     words = list(args[i + 1:i + 1 + arity])
     if len(words) < arity:
         raise UsageError(f"{launcher} {item}: the option needs {arity} value(s) and your command ends there")
-    if launcher in ("torchrun", "accelerate") and words[0].startswith("-") and not _negative_number(words[0]):
+    if launcher in _ARGPARSE and words[0].startswith("-") and not _negative_number(words[0]):
         raise UsageError(f"{launcher} {item}: expected one argument (argparse reads {words[0]} as an option)")
     parsed.append((resolved, " ".join(words), tuple(args[i:i + 1 + arity])))
     return 1 + arity
@@ -648,6 +650,20 @@ def _srun_count(cmd: LauncherCommand) -> Tuple[Optional[int], str]:
     return None, "srun"
 
 
+def _deepspeed_count(cmd: LauncherCommand) -> Tuple[Optional[int], str]:
+    """DeepSpeed's local ranks: --num_gpus / --num_accelerators where given (argparse's int; -1, its default, and a
+    count below 1 mean the accelerator's devices); None: the runner counts them itself."""
+    names = rules()["deepspeed"]["nproc"]
+    raw = cmd.option(names)
+    if raw is None:
+        return None, "deepspeed (its accelerator's device count)"
+    count = _python_int(raw)
+    if count is None:
+        raise _refuse_count(f"deepspeed {cmd.spelled(names)}", "DeepSpeed's runner refuses it (argparse: invalid int "
+                            "value)")
+    return (count, cmd.spelled(names)) if count >= 1 else (None, f"deepspeed {cmd.spelled(names)} (all its devices)")
+
+
 def _count_and_source(cmd: LauncherCommand, logical_cpus: int, physical_cores: int, gpus: int,
                       has_default_config: bool, environ: Mapping[str, str]) -> Tuple[Optional[int], str, str]:
     """(count, where it comes from, why cpuperf cannot place the ranks or '') for each launcher."""
@@ -655,6 +671,8 @@ def _count_and_source(cmd: LauncherCommand, logical_cpus: int, physical_cores: i
     if cmd.launcher == "srun":
         count, source = _srun_count(cmd)
         return count, source, rule["why_not"]
+    if cmd.launcher == "deepspeed":
+        return (*_deepspeed_count(cmd), rule["why_not"])
     if cmd.launcher == "torchrun":
         taskset = next((w.cpus for w in cmd.wrappers if w.cpus), None)
         count, source = _torchrun_count(cmd, len(taskset) if taskset else logical_cpus, gpus, environ)
@@ -692,7 +710,7 @@ def _oversubscribes(cmd: LauncherCommand) -> bool:
 def _too_many(cmd: LauncherCommand, count: int, source: str, physical_cores: int) -> UsageError:
     what = {"torchrun": "worker processes torchrun starts", "accelerate": "processes accelerate starts",
             "mpirun": "processes mpirun starts (Open MPI gives each a slot, one per core, and refuses more)",
-            "srun": "tasks srun starts"}[cmd.launcher]
+            "srun": "tasks srun starts", "deepspeed": "ranks DeepSpeed's runner starts"}[cmd.launcher]
     hint = ("add --oversubscribe to your mpirun (ranks then share cores), or start fewer" if cmd.launcher == "mpirun"
             else "start fewer ranks, or pass cpuperf --set oversubscribe=true to share cores")
     return UsageError(f"{cmd.launcher} {source}: {count} {what}, and this host has {physical_cores} usable core(s)",
@@ -792,7 +810,7 @@ def _steppable(cmd: LauncherCommand, interpreter: Optional[str]) -> bool:
     """The per-rank step can run every rank as the launcher would have (it then dies with the launcher,
     PR_SET_PDEATHSIG): mpirun always; torchrun / accelerate where the script's Python is known. srun's tasks
     are children of slurmd, which ends them with the step."""
-    if not cmd.target or cmd.launcher == "srun":
+    if not cmd.target or cmd.launcher in ("srun", "deepspeed"):
         return False
     if cmd.launcher == "mpirun":
         return ":" not in cmd.target  # the step runs one program, not an MPMD line

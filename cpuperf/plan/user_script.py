@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from cpuperf.decide.records import Levers, Recommendation
     from cpuperf.plan.command import CommandLine
     from cpuperf.plan.launch import LaunchPlan, RankObservation
-    from cpuperf.plan.user_launcher import Wrapper
+    from cpuperf.plan.user_launcher import LauncherCommand, Wrapper
 
 HF_MODES = ("auto", "always", "never")
 # Flags that say the same thing in different words: one given by the user rules out the others.
@@ -40,17 +40,6 @@ _EXCLUSIVE = (("--bf16", "--fp16", "--half_precision_backend", "--bf16_full_eval
               ("--use_cpu", "--no_cuda"), ("--activation_checkpointing", "--gradient_checkpointing"),
               ("--torch_compile", "--torch_compile_backend", "--torch_compile_mode"),
               ("--optim", "--optim_args"), ("--fsdp", "--fsdp_config", "--deepspeed"))
-# Launchers a user may put in front of their script; the module forms of python -m.
-_MODULE_LAUNCHERS = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
-                     "accelerate.commands.launch": "accelerate"}
-_EXEC_LAUNCHERS = {"torchrun": "torchrun", "mpirun": "mpirun", "mpiexec": "mpirun", "mpiexec.hydra": "mpirun",
-                   "srun": "srun"}
-# Options naming the number of local processes, per launcher.
-_NPROC_OPTS = {"torchrun": ("--nproc_per_node", "--nproc-per-node"),
-               "accelerate": ("--num_processes", "--num-processes"),
-               "mpirun": ("-np", "-n", "--np", "-c"), "srun": ("--ntasks-per-node", "-n", "--ntasks")}
-# An option of a launcher whose value ends in .py would be mistaken for the script.
-_VALUE_OPTS = ("--config_file", "--config-file", "--deepspeed_config_file", "-f", "--hostfile", "--rdzv-conf")
 # Rejection by argparse (and HfArgumentParser, which is argparse): seconds within which it happens.
 REJECT_WINDOW_S = 20.0
 
@@ -172,23 +161,6 @@ class ScriptPlan:
 
 # -- the command -----------------------------------------------------------------------------------
 
-def _is_python(token: str) -> bool:
-    return re.search(r"(^|/)python[0-9.]*$", token) is not None
-
-
-def _nproc(launcher: str, opts: Sequence[str]) -> Optional[int]:
-    names = _NPROC_OPTS.get(launcher, ())
-    for i, item in enumerate(opts):
-        key, eq, value = item.partition("=")
-        if key in names:
-            raw = value if eq else (opts[i + 1] if i + 1 < len(opts) else "")
-            try:
-                return int(raw)
-            except ValueError:
-                return None  # torchrun's 'auto'/'cpu' or a host list: unknown
-    return None
-
-
 def parse_command(argv: Sequence[str]) -> UserCommand:
     """Find the script behind `python`, torchrun, `python -m torch.distributed.run`, `accelerate launch`, mpirun, srun;
     inside a shell's `-c LINE` where the line is one simple command (read as cpuperf.plan.user_launcher reads it).
@@ -198,47 +170,68 @@ def parse_command(argv: Sequence[str]) -> UserCommand:
     return read_command(argv).script
 
 
-def script_of(argv: Sequence[str], wrappers: Sequence[Wrapper], inner: Sequence[str], hidden: str) -> UserCommand:
-    """The script part of a command already unwrapped (cpuperf.plan.user_launcher.unwrap): `argv` as given, its
-    wrappers, the words behind them and why a shell line is not read through ('' where it is)."""
+def script_of(argv: Sequence[str], wrappers: Sequence[Wrapper], inner: Sequence[str], hidden: str,
+              launcher: Optional[LauncherCommand]) -> UserCommand:
+    """The script part of a command already unwrapped (cpuperf.plan.user_launcher.unwrap) and its launcher already
+    read (`launcher_of`, with the launcher's own table): `argv` as given, its wrappers, the words behind them, why a
+    shell line is not read through ('' where it is). The script is found in what the launcher starts per rank."""
     if hidden:
         return UserCommand(tuple(argv), None, None, None, (), None, hidden=hidden)
-    if wrappers:  # `env X=1 torchrun ...`, `nice -n 5 accelerate launch ...`: the launcher is the command behind
-        return replace(_parse_words(inner), wrappers=tuple(wrappers))
-    return _parse_words(argv)
+    words = tuple(inner) if wrappers else tuple(argv)
+    if launcher is not None and launcher.hidden:
+        return UserCommand(words, None, None, None, (), None, wrappers=tuple(wrappers))
+    target = launcher.target if launcher is not None else words
+    script, args, module = _script_in(target, launcher)
+    name = launcher.launcher if launcher is not None else None
+    return UserCommand(words, name, _nproc(launcher) if launcher is not None else None, script, args, module,
+                       wrappers=tuple(wrappers))
 
 
-def _parse_words(argv: Sequence[str]) -> UserCommand:
-    args = list(argv)
-    launcher: Optional[str] = None
-    i = 0
-    module: Optional[str] = None
-    while i < len(args):
-        tok = args[i]
-        base = os.path.basename(tok)
-        if launcher is None and base in _EXEC_LAUNCHERS and i == 0:
-            launcher = _EXEC_LAUNCHERS[base]
-        elif launcher is None and base == "accelerate" and i + 1 < len(args) and args[i + 1] == "launch":
-            launcher, i = "accelerate", i + 1
-        elif _is_python(tok):
-            j = i + 1
-            while j < len(args) and args[j].startswith("-") and args[j] != "-m":
-                j += 1  # python's own options (-u, -O, -X...)
-            if j + 1 < len(args) and args[j] == "-m":
-                mod = args[j + 1]
-                if mod in _MODULE_LAUNCHERS and launcher is None:
-                    launcher, i = _MODULE_LAUNCHERS[mod], j + 1
-                else:
-                    module = mod
-                    return UserCommand(tuple(args), launcher, _nproc(launcher, args[:j]) if launcher else None,
-                                       None, tuple(args[j + 2:]), module)
-            else:
-                i = j - 1
-        elif tok.endswith(".py") and not (i > 0 and args[i - 1] in _VALUE_OPTS):
-            nproc = _nproc(launcher, args[:i]) if launcher else None
-            return UserCommand(tuple(args), launcher, nproc, tok, tuple(args[i + 1:]), None)
-        i += 1
-    return UserCommand(tuple(args), launcher, _nproc(launcher, args) if launcher else None, None, (), module)
+def _script_in(target: Sequence[str], launcher: Optional[LauncherCommand]) -> Tuple[Optional[str], Tuple[str, ...],
+                                                                                   Optional[str]]:
+    """(script, its arguments, module) of what is started: `python [its options] script.py ...`, `python -m pkg ...`,
+    `script.py ...`, or, behind a launcher that runs Python itself, `script.py ...` / `pkg ...` under its module
+    option; (None, (), None) for a program that is no Python script."""
+    from cpuperf.plan.user_launcher import PYTHON_VALUED, is_python, rules
+
+    if not target:
+        return None, (), None
+    if is_python(target[0]):
+        j = 1
+        while j < len(target) and target[j].startswith("-") and not target[j].startswith("-m"):
+            j += 2 if target[j] in PYTHON_VALUED else 1
+        if j < len(target) and target[j].startswith("-m"):
+            module = target[j][2:] or (target[j + 1] if j + 1 < len(target) else "")
+            rest = target[j + 1:] if target[j][2:] else target[j + 2:]
+            return None, tuple(rest), module or None
+        return (target[j], tuple(target[j + 1:]), None) if j < len(target) else (None, (), None)
+    if launcher is not None and launcher.launcher in ("torchrun", "accelerate", "deepspeed"):
+        rule = rules()[launcher.launcher]
+        if launcher.has(rule.get("module", ())):
+            return None, tuple(target[1:]), target[0]
+        if launcher.has(rule.get("no_python", ())):
+            return None, (), None
+        return target[0], tuple(target[1:]), None
+    # a program cpuperf does not know in front (`sudo python t.py`): the first Python or script in its words
+    at = next((i for i, w in enumerate(target) if is_python(w) or w.endswith(".py")), None)
+    if at is None:
+        return None, (), None
+    if at > 0:
+        return _script_in(target[at:], None)
+    return target[0], tuple(target[1:]), None
+
+
+def _nproc(launcher: LauncherCommand) -> Optional[int]:
+    """The local processes the user's launcher starts, where its line says a number (None: unknown or its default)."""
+    from cpuperf.plan.user_launcher import rules
+
+    rule = rules().get(launcher.launcher, {})
+    raw = launcher.option([*rule.get("per_node", ()), *rule.get("nproc", ())] if launcher.launcher == "srun"
+                          else rule.get("nproc", ()))
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None  # torchrun's 'auto'/'cpu' or a host list: unknown
 
 
 # -- the script's parser ---------------------------------------------------------------------------
