@@ -48,7 +48,9 @@ def test_the_record_has_the_parts():
 
 
 def test_the_script_report_says_which_flags_were_yours():
-    from cpuperf.plan.user_script import Flag, plan_script
+    from command_util import plan_script
+
+    from cpuperf.plan.user_script import Flag
 
     hf = "from transformers import HfArgumentParser, TrainingArguments\n" \
          "HfArgumentParser((TrainingArguments,)).parse_args_into_dataclasses()\n"

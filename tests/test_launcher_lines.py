@@ -12,10 +12,11 @@ import shlex
 
 import pytest
 from cli_util import run_cli
+from command_util import split_launcher
 
 from cpuperf.data import load_builtin
 from cpuperf.errors import UsageError
-from cpuperf.plan.user_launcher import launcher_ranks, split_launcher, with_rank_step
+from cpuperf.plan.user_launcher import launcher_ranks, with_rank_step
 
 PY = "/usr/bin/python3"
 

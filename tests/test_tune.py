@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_util import run_cli
+from command_util import command_key, parse_command
 
 from cpuperf.data import load_builtin
 from cpuperf.decide.recommend import RecommendRequest, recommend, shape_key
@@ -15,7 +16,7 @@ from cpuperf.decide.records import Measurements
 from cpuperf.decide.tune import Candidates, Point, Search, descend, tuned_decisions
 from cpuperf.decide.workload import PRESETS
 from cpuperf.errors import CpuperfError
-from cpuperf.plan.user_script import command_key, parse_command, tuning_argv
+from cpuperf.plan.user_script import tuning_argv
 from cpuperf.probe import probe_host
 from cpuperf.run.tune import trainer_rate
 from cpuperf.train.bench import window_rates

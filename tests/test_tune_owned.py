@@ -153,7 +153,7 @@ def test_a_command_too_slow_for_the_budget_takes_fewer_steps_or_says_what_budget
 
 
 def test_the_key_is_the_exact_argument_list_and_the_script(tmp_path):
-    from cpuperf.plan.user_script import command_key
+    from command_util import command_key
 
     script = tmp_path / "t.py"
     base = ["python", str(script), "--model", "a", "--model", "b", "--output_dir", "x", "--max_steps", "3"]

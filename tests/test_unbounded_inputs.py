@@ -10,10 +10,11 @@ import sys
 
 import pytest
 from cli_util import run_cli
+from command_util import command_environ, split_launcher
 
 from cpuperf.errors import UsageError
 from cpuperf.output import piped_width
-from cpuperf.plan.user_launcher import command_environ, launcher_ranks, split_launcher
+from cpuperf.plan.user_launcher import launcher_ranks
 
 PY = sys.executable
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from cli_util import run_cli
+from command_util import split_launcher
 
 from cpuperf.decide.placement import usable_cores
-from cpuperf.plan.user_launcher import launcher_ranks, split_launcher, with_rank_step
+from cpuperf.plan.user_launcher import launcher_ranks, with_rank_step
 from cpuperf.probe import probe_host
 
 SCRIPT = str(Path(__file__).parent / "fixtures" / "scripts" / "rank_report.py")
@@ -351,9 +352,8 @@ def test_a_launcher_hidden_in_a_shell_line_is_left_alone_and_the_plan_says_so(tm
 def test_a_launcher_behind_a_wrapper_is_the_users_launcher_in_the_applied_list(tmp_path, wrap):
     """`env FOO=1 torchrun --nproc-per-node 2 x.py`: the applied list said "launcher direct" and "1 thread(s) per
     process", as for one process, while the launch placed two ranks; the script's parse read torchrun only in front."""
+    from command_util import parse_command
     from hosts import make_host
-
-    from cpuperf.plan.user_script import parse_command
 
     cmd = parse_command([*wrap, "torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"])
     assert (cmd.launcher, cmd.nproc, cmd.script, cmd.script_args) == ("torchrun", 2, "t.py", ("--lr", "1"))
@@ -446,7 +446,7 @@ def test_the_gpus_your_command_sees_are_the_ones_planned_for(tmp_path):
 
 
 def test_the_environment_of_a_command_follows_env_as_env_does():
-    from cpuperf.plan.user_launcher import command_environ
+    from command_util import command_environ
 
     here = {"CUDA_VISIBLE_DEVICES": "0", "A": "1"}
     assert command_environ(["python", "x.py"], here) == here

@@ -15,16 +15,13 @@ from pathlib import Path
 
 import pytest
 from cli_util import cli_env, run_cli
+from command_util import detect_parser, merge_flags, parse_command, plan_script
 from levers_util import levers
 
 from cpuperf.data import load_builtin
 from cpuperf.plan.user_script import (
     Flag,
     FlagContext,
-    detect_parser,
-    merge_flags,
-    parse_command,
-    plan_script,
     rejected_flags,
     speed_flags,
 )
@@ -100,7 +97,9 @@ def test_a_shell_line_cpuperf_does_not_read_through_gets_no_flags_even_when_forc
 
 
 def test_a_tuning_run_of_a_shell_line_keeps_the_shell_and_sets_its_length_inside():
-    from cpuperf.plan.user_script import command_key, tuning_argv
+    from command_util import command_key
+
+    from cpuperf.plan.user_script import tuning_argv
 
     user = ["bash", "-c", "python t.py --max_steps 900 --output_dir o --lr 1"]
     assert tuning_argv(parse_command(user), None, 5, "/tmp/x") == ["bash", "-c", "python t.py --lr 1 --max_steps 5 --output_dir /tmp/x"]
@@ -321,7 +320,9 @@ def test_builtin_loop_uses_the_fused_optimizer_where_torch_has_it():
 
 
 def test_accelerate_launch_gets_mixed_precision_only_where_the_rule_gave_bf16():
-    from cpuperf.plan.user_script import Flag, plan_script
+    from command_util import plan_script
+
+    from cpuperf.plan.user_script import Flag
 
     bf16 = [Flag(("--bf16",), "dtype: bf16 autocast"), Flag(("--use_cpu",), "device: cpu")]
     user = ["accelerate", "launch", "--num_processes", "1", "train.py", "--lr", "1e-3"]

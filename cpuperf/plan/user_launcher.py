@@ -230,18 +230,6 @@ def _launcher_at(args: Sequence[str], i: int) -> Optional[Tuple[str, int]]:
     return None
 
 
-def split_launcher(argv: Sequence[str]) -> Optional[LauncherCommand]:
-    """`torchrun ...`, `python -m torch.distributed.run ...`, `accelerate launch ...`, `mpirun ...`, `srun ...`
-    (behind env / taskset / numactl / nice / chrt / timeout / stdbuf / `bash -c`, if any) -> its parts; None when
-    it is none of these. A launcher named where cpuperf cannot read the line (a shell line with `&&`, `$`...;
-    a command it does not know in front) comes back with `hidden` saying why. An option the launcher itself
-    would refuse (torchrun and accelerate: not in their parser) exits 2. The user's command is read once, by
-    cpuperf.plan.command.read_command: this is its launcher part."""
-    from cpuperf.plan.command import read_command
-
-    return read_command(argv).launcher
-
-
 def launcher_of(args: Sequence[str], wrappers: Sequence[Wrapper], hidden: str) -> Optional[LauncherCommand]:
     """The launcher part of a command already unwrapped (`unwrap`): its words behind `wrappers`, and why a shell
     line is not read through ('' where it is)."""
@@ -359,15 +347,10 @@ def opens_session(wrappers: Sequence[Wrapper]) -> bool:
     return bool(setsids)
 
 
-def command_environ(user_argv: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """The environment the user's command runs in: `environ` through the wrappers in front of it (`env NAME=VALUE`,
-    `env -u NAME`, a shell line's own assignments). `env CUDA_VISIBLE_DEVICES=0 python x.py` sees one GPU, however
-    many this process sees: the ranks cpuperf plans for it must too."""
-    return wrapped_environ(unwrap(list(user_argv))[0] if user_argv else (), environ)
-
-
 def wrapped_environ(wrappers: Sequence[Wrapper], environ: Mapping[str, str]) -> Dict[str, str]:
-    """`command_environ` of a command already unwrapped: `environ` through its wrappers, in order."""
+    """`environ` through the wrappers in front of the user's command, in order (`env NAME=VALUE`, `env -u NAME`, a
+    shell line's own assignments): `env CUDA_VISIBLE_DEVICES=0 python x.py` sees one GPU, however many this process
+    sees, and the ranks cpuperf plans for it must too."""
     env = dict(environ)
     for w in wrappers:
         _check_wrapper_threads(w)

@@ -11,6 +11,7 @@ no launcher of its own: it runs that command directly with its environment, thre
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -161,15 +162,6 @@ class ScriptPlan:
 
 # -- the command -----------------------------------------------------------------------------------
 
-def parse_command(argv: Sequence[str]) -> UserCommand:
-    """Find the script behind `python`, torchrun, `python -m torch.distributed.run`, `accelerate launch`, mpirun, srun;
-    inside a shell's `-c LINE` where the line is one simple command (read as cpuperf.plan.user_launcher reads it).
-    The user's command is read once, by cpuperf.plan.command.read_command: this is its script part."""
-    from cpuperf.plan.command import read_command
-
-    return read_command(argv).script
-
-
 def script_of(argv: Sequence[str], wrappers: Sequence[Wrapper], inner: Sequence[str], hidden: str,
               launcher: Optional[LauncherCommand]) -> UserCommand:
     """The script part of a command already unwrapped (cpuperf.plan.user_launcher.unwrap) and its launcher already
@@ -273,14 +265,6 @@ def _parses_command_line(read: ScriptRead) -> bool:
     return any(c.rsplit(".", 1)[-1] in _PARSE_CALLS for c in read.source.calls)
 
 
-def detect_parser(source: Optional[str], script_args: Sequence[str]) -> Tuple[str, str]:
-    """`script_kind` of a script's text and arguments (read here once, as cpuperf.plan.script_read reads them)."""
-    from cpuperf.plan.script_read import read_user_script
-
-    return script_kind(read_user_script(UserCommand(("python", "s.py", *script_args), None, None, "s.py",
-                                                    tuple(script_args)), source))
-
-
 # -- may cpuperf split it into ranks (issue 51) -----------------------------------------------------
 
 _ACCELERATE = ("accelerate.Accelerator",)
@@ -381,7 +365,7 @@ def batch_ran(rec: Recommendation, observed: Sequence[RankObservation], reading:
     dp = rec.workload.parallel
     if dp.kind != "trainer" or dp.per_device is None:
         return None, None
-    parser = reading.parser if reading is not None and reading.parser.kind == "hf" else UNREAD_HF
+    parser = reading.parser if reading is not None and reading.parser.kind == "hf" else trainer_parser()
     split = rec.split
     per, acc = (split.per_device, split.grad_accum) if split is not None else (dp.per_device, dp.grad_accum)
     planned = rec.levers.world * per * acc
@@ -638,17 +622,6 @@ def _sets_optim(read: Optional[ScriptRead]) -> bool:
     return any("optim" in src.keywords_of(c) or "optimizers" in src.keywords_of(c) for c in kinds)
 
 
-def merge_flags(user_args: Sequence[str], ours: Sequence[Flag],
-                source: Optional[str] = None) -> Tuple[List[Flag], List[Tuple[str, str]]]:
-    """`_merge` of a Trainer script's arguments (read with TrainingArguments' table) and source text."""
-    from cpuperf.plan.script_read import read_user_script
-
-    read = read_user_script(UserCommand(("python", "s.py", *user_args), None, None, "s.py", tuple(user_args)),
-                            source) if source is not None else None
-    args = read.args if read is not None and read.parser.kind == "hf" else read_script_args(user_args, UNREAD_HF)
-    return _merge(args, ours, _sets_optim(read))
-
-
 def _merge(args: ScriptArgs, ours: Sequence[Flag], sets_optim: bool) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(flags to add, (flag, why) left out): never one the user gave (in any spelling the parser reads), its opposite
     or a synonym."""
@@ -701,17 +674,6 @@ def _with_launcher_flags(argv: Sequence[str], flags: Sequence[Flag]) -> Tuple[st
     return tuple(args)
 
 
-def plan_script(user_argv: Sequence[str], ours: Sequence[Flag], mode: str, source: Optional[str],
-                transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = ()) -> ScriptPlan:
-    """The user's command with the Trainer flags that are safe for it (--hf-flags auto|always|never): the command
-    and its script (`source`: its text) read once, then `plan_command`."""
-    from cpuperf.plan.command import read_command
-    from cpuperf.plan.script_read import read_user_script
-
-    command = read_command(user_argv)
-    return plan_command(command, ours, mode, read_user_script(command.script, source), transformers, skipped)
-
-
 def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Optional[ScriptRead],
                  transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = (),
                  bf16_why: str = "") -> ScriptPlan:
@@ -743,7 +705,7 @@ def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Op
     base = _with_launcher_flags(words, launch)
     if mode == "auto" and parser != "hf":
         return _framework_plan(made, read, base, launch, ours, why, bf16_why)
-    args = read.args if read is not None else read_script_args(cmd.script_args, UNREAD_HF)
+    args = read.args if read is not None else read_script_args(cmd.script_args, trainer_parser())
     n_args = len(cmd.script_args)
     head = base[:len(base) - n_args] if n_args else base
     tail, ours = _replace_values(args, ours)
@@ -775,7 +737,11 @@ def _framework_plan(made: Callable[..., ScriptPlan], read: Optional[ScriptRead],
     return made(argv, [*launch, *flags], (), why, env=reach.env, carried=((reach.lever, how),))
 
 
-UNREAD_HF = hf_parser((), "TrainingArguments", (), True, "HfArgumentParser over TrainingArguments")
+@functools.lru_cache(maxsize=1)
+def trainer_parser() -> ScriptParser:
+    """HfArgumentParser over TrainingArguments alone: what a Trainer script parses where its own source was not
+    read into a table (built when first asked: compat/trainer_args.toml is not read at import)."""
+    return hf_parser((), "TrainingArguments", (), True, "HfArgumentParser over TrainingArguments")
 
 
 def _replace_values(args: ScriptArgs, ours: Sequence[Flag]) -> Tuple[Tuple[str, ...], List[Flag]]:
@@ -916,17 +882,6 @@ def script_digest(script_text: Optional[str]) -> Optional[str]:
     return None if script_text is None else hashlib.sha256(script_text.encode("utf-8", "replace")).hexdigest()
 
 
-def command_key(argv: Sequence[str], script_text: Optional[str]) -> str:
-    """The key a tuning of this command is cached under: its exact argument list, in order (the script's path
-    resolved), with the script's content; only the run length and the output directory are left out (a tuning
-    run sets both, and a later run of any length is the same command)."""
-    from cpuperf.plan.command import read_command
-    from cpuperf.plan.script_read import read_user_script
-
-    cmd = read_command(argv).script
-    return key_of_command(cmd, read_user_script(cmd, script_text), script_text)
-
-
 _RUN_LENGTH = ("max_steps", "num_train_epochs", "output_dir")
 
 
@@ -936,8 +891,10 @@ def _script_args(cmd: UserCommand, read: Optional[ScriptRead]) -> ScriptArgs:
 
 
 def key_of_command(cmd: UserCommand, read: Optional[ScriptRead], script_text: Optional[str]) -> str:
-    """`command_key` of the user's command and script as read once: its words in order, without the run length and
-    the output directory in any spelling the script's parser reads as them (`--max_steps=5`, `--max_st 5`)."""
+    """The key a tuning of this command is cached under, from the command and script as read once: its words in
+    order (the script's path resolved), without the run length and the output directory in any spelling the script's
+    parser reads as them (`--max_steps=5`, `--max_st 5`; a tuning run sets both, and a later run of any length is the
+    same command), with the script's content."""
     import hashlib
     import json
 

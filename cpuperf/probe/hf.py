@@ -209,9 +209,9 @@ NOT_RUN_IN_A_DRY_RUN = "a dry run starts no program of yours"
 ARGS_FILE = "<args file>"  # the key of `script_model`'s values that names an arguments file
 
 
-def script_model(args: Mapping[str, str], cwd: str, environ: Optional[Mapping[str, str]] = None,
+def script_model(given: Mapping[str, str], cwd: str, environ: Optional[Mapping[str, str]] = None,
                  python: Optional[str] = None, run: Optional[Runner] = None, may_run: bool = True) -> ScriptModel:
-    """The model a script trains, from the values its own parser reads from its arguments (`args`: option -> value,
+    """The model a script trains, from the values its own parser reads from its arguments (`given`: option -> value,
     cpuperf.plan.script_args), as Hugging Face's example scripts read them: --config_name,
     else --model_name_or_path (a local directory or the local HF cache), else --model_type with --config_overrides
     (that type's defaults in the installed transformers, read by `run(argv, timeout)`). Never the network.
@@ -219,7 +219,7 @@ def script_model(args: Mapping[str, str], cwd: str, environ: Optional[Mapping[st
     named python3-wrapper, or the interpreter on a launcher's `#!` line, ran under --dry-run); the type's defaults
     are then not read, and the reason says so."""
     wanted = set(_MODEL_ARGS + SEQ_ARGS + _TRAINER_ARGS)
-    named = {k: v for k, v in args.items() if k in wanted and v} or _args_file(args, cwd)
+    named = {k: v for k, v in given.items() if k in wanted and v} or _args_file(given, cwd)
     batch = _positive(named.get("per_device_train_batch_size"))
     accum = _positive(named.get("gradient_accumulation_steps"))
     optim = named.get("optim")
