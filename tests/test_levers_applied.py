@@ -44,7 +44,15 @@ PATHS: Dict[str, List[str]] = {
     "shell-chained": ["--auto", "--hf-flags", "always", "--", "bash", "-c", "cd . && python train.py --output_dir o"],
     "hydra": ["--auto", "--", "mpiexec.hydra", "-n", "2", "-ppn", "2", "-genv", "I_MPI_DEBUG", "0", "python", "train.py",
               "--output_dir", "o"],
+    # every framework adapter (cpuperf/plan/frameworks) and DeepSpeed's runner, on every class (issue 61)
+    "lightning": ["--auto", "--", "python", "lit.py"],
+    "lightning-cli": ["--auto", "--", "python", "lit_cli.py", "fit"],
+    "plain-loop": ["--auto", "--", "python", "loop.py"],
+    "deepspeed": ["--auto", "--", "deepspeed", "--num_gpus", "2", "train.py", "--output_dir", "o"],
 }
+LIGHTNING = "import lightning as L\n\ntrainer = L.Trainer(max_epochs=1)\n"
+LIGHTNING_CLI = "from lightning.pytorch.cli import LightningCLI\n\nLightningCLI()\n"
+PLAIN_LOOP = "import torch\n\nmodel = torch.nn.Linear(4, 4)\nmodel(torch.zeros(1, 4)).sum().backward()\n"
 # What a path adds to the child's environment: the Slurm allocation srun runs in (slurm_facts reads these).
 PATH_ENV: Dict[str, Dict[str, str]] = {
     "own-srun": {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cn01"},
@@ -67,6 +75,8 @@ def dry_runs(tmp_path_factory) -> Dict[Tuple[str, str], Tuple[int, Dict[str, Any
     for sub in ("run", "home"):
         (root / sub).mkdir()
     (root / "run" / "train.py").write_text(TRAINER_SCRIPT)
+    for name, text in (("lit.py", LIGHTNING), ("lit_cli.py", LIGHTNING_CLI), ("loop.py", PLAIN_LOOP)):
+        (root / "run" / name).write_text(text)
     for cls in CLASSES:
         cls.tree(root / f"tree-{cls.name}")
     keys = [(cls, path) for cls in CLASSES for path in PATHS]
@@ -92,6 +102,9 @@ def _check_claim(item: Dict[str, Any], plan: Dict[str, Any]) -> None:
         assert [r["threads"] for r in launch["per_rank"]] == [value] * len(launch["per_rank"]), item
     elif how == "each rank pinned to its CPUs":
         assert launch["affinity"] or all(r["cpus"] for r in launch["per_rank"]), item
+    elif how.startswith("variable "):  # a variable the script's framework reads (PL_TRAINER_PRECISION=bf16-mixed)
+        name, _, val = how[len("variable "):].partition("=")
+        assert launch["env"].get(name) == val, (item, launch["env"])
     elif how.startswith("env LD_PRELOAD"):
         assert value in launch["env"]["LD_PRELOAD"], item
     elif "rank(s) per node" in how:
@@ -307,3 +320,20 @@ def test_recommend_and_ccl_env_carry_the_lever_report(tmp_path, name):
     assert applied["threads_per_rank"] == f"env OMP_NUM_THREADS={env['env']['OMP_NUM_THREADS']}"
     assert why["nproc_per_node"].startswith("ccl-env renders the environment only")
     assert "batch_size" in why
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=[c.name for c in CLASSES])
+def test_every_framework_gets_the_dtype_by_its_own_mechanism_on_every_class(dry_runs, cls: HostClass):
+    """The rule that gives a Trainer --bf16 gives Lightning its precision variable (or LightningCLI its option) on the
+    same class, and a plain loop is told the autocast line; DeepSpeed's runner is never wrapped."""
+    trainer = dry_runs[(cls.name, "trainer")][1]
+    bf16 = any(w == "--bf16" for w in trainer["hf_flags"]["added"])
+    lit, cli, loop, ds = (dry_runs[(cls.name, p)][1] for p in ("lightning", "lightning-cli", "plain-loop", "deepspeed"))
+    assert (lit["launch"]["env"].get("PL_TRAINER_PRECISION") == "bf16-mixed") is bf16, cls.name
+    assert ("--trainer.precision" in cli["launch"]["argv"]) is bf16, cls.name
+    assert lit["launch"]["nproc_per_node"] == 1 and loop["launch"]["nproc_per_node"] == 1, cls.name
+    assert any(i["flag"].startswith("dtype") and "torch.autocast" in i["why"]
+               for i in loop["hf_flags"]["not_added"]) is bf16, cls.name
+    assert "PL_TRAINER_PRECISION" not in loop["launch"]["env"], cls.name
+    argv = ds["launch"]["argv"]
+    assert argv[argv.index("deepspeed"):][:3] == ["deepspeed", "--num_gpus", "2"] and "torchrun" not in argv, cls.name
