@@ -85,3 +85,14 @@ def test_model_0_is_a_real_cpuid_model_and_stays(tmp_path):
     rep, _ = run_json(["doctor", "--sysroot", str(root)], expect_rc=None)
     cpu = rep["host"]["cpu"]
     assert cpu["model"] == 0 and cpu["microarchitecture"] == "zen5"
+
+
+def test_an_overridden_isa_speaks_for_itself_whatever_the_hosts_vendor(tmp_path):
+    """CPUPERF_OVERRIDE_ISA (a container's statement, the host-class matrix's Sapphire Rapids run on an AMD machine)
+    is what the CPU can do: its AMX counts, and the host's own vendor string raises no contradiction against it."""
+    root = make_host(tmp_path / "h", vendor="AuthenticAMD", family=25, model=17, flags=ZEN)
+    rep, _ = run_json(["doctor", "--sysroot", str(root)], expect_rc=None,
+                      extra_env={"CPUPERF_OVERRIDE_ISA": ",".join(SPR)})
+    cpu = rep["host"]["cpu"]
+    assert cpu["amx"]["supported"] is True and cpu["bf16_native"] is True
+    assert "cpu-identity-contradicts" not in {f["id"] for f in rep["findings"]}

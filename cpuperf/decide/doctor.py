@@ -95,7 +95,8 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
             "boot a Linux kernel >= 5.16 (uname -r), or run outside the seccomp profile that blocks arch_prctl"))
     if cpu.model_microarchitecture:
         out.append(_flags_overrule_model(cpu))
-    out.extend(_contradictions(cpu))
+    if "isa" not in facts.overrides:  # an overridden ISA speaks for itself: the host's vendor string is not its
+        out.extend(_contradictions(cpu))
     named = cpu.model_name or cpu.vendor or "unknown"
     if cpu.microarchitecture in ("unknown", "x86_64", "x86_64_v2", "x86_64_v3", "x86_64_v4", "aarch64"):
         out.append(Finding("unknown-microarchitecture", "info",

@@ -262,9 +262,13 @@ def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tu
     family = _cpuid_number(first, "cpu family", 1)
     model = _cpuid_number(first, "model", 0)
     stepping = parse.int_auto(first.get("stepping"))
-    named = identify_x86(vendor, family, model, stepping, flags)
+    # An overridden ISA is the statement of what the CPU can do (a container's, a test's host class): the vendor
+    # string of the machine it runs on neither names it nor takes flags from it.
+    said_vendor = None if override_isa is not None else vendor
+    named = identify_x86(said_vendor, family, model, stepping, flags) if said_vendor else \
+        identify_x86(_vendor_of(flags, vendor), family, model, stepping, flags)
     # What the CPU can do, from the flags its vendor can have: AMX under AuthenticAMD is no AMX (doctor says why).
-    foreign = x86_contradictions(vendor, family, model, stepping, flags).foreign_flags
+    foreign = x86_contradictions(said_vendor, family, model, stepping, flags).foreign_flags if said_vendor else ()
     able = tuple(f for f in flags if f not in foreign)
     isa = tuple(f for f in X86_ISA if f in able)
     amx_supported = "amx_tile" in able
@@ -333,3 +337,11 @@ def _amx_usable(src: Sources) -> Optional[bool]:
 
 
 __all__ = ["probe_cpu", "name_x86", "identify_x86", "X86Name", "name_arm"]
+
+
+def _vendor_of(flags: Tuple[str, ...], vendor: Optional[str]) -> Optional[str]:
+    """The vendor an overridden ISA speaks for: the maker whose own flags it holds (AMX: Intel's), else the host's."""
+    makers = [MAKER_FLAGS[f] for f in flags if f in MAKER_FLAGS]
+    if not makers or all(vendor in m for m in makers):
+        return vendor
+    return sorted(makers[0])[0]
