@@ -244,3 +244,15 @@ def test_a_deepspeed_option_its_runner_refuses_is_refused(tmp_path):
     for bad, says in ((["--num_gpus", "two"], "invalid int"), (["--no_such_option"], "has no option")):
         code, _, err = _dry(tree, tmp_path, "deepspeed", *bad, "train.py")
         assert code == 2 and says in err and "Traceback" not in err, err[-800:]
+
+
+def test_a_precision_variable_of_the_users_stays_theirs(tmp_path):
+    (tmp_path / "lit.py").write_text(LIGHTNING_SCRIPT.format(extra=""))
+    tree = _tree(tmp_path, "spr2", 2, SAPPHIRE)
+    proc = run_cli(["train", "--auto", "--dry-run", "--json", "--sysroot", str(tree), "--", "python", "lit.py"],
+                   extra_env={"PL_TRAINER_PRECISION": "32-true"}, cwd=str(tmp_path))
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 0 and plan["launch"]["env"]["PL_TRAINER_PRECISION"] == "32-true"
+    assert any("PL_TRAINER_PRECISION='32-true'" in n for n in plan["notes"]), plan["notes"]
+    dtype = next(i for i in plan["levers"]["not_applied"] if i["id"] == "dtype")
+    assert "your PL_TRAINER_PRECISION=32-true" in dtype["why"]

@@ -111,7 +111,13 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
     if isinstance(not_split, dict) and job.nproc_per_node == d.value:
         # the host's layout, not taken because it would change the job: the better value, not applied, and why
         return LeverState(d.id, not_split.get("ranks"), False, str(not_split.get("why")))
-    where = dict(job.carried).get(d.id) or _CARRIED[d.id](d, levers, job)
+    carried = dict(job.carried).get(d.id)
+    if carried is not None and carried.startswith("variable "):  # the framework's variable, unless yours stands
+        name, _, wanted = carried[len("variable "):].partition("=")
+        if job.env.get(name) != wanted:
+            return LeverState(d.id, d.value, False, f"the job runs your {name}={job.env.get(name)} (cpuperf would set "
+                                                    f"{wanted}): a variable you set is kept")
+    where = carried or _CARRIED[d.id](d, levers, job)
     if where is not None:
         return LeverState(d.id, d.value, True, where)
     if not job.auto and not d.overridden:
