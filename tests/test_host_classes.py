@@ -285,13 +285,13 @@ def test_trainer_torchrun_x2(world, cls, cell):
 
 @pytest.mark.parametrize("cls", [c.name for c in CLASSES])
 def test_lightning_script(world, cls, cell):
-    """A Lightning script gets bf16 where a Trainer gets --bf16, through the variable Lightning's Trainer reads: read
-    back from the Trainer inside the real run; one process (its batch is in its code)."""
+    """A Lightning script gets the class's dtype through the variable Lightning's Trainer reads: read back from the
+    Trainer inside the real run; one process (its batch is in its code)."""
     c = _runs_here(cls, cell)
     pytest.importorskip("lightning")
     data, reports = _user_run(world, c, cell, [PY, "lightning_loop.py"])
-    want = "bf16-mixed" if c.trainer_bf16 else "32-true"
-    assert data["applied"]["env"].get("PL_TRAINER_PRECISION") == (want if c.trainer_bf16 else None), data["applied"]
+    want = "bf16-mixed" if c.dtype == "bf16" else "32-true"
+    assert data["applied"]["env"].get("PL_TRAINER_PRECISION") == (want if c.dtype == "bf16" else None), data["applied"]
     assert len(reports) == 1 and reports[0]["speed"]["precision"] == want, reports
     _check_ranks(reports, data["applied"], 1)
 

@@ -324,13 +324,16 @@ def test_recommend_and_ccl_env_carry_the_lever_report(tmp_path, name):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=[c.name for c in CLASSES])
 def test_every_framework_gets_the_dtype_by_its_own_mechanism_on_every_class(dry_runs, cls: HostClass):
-    """The rule that gives a Trainer --bf16 gives Lightning its precision variable (or LightningCLI its option) on the
-    same class, and a plain loop is told the autocast line; DeepSpeed's runner is never wrapped."""
-    trainer = dry_runs[(cls.name, "trainer")][1]
-    bf16 = any(w == "--bf16" for w in trainer["hf_flags"]["added"])
+    """The plan's dtype lever reaches Lightning as the precision its Trainer reads (LightningCLI: its option) on every
+    class, a plain loop is told the autocast line, and DeepSpeed's runner is never wrapped."""
     lit, cli, loop, ds = (dry_runs[(cls.name, p)][1] for p in ("lightning", "lightning-cli", "plain-loop", "deepspeed"))
-    assert (lit["launch"]["env"].get("PL_TRAINER_PRECISION") == "bf16-mixed") is bf16, cls.name
-    assert ("--trainer.precision" in cli["launch"]["argv"]) is bf16, cls.name
+    dtype = next(d["value"] for d in lit["decisions"] if d["id"] == "dtype")
+    assert dtype == cls.dtype, (cls.name, dtype)
+    precision = {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(dtype)
+    bf16 = precision is not None
+    assert lit["launch"]["env"].get("PL_TRAINER_PRECISION") == precision, cls.name
+    argv = cli["launch"]["argv"]
+    assert (argv[-2:] == ["--trainer.precision", precision]) if bf16 else "--trainer.precision" not in argv, cls.name
     assert lit["launch"]["nproc_per_node"] == 1 and loop["launch"]["nproc_per_node"] == 1, cls.name
     assert any(i["flag"].startswith("dtype") and "torch.autocast" in i["why"]
                for i in loop["hf_flags"]["not_added"]) is bf16, cls.name

@@ -199,7 +199,7 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
     ours, skipped = user_script.recommended_speed_flags(rec, config_dir=edge.out_dir) if auto else ([], [])
     script = user_script.plan_command(request.command, ours, request.hf_flags if auto else "never",
                                       edge.script, rec.stack.get("transformers"), skipped,
-                                      bf16_why=user_script.bf16_gain(rec))
+                                      dtype=(str(rec.levers.dtype.value), user_script.dtype_why(rec)))
     return list(script.argv), None, script
 
 

@@ -676,9 +676,10 @@ def _with_launcher_flags(argv: Sequence[str], flags: Sequence[Flag]) -> Tuple[st
 
 def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Optional[ScriptRead],
                  transformers: Optional[str] = None, skipped: Sequence[Tuple[str, str]] = (),
-                 bf16_why: str = "") -> ScriptPlan:
+                 dtype: Tuple[str, str] = ("fp32", "")) -> ScriptPlan:
     """The plan of the user's command as read once (cpuperf.plan.command.read_command) with its script as read once
-    (cpuperf.plan.script_read.read_user_script: None where the command runs no script cpuperf read)."""
+    (cpuperf.plan.script_read.read_user_script: None where the command runs no script cpuperf read). `dtype`: the
+    plan's dtype lever and why (what a framework that takes no Trainer flags gets by its own mechanism)."""
     if mode not in HF_MODES:
         raise FieldError("hf_flags", mode, "{flag} {value!r}: use auto, always or never")
     cmd = command.script
@@ -704,7 +705,7 @@ def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Op
     launch = launcher_flags(cmd, ours)
     base = _with_launcher_flags(words, launch)
     if mode == "auto" and parser != "hf":
-        return _framework_plan(made, read, base, launch, ours, why, bf16_why)
+        return _framework_plan(made, read, base, launch, why, dtype)
     args = read.args if read is not None else read_script_args(cmd.script_args, trainer_parser())
     n_args = len(cmd.script_args)
     head = base[:len(base) - n_args] if n_args else base
@@ -720,12 +721,11 @@ def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Op
 
 
 def _framework_plan(made: Callable[..., ScriptPlan], read: Optional[ScriptRead], base: Tuple[str, ...],
-                    launch: Sequence[Flag], ours: Sequence[Flag], why: str, bf16_why: str) -> ScriptPlan:
+                    launch: Sequence[Flag], why: str, dtype: Tuple[str, str]) -> ScriptPlan:
     """A script that takes no Trainer flags: the dtype by the mechanism its framework reads (an environment default,
     a flag of its own CLI) or said where none reaches it."""
-    bf16 = next((f for f in ours if f.args[0] == "--bf16"), None)
-    reach = read.framework.dtype(read.source, read.args, True, bf16_why or (bf16.why if bf16 else "")) \
-        if read is not None and read.source.read and bf16 is not None else None
+    reach = read.framework.dtype(read.source, read.args, dtype[0], dtype[1]) \
+        if read is not None and read.source.read else None
     if reach is None:
         return made(base, launch, (), why + " (--hf-flags always adds them anyway)" if read is None or
                     read.framework.name == "hf-trainer" or not read.source.read else why)
@@ -947,11 +947,14 @@ def bf16_gemm_ratio(rec: Recommendation) -> Optional[float]:
     return ratio
 
 
-def bf16_gain(rec: Recommendation) -> str:
-    """Why bf16 autocast pays here, in words: the measured GEMM ratio, or AMX."""
+def dtype_why(rec: Recommendation) -> str:
+    """Why the plan's dtype pays here, in words: the measured GEMM ratio, AMX, or the rule's reason."""
+    lv = rec.levers.dtype
+    if lv.value != "bf16" or lv.overridden:
+        return f"dtype: {lv.value} ({lv.reason})"
     ratio = bf16_gemm_ratio(rec)
     if ratio is None:
-        return "dtype: bf16 autocast"
+        return f"dtype: bf16 autocast ({lv.reason})"
     if ratio == float("inf"):
         return "dtype: bf16 autocast (AMX: native bf16 matrix units)"
     return f"dtype: bf16 autocast (bf16 GEMM measured {ratio:.1f}x fp32 on this host)"

@@ -43,8 +43,9 @@ class Framework(Protocol):
 
     def parser(self, source: ScriptSource) -> ScriptParser: ...
 
-    def dtype(self, source: ScriptSource, args: ScriptArgs, bf16: bool, why: str) -> Optional[Reach]:
-        """How bf16 autocast reaches the script where the plan decided it (`bf16`), or where not, what is said."""
+    def dtype(self, source: ScriptSource, args: ScriptArgs, dtype: str, why: str) -> Optional[Reach]:
+        """How the plan's dtype (bf16, fp16: autocast; fp32: nothing to do) reaches the script, or what is said where
+        it does not."""
         ...
 
 

@@ -75,7 +75,7 @@ class HfTrainer:
                f"HfArgumentParser over {', '.join(missing)}, which cpuperf cannot read from the script")
         return hf_parser(fields, trainer, source.arguments, complete, why)
 
-    def dtype(self, source: ScriptSource, args: ScriptArgs, bf16: bool, why: str) -> Optional[Reach]:
+    def dtype(self, source: ScriptSource, args: ScriptArgs, dtype: str, why: str) -> Optional[Reach]:
         return None  # a TrainingArguments flag (--bf16), decided with the other Trainer flags
 
 

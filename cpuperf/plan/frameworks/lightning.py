@@ -51,11 +51,11 @@ class Lightning:
                                 why="LightningCLI builds its options from the classes' signatures at run time")
         return ScriptParser("none", why="the script builds its Trainer in code")
 
-    def dtype(self, source: ScriptSource, args: ScriptArgs, bf16: bool, why: str) -> Optional[Reach]:
+    def dtype(self, source: ScriptSource, args: ScriptArgs, dtype: str, why: str) -> Optional[Reach]:
         rule = _rule()
-        value = str(rule["bf16_precision"])
-        if not bf16:
-            return None
+        value = dict(rule["precision"]).get(dtype)
+        if value is None:
+            return None  # fp32: Lightning's own default
         if self.cli(source):
             option = str(rule["cli_precision_option"])
             given = [w for w in args.args if w.split("=", 1)[0] == option or w.split("=", 1)[0] in rule["cli_config_options"]]

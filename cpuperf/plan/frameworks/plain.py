@@ -36,11 +36,14 @@ class Plain:
     def parser(self, source: ScriptSource) -> ScriptParser:
         return argparse_parser(source)
 
-    def dtype(self, source: ScriptSource, args: ScriptArgs, bf16: bool, why: str) -> Optional[Reach]:
-        if not bf16 or not source.read or source.calls_any(*AUTOCAST):
+    def dtype(self, source: ScriptSource, args: ScriptArgs, dtype: str, why: str) -> Optional[Reach]:
+        if dtype not in ("bf16", "fp16") or not source.read or source.calls_any(*AUTOCAST):
             return None
-        return Reach("dtype", "bf16", why=f"{why}; bf16 autocast changes the math, so it is your line to add: "
-                     f"{AUTOCAST_LINE}", applied=False)
+        device = "cuda" if dtype == "fp16" else "cpu"
+        line = AUTOCAST_LINE.replace("bfloat16", "float16" if dtype == "fp16" else "bfloat16").replace('"cpu"',
+                                                                                                   f'"{device}"')
+        return Reach("dtype", dtype, why=f"{why}; autocast changes the math, so it is your line to add: {line}",
+                     applied=False)
 
 
 PLAIN = Plain()
