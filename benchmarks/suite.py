@@ -615,10 +615,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _user_parts(args: argparse.Namespace, out: Path, log, launchers: Optional[List[str]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Your own scripts (HF Trainer, accelerate: plain vs auto) and launchers (plain vs auto vs hand)."""
     user_results = []
-    if not args.skip_user_scripts and (not args.only or any(w in args.only for w in ("hf-trainer", "accelerate"))):
+    from benchmarks.user_scripts import WORKLOADS as SCRIPT_WORKLOADS
+
+    if not args.skip_user_scripts and (not args.only or any(w in args.only for w in SCRIPT_WORKLOADS)):
         from benchmarks.user_scripts import bench_user_script
 
-        for name in ("hf-trainer", "accelerate"):
+        for name in SCRIPT_WORKLOADS:
             if args.only and name not in args.only:
                 continue
             res = bench_user_script(name, args.rounds, steps=20, log=log)

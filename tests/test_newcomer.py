@@ -29,7 +29,7 @@ def test_bench_extra_installs_every_module_a_workload_imports():
     assert needed <= bench, needed - bench
     # and NEEDS is true to the scripts: every third-party module they import is listed
     for script in (ROOT / "benchmarks" / "scripts").glob("*.py"):
-        imported = set(re.findall(r"^\s*(?:from|import) (transformers|accelerate)\b", script.read_text(), re.M))
+        imported = set(re.findall(r"^\s*(?:from|import) (transformers|accelerate|lightning)\b", script.read_text(), re.M))
         assert imported <= needed, (script.name, imported - needed)
 
 
