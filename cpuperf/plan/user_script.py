@@ -649,15 +649,15 @@ def _merge(args: ScriptArgs, ours: Sequence[Flag], sets_optim: bool) -> Tuple[Li
     return add, left
 
 
-def launcher_flags(cmd: UserCommand, ours: Sequence[Flag]) -> List[Flag]:
-    """Speed flags for the user's own launcher: `accelerate launch --mixed_precision bf16` where the same
-    rule gave a Trainer `--bf16` (autocast in Accelerator), unless the user's launcher options already
-    choose (--mixed_precision, or a --config_file that may)."""
-    if cmd.launcher != "accelerate":
+def launcher_flags(launcher: Optional[LauncherCommand], ours: Sequence[Flag]) -> List[Flag]:
+    """Speed flags for the user's own launcher (as read once with its own table): `accelerate launch
+    --mixed_precision bf16` where the same rule gave a Trainer `--bf16` (autocast in Accelerator), unless the
+    user's launcher options already choose (--mixed_precision, or a --config_file that may)."""
+    if launcher is None or launcher.launcher != "accelerate":
         return []
-    opts = cmd.argv[:cmd.argv.index(cmd.script)] if cmd.script in cmd.argv else cmd.argv
-    if any(o.split("=", 1)[0] in ("--mixed_precision", "--mixed-precision", "--config_file", "--config-file")
-           for o in opts):
+    from cpuperf.plan.user_launcher import rules
+
+    if launcher.has(("--mixed_precision", "--mixed-precision", *rules()["accelerate"]["config"])):
         return []
     for flag in ours:
         if flag.args[0] in ("--bf16", "--fp16"):
@@ -702,7 +702,7 @@ def plan_command(command: CommandLine, ours: Sequence[Flag], mode: str, read: Op
         return made(words, (), (), "--hf-flags never")
     if cmd.hidden:  # after the line a flag would be the shell's $0 or $1, never the script's: even --hf-flags always
         return made(words, (), (), f"{cmd.hidden}: a flag after the line would reach the shell, not your script")
-    launch = launcher_flags(cmd, ours)
+    launch = launcher_flags(command.launcher, ours)
     base = _with_launcher_flags(words, launch)
     if mode == "auto" and parser != "hf":
         return _framework_plan(made, read, base, launch, why, dtype)
