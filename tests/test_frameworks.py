@@ -97,7 +97,7 @@ def test_a_table_that_is_not_the_whole_parser_reads_no_abbreviation():
     read = read_script_args(["--per_device_train_batch", "16", "--lora_r", "8"], partial)
     assert read.value("per_device_train_batch_size") is None
     assert "may be --per_device_train_batch_size" in read.could_be("per_device_train_batch_size")
-    assert grammar.positive_int(read, "lora_r")[0] is None  # a guessed option never decides anything
+    assert grammar.bounded_int(read, "lora_r")[0] is None  # a guessed option never decides anything
 
 
 # -- the same global batch on multi-socket trees, every spelling -----------------------------------------------
@@ -135,7 +135,7 @@ def test_the_launched_command_trains_the_users_global_batch(tmp_path, sockets, s
         assert plan["global_batch"]["global_batch"] == _global_batch(["--output_dir", "o", *spelling], 1)
 
 
-@pytest.mark.parametrize("value, code", [("abc", 2), ("8.0", 2), ("0", 0), ("-4", 0)])
+@pytest.mark.parametrize("value, code", [("abc", 2), ("8.0", 2), ("0", 0), ("-4", 0), (str(2 ** 62), 0)])
 def test_an_invalid_batch_is_refused_or_passed_on_unchanged(tmp_path, value, code):
     (tmp_path / "train.py").write_text(HF_SCRIPT)
     tree = _tree(tmp_path, "spr2", 2, SAPPHIRE)
@@ -256,3 +256,15 @@ def test_a_precision_variable_of_the_users_stays_theirs(tmp_path):
     assert any("PL_TRAINER_PRECISION='32-true'" in n for n in plan["notes"]), plan["notes"]
     dtype = next(i for i in plan["levers"]["not_applied"] if i["id"] == "dtype")
     assert "your PL_TRAINER_PRECISION=32-true" in dtype["why"]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", str(2 ** 40)])
+def test_an_accumulation_no_run_can_take_is_passed_on_and_never_built_on(tmp_path, value):
+    """Issue 62's unbounded Trainer values: `--gradient_accumulation_steps 0` and `-2` were reported as 1 accumulation."""
+    (tmp_path / "train.py").write_text(HF_SCRIPT)
+    tree = _tree(tmp_path, "spr2", 2, SAPPHIRE)
+    code, plan, err = _dry(tree, tmp_path, "python", "train.py", "--output_dir", "o", "--gradient_accumulation_steps", value)
+    assert code == 0, err[-1500:]
+    argv = plan["launch"]["argv"]
+    assert plan["launch"]["nproc_per_node"] == 1 and plan["global_batch"] is None
+    assert argv[argv.index("train.py") + 1:][:4] == ["--output_dir", "o", "--gradient_accumulation_steps", value]

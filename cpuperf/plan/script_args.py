@@ -229,15 +229,20 @@ def _take(opt: ScriptOption, spelled: str, words: Tuple[str, ...], i: int, attac
 UNREAD = ScriptParser("unknown", why="the script's parser is not read")
 
 
-def positive_int(args: ScriptArgs, dest: str) -> Tuple[Optional[int], str]:
-    """(the value of an int option where it is a whole number of at least 1, why not ''): a value the type takes
-    but no run can (0, -4) is the script's own to refuse, and cpuperf builds nothing on it."""
+def bounded_int(args: ScriptArgs, dest: str, bound: str = "batch_size") -> Tuple[Optional[int], str]:
+    """(the value of an int option where it is a count a run can take: within cpuperf's bound for `bound`
+    (cpuperf.worker_settings.BOUNDS), why not ''). A value the type takes but no run can (0, -4, 2**62) is the
+    script's own to refuse: passed to it unchanged, and cpuperf builds nothing on it."""
+    from cpuperf.worker_settings import out_of_bounds
+
     text = args.value(dest)
     if text is None:
         return None, ""
     if any(g.guessed for g in args.given if g.dest == dest):
         return None, f"{args.spelled(dest)}: not an option of the parser cpuperf read ({args.parser.why})"
     value = int(text)  # read_script_args refused what int() refuses
-    if value < 1:
-        return None, f"{args.spelled(dest)}: not a batch any run can take (the script's own to refuse)"
+    problem = out_of_bounds(bound, value)
+    if problem is not None:
+        return None, (f"{args.spelled(dest)}: not a count cpuperf plans with ({problem}): passed to your script "
+                      "unchanged, its own to refuse")
     return value, ""

@@ -25,7 +25,7 @@ from cpuperf.decide.workload import DataParallel
 from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import JsonValue
 from cpuperf.knowledge.script_parsers import ScriptParser, hf_parser
-from cpuperf.plan.script_args import UNREAD, ScriptArgError, ScriptArgs, positive_int, read_script_args
+from cpuperf.plan.script_args import UNREAD, ScriptArgError, ScriptArgs, bounded_int, read_script_args
 from cpuperf.plan.script_read import ScriptRead
 from cpuperf.versions import base_or_none
 
@@ -283,8 +283,8 @@ def trainer_batch(read: ScriptRead) -> Tuple[Optional[int], int, str]:
         doubt = args.could_be(dest) if not args.has(dest) or not args.parser.complete else ""
         if doubt:
             return None, 1, doubt
-    per, why = positive_int(args, "per_device_train_batch_size")
-    acc, why_acc = positive_int(args, "gradient_accumulation_steps")
+    per, why = bounded_int(args, "per_device_train_batch_size")
+    acc, why_acc = bounded_int(args, "gradient_accumulation_steps", "grad_accum_steps")
     if why or why_acc:
         return None, 1, why or why_acc
     where = (f"your {args.spelled('per_device_train_batch_size')}" if per is not None
@@ -353,8 +353,8 @@ def _rank_batch(argv: Sequence[str], parser: ScriptParser) -> Tuple[Optional[int
         args = read_script_args(argv[at + 1:], parser)
     except ScriptArgError:
         return None, None
-    per, why = positive_int(args, "per_device_train_batch_size")
-    acc, why_acc = positive_int(args, "gradient_accumulation_steps")
+    per, why = bounded_int(args, "per_device_train_batch_size")
+    acc, why_acc = bounded_int(args, "gradient_accumulation_steps", "grad_accum_steps")
     return (None if why else per or TRAINER_DEFAULT_BATCH), (None if why_acc else acc or 1)
 
 
