@@ -268,3 +268,31 @@ def test_an_accumulation_no_run_can_take_is_passed_on_and_never_built_on(tmp_pat
     argv = plan["launch"]["argv"]
     assert plan["launch"]["nproc_per_node"] == 1 and plan["global_batch"] is None
     assert argv[argv.index("train.py") + 1:][:4] == ["--output_dir", "o", "--gradient_accumulation_steps", value]
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("frameworks.toml", ('bf16 = "bf16-mixed"', 'bf16 = "bf16 mixed; rm -rf ~"')),
+    ("frameworks.toml", ('schema = "cpuperf.frameworks/1"', 'schema = "other"')),
+    ("frameworks.toml", ('precision_env = "PL_TRAINER_PRECISION"', 'precision_env = "LD_PRELOAD"')),
+    ("trainer_args.toml", ('arity = "one"', 'arity = 7')),
+    ("trainer_args.toml", ('names = ["--output_dir", "--output-dir"]', 'names = "output_dir"')),
+])
+def test_a_malformed_framework_table_is_refused_naming_it(name, edit):
+    """compat/ is data too: a row that is not what its header says is a BadDataError naming the file (exit BAD_DATA at
+    the CLI), never a value reaching the job."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover
+        import tomli as tomllib
+
+    from cpuperf.data import builtin_compat_dir
+    from cpuperf.errors import BadDataError
+    from cpuperf.knowledge.frameworks import parse_lightning
+    from cpuperf.knowledge.script_parsers import parse_trainer_table
+
+    text = (builtin_compat_dir() / name).read_text()
+    assert edit[0] in text
+    parse = parse_lightning if name == "frameworks.toml" else parse_trainer_table
+    parse(tomllib.loads(text))  # as shipped: good
+    with pytest.raises(BadDataError, match=f"compat/{name}"):
+        parse(tomllib.loads(text.replace(edit[0], edit[1], 1)))

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
+from cpuperf.errors import BadDataError
 
 ARITIES = ("none", "one", "optional", "many")
 KINDS = ("none", "int", "float", "bool", "str")
@@ -70,15 +71,31 @@ class ScriptParser:
 @functools.lru_cache(maxsize=1)
 def trainer_table() -> Tuple[Tuple[ScriptOption, ...], Tuple[ScriptOption, ...], str]:
     """(TrainingArguments' options, the ones Seq2SeqTrainingArguments adds, the transformers release recorded)."""
-    data = load_builtin("trainer_args.toml")
+    return parse_trainer_table(load_builtin("trainer_args.toml"))
+
+
+def parse_trainer_table(data: Mapping[str, object]) -> Tuple[Tuple[ScriptOption, ...], Tuple[ScriptOption, ...], str]:
+    """A parsed trainer_args.toml as option tables; BadDataError naming the first row that is not as the header says."""
     base: List[ScriptOption] = []
     extra: List[ScriptOption] = []
-    for row in data["option"]:
-        opt = ScriptOption(str(row["dest"]), tuple(str(n) for n in row["names"]), str(row["arity"]), str(row["kind"]))
-        if opt.arity not in ARITIES or opt.kind not in KINDS:
-            raise ValueError(f"compat/trainer_args.toml: {opt.dest}: arity {opt.arity!r} / kind {opt.kind!r}")
+    rows = data.get("option")
+    if data.get("schema") != "cpuperf.trainer_args/1" or not isinstance(rows, list) or not rows:
+        raise _bad("no [[option]] rows under schema cpuperf.trainer_args/1")
+    for i, row in enumerate(rows):
+        names = row.get("names") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not isinstance(row.get("dest"), str) or not isinstance(names, list) \
+                or not names or not all(isinstance(n, str) and n.startswith("-") for n in names) \
+                or row.get("arity") not in ARITIES or row.get("kind") not in KINDS:
+            raise _bad(f"option[{i}] needs dest, names (option strings), arity ({'/'.join(ARITIES)}) and kind "
+                       f"({'/'.join(KINDS)})")
+        opt = ScriptOption(row["dest"], tuple(names), row["arity"], row["kind"])
         (extra if row.get("seq2seq") else base).append(opt)
-    return tuple(base), tuple(extra), str(data["transformers"])
+    return tuple(base), tuple(extra), str(data.get("transformers", "?"))
+
+
+def _bad(what: str) -> BadDataError:
+    return BadDataError(f"malformed data file compat/trainer_args.toml: {what}",
+                        hint="regenerate it (python -m tools.record_trainer_args), or reinstall cpuperf")
 
 
 def _unwrapped(annotation: str) -> str:

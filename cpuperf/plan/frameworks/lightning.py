@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
-from cpuperf.data import load_builtin
+from cpuperf.knowledge.frameworks import lightning_rule
 from cpuperf.knowledge.script_parsers import ScriptParser
 from cpuperf.plan.frameworks import Reach
 from cpuperf.plan.script_args import ScriptArgs
@@ -19,17 +19,13 @@ from cpuperf.plan.script_source import ScriptSource
 _PACKAGES = ("lightning", "pytorch_lightning")
 
 
-def _rule() -> dict:  # type: ignore[type-arg]
-    return dict(load_builtin("frameworks.toml")["lightning"])
-
-
 def _trainers() -> FrozenSet[str]:
     """Lightning's Trainer as a resolved callee, every import path it is published under."""
-    return frozenset(f"{p}.Trainer" for p in _rule()["trainer_paths"])
+    return frozenset(f"{p}.Trainer" for p in lightning_rule().trainer_paths)
 
 
 def _clis() -> FrozenSet[str]:
-    return frozenset(f"{p}.LightningCLI" for p in _rule()["cli_paths"])
+    return frozenset(f"{p}.LightningCLI" for p in lightning_rule().cli_paths)
 
 
 @dataclass(frozen=True)
@@ -52,13 +48,13 @@ class Lightning:
         return ScriptParser("none", why="the script builds its Trainer in code")
 
     def dtype(self, source: ScriptSource, args: ScriptArgs, dtype: str, why: str) -> Optional[Reach]:
-        rule = _rule()
-        value = dict(rule["precision"]).get(dtype)
+        rule = lightning_rule()
+        value = rule.precision.get(dtype)
         if value is None:
             return None  # fp32: Lightning's own default
         if self.cli(source):
-            option = str(rule["cli_precision_option"])
-            given = [w for w in args.args if w.split("=", 1)[0] == option or w.split("=", 1)[0] in rule["cli_config_options"]]
+            option = rule.cli_precision_option
+            given = [w for w in args.args if w.split("=", 1)[0] in (option, *rule.cli_config_options)]
             if given:
                 return Reach("dtype", value, why=f"your command gives {given[0].split('=', 1)[0]} (it decides the "
                              "precision: yours)", applied=False)
@@ -69,7 +65,7 @@ class Lightning:
         if "**" in passed:
             return Reach("dtype", value, why="your script unpacks a mapping into its Trainer (it may hold precision): "
                          "left to it", applied=False)
-        variable = str(rule["precision_env"])
+        variable = rule.precision_env
         return Reach("dtype", value, env=((variable, value),),
                      why=f"{why} (Lightning's Trainer reads {variable} for the precision your script does not pass)")
 
