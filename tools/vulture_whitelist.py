@@ -56,3 +56,10 @@ several_ranks
 meet
 binds_ranks
 script_switch
+
+# Lightning calls a LightningModule's and a Callback's hooks by name (benchmarks/scripts/lightning_lm.py,
+# tests/fixtures/scripts/lightning_loop.py).
+training_step
+configure_optimizers
+on_train_batch_end
+batch_idx
