@@ -21,7 +21,7 @@ TUNING = load_builtin("tuning.toml")
 
 # Each TrainingArguments option cpuperf renders: (the last release without it, the first with it,
 # the last with it, the first without it). Read from transformers/training_args.py in the PyPI wheel of
-# every minor release 2.9.0 ... 5.23.0 (x.y.0, or the first x.y.z where x.y.0 has no wheel);
+# every minor release 2.9.0 ... 5.24.0 (x.y.0, or the first x.y.z where x.y.0 has no wheel);
 # 2.8.0 has no training_args.py at all. None = not (yet) removed.
 TRAINER_RANGES = {
     "per_device_train_batch_size": ("2.10.0", "2.11.0", None, None),
@@ -66,7 +66,7 @@ ACCELERATE_KEYS = {
     "enable_cpu_affinity": ("0.28.0", "0.29.0", None, None),
 }
 
-NEWEST_TRANSFORMERS = "5.23.0"
+NEWEST_TRANSFORMERS = "5.24.0"
 NEWEST_ACCELERATE = "1.15.0"
 SPR = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
        "amx_tile", "amx_bf16", "amx_int8"]
@@ -125,21 +125,21 @@ def test_every_rendered_transformers_option_has_a_verified_row_and_a_range_here(
 def test_a_patch_release_past_the_data_inherits_its_minor(m):
     newest = supported_flags(NEWEST_TRANSFORMERS, m)
     assert {"use_cpu", "bf16", "activation_checkpointing"} <= newest
-    for patch in ("5.23.1", "5.23.17", "5.23.1+local", "5.23.1.post1"):
+    for patch in ("5.24.1", "5.24.17", "5.24.1+local", "5.24.1.post1"):
         assert supported_flags(patch, m) == newest, patch
-    assert "patch release" in data_note("transformers", "5.23.1", m)
+    assert "patch release" in data_note("transformers", "5.24.1", m)
 
 
 def test_a_newer_minor_inherits_every_flag_not_deprecated_or_removed(m):
     rows = {r.name: r for r in m.hf if r.package == "transformers"}
-    flags = supported_flags("5.24.0", m)
+    flags = supported_flags("5.25.0", m)
     assert {"use_cpu", "bf16", "activation_checkpointing", "ddp_backend", "optim_fused"} <= flags
     for flag in supported_flags(NEWEST_TRANSFORMERS, m):
         row = rows[FLAG_ROWS[flag]]
         assert (flag in flags) is (row.deprecated is None and row.removed is None), flag
     assert "gradient_checkpointing" not in flags and "no_cuda" not in flags
     assert supported_flags("5.99.3", m) == flags
-    note = data_note("transformers", "5.24.0", m)
+    note = data_note("transformers", "5.25.0", m)
     assert note is not None and f"data ends at transformers {NEWEST_TRANSFORMERS}" in note
     assert "carried over" in note
 
@@ -178,7 +178,7 @@ def test_every_deprecated_row_names_its_replacement_and_renames_point_at_rows(m)
 def test_no_release_is_offered_a_deprecated_flag(m):
     rows = {r.name: r for r in m.hf if r.package == "transformers"}
     releases = sorted({str(v) for r in rows.values() for v in (r.introduced, r.deprecated, r.removed) if v} |
-                      {"5.23.4", "5.24.0", NEWEST_TRANSFORMERS})
+                      {"5.23.4", "5.24.3", "5.25.0", NEWEST_TRANSFORMERS})
     for release in releases:
         for flag in supported_flags(release, m):
             row = rows[FLAG_ROWS[flag]]
@@ -189,6 +189,7 @@ def test_no_release_is_offered_a_deprecated_flag(m):
                                               ("5.23.0", "--activation_checkpointing"),
                                               ("5.23.2", "--activation_checkpointing"),
                                               ("5.24.0", "--activation_checkpointing"),
+                                              ("5.25.0", "--activation_checkpointing"),
                                               ("4.11.0", "--gradient_checkpointing")])
 def test_the_current_spelling_is_emitted(release, spelling):
     values = {"device": "cpu", "dtype": "fp32", "grad_checkpointing": True, "compile": False, "ipex": False}
@@ -244,7 +245,7 @@ def test_recommend_json_for_an_unknown_newer_transformers(tmp_path):
     pk = json.dumps({"torch": "2.13.0+cpu", "transformers": "9.0.0"})
     rep, _ = run_json(["recommend", "--sysroot", str(root)], {"CPUPERF_OVERRIDE_PACKAGES": pk})
     assert rep["hf_args"] == []
-    assert any("data ends at transformers 5.23.0" in n and "CPUPERF_COMPAT_DIR" in n for n in rep["notes"])
+    assert any(f"data ends at transformers {NEWEST_TRANSFORMERS}" in n and "CPUPERF_COMPAT_DIR" in n for n in rep["notes"])
 
 
 @pytest.mark.parametrize("transformers,has_bf16", [("4.12.0", False), ("4.13.0", True)])
@@ -351,7 +352,7 @@ def test_doctor_says_nothing_when_the_data_covers_the_install(tmp_path):
 def test_doctor_says_when_the_install_is_newer_than_the_data_and_what_cpuperf_does(tmp_path, m):
     newest_torch = m.torch[-1].version
     newer_torch = f"{newest_torch.major}.{newest_torch.minor + 1}.0+cpu"
-    found = _doctor(tmp_path, {"torch": newer_torch, "transformers": "5.24.0", "accelerate": "2.0.0"})
+    found = _doctor(tmp_path, {"torch": newer_torch, "transformers": "5.25.0", "accelerate": "2.0.0"})
     torch = found["torch-newer-than-data"]
     assert f"data ends at torch {newest_torch}" in torch["message"] and newer_torch in torch["message"]
     tf = found["transformers-newer-than-data"]
@@ -363,7 +364,7 @@ def test_doctor_says_when_the_install_is_newer_than_the_data_and_what_cpuperf_do
 
 
 def test_doctor_on_a_patch_release_past_the_data(tmp_path):
-    found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": "5.23.2"})
+    found = _doctor(tmp_path, {"torch": "2.13.0+cpu", "transformers": "5.24.2"})
     f = found["transformers-newer-than-data"]
     assert "patch release" in f["message"] and "used as they are" in f["message"]
 
@@ -421,7 +422,8 @@ def test_a_rename_recorded_in_extra_data_is_followed_even_to_an_option_cpuperf_h
         assert want in rep["hf_args"] and not_want not in rep["hf_args"], (release, rep["hf_args"])
 
 
-@pytest.mark.parametrize("release,rendered", [("5.23.0", True), ("5.23.1", True), ("5.24.0", True), ("5.30.2", True),
+@pytest.mark.parametrize("release,rendered", [("5.23.0", True), ("5.24.0", True), ("5.24.1", True), ("5.25.0", True),
+                                              ("5.30.2", True),
                                               ("6.0.0", False)])
 def test_recommend_json_keeps_the_speed_flags_for_a_release_just_past_the_data(tmp_path, release, rendered):
     root = make_host(tmp_path, sockets=1, cores_per_socket=8, flags=SPR, model=143)
@@ -431,4 +433,4 @@ def test_recommend_json_keeps_the_speed_flags_for_a_release_just_past_the_data(t
     if not rendered:
         assert rep["hf_args"] == []
     notes = [n for n in rep["notes"] if f"data ends at transformers {NEWEST_TRANSFORMERS}" in n]
-    assert bool(notes) is (release != NEWEST_TRANSFORMERS)
+    assert bool(notes) is (Version(release) > Version(NEWEST_TRANSFORMERS))

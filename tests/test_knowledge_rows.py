@@ -96,6 +96,26 @@ def test_the_torch_1_13_1_gpu_bindings_have_a_row(m):
     assert any(r.version == "1.13.200+gpu" and "XPU" in r.reason for r in res.rejected), res.rejected
 
 
+def test_the_torch_2_7_xpu_bindings_list_free_threaded_3_13(m):
+    (xpu,) = _xpu(m, "2.7.0")
+    assert xpu.python == frozenset({"3.9", "3.10", "3.11", "3.12", "3.13", "3.13t"})
+    assert "v2.8.0+xpu README.md" in xpu.source and "3b4b1dc" in xpu.source  # the README that ticks 3.13t for 2.7.0
+    (cpu,) = [r for r in m.oneccl if r.device == "cpu" and r.version == Version("2.7.0")]
+    assert "3.13t" not in cpu.python  # the v2.7.0+cpu README, the CPU build's only table, has no 3.13t column
+    res = resolve("3.13t", "2.7.0", frozenset({"oneccl"}), matrix=m)
+    rejected = [r for r in res.rejected if (r.version or "").startswith("2.7.0+xpu")]
+    assert rejected and all("XPU" in r.reason and "3.13t" not in r.reason for r in rejected), res.rejected
+
+
+def test_accelerate_ipex_cites_the_rename_to_ipex_not_the_first_integration(m):
+    (row,) = [r for r in m.hf if r.package == "accelerate" and r.name == "--ipex"]
+    assert row.introduced == Version("0.20.0")  # launch.py at v0.19.0 has --ipex_enabled; v0.20.0 has --ipex
+    assert "166520fe" in row.source and "(first tag v0.19.0) added the flag as --ipex_enabled" in row.source
+    assert "109f3272" in row.source and "(first tag v0.20.0" in row.source
+    assert "(first tag v0.20.0); src" not in row.source  # the old citation gave 166520fe's first tag as v0.20.0
+    assert not row.valid_in(Version("0.19.0")) and row.valid_in(Version("0.20.0"))
+
+
 # --------------------------------------------------------------------------- hf.toml
 
 

@@ -148,15 +148,86 @@ def test_torch_wheel_names_give_python_tags():
     assert Version("2.9.0") in {Version(v) for v in got}
 
 
+def _newest_and_next_minor():
+    newest = max(_records("transformers_training_args.json"), key=Version)
+    v = Version(newest)
+    return newest, f"{v.major}.{v.minor + 1}.0"
+
+
 def test_a_newer_recorded_release_moves_the_data_end(tmp_path):
+    newest, later = _newest_and_next_minor()
     fixtures = tmp_path / "fx"
     shutil.copytree(rc.FIXTURES, fixtures)
     path = fixtures / "transformers_training_args.json"
     data = json.loads(path.read_text())
-    data["releases"]["5.24.0"] = data["releases"]["5.23.0"]
+    data["releases"][later] = data["releases"][newest]
     path.write_text(json.dumps(data))
     report = rc.check(ROOT / "compat", fixtures)
-    assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()
+    assert any(c.field == "through" and c.new == f'"{later}"' for c in report.changes), report.lines()
+
+
+def test_the_hf_data_end_is_the_newest_recorded_transformers():
+    from cpuperf.knowledge.matrix import load_matrix
+
+    newest, _ = _newest_and_next_minor()
+    assert Version(newest) >= Version("5.24.0")  # issue 63: 5.24.0 recorded
+    ends = {str(d.package): str(d.through) for d in load_matrix(environ={}).hf_data}
+    assert ends["transformers"] == newest
+
+
+def test_an_installed_release_is_recorded_as_its_minor(tmp_path):
+    pytest.importorskip("transformers")
+    _, source = rc.installed_wheel_file("transformers", "transformers/training_args.py")
+    _, later = _newest_and_next_minor()
+    fixtures = tmp_path / "fx"
+    shutil.copytree(rc.FIXTURES, fixtures)
+    rc.record_transformers_release(fixtures, Version(later), source, rc._tracked(), "a test")
+    args = json.loads((fixtures / "transformers_training_args.json").read_text())["releases"]
+    optims = json.loads((fixtures / "transformers_default_optim.json").read_text())
+    assert args[later] == rc.extract_training_args(source, rc._tracked())
+    assert optims["releases"][later] == rc.extract_default_optim(source) and optims["source"].endswith(f"{later} a test")
+    assert list(args) == sorted(args, key=Version)  # kept in release order, as --live writes them
+    assert set(args) - {later} == set(_records("transformers_training_args.json"))  # nothing else moved
+    report = rc.check(ROOT / "compat", fixtures)
+    assert any(c.field == "through" and c.new == f'"{later}"' for c in report.changes), report.lines()
+    for not_first in (f"{Version(later).major}.{Version(later).minor}.1", f"{later}rc1", f"{later}+local"):
+        with pytest.raises(rc.NotAWheelRelease, match="x.y.0"):
+            rc.record_transformers_release(fixtures, Version(not_first), source, rc._tracked(), "a test")
+
+
+def _fake_dist(site: Path, body: bytes, record_hash: str | None) -> Path:
+    import base64
+    import hashlib
+
+    (site / "fakepkg").mkdir(parents=True)
+    target = site / "fakepkg" / "mod.py"
+    target.write_bytes(body)
+    info = site / "fakepkg-1.2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.2.0\n")
+    digest = record_hash if record_hash is not None else \
+        "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"fakepkg/mod.py,{digest},{len(body)}\nfakepkg-1.2.0.dist-info/RECORD,,\n")
+    return target
+
+
+def test_only_the_wheels_own_file_is_recorded(tmp_path):
+    target = _fake_dist(tmp_path / "site", b"x = 1\n", None)
+    assert rc.installed_wheel_file("fakepkg", "fakepkg/mod.py", [str(tmp_path / "site")]) == (Version("1.2.0"), "x = 1\n")
+    target.write_bytes(b"x = 2\n")  # edited after installing
+    with pytest.raises(rc.NotAWheelRelease, match="differs from the wheel"):
+        rc.installed_wheel_file("fakepkg", "fakepkg/mod.py", [str(tmp_path / "site")])
+    _fake_dist(tmp_path / "bare", b"x = 1\n", "")  # no hash: not from a wheel
+    with pytest.raises(rc.NotAWheelRelease, match="no sha256"):
+        rc.installed_wheel_file("fakepkg", "fakepkg/mod.py", [str(tmp_path / "bare")])
+    with pytest.raises(ImportError):
+        rc.installed_wheel_file("fakepkg", "fakepkg/mod.py", [str(tmp_path / "nowhere")])
+
+
+def test_the_installed_transformers_option_refuses_to_combine_with_check():
+    proc = subprocess.run([sys.executable, "-m", "tools.regen_compat", "--check", "--installed-transformers"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--installed-transformers" in proc.stderr
 
 
 def test_the_fused_adamw_default_is_derived_from_the_recorded_releases(tmp_path):
@@ -188,19 +259,21 @@ def test_the_installed_transformers_default_optim_reads_as_recorded():
 
 
 def test_check_upstream_names_newer_inputs_and_what_the_data_would_change(tmp_path):
-    def newer_transformers(scratch):  # stands in for the network recorder: 5.24.0 appears upstream
+    newest, later = _newest_and_next_minor()
+
+    def newer_transformers(scratch):  # stands in for the network recorder: the next minor appears upstream
         path = scratch / "transformers_training_args.json"
         data = json.loads(path.read_text())
-        data["releases"]["5.24.0"] = data["releases"]["5.23.0"]
+        data["releases"][later] = data["releases"][newest]
         path.write_text(json.dumps(data))
 
     report, moved = rc.check_upstream(rc.FIXTURES, [newer_transformers])
     assert moved == ["transformers_training_args.json"]
-    assert any(c.field == "through" and c.new == '"5.24.0"' for c in report.changes), report.lines()
+    assert any(c.field == "through" and c.new == f'"{later}"' for c in report.changes), report.lines()
     assert rc._print_upstream(report, moved) == 1
     report, moved = rc.check_upstream(rc.FIXTURES, [])
     assert moved == [] and report.changes == [] and rc._print_upstream(report, moved) == 0
-    assert (rc.FIXTURES / "transformers_training_args.json").read_text().count("5.24.0") == 0  # scratch only
+    assert later not in _records("transformers_training_args.json")  # scratch only
 
 
 def test_oneccl_rows_are_the_release_tags_of_torch_ccl(tmp_path):

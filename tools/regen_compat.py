@@ -5,6 +5,9 @@
     python -m tools.regen_compat --live --write
         # first re-record the inputs (network: the package registry through pip, the kernel headers from a
         # local Linux checkout given with --linux DIR), then rewrite compat/
+    python -m tools.regen_compat --installed-transformers --write
+        # add the transformers installed here (an x.y.0 wheel: its training_args.py, checked against the sha256
+        # in the dist-info RECORD) as that minor's record, then rewrite compat/; no network
     python -m tools.regen_compat --check-upstream [--linux DIR]
         # by hand, with network: record the newest inputs into a scratch copy and print which inputs are newer
         # and what the data would change (exit 1 when anything would); nothing is written
@@ -757,6 +760,58 @@ def record_transformers(fixtures: Path, tracked: Sequence[str]) -> None:
           "is_torch_greater_or_equal_than_X_Y gate) in transformers/training_args.py of the same wheels", optims)
 
 
+class NotAWheelRelease(ValueError):
+    """The installed package cannot stand for a release's first wheel (not x.y.0, or not the wheel's file)."""
+
+
+def installed_wheel_file(dist: str, path: str, search: Optional[Sequence[str]] = None) -> Tuple[Version, str]:
+    """(version, text) of `path` in the installed `dist` (found on `search`, None = this interpreter's sys.path),
+    checked against the sha256 that pip wrote into the dist-info RECORD from the wheel: a file edited after
+    installing, or an editable install, is refused."""
+    import base64
+    import hashlib
+    import importlib.metadata
+
+    found = list(importlib.metadata.distributions(name=dist, path=list(search) if search is not None else sys.path))
+    if not found:
+        raise importlib.metadata.PackageNotFoundError(dist)
+    d = found[0]
+    entry = next((f for f in d.files or () if f.as_posix() == path), None)
+    if entry is None or entry.hash is None or entry.hash.mode != "sha256":
+        raise NotAWheelRelease(f"{dist} {d.version}: {path} has no sha256 in its RECORD (not installed from a wheel)")
+    data = Path(str(d.locate_file(entry))).read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    if digest != entry.hash.value:
+        raise NotAWheelRelease(f"{dist} {d.version}: {path} differs from the wheel's (RECORD sha256)")
+    return Version(d.version), data.decode()
+
+
+def record_transformers_release(fixtures: Path, version: Version, source: str, tracked: Sequence[str],
+                                how: str) -> None:
+    """Add one minor's first wheel (x.y.0) to both transformers inputs, as record_transformers records each
+    release; `how` says where the file was read, for the default-optim input's source line."""
+    if version.is_prerelease or version.is_devrelease or version.micro != 0 or version.local:
+        raise NotAWheelRelease(f"transformers {version}: only an x.y.0 release stands for its minor here "
+                               "(whether x.y.0 has a wheel is --live's to find out)")
+    args_path, optim_path = fixtures / "transformers_training_args.json", fixtures / "transformers_default_optim.json"
+    args, optims = json.loads(args_path.read_text()), json.loads(optim_path.read_text())
+    args["releases"][str(version)] = extract_training_args(source, tracked)
+    optims["releases"][str(version)] = extract_default_optim(source)
+    _dump(args_path, args["source"], args["releases"])
+    _dump(optim_path, f"{optims['source']}; {version} {how}", optims["releases"])
+
+
+def record_installed_transformers(fixtures: Path, tracked: Sequence[str]) -> Version:
+    """Record the transformers installed in this interpreter (its wheel's training_args.py) as its release."""
+    import datetime
+
+    version, source = installed_wheel_file("transformers", "transformers/training_args.py")
+    record_transformers_release(fixtures, version, source, tracked,
+                                f"from the installed wheel (RECORD sha256 checked), recorded {datetime.date.today()} "
+                                "with --installed-transformers")
+    return version
+
+
 def _member(z: zipfile.ZipFile, path: str) -> str:
     return z.read(path).decode() if path in z.namelist() else ""
 
@@ -891,12 +946,13 @@ def _tracked_accelerate() -> List[str]:
 
 
 def _tracked() -> List[str]:
+    """The transformers rows regen_hf derives (trainer-arg and value): the sharding-arg rows are curated by hand
+    (their values, like fsdp=true, are no option names), so a record naming them would disagree with every
+    recorded release before it."""
     text = (COMPAT / "hf.toml").read_text()
-    out = []
-    for _, _, table, body in _blocks(text):
-        if table == "hf" and json.loads(_get(body, "package") or '""') == "transformers":
-            out.append(json.loads(_get(body, "name") or '""'))
-    return out
+    return [json.loads(_get(body, "name") or '""') for _, _, table, body in _blocks(text)
+            if table == "hf" and json.loads(_get(body, "package") or '""') == "transformers"
+            and json.loads(_get(body, "kind") or '""') in ("trainer-arg", "value")]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -906,6 +962,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "give or lacks a row they have")
     ap.add_argument("--write", action="store_true", help="rewrite compat/ (default: only say what would change)")
     ap.add_argument("--live", action="store_true", help="re-record the inputs first (network; never in CI)")
+    ap.add_argument("--installed-transformers", action="store_true",
+                    help="first record the transformers installed in this interpreter (an x.y.0 wheel, its "
+                         "training_args.py checked against the RECORD) as its release; no network")
     ap.add_argument("--linux", type=Path, help="a Linux source checkout to record the kernel tables from")
     ap.add_argument("--torch-ccl", type=Path, help="an intel/torch-ccl clone to record the release tags from")
     ap.add_argument("--check-upstream", action="store_true",
@@ -913,8 +972,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "would change; nothing is written")
     ap.add_argument("--fixtures", type=Path, default=FIXTURES)
     args = ap.parse_args(argv)
-    if args.check and (args.write or args.live or args.check_upstream):
-        ap.error("--check compares only: it takes no --write, --live or --check-upstream")
+    if args.check and (args.write or args.live or args.check_upstream or args.installed_transformers):
+        ap.error("--check compares only: it takes no --write, --live, --installed-transformers or --check-upstream")
     if args.check_upstream:
         return _print_upstream(*check_upstream(args.fixtures, _recorders(args.linux, args.torch_ccl)))
     if args.live:
@@ -926,6 +985,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             record_kernel(args.fixtures, args.linux)
         if args.torch_ccl:
             record_torch_ccl(args.fixtures, args.torch_ccl)
+    if args.installed_transformers:
+        try:
+            print(f"recorded transformers {record_installed_transformers(args.fixtures, _tracked())}", file=sys.stderr)
+        except (NotAWheelRelease, ImportError) as exc:
+            print(f"--installed-transformers: {exc}", file=sys.stderr)
+            return 2
     texts, report = regenerate(COMPAT, args.fixtures)
     for line in report.lines():
         print(line)
@@ -956,5 +1021,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["check", "check_upstream", "regenerate", "extract_training_args", "extract_default_optim", "extract_config_keys", "intel_models", "amd_ranges",
+__all__ = ["check", "check_upstream", "regenerate", "record_transformers_release", "installed_wheel_file", "extract_training_args", "extract_default_optim", "extract_config_keys", "intel_models", "amd_ranges",
            "torch_pythons", "derive_ranges"]
