@@ -142,3 +142,25 @@ def test_a_model_name_that_is_not_utf8_is_named_with_ascii_stdio(name, command):
     proc = run_cli([*command, "--model", os.fsdecode(name)], extra_env={"PYTHONIOENCODING": "ascii"}, process=True)
     _one_line(proc, ExitCode.USAGE, "is neither a preset")
     assert "not valid UTF-8" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", [b"d\xe9.json", b"\xff.json", b"tab\there.json"])
+def test_a_plan_that_would_not_load_back_is_not_saved(tmp_path, name):
+    """A model config whose path is not printable UTF-8 was saved into the plan, which `train --plan` then refused as
+    holding a control character: refused at --save, nothing written."""
+    config = os.path.join(os.fsencode(str(tmp_path)), name)
+    with open(config, "w") as fh:
+        json.dump({"n_layer": 2, "n_head": 2, "hidden_size": 64, "vocab_size": 100, "max_position_embeddings": 32}, fh)
+    proc = run_cli(["recommend", "--model", os.fsdecode(config), "--save", "p.json"], cwd=str(tmp_path))
+    _one_line(proc, ExitCode.USAGE, "--save p.json: this plan would not load back", "inputs.model")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_plan_of_a_printable_utf8_model_path_saves_and_runs(tmp_path):
+    (tmp_path / "dé").mkdir()
+    (tmp_path / "dé" / "config.json").write_text(json.dumps(
+        {"n_layer": 2, "n_head": 2, "hidden_size": 64, "vocab_size": 100, "max_position_embeddings": 32}))
+    saved = run_cli(["recommend", "--model", "dé/config.json", "--save", "p.json"], cwd=str(tmp_path))
+    assert saved.returncode == 0, saved.stderr[-1500:]
+    ran = run_cli(["train", "--dry-run", "--plan", "p.json"], cwd=str(tmp_path))
+    assert ran.returncode == 0, ran.stderr[-1500:]

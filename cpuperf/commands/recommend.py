@@ -286,14 +286,22 @@ def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inp
     """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically; never the host's name: the
     same facts give the same file on every node, and a plan shared or committed tells no one where it was made."""
     from cpuperf import __version__
-    from cpuperf.errors import from_os_error
+    from cpuperf.errors import from_os_error, one_line
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
     from cpuperf.plan.build import saved_plan_of
 
     plan = saved_plan_of(facts, rec, jp, inputs, __version__, None, subs)
+    text = saved.dumps(plan)
+    try:  # a plan is saved only where it loads back (a model path that is not UTF-8 was saved, then refused)
+        saved.loads(text)
+    except ValueError as exc:
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"--save {path}: this plan would not load back ({one_line(str(exc), 200)})",
+                         hint="name the model with text a plan can hold (printable UTF-8)") from exc
     try:
-        atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"), make_parents=False)
+        atomic_write_bytes(path, text.encode("utf-8"), make_parents=False)
     except OSError as exc:
         raise from_os_error(exc) from exc
     return path
