@@ -108,3 +108,14 @@ def test_a_cgroup_limit_below_the_memory_is_the_bound_named(tmp_path):
     fits = run_cli(["train", "--dry-run", "--sysroot", root, "--nproc-per-node", "1", *_sets({"d_model": 512})],
                    extra_env={"CPUPERF_OVERRIDE_MEMORY_TOTAL": str(64 * GIB)})
     assert fits.returncode == 0, fits.stderr[-1500:]
+
+
+@pytest.mark.parametrize("shape", [{"d_model": 262144}, {"d_model": 8192, "n_layer": 64}])
+def test_a_real_run_is_refused_before_any_rank_starts(host, tmp_path, shape):
+    """The reproducer without --dry-run: exit 3 before launch (the worker died allocating, exit 1); no rank's log."""
+    out = tmp_path / "run"
+    proc = run_cli(["train", "--out", str(out), "--max-steps", "2", *_sets(shape)],
+                   extra_env={"CPUPERF_OVERRIDE_MEMORY_TOTAL": str(16 * GIB)})
+    assert proc.returncode == ExitCode.INCOMPATIBLE_HOST, proc.stderr[-1500:]
+    assert "GiB usable per rank" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "logs").exists() and not (out / "metrics.jsonl").exists()
