@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from cli_util import run_cli
@@ -119,3 +120,22 @@ def test_a_real_run_is_refused_before_any_rank_starts(host, tmp_path, shape):
     assert proc.returncode == ExitCode.INCOMPATIBLE_HOST, proc.stderr[-1500:]
     assert "GiB usable per rank" in proc.stderr and "Traceback" not in proc.stderr
     assert not (out / "logs").exists() and not (out / "metrics.jsonl").exists()
+
+
+GPUS = Path(__file__).parent / "fixtures" / "gpus"
+
+
+@pytest.mark.parametrize("card,shape,refused", [("t4.json", {"d_model": 8192, "n_layer": 8}, True),
+                                                ("h100-80gb-hbm3.json", {"d_model": 8192, "n_layer": 8}, True),
+                                                ("t4.json", {"d_model": 1024}, False)])
+def test_on_a_gpu_the_card_is_the_bound(card, shape, refused):
+    """A recorded card (NVML's answer) with a CUDA torch: the card's memory, not the host's, is what a rank may use."""
+    env = {"CPUPERF_OVERRIDE_GPUS": (GPUS / card).read_text(),
+           "CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cu128"})}
+    proc = run_cli(["train", "--dry-run", "--device", "cuda", *_sets(shape)], extra_env=env)
+    if not refused:
+        assert proc.returncode == 0, proc.stderr[-1500:]
+        return
+    assert proc.returncode == ExitCode.INCOMPATIBLE_HOST, proc.stderr[-1500:]
+    assert f"{_params(**shape) / 1e9:.2f}B parameters" in proc.stderr and "x 0.9)" in proc.stderr
+    assert "more GPU memory" in proc.stderr
