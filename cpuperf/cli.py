@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import typer
 
 from cpuperf import __version__
-from cpuperf.errors import CpuperfError, ExitCode, one_line
+from cpuperf.errors import CpuperfError, ExitCode, UsageError, one_line
 from cpuperf.output import Output
 
 app = typer.Typer(
@@ -317,6 +317,9 @@ def train(
     from cpuperf.commands import train as cmd
     if time_budget is not None:
         _finite("--time-budget", time_budget)
+    if replan and plan is None:
+        raise UsageError("--replan without --plan: there is no saved plan to plan again",
+                         hint="cpuperf train --plan FILE --replan, or leave out --replan (a plan is made here anyway)")
     from cpuperf.plan.request import PlanRequest
     argv = ctx.args[1:] if ctx.args[:1] == ["--"] else ctx.args  # `train -- cmd`: the `--` may reach ctx.args
     given = PlanRequest(auto=auto, dry_run=dry_run, model=model, max_steps=max_steps, time_budget=time_budget,
@@ -474,6 +477,30 @@ def _unexpected(out: Output, exc: Exception) -> int:
     return int(ExitCode.FOUND_ERROR)
 
 
+# The metavars of the options and arguments that name a file or directory.
+PATH_METAVARS = frozenset({"DIR", "FILE", "PATH", "FILE|DIR", "FILE|DIR/", "RUN_DIR"})
+
+
+def _paths_given(command: Any) -> Any:
+    """Every option and argument that names a path (PATH_METAVARS) refuses an empty or blank one, exit 2, by one
+    rule: `train --out ''` wrote the run into the current directory, `doctor --save-snapshot ''` was no option."""
+    for sub in getattr(command, "commands", {}).values():
+        for param in sub.params:
+            if param.metavar in PATH_METAVARS and param.callback is None:
+                param.callback = _a_path
+    return command
+
+
+def _a_path(ctx: Any, param: Any, value: Any) -> Any:  # Any: click or typer's vendored click
+    """A path option's value(s) as given; an empty or blank one is a UsageError naming the option."""
+    for text in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(text, str) and not text.strip():
+            name = param.opts[0] if param.opts[0].startswith("-") else param.metavar
+            raise UsageError(f"{name} {text!r}: an empty path", hint=f"give {name} a file or directory name "
+                             "(`.` for the current directory)")
+    return value
+
+
 def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:
     """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path). A closed
     stdout or stderr is /dev/null first (cpuperf.output: what it would show is dropped, the exit code is the
@@ -488,7 +515,7 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
-    command = typer.main.get_command(app)
+    command = _paths_given(typer.main.get_command(app))
     try:
         return _dispatch(args, command, _pending)
     except CpuperfError as exc:

@@ -73,12 +73,14 @@ def read_text_capped(path: Union[str, Path], limit: int = MAX_INPUT_BYTES, error
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Union[str, Path]) -> Iterator[IO[bytes]]:
-    """Yield a binary file in path's directory; on success fsync it and os.replace() it into place."""
+def atomic_writer(path: Union[str, Path], make_parents: bool = True) -> Iterator[IO[bytes]]:
+    """Yield a binary file in path's directory; on success fsync it and os.replace() it into place. `make_parents`
+    False: a file the user named, whose directory must exist (FileNotFoundError otherwise)."""
     import tempfile  # (and random): not for the commands that only read, such as ccl-env in every new shell
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -99,8 +101,8 @@ def atomic_writer(path: Union[str, Path]) -> Iterator[IO[bytes]]:
             os.close(dir_fd)
 
 
-def atomic_write_bytes(path: Union[str, Path], data: bytes) -> None:
-    with atomic_writer(path) as fh:
+def atomic_write_bytes(path: Union[str, Path], data: bytes, make_parents: bool = True) -> None:
+    with atomic_writer(path, make_parents) as fh:
         fh.write(data)
 
 

@@ -124,6 +124,8 @@ ELSEWHERE = {
     ("train/dist_env.py", "MASTER_PORT"),
     # an argv (-genv NAME VALUE) that sets one variable, not a list of them
     ("plan/launch.py", "I_MPI_PIN"),
+    # the metavars of the options that name a path (--python PATH), not variables (cli.PATH_METAVARS)
+    ("cli.py", "PATH"),
 }
 
 

@@ -89,6 +89,11 @@ def _parse_all(argv: List[str]) -> Tuple[Options, bool, bool]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
         return int(text)
 
+    def path(text: str) -> str:
+        if not text.strip():  # the rule of every path option (cpuperf.cli.PATH_METAVARS)
+            raise argparse.ArgumentTypeError(f"{text!r}: an empty path")
+        return text
+
     def port(text: str) -> int:
         if not text.isdigit() or not 1 <= int(text) <= 65535:
             raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1..65535")
@@ -99,7 +104,7 @@ def _parse_all(argv: List[str]) -> Tuple[Options, bool, bool]:
                            'Use: eval "$(cpuperf ccl-env)"; fish: cpuperf ccl-env --shell fish | source.')
     p.add_argument("--nproc-per-node", type=positive, metavar="N", help="ranks per node (default: one per socket)")
     p.add_argument("--nnodes", type=positive, metavar="N", help="nodes in the job (default: hostfile length, else 1)")
-    p.add_argument("--hostfile", metavar="FILE", help="hosts, one per line; the first is MASTER_ADDR")
+    p.add_argument("--hostfile", type=path, metavar="FILE", help="hosts, one per line; the first is MASTER_ADDR")
     p.add_argument("--master-addr", metavar="HOST", help="rendezvous host (default 127.0.0.1, or the hostfile's first)")
     p.add_argument("--master-port", type=port, metavar="PORT", help="rendezvous port (default 29500)")
     p.add_argument("--shell", metavar="SHELL", help="sh (default: POSIX, for sh, bash, zsh and dash), bash, zsh, fish or dotenv; "
@@ -111,14 +116,17 @@ def _parse_all(argv: List[str]) -> Tuple[Options, bool, bool]:
     p.add_argument("--preload", action="store_true",
                    help="LD_PRELOAD libiomp5 and tcmalloc/jemalloc (affects every later command of the shell)")
     p.add_argument("--require-ccl", action="store_true", help="fail unless the oneCCL (ccl) backend is usable")
-    p.add_argument("--python", metavar="PATH", help="the environment of another interpreter (a venv's python)")
-    p.add_argument("--sysroot", metavar="DIR", help="read /proc and /sys under DIR (a recorded host)")
+    p.add_argument("--python", type=path, metavar="PATH", help="the environment of another interpreter (a venv's python)")
+    p.add_argument("--sysroot", type=path, metavar="DIR", help="read /proc and /sys under DIR (a recorded host)")
     p.add_argument("--unit", choices=("socket", "numa"), default="socket", help="one rank per socket or NUMA node")
-    p.add_argument("--plan", metavar="FILE", help="render this saved plan (cpuperf recommend --save FILE) as it stands")
+    p.add_argument("--plan", type=path, metavar="FILE", help="render this saved plan (cpuperf recommend --save FILE) as it stands")
     p.add_argument("--replan", action="store_true", help="with --plan: plan again where this host or stack differs")
     p.add_argument("--adapt-to-load", action="store_true",
                    help="plan around other work busy on this host now (off: plans come from stable facts only)")
     ns = p.parse_args(argv)
+    if ns.replan and ns.plan is None:
+        raise UsageError("--replan without --plan: there is no saved plan to plan again",
+                         hint="cpuperf ccl-env --plan FILE --replan, or leave out --replan")
     if ns.plan and (ns.nproc_per_node or ns.unit != "socket"):
         raise UsageError(f"--plan {ns.plan} fixes ranks and placement; drop --nproc-per-node/--unit",
                          hint="or make a new plan: cpuperf recommend ... --save FILE")

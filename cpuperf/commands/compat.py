@@ -32,7 +32,7 @@ def run(out: Output, python: Optional[str], torch: Optional[str], with_: Optiona
 
     plat = platform or wheel_platform()
     try:
-        if why_not:
+        if why_not is not None:
             m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*(\S+)\s*$", why_not)
             if not m:
                 raise UsageError(f"--why-not expects PKG==VERSION, got {why_not!r}",

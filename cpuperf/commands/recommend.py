@@ -146,6 +146,8 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
+    if save is not None:
+        _check_save_path(save)
     master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs, out=out)
@@ -263,19 +265,43 @@ def _measured_allreduce(names: List[str], rec: Recommendation) -> Optional[Dict[
     return read_cached(names)
 
 
+def _check_save_path(path: str) -> None:
+    """--save FILE goes into a directory that exists (the whole path /no/such/dir/ was made), and is not one."""
+    import os
+
+    from cpuperf.errors import FilesystemError
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            raise FilesystemError(f"--save {path}: {parent} is not a directory", hint="check the path")
+        raise FilesystemError(f"--save {path}: the directory {parent} does not exist",
+                              hint=f"make it first (mkdir -p {parent}), or save the plan in a directory that exists")
+    if os.path.isdir(path):
+        raise FilesystemError(f"--save {path} is a directory, not a file", hint="name a file, e.g. plan.json")
+
+
 def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
               subs: Sequence[NodePlan] = ()) -> str:
     """Write the plan with the facts it was made from (cpuperf.plan.saved), atomically; never the host's name: the
     same facts give the same file on every node, and a plan shared or committed tells no one where it was made."""
     from cpuperf import __version__
-    from cpuperf.errors import from_os_error
+    from cpuperf.errors import from_os_error, one_line
     from cpuperf.fsutil import atomic_write_bytes
     from cpuperf.plan import saved
     from cpuperf.plan.build import saved_plan_of
 
     plan = saved_plan_of(facts, rec, jp, inputs, __version__, None, subs)
+    text = saved.dumps(plan)
+    try:  # a plan is saved only where it loads back (a model path that is not UTF-8 was saved, then refused)
+        saved.loads(text)
+    except ValueError as exc:
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"--save {path}: this plan would not load back ({one_line(str(exc), 200)})",
+                         hint="name the model with text a plan can hold (printable UTF-8)") from exc
     try:
-        atomic_write_bytes(path, saved.dumps(plan).encode("utf-8"))
+        atomic_write_bytes(path, text.encode("utf-8"), make_parents=False)
     except OSError as exc:
         raise from_os_error(exc) from exc
     return path

@@ -84,6 +84,9 @@ class MemoryLevers:
     advisory: bool = False
     cpu_can: Optional[Reach] = None  # on a CPU device, where the path can do less (None: the same)
     cpu_why: str = ""
+    # cpuperf's own worker (the built-in loop, plain DDP: every rank holds the whole model): weights, grads and
+    # optimizer state that fit no rank are refused (exit 3) before launch, even where the plan is advisory
+    state_must_fit: bool = False
 
     def on(self, on_gpu: bool) -> Tuple[Reach, str]:
         """(the levers, why not the others) on this device."""
@@ -419,6 +422,29 @@ def plan_memory(facts: HostFacts, job: MemoryJob, torch_ok_fused: bool, tuning: 
             return make(c, batch, fit, tried, accum, note)
     raise IncompatibleHostError(_too_big(fig, split, budget, how, tried, on_gpu, candidates, host_room),
                                 hint=_would_fit(facts, fig, split, budget, ask, optimizer, on_gpu, host_room))
+
+
+def check_state_fits(facts: HostFacts, job: MemoryJob, optimizer: str, tuning: Mapping[str, Any]) -> None:
+    """IncompatibleHostError (exit 3) when the model's weights, grads and optimizer state alone, held whole by each
+    rank, exceed what a rank may use (memory_budget): such a job dies allocating before its first step, whatever its
+    batch. The figures are plan_memory's own (_Figures.state)."""
+    rule = memory_rule(tuning)
+    budget, how, _ = memory_budget(facts, job.placement, "cpu" if job.gpu is None else "cuda", job.gpu, rule)
+    if budget is None:
+        return
+    fig = _Figures(job.workload, job.dtype, max(1, job.world), max(1, job.placement.nproc_per_node),
+                   {False: 0, True: 0}, rule)
+    weights, grads, opt, _, _ = fig.state(Candidate(optimizer, False))  # autocast's copies come with the activations
+    need = weights + grads + opt
+    if need <= budget:
+        return
+    w = job.workload
+    raise IncompatibleHostError(
+        f"the model ({w.n_layer} layers x d_model {w.d_model}, {w.params / 1e9:.2f}B parameters) needs {need / GIB:.1f} "
+        f"GiB per rank before any activations (weights {weights / GIB:.1f} GiB + grads {grads / GIB:.1f} GiB + "
+        f"{optimizer} state {opt / GIB:.1f} GiB), against {budget / GIB:.1f} GiB usable per rank ({how})",
+        hint="a smaller model (model.d_model, model.n_layer or model.vocab_size), or a host with more "
+             + ("GPU memory" if job.gpu is not None else "memory"))
 
 
 @dataclass(frozen=True)

@@ -844,7 +844,7 @@ def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
     """
     facts, fixed, tuning, torch_v = ctx.facts, ctx.fixed, ctx.tuning, ctx.torch
     w, placement, dtype, gpu, world = job.workload, job.placement, job.dtype, job.gpu, job.world
-    from cpuperf.decide.memory import plan_memory, zero_config
+    from cpuperf.decide.memory import check_state_fits, default_optimizer, plan_memory, zero_config
 
     on_gpu = gpu is not None
     tv = version_or_none(torch_v)
@@ -858,6 +858,8 @@ def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
     except IncompatibleHostError as exc:
         if levers is None or not levers.advisory:
             raise
+        if levers.state_must_fit:  # cpuperf's own worker would die allocating its model: refused before launch
+            check_state_fits(facts, job, ask.optimizer or default_optimizer(fused_ok)[0], tuning)
         # Not cpuperf's to refuse: your script runs as you wrote it, with the estimate said.
         told = replace(w, found=f"{w.found}; by cpuperf's estimate it does not fit: {exc.message}; {exc.hint}")
         return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), decided,

@@ -334,6 +334,31 @@ def resolve_workload(model: Optional[str] = None, params: Optional[str] = None, 
     return base
 
 
+def with_model_shape(base: Workload, shape: Mapping[str, int]) -> Workload:
+    """The built-in model as the worker builds it with `--set model.*` applied (cpuperf.knowledge.models, the shapes
+    and parameter count cpuperf.train.model uses), so the memory plan sizes what the worker will allocate: a
+    `model.d_model` of 262144 planned as the preset's 3M parameters, then the worker died allocating terabytes."""
+    if not shape:
+        return base
+    from cpuperf.knowledge.models import ModelConfig, non_embedding_params
+
+    ratio = base.d_ff // base.d_model if base.d_ff and base.d_model and base.d_ff % base.d_model == 0 else 4
+    cfg = ModelConfig(base.n_layer, base.n_head, base.d_model, base.seq_len, base.vocab, ratio)
+    cfg = replace(cfg, **{k: int(v) for k, v in shape.items() if k in _MODEL_FIELDS})
+    if cfg.d_model % cfg.n_head:
+        field_name = "model.d_model" if "d_model" in shape else "model.n_head"
+        raise FieldError(field_name, shape.get(field_name[6:]),
+                         f"{{typed}}: the model's width {cfg.d_model} is not divisible by its {cfg.n_head} heads",
+                         "choose model.d_model a multiple of model.n_head", setting=True)
+    params = non_embedding_params(cfg) + cfg.vocab_size * cfg.d_model + cfg.seq_len * cfg.d_model
+    return replace(base, n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model, seq_len=cfg.seq_len,
+                   vocab=cfg.vocab_size, d_ff=0 if cfg.mlp_ratio == 4 else cfg.mlp_ratio * cfg.d_model,
+                   kv_heads=0, block="gpt2", params=params)
+
+
+_MODEL_FIELDS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
+
+
 def _scaled(base: Workload, count: int) -> Workload:
     """Depth and width for `count` parameters at the base's width/depth ratio (12*L*d^2 ~ count).
 

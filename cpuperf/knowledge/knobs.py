@@ -195,7 +195,7 @@ def parse_assignments(items: Sequence[str]) -> Overrides:
     out: Overrides = {}
     for item in items:
         key, raw = split_assignment(item)
-        out.update(coerce_entry(key, raw))
+        out = merge(out, coerce_entry(key, raw))  # model.n_layer then model.d_model: both (update kept the last)
     return out
 
 

@@ -135,10 +135,14 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Ov
 
 def _with_parallel(request: PlanRequest, edge: EdgeFacts) -> Workload:
     """The workload with what the user's command allows of ranks (cpuperf.plan.user_script.data_parallel): whether
-    it runs data-parallel under a launcher and whether cpuperf can keep its global batch."""
+    it runs data-parallel under a launcher and whether cpuperf can keep its global batch; the built-in loop's with
+    the shape its worker builds (`--set model.*`)."""
     w = edge.workload
-    if request.command is None:
-        return w
+    if request.command is None:  # the built-in loop: the model its worker builds, --set model.* included
+        from cpuperf.decide.workload import with_model_shape
+
+        shape = request.worker.get("model")
+        return with_model_shape(w, shape) if isinstance(shape, dict) else w
     from cpuperf.plan.user_script import data_parallel
 
     cmd = request.command.script
@@ -154,10 +158,11 @@ def memory_levers(request: PlanRequest, facts: HostFacts, edge: EdgeFacts) -> Me
 
     recompute_only = Reach(True, False, False)
     if not request.auto:
-        return MemoryLevers(NOTHING, "plain run (no --auto): the job as you gave it", advisory=True)
+        return MemoryLevers(NOTHING, "plain run (no --auto): the job as you gave it", advisory=True,
+                            state_must_fit=request.command is None)
     if request.command is None:
         return MemoryLevers(recompute_only, "the built-in loop runs plain DDP (no sharding): bring a Trainer "
-                            "script after -- for FSDP")
+                            "script after -- for FSDP", state_must_fit=True)
     from cpuperf.knowledge.hf_flags import sharding_form
     from cpuperf.plan.user_script import script_kind
 

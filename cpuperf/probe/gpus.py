@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from cpuperf.errors import UsageError
 from cpuperf.jsonable import JsonValue
@@ -81,6 +81,25 @@ def _opt_int(value: JsonValue) -> Optional[int]:
     return None if value is None else _int(value)
 
 
+# A GPU's numbers, as an override or a recorded answer may give them: (least, most). A card of -1 bytes planned
+# (issue 62); 2**60 bytes is far above any card.
+_GPU_RANGES = {"index": (0, 4095), "memory_bytes": (1, 1 << 60), "memory_free_bytes": (0, 1 << 60),
+               "free_bytes": (0, 1 << 60), "numa_node": (-1, 4095)}
+# The keys of doctor's `gpus` shape and of the NVML child's rows: an override naming another (`memory_total`) is
+# refused, not read as a card of unknown memory.
+GPU_KEYS = frozenset({"vendor", "name", "compute_capability", "memory_bytes", "bf16", "tf32", "index",
+                      "driver_version", "uuid", "memory_free_bytes", "numa_node", "cc", "free_bytes", "pci_bus_id"})
+
+
+def _in_range(row: Dict[str, JsonValue], key: str) -> Optional[int]:
+    """row[key] as a whole number within _GPU_RANGES (None when absent; numa_node -1, sysfs' "none", is None)."""
+    value = _opt_int(row.get(key))
+    low, high = _GPU_RANGES[key]
+    if value is not None and not low <= value <= high:
+        raise ValueError(f"{key} {value} is not in {low}..{high}")
+    return None if value is None or (key == "numa_node" and value < 0) else value
+
+
 def _int(value: JsonValue) -> int:
     if not isinstance(value, (int, float, str)):
         raise TypeError(f"{json.dumps(value)[:40]} is not a number")
@@ -96,11 +115,12 @@ def gpu_from_row(row: JsonValue, default_index: int = 0) -> Gpu:
     if not isinstance(row, dict):
         raise TypeError("a GPU is not an object")
     cc = row.get("compute_capability", row.get("cc"))
-    free = row.get("memory_free_bytes", row.get("free_bytes"))
-    return make_gpu(_int(row.get("index", default_index)), str(row.get("name", "NVIDIA GPU")),
-                    _opt_text(cc), _opt_int(row.get("memory_bytes")),
-                    _opt_text(row.get("driver_version")), _opt_text(row.get("uuid")), _opt_int(free),
-                    _opt_int(row.get("numa_node")))
+    free = _in_range(row, "memory_free_bytes" if "memory_free_bytes" in row else "free_bytes")
+    index = _in_range(row, "index")
+    return make_gpu(default_index if index is None else index, str(row.get("name", "NVIDIA GPU")),
+                    _opt_text(cc), _in_range(row, "memory_bytes"),
+                    _opt_text(row.get("driver_version")), _opt_text(row.get("uuid")), free,
+                    _in_range(row, "numa_node"))
 
 
 def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
@@ -109,8 +129,12 @@ def gpus_from_json(text: str) -> Tuple[Gpu, ...]:
         rows: JsonValue = json.loads(text)
         if not isinstance(rows, list):
             raise ValueError("not a list")
+        for row in rows:
+            unknown = sorted(set(row) - GPU_KEYS) if isinstance(row, dict) else []
+            if unknown:
+                raise ValueError(f"unknown key {unknown[0][:40]!r}; known: {', '.join(sorted(GPU_KEYS))}")
         return tuple(gpu_from_row(row, i) for i, row in enumerate(rows))
-    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError, OverflowError) as exc:
         raise UsageError(f"CPUPERF_OVERRIDE_GPUS is not a JSON list of GPUs ({exc})",
                          hint='e.g. CPUPERF_OVERRIDE_GPUS=\'[{"name": "NVIDIA A100", "compute_capability": "8.0", "memory_bytes": 85899345920}]\'') from exc
 
