@@ -2,10 +2,12 @@
 code (docs/exit-codes.md, cpuperf.errors.ExitCode), one `error:` line where it is an error, no traceback and no
 internal error, and no file written outside the run's own directory (the working directory here; HOME stays empty).
 
-The CLI runs in-process (tests/cli_util.run_cli). Left out, each for a reason of its own: `bench` and `install` (they
-measure and run pip: their options have tests of their own), `train` without `--dry-run` and `--tune` (a real run),
-and the options that reach the network (`--master-addr`, `--probe-nodes`, doctor's `--hostfile`/`--collectives`):
-a random host name waits on name resolution. Values never hold `/`, so a path given is inside the working directory.
+The CLI runs in-process (tests/cli_util.run_cli). `install` runs as `install --dry-run --yes --find-links <an
+empty wheelhouse>`: pip's own dry run, offline, a few seconds a call, so fewer examples. Left out, each for a reason
+of its own: `bench` (it measures for as long as its options say: its options have tests of their own), `train`
+without `--dry-run` and `--tune` (a real run), install's `--venv` (a real venv a call) and `--index-url` (the
+network), and the options that reach the network (`--master-addr`, `--probe-nodes`, doctor's
+`--hostfile`/`--collectives`): a random host name waits on name resolution. Values never hold `/`, so a path given is inside the working directory.
 The fast tier runs a few fixed examples per command (derandomized: the same every run); the full tier explores."""
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from hypothesis import strategies as st
 from cpuperf.errors import ExitCode
 
 CODES = {int(c) for c in ExitCode}
-FLAGS = {"--json", "--quiet", "--auto", "--dry-run", "--resume", "--replan", "--adapt-to-load", "--this-node"}
-LEFT_OUT = {"--master-addr", "--probe-nodes", "--tune", "--collectives", "--hostfile", "--dry-run", "--budget"}
+FLAGS = {"--json", "--quiet", "--auto", "--dry-run", "--resume", "--replan", "--adapt-to-load", "--this-node",
+         "--recover", "--allow-cuda-torch"}
+LEFT_OUT = {"--master-addr", "--probe-nodes", "--tune", "--collectives", "--hostfile", "--dry-run", "--budget",
+            "--venv", "--index-url", "--yes", "--find-links"}
 
 
 def _options(command: str):
@@ -34,7 +38,8 @@ def _options(command: str):
     return [p.opts[0] for p in params if p.opts[0].startswith("--") and p.opts[0] not in LEFT_OUT]
 
 
-COMMANDS = {name: _options(name) for name in ("doctor", "compat", "recommend", "train", "plot")}
+COMMANDS = {name: _options(name) for name in ("doctor", "compat", "recommend", "train", "plot", "install")}
+EXAMPLES = {"install": (2, 12)}  # (fast, explored): pip's dry run takes seconds a call
 COMMANDS["ccl-env"] = ["--nproc-per-node", "--nnodes", "--master-port", "--shell", "--json", "--quiet", "--explain",
                        "--override", "--preload", "--require-ccl", "--python", "--sysroot", "--unit", "--plan",
                        "--replan"]
@@ -57,7 +62,7 @@ VALUES = st.one_of(
 @st.composite
 def command_lines(draw, command: str):
     options = draw(st.lists(st.sampled_from(COMMANDS[command]), min_size=1, max_size=3, unique=True))
-    args = [command] + (["--dry-run"] if command == "train" else [])
+    args = [command] + {"train": ["--dry-run"], "install": ["--dry-run", "--yes", "--find-links", "wheels"]}.get(command, [])
     for option in options:
         args += [option] if option in FLAGS else [option, draw(VALUES)]
     if command == "plot":
@@ -70,10 +75,15 @@ def _check(args) -> None:
         run, home = os.path.join(base, "run"), os.path.join(base, "home")
         os.mkdir(run)
         os.mkdir(home)
+        os.mkdir(os.path.join(run, "wheels"))  # install's offline wheelhouse: empty
         # cpuperf's own cache (remembered answers, parsed data) is its documented place: kept apart from HOME, which
         # must stay empty
         cache = os.path.join(base, "cache")
-        proc = run_cli(args, cwd=run, extra_env={"HOME": home, "CPUPERF_LOAD_WINDOW": "0", "CPUPERF_CACHE_DIR": cache})
+        # pip's user agent asks `rustc --version`; where rustc is rustup's shim (this machine), the shim writes its
+        # settings under RUSTUP_HOME (default ~/.rustup): a tool's, not cpuperf's, so kept beside the cache
+        proc = run_cli(args, cwd=run, extra_env={"HOME": home, "CPUPERF_LOAD_WINDOW": "0", "CPUPERF_CACHE_DIR": cache,
+                                                   "PIP_NO_CACHE_DIR": "1", "PIP_CONFIG_FILE": os.devnull,
+                                                   "RUSTUP_HOME": os.path.join(cache, "rustup")})
         assert proc.returncode in CODES, (args, proc.returncode, proc.stderr[-1500:])
         assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, (args, proc.stderr[-1500:])
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
@@ -89,7 +99,7 @@ def _property(examples: int, derandomize: bool):
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_random_option_values_get_a_documented_answer(command):
-    @_property(4, derandomize=True)
+    @_property(EXAMPLES.get(command, (4, 60))[0], derandomize=True)
     @given(command_lines(command))
     def check(args):
         _check(args)
@@ -100,7 +110,7 @@ def test_random_option_values_get_a_documented_answer(command):
 @pytest.mark.full
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_random_option_values_get_a_documented_answer_explored(command):
-    @_property(60, derandomize=False)
+    @_property(EXAMPLES.get(command, (4, 60))[1], derandomize=False)
     @given(command_lines(command))
     def check(args):
         _check(args)

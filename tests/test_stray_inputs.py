@@ -126,6 +126,17 @@ def test_recommend_save_needs_its_directory(tmp_path, where):
     assert _created(tmp_path) == ["a-file"] and sorted(os.listdir(tmp_path)) == ["a-file"]  # no directory made
 
 
+@pytest.mark.parametrize("option,where", [("--write-lock", "no/such/dir/l.json"), ("--write-lock", "a-file/l.json"),
+                                           ("--download", "no/such/wheels"), ("--download", "a-file/wheels")])
+def test_install_outputs_need_their_directory(tmp_path, option, where):
+    """Checked before pip is asked anything: the path the user typed is never made (a lock's directory, a
+    wheelhouse's parent)."""
+    (tmp_path / "a-file").write_text("x")
+    proc = run_cli(["install", "--dry-run", "--yes", option, where, "--find-links", str(tmp_path)], cwd=str(tmp_path))
+    _one_line(proc, ExitCode.FILESYSTEM, f"{option} {where}")
+    assert sorted(os.listdir(tmp_path)) == ["a-file"]
+
+
 def test_recommend_save_into_a_directory_that_exists(tmp_path):
     (tmp_path / "plans").mkdir()
     proc = run_cli(["recommend", "--save", "plans/p.json"], cwd=str(tmp_path))

@@ -243,23 +243,24 @@ def run(out: Output, opts: Options) -> int:
 
 def _check_outputs(opts: Options) -> None:
     """Paths the command will write, checked before any work: a lock file that is a directory, a download
-    directory that is a file, or a parent that is not a directory is one line, exit 10."""
+    directory that is a file, or a parent that is missing or not a directory is one line, exit 10."""
     from cpuperf.errors import FilesystemError
 
-    checks = [(opts.write_lock, "--write-lock", False), (opts.download, "--download", True)]
-    for path, option, is_dir in checks:
-        if path is None:
-            continue
+    from cpuperf.commands.flags import check_output_file
+
+    if opts.write_lock is not None:
+        check_output_file("--write-lock", opts.write_lock)
+    if opts.download is not None:  # a directory: made when missing, in a parent that exists
+        path = opts.download
         if not path.strip():
-            raise UsageError(f"{option} is empty: name a {'directory' if is_dir else 'file'}")
-        target = Path(path)
-        if is_dir and target.exists() and not target.is_dir():
-            raise FilesystemError(f"{option} {path} is a file, not a directory", hint="name a directory")
-        if not is_dir and target.is_dir():
-            raise FilesystemError(f"{option} {path} is a directory, not a file", hint="name a file, e.g. cluster.lock.json")
-        parent = target.absolute().parent
-        if parent.exists() and not parent.is_dir():
-            raise FilesystemError(f"{option} {path}: {parent} is not a directory", hint="check the path")
+            raise UsageError("--download is empty: name a directory")
+        target, parent = Path(path), Path(path).absolute().parent
+        if target.exists() and not target.is_dir():
+            raise FilesystemError(f"--download {path} is a file, not a directory", hint="name a directory")
+        if not parent.is_dir():
+            what = "is not a directory" if parent.exists() else "does not exist"
+            raise FilesystemError(f"--download {path}: the directory {parent} {what}",
+                                  hint=f"make it first (mkdir -p {parent}), or name a directory whose parent exists")
 
 
 def _check_request(out: Output, opts: Options) -> None:
@@ -581,7 +582,7 @@ def _write_lock(plan: ip.InstallPlan, path: str, out: Output) -> None:
     extra = [p for p in plan.requirements if canonicalize_name(p.name) not in have and plan.packages]
     lock = dataclasses.replace(lock, packages=lock.packages + tuple(extra))
     try:
-        fsutil.atomic_write_bytes(path, ip.render_lock(lock, ip.lock_format(path)).encode("utf-8"))
+        fsutil.atomic_write_bytes(path, ip.render_lock(lock, ip.lock_format(path)).encode("utf-8"), make_parents=False)
     except OSError as exc:
         raise _path_error(exc, "--write-lock", path) from exc
     out.info(f"wrote the lock file {path} ({len(lock.packages)} pinned packages)")
@@ -590,7 +591,7 @@ def _write_lock(plan: ip.InstallPlan, path: str, out: Output) -> None:
 def _download(plan: ip.InstallPlan, pip: pd.Pip, dest: str, out: Output) -> int:
     """Build a wheelhouse for an air-gapped install: every planned package, exact pins, plus a lock."""
     try:
-        os.makedirs(dest, exist_ok=True)
+        os.makedirs(dest, exist_ok=True)  # its parent exists (_check_outputs)
         fd, probe = tempfile.mkstemp(dir=dest, prefix=".cpuperf-write-test-")  # fail now, not after pip ran
         os.close(fd)
         os.unlink(probe)

@@ -147,7 +147,9 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
 
     save = kwargs.pop("save", None)
     if save is not None:
-        _check_save_path(save)
+        from cpuperf.commands.flags import check_output_file
+
+        check_output_file("--save", save)
     master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
     facts, rec, hosts = build(**kwargs, out=out)
@@ -263,22 +265,6 @@ def _measured_allreduce(names: List[str], rec: Recommendation) -> Optional[Dict[
     from cpuperf.run.collectives import read_cached
 
     return read_cached(names)
-
-
-def _check_save_path(path: str) -> None:
-    """--save FILE goes into a directory that exists (the whole path /no/such/dir/ was made), and is not one."""
-    import os
-
-    from cpuperf.errors import FilesystemError
-
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        if os.path.lexists(parent):
-            raise FilesystemError(f"--save {path}: {parent} is not a directory", hint="check the path")
-        raise FilesystemError(f"--save {path}: the directory {parent} does not exist",
-                              hint=f"make it first (mkdir -p {parent}), or save the plan in a directory that exists")
-    if os.path.isdir(path):
-        raise FilesystemError(f"--save {path} is a directory, not a file", hint="name a file, e.g. plan.json")
 
 
 def save_plan(path: str, facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Dict[str, Any],
