@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Mapping, Optional, Union
 
-from cpuperf.errors import FilesystemError
+from cpuperf.errors import FilesystemError, UsageError
 
 # Far above any config, lock, hostfile, RECORD or /proc file a real host has (cpuinfo of 1024 CPUs is ~1.5
 # MB); far below what makes a read or a parse hurt.
@@ -169,6 +169,21 @@ def ensure_dir(path: Union[str, Path]) -> None:
         refuse_link(path)  # made a link by someone else just now
         raise
     refuse_link(path)
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """A file the user names for cpuperf to write (`recommend --save`, `install --write-lock`): its directory
+    must exist (cpuperf never makes a path the user typed, /no/such/dir/ included), and it is not a directory."""
+    if not path.strip():
+        raise UsageError(f"{flag} is empty: name a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            raise FilesystemError(f"{flag} {path}: {parent} is not a directory", hint="check the path")
+        raise FilesystemError(f"{flag} {path}: the directory {parent} does not exist",
+                              hint=f"make it first (mkdir -p {parent}), or name a file in a directory that exists")
+    if os.path.isdir(path):
+        raise FilesystemError(f"{flag} {path} is a directory, not a file", hint="name a file, e.g. plan.json")
 
 
 # -- a directory that belongs to one process at a time ----------------------------------------------

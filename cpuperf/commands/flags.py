@@ -50,21 +50,3 @@ def with_flags(exc: CpuperfError) -> CpuperfError:
     message, hint = exc.render(flag_of)
     return UsageError(message, hint, exc.code)
 
-
-def check_output_file(flag: str, path: str) -> None:
-    """A file the user names for cpuperf to write (`recommend --save`, `install --write-lock`): its directory
-    must exist (cpuperf never makes a path the user typed, /no/such/dir/ included), and it is not a directory."""
-    import os
-
-    from cpuperf.errors import FilesystemError
-
-    if not path.strip():
-        raise UsageError(f"{flag} is empty: name a file")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        if os.path.lexists(parent):
-            raise FilesystemError(f"{flag} {path}: {parent} is not a directory", hint="check the path")
-        raise FilesystemError(f"{flag} {path}: the directory {parent} does not exist",
-                              hint=f"make it first (mkdir -p {parent}), or name a file in a directory that exists")
-    if os.path.isdir(path):
-        raise FilesystemError(f"{flag} {path} is a directory, not a file", hint="name a file, e.g. plan.json")

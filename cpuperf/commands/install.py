@@ -244,8 +244,8 @@ def run(out: Output, opts: Options) -> int:
 def _check_outputs(opts: Options) -> None:
     """Paths the command will write, checked before any work: a lock file that is a directory, a download
     directory that is a file, or a parent that is missing or not a directory is one line, exit 10."""
-    from cpuperf.commands.flags import check_output_file
     from cpuperf.errors import FilesystemError
+    from cpuperf.fsutil import check_output_file
 
     if opts.write_lock is not None:
         check_output_file("--write-lock", opts.write_lock)

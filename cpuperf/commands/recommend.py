@@ -147,7 +147,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
 
     save = kwargs.pop("save", None)
     if save is not None:
-        from cpuperf.commands.flags import check_output_file
+        from cpuperf.fsutil import check_output_file
 
         check_output_file("--save", save)
     master_addr = kwargs.pop("master_addr", None)
