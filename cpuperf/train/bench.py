@@ -35,6 +35,10 @@ MLP_SHAPES = {"small": (1024, 1024, 4), "large": (2048, 4096, 4)}  # (input, hid
 CONV_SHAPES = {"small": (64, 32), "large": (128, 64)}  # (image side, base channels)
 BATCH = {"lm": 16, "mlp": 256, "conv": 32}
 SIZE_BATCH = {("lm", "gpt2"): 2}
+# How torch.compile can be asked for CPU training: the whole model (inductor's default), the whole model with
+# max-autotune (on CPU it adds inductor's C++ GEMM templates to the choices it times), and regional compile: each
+# repeated block compiled alone (the LM's transformer blocks; one compile serves all of them), with either mode.
+COMPILE_MODES = ("default", "max-autotune", "regional", "regional-max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,7 @@ class BenchConfig:
     ipex: bool = False
     fp32_math_mode: str = ""
     compile: bool = False
+    compile_mode: str = ""  # one of COMPILE_MODES: how torch.compile is asked (benchmarks/compile_modes.py)
     warmup: int = 2
     steps: int = 10
     seconds: Optional[float] = None  # a run's default is 5 s, a served request's 1 s
@@ -72,6 +77,7 @@ class BenchConfig:
             threads_per_rank=_whole(data.get("threads_per_rank") or 0),
             optimizer=str(data.get("optimizer") or ""), ipex=bool(data.get("ipex")),
             fp32_math_mode=str(data.get("fp32_math_mode") or ""), compile=bool(data.get("compile")),
+            compile_mode=str(data.get("compile_mode") or ""),
             warmup=_whole(data.get("warmup", 2)), steps=_whole(data.get("steps", 10)),
             seconds=None if seconds is None else _figure(seconds), windows=_whole(data.get("windows") or 1))
 
@@ -194,10 +200,22 @@ def _optimised(model: nn.Module, cfg: BenchConfig, dtype: str) -> Tuple[nn.Modul
         except AttributeError:
             pass
     if cfg.compile:
-        compiled = torch.compile(model)
-        assert isinstance(compiled, torch.nn.Module)  # a module compiled is one (OptimizedModule)
-        model = compiled
+        model = _compiled(torch, model, cfg.compile_mode or "default")
     return model, opt
+
+
+def _compiled(torch: ModuleType, model: nn.Module, how: str) -> nn.Module:
+    """`model` under torch.compile as `how` (COMPILE_MODES) asks; regional without repeated blocks: the whole."""
+    if how not in COMPILE_MODES:
+        raise SystemExit(f"unknown compile_mode {how!r}: one of {', '.join(COMPILE_MODES)}")
+    mode = "max-autotune" if how.endswith("max-autotune") else None
+    blocks = getattr(getattr(model, "module", model), "blocks", None)
+    if how.startswith("regional") and blocks is not None:
+        for block in blocks:
+            block.compile(mode=mode)  # in place: the module's forward compiled, shared code for equal blocks
+        return model
+    compiled: nn.Module = torch.compile(model, mode=mode)  # a module compiled is one (OptimizedModule)
+    return compiled
 
 
 def _timed_steps(step: Callable[[], None], cfg: BenchConfig, world: int,
