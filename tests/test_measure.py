@@ -535,3 +535,25 @@ def test_ctrl_c_during_the_first_measurement_keeps_what_was_measured_and_the_nex
     full = json.loads(open(files[0]).read())
     assert "interrupted" not in full and "allocator_speedup" in full
     assert full["ratios"]["bf16_over_fp32"] == partial["ratios"]["bf16_over_fp32"]
+
+
+def test_ctrl_c_while_a_disturbed_measurement_is_taken_again_keeps_the_try_before(tmp_path, monkeypatch):
+    from cpuperf.errors import CpuperfError, ExitCode
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+    first = _taken(_BUSY, {"allocator mimalloc on mlp": _DISTURBED_LINE})
+    calls = []
+
+    def runs(facts, threads, python, log=None, **micro):
+        calls.append(micro)
+        if len(calls) > 1:
+            raise measure.Stopped("the bf16/fp32 GEMM ratio")
+        return dict(first)
+    monkeypatch.setattr(measure, "run_micro", runs)
+    with pytest.raises(CpuperfError) as err:
+        measure.measure_if_unsure(facts, 1)
+    assert err.value.code == ExitCode.INTERRUPTED and "the try before stands, cached" in err.value.message
+    cached = measure.read_cached(facts)[0]
+    assert cached["tries"] == 1 and "interrupted" not in cached and cached["gemm_bf16_gflops"] == 400.0

@@ -909,15 +909,19 @@ def measure_and_save(facts: HostFacts, threads: int, python: str = sys.executabl
     """run_micro, cached; taken again while other work disturbed it and left a ratio undecided (`disturbed`), at
     most [measure].disturbed_tries times in all (`tries`: how many were taken before). (the last results, path).
     Ctrl-C: what was measured is cached, marked `interrupted` (the next run measures the rest), and said in one
-    line (exit 130)."""
+    line (exit 130); during a try taken again, the try before it stands as it was cached."""
+    saved: Optional[Path] = None
     while True:
         try:
             results = run_micro(facts, threads, python, log=log, **micro)
         except Stopped as stop:
+            if saved is not None:
+                raise CpuperfError(f"interrupted while measuring this host again ({stop.doing}): the try before "
+                                   f"stands, cached ({saved})", code=ExitCode.INTERRUPTED) from None
             raise _stopped(facts, stop) from None
         tries += 1
         results["tries"] = tries
-        path = save(facts, results)
+        path = saved = save(facts, results)
         again = disturbed(results)
         if again is None:
             return results, path
