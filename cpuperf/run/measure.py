@@ -890,11 +890,10 @@ def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
         return load_cached(facts, log) if usable else None
     done = data if usable and unfinished(data) else None
     if log:
-        log(f"measuring this host ({'; '.join(flags)}): "
-            + ("the bf16/fp32 GEMM ratio" if done is None else "")
-            + (", " if done is None and need_alloc else "")
-            + ("the allocators against the default" if need_alloc else "")
-            + f", side by side, at most about {_rules()['budget_s']} s; cached for later runs ...")
+        parts = (["the bf16/fp32 GEMM ratio"] if done is None else []) + \
+            (["the allocators against the default"] if need_alloc else [])
+        log(f"measuring this host ({'; '.join(flags)}): {', '.join(parts) or 'what is left'}, side by side, "
+            f"at most about {_rules()['budget_s']} s; cached for later runs ...")
     measure_and_save(facts, threads, python, tries_before(data), log, allocators=need_alloc, done=done)
     return load_cached(facts, log)
 
