@@ -320,3 +320,50 @@ def test_each_lever_has_one_owner_row():
     named = [token for row in rows for token in re.findall(r"`([^`]+)`", row.split("|")[1])]
     assert sorted(named) == sorted(f.name for f in dataclasses.fields(Levers))
     assert all(len(re.findall(r"`[^`]+\.py`", row.split("|")[2])) == 1 for row in rows)
+
+
+# --- the first page a newcomer reads -------------------------------------------------------------------------
+
+def _prose_sentences(text: str) -> List[str]:
+    """The sentences of a page's prose: code blocks and tables left out, inline code counted as one word."""
+    kept, fence = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and not line.startswith("|"):
+            kept.append(line)
+    prose = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "CODE", "\n".join(kept)))
+    out = []
+    for para in re.split(r"\n\s*\n|\n(?=\s*[-#])", prose):
+        out += re.split(r"(?<=[.!?])\s+(?=[A-Z(*])", " ".join(para.split()))
+    return out
+
+
+def test_the_readme_starts_with_the_users_line_and_then_the_contributors_line():
+    """The first code block holds exactly two command lines: line 1 installs and runs the main job (for users),
+    line 2 is `bash tests/run.sh` (what CI runs), and the block and the text after it say which is whose."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block is not None and text.index(block.group(0)) < text.index("\n## ")
+    lines = [ln for ln in block.group(1).splitlines() if ln.strip()]
+    commands = [ln for ln in lines if not ln.lstrip().startswith("#")]
+    assert len(commands) == 2, commands
+    assert "cpuperf install" in commands[0] and "cpuperf train --auto" in commands[0]
+    assert commands[1] == "bash tests/run.sh"
+    comments = [ln for ln in lines if ln.lstrip().startswith("#")]
+    assert any("Use it" in c for c in comments) and any("contributors" in c and "root" in c for c in comments)
+    after = text[text.index(block.group(0)) + len(block.group(0)):].split("\n## ", 1)[0]
+    assert "run the first line only" in after and "for contributors" in after and "15-20 minutes" in after
+
+
+def test_the_readme_reads_in_minutes_and_its_terms_are_explained():
+    text = (ROOT / "README.md").read_text()
+    long = [s for s in _prose_sentences(text) if len(s.split()) > 40]
+    assert not long, long  # one idea a sentence: split a longer one
+    assert "](docs/glossary.md)" in text
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    for term in ("lever", "rank", "plan", "read back", "rankexec", "% of achievable", "MFU", "host class",
+                 "the rule", "undecided", "finding"):
+        assert re.search(rf"^\| \*\*[^|]*{re.escape(term)}", glossary, re.M | re.I), term
+    for page in ("commands.md", "scripts-and-launchers.md"):
+        assert "(glossary.md)" in (ROOT / "docs" / page).read_text().split("\n## ", 1)[0], page

@@ -125,3 +125,51 @@ def test_doctor_and_help_never_import_torch():
             "main(['--help']) if False else None; sys.exit(0 if rc in (0, 1) else rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- numpy beside torch: torch warns in every process without it; doctor names it, from metadata only ----------
+
+def test_doctor_names_a_missing_numpy_beside_torch_with_the_exact_fix():
+    from dataclasses import replace
+
+    from cpuperf.decide.doctor import check_torch
+    from cpuperf.probe import probe_host
+    from cpuperf.probe.facts import PackageInfo
+
+    facts = probe_host(use_cache=False)
+    sw = facts.software
+    assert sw is not None
+    torch = PackageInfo(version="2.13.0+cpu", local="cpu", build="cpu")
+    without = replace(facts, software=replace(sw, executable="/opt/my venv/bin/python",
+                                              packages={**sw.packages, "torch": torch, "numpy": None}))
+    found = [f for f in check_torch(without) if f.id == "no-numpy"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "Failed to initialize NumPy: No module named 'numpy'" in found[0].message
+    assert found[0].fix == "'/opt/my venv/bin/python' -m pip install numpy"
+    numpy = PackageInfo(version="2.4.6", local=None, build=None)
+    with_numpy = replace(without, software=replace(without.software, packages={**without.software.packages,
+                                                                                "numpy": numpy}))
+    assert not [f for f in check_torch(with_numpy) if f.id == "no-numpy"]
+    # a stack described by CPUPERF_OVERRIDE_PACKAGES alone (no interpreter) says nothing about numpy
+    described = replace(without, software=replace(without.software, executable=""))
+    assert not [f for f in check_torch(described) if f.id == "no-numpy"]
+
+
+@pytest.mark.full  # imports torch once, in the venv without numpy, to show the warning doctor names is real
+def test_doctor_in_a_venv_without_numpy_names_it_and_never_imports_torch(tmp_path):
+    from host_classes import linked_venv
+
+    python = linked_venv(tmp_path / "nonumpy", ("numpy",))
+    warned = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, timeout=300,
+                            env=cli_env({"PYTHONWARNINGS": "default"}))
+    assert "Failed to initialize NumPy" in warned.stderr or "No module named 'numpy'" in warned.stderr, warned.stderr
+    env = cli_env()
+    probe = ("import runpy, sys\nsys.argv = ['cpuperf', 'doctor', '--json']\ntry:\n runpy.run_module('cpuperf', "
+             "run_name='__main__')\nexcept SystemExit:\n pass\nprint('torch imported' if 'torch' in sys.modules "
+             "else 'torch not imported', file=sys.stderr)")
+    proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    assert "torch not imported" in proc.stderr, proc.stderr
+    rep = json.loads(proc.stdout)
+    found = [f for f in rep["findings"] if f["id"] == "no-numpy"]
+    assert len(found) == 1, rep["findings"]
+    assert found[0]["fix"] == f"{python} -m pip install numpy"

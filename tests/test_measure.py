@@ -404,3 +404,156 @@ def test_bench_shows_each_ratio_with_its_interval_and_its_verdict(tmp_path, monk
     assert "bf16/fp32 GEMM: 2.00x (1.90-2.10 over 3 rounds; interval 1.8" in proc.stdout and ": above)" in proc.stdout
     assert ("mimalloc/default allocator on mlp: 1.06x (0.95-1.23 over 3 rounds; interval 0.86-1.34 against 1.02: "
             "undecided): too noisy to decide, the rule decides") in proc.stdout
+
+
+# -- Ctrl-C during the first measurement: what was measured is kept, and the next run measures the rest ---------
+
+_GEMM_ONLY = {"method": measure.METHOD, "gemm_fp32_gflops": 50.0, "gemm_bf16_gflops": 120.0, "threads": 2,
+              "torch": "2.13.0+cpu", "repeats": {}, "undecided": {}, "load": _QUIET,
+              "ratios": {"bf16_over_fp32": {"name": "bf16/fp32 GEMM", "rounds": [2.4, 2.4, 2.4], "decided": True}}}
+
+
+def test_a_measurement_stopped_after_its_gemm_ratio_is_cached_and_the_next_run_measures_only_the_rest(
+        tmp_path, monkeypatch):
+    from cpuperf.errors import CpuperfError, ExitCode
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+
+    def stopped(facts, threads, python, log=None, **micro):
+        raise measure.Stopped("the allocators", {**_GEMM_ONLY, "interrupted": {"missing": ["allocators"]}})
+    monkeypatch.setattr(measure, "run_micro", stopped)
+    with pytest.raises(CpuperfError) as err:
+        measure.measure_if_unsure(facts, 1)
+    assert err.value.code == ExitCode.INTERRUPTED and err.value.hint is None
+    assert "the bf16/fp32 GEMM ratio was measured and is cached" in err.value.message
+    assert "the allocators against the default were not measured" in err.value.message
+    cached = measure.read_cached(facts)[0]
+    assert cached["interrupted"] == {"missing": ["allocators"]} and cached["gemm_bf16_gflops"] == 120.0
+    # planning reads the part that was measured (the dtype's figures); the allocator is left to the rule
+    got = measure.load_cached(facts)
+    assert got is not None and got.gemm_bf16_gflops == 120.0 and not got.allocator_speedup
+    assert measure.unfinished(cached) == "stopped by Ctrl-C before the allocators against the default were measured"
+    # the next run measures the rest only: run_micro is handed what is done, and the complete one replaces it
+    calls = _micro_runs(monkeypatch, [{**_GEMM_ONLY, "allocator_speedup": {}}])
+    said = []
+    measure.measure_if_unsure(facts, 1, log=said.append)
+    assert calls and calls[0]["done"]["interrupted"] == {"missing": ["allocators"]}
+    assert any("stopped by Ctrl-C before the allocators" in s and "GEMM" not in s for s in said), said
+    assert "interrupted" not in measure.read_cached(facts)[0]
+    assert measure.unfinished(measure.read_cached(facts)[0]) is None
+
+
+def test_a_measurement_stopped_before_anything_was_measured_caches_nothing_and_says_so(tmp_path, monkeypatch):
+    from cpuperf.errors import CpuperfError, ExitCode
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+
+    def stopped(facts, threads, python, log=None, **micro):
+        raise measure.Stopped("starting torch")
+    monkeypatch.setattr(measure, "run_micro", stopped)
+    with pytest.raises(CpuperfError) as err:
+        measure.measure_if_unsure(facts, 1)
+    assert err.value.code == ExitCode.INTERRUPTED
+    assert err.value.message.startswith("interrupted while measuring this host (starting torch): nothing measured")
+    assert "CPUPERF_MEASURE=0" in err.value.message
+    assert measure.read_cached(facts)[0] is None
+
+
+def test_the_gemm_part_a_stopped_measurement_keeps_is_what_the_completing_one_starts_from():
+    partial = measure._measured_so_far({**_GEMM_ONLY, "ratios": {**_GEMM_ONLY["ratios"], "mimalloc_on_lm": {}},
+                                        "undecided": {"allocator mimalloc on lm": "x"}}, "the allocators", True)
+    assert partial is not None and partial["interrupted"] == {"missing": ["allocators"]}
+    assert list(partial["ratios"]) == ["bf16_over_fp32"] and partial["undecided"] == {}
+    assert measure._measured_so_far({"method": measure.METHOD, "ratios": {}, "undecided": {}}, "warming up", True) is None
+    assert "interrupted" not in measure._measured_so_far(dict(_GEMM_ONLY), "stopping the measuring processes", True)
+    # with nothing left to measure (no allocator installed now), the completing run starts no process at all
+    done = measure.measure_ratios(probe_host(), 1, allocators=False, done=partial)
+    assert done["gemm_bf16_gflops"] == 120.0 and list(done["ratios"]) == ["bf16_over_fp32"]
+    import time
+
+    from cpuperf.decide.measurement_schema import sanitized
+
+    build = {"version": None, "local": None, "git": None}
+    assert sanitized({**partial, "measured_at": int(time.time()), "torch_build": build})[1] == []  # the schema holds it
+
+
+@pytest.mark.full  # real processes: torch in the measuring servers, a real SIGINT, then a real completing run
+def test_ctrl_c_during_the_first_measurement_keeps_what_was_measured_and_the_next_run_completes_it(tmp_path):
+    """As at a terminal: `train --auto` on a host with nothing cached measures first; Ctrl-C (SIGINT to the whole
+    process group) once the allocator rounds have begun ends it with one line, exit 130, the GEMM ratio cached and
+    marked as stopped; the next `train --auto` measures only the allocators, then trains."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cli_util import cli_env
+
+    pytest.importorskip("torch")
+    if not measure.allocator_libraries(probe_host(use_cache=False)):
+        pytest.skip("no preloadable allocator here: the measurement has no second part to stop in")
+    env = cli_env({"CPUPERF_CACHE_DIR": str(tmp_path / "cache"), "CPUPERF_MEASURE": "1", "PYTHONWARNINGS": "ignore"})
+    argv = [sys.executable, "-m", "cpuperf", "train", "--auto", "--max-steps", "2"]
+    proc = subprocess.Popen(argv, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    seen = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append(line)
+            if "allocator round" in line:  # the GEMM ratio is taken: the allocators are under way
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, (seen[-3:], rest)
+    last = [ln for ln in rest.splitlines() if ln.strip()]
+    assert len(last) == 1, rest  # one line: what was measured, what was not, what measures the rest
+    files = glob.glob(str(tmp_path / "cache" / "measurements" / "*.json"))
+    if "nothing measured yet" in last[0]:  # stopped while the GEMM ratio was still undecided: nothing to keep
+        assert not files
+        pytest.skip("the GEMM ratio was not decided before the signal on this (busy) host")
+    assert "the bf16/fp32 GEMM ratio was measured and is cached" in last[0], last[0]
+    assert "allocators against the default were not measured" in last[0] and "measures them" in last[0]
+    assert len(files) == 1
+    partial = json.loads(open(files[0]).read())
+    assert partial["interrupted"] == {"missing": ["allocators"]} and partial["gemm_bf16_gflops"] > 0
+    assert "allocator_speedup" not in partial
+
+    done = subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped by Ctrl-C before the allocators against the default were measured" in done.stderr
+    assert "GEMM round" not in done.stderr  # the GEMM ratio was not measured again
+    full = json.loads(open(files[0]).read())
+    assert "interrupted" not in full and "allocator_speedup" in full
+    assert full["ratios"]["bf16_over_fp32"] == partial["ratios"]["bf16_over_fp32"]
+
+
+def test_ctrl_c_while_a_disturbed_measurement_is_taken_again_keeps_the_try_before(tmp_path, monkeypatch):
+    from cpuperf.errors import CpuperfError, ExitCode
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+    first = _taken(_BUSY, {"allocator mimalloc on mlp": _DISTURBED_LINE})
+    calls = []
+
+    def runs(facts, threads, python, log=None, **micro):
+        calls.append(micro)
+        if len(calls) > 1:
+            raise measure.Stopped("the bf16/fp32 GEMM ratio")
+        return dict(first)
+    monkeypatch.setattr(measure, "run_micro", runs)
+    with pytest.raises(CpuperfError) as err:
+        measure.measure_if_unsure(facts, 1)
+    assert err.value.code == ExitCode.INTERRUPTED and "the try before stands, cached" in err.value.message
+    cached = measure.read_cached(facts)[0]
+    assert cached["tries"] == 1 and "interrupted" not in cached and cached["gemm_bf16_gflops"] == 400.0

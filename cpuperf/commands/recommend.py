@@ -370,7 +370,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     workload = resolve_workload(model, host=facts)  # train --auto's model where none is named
     cached, path = measure.read_cached(facts)
     usable, flags = measure.assess(cached, facts) if cached is not None else (False, [])
-    again = measure.disturbed(cached) if cached is not None and usable else None
+    again = (measure.unfinished(cached) or measure.disturbed(cached)) if cached is not None and usable else None
     flags = flags + ([again] if again else [])
     fresh = cached is not None and usable and not flags and not refresh
     if fresh and compile and model_key(workload) not in (cached or {}).get("compile_by_model", {}):
@@ -389,7 +389,9 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
                  + (", torch.compile (slow)" if compile else "") + ", side by side ...")
         results, path = measure.measure_and_save(facts, threads, tries=0 if refresh else measure.tries_before(cached),
                                                  log=out.teller("cpuperf bench: "), allocators=allocators,
-                                                 compile=compile, seconds=seconds, size=size, workload=workload)
+                                                 compile=compile, seconds=seconds, size=size, workload=workload,
+                                                 done=cached if usable and not refresh and measure.unfinished(cached)
+                                                 else None)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
     results["trusted"] = not flags

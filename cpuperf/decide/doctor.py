@@ -15,7 +15,7 @@ from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations, unsourced
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.cpu import x86_contradictions
-from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, allocator_names
+from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, Software, allocator_names
 from cpuperf.versions import base_or_none, major_minor
 
 SCHEMA = "cpuperf.doctor/1"
@@ -171,6 +171,7 @@ def check_torch(facts: HostFacts) -> List[Finding]:
         out.append(Finding("no-torch", "warning", "PyTorch is not installed in this Python",
                            CPU_TORCH_INSTALL))
         return out
+    out += _numpy_beside(facts.software)
     if torch.build == "cuda" and facts.gpus == ():
         public = torch.version.split("+")[0]
         out.append(Finding(
@@ -183,6 +184,25 @@ def check_torch(facts: HostFacts) -> List[Finding]:
             f"torch {torch.version} is a CPU-only build but this host has {len(gpus)} NVIDIA GPU(s): training would ignore them",
             "cpuperf install --yes   # picks the CUDA build the driver supports"))
     return out
+
+
+def _numpy_beside(sw: Software) -> List[Finding]:
+    """torch without numpy: torch imports numpy where it can, and warns in every process (each DDP rank) where it
+    cannot ("Failed to initialize NumPy: No module named 'numpy'", torch/csrc/utils/tensor_numpy.cpp); its
+    numpy bridges (`tensor.numpy()`, `torch.from_numpy`, DataLoader's default collate of numpy arrays) then fail.
+    Read from the installed distributions (probe.pkgscan), never by importing torch. A stack described only by
+    CPUPERF_OVERRIDE_PACKAGES (no interpreter, no recorded scan) says nothing about numpy: no finding.
+    `cpuperf install` does not add numpy: it pins each package it installs to a build the index offers for this
+    torch, and which numpy a torch build runs with (1.x or 2.x) is no row of compat/ yet; pip picks it here."""
+    if sw.packages.get("numpy") is not None or not sw.executable:
+        return []
+    import shlex
+
+    return [Finding("no-numpy", "warning",
+                    f"numpy is not installed beside torch in {sw.executable}: every process that imports torch, each "
+                    "DDP rank included, prints torch's \"Failed to initialize NumPy: No module named 'numpy'\" "
+                    "warning, and tensor.numpy() / torch.from_numpy fail",
+                    f"{shlex.quote(sw.executable)} -m pip install numpy")]
 
 
 def check_libraries(facts: HostFacts, libccl: Optional[Sequence[str]] = None) -> List[Finding]:

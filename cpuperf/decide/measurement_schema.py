@@ -52,6 +52,8 @@ JUDGED = rb.map_of(rb.record({**VERDICT, "outcome": rb.one_of("moved", "kept", "
                              required=(*VERDICT, "outcome", "alternative")),
                    rb.text(32))
 UNDECIDED = rb.map_of(rb.text(1000), rb.text(128))
+# A measurement stopped part-way (Ctrl-C): the parts it did not reach, which the next run measures.
+INTERRUPTED = rb.record({"missing": rb.list_of(rb.one_of("allocators"), 4)}, required=("missing",))
 
 
 def _point() -> rb.Check:
@@ -117,7 +119,7 @@ def sanitized(data: object, identity: bool = True) -> Tuple[Dict[str, Any], List
     scalars = {"schema": rb.text(64), "host_id": rb.text(64), "threads": rb.count(), "torch": rb.text(128),
                "gemm_fp32_gflops": rb.positive(), "gemm_bf16_gflops": rb.positive(), "gemm_fp16_gflops": rb.positive(),
                "gemm_size": rb.count(), "gemm_seconds": rb.positive(), "duration_s": rb.number(0, 1e9), "load": LOAD,
-               "method": rb.text(64), "undecided": UNDECIDED, "tries": rb.count()}
+               "method": rb.text(64), "undecided": UNDECIDED, "tries": rb.count(), "interrupted": INTERRUPTED}
     out, notes = rb.pruned(data, scalars, "")
     for section, check in (("repeats", REPEAT), ("ratios", ROUNDS), ("compile_by_model", COMPILED), ("tuned_by_shape", tuning()),
                            ("tuned_by_command", tuning())):

@@ -26,7 +26,7 @@ from cpuperf.decide.recommend import compile_worth_measuring
 from cpuperf.decide.records import Measurements
 from cpuperf.decide.threads import threads_on
 from cpuperf.decide.workload import Workload
-from cpuperf.errors import CpuperfError, ProbeFailedError, UsageError
+from cpuperf.errors import CpuperfError, ExitCode, ProbeFailedError, UsageError
 from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
@@ -382,14 +382,23 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
 
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
               compile: bool = False, seconds: float = 1.0, size: int = 512,
-              workload: Optional[Workload] = None, log: Optional[Callable[[str], object]] = None) -> Dict[str, Any]:
+              workload: Optional[Workload] = None, log: Optional[Callable[[str], object]] = None,
+              done: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The micro-benchmarks the engine uses where its rules are unsure, with the load around them: the ratios
-    that decide (bf16/fp32 GEMM, each allocator over the default) measured side by side (measure_ratios)."""
+    that decide (bf16/fp32 GEMM, each allocator over the default) measured side by side (measure_ratios). `done`:
+    a cached measurement stopped part-way (`unfinished`), whose GEMM figures stand: only the rest is measured."""
     started = time.time()
     before = load_now(facts, threads)
     results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
-    results.update(measure_ratios(facts, ratio_threads(facts, threads, before), python, allocators=allocators,
-                                  size=size, gemm_seconds=max(0.05, seconds / 4), log=log))
+    try:
+        results.update(measure_ratios(facts, ratio_threads(facts, threads, before), python, allocators=allocators,
+                                      size=size, gemm_seconds=max(0.05, seconds / 4), log=log, done=done))
+    except Stopped as stop:
+        if stop.partial is not None:  # what was measured, with the load around it, for measure_and_save to keep
+            stop.partial = {**results, **stop.partial, "gemm_size": size, "gemm_seconds": seconds,
+                            "load": {**before, "before": before["figure"], "after": None},
+                            "duration_s": round(time.time() - started, 2)}
+        raise
     results.update(gemm_size=size, gemm_seconds=seconds)
     if compile:
         results.update(compile_measurement(threads, python, workload=workload))
@@ -410,6 +419,38 @@ def ratio_threads(facts: HostFacts, threads: int, load: Mapping[str, Any]) -> in
         return threads
     free = len(facts.usable_cpus()) - len(load.get("busy_cpus") or {})
     return threads_on(free, threads)
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C during a measurement: `partial` holds what was measured (the GEMM figures, once their ratio is
+    taken; None before), `doing` names the step it stopped in. measure_and_save keeps the partial one."""
+
+    def __init__(self, doing: str, partial: Optional[Dict[str, Any]] = None):
+        super().__init__(doing)
+        self.doing, self.partial = doing, partial
+
+
+# The parts of a measurement a Ctrl-C can leave for later (`interrupted.missing` in the cache), by what they say.
+_PARTS = {"allocators": "the allocators against the default"}
+# The GEMM figures a measurement stopped after its GEMM ratio keeps, and the one that completes it takes over.
+_GEMM_KEYS = ("gemm_fp32_gflops", "gemm_bf16_gflops", "threads", "torch")
+
+
+def unfinished(data: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """Why a cached measurement is taken on: it was stopped (Ctrl-C) before some of its parts; None: complete."""
+    missing = [m for m in ((data or {}).get("interrupted") or {}).get("missing") or [] if m in _PARTS]
+    if not missing:
+        return None
+    return "stopped by Ctrl-C before " + " and ".join(_PARTS[m] for m in missing) + " were measured"
+
+
+def _gemm_done(done: Mapping[str, Any]) -> Dict[str, Any]:
+    """The GEMM part of a measurement stopped after it: its figures, rounds and verdict, as measure_ratios has them."""
+    out: Dict[str, Any] = {k: done[k] for k in _GEMM_KEYS if k in done}
+    out["repeats"] = {k: v for k, v in (done.get("repeats") or {}).items() if k.startswith("gemm_")}
+    out["ratios"] = {k: v for k, v in (done.get("ratios") or {}).items() if k == "bf16_over_fp32"}
+    out["undecided"] = {k: v for k, v in (done.get("undecided") or {}).items() if k == "bf16_over_fp32"}
+    return out
 
 
 # How a cached measurement was taken: ratios of runs side by side, so load from other work is no reason to distrust
@@ -484,25 +525,33 @@ def _server_env(threads: int, extra: Mapping[str, str]) -> Dict[str, str]:
 
 def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
                    size: int = 512, gemm_seconds: float = 0.25, log: Optional[Callable[[str], object]] = None,
-                   budget_s: Optional[float] = None) -> Dict[str, Any]:
+                   budget_s: Optional[float] = None, done: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """bf16/fp32 GEMM and each installed allocator over the default on the reference workloads, as ratios of runs
     side by side (cpuperf.decide.ratios): one server process per allocator, asked in alternating order, round after
     round, until each ratio decides or the time budget ends (counted once torch has started and the models are
     warm). A ratio still too noisy to decide is left out of the figures the plan reads (the rule decides) and named
-    in `undecided`; said once, through `log`, as is how far it has got (at least every 6 s)."""
+    in `undecided`; said once, through `log`, as is how far it has got (at least every 6 s). `done`: a measurement
+    stopped after its GEMM ratio (`unfinished`): that part is taken from it, the rest measured. Ctrl-C: Stopped,
+    with the GEMM part once it is measured."""
     from cpuperf.output import Progress
 
     rules = _rules()
     budget = float(budget_s if budget_s is not None else rules["budget_s"])
     libs = allocator_libraries(facts) if allocators else {}
+    out: Dict[str, Any] = {"method": METHOD, "ratios": {}, "undecided": {}}
+    if done is not None:
+        out.update(_gemm_done(done))
+        if not libs:
+            return out
     servers = {"default": _Server(python, _server_env(threads, {}))}
     for name, lib in libs.items():
         servers[name] = _Server(python, _server_env(threads, allocator_env(name, lib)))
-    what = "bf16/fp32 GEMM" + (f", {', '.join(sorted(libs))} against the default allocator" if libs else "")
+    what = ("" if done is not None else "bf16/fp32 GEMM, ") + \
+        (f"{', '.join(sorted(libs))} against the default allocator" if libs else "")
     workloads = allocator_workloads(facts)
-    out: Dict[str, Any] = {"method": METHOD, "ratios": {}, "undecided": {}}
+    doing = "starting torch"
     try:
-        with Progress(log, f"measuring this host ({what})") as progress:
+        with Progress(log, f"measuring this host ({what.rstrip(', ')})") as progress:
             progress.update(f"starting torch in {len(servers)} process(es)", now=True)
             for name, server in servers.items():
                 hello = server.answer(timeout=300.0)
@@ -512,8 +561,9 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
                 out.setdefault("threads", hello.get("threads"))
                 out.setdefault("torch", hello.get("torch"))
             progress.update("warming up (building the reference models once per process)")
+            doing = "warming up"
             for server in servers.values():  # not timed: oneDNN primitives, the models, the optimizer's state
-                for kind in (["fp32", "bf16"] if server is servers["default"] else []):
+                for kind in (["fp32", "bf16"] if server is servers["default"] and done is None else []):
                     server.ask({"gemm": kind, "size": size, "seconds": 0.01}, timeout=300.0)
                 for w in (workloads if libs else ()):
                     server.ask({**_workload_request(w), "size": "small", "seconds": 0.01}, timeout=600.0)
@@ -521,17 +571,35 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
             # warm-up that took the whole budget on a busy host left one round, and nothing decided.
             deadline = time.monotonic() + budget
             gemm_deadline = time.monotonic() + budget * (0.3 if libs else 1.0)
-            out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress, rules))
+            if done is None:
+                doing = "the bf16/fp32 GEMM ratio"
+                out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress,
+                                        rules))
             if libs:
+                doing = "the allocators"
                 out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out, workloads)
-            progress.update("stopping the measuring processes")
+            doing = "stopping the measuring processes"
+            progress.update(doing)
             _close(servers)  # inside the progress: a busy host took 20 s here, in silence
+    except KeyboardInterrupt:
+        # Ctrl-C reaches the measuring processes too (one process group): what was measured before it is kept.
+        raise Stopped(doing, _measured_so_far(out, doing, bool(libs))) from None
     finally:
         _close(servers)
     for line in out["undecided"].values():
         if log:
             log(line)
     return out
+
+
+def _measured_so_far(out: Dict[str, Any], doing: str, allocators: bool) -> Optional[Dict[str, Any]]:
+    """What a measurement stopped in `doing` keeps: everything once all is measured; the GEMM part, marked
+    `interrupted`, once its ratio is taken and the allocators are not; None before."""
+    if doing.startswith("stopping") or ("gemm_fp32_gflops" in out and not allocators):
+        return out
+    if "gemm_fp32_gflops" not in out:
+        return None
+    return {**_gemm_done(out), "method": out["method"], "interrupted": {"missing": ["allocators"]}}
 
 
 def _close(servers: Mapping[str, _Server]) -> None:
@@ -801,11 +869,12 @@ def disturbed(data: Mapping[str, Any]) -> Optional[str]:
 
 
 def _why_measure(data: Optional[Dict[str, Any]], facts: HostFacts) -> Tuple[bool, List[str]]:
-    """(usable as it is, why it is measured now): nothing cached, expired, flagged, or disturbed and undecided."""
+    """(usable as it is, why it is measured now): nothing cached, expired, flagged, disturbed and undecided, or
+    stopped part-way (Ctrl-C)."""
     if data is None:
         return False, ["no measurement yet"]
     usable, flags = assess(data, facts)
-    again = disturbed(data) if usable else None
+    again = (unfinished(data) or disturbed(data)) if usable else None
     return usable, flags + ([again] if again else [])
 
 
@@ -819,11 +888,13 @@ def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
         return load_cached(facts, log)
     if not (need_dtype or need_alloc):
         return load_cached(facts, log) if usable else None
+    done = data if usable and unfinished(data) else None
     if log:
-        log(f"measuring this host ({'; '.join(flags)}): the bf16/fp32 GEMM ratio"
-            + (", the allocators against the default" if need_alloc else "")
-            + f", side by side, at most about {_rules()['budget_s']} s; cached for later runs ...")
-    measure_and_save(facts, threads, python, tries_before(data), log, allocators=need_alloc)
+        parts = (["the bf16/fp32 GEMM ratio"] if done is None else []) + \
+            (["the allocators against the default"] if need_alloc else [])
+        log(f"measuring this host ({'; '.join(flags)}): {', '.join(parts) or 'what is left'}, side by side, "
+            f"at most about {_rules()['budget_s']} s; cached for later runs ...")
+    measure_and_save(facts, threads, python, tries_before(data), log, allocators=need_alloc, done=done)
     return load_cached(facts, log)
 
 
@@ -835,17 +906,45 @@ def tries_before(data: Optional[Mapping[str, Any]]) -> int:
 def measure_and_save(facts: HostFacts, threads: int, python: str = sys.executable, tries: int = 0,
                      log: Optional[Callable[[str], object]] = None, **micro: Any) -> Tuple[Dict[str, Any], Path]:
     """run_micro, cached; taken again while other work disturbed it and left a ratio undecided (`disturbed`), at
-    most [measure].disturbed_tries times in all (`tries`: how many were taken before). (the last results, path)."""
+    most [measure].disturbed_tries times in all (`tries`: how many were taken before). (the last results, path).
+    Ctrl-C: what was measured is cached, marked `interrupted` (the next run measures the rest), and said in one
+    line (exit 130); during a try taken again, the try before it stands as it was cached."""
+    saved: Optional[Path] = None
     while True:
-        results = run_micro(facts, threads, python, log=log, **micro)
+        try:
+            results = run_micro(facts, threads, python, log=log, **micro)
+        except Stopped as stop:
+            if saved is not None:
+                raise CpuperfError(f"interrupted while measuring this host again ({stop.doing}): the try before "
+                                   f"stands, cached ({saved})", code=ExitCode.INTERRUPTED) from None
+            raise _stopped(facts, stop) from None
         tries += 1
         results["tries"] = tries
-        path = save(facts, results)
+        path = saved = save(facts, results)
         again = disturbed(results)
         if again is None:
             return results, path
         if log:
             log(again)
+
+
+def _stopped(facts: HostFacts, stop: Stopped) -> CpuperfError:
+    """The one line a Ctrl-C during a measurement ends with (exit 130), once what it measured is cached."""
+    later = "the next `cpuperf train --auto` or `cpuperf bench`"
+    if stop.partial is None:
+        return CpuperfError(f"interrupted while measuring this host ({stop.doing}): nothing measured yet, nothing "
+                            f"cached; {later} measures it (CPUPERF_MEASURE=0 skips it)", code=ExitCode.INTERRUPTED)
+    try:
+        path = save(facts, stop.partial)
+    except OSError as exc:
+        return CpuperfError(f"interrupted while measuring this host ({stop.doing}): the bf16/fp32 GEMM ratio was "
+                            f"measured but not cached ({exc.strerror or exc})", code=ExitCode.INTERRUPTED)
+    if "interrupted" not in stop.partial:
+        return CpuperfError(f"interrupted while {stop.doing}: everything was measured and cached ({path})",
+                            code=ExitCode.INTERRUPTED)
+    missing = " and ".join(_PARTS[m] for m in stop.partial["interrupted"]["missing"])
+    return CpuperfError(f"interrupted while measuring this host: the bf16/fp32 GEMM ratio was measured and is cached "
+                        f"({path}); {missing} were not measured: {later} measures them", code=ExitCode.INTERRUPTED)
 
 
 def planning_measurements(facts: HostFacts, log: Optional[Callable[[str], object]] = None) -> Optional[Measurements]:
