@@ -103,7 +103,10 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
     from cpuperf.plan.request import with_command
 
-    environ = dict(os.environ if environ is None else environ)
+    from cpuperf.decide.runtime_env import users_own
+
+    # what an earlier `eval "$(cpuperf ccl-env)"` exported, unchanged since, is cpuperf's: planned again, not kept
+    environ = users_own(os.environ if environ is None else environ)
     request = with_command(request)
     argv = request.user_argv
     steps = request.steps
@@ -312,8 +315,11 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     script = jp.script
     if script is not None:
         _write_config_files(script.files)
+    from cpuperf.decide.runtime_env import users_own
+
+    # the job's environment as the plan read it: ccl-env's own exports are the plan's to set, not inherited
     res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
-                  tee_stderr=script is not None and bool(script.added))
+                  tee_stderr=script is not None and bool(script.added), environ=users_own(os.environ))
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if jp.settings is not None:
