@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.decide.nodes import job_nodes
@@ -348,19 +348,19 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         return int(code)
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
-    result = _result(jp, res, summary, launch, verification)
+    result = _result(jp, res, summary, launch, verification, observed)
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
         result["plot"] = _plot(out, jp.request.out_dir)
-    _say_result(out, jp, result)
+    _say_result(out, jp, result, observed)
     return 0
 
 
-def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any]) -> None:
+def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any], observed: Sequence[RankObservation] = ()) -> None:
     if out.json_mode:
         out.json(result)
         return
-    for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
+    for line in _lever_lines(jp, observed):  # the closing summary: what the run carried, lever by lever (read back)
         out.info(line)
     if not jp.request.asked.user_argv:
         out.product(_human(result))
@@ -441,23 +441,27 @@ def _hf_json(jp: JobPlan) -> Optional[ScriptReport]:
     return jp.script.to_json() if jp.script is not None else None
 
 
-def _lever_report(jp: JobPlan) -> Tuple[LeverState, ...]:
-    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied."""
+def _lever_report(jp: JobPlan, observed: Sequence[RankObservation] = ()) -> Tuple[LeverState, ...]:
+    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied. After a run, `observed`:
+    what each rank was read back running with, which the report is held to."""
     from cpuperf.plan.applied import lever_report, rendered_job
 
-    return lever_report(jp.rec.levers, rendered_job(jp))
+    job = rendered_job(jp)
+    if observed:
+        job = dataclasses.replace(job, ran_threads=tuple(o.omp_num_threads for o in observed))
+    return lever_report(jp.rec.levers, job)
 
 
-def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, object]]]:
+def _levers(jp: JobPlan, observed: Sequence[RankObservation] = ()) -> Dict[str, List[Dict[str, object]]]:
     from cpuperf.plan.applied import split
 
-    return split(_lever_report(jp))
+    return split(_lever_report(jp, observed))
 
 
-def _lever_lines(jp: JobPlan) -> List[str]:
+def _lever_lines(jp: JobPlan, observed: Sequence[RankObservation] = ()) -> List[str]:
     from cpuperf.plan.applied import report_lines
 
-    return ["lever " + line for line in (*_model_line(jp), *report_lines(_lever_report(jp)))]
+    return ["lever " + line for line in (*_model_line(jp), *report_lines(_lever_report(jp, observed)))]
 
 
 def _model_line(jp: JobPlan) -> List[str]:
@@ -495,12 +499,12 @@ def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str,
 
 
 def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], launch: Dict[str, Any],
-            verification: Dict[str, Any]) -> Dict[str, Any]:
+            verification: Dict[str, Any], observed: Sequence[RankObservation] = ()) -> Dict[str, Any]:
     plan = jp.launch
     if jp.request.asked.user_argv:
         mine = {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
+                "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp, observed),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
         memory = _script_memory(jp, verification)
         return mine if memory is None else {**mine, "gpu_memory": memory}
@@ -517,7 +521,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
 
         mem = summary["gpu_memory"]
         summary["gpu_memory"] = planned_peak(jp.rec.levers.batch_size.evidence, int(mem.get("batch_size") or 0), mem)
-    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
+    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp, observed),
             "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
 
