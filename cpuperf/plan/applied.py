@@ -229,9 +229,9 @@ def _nodes(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[st
 
 
 def _own_counts(job: RenderedJob) -> Optional[Tuple[str, ...]]:
-    """The thread count each rank starts with where the launch gives each its own (the per-rank step or a direct
-    launch sets it over the environment's value), else None."""
-    if job.ranks and all(r.threads is not None for r in job.ranks):
+    """The thread count each rank starts with where the per-rank step gives each its own (several ranks: it sets
+    the count inside the rank, over the environment's value), else None (one process gets the environment's)."""
+    if len(job.ranks) > 1 and all(r.threads is not None for r in job.ranks):
         return tuple(str(r.threads) for r in job.ranks)
     return None
 
