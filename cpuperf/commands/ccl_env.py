@@ -151,9 +151,8 @@ class _Job(NamedTuple):
 def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
     """Everything but printing: the inputs checked, the plan's decisions, the environment rendered (a CclEnv).
     Raises CpuperfError on bad input."""
-    from cpuperf.run import vendor_env as envsources
-
     from cpuperf.decide.runtime_env import ours_in, users_own
+    from cpuperf.run import vendor_env as envsources
 
     raw = dict(os.environ if environ is None else environ)
     # What an earlier eval of ccl-env exported and nobody changed since is cpuperf's, decided again here (the

@@ -101,9 +101,8 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
     measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
     `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
-    from cpuperf.plan.request import with_command
-
     from cpuperf.decide.runtime_env import users_own
+    from cpuperf.plan.request import with_command
 
     # what an earlier `eval "$(cpuperf ccl-env)"` exported, unchanged since, is cpuperf's: planned again, not kept
     environ = users_own(os.environ if environ is None else environ)

@@ -27,8 +27,13 @@ def _rate(entry: Optional[Mapping[str, Any]]) -> Optional[float]:
     return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0 else None
 
 
+def _best(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    best = entry.get("best")
+    return best if isinstance(best, dict) else {}
+
+
 def _layout(entry: Mapping[str, Any], ranks: Optional[int]) -> str:
-    best = entry.get("best") if isinstance(entry.get("best"), dict) else {}
+    best = _best(entry)
     n = ranks if ranks is not None else best.get("ranks")
     threads = best.get("threads")
     words = f"{n} process(es)" if isinstance(n, int) else "its process(es)"
@@ -76,8 +81,7 @@ def slower_layout(command: Optional[CommandLine], read: Optional[ScriptRead], sc
     if yours is None or y is None or p is None:
         return None
     ranks = command.script.nproc
-    best = ours.get("best") if isinstance(ours.get("best"), dict) else {}
-    if ranks is not None and best.get("ranks") == ranks:
+    if ranks is not None and _best(ours).get("ranks") == ranks:
         return None  # the same number of processes: not a layout of yours against the plan's
     if p < y * (1 + max(MIN_GAIN, 2 * max(_noise(yours), _noise(ours)))):
         return None
