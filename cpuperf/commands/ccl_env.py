@@ -260,10 +260,12 @@ def _rendered(job: _Job, stack: Stack, facts: HostFacts, decided: EnvDecisions, 
     header = (f"cpuperf ccl-env: backend {decided.backend.name}; {job.nodes} node(s) x {placement.nproc_per_node} "
               f"rank(s), {decided.threads or 'default'} thread(s) each; python {stack.executable}")
     return cclenv.CclEnv(backend=decided.backend.name, backend_reason=decided.backend.reason,
-                         final={**merged.final, marker.name: marker.value}, vars=(*merged.vars, marker), kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
+                         final={**merged.final, marker.name: marker.value}, vars=(*merged.vars, marker),
+                         kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
                          notes=tuple(notes), skipped=merged.skipped, placement=placement.to_json(), header=header,
                          invalid=merged.invalid, decisions=decided.levers,
-                         extra={"cpuperf_set": {"variable": CCL_ENV_MARKER, "names": list(ours)}, "nnodes": job.nodes, "nproc_per_node": placement.nproc_per_node,
+                         extra={"cpuperf_set": {"variable": CCL_ENV_MARKER, "names": list(ours)},
+                                "nnodes": job.nodes, "nproc_per_node": placement.nproc_per_node,
                                 "plan_differences": diffs, "python": stack.executable, "prefix": stack.prefix})
 
 

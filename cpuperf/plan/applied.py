@@ -10,6 +10,7 @@ CPU and GPU hosts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -96,7 +97,7 @@ def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
         how = f"{state.how}; read back: every rank ran it" if same else \
             f"the ranks ran OMP_NUM_THREADS={shown} (read back), not the planned {_show(state.value)}"
         return LeverState(state.id, state.value, same, how)
-    if "OMP_NUM_THREADS=" in state.how and f"OMP_NUM_THREADS={shown}" not in state.how:
+    if "OMP_NUM_THREADS=" in state.how and not re.search(rf"OMP_NUM_THREADS={re.escape(shown)}\b", state.how):
         return LeverState(state.id, state.value, False, f"the ranks ran OMP_NUM_THREADS={shown} (read back)")
     return LeverState(state.id, state.value, False, f"{state.how}; read back: the ranks ran OMP_NUM_THREADS={shown}")
 
