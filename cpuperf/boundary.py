@@ -15,6 +15,11 @@ RANK_ERRORS = "CPUPERF_RANK_ERRORS"  # a directory where a worker rank leaves ra
 RUN_LOCK = "CPUPERF_RUN_LOCK"  # the token of the run-directory lock the launching cpuperf holds
 RDZV_TIMEOUT = "CPUPERF_RDZV_TIMEOUT"  # seconds the worker's process group may take to form
 
+# cpuperf's own exports: `ccl-env` writes this beside the variables it sets, `NAME:DIGEST,...` (a digest of each
+# value, cpuperf.decide.runtime_env.ours_marker), and a later cpuperf reads it (runtime_env.users_own): a variable
+# that still holds the value ccl-env wrote is cpuperf's, not the user's; one changed since is the user's again.
+CCL_ENV_MARKER = "CPUPERF_CCL_ENV"
+
 # torch.distributed's conventional rendezvous port (torch/distributed/run.py: --master-port default 29500).
 DEFAULT_MASTER_PORT = 29500
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Set, Tuple
 
+from cpuperf.boundary import CCL_ENV_MARKER
 from cpuperf.errors import ExitCode, IncompatibleHostError
 from cpuperf.output import Output
 
@@ -150,9 +151,13 @@ class _Job(NamedTuple):
 def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
     """Everything but printing: the inputs checked, the plan's decisions, the environment rendered (a CclEnv).
     Raises CpuperfError on bad input."""
+    from cpuperf.decide.runtime_env import ours_in, users_own
     from cpuperf.run import vendor_env as envsources
 
-    env = dict(os.environ if environ is None else environ)
+    raw = dict(os.environ if environ is None else environ)
+    # What an earlier eval of ccl-env exported and nobody changed since is cpuperf's, decided again here (the
+    # marker, boundary.CCL_ENV_MARKER): never kept as the user's own.
+    env, previous = users_own(raw), ours_in(raw)
     job = _checked(opts, env)
     stack = envsources.discover(opts.python, env)  # the vendor env scripts this interpreter's packages ship
     facts = _facts(job)
@@ -160,7 +165,7 @@ def build(opts: Options, environ: Optional[Mapping[str, str]] = None) -> CclEnv:
     if opts.require_ccl and decided.backend.name != "ccl":
         raise IncompatibleHostError(f"the ccl backend is not available: {decided.backend.reason.removeprefix('gloo: ')}",
                                     hint="cpuperf compat --with oneccl shows the torch it needs, or drop --require-ccl")
-    return _rendered(job, stack, facts, decided, planned, diffs, env)
+    return _rendered(job, stack, facts, decided, planned, diffs, env, previous)
 
 
 def _checked(opts: Options, env: Mapping[str, str]) -> _Job:
@@ -226,9 +231,10 @@ def _plan_decisions(job: _Job, facts: HostFacts,
 
 
 def _rendered(job: _Job, stack: Stack, facts: HostFacts, decided: EnvDecisions, planned: Optional[List[EnvVar]],
-              diffs: List[str], env: Mapping[str, str]) -> CclEnv:
+              diffs: List[str], env: Mapping[str, str], previous: Mapping[str, str]) -> CclEnv:
     """ccl-env's own rendering of the plan's environment: the vendor scripts first, the plan's variables merged
-    over what the shell has (kept unless --override or an option names them), every value checked for the shell."""
+    over what the shell has (kept unless --override or an option names them), every value checked for the shell,
+    and the marker naming those that are cpuperf's own (`previous`: an earlier eval's, still as it set them)."""
     from cpuperf.decide import runtime_env as envplan
     from cpuperf.plan.environment import EnvRequest, plan_env
     from cpuperf.render import shell as cclenv
@@ -248,15 +254,48 @@ def _rendered(job: _Job, stack: Stack, facts: HostFacts, decided: EnvDecisions, 
     notes = list(vendor.notes) + [f"the plan differs from what cpuperf decides here: {d}" for d in diffs] + env_notes
     merged = envplan.merge_env(env, list(vendor.vars) + tuned, override=opts.override, force=sorted(forced))
     notes += _merge_notes(merged)
+    ours = _ours(merged, env, previous, forced)
+    marker = envplan.EnvVar(CCL_ENV_MARKER, envplan.ours_marker(ours), "cpuperf", MARKER_REASON)
     placement = decided.placement
     header = (f"cpuperf ccl-env: backend {decided.backend.name}; {job.nodes} node(s) x {placement.nproc_per_node} "
               f"rank(s), {decided.threads or 'default'} thread(s) each; python {stack.executable}")
-    return cclenv.CclEnv(backend=decided.backend.name, backend_reason=decided.backend.reason, final=merged.final,
-                         vars=merged.vars, kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
+    return cclenv.CclEnv(backend=decided.backend.name, backend_reason=decided.backend.reason,
+                         final={**merged.final, marker.name: marker.value}, vars=(*merged.vars, marker),
+                         kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
                          notes=tuple(notes), skipped=merged.skipped, placement=placement.to_json(), header=header,
                          invalid=merged.invalid, decisions=decided.levers,
-                         extra={"nnodes": job.nodes, "nproc_per_node": placement.nproc_per_node,
+                         extra={"cpuperf_set": {"variable": CCL_ENV_MARKER, "names": list(ours)},
+                                "nnodes": job.nodes, "nproc_per_node": placement.nproc_per_node,
                                 "plan_differences": diffs, "python": stack.executable, "prefix": stack.prefix})
+
+
+MARKER_REASON = ("the variables this output sets to values cpuperf chose, each with a digest of its value: a later "
+                 "cpuperf plans them again while they hold that value (one you change is yours again)")
+
+
+def _ours(merged: Merged, env: Mapping[str, str], previous: Mapping[str, str], forced: Set[str]) -> Dict[str, str]:
+    """The variables this output sets wholly to cpuperf's values (name -> value): not one of yours kept, not a list
+    of yours with entries added, not a value an option gave; and an earlier eval's that still hold and are not
+    set here."""
+    from cpuperf.decide.runtime_env import SET, shell_safe, valid_name
+
+    kept = {k.name for k in merged.kept}
+    sources: Dict[str, List[EnvVar]] = {}
+    for var in merged.vars:
+        sources.setdefault(var.name, []).append(var)
+    ours: Dict[str, str] = {}
+    for name, value in merged.final.items():
+        given = sources.get(name, [])
+        if name in kept or name in forced or not given or any(v.source != "cpuperf" for v in given):
+            continue
+        if any(v.kind != SET for v in given) and env.get(name):  # entries added to a list of yours
+            continue
+        if valid_name(name) and shell_safe(value) is None:  # written (a refused value is not)
+            ours[name] = value
+    for name, value in previous.items():
+        if name not in merged.final:
+            ours.setdefault(name, value)
+    return ours
 
 
 def _gloo_interface(job: _Job, backend: str, forced: Set[str], env: Mapping[str, str]) -> Optional[str]:

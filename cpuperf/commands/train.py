@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
 from cpuperf.decide.nodes import job_nodes
@@ -101,9 +101,11 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     """The job's one plan (cpuperf.plan.build) from the request and what the edge finds. Side effects: probing,
     measuring (a real --auto run), and, outside --dry-run, checking the hosts and making the run directory.
     `use_tuned` False: the rules' plan (the start of `--tune`). `say`: where its messages go (Output.teller)."""
+    from cpuperf.decide.runtime_env import users_own
     from cpuperf.plan.request import with_command
 
-    environ = dict(os.environ if environ is None else environ)
+    # what an earlier `eval "$(cpuperf ccl-env)"` exported, unchanged since, is cpuperf's: planned again, not kept
+    environ = users_own(os.environ if environ is None else environ)
     request = with_command(request)
     argv = request.user_argv
     steps = request.steps
@@ -312,8 +314,11 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     script = jp.script
     if script is not None:
         _write_config_files(script.files)
+    from cpuperf.decide.runtime_env import users_own
+
+    # the job's environment as the plan read it: ccl-env's own exports are the plan's to set, not inherited
     res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
-                  tee_stderr=script is not None and bool(script.added))
+                  tee_stderr=script is not None and bool(script.added), environ=users_own(os.environ))
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if jp.settings is not None:
@@ -342,19 +347,19 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         return int(code)
     if res.code != 0:
         return _report_failure(out, jp, res, launch, verification, has_ckpt)
-    result = _result(jp, res, summary, launch, verification)
+    result = _result(jp, res, summary, launch, verification, observed)
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
         result["plot"] = _plot(out, jp.request.out_dir)
-    _say_result(out, jp, result)
+    _say_result(out, jp, result, observed)
     return 0
 
 
-def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any]) -> None:
+def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any], observed: Sequence[RankObservation] = ()) -> None:
     if out.json_mode:
         out.json(result)
         return
-    for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
+    for line in _lever_lines(jp, observed):  # the closing summary: what the run carried, lever by lever (read back)
         out.info(line)
     if not jp.request.asked.user_argv:
         out.product(_human(result))
@@ -435,23 +440,27 @@ def _hf_json(jp: JobPlan) -> Optional[ScriptReport]:
     return jp.script.to_json() if jp.script is not None else None
 
 
-def _lever_report(jp: JobPlan) -> Tuple[LeverState, ...]:
-    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied."""
+def _lever_report(jp: JobPlan, observed: Sequence[RankObservation] = ()) -> Tuple[LeverState, ...]:
+    """Each lever applied (where the job carries it) or not (why): cpuperf.plan.applied. After a run, `observed`:
+    what each rank was read back running with, which the report is held to."""
     from cpuperf.plan.applied import lever_report, rendered_job
 
-    return lever_report(jp.rec.levers, rendered_job(jp))
+    job = rendered_job(jp)
+    if observed:
+        job = dataclasses.replace(job, ran_threads=tuple(o.omp_num_threads for o in observed))
+    return lever_report(jp.rec.levers, job)
 
 
-def _levers(jp: JobPlan) -> Dict[str, List[Dict[str, object]]]:
+def _levers(jp: JobPlan, observed: Sequence[RankObservation] = ()) -> Dict[str, List[Dict[str, object]]]:
     from cpuperf.plan.applied import split
 
-    return split(_lever_report(jp))
+    return split(_lever_report(jp, observed))
 
 
-def _lever_lines(jp: JobPlan) -> List[str]:
+def _lever_lines(jp: JobPlan, observed: Sequence[RankObservation] = ()) -> List[str]:
     from cpuperf.plan.applied import report_lines
 
-    return ["lever " + line for line in (*_model_line(jp), *report_lines(_lever_report(jp)))]
+    return ["lever " + line for line in (*_model_line(jp), *report_lines(_lever_report(jp, observed)))]
 
 
 def _model_line(jp: JobPlan) -> List[str]:
@@ -489,12 +498,12 @@ def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str,
 
 
 def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], launch: Dict[str, Any],
-            verification: Dict[str, Any]) -> Dict[str, Any]:
+            verification: Dict[str, Any], observed: Sequence[RankObservation] = ()) -> Dict[str, Any]:
     plan = jp.launch
     if jp.request.asked.user_argv:
         mine = {"schema": SCHEMA, "user_command": list(plan.rank_command), "world_size": plan.world_size,
                 "wall_s": round(res.wall_s, 3), "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
+                "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp, observed),
                 "launch": launch, "verification": verification, "supervisor": _supervisor(res)}
         memory = _script_memory(jp, verification)
         return mine if memory is None else {**mine, "gpu_memory": memory}
@@ -511,7 +520,7 @@ def _result(jp: JobPlan, res: ExecResult, summary: Optional[Dict[str, Any]], lau
 
         mem = summary["gpu_memory"]
         summary["gpu_memory"] = planned_peak(jp.rec.levers.batch_size.evidence, int(mem.get("batch_size") or 0), mem)
-    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp),
+    return {**summary, "wall_s": round(res.wall_s, 3), "decisions": [d.to_json() for d in jp.decisions], "levers": _levers(jp, observed),
             "launch": launch,
             "verification": verification, "supervisor": _supervisor(res)}
 

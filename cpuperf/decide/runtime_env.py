@@ -13,6 +13,7 @@ import re
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from cpuperf.boundary import CCL_ENV_MARKER
 from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
@@ -412,6 +413,40 @@ def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override:
             final[var.name] = ":".join(merged)
         applied.append(var)
     return Merged(final, tuple(applied), tuple(kept), tuple(skipped), tuple(invalid))
+
+
+# -- cpuperf's own exports (ccl-env) ---------------------------------------------------------------------
+
+def _digest(name: str, value: str) -> str:
+    """A short digest of NAME=value: the marker holds it, never the value (a value may hold ',' or ':')."""
+    import hashlib
+
+    return hashlib.sha256(f"{name}={value}".encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def ours_marker(values: Mapping[str, str]) -> str:
+    """The marker's value for the variables cpuperf sets to `values` (name -> value): `NAME:DIGEST,...`, safe for
+    every shell and a dotenv file as it stands."""
+    return ",".join(f"{name}:{_digest(name, value)}" for name, value in values.items())
+
+
+def ours_in(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The variables of `environ` its marker (boundary.CCL_ENV_MARKER) names that still hold the value ccl-env
+    wrote (name -> value): cpuperf's own. A variable changed or unset since, or an entry that is not one, is not."""
+    ours: Dict[str, str] = {}
+    for entry in environ.get(CCL_ENV_MARKER, "").split(","):
+        name, _, digest = entry.partition(":")
+        value = environ.get(name)
+        if value is not None and NAME_RE.fullmatch(name) and name != CCL_ENV_MARKER and digest == _digest(name, value):
+            ours[name] = value
+    return ours
+
+
+def users_own(environ: Mapping[str, str]) -> Dict[str, str]:
+    """`environ` as the user set it: without what an earlier `eval "$(cpuperf ccl-env)"` exported and nobody changed
+    since (cpuperf's own, planned again by whoever reads this), and without the marker itself."""
+    ours = ours_in(environ)
+    return {k: v for k, v in environ.items() if k not in ours and k != CCL_ENV_MARKER}
 
 
 def describe_invalid(item: Invalid) -> str:

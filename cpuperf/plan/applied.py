@@ -10,6 +10,7 @@ CPU and GPU hosts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -59,6 +60,9 @@ class RenderedJob:
     # a user's script builds TrainingArguments, so the Trainer's defaults are what it runs with (False: it does not;
     # None: its source was not read)
     trainer: Optional[bool] = True
+    # after a run: the OMP_NUM_THREADS each rank was read back running with (its /proc environ; None: it had none),
+    # which a thread count's line then states instead of what the plan meant to give it
+    ran_threads: Tuple[Optional[str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,27 @@ class LeverState:
 
 
 def lever_report(levers: Levers, job: RenderedJob) -> Tuple[LeverState, ...]:
-    """Every lever, in the vocabulary's order, applied (where) or not (why): nothing is left unsaid."""
-    return tuple(_state(d, levers, job) for d in levers.all())
+    """Every lever, in the vocabulary's order, applied (where) or not (why): nothing is left unsaid. After a run
+    (`job.ran_threads`), the thread count is held to what the ranks were read back running with."""
+    return tuple(_read_back(_state(d, levers, job), job) if d.id == "threads_per_rank" else _state(d, levers, job)
+                 for d in levers.all())
+
+
+def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
+    """The threads lever against the ranks' read-back OMP_NUM_THREADS: applied only where every rank ran the value,
+    and no count named that the ranks did not run (the read-back value is said instead)."""
+    if not job.ran_threads:
+        return state
+    ran = tuple("unset" if t is None else t for t in job.ran_threads)
+    shown = "/".join(dict.fromkeys(ran))
+    same = all(t == str(state.value) for t in ran)
+    if state.applied:
+        how = f"{state.how}; read back: every rank ran it" if same else \
+            f"the ranks ran OMP_NUM_THREADS={shown} (read back), not the planned {_show(state.value)}"
+        return LeverState(state.id, state.value, same, how)
+    if "OMP_NUM_THREADS=" in state.how and not re.search(rf"OMP_NUM_THREADS={re.escape(shown)}\b", state.how):
+        return LeverState(state.id, state.value, False, f"the ranks ran OMP_NUM_THREADS={shown} (read back)")
+    return LeverState(state.id, state.value, False, f"{state.how}; read back: the ranks ran OMP_NUM_THREADS={shown}")
 
 
 def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
@@ -206,7 +229,18 @@ def _nodes(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[st
     return f"the launch spans {d.value} node(s)" if job.nnodes == d.value and not job.env_only else None
 
 
+def _own_counts(job: RenderedJob) -> Optional[Tuple[str, ...]]:
+    """The thread count each rank starts with where the per-rank step gives each its own (several ranks: it sets
+    the count inside the rank, over the environment's value), else None (one process gets the environment's)."""
+    if len(job.ranks) > 1 and all(r.threads is not None for r in job.ranks):
+        return tuple(str(r.threads) for r in job.ranks)
+    return None
+
+
 def _threads(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
+    counts = _own_counts(job)
+    if counts is not None:
+        return f"each rank starts with OMP_NUM_THREADS={d.value}" if all(c == str(d.value) for c in counts) else None
     theirs = job.env.get("OMP_NUM_THREADS")
     if theirs is not None and theirs != str(d.value):  # the command gets another count (_why_not says whose)
         return None
@@ -280,6 +314,9 @@ def _why_not(d: Decision[object], levers: Levers, job: RenderedJob) -> str:
     left = [f"{flag}: {why}" for flag, why in job.flags_left if FLAG_LEVERS.get(flag.split(" ", 1)[0]) == d.id]
     if left:
         return "; ".join(left)
+    counts = _own_counts(job) if d.id == "threads_per_rank" else None
+    if counts is not None:
+        return f"the launch starts each rank with OMP_NUM_THREADS={'/'.join(dict.fromkeys(counts))}"
     theirs = job.env.get("OMP_NUM_THREADS")
     if d.id == "threads_per_rank" and theirs is not None and theirs != str(d.value):
         return f"the job runs your OMP_NUM_THREADS={theirs}: a thread count you set is kept"  # cpuperf sets only its own

@@ -130,7 +130,14 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Ov
                                   f"{dp.per_device} per device x {dp.grad_accum} accumulation = {world * dp.global_batch}"
                                   f" ({dp.where}; cpuperf changes no batch of a launch you start)"))
     # A tuning is of CPU levers: a plan on a GPU says nothing of one.
-    return rec if said is None or rec.levers.device.value != "cpu" else replace(rec, notes=(*rec.notes, said))
+    if rec.levers.device.value != "cpu":
+        return rec
+    from cpuperf.plan.layout_note import slower_layout
+
+    slower = slower_layout(request.command, edge.script, edge.script_text, meas.tuned_by_command if meas else {},
+                           (edge.python, *((edge.launcher_python,) if edge.launcher_python else ()), "python", "python3")
+                           ) if request.auto and use_tuned else None
+    return replace(rec, notes=(*rec.notes, *(n for n in (said, slower) if n is not None)))
 
 
 def _with_parallel(request: PlanRequest, edge: EdgeFacts) -> Workload:

@@ -279,8 +279,21 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python, local_addr=request.local_addr,
         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=run.yours, slurm=request.slurm,
         numa_binding=numa, opens_session=run.opens_session))
-    return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto), tuple(notes),
-                   run.script)
+    return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto),
+                   tuple(_kept_as_run(notes, launch)), run.script)
+
+
+def _kept_as_run(notes: List[str], launch: LaunchPlan) -> List[str]:
+    """A kept OMP_NUM_THREADS said as the ranks run it: where the launch starts every rank with a count of its own
+    (the per-rank step, a direct launch), that count is what they run, not the value kept in the environment."""
+    counts = [s.threads for s in launch.per_rank]
+    if not counts or any(c is None for c in counts):
+        return notes
+    runs = "/".join(dict.fromkeys(str(c) for c in counts))
+    kept = "kept your OMP_NUM_THREADS="
+    return [f"your OMP_NUM_THREADS={n[len(kept):].split(' ', 1)[0]} is not what the ranks run: the launch starts "
+            f"each rank with OMP_NUM_THREADS={runs} (--set threads_per_rank=N sets the count)"
+            if n.startswith(kept) else n for n in notes]
 
 
 def _framework_vars(script: Optional[ScriptPlan]) -> List[envplan.EnvVar]:

@@ -567,8 +567,11 @@ def check_observations(plan: LaunchPlan, observed: Sequence[RankObservation],
             continue
         if spec.cpus and obs.allowed_cpus is not None and tuple(sorted(obs.allowed_cpus)) != tuple(sorted(spec.cpus)):
             warnings.append(f"rank {obs.rank} ran on CPUs {_fmt(obs.allowed_cpus)}, planned {_fmt(spec.cpus)}")
-        if spec.threads is not None and obs.omp_num_threads is not None and obs.omp_num_threads != str(spec.threads):
-            warnings.append(f"rank {obs.rank} had OMP_NUM_THREADS={obs.omp_num_threads}, planned {spec.threads}")
+        # the rank's own count, else the environment's (a value of yours kept for every rank): what was said
+        said = str(spec.threads) if spec.threads is not None else plan.env.get("OMP_NUM_THREADS")
+        if said is not None and obs.omp_num_threads is not None and obs.omp_num_threads != said:
+            warnings.append(f"rank {obs.rank} had OMP_NUM_THREADS={obs.omp_num_threads} (read back), "
+                            + (f"planned {said}" if spec.threads is not None else f"not the {said} kept for it"))
         if want_alloc and obs.allocator and obs.allocator != want_alloc:
             warnings.append(f"rank {obs.rank} runs with the {obs.allocator} allocator, planned {want_alloc} (LD_PRELOAD)")
         if want_iomp and obs.openmp and "intel" not in obs.openmp:

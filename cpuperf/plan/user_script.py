@@ -829,7 +829,12 @@ def applied_lines(a: Mapping[str, Any]) -> List[str]:
 
     lines = [f"applied: launcher {a['launcher']['name']}"
              + (f" (your {a['launcher']['yours']} starts the ranks)" if a["launcher"]["yours"] else "")]
+    own = [str(r["threads"]) for r in a.get("ranks") or [] if r.get("threads") is not None]
     for k, v in a["env"].items():
+        if k == "OMP_NUM_THREADS" and own and len(own) == len(a["ranks"]) and set(own) != {v}:
+            # the environment's value (yours, kept) is not what runs: each rank is started with its own count
+            lines.append(f"not applied: env {k}={v} (each rank is started with {k}={'/'.join(dict.fromkeys(own))} instead)")
+            continue
         lines.append(f"applied: env {k}={v}")
     for k, v in (a.get("env_yours") or {}).items():
         gets = f"gets {k}={v}" if v is not None else f"gets no {k}"
