@@ -45,7 +45,7 @@ from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
 from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
-from cpuperf.knowledge.bf16 import bf16_native
+from cpuperf.knowledge.bf16 import amx_bf16, bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, coerce
 from cpuperf.knowledge.tuning import Compile as CompileRule
@@ -581,7 +581,6 @@ def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
         ratio = meas.gemm_bf16_gflops / meas.gemm_fp32_gflops
         evidence.update(gemm_fp32_gflops=meas.gemm_fp32_gflops, gemm_bf16_gflops=meas.gemm_bf16_gflops,
                         measured=meas.source)
-    amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
     native = bf16_native(facts)
     floor = ctx.tuning.dtype.min_bf16_over_fp32_gemm
     dtype: Dtype
@@ -596,7 +595,7 @@ def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
     elif ratio is not None and ratio < floor:
         dtype, why = "fp32", f"bf16 is native but measured slower than fp32 here ({ratio:.2f}x GEMM)"
     else:
-        engine = "AMX" if amx_ok and "amx_bf16" in facts.cpu.isa else "avx512_bf16"
+        engine = "AMX" if amx_bf16(facts) else "avx512_bf16"
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
@@ -619,7 +618,6 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
     tf32_d = ctx.choose(ctx.fixed.tf32, "tf32", False, "TF32 is an NVIDIA GPU mode", {})
     tv = version_or_none(ctx.torch)
     mm = ctx.tuning.fp32_math_mode
-    amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
     pin = ctx.fixed.fp32_math_mode
     if facts.cpu.arch != "x86_64":
         if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and "bf16" not in facts.cpu.isa:
@@ -627,7 +625,7 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
                              "extension ('bf16' is not in cpuinfo Features), so oneDNN has no bf16 kernels to use",
                              hint="leave fp32_math_mode unset: fp32 matmuls stay fp32")
         mode = ctx.choose(pin, "fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
-    elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm.min_torch):
+    elif amx_bf16(facts) and tv is not None and tv >= Version(mm.min_torch):
         # Like Arm's fast-math mode: it changes fp32 results, so it is the user's lever (do no harm), not a default.
         mode = ctx.choose(pin, "fp32_math_mode", None, "AMX host with torch >= " + mm.min_torch + ": oneDNN can run "
                           "the remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision); it changes "

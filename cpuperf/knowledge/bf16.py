@@ -13,11 +13,22 @@ if TYPE_CHECKING:
 _NON_X86_UNIT = {"aarch64": "bf16", "ppc64le": "mma"}
 
 
+def amx_usable(facts: HostFacts) -> bool:
+    """AMX cpuperf would use: the CPU has it and the kernel does not refuse it (None, not probed, counts as usable:
+    a recorded host). THE answer: recommend's dtype and math mode, the cluster checks and this module ask here."""
+    cpu = facts.cpu
+    return cpu.arch == "x86_64" and cpu.amx_supported and cpu.amx_usable is not False
+
+
+def amx_bf16(facts: HostFacts) -> bool:
+    """AMX's bf16 tiles, usable: the engine behind bf16 autocast and oneDNN's bf16 math mode on x86."""
+    return amx_usable(facts) and "amx_bf16" in facts.cpu.isa
+
+
 def bf16_native(facts: HostFacts) -> bool:
     """A hardware bf16 path cpuperf would use: x86 avx512_bf16 or usable AMX, Arm BF16, POWER10 MMA."""
     cpu = facts.cpu
     if cpu.arch == "x86_64":
-        amx_ok = cpu.amx_supported and cpu.amx_usable is not False
-        return cpu.bf16_native and (amx_ok or "avx512_bf16" in cpu.isa)
+        return cpu.bf16_native and (amx_usable(facts) or "avx512_bf16" in cpu.isa)
     unit = _NON_X86_UNIT.get(cpu.arch)
     return unit is not None and unit in cpu.isa

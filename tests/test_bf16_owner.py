@@ -1,0 +1,45 @@
+""""Native bf16" and "AMX usable" have one owner (cpuperf.knowledge.bf16): every command that shows either says
+what the owner answers, in every host class (avx2, avx512 without bf16, avx512_bf16, AMX usable, AMX refused by the
+OS, Arm, POWER). A second derivation that drifted from the owner's would disagree in one of them."""
+
+from __future__ import annotations
+
+import pytest
+from cli_util import run_json
+from host_classes import BY_NAME
+
+from cpuperf.knowledge.bf16 import amx_bf16, amx_usable, bf16_native
+from cpuperf.probe import probe_host
+
+CLASSES = ("avx2", "avx512", "avx512-bf16", "amx", "amx-denied", "neoverse", "power10")
+# (bf16 native, AMX usable) as the classes are described (tests/host_classes.py)
+EXPECTED = {"avx2": (False, False), "avx512": (False, False), "avx512-bf16": (True, False), "amx": (True, True),
+            "amx-denied": (True, False), "neoverse": (True, False), "power10": (True, False)}
+
+
+def _env(cls):
+    env = {"CPUPERF_OVERRIDE_GPUS": "[]"}
+    if cls.amx_usable is not None:
+        env["CPUPERF_OVERRIDE_AMX_USABLE"] = "1" if cls.amx_usable else "0"
+    return env
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_every_command_says_what_the_owner_answers(tmp_path, monkeypatch, name):
+    cls = BY_NAME[name]
+    root = cls.tree(tmp_path / name)
+    env = _env(cls)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    facts = probe_host(sysroot=str(root), use_cache=False)
+    assert (bf16_native(facts), amx_usable(facts)) == EXPECTED[name]
+
+    doctor, _ = run_json(["doctor", "--sysroot", str(root)], env, expect_rc=None)
+    assert doctor["host"]["cpu"]["bf16_native"] is bf16_native(facts)
+    rec, _ = run_json(["recommend", "--sysroot", str(root)], env)
+    dtype = next(d for d in rec["decisions"] if d["id"] == "dtype")
+    if facts.cpu.arch == "x86_64":
+        assert (dtype["value"] == "bf16") is bf16_native(facts), dtype
+        assert ("(AMX)" in dtype["reason"]) is amx_bf16(facts), dtype
+    dry, _ = run_json(["train", "--auto", "--dry-run", "--sysroot", str(root)], env)
+    assert next(d for d in dry["decisions"] if d["id"] == "dtype")["reason"] == dtype["reason"]
