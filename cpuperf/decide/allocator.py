@@ -12,13 +12,29 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.tuning import AllocatorRule, tuning
-from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts, allocator_names
+from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 
 if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new shell) does without them
     from cpuperf.decide.records import AllocatorName, Decision, Measurements
 
 # Debug and profiler builds are never preloaded: they trade speed for checks.
 _NOT_FOR_SPEED = ("debug", "profiler")
+
+
+# The allocators cpuperf measures and preloads, in the order a preload without a decision falls back to (the probe's
+# ALLOCATOR_LIBS, which names the files it looks for): every other module asks here for names and order.
+ALLOCATORS: Tuple[str, ...] = tuple(ALLOCATOR_LIBS)
+
+
+def allocator_names() -> str:
+    """'tcmalloc, jemalloc or mimalloc': the allocators as a message names them."""
+    return ", ".join(ALLOCATORS[:-1]) + " or " + ALLOCATORS[-1]
+
+
+def library_stem(name: str) -> str:
+    """The file name an allocator's library starts with in LD_PRELOAD ('libtcmalloc' for tcmalloc and its minimal
+    build)."""
+    return "lib" + name
 
 
 def allocator_rule() -> AllocatorRule:
@@ -59,7 +75,7 @@ def preload_choice(decided: Optional[str], allocators: Mapping[str, Sequence[str
     nothing measured), the first installed in ALLOCATOR_LIBS's order that `world` ranks may preload."""
     if decided and preloadable(allocators.get(decided, ())):
         return decided
-    installed = [n for n in ALLOCATOR_LIBS if preloadable(allocators.get(n, ()))]
+    installed = [n for n in ALLOCATORS if preloadable(allocators.get(n, ()))]
     refused = not_with_ranks(installed, world)
     return next((n for n in installed if n not in refused), None)
 

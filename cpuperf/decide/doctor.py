@@ -6,7 +6,7 @@ from dataclasses import asdict
 from datetime import date
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from cpuperf.decide.allocator import allocator_rule
+from cpuperf.decide.allocator import allocator_names, allocator_rule
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
@@ -15,7 +15,7 @@ from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations, unsourced
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.cpu import x86_contradictions
-from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, allocator_names
+from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo
 from cpuperf.versions import base_or_none, major_minor
 
 SCHEMA = "cpuperf.doctor/1"

@@ -14,12 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
+from cpuperf.decide.allocator import allocator_names, allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.knowledge.tuning import Tuning, tuning
 from cpuperf.knowledge.variables import value_problem, variables
-from cpuperf.probe.facts import HostFacts, allocator_names
+from cpuperf.probe.facts import HostFacts
 
 if TYPE_CHECKING:
     from cpuperf.knowledge.knobs import KnobValue  # the knob table: not needed at ccl-env's start-up

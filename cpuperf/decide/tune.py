@@ -429,9 +429,8 @@ def candidates(facts: HostFacts, rec: Recommendation, rules: Tuning, script: boo
     slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
     from packaging.version import Version
 
-    from cpuperf.decide.allocator import allocator_rule, preloadable
+    from cpuperf.decide.allocator import allocator_names, allocator_rule, preloadable
     from cpuperf.knowledge.bf16 import bf16_native
-    from cpuperf.probe.facts import allocator_names
 
     values: Dict[str, Tuple[LeverValue, ...]] = {}
     skipped: Dict[str, str] = {}

@@ -160,12 +160,6 @@ ALLOCATOR_LIBS: Dict[str, List[str]] = {
 }
 
 
-def allocator_names() -> str:
-    """'tcmalloc, jemalloc or mimalloc': the allocators as a message names them."""
-    names = list(ALLOCATOR_LIBS)
-    return ", ".join(names[:-1]) + " or " + names[-1]
-
-
 @dataclass(frozen=True)
 class Software:
     python: str  # '3.11.7'
