@@ -29,6 +29,6 @@ def bf16_native(facts: HostFacts) -> bool:
     """A hardware bf16 path cpuperf would use: x86 avx512_bf16 or usable AMX, Arm BF16, POWER10 MMA."""
     cpu = facts.cpu
     if cpu.arch == "x86_64":
-        return cpu.bf16_native and (amx_usable(facts) or "avx512_bf16" in cpu.isa)
+        return "avx512_bf16" in cpu.isa or amx_bf16(facts)  # from the ISA: the probe reports facts, not this
     unit = _NON_X86_UNIT.get(cpu.arch)
     return unit is not None and unit in cpu.isa

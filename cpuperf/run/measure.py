@@ -27,6 +27,7 @@ from cpuperf.decide.threads import threads_on
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import CpuperfError, ProbeFailedError, UsageError
 from cpuperf.jsonable import JsonObject
+from cpuperf.knowledge.bf16 import bf16_native
 from cpuperf.knowledge.tuning import Measure as MeasureRule
 from cpuperf.knowledge.tuning import tuning
 from cpuperf.knowledge.variables import variables
@@ -641,8 +642,6 @@ def allocator_workloads(facts: HostFacts) -> Tuple[str, ...]:
     """The reference workloads an allocator is measured on here: lm and mlp in fp32, and the LM under bf16 autocast
     (`lm-bf16`) where the host has native bf16 and a plan would train in it: there the allocation pattern is
     another, and the fp32 figure did not stand for it (mimalloc 1.00x on the fp32 LM, 1.10x in bf16, Zen 4)."""
-    from cpuperf.knowledge.bf16 import bf16_native
-
     return _WORKLOADS + (("lm-bf16",) if bf16_native(facts) else ())
 
 
@@ -808,7 +807,7 @@ def _why_measure(data: Optional[Dict[str, Any]], facts: HostFacts) -> Tuple[bool
 
 def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
                        log: Optional[Callable[[str], object]]) -> Optional[Measurements]:
-    need_dtype = facts.cpu.bf16_native
+    need_dtype = bf16_native(facts)  # the owner's answer (Arm BF16 and POWER10 MMA count: their rule needs a figure)
     need_alloc = bool(allocator_libraries(facts))
     data, _ = read_cached(facts)
     usable, flags = _why_measure(data, facts)
