@@ -4,6 +4,7 @@ module asks the record. A wrong row is refused with the file and the row named."
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -131,3 +132,17 @@ def test_every_command_that_places_ranks_on_a_vm_follows_the_record(tmp_path, ed
     assert affinity() == [None, None]  # ranks sharing a VM's NUMA node are left to the OS scheduler
     edited_rules({("placement", "pin_ranks_sharing_a_vm_numa_node"): True})
     assert affinity() == ["auto", "auto"]
+
+
+def test_doctor_and_recommend_say_the_allocator_records_install_command(tmp_path, edited_rules):
+    from cli_util import run_json
+    from hosts import make_host
+
+    root = str(make_host(tmp_path))
+    env = {"CPUPERF_OVERRIDE_GPUS": "[]", "CPUPERF_OVERRIDE_PACKAGES": json.dumps({"torch": "2.13.0+cpu"})}
+    edited_rules({("allocator", "system_install"): "apt-get install -y libexample-alloc"})
+    doctor, _ = run_json(["doctor", "--sysroot", root], env, expect_rc=None)
+    finding = next(f for f in doctor["findings"] if f["id"] == "no-fast-allocator")
+    assert "apt-get install -y libexample-alloc" in finding["message"]
+    refused, _ = run_json(["recommend", "--sysroot", root, "--set", "allocator=tcmalloc"], env, expect_rc=2)
+    assert "apt-get install -y libexample-alloc" in json.dumps(refused)
