@@ -8,7 +8,7 @@ import pytest
 from cli_util import run_json
 from host_classes import BY_NAME
 
-from cpuperf.knowledge.bf16 import amx_bf16, amx_usable, bf16_native
+from cpuperf.knowledge.bf16 import amx_bf16, amx_bf16_in, amx_usable, bf16_native
 from cpuperf.probe import probe_host
 
 CLASSES = ("avx2", "avx512", "avx512-bf16", "amx", "amx-denied", "neoverse", "power10")
@@ -41,5 +41,6 @@ def test_every_command_says_what_the_owner_answers(tmp_path, monkeypatch, name):
     if facts.cpu.arch == "x86_64":
         assert (dtype["value"] == "bf16") is bf16_native(facts), dtype
         assert ("(AMX)" in dtype["reason"]) is amx_bf16(facts), dtype
+        assert amx_bf16_in(dtype["evidence"]) is amx_bf16(facts)  # a saved plan's reader gets the same answer
     dry, _ = run_json(["train", "--auto", "--dry-run", "--sysroot", str(root)], env)
     assert next(d for d in dry["decisions"] if d["id"] == "dtype")["reason"] == dtype["reason"]

@@ -3,7 +3,7 @@ finding, the tuner's candidates and the cluster checks all ask here. Pure."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     from cpuperf.probe.facts import HostFacts
@@ -23,6 +23,12 @@ def amx_usable(facts: HostFacts) -> bool:
 def amx_bf16(facts: HostFacts) -> bool:
     """AMX's bf16 tiles, usable: the engine behind bf16 autocast and oneDNN's bf16 math mode on x86."""
     return amx_usable(facts) and "amx_bf16" in facts.cpu.isa
+
+
+def amx_bf16_in(evidence: Mapping[str, object]) -> bool:
+    """The same answer as amx_bf16, from a plan's dtype evidence (its `amx_bf16` flag and the probe's `amx_usable`,
+    None when not probed): what a saved plan's reader asks where the host's facts are not at hand."""
+    return bool(evidence.get("amx_bf16")) and evidence.get("amx_usable") is not False
 
 
 def bf16_native(facts: HostFacts) -> bool:

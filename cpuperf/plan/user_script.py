@@ -939,11 +939,12 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
 def bf16_gemm_ratio(rec: Recommendation) -> Optional[float]:
     """bf16 GEMM over fp32 GEMM as measured on this host (inf: AMX usable, not measured; None: neither)."""
     from cpuperf.decide.records import measured_gemm
+    from cpuperf.knowledge.bf16 import amx_bf16_in
 
     ev = rec.levers.dtype.evidence
     gemm = measured_gemm(ev)
     ratio = gemm[1] / gemm[0] if gemm else None
-    if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
+    if ratio is None and amx_bf16_in(ev):
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
     return ratio
 
