@@ -44,3 +44,24 @@ def test_every_command_says_what_the_owner_answers(tmp_path, monkeypatch, name):
         assert amx_bf16_in(dtype["evidence"]) is amx_bf16(facts)  # a saved plan's reader gets the same answer
     dry, _ = run_json(["train", "--auto", "--dry-run", "--sysroot", str(root)], env)
     assert next(d for d in dry["decisions"] if d["id"] == "dtype")["reason"] == dtype["reason"]
+
+
+@pytest.mark.parametrize("name", ["neoverse", "power10"])
+def test_every_command_follows_the_owner_when_its_answer_changes(tmp_path, monkeypatch, name):
+    """The owner's table says which unit runs bf16 off x86: take the unit away and doctor, recommend and
+    train --dry-run must all say bf16 would be emulated (a command that looked at cpuinfo itself would not)."""
+    from cpuperf.knowledge import bf16
+
+    root = BY_NAME[name].tree(tmp_path / name)
+    env = {"CPUPERF_OVERRIDE_GPUS": "[]"}
+
+    def said():
+        doctor, _ = run_json(["doctor", "--sysroot", str(root)], env, expect_rc=None)
+        rec, _ = run_json(["recommend", "--sysroot", str(root)], env)
+        dry, _ = run_json(["train", "--auto", "--dry-run", "--sysroot", str(root)], env)
+        reasons = [next(d for d in out["decisions"] if d["id"] == "dtype")["reason"] for out in (rec, dry)]
+        return doctor["host"]["cpu"]["bf16_native"], ["emulated" in r for r in reasons]
+
+    assert said() == (True, [False, False])
+    monkeypatch.setitem(bf16._NON_X86_UNIT, "aarch64" if name == "neoverse" else "ppc64le", "no-such-unit")
+    assert said() == (False, [True, True])

@@ -97,16 +97,15 @@ def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -
     """fp32 or bf16 on Arm/POWER, and why: bf16 only with a hardware bf16 path and a measured win."""
     cpu = facts.cpu
     where = f"{cpu.arch} ({cpu.microarchitecture})"
+    hw = bf16_native(facts)  # the owner's answer; the words below only name the unit
     if cpu.arch == "aarch64":
-        hw = "bf16" in cpu.isa
         extra = [f for f in ("svebf16", "i8mm", "sve2", "sve") if f in cpu.isa]
         has = f"Arm BF16 (bf16{', ' + ', '.join(extra) if extra else ''} in cpuinfo Features)"
         lacks = "no Arm BF16 extension ('bf16' is not in cpuinfo Features)"
     elif cpu.arch == "ppc64le":
-        hw = "mma" in cpu.isa
         has, lacks = "POWER10 MMA (bf16 outer-product matrix unit)", "no MMA (it arrived with POWER10)"
     else:
-        hw, has, lacks = False, "", "no known bf16 unit"
+        has, lacks = "", "no known bf16 unit"
     if not hw:
         return "fp32", f"{where} has {lacks}: bf16 would be emulated and slower than fp32"
     if ratio is not None and ratio >= threshold * 1.2:
