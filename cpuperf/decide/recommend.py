@@ -126,7 +126,7 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
         fast = next(lever for lever in arm_levers(facts) if lever.env in knob_vars("fp32_math_mode"))
         return f"{where}: {fast.line()}"
     if cpu.arch == "ppc64le":
-        if "mma" in cpu.isa:
+        if bf16_native(facts):  # POWER10's MMA (knowledge/bf16.py)
             return (f"{where} has POWER10 MMA, but PyTorch's fp32-to-bf16 matmul mode is a oneDNN feature that does "
                     "not target POWER: fp32 matmuls stay fp32")
         return f"{where} has no MMA (it arrived with POWER10): fp32 matmuls have no reduced-precision path here"
@@ -619,7 +619,7 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
     mm = ctx.tuning.fp32_math_mode
     pin = ctx.fixed.fp32_math_mode
     if facts.cpu.arch != "x86_64":
-        if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and "bf16" not in facts.cpu.isa:
+        if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and not bf16_native(facts):
             raise UsageError(f"fp32_math_mode=bf16 cannot run here: {facts.cpu.microarchitecture} has no Arm BF16 "
                              "extension ('bf16' is not in cpuinfo Features), so oneDNN has no bf16 kernels to use",
                              hint="leave fp32_math_mode unset: fp32 matmuls stay fp32")
