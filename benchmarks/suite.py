@@ -139,13 +139,13 @@ def sweep_configs(quick: bool, auto_point: Optional[Dict[str, Any]] = None, gemm
     """The sweep's points (the product of the host's levers, less what it cannot win: sweep.winnable), the levers
     with what was pruned, and what was left out and why."""
     from benchmarks import sweep
-    from cpuperf.data import load_builtin
+    from cpuperf.decide.allocator import allocator_rule
     from cpuperf.probe import probe_host
 
     facts = probe_host()
     found = sweep.levers(facts, full=not quick)
     points, left_out = sweep.winnable(facts, sweep.product(facts, found), auto_point, gemm,
-                                      tuple(load_builtin("tuning.toml")["allocator"].get("not_with_ranks", [])))
+                                      allocator_rule().not_with_ranks)
     if facts.software and facts.software.packages.get("intel_extension_for_pytorch"):
         points.append({"name": "ipex", "settings": {"ipex": True}, "sweep": True, "point": {"ipex": True}})
     return points, {k: v.to_json() for k, v in found.items()}, left_out
@@ -317,8 +317,8 @@ def head_to_head(auto: Dict[str, Any], best: Dict[str, Any], pairs: int, run_one
     are judged as cpuperf judges every comparison (cpuperf.decide.judge.paired) against the target's bar: above
     (auto holds it with confidence), below, or undecided (too few pairs, or too noisy to say)."""
     from benchmarks import checks
-    from cpuperf.data import load_builtin
     from cpuperf.decide.judge import paired
+    from cpuperf.knowledge.tuning import tuning
 
     repeats = checks.MAX_REPEATS if max_repeats is None else max_repeats
     best_name, best = best["name"], dict(best, name="best")
@@ -334,7 +334,7 @@ def head_to_head(auto: Dict[str, Any], best: Dict[str, Any], pairs: int, run_one
     per_pair = [a / b for a, b in ((checks.counted(r["auto"]), checks.counted(r["best"])) for r in rounds) if a and b]
     ratio = ({"median": statistics.median(per_pair), "min": min(per_pair), "max": max(per_pair)} if per_pair
              else {"median": None, "min": None, "max": None})
-    verdict = paired(per_pair, BEST_SWEEP_BAR, float(load_builtin("tuning.toml")["judge"]["confidence"]))
+    verdict = paired(per_pair, BEST_SWEEP_BAR, tuning().judge.confidence)
     return {"best": best_name, "pairs": pairs, "pairs_counted": len(per_pair), "ratio": ratio,
             "verdict": verdict.to_json(), "checks": checks.tally(rounds),
             "medians": {name: statistics.median([x for x in (checks.counted(r[name]) for r in rounds) if x] or [0.0])

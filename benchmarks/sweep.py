@@ -41,8 +41,8 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     """The levers this host has, each with the values to sweep (the first is the default's)."""
     from packaging.version import Version
 
-    from cpuperf.data import load_builtin
     from cpuperf.decide.placement import plan_placement
+    from cpuperf.knowledge.tuning import tuning
     from cpuperf.run.measure import allocator_libraries
 
     out: Dict[str, Lever] = {}
@@ -69,7 +69,7 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
 
     # AdamW's fused CPU kernel (torch >= the tuning table's version) against torch's default (foreach).
     optimizer = Lever("optimizer", [None])
-    fused_min = load_builtin("tuning.toml")["optimizer"]["fused_cpu_min_torch"]
+    fused_min = tuning().optimizer.fused_cpu_min_torch
     if torch_info is None:
         optimizer.pruned = "torch is not installed"
     elif Version(torch_info.version).release < Version(fused_min).release:

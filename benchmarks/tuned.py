@@ -140,11 +140,11 @@ def _tune_reference(facts: Any, meas: Any, workload: str, size: str, log: Log, b
                     steps: int) -> Tuned:
     """The tuner on the MLP or CNN loop itself (not cached: no cpuperf plan has this shape), from the rules'
     point for the built-in model with the allocator the engine decides for this workload's family."""
-    from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
     from cpuperf.decide.allocator import decide_allocator
     from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
+    from cpuperf.knowledge.tuning import tuning
     from cpuperf.run.tune import bench_point, point_env, rules, tune
 
     plan_wl = resolve_workload(None, None, None, None, steps)
@@ -154,17 +154,17 @@ def _tune_reference(facts: Any, meas: Any, workload: str, size: str, log: Log, b
     start = dtune.start_point(rec)
     if meas is not None:
         start = replace(start, allocator=decide_allocator(facts, meas, False, "mlp", start.ranks).value)
-    cand = dtune.candidates(facts, rec, load_builtin("tuning.toml"))  # the allocator's values: default and every one
+    cand = dtune.candidates(facts, rec, tuning())  # the allocator's values: default and every one
     rule = rules()
-    base = {"workload": workload, "size": size, "seconds": rule["seconds"], "steps": rule["steps"],
-            "warmup": rule["warmup"], "windows": rule["windows"], "run_steps": 0}
+    base = {"workload": workload, "size": size, "seconds": rule.seconds, "steps": rule.steps,
+            "warmup": rule.warmup, "windows": rule.windows, "run_steps": 0}
 
     def run_one(p: Point) -> Optional[List[float]]:
         env, cpus = point_env(facts, plan_wl, meas, p)
         return bench_point(p, base, env, cpus)
 
-    budget = float(budget_s if budget_s is not None else rule["budget_s"])
-    result = tune(start, cand, run_one, budget, int(rule["passes"]), log)
+    budget = float(budget_s if budget_s is not None else rule.budget_s)
+    result = tune(start, cand, run_one, budget, rule.passes, log)
     applied = result.stopped != "failed"
     point = result.best if applied else start  # its undecided levers are the start's: the rules'
     env, cpus = point_env(facts, plan_wl, meas, point)

@@ -67,8 +67,8 @@ def test_every_arm_lever_has_a_source_and_a_rule():
     from cpuperf.decide.arm_levers import lever_rows
 
     rows = lever_rows()
-    assert {r["env"] for r in rows} == {FAST, THP, CACHE}
+    assert {r.env for r in rows} == {FAST, THP, CACHE}
     for row in rows:
-        assert row["source"] and row["what"] and isinstance(row["changes_math"], bool)
-        assert "'" not in row["what"] + row["source"]  # they become a variable's comment in shell output
-        assert row["changes_math"] is (row["env"] == FAST)  # the one that changes results is the user's
+        assert row.source and row.what and isinstance(row.changes_math, bool)
+        assert "'" not in row.what + row.source  # they become a variable's comment in shell output
+        assert row.changes_math is (row.env == FAST)  # the one that changes results is the user's

@@ -11,13 +11,13 @@ from hosts import make_host
 from levers_util import levers
 from packaging.version import Version
 
-from cpuperf.data import load_builtin
 from cpuperf.knowledge.accelerate import config_keys, launch_flag_ok
 from cpuperf.knowledge.hf_flags import FLAG_ROWS, data_note, renamed_to, supported_flags
 from cpuperf.knowledge.matrix import load_matrix
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.plan.user_script import FlagContext, speed_flags
 
-TUNING = load_builtin("tuning.toml")
+TUNING = tuning()
 
 # Each TrainingArguments option cpuperf renders: (the last release without it, the first with it,
 # the last with it, the first without it). Read from transformers/training_args.py in the PyPI wheel of

@@ -36,7 +36,9 @@ def _installed_file(dist: str, path: str) -> str:
 
 
 def test_the_trainer_defaults_to_fused_adamw_from_4_54_on_torch_2_8():
-    tuning = load_builtin("tuning.toml")
+    from cpuperf.knowledge.tuning import tuning as typed
+
+    tuning = typed()
     assert trainer_default_fused("4.54.0", "2.8.0", tuning)  # the old row (5.0) said no
     assert trainer_default_fused("4.57.6", "2.13.0+cpu", tuning)
     assert not trainer_default_fused("4.53.3", "2.8.0", tuning)  # 4.53 has the fused branch commented out

@@ -407,3 +407,70 @@ def test_an_empty_command_after_the_separator_is_a_usage_error():
     assert proc.returncode == 2 and "no command after `--`" in proc.stderr, proc.stderr
     proc = run_cli(["train", "--json", "--"])
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == 2
+
+
+# -- every MPI spelling in the table -------------------------------------------------------------------
+
+# Real lines per MPI flavour (the count each starts on this node, the program): Open MPI mpirun(1) 4.1 / 5.0,
+# MPICH hydra's `mpiexec -h` (options.c), Intel MPI's Global and Local Hydra Options (2021.x).
+MPI_LINES = [
+    ("mpirun -genvall -np 4 python x.py", 4, "python x.py"),
+    ("mpiexec.hydra -genvall -n 4 python x.py", 4, "python x.py"),
+    ("mpirun -genvnone -np 2 python x.py", 2, "python x.py"),
+    ("mpiexec -genv I_MPI_DEBUG 5 -genv OMP_NUM_THREADS 2 -np 3 python x.py a", 3, "python x.py a"),
+    ("mpiexec -genv I_MPI_DEBUG=5 -genvall -n 3 python x.py", 3, "python x.py"),
+    ("mpiexec -n 2 -env FOO bar python x.py", 2, "python x.py"),
+    ("mpiexec -n 2 -env FOO=bar -envall python x.py", 2, "python x.py"),
+    ("mpiexec -genvlist PATH,LD_LIBRARY_PATH -genvexcl HOME -n 2 ./app", 2, "./app"),
+    ("mpiexec.hydra -hosts localhost -ppn 2 -n 4 ./app", 2, "./app"),
+    ("mpiexec.hydra -f hosts.txt -perhost 3 -n 6 ./app", 3, "./app"),
+    ("mpiexec.hydra -machinefile m.txt -n 4 ./app", 4, "./app"),
+    ("mpiexec.hydra -machine m.txt -grr 2 -n 4 ./app", 2, "./app"),
+    ("mpiexec -launcher ssh -bootstrap ssh -iface eth0 -n 2 ./app", 2, "./app"),
+    ("mpiexec -usize 8 -tune t.dat -wdir /tmp -n 2 ./app", 2, "./app"),
+    ("mpiexec -outfile-pattern o.%r -errfile-pattern e.%r -prepend-rank -n 2 ./app", 2, "./app"),
+    ("mpirun --np 2 -x NCCL_DEBUG -x OMP_NUM_THREADS=2 python x.py", 2, "python x.py"),
+    ("mpirun --n 2 --map-by slot --rank-by core python x.py", 2, "python x.py"),
+    ("mpirun -c 2 --hostfile h.txt python x.py", 2, "python x.py"),
+    ("mpirun -np 2 --mca btl self,tcp --mca pml ob1 --oversubscribe python x.py", 2, "python x.py"),
+    ("mpirun -np 2 --prtemca plm_rsh_agent ssh --display map python x.py", 2, "python x.py"),
+    ("mpirun --npernode 2 -np 4 python x.py", 2, "python x.py"),
+    ("mpirun -np 2 --output tag,timestamp --stdin none --wdir /tmp python x.py", 2, "python x.py"),
+    ("mpirun -np 2 -q --tag-output python x.py", 2, "python x.py"),
+    ("prterun -n 2 --personality ompi python x.py", 2, "python x.py"),
+    ("orterun -np 2 -am a.conf python x.py", 2, "python x.py"),
+]
+
+
+@pytest.mark.parametrize("line, count, target", MPI_LINES, ids=[row[0][:60] for row in MPI_LINES])
+def test_every_mpi_flavours_line_gives_its_rank_count_and_program(line, count, target):
+    cmd, ranks = _read(line)
+    assert (cmd.launcher, ranks.count, " ".join(cmd.target)) == ("mpirun", count, target)
+    assert not cmd.unknown, cmd.unknown
+
+
+def _mpi_spellings():
+    rule = load_builtin("launchers.toml")["mpirun"]
+    for key, words in (("flags", ()), ("optional", ()), ("valued", ("2",)), ("two_values", ("a", "2")),
+                       ("env_pair", ("A", "2"))):
+        for name in rule.get(key, ()):
+            yield name, key, words
+
+
+@pytest.mark.parametrize("dashes", ["-", "--"])
+def test_each_mpi_option_in_the_table_takes_exactly_its_own_words(dashes):
+    """Every spelling in compat/launchers.toml [mpirun], with one dash or two and the words it takes, leaves the
+    rank count and the program where the launcher finds them: a flag eats no word, -genv NAME VALUE two."""
+    rule = load_builtin("launchers.toml")["mpirun"]
+    per_node = set(rule["per_node"])
+    for name, key, words in _mpi_spellings():
+        forms = [(f"{dashes}{name}", *words)]
+        if key == "env_pair":
+            forms.append((f"{dashes}{name}", "A=2"))
+        if key == "optional":
+            forms.append((f"{dashes}{name}=2",))
+        for form in forms:
+            line = ["mpirun", *form, "-np", "3", "python", "x.py", "-v"]
+            cmd, ranks = _read(shlex.join(line))
+            want = 2 if name in per_node else 3
+            assert (ranks.count, cmd.target, cmd.unknown) == (want, ("python", "x.py", "-v"), ()), line

@@ -22,15 +22,12 @@ from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS
 PKG = Path(__file__).resolve().parent.parent / "cpuperf"
 LAYERS = ("decide", "plan", "render", "run")
 
-# Mappings whose keys happen to spell a lever's id but are not the plan's levers: compat/tuning.toml's tables
-# (its [dtype], [allocator], [optimizer], [compile] sections), a saved plan's inputs and placement JSON, a tuned
+# Mappings whose keys happen to spell a lever's id but are not the plan's levers (compat/tuning.toml's sections are
+# typed records now: cpuperf.knowledge.tuning): a saved plan's inputs and placement JSON, a tuned
 # point's schema (the knob table's choices), the add-on package names, the worker's settings
 # being written, the install resolution's IPEX wheel. (module, the receiver's source text).
 NOT_LEVERS = {
-    ("decide/allocator.py", "load_builtin('tuning.toml')"), ("decide/recommend.py", "tuning"),
-    ("decide/workload.py", "tuning"),
-    ("decide/runtime_env.py", "tuning['kmp']"), ("decide/tune.py", "data"), ("plan/user_script.py", "tuning"),
-    ("plan/install.py", "data"), ("run/measure.py", "_tuning()"),
+    ("decide/tune.py", "data"), ("plan/install.py", "data"),
     ("plan/environment.py", "p"), ("plan/environment.py", "raw"), ("plan/saved.py", "data"), ("plan/saved.py", "i"),
     ("decide/measurement_schema.py", "BY_ID"), ("render/compat.py", "PIP_NAME"),
     ("plan/request.py", "decided"), ("plan/install.py", "resolution"),

@@ -149,10 +149,10 @@ def test_compile_must_pay_for_itself(tmp_path, monkeypatch):
 
 
 def test_train_auto_measures_compile_only_for_runs_long_enough(tmp_path, monkeypatch):
-    from cpuperf.data import load_builtin
     from cpuperf.decide.recommend import compile_worth_measuring, model_key
+    from cpuperf.knowledge.tuning import tuning as typed
 
-    tuning = load_builtin("tuning.toml")
+    tuning = typed()
     meas = Measurements(gemm_fp32_gflops=100.0)
     assert not compile_worth_measuring(resolve_workload("tiny", steps=50), meas, 2, tuning)
     assert compile_worth_measuring(resolve_workload("gpt2-small", steps=100_000), meas, 2, tuning)

@@ -63,3 +63,24 @@ def test_no_function_of_the_planners_takes_more_than_8_parameters():
             for p in sorted((PKG / layer).glob("*.py")) for fn in ast.walk(ast.parse(p.read_text()))
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(fn) > 8]
     assert wide == []
+
+
+def test_allocator_names_and_their_order_are_asked_of_the_allocator_module():
+    """The probe names the files it looks for (probe/facts.py ALLOCATOR_LIBS, read by the probes and the vendor-env
+    scan); every name list, order and library stem beyond them is decide/allocator.py's."""
+    from cpuperf.decide.allocator import ALLOCATORS, allocator_names, library_stem, preload_choice
+
+    files = {"tcmalloc": ["/l/libtcmalloc.so"], "jemalloc": ["/l/libjemalloc.so"], "mimalloc": ["/l/libmimalloc.so"]}
+    assert preload_choice(None, files, 1) == ALLOCATORS[0]  # the order a preload without a decision falls back to
+    assert allocator_names() == ", ".join(ALLOCATORS[:-1]) + " or " + ALLOCATORS[-1]
+    assert all(library_stem(n) == "lib" + n for n in ALLOCATORS)
+    readers = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                     if re.search(r"\bALLOCATOR_LIBS\b", p.read_text()) and not str(p.relative_to(PKG)).startswith("probe/"))
+    assert readers == ["decide/allocator.py", "run/vendor_env.py"]
+    spelled = re.compile(r"""["']tcmalloc["']\s*:\s*["']libtcmalloc|\(\s*["']tcmalloc["'],\s*["']jemalloc["'],\s*["']mimalloc""")
+    # The knob vocabulary sits below decide/ in the layers and spells its choices; they are the allocator module's.
+    assert sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if spelled.search(p.read_text())) == [
+        "knowledge/knobs.py"]
+    from cpuperf.knowledge.knobs import BY_ID
+
+    assert tuple(c for c in BY_ID["allocator"].choices if c is not None) == ALLOCATORS

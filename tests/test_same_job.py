@@ -179,7 +179,9 @@ def test_the_tuner_offers_only_layouts_that_keep_the_job(tmp_path):
     from cpuperf.probe import probe_host
 
     facts = probe_host(sysroot=str(make_host(tmp_path / "h", sockets=1, cores_per_socket=4, flags=("avx2", "fma"))))
-    tuning = {"optimizer": {"fused_cpu_min_torch": "2.4"}, "allocator": {}}
+    from cpuperf.knowledge.tuning import tuning as typed
+
+    tuning = typed()
     base = replace(PRESETS["micro"], of_script=True)
     for dp, want in ((DataParallel("plain", "no process group"), [(1, 4)]),
                      (DataParallel("trainer", "hf", 8, 1, "yours"), [(1, 4), (2, 2), (4, 1)]),

@@ -171,10 +171,10 @@ NATIVE_ISA = "sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx
 
 
 def test_bf16_is_a_candidate_only_where_it_is_native(monkeypatch):
-    from cpuperf.data import load_builtin
     from cpuperf.decide.tune import candidates
+    from cpuperf.knowledge.tuning import tuning as typed
 
-    tuning = load_builtin("tuning.toml")
+    tuning = typed()
     monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", "sse4_2 avx avx2 fma f16c")
     facts = probe_host(use_cache=False)
     cand = candidates(facts, recommend(facts, PRESETS["micro"]), tuning)

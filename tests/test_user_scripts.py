@@ -18,7 +18,7 @@ from cli_util import cli_env, run_cli
 from command_util import detect_parser, merge_flags, parse_command, plan_script
 from levers_util import levers
 
-from cpuperf.data import load_builtin
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.plan.user_script import (
     Flag,
     FlagContext,
@@ -29,7 +29,7 @@ from cpuperf.probe import probe_host
 
 SCRIPTS = Path(__file__).parent / "fixtures" / "scripts"
 PY = sys.executable
-TUNING = load_builtin("tuning.toml")
+TUNING = tuning()
 ALL = {"use_cpu", "bf16", "fp16", "optim", "optim_fused", "ddp_backend", "dataloader_num_workers",
        "per_device_train_batch_size", "torch_compile", "gradient_checkpointing", "tf32", "use_ipex"}
 CPU_BF16 = {"device": "cpu", "dtype": "bf16", "tf32": False, "ddp_backend": None, "dataloader_workers": 0,

@@ -421,7 +421,7 @@ def run_bench_tune(out: Output, model: Optional[str], budget_s: Optional[float],
     key = shape_key(workload)
     cached = meas.tuned_by_shape.get(key) if meas is not None else None
     if cached is None or refresh:
-        out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or tune_rules()['budget_s']} s) ...")
+        out.info(f"tuning the plan's levers for {key} on this host (budget {budget_s or tune_rules().budget_s} s) ...")
         got = tune_shape(facts, workload, meas, out.teller("cpuperf bench: "), budget_s)
         if got is None:
             raise ProbeFailedError("nothing to tune: the plan trains on a GPU", hint="--tune tunes CPU training")

@@ -7,14 +7,12 @@ and that table, nothing else. Light: no engine, no TOML parsed at import."""
 
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.data import load_builtin
 from cpuperf.jsonable import JsonObject
-from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts, allocator_names
+from cpuperf.knowledge.tuning import AllocatorRule, tuning
+from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 
 if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new shell) does without them
     from cpuperf.decide.records import AllocatorName, Decision, Measurements
@@ -23,32 +21,25 @@ if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new 
 _NOT_FOR_SPEED = ("debug", "profiler")
 
 
-@dataclass(frozen=True)
-class AllocatorRule:
-    """compat/tuning.toml [allocator], typed: the threshold, the refusals and the wheel, read in one place."""
-
-    min_speedup: float  # preload only where the measured ratio over the default reaches this
-    not_with_ranks: Tuple[str, ...]  # never preloaded into a job of several ranks
-    not_with_ranks_source: str
-    jemalloc_malloc_conf: str  # the MALLOC_CONF the launchers export with jemalloc
-    source: str
-    wheel: str  # the wheel that ships a preloadable allocator without root
-    wheel_version: str  # the version tested (cpuperf install prefers it)
-    wheel_platforms: Tuple[str, ...]  # the CPU architectures it is built for
-    system_install: str
+# The allocators cpuperf measures and preloads, in the order a preload without a decision falls back to (the probe's
+# ALLOCATOR_LIBS, which names the files it looks for): every other module asks here for names and order.
+ALLOCATORS: Tuple[str, ...] = tuple(ALLOCATOR_LIBS)
 
 
-@functools.cache
+def allocator_names() -> str:
+    """'tcmalloc, jemalloc or mimalloc': the allocators as a message names them."""
+    return ", ".join(ALLOCATORS[:-1]) + " or " + ALLOCATORS[-1]
+
+
+def library_stem(name: str) -> str:
+    """The file name an allocator's library starts with in LD_PRELOAD ('libtcmalloc' for tcmalloc and its minimal
+    build)."""
+    return "lib" + name
+
+
 def allocator_rule() -> AllocatorRule:
-    """The allocator row of compat/tuning.toml, read once."""
-    row = load_builtin("tuning.toml")["allocator"]
-    return AllocatorRule(min_speedup=float(row["min_speedup"]),
-                         not_with_ranks=tuple(str(n) for n in row.get("not_with_ranks", [])),
-                         not_with_ranks_source=str(row.get("not_with_ranks_source", "")),
-                         jemalloc_malloc_conf=str(row["jemalloc_malloc_conf"]), source=str(row["source"]),
-                         wheel=str(row["wheel"]), wheel_version=str(row["wheel_version"]),
-                         wheel_platforms=tuple(str(p) for p in row["wheel_platforms"]),
-                         system_install=str(row["system_install"]))
+    """compat/tuning.toml [allocator], typed (cpuperf.knowledge.tuning reads the file)."""
+    return tuning().allocator
 
 
 def install_hint() -> str:
@@ -84,7 +75,7 @@ def preload_choice(decided: Optional[str], allocators: Mapping[str, Sequence[str
     nothing measured), the first installed in ALLOCATOR_LIBS's order that `world` ranks may preload."""
     if decided and preloadable(allocators.get(decided, ())):
         return decided
-    installed = [n for n in ALLOCATOR_LIBS if preloadable(allocators.get(n, ()))]
+    installed = [n for n in ALLOCATORS if preloadable(allocators.get(n, ()))]
     refused = not_with_ranks(installed, world)
     return next((n for n in installed if n not in refused), None)
 

@@ -9,12 +9,13 @@ ones into the job's variables and the others into notes, so recommend, ccl-env a
 
 from __future__ import annotations
 
-from typing import List, Mapping, NamedTuple, Optional, Tuple, TypedDict
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 from packaging.version import Version
 
-from cpuperf.data import load_builtin
 from cpuperf.knowledge.knobs import KnobValue
+from cpuperf.knowledge.tuning import ArmLever as ArmLeverRow
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import version_or_none
 
@@ -38,34 +39,14 @@ class ArmLever(NamedTuple):
         return f"not applied: {self.env}={self.value}: {self.why}"
 
 
-class _ArmRow(TypedDict):
-    env: str
-    value: str
-    what: str
-    source: str
-
-
-class ArmLeverRow(_ArmRow, total=False):
-    """An [[arm_lever]] row of compat/tuning.toml: the variable, its value, and when it applies."""
-
-    needs_isa: str  # a cpuinfo Features flag the lever needs
-    training: bool  # false: the lever is not for training (why_not_training says why)
-    why_not_training: str
-    min_torch: str
-    knob: str  # the decision it follows (fp32_math_mode), applied only at `when`
-    when: str
-    changes_math: bool
-
-
-def lever_rows() -> List[ArmLeverRow]:
-    """The [[arm_lever]] rows of compat/tuning.toml."""
-    rows: List[ArmLeverRow] = load_builtin("tuning.toml").get("arm_lever", [])
-    return rows
+def lever_rows() -> Tuple[ArmLeverRow, ...]:
+    """The [[arm_lever]] rows of compat/tuning.toml, typed (cpuperf.knowledge.tuning)."""
+    return tuning().arm_lever
 
 
 def knob_vars(knob: str) -> Tuple[str, ...]:
     """The variables a decision carries on Arm hosts (fp32_math_mode -> DNNL_DEFAULT_FPMATH_MODE)."""
-    return tuple(row["env"] for row in lever_rows() if row.get("knob") == knob)
+    return tuple(row.env for row in lever_rows() if row.knob == knob)
 
 
 def arm_levers(facts: HostFacts, knobs: Optional[Mapping[str, KnobValue]] = None) -> Tuple[ArmLever, ...]:
@@ -81,23 +62,23 @@ def _decide(row: ArmLeverRow, facts: HostFacts, torch: Optional[str], knobs: Map
     where = f"{cpu.arch} ({cpu.microarchitecture})"
 
     def lever(applied: bool, why: str) -> ArmLever:
-        return ArmLever(row["env"], row["value"], applied, why, row["source"])
+        return ArmLever(row.env, row.value, applied, why, row.source)
 
-    need = row.get("needs_isa")
+    need = row.needs_isa
     if need and need not in cpu.isa:
-        return lever(False, f"{row['what']}: {where} has no Arm BF16 extension ('{need}' is not in cpuinfo "
+        return lever(False, f"{row.what}: {where} has no Arm BF16 extension ('{need}' is not in cpuinfo "
                             "Features), so it has no bf16 kernels to switch to")
-    if not row.get("training", True):
-        return lever(False, f"{row['what']}: {row['why_not_training']}")
-    minimum = row.get("min_torch")
+    if not row.training:
+        return lever(False, f"{row.what}: {row.why_not_training}")
+    minimum = row.min_torch
     tv = version_or_none(torch)
     if minimum and tv is not None and tv < Version(minimum):
-        return lever(False, f"{row['what']}: torch {torch} reads it from {minimum} on")
-    knob = row.get("knob")
-    if row.get("changes_math") and knob and knobs.get(knob) != row.get("when"):
+        return lever(False, f"{row.what}: torch {torch} reads it from {minimum} on")
+    knob = row.knob
+    if row.changes_math and knob and knobs.get(knob) != row.when:
         has = f": the CPU has Arm BF16 ('{need}' in cpuinfo Features)" if need else ""
-        return lever(False, f"{row['what']}{has}; it changes fp32 results, so it is yours to choose, never cpuperf's: "
-                            f"--set {knob}={row['when']} applies it")
+        return lever(False, f"{row.what}{has}; it changes fp32 results, so it is yours to choose, never cpuperf's: "
+                            f"--set {knob}={row.when} applies it")
     if knob:
-        return lever(True, f"{row['what']}: {knob}={knobs.get(knob)} was set by you")
-    return lever(True, f"{row['what']}; the results are the plain job's" + (f" (torch {torch})" if torch else ""))
+        return lever(True, f"{row.what}: {knob}={knobs.get(knob)} was set by you")
+    return lever(True, f"{row.what}; the results are the plain job's" + (f" (torch {torch})" if torch else ""))

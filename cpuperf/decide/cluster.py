@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 from cpuperf.decide.placement import cpu_budget, usable_cores
 from cpuperf.errors import NodesDifferError
 from cpuperf.jsonable import JsonObject, as_json
-from cpuperf.knowledge.bf16 import bf16_native
+from cpuperf.knowledge.bf16 import amx_usable, bf16_native
 from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.node import NO_PYTHON, PROBE_FAILED, TIMEOUT, UNREACHABLE, UNRESOLVABLE, NodeResult
 from cpuperf.versions import major_minor
@@ -199,7 +199,7 @@ def check_hardware(hosts: Mapping[str, HostFacts]) -> List[NodeFinding]:
                                f"emulated, several times slower, on {_names(without)}",
                                "plan from every node (cpuperf keeps fp32), or leave those nodes out of the hostfile",
                                tuple(without)))
-    amx = {n: (f.cpu.amx_supported and f.cpu.amx_usable is not False) for n, f in hosts.items()}
+    amx = {n: amx_usable(f) for n, f in hosts.items()}
     if len(set(amx.values())) > 1:
         without = [n for n, v in amx.items() if not v]
         refused = [n for n in without if hosts[n].cpu.amx_supported]
@@ -356,7 +356,7 @@ def _row(r: NodeResult) -> JsonObject:
         sw = h.software
         row.update(
             cpu=h.cpu.model_name, microarchitecture=h.cpu.microarchitecture, isa=list(h.cpu.isa),
-            bf16_native=bf16_native(h), amx_usable=bool(h.cpu.amx_supported and h.cpu.amx_usable is not False),
+            bf16_native=bf16_native(h), amx_usable=amx_usable(h),
             cores=h.topology.physical_cores, cpus=h.topology.logical_cpus, cpu_budget=threads_per_node({r.name: h})[r.name],
             numa_nodes=len(h.topology.numa_nodes), cpu_quota=h.topology.cpu_quota, memory_bytes=h.memory.total_bytes,
             packages={p: _version(h, p) for p in ("torch", "intel_extension_for_pytorch", "oneccl_bind_pt",

@@ -6,16 +6,16 @@ from dataclasses import asdict
 from datetime import date
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from cpuperf.decide.allocator import allocator_rule
+from cpuperf.decide.allocator import allocator_names, allocator_rule
 from cpuperf.decide.findings import SEVERITIES, Finding
 from cpuperf.decide.gpu_checks import check_gpus
 from cpuperf.decide.load import check_load
 from cpuperf.jsonable import JsonObject
-from cpuperf.knowledge.bf16 import bf16_native
+from cpuperf.knowledge.bf16 import amx_usable, bf16_native
 from cpuperf.knowledge.cpu_peaks import peak_data, peak_generations, unsourced
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.probe.cpu import x86_contradictions
-from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, Software, allocator_names
+from cpuperf.probe.facts import CpuFacts, HostFacts, PackageInfo, Software
 from cpuperf.versions import base_or_none, major_minor
 
 SCHEMA = "cpuperf.doctor/1"
@@ -87,7 +87,7 @@ def check_cpu(facts: HostFacts) -> List[Finding]:
                 "bf16-not-native", "info",
                 f"{cpu.microarchitecture}: no avx512_bf16 or AMX, so bf16 is emulated and slower than fp32 "
                 "here; cpuperf keeps fp32 (do not pass --bf16 on this host)", None))
-    if cpu.amx_supported and cpu.amx_usable is False:
+    if cpu.amx_supported and not amx_usable(facts):
         out.append(Finding(
             "amx-not-permitted", "error",
             "the CPU has AMX but the kernel refused tile state to this process (arch_prctl "

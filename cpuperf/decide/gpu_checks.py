@@ -138,9 +138,9 @@ def check_driver(facts: HostFacts) -> List[Finding]:
 
 
 def min_free_fraction() -> float:
-    from cpuperf.data import load_builtin
+    from cpuperf.knowledge.tuning import tuning
 
-    return float(load_builtin("tuning.toml")["gpu_memory"]["min_free_fraction"])
+    return float(tuning().gpu_memory.min_free_fraction)
 
 
 def full_gpus(gpus: Tuple[Gpu, ...]) -> List[Gpu]:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.data import load_builtin
 from cpuperf.decide.findings import Finding
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.threads import threads_on
 from cpuperf.jsonable import JsonObject
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.probe.facts import HostFacts, LoadFacts
 
 
 def busy_threshold() -> float:
-    return float(load_builtin("tuning.toml")["load"]["busy_cpu_fraction"])
+    return float(tuning().load.busy_cpu_fraction)
 
 
 def job_cpus(placement: Placement) -> Tuple[int, ...]:

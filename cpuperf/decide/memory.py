@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import IncompatibleHostError, UsageError
 from cpuperf.jsonable import JsonMapping, JsonObject
+from cpuperf.knowledge.tuning import Tuning
 from cpuperf.probe.facts import Gpu, HostFacts
 
 GIB = float(2**30)
@@ -281,12 +282,11 @@ class MemoryRule:
     gpu_headroom: float
 
 
-def memory_rule(tuning: Mapping[str, Any]) -> MemoryRule:
-    """The [memory] table of a tuning.toml as a MemoryRule."""
-    row = tuning["memory"]
-    prefix = "bytes_per_param_"
-    return MemoryRule({k[len(prefix):]: float(v) for k, v in row.items() if k.startswith(prefix)},
-                      float(row["activation_attn_coeff"]), float(row["headroom"]), float(row["gpu_headroom"]))
+def memory_rule(rules: Tuning) -> MemoryRule:
+    """The [memory] record of compat/tuning.toml (cpuperf.knowledge.tuning) as a MemoryRule."""
+    row = rules.memory
+    return MemoryRule(dict(row.bytes_per_param), float(row.activation_attn_coeff), float(row.headroom),
+                      float(row.gpu_headroom))
 
 
 _STATE_ROW = {"adamw": "adamw", "adamw_fused": "adamw", "adamw_8bit": "adamw_8bit", "adafactor": "adafactor"}
@@ -373,7 +373,7 @@ class MemoryJob:
     fused_attention: bool = False
 
 
-def plan_memory(facts: HostFacts, job: MemoryJob, torch_ok_fused: bool, tuning: Mapping[str, Any],
+def plan_memory(facts: HostFacts, job: MemoryJob, torch_ok_fused: bool, tuning: Tuning,
                 ask: MemoryAsk = MemoryAsk()) -> MemoryPlan:
     """The memory plan: the user's batch and optimizer as given, the levers that keep the math tried cheapest first.
     IncompatibleHostError (exit 3) when none fits, with the figures and the options that would."""
@@ -424,7 +424,7 @@ def plan_memory(facts: HostFacts, job: MemoryJob, torch_ok_fused: bool, tuning: 
                                 hint=_would_fit(facts, fig, split, budget, ask, optimizer, on_gpu, host_room))
 
 
-def check_state_fits(facts: HostFacts, job: MemoryJob, optimizer: str, tuning: Mapping[str, Any]) -> None:
+def check_state_fits(facts: HostFacts, job: MemoryJob, optimizer: str, tuning: Tuning) -> None:
     """IncompatibleHostError (exit 3) when the model's weights, grads and optimizer state alone, held whole by each
     rank, exceed what a rank may use (memory_budget): such a job dies allocating before its first step, whatever its
     batch. The figures are plan_memory's own (_Figures.state)."""
@@ -511,20 +511,20 @@ class TensorCoreAlignment:
 
 
 def tensor_core_alignment(gpu: Optional[Gpu], dtype: str, seq_len: int,
-                          tuning: Mapping[str, Any]) -> Optional[TensorCoreAlignment]:
+                          rules: Tuning) -> Optional[TensorCoreAlignment]:
     """The multiple NVIDIA's performance guide gives for this card's Tensor Cores in this dtype (None off a GPU)."""
     if gpu is None:
         return None
     math_dtype = "tf32" if dtype == "fp32" and gpu.tf32 else dtype
     cc = tuple(int(x) for x in (gpu.compute_capability or "0.0").split(".")[:2] if x.isdigit())
-    for row in tuning["tensor_core"]:
-        if row["math"] != math_dtype or cc < tuple(int(x) for x in row["min_cc"].split(".")):
+    for row in rules.tensor_core:
+        if row.math != math_dtype or cc < tuple(int(x) for x in row.min_cc.split(".")):
             continue
-        if row.get("card") and row["card"] not in gpu.name:
+        if row.card and row.card not in gpu.name:
             continue
-        card = f"{row['card']} " if row.get("card") else ""
-        return TensorCoreAlignment(int(row["multiple"]), max(1, seq_len),
-                                   f"{card}{math_dtype} Tensor Cores: NVIDIA's guide, multiples of {row['multiple']}")
+        card = f"{row.card} " if row.card else ""
+        return TensorCoreAlignment(row.multiple, max(1, seq_len),
+                                   f"{card}{math_dtype} Tensor Cores: NVIDIA's guide, multiples of {row.multiple}")
     return TensorCoreAlignment(1, max(1, seq_len), f"no {math_dtype} Tensor Cores on {gpu.name}: no alignment rule")
 
 

@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from cpuperf.data import load_builtin
 from cpuperf.decide.threads import threads_on
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, as_json
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.probe.facts import HostFacts
 
 # Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
@@ -103,12 +103,12 @@ def default_nproc(facts: HostFacts, unit: str = "socket") -> int:
 
 
 def ccl_worker_count(cores_per_rank: int) -> int:
-    rule = load_builtin("tuning.toml")["ccl_workers"]
-    if cores_per_rank >= rule["min_cores_for_default"]:
-        return int(rule["default"])
-    if cores_per_rank >= rule["min_cores_for_medium"]:
-        return int(rule["medium"])
-    return int(rule["small"]) if cores_per_rank >= 2 else 0
+    rule = tuning().ccl_workers
+    if cores_per_rank >= rule.min_cores_for_default:
+        return rule.default
+    if cores_per_rank >= rule.min_cores_for_medium:
+        return rule.medium
+    return rule.small if cores_per_rank >= 2 else 0
 
 
 def _groups(cores: List[Core], nproc: int, unit: str) -> List[List[Core]]:

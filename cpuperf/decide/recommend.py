@@ -13,7 +13,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from packaging.version import Version
 
-from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
@@ -46,9 +45,11 @@ from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
 from cpuperf.jsonable import JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
-from cpuperf.knowledge.bf16 import bf16_native
+from cpuperf.knowledge.bf16 import amx_bf16, bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
 from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, coerce
+from cpuperf.knowledge.tuning import Compile as CompileRule
+from cpuperf.knowledge.tuning import Tuning, tuning
 from cpuperf.probe.facts import Gpu, HostFacts
 from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
@@ -96,16 +97,15 @@ def _non_x86_dtype(facts: HostFacts, ratio: Optional[float], threshold: float) -
     """fp32 or bf16 on Arm/POWER, and why: bf16 only with a hardware bf16 path and a measured win."""
     cpu = facts.cpu
     where = f"{cpu.arch} ({cpu.microarchitecture})"
+    hw = bf16_native(facts)  # the owner's answer; the words below only name the unit
     if cpu.arch == "aarch64":
-        hw = "bf16" in cpu.isa
         extra = [f for f in ("svebf16", "i8mm", "sve2", "sve") if f in cpu.isa]
         has = f"Arm BF16 (bf16{', ' + ', '.join(extra) if extra else ''} in cpuinfo Features)"
         lacks = "no Arm BF16 extension ('bf16' is not in cpuinfo Features)"
     elif cpu.arch == "ppc64le":
-        hw = "mma" in cpu.isa
         has, lacks = "POWER10 MMA (bf16 outer-product matrix unit)", "no MMA (it arrived with POWER10)"
     else:
-        hw, has, lacks = False, "", "no known bf16 unit"
+        has, lacks = "", "no known bf16 unit"
     if not hw:
         return "fp32", f"{where} has {lacks}: bf16 would be emulated and slower than fp32"
     if ratio is not None and ratio >= threshold * 1.2:
@@ -126,7 +126,7 @@ def _non_x86_math_mode(facts: HostFacts) -> str:
         fast = next(lever for lever in arm_levers(facts) if lever.env in knob_vars("fp32_math_mode"))
         return f"{where}: {fast.line()}"
     if cpu.arch == "ppc64le":
-        if "mma" in cpu.isa:
+        if bf16_native(facts):  # POWER10's MMA (knowledge/bf16.py)
             return (f"{where} has POWER10 MMA, but PyTorch's fp32-to-bf16 matmul mode is a oneDNN feature that does "
                     "not target POWER: fp32 matmuls stay fp32")
         return f"{where} has no MMA (it arrived with POWER10): fp32 matmuls have no reduced-precision path here"
@@ -140,7 +140,7 @@ def memory_budget(facts: HostFacts, placement: Placement, device: str, gpu: Opti
     from cpuperf.decide.memory import memory_budget as budget
     from cpuperf.decide.memory import memory_rule
 
-    per_rank, how, _ = budget(facts, placement, device, gpu, memory_rule(load_builtin("tuning.toml")))
+    per_rank, how, _ = budget(facts, placement, device, gpu, memory_rule(tuning()))
     return per_rank, how
 
 
@@ -153,7 +153,7 @@ class _Context:
     facts: HostFacts
     workload: Workload
     meas: Measurements
-    tuning: Mapping[str, Any]
+    tuning: Tuning
     stack: Dict[str, Optional[str]]
     fixed: Constraints
     ranks_from: Optional[Tuple[int, str]] = None  # (count, where): ranks a user's own launcher starts
@@ -263,7 +263,7 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
     constraints = base.under(mine)
     if r.pins is not None:
         constraints = r.pins.under(constraints)
-    ctx = _Context(facts, workload, r.measurements or Measurements(), load_builtin("tuning.toml"),
+    ctx = _Context(facts, workload, r.measurements or Measurements(), tuning(),
                    stack_versions(facts), constraints,
                    ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
                    ranks_unknown=r.ranks_unknown)
@@ -435,7 +435,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
         cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
         from cpuperf.decide.placement import gpu_placement
 
-        near = gpu_placement(facts, [g.numa_node for g in gpus[:nproc]], ctx.tuning["dataloader"]["gpu_workers_per_gpu"],
+        near = gpu_placement(facts, [g.numa_node for g in gpus[:nproc]], ctx.tuning.dataloader.gpu_workers_per_gpu,
                              threads) if nproc <= len(gpus) else None
         placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
                                            oversubscribe=oversubscribe)
@@ -489,7 +489,7 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
         evidence["hypervisor"] = True
         affinity = ctx.choose(fixed.affinity, "affinity", None,
                               f"{placement.nproc_per_node} ranks on one NUMA node of a virtual machine (`hypervisor` flag): "
-                              f"left to the OS scheduler, each with its thread count ({ctx.tuning['placement']['reason']}; "
+                              f"left to the OS scheduler, each with its thread count ({ctx.tuning.placement.reason}; "
                               "--set affinity=auto pins them)", evidence, tuned=ctx.tuned.affinity)
     else:
         auto: Optional[Affinity] = "auto" if pinned else None
@@ -537,7 +537,7 @@ def _fewer_ranks(ctx: _Context, ranks: int, on_gpu: bool = False) -> Optional[_F
 
 def _ranks_share_a_vm_numa_node(ctx: _Context, placement: Placement) -> bool:
     """Several ranks of this node, all on one NUMA node, on a virtual machine: pinning them is measured to lose."""
-    if ctx.tuning["placement"]["pin_ranks_sharing_a_vm_numa_node"] or placement.nproc_per_node < 2:
+    if ctx.tuning.placement.pin_ranks_sharing_a_vm_numa_node or placement.nproc_per_node < 2:
         return False
     if "hypervisor" not in ctx.facts.cpu.flags:
         return False
@@ -552,12 +552,12 @@ def _decide_precision(ctx: _Context, gpu: Optional[Gpu]) -> _Precision:
 
 
 def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> _Precision:
-    tuning = ctx.tuning
+    rules = ctx.tuning
     cc = _cc(gpu)
     dtype: Dtype
-    if cc >= _parse_cc(tuning["dtype"]["fp16_gpu_below_cc"]):
+    if cc >= _parse_cc(rules.dtype.fp16_gpu_below_cc):
         dtype, why = "bf16", f"{gpu.name} (compute capability {gpu.compute_capability}) has native bf16"
-    elif cc >= _parse_cc(tuning["dtype"]["fp32_gpu_below_cc"]):
+    elif cc >= _parse_cc(rules.dtype.fp32_gpu_below_cc):
         dtype, why = "fp16", f"{gpu.name} (cc {gpu.compute_capability}) has fp16 Tensor Cores but no bf16: fp16 autocast with a gradient scaler"
     else:
         dtype, why = "fp32", f"{gpu.name} (cc {gpu.compute_capability}) predates Tensor Cores"
@@ -574,15 +574,14 @@ def _decide_dtype_gpu(ctx: _Context, gpu: Gpu) -> _Precision:
 
 def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
     """bf16 or fp32 on this CPU, and why."""
-    facts, meas, tuning = ctx.facts, ctx.meas, ctx.tuning
+    facts, meas = ctx.facts, ctx.meas
     ratio = None
     if meas.gemm_bf16_gflops and meas.gemm_fp32_gflops:
         ratio = meas.gemm_bf16_gflops / meas.gemm_fp32_gflops
         evidence.update(gemm_fp32_gflops=meas.gemm_fp32_gflops, gemm_bf16_gflops=meas.gemm_bf16_gflops,
                         measured=meas.source)
-    amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
     native = bf16_native(facts)
-    floor = tuning["dtype"]["min_bf16_over_fp32_gemm"]
+    floor = ctx.tuning.dtype.min_bf16_over_fp32_gemm
     dtype: Dtype
     if facts.cpu.arch != "x86_64":
         dtype, why = _non_x86_dtype(facts, ratio, floor)
@@ -595,7 +594,7 @@ def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
     elif ratio is not None and ratio < floor:
         dtype, why = "fp32", f"bf16 is native but measured slower than fp32 here ({ratio:.2f}x GEMM)"
     else:
-        engine = "AMX" if amx_ok and "amx_bf16" in facts.cpu.isa else "avx512_bf16"
+        engine = "AMX" if amx_bf16(facts) else "avx512_bf16"
         dtype, why = "bf16", f"native bf16 ({engine}): bf16 autocast"
         if ratio is not None:
             why += f", measured {ratio:.2f}x fp32 GEMM"
@@ -607,7 +606,7 @@ def _cpu_dtype(ctx: _Context, evidence: JsonObject) -> Tuple[Dtype, str]:
 
 
 def _decide_dtype_cpu(ctx: _Context) -> _Precision:
-    facts, tuning = ctx.facts, ctx.tuning
+    facts = ctx.facts
     evidence = _cpu_evidence(facts)
     dtype, why = _cpu_dtype(ctx, evidence)
     dtype_d = ctx.choose(ctx.fixed.dtype, "dtype", dtype, why, evidence, tuned=ctx.tuned.dtype)
@@ -617,23 +616,22 @@ def _decide_dtype_cpu(ctx: _Context) -> _Precision:
                          else "on this CPU, dtype=bf16 is the reduced-precision route where it measures faster")
     tf32_d = ctx.choose(ctx.fixed.tf32, "tf32", False, "TF32 is an NVIDIA GPU mode", {})
     tv = version_or_none(ctx.torch)
-    mm = tuning["fp32_math_mode"]
-    amx_ok = facts.cpu.amx_supported and facts.cpu.amx_usable is not False
+    mm = ctx.tuning.fp32_math_mode
     pin = ctx.fixed.fp32_math_mode
     if facts.cpu.arch != "x86_64":
-        if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and "bf16" not in facts.cpu.isa:
+        if pinned_value(pin) == "bf16" and facts.cpu.arch == "aarch64" and not bf16_native(facts):
             raise UsageError(f"fp32_math_mode=bf16 cannot run here: {facts.cpu.microarchitecture} has no Arm BF16 "
                              "extension ('bf16' is not in cpuinfo Features), so oneDNN has no bf16 kernels to use",
                              hint="leave fp32_math_mode unset: fp32 matmuls stay fp32")
         mode = ctx.choose(pin, "fp32_math_mode", None, _non_x86_math_mode(facts), {"torch": ctx.torch, **_cpu_evidence(facts)})
-    elif amx_ok and "amx_bf16" in facts.cpu.isa and tv is not None and tv >= Version(mm["min_torch"]):
+    elif amx_bf16(facts) and tv is not None and tv >= Version(mm.min_torch):
         # Like Arm's fast-math mode: it changes fp32 results, so it is the user's lever (do no harm), not a default.
-        mode = ctx.choose(pin, "fp32_math_mode", None, "AMX host with torch >= " + mm["min_torch"] + ": oneDNN can run "
+        mode = ctx.choose(pin, "fp32_math_mode", None, "AMX host with torch >= " + mm.min_torch + ": oneDNN can run "
                           "the remaining fp32 matmuls in bf16 (torch.backends.mkldnn.matmul.fp32_precision); it changes "
-                          f"fp32 results, so it is yours to choose, never cpuperf's: --set fp32_math_mode={mm['value']} "
-                          "applies it", {"torch": ctx.torch, "would_be": _math_mode(mm["value"])}, needs_torch=True)
+                          f"fp32 results, so it is yours to choose, never cpuperf's: --set fp32_math_mode={mm.value} "
+                          "applies it", {"torch": ctx.torch, "would_be": _math_mode(mm.value)}, needs_torch=True)
     else:
-        mode = ctx.choose(pin, "fp32_math_mode", None, "needs an AMX host and torch >= " + mm["min_torch"],
+        mode = ctx.choose(pin, "fp32_math_mode", None, "needs an AMX host and torch >= " + mm.min_torch,
                           {"torch": ctx.torch})
     return _Precision(dtype_d, tf32_d, mode)
 
@@ -722,32 +720,32 @@ def compile_crossover(compile_s: float, step_s: float, speedup: float) -> Option
     return math.ceil(round(compile_s / saved_per_step, 6)) if saved_per_step > 0 else None  # 400.0000001 is 400
 
 
-def estimated_step_seconds(w: Workload, meas: Measurements, rule: Mapping[str, Any], threads: int,
+def estimated_step_seconds(w: Workload, meas: Measurements, rule: CompileRule, threads: int,
                            per_rank_batch: int, on_gpu: bool = False) -> float:
     """A step's time from its FLOPs at half the measured (or assumed) GEMM rate: for unmeasured models."""
     flops = w.flops_per_token() * w.seq_len * per_rank_batch
-    rate = (meas.gemm_fp32_gflops or (rule["assumed_gflops_per_thread"] * max(1, threads))) * 1e9 * 0.5
+    rate = (meas.gemm_fp32_gflops or (rule.assumed_gflops_per_thread * max(1, threads))) * 1e9 * 0.5
     return flops / (100e12 * 0.3 if on_gpu else rate)
 
 
-def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, tuning: Mapping[str, Any]) -> bool:
+def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, rules: Tuning) -> bool:
     """A CPU run long enough that measuring torch.compile for its model (minutes) is a small part of it."""
-    rule = tuning["compile"]
+    rule = rules.compile
     if w.steps is None or model_key(w) in meas.compile_by_model:
         return False
     run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
-    threshold: float = rule["measure_when_run_exceeds_s"]
+    threshold: float = rule.measure_when_run_exceeds_s
     return run_s >= threshold
 
 
-def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], torch_v: Optional[str],
+def _decide_compile(w: Workload, meas: Measurements, rules: Tuning, torch_v: Optional[str],
                     on_gpu: bool, ipex: bool, placement: Placement, facts: HostFacts) -> Decision[bool]:
     tv = version_or_none(torch_v)
     if tv is not None and tv < Version("2.0"):
         return Decision("compile", False, f"torch {torch_v} has no torch.compile", {"torch": torch_v})
     if ipex:
         return Decision("compile", False, "IPEX optimize is used instead", {})
-    rule = tuning["compile"]
+    rule = rules.compile
     per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
     own = meas.compile_by_model.get(model_key(w)) if not on_gpu else None
     evidence: JsonObject = {"model": model_key(w)}
@@ -758,8 +756,8 @@ def _decide_compile(w: Workload, meas: Measurements, tuning: Mapping[str, Any], 
         evidence.update(compile_seconds=round(compile_s, 1), speedup=round(speedup, 3), step_seconds=round(step_s, 4),
                         measured=meas.source)
     else:
-        compile_s = rule["assumed_compile_seconds_per_layer"] * max(1, w.n_layer)
-        speedup = rule["assumed_speedup_gpu"] if on_gpu else rule["assumed_speedup_cpu"]
+        compile_s = rule.assumed_compile_seconds_per_layer * max(1, w.n_layer)
+        speedup = rule.assumed_speedup_gpu if on_gpu else rule.assumed_speedup_cpu
         step_s = estimated_step_seconds(w, meas, rule, placement.threads_per_rank, per_rank_batch, on_gpu)
         evidence.update(compile_seconds=round(compile_s, 1), speedup=speedup, step_seconds_estimate=round(step_s, 4),
                         measured="assumed")
@@ -848,7 +846,7 @@ def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
 
     on_gpu = gpu is not None
     tv = version_or_none(torch_v)
-    fused_min = tuning["optimizer"]["fused_cuda_min_torch" if on_gpu else "fused_cpu_min_torch"]
+    fused_min = tuning.optimizer.fused_cuda_min_torch if on_gpu else tuning.optimizer.fused_cpu_min_torch
     fused_ok = (tv is None and on_gpu) or (tv is not None and tv >= Version(fused_min))
     ask = _memory_ask(w, fixed, levers, facts, on_gpu)
     if not w.known:
@@ -925,13 +923,13 @@ def _unknown_model(w: Workload, ask: MemoryAsk, fused_ok: bool, torch_v: Optiona
         dataloader_workers=loading[0], pin_memory=loading[1], zero=Decision("zero", None, why, {}))
 
 
-def _loading(facts: HostFacts, placement: Placement, tuning: Mapping[str, Any],
+def _loading(facts: HostFacts, placement: Placement, tuning: Tuning,
              on_gpu: bool) -> Tuple[Decision[int], Decision[bool]]:
     """Data loading: workers on CPUs the ranks do not compute on; pinned host buffers for GPU copies."""
     # The built-in corpus is in memory; workers would steal compute cores on CPU.
     spare = max(0, len(facts.usable_cpus()) - placement.threads_per_rank * placement.nproc_per_node)
     if on_gpu:
-        per_gpu = tuning["dataloader"]["gpu_workers_per_gpu"]
+        per_gpu = tuning.dataloader.gpu_workers_per_gpu
         if placement.unit == "gpu-numa":  # the cores each rank keeps beyond its compute threads
             workers = min(per_gpu, *(len(s.cpus) - s.threads for s in placement.slots))
             why = (f"{workers} worker(s) per GPU on the cores of its NUMA node its {placement.threads_per_rank} compute "

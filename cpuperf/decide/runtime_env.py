@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from cpuperf.boundary import CCL_ENV_MARKER
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
+from cpuperf.decide.allocator import allocator_names, allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import FieldError, UsageError
+from cpuperf.knowledge.tuning import Tuning, tuning
 from cpuperf.knowledge.variables import value_problem, variables
-from cpuperf.probe.facts import HostFacts, allocator_names
+from cpuperf.probe.facts import HostFacts
 
 if TYPE_CHECKING:
     from cpuperf.knowledge.knobs import KnobValue  # the knob table: not needed at ccl-env's start-up
@@ -252,18 +253,18 @@ def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvReque
     _, nodes = job_nodes(r.nnodes, hosts, None)  # the caller decided the count; the hostfile checked against it
     addr, addr_why = master_address(hosts, r.master_addr, nodes, env, r.slurm_first)
     port = check_port(master_port)
-    tuning = load_builtin("tuning.toml")
+    rules = tuning()
     libraries = r.libraries
     if libraries is None:
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, r.threads, backend, mpi, nodes, tuning, pin)
+    _thread_vars(c, placement, r.threads, backend, mpi, nodes, rules, pin)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if r.preload:
         preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes) + preloaded
-    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, tuning)
+    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, rules)
     _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
@@ -291,7 +292,7 @@ class _Collected:
 
 
 def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], backend: str, mpi: Optional[str],
-                 nodes: int, tuning: Mapping[str, Any], pin: bool = True) -> None:
+                 nodes: int, rules: Tuning, pin: bool = True) -> None:
     """OMP_NUM_THREADS (the decided count), oneCCL's workers and their cores, Intel MPI's pin domains."""
     nproc = placement.nproc_per_node
     if threads is not None:
@@ -302,7 +303,7 @@ def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], ba
     if backend == "ccl":
         workers = placement.ccl_workers
         if workers:
-            c.add("CCL_WORKER_COUNT", str(workers), f"{tuning['ccl_workers']['reason']} ({tuning['ccl_workers']['source']})")
+            c.add("CCL_WORKER_COUNT", str(workers), f"{rules.ccl_workers.reason} ({rules.ccl_workers.source})")
             cpus = [cpu for s in placement.slots for cpu in s.ccl_worker_cpus]
             c.add("CCL_WORKER_AFFINITY", ",".join(str(cpu) for cpu in cpus),
                   "each local rank's oneCCL workers on its own first cores, in local-rank order")
@@ -357,15 +358,15 @@ def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Knob
             c.notes.append(lever.line())
 
 
-def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], tuning: Mapping[str, Any]) -> None:
+def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], rules: Tuning) -> None:
     """KMP_AFFINITY / KMP_BLOCKTIME: only where libiomp5 is preloaded."""
     iomp_loaded = any(os.path.basename(p).startswith("libiomp5") for p in preloaded)
     if iomp_loaded:
         if nproc == 1 or mpi == "intelmpi":
-            c.add("KMP_AFFINITY", tuning["kmp"]["affinity"], f"libiomp5 is preloaded; {tuning['kmp']['source']}")
-            c.add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
+            c.add("KMP_AFFINITY", rules.kmp.affinity, f"libiomp5 is preloaded; {rules.kmp.source}")
+            c.add("KMP_BLOCKTIME", rules.kmp.blocktime, rules.kmp.reason)
         else:
-            c.add("KMP_BLOCKTIME", tuning["kmp"]["blocktime"], tuning["kmp"]["reason"])
+            c.add("KMP_BLOCKTIME", rules.kmp.blocktime, rules.kmp.reason)
             c.notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
                            "to the same cores (launch with Intel MPI, or cpuperf launch)")
 

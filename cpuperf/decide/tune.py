@@ -21,6 +21,7 @@ from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Recommendation
+    from cpuperf.knowledge.tuning import Tuning
     from cpuperf.probe.facts import HostFacts
 
 SCHEMA = "cpuperf.tune/2"  # /2: each lever judged (cpuperf.decide.judge); /1 had one noise gate for all
@@ -420,7 +421,7 @@ def keeps_the_job(rec: Recommendation, ranks: int) -> bool:
     return rec.workload.splits_into(ranks, batch_yours=bool(yours))
 
 
-def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, script: bool = False,
+def candidates(facts: HostFacts, rec: Recommendation, rules: Tuning, script: bool = False,
                own_launcher: bool = False) -> Candidates:
     """What each lever may be on this host for this plan, and why a lever is left to the rule.
 
@@ -428,9 +429,8 @@ def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, scrip
     slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
     from packaging.version import Version
 
-    from cpuperf.decide.allocator import allocator_rule, preloadable
+    from cpuperf.decide.allocator import allocator_names, allocator_rule, preloadable
     from cpuperf.knowledge.bf16 import bf16_native
-    from cpuperf.probe.facts import allocator_names
 
     values: Dict[str, Tuple[LeverValue, ...]] = {}
     skipped: Dict[str, str] = {}
@@ -458,7 +458,7 @@ def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, scrip
     libs = sorted(k for k, path in installed.items() if path)
     offer("allocator", [None, *libs], None if libs else f"no {allocator_names()} installed")
     torch_v = rec.stack.get("torch")
-    fused_min = str(_table(tuning, "optimizer")["fused_cpu_min_torch"])
+    fused_min = rules.optimizer.fused_cpu_min_torch
     no_fused = ("torch is not installed" if not torch_v else
                 f"torch {torch_v} has no fused AdamW on CPU (since {fused_min})"
                 if Version(torch_v).release < Version(fused_min).release else None)
@@ -481,14 +481,6 @@ def candidates(facts: HostFacts, rec: Recommendation, tuning: JsonMapping, scrip
     offer("compile", [True, False], None if compile_d.value else
           f"not tried: {compile_d.reason} (the compile-crossover rule)")
     return Candidates(values, skipped, allocator_rule().not_with_ranks)
-
-
-def _table(data: JsonMapping, name: str) -> JsonMapping:
-    """compat/tuning.toml's [name] table (shipped data: its tests hold its shape)."""
-    table = data[name]
-    if not isinstance(table, dict):
-        raise TypeError(f"tuning.toml [{name}] is not a table")
-    return table
 
 
 # -- the plan's side: what a cached result decides -----------------------------------------------------

@@ -214,24 +214,23 @@ def reference_run_s(workload: Workload, cores: int, steps: int, gflops_per_core:
 
 def builtin_default(facts: HostFacts) -> Tuple[str, str]:
     """(preset, why): the built-in model a host trains when none is named, by compat/tuning.toml [builtin_model]."""
-    from cpuperf.data import load_builtin
     from cpuperf.decide.placement import cpu_budget, usable_cores
+    from cpuperf.knowledge.tuning import tuning
 
-    tuning = load_builtin("tuning.toml")
-    rule, rate = tuning["builtin_model"], float(tuning["compile"]["assumed_gflops_per_thread"])
+    rule, rate = tuning().builtin_model, float(tuning().compile.assumed_gflops_per_thread)
     cores, _ = cpu_budget(facts, usable_cores(facts))  # after affinity, cpuset, quota and Slurm: what the run gets
-    steps, budget = int(rule["reference_steps"]), float(rule["run_budget_s"])
-    est = {name: reference_run_s(PRESETS[name], cores, steps, rate) for name in rule["presets"]}
-    fits = [name for name in rule["presets"] if est[name] <= budget] or [rule["presets"][0]]
+    steps, budget = rule.reference_steps, float(rule.run_budget_s)
+    est = {name: reference_run_s(PRESETS[name], cores, steps, rate) for name in rule.presets}
+    fits = [name for name in rule.presets if est[name] <= budget] or [rule.presets[0]]
     chosen = fits[-1]
     w = PRESETS[chosen]
     said = (f"{w.n_layer} layers x {w.d_model}, {w.seq_len} tokens, {w.params / 1e6:.1f}M parameters: {cores} "
             f"physical core(s) to keep busy run its {steps} reference steps in ~{est[chosen] / 60:.0f} min (fp32, "
             f"{rate:.0f} GFLOP/s per core assumed)")
-    larger = [name for name in rule["presets"] if est[name] > est[chosen]]
+    larger = [name for name in rule.presets if est[name] > est[chosen]]
     limit = f"{budget / 60:.0f} min"
     said += (f"; {larger[0]} would take ~{est[larger[0]] / 60:.0f} min, over the {limit} budget" if larger else
-             f", the largest of {', '.join(rule['presets'])} within the {limit} budget")
+             f", the largest of {', '.join(rule.presets)} within the {limit} budget")
     return chosen, said + " (compat/tuning.toml [builtin_model])"
 
 

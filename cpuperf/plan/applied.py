@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from cpuperf.decide.allocator import ALLOCATORS, library_stem
 from cpuperf.decide.records import Decision, Levers
 from cpuperf.jsonable import as_json
 from cpuperf.worker_settings import SETTING_NAMES, TrainSettings
@@ -21,8 +22,8 @@ from cpuperf.worker_settings import SETTING_NAMES, TrainSettings
 if TYPE_CHECKING:
     from cpuperf.plan.job import JobPlan
 
-# Library names an allocator preload carries (cpuperf.probe.facts.ALLOCATOR_LIBS names the files).
-_PRELOAD_STEM = {"tcmalloc": "libtcmalloc", "jemalloc": "libjemalloc", "mimalloc": "libmimalloc"}
+# Library names an allocator preload carries (decide/allocator.py: the names, their order and their stems).
+_PRELOAD_STEM = {name: library_stem(name) for name in ALLOCATORS}  # decide/allocator.py owns names and stems
 PLAIN = "plain run (no --auto): the baseline --auto is compared with"
 
 

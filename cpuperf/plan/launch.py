@@ -22,12 +22,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
+from cpuperf.decide.allocator import ALLOCATORS
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.threads import threads_on
 from cpuperf.errors import ExitCode, FieldError
 from cpuperf.jsonable import NOT_IN_JSON, as_json
 from cpuperf.knowledge.variables import variables
-from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
+from cpuperf.probe.facts import HostFacts
 from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
@@ -556,7 +557,7 @@ def check_observations(plan: LaunchPlan, observed: Sequence[RankObservation],
     by_local = {s.local_rank: s for s in plan.per_rank}
     want_alloc = None
     preload = plan.env.get("LD_PRELOAD", "")
-    for name in ALLOCATOR_LIBS:
+    for name in ALLOCATORS:
         if name in preload:
             want_alloc = name
     want_iomp = "libiomp5" in preload

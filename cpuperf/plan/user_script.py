@@ -31,6 +31,7 @@ from cpuperf.versions import base_or_none
 
 if TYPE_CHECKING:
     from cpuperf.decide.records import Levers, Recommendation
+    from cpuperf.knowledge.tuning import Tuning
     from cpuperf.plan.command import CommandLine
     from cpuperf.plan.launch import LaunchPlan, RankObservation
     from cpuperf.plan.user_launcher import LauncherCommand, Wrapper
@@ -398,11 +399,11 @@ def _at_least(text: Optional[str], minimum: str) -> bool:
 
 
 def trainer_default_fused(transformers_version: Optional[str], torch_version: Optional[str],
-                          tuning: Mapping[str, Any]) -> bool:
+                          tuning: Tuning) -> bool:
     """Whether TrainingArguments' default optim is already adamw_torch_fused (compat/tuning.toml [hf_trainer])."""
-    rule = tuning["hf_trainer"]
-    return (_at_least(transformers_version, rule["default_fused_min_transformers"])
-            and _at_least(torch_version, rule["default_fused_min_torch"]))
+    rule = tuning.hf_trainer
+    return (_at_least(transformers_version, rule.default_fused_min_transformers)
+            and _at_least(torch_version, rule.default_fused_min_torch))
 
 
 TRAINER_FUSED = "the Trainer's default is already fused AdamW (adamw_torch_fused)"
@@ -418,7 +419,7 @@ def _option(flag_id: str) -> str:
 
 
 def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
-                torch_v: Optional[str], tuning: Mapping[str, Any]) -> Tuple[Optional[Flag], Optional[str]]:
+                torch_v: Optional[str], tuning: Tuning) -> Tuple[Optional[Flag], Optional[str]]:
     """The same family (AdamW) in its fastest implementation; another family only when --set."""
     if "optim" not in ok:
         return None, "--optim: not in the installed transformers"
@@ -428,7 +429,7 @@ def _optim_flag(lv: Levers, ok: Set[str], tf_v: Optional[str],
     if trainer_default_fused(tf_v, torch_v, tuning):
         return None, "--optim: " + TRAINER_FUSED
     on_cuda = lv.on_gpu
-    minimum = tuning["optimizer"]["fused_cuda_min_torch" if on_cuda else "fused_cpu_min_torch"]
+    minimum = tuning.optimizer.fused_cuda_min_torch if on_cuda else tuning.optimizer.fused_cpu_min_torch
     if not _at_least(torch_v, minimum) or "optim_fused" not in ok:
         return None, f"--optim: fused AdamW needs torch >= {minimum} and transformers with adamw_torch_fused"
     return Flag((_option("optim"), "adamw_torch_fused"), f"same family as the default adamw_torch, fused kernel "
@@ -444,7 +445,7 @@ class FlagContext:
     transformers_version: Optional[str]
     torch_version: Optional[str]
     world: int
-    tuning: Mapping[str, Any]
+    tuning: Tuning
     supported: Optional[Set[str]] = None
     bf16_gemm_ratio: Optional[float] = None
     gpus_visible: bool = True
@@ -515,10 +516,10 @@ def _device_flags(lv: Levers, ok: Set[str], world: int, gpus_visible: bool, want
             want("no_cuda", (), "device: cpu")
 
 
-def _precision_flags(lv: Levers, tuning: Mapping[str, Any],
+def _precision_flags(lv: Levers, tuning: Tuning,
                      bf16_gemm_ratio: Optional[float], want: _Want, skipped: List[Tuple[str, str]]) -> None:
     """--bf16/--fp16 where autocast pays (or you set dtype), --tf32 on CUDA."""
-    gain = tuning["hf_trainer"]["cpu_bf16_min_gemm_ratio"]
+    gain = tuning.hf_trainer.cpu_bf16_min_gemm_ratio
     dtype = lv.dtype.value
     if dtype in ("bf16", "fp16") and not lv.on_gpu and not lv.dtype.overridden \
             and (bf16_gemm_ratio or 0.0) < gain:
@@ -929,13 +930,13 @@ def cpu_only_host(rec: Recommendation) -> bool:
 def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[str] = None, config_dir: str = ""
                             ) -> Tuple[List[Flag], List[Tuple[str, str]]]:
     """(Trainer speed flags for this recommendation, candidates left out with why): `speed_flags` over its values."""
-    from cpuperf.data import load_builtin
+    from cpuperf.knowledge.tuning import tuning
 
     lv = rec.levers
     world = lv.world
     ratio = bf16_gemm_ratio(rec)
     flags, skipped = speed_flags(lv, FlagContext(transformers_version or rec.stack.get("transformers"), rec.stack.get("torch"),
-                                 world, load_builtin("tuning.toml"), bf16_gemm_ratio=ratio,
+                                 world, tuning(), bf16_gemm_ratio=ratio,
                                  gpus_visible=not cpu_only_host(rec), config_dir=config_dir))
     return [*batch_split_flags(rec), *flags], skipped
 
@@ -943,11 +944,12 @@ def recommended_speed_flags(rec: Recommendation, transformers_version: Optional[
 def bf16_gemm_ratio(rec: Recommendation) -> Optional[float]:
     """bf16 GEMM over fp32 GEMM as measured on this host (inf: AMX usable, not measured; None: neither)."""
     from cpuperf.decide.records import measured_gemm
+    from cpuperf.knowledge.bf16 import amx_bf16_in
 
     ev = rec.levers.dtype.evidence
     gemm = measured_gemm(ev)
     ratio = gemm[1] / gemm[0] if gemm else None
-    if ratio is None and ev.get("amx_bf16") and ev.get("amx_usable") is not False:
+    if ratio is None and amx_bf16_in(ev):
         ratio = float("inf")  # AMX, not measured: the case the bf16 rule is for
     return ratio
 

@@ -52,7 +52,9 @@ class CpuFacts:
     microarchitecture: str  # 'unknown' when nothing matches
     isa: Tuple[str, ...]  # the subset of known ISA flags the OS exposes
     flags: Tuple[str, ...]  # everything the OS exposes
-    bf16_native: bool  # x86: avx512_bf16 or amx_bf16 (Arm's 'bf16' is its own extension)
+    # x86: the ISA has avx512_bf16 or amx_bf16 (a fact, kept in saved plans; Arm's 'bf16' is its own extension).
+    # Whether cpuperf has a native bf16 path is knowledge/bf16.py's answer (bf16_native), not this field.
+    bf16_native: bool
     amx_supported: bool
     amx_usable: Optional[bool]  # the kernel granted tile state to a process; None = not checked
     implementer: Optional[int] = None  # Arm
@@ -158,12 +160,6 @@ ALLOCATOR_LIBS: Dict[str, List[str]] = {
     "jemalloc": ["libjemalloc.so*"],
     "mimalloc": ["libmimalloc.so*"],
 }
-
-
-def allocator_names() -> str:
-    """'tcmalloc, jemalloc or mimalloc': the allocators as a message names them."""
-    names = list(ALLOCATOR_LIBS)
-    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import allocator_rule, preload_env
 from cpuperf.decide.recommend import compile_worth_measuring
 from cpuperf.decide.records import Measurements
@@ -28,6 +27,9 @@ from cpuperf.decide.threads import threads_on
 from cpuperf.decide.workload import Workload
 from cpuperf.errors import CpuperfError, ExitCode, ProbeFailedError, UsageError
 from cpuperf.jsonable import JsonObject
+from cpuperf.knowledge.bf16 import bf16_native
+from cpuperf.knowledge.tuning import Measure as MeasureRule
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
 
@@ -104,9 +106,9 @@ def _read_file(path: Path, identity: bool = True) -> Dict[str, Any]:
         raise CacheUnusable(str(exc).replace(f"{path} ", "")) from None
 
 
-def _rules() -> Dict[str, Any]:
-    rules: Dict[str, Any] = load_builtin("tuning.toml")["measure"]
-    return rules
+def _rules() -> MeasureRule:
+    """compat/tuning.toml [measure], typed (cpuperf.knowledge.tuning)."""
+    return tuning().measure
 
 
 def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) -> Tuple[bool, List[str]]:
@@ -116,8 +118,8 @@ def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) 
     age_days = (now - float(data.get("measured_at") or 0)) / 86400
     if data.get("torch_build") != torch_build(facts):
         return False, [f"measured with another torch build ({data.get('torch_build')})"]
-    if age_days > rules["max_age_days"]:
-        return False, [f"{age_days:.0f} days old (expires after {rules['max_age_days']})"]
+    if age_days > rules.max_age_days:
+        return False, [f"{age_days:.0f} days old (expires after {rules.max_age_days})"]
     flags: List[str] = []
     if data.get("method") == METHOD:
         # Ratios of runs side by side: load fell on both sides alike, and a ratio too noisy to decide was left out
@@ -130,7 +132,7 @@ def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) 
         flags.append("the load during it was not recorded")
     for name, rep in (data.get("repeats") or {}).items():
         spread = rep.get("spread")  # single figures (no comparison to judge): their repeats must agree
-        if spread is not None and spread > rules["single_figure_max_spread"]:
+        if spread is not None and spread > rules.single_figure_max_spread:
             flags.append(f"{name} spread {spread * 100:.0f}% over {rep.get('n')} repeats "
                          f"(min {rep.get('min'):.1f}, median {rep.get('median'):.1f}, max {rep.get('max'):.1f})")
     return True, flags
@@ -254,7 +256,7 @@ def expiry(facts: HostFacts) -> Optional[float]:
     data, _ = read_cached(facts)
     if data is None:
         return None
-    until = float(data["measured_at"]) + float(_rules()["max_age_days"]) * 86400
+    until = float(data["measured_at"]) + float(_rules().max_age_days) * 86400
     return until if until > time.time() else None
 
 
@@ -362,7 +364,7 @@ print(json.dumps(out))
 def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1.0,
                threads: int = 0, timeout: float = 300.0, repeats: Optional[int] = None) -> Dict[str, Any]:
     """fp32 and bf16 GEMM rates (GFLOP/s, the median of `repeats` runs of `seconds`), in a child process."""
-    repeats = max(1, int(repeats or _rules()["repeats"]))
+    repeats = max(1, int(repeats or _rules().repeats))
     try:
         proc = subprocess.run([python, "-c", _GEMM_SCRIPT, str(size), str(seconds), str(threads), str(repeats)],
                               capture_output=True, text=True, timeout=timeout)
@@ -536,7 +538,7 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
     from cpuperf.output import Progress
 
     rules = _rules()
-    budget = float(budget_s if budget_s is not None else rules["budget_s"])
+    budget = float(budget_s if budget_s is not None else rules.budget_s)
     libs = allocator_libraries(facts) if allocators else {}
     out: Dict[str, Any] = {"method": METHOD, "ratios": {}, "undecided": {}}
     if done is not None:
@@ -609,13 +611,13 @@ def _close(servers: Mapping[str, _Server]) -> None:
 
 
 def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, overall: float, progress: Progress,
-                 rules: Mapping[str, Any]) -> Dict[str, Any]:
+                 rules: MeasureRule) -> Dict[str, Any]:
     """fp32 and bf16 GEMM rounds on one server until their ratio decides or `deadline`: the figures for the plan."""
     from cpuperf.decide.ratios import Ratio, alternating
 
-    min_rounds, judging = int(rules["min_rounds"]), _judging()
-    windows = int(rules["windows"])
-    ratio = Ratio("bf16/fp32 GEMM", float(_tuning()["dtype"]["min_bf16_over_fp32_gemm"]))
+    min_rounds, judging = rules.min_rounds, _judging()
+    windows = rules.windows
+    ratio = Ratio("bf16/fp32 GEMM", float(tuning().dtype.min_bf16_over_fp32_gemm))
     rates: Dict[str, List[float]] = {"fp32": [], "bf16": []}
     while not ratio.decided(min_rounds, *judging) and (not ratio.rounds or time.monotonic() < deadline):
         got = {}
@@ -641,8 +643,8 @@ def _gemm_rounds(server: _Server, size: int, seconds: float, deadline: float, ov
 
 def _judging() -> Tuple[float, float]:
     """(confidence, resolution) of the one judgement (compat/tuning.toml [judge])."""
-    judge = _tuning()["judge"]
-    return float(judge["confidence"]), float(judge["resolution"])
+    judge = tuning().judge
+    return float(judge.confidence), float(judge.resolution)
 
 
 def _why_undecided(ratio: Ratio, min_rounds: int, judging: Tuple[float, float]) -> str:
@@ -653,7 +655,7 @@ def _why_undecided(ratio: Ratio, min_rounds: int, judging: Tuple[float, float]) 
 
 
 def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Progress,
-                      rules: Mapping[str, Any], out: Dict[str, Any],
+                      rules: MeasureRule, out: Dict[str, Any],
                       workloads: Tuple[str, ...] = ("lm", "mlp")) -> Dict[str, Any]:
     """Each allocator over the default on the reference workloads, rounds side by side until every ratio decides or
     `deadline`; the decided ones as allocator_speedup (per workload, and their geometric mean)."""
@@ -661,9 +663,9 @@ def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], d
 
     from cpuperf.decide.ratios import Ratio, alternating
 
-    min_rounds, judging = int(rules["min_rounds"]), _judging()
+    min_rounds, judging = rules.min_rounds, _judging()
     threshold = allocator_rule().min_speedup
-    request = {"size": "small", "seconds": float(rules["workload_window_s"]), "windows": int(rules["windows"])}
+    request = {"size": "small", "seconds": float(rules.workload_window_s), "windows": rules.windows}
     ratios = {(name, w): Ratio(f"{name}/default allocator on {w}", threshold) for name in libs for w in workloads}
     round_no = 0
     while time.monotonic() < deadline:
@@ -708,8 +710,6 @@ def allocator_workloads(facts: HostFacts) -> Tuple[str, ...]:
     """The reference workloads an allocator is measured on here: lm and mlp in fp32, and the LM under bf16 autocast
     (`lm-bf16`) where the host has native bf16 and a plan would train in it: there the allocation pattern is
     another, and the fp32 figure did not stand for it (mimalloc 1.00x on the fp32 LM, 1.10x in bf16, Zen 4)."""
-    from cpuperf.knowledge.bf16 import bf16_native
-
     return _WORKLOADS + (("lm-bf16",) if bf16_native(facts) else ())
 
 
@@ -755,10 +755,6 @@ def allocator_libraries(facts: HostFacts) -> Dict[str, str]:
 def allocator_env(name: str, library: str) -> Dict[str, str]:
     """What preloading `name` sets: LD_PRELOAD, and for jemalloc the MALLOC_CONF the launchers export."""
     return preload_env(name, library)
-
-
-def _tuning() -> Dict[str, Any]:
-    return load_builtin("tuning.toml")
 
 
 def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executable, rounds: int = 3,
@@ -839,7 +835,7 @@ def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executab
     if not facts.live:
         return None
     got = _measure_if_unsure(facts, threads, python, log)
-    if workload is not None and compile_worth_measuring(workload, got or Measurements(), threads, _tuning()):
+    if workload is not None and compile_worth_measuring(workload, got or Measurements(), threads, tuning()):
         if log:
             log(f"measuring torch.compile for {workload.name} ({workload.steps} steps: long enough for it to "
                 "matter); cached for later runs ...")
@@ -861,7 +857,7 @@ def disturbed(data: Mapping[str, Any]) -> Optional[str]:
     load = data.get("load") or {}
     if data.get("method") != METHOD or not undecided or not load.get("under_load"):
         return None
-    tries, most = int(data.get("tries") or 1), int(_rules()["disturbed_tries"])
+    tries, most = int(data.get("tries") or 1), _rules().disturbed_tries
     if tries >= most:
         return None
     return (f"{len(undecided)} ratio(s) left undecided while other work used its CPUs "
@@ -880,7 +876,7 @@ def _why_measure(data: Optional[Dict[str, Any]], facts: HostFacts) -> Tuple[bool
 
 def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
                        log: Optional[Callable[[str], object]]) -> Optional[Measurements]:
-    need_dtype = facts.cpu.bf16_native
+    need_dtype = bf16_native(facts)  # the owner's answer (Arm BF16 and POWER10 MMA count: their rule needs a figure)
     need_alloc = bool(allocator_libraries(facts))
     data, _ = read_cached(facts)
     usable, flags = _why_measure(data, facts)
@@ -893,7 +889,7 @@ def _measure_if_unsure(facts: HostFacts, threads: int, python: str,
         parts = (["the bf16/fp32 GEMM ratio"] if done is None else []) + \
             (["the allocators against the default"] if need_alloc else [])
         log(f"measuring this host ({'; '.join(flags)}): {', '.join(parts) or 'what is left'}, side by side, "
-            f"at most about {_rules()['budget_s']} s; cached for later runs ...")
+            f"at most about {_rules().budget_s} s; cached for later runs ...")
     measure_and_save(facts, threads, python, tries_before(data), log, allocators=need_alloc, done=done)
     return load_cached(facts, log)
 

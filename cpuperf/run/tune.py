@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.boundary import LAUNCHER_RANK_VARS
-from cpuperf.data import load_builtin
 from cpuperf.decide.tune import UNDECIDED, Candidates, Point, Search, TuneResult, descend
+from cpuperf.knowledge.tuning import Tune as TuneRule
+from cpuperf.knowledge.tuning import tuning
 from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
@@ -44,9 +45,9 @@ def _not_inherited() -> Tuple[str, ...]:
             torchrun.rank, torchrun.local_rank, torchrun.world_size)
 
 
-def rules() -> Dict[str, Any]:
-    tune_rules: Dict[str, Any] = load_builtin("tuning.toml")["tune"]
-    return tune_rules
+def rules() -> TuneRule:
+    """compat/tuning.toml [tune], typed (cpuperf.knowledge.tuning)."""
+    return tuning().tune
 
 
 def clean_env(extra: Mapping[str, str]) -> Dict[str, str]:
@@ -181,13 +182,13 @@ def tune_on_command(jp: JobPlan, command: CommandLine, budget: Optional[float], 
 
     rule = rules()
     start = dtune.start_point(jp.rec)
-    cand = dtune.candidates(jp.facts, jp.rec, load_builtin("tuning.toml"), script=True,
+    cand = dtune.candidates(jp.facts, jp.rec, tuning(), script=True,
                             own_launcher=jp.launch.yours is not None)
-    spend = float(budget or rule["script_budget_s"])
-    log(f"tuning {', '.join(cand.values) or 'nothing'} on your command ({rule['script_steps']} steps per run, "
-        f"{rule['script_passes']} interleaved passes, budget {spend:.0f} s) ...")
+    spend = float(budget or rule.script_budget_s)
+    log(f"tuning {', '.join(cand.values) or 'nothing'} on your command ({rule.script_steps} steps per run, "
+        f"{rule.script_passes} interleaved passes, budget {spend:.0f} s) ...")
     read = jp.script.reading if jp.script is not None else None
-    found = tune_command(start, cand, command.script, spend, log, int(rule["script_steps"]), int(rule["script_passes"]),
+    found = tune_command(start, cand, command.script, spend, log, rule.script_steps, rule.script_passes,
                          read=read)
     return found, cand, spend
 
@@ -282,7 +283,7 @@ def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Lis
     """The descent with the real clock, each run said as it ends."""
     from cpuperf.output import Progress
 
-    rule, judge = rules(), load_builtin("tuning.toml")["judge"]
+    rule, judge = rules(), tuning().judge
     began = time.monotonic()
     runs = 0
 
@@ -296,8 +297,8 @@ def tune(start: Point, cand: Candidates, run_one: Callable[[Point], Optional[Lis
 
     # A run is a fresh process (torch's import, a warm-up): on a busy host tens of seconds with nothing to say.
     with Progress(log, "tuning") as progress:
-        search = Search(budget_s=budget_s, passes=passes, min_gain=float(rule["min_gain"]),
-                        confidence=float(judge["confidence"]), resolution=float(judge["resolution"]))
+        search = Search(budget_s=budget_s, passes=passes, min_gain=float(rule.min_gain),
+                        confidence=float(judge.confidence), resolution=float(judge.resolution))
         return descend(start, cand, timed, search, clock=time.monotonic)
 
 
@@ -345,13 +346,13 @@ def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measure
     if entry is not None and not (entry.get("load") or {}).get("under_load") and not not_judged(entry):
         return meas  # tuned on a quiet host: kept; one tuned under load or before levers were judged is tuned again
     rule = rules()
-    steps_needed = int(rule["tune_when_run_exceeds_steps"])
+    steps_needed = rule.tune_when_run_exceeds_steps
     if (workload.steps or 0) < steps_needed:
         if entry is None:
             log(f"not tuned: a {workload.steps}-step run is shorter than the {steps_needed} steps that pay for "
-                f"about {rule['budget_s']} s of tuning (`cpuperf bench --tune` tunes this shape once, for every later run)")
+                f"about {rule.budget_s} s of tuning (`cpuperf bench --tune` tunes this shape once, for every later run)")
         return meas
-    log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {rule['budget_s']} s"
+    log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {rule.budget_s} s"
         + ("; the cached tuning was taken under load or before each lever was judged" if entry is not None
            else ", once")
         + "; cached for later runs) ...")
@@ -367,19 +368,18 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
     shape. Returns (result, candidates, entry), or None where there is nothing to tune (a GPU plan)."""
     import time
 
-    from cpuperf.data import load_builtin
     from cpuperf.decide import tune as dtune
     from cpuperf.decide.recommend import RecommendRequest, recommend, shape_key
     from cpuperf.run import measure
 
     rule = rules()
-    budget = float(budget_s if budget_s is not None else rule["budget_s"])
+    budget = float(budget_s if budget_s is not None else rule.budget_s)
     rec = recommend(facts, workload, RecommendRequest(measurements=meas, shape_tuning=False, environ={}))
     if rec.levers.device.value != "cpu":
         return None
-    start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, load_builtin("tuning.toml"))
-    base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule["seconds"], "steps": rule["steps"],
-            "warmup": rule["warmup"], "windows": rule["windows"], "run_steps": workload.steps or 0,
+    start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, tuning())
+    base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule.seconds, "steps": rule.steps,
+            "warmup": rule.warmup, "windows": rule.windows, "run_steps": workload.steps or 0,
             "shape": {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
                       "seq_len": workload.seq_len, "vocab_size": workload.vocab}}
 
@@ -395,7 +395,7 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
             env, cpus = point_env(facts, workload, meas, p)
             return bench_point(p, base, env, cpus, owner=owner, deadline=deadline)
 
-        result = tune(start, cand, run_one, budget, int(rule["passes"]), log)
+        result = tune(start, cand, run_one, budget, rule.passes, log)
     after = measure.load_now(facts, start.ranks * start.threads)
     entry = {**result.to_json(), "measured_at": int(time.time()), "budget_s": budget, "skipped": cand.skipped,
              "shape": shape_key(workload),
@@ -408,8 +408,8 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
         mean = result.elapsed_s / max(1, result.runs)
         entry["not_saved"] = (f"only {result.measured()} setting was measured in the {budget:.0f} s budget (a run took "
                               f"about {mean:.0f} s): nothing was compared; two settings and the confirming pair take "
-                              f"{runs_to_compare(int(rule['passes']))} runs: --budget "
-                              f"{math.ceil(mean * (runs_to_compare(int(rule['passes'])) + 1) / 10) * 10} would hold them")
+                              f"{runs_to_compare(int(rule.passes))} runs: --budget "
+                              f"{math.ceil(mean * (runs_to_compare(int(rule.passes)) + 1) / 10) * 10} would hold them")
         log(f"not saved as a tuning: {entry['not_saved']}")
     elif result.stopped != "failed":
         measure.save_tuned(facts, "tuned_by_shape", shape_key(workload), entry)

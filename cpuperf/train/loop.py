@@ -491,13 +491,13 @@ class Run:
 
     def trial_batch(self, model: nn.Module) -> Dict[str, Any]:
         """CUDA only: one forward+backward at the planned batch; shrink it if it would not fit."""
-        from cpuperf.data import load_builtin
+        from cpuperf.knowledge.tuning import tuning
         from cpuperf.train.gpu import BatchFitError, confirm_batch, cuda_memory
 
         torch, s = self.torch, self.s
-        tuning = load_builtin("tuning.toml")
-        multiple = tuning["gpu_batch"]["fp16_tensor_core_multiple"] if self.amp.name == "fp16" \
-            else tuning["gpu_batch"]["multiple"]
+        rules = tuning()
+        multiple = rules.gpu_batch.fp16_tensor_core_multiple if self.amp.name == "fp16" \
+            else rules.gpu_batch.multiple
         params = [p for p in model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         moments = 0 if self.opt.state else 2 * grad_bytes  # AdamW's exp_avg and exp_avg_sq
@@ -520,7 +520,7 @@ class Run:
             report = confirm_batch(step, s.batch_size, s.batch_size * s.grad_accum_steps * self.world,
                                    self.world, multiple, self.memory_probe or cuda_memory(self.device),
                                    fixed_bytes=moments + buckets, grad_bytes=grad_bytes,
-                                   headroom=tuning["memory"]["gpu_headroom"])
+                                   headroom=rules.memory.gpu_headroom)
         except BatchFitError as exc:
             failure = str(exc)
         batch = report["batch"] if report else 0
