@@ -86,15 +86,24 @@ def once(kind: str, argv: List[str], launch: Dict[str, Any], run_dir: Path) -> D
         cmd = [sys.executable, "-m", "cpuperf", "train", "--auto", "--verbose", "--out", str(run_dir), "--", *argv]
         preexec = None
     began = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, preexec_fn=preexec)
-    ended = time.time()
-    stamps = _stamps(proc.stdout + "\n" + proc.stderr)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=preexec)
+        _, status, usage = os.wait4(proc.pid, 0)  # the CPU time of the whole command: cpuperf, the job, all
+        ended = time.time()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+    stamps = _stamps(stdout + "\n" + stderr)
     if proc.returncode != 0 or stamps is None:
-        return {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
+        return {"error": f"exit {proc.returncode}: {(stderr.strip().splitlines() or ['?'])[-1]}"}
+    # Outside the script's own lines: the interpreter's start and end, and for auto cpuperf's own (CPU time: what a
+    # shared host's load moves far less than wall time)
     res = {"wall_s": ended - began, "to_first_line_s": stamps["began"] - began, "after_last_line_s": ended - stamps["ended"],
-           "script_s": stamps["script_s"], "samples_per_s": stamps["train_samples_per_second"]}
+           "script_s": stamps["script_s"], "samples_per_s": stamps["train_samples_per_second"],
+           "cpu_outside_script_s": usage.ru_utime + usage.ru_stime - stamps["cpu_s"]}
     if kind == "auto":
-        res["timing"] = [ln.split("timing: ", 1)[1] for ln in proc.stderr.splitlines() if "timing: " in ln]
+        res["timing"] = [ln.split("timing: ", 1)[1] for ln in stderr.splitlines() if "timing: " in ln]
     return res
 
 
@@ -125,10 +134,12 @@ def bench(rounds: int, steps: int, log) -> Dict[str, Any]:
             "first_auto_run": first, "pairs": pairs,
             "added_wall_s_median": added, "added_before_first_line_s_median": med("to_first_line_s"),
             "added_after_last_line_s_median": med("after_last_line_s"), "added_script_s_median": med("script_s"),
+            "added_cpu_s_median": med("cpu_outside_script_s"),
             "added_wall_s": [round(p["auto"]["wall_s"] - p["plain"]["wall_s"], 3) for p in ok],
             "plain_wall_s": [round(p["plain"]["wall_s"], 3) for p in ok],
             "auto_wall_s": [round(p["auto"]["wall_s"], 3) for p in ok],
             "auto_timing": ok[-1]["auto"].get("timing") if ok else None,
+            "load_avg_1m": os.getloadavg()[0],
             "target": f"added wall time <= {TARGET_S} s", "met": added is not None and added <= TARGET_S}
 
 
@@ -137,10 +148,12 @@ def markdown(r: Dict[str, Any]) -> List[str]:
         return "n/a" if v is None else f"{v:+.2f} s"
 
     return ["", "| Trainer script (run_clm-like, --model_type gpt2) | added wall (median) | before the job's first line "
-            "| after its last line | inside the script | per round | target |", "|---|---|---|---|---|---|---|",
+            "| after its last line | inside the script | added CPU outside the script | per round | target |",
+            "|---|---|---|---|---|---|---|---|",
             f"| {r['steps']} steps, {r['rounds']} alternating rounds | {s(r['added_wall_s_median'])} | "
             f"{s(r['added_before_first_line_s_median'])} | {s(r['added_after_last_line_s_median'])} | "
-            f"{s(r['added_script_s_median'])} | {', '.join(f'{v:+.2f}' for v in r['added_wall_s'])} | "
+            f"{s(r['added_script_s_median'])} | {s(r.get('added_cpu_s_median'))} | "
+            f"{', '.join(f'{v:+.2f}' for v in r['added_wall_s'])} | "
             + ("met" if r["met"] else f"MISSED: {r['target']}") + " |"]
 
 

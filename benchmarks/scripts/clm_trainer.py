@@ -4,7 +4,8 @@ Its own ModelArguments and DataTrainingArguments beside TrainingArguments (HfArg
 --model_type with --config_overrides (CONFIG_MAPPING, from_config: no weights downloaded), a tokenizer trained
 here on --train_file (the `tokenizers` library, a byte-level BPE: no hub), the text tokenized and grouped into
 --block_size chunks. Prints (rank 0) one JSON line: the Trainer's train_samples_per_second, and the wall time of
-the script from its first line to its last (what it does itself, cpuperf's start and end not included).
+the script from its first line to its last and its CPU time (what it does itself, cpuperf's start and end not
+included).
 """
 
 import time
@@ -71,6 +72,7 @@ def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"train_samples_per_second": metrics.get("train_samples_per_second"),
                           "script_s": round(time.time() - BEGAN, 3), "began": BEGAN, "ended": time.time(),
+                          "cpu_s": time.process_time(),
                           "bf16": training_args.bf16, "blocks": len(train)}), flush=True)
 
 
