@@ -256,9 +256,6 @@ def gpu_placement(facts: HostFacts, gpu_nodes: Sequence[Optional[int]], workers_
 
 # -- the memory of one process over several NUMA nodes --------------------------------------------------------
 
-LAUNCH_OPTIONS = ("oversubscribe", "numa_memory")  # --set keys that are options of the launch, not decisions
-
-
 @dataclass(frozen=True)
 class MemoryPolicy:
     """The NUMA memory policy of a one-process job whose CPUs span several nodes (compat/tuning.toml [numa_memory])."""
