@@ -216,7 +216,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
 
 def _say_timing(out: Output) -> None:
     """--verbose: each part of the run's wall time, the job's and cpuperf's own (cpuperf.run.timeline)."""
-    for line in timeline.render(("job",)):
+    for line in timeline.render():
         out.info("cpuperf train: " + line)
 
 

@@ -405,7 +405,7 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
                 log.close()
             raise
         cpu0, wall0 = time.process_time(), time.monotonic()
-        timeline.mark("start the job (its exec)" if direct else f"start {plan.launcher}")
+        timeline.mark("start the job (its exec)" if direct and plan.yours is None else f"start {_launcher_name(plan)}")
         stopper.started(proc)
         watch = Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
         watch.start()
@@ -442,8 +442,14 @@ def _mark_job(plan: LaunchPlan, direct: bool) -> None:
         except OSError:
             continue
     if times:
-        timeline.mark(f"{plan.launcher} until the first rank's exec", at=timeline.since_boot(min(times)))
-    timeline.mark("job")
+        timeline.mark(f"{_launcher_name(plan)} until the first rank's exec", at=timeline.since_boot(min(times)),
+                      whose="the launcher")
+    timeline.mark("job", whose="the job")
+
+
+def _launcher_name(plan: LaunchPlan) -> str:
+    """The launcher that starts the ranks: cpuperf's, or yours (which cpuperf runs as a direct child)."""
+    return f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
 
 
 def job_processes(marker: str) -> List[int]:

@@ -12,8 +12,9 @@ import os
 import time
 from typing import List, Optional, Tuple
 
-# (name of the part that ends here, when: seconds since boot, the clock the kernel's process start time is on)
-_MARKS: List[Tuple[str, float]] = []
+# (name of the part that ends here, when: seconds since boot, the clock the kernel's process start time is on,
+# whose time it is: None for cpuperf's own, else whose: "the job", "the launcher")
+_MARKS: List[Tuple[str, float, Optional[str]]] = []
 
 
 def now() -> float:
@@ -32,9 +33,10 @@ def _started() -> Optional[float]:
         return None
 
 
-def mark(part: str, at: Optional[float] = None) -> None:
-    """The part named `part` ends now (or at `at`, seconds since boot: a file's time, converted by `since_boot`)."""
-    _MARKS.append((part, now() if at is None else at))
+def mark(part: str, at: Optional[float] = None, whose: Optional[str] = None) -> None:
+    """The part named `part` ends now (or at `at`, seconds since boot: a file's time, converted by `since_boot`);
+    `whose`: None where the part is cpuperf's own time, else whose it is ("the job", "the launcher")."""
+    _MARKS.append((part, now() if at is None else at, whose))
 
 
 def since_boot(wall: float) -> float:
@@ -42,26 +44,26 @@ def since_boot(wall: float) -> float:
     return now() - (time.time() - wall)
 
 
-def parts() -> List[Tuple[str, float]]:
-    """(part, seconds) in order, the first from this process's start; a part whose moment came before the last
-    one's (a clock read across processes) counts 0."""
+def parts() -> List[Tuple[str, float, Optional[str]]]:
+    """(part, seconds, whose) in order, the first from this process's start; a part whose moment came before the
+    last one's (a clock read across processes) counts 0."""
     start = _started()
-    out: List[Tuple[str, float]] = []
+    out: List[Tuple[str, float, Optional[str]]] = []
     last = start if start is not None else (_MARKS[0][1] if _MARKS else 0.0)
-    for part, at in _MARKS:
-        out.append((part, max(0.0, at - last)))
+    for part, at, whose in _MARKS:
+        out.append((part, max(0.0, at - last), whose))
         last = max(last, at)
     return out
 
 
-def render(job_parts: Tuple[str, ...] = ("job",)) -> List[str]:
-    """The breakdown as lines: each part and its seconds, then cpuperf's own total outside the job's parts."""
+def render() -> List[str]:
+    """The breakdown as lines: each part and its seconds (whose, where not cpuperf's), then cpuperf's own total."""
     rows = parts()
     if not rows:
         return []
-    own = sum(s for p, s in rows if p not in job_parts)
-    lines = [f"timing: {p} {s:.3f} s" + (" (the job)" if p in job_parts else "") for p, s in rows]
-    return lines + [f"timing: cpuperf's own {own:.3f} s outside the job (up to this line)"]
+    own = sum(s for _, s, whose in rows if whose is None)
+    lines = [f"timing: {p} {s:.3f} s" + (f" ({whose})" if whose else "") for p, s, whose in rows]
+    return lines + [f"timing: cpuperf's own {own:.3f} s, outside the job and its launcher (up to this line)"]
 
 
 def reset() -> None:
