@@ -171,17 +171,22 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
             for r in results))
     if latency:
         lines.append("")
-        lines.append("| command | median wall time |")
-        lines.append("|---|---|")
+        lines.append("| command | median wall time | median CPU time |")
+        lines.append("|---|---|---|")
         for name, v in latency.items():
             if isinstance(v, dict) and "median_s" in v:
-                lines.append(f"| `{name}` | {v['median_s'] * 1000:.0f} ms |")
+                cpu = f"{v['cpu_median_s'] * 1000:.0f} ms" if "cpu_median_s" in v else "-"
+                lines.append(f"| `{name}` | {v['median_s'] * 1000:.0f} ms | {cpu} |")
         r = latency["ratios"]
         lines.append("")
         lines.append(f"doctor / collect_env = {r['doctor_vs_collect_env']:.2f} (target <= 0.2: "
                      f"{'met' if latency['targets']['doctor <= 0.2x collect_env'] else 'MISSED'}); "
                      f"ccl-env / typer+rich import = {r['ccl_env_vs_typer_rich_floor']:.2f} (target <= 1.5: "
-                     f"{'met' if latency['targets']['ccl-env <= 1.5x typer+rich'] else 'MISSED'}).")
+                     f"{'met' if latency['targets']['ccl-env <= 1.5x typer+rich'] else 'MISSED'})"
+                     + (f"; in CPU time {r['doctor_vs_collect_env_cpu']:.2f} and {r['ccl_env_vs_typer_rich_floor_cpu']:.2f}"
+                        if "doctor_vs_collect_env_cpu" in r else "")
+                     + (f"; load average {latency['load_avg_1m']:.1f} while measured" if "load_avg_1m" in latency else "")
+                     + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -312,6 +312,7 @@ def train(
     budget: Optional[float] = typer.Option(None, "--budget", metavar="S", help="--tune: seconds the search may take (default 240)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="After the run, where its wall time went: each part of cpuperf's own start and end, and the job's (stderr)."),
 ) -> None:
     """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
     from cpuperf.commands import train as cmd
@@ -329,7 +330,7 @@ def train(
                         user_argv=tuple(argv), plan=plan, replan=replan)
     options = cmd.TrainOptions(sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
                                sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
-                               budget=budget)
+                               budget=budget, verbose=verbose)
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
     run = cmd.run_tune if tune else cmd.run_train  # --tune searches the levers on the command instead of running it

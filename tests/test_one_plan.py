@@ -35,7 +35,7 @@ def _plan(host: str, sets: List[str], auto: bool) -> Dict[str, Any]:
     launch = jp.launch
     return {"settings": jp.settings.to_dict() if jp.settings is not None else {}, "decisions": {d.id: d.to_json() for d in jp.decisions},
             "world": launch.world_size, "nproc": launch.nproc_per_node, "env": dict(launch.env),
-            "per_rank": [(r.cpus, r.threads) for r in launch.per_rank]}
+            "per_rank": [(r.cpus, r.threads) for r in launch.per_rank], "memory": jp.memory}
 
 
 def _setting(key: str, value: Any) -> Callable[[Dict[str, Any]], bool]:
@@ -91,6 +91,9 @@ CASES = [
     ("offload", "true", REFUSED),
     ("offload", "false", _decided("offload", False)),
     ("oversubscribe", "true", lambda p: p["world"] >= 1),
+    ("numa_memory", "none", lambda p: p["memory"] is None),
+    # one process over the two sockets' nodes interleaves; a rank per socket has nothing to interleave
+    ("numa_memory", "interleave", lambda p: (p["memory"] is not None) == (p["world"] == 1)),
     ("preset", "tiny", _setting("preset", "tiny")),
     ("lr", "0.005", _setting("lr", 0.005)),
     ("min_lr_ratio", "0.2", _setting("min_lr_ratio", 0.2)),

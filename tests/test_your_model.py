@@ -470,3 +470,34 @@ def test_doctor_on_a_gpu_host_gives_no_cpu_bf16_advice(place):
                           timeout=120, env=env)
     finding = next(f for f in json.loads(proc.stdout)["findings"] if f["id"] == "bf16-not-native")
     assert "do not pass --bf16" not in finding["message"] and "A100" in finding["message"]
+
+
+def test_a_model_types_defaults_are_read_once_per_install(tmp_path, monkeypatch):
+    """--model_type's defaults cost a child that imports transformers (and torch): seconds before every run.
+    The answer is kept per interpreter and install; a later run starts no program, an install into that
+    environment (its transformers rewritten) reads them again."""
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    site = tmp_path / "site-packages"
+    (site / "transformers").mkdir(parents=True)
+    init = site / "transformers" / "__init__.py"
+    init.write_text("# v1\n")
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    ran: List[List[str]] = []
+
+    def run(argv, timeout):
+        ran.append(list(argv))
+        out = json.dumps({"config": {"model_type": "gpt2", "n_layer": 12 + len(ran)}, "from": str(init)})
+        return subprocess.CompletedProcess(argv, 0, stdout=out, stderr="")
+
+    from cpuperf.probe.hf import _type_defaults
+
+    first, _ = _type_defaults("gpt2", str(python), run)
+    again, _ = _type_defaults("gpt2", str(python), run)
+    assert first == again == {"model_type": "gpt2", "n_layer": 13} and len(ran) == 1
+    assert _type_defaults("llama", str(python), run)[0] == {"model_type": "gpt2", "n_layer": 14}  # per type
+    init.write_text("# v2, another release\n")
+    assert _type_defaults("gpt2", str(python), run)[0] == {"model_type": "gpt2", "n_layer": 15} and len(ran) == 3
+    other = tmp_path / "venv-python"  # another environment's interpreter: its own entry
+    other.write_text("#!/bin/sh\n")
+    assert _type_defaults("gpt2", str(other), run)[0] == {"model_type": "gpt2", "n_layer": 16}

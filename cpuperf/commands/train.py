@@ -28,6 +28,7 @@ from cpuperf.probe.hf import accelerate_default_config, script_model
 from cpuperf.probe.hosts import read_hostfile, this_node_names
 from cpuperf.probe.launchers import launcher_python, read_script
 from cpuperf.probe.slurm import slurm_facts
+from cpuperf.run import timeline
 from cpuperf.run.launcher import locate_node
 from cpuperf.run.measure import planning_measurements, train_measurements
 from cpuperf.run.vendor_env import master_interface
@@ -60,6 +61,7 @@ class TrainOptions:
     adapt_to_load: bool = False
     tune: bool = False  # --tune: tune the levers on the user's command itself (a few short runs per candidate)
     budget: Optional[float] = None
+    verbose: bool = False  # --verbose: where the run's seconds went outside the job (cpuperf.run.timeline)
 
 
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
@@ -117,6 +119,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     script, script_args = (command.script, command.script_args) if command else (None, ())
     if facts is None:
         facts = probe_host(sysroot=options.sysroot)
+    timeline.mark("check the request, probe the host")
     if options.adapt_to_load and facts.load is None and facts.live:
         facts = with_load(facts)  # --adapt-to-load: threads per rank avoid CPUs other work keeps busy now
     listed = read_hostfile(options.hostfile) if options.hostfile else None
@@ -147,6 +150,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         batch = request.global_batch or request.decided.get("batch_size")
         workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps,
                                     host=facts)
+    timeline.mark("read your command and the model it names")
     # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
     real_auto = request.auto and not request.dry_run and saved is None
     threads = plan_placement(facts).threads_per_rank if real_auto else None
@@ -157,6 +161,7 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
         else:
             meas = train_measurements(facts, environ, say, auto=request.auto, threads=threads,
                                       shape=workload if not argv and not request.has_sets else None)
+        timeline.mark("measurements")
         node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
                                  locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
         edge = EdgeFacts(environ=environ, out_dir=out_dir, python=sys.executable, euid=os.geteuid(), workload=workload,
@@ -165,7 +170,9 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
                          socket_ifname=master_interface(master, hosts) if nnodes > 1 else None,
                          script_text=script_text, script=reading, launcher_python=its_python,
                          accelerate_default_config=accelerate_config)
-        return build_job_plan(request, facts, edge, use_tuned)
+        jp = build_job_plan(request, facts, edge, use_tuned)
+        timeline.mark("plan the job")
+        return jp
     except BaseException:
         if request.out_dir is None and not request.dry_run and not request.resume:
             remove_if_empty(out_dir)  # made for this run, which never started
@@ -187,6 +194,8 @@ def _plan_json(jp: JobPlan) -> Dict[str, Any]:
 def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code. `given`: the request as
     the options gave it (train_request completes it). `train --tune` is another job: run_tune."""
+    timeline.reset()  # one run per process; a test may run several in one
+    timeline.mark("start Python, import cpuperf, read the options")
     request = train_request(given, options)
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
@@ -200,7 +209,17 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         else:
             _print_plan(out, jp)
         return 0
-    return _execute(out, request, jp, launch)
+    code = _execute(out, request, jp, launch)
+    timeline.mark("verify and report")
+    if options.verbose:
+        _say_timing(out)
+    return code
+
+
+def _say_timing(out: Output) -> None:
+    """--verbose: each part of the run's wall time, the job's and cpuperf's own (cpuperf.run.timeline)."""
+    for line in timeline.render():
+        out.info("cpuperf train: " + line)
 
 
 def _settings_json(jp: JobPlan) -> Optional[JsonObject]:
@@ -314,6 +333,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     script = jp.script
     if script is not None:
         _write_config_files(script.files)
+    timeline.mark("say the plan")
     from cpuperf.decide.runtime_env import users_own
 
     # the job's environment as the plan read it: ccl-env's own exports are the plan's to set, not inherited

@@ -252,3 +252,39 @@ def gpu_placement(facts: HostFacts, gpu_nodes: Sequence[Optional[int]], workers_
     reason = (f"each rank on the cores of its GPU's NUMA node ({', '.join(f'node {n}' for n in nodes)}), "
               f"{min(s.threads for s in slots)} compute thread(s) each, the rest of its cores for its data loader workers")
     return Placement(len(gpu_nodes), "gpu-numa", tuple(slots), 0, sum(len(s.cpus) for s in slots), (reason,))
+
+
+# -- the memory of one process over several NUMA nodes --------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """The NUMA memory policy of a one-process job whose CPUs span several nodes (compat/tuning.toml [numa_memory])."""
+
+    mode: str  # 'interleave'
+    nodes: Tuple[int, ...]
+    reason: str
+
+    @property
+    def numactl(self) -> Tuple[str, ...]:
+        """numactl's options for it."""
+        return (f"--{self.mode}=" + ",".join(str(n) for n in self.nodes),)
+
+    def describe(self) -> str:
+        return f"{self.mode} over NUMA nodes {','.join(str(n) for n in self.nodes)}"
+
+
+def memory_policy(facts: HostFacts, placement: Placement, on_gpu: bool, auto: bool,
+                  asked: object = "auto") -> Tuple[Optional[MemoryPolicy], Optional[str]]:
+    """(the policy, a note) for a job of one process per node: where its CPUs span several NUMA nodes, the rule's
+    policy over them (--auto, or `asked` 'interleave' from --set numa_memory); `asked` None (--set numa_memory=none)
+    opts out. Several ranks per node (each on its own socket or node), a GPU job, one node: no policy."""
+    if asked is None or on_gpu or placement.nproc_per_node != 1 or not placement.slots or not (auto or asked != "auto"):
+        return None, ("--set numa_memory=none: the process's pages land where first touched" if asked is None else None)
+    node_of = {c.id: c.node for c in facts.topology.cpus}
+    cpus = placement.slots[0].cpus or facts.usable_cpus()
+    nodes = tuple(sorted({n for n in (node_of.get(c) for c in cpus) if n is not None}))
+    if len(nodes) < 2:
+        return None, ("--set numa_memory=interleave: this process's CPUs are on one NUMA node, nothing to interleave"
+                      if asked == "interleave" else None)
+    rule = tuning().numa_memory
+    return MemoryPolicy(rule.policy, nodes, rule.reason), None

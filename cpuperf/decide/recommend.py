@@ -195,7 +195,7 @@ def user_constraints(overrides: Optional[Mapping[str, object]]) -> Dict[str, Kno
     fixed: Dict[str, KnobValue] = {}
     for key, raw in (overrides or {}).items():
         knob = BY_ID.get(key)
-        if knob is not None and not (knob.decided or key == "oversubscribe"):
+        if knob is not None and not (knob.decided or key in ("oversubscribe", "numa_memory")):
             raise FieldError(key, raw, "{flag}: a setting of the built-in training loop, not a decision",
                              "cpuperf train {flag}=...; decisions: " + ", ".join(DECISION_IDS), setting=True)
         fixed[key] = coerce(key, raw)

@@ -232,7 +232,7 @@ class Constraints:
 
 def constraints_of(values: Mapping[str, KnobValue], reason: Optional[str] = None) -> Constraints:
     """Typed values by knob id (knowledge/knobs.py has checked each) -> Constraints; `reason` None: the user's."""
-    pins: Dict[str, Any] = {k: Pin(v, reason) for k, v in values.items() if k != "oversubscribe"}
+    pins: Dict[str, Any] = {k: Pin(v, reason) for k, v in values.items() if k not in ("oversubscribe", "numa_memory")}
     return Constraints(oversubscribe=bool(values.get("oversubscribe")), **pins)
 
 

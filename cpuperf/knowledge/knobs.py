@@ -82,6 +82,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
     # placement options ---------------------------------------------------------------------------------
     Knob("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
+    Knob("numa_memory", "choice", choices=("interleave", None), launch=True,
+         doc="one process over several NUMA nodes: interleave its memory over them (numactl); none: first touch"),
     # the built-in loop only -------------------------------------------------------------------------
     Knob("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
     Knob("model", "dict", worker=True, doc="model.n_layer, model.n_head, model.d_model, model.seq_len, ..."),

@@ -174,6 +174,15 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class NumaMemory:
+    """[numa_memory]: the memory policy of one process whose CPUs span several NUMA nodes."""
+
+    policy: str
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Measure:
     """[measure]: a cached measurement's age, its repeats and the sequential rounds."""
 
@@ -263,6 +272,7 @@ class Tuning:
     gpu_memory: GpuMemory
     load: Load
     placement: Placement
+    numa_memory: NumaMemory
     measure: Measure
     judge: Judge
     hf_trainer: HfTrainer
@@ -355,7 +365,7 @@ def parse(data: Mapping[str, Any]) -> Tuning:
             cls = {"ccl_workers": CclWorkers, "kmp": Kmp, "allocator": AllocatorRule, "compile": Compile,
                    "builtin_model": BuiltinModel, "dtype": Dtype, "fp32_math_mode": Fp32MathMode,
                    "optimizer": Optimizer, "gpu_batch": GpuBatch, "dataloader": Dataloader, "gpu_memory": GpuMemory,
-                   "load": Load, "placement": Placement, "measure": Measure, "judge": Judge,
+                   "load": Load, "placement": Placement, "numa_memory": NumaMemory, "measure": Measure, "judge": Judge,
                    "hf_trainer": HfTrainer, "tune": Tune}[f.name]
             sections[f.name] = _record(cls, raw, f"[{f.name}]")
     return Tuning(**sections)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.allocator import ALLOCATORS, library_stem
 from cpuperf.decide.records import Decision, Levers
@@ -58,6 +58,11 @@ class RenderedJob:
     by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
     env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
     numa_binding: bool = False  # torchrun binds each GPU rank to its GPU's NUMA node (--numa-binding=node)
+    # one process over several NUMA nodes: its memory policy (described), and the numactl options carrying it where
+    # the launch does (None: not carried, and `memory_why` says why)
+    memory: Optional[str] = None
+    memory_how: Optional[str] = None
+    memory_why: str = ""
     # a user's script builds TrainingArguments, so the Trainer's defaults are what it runs with (False: it does not;
     # None: its source was not read)
     trainer: Optional[bool] = True
@@ -83,7 +88,7 @@ def lever_report(levers: Levers, job: RenderedJob) -> Tuple[LeverState, ...]:
     """Every lever, in the vocabulary's order, applied (where) or not (why): nothing is left unsaid. After a run
     (`job.ran_threads`), the thread count is held to what the ranks were read back running with."""
     return tuple(_read_back(_state(d, levers, job), job) if d.id == "threads_per_rank" else _state(d, levers, job)
-                 for d in levers.all())
+                 for d in levers.all()) + _memory(job)
 
 
 def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
@@ -101,6 +106,15 @@ def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
     if "OMP_NUM_THREADS=" in state.how and not re.search(rf"OMP_NUM_THREADS={re.escape(shown)}\b", state.how):
         return LeverState(state.id, state.value, False, f"the ranks ran OMP_NUM_THREADS={shown} (read back)")
     return LeverState(state.id, state.value, False, f"{state.how}; read back: the ranks ran OMP_NUM_THREADS={shown}")
+
+
+def _memory(job: RenderedJob) -> Tuple[LeverState, ...]:
+    """The memory policy of one process over several NUMA nodes, where the plan has one (no row where it has none)."""
+    if job.memory is None:
+        return ()
+    if job.memory_how is not None:
+        return (LeverState("numa_memory", job.memory, True, job.memory_how),)
+    return (LeverState("numa_memory", job.memory, False, job.memory_why),)
 
 
 def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
@@ -403,4 +417,18 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         own_values=script.reading.args.values() if script is not None and script.reading is not None else {},
         carried=script.carried if script is not None else (),
         by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv,
+        **_memory_view(jp),
         trainer=script.trainer if script is not None else True)
+
+
+def _memory_view(jp: JobPlan) -> Dict[str, Any]:
+    """The job's memory policy as the report reads it: described, and how the launch carries it or why not."""
+    policy = jp.memory
+    if policy is None:
+        return {}
+    plan = jp.launch
+    if plan.launcher == "direct" and plan.yours is None and tuple(plan.argv[1:1 + len(policy.numactl)]) == policy.numactl:
+        return {"memory": policy.mode, "memory_how": f"{policy.describe()}: numactl {' '.join(policy.numactl)}"}
+    why = ("numactl is not installed (apt-get install numactl)" if plan.launcher == "direct" and plan.yours is None
+           else "your launcher starts the process: cpuperf does not wrap it in numactl")
+    return {"memory": policy.mode, "memory_why": f"{policy.describe()}: {why}"}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
+from cpuperf.decide.placement import MemoryPolicy, memory_policy
 from cpuperf.decide.records import Recommendation
 from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import FieldError, UsageError
@@ -84,6 +85,7 @@ class JobPlan:
     decisions: Tuple[DecisionRow, ...]
     notes: Tuple[str, ...]
     script: Optional[ScriptPlan] = None  # the plan of the user's command (its Trainer flags); None: the built-in loop
+    memory: Optional[MemoryPolicy] = None  # one process over several NUMA nodes: its memory policy
 
     @property
     def backend(self) -> Optional[str]:
@@ -272,15 +274,18 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))
+    memory, memory_note = memory_policy(facts, rec.placement, lv.on_gpu, request.auto,
+                                        request.asked.decided.get("numa_memory", "auto"))
+    notes += [memory_note] if memory_note else []
     launch = plan_launch(facts, rec.placement, LaunchSpec(
         rank_command=run.command, env_vars=env, launcher=request.asked.launcher, hosts=request.hosts,
         nnodes=lv.nnodes.value, node_rank=request.node_rank if request.node_rank is not None else 0,
         master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python, local_addr=request.local_addr,
         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=run.yours, slurm=request.slurm,
-        numa_binding=numa, opens_session=run.opens_session))
+        numa_binding=numa, opens_session=run.opens_session, memory_policy=memory))
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto),
-                   tuple(_kept_as_run(notes, launch)), run.script)
+                   tuple(_kept_as_run(notes, launch)), run.script, memory)
 
 
 def _kept_as_run(notes: List[str], launch: LaunchPlan) -> List[str]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT, RANK_LOGDIR, RANK_PIDDIR, RANK_SLOTS, RDZV_TIMEOUT
 from cpuperf.decide.allocator import ALLOCATORS
-from cpuperf.decide.placement import Placement
+from cpuperf.decide.placement import MemoryPolicy, Placement
 from cpuperf.decide.threads import threads_on
 from cpuperf.errors import ExitCode, FieldError
 from cpuperf.jsonable import NOT_IN_JSON, as_json
@@ -178,6 +178,7 @@ class LaunchSpec:
     slurm: SlurmFacts = NO_SLURM
     numa_binding: bool = False
     opens_session: bool = False  # rank_command makes its own session (the user's command behind `setsid`)
+    memory_policy: Optional[MemoryPolicy] = None  # one process over several NUMA nodes (decide.placement.memory_policy)
 
 
 def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> LaunchPlan:
@@ -206,6 +207,8 @@ def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> Lau
                master_port, job_id, local_addr, rdzv_timeout, tuple(h.name for h in hosts) if hosts else (),
                hosts, euid, environ, slurm, mpi, numa_binding)
     start = _start(chosen, job, specs, env, reasons, notes)
+    if chosen == "direct" and spec.memory_policy is not None:
+        start = start._replace(argv=_with_memory_policy(start.argv, spec.memory_policy, facts, notes))
     if world > 1:
         _rendezvous_env(env, reasons, chosen, start.addr, start.port, rdzv_timeout)
     return LaunchPlan(launcher=chosen, flavour=start.flavour, argv=start.argv, env=env, env_reasons=reasons,
@@ -215,6 +218,18 @@ def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> Lau
                       rank_command=job.cmd, notes=tuple(notes), node_commands=start.node_commands,
                       pid_dir=log_dir if chosen != "direct" else None,
                       own_session=spec.opens_session and chosen == "direct")  # else a launcher starts it, in its own
+
+
+def _with_memory_policy(argv: Tuple[str, ...], policy: MemoryPolicy, facts: HostFacts,
+                        notes: List[str]) -> Tuple[str, ...]:
+    """The one process started under numactl with its memory policy, where numactl is installed; else said."""
+    numactl = facts.software.numactl if facts.software is not None else None
+    if not numactl:
+        notes.append(f"memory: {policy.describe()} not applied: numactl is not installed "
+                     "(apt-get install numactl, or dnf install numactl)")
+        return argv
+    notes.append(f"memory: {policy.describe()} (numactl {' '.join(policy.numactl)}): {policy.reason}")
+    return (numactl, *policy.numactl, *argv)
 
 
 class _Job(NamedTuple):

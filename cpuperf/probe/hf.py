@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from cpuperf.jsonable import JsonObject, JsonValue
 
@@ -65,8 +65,9 @@ _TRAINER_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "
 _OPTIM_IDS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_hf": "adamw", "adamw": "adamw",
               "adafactor": "adafactor", "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit",
               "paged_adamw_8bit": "adamw_8bit"}
-_TYPE_DEFAULTS = ("import json, sys\nfrom transformers import AutoConfig\n"
-                  "print(AutoConfig.for_model(sys.argv[1]).to_json_string())\n")
+_TYPE_DEFAULTS = ("import json, sys\nimport transformers\nfrom transformers import AutoConfig\n"
+                  "config = json.loads(AutoConfig.for_model(sys.argv[1]).to_json_string())\n"
+                  "print(json.dumps({'config': config, 'from': transformers.__file__}))\n")
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,13 @@ def _run(argv: Sequence[str], timeout: float) -> Optional[Ran]:
 
 def _type_defaults(model_type: str, python: Optional[str], run: Optional[Runner]) -> Tuple[Optional[JsonObject], str]:
     """The installed transformers' defaults for a model type (AutoConfig.for_model), in a child with a timeout
-    and the hub switched off."""
+    and the hub switched off; remembered (_remembered_type) so that only the first run of a command pays the
+    child's seconds (importing transformers imports torch)."""
     if python is None:
         return None, f"--model_type {model_type}: your script's Python was not found to read transformers' defaults"
+    known = _remembered_type(python, model_type)
+    if known is not None:
+        return known, ""
     result = (run or _run)([python, "-I", "-c", _TYPE_DEFAULTS, model_type], 60.0)
     if result is None or result.returncode != 0:
         return None, (f"--model_type {model_type}: the installed transformers does not know it "
@@ -199,7 +204,60 @@ def _type_defaults(model_type: str, python: Optional[str], run: Optional[Runner]
         data: JsonValue = json.loads(result.stdout)
     except ValueError:
         return None, f"--model_type {model_type}: transformers printed no config"
-    return (data, "") if isinstance(data, dict) else (None, f"--model_type {model_type}: no config")
+    config = data.get("config") if isinstance(data, dict) else None
+    if not isinstance(config, dict):
+        return None, f"--model_type {model_type}: no config"
+    where = data.get("from") if isinstance(data, dict) else None
+    if isinstance(where, str):
+        _remember_type(python, model_type, where, config)
+    return config, ""
+
+
+def _type_key(python: str, model_type: str) -> Tuple[List[object], Path]:
+    """The cache entry of a model type's defaults as `python`'s transformers gives them: the interpreter's own path
+    (a venv's python is a link to the base one: not resolved) and its file's identity are the key."""
+    import zlib
+
+    from cpuperf import __version__
+    from cpuperf.fsutil import cache_root
+
+    path = os.path.abspath(python)
+    st = os.stat(path)
+    key: List[object] = [__version__, path, st.st_mtime_ns, st.st_size, model_type]
+    text = json.dumps(key)
+    return key, cache_root() / "model-types" / f"{zlib.crc32(text.encode()):08x}{zlib.adler32(text.encode()):08x}.json"
+
+
+def _install_stamp(init_file: str) -> List[int]:
+    """What changes when transformers or anything else is installed into that environment: its package's
+    __init__.py and the folder it is installed in (site-packages gets a new dist-info on every install)."""
+    a, b = os.stat(init_file), os.stat(os.path.dirname(os.path.dirname(init_file)))
+    return [a.st_mtime_ns, a.st_size, b.st_mtime_ns]
+
+
+def _remembered_type(python: str, model_type: str) -> Optional[JsonObject]:
+    """A model type's defaults read before by the same interpreter from the same, unchanged install; else None."""
+    from cpuperf.readback import read_json
+
+    try:
+        key, path = _type_key(python, model_type)
+        known = read_json(path, 4 << 20)
+        if known["key"] == key and known["stamp"] == _install_stamp(known["from"]) and isinstance(known["config"], dict):
+            return dict(known["config"])
+    except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable, another install: read again
+        pass
+    return None
+
+
+def _remember_type(python: str, model_type: str, init_file: str, config: JsonObject) -> None:
+    from cpuperf.fsutil import atomic_write_bytes
+
+    try:
+        key, path = _type_key(python, model_type)
+        entry = {"key": key, "from": init_file, "stamp": _install_stamp(init_file), "config": config}
+        atomic_write_bytes(path, json.dumps(entry).encode("utf-8"))
+    except OSError:
+        pass  # a read-only cache: the next run reads the defaults again
 
 
 # What a dry run says where it did not start a program of the user's to learn something (train --dry-run shows it).

@@ -39,6 +39,7 @@ from cpuperf.fsutil import DirLock, LockBusy, acquire_dir_lock, append_nofollow,
 from cpuperf.output import StreamError, write_stream
 from cpuperf.plan.launch import LaunchPlan, RankObservation, choose_launcher
 from cpuperf.probe.hosts import Host, check_hosts, local_node_rank, require_resolvable
+from cpuperf.run import timeline
 from cpuperf.run.rankexec import die_with_parent
 from cpuperf.run.watch import Watch
 
@@ -332,6 +333,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         say_no_adoption()
     watchdog = start_watchdog(f"{ERRORS_VAR}={errors_dir}", errors_dir, tree=adopted)
     since = start_time(watchdog.pid)
+    timeline.mark("lock the run directory, start the watchdog")
     try:
         env = dict(os.environ if environ is None else environ)
         env.update(plan.env)
@@ -347,6 +349,7 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         stop_watchdog(watchdog)
         if lock is not None:
             lock.release()
+        timeline.mark("end what the job left, stop the watchdog, unlock")
 
 
 _NO_ADOPTION = ("note: this host does not let cpuperf adopt the processes your command detaches (no "
@@ -392,6 +395,7 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     if not direct:
         log = os.fdopen(append_nofollow(launcher_log), "ab") if launcher_log else open(os.devnull, "wb")
     t0 = time.monotonic()
+    timeline.mark("prepare the logs")
     # Handlers first: a SIGTERM right after the start must reach the child, not end cpuperf alone.
     with _Stopper() as stopper:
         try:
@@ -401,6 +405,7 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
                 log.close()
             raise
         cpu0, wall0 = time.process_time(), time.monotonic()
+        timeline.mark("start the job (its exec)" if direct and plan.yours is None else f"start {_launcher_name(plan)}")
         stopper.started(proc)
         watch = Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
         watch.start()
@@ -409,12 +414,14 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
         try:
             code = stopper.wait()
             supervisor = Supervisor(cpu_s=time.process_time() - cpu0, wall_s=time.monotonic() - wall0)
+            _mark_job(plan, direct)
         finally:
             kill_tree(proc.pid)  # whatever the child left in its group (it has exited)
             end_leftovers(f"{ERRORS_VAR}={errors_dir}")  # and any process of the job that left the group
             watch.finish(timeout=5)
             if reader is not None:
                 reader.join(timeout=5)
+            timeline.mark("reap the job's group and output")
     if code < 0:
         code = 128 - code  # killed by a signal: the shell's convention
     name = signal.Signals(stopper.signum).name if stopper.signum else None
@@ -422,6 +429,27 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
                       launcher_output="".join(captured)[-200_000:], observations=watch.observations,
                       wall_s=time.monotonic() - t0, rank_errors=_rank_errors(errors_dir), signal_name=name,
                       supervisor=supervisor)
+
+
+def _mark_job(plan: LaunchPlan, direct: bool) -> None:
+    """The job's part of the timeline: under a launcher, from its start to the first rank's exec (the rank's pid
+    file, written just before it), then the job until the launcher exits."""
+    folder = plan.pid_dir or (plan.log_dir if not direct else None)
+    times = []
+    for pidfile in Path(folder).glob("rank*.pid") if folder else ():
+        try:
+            times.append(pidfile.stat().st_mtime)
+        except OSError:
+            continue
+    if times:
+        timeline.mark(f"{_launcher_name(plan)} until the first rank's exec", at=timeline.since_boot(min(times)),
+                      whose="the launcher")
+    timeline.mark("job", whose="the job")
+
+
+def _launcher_name(plan: LaunchPlan) -> str:
+    """The launcher that starts the ranks: cpuperf's, or yours (which cpuperf runs as a direct child)."""
+    return f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
 
 
 def job_processes(marker: str) -> List[int]:
