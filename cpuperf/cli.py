@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -419,6 +420,30 @@ def _check_user_program(command: List[str]) -> None:
                          hint=hint)
 
 
+def _check_no_dashes(args: List[str], command: Any) -> None:
+    """`train python x.py --max-steps 3` (no `--`): click takes every option it knows as train's own, wherever it
+    stands, and runs the rest: the script's `--max-steps 3` was cpuperf's, silently. A command given without `--`
+    whose words after its program hold an option is refused: its options would be taken, or refused as train's."""
+    train = getattr(command, "commands", {}).get("train")
+    if train is None:
+        return
+    valued = {o for p in train.params if not getattr(p, "is_flag", False) for o in getattr(p, "opts", ())
+              if o.startswith("-")}
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # train's own options, before the command's first word
+        i += 2 if args[i] in valued else 1
+    rest = args[i + 1:]
+    if i >= len(args) or not any(w.startswith("-") and w != "-" for w in rest):
+        return
+    word = next(w for w in rest if w.startswith("-") and w != "-")
+    own = word.split("=", 1)[0] in {o for p in train.params for o in getattr(p, "opts", ())}
+    raise UsageError(f"train {args[i]} ... {word}: without `--` before your command, {word} "
+                     + ("is taken as cpuperf's own option, not your command's" if own
+                        else "is read as an option of cpuperf's, which it is not"),
+                     hint=f"put `--` before your command: cpuperf train {shlex.join(args[:i])}{' ' if i else ''}-- "
+                          f"{shlex.join(args[i:])}")
+
+
 def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -> int:
     """Run the command line: the typer-free fast path's error, ccl-env's fast path, or the typer app."""
     if pending is not None:
@@ -430,6 +455,8 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
         return _ccl_env_main(args[1:])
     if args[:1] == ["train"] and "--" in args:
         _check_user_program(args[args.index("--") + 1:])
+    elif args[:1] == ["train"]:
+        _check_no_dashes(args[1:], command)
     result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 

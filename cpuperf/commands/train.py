@@ -66,6 +66,7 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     """The request as the options gave it, completed with the values `o` types (the constraints, the ranks per
     node); the combinations refused before anything is probed (exit 2)."""
     from cpuperf.plan.request import (
+        check_builtin_only,
         check_option_values,
         check_own_launcher,
         check_saved_plan_options,
@@ -76,6 +77,7 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
 
     check_sysroot(o.sysroot, given.dry_run)
     check_option_values(given)
+    check_builtin_only(given)
     if given.plan:
         # Options that decide something: a saved plan has decided them already.
         fixes = {"sets": o.sets, "model": given.model, "batch_size": o.batch_size, "nproc_per_node": o.nproc_per_node,
@@ -187,6 +189,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     the options gave it (train_request completes it). `train --tune` is another job: run_tune."""
     request = train_request(given, options)
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
+    _refuse_dropped(jp, options)
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
@@ -199,6 +202,22 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
             _print_plan(out, jp)
         return 0
     return _execute(out, request, jp, launch)
+
+
+def _refuse_dropped(jp: JobPlan, options: TrainOptions) -> None:
+    """A value you gave (--batch-size, --set KEY=VALUE) that your command cannot carry is refused (exit 2) before
+    anything runs, never dropped: `--batch-size 4 -- python plain.py` trained the script's own batch, said only as
+    one lever line among thirty."""
+    if not jp.request.asked.user_argv:
+        return
+    for state in _lever_report(jp):
+        decision = getattr(jp.rec.levers, state.id, None)
+        if state.applied or decision is None or not decision.overridden:
+            continue
+        given = (f"--batch-size {options.batch_size}" if state.id == "batch_size" and options.batch_size
+                 else f"--set {state.id}={state.value}")
+        raise UsageError(f"{given}: your command cannot take it ({state.how})",
+                         hint="drop it, and give your script its own option for it (after `--`)")
 
 
 def _settings_json(jp: JobPlan) -> Optional[JsonObject]:
