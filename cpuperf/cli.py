@@ -330,11 +330,29 @@ def train(
                         user_argv=tuple(argv), plan=plan, replan=replan)
     options = cmd.TrainOptions(sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
                                sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
-                               budget=budget)
+                               budget=budget, again=_train_again(ctx))
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
     run = cmd.run_tune if tune else cmd.run_train  # --tune searches the levers on the command instead of running it
     _finish(run(Output(json_mode=json_out, quiet=quiet), given, options))
+
+
+# The options a resume hint leaves out: it names the run directory and --resume itself; the rest are how it is said.
+_NOT_AGAIN = frozenset({"out_dir", "resume", "json_out", "quiet", "dry_run", "tune", "budget"})
+
+
+def _train_again(ctx: typer.Context) -> Tuple[str, ...]:
+    """The options this `train` was given, as words that give them again (each as its first spelling): the printed
+    `--resume` hint carries them, so the run it continues is planned as this one (the same model, the same plan)."""
+    words: List[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in _NOT_AGAIN or value is None or value == param.default or value in ((), [], False):
+            continue
+        flag = param.opts[0]
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            words += [flag] if value is True else [flag, str(one)]
+    return tuple(words)
 
 
 @app.command("ccl-env", add_help_option=False, short_help="The oneCCL/MPI environment for this host, as shell.",

@@ -60,6 +60,15 @@ class TrainOptions:
     adapt_to_load: bool = False
     tune: bool = False  # --tune: tune the levers on the user's command itself (a few short runs per candidate)
     budget: Optional[float] = None
+    again: Tuple[str, ...] = ()  # the options as given, less --out/--resume: the resume hint repeats them
+
+
+def resume_hint(jp: JobPlan, again: Tuple[str, ...]) -> str:
+    """The command that continues this run from its checkpoint, as it works when pasted: the run's own options
+    (the model shape, --auto, --set ...) with --resume and its run directory."""
+    import shlex
+
+    return "cpuperf train " + shlex.join([*again, "--resume", "--out", jp.request.out_dir])
 
 
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
@@ -201,7 +210,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         else:
             _print_plan(out, jp)
         return 0
-    return _execute(out, request, jp, launch)
+    return _execute(out, request, jp, launch, options.again)
 
 
 def _refuse_dropped(jp: JobPlan, options: TrainOptions) -> None:
@@ -304,7 +313,7 @@ def _check_tunable(request: PlanRequest, options: TrainOptions) -> None:
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 
 
-def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any]) -> int:
+def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any], again: Tuple[str, ...] = ()) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
 
@@ -314,7 +323,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     who = f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
-             + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
+             + (", the recommended settings (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
              + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
              + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
                 if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
@@ -351,7 +360,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         # Say "checkpoint" only where one exists: a run stopped before its first step has none.
         message = f"interrupted ({res.signal_name or 'SIGINT'}); the ranks were stopped" + (
             f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
-        hint = "cpuperf train --resume continues from it" if has_ckpt else None
+        hint = f"{resume_hint(jp, again)} continues from it" if has_ckpt else None
         out.error(message, hint)
         code = exit_code_for_signal(res.signal_name)  # 128 + the signal
         if out.json_mode:
@@ -360,7 +369,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
                       "supervisor": _supervisor(res)})
         return int(code)
     if res.code != 0:
-        return _report_failure(out, jp, res, launch, verification, has_ckpt)
+        return _report_failure(out, jp, res, launch, verification, has_ckpt, again)
     result = _result(jp, res, summary, launch, verification)
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
@@ -490,7 +499,7 @@ def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
 
 
 def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str, Any], verification: Dict[str, Any],
-                    has_ckpt: bool) -> int:
+                    has_ckpt: bool, again: Tuple[str, ...] = ()) -> int:
     code, message, hint = _failure(jp.launch, res)
     from cpuperf.plan.user_script import rejected_flags
 
@@ -498,7 +507,7 @@ def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str,
     if rejected:
         message, hint = rejected
     if hint is None and has_ckpt:
-        hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint"
+        hint = f"fix the cause, then {resume_hint(jp, again)} continues from the last checkpoint"
     if out.json_mode:
         out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
                             "message": message, "hint": hint}, "launch": launch, "verification": verification,

@@ -314,7 +314,8 @@ _ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulatio
 def _script_why(d: Decision[object], job: RenderedJob) -> str:
     if job.trainer is not True and d.id in _ITS_OWN_CODE:
         what = "the script's own code decides it" if job.trainer is False else "the script was not read"
-        return f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"
+        return (f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone; {_show(d.value)} is "
+                "the plan's figure, not passed to it")
     if job.flags_why and not job.flags:
         what = "no Trainer flags for this command" if job.trainer is not False else \
             "no flag or variable of this command carries it"
