@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -35,6 +36,7 @@ from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
     from cpuperf.plan.applied import LeverState
+    from cpuperf.plan.command import CommandLine
     from cpuperf.plan.job import JobPlan
     from cpuperf.plan.launch import LaunchPlan, RankObservation
     from cpuperf.plan.request import PlanRequest
@@ -197,6 +199,8 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train`: plan, (dry-run | execute), verify, report. Returns the exit code. `given`: the request as
     the options gave it (train_request completes it). `train --tune` is another job: run_tune."""
     request = train_request(given, options)
+    if not request.dry_run:
+        check_startable(request.command, dict(os.environ))
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     _refuse_dropped(jp, options)
     launch = _plan_json(jp)
@@ -227,6 +231,26 @@ def _refuse_dropped(jp: JobPlan, options: TrainOptions) -> None:
                  else f"--set {state.id}={state.value}")
         raise UsageError(f"{given}: your command cannot take it ({state.how})",
                          hint="drop it, and give your script its own option for it (after `--`)")
+
+
+def check_startable(command: Optional[CommandLine], environ: Dict[str, str]) -> None:
+    """A command of yours that cannot start is refused before anything is launched, with one line: its program on no
+    PATH (exit 8, `-- pythn x.py`), or its script not there (exit 2, `-- python nosuch.py`, also behind your own
+    torchrun or accelerate): it was launched, and ended as the script's or torchrun's own exit 2 or 1."""
+    from cpuperf.probe.launchers import program_missing, script_missing
+
+    if command is None or command.hidden:  # a shell line cpuperf does not read through: the shell says
+        return
+    path = command.environ(environ).get("PATH")
+    for word in dict.fromkeys(w for w in (command.given[:1] + command.words[:1]) if w):
+        if program_missing(word, path):
+            raise LaunchFailedError(f"{word}: command not found (no such program on PATH or at that path)",
+                                    hint=f"check the first word of your command after `--`: {shlex.join(command.given)}")
+    script = command.script.script
+    changes_dir = any(w.shell or {"-C", "--chdir"} & set(w.argv) for w in command.wrappers)
+    if script and not changes_dir and script_missing(script):
+        raise UsageError(f"{script}: no such script (your command runs {shlex.join(command.words)} in {os.getcwd()})",
+                         hint="check the script's path: it is found from the current directory")
 
 
 def _settings_json(jp: JobPlan) -> Optional[JsonObject]:
@@ -500,7 +524,7 @@ def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
 
 def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str, Any], verification: Dict[str, Any],
                     has_ckpt: bool, again: Tuple[str, ...] = ()) -> int:
-    code, message, hint = _failure(jp.launch, res)
+    code, message, hint = _failure(jp.launch, res, bool(jp.request.asked.user_argv))
     from cpuperf.plan.user_script import rejected_flags
 
     rejected = rejected_flags(res.code, res.wall_s, res.launcher_output, jp.script)
@@ -571,7 +595,7 @@ def _supervisor(res: ExecResult) -> Optional[Dict[str, float]]:
     return res.supervisor.to_json() if res.supervisor is not None else None
 
 
-def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]]:
+def _failure(plan: LaunchPlan, res: ExecResult, user: bool = False) -> Tuple[int, str, Optional[str]]:
     """(exit code, one-line message, hint or None) naming what failed first: the rank's own error
     when it left one, a rendezvous that timed out with the nodes that never joined, else the rank
     and its log."""
@@ -593,10 +617,13 @@ def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]
         who = f"rank {own.get('rank', rank)}: " if plan.world_size > 1 else ""
         return int(own.get("code") or res.code or 1), who + str(own["message"]), own.get("hint")
     if plan.launcher == "direct":
-        return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code), None
+        who = (f"your {plan.yours.launcher}" if plan.yours is not None else "your command" if user
+               else "the training process")
+        return res.code, f"{who} exited with code {res.code}" + _signal_name(res.code) + _passed(res.code), None
     code = parsed[1] if parsed and parsed[1] else None
     if rank is None:
-        return res.code or int(ExitCode.LAUNCH_FAILED), (f"{plan.launcher} failed with exit code {res.code}; "
+        who = f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
+        return res.code or int(ExitCode.LAUNCH_FAILED), (f"{who} failed with exit code {res.code}{_passed(res.code)}; "
                                                           f"log: {os.path.join(plan.log_dir or '', 'launcher.log')}"), None
     log = os.path.join(plan.log_dir or "", f"rank{rank}.log")
     if code is None:
@@ -604,7 +631,15 @@ def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]
         how = f"{plan.launcher} exited with {res.code}"
     else:
         how = f"exit code {code}{_signal_name(code)}"
-    return code, f"rank {rank} failed first ({how}); log: {log}", None
+    return code, f"rank {rank} failed first ({how}){_passed(code)}; log: {log}", None
+
+
+def _passed(code: int) -> str:
+    """docs/exit-codes.md: a code of the job's own processes is passed through unchanged; where it is also one of
+    cpuperf's codes (1-14), the line says whose it is, so `2` from a script never reads as cpuperf's usage error."""
+    if code in {int(c) for c in ExitCode} and 0 < code < 128:
+        return f" (code {code} is the job's own, passed through: not cpuperf's exit {code})"
+    return ""
 
 
 def _signal_name(code: int) -> str:
