@@ -145,7 +145,7 @@ def test_the_resume_hint_after_ctrl_c_runs_as_printed(tmp_path):
     assert words[:2] == ["cpuperf", "train"] and "--resume" in words and str(out) in words
     assert {"--auto", "--model", "micro", "--max-steps", "30"} <= set(words)
     # run from another directory: the hint names the run directory as a whole path
-    again = subprocess.run([sys.executable, "-m", "cpuperf", *words[2:], "--json"], capture_output=True, text=True,
+    again = subprocess.run([sys.executable, "-m", "cpuperf", *words[1:], "--json"], capture_output=True, text=True,
                            env=cli_env(), cwd=str(tmp_path.parent), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     data = json.loads(again.stdout)
