@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from cpuperf.boundary import LAUNCHER_RANK_VARS
 from cpuperf.data import load_builtin
-from cpuperf.errors import CpuperfError
 from cpuperf.decide.tune import UNDECIDED, Candidates, Point, Search, TuneResult, descend
+from cpuperf.errors import CpuperfError
 from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
