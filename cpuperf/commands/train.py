@@ -221,12 +221,14 @@ def _refuse_dropped(jp: JobPlan, options: TrainOptions) -> None:
     """A value you gave (--batch-size, --set KEY=VALUE) that your command cannot carry is refused (exit 2) before
     anything runs, never dropped: `--batch-size 4 -- python plain.py` trained the script's own batch, said only as
     one lever line among thirty."""
+    from cpuperf.plan.applied import YOURS_KEPT
+
     if not jp.request.asked.user_argv:
         return
     for state in _lever_report(jp):
         decision = getattr(jp.rec.levers, state.id, None)
-        if state.applied or decision is None or not decision.overridden:
-            continue
+        if state.applied or decision is None or not decision.overridden or state.how.startswith(YOURS_KEPT):
+            continue  # carried, not yours, or your own variable for it stands (the plan says so)
         given = (f"--batch-size {options.batch_size}" if state.id == "batch_size" and options.batch_size
                  else f"--set {state.id}={state.value}")
         raise UsageError(f"{given}: your command cannot take it ({state.how})",

@@ -61,6 +61,10 @@ class RenderedJob:
     trainer: Optional[bool] = True
 
 
+# How a lever's state begins where a variable you set yourself stands in for it (your value is the job's, on purpose).
+YOURS_KEPT = "the job runs your "
+
+
 @dataclass(frozen=True)
 class LeverState:
     """One lever: its value, and where the job carries it (`applied`) or why it does not."""
@@ -115,7 +119,7 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
     if carried is not None and carried.startswith("variable "):  # the framework's variable, unless yours stands
         name, _, wanted = carried[len("variable "):].partition("=")
         if job.env.get(name) != wanted:
-            return LeverState(d.id, d.value, False, f"the job runs your {name}={job.env.get(name)} (cpuperf would set "
+            return LeverState(d.id, d.value, False, f"{YOURS_KEPT}{name}={job.env.get(name)} (cpuperf would set "
                                                     f"{wanted}): a variable you set is kept")
     where = carried or _CARRIED[d.id](d, levers, job)
     if where is not None:
