@@ -522,7 +522,8 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
             deadline = time.monotonic() + budget
             gemm_deadline = time.monotonic() + budget * (0.3 if libs else 1.0)
             out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress, rules))
-            if libs:
+            if libs:  # said next (by the timer where no round ends first): the step now running, not the last one
+                progress.update("the GEMM rounds are done; allocator round 1 is running")
                 out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out, workloads)
             progress.update("stopping the measuring processes")
             _close(servers)  # inside the progress: a busy host took 20 s here, in silence
