@@ -150,3 +150,29 @@ def test_the_resume_hint_after_ctrl_c_runs_as_printed(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     data = json.loads(again.stdout)
     assert data["resumed_from"] >= 1 and data["steps"] == 30
+
+
+def test_a_plain_scripts_run_says_nothing_untrue(tmp_path):
+    """An --auto run of a plain script: no `--tune` suggested (it takes Trainer scripts only), no `--preload` (train has
+    none), --auto said as the recommended settings (a short run is not tuned), the batch lever as the plan's figure."""
+    script = _script(tmp_path)
+    proc = run_cli(["train", "--auto", "--out", str(tmp_path / "run"), "--", "python", str(script)],
+                   extra_env=PATH_ENV, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--tune" not in proc.stderr and "--preload" not in proc.stderr and "tuned (--auto)" not in proc.stderr
+    assert "the recommended settings (--auto)" in proc.stderr
+    batch = next(x for x in proc.stderr.splitlines() if x.startswith("lever not applied: batch_size="))
+    assert "the plan's figure, not passed to it" in batch
+
+
+def test_a_progress_repeat_never_says_the_same_step_again():
+    """The timer's repeat of a line whose step has moved on says work goes on after it ('GEMM round 3' said twice read
+    as a round measured twice)."""
+    from cpuperf.output import Progress
+
+    lines: List[str] = []
+    with Progress(lines.append, "measuring", every=0.3, gap=10) as p:
+        p.update("GEMM round 3: bf16/fp32 2.4x", now=True)
+        time.sleep(1.0)
+    assert lines[0].startswith("measuring: GEMM round 3: bf16/fp32 2.4x (")
+    assert len(lines) >= 2 and all(x.startswith("measuring: still working; last: GEMM round 3") for x in lines[1:])
