@@ -176,3 +176,24 @@ def test_a_progress_repeat_never_says_the_same_step_again():
         time.sleep(1.0)
     assert lines[0].startswith("measuring: GEMM round 3: bf16/fp32 2.4x (")
     assert len(lines) >= 2 and all(x.startswith("measuring: still working; last: GEMM round 3") for x in lines[1:])
+
+
+def test_the_rank_torchrun_stopped_with_sigterm_is_not_the_cause():
+    """Rank 0 exits 2 and torchrun stops rank 1 with SIGTERM, both seen gone within one poll: rank 0 failed first (the
+    line said `rank 1 failed first (exit code 143 = killed by SIGTERM)`); a SIGKILL stays the cause."""
+    from cpuperf.plan.launch import first_failure
+
+    text = ("Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 2 (pid: 1)\n"
+            "[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : {code} (pid: 2)\n")
+    assert first_failure(text.format(code=-15), [0, 1]) == (0, 2)
+    assert first_failure(text.format(code=-9), [0, 1]) == (1, 137)
+
+
+@pytest.mark.full  # real ranks under torchrun
+def test_a_rank_of_yours_that_fails_first_is_named_with_its_own_code(tmp_path):
+    script = tmp_path / "rank_fails.py"
+    script.write_text("import os, sys, time\nif os.environ.get('RANK') == '0':\n    sys.exit(2)\ntime.sleep(60)\n")
+    proc = run_cli(["train", "--nproc-per-node", "2", "--out", str(tmp_path / "run"), "--", "python", str(script)],
+                   extra_env=PATH_ENV, cwd=str(tmp_path), process=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert _error_lines(proc.stderr)[0].startswith("error: rank 0 failed first (exit code 2) (code 2 is the job's own")
