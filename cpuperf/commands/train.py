@@ -203,6 +203,9 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         check_startable(request.command, dict(os.environ))
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     _refuse_dropped(jp, options)
+    if request.user_argv and request.model:  # said, since it changes nothing your command runs
+        out.info(f"cpuperf train: --model {request.model} sizes the memory plan of your command; the model it trains "
+                 "is its own code's")
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),

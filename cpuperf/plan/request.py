@@ -117,6 +117,12 @@ def check_builtin_only(request: PlanRequest) -> None:
     never dropped; the hint says where it goes instead."""
     if not request.user_argv:
         return
+    from cpuperf.decide.workload import PRESETS
+
+    if request.model in PRESETS:  # a config.json sizes your command's memory plan; a preset is the built-in model's
+        raise UsageError(f"--model {request.model}: a shape of the built-in loop's model; your command trains its own",
+                         hint="drop --model (your script's own arguments name its model), or give --model the "
+                              "config.json of the model your script trains, to size its memory plan")
     for name, flag, what in BUILTIN_ONLY:
         value = getattr(request, name)
         if value is not None and value is not False:
