@@ -68,8 +68,6 @@ class TrainOptions:
 def resume_hint(jp: JobPlan, again: Tuple[str, ...]) -> str:
     """The command that continues this run from its checkpoint, as it works when pasted: the run's own options
     (the model shape, --auto, --set ...) with --resume and its run directory."""
-    import shlex
-
     return "cpuperf train " + shlex.join([*again, "--resume", "--out", jp.request.out_dir])
 
 
@@ -241,7 +239,7 @@ def _refuse_dropped(jp: JobPlan, options: TrainOptions) -> None:
 def check_startable(command: Optional[CommandLine], environ: Dict[str, str]) -> None:
     """A command of yours that cannot start is refused before anything is launched, with one line: its program on no
     PATH (exit 8, `-- pythn x.py`), or its script not there (exit 2, `-- python nosuch.py`, also behind your own
-    torchrun or accelerate): it was launched, and ended as the script's or torchrun's own exit 2 or 1."""
+    torchrun or accelerate); such a command was launched, and ended as python's or torchrun's own exit 2 or 1."""
     from cpuperf.probe.launchers import program_missing, script_missing
 
     if command is None or command.hidden:  # a shell line cpuperf does not read through: the shell says
@@ -292,6 +290,7 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
 
     _check_tunable(given, options)
     given = with_command(given)
+    check_startable(given.command, dict(os.environ))
     command = given.command
     assert command is not None  # _check_tunable: a command is given
     script_text = read_script(command.script.script)
