@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -330,11 +331,29 @@ def train(
                         user_argv=tuple(argv), plan=plan, replan=replan)
     options = cmd.TrainOptions(sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
                                sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
-                               budget=budget, verbose=verbose)
+                               budget=budget, verbose=verbose, again=_train_again(ctx))
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
     run = cmd.run_tune if tune else cmd.run_train  # --tune searches the levers on the command instead of running it
     _finish(run(Output(json_mode=json_out, quiet=quiet), given, options))
+
+
+# The options a resume hint leaves out: it names the run directory and --resume itself; the rest are how it is said.
+_NOT_AGAIN = frozenset({"out_dir", "resume", "json_out", "quiet", "dry_run", "tune", "budget"})
+
+
+def _train_again(ctx: typer.Context) -> Tuple[str, ...]:
+    """The options this `train` was given, as words that give them again (each as its first spelling): the printed
+    `--resume` hint carries them, so the run it continues is planned as this one (the same model, the same plan)."""
+    words: List[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in _NOT_AGAIN or value is None or value == param.default or value in ((), [], False):
+            continue
+        flag = param.opts[0]
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            words += [flag] if value is True else [flag, str(one)]
+    return tuple(words)
 
 
 @app.command("ccl-env", add_help_option=False, short_help="The oneCCL/MPI environment for this host, as shell.",
@@ -420,6 +439,30 @@ def _check_user_program(command: List[str]) -> None:
                          hint=hint)
 
 
+def _check_no_dashes(args: List[str], command: Any) -> None:
+    """`train python x.py --max-steps 3` (no `--`): click takes every option it knows as train's own, wherever it
+    stands, and runs the rest: the script's `--max-steps 3` was cpuperf's, silently. A command given without `--`
+    whose words after its program hold an option is refused: its options would be taken, or refused as train's."""
+    train = getattr(command, "commands", {}).get("train")
+    if train is None:
+        return
+    valued = {o for p in train.params if not getattr(p, "is_flag", False) for o in getattr(p, "opts", ())
+              if o.startswith("-")}
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # train's own options, before the command's first word
+        i += 2 if args[i] in valued else 1
+    rest = args[i + 1:]
+    if i >= len(args) or not any(w.startswith("-") and w != "-" for w in rest):
+        return
+    word = next(w for w in rest if w.startswith("-") and w != "-")
+    own = word.split("=", 1)[0] in {o for p in train.params for o in getattr(p, "opts", ())}
+    raise UsageError(f"train {args[i]} ... {word}: without `--` before your command, {word} "
+                     + ("is taken as cpuperf's own option, not your command's" if own
+                        else "is read as an option of cpuperf's, which it is not"),
+                     hint=f"put `--` before your command: cpuperf train {shlex.join(args[:i])}{' ' if i else ''}-- "
+                          f"{shlex.join(args[i:])}")
+
+
 def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -> int:
     """Run the command line: the typer-free fast path's error, ccl-env's fast path, or the typer app."""
     if pending is not None:
@@ -431,6 +474,8 @@ def _dispatch(args: List[str], command: Any, pending: Optional[BaseException]) -
         return _ccl_env_main(args[1:])
     if args[:1] == ["train"] and "--" in args:
         _check_user_program(args[args.index("--") + 1:])
+    elif args[:1] == ["train"]:
+        _check_no_dashes(args[1:], command)
     result = command.main(args=args, prog_name="cpuperf", standalone_mode=False)
     return int(result) if isinstance(result, int) else 0
 

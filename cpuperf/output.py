@@ -203,14 +203,18 @@ class Progress:
         self.say, self.what, self.every, self.gap, self.clock = say, what, every, gap, clock
         self.started = self.last = clock()
         self.detail, self.left_s = "", None  # type: str, Optional[float]
+        self._said: Optional[str] = None  # the detail of the last line said
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def line(self) -> str:
+    def line(self, again: bool = False) -> str:
+        """The line; `again`: its detail was said already (the timer's repeat), so it reads as work going on after
+        it, never as the same step a second time (`GEMM round 3` twice read as a round measured twice)."""
         elapsed = self.clock() - self.started
         left = "" if self.left_s is None else f", about {_seconds(self.left_s)} left"
-        return f"{self.what}{': ' + self.detail if self.detail else ''} ({_seconds(elapsed)} so far{left})"
+        detail = f"still working; last: {self.detail}" if again and self.detail else self.detail
+        return f"{self.what}{': ' + detail if detail else ''} ({_seconds(elapsed)} so far{left})"
 
     def update(self, detail: str, left_s: Optional[float] = None, now: bool = False) -> None:
         """The step moved on: said at once when `now` or `gap` seconds passed since the last line."""
@@ -221,8 +225,9 @@ class Progress:
 
     def _tell(self) -> None:
         self.last = self.clock()
+        again, self._said = self.detail == self._said, self.detail
         if self.say is not None:
-            self.say(ProgressLine(self.line()))
+            self.say(ProgressLine(self.line(again)))
 
     def _tick(self) -> None:
         while not self._stop.wait(min(0.5, self.every / 4)):  # a loaded host delays a wake-up: margin under 10 s

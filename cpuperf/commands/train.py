@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -36,6 +37,7 @@ from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
     from cpuperf.plan.applied import LeverState
+    from cpuperf.plan.command import CommandLine
     from cpuperf.plan.job import JobPlan
     from cpuperf.plan.launch import LaunchPlan, RankObservation
     from cpuperf.plan.request import PlanRequest
@@ -62,12 +64,20 @@ class TrainOptions:
     tune: bool = False  # --tune: tune the levers on the user's command itself (a few short runs per candidate)
     budget: Optional[float] = None
     verbose: bool = False  # --verbose: where the run's seconds went outside the job (cpuperf.run.timeline)
+    again: Tuple[str, ...] = ()  # the options as given, less --out/--resume: the resume hint repeats them
+
+
+def resume_hint(jp: JobPlan, again: Tuple[str, ...]) -> str:
+    """The command that continues this run from its checkpoint, as it works when pasted: the run's own options
+    (the model shape, --auto, --set ...) with --resume and its run directory."""
+    return "cpuperf train " + shlex.join([*again, "--resume", "--out", jp.request.out_dir])
 
 
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
     """The request as the options gave it, completed with the values `o` types (the constraints, the ranks per
     node); the combinations refused before anything is probed (exit 2)."""
     from cpuperf.plan.request import (
+        check_builtin_only,
         check_option_values,
         check_own_launcher,
         check_saved_plan_options,
@@ -78,6 +88,7 @@ def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
 
     check_sysroot(o.sysroot, given.dry_run)
     check_option_values(given)
+    check_builtin_only(given)
     if given.plan:
         # Options that decide something: a saved plan has decided them already.
         fixes = {"sets": o.sets, "model": given.model, "batch_size": o.batch_size, "nproc_per_node": o.nproc_per_node,
@@ -197,7 +208,13 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     timeline.reset()  # one run per process; a test may run several in one
     timeline.mark("start Python, import cpuperf, read the options")
     request = train_request(given, options)
+    if not request.dry_run:
+        check_startable(request.command, dict(os.environ))
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
+    _refuse_dropped(jp, options)
+    if request.user_argv and request.model:  # said, since it changes nothing your command runs
+        out.info(f"cpuperf train: --model {request.model} sizes the memory plan of your command; the model it trains "
+                 "is its own code's")
     launch = _plan_json(jp)
     if request.dry_run:
         result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
@@ -209,7 +226,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
         else:
             _print_plan(out, jp)
         return 0
-    code = _execute(out, request, jp, launch)
+    code = _execute(out, request, jp, launch, options.again)
     timeline.mark("verify and report")
     if options.verbose:
         _say_timing(out)
@@ -220,6 +237,44 @@ def _say_timing(out: Output) -> None:
     """--verbose: each part of the run's wall time, the job's and cpuperf's own (cpuperf.run.timeline)."""
     for line in timeline.render():
         out.info("cpuperf train: " + line)
+
+
+def _refuse_dropped(jp: JobPlan, options: TrainOptions) -> None:
+    """A value you gave (--batch-size, --set KEY=VALUE) that your command cannot carry is refused (exit 2) before
+    anything runs, never dropped: `--batch-size 4 -- python plain.py` trained the script's own batch, said only as
+    one lever line among thirty."""
+    from cpuperf.plan.applied import YOURS_KEPT
+
+    if not jp.request.asked.user_argv:
+        return
+    for state in _lever_report(jp):
+        decision = getattr(jp.rec.levers, state.id, None)
+        if state.applied or decision is None or not decision.overridden or state.how.startswith(YOURS_KEPT):
+            continue  # carried, not yours, or your own variable for it stands (the plan says so)
+        given = (f"--batch-size {options.batch_size}" if state.id == "batch_size" and options.batch_size
+                 else f"--set {state.id}={state.value}")
+        raise UsageError(f"{given}: your command cannot take it ({state.how})",
+                         hint="drop it, and give your script its own option for it (after `--`)")
+
+
+def check_startable(command: Optional[CommandLine], environ: Dict[str, str]) -> None:
+    """A command of yours that cannot start is refused before anything is launched, with one line: its program on no
+    PATH (exit 8, `-- pythn x.py`), or its script not there (exit 2, `-- python nosuch.py`, also behind your own
+    torchrun or accelerate); such a command was launched, and ended as python's or torchrun's own exit 2 or 1."""
+    from cpuperf.probe.launchers import program_missing, script_missing
+
+    if command is None or command.hidden:  # a shell line cpuperf does not read through: the shell says
+        return
+    path = command.environ(environ).get("PATH")
+    for word in dict.fromkeys(w for w in (command.given[:1] + command.words[:1]) if w):
+        if program_missing(word, path):
+            raise LaunchFailedError(f"{word}: command not found (no such program on PATH or at that path)",
+                                    hint=f"check the first word of your command after `--`: {shlex.join(command.given)}")
+    script = command.script.script
+    changes_dir = any(w.shell or {"-C", "--chdir"} & set(w.argv) for w in command.wrappers)
+    if script and not changes_dir and script_missing(script):
+        raise UsageError(f"{script}: no such script (your command runs {shlex.join(command.words)} in {os.getcwd()})",
+                         hint="check the script's path: it is found from the current directory")
 
 
 def _settings_json(jp: JobPlan) -> Optional[JsonObject]:
@@ -256,6 +311,7 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
 
     _check_tunable(given, options)
     given = with_command(given)
+    check_startable(given.command, dict(os.environ))
     command = given.command
     assert command is not None  # _check_tunable: a command is given
     script_text = read_script(command.script.script)
@@ -306,7 +362,7 @@ def _check_tunable(request: PlanRequest, options: TrainOptions) -> None:
 # docs/exit-codes.md: a stop by signal N exits 128 + N, as a shell reports it.
 
 
-def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any]) -> int:
+def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any], again: Tuple[str, ...] = ()) -> int:
     from cpuperf.plan.launch import check_observations
     from cpuperf.run.launcher import execute, result_summary_from_metrics
 
@@ -316,7 +372,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     who = f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
-             + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
+             + (", the recommended settings (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
              + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
              + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
                 if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
@@ -357,7 +413,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         # Say "checkpoint" only where one exists: a run stopped before its first step has none.
         message = f"interrupted ({res.signal_name or 'SIGINT'}); the ranks were stopped" + (
             f", the last checkpoint is {ckpt}" if has_ckpt else ", no checkpoint was written")
-        hint = "cpuperf train --resume continues from it" if has_ckpt else None
+        hint = f"{resume_hint(jp, again)} continues from it" if has_ckpt else None
         out.error(message, hint)
         code = exit_code_for_signal(res.signal_name)  # 128 + the signal
         if out.json_mode:
@@ -366,7 +422,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
                       "supervisor": _supervisor(res)})
         return int(code)
     if res.code != 0:
-        return _report_failure(out, jp, res, launch, verification, has_ckpt)
+        return _report_failure(out, jp, res, launch, verification, has_ckpt, again)
     result = _result(jp, res, summary, launch, verification, observed)
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
@@ -500,15 +556,15 @@ def _applied(jp: JobPlan) -> Optional[Dict[str, Any]]:
 
 
 def _report_failure(out: Output, jp: JobPlan, res: ExecResult, launch: Dict[str, Any], verification: Dict[str, Any],
-                    has_ckpt: bool) -> int:
-    code, message, hint = _failure(jp.launch, res)
+                    has_ckpt: bool, again: Tuple[str, ...] = ()) -> int:
+    code, message, hint = _failure(jp.launch, res, bool(jp.request.asked.user_argv))
     from cpuperf.plan.user_script import rejected_flags
 
     rejected = rejected_flags(res.code, res.wall_s, res.launcher_output, jp.script)
     if rejected:
         message, hint = rejected
     if hint is None and has_ckpt:
-        hint = "fix the cause, then cpuperf train --resume continues from the last checkpoint"
+        hint = f"fix the cause, then {resume_hint(jp, again)} continues from the last checkpoint"
     if out.json_mode:
         out.json({"error": {"code": code, "name": "launch_failed" if code == ExitCode.LAUNCH_FAILED else "rank_failed",
                             "message": message, "hint": hint}, "launch": launch, "verification": verification,
@@ -572,7 +628,7 @@ def _supervisor(res: ExecResult) -> Optional[Dict[str, float]]:
     return res.supervisor.to_json() if res.supervisor is not None else None
 
 
-def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]]:
+def _failure(plan: LaunchPlan, res: ExecResult, user: bool = False) -> Tuple[int, str, Optional[str]]:
     """(exit code, one-line message, hint or None) naming what failed first: the rank's own error
     when it left one, a rendezvous that timed out with the nodes that never joined, else the rank
     and its log."""
@@ -594,10 +650,13 @@ def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]
         who = f"rank {own.get('rank', rank)}: " if plan.world_size > 1 else ""
         return int(own.get("code") or res.code or 1), who + str(own["message"]), own.get("hint")
     if plan.launcher == "direct":
-        return res.code, f"the training process exited with code {res.code}" + _signal_name(res.code), None
+        who = (f"your {plan.yours.launcher}" if plan.yours is not None else "your command" if user
+               else "the training process")
+        return res.code, f"{who} exited with code {res.code}" + _signal_name(res.code) + _passed(res.code), None
     code = parsed[1] if parsed and parsed[1] else None
     if rank is None:
-        return res.code or int(ExitCode.LAUNCH_FAILED), (f"{plan.launcher} failed with exit code {res.code}; "
+        who = f"your {plan.yours.launcher}" if plan.yours is not None else plan.launcher
+        return res.code or int(ExitCode.LAUNCH_FAILED), (f"{who} failed with exit code {res.code}{_passed(res.code)}; "
                                                           f"log: {os.path.join(plan.log_dir or '', 'launcher.log')}"), None
     log = os.path.join(plan.log_dir or "", f"rank{rank}.log")
     if code is None:
@@ -605,7 +664,15 @@ def _failure(plan: LaunchPlan, res: ExecResult) -> Tuple[int, str, Optional[str]
         how = f"{plan.launcher} exited with {res.code}"
     else:
         how = f"exit code {code}{_signal_name(code)}"
-    return code, f"rank {rank} failed first ({how}); log: {log}", None
+    return code, f"rank {rank} failed first ({how}){_passed(code)}; log: {log}", None
+
+
+def _passed(code: int) -> str:
+    """docs/exit-codes.md: a code of the job's own processes is passed through unchanged; where it is also one of
+    cpuperf's codes (1-14), the line says whose it is, so `2` from a script never reads as cpuperf's usage error."""
+    if code in {int(c) for c in ExitCode} and 0 < code < 128:
+        return f" (code {code} is the job's own, passed through: not cpuperf's exit {code})"
+    return ""
 
 
 def _signal_name(code: int) -> str:

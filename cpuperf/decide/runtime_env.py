@@ -329,7 +329,7 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
     if iomp:
         adds.append(iomp)
     else:
-        c.notes.append("--preload: libiomp5 not found (pip install intel-openmp); OpenMP stays as torch ships it")
+        c.notes.append("no libiomp5 to preload (pip install intel-openmp): OpenMP stays as torch ships it")
     alloc_name = preload_choice(allocator, libraries.allocators, world)
     refused = not_with_ranks([n for n, paths in libraries.allocators.items() if preloadable(paths)], world)
     if alloc_name:
@@ -337,10 +337,10 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
         if alloc_name == "jemalloc":
             c.add("MALLOC_CONF", allocator_rule().jemalloc_malloc_conf, allocator_rule().source)
     elif refused:
-        c.notes.append(f"--preload: no allocator preloaded: {', '.join(refused)} aborted jobs of {world} ranks at exit "
+        c.notes.append(f"no allocator preloaded: {', '.join(refused)} aborted jobs of {world} ranks at exit "
                        f"({allocator_rule().not_with_ranks_source})")
     else:
-        c.notes.append(f"--preload: no {allocator_names()} found (cpuperf install adds the mimalloc wheel)")
+        c.notes.append(f"no allocator preloaded: no {allocator_names()} found (cpuperf install adds the mimalloc wheel)")
     if adds:
         c.add("LD_PRELOAD", ":".join(adds), "--preload: " + ", ".join(os.path.basename(a) for a in adds)
               + " for every later command of this shell", PREPEND)

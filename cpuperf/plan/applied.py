@@ -71,6 +71,10 @@ class RenderedJob:
     ran_threads: Tuple[Optional[str], ...] = ()
 
 
+# How a lever's state begins where a variable you set yourself stands in for it (your value is the job's, on purpose).
+YOURS_KEPT = "the job runs your "
+
+
 @dataclass(frozen=True)
 class LeverState:
     """One lever: its value, and where the job carries it (`applied`) or why it does not."""
@@ -153,7 +157,7 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
     if carried is not None and carried.startswith("variable "):  # the framework's variable, unless yours stands
         name, _, wanted = carried[len("variable "):].partition("=")
         if job.env.get(name) != wanted:
-            return LeverState(d.id, d.value, False, f"the job runs your {name}={job.env.get(name)} (cpuperf would set "
+            return LeverState(d.id, d.value, False, f"{YOURS_KEPT}{name}={job.env.get(name)} (cpuperf would set "
                                                     f"{wanted}): a variable you set is kept")
     where = carried or _CARRIED[d.id](d, levers, job)
     if where is not None:
@@ -366,7 +370,8 @@ _ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulatio
 def _script_why(d: Decision[object], job: RenderedJob) -> str:
     if job.trainer is not True and d.id in _ITS_OWN_CODE:
         what = "the script's own code decides it" if job.trainer is False else "the script was not read"
-        return f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone"
+        return (f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone; {_show(d.value)} is "
+                "the plan's figure, not passed to it")
     if job.flags_why and not job.flags:
         what = "no Trainer flags for this command" if job.trainer is not False else \
             "no flag or variable of this command carries it"

@@ -223,13 +223,15 @@ def _command_tuning(request: PlanRequest, meas: Optional[Measurements], edge: Ed
         return None, None
     import time
 
-    from cpuperf.plan.user_script import key_of_command
+    from cpuperf.plan.user_script import key_of_command, script_kind
 
     entry = (meas.tuned_by_command if meas is not None else {}).get(key_of_command(request.command.script, edge.script,
                                                                              edge.script_text))
     if not entry:
-        return None, ("no tuning of this command is cached (the same arguments and script): the rules decide; "
-                      "`cpuperf train --tune -- <command>` tunes it")
+        # --tune runs a Trainer script with --max_steps: it is suggested only for a command it takes
+        tunable = script_kind(edge.script)[0] == "hf"
+        return None, ("no tuning of this command is cached (the same arguments and script): the rules decide"
+                      + ("; `cpuperf train --tune -- <command>` tunes it" if tunable else ""))
     from cpuperf.decide.tune import not_judged
 
     if not_judged(entry):

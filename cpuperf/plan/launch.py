@@ -628,7 +628,9 @@ def first_failure(text: str, died_first: Sequence[int]) -> Optional[Tuple[int, O
     reported = parse_failures(text)
     root = parse_failure(text)
     if died_first:
-        signalled = [r for r in died_first if reported.get(r, 0) > 128]
+        # SIGTERM is how torchrun stops the ranks left once one failed: a consequence where the root cause is a peer
+        stopped = 128 + 15 if root is not None and root[0] in died_first and root[1] != 128 + 15 else None
+        signalled = [r for r in died_first if reported.get(r, 0) > 128 and reported.get(r) != stopped]
         rank = signalled[0] if signalled else (root[0] if root and root[0] in died_first else died_first[0])
         return rank, reported.get(rank, root[1] if root and root[0] == rank else None)
     if reported:

@@ -43,3 +43,16 @@ def read_script(path: Optional[str]) -> Optional[str]:
         return read_text_capped(path, errors="replace")
     except (OSError, InputRefused):
         return None
+
+
+def program_missing(word: str, path: Optional[str]) -> bool:
+    """Whether `word` names no program that can start: a path that is no executable file, or a name on no directory
+    of `path` (the PATH the command runs with). exec(2) would fail with ENOENT or EACCES."""
+    if "/" in word:
+        return not (os.path.isfile(word) and os.access(word, os.X_OK))
+    return shutil.which(word, path=path if path is not None else os.defpath) is None
+
+
+def script_missing(script: str) -> bool:
+    """Whether the script a command starts is not there (relative to the current directory, as the command runs)."""
+    return not os.path.exists(script)

@@ -198,6 +198,9 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
                                 stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
     except FileNotFoundError:
+        if direct or plan.yours is not None:  # the first word is your command's, not a launcher cpuperf chose
+            raise LaunchFailedError(f"{plan.argv[0]}: command not found",
+                                    hint="check the first word of your command after `--`") from None
         raise LaunchFailedError(f"{plan.argv[0]} not found", hint="install it, or choose another --launcher") from None
     except OSError as exc:
         raise LaunchFailedError(f"cannot start {plan.argv[0]}: {exc.strerror}") from exc

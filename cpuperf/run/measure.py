@@ -577,7 +577,9 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
                 doing = "the bf16/fp32 GEMM ratio"
                 out.update(_gemm_rounds(servers["default"], size, gemm_seconds, gemm_deadline, deadline, progress,
                                         rules))
-            if libs:
+            if libs:  # said next (by the timer where no round ends first): the step now running, not the last one
+                if done is None:
+                    progress.update("the GEMM rounds are done; allocator round 1 is running")
                 doing = "the allocators"
                 out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out, workloads)
             doing = "stopping the measuring processes"

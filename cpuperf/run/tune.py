@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from cpuperf.boundary import LAUNCHER_RANK_VARS
 from cpuperf.decide.tune import UNDECIDED, Candidates, Point, Search, TuneResult, descend
+from cpuperf.errors import CpuperfError
 from cpuperf.knowledge.tuning import Tune as TuneRule
 from cpuperf.knowledge.tuning import tuning
 from cpuperf.knowledge.variables import variables
@@ -333,6 +334,23 @@ def _verdict(j: Mapping[str, Any]) -> str:
             + ((f" ({j['why']})" if j.get("why") else "") + ", so the rule decides it" if j["outcome"] == UNDECIDED else ""))
 
 
+def _bench_tune_hint(facts: HostFacts, workload: Workload) -> str:
+    """` (`cpuperf bench --tune --model NAME` tunes this shape once, ...)` where that command tunes this very shape (a
+    preset at the batch bench plans it with); '' where it would tune another (your --batch-size, a config file)."""
+    from cpuperf.decide.recommend import shape_key
+    from cpuperf.decide.workload import resolve_workload
+
+    if workload.source != "preset":
+        return ""
+    try:
+        bench = resolve_workload(workload.name, None, None, None, 400, host=facts)
+    except CpuperfError:
+        return ""
+    if shape_key(bench) != shape_key(workload):
+        return ""
+    return f" (`cpuperf bench --tune --model {workload.name}` tunes this shape once, for every later run)"
+
+
 def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measurements],
                     log: Callable[[str], object]) -> Optional[Measurements]:
     """The start of a real `train --auto` of the built-in loop: tune its shape where nothing quiet and steady is
@@ -350,7 +368,7 @@ def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measure
     if (workload.steps or 0) < steps_needed:
         if entry is None:
             log(f"not tuned: a {workload.steps}-step run is shorter than the {steps_needed} steps that pay for "
-                f"about {rule.budget_s} s of tuning (`cpuperf bench --tune` tunes this shape once, for every later run)")
+                f"about {rule.budget_s} s of tuning" + _bench_tune_hint(facts, workload))
         return meas
     log(f"tuning the plan's levers for {shape_key(workload)} on this host (about {rule.budget_s} s"
         + ("; the cached tuning was taken under load or before each lever was judged" if entry is not None

@@ -440,7 +440,9 @@ class Run:
                              hint="delete it or set resume false to start over")
         if ck.get("model_config") != dataclasses.asdict(self.cfg):
             raise ConfigError(f"checkpoint {self.ckpt_path} is for another model shape "
-                              f"{ck.get('model_config')}", hint="use another out_dir")
+                              f"{ck.get('model_config')}",
+                              hint="resume with the options the run was started with (its --model, --set model.*), "
+                                   "or give another --out")
         model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])

@@ -142,6 +142,11 @@ def default_run_dir(base: str = DEFAULT_BASE, *, resume: bool = False, create: b
 def run_dir(out_dir: Optional[str], *, resume: bool, create: bool) -> str:
     """--out as given; else a new BASE/version_N per run (the newest one with `resume`), made now with `create`."""
     if out_dir is not None:
+        if os.path.lexists(out_dir) and not os.path.isdir(out_dir):  # was "cannot lock ...: File exists", exit 10
+            from cpuperf.errors import UsageError
+
+            raise UsageError(f"--out {out_dir}: not a directory (a file of that name is there)",
+                             hint="give --out a directory: a new one, or a run's own")
         return os.path.abspath(out_dir)
     try:
         return default_run_dir(resume=resume, create=create)
