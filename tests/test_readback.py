@@ -616,7 +616,13 @@ def test_commands_run_past_an_edited_compat_parse(cache, args):
     from cli_util import run_cli
 
     from cpuperf import data
+    from cpuperf.knowledge.tuning import tuning
 
+    def forget() -> None:  # what this process parsed before (an in-process run reads through these caches)
+        data.load_toml.cache_clear()
+        tuning.cache_clear()
+
+    forget()
     first = run_cli(args, extra_env={"CPUPERF_CACHE_DIR": str(cache)})
     assert first.returncode == 0, first.stderr[-1500:]
     files = list((cache / "compat-parsed").glob("*.json"))
@@ -627,11 +633,11 @@ def test_commands_run_past_an_edited_compat_parse(cache, args):
     for other in cache.iterdir():  # ccl-env's remembered answer would spare it the data
         if other.name != "compat-parsed":
             shutil.rmtree(other) if other.is_dir() else other.unlink()
-    data.load_toml.cache_clear()
+    forget()
     try:
         again = run_cli(args, extra_env={"CPUPERF_CACHE_DIR": str(cache)}, process=args == ["ccl-env"])
     finally:
-        data.load_toml.cache_clear()
+        forget()
     assert again.returncode == 0 and "internal error" not in again.stderr, again.stderr[-1500:]
     assert again.stdout == first.stdout
 

@@ -191,8 +191,13 @@ def _script_in(target: Sequence[str], launcher: Optional[LauncherCommand]) -> Tu
         return None, (), None
     if is_python(target[0]):
         j = 1
-        while j < len(target) and target[j].startswith("-") and not target[j].startswith("-m"):
+        while j < len(target) and target[j].startswith("-") and not target[j].startswith(("-m", "-c")) \
+                and target[j] != "-":
             j += 2 if target[j] in PYTHON_VALUED else 1
+        if j < len(target) and (target[j].startswith("-c") or target[j] == "-"):
+            # `python -c CODE ...` / `python - ...`: the program is the code (or stdin), no script file
+            rest = target[j + 1:] if target[j] == "-" or target[j][2:] else target[j + 2:]
+            return None, tuple(rest), None
         if j < len(target) and target[j].startswith("-m"):
             module = target[j][2:] or (target[j + 1] if j + 1 < len(target) else "")
             rest = target[j + 1:] if target[j][2:] else target[j + 2:]
