@@ -189,10 +189,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     jp = build_plan(request, options, say=out.teller("cpuperf train: "))
     launch = _plan_json(jp)
     if request.dry_run:
-        result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
-                  "decisions": [d.to_json() for d in jp.decisions], "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
-                  "global_batch": _global_batch(jp)}
+        result = _dry_run_json(jp, launch)
         if out.json_mode:
             out.json(result)
         else:
@@ -286,8 +283,7 @@ def _check_tunable(request: PlanRequest, options: TrainOptions) -> None:
 
 
 def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any]) -> int:
-    from cpuperf.plan.launch import check_observations
-    from cpuperf.run.launcher import execute, result_summary_from_metrics
+    from cpuperf.run.launcher import execute
 
     plan, user = jp.launch, bool(jp.request.asked.user_argv)
     for note in jp.notes:
@@ -299,25 +295,141 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
              + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
              + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
                 if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
+    _say_levers(out, jp)  # once, before the job starts: short, or in full with -v
+    record = _Record(jp, launch)
+    try:
+        if jp.settings is not None:  # the built-in worker's files: a link there is refused before any rank starts
+            from cpuperf.train.rundir import refuse_links
+
+            refuse_links(jp.request.out_dir, asked.resume)
+        script = jp.script
+        if script is not None:
+            _write_config_files(script.files)
+        res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
+                      tee_stderr=script is not None and bool(script.added), output_log=record.output_log,
+                      locked=record.begin)
+    except CpuperfError as exc:
+        record.refused(out, int(exc.code))
+        raise
+    except BaseException:
+        record.refused(out, None)
+        raise
+    code = _after(out, asked, jp, launch, res, record)
+    record.end(out, res, code)
+    return code
+
+
+class _Record:
+    """The run's own record in its directory (cpuperf.run.record): plan.json when the run directory is locked,
+    status.json when the job ends (or failed to start), and the summary said then. An unstarted run made for this
+    command leaves no empty directory behind."""
+
+    def __init__(self, jp: JobPlan, launch: Dict[str, Any]) -> None:
+        plan = jp.launch
+        self.jp, self.launch, self.started = jp, launch, None  # type: JobPlan, Dict[str, Any], Optional[float]
+        self.run_dir = jp.request.out_dir
+        direct = plan.launcher == "direct" and plan.log_dir is not None
+        from cpuperf.run.record import OUTPUT_LOG
+
+        self.output_log = os.path.join(plan.log_dir, OUTPUT_LOG) if direct and plan.log_dir else None
+        self.log = self.output_log or (os.path.join(plan.log_dir, "launcher.log") if plan.log_dir else None)
+        self.metrics: Optional[Dict[str, Any]] = None
+        self.status: Optional[Dict[str, Any]] = None
+        self.builtin: Dict[str, Optional[str]] = {}  # the built-in run's metrics file and plot, said in the summary
+
+    def begin(self) -> None:
+        """The run directory is this run's (locked): its plan in full, the lever report included."""
+        from cpuperf.run.record import PLAN_NAME, now, write_json
+
+        self.started = now()
+        jp = self.jp
+        write_json(os.path.join(self.run_dir, PLAN_NAME), _dry_run_json(jp, self.launch))
+
+    def refused(self, out: Output, code: Optional[int]) -> None:
+        if self.started is None:  # never started: the directory made for it goes (never anything in it)
+            req = self.jp.request
+            if req.asked.out_dir is None and not req.asked.resume:
+                from cpuperf.train.rundir import remove_if_empty
+
+                remove_if_empty(os.path.join(self.run_dir, "logs"))
+                remove_if_empty(self.run_dir)
+            return
+        self._write(out, code if code is not None else int(ExitCode.LAUNCH_FAILED), 0.0, None)
+
+    def end(self, out: Output, res: ExecResult, code: int) -> None:
+        if self.started is None:
+            return
+        from cpuperf.run.record import script_metrics
+
+        if self.metrics is None and self.jp.request.asked.user_argv:  # what a failed script reported all the same
+            self.metrics = script_metrics(self.log, os.getcwd(), self.started)
+        self._write(out, code, res.wall_s, res.signal_name if res.interrupted else None)
+
+    def _write(self, out: Output, code: int, wall_s: float, signal_name: Optional[str]) -> None:
+        from cpuperf.errors import from_os_error
+        from cpuperf.run.record import STATUS_NAME, status, write_json
+
+        assert self.started is not None
+        kind = "script" if self.jp.request.asked.user_argv else "builtin"
+        self.status = status(kind=kind, command=list(self.jp.launch.rank_command), run_dir=self.run_dir,
+                             started=self.started, wall_s=wall_s, code=code, signal_name=signal_name,
+                             log=self.log, metrics=self.metrics)
+        try:
+            write_json(os.path.join(self.run_dir, STATUS_NAME), self.status)
+        except OSError as exc:
+            out.warn(from_os_error(exc).message)
+        if not out.json_mode:
+            from cpuperf.output import message
+            from cpuperf.render.run_report import summary_lines
+
+            extra = [("metrics", self.builtin.get("metrics_file")), ("plot", self.builtin.get("plot"))]
+            for line in summary_lines(self.status, os.getcwd(), extra):
+                message(line)  # under -q too: the errors and this summary are what -q keeps
+
+
+def _dry_run_json(jp: JobPlan, launch: Dict[str, Any]) -> Dict[str, Any]:
+    """The plan as `train --dry-run --json` prints it (and a run writes as plan.json)."""
+    return {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
+            "decisions": [d.to_json() for d in jp.decisions], "hf_flags": _hf_json(jp), "applied": _applied(jp),
+            "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
+            "global_batch": _global_batch(jp)}
+
+
+def _say_levers(out: Output, jp: JobPlan) -> None:
+    """The lever report before the job starts: in full with -v (the applied list, each lever and why), else in a
+    few lines naming the full report's place."""
     applied = _applied(jp)
-    if applied is not None:
-        from cpuperf.plan.user_script import applied_lines
+    if out.verbose:
+        if applied is not None:
+            from cpuperf.plan.user_script import applied_lines
 
-        for line in applied_lines(applied):
+            for line in applied_lines(applied):
+                out.info(line)
+        for line in _lever_lines(jp):
             out.info(line)
-    if jp.settings is not None:  # the built-in worker's files: a link there is refused before any rank starts
-        from cpuperf.train.rundir import refuse_links
+        return
+    from cpuperf.render.run_report import short_levers, where
 
-        refuse_links(jp.request.out_dir, asked.resume)
-    script = jp.script
-    if script is not None:
-        _write_config_files(script.files)
-    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
-                  tee_stderr=script is not None and bool(script.added))
+    flags = list(applied.get("flags") or []) if applied is not None else []
+    full = where(os.path.join(jp.request.out_dir, "plan.json"), os.getcwd())
+    for line in short_levers(_lever_report(jp), flags, full):
+        out.info("cpuperf train: " + line)
+
+
+def _after(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any], res: ExecResult,
+           record: _Record) -> int:
+    """What the job's end says: the checks of what ran, then its result or its failure; the exit code."""
+    from cpuperf.plan.launch import check_observations
+    from cpuperf.run.launcher import result_summary_from_metrics
+
+    plan, user = jp.launch, bool(jp.request.asked.user_argv)
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if jp.settings is not None:
         summary, runtime = result_summary_from_metrics(os.path.join(jp.request.out_dir, "metrics.jsonl"))
+        if summary is not None:
+            record.metrics = {"framework": "cpuperf", "samples_per_s": summary.get("samples_per_s"),
+                              "tokens_per_s": summary.get("tokens_per_s"), "loss_last": summary.get("loss_last")}
     warnings = check_observations(plan, observed, runtime)
     for w in warnings:
         out.warn(w)
@@ -346,6 +458,18 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
         result["plot"] = _plot(out, jp.request.out_dir)
+        record.builtin = {"metrics_file": result.get("metrics_file"),
+                          "plot": result["plot"][0] if result["plot"] else None}
+    from cpuperf.run.record import PLAN_NAME, STATUS_NAME
+
+    result["run_files"] = {"plan": os.path.join(jp.request.out_dir, PLAN_NAME), "log": record.log,
+                           "status": os.path.join(jp.request.out_dir, STATUS_NAME)}
+    if user:
+        from cpuperf.run.record import script_metrics
+
+        assert record.started is not None  # the job ran
+        record.metrics = script_metrics(record.log, os.getcwd(), record.started)
+        result["metrics"] = record.metrics
     _say_result(out, jp, result)
     return 0
 
@@ -354,8 +478,6 @@ def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any]) -> None:
     if out.json_mode:
         out.json(result)
         return
-    for line in _lever_lines(jp):  # the closing summary: what the run carried, lever by lever
-        out.info(line)
     if not jp.request.asked.user_argv:
         out.product(_human(result))
     elif result.get("gpu_memory"):  # the script's stdout is its own: its peak goes with the messages
@@ -427,8 +549,7 @@ def _plot(out: Output, run_dir: str) -> List[str]:
     except CpuperfError as exc:
         out.warn(f"no plot of the run: {exc.message}")
         return []
-    out.info("plot: " + ", ".join(files))
-    return list(files)
+    return list(files)  # said in the run's summary
 
 
 def _hf_json(jp: JobPlan) -> Optional[ScriptReport]:

@@ -1,0 +1,89 @@
+"""What `cpuperf train` says around a run, short enough for one screen: the lever report once, before the job
+starts (a few lines; the full report is plan.json in the run directory, --json, or -v), and a summary at the end
+(how it ended, wall time, throughput where known, where the run directory, log, plan and status are). Pure."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from cpuperf.plan.applied import LeverState
+
+_MOST = 8  # ids named on one line before "and N more"
+
+
+def _named(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_MOST])
+    return shown + (f" and {len(items) - _MOST} more" if len(items) > _MOST else "")
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{...}"
+    return str(value)
+
+
+def short_levers(states: Sequence[LeverState], flags: Sequence[str], full_report: str) -> List[str]:
+    """The lever report in three lines at most: the levers the job carries (those left at their default counted),
+    the ones it does not (the script's own code's apart), the flags added to the command; then where the full
+    report is."""
+    chosen = [f"{s.id}={_show(s.value)}" for s in states if s.applied and not s.how.startswith("default")]
+    defaults = sum(1 for s in states if s.applied and s.how.startswith("default"))
+    own = [s.id for s in states if not s.applied and "own code" in s.how]
+    missed = [f"{s.id}={_show(s.value)}" for s in states if not s.applied and "own code" not in s.how]
+    lines = [f"levers applied: {_named(chosen) or 'none'}" + (f" (+{defaults} at their default)" if defaults else "")]
+    if missed or own:
+        lines.append("levers not applied: " + _named(missed)
+                     + (("; " if missed else "") + f"left to your code: {_named(own)}" if own else ""))
+    if flags:
+        lines.append("flags added: " + " ".join(flags))
+    lines.append(f"full lever report: {full_report} (or -v)")
+    return lines
+
+
+def where(path: Optional[str], cwd: str) -> str:
+    """`path` relative to `cwd` where that is shorter (runs/train/version_0/plan.json), else as it is."""
+    if not path:
+        return "-"
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:
+        return path
+    return rel if len(rel) < len(path) else path
+
+
+def _duration(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(round(s)), 60)
+    return f"{m} min {sec} s" if m < 60 else f"{m // 60} h {m % 60} min"
+
+
+def throughput(metrics: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """'45.2 samples/s (transformers)' from status.json's metrics, where the run reported one."""
+    if not metrics:
+        return None
+    value = metrics.get("samples_per_s")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        source = metrics.get("framework")
+        return f"{value:.1f} samples/s" + (f" ({source})" if source else "")
+    return None
+
+
+def summary_lines(status: Dict[str, Any], cwd: str, extra: Sequence[tuple[str, Optional[str]]] = ()) -> List[str]:
+    """The closing summary: one line for how the run ended, then one per place (run dir, log, plan, status, ...)."""
+    how = {"completed": "completed", "failed": "failed", "interrupted": "interrupted"}.get(status["status"], "ended")
+    head = f"cpuperf train: {how} in {_duration(float(status['wall_s']))}, exit {status['exit_code']}"
+    if status.get("signal"):
+        head += f" ({status['signal']})"
+    speed = throughput(status.get("metrics"))
+    if speed:
+        head += f", {speed}"
+    run_dir = status["run_dir"]
+    places = [("run dir", run_dir), ("log", status.get("log")), ("plan", status.get("plan")),
+              ("status", os.path.join(run_dir, "status.json")), *extra]
+    return [head] + [f"  {name + ':':8} {where(path, cwd)}" for name, path in places if path]

@@ -1,0 +1,161 @@
+"""What every `cpuperf train` run leaves in its run directory besides its own files, for the built-in loop and a
+user's command alike: plan.json (the plan as `cpuperf train --dry-run --json` prints it, the full lever report
+included), status.json (start, end, wall seconds, exit code, the signal that stopped it, where its log and plan are,
+and the throughput the framework reported), and for a user's script run directly, logs/output.log (its stdout and
+stderr as they were shown: run/launcher.py tees them).
+
+The metrics of a user's script are what its framework printed or wrote, read back, never guessed: the Hugging Face
+Trainer's closing line ({'train_runtime': ..., 'train_samples_per_second': ...}) from the log, Lightning's CSV logger
+file (lightning_logs/version_N/metrics.csv written during the run).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import glob
+import io
+import json
+import math
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional
+
+from cpuperf.fsutil import atomic_write_bytes
+
+PLAN_NAME = "plan.json"
+STATUS_NAME = "status.json"
+OUTPUT_LOG = "output.log"  # under the run's logs/
+STATUS_SCHEMA = "cpuperf.run-status/1"
+_TAIL_BYTES = 4 * 1024 * 1024  # the Trainer's closing line is at the end: the last 4 MiB of a log is read
+_HF_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "epoch")
+
+
+def iso(t: float) -> str:
+    """A wall-clock time as UTC ISO 8601, to the second."""
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(path: str, obj: object) -> None:
+    """`obj` as indented JSON, written whole (never half a file); a failure is said by the caller."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_default) + "\n").encode("utf-8"), make_parents=False)
+
+
+def _default(obj: object) -> object:
+    to_json = getattr(obj, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _TAIL_BYTES))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _number(value: object) -> Optional[float]:
+    """A float the framework printed (the Trainer prints '13.37' as text since transformers 5), or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def hf_metrics(text: str) -> Optional[Dict[str, float]]:
+    """The Trainer's closing summary, the last line of `text` that holds one: {'train_runtime': '1.2',
+    'train_samples_per_second': '13.3', ...} (PrinterCallback, or the progress bar's write). Pure."""
+    for line in reversed(text.splitlines()):
+        if "'train_samples_per_second'" not in line and '"train_samples_per_second"' not in line:
+            continue
+        start, end = line.find("{"), line.rfind("}")
+        if start < 0 or end < start:
+            continue
+        try:
+            found = ast.literal_eval(line[start:end + 1])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if not isinstance(found, dict):
+            continue
+        values = {k: _number(found.get(k)) for k in _HF_KEYS}
+        return {k: v for k, v in values.items() if v is not None}
+    return None
+
+
+def lightning_metrics(cwd: str, since: float) -> Optional[Dict[str, Any]]:
+    """The last value of each column of the newest Lightning CSV log (lightning_logs/version_N/metrics.csv under the
+    directory the script ran in) written since `since`, with its path; None where the run wrote none."""
+    found = []
+    for path in glob.glob(os.path.join(cwd, "lightning_logs", "version_*", "metrics.csv")):
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if mtime >= since:
+            found.append((mtime, path))
+    if not found:
+        return None
+    path = max(found)[1]
+    try:
+        rows = list(csv.DictReader(io.StringIO(_tail_whole(path))))
+    except (csv.Error, ValueError):
+        return None
+    last: Dict[str, Any] = {}
+    for row in rows:
+        for key, raw in row.items():
+            value = _number(raw) if raw not in (None, "") else None
+            if key and value is not None:
+                last[key] = value
+    return {"from": path, **last} if last else None
+
+
+def _tail_whole(path: str) -> str:
+    """A CSV read whole when small, else its header and last lines (a row cut at the start is dropped)."""
+    text = _tail(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return text
+    if size <= _TAIL_BYTES:
+        return text
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        header = fh.readline()
+    return header + text.split("\n", 1)[-1]
+
+
+def script_metrics(log: Optional[str], cwd: str, since: float) -> Optional[Dict[str, Any]]:
+    """What the user's framework reported: the Trainer's summary from the log, else Lightning's CSV log; with the
+    throughput as samples/s where it is one of them."""
+    hf = hf_metrics(_tail(log)) if log else None
+    if hf:
+        return {"framework": "transformers", "from": log, **hf, "samples_per_s": hf.get("train_samples_per_second")}
+    lit = lightning_metrics(cwd, since)
+    if lit:
+        return {"framework": "lightning", **lit}
+    return None
+
+
+def status(*, kind: str, command: List[str], run_dir: str, started: float, wall_s: float, code: int,
+           signal_name: Optional[str], log: Optional[str], metrics: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """status.json's object: how the run ended and where its files are."""
+    ended = started + wall_s
+    state = "interrupted" if signal_name else "completed" if code == 0 else "failed"
+    return {"schema": STATUS_SCHEMA, "kind": kind, "status": state, "command": command,
+            "started": iso(started), "ended": iso(ended), "wall_s": round(wall_s, 3), "exit_code": code,
+            "signal": signal_name, "run_dir": run_dir, "plan": os.path.join(run_dir, PLAN_NAME),
+            "log": log if log and os.path.isfile(log) else None, "metrics": metrics}
+
+
+def now() -> float:
+    return time.time()
