@@ -359,11 +359,29 @@ class _Record:
     def end(self, out: Output, res: ExecResult, code: int) -> None:
         if self.started is None:
             return
-        from cpuperf.run.record import script_metrics
-
         if self.metrics is None and self.jp.request.asked.user_argv:  # what a failed script reported all the same
-            self.metrics = script_metrics(self.log, os.getcwd(), self.started)
+            self.collect(out)
         self._write(out, code, res.wall_s, res.signal_name if res.interrupted else None)
+
+    def collect(self, out: Output) -> None:
+        """A user's script: what its framework reported (status.json's metrics), and its per-step loss where it
+        logged one as metrics.jsonl, drawn as the built-in run's is (cpuperf plot)."""
+        from cpuperf.errors import from_os_error
+        from cpuperf.run.record import script_metrics, step_records, write_steps
+
+        assert self.started is not None  # the job ran
+        self.metrics = script_metrics(self.log, os.getcwd(), self.started)
+        records = step_records(self.metrics, _logging_steps(self.jp))
+        if not records:
+            return
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        try:
+            write_steps(path, records)
+        except OSError as exc:
+            out.warn(from_os_error(exc).message)
+            return
+        plot = _plot(out, self.run_dir)
+        self.builtin = {"metrics_file": path, "plot": plot[0] if plot else None}
 
     def _write(self, out: Output, code: int, wall_s: float, signal_name: Optional[str]) -> None:
         from cpuperf.errors import from_os_error
@@ -385,6 +403,19 @@ class _Record:
             extra = [("metrics", self.builtin.get("metrics_file")), ("plot", self.builtin.get("plot"))]
             for line in summary_lines(self.status, os.getcwd(), extra):
                 message(line)  # under -q too: the errors and this summary are what -q keeps
+
+
+def _logging_steps(jp: JobPlan) -> Optional[int]:
+    """How often a Trainer that parses its command line logs (--logging_steps, else TrainingArguments' 500): the
+    step of each of its loss lines. None for any other script: its lines carry no step cpuperf can tell."""
+    from cpuperf.plan.user_script import script_kind
+
+    reading = jp.script.reading if jp.script is not None else None
+    if reading is None or script_kind(reading)[0] != "hf":
+        return None
+    named = reading.named()
+    raw = next((named[k] for k in ("logging_steps", "--logging_steps", "--logging-steps") if k in named), "500")
+    return int(raw) if str(raw).isdigit() and int(raw) > 0 else None
 
 
 def _dry_run_json(jp: JobPlan, launch: Dict[str, Any]) -> Dict[str, Any]:
@@ -465,11 +496,9 @@ def _after(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any],
     result["run_files"] = {"plan": os.path.join(jp.request.out_dir, PLAN_NAME), "log": record.log,
                            "status": os.path.join(jp.request.out_dir, STATUS_NAME)}
     if user:
-        from cpuperf.run.record import script_metrics
-
-        assert record.started is not None  # the job ran
-        record.metrics = script_metrics(record.log, os.getcwd(), record.started)
+        record.collect(out)
         result["metrics"] = record.metrics
+        result["plot"] = [record.builtin["plot"]] if record.builtin.get("plot") else []
     _say_result(out, jp, result)
     return 0
 

@@ -27,15 +27,24 @@ def _show(value: object) -> str:
     return str(value)
 
 
+def _plain(s: LeverState) -> bool:
+    """A lever the job leaves off or at the framework's default: counted, not named, in the short report."""
+    return (s.how.startswith("default") or s.value is None or s.value is False or s.value == "none"
+            or (s.id in _COUNTS_OR_SWITCHES and s.value == 1))
+
+
+_COUNTS_OR_SWITCHES = ("nnodes", "nproc_per_node", "grad_accum_steps")
+
+
 def short_levers(states: Sequence[LeverState], flags: Sequence[str], full_report: str) -> List[str]:
     """The lever report in three lines at most: the levers the job carries (those left at their default counted),
     the ones it does not (the script's own code's apart), the flags added to the command; then where the full
     report is."""
-    chosen = [f"{s.id}={_show(s.value)}" for s in states if s.applied and not s.how.startswith("default")]
-    defaults = sum(1 for s in states if s.applied and s.how.startswith("default"))
+    chosen = [f"{s.id}={_show(s.value)}" for s in states if s.applied and not _plain(s)]
+    defaults = sum(1 for s in states if s.applied and _plain(s))
     own = [s.id for s in states if not s.applied and "own code" in s.how]
     missed = [f"{s.id}={_show(s.value)}" for s in states if not s.applied and "own code" not in s.how]
-    lines = [f"levers applied: {_named(chosen) or 'none'}" + (f" (+{defaults} at their default)" if defaults else "")]
+    lines = [f"levers applied: {_named(chosen) or 'none'}" + (f" (+{defaults} off or at their default)" if defaults else "")]
     if missed or own:
         lines.append("levers not applied: " + _named(missed)
                      + (("; " if missed else "") + f"left to your code: {_named(own)}" if own else ""))

@@ -146,6 +146,58 @@ def script_metrics(log: Optional[str], cwd: str, since: float) -> Optional[Dict[
     return None
 
 
+def hf_steps(text: str, logging_steps: int) -> List[Dict[str, Any]]:
+    """The Trainer's loss lines ({'loss': '4.02', 'grad_norm': ..., 'epoch': '0.125'}) as step records: the k-th
+    line is step k x logging_steps (the Trainer logs every logging_steps steps; its lines carry no step). Pure."""
+    records: List[Dict[str, Any]] = []
+    for line in text.splitlines():
+        if "'loss'" not in line or "train_runtime" in line:
+            continue
+        start, end = line.find("{"), line.rfind("}")
+        try:
+            found = ast.literal_eval(line[start:end + 1]) if 0 <= start < end else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        loss = _number(found.get("loss")) if isinstance(found, dict) else None
+        if loss is not None:
+            records.append({"type": "step", "step": (len(records) + 1) * logging_steps, "loss": loss})
+    return records
+
+
+def lightning_steps(path: str) -> List[Dict[str, Any]]:
+    """Lightning's CSV log (a `step` column, the loss logged as `loss`, `train_loss` or a name ending in `loss`) as
+    step records; [] where it has no such column."""
+    try:
+        rows = list(csv.DictReader(io.StringIO(_tail_whole(path))))
+    except (csv.Error, ValueError):
+        return []
+    records: List[Dict[str, Any]] = []
+    for row in rows:
+        step = _number(row.get("step"))
+        names = [k for k in row if k and k.endswith("loss") and not k.startswith("val")]
+        name = next((k for k in ("train_loss", "loss", "train_loss_step") if k in names), names[0] if names else None)
+        loss = _number(row.get(name)) if name and row.get(name) not in (None, "") else None
+        if step is not None and loss is not None:
+            records.append({"type": "step", "step": int(step), "loss": loss})
+    return records
+
+
+def step_records(metrics: Optional[Dict[str, Any]], logging_steps: Optional[int]) -> List[Dict[str, Any]]:
+    """The per-step loss the framework reported, as the built-in loop's metrics.jsonl records (cpuperf plot draws
+    them): the Trainer's loss lines where its logging interval is known, Lightning's CSV log."""
+    if not metrics:
+        return []
+    if metrics.get("framework") == "transformers" and logging_steps:
+        return hf_steps(_tail(str(metrics["from"])), logging_steps)
+    if metrics.get("framework") == "lightning":
+        return lightning_steps(str(metrics["from"]))
+    return []
+
+
+def write_steps(path: str, records: List[Dict[str, Any]]) -> None:
+    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"), make_parents=False)
+
+
 def status(*, kind: str, command: List[str], run_dir: str, started: float, wall_s: float, code: int,
            signal_name: Optional[str], log: Optional[str], metrics: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """status.json's object: how the run ended and where its files are."""

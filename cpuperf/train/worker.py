@@ -219,7 +219,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.json:
             sys.stdout.write(json.dumps(summary) + "\n")
         else:
-            sys.stderr.write(_human(summary))
+            from cpuperf.output import message_width, wrap_lines
+
+            sys.stderr.write(wrap_lines(_human(summary), message_width()))  # the terminal's width, as cpuperf's
     return code
 
 
