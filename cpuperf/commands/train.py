@@ -768,8 +768,6 @@ def _memory_line(mem: Optional[Dict[str, Any]]) -> str:
 
 
 def _print_plan(out: Output, jp: JobPlan) -> None:
-    from cpuperf.plan.launch import shell_line
-
     plan = jp.launch
     if plan.yours is not None:
         source = (f"({plan.nproc_per_node} per node x {plan.nnodes} nodes, from {plan.yours.source})"
@@ -810,8 +808,11 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     script = jp.script
     for path, text in (script.files if script is not None else ()):
         lines.append(f"# file {path} (written before the script starts): {text}")
-    lines.append(shell_line(plan.argv, dict(plan.env)))
-    out.product("\n".join(lines))
+    from cpuperf.output import message_width
+    from cpuperf.render.run_report import shell_wrapped, wrap_comments
+
+    width = message_width(stream=sys.stdout)  # COLUMNS or the terminal's; a pipe without COLUMNS: one line each
+    out.product(wrap_comments("\n".join(lines), width) + "\n" + shell_wrapped(plan.argv, dict(plan.env), width))
     from cpuperf.run.said import first_time
 
     for note in jp.notes:  # in --json every time; on stderr the first time a plan carries it

@@ -5,6 +5,7 @@ starts (a few lines; the full report is plan.json in the run directory, --json, 
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from cpuperf.plan.applied import LeverState
@@ -96,3 +97,61 @@ def summary_lines(status: Dict[str, Any], cwd: str, extra: Sequence[tuple[str, O
     places = [("run dir", run_dir), ("log", status.get("log")), ("plan", status.get("plan")),
               ("status", os.path.join(run_dir, "status.json")), *extra]
     return [head] + [f"  {name + ':':8} {where(path, cwd)}" for name, path in places if path]
+
+
+def shell_wrapped(argv: Sequence[str], env: Mapping[str, str], width: Optional[int]) -> str:
+    """`VAR=value ... argv` as one copy-pasteable command, its lines at most `width` wide where it is given: words
+    joined by ` \\` line continuations, a word longer than a line cut into quoted pieces that the shell joins
+    again (`'{"a": 1, '\\` then `'"b": 2}'` at the start of the next line). None: one line, as plan.launch's."""
+    words = [(f"{k}=", str(v)) for k, v in env.items()] + [("", a) for a in argv]
+    if width is None:
+        return " ".join(prefix + shlex.quote(raw) for prefix, raw in words)
+    room = max(20, width - 2)  # a line's end holds " \\"
+    lines: List[str] = []  # each ends where the next starts: " \\" between words, "\\" inside a cut word
+    line = ""
+    for prefix, raw in words:
+        word = prefix + shlex.quote(raw)
+        if len(word) <= room - 2:
+            if line and len(line) + 1 + len(word) > room:
+                lines.append(line + " \\")
+                line = "  " + word
+            else:
+                line = f"{line} {word}" if line else word
+            continue
+        if line:
+            lines.append(line + " \\")
+        pieces = [shlex.quote(cut) for cut in _cuts(raw, room - len(prefix) - 3)]
+        # the shell joins adjacent quoted strings into one word: each piece but the last ends its line with "\\"
+        lines.extend((prefix if n == 0 else "") + piece + "\\" for n, piece in enumerate(pieces[:-1]))
+        line = pieces[-1] if len(pieces) > 1 else prefix + pieces[-1]
+    if line:
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _cuts(raw: str, most: int) -> List[str]:
+    """`raw` in pieces each at most `most` wide once quoted (a quote in it takes five: '"'"')."""
+    cuts, piece, size = [], "", 2
+    for ch in raw:
+        cost = 5 if ch == "'" else 1
+        if piece and size + cost > most:
+            cuts.append(piece)
+            piece, size = "", 2
+        piece, size = piece + ch, size + cost
+    return cuts + [piece] if piece else cuts
+
+
+def wrap_comments(text: str, width: Optional[int]) -> str:
+    """Each `# ...` line of `text` longer than `width` broken at spaces, continued as `#   ...`; other lines as they
+    are. None: as is."""
+    if width is None:
+        return text
+    import textwrap
+
+    out: List[str] = []
+    for line in text.split("\n"):
+        if not line.startswith("#") or len(line) <= width:
+            out.append(line)
+            continue
+        out.extend(textwrap.wrap(line, width, subsequent_indent="#   ", break_on_hyphens=False) or [line])
+    return "\n".join(out)
