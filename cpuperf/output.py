@@ -163,7 +163,8 @@ class Output:
             _err_write(f"warning: {text}")
 
     def error(self, text: str, hint: Optional[str] = None) -> None:
-        _err_write(f"error: {text}" + (f"\n  hint: {hint}" if hint else ""))
+        # An error stays one line (and its hint one more), whatever the width: a script greps for it, a log holds it
+        _err_write(f"error: {text}" + (f"\n  hint: {hint}" if hint else ""), wrap=False)
 
     def err_renderable(self, renderable: RenderableType) -> None:
         if not self.quiet:
@@ -331,8 +332,8 @@ def wrap_lines(text: str, width: Optional[int], indent: str = "  ") -> str:
     return "\n".join(out)
 
 
-def _err_write(text: str) -> None:
-    text = wrap_lines(inert(text), message_width())
+def _err_write(text: str, wrap: bool = True) -> None:
+    text = wrap_lines(inert(text), message_width()) if wrap else inert(text)
     write_stream(sys.stderr, text + "\n")
 
 

@@ -292,8 +292,8 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", tuned (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
-             + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
+             + (f"; run directory {_here(jp.request.out_dir)}" if asked.out_dir is None and not asked.resume else "")
+             + (f"; resuming {_here(jp.request.out_dir)} (the newest run with a checkpoint)"
                 if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
     _say_levers(out, jp)  # once, before the job starts: short, or in full with -v
     record = _Record(jp, launch)
@@ -319,6 +319,13 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     return code
 
 
+def _here(path: str) -> str:
+    """A path as the summary shows it: relative to the current directory where that is shorter."""
+    from cpuperf.render.run_report import where
+
+    return where(path, os.getcwd())
+
+
 class _Record:
     """The run's own record in its directory (cpuperf.run.record): plan.json when the run directory is locked,
     status.json when the job ends (or failed to start), and the summary said then. An unstarted run made for this
@@ -335,6 +342,7 @@ class _Record:
         self.log = self.output_log or (os.path.join(plan.log_dir, "launcher.log") if plan.log_dir else None)
         self.metrics: Optional[Dict[str, Any]] = None
         self.status: Optional[Dict[str, Any]] = None
+        self.had_lightning_logs = True
         self.builtin: Dict[str, Optional[str]] = {}  # the built-in run's metrics file and plot, said in the summary
 
     def begin(self) -> None:
@@ -342,6 +350,7 @@ class _Record:
         from cpuperf.run.record import PLAN_NAME, now, write_json
 
         self.started = now()
+        self.had_lightning_logs = os.path.isdir("lightning_logs")  # a run that makes it and leaves it empty removes it
         jp = self.jp
         write_json(os.path.join(self.run_dir, PLAN_NAME), _dry_run_json(jp, self.launch))
 
@@ -370,6 +379,9 @@ class _Record:
         from cpuperf.run.record import script_metrics, step_records, write_steps
 
         assert self.started is not None  # the job ran
+        from cpuperf.run.record import remove_empty_lightning_dirs
+
+        remove_empty_lightning_dirs(os.getcwd(), self.started, self.had_lightning_logs)  # Lightning's logger leaves one per run that logs nothing
         self.metrics = script_metrics(self.log, os.getcwd(), self.started)
         records = step_records(self.metrics, _logging_steps(self.jp))
         if not records:
@@ -396,13 +408,12 @@ class _Record:
             write_json(os.path.join(self.run_dir, STATUS_NAME), self.status)
         except OSError as exc:
             out.warn(from_os_error(exc).message)
-        if not out.json_mode:
-            from cpuperf.output import message
-            from cpuperf.render.run_report import summary_lines
+        from cpuperf.output import message
+        from cpuperf.render.run_report import summary_lines
 
-            extra = [("metrics", self.builtin.get("metrics_file")), ("plot", self.builtin.get("plot"))]
-            for line in summary_lines(self.status, os.getcwd(), extra):
-                message(line)  # under -q too: the errors and this summary are what -q keeps
+        extra = [("metrics", self.builtin.get("metrics_file")), ("plot", self.builtin.get("plot"))]
+        for line in summary_lines(self.status, os.getcwd(), extra):
+            message(line)  # under -q too (the errors and this summary are what -q keeps), and beside --json's object
 
 
 def _logging_steps(jp: JobPlan) -> Optional[int]:

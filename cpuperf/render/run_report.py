@@ -96,7 +96,7 @@ def summary_lines(status: Dict[str, Any], cwd: str, extra: Sequence[tuple[str, O
     run_dir = status["run_dir"]
     places = [("run dir", run_dir), ("log", status.get("log")), ("plan", status.get("plan")),
               ("status", os.path.join(run_dir, "status.json")), *extra]
-    return [head] + [f"  {name + ':':8} {where(path, cwd)}" for name, path in places if path]
+    return [head] + [f"  {name}: {where(path, cwd)}" for name, path in places if path]
 
 
 def shell_wrapped(argv: Sequence[str], env: Mapping[str, str], width: Optional[int]) -> str:

@@ -198,6 +198,30 @@ def write_steps(path: str, records: List[Dict[str, Any]]) -> None:
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"), make_parents=False)
 
 
+def remove_empty_lightning_dirs(cwd: str, since: float, base_was_there: bool) -> List[str]:
+    """The empty lightning_logs/version_N directories Lightning's default logger made in `cwd` during this run (a
+    script that logs nothing and keeps no checkpoint leaves one per run), and lightning_logs itself where this run
+    made it and it is left empty: removed, their paths returned. Nothing with a file in it, nothing older."""
+    base = os.path.join(cwd, "lightning_logs")
+    removed = []
+    for path in sorted(glob.glob(os.path.join(base, "version_*"))):
+        try:
+            st = os.lstat(path)
+            if not os.path.isdir(path) or os.path.islink(path) or st.st_mtime < since or os.listdir(path):
+                continue
+            os.rmdir(path)
+        except OSError:
+            continue
+        removed.append(path)
+    try:
+        if removed and not base_was_there and not os.listdir(base):
+            os.rmdir(base)
+            removed.append(base)
+    except OSError:
+        pass
+    return removed
+
+
 def status(*, kind: str, command: List[str], run_dir: str, started: float, wall_s: float, code: int,
            signal_name: Optional[str], log: Optional[str], metrics: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """status.json's object: how the run ended and where its files are."""
