@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import List
 
 import pytest
-
 from cli_util import run_cli
 
 SCRIPTS = Path(__file__).parent / "fixtures" / "scripts"
