@@ -54,7 +54,7 @@ def test_the_builtin_run_ends_on_one_screen_and_records_itself(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     _fits_one_screen(proc.stderr, "step 4/4")
     assert "lever applied" not in proc.stderr  # the short report, once, before the job
-    assert proc.stderr.count("levers applied:") == 1 and "full lever report: runs/train/version_0/plan.json" in proc.stderr
+    assert proc.stderr.count("levers applied:") == 1 and "the full lever report: runs/train/version_0/plan.json" in proc.stderr
     run = _run_dir(tmp_path)
     status = _status(run)
     assert (status["kind"], status["status"], status["exit_code"], status["signal"]) == ("builtin", "completed", 0, None)

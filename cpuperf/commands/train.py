@@ -382,7 +382,9 @@ class _Record:
         from cpuperf.run.record import remove_empty_lightning_dirs
 
         remove_empty_lightning_dirs(os.getcwd(), self.started, self.had_lightning_logs)  # Lightning's logger leaves one per run that logs nothing
-        self.metrics = script_metrics(self.log, os.getcwd(), self.started)
+        logs = [self.output_log] if self.output_log else [
+            os.path.join(self.jp.launch.log_dir or "", "rank0.log"), *([self.log] if self.log else [])]
+        self.metrics = script_metrics(logs, os.getcwd(), self.started)
         records = step_records(self.metrics, _logging_steps(self.jp))
         if not records:
             return
@@ -408,12 +410,14 @@ class _Record:
             write_json(os.path.join(self.run_dir, STATUS_NAME), self.status)
         except OSError as exc:
             out.warn(from_os_error(exc).message)
+        if out.json_mode:  # the object on stdout carries it all (wall_s, run_files, metrics)
+            return
         from cpuperf.output import message
         from cpuperf.render.run_report import summary_lines
 
         extra = [("metrics", self.builtin.get("metrics_file")), ("plot", self.builtin.get("plot"))]
         for line in summary_lines(self.status, os.getcwd(), extra):
-            message(line)  # under -q too (the errors and this summary are what -q keeps), and beside --json's object
+            message(line)  # under -q too: the errors and this summary are what -q keeps
 
 
 def _logging_steps(jp: JobPlan) -> Optional[int]:
@@ -453,7 +457,8 @@ def _say_levers(out: Output, jp: JobPlan) -> None:
     from cpuperf.render.run_report import short_levers, where
 
     flags = list(applied.get("flags") or []) if applied is not None else []
-    full = where(os.path.join(jp.request.out_dir, "plan.json"), os.getcwd())
+    here = where(os.path.join(jp.request.out_dir, "plan.json"), os.getcwd())
+    full = here if not os.path.isabs(here) else "plan.json in the run directory"  # its path: in the summary
     for line in short_levers(_lever_report(jp), flags, full):
         out.info("cpuperf train: " + line)
 

@@ -298,8 +298,9 @@ def _why_no_metrics(run_dir: str) -> Optional[str]:
         return None
     if not isinstance(status, dict) or status.get("kind") != "script":
         return None
-    command = status.get("command") if isinstance(status.get("command"), list) else []
-    script = next((os.path.basename(str(a)) for a in command if str(a).endswith(".py")), "your command")
+    command = status.get("command")
+    words = command if isinstance(command, list) else []
+    script = next((os.path.basename(str(a)) for a in words if str(a).endswith(".py")), "your command")
     log = status.get("log")
     return (f"{run_dir} is a run of {script} (exit {status.get('exit_code')}): it logged no per-step loss cpuperf "
             "reads (the Trainer's loss lines, Lightning's CSV log)" + (f"; its output is in {log}" if log else ""))

@@ -51,7 +51,7 @@ def short_levers(states: Sequence[LeverState], flags: Sequence[str], full_report
                      + (("; " if missed else "") + f"left to your code: {_named(own)}" if own else ""))
     if flags:
         lines.append("flags added: " + " ".join(flags))
-    lines.append(f"full lever report: {full_report} (or -v)")
+    lines.append(f"the full lever report: {full_report} (or -v)")
     return lines
 
 

@@ -134,12 +134,14 @@ def _tail_whole(path: str) -> str:
     return header + text.split("\n", 1)[-1]
 
 
-def script_metrics(log: Optional[str], cwd: str, since: float) -> Optional[Dict[str, Any]]:
-    """What the user's framework reported: the Trainer's summary from the log, else Lightning's CSV log; with the
+def script_metrics(logs: List[str], cwd: str, since: float) -> Optional[Dict[str, Any]]:
+    """What the user's framework reported: the Trainer's summary from the first of `logs` that holds one (the
+    run's output.log, or under a launcher rank 0's log, then launcher.log), else Lightning's CSV log; with the
     throughput as samples/s where it is one of them."""
-    hf = hf_metrics(_tail(log)) if log else None
-    if hf:
-        return {"framework": "transformers", "from": log, **hf, "samples_per_s": hf.get("train_samples_per_second")}
+    for log in logs:
+        hf = hf_metrics(_tail(log))
+        if hf:
+            return {"framework": "transformers", "from": log, **hf, "samples_per_s": hf.get("train_samples_per_second")}
     lit = lightning_metrics(cwd, since)
     if lit:
         return {"framework": "lightning", **lit}
