@@ -475,7 +475,7 @@ def _after(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any],
     if jp.settings is not None:
         summary, runtime = result_summary_from_metrics(os.path.join(jp.request.out_dir, "metrics.jsonl"))
         if summary is not None:
-            record.metrics = {"framework": "cpuperf", "samples_per_s": summary.get("samples_per_s"),
+            record.metrics = {"from": summary.get("metrics_file"), "samples_per_s": summary.get("samples_per_s"),
                               "tokens_per_s": summary.get("tokens_per_s"), "loss_last": summary.get("loss_last")}
     warnings = check_observations(plan, observed, runtime)
     for w in warnings:

@@ -31,6 +31,7 @@ def _show(value: object) -> str:
 def _plain(s: LeverState) -> bool:
     """A lever the job leaves off or at the framework's default: counted, not named, in the short report."""
     return (s.how.startswith("default") or s.value is None or s.value is False or s.value == "none"
+            or (isinstance(s.value, int) and not isinstance(s.value, bool) and s.value == 0)
             or (s.id in _COUNTS_OR_SWITCHES and s.value == 1))
 
 
