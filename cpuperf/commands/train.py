@@ -307,7 +307,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
             _write_config_files(script.files)
         res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
                       tee_stderr=script is not None and bool(script.added), output_log=record.output_log,
-                      locked=record.begin)
+                      locked=record.begin, environ=_worker_environ(jp))
     except CpuperfError as exc:
         record.refused(out, int(exc.code))
         raise
@@ -317,6 +317,18 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     code = _after(out, asked, jp, launch, res, record)
     record.end(out, res, code)
     return code
+
+
+def _worker_environ(jp: JobPlan) -> Optional[Dict[str, str]]:
+    """The built-in worker's messages are cpuperf's, wrapped as cpuperf's are: its output reaches the terminal through
+    a pipe (tee'd to the log), so the terminal's width goes with it as COLUMNS where none is set. A user's script
+    gets the environment as it is (None)."""
+    from cpuperf.output import message_width
+
+    width = message_width()
+    if jp.settings is None or width is None or os.environ.get("COLUMNS"):
+        return None
+    return {**os.environ, "COLUMNS": str(width)}
 
 
 def _here(path: str) -> str:
