@@ -113,8 +113,10 @@ def test_a_command_that_cannot_start_leaves_its_record(tmp_path):
     proc = run_cli(["train", "--", str(tmp_path / "no-such-program")], extra_env=NARROW, cwd=str(tmp_path))
     assert proc.returncode != 0
     runs = list((tmp_path / "runs" / "train").glob("version_*")) if (tmp_path / "runs").exists() else []
-    for run in runs:  # where a directory was made, it says what happened
-        assert json.loads((run / "status.json").read_text())["status"] == "failed"
+    assert len(runs) == 1  # the directory made for it says what happened
+    status = json.loads((runs[0] / "status.json").read_text())
+    assert (status["status"], status["exit_code"]) == ("failed", proc.returncode)
+    assert proc.stderr.rstrip().splitlines()[-2].startswith("error: ")  # the error ends the run, no summary after
 
 
 @pytest.mark.full  # a real Trainer run

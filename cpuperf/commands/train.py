@@ -375,7 +375,7 @@ class _Record:
                 remove_if_empty(os.path.join(self.run_dir, "logs"))
                 remove_if_empty(self.run_dir)
             return
-        self._write(out, code if code is not None else int(ExitCode.LAUNCH_FAILED), 0.0, None)
+        self._write(out, code if code is not None else int(ExitCode.LAUNCH_FAILED), 0.0, None, say=False)
 
     def end(self, out: Output, res: ExecResult, code: int) -> None:
         if self.started is None:
@@ -409,7 +409,7 @@ class _Record:
         plot = _plot(out, self.run_dir)
         self.builtin = {"metrics_file": path, "plot": plot[0] if plot else None}
 
-    def _write(self, out: Output, code: int, wall_s: float, signal_name: Optional[str]) -> None:
+    def _write(self, out: Output, code: int, wall_s: float, signal_name: Optional[str], say: bool = True) -> None:
         from cpuperf.errors import from_os_error
         from cpuperf.run.record import STATUS_NAME, status, write_json
 
@@ -422,7 +422,7 @@ class _Record:
             write_json(os.path.join(self.run_dir, STATUS_NAME), self.status)
         except OSError as exc:
             out.warn(from_os_error(exc).message)
-        if out.json_mode:  # the object on stdout carries it all (wall_s, run_files, metrics)
+        if out.json_mode or not say:  # the object on stdout carries it all; a job that never started: its error does
             return
         from cpuperf.output import message
         from cpuperf.render.run_report import summary_lines
