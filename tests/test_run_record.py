@@ -196,3 +196,19 @@ def test_the_dry_run_command_is_wrapped_and_still_one_shell_command(tmp_path):
     dry = run_cli(["train", "--auto", "--dry-run"], extra_env={"COLUMNS": "80"}, cwd=str(tmp_path))
     assert dry.returncode == 0 and all(len(line) <= 80 for line in dry.stdout.splitlines()), dry.stdout
     assert not os.path.exists(tmp_path / "runs")
+
+
+def test_a_projects_own_files_are_not_replaced_under_out_dot(tmp_path):
+    """`--out .` in a project that keeps its own plan.json (cpuperf recommend --save plan.json) and status.json:
+    the run leaves them as they are, says so, and runs."""
+    (tmp_path / "plan.json").write_text('{"mine": true}\n')
+    (tmp_path / "status.json").write_text("my own\n")
+    script = tmp_path / "says_hi.py"
+    script.write_text("print('hi')\n")
+    proc = run_cli(["train", "--out", ".", "--", sys.executable, str(script)], extra_env={"COLUMNS": "400"},
+                   cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "plan.json").read_text() == '{"mine": true}\n' and (tmp_path / "status.json").read_text() == "my own\n"
+    assert "no plan.json in the run directory" in proc.stderr and "status.json is not cpuperf's" in proc.stderr
+    assert "hi" in (tmp_path / "logs" / "output.log").read_text()
+    assert "  plan: " not in proc.stderr  # the summary names no plan it did not write

@@ -355,6 +355,7 @@ class _Record:
         self.metrics: Optional[Dict[str, Any]] = None
         self.status: Optional[Dict[str, Any]] = None
         self.had_lightning_logs = True
+        self.plan: Optional[str] = None  # plan.json, once written
         self.builtin: Dict[str, Optional[str]] = {}  # the built-in run's metrics file and plot, said in the summary
 
     def begin(self) -> None:
@@ -363,8 +364,13 @@ class _Record:
 
         self.started = now()
         self.had_lightning_logs = os.path.isdir("lightning_logs")  # a run that makes it and leaves it empty removes it
-        jp = self.jp
-        write_json(os.path.join(self.run_dir, PLAN_NAME), _dry_run_json(jp, self.launch))
+        try:
+            write_json(os.path.join(self.run_dir, PLAN_NAME), _dry_run_json(self.jp, self.launch))
+            self.plan = os.path.join(self.run_dir, PLAN_NAME)
+        except OSError as exc:  # NotOurs (a project's own plan.json under --out .), or a full disk: the job runs
+            from cpuperf.output import message
+
+            message(f"warning: no plan.json in the run directory: {getattr(exc, 'strerror', None) or exc}")
 
     def refused(self, out: Output, code: Optional[int]) -> None:
         if self.started is None:  # never started: the directory made for it goes (never anything in it)
@@ -388,7 +394,7 @@ class _Record:
         """A user's script: what its framework reported (status.json's metrics), and its per-step loss where it
         logged one as metrics.jsonl, drawn as the built-in run's is (cpuperf plot)."""
         from cpuperf.errors import from_os_error
-        from cpuperf.run.record import script_metrics, step_records, write_steps
+        from cpuperf.run.record import NotOurs, ours, script_metrics, step_records, write_steps
 
         assert self.started is not None  # the job ran
         from cpuperf.run.record import remove_empty_lightning_dirs
@@ -404,9 +410,9 @@ class _Record:
         try:
             write_steps(path, records)
         except OSError as exc:
-            out.warn(from_os_error(exc).message)
+            out.warn(str(exc) if isinstance(exc, NotOurs) else from_os_error(exc).message)
             return
-        plot = _plot(out, self.run_dir)
+        plot = _plot(out, self.run_dir) if ours(os.path.join(self.run_dir, "plot.svg"), b"cpuperf train: ") else []
         self.builtin = {"metrics_file": path, "plot": plot[0] if plot else None}
 
     def _write(self, out: Output, code: int, wall_s: float, signal_name: Optional[str], say: bool = True) -> None:
@@ -417,11 +423,13 @@ class _Record:
         kind = "script" if self.jp.request.asked.user_argv else "builtin"
         self.status = status(kind=kind, command=list(self.jp.launch.rank_command), run_dir=self.run_dir,
                              started=self.started, wall_s=wall_s, code=code, signal_name=signal_name,
-                             log=self.log, metrics=self.metrics)
+                             log=self.log, metrics=self.metrics, plan=self.plan)
         try:
             write_json(os.path.join(self.run_dir, STATUS_NAME), self.status)
         except OSError as exc:
-            out.warn(from_os_error(exc).message)
+            from cpuperf.run.record import NotOurs
+
+            out.warn(str(exc) if isinstance(exc, NotOurs) else from_os_error(exc).message)
         if out.json_mode or not say:  # the object on stdout carries it all; a job that never started: its error does
             return
         from cpuperf.output import message
@@ -519,9 +527,9 @@ def _after(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any],
         result["plot"] = _plot(out, jp.request.out_dir)
         record.builtin = {"metrics_file": result.get("metrics_file"),
                           "plot": result["plot"][0] if result["plot"] else None}
-    from cpuperf.run.record import PLAN_NAME, STATUS_NAME
+    from cpuperf.run.record import STATUS_NAME
 
-    result["run_files"] = {"plan": os.path.join(jp.request.out_dir, PLAN_NAME), "log": record.log,
+    result["run_files"] = {"plan": record.plan, "log": record.log,
                            "status": os.path.join(jp.request.out_dir, STATUS_NAME)}
     if user:
         record.collect(out)

@@ -37,8 +37,32 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
 
 
-def write_json(path: str, obj: object) -> None:
-    """`obj` as indented JSON, written whole (never half a file); a failure is said by the caller."""
+class NotOurs(OSError):
+    """A file of that name in the run directory that cpuperf did not write (`--out .` in a project with its own
+    plan.json): left as it is."""
+
+
+def ours(path: str, marker: bytes) -> bool:
+    """Whether `path` is absent, or a regular file cpuperf wrote (its first bytes hold `marker`: a schema, a record
+    type, the plot's title). A link or another program's file is not replaced."""
+    try:
+        if os.path.islink(path):
+            return False
+        if not os.path.exists(path):
+            return True
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as fh:
+            return marker in fh.read(4096)
+    except OSError:
+        return False
+
+
+def write_json(path: str, obj: Dict[str, Any]) -> None:
+    """`obj` (with its "schema") as indented JSON, written whole (never half a file); NotOurs where a file of that
+    name is not one cpuperf wrote; a failure is said by the caller."""
+    if not ours(path, f'"schema": "{obj.get("schema")}"'.encode()):
+        raise NotOurs(f"{path} is not cpuperf's: left as it is")
     atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_default) + "\n").encode("utf-8"), make_parents=False)
 
 
@@ -197,6 +221,8 @@ def step_records(metrics: Optional[Dict[str, Any]], logging_steps: Optional[int]
 
 
 def write_steps(path: str, records: List[Dict[str, Any]]) -> None:
+    if not ours(path, b'{"type": "'):
+        raise NotOurs(f"{path} is not cpuperf's: left as it is")
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"), make_parents=False)
 
 
@@ -225,13 +251,14 @@ def remove_empty_lightning_dirs(cwd: str, since: float, base_was_there: bool) ->
 
 
 def status(*, kind: str, command: List[str], run_dir: str, started: float, wall_s: float, code: int,
-           signal_name: Optional[str], log: Optional[str], metrics: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+           signal_name: Optional[str], log: Optional[str], metrics: Optional[Dict[str, Any]],
+           plan: Optional[str]) -> Dict[str, Any]:
     """status.json's object: how the run ended and where its files are."""
     ended = started + wall_s
     state = "interrupted" if signal_name else "completed" if code == 0 else "failed"
     return {"schema": STATUS_SCHEMA, "kind": kind, "status": state, "command": command,
             "started": iso(started), "ended": iso(ended), "wall_s": round(wall_s, 3), "exit_code": code,
-            "signal": signal_name, "run_dir": run_dir, "plan": os.path.join(run_dir, PLAN_NAME),
+            "signal": signal_name, "run_dir": run_dir, "plan": plan,
             "log": log if log and os.path.isfile(log) else None, "metrics": metrics}
 
 
