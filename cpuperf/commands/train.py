@@ -394,12 +394,12 @@ class _Record:
         """A user's script: what its framework reported (status.json's metrics), and its per-step loss where it
         logged one as metrics.jsonl, drawn as the built-in run's is (cpuperf plot)."""
         from cpuperf.errors import from_os_error
-        from cpuperf.run.record import NotOurs, ours, script_metrics, step_records, write_steps
+        from cpuperf.run.record import NotOurs, ours, remove_empty_lightning_dirs, script_metrics, step_records, write_steps
 
         assert self.started is not None  # the job ran
-        from cpuperf.run.record import remove_empty_lightning_dirs
-
-        remove_empty_lightning_dirs(os.getcwd(), self.started, self.had_lightning_logs)  # Lightning's logger leaves one per run that logs nothing
+        # Lightning's default logger leaves an empty version_N per run of a script that logs nothing and keeps no
+        # checkpoint: twenty runs, twenty empty folders
+        remove_empty_lightning_dirs(os.getcwd(), self.started, self.had_lightning_logs)
         logs = [self.output_log] if self.output_log else [
             os.path.join(self.jp.launch.log_dir or "", "rank0.log"), *([self.log] if self.log else [])]
         self.metrics = script_metrics(logs, os.getcwd(), self.started)
