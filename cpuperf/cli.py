@@ -312,8 +312,8 @@ def train(
     tune: bool = typer.Option(False, "--tune", help="With `-- <Trainer command>`: tune the levers on the command itself (a few short runs per candidate); later --auto runs of it use the winner."),
     budget: Optional[float] = typer.Option(None, "--budget", metavar="S", help="--tune: seconds the search may take (default 240)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="After the run, where its wall time went: each part of cpuperf's own start and end, and the job's (stderr)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Errors and the closing summary only on stderr (no progress, no report)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="The full lever report before the job starts (each lever, applied or not, and why), and after the run where its wall time went."),
 ) -> None:
     """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
     from cpuperf.commands import train as cmd
@@ -335,7 +335,7 @@ def train(
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
     run = cmd.run_tune if tune else cmd.run_train  # --tune searches the levers on the command instead of running it
-    _finish(run(Output(json_mode=json_out, quiet=quiet), given, options))
+    _finish(run(Output(json_mode=json_out, quiet=quiet, verbose=verbose and not quiet), given, options))
 
 
 # The options a resume hint leaves out: it names the run directory and --resume itself; the rest are how it is said.

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Callable, Optional
+from typing import IO, TYPE_CHECKING, Callable, Mapping, Optional
 
 from cpuperf.errors import FilesystemError
 
@@ -132,6 +132,7 @@ def _rendered(stream: IO[str], renderable: RenderableType) -> str:
 class Output:
     json_mode: bool = False
     quiet: bool = False
+    verbose: bool = False  # -v: the full reports (train's lever report, each lever and why) where a command has them
 
     # -- stdout: the product -------------------------------------------------------------
     def product(self, text: str) -> None:
@@ -162,7 +163,8 @@ class Output:
             _err_write(f"warning: {text}")
 
     def error(self, text: str, hint: Optional[str] = None) -> None:
-        _err_write(f"error: {text}" + (f"\n  hint: {hint}" if hint else ""))
+        # An error stays one line (and its hint one more), whatever the width: a script greps for it, a log holds it
+        _err_write(f"error: {text}" + (f"\n  hint: {hint}" if hint else ""), wrap=False)
 
     def err_renderable(self, renderable: RenderableType) -> None:
         if not self.quiet:
@@ -302,8 +304,41 @@ def _inert_renderable(renderable: RenderableType) -> RenderableType:
     return cell(renderable)
 
 
-def _err_write(text: str) -> None:
-    text = inert(text)
+def message_width(environ: Optional[Mapping[str, str]] = None, stream: object = None) -> Optional[int]:
+    """The width message lines are wrapped to: COLUMNS where it is a width (as piped_width holds it), else the
+    terminal's where stderr is one (shutil.get_terminal_size), else None: a log file gets each message whole."""
+    environ = os.environ if environ is None else environ
+    if (environ.get("COLUMNS") or "").strip():
+        return piped_width(environ.get("COLUMNS"))
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if not (isatty and isatty()):
+        return None
+    import shutil
+
+    return max(PIPED_WIDTH_MIN, shutil.get_terminal_size().columns)
+
+
+def wrap_lines(text: str, width: Optional[int], indent: str = "  ") -> str:
+    """Each line of `text` longer than `width` broken at spaces, its continuation indented by `indent` past the line's
+    own indent; a word longer than a line is cut (a path wider than the terminal wraps there anyway). None: as is."""
+    if width is None:
+        return text
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        out.extend(textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + indent,
+                                 break_on_hyphens=False, drop_whitespace=True) or [line])
+    return "\n".join(out)
+
+
+def _err_write(text: str, wrap: bool = True) -> None:
+    text = wrap_lines(inert(text), message_width()) if wrap else inert(text)
     write_stream(sys.stderr, text + "\n")
 
 

@@ -176,7 +176,8 @@ def test_a_real_two_rank_run_says_only_what_the_ranks_ran(how, tmp_path):
     count = planned.pop()
     ranks = tmp_path / "ranks"
     ranks.mkdir()
-    run = [*args[:2], "--out", str(tmp_path / "run"), *args[2:]]
+    # -v: the full report before the job (the kept and applied lines); --json: the levers after it, read back
+    run = [*args[:2], "-v", "--json", "--out", str(tmp_path / "run"), *args[2:]]
     line = f"{_cpuperf()} {shlex.join(run)}"
     if how == "yours":
         line = f"export OMP_NUM_THREADS={count + 1}; {line}"
@@ -189,7 +190,9 @@ def test_a_real_two_rank_run_says_only_what_the_ranks_ran(how, tmp_path):
     assert ran == [str(count), str(count)], ran
     claims = _said_counts(done.stderr)
     assert claims and set(claims) == {str(count)}, (claims, done.stderr[-3000:])
-    assert f"lever applied: threads_per_rank={count} (" in done.stderr and "read back: every rank ran it" in done.stderr
+    levers = json.loads(done.stdout)["levers"]
+    threads = [lv for lv in levers["applied"] if lv["id"] == "threads_per_rank"]
+    assert threads and threads[0]["value"] == count and "read back: every rank ran it" in threads[0]["how"], levers
     if how == "yours":
         assert f"your OMP_NUM_THREADS='{count + 1}' is not what the ranks run" in done.stderr, done.stderr[-3000:]
         assert f"not applied: env OMP_NUM_THREADS={count + 1} (each rank is started with" in done.stderr

@@ -136,9 +136,10 @@ def test_install_says_the_python_is_past_its_end_of_life_before_it_plans(tmp_pat
     args = ["install", "--venv", str(tmp_path / "v"), "--index-url", index.good, "--dry-run"]
     proc = cli(args, pip_home, {"CPUPERF_OVERRIDE_PYTHON": "3.10", "CPUPERF_OVERRIDE_TODAY": "2026-11-28"})
     assert proc.returncode == 0, proc.stderr
-    said = proc.stderr.index("Python 3.10 reached its end of life on 2026-10-31 (PEP 619)")
-    assert "the newest torch with a linux_x86_64 wheel for it is 2.14.1" in proc.stderr
-    assert said < proc.stderr.index("asking pip")
+    said = " ".join(proc.stderr.split())  # the warning wrapped to COLUMNS, read as one line
+    at = said.index("Python 3.10 reached its end of life on 2026-10-31 (PEP 619)")
+    assert "the newest torch with a linux_x86_64 wheel for it is 2.14.1" in said
+    assert at < said.index("asking pip")
     assert "end of life" not in proc.stdout and "2.7.0+cpu" in proc.stdout
     quiet = cli(args, pip_home, {"CPUPERF_OVERRIDE_PYTHON": "3.13", "CPUPERF_OVERRIDE_TODAY": "2026-11-28"})
     assert quiet.returncode == 0 and "end of life" not in quiet.stderr

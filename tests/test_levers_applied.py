@@ -306,8 +306,11 @@ def test_recommend_and_ccl_env_carry_the_lever_report(tmp_path, name):
     if "--bf16" in rec["hf_args"]:
         assert applied["dtype"] == "flag --bf16"  # the Trainer flags recommend renders carry it
     code, text, err = _cli(cls, tmp_path, "recommend")
-    assert code == 0 and "# levers: applied" in text, err[-1500:]
-    assert all(re.search(rf"^# (not )?applied: {lever}=", text, re.M) for lever in DECISION_IDS), text
+    assert code == 0 and f"# levers: {len(report['applied'])} of {len(DECISION_IDS)} applied" in text, err[-1500:]
+    # each lever once: every decision in the table, and below it only the levers the lines do not carry, with why
+    assert all(re.search(rf"^. {lever} ", text, re.M) for lever in DECISION_IDS), text
+    assert all(re.search(rf"^# not applied: {i['id']}=", text, re.M) for i in report["not_applied"]), text
+    assert not re.search(r"^# applied: ", text, re.M), text
     if decided["device"] != "cpu":
         return  # ccl-env decides for the CPU
     code, out, err = _cli(cls, tmp_path, "ccl-env", "--json")

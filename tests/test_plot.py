@@ -112,7 +112,7 @@ def test_train_draws_the_plot_at_the_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     assert result["plot"][0] == str(out / "plot.svg") and result["run_dir"] == str(out)
-    assert f"plot: {out / 'plot.svg'}" in proc.stderr
+    assert result["run_files"]["status"] == str(out / "status.json") and (out / "status.json").is_file()
     assert ET.parse(Path(out / "plot.svg")).getroot().tag.endswith("svg")
 
 

@@ -236,12 +236,14 @@ def test_readme_line_runs_twice_without_out_each_in_a_new_version_dir(tmp_path):
         proc = run_cli(args, extra_env=env, cwd=str(tmp_path), timeout=180)
         assert proc.returncode == 0, proc.stderr[-2000:]
         where = tmp_path / "runs" / "train" / f"version_{n}"
-        assert f"run directory {where}" in proc.stderr
+        assert f"run directory {where.relative_to(tmp_path)}" in proc.stderr
+        assert f"  run dir: {where.relative_to(tmp_path)}" in proc.stderr  # and in the closing summary
         assert (where / "checkpoint.pt").is_file()
     resumed = run_cli(["train", "--auto", *MICRO, "--max-steps", "5", "--resume"], extra_env=env,
                       cwd=str(tmp_path), timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming {tmp_path / 'runs' / 'train' / 'version_1'} (the newest run with a checkpoint)" in resumed.stderr
+    said = " ".join(resumed.stderr.split())  # a message wrapped to the terminal, read as one line
+    assert f"resuming {Path('runs') / 'train' / 'version_1'} (the newest run with a checkpoint)" in said
     assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["version_0", "version_1"]
     # --out keeps its meaning: an existing run is refused without --resume
     again = run_cli([*args, "--out", str(tmp_path / "runs" / "train" / "version_0")], extra_env=env,

@@ -215,7 +215,8 @@ def test_real_scripts_keep_their_hyperparameters_and_see_what_was_applied(case, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _run(argv, auto_out, True, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "applied: launcher" in proc.stderr  # printed before the script starts
+    assert "cpuperf train: levers applied:" in proc.stderr  # the short report, printed before the script starts
+    assert (tmp_path / "run" / "plan.json").is_file() and (tmp_path / "run" / "status.json").is_file()
     result = json.loads(proc.stdout)
     applied = result["applied"]
     plain, auto = json.loads(plain_out.read_text()), json.loads(auto_out.read_text())

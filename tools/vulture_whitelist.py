@@ -63,3 +63,7 @@ training_step
 configure_optimizers
 on_train_batch_end
 batch_idx
+
+# tokenizers and transformers read these attributes, set by benchmarks/scripts/clm_trainer.py.
+pre_tokenizer
+bos_token_id

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from cpuperf.boundary import DEFAULT_MASTER_PORT
 from cpuperf.output import Output
@@ -309,6 +309,15 @@ def _split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
     return split(report)
 
 
+def _levers_not_in_table(report: Sequence[LeverState], report_lines: Callable[[Sequence[LeverState]], List[str]]) -> List[str]:
+    """What the table does not say already: how many levers the lines above carry, and each one they do not, with
+    why (--json holds every lever's state)."""
+    missed = [s for s in report if not s.applied]
+    head = (f"# levers: {len(report) - len(missed)} of {len(report)} applied by the environment, launch and flags "
+            "above" + ("; not applied (why):" if missed else ""))
+    return [head, *("# " + line for line in report_lines(missed))]
+
+
 def _table(out: Output, result: Dict[str, Any], report: Sequence[LeverState]) -> None:
     from rich.table import Table
 
@@ -326,9 +335,11 @@ def _table(out: Output, result: Dict[str, Any], report: Sequence[LeverState]) ->
     lines = ["", "# environment", render.env_exports(result["env"]).rstrip(),
              "", "# launch", render.launch_line(result["launch"]),
              "", f"# Hugging Face Trainer flags ({result['hf_args_for']})", " ".join(result["hf_args"]),
-             "", "# levers: applied by the environment, launch and flags above, or not (why)",
-             *("# " + line for line in report_lines(report))]
-    out.product("\n".join(lines))
+             "", *_levers_not_in_table(report, report_lines)]
+    from cpuperf.output import message_width
+    from cpuperf.render.run_report import wrap_comments
+
+    out.product(wrap_comments("\n".join(lines), message_width(stream=sys.stdout)))
     if result["overridden"]:
         out.info("* set by you: " + ", ".join(result["overridden"]))
 

@@ -217,10 +217,7 @@ def run_train(out: Output, given: PlanRequest, options: TrainOptions) -> int:
                  "is its own code's")
     launch = _plan_json(jp)
     if request.dry_run:
-        result = {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
-                  "decisions": [d.to_json() for d in jp.decisions], "hf_flags": _hf_json(jp), "applied": _applied(jp),
-                  "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
-                  "global_batch": _global_batch(jp)}
+        result = _dry_run_json(jp, launch)
         if out.json_mode:
             out.json(result)
         else:
@@ -363,8 +360,7 @@ def _check_tunable(request: PlanRequest, options: TrainOptions) -> None:
 
 
 def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any], again: Tuple[str, ...] = ()) -> int:
-    from cpuperf.plan.launch import check_observations
-    from cpuperf.run.launcher import execute, result_summary_from_metrics
+    from cpuperf.run.launcher import execute
 
     plan, user = jp.launch, bool(jp.request.asked.user_argv)
     for note in jp.notes:
@@ -373,32 +369,214 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     out.info(f"cpuperf train: {who} with {plan.world_size} rank(s)"
              + (f" on {plan.nnodes} node(s), this is node {plan.node_rank}" if plan.nnodes > 1 else "")
              + (", the recommended settings (--auto)" if jp.request.auto else ", plain defaults (no --auto)")
-             + (f"; run directory {jp.request.out_dir}" if asked.out_dir is None and not asked.resume else "")
-             + (f"; resuming {jp.request.out_dir} (the newest run with a checkpoint)"
+             + (f"; run directory {_here(jp.request.out_dir)}" if asked.out_dir is None and not asked.resume else "")
+             + (f"; resuming {_here(jp.request.out_dir)} (the newest run with a checkpoint)"
                 if asked.out_dir is None and asked.resume else ""))  # new per run, or the one continued: say which
-    applied = _applied(jp)
-    if applied is not None:
-        from cpuperf.plan.user_script import applied_lines
+    _say_levers(out, jp)  # once, before the job starts: short, or in full with -v
+    record = _Record(jp, launch)
+    try:
+        if jp.settings is not None:  # the built-in worker's files: a link there is refused before any rank starts
+            from cpuperf.train.rundir import refuse_links
 
-        for line in applied_lines(applied):
-            out.info(line)
-    if jp.settings is not None:  # the built-in worker's files: a link there is refused before any rank starts
-        from cpuperf.train.rundir import refuse_links
+            refuse_links(jp.request.out_dir, asked.resume)
+        script = jp.script
+        if script is not None:
+            _write_config_files(script.files)
+        timeline.mark("say the plan")
+        res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
+                      tee_stderr=script is not None and bool(script.added), output_log=record.output_log,
+                      locked=record.begin, environ=_worker_environ(jp))
+    except CpuperfError as exc:
+        record.refused(out, int(exc.code))
+        raise
+    except BaseException:
+        record.refused(out, None)
+        raise
+    code = _after(out, asked, jp, launch, res, record, again)
+    record.end(out, res, code)
+    return code
 
-        refuse_links(jp.request.out_dir, asked.resume)
-    script = jp.script
-    if script is not None:
-        _write_config_files(script.files)
-    timeline.mark("say the plan")
+
+def _worker_environ(jp: JobPlan) -> Dict[str, str]:
+    """The job's environment as the plan read it: ccl-env's own exports are the plan's to set, not inherited as
+    yours. The built-in worker's messages are cpuperf's, wrapped as cpuperf's are: its output reaches the terminal
+    through a pipe (tee'd to the log), so the terminal's width goes with it as COLUMNS where none is set."""
     from cpuperf.decide.runtime_env import users_own
+    from cpuperf.output import message_width
 
-    # the job's environment as the plan read it: ccl-env's own exports are the plan's to set, not inherited
-    res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
-                  tee_stderr=script is not None and bool(script.added), environ=users_own(os.environ))
+    environ = dict(users_own(os.environ))
+    width = message_width()
+    if jp.settings is not None and width is not None and not os.environ.get("COLUMNS"):
+        environ["COLUMNS"] = str(width)
+    return environ
+
+
+def _here(path: str) -> str:
+    """A path as the summary shows it: relative to the current directory where that is shorter."""
+    from cpuperf.render.run_report import where
+
+    return where(path, os.getcwd())
+
+
+class _Record:
+    """The run's own record in its directory (cpuperf.run.record): plan.json when the run directory is locked,
+    status.json when the job ends (or failed to start), and the summary said then. An unstarted run made for this
+    command leaves no empty directory behind."""
+
+    def __init__(self, jp: JobPlan, launch: Dict[str, Any]) -> None:
+        plan = jp.launch
+        self.jp, self.launch, self.started = jp, launch, None  # type: JobPlan, Dict[str, Any], Optional[float]
+        self.run_dir = jp.request.out_dir
+        direct = plan.launcher == "direct" and plan.log_dir is not None
+        from cpuperf.run.record import OUTPUT_LOG
+
+        self.output_log = os.path.join(plan.log_dir, OUTPUT_LOG) if direct and plan.log_dir else None
+        self.log = self.output_log or (os.path.join(plan.log_dir, "launcher.log") if plan.log_dir else None)
+        self.metrics: Optional[Dict[str, Any]] = None
+        self.status: Optional[Dict[str, Any]] = None
+        self.had_lightning_logs = True
+        self.plan: Optional[str] = None  # plan.json, once written
+        self.builtin: Dict[str, Optional[str]] = {}  # the built-in run's metrics file and plot, said in the summary
+
+    def begin(self) -> None:
+        """The run directory is this run's (locked): its plan in full, the lever report included."""
+        from cpuperf.run.record import PLAN_NAME, now, write_json
+
+        self.started = now()
+        self.had_lightning_logs = os.path.isdir("lightning_logs")  # a run that makes it and leaves it empty removes it
+        try:
+            write_json(os.path.join(self.run_dir, PLAN_NAME), _dry_run_json(self.jp, self.launch))
+            self.plan = os.path.join(self.run_dir, PLAN_NAME)
+        except OSError as exc:  # NotOurs (a project's own plan.json under --out .), or a full disk: the job runs
+            from cpuperf.output import message
+
+            message(f"warning: no plan.json in the run directory: {getattr(exc, 'strerror', None) or exc}")
+
+    def refused(self, out: Output, code: Optional[int]) -> None:
+        if self.started is None:  # never started: the directory made for it goes (never anything in it)
+            req = self.jp.request
+            if req.asked.out_dir is None and not req.asked.resume:
+                from cpuperf.train.rundir import remove_if_empty
+
+                remove_if_empty(os.path.join(self.run_dir, "logs"))
+                remove_if_empty(self.run_dir)
+            return
+        self._write(out, code if code is not None else int(ExitCode.LAUNCH_FAILED), 0.0, None, say=False)
+
+    def end(self, out: Output, res: ExecResult, code: int) -> None:
+        if self.started is None:
+            return
+        if self.metrics is None and self.jp.request.asked.user_argv:  # what a failed script reported all the same
+            self.collect(out)
+        self._write(out, code, res.wall_s, res.signal_name if res.interrupted else None)
+
+    def collect(self, out: Output) -> None:
+        """A user's script: what its framework reported (status.json's metrics), and its per-step loss where it
+        logged one as metrics.jsonl, drawn as the built-in run's is (cpuperf plot)."""
+        from cpuperf.errors import from_os_error
+        from cpuperf.run.record import NotOurs, ours, remove_empty_lightning_dirs, script_metrics, step_records, write_steps
+
+        assert self.started is not None  # the job ran
+        # Lightning's default logger leaves an empty version_N per run of a script that logs nothing and keeps no
+        # checkpoint: twenty runs, twenty empty folders
+        remove_empty_lightning_dirs(os.getcwd(), self.started, self.had_lightning_logs)
+        logs = [self.output_log] if self.output_log else [
+            os.path.join(self.jp.launch.log_dir or "", "rank0.log"), *([self.log] if self.log else [])]
+        self.metrics = script_metrics(logs, os.getcwd(), self.started)
+        records = step_records(self.metrics, _logging_steps(self.jp))
+        if not records:
+            return
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        try:
+            write_steps(path, records)
+        except OSError as exc:
+            out.warn(str(exc) if isinstance(exc, NotOurs) else from_os_error(exc).message)
+            return
+        plot = _plot(out, self.run_dir) if ours(os.path.join(self.run_dir, "plot.svg"), b"cpuperf train: ") else []
+        self.builtin = {"metrics_file": path, "plot": plot[0] if plot else None}
+
+    def _write(self, out: Output, code: int, wall_s: float, signal_name: Optional[str], say: bool = True) -> None:
+        from cpuperf.errors import from_os_error
+        from cpuperf.run.record import STATUS_NAME, status, write_json
+
+        assert self.started is not None
+        kind = "script" if self.jp.request.asked.user_argv else "builtin"
+        self.status = status(kind=kind, command=list(self.jp.launch.rank_command), run_dir=self.run_dir,
+                             started=self.started, wall_s=wall_s, code=code, signal_name=signal_name,
+                             log=self.log, metrics=self.metrics, plan=self.plan)
+        try:
+            write_json(os.path.join(self.run_dir, STATUS_NAME), self.status)
+        except OSError as exc:
+            from cpuperf.run.record import NotOurs
+
+            out.warn(str(exc) if isinstance(exc, NotOurs) else from_os_error(exc).message)
+        if out.json_mode or not say:  # the object on stdout carries it all; a job that never started: its error does
+            return
+        from cpuperf.output import message
+        from cpuperf.render.run_report import summary_lines
+
+        extra = [("metrics", self.builtin.get("metrics_file")), ("plot", self.builtin.get("plot"))]
+        for line in summary_lines(self.status, os.getcwd(), extra):
+            message(line)  # under -q too: the errors and this summary are what -q keeps
+
+
+def _logging_steps(jp: JobPlan) -> Optional[int]:
+    """How often a Trainer that parses its command line logs (--logging_steps, else TrainingArguments' 500): the
+    step of each of its loss lines. None for any other script: its lines carry no step cpuperf can tell."""
+    from cpuperf.plan.user_script import script_kind
+
+    reading = jp.script.reading if jp.script is not None else None
+    if reading is None or script_kind(reading)[0] != "hf":
+        return None
+    named = reading.named()
+    raw = next((named[k] for k in ("logging_steps", "--logging_steps", "--logging-steps") if k in named), "500")
+    return int(raw) if str(raw).isdigit() and int(raw) > 0 else None
+
+
+def _dry_run_json(jp: JobPlan, launch: Dict[str, Any]) -> Dict[str, Any]:
+    """The plan as `train --dry-run --json` prints it (and a run writes as plan.json)."""
+    return {"schema": DRY_RUN_SCHEMA, "auto": jp.request.auto, "launch": launch, "settings": _settings_json(jp),
+            "decisions": [d.to_json() for d in jp.decisions], "hf_flags": _hf_json(jp), "applied": _applied(jp),
+            "levers": _levers(jp), "workload": jp.rec.workload.to_json(), "notes": list(jp.notes),
+            "global_batch": _global_batch(jp)}
+
+
+def _say_levers(out: Output, jp: JobPlan) -> None:
+    """The lever report before the job starts: in full with -v (the applied list, each lever and why), else in a
+    few lines naming the full report's place."""
+    applied = _applied(jp)
+    if out.verbose:
+        if applied is not None:
+            from cpuperf.plan.user_script import applied_lines
+
+            for line in applied_lines(applied):
+                out.info(line)
+        for line in _lever_lines(jp):
+            out.info(line)
+        return
+    from cpuperf.render.run_report import short_levers, where
+
+    flags = list(applied.get("flags") or []) if applied is not None else []
+    here = where(os.path.join(jp.request.out_dir, "plan.json"), os.getcwd())
+    full = here if not os.path.isabs(here) else "plan.json in the run directory"  # its path: in the summary
+    for line in short_levers(_lever_report(jp), flags, full):
+        out.info("cpuperf train: " + line)
+
+
+def _after(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any], res: ExecResult,
+           record: _Record, again: Tuple[str, ...] = ()) -> int:
+    """What the job's end says: the checks of what ran, then its result or its failure; the exit code."""
+    from cpuperf.plan.launch import check_observations
+    from cpuperf.run.launcher import result_summary_from_metrics
+
+    plan, user = jp.launch, bool(jp.request.asked.user_argv)
     observed = [res.observations[r] for r in sorted(res.observations)]
     summary, runtime = (None, None)
     if jp.settings is not None:
         summary, runtime = result_summary_from_metrics(os.path.join(jp.request.out_dir, "metrics.jsonl"))
+        if summary is not None:
+            record.metrics = {"from": summary.get("metrics_file"), "samples_per_s": summary.get("samples_per_s"),
+                              "tokens_per_s": summary.get("tokens_per_s"), "loss_last": summary.get("loss_last")}
     warnings = check_observations(plan, observed, runtime)
     for w in warnings:
         out.warn(w)
@@ -427,16 +605,24 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
     if not user and summary is not None:
         result["run_dir"] = jp.request.out_dir  # said on stderr too: a new runs/train/version_N without --out
         result["plot"] = _plot(out, jp.request.out_dir)
-    _say_result(out, jp, result, observed)
+        record.builtin = {"metrics_file": result.get("metrics_file"),
+                          "plot": result["plot"][0] if result["plot"] else None}
+    from cpuperf.run.record import STATUS_NAME
+
+    result["run_files"] = {"plan": record.plan, "log": record.log,
+                           "status": os.path.join(jp.request.out_dir, STATUS_NAME)}
+    if user:
+        record.collect(out)
+        result["metrics"] = record.metrics
+        result["plot"] = [record.builtin["plot"]] if record.builtin.get("plot") else []
+    _say_result(out, jp, result)
     return 0
 
 
-def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any], observed: Sequence[RankObservation] = ()) -> None:
+def _say_result(out: Output, jp: JobPlan, result: Dict[str, Any]) -> None:
     if out.json_mode:
         out.json(result)
         return
-    for line in _lever_lines(jp, observed):  # the closing summary: what the run carried, lever by lever (read back)
-        out.info(line)
     if not jp.request.asked.user_argv:
         out.product(_human(result))
     elif result.get("gpu_memory"):  # the script's stdout is its own: its peak goes with the messages
@@ -508,8 +694,7 @@ def _plot(out: Output, run_dir: str) -> List[str]:
     except CpuperfError as exc:
         out.warn(f"no plot of the run: {exc.message}")
         return []
-    out.info("plot: " + ", ".join(files))
-    return list(files)
+    return list(files)  # said in the run's summary
 
 
 def _hf_json(jp: JobPlan) -> Optional[ScriptReport]:
@@ -714,8 +899,6 @@ def _memory_line(mem: Optional[Dict[str, Any]]) -> str:
 
 
 def _print_plan(out: Output, jp: JobPlan) -> None:
-    from cpuperf.plan.launch import shell_line
-
     plan = jp.launch
     if plan.yours is not None:
         source = (f"({plan.nproc_per_node} per node x {plan.nnodes} nodes, from {plan.yours.source})"
@@ -756,8 +939,11 @@ def _print_plan(out: Output, jp: JobPlan) -> None:
     script = jp.script
     for path, text in (script.files if script is not None else ()):
         lines.append(f"# file {path} (written before the script starts): {text}")
-    lines.append(shell_line(plan.argv, dict(plan.env)))
-    out.product("\n".join(lines))
+    from cpuperf.output import message_width
+    from cpuperf.render.run_report import shell_wrapped, wrap_comments
+
+    width = message_width(stream=sys.stdout)  # COLUMNS or the terminal's; a pipe without COLUMNS: one line each
+    out.product(wrap_comments("\n".join(lines), width) + "\n" + shell_wrapped(plan.argv, dict(plan.env), width))
     from cpuperf.run.said import first_time
 
     for note in jp.notes:  # in --json every time; on stderr the first time a plan carries it

@@ -287,6 +287,25 @@ def _draw(left: Any, right: Any, series: Series) -> None:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
 
 
+def _why_no_metrics(run_dir: str) -> Optional[str]:
+    """A run of a user's command (its status.json) that left no metrics.jsonl, said in the run's terms; None where
+    the directory holds no such record."""
+    from cpuperf.fsutil import read_capped
+
+    try:
+        status = json.loads(read_capped(os.path.join(run_dir, "status.json"), 1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status, dict) or status.get("kind") != "script":
+        return None
+    command = status.get("command")
+    words = command if isinstance(command, list) else []
+    script = next((os.path.basename(str(a)) for a in words if str(a).endswith(".py")), "your command")
+    log = status.get("log")
+    return (f"{run_dir} is a run of {script} (exit {status.get('exit_code')}): it logged no per-step loss cpuperf "
+            "reads (the Trainer's loss lines, Lightning's CSV log)" + (f"; its output is in {log}" if log else ""))
+
+
 def plot_run(run_dir: str, out_dir: str | None = None) -> Dict[str, Any]:
     """Read RUN_DIR/metrics.jsonl (bounded), write plot.svg (always) and plot.png (with matplotlib) into
     out_dir (default RUN_DIR). Returns the --json object; bad input is a UsageError, a write an exit-10 error."""
@@ -301,6 +320,9 @@ def plot_run(run_dir: str, out_dir: str | None = None) -> Dict[str, Any]:
     try:
         text = read_capped(metrics, MAX_METRICS_BYTES).decode("utf-8", "replace")
     except FileNotFoundError:
+        why = _why_no_metrics(run_dir)
+        if why is not None:
+            raise UsageError(why) from None
         raise UsageError(f"{run_dir} holds no metrics.jsonl", hint="name a directory cpuperf train wrote") from None
     except InputRefused as exc:
         raise UsageError(f"metrics {exc}") from None

@@ -181,7 +181,7 @@ def prepare_log_dir(folder: str) -> None:
 
 
 def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
-           tee_stderr: bool = False) -> subprocess.Popen[bytes]:
+           tee_stderr: bool = False, tee_stdout: bool = False) -> subprocess.Popen[bytes]:
     """Popen the plan's argv in its own process group, pinned, dying with us (PR_SET_PDEATHSIG)."""
     affinity = plan.affinity
     parent = os.getpid()
@@ -195,7 +195,8 @@ def _start(plan: LaunchPlan, env: Dict[str, str], stdout_is_product: bool,
     try:
         return subprocess.Popen(list(plan.argv), env=env, preexec_fn=preexec, start_new_session=not plan.own_session,
                                 stdin=subprocess.DEVNULL,
-                                stdout=(None if stdout_is_product else sys.stderr.fileno()) if direct else subprocess.PIPE,
+                                stdout=(subprocess.PIPE if tee_stdout else None if stdout_is_product
+                                        else sys.stderr.fileno()) if direct else subprocess.PIPE,
                                 stderr=(subprocess.PIPE if tee_stderr else None) if direct else subprocess.STDOUT)
     except FileNotFoundError:
         if direct or plan.yours is not None:  # the first word is your command's, not a launcher cpuperf chose
@@ -316,12 +317,16 @@ def _rank_errors(errors_dir: str) -> Dict[int, Dict[str, Any]]:
 
 
 def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optional[Dict[str, str]] = None,
-            stdout_is_product: bool = False, run_dir: Optional[str] = None, tee_stderr: bool = False) -> ExecResult:
+            stdout_is_product: bool = False, run_dir: Optional[str] = None, tee_stderr: bool = False,
+            output_log: Optional[str] = None, locked: Optional[Callable[[], None]] = None) -> ExecResult:
     """Run the plan; returns the exit code (the child's own for a direct launch) and what was seen.
 
     stdout_is_product: a direct child's stdout goes to ours (a user's script without --json); else to
     stderr, keeping our stdout for the one summary object. run_dir (default: the log directory's
-    parent, cpuperf train's --out) is locked before anything in it is touched.
+    parent, cpuperf train's --out) is locked before anything in it is touched; `locked` is called then (the
+    run's plan written into it). output_log: a direct child's stdout and stderr are also appended there (a
+    user's script: its full log), as they are shown; PYTHONUNBUFFERED=1 unless the environment sets it, so
+    the lines come as the script writes them, not in blocks at its end.
     """
     from cpuperf.run.owned import start_watchdog, stop_watchdog
 
@@ -343,6 +348,11 @@ def execute(plan: LaunchPlan, *, echo: Optional[TextIO] = None, environ: Optiona
         env[ERRORS_VAR] = errors_dir
         if lock is not None:
             env[LOCK_TOKEN_VAR] = lock.holder.token
+        if locked is not None:
+            locked()
+        if output_log is not None and plan.launcher == "direct":
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            return _run(plan, env, echo, stdout_is_product, errors_dir, tee_stderr, output_log)
         return _run(plan, env, echo, stdout_is_product, errors_dir, tee_stderr)
     finally:
         if adopted:
@@ -387,9 +397,50 @@ def _tee(proc: subprocess.Popen[bytes], captured: List[str]) -> threading.Thread
     return thread
 
 
+def _tee_both(proc: subprocess.Popen[bytes], log: IO[bytes], stdout_is_product: bool,
+              captured: List[str]) -> threading.Thread:
+    """A direct child's stdout (to ours where it is the product, else to stderr) and stderr (to ours), each line also
+    appended to `log` (the run's output.log, closed at the end); stderr's tail kept (to explain a rejected flag)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    guard = threading.Lock()
+
+    def copy(pipe: IO[bytes], shown: Optional[TextIO], keep: bool) -> None:
+        for raw in iter(pipe.readline, b""):
+            with guard:
+                try:
+                    log.write(raw)
+                    log.flush()
+                except (OSError, ValueError):
+                    pass  # a full disk: the log stops, the run and the terminal go on
+            text = raw.decode("utf-8", "replace")
+            if shown is not None:
+                try:  # as _pump: the child's output is drained whatever becomes of ours
+                    write_stream(shown, text)
+                except StreamError:
+                    shown = None
+            if keep:
+                with guard:
+                    captured.append(text)
+                    del captured[:-200]
+
+    out = threading.Thread(target=copy, args=(proc.stdout, sys.stdout if stdout_is_product else sys.stderr, False),
+                           daemon=True)
+    out.start()
+
+    def both() -> None:
+        copy(proc.stderr, sys.stderr, True)  # type: ignore[arg-type]  # asserted above
+        out.join()
+        with guard:
+            log.close()
+
+    thread = threading.Thread(target=both, daemon=True)
+    thread.start()
+    return thread
+
+
 def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_is_product: bool,
-         errors_dir: str, tee_stderr: bool = False) -> ExecResult:
-    for folder in {d for d in (plan.log_dir, plan.pid_dir) if d}:
+         errors_dir: str, tee_stderr: bool = False, output_log: Optional[str] = None) -> ExecResult:
+    for folder in {d for d in (plan.log_dir, plan.pid_dir, os.path.dirname(output_log or "")) if d}:
         prepare_log_dir(folder)
     direct = plan.launcher == "direct"
     launcher_log = os.path.join(plan.log_dir, "launcher.log") if (plan.log_dir and not direct) else None
@@ -397,12 +448,15 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
     log: Optional[IO[bytes]] = None
     if not direct:
         log = os.fdopen(append_nofollow(launcher_log), "ab") if launcher_log else open(os.devnull, "wb")
+    elif output_log is not None:
+        log = os.fdopen(append_nofollow(output_log), "ab")
     t0 = time.monotonic()
     timeline.mark("prepare the logs")
     # Handlers first: a SIGTERM right after the start must reach the child, not end cpuperf alone.
     with _Stopper() as stopper:
         try:
-            proc = _start(plan, env, stdout_is_product, tee_stderr and direct)
+            proc = _start(plan, env, stdout_is_product, (tee_stderr or log is not None) and direct,
+                          tee_stdout=direct and log is not None)
         except BaseException:
             if log is not None:
                 log.close()
@@ -413,7 +467,10 @@ def _run(plan: LaunchPlan, env: Dict[str, str], echo: Optional[TextIO], stdout_i
         watch = Watch(plan, proc.pid if (direct and not plan.pid_dir) else None, echo)
         watch.start()
         captured: List[str] = []
-        reader = _tee(proc, captured) if (direct and tee_stderr) else (None if log is None else _pump(proc, log, echo, captured))
+        if direct and log is not None:
+            reader: Optional[threading.Thread] = _tee_both(proc, log, stdout_is_product, captured)
+        else:
+            reader = _tee(proc, captured) if (direct and tee_stderr) else (None if log is None else _pump(proc, log, echo, captured))
         try:
             code = stopper.wait()
             supervisor = Supervisor(cpu_s=time.process_time() - cpu0, wall_s=time.monotonic() - wall0)

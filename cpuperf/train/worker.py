@@ -179,7 +179,9 @@ def _train(args: argparse.Namespace, stop: Stop) -> tuple[Optional[Dict[str, Any
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(text + "\n")
+    from cpuperf.output import message_width, wrap_lines
+
+    sys.stderr.write(wrap_lines(text, message_width()) + "\n")  # the terminal's width, as cpuperf's own messages
     sys.stderr.flush()
 
 
@@ -219,7 +221,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.json:
             sys.stdout.write(json.dumps(summary) + "\n")
         else:
-            sys.stderr.write(_human(summary))
+            from cpuperf.output import message_width, wrap_lines
+
+            sys.stderr.write(wrap_lines(_human(summary), message_width()))  # the terminal's width, as cpuperf's
     return code
 
 
