@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import JsonMapping
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
@@ -259,9 +259,10 @@ def _from_saved(request: PlanRequest, plan: SavedPlan, edge: EdgeFacts, facts: H
         rec = replace(rec, notes=(*rec.notes, *differ, f"plan {request.plan} run as saved (made by cpuperf {plan.cpuperf}"
                                   + (f" on {plan.made_on})" if plan.made_on else ")")))
     if yours is not None and yours.count is not None and yours.count != rec.placement.nproc_per_node:
-        raise UsageError(f"plan {request.plan} places {rec.placement.nproc_per_node} rank(s) per node; your "
-                         f"{yours.launcher} starts {yours.count} ({yours.source})",
-                         hint=f"make the plan for it: cpuperf recommend --nproc-per-node {yours.count} --save {request.plan}")
+        raise FieldError("plan", request.plan, f"plan {verbatim(request.plan)} places {rec.placement.nproc_per_node} "
+                         f"rank(s) per node; your {verbatim(yours.launcher)} starts {yours.count} ({verbatim(yours.source)})",
+                         f"make the plan for it: cpuperf recommend {{opt.nproc_per_node}} {yours.count} {{opt.save}} "
+                         f"{verbatim(request.plan)}")
     return rec
 
 
