@@ -122,7 +122,7 @@ def _own_flags():
 def _own_flags_in(rel, text, own):
     """(line, flag) for each of cpuperf's own options spelled in a string constant a raise statement carries (or a
     `hint` named before raising), outside a command line to run."""
-    spelled = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+    spelled = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?!\w)")  # never --model_name_or_path (a script's)
     for node in ast.walk(ast.parse(text)):
         carried = node.exc if isinstance(node, ast.Raise) else None
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "hint" for t in node.targets):
@@ -150,7 +150,8 @@ def f(path):
     hint = "pass --python PATH"
     if path:
         raise UsageError(f"--sysroot {path} is empty", hint="add --dry-run, or see cpuperf doctor --save-snapshot DIR")
-    raise FieldError("sysroot", path, "{typed}: give torchrun --nnodes=2 or mpirun --oversubscribe", "add {opt.dry_run}")
+    raise FieldError("sysroot", path, "{typed}: give torchrun --nnodes=2 or mpirun --oversubscribe",
+                     "add {opt.dry_run}; the script reads --model_name_or_path")
 """
     assert sorted(_own_flags_in("x.py", text, own)) == [(3, "--python"), (5, "--dry-run"), (5, "--sysroot"),
                                                         (6, "--nnodes")]
