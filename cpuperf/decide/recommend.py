@@ -43,7 +43,7 @@ from cpuperf.decide.records import (
 from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
 from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.errors import FieldError, IncompatibleHostError, UsageError
-from cpuperf.jsonable import JsonObject
+from cpuperf.jsonable import JsonMapping, JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import amx_bf16, bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
@@ -243,7 +243,7 @@ class RecommendRequest:
     environ: Mapping[str, str] = field(default_factory=dict)
     baseline: Optional[Mapping[str, KnobValue]] = None
     ranks_from: Optional[str] = None
-    tuned: Optional[Tuple[Mapping[str, Any], str]] = None
+    tuned: Optional[Tuple[JsonMapping, str]] = None
     shape_tuning: bool = True
     pins: Optional[Constraints] = None
     memory_levers: Optional[MemoryLevers] = None
@@ -351,7 +351,7 @@ def _batch_split(ctx: _Context, world: int, on_gpu: bool) -> Optional[BatchSplit
     return split
 
 
-def _use_tuning(ctx: _Context, tuned: Optional[Tuple[Mapping[str, Any], str]], device: str, nnodes: int) -> None:
+def _use_tuning(ctx: _Context, tuned: Optional[Tuple[JsonMapping, str]], device: str, nnodes: int) -> None:
     """A cached tuning's decided levers over the rules (never over the user's values); a lever it left undecided
     is the rule's, and the plan names it. Not on a GPU (the tuner measures CPU levers)."""
     why_not = not_judged(tuned[0]) if tuned is not None else None

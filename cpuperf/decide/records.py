@@ -154,8 +154,8 @@ class Measurements:
     # measured on this host for that model (cpuperf bench --compile --model NAME)
     compile_by_model: Dict[str, Dict[str, float]] = field(default_factory=dict)
     # Joint tuning (cpuperf.decide.tune): shape_key(workload) -> result, and a user command's key -> result
-    tuned_by_shape: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    tuned_by_command: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    tuned_by_shape: Dict[str, JsonObject] = field(default_factory=dict)
+    tuned_by_command: Dict[str, JsonObject] = field(default_factory=dict)
     # A ratio measured too noisy to decide (cpuperf.decide.ratios): what -> the line that says so; the rule decides
     undecided: Dict[str, str] = field(default_factory=dict)
     source: str = "none"

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, verbatim
+from cpuperf.jsonable import JsonMapping
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
 
 
 def _command_tuning(request: PlanRequest, meas: Optional[Measurements], edge: EdgeFacts
-                    ) -> Tuple[Optional[Tuple[Dict[str, Any], str]], Optional[str]]:
+                    ) -> Tuple[Optional[Tuple[JsonMapping, str]], Optional[str]]:
     """(the cached `train --tune` result for this command and where, a note saying which tuning the plan uses or
     that none is cached) for an --auto run of a user's command; (None, None) otherwise."""
     if not request.auto or request.command is None:
@@ -236,9 +237,11 @@ def _command_tuning(request: PlanRequest, meas: Optional[Measurements], edge: Ed
 
     if not_judged(entry):
         return (entry, "on this command"), None  # recommend says why it is not used
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(entry.get("measured_at") or 0)))
+    at, levers = entry.get("measured_at"), entry.get("levers")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(at) if isinstance(at, (int, float)) else 0.0))
     return (entry, "on this command"), (f"the tuning of this command from {when} ({entry.get('runs')} runs, "
-                                        f"{len(entry.get('levers') or {})} lever(s) compared) decides the tuned levers")
+                                        f"{len(levers) if isinstance(levers, dict) else 0} lever(s) compared) "
+                                        "decides the tuned levers")
 
 
 def _from_saved(request: PlanRequest, plan: SavedPlan, edge: EdgeFacts, facts: HostFacts,
@@ -258,9 +261,10 @@ def _from_saved(request: PlanRequest, plan: SavedPlan, edge: EdgeFacts, facts: H
         rec = replace(rec, notes=(*rec.notes, *differ, f"plan {request.plan} run as saved (made by cpuperf {plan.cpuperf}"
                                   + (f" on {plan.made_on})" if plan.made_on else ")")))
     if yours is not None and yours.count is not None and yours.count != rec.placement.nproc_per_node:
-        raise UsageError(f"plan {request.plan} places {rec.placement.nproc_per_node} rank(s) per node; your "
-                         f"{yours.launcher} starts {yours.count} ({yours.source})",
-                         hint=f"make the plan for it: cpuperf recommend --nproc-per-node {yours.count} --save {request.plan}")
+        raise FieldError("plan", request.plan, f"plan {verbatim(request.plan)} places {rec.placement.nproc_per_node} "
+                         f"rank(s) per node; your {verbatim(yours.launcher)} starts {yours.count} ({verbatim(yours.source)})",
+                         f"make the plan for it: cpuperf recommend {{opt.nproc_per_node}} {yours.count} {{opt.save}} "
+                         f"{verbatim(request.plan)}")
     return rec
 
 

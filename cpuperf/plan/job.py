@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
@@ -20,7 +20,7 @@ from cpuperf.decide.records import Recommendation
 from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, JsonValue
-from cpuperf.knowledge.knobs import BY_ID
+from cpuperf.knowledge.knobs import BY_ID, SetValue
 from cpuperf.knowledge.variables import variables
 from cpuperf.plan.environment import with_launch_vars
 from cpuperf.plan.launch import LaunchPlan, LaunchSpec, numa_binding_ok, plan_launch
@@ -47,7 +47,7 @@ class JobRequest:
 
     asked: PlanRequest = field(default_factory=PlanRequest)  # the user's options and command (read once)
     auto: bool = True  # --auto, or a saved plan (what recommend decided)
-    constraints: Mapping[str, Any] = field(default_factory=dict)  # the built-in loop's --set values, with a config's shape
+    constraints: Mapping[str, SetValue] = field(default_factory=dict)  # the built-in loop's --set values, with a config's shape
     hosts: Optional[Tuple[Host, ...]] = None
     nnodes: int = 1
     node_rank: Optional[int] = None
@@ -209,8 +209,9 @@ def _worker_values(rec: Recommendation, request: JobRequest, out_dir: str) -> Js
         if knob is not None and knob.worker and not knob.decided:
             if key == "model":
                 model = s.get("model")
-                s["model"] = {**(model if isinstance(model, dict) else {}), **value}
-            else:
+                shape: JsonObject = dict(value) if isinstance(value, dict) else {}
+                s["model"] = {**(model if isinstance(model, dict) else {}), **shape}
+            elif not isinstance(value, dict):  # only `model` holds a shape (knowledge/knobs.py)
                 s[key] = value
     return s
 

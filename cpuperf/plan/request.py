@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.errors import FieldError, UsageError
+from cpuperf.errors import FieldError, verbatim
 
 if TYPE_CHECKING:
     from cpuperf.knowledge.knobs import Overrides, SetValue
@@ -133,16 +133,16 @@ def check_builtin_only(request: PlanRequest) -> None:
 def check_saved_plan_options(plan: str, given: Sequence[str], device: str, unit: str) -> None:
     """--plan fixes the decisions: an option that decides something (named in `given`) is refused (exit 2)."""
     if given or device != "auto" or unit != "socket":
-        what = (list(given) or ["device" if device != "auto" else "unit"])[0].replace("_", "-")
-        raise UsageError(f"--plan {plan} fixes the decisions; --{'set' if what == 'sets' else what} would change them",
-                         hint="drop it, or make a new plan: cpuperf recommend ... --save FILE")
+        what = (list(given) or ["device" if device != "auto" else "unit"])[0]
+        raise FieldError("plan", plan, f"{{typed}} fixes the decisions; {{opt.{'set' if what == 'sets' else what}}} "
+                         "would change them", "drop it, or make a new plan: cpuperf recommend ... {opt.save} FILE")
 
 
 def check_sysroot(sysroot: Optional[str], dry_run: bool) -> None:
     """A recorded host can be planned for, never trained on."""
     if sysroot and not dry_run:
-        raise UsageError("--sysroot describes a recorded host: it can be planned for, not trained on",
-                         hint="add --dry-run")
+        raise FieldError("sysroot", sysroot, "{flag} describes a recorded host: it can be planned for, not trained on",
+                         "add {opt.dry_run}")
 
 
 def check_own_launcher(command: Optional[CommandLine], nproc: Optional[int], launcher: Optional[str]) -> None:
@@ -151,5 +151,6 @@ def check_own_launcher(command: Optional[CommandLine], nproc: Optional[int], lau
         return
     cmd = command.launcher
     if cmd is not None:
-        raise UsageError(f"your command starts its own launcher ({cmd.launcher}): cpuperf adds none on top",
-                         hint="drop --nproc-per-node/--ppn/--launcher, or run your script without its launcher")
+        raise FieldError("launcher" if launcher else "nproc_per_node", launcher or nproc,
+                         f"your command starts its own launcher ({verbatim(cmd.launcher)}): cpuperf adds none on top",
+                         "drop {opt.nproc_per_node}/{opt.ppn}/{opt.launcher}, or run your script without its launcher")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.data import load_builtin
-from cpuperf.errors import UsageError
+from cpuperf.errors import FieldError, UsageError, verbatim
 from cpuperf.jsonable import NOT_IN_JSON, as_json, json_key
 from cpuperf.knowledge.variables import variables
 
@@ -695,9 +695,9 @@ def _too_many(cmd: LauncherCommand, count: int, source: str, physical_cores: int
             "mpirun": "processes mpirun starts (Open MPI gives each a slot, one per core, and refuses more)",
             "srun": "tasks srun starts", "deepspeed": "ranks DeepSpeed's runner starts"}[cmd.launcher]
     hint = ("add --oversubscribe to your mpirun (ranks then share cores), or start fewer" if cmd.launcher == "mpirun"
-            else "start fewer ranks, or pass cpuperf --set oversubscribe=true to share cores")
-    return UsageError(f"{cmd.launcher} {source}: {count} {what}, and this host has {physical_cores} usable core(s)",
-                      hint=hint)
+            else "start fewer ranks, or pass cpuperf {set.oversubscribe}=true to share cores")
+    return FieldError("oversubscribe", None, f"{cmd.launcher} {verbatim(source)}: {count} {what}, and this host has "
+                      f"{physical_cores} usable core(s)", hint, setting=True)
 
 
 def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: int, gpus: int = 0,

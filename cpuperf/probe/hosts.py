@@ -252,7 +252,7 @@ def check_hosts(hosts: Sequence[Host], addresses: Dict[str, str], *, ssh: bool) 
             raise UnreachableError(f"host {h.name} ({ip}) is unreachable: no route", hint=f"ip route get {ip}")
         if ssh and not is_local(ip) and not tcp_open(ip, 22):
             raise UnreachableError(f"host {h.name} ({ip}) does not answer on ssh (port 22), which mpirun needs",
-                                   hint="use --launcher torchrun and start cpuperf train on every node")
+                                   hint="start cpuperf train --launcher torchrun ... on every node instead")
         found[h.name] = ip
     return found
 

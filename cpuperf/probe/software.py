@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
-from cpuperf.errors import ProbeFailedError, UsageError
+from cpuperf.errors import FieldError, ProbeFailedError, UsageError, verbatim
 from cpuperf.probe import parse, pkgscan
 from cpuperf.probe.facts import ALLOCATOR_LIBS, MpiLauncher, PackageInfo, Software
 from cpuperf.probe.sources import Sources
@@ -32,8 +32,8 @@ def scan_interpreter(src: Sources, python: Optional[str]) -> pkgscan.Scanned:
     if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         return pkgscan.scan()
     if not os.path.exists(python):
-        raise UsageError(f"no Python interpreter at {python}",
-                         hint="pass --python PATH of an existing interpreter")
+        raise FieldError("python", python, f"no Python interpreter at {verbatim(python)}",
+                         "pass {opt.python} PATH of an existing interpreter")
     runner = src if src.live else Sources(environ=src.environ)  # a real interpreter, even beside a sysroot
     result = runner.run([python, "-I", pkgscan.__file__], timeout=20.0)
     if result is None or result.returncode != 0:

@@ -53,58 +53,58 @@ def _ipv4_of(ifname: str) -> Optional[str]:
 def check_sysroot(sysroot: str) -> None:
     """A --sysroot must be a readable recorded host: missing, empty or unreadable is a UsageError (exit 2),
     never a host with 0 cores. The one check here that raises: it guards input, it is not a probe."""
-    from cpuperf.errors import UsageError
+    from cpuperf.errors import FieldError, verbatim
 
     hint = "record one with: cpuperf doctor --save-snapshot DIR"
     if not sysroot.strip():
-        raise UsageError("--sysroot is empty: name a directory", hint=hint)
+        raise FieldError("sysroot", sysroot, "{flag} is empty: name a directory", hint)
     root = Path(sysroot)
     if not root.is_dir():
-        raise UsageError(f"--sysroot {sysroot}: {'not a directory' if root.exists() else 'no such directory'}",
-                         hint=hint)
+        raise FieldError("sysroot", sysroot, f"{{typed}}: {'not a directory' if root.exists() else 'no such directory'}",
+                         hint)
     try:
         os.listdir(root)
     except OSError as exc:
-        raise UsageError(f"--sysroot {sysroot}: cannot read it ({exc.strerror})", hint=hint) from exc
+        raise FieldError("sysroot", sysroot, f"{{typed}}: cannot read it ({verbatim(exc.strerror)})", hint) from exc
     cpuinfo = root / "proc" / "cpuinfo"
     cpu_dir = root / "sys" / "devices" / "system" / "cpu"
     readable = os.access(cpuinfo, os.R_OK) and cpuinfo.is_file()
     if not readable and not (cpu_dir.is_dir() and os.access(cpu_dir, os.R_OK | os.X_OK)):
-        raise UsageError(f"--sysroot {sysroot} holds no readable proc/cpuinfo or sys/devices/system/cpu",
-                         hint=hint)
+        raise FieldError("sysroot", sysroot, "{typed} holds no readable proc/cpuinfo or sys/devices/system/cpu",
+                         hint)
 
 
 PYTHON_CHECK_TIMEOUT_S = 15.0  # a cold interpreter on a loaded node starts in ~1 s; a hung one never answers
 _PYTHON_CHECK = "import sys; print('cpuperf-python', *sys.version_info[:3])"
 
 
-def check_python(python: str, what: str = "--python") -> str:
+def check_python(python: str) -> str:
     """A --python must be a Python interpreter: it runs `-I -c` and answers within a timeout; anything else
     (a missing path, a directory, /bin/sleep, a script that hangs, a Python 2) is one UsageError line."""
-    from cpuperf.errors import UsageError
+    from cpuperf.errors import FieldError, verbatim
 
     hint = "pass the path of a Python 3 interpreter (a venv's bin/python)"
     if not python.strip():
-        raise UsageError(f"{what} is empty", hint=hint)
+        raise FieldError("python", python, "{flag} is empty", hint)
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return python
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         why = "no such file" if not os.path.exists(python) else "not an executable file"
-        raise UsageError(f"{what} {python!r} is not a Python interpreter: {why}", hint=hint)
+        raise FieldError("python", python, f"{{flag}} {{value!r}} is not a Python interpreter: {why}", hint)
     import subprocess
 
     try:
         proc = subprocess.run([python, "-I", "-c", _PYTHON_CHECK], capture_output=True, text=True,
                               timeout=PYTHON_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, errors="replace")
     except subprocess.TimeoutExpired:
-        raise UsageError(f"{what} {python!r} is not a Python interpreter: it did not answer within "
-                         f"{PYTHON_CHECK_TIMEOUT_S:g} s", hint=hint) from None
+        raise FieldError("python", python, "{flag} {value!r} is not a Python interpreter: it did not answer within "
+                         f"{PYTHON_CHECK_TIMEOUT_S:g} s", hint) from None
     except OSError as exc:
-        raise UsageError(f"{what} {python!r} cannot run: {exc.strerror or exc}", hint=hint) from None
+        raise FieldError("python", python, f"{{flag}} {{value!r}} cannot run: {verbatim(exc.strerror or exc)}", hint) from None
     words = proc.stdout.split()
     if proc.returncode != 0 or len(words) != 4 or words[0] != "cpuperf-python" or words[1] != "3":
-        raise UsageError(f"{what} {python!r} is not a Python 3 interpreter (`-I -c 'import sys'` "
-                         f"exited {proc.returncode})", hint=hint)
+        raise FieldError("python", python, "{flag} {value!r} is not a Python 3 interpreter (`-I -c 'import sys'` "
+                         f"exited {proc.returncode})", hint)
     return python
 
 
@@ -136,11 +136,11 @@ class Sources:
                 return None  # the live host: a file the kernel will not give is unknown
             # A recorded tree holds what the probe read: a file in it that cannot be read is a broken snapshot,
             # never a host with unknown facts (docs/commands.md: refused, exit 2).
-            from cpuperf.errors import UsageError
+            from cpuperf.errors import FieldError, verbatim
 
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).replace(self.path(path), "")
-            raise UsageError(f"--sysroot {self.sysroot}: {path} cannot be read ({why.strip()})",
-                             hint="give a tree cpuperf doctor --save-snapshot wrote, with regular readable files") from None
+            raise FieldError("sysroot", self.sysroot, f"{{typed}}: {verbatim(path)} cannot be read ({verbatim(why.strip())})",
+                             "give a tree cpuperf doctor --save-snapshot wrote, with regular readable files") from None
 
     def read_first_line(self, path: str) -> Optional[str]:
         text = self.read(path)

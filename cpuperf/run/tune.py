@@ -361,7 +361,8 @@ def tune_before_run(facts: HostFacts, workload: Workload, meas: Optional[Measure
     from cpuperf.run import measure
 
     entry = meas.tuned_by_shape.get(shape_key(workload)) if meas is not None else None
-    if entry is not None and not (entry.get("load") or {}).get("under_load") and not not_judged(entry):
+    load = entry.get("load") if entry is not None else None
+    if entry is not None and not (isinstance(load, dict) and load.get("under_load")) and not not_judged(entry):
         return meas  # tuned on a quiet host: kept; one tuned under load or before levers were judged is tuned again
     rule = rules()
     steps_needed = rule.tune_when_run_exceeds_steps
