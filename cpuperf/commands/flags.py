@@ -37,6 +37,7 @@ OPTION_FLAGS: Dict[str, str] = {
     "seq_len": "--seq-len",
     "set": "--set",
     "steps": "--steps",
+    "time_budget": "--time-budget",
     "sysroot": "--sysroot",
     "unit": "--unit",
 }

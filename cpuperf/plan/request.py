@@ -108,8 +108,8 @@ def check_option_values(request: PlanRequest) -> None:
 
 
 # train's options of the built-in loop alone: with a command of yours they would be dropped, so they are refused.
-BUILTIN_ONLY = (("max_steps", "--max-steps", "run length"), ("time_budget", "--time-budget", "run length"),
-                ("seed", "--seed", "seed"), ("resume", "--resume", "checkpoint to continue from"))
+BUILTIN_ONLY = (("max_steps", "run length"), ("time_budget", "run length"), ("seed", "seed"),
+                ("resume", "checkpoint to continue from"))
 
 
 def check_builtin_only(request: PlanRequest) -> None:
@@ -120,14 +120,15 @@ def check_builtin_only(request: PlanRequest) -> None:
     from cpuperf.decide.workload import PRESETS
 
     if request.model in PRESETS:  # a config.json sizes your command's memory plan; a preset is the built-in model's
-        raise UsageError(f"--model {request.model}: a shape of the built-in loop's model; your command trains its own",
-                         hint="drop --model (your script's own arguments name its model), or give --model the "
-                              "config.json of the model your script trains, to size its memory plan")
-    for name, flag, what in BUILTIN_ONLY:
+        raise FieldError("model", request.model,
+                         "{typed}: a shape of the built-in loop's model; your command trains its own",
+                         "drop {flag} (your script's own arguments name its model), or give {flag} the config.json "
+                         "of the model your script trains, to size its memory plan")
+    for name, what in BUILTIN_ONLY:
         value = getattr(request, name)
         if value is not None and value is not False:
-            raise UsageError(f"{flag} sets the built-in loop's {what}; your command after `--` decides its own",
-                             hint=f"drop {flag}, and give your script its own option for it (after `--`)")
+            raise FieldError(name, value, "{flag} sets the built-in loop's " + what + "; your command after `--` "
+                             "decides its own", "drop {flag}, and give your script its own option for it (after `--`)")
 
 
 def check_saved_plan_options(plan: str, given: Sequence[str], device: str, unit: str) -> None:
