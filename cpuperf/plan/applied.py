@@ -105,7 +105,7 @@ def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
     same = all(t == str(state.value) for t in ran)
     if state.applied:
         how = f"{state.how}; read back: every rank ran it" if same else \
-            f"the ranks ran OMP_NUM_THREADS={shown} (read back), not the planned {_show(state.value)}"
+            f"the ranks ran OMP_NUM_THREADS={shown} (read back), not the planned {show_value(state.value)}"
         return LeverState(state.id, state.value, same, how)
     if "OMP_NUM_THREADS=" in state.how and not re.search(rf"OMP_NUM_THREADS={re.escape(shown)}\b", state.how):
         return LeverState(state.id, state.value, False, f"the ranks ran OMP_NUM_THREADS={shown} (read back)")
@@ -129,10 +129,11 @@ def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
 
 def report_lines(report: Sequence[LeverState]) -> List[str]:
     """One line per lever: `applied: dtype=bf16 (worker setting)` / `not applied: batch_size=8 (why)`."""
-    return [f"{'applied' if s.applied else 'not applied'}: {s.id}={_show(s.value)} ({s.how})" for s in report]
+    return [f"{'applied' if s.applied else 'not applied'}: {s.id}={show_value(s.value)} ({s.how})" for s in report]
 
 
-def _show(value: object) -> str:
+def show_value(value: object) -> str:
+    """A lever's value as a report line says it (none, true/false, {...} for a table)."""
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -174,7 +175,7 @@ def _setting(d: Decision[object], job: RenderedJob) -> Optional[str]:
     if job.settings is None or d.id not in SETTING_NAMES:
         return None
     value = getattr(job.settings, d.id)
-    return f"worker setting {d.id}={_show(value)}" if value == d.value else None
+    return f"worker setting {d.id}={show_value(value)}" if value == d.value else None
 
 
 def _flag(d: Decision[object], job: RenderedJob) -> Optional[str]:
@@ -370,7 +371,7 @@ _ITS_OWN_CODE = {"batch_size": "its batch", "grad_accum_steps": "its accumulatio
 def _script_why(d: Decision[object], job: RenderedJob) -> str:
     if job.trainer is not True and d.id in _ITS_OWN_CODE:
         what = "the script's own code decides it" if job.trainer is False else "the script was not read"
-        return (f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone; {_show(d.value)} is "
+        return (f"{what}: {_ITS_OWN_CODE[d.id]} is its own code's, which cpuperf leaves alone; {show_value(d.value)} is "
                 "the plan's figure, not passed to it")
     if job.flags_why and not job.flags:
         what = "no Trainer flags for this command" if job.trainer is not False else \

@@ -8,7 +8,7 @@ import os
 import shlex
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from cpuperf.plan.applied import LeverState
+from cpuperf.plan.applied import LeverState, show_value
 
 _MOST = 8  # ids named on one line before "and N more"
 
@@ -16,16 +16,6 @@ _MOST = 8  # ids named on one line before "and N more"
 def _named(items: Sequence[str]) -> str:
     shown = ", ".join(items[:_MOST])
     return shown + (f" and {len(items) - _MOST} more" if len(items) > _MOST else "")
-
-
-def _show(value: object) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "{...}"
-    return str(value)
 
 
 def _plain(s: LeverState) -> bool:
@@ -42,10 +32,10 @@ def short_levers(states: Sequence[LeverState], flags: Sequence[str], full_report
     """The lever report in three lines at most: the levers the job carries (those left at their default counted),
     the ones it does not (the script's own code's apart), the flags added to the command; then where the full
     report is."""
-    chosen = [f"{s.id}={_show(s.value)}" for s in states if s.applied and not _plain(s)]
+    chosen = [f"{s.id}={show_value(s.value)}" for s in states if s.applied and not _plain(s)]
     defaults = sum(1 for s in states if s.applied and _plain(s))
     own = [s.id for s in states if not s.applied and "own code" in s.how]
-    missed = [f"{s.id}={_show(s.value)}" for s in states if not s.applied and "own code" not in s.how]
+    missed = [f"{s.id}={show_value(s.value)}" for s in states if not s.applied and "own code" not in s.how]
     lines = [f"levers applied: {_named(chosen) or 'none'}" + (f" (+{defaults} off or at their default)" if defaults else "")]
     if missed or own:
         lines.append("levers not applied: " + _named(missed)
