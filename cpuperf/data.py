@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from cpuperf.errors import BadDataError
 
@@ -45,6 +45,12 @@ def extra_compat_dirs(environ: Optional[Mapping[str, str]] = None) -> List[Path]
     """CPUPERF_COMPAT_DIR (os.pathsep-separated; empty = none) extends the matrix without a release."""
     raw = (os.environ if environ is None else environ).get("CPUPERF_COMPAT_DIR", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def overlays(name: str, environ: Optional[Mapping[str, str]] = None) -> Tuple[str, ...]:
+    """The files called `name` in the CPUPERF_COMPAT_DIR directories, in their order: data laid over the shipped
+    file of that name (knowledge/tuning.py reads tuning.toml so)."""
+    return tuple(str(d / name) for d in extra_compat_dirs(environ) if (d / name).is_file())
 
 
 @functools.cache

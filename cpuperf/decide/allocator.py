@@ -70,11 +70,22 @@ def not_with_ranks(names: Sequence[str], world: int) -> List[str]:
     return sorted(n for n in names if n in refused)
 
 
-def preload_choice(decided: Optional[str], allocators: Mapping[str, Sequence[str]], world: int) -> Optional[str]:
+def keeps_the_default(decision: Decision[Optional[AllocatorName]]) -> bool:
+    """An allocator decision that keeps the default allocator on purpose: measured on this host (none beat the
+    default by min_speedup, or the one that did may not run with several ranks), or your value. A preload asked for
+    without a choice (`preload_choice`) then adds none; only a decision that measured nothing falls back."""
+    return decision.value is None and (decision.overridden or "measured" in decision.evidence)
+
+
+def preload_choice(decided: Optional[str], allocators: Mapping[str, Sequence[str]], world: int,
+                   kept: bool = False) -> Optional[str]:
     """The allocator to preload: the decided one where its library is here; without one (ccl-env --preload with
-    nothing measured), the first installed in ALLOCATOR_LIBS's order that `world` ranks may preload."""
+    nothing measured), the first installed in ALLOCATOR_LIBS's order that `world` ranks may preload; none where the
+    decision kept the default (`kept`: `keeps_the_default`)."""
     if decided and preloadable(allocators.get(decided, ())):
         return decided
+    if kept and not decided:
+        return None
     installed = [n for n in ALLOCATORS if preloadable(allocators.get(n, ()))]
     refused = not_with_ranks(installed, world)
     return next((n for n in installed if n not in refused), None)

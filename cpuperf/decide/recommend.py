@@ -16,7 +16,7 @@ from packaging.version import Version
 from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
 from cpuperf.decide.load import adjust_placement
-from cpuperf.decide.memory import MemoryAsk, MemoryJob, MemoryLevers
+from cpuperf.decide.memory import MemoryAsk, MemoryJob, MemoryLevers, MemoryPlan
 from cpuperf.decide.placement import Placement, plan_placement
 from cpuperf.decide.records import (
     Affinity,
@@ -253,33 +253,11 @@ class RecommendRequest:
 def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendRequest] = None) -> Recommendation:
     """Decide every setting for this host and workload, as `request` asks (RecommendRequest)."""
     r = request or RecommendRequest()
-    nproc_per_node, nnodes, unit, device, tuned = r.nproc_per_node, r.nnodes, r.unit, r.device, r.tuned
-    mine = constraints_of(user_constraints(r.overrides))
-    if nproc_per_node is not None and r.ranks_from is None and mine.nproc_per_node is None:
-        mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
-    if nnodes and nnodes > 1 and mine.nnodes is None:
-        mine = replace(mine, nnodes=Pin(nnodes))
-    base = constraints_of(r.baseline or {}, "the plain baseline (no --auto)")
-    constraints = base.under(mine)
-    if r.pins is not None:
-        constraints = r.pins.under(constraints)
-    ctx = _Context(facts, workload, r.measurements or Measurements(), tuning(),
-                   stack_versions(facts), constraints,
-                   ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
-                   ranks_unknown=r.ranks_unknown)
-    if tuned is None and r.shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
-        entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
-        tuned = (entry, f"here for {shape_key(workload)}") if entry else None
-    _use_tuning(ctx, tuned, device, nnodes)
-    if facts.software is None:
-        ctx.notes.append("the installed stack is unknown (snapshot): decisions that need torch assume a recent CPU torch")
-    elif ctx.torch is None:
-        ctx.notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
-                         "would install; run it first")
-    device_d, gpus = _decide_device(ctx, device, r.environ)
+    ctx = _context(facts, workload, r)
+    device_d, gpus = _decide_device(ctx, r.device, r.environ)
     on_gpu = device_d.value == "cuda"
     gpu = gpus[0] if (on_gpu and gpus) else None
-    layout = _decide_placement(ctx, gpus, unit, on_gpu)
+    layout = _decide_placement(ctx, gpus, r.unit, on_gpu)
     placement = layout.placement
     world = layout.nproc_per_node.value * layout.nnodes.value
     split = _batch_split(ctx, world, on_gpu)
@@ -317,6 +295,35 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
         zero=ctx.take(memory.zero, ctx.fixed.zero))
     return Recommendation(levers, placement, ctx.workload, tuple(ctx.notes), ctx.stack,
                           oversubscribe=ctx.fixed.oversubscribe, split=split)
+
+
+def _context(facts: HostFacts, workload: Workload, r: RecommendRequest) -> _Context:
+    """The constraints, in order (the plain baseline under the user's values, other owners' pins under both), and a
+    cached tuning where it applies: what every decision step reads."""
+    nproc_per_node, nnodes, tuned = r.nproc_per_node, r.nnodes, r.tuned
+    mine = constraints_of(user_constraints(r.overrides))
+    if nproc_per_node is not None and r.ranks_from is None and mine.nproc_per_node is None:
+        mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
+    if nnodes and nnodes > 1 and mine.nnodes is None:
+        mine = replace(mine, nnodes=Pin(nnodes))
+    base = constraints_of(r.baseline or {}, "the plain baseline (no --auto)")
+    constraints = base.under(mine)
+    if r.pins is not None:
+        constraints = r.pins.under(constraints)
+    ctx = _Context(facts, workload, r.measurements or Measurements(), tuning(),
+                   stack_versions(facts), constraints,
+                   ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
+                   ranks_unknown=r.ranks_unknown)
+    if tuned is None and r.shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
+        entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
+        tuned = (entry, f"here for {shape_key(workload)}") if entry else None
+    _use_tuning(ctx, tuned, r.device, nnodes)
+    if facts.software is None:
+        ctx.notes.append("the installed stack is unknown (snapshot): decisions that need torch assume a recent CPU torch")
+    elif ctx.torch is None:
+        ctx.notes.append("torch is not installed: decisions marked needs_torch assume the stack `cpuperf install --yes` "
+                         "would install; run it first")
+    return ctx
 
 
 def _batch_is_yours(ctx: _Context) -> bool:
@@ -419,53 +426,12 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     """Ranks and threads: the user's counts are laid out first, everything after builds on them."""
     facts, fixed = ctx.facts, ctx.fixed
     nnodes = pinned_value(fixed.nnodes) or 1
-    oversubscribe = fixed.oversubscribe
     threads = pinned_value(fixed.threads_per_rank) or pinned_value(ctx.tuned.threads_per_rank)
     load_ev: JsonObject = {}
     if on_gpu:
-        # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
-        nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
-        kept = _fewer_ranks(ctx, nproc, on_gpu=True)
-        nproc = kept.ranks if kept is not None else nproc
-        if nproc > max(1, len(gpus)) and not oversubscribe:
-            whose = (f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from and fixed.nproc_per_node is None
-                     else f"nproc_per_node {nproc}")
-            raise UsageError(f"{whose} but {len(gpus)} GPU(s) are visible to the job (CUDA_VISIBLE_DEVICES included)",
-                             hint=f"use at most {len(gpus)} (one rank per GPU)")
-        cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
-        from cpuperf.decide.placement import gpu_placement
-
-        near = gpu_placement(facts, [g.numa_node for g in gpus[:nproc]], ctx.tuning.dataloader.gpu_workers_per_gpu,
-                             threads) if nproc <= len(gpus) else None
-        placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
-                                           oversubscribe=oversubscribe)
-        nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc,
-                             f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from else
-                             kept.reason if kept is not None else "one rank per visible GPU",
-                             {"visible_gpus": len(gpus), **(kept.evidence() if kept is not None else {})})
+        placement, nproc_d = _gpu_ranks(ctx, gpus, unit, threads)
     else:
-        backend = pinned_value(fixed.ddp_backend)
-        want_ccl = backend == "ccl" or (fixed.ddp_backend is None and facts.software is not None
-                                        and cpu_backend(facts, ctx.stack, ctx.python).ccl_available)
-        asked = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or \
-            pinned_value(ctx.tuned.nproc_per_node)
-        placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
-                                   threads_per_rank=threads, oversubscribe=oversubscribe)
-        kept = _fewer_ranks(ctx, placement.nproc_per_node)
-        if kept is not None:  # one process (or fewer ranks) with all the cores: the same job, not N copies
-            placement = plan_placement(facts, kept.ranks, unit, ccl=want_ccl, nnodes=nnodes,
-                                       threads_per_rank=threads, oversubscribe=oversubscribe)
-        # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
-        # user set threads or affinity: theirs stands, with a note).
-        placement, load_ev, load_note = adjust_placement(
-            placement, facts.load, yours=fixed.threads_per_rank is not None or fixed.affinity is not None)
-        ctx.notes.extend([load_note] if load_note else [])
-        nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", placement.nproc_per_node,
-                             f"{placement.nproc_per_node} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from
-                             else kept.reason if kept is not None else "; ".join(placement.reasons[-1:]),
-                             {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
-                              "usable_physical_cores": placement.cpu_budget,
-                              **(kept.evidence() if kept is not None else {})}, tuned=ctx.tuned.nproc_per_node)
+        placement, nproc_d, load_ev = _cpu_ranks(ctx, unit, nnodes, threads)
     nnodes_d = ctx.choose(fixed.nnodes, "nnodes", nnodes, "one node" if nnodes == 1 else f"{nnodes} nodes", {})
     threads_d = ctx.choose(fixed.threads_per_rank, "threads_per_rank", placement.threads_per_rank,
                            placement.reasons[0] if placement.unit == "gpu-numa" else
@@ -473,6 +439,74 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
                            {"allowed_cpus": len(facts.usable_cpus()), "cpu_quota": facts.topology.cpu_quota,
                             "physical_cores": facts.topology.physical_cores, "ccl_workers": placement.ccl_workers,
                             **load_ev}, tuned=ctx.tuned.threads_per_rank)
+    affinity = _decide_affinity(ctx, placement, gpus, on_gpu)
+    return _Layout(placement, nproc_d, nnodes_d, threads_d, affinity)
+
+
+def _gpu_ranks(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str,
+               threads: Optional[int]) -> Tuple[Placement, Decision[int]]:
+    """GPU ranks: one per visible GPU (or the count asked, never more than the GPUs without oversubscribe), each
+    near its GPU's NUMA node where that is known."""
+    facts, fixed = ctx.facts, ctx.fixed
+    oversubscribe = fixed.oversubscribe
+    # A user's launcher starts its own count (torchrun --nproc-per-node 1 on a host with 2 GPUs is one rank).
+    nproc = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or max(1, len(gpus))
+    kept = _fewer_ranks(ctx, nproc, on_gpu=True)
+    nproc = kept.ranks if kept is not None else nproc
+    if nproc > max(1, len(gpus)) and not oversubscribe:
+        whose = (f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from and fixed.nproc_per_node is None
+                 else f"nproc_per_node {nproc}")
+        raise UsageError(f"{whose} but {len(gpus)} GPU(s) are visible to the job (CUDA_VISIBLE_DEVICES included)",
+                         hint=f"use at most {len(gpus)} (one rank per GPU)")
+    cpus = max(1, len(facts.topology.cpus)) if facts.topology.cpus else None
+    from cpuperf.decide.placement import gpu_placement
+
+    near = gpu_placement(facts, [g.numa_node for g in gpus[:nproc]], ctx.tuning.dataloader.gpu_workers_per_gpu,
+                         threads) if nproc <= len(gpus) else None
+    placement = near or plan_placement(facts, min(nproc, cpus) if cpus else None, unit, threads_per_rank=threads,
+                                       oversubscribe=oversubscribe)
+    nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", nproc,
+                         f"{nproc} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from else
+                         kept.reason if kept is not None else "one rank per visible GPU",
+                         {"visible_gpus": len(gpus), **(kept.evidence() if kept is not None else {})})
+    return placement, nproc_d
+
+
+def _cpu_ranks(ctx: _Context, unit: str, nnodes: int,
+               threads: Optional[int]) -> Tuple[Placement, Decision[int], JsonObject]:
+    """CPU ranks: the host's layout (or the count asked), cut to what keeps the job, fewer threads under load;
+    with the load's evidence."""
+    facts, fixed = ctx.facts, ctx.fixed
+    oversubscribe = fixed.oversubscribe
+    backend = pinned_value(fixed.ddp_backend)
+    want_ccl = backend == "ccl" or (fixed.ddp_backend is None and facts.software is not None
+                                    and cpu_backend(facts, ctx.stack, ctx.python).ccl_available)
+    asked = pinned_value(fixed.nproc_per_node) or (ctx.ranks_from[0] if ctx.ranks_from else None) or \
+        pinned_value(ctx.tuned.nproc_per_node)
+    placement = plan_placement(facts, asked, unit, ccl=want_ccl, nnodes=nnodes,
+                               threads_per_rank=threads, oversubscribe=oversubscribe)
+    kept = _fewer_ranks(ctx, placement.nproc_per_node)
+    if kept is not None:  # one process (or fewer ranks) with all the cores: the same job, not N copies
+        placement = plan_placement(facts, kept.ranks, unit, ccl=want_ccl, nnodes=nnodes,
+                                   threads_per_rank=threads, oversubscribe=oversubscribe)
+    # Other work keeping some of these CPUs busy: fewer threads, with the measured figure (not when the
+    # user set threads or affinity: theirs stands, with a note).
+    placement, load_ev, load_note = adjust_placement(
+        placement, facts.load, yours=fixed.threads_per_rank is not None or fixed.affinity is not None)
+    ctx.notes.extend([load_note] if load_note else [])
+    nproc_d = ctx.choose(fixed.nproc_per_node, "nproc_per_node", placement.nproc_per_node,
+                         f"{placement.nproc_per_node} rank(s) from {ctx.ranks_from[1]}" if ctx.ranks_from
+                         else kept.reason if kept is not None else "; ".join(placement.reasons[-1:]),
+                         {"sockets": facts.topology.sockets, "numa_nodes": len(facts.topology.numa_nodes),
+                          "usable_physical_cores": placement.cpu_budget,
+                          **(kept.evidence() if kept is not None else {})}, tuned=ctx.tuned.nproc_per_node)
+    return placement, nproc_d, load_ev
+
+
+def _decide_affinity(ctx: _Context, placement: Placement, gpus: Tuple[Gpu, ...],
+                     on_gpu: bool) -> Decision[Optional[Affinity]]:
+    """Pinning: each rank to its own cores (its GPU's NUMA node on a GPU), not ranks sharing a VM's NUMA node."""
+    fixed = ctx.fixed
     from cpuperf.probe.parse import format_cpulist
 
     pinned = ";".join(format_cpulist(s.compute_cpus) for s in placement.slots if s.compute_cpus) or None
@@ -480,23 +514,20 @@ def _decide_placement(ctx: _Context, gpus: Tuple[Gpu, ...], unit: str, on_gpu: b
     if on_gpu:
         gpu_evidence: JsonObject = {**evidence, "gpu_numa_nodes": [g.numa_node for g in gpus]}
         bound: Optional[Affinity] = "auto" if placement.unit == "gpu-numa" else None
-        affinity = ctx.choose(fixed.affinity, "affinity", bound,
-                              f"each rank pinned to the cores of its GPU's NUMA node: {pinned}" if bound else
-                              "the GPUs' NUMA nodes are unknown (no PCI locality in the GPU facts): ranks are not pinned "
-                              "to CPUs that may sit across the interconnect from their GPU", gpu_evidence)
-        return _Layout(placement, nproc_d, nnodes_d, threads_d, affinity)
+        return ctx.choose(fixed.affinity, "affinity", bound,
+                          f"each rank pinned to the cores of its GPU's NUMA node: {pinned}" if bound else
+                          "the GPUs' NUMA nodes are unknown (no PCI locality in the GPU facts): ranks are not pinned "
+                          "to CPUs that may sit across the interconnect from their GPU", gpu_evidence)
     if pinned and _ranks_share_a_vm_numa_node(ctx, placement):
         evidence["hypervisor"] = True
-        affinity = ctx.choose(fixed.affinity, "affinity", None,
-                              f"{placement.nproc_per_node} ranks on one NUMA node of a virtual machine (`hypervisor` flag): "
-                              f"left to the OS scheduler, each with its thread count ({ctx.tuning.placement.reason}; "
-                              "--set affinity=auto pins them)", evidence, tuned=ctx.tuned.affinity)
-    else:
-        auto: Optional[Affinity] = "auto" if pinned else None
-        affinity = ctx.choose(fixed.affinity, "affinity", auto,
-                              f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to",
-                              evidence, tuned=ctx.tuned.affinity)
-    return _Layout(placement, nproc_d, nnodes_d, threads_d, affinity)
+        return ctx.choose(fixed.affinity, "affinity", None,
+                          f"{placement.nproc_per_node} ranks on one NUMA node of a virtual machine (`hypervisor` flag): "
+                          f"left to the OS scheduler, each with its thread count ({ctx.tuning.placement.reason}; "
+                          "--set affinity=auto pins them)", evidence, tuned=ctx.tuned.affinity)
+    auto: Optional[Affinity] = "auto" if pinned else None
+    return ctx.choose(fixed.affinity, "affinity", auto,
+                      f"each rank pinned to its own physical cores: {pinned}" if pinned else "no CPUs to pin to",
+                      evidence, tuned=ctx.tuned.affinity)
 
 
 @dataclass(frozen=True)
@@ -841,8 +872,8 @@ def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
     memory levers this job's path can apply, why not the others); None: all of them.
     """
     facts, fixed, tuning, torch_v = ctx.facts, ctx.fixed, ctx.tuning, ctx.torch
-    w, placement, dtype, gpu, world = job.workload, job.placement, job.dtype, job.gpu, job.world
-    from cpuperf.decide.memory import check_state_fits, default_optimizer, plan_memory, zero_config
+    w, placement, gpu = job.workload, job.placement, job.gpu
+    from cpuperf.decide.memory import check_state_fits, default_optimizer, plan_memory
 
     on_gpu = gpu is not None
     tv = version_or_none(torch_v)
@@ -862,6 +893,16 @@ def _memory_plan(ctx: _Context, job: MemoryJob, levers: Optional[MemoryLevers],
         told = replace(w, found=f"{w.found}; by cpuperf's estimate it does not fit: {exc.message}; {exc.hint}")
         return _unknown_model(told, ask, fused_ok, torch_v, _loading(facts, placement, tuning, on_gpu), decided,
                               known=True)
+    return _planned_levers(ctx, job, plan, decided)
+
+
+def _planned_levers(ctx: _Context, job: MemoryJob, plan: MemoryPlan, decided: Callable[..., Levers]) -> Levers:
+    """A known model's memory plan as decisions, each with why: the batch against the budget, the accumulation
+    that keeps the global batch, recomputation, the optimizer, sharding, offload, data loading and ZeRO-3's config."""
+    from cpuperf.decide.memory import zero_config
+
+    facts, fixed, tuning, torch_v = ctx.facts, ctx.fixed, ctx.tuning, ctx.torch
+    w, placement, dtype, world, on_gpu = job.workload, job.placement, job.dtype, job.world, job.gpu is not None
     evidence = {"params": w.params, **plan.evidence()}
     per_device, c, accum = int(plan.per_rank_batch), plan.candidate, plan.grad_accum
     yours = fixed.batch_size is not None

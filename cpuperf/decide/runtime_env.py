@@ -223,7 +223,8 @@ class RuntimeEnvRequest(NamedTuple):
     interface that reaches the master (multi-node gloo). environ: the current environment (LD_PRELOAD, MASTER_ADDR),
     read at the edge and passed in. pin: the affinity decision; False (ranks left to the OS scheduler) also keeps
     Intel MPI from pinning. knobs: the plan's decided values the Arm levers follow (fp32_math_mode;
-    cpuperf.decide.arm_levers)."""
+    cpuperf.decide.arm_levers). allocator_kept: the plan keeps the default allocator on purpose
+    (cpuperf.decide.allocator.keeps_the_default): a preload adds none."""
 
     backend: str
     hosts: Optional[Sequence[Host]] = None
@@ -240,6 +241,7 @@ class RuntimeEnvRequest(NamedTuple):
     slurm_first: Optional[str] = None
     pin: bool = True
     knobs: Optional[Mapping[str, KnobValue]] = None
+    allocator_kept: bool = False
 
 
 def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvRequest) -> RuntimeEnv:
@@ -263,7 +265,8 @@ def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvReque
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if r.preload:
-        preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes) + preloaded
+        preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes,
+                                  r.allocator_kept) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, rules)
     _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
@@ -322,7 +325,8 @@ def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], ba
                            f"(mpirun -ppn {nproc} -n {nproc * nodes})")
 
 
-def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], world: int) -> List[str]:
+def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str], world: int,
+                  kept: bool = False) -> List[str]:
     """--preload: libiomp5 and the allocator (decide.allocator.preload_choice); the libraries preloaded."""
     adds: List[str] = []
     iomp = first_library(libraries.openmp.get("iomp", ()))
@@ -330,12 +334,15 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
         adds.append(iomp)
     else:
         c.notes.append("no libiomp5 to preload (pip install intel-openmp): OpenMP stays as torch ships it")
-    alloc_name = preload_choice(allocator, libraries.allocators, world)
+    alloc_name = preload_choice(allocator, libraries.allocators, world, kept)
     refused = not_with_ranks([n for n, paths in libraries.allocators.items() if preloadable(paths)], world)
     if alloc_name:
         adds.append(preloadable(libraries.allocators[alloc_name]) or "")
         if alloc_name == "jemalloc":
             c.add("MALLOC_CONF", allocator_rule().jemalloc_malloc_conf, allocator_rule().source)
+    elif kept:
+        c.notes.append("no allocator preloaded: the plan keeps the default allocator (measured on this host, or "
+                       "your value; `cpuperf recommend` says why)")
     elif refused:
         c.notes.append(f"no allocator preloaded: {', '.join(refused)} aborted jobs of {world} ranks at exit "
                        f"({allocator_rule().not_with_ranks_source})")

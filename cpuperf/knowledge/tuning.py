@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
-from cpuperf.data import load_builtin
+from cpuperf.data import load_builtin, load_toml, overlays
 from cpuperf.errors import BadDataError
 
 FILE = "compat/tuning.toml"
@@ -371,7 +371,34 @@ def parse(data: Mapping[str, Any]) -> Tuning:
     return Tuning(**sections)  # type: ignore[arg-type]
 
 
-@functools.cache
+def overlay(shipped: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
+    """`extra`'s sections over `shipped`'s: a table's keys replace the shipped ones (the others kept); an array of
+    tables ([[tensor_core]], [[arm_lever]]) or a value replaces the shipped one whole."""
+    out = dict(shipped)
+    for name, section in extra.items():
+        base = out.get(name)
+        out[name] = {**base, **section} if isinstance(base, dict) and isinstance(section, dict) else section
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _tuning(over: Tuple[str, ...]) -> Tuning:
+    data = load_builtin("tuning.toml")
+    for path in over:
+        data = overlay(data, load_toml(path))
+    try:
+        return parse(data)
+    except BadDataError as exc:
+        if not over:
+            raise
+        raise BadDataError(f"{exc.message} (with {', '.join(over)} over it)",
+                           hint="fix the row in that file, or unset CPUPERF_COMPAT_DIR") from None
+
+
 def tuning() -> Tuning:
-    """compat/tuning.toml, read and checked once."""
-    return parse(load_builtin("tuning.toml"))
+    """compat/tuning.toml, read and checked once; a tuning.toml in a $CPUPERF_COMPAT_DIR directory overlays it
+    (`overlay`: section by section, key by key), so a rule is changed in data without a release."""
+    return _tuning(overlays("tuning.toml"))
+
+
+tuning.cache_clear = _tuning.cache_clear  # type: ignore[attr-defined]  # what this process read: read again

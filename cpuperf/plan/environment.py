@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from cpuperf.decide import runtime_env as envplan
+from cpuperf.decide.allocator import keeps_the_default
 from cpuperf.decide.placement import Placement, RankSlot
 from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.addons import Backend
@@ -31,6 +32,7 @@ class EnvDecisions(NamedTuple):
     threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
     pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
     levers: Tuple[JsonObject, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
+    allocator_kept: bool = False  # the default allocator kept on purpose (cpuperf.decide.allocator.keeps_the_default)
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
@@ -43,7 +45,8 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
     if backend is None:  # a GPU plan, or one saved before it recorded the CPU backend: the rule, once
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
     return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True),
-                        rec.levers.affinity.value == "auto", tuple(d.to_json() for d in rec.levers.all()))
+                        rec.levers.affinity.value == "auto", tuple(d.to_json() for d in rec.levers.all()),
+                        keeps_the_default(rec.levers.allocator))
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int,
@@ -62,7 +65,7 @@ def decisions_to_json(decided: EnvDecisions) -> JsonObject:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
             "allocator": decided.allocator, "threads": decided.threads, "pin": decided.pin,
-            "levers": list(decided.levers)}
+            "levers": list(decided.levers), "allocator_kept": decided.allocator_kept}
 
 
 def _not(value: JsonValue, kind: str) -> TypeError:
@@ -114,9 +117,11 @@ def decisions_from_json(value: JsonValue) -> EnvDecisions:
     pin = raw["pin"]
     if not isinstance(pin, bool):
         raise TypeError(f"pin {pin!r} is not true or false")
-    allocator = raw["allocator"]
+    allocator, kept = raw["allocator"], raw["allocator_kept"]
+    if not isinstance(kept, bool):
+        raise TypeError(f"allocator_kept {kept!r} is not true or false")
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), None if allocator is None else _str(allocator),
-                        _maybe_int(raw["threads"]), pin, _levers(raw["levers"]))
+                        _maybe_int(raw["threads"]), pin, _levers(raw["levers"]), kept)
 
 
 def _levers(raw: JsonValue) -> Tuple[JsonObject, ...]:
@@ -182,7 +187,7 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
         preload=request.preload, allocator=decided.allocator, threads=decided.threads,
         nnodes=request.nnodes,
         mpi=request.mpi, libraries=request.libraries, socket_ifname=request.socket_ifname,
-        environ=environ, slurm_first=request.slurm_first, pin=decided.pin))
+        environ=environ, slurm_first=request.slurm_first, pin=decided.pin, allocator_kept=decided.allocator_kept))
     notes = list(tuned.notes)
     if planned is None:
         return list(tuned.vars), notes

@@ -727,35 +727,8 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     line_threads, line_binds, line_notes = _line_variables(cmd, environ)
     notes += line_notes
     user_threads = line_threads or user_threads
-    placing = next((w for w in cmd.wrappers if w.places), None)
-    rule = rules().get(name, {})
-    binding = rule.get("binding", ())
-    cleared = next((w for w in cmd.wrappers if w.clears), None)
-    if not why and cleared is not None:
-        why = f"`{cleared.spelled}` clears the environment that carries cpuperf's per-rank settings"
-    if not why and cmd.has(rule.get("env_none", ())):
-        why = f"`{cmd.spelled(rule['env_none'])}` passes none of the launcher's environment (cpuperf's per-rank settings " \
-              "included) to the ranks"
-    if not why and line_binds:
-        why = f"your launcher line binds the ranks itself ({line_binds})"
-    if not why and placing is not None:
-        cpus = f" (CPUs {','.join(map(str, placing.cpus))})" if placing.cpus else ""
-        why = f"`{placing.spelled}` in front of {name} places every rank it starts{cpus}"
-    if not why and binding and cmd.has(binding):
-        why = f"your launcher binds the ranks itself ({cmd.spelled(binding)})"
-    if not why and count is None:
-        why = f"the rank count ({source}) is not a number cpuperf can plan with"
-    if not why and not cmd.target:
-        why = "no command for the ranks was found in your launcher's arguments"
-    if not why and count is not None and count > physical_cores:
-        why = (f"{count} ranks on {physical_cores} usable physical core(s): they cannot each have cores of their own, "
-               "so cpuperf neither pins them nor sets their threads")
     step = _steppable(cmd, interpreter)
-    if not why and name in ("torchrun", "accelerate") and count and count > 1 and not _no_python(cmd) \
-            and interpreter is None:
-        why = f"the Python that {name} runs the script with could not be found"
-    if not why and count and count > 1 and not step:
-        why = f"cpuperf's per-rank step cannot run {name}'s ranks exactly as {name} would (it refuses --no-python here)"
+    why = why or _left_to_launcher(cmd, count, source, physical_cores, interpreter, step, line_binds)
     nodes = _nodes(cmd)
     if why:
         return LauncherRanks(name, count, source, False, why + ": placement is left to the launcher", over,
@@ -763,6 +736,42 @@ def launcher_ranks(cmd: LauncherCommand, *, logical_cpus: int, physical_cores: i
     return LauncherRanks(name, count, source, True,
                          "each rank is pinned to its own cores by a per-rank step keyed on its local rank", over,
                          tuple(notes), user_threads, step, nodes)
+
+
+def _left_to_launcher(cmd: LauncherCommand, count: Optional[int], source: str, physical_cores: int,
+                      interpreter: Optional[str], step: bool, line_binds: str) -> str:
+    """Why cpuperf may not place the ranks the launcher starts ('' it may): the first that holds of a wrapper or
+    option that places, binds or clears their environment, a count it cannot plan with, no command, more ranks
+    than cores, or a per-rank step that cannot run them as the launcher would."""
+    name = cmd.launcher
+    placing = next((w for w in cmd.wrappers if w.places), None)
+    rule = rules().get(name, {})
+    binding = rule.get("binding", ())
+    cleared = next((w for w in cmd.wrappers if w.clears), None)
+    if cleared is not None:
+        return f"`{cleared.spelled}` clears the environment that carries cpuperf's per-rank settings"
+    if cmd.has(rule.get("env_none", ())):
+        return f"`{cmd.spelled(rule['env_none'])}` passes none of the launcher's environment (cpuperf's per-rank " \
+               "settings included) to the ranks"
+    if line_binds:
+        return f"your launcher line binds the ranks itself ({line_binds})"
+    if placing is not None:
+        cpus = f" (CPUs {','.join(map(str, placing.cpus))})" if placing.cpus else ""
+        return f"`{placing.spelled}` in front of {name} places every rank it starts{cpus}"
+    if binding and cmd.has(binding):
+        return f"your launcher binds the ranks itself ({cmd.spelled(binding)})"
+    if count is None:
+        return f"the rank count ({source}) is not a number cpuperf can plan with"
+    if not cmd.target:
+        return "no command for the ranks was found in your launcher's arguments"
+    if count > physical_cores:
+        return (f"{count} ranks on {physical_cores} usable physical core(s): they cannot each have cores of their own, "
+                "so cpuperf neither pins them nor sets their threads")
+    if name in ("torchrun", "accelerate") and count > 1 and not _no_python(cmd) and interpreter is None:
+        return f"the Python that {name} runs the script with could not be found"
+    if count > 1 and not step:
+        return f"cpuperf's per-rank step cannot run {name}'s ranks exactly as {name} would (it refuses --no-python here)"
+    return ""
 
 
 def _nodes(cmd: LauncherCommand) -> int:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from cpuperf.decide.allocator import allocator_rule, preload_env
 from cpuperf.decide.recommend import compile_worth_measuring
@@ -555,20 +555,10 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
     try:
         with Progress(log, f"measuring this host ({what.rstrip(', ')})") as progress:
             progress.update(f"starting torch in {len(servers)} process(es)", now=True)
-            for name, server in servers.items():
-                hello = server.answer(timeout=300.0)
-                if hello is None:
-                    raise ProbeFailedError(f"the measuring process ({name}) did not start",
-                                           hint="check that torch imports: cpuperf doctor")
-                out.setdefault("threads", hello.get("threads"))
-                out.setdefault("torch", hello.get("torch"))
+            _started(servers, out)
             progress.update("warming up (building the reference models once per process)")
             doing = "warming up"
-            for server in servers.values():  # not timed: oneDNN primitives, the models, the optimizer's state
-                for kind in (["fp32", "bf16"] if server is servers["default"] and done is None else []):
-                    server.ask({"gemm": kind, "size": size, "seconds": 0.01}, timeout=300.0)
-                for w in (workloads if libs else ()):
-                    server.ask({**_workload_request(w), "size": "small", "seconds": 0.01}, timeout=600.0)
+            _warm_up(servers, size, gemm=done is None, workloads=workloads if libs else ())
             # The rounds are what the budget bounds (starting torch and the warm-up have their own time-outs): a
             # warm-up that took the whole budget on a busy host left one round, and nothing decided.
             deadline = time.monotonic() + budget
@@ -594,6 +584,27 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
         if log:
             log(line)
     return out
+
+
+def _started(servers: Mapping[str, _Server], out: Dict[str, Any]) -> None:
+    """Wait for each measuring process's hello (torch imported); its threads and torch go into `out`."""
+    for name, server in servers.items():
+        hello = server.answer(timeout=300.0)
+        if hello is None:
+            raise ProbeFailedError(f"the measuring process ({name}) did not start",
+                                   hint="check that torch imports: cpuperf doctor")
+        out.setdefault("threads", hello.get("threads"))
+        out.setdefault("torch", hello.get("torch"))
+
+
+def _warm_up(servers: Mapping[str, _Server], size: int, gemm: bool, workloads: Sequence[str]) -> None:
+    """One untimed run of what each process will time: oneDNN primitives, the models, the optimizer's state (the
+    GEMMs in the default allocator's process, where `gemm`)."""
+    for server in servers.values():
+        for kind in (["fp32", "bf16"] if server is servers["default"] and gemm else []):
+            server.ask({"gemm": kind, "size": size, "seconds": 0.01}, timeout=300.0)
+        for w in workloads:
+            server.ask({**_workload_request(w), "size": "small", "seconds": 0.01}, timeout=600.0)
 
 
 def _measured_so_far(out: Dict[str, Any], doing: str, allocators: bool) -> Optional[Dict[str, Any]]:

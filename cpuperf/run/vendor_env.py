@@ -374,24 +374,27 @@ def conda_path(source: EnvSource) -> Optional[EnvVar]:
 def find_libraries(stack: Stack) -> Libraries:
     """OpenMP runtimes and allocators in the prefix, torch's lib dir and the system library dirs."""
     from cpuperf.probe.facts import ALLOCATOR_LIBS
-    from cpuperf.probe.software import OPENMP_LIBS
+    from cpuperf.probe.software import OPENMP_LIBS, WHEEL_LIB_DIRS
     from cpuperf.probe.sources import Sources
 
     src = Sources()
     extra = [os.path.join(stack.prefix, "lib")]
     for site in stack.site_dirs:
         extra += [os.path.join(site, "torch", "lib"), os.path.join(site, "torch.libs")]
+    # An allocator's wheel (cmeel-mimalloc, which `cpuperf install` adds) keeps it in site-packages, where the probe
+    # finds it too (probe.software WHEEL_LIB_DIRS): --preload preloads what the plan decided on.
+    wheels = [os.path.join(site, sub) for site in stack.site_dirs for sub in WHEEL_LIB_DIRS]
 
-    def scan(table: Mapping[str, Sequence[str]]) -> Dict[str, Tuple[str, ...]]:
+    def scan(table: Mapping[str, Sequence[str]], dirs: Sequence[str]) -> Dict[str, Tuple[str, ...]]:
         out = {}
         for name, patterns in table.items():
             paths = list(src.find_libraries(patterns))
-            for directory in extra:
+            for directory in dirs:
                 paths += [q for p in patterns for q in src.glob(os.path.join(directory, p))]
             out[name] = tuple(dict.fromkeys(paths))
         return out
 
-    return Libraries(openmp=scan(OPENMP_LIBS), allocators=scan(ALLOCATOR_LIBS))
+    return Libraries(openmp=scan(OPENMP_LIBS, extra), allocators=scan(ALLOCATOR_LIBS, extra + wheels))
 
 
 def _iface_holding(ip: str) -> Optional[str]:

@@ -287,12 +287,7 @@ def run(cfg: BenchConfig) -> Dict[str, object]:
     if world > 1:
         import torch.distributed as dist
 
-        ranks_ran, windows = [None] * world, [{} for _ in range(world)]
-        dist.all_gather_object(ranks_ran, ran)
-        dist.all_gather_object(windows, window.figures())
-        slowest = torch.tensor([elapsed])
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the job is as fast as its slowest rank
-        elapsed = float(slowest.item())
+        ranks_ran, windows, elapsed = _gathered(ran, window.figures(), elapsed, world)
         # DDP (its reducer) goes before its process group: destroyed after it, the gloo teardown aborted
         # at exit ("terminate called without an active exception") in 3 of 10 2-rank jobs with mimalloc.
         del model, opt, step
@@ -316,6 +311,22 @@ def run(cfg: BenchConfig) -> Dict[str, object]:
         "flops_per_sample": flops_per_sample(workload, size, cfg.shape),
         "torch": torch.__version__,
     }
+
+
+def _gathered(ran: object, window: observed.WindowFigures, elapsed: float,
+              world: int) -> Tuple[List[object], List[observed.WindowFigures], float]:
+    """Every rank's record of what it ran and of its timed window, and the slowest rank's time: the job is as fast
+    as its slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    ranks_ran: List[object] = [None] * world
+    windows: List[observed.WindowFigures] = [{} for _ in range(world)]
+    dist.all_gather_object(ranks_ran, ran)
+    dist.all_gather_object(windows, window)
+    slowest = torch.tensor([elapsed])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return ranks_ran, windows, float(slowest.item())
 
 
 def window_rates(marks: List[float], windows: int, batch: int) -> List[float]:
