@@ -46,9 +46,30 @@ DRY_RUN_SCHEMA = "cpuperf.train-plan/1"
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """What `train` reads besides the planner's request: the raw options the request types (--set, --batch-size,
-    --nproc-per-node/--ppn), where the facts come from, and --tune, which runs instead of one plan."""
+    """`train`'s options as cli.py passes them through: those the planner's request carries as given (auto ...
+    replan, `argv`: the command after `--`; `given_request`), the raw ones it types (--set, --batch-size,
+    --nproc-per-node/--ppn; `train_request`), where the facts come from, and --tune, which runs instead of one plan."""
 
+    auto: bool = False
+    dry_run: bool = False
+    model: Optional[str] = None
+    max_steps: Optional[int] = None
+    time_budget: Optional[float] = None
+    seed: Optional[int] = None
+    resume: bool = False
+    out_dir: Optional[str] = None
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    launcher: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    rdzv_timeout: Optional[float] = None
+    device: str = "auto"
+    unit: str = "socket"
+    hf_flags: str = "auto"
+    argv: Tuple[str, ...] = ()
+    plan: Optional[str] = None
+    replan: bool = False
     sets: Tuple[str, ...] = ()
     batch_size: Optional[int] = None
     nproc_per_node: Optional[int] = None
@@ -66,6 +87,25 @@ def resume_hint(jp: JobPlan, again: Tuple[str, ...]) -> str:
     """The command that continues this run from its checkpoint, as it works when pasted: the run's own options
     (the model shape, --auto, --set ...) with --resume and its run directory."""
     return "cpuperf train " + shlex.join([*again, "--resume", "--out", jp.request.out_dir])
+
+
+def run(out: Output, options: TrainOptions) -> int:
+    """`cpuperf train`: one run (run_train), or with --tune a search on the command instead (run_tune)."""
+    return (run_tune if options.tune else run_train)(out, given_request(options), options)
+
+
+def given_request(o: TrainOptions) -> PlanRequest:
+    """The planner's request as the options gave it (train_request completes it)."""
+    from cpuperf.plan.request import PlanRequest
+
+    if o.replan and o.plan is None:
+        raise UsageError("--replan without --plan: there is no saved plan to plan again",
+                         hint="cpuperf train --plan FILE --replan, or leave out --replan (a plan is made here anyway)")
+    return PlanRequest(auto=o.auto, dry_run=o.dry_run, model=o.model, max_steps=o.max_steps, time_budget=o.time_budget,
+                       seed=o.seed, resume=o.resume, out_dir=o.out_dir, nnodes=o.nnodes, node_rank=o.node_rank,
+                       launcher=o.launcher, master_addr=o.master_addr, master_port=o.master_port,
+                       rdzv_timeout=o.rdzv_timeout, device=o.device, unit=o.unit, hf_flags=o.hf_flags,
+                       user_argv=o.argv, plan=o.plan, replan=o.replan)
 
 
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:

@@ -3,7 +3,8 @@
 Pure: the command probes the host, reads the hostfile and a saved plan, takes the measurements, checks the
 hosts and picks the run directory (the edge), and hands the values here; nothing here reads the OS or changes
 what it is handed. Every path goes through `build_job_plan`: the built-in loop, a user's script, a user's
-launcher, a saved plan, several nodes."""
+launcher, a saved plan, several nodes, and decisions made already (`decided_inputs`: recommend's job for your
+script, each node's part of a plan over a hostfile, a tuning point)."""
 
 from __future__ import annotations
 
