@@ -18,14 +18,16 @@ if TYPE_CHECKING:  # commands import their layers inside functions (fast start-u
     from cpuperf.plan.job import JobPlan
     from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hosts import Host
+    from cpuperf.run.edge import Found
 
 
 def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], seq_len: Optional[int],
           batch_size: Optional[int], steps: Optional[int], nproc_per_node: Optional[int], nnodes: Optional[int],
           hostfile: Optional[str], unit: str, device: str, sets: List[str], config: Optional[str],
-          measurements: Optional[str], python: Optional[str] = None,
-          adapt_to_load: bool = False, out: Optional[Output] = None) -> Tuple[HostFacts, Recommendation, Optional[Tuple[Host, ...]]]:
-    """Probe, resolve the workload, read measurements, decide. Returns (facts, recommendation, hosts).
+          measurements: Optional[str], python: Optional[str] = None, adapt_to_load: bool = False,
+          out: Optional[Output] = None, master_addr: Optional[str] = None) -> Tuple[Found, Recommendation]:
+    """The edge (cpuperf.run.edge: the host's facts, the hostfile, the Slurm job, the job's nodes), the workload,
+    the measurements, then the decisions. Returns (what the edge found, the recommendation).
 
     Load changes from second to second, so it shapes the plan only with adapt_to_load (--adapt-to-load);
     otherwise the same host and stack give the same plan in every command, run after run."""
@@ -34,16 +36,19 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import coerce_entry, merge, parse_assignments
-    from cpuperf.probe import probe_host, with_load
-    from cpuperf.probe.hosts import read_hostfile
+    from cpuperf.plan.request import PlanRequest
+    from cpuperf.probe.slurm import slurm_environ
     from cpuperf.run import measure
+    from cpuperf.run.edge import Sources, gather
 
-    facts = probe_host(sysroot=sysroot, python=python)
-    if adapt_to_load:
-        facts = with_load(facts)
+    # The job's nodes as train and ccl-env count them in this shell (a Slurm allocation included); the plan sees
+    # only the Slurm part of the shell (inside an allocation the job is the allocation's, as train runs it).
+    found = gather(PlanRequest(nnodes=nnodes, master_addr=master_addr),
+                   Sources(sysroot=sysroot, python=python, hostfile=hostfile, adapt_to_load=adapt_to_load),
+                   slurm_environ(os.environ))
+    facts = found.facts
     # The built-in run length (train's default --max-steps) unless given: every command plans the same job.
     workload = resolve_workload(model, params, seq_len, batch_size, 400 if steps is None else steps, host=facts)
-    hosts = read_hostfile(hostfile) if hostfile else None
     overrides: Overrides = {}
     if config:
         for key, raw in load_settings_file(config).items():
@@ -54,15 +59,10 @@ def build(sysroot: Optional[str], model: Optional[str], params: Optional[str], s
     log = (out or Output()).teller("cpuperf: ")
 
     meas = measure.load_file(measurements) if measurements else measure.planning_measurements(facts, log)
-    from cpuperf.decide.nodes import job_nodes
-    from cpuperf.probe.slurm import slurm_facts
-
-    # The job's nodes as train and ccl-env count them in this shell (a Slurm allocation included).
-    hosts, count = job_nodes(nnodes, hosts, slurm_facts(os.environ).allocation)
     rec = recommend(facts, workload, RecommendRequest(
-        nproc_per_node=nproc_per_node, nnodes=count, unit=unit, device=device, measurements=meas, overrides=overrides,
-        environ=os.environ if facts.live else {}))
-    return facts, rec, hosts
+        nproc_per_node=nproc_per_node, nnodes=found.nnodes, unit=unit, device=device, measurements=meas,
+        overrides=overrides, environ=os.environ if facts.live else {}))
+    return found, rec
 
 
 def load_settings_file(path: str) -> Dict[str, str]:
@@ -105,22 +105,20 @@ def _toml(text: str) -> Dict[str, Any]:
     return parsed
 
 
-def job_plan(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-             environ: Optional[Dict[str, str]] = None, master_addr: Optional[str] = None) -> JobPlan:
-    """The plan `cpuperf train --auto -- python your_script.py` would run (cpuperf.plan.job), built once."""
-    from cpuperf.plan.job import placeholder_job
-    from cpuperf.probe.slurm import slurm_facts
+def job_plan(found: Found, facts: HostFacts, rec: Recommendation, master_addr: Optional[str] = None) -> JobPlan:
+    """The plan `cpuperf train --auto -- python your_script.py` would run with these decisions (cpuperf.plan.build,
+    the one planner), on the nodes and in the Slurm job the edge found."""
+    from cpuperf.plan.build import build_job_plan, decided_inputs
 
-    return placeholder_job(facts, rec, hosts, environ, slurm_facts(environ or {}), master_addr)
+    request, edge = decided_inputs(rec, found.hosts, found.environ, found.slurm, master_addr, found.mpi, found.euid)
+    return build_job_plan(request, facts, edge)
 
 
-def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-               jp: Optional[JobPlan] = None) -> Dict[str, Any]:
+def renderings(rec: Recommendation, jp: JobPlan) -> Dict[str, Any]:
     """Environment, launch line, HF flags and accelerate config for a recommendation."""
     from cpuperf.plan.launch_view import launch_view
     from cpuperf.render import recommendation as render
 
-    jp = jp or job_plan(facts, rec, hosts)
     transformers = rec.stack.get("transformers")
     env = jp.env_map()
     launch = launch_view(jp.launch)
@@ -142,8 +140,9 @@ def renderings(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[H
 
 
 def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
+    """`cpuperf recommend`: decide, plan the job for your script (over a hostfile's nodes from each node's facts),
+    save it with --save, and print it (--json, one rendering with --format, else the table)."""
     from cpuperf.decide.recommend import SCHEMA
-    from cpuperf.render import recommendation as render
 
     save = kwargs.pop("save", None)
     if save is not None:
@@ -152,18 +151,14 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
         check_output_file("--save", save)
     master_addr = kwargs.pop("master_addr", None)
     node_facts, probe_nodes = kwargs.pop("node_facts", None), kwargs.pop("probe_nodes", False)
-    facts, rec, hosts = build(**kwargs, out=out)
+    found, rec = build(**kwargs, out=out, master_addr=master_addr)
+    facts = found.facts
     kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
     subs: List[NodePlan] = []
     if node_facts or probe_nodes:
-        facts, rec, subs = cluster_plan(out, facts, rec, hosts, node_facts)
-    import os
-
-    from cpuperf.probe.slurm import slurm_environ
-
-    # Inside a Slurm allocation the job is the allocation's (srun, its first node the rendezvous), as train runs it.
-    jp = job_plan(facts, rec, hosts, slurm_environ(os.environ), master_addr)
-    extra = renderings(facts, rec, hosts, jp)
+        facts, rec, subs = cluster_plan(out, facts, rec, found.hosts, node_facts)
+    jp = job_plan(found, facts, rec, master_addr)
+    extra = renderings(rec, jp)
     report = _lever_report(rec, jp, extra["hf_args"])
     result = {
         "schema": SCHEMA,
@@ -182,19 +177,28 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     if save:
         result["saved"] = save_plan(save, facts, rec, jp, kwargs, subs)
         out.info(f"plan saved to {save}: run it with `cpuperf train --plan {save}` or `cpuperf ccl-env --plan {save}`")
+    _print(out, fmt, result, report)
+    return 0
+
+
+def _print(out: Output, fmt: Optional[str], result: Dict[str, Any], report: Sequence[LeverState]) -> None:
+    """The recommendation as asked: the JSON object, one rendering (--format), or the table; then each note on
+    stderr the first time a plan carries it (the JSON carries them every time)."""
+    from cpuperf.render import recommendation as render
+
     if out.json_mode:
         out.json(result)
-        return 0
+        return
     if fmt == "env":
-        out.product(render.env_exports(extra["env"]))
+        out.product(render.env_exports(result["env"]))
     elif fmt == "hf":
         import shlex
 
-        out.product(" ".join(shlex.quote(a) for a in extra["hf_args"]))
+        out.product(" ".join(shlex.quote(a) for a in result["hf_args"]))
     elif fmt == "accelerate":
-        out.product(extra["accelerate_config"])
+        out.product(result["accelerate_config"])
     elif fmt == "launch":
-        out.product(render.launch_line(extra["launch"]))
+        out.product(render.launch_line(result["launch"]))
     else:
         _table(out, result, report)
     from cpuperf.run.said import first_time
@@ -202,7 +206,6 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     for note in result["notes"]:  # in the result every time; on stderr the first time a plan carries it
         if not out.quiet and first_time("plan-notes", note):
             out.info(f"note: {note}")
-    return 0
 
 
 def _levers_not_applied(facts: HostFacts, rec: Recommendation) -> List[str]:

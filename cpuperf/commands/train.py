@@ -14,28 +14,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from cpuperf.boundary import RDZV_TIMEOUT
-from cpuperf.decide.nodes import job_nodes
 from cpuperf.decide.placement import plan_placement
 from cpuperf.decide.workload import for_script, from_script, resolve_workload
 from cpuperf.errors import CpuperfError, ExitCode, LaunchFailedError, UsageError, exit_code_for_signal
 from cpuperf.jsonable import JsonObject
 from cpuperf.output import Output
 from cpuperf.plan.build import EdgeFacts, build_job_plan
-from cpuperf.plan.launch import mpi_flavour
-from cpuperf.plan.saved import plan_fits, read_plan_file
-from cpuperf.plan.script_read import read_user_script
-from cpuperf.probe import probe_host, with_load
-from cpuperf.probe.hf import accelerate_default_config, script_model
-from cpuperf.probe.hosts import read_hostfile, this_node_names
+from cpuperf.probe.hf import script_model
 from cpuperf.probe.launchers import launcher_python, read_script
-from cpuperf.probe.slurm import slurm_facts
 from cpuperf.run import timeline
+from cpuperf.run.edge import Found, Sources, gather
 from cpuperf.run.launcher import locate_node
 from cpuperf.run.measure import planning_measurements, train_measurements
 from cpuperf.run.vendor_env import master_interface
 from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
+    from cpuperf.decide.workload import Workload
     from cpuperf.plan.applied import LeverState
     from cpuperf.plan.command import CommandLine
     from cpuperf.plan.job import JobPlan
@@ -51,9 +46,30 @@ DRY_RUN_SCHEMA = "cpuperf.train-plan/1"
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """What `train` reads besides the planner's request: the raw options the request types (--set, --batch-size,
-    --nproc-per-node/--ppn), where the facts come from, and --tune, which runs instead of one plan."""
+    """`train`'s options as cli.py passes them through: those the planner's request carries as given (auto ...
+    replan, `argv`: the command after `--`; `given_request`), the raw ones it types (--set, --batch-size,
+    --nproc-per-node/--ppn; `train_request`), where the facts come from, and --tune, which runs instead of one plan."""
 
+    auto: bool = False
+    dry_run: bool = False
+    model: Optional[str] = None
+    max_steps: Optional[int] = None
+    time_budget: Optional[float] = None
+    seed: Optional[int] = None
+    resume: bool = False
+    out_dir: Optional[str] = None
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    launcher: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    rdzv_timeout: Optional[float] = None
+    device: str = "auto"
+    unit: str = "socket"
+    hf_flags: str = "auto"
+    argv: Tuple[str, ...] = ()
+    plan: Optional[str] = None
+    replan: bool = False
     sets: Tuple[str, ...] = ()
     batch_size: Optional[int] = None
     nproc_per_node: Optional[int] = None
@@ -71,6 +87,25 @@ def resume_hint(jp: JobPlan, again: Tuple[str, ...]) -> str:
     """The command that continues this run from its checkpoint, as it works when pasted: the run's own options
     (the model shape, --auto, --set ...) with --resume and its run directory."""
     return "cpuperf train " + shlex.join([*again, "--resume", "--out", jp.request.out_dir])
+
+
+def run(out: Output, options: TrainOptions) -> int:
+    """`cpuperf train`: one run (run_train), or with --tune a search on the command instead (run_tune)."""
+    return (run_tune if options.tune else run_train)(out, given_request(options), options)
+
+
+def given_request(o: TrainOptions) -> PlanRequest:
+    """The planner's request as the options gave it (train_request completes it)."""
+    from cpuperf.plan.request import PlanRequest
+
+    if o.replan and o.plan is None:
+        raise UsageError("--replan without --plan: there is no saved plan to plan again",
+                         hint="cpuperf train --plan FILE --replan, or leave out --replan (a plan is made here anyway)")
+    return PlanRequest(auto=o.auto, dry_run=o.dry_run, model=o.model, max_steps=o.max_steps, time_budget=o.time_budget,
+                       seed=o.seed, resume=o.resume, out_dir=o.out_dir, nnodes=o.nnodes, node_rank=o.node_rank,
+                       launcher=o.launcher, master_addr=o.master_addr, master_port=o.master_port,
+                       rdzv_timeout=o.rdzv_timeout, device=o.device, unit=o.unit, hf_flags=o.hf_flags,
+                       user_argv=o.argv, plan=o.plan, replan=o.replan)
 
 
 def train_request(given: PlanRequest, o: TrainOptions) -> PlanRequest:
@@ -120,74 +155,59 @@ def build_plan(request: PlanRequest, options: TrainOptions = TrainOptions(), fac
     # what an earlier `eval "$(cpuperf ccl-env)"` exported, unchanged since, is cpuperf's: planned again, not kept
     environ = users_own(os.environ if environ is None else environ)
     request = with_command(request)
-    argv = request.user_argv
-    steps = request.steps
-    # The edge is gathered in the layers' order, each value made once and handed on: the user's command split
-    # into launcher and script (plan), what the OS says (probe), the saved plan held against it (plan), the
-    # job's nodes and run directory (decide), then what only a real run does: measure, check the hosts.
-    yours = request.command.launcher if request.command is not None else None
-    command = request.command.script if request.command is not None else None
-    script, script_args = (command.script, command.script_args) if command else (None, ())
-    if facts is None:
-        facts = probe_host(sysroot=options.sysroot)
-    timeline.mark("check the request, probe the host")
-    if options.adapt_to_load and facts.load is None and facts.live:
-        facts = with_load(facts)  # --adapt-to-load: threads per rank avoid CPUs other work keeps busy now
-    listed = read_hostfile(options.hostfile) if options.hostfile else None
-    slurm = slurm_facts(environ)
-    names = this_node_names(listed, request.node_rank) if request.plan else []
-    its_python = launcher_python(yours.prefix) if yours else None
-    script_text = read_script(script)
-    # the script read once (its source, framework and arguments by its own parser's rules): a value that parser
-    # refuses exits 2 here, before anything is probed or run
-    reading = read_user_script(command, script_text) if command is not None and (script or command.module) else None
-    accelerate_config = yours is not None and yours.launcher == "accelerate" and accelerate_default_config(environ)
-    # A saved plan: refused (exit 13) where this host differs from it, unless --replan.
-    saved, diffs = (plan_fits(request.plan, read_plan_file(request.plan), facts, request.replan, names)
-                    if request.plan else (None, []))
-    mpi = mpi_flavour(facts)
-    hosts, nnodes = job_nodes(request.nnodes, listed, slurm.allocation,
-                              saved.rec.levers.nnodes.value if saved is not None else None)
-    master = request.master_addr  # the interface to reach it: the plan names the Slurm first node, and why
-    if master is None and nnodes > 1 and not hosts and slurm.allocation:
-        master = slurm.nodes[0] if slurm.nodes else None  # rank 0 runs on the allocation's first node
-    if argv:  # the model and batch your script names in its own arguments (never downloaded)
-        found = script_model(reading.named() if reading is not None else {}, os.getcwd(), environ,
-                             its_python or launcher_python(argv[:1]) if script else None,
-                             may_run=not request.dry_run or options.tune)  # --tune runs it anyway
-        workload = (for_script(resolve_workload(request.model, None, None, None, steps), found) if request.model
-                    else from_script(found))
-    else:  # the batch you set is the workload's: the shape a tuning is cached and looked up for (shape_key)
-        batch = request.global_batch or request.decided.get("batch_size")
-        workload = resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps,
-                                    host=facts)
+    # The host's facts and the user's records (hostfile, Slurm job, the command and its script, a saved plan held
+    # against the host), then the job's nodes, each read once (cpuperf.run.edge); then what only a run does.
+    found = gather(request, Sources(sysroot=options.sysroot, hostfile=options.hostfile,
+                                    adapt_to_load=options.adapt_to_load, facts=facts), environ)
+    workload = _workload(request, options, found)
     timeline.mark("read your command and the model it names")
-    # A real --auto run measures with the rules' threads per rank where nothing usable is cached.
-    real_auto = request.auto and not request.dry_run and saved is None
-    threads = plan_placement(facts).threads_per_rank if real_auto else None
     out_dir = run_dir(request.out_dir, resume=request.resume, create=not request.dry_run)
     try:
-        if saved is not None:  # the cache the saved plan's decisions read, said only where it plans again
-            meas = planning_measurements(facts, say if diffs else None)
-        else:
-            meas = train_measurements(facts, environ, say, auto=request.auto, threads=threads,
-                                      shape=workload if not argv and not request.has_sets else None)
-        timeline.mark("measurements")
-        node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
-                                 locate_node(hosts, nnodes, request.node_rank, request.launcher, slurm.allocation, mpi))
-        edge = EdgeFacts(environ=environ, out_dir=out_dir, python=sys.executable, euid=os.geteuid(), workload=workload,
-                         hosts=hosts, nnodes=nnodes, saved=saved, saved_diffs=tuple(diffs), measurements=meas,
-                         node_rank=node_rank, local_addr=local_addr, master_addr=request.master_addr, slurm=slurm,
-                         socket_ifname=master_interface(master, hosts) if nnodes > 1 else None,
-                         script_text=script_text, script=reading, launcher_python=its_python,
-                         accelerate_default_config=accelerate_config)
-        jp = build_job_plan(request, facts, edge, use_tuned)
+        jp = build_job_plan(request, found.facts, _edge_facts(request, found, workload, out_dir, say), use_tuned)
         timeline.mark("plan the job")
         return jp
     except BaseException:
         if request.out_dir is None and not request.dry_run and not request.resume:
             remove_if_empty(out_dir)  # made for this run, which never started
         raise
+
+
+def _workload(request: PlanRequest, options: TrainOptions, found: Found) -> Workload:
+    """What is trained: the model and batch your script names in its own arguments (never downloaded), with
+    --model's shape for the memory plan; else the built-in loop's (--model, the batch you set)."""
+    argv, steps = request.user_argv, request.steps
+    if argv:
+        script = request.command.script.script if request.command is not None else None
+        named = script_model(found.script.named() if found.script is not None else {}, os.getcwd(), found.environ,
+                             found.launcher_python or launcher_python(argv[:1]) if script else None,
+                             may_run=not request.dry_run or options.tune)  # --tune runs it anyway
+        return (for_script(resolve_workload(request.model, None, None, None, steps), named) if request.model
+                else from_script(named))
+    # the batch you set is the workload's: the shape a tuning is cached and looked up for (shape_key)
+    batch = request.global_batch or request.decided.get("batch_size")
+    return resolve_workload(request.model, None, None, batch if isinstance(batch, int) else None, steps,
+                            host=found.facts)
+
+
+def _edge_facts(request: PlanRequest, found: Found, workload: Workload, out_dir: str,
+                say: Callable[[str], None]) -> EdgeFacts:
+    """What only a run adds to the edge: the measurements (a real --auto run measures with the rules' threads per
+    rank where nothing usable is cached), this node's place among the hosts, the route to the rendezvous."""
+    facts = found.facts
+    if found.saved is not None:  # the cache the saved plan's decisions read, said only where it plans again
+        meas = planning_measurements(facts, say if found.saved_diffs else None)
+    else:
+        real_auto = request.auto and not request.dry_run
+        meas = train_measurements(facts, found.environ, say, auto=request.auto,
+                                  threads=plan_placement(facts).threads_per_rank if real_auto else None,
+                                  shape=workload if not request.user_argv and not request.has_sets else None)
+    timeline.mark("measurements")
+    node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
+                             locate_node(found.hosts, found.nnodes, request.node_rank, request.launcher,
+                                         found.slurm.allocation, found.mpi))
+    return found.edge_facts(workload, out_dir, sys.executable, measurements=meas, node_rank=node_rank,
+                            local_addr=local_addr, master_addr=request.master_addr,
+                            socket_ifname=master_interface(found.rendezvous, found.hosts) if found.nnodes > 1 else None)
 
 
 def _plan_json(jp: JobPlan) -> Dict[str, Any]:

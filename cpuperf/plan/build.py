@@ -3,7 +3,8 @@
 Pure: the command probes the host, reads the hostfile and a saved plan, takes the measurements, checks the
 hosts and picks the run directory (the edge), and hands the values here; nothing here reads the OS or changes
 what it is handed. Every path goes through `build_job_plan`: the built-in loop, a user's script, a user's
-launcher, a saved plan, several nodes."""
+launcher, a saved plan, several nodes, and decisions made already (`decided_inputs`: recommend's job for your
+script, each node's part of a plan over a hostfile, a tuning point)."""
 
 from __future__ import annotations
 
@@ -58,13 +59,16 @@ class EdgeFacts:
     launcher_python: Optional[str] = None  # the Python the user's launcher runs scripts with
     accelerate_default_config: bool = False
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
+    mpi: Optional[Tuple[str, str]] = None  # the MPI launcher found and its flavour (cpuperf.plan.launch.mpi_flavour)
+    # recommend's decisions made already (`cpuperf recommend`, a cluster's node, a tuning point): planned as they
+    # stand, for the job `cpuperf train --auto -- python your_script.py` would run (the script a placeholder)
+    decided: Optional[Recommendation] = None
 
 
 def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_tuned: bool = True) -> JobPlan:
     """The job's one plan (cpuperf.plan.job.JobPlan) from the request and what the edge found. `use_tuned`
     False: the rules' plan, without a cached tuning (the start of `--tune`)."""
     from cpuperf.plan.job import EnvInputs, RankRun, plan_job
-    from cpuperf.plan.launch import mpi_flavour
     from cpuperf.plan.request import with_command
 
     request = with_command(request)  # the user's command, read once (a request from train_request carries it)
@@ -80,7 +84,9 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     nproc = (yours.count or 1) if yours is not None else request.nproc
     if yours is not None and yours.oversubscribed:
         decided.setdefault("oversubscribe", True)
-    if edge.saved is not None:
+    if edge.decided is not None:
+        rec = edge.decided
+    elif edge.saved is not None:
         rec = _from_saved(request, edge.saved, edge, facts, yours)
     else:
         rec = _decide(request, facts, edge, decided, nproc, yours, use_tuned)
@@ -94,10 +100,10 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
         flagged = request.command.launcher_with(script.words)
         if flagged is not None:
             cmd = list(with_rank_step(flagged, edge.python, edge.launcher_python))
-    mpi = mpi_flavour(facts)
+    mpi = edge.mpi
     saved_env = edge.saved.env if edge.saved is not None and not edge.saved_diffs else None
-    run = RankRun(tuple(cmd), settings, script, yours, log_dir=os.path.join(edge.out_dir, "logs"), euid=edge.euid,
-                  opens_session=request.command is not None and request.command.own_session)
+    run = RankRun(tuple(cmd), settings, script, yours, python=edge.python, log_dir=os.path.join(edge.out_dir, "logs"),
+                  euid=edge.euid, opens_session=request.command is not None and request.command.own_session)
     given = EnvInputs(edge.environ, mpi[1] if (mpi and request.launcher == "mpirun") else None, edge.socket_ifname,
                       planned_env=tuple(saved_env) if saved_env is not None else None)
     jp = plan_job(facts, rec, job, run, given)
@@ -204,6 +210,10 @@ def _rank_command(request: PlanRequest, edge: EdgeFacts, rec: Recommendation, jo
     """(what each rank runs, the built-in worker's settings or None, the plan of the user's command or None)."""
     from cpuperf.plan.job import worker_command, worker_settings
 
+    if edge.decided is not None and request.command is None:  # recommend's job: a placeholder for your script
+        from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
+
+        return [edge.python, SCRIPT_PLACEHOLDER], None, None
     if request.command is None:
         settings = worker_settings(rec, job, edge.out_dir)
         return worker_command(edge.python, settings), settings, None
@@ -321,7 +331,6 @@ def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: R
     from an allreduce measured across exactly these nodes (`measured`), unless the user set the backend."""
     from cpuperf.decide import cluster
     from cpuperf.decide.recommend import RecommendRequest, recommend
-    from cpuperf.plan.job import placeholder_job
 
     cons = cluster.constraints({n: by_name[n] for n in names})
     cons.require_one_stack()
@@ -331,8 +340,28 @@ def cluster_plans(names: Sequence[str], by_name: Mapping[str, HostFacts], rec: R
     for name in names:
         node = by_name[name]
         r = recommend(node, rec.workload, RecommendRequest(nnodes=len(names), overrides=yours, environ={}, pins=pins))
-        subs.append((name, node, r, placeholder_job(node, r, hosts)))
+        request, edge = decided_inputs(r, hosts)
+        subs.append((name, node, r, build_job_plan(request, node, edge)))
     return subs
+
+
+def decided_inputs(rec: Recommendation, hosts: Optional[Sequence[Host]] = None, environ: Optional[Mapping[str, str]] = None,
+                   slurm: SlurmFacts = NO_SLURM, master_addr: Optional[str] = None, mpi: Optional[Tuple[str, str]] = None,
+                   euid: int = 1000) -> Tuple[PlanRequest, EdgeFacts]:
+    """build_job_plan's request and edge for the job `cpuperf train --auto -- python your_script.py` would run with
+    `rec`'s decisions (made by recommend, for a cluster's node, or at a tuning point), the script a placeholder.
+    `environ`: the part of the shell the plan may see. Several nodes meet where every one can reach:
+    --master-addr, else the hostfile's first host or the Slurm allocation's first node (runtime_env says which);
+    with none of them runtime_env refuses (exit 2), as ccl-env does: loopback is never a rendezvous for other nodes."""
+    from cpuperf.plan.request import PlanRequest
+
+    several = tuple(hosts) if hosts else None
+    request = PlanRequest(auto=True, launcher="torchrun" if several and len(several) > 1 else None,
+                          master_addr=master_addr)
+    edge = EdgeFacts(environ=environ or {}, out_dir="runs/train", python="python", euid=euid, workload=rec.workload,
+                     hosts=several, nnodes=max(1, rec.levers.nnodes.value), master_addr=master_addr, slurm=slurm,
+                     mpi=mpi, decided=rec)
+    return request, edge
 
 
 def cluster_pins(cons: ClusterConstraints, measured: Any, levers: Levers) -> Constraints:

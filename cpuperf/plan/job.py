@@ -321,21 +321,3 @@ def _slurm_first(slurm: SlurmFacts) -> Optional[str]:
     """The first node of the Slurm allocation cpuperf runs in (rank 0 runs there), if any."""
     return slurm.nodes[0] if slurm.allocation and slurm.nodes else None
 
-
-def placeholder_job(facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]] = None,
-                    environ: Optional[Mapping[str, str]] = None, slurm: SlurmFacts = NO_SLURM,
-                    master_addr: Optional[str] = None) -> JobPlan:
-    """The plan `cpuperf train --auto -- python your_script.py` would run, with a placeholder for the script
-    (what recommend renders and what a tuning point runs with)."""
-    from cpuperf.plan.launch_view import SCRIPT_PLACEHOLDER
-
-    nnodes = max(1, rec.levers.nnodes.value)
-    # Several nodes meet where every one of them can reach: --master-addr, else the hostfile's first host or the
-    # Slurm allocation's first node (runtime_env says which), else a MASTER_ADDR already set; with none of them
-    # runtime_env refuses (exit 2), as ccl-env does: loopback is never a rendezvous for other nodes.
-    master = master_addr
-    asked = PlanRequest(auto=True, launcher=None if not hosts or len(hosts) <= 1 else "torchrun")
-    request = JobRequest(asked, auto=True, hosts=tuple(hosts) if hosts else None, nnodes=nnodes, master_addr=master,
-                         slurm=slurm)
-    return plan_job(facts, rec, request, RankRun(("python", SCRIPT_PLACEHOLDER), python="python"),
-                    EnvInputs(environ or {}))

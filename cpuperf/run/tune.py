@@ -440,13 +440,14 @@ def point_env(facts: HostFacts, workload: Workload, meas: Optional[Measurements]
     """(env, CPUs per rank) of the plan with `p`'s values: what `train --auto` would run at that point."""
     from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.tune import decision_values
-    from cpuperf.plan.job import placeholder_job
+    from cpuperf.plan.build import build_job_plan, decided_inputs
     from cpuperf.run import measure
 
     sets = {k: ("none" if v is None else str(v).lower()) for k, v in decision_values(p).items()
             if not (k == "optimizer" and v is None)}
     rec = recommend(facts, workload, RecommendRequest(measurements=meas, overrides=sets, shape_tuning=False, environ={}))
-    jp = placeholder_job(facts, rec, None)
+    request, edge = decided_inputs(rec)
+    jp = build_job_plan(request, facts, edge)
     env = dict(jp.env_map())
     if p.allocator and "LD_PRELOAD" not in env:
         env.update(measure.allocator_env(p.allocator, measure.allocator_libraries(facts)[p.allocator]))
