@@ -190,3 +190,15 @@ def test_the_host_s_huge_page_mode_is_read_under_its_sysroot(tmp_path, monkeypat
     thp.write_text("always [madvise] never\n")
     host = sweep.runtime_host(facts)
     assert host.thp == "madvise" and host.torch == "2.13.0+cpu"
+
+
+def test_the_summary_says_each_runtime_lever_s_verdict_and_what_was_not_tried():
+    from benchmarks.report import runtime_lines
+
+    r = {"workload": "mlp-small", "runtime_levers": {"thp_mode": "madvise", "pruned": {"openmp: Intel": "no libiomp5"},
+         "verdicts": [{"point": "OMP_WAIT_POLICY=PASSIVE", "outcome": "won", "against": "auto",
+                       "verdict": {"ratio": 3.05, "low": 2.26, "high": 4.12, "n": 6}}]}}
+    lines = runtime_lines(r)
+    assert "OMP_WAIT_POLICY=PASSIVE won (3.05x auto, 2.26-4.12 over 6 round(s))" in lines[0] and "THP madvise" in lines[0]
+    assert lines[1] == "- mlp-small runtime lever not tried: openmp: Intel: no libiomp5."
+    assert runtime_lines({"workload": "x"}) == []
