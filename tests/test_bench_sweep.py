@@ -202,3 +202,20 @@ def test_the_summary_says_each_runtime_lever_s_verdict_and_what_was_not_tried():
     assert "OMP_WAIT_POLICY=PASSIVE won (3.05x auto, 2.26-4.12 over 6 round(s))" in lines[0] and "THP madvise" in lines[0]
     assert lines[1] == "- mlp-small runtime lever not tried: openmp: Intel: no libiomp5."
     assert runtime_lines({"workload": "x"}) == []
+
+
+def test_the_suite_adds_this_host_s_runtime_points_beside_auto_and_logs_what_it_cannot_try():
+    from benchmarks.checks import expected
+    from benchmarks.suite import runtime_configs
+
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "fp32", "threads_per_rank": 2, "compile": False},
+            "decisions": {"dtype": "fp32", "allocator": None, "threads_per_rank": 2, "nproc_per_node": 1}}
+    said = []
+    got = runtime_configs(auto, said.append)
+    assert [c["name"] for c in got["configs"]] == got["points"]
+    assert len(said) == len(got["pruned"]) and all(line.startswith("runtime lever not tried: ") for line in said)
+    for c in got["configs"]:
+        assert c["sweep"] and c["name"].startswith("auto + ") and c["against"] in (None, "auto") or \
+            c["against"].startswith("auto + ")
+        assert expected(c)["dtype"] == "fp32"  # checked as any sweep point

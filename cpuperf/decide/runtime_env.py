@@ -2,7 +2,8 @@
 
 Pure over HostFacts + Placement + what the caller found (libraries, the network interface, the current
 environment): threads, oneCCL workers and their pinning, Intel MPI pin domains, OpenMP (KMP_*) knobs,
-the rendezvous address and port, an allocator preload. `ccl-env`, the recommendation engine and the
+the rendezvous address and port, an allocator preload, OpenMP's wait policy where a plan that reads load finds
+other work on the CPUs. `ccl-env`, the recommendation engine and the
 launcher all call runtime_env() and merge_env(), so the rules live here once.
 """
 
