@@ -227,6 +227,10 @@ def _rotated(configs: List[Dict[str, Any]], r: int) -> List[Dict[str, Any]]:
     return configs[k:] + configs[:k]
 
 
+# --quick leaves the runtime levers out of these workloads' rounds (--full keeps them): a gpt2-sized run takes about
+# 10 s on 2 cores alone (host D), so 8 more points over 5 rounds would add 7 minutes to the 9 the small ones add.
+SLOW = (("lm", "gpt2"),)
+
 BEST_SWEEP_BAR = 0.97  # auto's target against the best point of the sweep (docs/benchmarks.md)
 
 
@@ -554,7 +558,7 @@ def tool_latency(repeat: int) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="the default (~15 minutes on 2 cores): small LM, MLP and the "
+    ap.add_argument("--quick", action="store_true", help="the default (~25 minutes on 2 cores): small LM, MLP and the "
                     "gpt2-sized LM, each tuned as cpuperf tunes it, against defaults, run_cpu and the tuner's own path "
                     "as the sweep (its best --keep points besides auto's in the rounds), and the tools' latency")
     ap.add_argument("--users", action="store_true", help="only your own scripts and launchers: the HF Trainer and "
@@ -574,7 +578,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-runtime-levers", action="store_true", help="leave out the runtime levers tried at auto's "
-                    "point (OpenMP wait policy, transparent huge pages, fewer threads: benchmarks.sweep.runtime_points)")
+                    "point (OpenMP wait policy, transparent huge pages, fewer threads: benchmarks.sweep.runtime_points; --quick "
+                    "tries them on the small workloads only)")
     ap.add_argument("--skip-user-scripts", action="store_true", help="skip the HF Trainer / accelerate script rows")
     ap.add_argument("--user-launchers", action="store_true",
                     help="only the user-launcher workloads (DDP and HF Trainer under torchrun; plain vs auto vs hand)")
@@ -639,7 +644,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for workload, size in workloads:
         res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log,
                              hardware=hardware, keep=args.keep, tune_budget=args.tune_budget, pairs=args.pairs,
-                             runtime_levers=not args.skip_runtime_levers)
+                             runtime_levers=not args.skip_runtime_levers and (args.full or (workload, size) not in SLOW))
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
     user_results: List[Dict[str, Any]] = []

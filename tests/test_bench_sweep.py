@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from hosts import make_host
 
 from benchmarks import sweep
@@ -219,3 +220,25 @@ def test_the_suite_adds_this_host_s_runtime_points_beside_auto_and_logs_what_it_
         assert c["sweep"] and c["name"].startswith("auto + ") and c["against"] in (None, "auto") or \
             c["against"].startswith("auto + ")
         assert expected(c)["dtype"] == "fp32"  # checked as any sweep point
+
+
+@pytest.mark.torch
+@pytest.mark.full  # a real timed run of the worker
+def test_a_runtime_point_runs_in_the_real_worker_as_it_is_named():
+    """One short real run of the one-thread point: the worker reads back 1 thread on the first CPU, and the checks
+    find nothing that ran otherwise."""
+    from benchmarks import checks
+    from benchmarks.suite import run_config
+
+    facts = probe_host()
+    cpus = sorted(facts.usable_cpus())
+    if len(cpus) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "fp32", "threads_per_rank": 2, "compile": False, "cpus_per_rank": [cpus[:2]]},
+            "decisions": {"dtype": "fp32", "allocator": None, "threads_per_rank": 2, "affinity": "auto"}}
+    one = sweep.runtime_config(auto, sweep.RuntimePoint("threads", "1 thread(s)", (("OMP_NUM_THREADS", "1"),), 1), {})
+    res = run_config({**one, "env": {**one["env"], "OMP_WAIT_POLICY": "PASSIVE"}}, "mlp", "small", 0.3)
+    assert res.get("samples_per_s"), res
+    assert checks.mismatches(checks.expected(one), res.get("ran")) == []
+    assert res["ran"][0]["threads"] == 1 and res["ran"][0]["cpus"] == cpus[:1]
