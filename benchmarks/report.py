@@ -62,6 +62,20 @@ def _sweep_lines(r: Dict[str, Any]) -> List[str]:
     return out
 
 
+def runtime_lines(r: Dict[str, Any]) -> List[str]:
+    """The runtime levers tried at auto's point, each judged against its baseline, and what was not tried and why."""
+    rt = r.get("runtime_levers")
+    if not rt:
+        return []
+    judged = "; ".join(f"{v['point']} {v['outcome']} ({v['verdict']['ratio']:.2f}x {v['against']}, "
+                       f"{v['verdict']['low']:.2f}-{v['verdict']['high']:.2f} over {v['verdict']['n']} round(s))"
+                       for v in rt.get("verdicts") or [])
+    out = [f"- {r['workload']} runtime levers at auto's point (THP {rt.get('thp_mode') or 'unknown'}): " + (judged or "none")
+           + "."]
+    out += [f"- {r['workload']} runtime lever not tried: {k}: {why}." for k, why in (rt.get("pruned") or {}).items()]
+    return out
+
+
 def head_to_head_line(r: Dict[str, Any]) -> Optional[str]:
     """How auto / best of sweep was taken: fresh pairs after the sweep, and why not the rounds' own figure."""
     h = r.get("head_to_head")
@@ -150,6 +164,7 @@ def markdown(results: List[Dict[str, Any]], latency: Optional[Dict[str, Any]]) -
         lines.append("")
         for r in results:
             lines += _sweep_lines(r)
+            lines += runtime_lines(r)
             line = head_to_head_line(r)
             if line:
                 lines.append(line)

@@ -23,8 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+# Variables a configuration sets (threads, OpenMP, allocators, huge pages): none leaks in from the suite's own shell.
+RUNTIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MALLOC_CONF", "MIMALLOC_", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE")
+
+
 def _env_for(config: Dict[str, Any]) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "KMP_", "MALLOC_CONF"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
     env.pop("LD_PRELOAD", None)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONWARNINGS"] = "ignore"
@@ -101,12 +105,14 @@ def measure_compile_for(model: str, log) -> Optional[str]:
     return None
 
 
-def auto_config(steps: int, model: Tuple[str, int]) -> Dict[str, Any]:
+def auto_config(steps: int, model: Optional[Tuple[str, int]]) -> Dict[str, Any]:
     """Exactly what `cpuperf train --auto --model M --batch-size B` applies: its plan, with the tuning cached for
-    the shape (benchmarks.tuned runs it first) and the once-per-host measurements."""
+    the shape (benchmarks.tuned runs it first) and the once-per-host measurements (model None: the built-in
+    model's plan, without --model)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+    shape = ["--model", model[0], "--batch-size", str(model[1])] if model else []
     proc = subprocess.run([sys.executable, "-m", "cpuperf", "train", "--auto", "--dry-run", "--json",
-                           "--max-steps", str(steps), "--model", model[0], "--batch-size", str(model[1])],
+                           "--max-steps", str(steps), *shape],
                           capture_output=True, text=True, env=env, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"cpuperf train --auto --dry-run failed: {proc.stderr.strip()[-500:]}")
@@ -221,6 +227,10 @@ def _rotated(configs: List[Dict[str, Any]], r: int) -> List[Dict[str, Any]]:
     return configs[k:] + configs[:k]
 
 
+# --quick leaves the runtime levers out of these workloads' rounds (--full keeps them): a gpt2-sized run takes about
+# 10 s on 2 cores alone (host D), so 8 more points over 5 rounds would add 7 minutes to the 9 the small ones add.
+SLOW = (("lm", "gpt2"),)
+
 BEST_SWEEP_BAR = 0.97  # auto's target against the best point of the sweep (docs/benchmarks.md)
 
 
@@ -282,6 +292,22 @@ def auto_and_sweep(workload: str, size: str, quick: bool, steps: int, keep: int,
     else:
         points, info, left_out = sweep_configs(quick, sweep_point_of(auto["decisions"]), gemm)
     return auto, tuned.tuning_json(t, screened), points, info, left_out
+
+
+def runtime_configs(auto: Dict[str, Any], log) -> Dict[str, Any]:
+    """The runtime levers' points at auto's point (benchmarks.sweep.runtime_points), as configurations, with what
+    this host could not try and why."""
+    from benchmarks import sweep
+    from cpuperf.probe import probe_host
+
+    host = sweep.runtime_host(probe_host())
+    d = auto.get("decisions") or {}
+    points, pruned = sweep.runtime_points(host, d.get("allocator"), int(d.get("threads_per_rank") or 1))
+    for lever, why in pruned.items():
+        log(f"runtime lever not tried: {lever}: {why}")
+    return {"configs": [sweep.runtime_config(auto, p, host.allocators) for p in points], "pruned": pruned,
+            "thp_mode": host.thp, "glibc": ".".join(map(str, host.glibc)) if host.glibc else None,
+            "points": [p.name for p in points]}
 
 
 def run_rounds(configs: List[Dict[str, Any]], workload: str, size: str, rounds: int, seconds: float,
@@ -399,7 +425,8 @@ def _what_ran(name: str, all_rounds: List[Dict[str, Dict[str, Any]]]) -> Optiona
 
 def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick: bool, steps: int,
                    peak: Dict[str, float], log, hardware: Optional[Dict[str, Any]] = None,
-                   keep: int = 1, tune_budget: Optional[float] = None, pairs: int = 0) -> Dict[str, Any]:
+                   keep: int = 1, tune_budget: Optional[float] = None, pairs: int = 0,
+                   runtime_levers: bool = True) -> Dict[str, Any]:
     compile_note = None
     if (workload, size) == ("lm", "small") and any(shutil.which(c) for c in ("cc", "gcc", "g++")):
         # The rule's compile decision reads this host's crossover for the tiny preset (the small LM's shape);
@@ -411,8 +438,17 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         log(f"left out of the sweep: {entry['points']} point(s), {entry['rule']}: {entry['why']}")
     tuning["wall_s"] = round(time.monotonic() - t0, 1)
     configs = [{"name": "default", "settings": {}}, auto, {"name": "run_cpu", "run_cpu": True, "settings": {}}] + points
+    runtime = runtime_configs(auto, log) if runtime_levers else None
+    configs += (runtime or {}).get("configs", [])
     all_rounds = run_rounds(configs, workload, size, rounds, seconds, log, run_steps=steps)
     summary = summarise(configs, all_rounds)
+    if runtime is not None:
+        from benchmarks.sweep import lever_verdicts
+        from cpuperf.knowledge.tuning import tuning
+
+        judge = tuning().judge
+        runtime = {k: v for k, v in runtime.items() if k != "configs"}
+        runtime["verdicts"] = lever_verdicts(configs, all_rounds, judge.confidence, judge.resolution)
     confirmed = None
     if pairs and summary["best_sweep"]:
         best_cfg = next(c for c in configs if c["name"] == summary["best_sweep"])
@@ -454,6 +490,7 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
         "levers": lever_info,
         "left_out": left_out,
         "tuning": tuning,
+        "runtime_levers": runtime,
         "mfu_auto": mfu,
         "mfu_denominator": {"kind": "hardware peak", "tflops": hw.get("tflops"), "source": hw.get("source"),
                             "clock_used": hw.get("clock_used"), "clock_used_ghz": hw.get("clock_used_ghz"),
@@ -521,7 +558,7 @@ def tool_latency(repeat: int) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="the default (~15 minutes on 2 cores): small LM, MLP and the "
+    ap.add_argument("--quick", action="store_true", help="the default (~25 minutes on 2 cores): small LM, MLP and the "
                     "gpt2-sized LM, each tuned as cpuperf tunes it, against defaults, run_cpu and the tuner's own path "
                     "as the sweep (its best --keep points besides auto's in the rounds), and the tools' latency")
     ap.add_argument("--users", action="store_true", help="only your own scripts and launchers: the HF Trainer and "
@@ -540,6 +577,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run")
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-runtime-levers", action="store_true", help="leave out the runtime levers tried at auto's "
+                    "point (OpenMP wait policy, transparent huge pages, fewer threads: benchmarks.sweep.runtime_points; --quick "
+                    "tries them on the small workloads only)")
     ap.add_argument("--skip-user-scripts", action="store_true", help="skip the HF Trainer / accelerate script rows")
     ap.add_argument("--user-launchers", action="store_true",
                     help="only the user-launcher workloads (DDP and HF Trainer under torchrun; plain vs auto vs hand)")
@@ -603,7 +643,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     results = []
     for workload, size in workloads:
         res = bench_workload(workload, size, args.rounds, seconds, quick, steps=200, peak=peak, log=log,
-                             hardware=hardware, keep=args.keep, tune_budget=args.tune_budget, pairs=args.pairs)
+                             hardware=hardware, keep=args.keep, tune_budget=args.tune_budget, pairs=args.pairs,
+                             runtime_levers=not args.skip_runtime_levers and (args.full or (workload, size) not in SLOW))
         (out / f"{workload}-{size}.json").write_text(json.dumps(res, indent=2))
         results.append(res)
     user_results: List[Dict[str, Any]] = []

@@ -190,3 +190,204 @@ def winnable(facts: Any, points: List[Dict[str, Any]], auto_point: Optional[Dict
             entry = left.setdefault(hit[0], {"rule": hit[0], "why": hit[1], "points": 0})
             entry["points"] += 1
     return kept, list(left.values())
+
+
+# -- Runtime levers: variables and thread counts that keep the math, each tried at auto's own point --------------
+# Each point is auto's configuration with one change (variables added, or fewer threads), judged against auto (or
+# against its own baseline where the change needs another allocator: glibc's huge pages are judged against glibc).
+
+GOMP_POINTS: Tuple[Tuple[str, str], ...] = (
+    # GNU libgomp (torch's CPU wheel ships it as torch/lib/libgomp.so.1): how an idle thread waits for the next
+    # parallel region. Unset: it spins GOMP_SPINCOUNT (300000) rounds, then sleeps; PASSIVE never spins, ACTIVE
+    # spins forever (gcc.gnu.org/onlinedocs/libgomp: OMP_WAIT_POLICY, GOMP_SPINCOUNT).
+    ("OMP_WAIT_POLICY", "PASSIVE"), ("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "10000"))
+THP_MIN_TORCH = "2.2"  # THP_MEM_ALLOC_ENABLE (c10/core/alloc_cpu.cpp), cherry-picked into release/2.2
+GLIBC_HUGETLB_MIN = (2, 35)  # glibc.malloc.hugetlb (glibc 2.35 NEWS)
+JEMALLOC_THP = "thp:always,metadata_thp:auto"  # jemalloc's opt.thp and opt.metadata_thp (jemalloc TUNING.md)
+
+
+@dataclass(frozen=True)
+class RuntimeHost:
+    """What the runtime levers depend on, read once at the edge (runtime_host): the OpenMP runtimes found (name ->
+    paths), the kernel's transparent-huge-page mode (always | madvise | never; None: unknown), glibc's version,
+    the preloadable allocators (name -> library) and torch's version."""
+
+    openmp: Dict[str, Tuple[str, ...]]
+    thp: Optional[str]
+    glibc: Optional[Tuple[int, int]]
+    allocators: Dict[str, str]
+    torch: Optional[str]
+
+
+@dataclass(frozen=True)
+class RuntimePoint:
+    """One change to auto's point: `env` added to its variables (LD_PRELOAD's entry put first), `threads` per rank
+    instead of auto's, or auto's allocator replaced (`allocator`, "" for glibc's malloc). `against`: the name of the
+    configuration it is judged against; None for a baseline that is judged by nothing (glibc's malloc, the
+    base of glibc's huge pages)."""
+
+    lever: str  # openmp | thp | threads
+    label: str
+    env: Tuple[Tuple[str, str], ...] = ()
+    threads: Optional[int] = None
+    allocator: Optional[str] = None  # None: auto's; "": glibc's malloc; a name: that allocator
+    against: Optional[str] = "auto"
+
+    @property
+    def name(self) -> str:
+        return f"auto + {self.label}"
+
+
+def _thp_mode(text: Optional[str]) -> Optional[str]:
+    """The mode in brackets of /sys/kernel/mm/transparent_hugepage/enabled ("always [madvise] never" -> madvise)."""
+    if not text or "[" not in text:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0].strip() or None
+
+
+def runtime_host(facts: Any) -> RuntimeHost:
+    """The edge: this host's (or the facts' sysroot's) OpenMP runtimes, THP mode, glibc and allocators."""
+    import os
+
+    from cpuperf.run.measure import allocator_libraries
+
+    root = getattr(facts, "sysroot", None) or ""
+    try:
+        with open(f"{root}/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = _thp_mode(f.read())
+    except OSError:
+        thp = None
+    glibc: Optional[Tuple[int, int]] = None
+    try:
+        name, _, ver = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")  # "glibc 2.36"
+        major, minor = ver.split(".")[:2]
+        glibc = (int(major), int(minor)) if name == "glibc" else None
+    except (ValueError, OSError, AttributeError):
+        glibc = None
+    sw = facts.software
+    torch = sw.packages.get("torch") if sw else None
+    return RuntimeHost({k: tuple(v) for k, v in (sw.openmp if sw else {}).items()}, thp, glibc,
+                       dict(allocator_libraries(facts)), torch.version if torch else None)
+
+
+def runtime_points(host: RuntimeHost, allocator: Optional[str], threads: int) -> Tuple[List[RuntimePoint], Dict[str, str]]:
+    """The runtime levers' points at auto's point (its allocator, its threads per rank), and each lever (or part of
+    one) this host cannot try, with why. Pure."""
+    points: List[RuntimePoint] = []
+    pruned: Dict[str, str] = {}
+    _openmp_points(host, points, pruned)
+    _thp_points(host, allocator, points, pruned)
+    fewer = sorted({t for t in (threads - 1, threads // 2) if 1 <= t < threads}, reverse=True)
+    for t in fewer:
+        points.append(RuntimePoint("threads", f"{t} thread(s)", (("OMP_NUM_THREADS", str(t)),), threads=t))
+    if not fewer:
+        pruned["threads"] = f"auto runs {threads} thread(s) per rank: no fewer to try"
+    return points, pruned
+
+
+def _openmp_points(host: RuntimeHost, points: List[RuntimePoint], pruned: Dict[str, str]) -> None:
+    from cpuperf.knowledge.tuning import tuning
+
+    if host.openmp.get("gomp"):
+        points += [RuntimePoint("openmp", f"{k}={v}", ((k, v),)) for k, v in GOMP_POINTS]
+    else:
+        pruned["openmp: GNU"] = ("no libgomp found: OMP_WAIT_POLICY and GOMP_SPINCOUNT as GNU's runtime reads them "
+                                 "are not tried")
+    iomp = next(iter(host.openmp.get("iomp") or ()), None)
+    if iomp:
+        kmp = tuning().kmp
+        points.append(RuntimePoint("openmp", f"libiomp5 KMP_BLOCKTIME={kmp.blocktime}", (
+            ("LD_PRELOAD", iomp), ("KMP_BLOCKTIME", kmp.blocktime), ("KMP_AFFINITY", kmp.affinity))))
+    else:
+        pruned["openmp: Intel"] = ("no libiomp5 on this host (pip's intel-openmp ships it): KMP_BLOCKTIME and "
+                                   "KMP_AFFINITY act on Intel's runtime only, and torch's CPU wheel runs GNU's libgomp")
+
+
+def _thp_points(host: RuntimeHost, allocator: Optional[str], points: List[RuntimePoint], pruned: Dict[str, str]) -> None:
+    from packaging.version import Version
+
+    from cpuperf.knowledge.tuning import tuning
+
+    if host.thp in (None, "never"):
+        pruned["thp"] = ("the kernel gives no transparent huge pages (/sys/kernel/mm/transparent_hugepage/enabled: "
+                         f"{host.thp or 'unreadable'}): no allocator can ask for them")
+        return
+    if host.torch and Version(host.torch).release >= Version(THP_MIN_TORCH).release:
+        points.append(RuntimePoint("thp", "THP_MEM_ALLOC_ENABLE=1", (("THP_MEM_ALLOC_ENABLE", "1"),)))
+    else:
+        pruned["thp: torch"] = f"torch {host.torch or '(none)'} has no THP_MEM_ALLOC_ENABLE (from {THP_MIN_TORCH})"
+    # Each allocator's own switch: at auto's allocator, judged against auto; elsewhere against that allocator.
+    switches = {"jemalloc": (("MALLOC_CONF", tuning().allocator.jemalloc_malloc_conf.replace("metadata_thp:auto", "")
+                              .strip(",") + "," + JEMALLOC_THP),),
+                "mimalloc": (("MIMALLOC_ALLOW_LARGE_OS_PAGES", "1"),)}
+    for name, env in switches.items():
+        if name not in host.allocators:
+            pruned[f"thp: {name}"] = f"{name} is not installed here: its huge-page switch ({env[0][0]}) is not tried"
+        elif name == allocator:
+            points.append(RuntimePoint("thp", f"{env[0][0]}={env[0][1]}", env))
+        else:
+            points += [RuntimePoint("thp", name, allocator=name, against=None),
+                       RuntimePoint("thp", f"{name} {env[0][0]}={env[0][1]}", env, allocator=name, against=f"auto + {name}")]
+    if host.glibc is None or host.glibc < GLIBC_HUGETLB_MIN:
+        pruned["thp: glibc"] = (f"glibc {'.'.join(map(str, host.glibc)) if host.glibc else '(not glibc)'} has no "
+                                "glibc.malloc.hugetlb (from 2.35)")
+        return
+    env = (("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"),)
+    if allocator is None:
+        points.append(RuntimePoint("thp", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", env))
+    else:
+        points += [RuntimePoint("thp", "glibc malloc", allocator="", against=None),
+                   RuntimePoint("thp", "glibc malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1", env, allocator="",
+                                against="auto + glibc malloc")]
+
+
+def runtime_config(auto: Dict[str, Any], point: RuntimePoint, allocators: Dict[str, str]) -> Dict[str, Any]:
+    """auto's configuration with the point's change, as a sweep configuration (checked as any: benchmarks.checks)."""
+    from cpuperf.run.measure import allocator_env
+
+    decisions = auto.get("decisions") or {}
+    env = {k: v for k, v in (auto.get("env") or {}).items()}
+    allocator = decisions.get("allocator")
+    if point.allocator is not None:  # another allocator than auto's: its preload instead
+        for k in ("LD_PRELOAD", "MALLOC_CONF"):
+            env.pop(k, None)
+        allocator = point.allocator or None
+        if allocator:
+            env.update(allocator_env(allocator, allocators[allocator]))
+    for k, v in point.env:
+        env[k] = v + ":" + env[k] if k == "LD_PRELOAD" and env.get(k) else v
+    settings = dict(auto.get("settings") or {})
+    if point.threads is not None:
+        settings["threads_per_rank"] = point.threads
+        if settings.get("cpus_per_rank"):
+            settings["cpus_per_rank"] = [list(cpus)[:point.threads] for cpus in settings["cpus_per_rank"]]
+    from benchmarks.suite import sweep_point_of
+
+    base = sweep_point_of(decisions)
+    return {"name": point.name, "env": env, "settings": settings, "ranks": auto.get("ranks") or 1, "sweep": True,
+            "point": {**base, "allocator": allocator, "threads_per_rank": point.threads or base["threads_per_rank"],
+                      "runtime": point.label},
+            "lever": point.lever, "against": point.against}
+
+
+def lever_verdicts(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, Any]]],
+                   confidence: float, resolution: float) -> List[Dict[str, Any]]:
+    """Each runtime point against the configuration it is judged against, round by round (the two in the same
+    round: one ratio a round), by cpuperf.decide.judge.paired against 1.0: won, lost, even, or undecided. Pure."""
+    from benchmarks.checks import counted
+    from cpuperf.decide.judge import paired
+
+    out: List[Dict[str, Any]] = []
+    for c in configs:
+        against = c.get("against")
+        if not c.get("lever") or not against:
+            continue
+        pairs = [a / b for a, b in ((counted(r.get(c["name"])), counted(r.get(against))) for r in rounds) if a and b]
+        v = paired(pairs, 1.0, confidence, resolution=resolution)
+        out.append({"lever": c["lever"], "point": c["point"]["runtime"], "against": against,
+                    "outcome": VERDICT_WORDS[v.outcome], "verdict": v.to_json(),
+                    "pairs": [round(x, 4) for x in pairs]})
+    return out
+
+
+VERDICT_WORDS = {"above": "won", "below": "lost", "even": "even", "undecided": "undecided"}

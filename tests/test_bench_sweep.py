@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from hosts import make_host
 
 from benchmarks import sweep
@@ -106,3 +107,138 @@ def test_full_leaves_out_what_the_host_cannot_win_and_says_why(tmp_path, monkeyp
     # with bf16 as fast as fp32 (or not measured), emulated bf16 stays in the sweep
     kept2, left2 = sweep.winnable(facts, points, auto, None, ("mimalloc",))
     assert "bf16 emulated" not in {e["rule"] for e in left2} and any(p["point"]["dtype"] == "bf16" for p in kept2)
+
+
+# -- runtime levers: variables and thread counts tried at auto's own point --------------------------------------
+
+def _runtime_host(**kw):
+    base = dict(openmp={"gomp": ("/x/torch/lib/libgomp.so.1",), "iomp": ()}, thp="madvise", glibc=(2, 36),
+                allocators={"mimalloc": "/x/libmimalloc.so"}, torch="2.13.0+cpu")
+    return sweep.RuntimeHost(**{**base, **kw})
+
+
+def test_a_zen4_like_host_tries_gnu_openmp_huge_pages_and_one_thread_and_says_what_it_cannot(tmp_path):
+    points, pruned = sweep.runtime_points(_runtime_host(), None, 2)
+    assert [(p.lever, p.label, p.against) for p in points] == [
+        ("openmp", "OMP_WAIT_POLICY=PASSIVE", "auto"), ("openmp", "OMP_WAIT_POLICY=ACTIVE", "auto"),
+        ("openmp", "GOMP_SPINCOUNT=10000", "auto"), ("thp", "THP_MEM_ALLOC_ENABLE=1", "auto"),
+        # mimalloc is not auto's allocator: its huge pages are judged against mimalloc, which is judged by nothing
+        ("thp", "mimalloc", None), ("thp", "mimalloc MIMALLOC_ALLOW_LARGE_OS_PAGES=1", "auto + mimalloc"),
+        ("thp", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "auto"), ("threads", "1 thread(s)", "auto")]
+    assert "no libiomp5" in pruned["openmp: Intel"] and "GNU's libgomp" in pruned["openmp: Intel"]
+    assert "jemalloc is not installed" in pruned["thp: jemalloc"] and set(pruned) == {"openmp: Intel", "thp: jemalloc"}
+
+
+def test_each_lever_is_pruned_with_why_where_the_host_lacks_it():
+    points, pruned = sweep.runtime_points(_runtime_host(openmp={}, thp="never", allocators={}), None, 1)
+    assert points == [] and "no libgomp" in pruned["openmp: GNU"] and "never" in pruned["thp"]
+    assert "no fewer to try" in pruned["threads"]
+    old, pruned = sweep.runtime_points(_runtime_host(glibc=(2, 31), torch="2.1.2", allocators={}), None, 8)
+    assert "glibc 2.31 has no glibc.malloc.hugetlb" in pruned["thp: glibc"]
+    assert "torch 2.1.2 has no THP_MEM_ALLOC_ENABLE" in pruned["thp: torch"]
+    assert [p.threads for p in old if p.lever == "threads"] == [7, 4]  # cores - 1, and half
+    assert sweep._thp_mode("[always] madvise never\n") == "always" and sweep._thp_mode("") is None
+
+
+def test_auto_s_own_allocator_gets_its_huge_page_switch_and_libiomp5_goes_first_in_the_preload():
+    host = _runtime_host(openmp={"gomp": ("/g",), "iomp": ("/i/libiomp5.so",)},
+                         allocators={"jemalloc": "/j/libjemalloc.so.2"})
+    points, pruned = sweep.runtime_points(host, "jemalloc", 2)
+    by = {p.label: p for p in points}
+    je = next(p for p in points if p.label.startswith("MALLOC_CONF="))
+    conf = dict(je.env)["MALLOC_CONF"]
+    assert je.against == "auto" and conf.endswith("thp:always,metadata_thp:auto") and conf.count("metadata_thp") == 1
+    # auto has an allocator: glibc's huge pages are judged against glibc's malloc, not against auto
+    assert by["glibc malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1"].against == "auto + glibc malloc"
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2", "LD_PRELOAD": "/j/libjemalloc.so.2", "MALLOC_CONF": "x"},
+            "ranks": 1, "settings": {"dtype": "bf16", "threads_per_rank": 2, "cpus_per_rank": [[0, 1]]},
+            "decisions": {"dtype": "bf16", "allocator": "jemalloc", "threads_per_rank": 2, "affinity": "auto"}}
+    iomp = sweep.runtime_config(auto, by["libiomp5 KMP_BLOCKTIME=1"], host.allocators)
+    assert iomp["env"]["LD_PRELOAD"] == "/i/libiomp5.so:/j/libjemalloc.so.2" and iomp["env"]["KMP_BLOCKTIME"] == "1"
+    glibc = sweep.runtime_config(auto, by["glibc malloc"], host.allocators)
+    assert "LD_PRELOAD" not in glibc["env"] and "MALLOC_CONF" not in glibc["env"] and glibc["point"]["allocator"] is None
+    one = sweep.runtime_config(auto, sweep.RuntimePoint("threads", "1 thread(s)", (("OMP_NUM_THREADS", "1"),), 1),
+                               host.allocators)
+    assert one["settings"]["cpus_per_rank"] == [[0]] and one["env"]["OMP_NUM_THREADS"] == "1"
+    assert one["point"]["threads_per_rank"] == 1 and one["against"] == "auto" and auto["settings"]["threads_per_rank"] == 2
+    from benchmarks.checks import expected
+
+    assert expected(one) == {"ranks": 1, "allocator": "jemalloc", "dtype": "bf16", "compile": False,
+                             "optimizer": "adamw", "threads": 1, "cpus": [[0]]}
+
+
+def test_each_point_is_judged_against_its_own_baseline_over_the_rounds():
+    cfgs = [{"name": "auto"}, {"name": "a", "lever": "openmp", "against": "auto", "point": {"runtime": "A"}},
+            {"name": "b", "lever": "thp", "against": "auto", "point": {"runtime": "B"}},
+            {"name": "c", "lever": "thp", "against": "auto", "point": {"runtime": "C"}},
+            {"name": "base", "lever": "thp", "against": None, "point": {"runtime": "base"}}]
+    auto = [100, 90, 110, 95, 105, 100]
+    rounds = [{"auto": {"samples_per_s": x}, "a": {"samples_per_s": x * 1.3}, "b": {"samples_per_s": x * 0.7},
+               "c": {"samples_per_s": x * (1.3 if i % 2 else 0.75)}, "base": {"samples_per_s": x}}
+              for i, x in enumerate(auto)]
+    rounds[0]["a"]["disturbed"] = True  # a run left out by the checks is no pair
+    got = {v["point"]: v for v in sweep.lever_verdicts(cfgs, rounds, 0.90, 0.02)}
+    assert set(got) == {"A", "B", "C"}
+    assert got["A"]["outcome"] == "won" and got["A"]["verdict"]["n"] == 5 and abs(got["A"]["verdict"]["ratio"] - 1.3) < 1e-6
+    assert got["B"]["outcome"] == "lost" and got["C"]["outcome"] == "undecided"
+
+
+def test_the_host_s_huge_page_mode_is_read_under_its_sysroot(tmp_path, monkeypatch):
+    facts = _facts(tmp_path, monkeypatch, cores_per_socket=2)
+    assert sweep.runtime_host(facts).thp is None  # not in the recorded tree: unknown, and the lever says so
+    thp = tmp_path / "sys/kernel/mm/transparent_hugepage/enabled"
+    thp.parent.mkdir(parents=True, exist_ok=True)
+    thp.write_text("always [madvise] never\n")
+    host = sweep.runtime_host(facts)
+    assert host.thp == "madvise" and host.torch == "2.13.0+cpu"
+
+
+def test_the_summary_says_each_runtime_lever_s_verdict_and_what_was_not_tried():
+    from benchmarks.report import runtime_lines
+
+    r = {"workload": "mlp-small", "runtime_levers": {"thp_mode": "madvise", "pruned": {"openmp: Intel": "no libiomp5"},
+         "verdicts": [{"point": "OMP_WAIT_POLICY=PASSIVE", "outcome": "won", "against": "auto",
+                       "verdict": {"ratio": 3.05, "low": 2.26, "high": 4.12, "n": 6}}]}}
+    lines = runtime_lines(r)
+    assert "OMP_WAIT_POLICY=PASSIVE won (3.05x auto, 2.26-4.12 over 6 round(s))" in lines[0] and "THP madvise" in lines[0]
+    assert lines[1] == "- mlp-small runtime lever not tried: openmp: Intel: no libiomp5."
+    assert runtime_lines({"workload": "x"}) == []
+
+
+def test_the_suite_adds_this_host_s_runtime_points_beside_auto_and_logs_what_it_cannot_try():
+    from benchmarks.checks import expected
+    from benchmarks.suite import runtime_configs
+
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "fp32", "threads_per_rank": 2, "compile": False},
+            "decisions": {"dtype": "fp32", "allocator": None, "threads_per_rank": 2, "nproc_per_node": 1}}
+    said = []
+    got = runtime_configs(auto, said.append)
+    assert [c["name"] for c in got["configs"]] == got["points"]
+    assert len(said) == len(got["pruned"]) and all(line.startswith("runtime lever not tried: ") for line in said)
+    for c in got["configs"]:
+        assert c["sweep"] and c["name"].startswith("auto + ") and c["against"] in (None, "auto") or \
+            c["against"].startswith("auto + ")
+        assert expected(c)["dtype"] == "fp32"  # checked as any sweep point
+
+
+@pytest.mark.torch
+@pytest.mark.full  # a real timed run of the worker
+def test_a_runtime_point_runs_in_the_real_worker_as_it_is_named():
+    """One short real run of the one-thread point: the worker reads back 1 thread on the first CPU, and the checks
+    find nothing that ran otherwise."""
+    from benchmarks import checks
+    from benchmarks.suite import run_config
+
+    facts = probe_host()
+    cpus = sorted(facts.usable_cpus())
+    if len(cpus) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "fp32", "threads_per_rank": 2, "compile": False, "cpus_per_rank": [cpus[:2]]},
+            "decisions": {"dtype": "fp32", "allocator": None, "threads_per_rank": 2, "affinity": "auto"}}
+    one = sweep.runtime_config(auto, sweep.RuntimePoint("threads", "1 thread(s)", (("OMP_NUM_THREADS", "1"),), 1), {})
+    res = run_config({**one, "env": {**one["env"], "OMP_WAIT_POLICY": "PASSIVE"}}, "mlp", "small", 0.3)
+    assert res.get("samples_per_s"), res
+    assert checks.mismatches(checks.expected(one), res.get("ran")) == []
+    assert res["ran"][0]["threads"] == 1 and res["ran"][0]["cpus"] == cpus[:1]

@@ -167,3 +167,35 @@ def test_a_process_that_is_just_ending_is_not_load():
     if sum(why == "quiet after" for why, _ in attempts) < 2:
         pytest.skip(f"CPU {cpu} stayed busy with other work: the premise (a quiet CPU) did not hold")
     pytest.fail(f"the ending child counted as load: {attempts}")
+
+
+def test_a_team_of_threads_on_a_host_others_keep_busy_waits_passively_only_where_load_is_read(tmp_path):
+    """compat/tuning.toml [openmp_wait]: measured on a shared 2-vCPU Zen 4 VM, PASSIVE 3.05x libgomp's default."""
+    from dataclasses import replace
+
+    from cpuperf.decide import runtime_env as envplan
+
+    facts = probe_host(sysroot=str(make_host(tmp_path, cores_per_socket=4)))
+    placement = plan_placement(facts)
+
+    def wait(load, threads, environ=None):
+        env = envplan.runtime_env(replace(facts, load=load), placement, envplan.RuntimeEnvRequest(
+            backend="gloo", environ=environ or {}, threads=threads))
+        return next((v for v in env.vars if v.name == "OMP_WAIT_POLICY"), None)
+
+    got = wait(_loaded({0: 0.02, 1: 0.97}), 3)
+    assert got is not None and got.value == "PASSIVE"
+    assert "CPU 1 97% busy with other work" in got.reason and "3.05x" in got.reason
+    assert wait(None, 3) is None  # load not read (no --adapt-to-load): the idle host's plan, libgomp's default
+    assert wait(_loaded({0: 0.1, 1: 0.2}), 3) is None  # nothing busy enough to count
+    assert wait(_loaded({1: 0.97}), 1) is None  # one thread: no team to wait for
+    assert wait(_loaded({1: 0.97}), 3, {"LD_PRELOAD": "/opt/lib/libiomp5.so"}) is None  # KMP_BLOCKTIME decides
+
+
+def test_a_plan_that_reads_load_and_keeps_your_threads_lets_them_wait_passively(busy_loop):
+    cpu, threads = busy_loop
+    argv = ["train", "--auto", "--dry-run", "--set", f"threads_per_rank={threads}"]
+    plan, _ = run_json(argv)
+    assert "OMP_WAIT_POLICY" not in plan["launch"]["env"]  # load not read: libgomp's default
+    plan, _ = run_json(argv + ["--adapt-to-load"])
+    assert plan["launch"]["env"]["OMP_WAIT_POLICY"] == "PASSIVE" and plan["launch"]["env"]["OMP_NUM_THREADS"] == str(threads)

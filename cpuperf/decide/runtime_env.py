@@ -2,7 +2,8 @@
 
 Pure over HostFacts + Placement + what the caller found (libraries, the network interface, the current
 environment): threads, oneCCL workers and their pinning, Intel MPI pin domains, OpenMP (KMP_*) knobs,
-the rendezvous address and port, an allocator preload. `ccl-env`, the recommendation engine and the
+the rendezvous address and port, an allocator preload, OpenMP's wait policy where a plan that reads load finds
+other work on the CPUs. `ccl-env`, the recommendation engine and the
 launcher all call runtime_env() and merge_env(), so the rules live here once.
 """
 
@@ -268,6 +269,7 @@ def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvReque
         preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes,
                                   r.allocator_kept) + preloaded
     _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, rules)
+    _wait_vars(c, facts, preloaded, r.threads, rules)
     _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
@@ -376,6 +378,21 @@ def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional
             c.add("KMP_BLOCKTIME", rules.kmp.blocktime, rules.kmp.reason)
             c.notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
                            "to the same cores (launch with Intel MPI, or cpuperf launch)")
+
+
+def _wait_vars(c: _Collected, facts: HostFacts, preloaded: Sequence[str], threads: Optional[int], rules: Tuning) -> None:
+    """OMP_WAIT_POLICY ([openmp_wait]): only where the plan reads load (facts.load: --adapt-to-load), other work keeps
+    a CPU of the host busy, a rank runs a team of threads, and libiomp5 is not preloaded (KMP_BLOCKTIME decides)."""
+    rule = rules.openmp_wait
+    if facts.load is None or threads is None or threads < rule.min_threads:
+        return
+    if any(os.path.basename(p).startswith("libiomp5") for p in preloaded):
+        return
+    from cpuperf.decide.load import describe, taken_cpus  # only where load was read
+
+    taken = taken_cpus(facts.load, facts.usable_cpus())
+    if taken:
+        c.add("OMP_WAIT_POLICY", rule.policy, f"{describe(facts.load, taken)}: {rule.reason} ({rule.source})")
 
 
 def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override: bool = False,

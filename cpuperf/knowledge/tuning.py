@@ -45,6 +45,16 @@ class Kmp:
 
 
 @dataclass(frozen=True)
+class OpenmpWait:
+    """[openmp_wait]: how OpenMP threads wait between parallel regions where other work shares the host's CPUs."""
+
+    policy: str  # OMP_WAIT_POLICY's value
+    min_threads: int = field(metadata=_range(2))  # a rank of fewer threads has no team to wait for
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True)
 class AllocatorRule:
     """[allocator]: the threshold, the refusals and the wheel (decide/allocator.py owns the rule it makes)."""
 
@@ -259,6 +269,7 @@ class Tuning:
 
     ccl_workers: CclWorkers
     kmp: Kmp
+    openmp_wait: OpenmpWait
     allocator: AllocatorRule
     compile: Compile
     builtin_model: BuiltinModel
@@ -362,7 +373,7 @@ def parse(data: Mapping[str, Any]) -> Tuning:
         elif f.name == "arm_lever":
             sections[f.name] = _rows(ArmLever, raw, f.name)
         else:
-            cls = {"ccl_workers": CclWorkers, "kmp": Kmp, "allocator": AllocatorRule, "compile": Compile,
+            cls = {"ccl_workers": CclWorkers, "kmp": Kmp, "openmp_wait": OpenmpWait, "allocator": AllocatorRule, "compile": Compile,
                    "builtin_model": BuiltinModel, "dtype": Dtype, "fp32_math_mode": Fp32MathMode,
                    "optimizer": Optimizer, "gpu_batch": GpuBatch, "dataloader": Dataloader, "gpu_memory": GpuMemory,
                    "load": Load, "placement": Placement, "numa_memory": NumaMemory, "measure": Measure, "judge": Judge,
