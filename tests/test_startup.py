@@ -58,3 +58,31 @@ def test_the_remembered_parse_of_the_shipped_tables_is_the_parse(tmp_path, monke
     assert any((tmp_path / "cache").rglob("hf.toml-*.json")), "the parse of hf.toml is remembered"
     load_toml.cache_clear()
     assert load_matrix(environ={}) == fresh  # read back from the remembered parse
+
+
+def test_a_launchers_version_is_run_once_per_binary(tmp_path):
+    """`mpirun --version` ran at every start of every command: it is remembered per binary, and run again when the
+    binary changes."""
+    import os
+
+    bindir, count = tmp_path / "bin", tmp_path / "runs"
+    bindir.mkdir()
+    fake = bindir / "mpirun"
+
+    def write(version: str) -> None:
+        fake.write_text(f"#!/bin/sh\necho x >> {count}\necho 'mpirun (Open MPI) {version}'\n")
+        fake.chmod(0o755)
+
+    write("4.1.4")
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "CPUPERF_CACHE_DIR": str(tmp_path / "cache"),
+           "CPUPERF_OVERRIDE_GPUS": "[]"}
+
+    def mpi() -> list:
+        proc = run_cli(["doctor", "--json"], extra_env=env)
+        assert proc.returncode in (0, 1), proc.stderr[-2000:]
+        return [m for m in json.loads(proc.stdout)["software"]["mpi"] if m["path"] == str(fake)]
+
+    assert mpi()[0]["version"] == "4.1.4" and mpi()[0]["flavour"] == "openmpi"
+    assert count.read_text().count("x") == 1  # the second probe read what the first one remembered
+    write("5.0.10")  # a new binary: run again
+    assert mpi()[0]["version"] == "5.0.10" and count.read_text().count("x") == 2
