@@ -11,7 +11,7 @@ import errno
 import os
 import shlex
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, get_args, get_origin
 
 import typer
 
@@ -542,6 +542,40 @@ def _a_path(ctx: Any, param: Any, value: Any) -> Any:  # Any: click or typer's v
     return value
 
 
+def _skip_needless_coercion() -> None:
+    """typer 0.29 coerces every option of a command through a pydantic TypeAdapter it builds on first use, given or
+    not: pydantic's import and the adapters cost about 0.1 s of CPU before any command runs. An option not given
+    (None), a text option given as text (one or a list of them) and a number or flag left at its own default are
+    what that coercion returns unchanged (typer's RuntimeParam.coerce returns None for None; its str adapter returns the text; a
+    default is within its bounds), so those skip it; every other value (a number given on the command line, a
+    choice, a path typed as one) goes through typer as before. A typer without this parameter class is left as
+    it is."""
+    core = sys.modules.get("typer.core")
+    cls = getattr(core, "_TyperParameter", None)
+    original = getattr(cls, "process_value", None)
+    if cls is None or original is None or getattr(original, "_cpuperf_lazy", False):
+        return
+
+    def process_value(self: Any, ctx: Any, value: Any) -> Any:
+        desc = getattr(self, "type_descriptor", None)
+        info = getattr(desc, "parameter_info", None)
+        single = self.nargs == 1 and not self.multiple
+        kind = getattr(desc, "annotation", None)
+        if info is None or getattr(info, "parser", None) is not None or self.required:
+            return original(self, ctx, value)
+        if single and (value is None or (kind is str and type(value) is str)
+                       or (kind in (int, float, bool) and type(value) is kind and value == self.default)):
+            return self.callback(ctx, self, value) if self.callback is not None else value
+        if self.multiple and self.nargs == 1 and get_origin(kind) is list and get_args(kind) == (str,) and \
+                isinstance(value, (list, tuple)) and all(type(v) is str for v in value):
+            value = list(value)  # what typer's list-of-text adapter returns
+            return self.callback(ctx, self, value) if self.callback is not None else value
+        return original(self, ctx, value)
+
+    process_value._cpuperf_lazy = True  # type: ignore[attr-defined]
+    cls.process_value = process_value
+
+
 def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = None) -> int:
     """The single error boundary (entry.main hands in `_pending`, an error of its typer-free fast path). A closed
     stdout or stderr is /dev/null first (cpuperf.output: what it would show is dropped, the exit code is the
@@ -556,6 +590,7 @@ def main(argv: Optional[List[str]] = None, _pending: Optional[BaseException] = N
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = Output(json_mode=_json_requested(args), quiet="--quiet" in args or "-q" in args)
+    _skip_needless_coercion()
     command = _paths_given(typer.main.get_command(app))
     try:
         return _dispatch(args, command, _pending)

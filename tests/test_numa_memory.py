@@ -120,3 +120,157 @@ def test_where_numactl_is_installed_the_process_starts_under_it(trees):
     assert memory_policy(facts, several, on_gpu=False, auto=True) == (None, None)  # a rank per socket
     assert memory_policy(facts, placement, on_gpu=True, auto=True) == (None, None)  # a GPU job
     assert memory_policy(facts, placement, on_gpu=False, auto=False)[0] is None  # the plain baseline
+
+
+# -- train --tune compares the policy where the host has several nodes --------------------------------------------
+
+def _with_numactl(facts):
+    from cpuperf.probe.facts import Software
+
+    return replace(facts, software=Software(python="3.11.0", python_abi="cp311", executable="", prefix="", packages={},
+                                            mpi=(), numactl="/usr/bin/numactl", openmp={}, allocators={}))
+
+
+def _one_process(facts, **request):
+    from cpuperf.decide.recommend import RecommendRequest, recommend
+    from cpuperf.decide.workload import PRESETS
+
+    return recommend(facts, PRESETS["micro"], RecommendRequest(nproc_per_node=1, **request))
+
+
+@pytest.mark.parametrize("name", sorted(MULTI))
+def test_tune_compares_interleave_with_first_touch_on_several_nodes(trees, name):
+    from cpuperf.decide.tune import candidates, neighbours, start_point
+    from cpuperf.knowledge.tuning import tuning
+
+    facts = _with_numactl(probe_host(sysroot=str(trees[name])))
+    rec = _one_process(facts)
+    cand = candidates(facts, rec, tuning(), script=True)
+    assert cand.values["memory"] == ("interleave", None) and "memory" not in cand.skipped
+    assert cand.memory_argv == ("/usr/bin/numactl", f"--interleave={NODES[name]}")  # what a bench point runs under
+    start = start_point(rec, cand)
+    assert start.memory == "interleave" and start.ranks == 1  # the rule's point: the plan's own policy
+    first_touch = [q for lever, q in neighbours(start, cand) if lever == "memory"]
+    assert first_touch == [start.with_value("memory", None)] and "interleave" in start.label()
+    assert not cand.allowed(start.with_value("layout", (2, start.threads // 2)))  # no policy on a rank per socket
+    # where numactl is not installed the plan cannot apply it: not a candidate, said why
+    bare = candidates(probe_host(sysroot=str(trees[name])), rec, tuning(), script=True)
+    assert "memory" not in bare.values and "numactl, which is not installed" in bare.skipped["memory"]
+    # --set numa_memory is yours; a rank per socket keeps each rank's memory on its own node
+    assert candidates(facts, rec, tuning(), memory_asked=None).skipped["memory"] == "numa_memory is set by you"
+    several = candidates(facts, _one_process(facts, overrides={"nproc_per_node": 2}), tuning())
+    assert "memory" not in several.values and "a rank per socket" in several.skipped["memory"]
+
+
+@pytest.mark.parametrize("name", sorted(ONE))
+def test_tune_has_no_memory_lever_on_one_node(trees, name):
+    from cpuperf.decide.tune import candidates, start_point
+    from cpuperf.knowledge.tuning import tuning
+
+    facts = _with_numactl(probe_host(sysroot=str(trees[name])))
+    rec = _one_process(facts)
+    cand = candidates(facts, rec, tuning(), script=True)
+    assert "memory" not in cand.values and "memory" not in cand.skipped and cand.memory_argv == ()
+    assert start_point(rec, cand).memory is None and "first touch" not in start_point(rec, cand).label()
+
+
+def test_a_tuned_first_touch_is_what_later_runs_of_the_command_start(trees):
+    """A tuning that judged first touch faster: the next plan of the command starts without the policy, and says
+    why; what you set still wins; the cache entry reads back with its memory value."""
+    from cpuperf.decide.measurement_schema import tuning as schema
+    from cpuperf.decide.tune import Candidates, Point, Search, decision_values, descend
+    from cpuperf.plan.build import build_job_plan, decided_inputs
+
+    def planned(facts, rec):
+        request, edge = decided_inputs(rec)
+        return build_job_plan(request, facts, edge)
+
+    facts = probe_host(sysroot=str(trees["2x1"]))
+    start = Point(ranks=1, threads=8, memory="interleave")
+    cand = Candidates({"memory": ("interleave", None)})
+    clock = [0.0]
+
+    def run(p):
+        clock[0] += 1
+        return [12.0, 12.1, 11.9] if p.memory is None else [10.0, 10.1, 9.9]
+
+    result = descend(start, cand, run, Search(budget_s=100, passes=2, min_gain=0.02, confidence=0.95),
+                     clock=lambda: clock[0])
+    assert result.best.memory is None and result.judged()["memory"]["outcome"] == "moved"
+    assert decision_values(result.best)["numa_memory"] is None
+    entry = {**result.to_json(), "measured_at": 1795516100}
+    assert schema()(json.loads(json.dumps(entry))) is None  # the cache's reader keeps it
+    assert Point.from_json(entry["best"]).memory is None and Point.from_json(entry["start"]).memory == "interleave"
+    rec = _one_process(facts, tuned=(entry, "on this command"))
+    assert rec.memory_pin is not None and rec.memory_pin.value is None
+    jp = planned(facts, rec)
+    assert jp.memory is None
+    assert any(n.startswith("numa_memory: first touch, tuned on this command") for n in jp.notes), jp.notes
+    yours = planned(facts, _one_process(facts, tuned=(entry, "on this command"),
+                                                overrides={"numa_memory": "interleave"}))
+    assert yours.memory is not None and yours.memory.nodes == (0, 1)
+
+
+# -- a saved plan carries the policy -------------------------------------------------------------------------------
+
+def _save(tree: Path, path: Path, *args: str) -> dict:
+    proc = run_cli(["recommend", "--sysroot", str(tree), "--nproc-per-node", "1", "--save", str(path), *args],
+                   extra_env=NO_GPU)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(path.read_text())
+
+
+def _run_plan(tree: Path, path: Path, *args: str):
+    return run_cli(["train", "--plan", str(path), "--sysroot", str(tree), "--dry-run", "--json", *args, "--", "python",
+                    "plain_loop.py"], extra_env=NO_GPU, cwd=str(SCRIPTS))
+
+
+def test_recommend_save_writes_the_policy_and_train_plan_applies_it_as_saved(trees, tmp_path):
+    path = tmp_path / "plan.json"
+    saved = _save(trees["2x1"], path)
+    assert saved["memory"]["mode"] == "interleave" and saved["memory"]["nodes"] == [0, 1] and saved["memory"]["reason"]
+    proc = _run_plan(trees["2x1"], path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    assert _row(plan)["value"] == "interleave" and "interleave over NUMA nodes 0,1" in _row(plan)["why"]
+    assert not any("numa_memory" in n for n in plan["notes"]), plan["notes"]  # as cpuperf decides here: nothing to say
+    # saved as you asked it: first touch, and run so
+    none = tmp_path / "none.json"
+    assert "memory" not in _save(trees["2x1"], none, "--set", "numa_memory=none")
+    proc = _run_plan(trees["2x1"], none)
+    assert proc.returncode == 0 and "numa_memory" not in json.dumps(json.loads(proc.stdout)["levers"])
+    # a plan saved before cpuperf planned the policy runs as saved (first touch), the difference said
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in saved.items() if k != "memory"}))
+    proc = _run_plan(trees["2x1"], old)
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 0 and "numa_memory" not in json.dumps(plan["levers"])
+    assert any("numa_memory: the plan says first touch, cpuperf decides interleave over NUMA nodes 0,1 here" in n
+               for n in plan["notes"]), plan["notes"]
+    # one NUMA node: no policy to save
+    assert "memory" not in _save(trees["1x1"], tmp_path / "one.json")
+
+
+def test_a_saved_policy_over_nodes_this_host_lacks_is_refused_or_planned_again(trees, tmp_path):
+    path = tmp_path / "plan.json"
+    saved = _save(trees["2x1"], path)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**saved, "memory": {**saved["memory"], "nodes": [0, 7]}}))
+    proc = _run_plan(trees["2x1"], edited)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "no NUMA node 7 (it has 0,1)" in lines[0], proc.stderr
+    # a plan made for four nodes on a host of two: another host (exit 13), or planned again here with --replan
+    four = tmp_path / "four.json"
+    assert _save(trees["4x1"], four)["memory"]["nodes"] == [0, 1, 2, 3]
+    proc = _run_plan(trees["2x1"], four)
+    assert proc.returncode == 13 and "numa nodes: planned for 4, this host has 2" in proc.stderr, proc.stderr
+    proc = _run_plan(trees["2x1"], four, "--replan")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interleave over NUMA nodes 0,1" in _row(json.loads(proc.stdout))["why"]
+    # a policy of one process on a placement of several ranks is no plan
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_save(trees["2x1"], tmp_path / "two.json", "--nproc-per-node", "2"),
+                               "memory": saved["memory"]}))
+    proc = _run_plan(trees["2x1"], bad)
+    assert proc.returncode == 2 and "the placement has 2 ranks per node" in proc.stderr, proc.stderr

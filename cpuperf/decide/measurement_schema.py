@@ -62,7 +62,8 @@ def _point() -> rb.Check:
 
     return rb.record({"dtype": rb.one_of(*BY_ID["dtype"].choices), "allocator": rb.one_of(*BY_ID["allocator"].choices),
                       "optimizer": rb.one_of(None, *BY_ID["optimizer"].choices), "ranks": rb.count(1, 4096),
-                      "threads": rb.count(1, 4096), "pinned": rb.boolean, "compile": rb.boolean},
+                      "threads": rb.count(1, 4096), "pinned": rb.boolean, "compile": rb.boolean,
+                      "memory": rb.one_of(None, *(c for c in BY_ID["numa_memory"].choices if c is not None))},
                      required=("dtype", "ranks", "threads", "pinned"))
 
 

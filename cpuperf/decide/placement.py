@@ -274,10 +274,13 @@ class MemoryPolicy:
 
 
 def memory_policy(facts: HostFacts, placement: Placement, on_gpu: bool, auto: bool,
-                  asked: object = "auto") -> Tuple[Optional[MemoryPolicy], Optional[str]]:
+                  asked: object = "auto", tuned: Optional[Tuple[Optional[str], str]] = None
+                  ) -> Tuple[Optional[MemoryPolicy], Optional[str]]:
     """(the policy, a note) for a job of one process per node: where its CPUs span several NUMA nodes, the rule's
     policy over them (--auto, or `asked` 'interleave' from --set numa_memory); `asked` None (--set numa_memory=none)
-    opts out. Several ranks per node (each on its own socket or node), a GPU job, one node: no policy."""
+    opts out. Several ranks per node (each on its own socket or node), a GPU job, one node: no policy. `tuned`: a
+    cached tuning's verdict (`train --tune` compared the policy with first touch: 'interleave' or None, and its
+    reason), over the rule's, never over yours."""
     if asked is None or on_gpu or placement.nproc_per_node != 1 or not placement.slots or not (auto or asked != "auto"):
         return None, ("--set numa_memory=none: the process's pages land where first touched" if asked is None else None)
     node_of = {c.id: c.node for c in facts.topology.cpus}
@@ -287,4 +290,8 @@ def memory_policy(facts: HostFacts, placement: Placement, on_gpu: bool, auto: bo
         return None, ("--set numa_memory=interleave: this process's CPUs are on one NUMA node, nothing to interleave"
                       if asked == "interleave" else None)
     rule = tuning().numa_memory
+    if tuned is not None and asked == "auto":
+        if tuned[0] is None:
+            return None, f"numa_memory: first touch, {tuned[1]}"
+        return MemoryPolicy(rule.policy, nodes, tuned[1]), None
     return MemoryPolicy(rule.policy, nodes, rule.reason), None

@@ -160,6 +160,7 @@ class _Context:
     ranks_unknown: bool = False  # that launcher's count is not known: it may start several
     notes: List[str] = field(default_factory=list)
     tuned: Constraints = field(default_factory=Constraints)  # measured on this plan: cpuperf.decide.tune
+    memory_pin: Optional[Pin[Optional[str]]] = None  # --set numa_memory, else a tuning's (a launch option)
 
     @property
     def torch(self) -> Optional[str]:
@@ -294,14 +295,15 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
         pin_memory=ctx.take(memory.pin_memory, ctx.fixed.pin_memory),
         zero=ctx.take(memory.zero, ctx.fixed.zero))
     return Recommendation(levers, placement, ctx.workload, tuple(ctx.notes), ctx.stack,
-                          oversubscribe=ctx.fixed.oversubscribe, split=split)
+                          oversubscribe=ctx.fixed.oversubscribe, split=split, memory_pin=ctx.memory_pin)
 
 
 def _context(facts: HostFacts, workload: Workload, r: RecommendRequest) -> _Context:
     """The constraints, in order (the plain baseline under the user's values, other owners' pins under both), and a
     cached tuning where it applies: what every decision step reads."""
     nproc_per_node, nnodes, tuned = r.nproc_per_node, r.nnodes, r.tuned
-    mine = constraints_of(user_constraints(r.overrides))
+    yours = user_constraints(r.overrides)
+    mine = constraints_of(yours)
     if nproc_per_node is not None and r.ranks_from is None and mine.nproc_per_node is None:
         mine = replace(mine, nproc_per_node=Pin(nproc_per_node))  # --nproc-per-node: the user's count
     if nnodes and nnodes > 1 and mine.nnodes is None:
@@ -314,6 +316,9 @@ def _context(facts: HostFacts, workload: Workload, r: RecommendRequest) -> _Cont
                    stack_versions(facts), constraints,
                    ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
                    ranks_unknown=r.ranks_unknown)
+    if "numa_memory" in yours:
+        asked = yours["numa_memory"]
+        ctx.memory_pin = Pin(asked if isinstance(asked, str) else None)
     if tuned is None and r.shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
@@ -368,6 +373,9 @@ def _use_tuning(ctx: _Context, tuned: Optional[Tuple[JsonMapping, str]], device:
         for line in undecided_levers(tuned[0]).values():
             ctx.notes.append(f"the tuning {tuned[1]}: {line}, so the rule decides it")
         measured = tuned_decisions(tuned[0], tuned[1])
+        memory = measured.pop("numa_memory", None)
+        if memory is not None and ctx.memory_pin is None:  # never over yours
+            ctx.memory_pin = Pin(memory[0] if isinstance(memory[0], str) else None, memory[1])
         pins: Dict[str, Any] = {lever: Pin(value, why, evidence) for lever, (value, why, evidence) in measured.items()}
         ctx.tuned = _applicable(Constraints(**pins), ctx.fixed, ctx.ranks_from is not None, nnodes)
         ranks = pinned_value(ctx.tuned.nproc_per_node)

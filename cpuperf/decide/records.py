@@ -175,6 +175,10 @@ class Recommendation:
     stack: Dict[str, Optional[str]]
     oversubscribe: bool = False
     split: Optional[BatchSplit] = None  # how cpuperf's ranks share a user's Trainer's global batch
+    # the memory policy of one process over several NUMA nodes where it is fixed ('interleave', None: first touch):
+    # yours (--set numa_memory, reason None) or a cached tuning's verdict (its reason). A launch option, never a
+    # decision: cpuperf.decide.placement memory_policy applies it to the placement.
+    memory_pin: Optional[Pin[Optional[str]]] = None
 
     @property
     def decisions(self) -> Tuple[Decision[object], ...]:

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 SCHEMA = "cpuperf.tune/2"  # /2: each lever judged (cpuperf.decide.judge); /1 had one noise gate for all
 MOVED, KEPT, UNDECIDED = "moved", "kept", "undecided"
-LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile")
-# A lever's value: a dtype, allocator or optimizer name (None: the default), pinned or compiled, (ranks, threads).
+LEVERS = ("dtype", "allocator", "optimizer", "layout", "pinning", "compile", "memory")
+# A lever's value: a dtype, allocator or optimizer name (None: the default), pinned or compiled, (ranks, threads), a
+# NUMA memory policy ('interleave'; None: first touch).
 LeverValue = Union[str, bool, None, Tuple[int, int]]
 # A decision's value a tuning sets (cpuperf.knowledge.knobs): a name, a count, true/false, None.
 DecisionValue = Union[str, int, bool, None]
@@ -44,6 +45,7 @@ class Point:
     threads: int = 1
     pinned: bool = True
     compile: bool = False
+    memory: Optional[str] = None  # one process over several NUMA nodes: 'interleave' (numactl); None: first touch
 
     def get(self, lever: str) -> LeverValue:
         if lever == "layout":
@@ -58,6 +60,8 @@ class Point:
             return self.allocator
         if lever == "optimizer":
             return self.optimizer
+        if lever == "memory":
+            return self.memory
         raise KeyError(lever)
 
     def with_value(self, lever: str, value: LeverValue) -> Point:
@@ -74,10 +78,13 @@ class Point:
             return replace(self, allocator=name)
         if lever == "optimizer":
             return replace(self, optimizer=name)
+        if lever == "memory" and name in (None, "interleave"):
+            return replace(self, memory=name)
         raise ValueError(f"{lever} cannot be {value!r}")
 
     def label(self) -> str:
-        return " ".join(label(lever, self.get(lever)) for lever in LEVERS)
+        """Every lever's value in words; the memory policy only where the point has one (most hosts have one node)."""
+        return " ".join(label(lever, self.get(lever)) for lever in LEVERS if lever != "memory" or self.memory)
 
     def to_json(self) -> JsonObject:
         return as_json(self)
@@ -94,7 +101,8 @@ class Point:
                    ranks=ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else d.ranks,
                    threads=threads if isinstance(threads, int) and not isinstance(threads, bool) else d.threads,
                    pinned=pinned if isinstance(pinned, bool) else d.pinned,
-                   compile=compiled if isinstance(compiled, bool) else d.compile)
+                   compile=compiled if isinstance(compiled, bool) else d.compile,
+                   memory="interleave" if data.get("memory") == "interleave" else None)
 
 
 def _name(value: JsonValue) -> Optional[str]:
@@ -113,6 +121,8 @@ def label(lever: str, value: LeverValue) -> str:
         return str(value) if value else "default allocator"
     if lever == "optimizer":
         return str(value) if value else "default optimizer"
+    if lever == "memory":
+        return str(value) if value else "first touch"
     return str(value)
 
 
@@ -131,9 +141,12 @@ class Candidates:
     values: Dict[str, Tuple[LeverValue, ...]]
     skipped: Dict[str, str] = field(default_factory=dict)
     not_with_ranks: Tuple[str, ...] = ()  # allocators never preloaded into a job of several ranks
+    memory_argv: Tuple[str, ...] = ()  # numactl and its options: what starts a point with the memory policy
 
     def allowed(self, p: Point) -> bool:
-        return not (p.ranks > 1 and p.allocator in self.not_with_ranks)
+        """A point that can run: no allocator that aborts a job of several ranks, no memory policy of one process
+        over several nodes on a layout of several ranks (each rank then sits on its own socket or node)."""
+        return not (p.ranks > 1 and (p.allocator in self.not_with_ranks or p.memory is not None))
 
 
 def neighbours(p: Point, cand: Candidates) -> List[Tuple[str, Point]]:
@@ -407,12 +420,13 @@ def _confirmed(rnd: Round, again: Optional[Sequence[float]], beside: Optional[Se
 
 # -- the levers this host and plan have ---------------------------------------------------------------
 
-def start_point(rec: Recommendation) -> Point:
-    """The rule's point: what recommend decided."""
+def start_point(rec: Recommendation, cand: Optional[Candidates] = None) -> Point:
+    """The rule's point: what recommend decided (and, where `cand` tunes it, the memory policy the rule gives)."""
     lv = rec.levers
+    memory = cand.values.get("memory", (None,))[0] if cand is not None else None
     return Point(dtype=lv.dtype.value, allocator=lv.allocator.value, optimizer=lv.optimizer.value,
                  ranks=lv.nproc_per_node.value, threads=lv.threads_per_rank.value, pinned=lv.affinity.value == "auto",
-                 compile=lv.compile.value)
+                 compile=lv.compile.value, memory=memory if isinstance(memory, str) else None)
 
 
 def keeps_the_job(rec: Recommendation, ranks: int) -> bool:
@@ -422,11 +436,12 @@ def keeps_the_job(rec: Recommendation, ranks: int) -> bool:
 
 
 def candidates(facts: HostFacts, rec: Recommendation, rules: Tuning, script: bool = False,
-               own_launcher: bool = False) -> Candidates:
+               own_launcher: bool = False, memory_asked: object = "auto") -> Candidates:
     """What each lever may be on this host for this plan, and why a lever is left to the rule.
 
     `script`: a user's script (the optimizer only as a Trainer flag, which the planner never adds towards a
-    slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs)."""
+    slower kernel); `own_launcher`: their command starts its own ranks (ranks x threads are theirs);
+    `memory_asked`: --set numa_memory as given ('auto': not set)."""
     from packaging.version import Version
 
     from cpuperf.decide.allocator import allocator_names, allocator_rule, preloadable
@@ -464,35 +479,69 @@ def candidates(facts: HostFacts, rec: Recommendation, rules: Tuning, script: boo
                 if Version(torch_v).release < Version(fused_min).release else None)
     offer("optimizer", ["adamw", "adamw_fused"], "the Trainer's optimizer is the script's (a flag is added only "
           "towards the fused kernel)" if script else no_fused)
-    cores = start.ranks * start.threads
+    offer("layout", *_layouts(rec, start.ranks * start.threads, own_launcher))
+    offer("pinning", [True, False], None if len(facts.usable_cpus()) > 1 else "one usable CPU: nothing to pin to")
+    compile_d = rec.levers.compile
+    offer("compile", [True, False], None if compile_d.value else
+          f"not tried: {compile_d.reason} (the compile-crossover rule)")
+    memory_argv = _offer_memory(facts, rec, memory_asked, values, skipped)
+    return Candidates(values, skipped, allocator_rule().not_with_ranks, memory_argv)
+
+
+def _layouts(rec: Recommendation, cores: int, own_launcher: bool) -> Tuple[List[Tuple[int, int]], Optional[str]]:
+    """The (ranks, threads) layouts the tuner may try over these cores, and why none is tried where so."""
     # Only layouts that run the same job: a rank count that would change it (N copies of a one-process script, or
     # N times a Trainer's global batch) is no candidate, whatever it would measure (issue 51).
     every = [(r, cores // r) for r in range(1, cores + 1) if cores % r == 0]
     layouts = [(r, t) for r, t in every if keeps_the_job(rec, r)]
     one_node = rec.levers.nnodes.value == 1
     changes = [r for r, _ in every if (r, cores // r) not in layouts]
-    offer("layout", layouts, "your command's launcher starts the ranks" if own_launcher else
-          None if len(layouts) > 1 and one_node else
-          "several nodes: ranks follow the nodes" if not one_node else
-          f"{changes[0]} ranks would change the job ({rec.workload.parallel.signs}): one process only"
-          if changes else f"{cores} core(s): one layout")
-    offer("pinning", [True, False], None if len(facts.usable_cpus()) > 1 else "one usable CPU: nothing to pin to")
-    compile_d = rec.levers.compile
-    offer("compile", [True, False], None if compile_d.value else
-          f"not tried: {compile_d.reason} (the compile-crossover rule)")
-    return Candidates(values, skipped, allocator_rule().not_with_ranks)
+    return layouts, ("your command's launcher starts the ranks" if own_launcher else
+                     None if len(layouts) > 1 and one_node else
+                     "several nodes: ranks follow the nodes" if not one_node else
+                     f"{changes[0]} ranks would change the job ({rec.workload.parallel.signs}): one process only"
+                     if changes else f"{cores} core(s): one layout")
+
+
+def _offer_memory(facts: HostFacts, rec: Recommendation, asked: object, values: Dict[str, Tuple[LeverValue, ...]],
+                  skipped: Dict[str, str]) -> Tuple[str, ...]:
+    """The memory lever where the plan's one process spans several NUMA nodes (cpuperf.decide.placement
+    memory_policy: the rule's interleave first, then first touch); else why not, said only where the host has more
+    than one node (on one node there is nothing to say). Returns numactl's argv for a point with the policy."""
+    from cpuperf.decide.placement import memory_policy
+
+    if len(facts.topology.numa_nodes) < 2:
+        return ()
+    if asked != "auto":
+        skipped["memory"] = "numa_memory is set by you"
+        return ()
+    policy, _ = memory_policy(facts, rec.placement, rec.levers.on_gpu, auto=True)
+    numactl = facts.software.numactl if facts.software is not None else None
+    if policy is None:
+        skipped["memory"] = ("GPU ranks: each bound to its GPU's NUMA node" if rec.levers.on_gpu else
+                             "a rank per socket or node: each rank's memory is on its own node"
+                             if rec.placement.nproc_per_node > 1 else "the process's CPUs are on one NUMA node")
+        return ()
+    if not numactl:
+        skipped["memory"] = f"{policy.describe()} needs numactl, which is not installed"
+        return ()
+    values["memory"] = (policy.mode, None)
+    return (numactl, *policy.numactl)
 
 
 # -- the plan's side: what a cached result decides -----------------------------------------------------
 
 # Lever -> the decisions it sets (one vocabulary: cpuperf.knowledge.knobs).
 DECISIONS = {"dtype": ("dtype",), "allocator": ("allocator",), "optimizer": ("optimizer",),
-             "layout": ("nproc_per_node", "threads_per_rank"), "pinning": ("affinity",), "compile": ("compile",)}
+             "layout": ("nproc_per_node", "threads_per_rank"), "pinning": ("affinity",), "compile": ("compile",),
+             "memory": ("numa_memory",)}
 
 
 def decision_values(p: Point) -> Dict[str, DecisionValue]:
+    """The --set values of `p` (numa_memory: a launch option of the same vocabulary, cpuperf.knowledge.knobs)."""
     return {"dtype": p.dtype, "allocator": p.allocator, "optimizer": p.optimizer, "nproc_per_node": p.ranks,
-            "threads_per_rank": p.threads, "affinity": "auto" if p.pinned else None, "compile": p.compile}
+            "threads_per_rank": p.threads, "affinity": "auto" if p.pinned else None, "compile": p.compile,
+            "numa_memory": p.memory}
 
 
 def host_problem(entry: JsonMapping, facts: HostFacts) -> Optional[str]:

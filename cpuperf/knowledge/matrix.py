@@ -644,9 +644,22 @@ def _label(kind: str, index: int, raw: Mapping[str, object]) -> str:
     return f"[[{kind}]] #{index + 1}" + (f" ({ident})" if isinstance(ident, str) else "")
 
 
-def _read_table(path: Path, problems: list[Problem]) -> dict[str, object] | None:
-    """One TOML file's top table; None (with the problem appended) when it cannot be read or parsed."""
+def _read_table(path: Path, problems: list[Problem], shipped: bool = False) -> dict[str, object] | None:
+    """One TOML file's top table; None (with the problem appended) when it cannot be read or parsed. A shipped file
+    is read through cpuperf.data's remembered parse (tomllib is pure Python: the shipped tables cost about 25 ms of
+    CPU to parse in every command that plans a script's flags); a file of $CPUPERF_COMPAT_DIR is read bounded and
+    parsed here, each problem named."""
     from cpuperf.fsutil import InputRefused, read_text_capped
+
+    if shipped:
+        from cpuperf.data import load_toml
+        from cpuperf.errors import BadDataError
+
+        try:
+            return load_toml(str(path))
+        except BadDataError as exc:
+            problems.append(Problem(path.name, "file", exc.message))
+            return None
 
     name = path.name
     try:
@@ -672,10 +685,10 @@ def _read_table(path: Path, problems: list[Problem]) -> dict[str, object] | None
     return table
 
 
-def _parse_file(path: Path, problems: list[Problem]) -> list[tuple[str, RowKey, Row]]:
+def _parse_file(path: Path, problems: list[Problem], shipped: bool = False) -> list[tuple[str, RowKey, Row]]:
     """Parse one TOML file into (kind, key, record) rows, appending every problem found."""
     name = path.name
-    data = _read_table(path, problems)
+    data = _read_table(path, problems, shipped)
     if data is None:
         return []
     defaults: dict[str, str] = {}
@@ -808,6 +821,7 @@ def load_matrix(
     """
     base = Path(base_dir) if base_dir is not None else shipped_dir()
     extras = extra_dirs(environ) if extra_dir is None else [Path(extra_dir)]
+    shipped = base_dir is None and base.is_dir()  # the first layer is cpuperf's own data
 
     problems: list[Problem] = []
     layers: list[list[Path]] = []
@@ -829,7 +843,7 @@ def load_matrix(
         seen: dict[tuple[str, RowKey], str] = {}
         for path in layer:
             files.append(str(path))
-            for kind, key, row in _parse_file(path, problems):
+            for kind, key, row in _parse_file(path, problems, shipped=shipped and layer is layers[0]):
                 if (kind, key) in seen:
                     problems.append(
                         Problem(path.name, f"[[{kind}]] {'/'.join(map(str, key))}",

@@ -105,7 +105,8 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
     run = RankRun(tuple(cmd), settings, script, yours, python=edge.python, log_dir=os.path.join(edge.out_dir, "logs"),
                   euid=edge.euid, opens_session=request.command is not None and request.command.own_session)
     given = EnvInputs(edge.environ, mpi[1] if (mpi and request.launcher == "mpirun") else None, edge.socket_ifname,
-                      planned_env=tuple(saved_env) if saved_env is not None else None)
+                      planned_env=tuple(saved_env) if saved_env is not None else None,
+                      planned_memory=edge.saved.memory if edge.saved is not None and saved_env is not None else None)
     jp = plan_job(facts, rec, job, run, given)
     from cpuperf.plan.peak_report import reporting_peak
 
@@ -384,8 +385,8 @@ def saved_plan_of(facts: HostFacts, rec: Recommendation, jp: JobPlan, inputs: Ma
     """The plan to save (cpuperf.plan.saved) with the facts it was made from, and each node's part."""
     from cpuperf.plan import saved
 
-    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in saved.INPUT_KEYS}, version, made_on)
+    plan = saved.make(facts, rec, jp.env, {k: inputs.get(k) for k in saved.INPUT_KEYS}, version, made_on, jp.memory)
     if subs:
-        nodes = tuple((name, saved.make(f, r, j.env, plan.inputs, version, name)) for name, f, r, j in subs)
+        nodes = tuple((name, saved.make(f, r, j.env, plan.inputs, version, name, j.memory)) for name, f, r, j in subs)
         plan = replace(plan, nodes=nodes)
     return plan

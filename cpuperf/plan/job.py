@@ -255,6 +255,7 @@ class EnvInputs:
     libraries: Optional[envplan.Libraries] = None
     # a saved plan's runtime variables, used as they are (only this launch's rendezvous variables are added to them)
     planned_env: Optional[Tuple[envplan.EnvVar, ...]] = None
+    planned_memory: Optional[MemoryPolicy] = None  # with planned_env: the saved plan's memory policy, as saved
 
 
 def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: RankRun, given: EnvInputs) -> JobPlan:
@@ -275,8 +276,11 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))
-    memory, memory_note = memory_policy(facts, rec.placement, lv.on_gpu, request.auto,
-                                        request.asked.decided.get("numa_memory", "auto"))
+    if given.planned_env is not None:  # a saved plan, run as saved: its memory policy as it stands (plan.saved)
+        memory, memory_note = given.planned_memory, None
+    else:
+        memory, memory_note = memory_policy(facts, rec.placement, lv.on_gpu, request.auto,
+                                            *memory_pins(rec, request.asked.decided.get("numa_memory", "auto")))
     notes += [memory_note] if memory_note else []
     launch = plan_launch(facts, rec.placement, LaunchSpec(
         rank_command=run.command, env_vars=env, launcher=request.asked.launcher, hosts=request.hosts,
@@ -287,6 +291,17 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
         numa_binding=numa, opens_session=run.opens_session, memory_policy=memory))
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto),
                    tuple(_kept_as_run(notes, launch)), run.script, memory)
+
+
+def memory_pins(rec: Recommendation, asked: object) -> Tuple[object, Optional[Tuple[Optional[str], str]]]:
+    """(--set numa_memory as asked, else as the recommendation carries it: 'auto' where not set; a cached tuning's
+    verdict with its reason, or None)."""
+    pin = rec.memory_pin
+    if pin is None:
+        return asked, None
+    if pin.reason is None:
+        return (pin.value if asked == "auto" else asked), None
+    return asked, (pin.value, pin.reason)
 
 
 def _kept_as_run(notes: List[str], launch: LaunchPlan) -> List[str]:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union
 
-from cpuperf.decide.placement import Placement, RankSlot
+from cpuperf.decide.placement import MemoryPolicy, Placement, RankSlot
 from cpuperf.decide.records import Decision, Levers, Measurements, Recommendation, levers_of
 from cpuperf.decide.runtime_env import EnvVar
 from cpuperf.decide.workload import BLOCKS, Workload
@@ -68,6 +68,8 @@ class SavedPlan:
     made_on: Optional[str] = None  # the host name it was made on (information, never compared)
     # Several nodes planned from each node's own facts (recommend --hostfile --node-facts): name -> its plan.
     nodes: Tuple[Tuple[str, SavedPlan], ...] = ()
+    # The memory policy of its one process over several NUMA nodes (train --plan starts it so); None: first touch.
+    memory: Optional[MemoryPolicy] = None
 
     def to_json(self) -> Dict[str, object]:
         data = self._own_json()
@@ -83,6 +85,8 @@ class SavedPlan:
                 "decisions": [d.to_json() for d in self.rec.decisions],
                 "placement": self.rec.placement.to_json(), "workload": self.rec.workload.to_json(),
                 "notes": list(self.rec.notes), "oversubscribe": self.rec.oversubscribe,
+                **({"memory": {"mode": self.memory.mode, "nodes": list(self.memory.nodes), "reason": self.memory.reason}}
+                   if self.memory is not None else {}),
                 "env": [{"name": e.name, "value": e.value, "reason": e.reason, "kind": e.kind} for e in self.env]}
 
 
@@ -113,11 +117,12 @@ def stack_identity(facts: HostFacts) -> Dict[str, Optional[str]]:
 
 
 def make(facts: HostFacts, rec: Recommendation, env: Sequence[EnvVar], inputs: Mapping[str, object], version: str,
-         hostname: Optional[str] = None) -> SavedPlan:
+         hostname: Optional[str] = None, memory: Optional[MemoryPolicy] = None) -> SavedPlan:
     """The plan to save: the rendezvous variables of this launch left out (each launch sets its own)."""
     launch = variables().names(launch=True)  # the rendezvous: this launch's hosts, port and interface
     kept = tuple(e for e in env if e.name not in launch)
-    return SavedPlan(version, host_identity(facts), stack_identity(facts), plan_inputs(inputs), rec, kept, hostname)
+    return SavedPlan(version, host_identity(facts), stack_identity(facts), plan_inputs(inputs), rec, kept, hostname,
+                     memory=memory)
 
 
 def dumps(plan: SavedPlan) -> str:
@@ -629,11 +634,35 @@ def loads(text: str) -> SavedPlan:
             subs.append((name, _from_json(sub)))
         except ValueError as exc:
             raise ValueError(f"nodes.{name}: {exc}") from None
-    return SavedPlan(plan.cpuperf, plan.host, plan.stack, plan.inputs, plan.rec, plan.env, plan.made_on, tuple(subs))
+    return SavedPlan(plan.cpuperf, plan.host, plan.stack, plan.inputs, plan.rec, plan.env, plan.made_on, tuple(subs),
+                     plan.memory)
 
 
 _TOP = ("schema", "cpuperf", "made_on", "host", "stack", "inputs", "decisions", "placement", "workload", "notes",
-        "oversubscribe", "env", "nodes")
+        "oversubscribe", "memory", "env", "nodes")
+
+
+def _memory(data: JsonObject, placement: Placement) -> Optional[MemoryPolicy]:
+    """The memory policy of the plan's one process over several NUMA nodes (absent: first touch, and in a plan
+    saved before cpuperf planned one): a mode of --set numa_memory, two or more distinct nodes, one rank."""
+    from cpuperf.knowledge.knobs import BY_ID
+
+    if "memory" not in data:
+        return None
+    w = "memory"
+    raw = _as_object(data["memory"], "", w)
+    _exact_keys(raw, ("mode", "nodes", "reason"), w)
+    modes = [str(c) for c in BY_ID["numa_memory"].choices if c is not None]
+    mode = _text(raw, "mode", w)
+    if mode not in modes:
+        raise ValueError(f"memory.mode must be {' or '.join(modes)}")
+    nodes = [_as_whole(n, w, f"nodes[{i}]") for i, n in enumerate(_list(raw, "nodes", w))]
+    if len(set(nodes)) != len(nodes) or len(nodes) < 2 or not all(0 <= n <= 4095 for n in nodes):
+        raise ValueError("memory.nodes must name two or more distinct NUMA nodes (0..4095)")
+    if placement.nproc_per_node != 1:
+        raise ValueError(f"memory is the policy of one process over several NUMA nodes, but the placement has "
+                         f"{placement.nproc_per_node} ranks per node")
+    return MemoryPolicy(mode, tuple(sorted(nodes)), _text(raw, "reason", w) if "reason" in raw else "")
 
 
 def _from_json(data: JsonValue) -> SavedPlan:
@@ -664,7 +693,8 @@ def _from_json(data: JsonValue) -> SavedPlan:
     if rec.levers.nproc_per_node.value != rec.placement.nproc_per_node:
         raise ValueError(f"decision nproc_per_node is {rec.levers.nproc_per_node.value} but the placement has "
                          f"{rec.placement.nproc_per_node} rank slot(s)")
-    return SavedPlan(_text(data, "cpuperf", ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on)
+    return SavedPlan(_text(data, "cpuperf", ""), host, stack, _inputs(data.get("inputs")), rec, env, made_on,
+                     memory=_memory(data, rec.placement))
 
 
 def read(path: str, text: str) -> SavedPlan:
@@ -816,19 +846,42 @@ def host_refusal(plan: SavedPlan, facts: HostFacts) -> Optional[str]:
     workers = lv.dataloader_workers.value
     if isinstance(workers, int) and workers > usable:
         return f"dataloader_workers {workers}: more worker processes than this host's {usable} usable CPU(s)"
+    return _memory_refusal(plan, facts)
+
+
+def _memory_refusal(plan: SavedPlan, facts: HostFacts) -> Optional[str]:
+    """Why the plan's memory policy cannot run here as saved: a NUMA node this host lacks, or nodes other than
+    those its process's CPUs are on here (interleaved over them, the pages would sit away from its threads)."""
+    policy = plan.memory
+    if policy is None:
+        return None
+    here = {n.id for n in facts.topology.numa_nodes}
+    lacks = [n for n in policy.nodes if n not in here]
+    if lacks:
+        return (f"numa_memory {policy.describe()}, and this host has no NUMA node {','.join(map(str, lacks))} "
+                f"(it has {','.join(map(str, sorted(here))) or 'none'})")
+    node_of = {c.id: c.node for c in facts.topology.cpus}
+    theirs = tuple(sorted({n for c in plan.rec.placement.slots[0].cpus if (n := node_of.get(c)) is not None}))
+    if theirs != policy.nodes:
+        return (f"numa_memory {policy.describe()}, and the plan's CPUs are on NUMA node(s) "
+                f"{','.join(map(str, theirs)) or 'unknown'} here")
     return None
 
 
 def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements]) -> List[str]:
     """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
     measurements planning reads (never measures): every decision, the placement and the variables."""
-    from cpuperf.plan.job import JobRequest, runtime_vars
+    from cpuperf.decide.placement import memory_policy
+    from cpuperf.plan.job import JobRequest, memory_pins, runtime_vars
 
     fresh = replan_from(plan, facts, measurements, environ={})
     nnodes = max(1, fresh.levers.nnodes.value)  # the rendezvous is this launch's: a placeholder, not compared
     request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
     env, _ = runtime_vars(facts, fresh, request, environ={})
-    return decision_differences(plan, fresh, env)
+    policy, _ = memory_policy(facts, fresh.placement, fresh.levers.on_gpu, True, *memory_pins(fresh, "auto"))
+    mine, now = (p.describe() if p is not None else "first touch" for p in (plan.memory, policy))
+    memory = [f"numa_memory: the plan says {mine}, cpuperf decides {now} here"] if mine != now else []
+    return decision_differences(plan, fresh, env) + memory
 
 
 def replan_from(plan: SavedPlan, facts: HostFacts, measurements: Optional[Measurements], environ: Mapping[str, str]) -> Recommendation:

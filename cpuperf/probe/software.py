@@ -56,11 +56,47 @@ def _launchers(src: Sources, bindir: str) -> Tuple[MpiLauncher, ...]:
         elif name == "torchrun":
             flavour = "torchrun"
         else:
-            result = src.run([path, "--version"], timeout=5.0)
-            text = (result.stdout + result.stderr) if result is not None else ""
-            flavour, version = parse.parse_mpi_version(text)
+            flavour, version = parse.parse_mpi_version(_version_text(src, path))
         found.append(MpiLauncher(name=name, path=path, flavour=flavour, version=version))
     return tuple(found)
+
+
+_VERSION_TEXT_MAX = 16384
+
+
+def _version_text(src: Sources, path: str) -> str:
+    """What `path --version` prints, remembered per binary (its real path, size, mtime, inode and device: the
+    version is the binary's). Every probe ran it for each MPI launcher found, 10-30 ms of a child process each at
+    every start of every command; a binary replaced is run again."""
+    import hashlib
+
+    from cpuperf.fsutil import atomic_write_bytes, cache_root
+    from cpuperf.readback import read_json
+
+    if not src.live:
+        return ""  # a recorded host runs nothing
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        stamp: List[object] = [real, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+        where = cache_root(src.environ) / "launcher-versions" / f"{hashlib.sha256(real.encode()).hexdigest()[:24]}.json"
+    except (OSError, ValueError):
+        stamp, where = [], None
+    if where is not None:
+        try:
+            known = read_json(where)
+            if isinstance(known, dict) and known.get("stamp") == stamp and isinstance(known.get("text"), str):
+                return str(known["text"])
+        except (OSError, ValueError):
+            pass  # none yet, or unreadable: run it and remember again
+    result = src.run([path, "--version"], timeout=5.0)
+    text = (result.stdout + result.stderr) if result is not None else ""
+    if where is not None and result is not None and result.returncode == 0 and len(text) <= _VERSION_TEXT_MAX:
+        try:
+            atomic_write_bytes(where, json.dumps({"stamp": stamp, "text": text}).encode("utf-8"))
+        except (OSError, ValueError):
+            pass  # a read-only cache costs the run, nothing else
+    return text
 
 
 def _libraries(src: Sources, table: Dict[str, List[str]], extra_dirs: List[str]) -> Dict[str, Tuple[str, ...]]:

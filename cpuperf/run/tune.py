@@ -69,8 +69,9 @@ def _free_port() -> int:
 
 def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], cpus_per_rank: Sequence[Sequence[int]],
                 python: str = sys.executable, timeout: float = 300.0, owner: Optional[Owner] = None,
-                deadline: Optional[float] = None) -> Optional[List[float]]:
-    """One process of the reference loop at `point` with the plan's env and CPUs: the samples/s of each of its
+                deadline: Optional[float] = None, prefix: Sequence[str] = ()) -> Optional[List[float]]:
+    """One process of the reference loop at `point` with the plan's env and CPUs (started by `prefix`, numactl
+    with the point's memory policy, where given): the samples/s of each of its
     timed windows (base['windows']), None if it failed. A process start costs seconds (torch's import): its
     windows are the short repeats. A compiled point's figures carry its compile time over the run's steps."""
     settings = {k: v for k, v in base.items() if k != "run_steps"}
@@ -83,6 +84,7 @@ def bench_point(point: Point, base: Mapping[str, Any], env: Mapping[str, str], c
     if point.ranks > 1:  # data parallel as the plan runs it: torchrun starts the ranks (gloo), rank 0 reports
         cmd = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(point.ranks), "--master_addr",
                "127.0.0.1", "--master_port", str(_free_port()), "-m", "cpuperf.train.bench", json.dumps(settings)]
+    cmd = [*prefix, *cmd]
     # torchrun sets the rendezvous itself (the free port above): the plan's placeholder address stays out
     rendezvous = variables().names(launch=True, runtime="torch-distributed")
     full = clean_env({k: v for k, v in env.items() if k not in rendezvous})
@@ -182,9 +184,9 @@ def tune_on_command(jp: JobPlan, command: CommandLine, budget: Optional[float], 
     from cpuperf.decide import tune as dtune
 
     rule = rules()
-    start = dtune.start_point(jp.rec)
-    cand = dtune.candidates(jp.facts, jp.rec, tuning(), script=True,
-                            own_launcher=jp.launch.yours is not None)
+    cand = dtune.candidates(jp.facts, jp.rec, tuning(), script=True, own_launcher=jp.launch.yours is not None,
+                            memory_asked=jp.request.asked.decided.get("numa_memory", "auto"))
+    start = dtune.start_point(jp.rec, cand)
     spend = float(budget or rule.script_budget_s)
     log(f"tuning {', '.join(cand.values) or 'nothing'} on your command ({rule.script_steps} steps per run, "
         f"{rule.script_passes} interleaved passes, budget {spend:.0f} s) ...")
@@ -396,7 +398,8 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
     rec = recommend(facts, workload, RecommendRequest(measurements=meas, shape_tuning=False, environ={}))
     if rec.levers.device.value != "cpu":
         return None
-    start, cand = dtune.start_point(rec), dtune.candidates(facts, rec, tuning())
+    cand = dtune.candidates(facts, rec, tuning())
+    start = dtune.start_point(rec, cand)
     base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule.seconds, "steps": rule.steps,
             "warmup": rule.warmup, "windows": rule.windows, "run_steps": workload.steps or 0,
             "shape": {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
@@ -412,7 +415,8 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
 
         def run_one(p: Point) -> Optional[List[float]]:
             env, cpus = point_env(facts, workload, meas, p)
-            return bench_point(p, base, env, cpus, owner=owner, deadline=deadline)
+            return bench_point(p, base, env, cpus, owner=owner, deadline=deadline,
+                               prefix=cand.memory_argv if p.memory else ())
 
         result = tune(start, cand, run_one, budget, rule.passes, log)
     after = measure.load_now(facts, start.ranks * start.threads)

@@ -1,0 +1,88 @@
+"""What a command costs before it does anything: typer's pydantic coercion is skipped where it would return the value
+unchanged (an option not given, text given as text, a number at its default, a list of text), so pydantic is not
+imported by the commonest commands; every other value is still coerced by typer. The shipped compat tables are read
+through the remembered parse, and give the same matrix as a fresh parse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cli_util import cli_env, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+_PROBE = ("import sys\nfrom cpuperf.entry import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+          "print('PYDANTIC', 'pydantic' in sys.modules, file=sys.stderr)\n")
+
+
+def _pydantic_imported(*args: str, cwd: Path) -> bool:
+    env = cli_env({"PYTHONPATH": str(ROOT), "CPUPERF_OVERRIDE_GPUS": "[]"})
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env,
+                          cwd=str(cwd), timeout=300)
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("PYDANTIC ")]
+    assert line, proc.stderr[-2000:]
+    return line[-1] == "PYDANTIC True"
+
+
+def test_common_commands_start_without_pydantic(tmp_path):
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    assert not _pydantic_imported("doctor", "--json", cwd=tmp_path)
+    assert not _pydantic_imported("recommend", "--json", "--set", "dtype=fp32", cwd=tmp_path)
+    assert not _pydantic_imported("train", "--auto", "--dry-run", "--out", str(tmp_path / "run"), "--", "python",
+                                  "job.py", cwd=tmp_path)
+
+
+def test_values_are_still_coerced_and_checked(tmp_path):
+    bad = run_cli(["train", "--dry-run", "--nproc-per-node", "two", "--", "python", "job.py"], cwd=str(tmp_path))
+    assert bad.returncode == 2 and "--nproc-per-node" in bad.stderr, bad.stderr
+    got = run_cli(["recommend", "--json", "--nproc-per-node", "1", "--set", "dtype=fp32", "--set", "compile=false"],
+                  extra_env={"CPUPERF_OVERRIDE_GPUS": "[]"})
+    assert got.returncode == 0, got.stderr[-2000:]
+    plan = json.loads(got.stdout)
+    assert {"dtype", "compile", "nproc_per_node"} <= set(plan["overridden"])
+    blank = run_cli(["train", "--dry-run", "--out", " ", "--", "python", "job.py"], cwd=str(tmp_path))
+    assert blank.returncode == 2 and "an empty path" in blank.stderr  # a path option's own check still runs
+
+
+def test_the_remembered_parse_of_the_shipped_tables_is_the_parse(tmp_path, monkeypatch):
+    from cpuperf.data import load_toml
+    from cpuperf.knowledge.matrix import load_matrix, shipped_dir
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    load_toml.cache_clear()  # this process's parses forgotten: the first load parses and remembers
+    fresh = load_matrix(base_dir=shipped_dir(), environ={})  # named: parsed here, as a $CPUPERF_COMPAT_DIR file is
+    first, again = load_matrix(environ={}), load_matrix(environ={})  # the shipped tables: remembered, then read back
+    assert first == fresh and again == fresh
+    assert any((tmp_path / "cache").rglob("hf.toml-*.json")), "the parse of hf.toml is remembered"
+    load_toml.cache_clear()
+    assert load_matrix(environ={}) == fresh  # read back from the remembered parse
+
+
+def test_a_launchers_version_is_run_once_per_binary(tmp_path):
+    """`mpirun --version` ran at every start of every command: it is remembered per binary, and run again when the
+    binary changes."""
+    import os
+
+    bindir, count = tmp_path / "bin", tmp_path / "runs"
+    bindir.mkdir()
+    fake = bindir / "mpirun"
+
+    def write(version: str) -> None:
+        fake.write_text(f"#!/bin/sh\necho x >> {count}\necho 'mpirun (Open MPI) {version}'\n")
+        fake.chmod(0o755)
+
+    write("4.1.4")
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "CPUPERF_CACHE_DIR": str(tmp_path / "cache"),
+           "CPUPERF_OVERRIDE_GPUS": "[]"}
+
+    def mpi() -> list:
+        proc = run_cli(["doctor", "--json"], extra_env=env)
+        assert proc.returncode in (0, 1), proc.stderr[-2000:]
+        return [m for m in json.loads(proc.stdout)["software"]["mpi"] if m["path"] == str(fake)]
+
+    assert mpi()[0]["version"] == "4.1.4" and mpi()[0]["flavour"] == "openmpi"
+    assert count.read_text().count("x") == 1  # the second probe read what the first one remembered
+    write("5.0.10")  # a new binary: run again
+    assert mpi()[0]["version"] == "5.0.10" and count.read_text().count("x") == 2
