@@ -141,10 +141,12 @@ def test_regional_compile_compiles_each_block_of_the_built_in_model_in_place():
     from cpuperf.knowledge.models import PRESETS
     from cpuperf.train.bench import available_compile_modes, compiled_model
     from cpuperf.train.model import build_model
+    from cpuperf.train.observed import compiled
 
     model = build_model(PRESETS["micro"])
     assert compiled_model(torch, model, "regional") is model  # the blocks compiled, the model itself not wrapped
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks)
+    assert compiled(model) and not compiled(build_model(PRESETS["micro"]))  # what the rank reports it ran
     assert type(compiled_model(torch, build_model(PRESETS["micro"]), "default")).__name__ == "OptimizedModule"
     assert available_compile_modes(torch) == list(COMPILE_MODES)  # torch 2.13 has every one
 

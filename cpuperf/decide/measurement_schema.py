@@ -35,7 +35,7 @@ LOAD = rb.record({"under_load": rb.boolean, "busy_cpus": rb.map_of(rb.number(0, 
 REPEAT = rb.record({"n": rb.count(), "median": rb.positive(), "min": rb.positive(), "max": rb.positive(),
                     "spread": rb.nullable(rb.number(0, 1e6))}, required=("n", "median", "min", "max"))
 # torch.compile for one model in one mode (cpuperf.run.measure.compile_measurement): the cold compile, the steady
-# speed-up over eager (the median of `rounds`, one compiled/eager ratio per round side by side), eager's step. An
+# speed-up over eager (the geometric mean of `rounds`, one compiled/eager ratio per round side by side), eager's step. An
 # entry without `mode` is the whole model in the default mode (a cache written before the modes were measured).
 COMPILED = rb.record({"compile_seconds": rb.positive(), "speedup": rb.positive(1e6), "step_seconds": rb.positive(),
                       "batch": rb.positive(), "model": rb.text(256), "threads": rb.count(),
