@@ -194,7 +194,8 @@ def _worker_values(rec: Recommendation, request: JobRequest, out_dir: str) -> Js
                 s[d.id] = _json_scalar(d.value)
     if lv.ddp_backend.value and world > 1:
         s["ddp_backend"] = lv.ddp_backend.value
-    if s.get("compile") is True and compile_mode_of(lv.compile) != "default":  # the mode measured to pay back
+    compiled = lv.compile.value and (request.auto or lv.compile.overridden)  # plain: only where you set it
+    if compiled and compile_mode_of(lv.compile) != "default":  # the mode measured to pay back
         s["compile_mode"] = compile_mode_of(lv.compile)
     asked = request.asked
     if asked.max_steps is not None:
