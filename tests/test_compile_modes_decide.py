@@ -155,13 +155,7 @@ def test_the_built_in_plan_runs_the_mode_measured_to_pay_back(tmp_path, monkeypa
     monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
     facts = probe_host(use_cache=False)
     w = resolve_workload(None, host=facts)
-    rep = {"n": 3, "median": 200.0, "min": 195.0, "max": 204.0, "spread": 0.045}
-    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 200.0, "threads": 2,
-                         "repeats": {"gemm_fp32_gflops": {**rep, "median": 100.0, "min": 98.0, "max": 101.0},
-                                     "gemm_bf16_gflops": rep},
-                         "load": {"under_load": False, "busy_cpus": {}, "figure": "load average 0.1"},
-                         "compile_by_model": {compile_key(w, "regional"): _entry("regional", REGIONAL, 40.0,
-                                                                                 batch=w.batch_size)}})
+    _steady_cache(facts, {compile_key(w, "regional"): _entry("regional", REGIONAL, 40.0, batch=w.batch_size)})
     env = {"CPUPERF_CACHE_DIR": str(tmp_path)}
     plan = json.loads(run_cli(["train", "--dry-run", "--auto", "--max-steps", "100000", "--json"], env).stdout)
     decided = {d["id"]: d for d in plan["decisions"]}
@@ -231,3 +225,44 @@ def test_a_trainer_script_keeps_its_own_compile_flags(tmp_path):
     add, left = merge_flags(["--output_dir", "o", "--torch_compile_mode", "reduce-overhead"], flags)
     assert not [f for f in add if "compile" in f.name]
     assert any(flag.startswith("--torch_compile") and why.startswith("you decided") for flag, why in left)
+
+
+def _steady_cache(facts, compile_by_model):
+    rep = {"n": 3, "median": 200.0, "min": 195.0, "max": 204.0, "spread": 0.045}
+    measure.save(facts, {"gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 200.0, "threads": 2,
+                         "repeats": {"gemm_fp32_gflops": {**rep, "median": 100.0, "min": 98.0, "max": 101.0},
+                                     "gemm_bf16_gflops": rep},
+                         "load": {"under_load": False, "busy_cpus": {}, "figure": "load average 0.1"},
+                         "compile_by_model": compile_by_model})
+
+
+def test_a_trainer_script_is_compiled_in_the_mode_measured_to_pay_back_within_its_max_steps(tmp_path, monkeypatch):
+    """The script's model measured (cpuperf bench --compile): --torch_compile and --torch_compile_mode through the
+    Trainer's own options where a whole-model mode pays back within --max_steps; the regional modes, which the
+    Trainer has no option for, are not weighed; off, the not-added list says why with the figures."""
+    from host_classes import TRAINER_SCRIPT
+
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "train.py").write_text(TRAINER_SCRIPT)
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
+
+    def plan(steps):
+        argv = ["train", "--dry-run", "--auto", "--json", "--", "python", "train.py", "--output_dir", "o",
+                "--max_steps", str(steps)]
+        out = json.loads(run_cli(argv, env, cwd=str(tmp_path)).stdout)
+        return {d["id"]: d for d in out["decisions"]}["compile"], out["hf_flags"], out["workload"]
+
+    compile_d, _, wl = plan(100000)
+    assert compile_d["value"] is False  # nothing measured: no gain assumed on a CPU
+    model = f"L{wl['n_layer']}-d{wl['d_model']}-h{wl['n_head']}-T{wl['seq_len']}-V{wl['vocab']}"  # model_key
+    _steady_cache(probe_host(use_cache=False), {
+        f"{model} max-autotune": _entry("max-autotune", [1.2 * 1.01, 1.2, 1.2 / 1.01], 60.0),
+        f"{model} regional": _entry("regional", [1.5 * 1.01, 1.5, 1.5 / 1.01], 10.0)})
+    compile_d, flags, _ = plan(100000)
+    assert compile_d["value"] is True and "max-autotune" in compile_d["reason"]
+    added = flags["added"]
+    assert "--torch_compile" in added and added[added.index("--torch_compile_mode") + 1] == "max-autotune"
+    compile_d, flags, _ = plan(10)
+    assert compile_d["value"] is False and "only 10" in compile_d["reason"]
+    assert "--torch_compile" not in flags["added"]
+    assert any(n["flag"] == "--torch_compile" and "only 10" in n["why"] for n in flags["not_added"])
