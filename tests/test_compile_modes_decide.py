@@ -266,3 +266,12 @@ def test_a_trainer_script_is_compiled_in_the_mode_measured_to_pay_back_within_it
     assert compile_d["value"] is False and "only 10" in compile_d["reason"]
     assert "--torch_compile" not in flags["added"]
     assert any(n["flag"] == "--torch_compile" and "only 10" in n["why"] for n in flags["not_added"])
+
+
+def test_a_model_measured_in_any_mode_is_not_measured_again_by_a_long_run():
+    from cpuperf.decide.recommend import compile_worth_measuring
+
+    w = resolve_workload("gpt2-small", steps=100_000)
+    assert compile_worth_measuring(w, Measurements(gemm_fp32_gflops=100.0), 2, TUNING)
+    done = Measurements(gemm_fp32_gflops=100.0, compile_by_model={compile_key(w, "regional"): _entry("regional", REGIONAL, 40.0)})
+    assert not compile_worth_measuring(w, done, 2, TUNING)  # the default mode failed there: the others stand

@@ -363,7 +363,7 @@ def _writable_dir(path: Union[str, os.PathLike[str]]) -> None:
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
               compile: bool = False, refresh: bool = False, model: Optional[str] = None) -> int:
     from cpuperf.decide.placement import plan_placement
-    from cpuperf.decide.recommend import model_key
+    from cpuperf.decide.recommend import compile_measured
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
@@ -384,7 +384,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     again = (measure.unfinished(cached) or measure.disturbed(cached)) if cached is not None and usable else None
     flags = flags + ([again] if again else [])
     fresh = cached is not None and usable and not flags and not refresh
-    if fresh and compile and model_key(workload) not in (cached or {}).get("compile_by_model", {}):
+    if fresh and compile and not compile_measured(workload, (cached or {}).get("compile_by_model", {})):
         # The rest is cached and trusted: only this model's torch.compile cost and gain are measured.
         out.info(f"measuring torch.compile for {workload.name} on {threads} thread(s) (slow) ...")
         dtype = measure.plan_dtype(facts, workload, measure.load_cached(facts))

@@ -734,11 +734,16 @@ def estimated_step_seconds(w: Workload, meas: Measurements, rule: CompileRule, t
 def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, rules: Tuning) -> bool:
     """A CPU run long enough that measuring torch.compile for its model (minutes) is a small part of it."""
     rule = rules.compile
-    if w.steps is None or model_key(w) in meas.compile_by_model:
+    if w.steps is None or compile_measured(w, meas.compile_by_model):
         return False
     run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
     threshold: float = rule.measure_when_run_exceeds_s
     return run_s >= threshold
+
+
+def compile_measured(w: Workload, entries: Mapping[str, object]) -> bool:
+    """Whether torch.compile was measured for `w`'s model in any mode (cpuperf bench --compile measures all at once)."""
+    return any(compile_key(w, mode) in entries for mode in COMPILE_MODES)
 
 
 def compile_key(w: Workload, mode: str = "default") -> str:
