@@ -234,7 +234,8 @@ class RecommendRequest:
     levers that keep the math which the job's path can apply (cpuperf.decide.memory.MemoryLevers); None: every one.
     `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's.
     `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks.
-    `environ`: the environment the job's GPUs are seen through (CUDA_VISIBLE_DEVICES), read at the edge."""
+    `environ`: the environment the job's GPUs are seen through (CUDA_VISIBLE_DEVICES), read at the edge.
+    `compile_modes`: the torch.compile modes the job's path can apply (a Trainer script: the whole model only)."""
 
     nproc_per_node: Optional[int] = None
     nnodes: int = 1
