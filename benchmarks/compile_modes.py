@@ -6,8 +6,8 @@ cpuperf.train.bench.COMPILE_MODES that the installed torch has, each run a fresh
 rotated round by round so drift hits all alike. For each mode: the first step's extra seconds over eager's (the
 compile), the steady-state ratio against eager judged by decide/judge.py (rounds side by side: effect against
 noise), and the crossover: the steps a run needs before the compile has paid for itself, or "never" when the steady
-state is not faster. This is what the compile rule (compat/tuning.toml [compile]) is fed by `cpuperf bench
---compile` for one mode; here every mode is measured so the rule's choice of mode rests on figures.
+state is not faster. `cpuperf bench --compile --model M` measures the same for a model the plan trains and caches
+each mode for the compile rule (compat/tuning.toml [compile]); this runs the suite's reference workloads.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ OPTIMIZERS = ("adamw", "adamw_fused")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "ccl", "mpi", "nccl")
 PROGRESS = ("auto", "rich", "plain", "off")
+# How torch.compile is asked for CPU training: the whole model (inductor's default), the whole model with max-autotune
+# (on CPU it adds inductor's C++ GEMM templates to the choices it times), and regional compile: each repeated block
+# compiled alone (the LM's transformer blocks; one compile serves all of them), with either mode. `cpuperf bench
+# --compile` measures each; the compile decision names the one that pays back (cpuperf.decide.recommend).
+COMPILE_MODES = ("default", "max-autotune", "regional", "regional-max-autotune")
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
 # Measured on a 2-core EPYC Zen 3 (fp32, tiny preset, batch 16): ~2.7 steps/s in the training
 # loop, so 400 steps + 4 evals take ~2.3 minutes; the loss falls 6.7 -> ~1.5 in the first minute.
@@ -82,6 +87,7 @@ class TrainSettings:
     model: Dict[str, int] = field(default_factory=dict)  # overrides of the preset: n_layer, d_model, ...
     dtype: str = "fp32"
     compile: bool = False
+    compile_mode: str = "default"  # one of COMPILE_MODES: how torch.compile is asked when compile is on
     ipex: bool = False
     threads_per_rank: Optional[int] = None  # None: torch's default
     batch_size: int = 16  # per rank, per micro-step
@@ -182,6 +188,7 @@ class TrainSettings:
         one_of("device", DEVICES)
         one_of("ddp_backend", BACKENDS, allow_none=True)
         one_of("progress", PROGRESS)
+        one_of("compile_mode", COMPILE_MODES)
         one_of("fp32_math_mode", ("bf16",), allow_none=True)
 
     def _check_ranges(self) -> None:

@@ -45,7 +45,7 @@ def test_every_mode_is_a_configuration_and_an_unknown_one_is_refused():
     assert names == ["eager", *COMPILE_MODES]
     assert BenchConfig.from_json({"compile": True, "compile_mode": "regional"}).compile_mode == "regional"
     torch = pytest.importorskip("torch")
-    from cpuperf.train.bench import _compiled
+    from cpuperf.train.bench import compiled_model
 
     with pytest.raises(SystemExit, match="unknown compile_mode"):
-        _compiled(torch, torch.nn.Linear(2, 2), "fastest")
+        compiled_model(torch, torch.nn.Linear(2, 2), "fastest")

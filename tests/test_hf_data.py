@@ -48,6 +48,7 @@ TRAINER_RANGES = {
     "optim=adamw_bnb_8bit": ("4.18.0", "4.19.0", None, None),
     "optim=adamw_torch_fused": ("4.26.0", "4.27.0", None, None),
     "torch_compile": ("4.25.1", "4.26.0", None, None),
+    "torch_compile_mode": ("4.25.1", "4.26.0", None, None),  # pull request 20634 (compat/hf.toml)
 }
 
 # accelerate config-file keys: the dataclass fields of BaseConfig/ClusterConfig in

@@ -366,7 +366,7 @@ def _writable_dir(path: Union[str, os.PathLike[str]]) -> None:
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
               compile: bool = False, refresh: bool = False, model: Optional[str] = None) -> int:
     from cpuperf.decide.placement import plan_placement
-    from cpuperf.decide.recommend import model_key
+    from cpuperf.decide.recommend import compile_measured
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
@@ -387,10 +387,14 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     again = (measure.unfinished(cached) or measure.disturbed(cached)) if cached is not None and usable else None
     flags = flags + ([again] if again else [])
     fresh = cached is not None and usable and not flags and not refresh
-    if fresh and compile and model_key(workload) not in (cached or {}).get("compile_by_model", {}):
+    if fresh and compile and not compile_measured(workload, (cached or {}).get("compile_by_model", {})):
         # The rest is cached and trusted: only this model's torch.compile cost and gain are measured.
         out.info(f"measuring torch.compile for {workload.name} on {threads} thread(s) (slow) ...")
-        results = {**(cached or {}), **measure.compile_measurement(threads, workload=workload)}
+        dtype = measure.plan_dtype(facts, workload, measure.load_cached(facts))
+        out.info(f"... eager and each torch.compile mode, {dtype}, side by side; inductor's cache is the "
+                 "measurement's own (a cold compile)")
+        results = {**(cached or {}), **measure.compile_measurement(threads, workload=workload, dtype=dtype,
+                                                                   log=out.teller("cpuperf bench: "))}
         path = measure.save(facts, {k: v for k, v in results.items() if k not in ("schema", "host_id", "torch_build")})
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
     elif fresh:
@@ -499,11 +503,18 @@ def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
             lines.append(f"{name} preloaded: " + ", ".join(f"{w} {x:.2f}x" for w, x in per.items())
                          + " the default allocator")
     for key, c in (results.get("compile_by_model") or {}).items():
+        from cpuperf.decide.judge import paired
         from cpuperf.decide.recommend import compile_crossover
+        from cpuperf.knowledge.tuning import tuning
 
-        cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"])
-        lines.append(f"torch.compile for {c.get('model', key)}: {c['compile_seconds']:.0f} s to compile, "
-                     f"{c['speedup']:.2f}x steady at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
+        rounds = c.get("rounds") or []
+        v = paired(rounds, bar=1.0, confidence=tuning().judge.confidence) if len(rounds) >= 2 else None
+        cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"]) \
+            if v is None or v.above else None
+        noise = "" if v is None else f" ({v.low:.2f}-{v.high:.2f} over {v.n} rounds, {v.outcome})"
+        lines.append(f"torch.compile for {c.get('model', key)}, {c.get('mode', 'default')}"
+                     f"{', ' + c['dtype'] if c.get('dtype') else ''}: {c['compile_seconds']:.0f} s to compile, "
+                     f"{c['speedup']:.2f}x steady{noise} at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
                      + (f"pays back after {cross} steps" if cross else "never pays back"))
     return lines
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cpuperf import readback as rb
 from cpuperf.decide.judge import FIGURE_MAX
 from cpuperf.jsonable import JsonObject
+from cpuperf.worker_settings import COMPILE_MODES
 
 
 def _timestamp(v: object) -> Optional[str]:
@@ -33,8 +34,13 @@ LOAD = rb.record({"under_load": rb.boolean, "busy_cpus": rb.map_of(rb.number(0, 
                   "before": rb.nullable(rb.text()), "after": rb.nullable(rb.text())})
 REPEAT = rb.record({"n": rb.count(), "median": rb.positive(), "min": rb.positive(), "max": rb.positive(),
                     "spread": rb.nullable(rb.number(0, 1e6))}, required=("n", "median", "min", "max"))
+# torch.compile for one model in one mode (cpuperf.run.measure.compile_measurement): the cold compile, the steady
+# speed-up over eager (the geometric mean of `rounds`, one compiled/eager ratio per round side by side), eager's step. An
+# entry without `mode` is the whole model in the default mode (a cache written before the modes were measured).
 COMPILED = rb.record({"compile_seconds": rb.positive(), "speedup": rb.positive(1e6), "step_seconds": rb.positive(),
-                      "batch": rb.positive(), "model": rb.text(256), "threads": rb.count()},
+                      "batch": rb.positive(), "model": rb.text(256), "threads": rb.count(),
+                      "mode": rb.one_of(*COMPILE_MODES), "dtype": rb.one_of("fp32", "bf16", "fp16"),
+                      "rounds": rb.list_of(rb.positive(1e6), 1000), "compile_seconds_warm": rb.number(0, 1e9)},
                      required=("compile_seconds", "speedup", "step_seconds", "batch"))
 RATIO = rb.positive(1e6)
 # A comparison judged (cpuperf.decide.judge.Verdict.to_json): its ratio, interval, bar, how many, the outcome.

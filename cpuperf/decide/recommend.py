@@ -15,6 +15,7 @@ from packaging.version import Version
 
 from cpuperf.decide.allocator import decide_allocator, install_hint
 from cpuperf.decide.backend import cpu_backend, no_intel_build, several_ranks_evidence
+from cpuperf.decide.judge import Verdict, paired
 from cpuperf.decide.load import adjust_placement
 from cpuperf.decide.memory import MemoryAsk, MemoryJob, MemoryLevers, MemoryPlan
 from cpuperf.decide.placement import Placement, plan_placement
@@ -53,6 +54,7 @@ from cpuperf.knowledge.tuning import Tuning, tuning
 from cpuperf.probe.facts import Gpu, HostFacts
 from cpuperf.probe.hf import SEQ_ARGS
 from cpuperf.versions import int_pair, version_or_none
+from cpuperf.worker_settings import COMPILE_MODES
 
 SCHEMA = "cpuperf.recommend/1"
 
@@ -233,7 +235,8 @@ class RecommendRequest:
     levers that keep the math which the job's path can apply (cpuperf.decide.memory.MemoryLevers); None: every one.
     `pins`: levers another owner fixed, each with its reason (a cluster's nodes agreeing), under the user's.
     `ranks_unknown`: the user's launcher starts a count cpuperf cannot tell: nothing unsafe with several ranks.
-    `environ`: the environment the job's GPUs are seen through (CUDA_VISIBLE_DEVICES), read at the edge."""
+    `environ`: the environment the job's GPUs are seen through (CUDA_VISIBLE_DEVICES), read at the edge.
+    `compile_modes`: the torch.compile modes the job's path can apply (a Trainer script: the whole model only)."""
 
     nproc_per_node: Optional[int] = None
     nnodes: int = 1
@@ -249,6 +252,7 @@ class RecommendRequest:
     pins: Optional[Constraints] = None
     memory_levers: Optional[MemoryLevers] = None
     ranks_unknown: bool = False
+    compile_modes: Tuple[str, ...] = COMPILE_MODES  # the torch.compile modes the job's path can apply
 
 
 def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendRequest] = None) -> Recommendation:
@@ -267,8 +271,8 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
     precision = _decide_precision(ctx, gpu)
     backend = _decide_backend(ctx, world, on_gpu)
     ipex = _decide_ipex(ctx, on_gpu)
-    compile_d = ctx.take(_decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ipex.value, placement, facts),
-                         ctx.fixed.compile, ctx.tuned.compile)
+    compile_d = ctx.take(_decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ipex.value, placement,
+                                         r.compile_modes), ctx.fixed.compile, ctx.tuned.compile)
     allocator = _choose_allocator(ctx, on_gpu, world, precision.dtype.value)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
     # The levers decided so far; the memory plan decides the rest and returns the whole record.
@@ -770,43 +774,109 @@ def estimated_step_seconds(w: Workload, meas: Measurements, rule: CompileRule, t
 def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, rules: Tuning) -> bool:
     """A CPU run long enough that measuring torch.compile for its model (minutes) is a small part of it."""
     rule = rules.compile
-    if w.steps is None or model_key(w) in meas.compile_by_model:
+    if w.steps is None or compile_measured(w, meas.compile_by_model):
         return False
     run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
     threshold: float = rule.measure_when_run_exceeds_s
     return run_s >= threshold
 
 
+def compile_measured(w: Workload, entries: Mapping[str, object]) -> bool:
+    """Whether torch.compile was measured for `w`'s model in any mode (cpuperf bench --compile measures all at once)."""
+    return any(compile_key(w, mode) in entries for mode in COMPILE_MODES)
+
+
+def compile_key(w: Workload, mode: str = "default") -> str:
+    """Where torch.compile's figures for `w`'s model in `mode` are cached (Measurements.compile_by_model): the
+    model's key for the default mode (the key a cache written before the modes has), the key and the mode else."""
+    return model_key(w) if mode == "default" else f"{model_key(w)} {mode}"
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One mode's figures for the plan's model: the cold compile, eager's step at the rank's batch, the steady
+    speed-up and, where rounds were measured side by side, its verdict against eager (cpuperf.decide.judge)."""
+
+    mode: str
+    compile_s: float
+    step_s: float
+    speedup: float
+    verdict: Optional[Verdict]
+    dtype: str
+
+    @property
+    def crossover(self) -> Optional[int]:
+        """Steps to pay back; None where the gain is none, or not above its own noise."""
+        if self.verdict is not None and not self.verdict.above:
+            return None
+        return compile_crossover(self.compile_s, self.step_s, self.speedup)
+
+    def net_s(self, steps: int) -> float:
+        """Seconds a run of `steps` saves in this mode, its compile paid."""
+        return steps * self.step_s * (1 - 1 / self.speedup) - self.compile_s
+
+    def gain(self) -> str:
+        v = self.verdict
+        return (f"{self.speedup:.2f}x" if v is None else
+                f"{self.speedup:.2f}x ({v.low:.2f}-{v.high:.2f} over {v.n} rounds, {v.outcome})")
+
+    def said(self) -> str:
+        if self.crossover is None:
+            why = "not above its noise" if self.verdict is not None and self.speedup > 1 else "no steady-state gain"
+            return f"{self.mode} {self.gain()}: {why}"
+        return (f"{self.mode}: compile ~{self.compile_s:.0f} s, {self.gain()} per step of {self.step_s:.2f} s: pays "
+                f"back after {self.crossover} steps")
+
+    def to_json(self) -> JsonObject:
+        v = self.verdict
+        return {"compile_seconds": round(self.compile_s, 1), "speedup": round(self.speedup, 3),
+                "step_seconds": round(self.step_s, 4), "crossover_steps": self.crossover, "dtype": self.dtype,
+                **({"verdict": v.to_json()} if v is not None else {})}
+
+
+def _measured_modes(w: Workload, meas: Measurements, modes: Tuple[str, ...], per_rank_batch: int,
+                    rules: Tuning) -> List[_Compiled]:
+    """The modes measured for this model (cpuperf bench --compile), each step time scaled to the rank's batch."""
+    judge_rule = rules.judge
+    out: List[_Compiled] = []
+    for mode in modes:
+        own = meas.compile_by_model.get(compile_key(w, mode))
+        if not own or own.get("mode", "default") != mode:
+            continue
+        rounds = [float(r) for r in own.get("rounds") or []]
+        verdict = paired(rounds, bar=1.0, confidence=judge_rule.confidence) if len(rounds) >= 2 else None
+        step_s = float(own["step_seconds"]) * per_rank_batch / max(1.0, float(own.get("batch") or per_rank_batch))
+        out.append(_Compiled(mode, float(own["compile_seconds"]), step_s,
+                             verdict.ratio if verdict is not None else float(own["speedup"]), verdict,
+                             str(own.get("dtype") or "fp32")))
+    return out
+
+
 def _decide_compile(w: Workload, meas: Measurements, rules: Tuning, torch_v: Optional[str],
-                    on_gpu: bool, ipex: bool, placement: Placement, facts: HostFacts) -> Decision[bool]:
+                    on_gpu: bool, ipex: bool, placement: Placement, modes: Tuple[str, ...] = COMPILE_MODES
+                    ) -> Decision[bool]:
     tv = version_or_none(torch_v)
     if tv is not None and tv < Version("2.0"):
         return Decision("compile", False, f"torch {torch_v} has no torch.compile", {"torch": torch_v})
     if ipex:
         return Decision("compile", False, "IPEX optimize is used instead", {})
-    rule = rules.compile
     per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
-    own = meas.compile_by_model.get(model_key(w)) if not on_gpu else None
+    measured = _measured_modes(w, meas, modes, per_rank_batch, rules) if not on_gpu else []
+    if measured:
+        return _compile_from_modes(w, meas, measured)
+    rule = rules.compile
     evidence: JsonObject = {"model": model_key(w)}
-    if own:
-        # Measured for this model: the step time scales with the rank's batch (the measurement's was own["batch"]).
-        compile_s, speedup = float(own["compile_seconds"]), float(own["speedup"])
-        step_s = float(own["step_seconds"]) * per_rank_batch / max(1.0, float(own.get("batch") or per_rank_batch))
-        evidence.update(compile_seconds=round(compile_s, 1), speedup=round(speedup, 3), step_seconds=round(step_s, 4),
-                        measured=meas.source)
-    else:
-        compile_s = rule.assumed_compile_seconds_per_layer * max(1, w.n_layer)
-        speedup = rule.assumed_speedup_gpu if on_gpu else rule.assumed_speedup_cpu
-        step_s = estimated_step_seconds(w, meas, rule, placement.threads_per_rank, per_rank_batch, on_gpu)
-        evidence.update(compile_seconds=round(compile_s, 1), speedup=speedup, step_seconds_estimate=round(step_s, 4),
-                        measured="assumed")
+    compile_s = rule.assumed_compile_seconds_per_layer * max(1, w.n_layer)
+    speedup = rule.assumed_speedup_gpu if on_gpu else rule.assumed_speedup_cpu
+    step_s = estimated_step_seconds(w, meas, rule, placement.threads_per_rank, per_rank_batch, on_gpu)
+    evidence.update(compile_seconds=round(compile_s, 1), speedup=speedup, step_seconds_estimate=round(step_s, 4),
+                    measured="assumed")
     crossover = compile_crossover(compile_s, step_s, speedup)
     evidence["crossover_steps"] = crossover
     steps = w.steps
     evidence["steps"] = steps
     model = w.name if w.source == "preset" else "CONFIG"
-    how = "measured here for this model" if own else \
-        f"assumed: not measured for this model here (`cpuperf bench --compile --model {model}` measures it)"
+    how = f"assumed: not measured for this model here (`cpuperf bench --compile --model {model}` measures it)"
     if crossover is None:
         return Decision("compile", False, f"no steady-state gain from torch.compile ({speedup:.2f}x, {how}): its "
                         "compile time never pays back", evidence)
@@ -817,6 +887,35 @@ def _decide_compile(w: Workload, meas: Measurements, rules: Tuning, torch_v: Opt
     if steps > crossover:
         return Decision("compile", True, f"{figure}; this run has {steps}", evidence, needs_torch=True)
     return Decision("compile", False, f"{figure}; this run has only {steps}", evidence)
+
+
+def _compile_from_modes(w: Workload, meas: Measurements, measured: List[_Compiled]) -> Decision[bool]:
+    """On, in the mode that saves the run the most time with its compile paid, where one pays back within the run's
+    steps; off otherwise, with every mode's figures. `mode`: that mode, or the best gain above its noise (the mode a
+    compile you set runs in)."""
+    steps = w.steps
+    paying = [m for m in measured if m.crossover is not None]
+    within = [m for m in paying if steps is not None and steps > (m.crossover or 0)]
+    chosen = max(within, key=lambda m: m.net_s(steps or 0)) if within else None
+    best = max(paying, key=lambda m: m.speedup) if paying else None
+    shown = chosen or best or max(measured, key=lambda m: m.speedup)
+    named = chosen or best
+    evidence: JsonObject = {"model": model_key(w), "mode": named.mode if named is not None else "default",
+                            "compile_seconds": round(shown.compile_s, 1), "speedup": round(shown.speedup, 3),
+                            "step_seconds": round(shown.step_s, 4), "measured": meas.source,
+                            "modes": {m.mode: m.to_json() for m in measured},
+                            "crossover_steps": shown.crossover, "steps": steps}
+    dtypes = sorted({m.dtype for m in measured})
+    how = f"measured here for this model, {'/'.join(dtypes)}"
+    if chosen is not None:
+        return Decision("compile", True, f"torch.compile {chosen.said()} ({how}); this run has {steps}", evidence,
+                        needs_torch=True)
+    figures = "; ".join(m.said() for m in measured)
+    if not paying:
+        return Decision("compile", False, f"no steady-state gain from torch.compile above its noise ({figures}; "
+                        f"{how}): its compile time never pays back", evidence)
+    tail = "the run length is unknown" if steps is None else f"this run has only {steps}"
+    return Decision("compile", False, f"torch.compile {figures} ({how}); {tail}", evidence)
 
 
 def reference_workload(w: Optional[Workload]) -> str:

@@ -27,6 +27,7 @@ AllocatorName = Literal["tcmalloc", "jemalloc", "mimalloc"]
 Attention = Literal["sdpa", "flash", "mem_efficient", "math"]
 Optimizer = Literal["adamw", "adamw_fused", "adafactor", "adamw_8bit"]
 Sharding = Literal["fsdp", "zero3"]
+CompileMode = Literal["default", "max-autotune", "regional", "regional-max-autotune"]  # worker_settings.COMPILE_MODES
 ZeroConfig = Dict[str, JsonValue]  # a DeepSpeed ZeRO config, as DeepSpeed reads it (JSON)
 
 
@@ -120,6 +121,13 @@ class Levers:
 
 
 
+def compile_mode_of(d: Decision[bool]) -> CompileMode:
+    """The torch.compile mode the compile decision names (its evidence's `mode`: the one measured to pay back, or
+    the best measured where you set compile); "default" (the whole model) where it names none."""
+    mode = d.evidence.get("mode")
+    return cast(CompileMode, mode) if mode in get_args(CompileMode) else "default"
+
+
 def measured_gemm(evidence: JsonMapping) -> Optional[Tuple[float, float]]:
     """(fp32, bf16) GEMM GFLOP/s the dtype decision was measured from (its evidence), None where it was not."""
     fp32, bf16 = evidence.get("gemm_fp32_gflops"), evidence.get("gemm_bf16_gflops")
@@ -150,9 +158,10 @@ class Measurements:
     compile_speedup: Optional[float] = None
     # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
     allocator_speedup: Dict[str, Union[float, Dict[str, float]]] = field(default_factory=dict)
-    # model_key(workload) -> {"compile_seconds", "speedup", "step_seconds", "batch"}: torch.compile
-    # measured on this host for that model (cpuperf bench --compile --model NAME)
-    compile_by_model: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    # compile_key(workload, mode) -> {"compile_seconds", "speedup", "step_seconds", "batch", "mode", "dtype",
+    # "rounds"}: torch.compile measured on this host for that model in that mode (cpuperf bench --compile --model NAME;
+    # decide/measurement_schema.COMPILED)
+    compile_by_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     # Joint tuning (cpuperf.decide.tune): shape_key(workload) -> result, and a user command's key -> result
     tuned_by_shape: Dict[str, JsonObject] = field(default_factory=dict)
     tuned_by_command: Dict[str, JsonObject] = field(default_factory=dict)

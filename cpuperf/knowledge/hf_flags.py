@@ -54,6 +54,7 @@ TRAINER_FLAGS: Tuple[TrainerFlag, ...] = (
     TrainerFlag("optim_adafactor", "optim=adafactor", "--optim", "optimizer"),
     TrainerFlag("optim_8bit", "optim=adamw_bnb_8bit", "--optim", "optimizer"),
     TrainerFlag("torch_compile", "torch_compile", "--torch_compile", "compile"),
+    TrainerFlag("torch_compile_mode", "torch_compile_mode", "--torch_compile_mode", "compile"),
     TrainerFlag("jit_mode_eval", "jit_mode_eval", "--jit_mode_eval", None),
     TrainerFlag("half_precision_backend", "half_precision_backend", "--half_precision_backend", None),
     TrainerFlag("per_device_train_batch_size", "per_device_train_batch_size", "--per_device_train_batch_size",
@@ -68,6 +69,10 @@ TRAINER_FLAGS: Tuple[TrainerFlag, ...] = (
     TrainerFlag(None, None, "--fsdp_config", "sharding"),
     TrainerFlag(None, None, "--deepspeed", "sharding"),
 )
+# The torch.compile modes (worker_settings.COMPILE_MODES) a Trainer script can be given: the whole model, in inductor's
+# default mode (--torch_compile) or another (--torch_compile_mode, which the Trainer hands to torch.compile through
+# accelerate). Regional compile is no TrainingArguments field (transformers 5.24.0): the built-in worker's alone.
+TRAINER_COMPILE_MODES: Tuple[str, ...] = ("default", "max-autotune")
 # cpuperf's flag ids -> the option names in compat/hf.toml
 FLAG_ROWS: Dict[str, str] = {f.id: f.row for f in TRAINER_FLAGS if f.id is not None and f.row is not None}
 # an option cpuperf adds -> the lever it carries (what plan/applied reports as applied by a flag)

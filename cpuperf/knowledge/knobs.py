@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from cpuperf.errors import FieldError, UsageError, verbatim
-from cpuperf.worker_settings import BOUNDS, out_of_bounds
+from cpuperf.worker_settings import BOUNDS, COMPILE_MODES, out_of_bounds
 
 # A node count past this is a typo, not a plan (ranks and threads are bounded by the host, in placement).
 MAX_COUNT = 4096
@@ -100,6 +100,8 @@ KNOBS: Tuple[Knob, ...] = (
     _sized("log_every", worker=True),
     _sized("seed", worker=True),
     Knob("progress", "choice", choices=("auto", "rich", "plain", "off"), worker=True),
+    Knob("compile_mode", "choice", choices=COMPILE_MODES,
+         worker=True, doc="how torch.compile is asked when compile is on (default: the mode the plan measured best)"),
     _sized("bpe_merges", worker=True),
     Knob("peak_tflops", "float", minimum=0.0, worker=True, nullable=True),
     Knob("confirm_batch", "bool", worker=True),

@@ -75,6 +75,7 @@ class Compile:
     """[compile]: the compile crossover's assumptions where nothing was measured."""
 
     measure_when_run_exceeds_s: float = field(metadata=_range(0))
+    measure_rounds: int = field(metadata=_range(1, 100))
     assumed_compile_seconds_per_layer: float = field(metadata=_range(0))
     assumed_speedup_cpu: float = field(metadata=_range(0))
     assumed_speedup_gpu: float = field(metadata=_range(0))

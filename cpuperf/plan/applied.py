@@ -175,7 +175,9 @@ def _setting(d: Decision[object], job: RenderedJob) -> Optional[str]:
     if job.settings is None or d.id not in SETTING_NAMES:
         return None
     value = getattr(job.settings, d.id)
-    return f"worker setting {d.id}={show_value(value)}" if value == d.value else None
+    mode = job.settings.compile_mode if d.id == "compile" and value is True else "default"  # the mode it runs in
+    return (f"worker setting {d.id}={show_value(value)}" + (f", compile_mode={mode}" if mode != "default" else "")
+            if value == d.value else None)
 
 
 def _flag(d: Decision[object], job: RenderedJob) -> Optional[str]:

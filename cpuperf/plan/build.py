@@ -117,6 +117,8 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Ov
             yours: Optional[LauncherRanks], use_tuned: bool) -> Recommendation:
     """recommend's decisions for this request, from the measurements the edge took."""
     from cpuperf.decide.recommend import RecommendRequest, recommend
+    from cpuperf.knowledge.hf_flags import TRAINER_COMPILE_MODES
+    from cpuperf.worker_settings import COMPILE_MODES
 
     meas = edge.measurements
     tuned, said = _command_tuning(request, meas, edge) if use_tuned else (None, None)
@@ -130,7 +132,8 @@ def _decide(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, decided: Ov
         baseline=None if request.auto else ({} if yours is not None else {"nproc_per_node": 1}),
         ranks_from=f"your launcher: {yours.source}" if yours is not None else None,
         ranks_unknown=yours is not None and yours.count is None,
-        memory_levers=memory_levers(request, facts, edge)))
+        memory_levers=memory_levers(request, facts, edge),
+        compile_modes=COMPILE_MODES if request.command is None else TRAINER_COMPILE_MODES))
     dp = rec.workload.parallel
     if yours is not None and dp.kind == "trainer" and dp.global_batch is not None and rec.levers.world > 1:
         world = rec.levers.world  # your launcher's ranks are yours, and so is the batch they train

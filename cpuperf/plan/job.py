@@ -16,7 +16,7 @@ from cpuperf.decide import runtime_env as envplan
 from cpuperf.decide.arm_levers import knob_vars
 from cpuperf.decide.backend import process_group_backend
 from cpuperf.decide.placement import MemoryPolicy, memory_policy
-from cpuperf.decide.records import Recommendation
+from cpuperf.decide.records import Recommendation, compile_mode_of
 from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, JsonValue
@@ -194,6 +194,9 @@ def _worker_values(rec: Recommendation, request: JobRequest, out_dir: str) -> Js
                 s[d.id] = _json_scalar(d.value)
     if lv.ddp_backend.value and world > 1:
         s["ddp_backend"] = lv.ddp_backend.value
+    compiled = lv.compile.value and (request.auto or lv.compile.overridden)  # plain: only where you set it
+    if compiled and compile_mode_of(lv.compile) != "default":  # the mode measured to pay back
+        s["compile_mode"] = compile_mode_of(lv.compile)
     asked = request.asked
     if asked.max_steps is not None:
         s["max_steps"] = asked.max_steps

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from packaging.version import Version
 
+from cpuperf.decide.records import compile_mode_of
 from cpuperf.decide.workload import DataParallel
 from cpuperf.errors import FieldError, verbatim
 from cpuperf.jsonable import JsonValue
+from cpuperf.knowledge.hf_flags import TRAINER_COMPILE_MODES
 from cpuperf.knowledge.script_parsers import ScriptParser, hf_parser
 from cpuperf.plan.script_args import UNREAD, ScriptArgError, ScriptArgs, bounded_int, read_script_args
 from cpuperf.plan.script_read import ScriptRead
@@ -494,7 +496,7 @@ def speed_flags(lv: Levers, context: FlagContext) -> Tuple[List[Flag], List[Tupl
                         "(attn_implementation where your script loads it; transformers' default is sdpa, which "
                         "dispatches to it): no TrainingArguments flag sets it"))
     _precision_flags(lv, tuning, bf16_gemm_ratio, want, skipped)
-    _runtime_flags(lv, ok, world, want)
+    _runtime_flags(lv, ok, world, want, skipped)
     _hyperparameter_flags(lv, want, out)
     _memory_flags(lv, transformers_version, config_dir, want, out, skipped)
     opt, why_not = _optim_flag(lv, ok, transformers_version, torch_version, tuning)
@@ -536,7 +538,7 @@ def _precision_flags(lv: Levers, tuning: Tuning,
         want("tf32", ("true",), "TF32 matmuls on Ampere and newer")
 
 
-def _runtime_flags(lv: Levers, ok: Set[str], world: int, want: _Want) -> None:
+def _runtime_flags(lv: Levers, ok: Set[str], world: int, want: _Want, skipped: List[Tuple[str, str]]) -> None:
     """DDP backend, data loading, torch.compile, IPEX."""
     backend = lv.ddp_backend.value
     if backend and world > 1 and (backend != "ccl" or "ddp_backend_ccl" in ok):
@@ -547,10 +549,19 @@ def _runtime_flags(lv: Levers, ok: Set[str], world: int, want: _Want) -> None:
     if lv.on_gpu and lv.pin_memory.value is False:
         want("dataloader_pin_memory", ("false",), "pinned memory does not help here")
     # torch.compile costs minutes of warm-up: when you asked (--set), or where recommend found it paying back
-    # within the run (compile time / per-step saving < the script's --max_steps; the plan shows the figure).
+    # within the run (compile time / per-step saving < the script's --max_steps; the plan shows the figure), in the
+    # mode it measured best (--torch_compile_mode where that is not the default); else said with the figures.
     if lv.compile.value:
-        want("torch_compile", (), "you set compile" if lv.compile.overridden
-             else "torch.compile measured or estimated to pay back within this run")
+        why = ("you set compile" if lv.compile.overridden
+               else "torch.compile measured or estimated to pay back within this run")
+        want("torch_compile", (), why)
+        mode = compile_mode_of(lv.compile)
+        if mode in TRAINER_COMPILE_MODES and mode != "default":
+            want("torch_compile_mode", (mode,), f"{why}: the {mode} mode, measured best here")
+        elif mode != "default":
+            skipped.append(("--torch_compile_mode", f"{mode}: no TrainingArguments option compiles each block alone"))
+    else:
+        skipped.append(("--torch_compile", lv.compile.reason))
     if lv.ipex.value:  # installed by you, and recommend found it compatible
         want("use_ipex", (), "IPEX installed and compatible: its CPU kernels")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -403,7 +404,9 @@ def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allo
         raise
     results.update(gemm_size=size, gemm_seconds=seconds)
     if compile:
-        results.update(compile_measurement(threads, python, workload=workload))
+        meas = Measurements.from_json(results) if results.get("gemm_fp32_gflops") else None
+        results.update(compile_measurement(threads, python, workload=workload, log=log,
+                                           dtype=plan_dtype(facts, workload, meas)))
     after = load_now(facts, threads)
     worst = before if before["under_load"] or not after["under_load"] else after
     results["load"] = {**worst, "under_load": before["under_load"] or after["under_load"],
@@ -808,32 +811,88 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
     return out
 
 
-def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0,
-                        workload: Optional[Workload] = None, batch: int = 0) -> Dict[str, Any]:
-    """torch.compile's one-time cost and steady speed-up for one model on this host (slow: tens of seconds).
-
-    The same model eager and compiled in fresh processes: the compile time is the compiled first step
-    less the eager one; the speed-up the ratio of steady throughputs. Keyed by the model's shape, so a
-    decision uses only its own model's figures (compile_by_model).
-    """
-    from cpuperf.decide.recommend import model_key
+def plan_dtype(facts: HostFacts, workload: Optional[Workload], meas: Optional[Measurements]) -> str:
+    """The dtype the plan for `workload` on this host runs (bf16 autocast where it pays): the one torch.compile is
+    measured at, so its figures are the run's."""
+    from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import PRESETS
+
+    try:
+        return recommend(facts, workload or PRESETS["tiny"], RecommendRequest(measurements=meas)).levers.dtype.value
+    except CpuperfError:
+        return "fp32"
+
+
+def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0,
+                        workload: Optional[Workload] = None, batch: int = 0, dtype: str = "fp32",
+                        modes: Optional[Sequence[str]] = None, rounds: int = 0,
+                        log: Optional[Callable[[str], object]] = None) -> Dict[str, Any]:
+    """torch.compile's one-time cost and steady speed-up for one model on this host, in each mode the installed
+    torch has (worker_settings.COMPILE_MODES, or `modes`), at `dtype` (bf16: under autocast, as the plan runs it).
+    Slow: tens of seconds to minutes a mode.
+
+    Eager and each mode in fresh processes, round by round in rotated order ([compile] measure_rounds), inductor's
+    cache private to each mode: the compile time is a mode's first step less eager's in the first round (cold,
+    what a first run pays; the later rounds' warm figure is kept beside it), the steady speed-up the geometric mean
+    of the rounds' compiled/eager ratios, kept with them so the decision judges it against its noise (decide/judge.py).
+    Keyed by the model's shape and the mode (compile_key), so a decision uses only its own model's figures."""
+    import tempfile
+
+    from cpuperf.decide.recommend import compile_key
+    from cpuperf.decide.workload import PRESETS
+    from cpuperf.worker_settings import COMPILE_MODES
 
     w = workload or PRESETS["tiny"]
     batch = batch or max(1, min(w.batch_size, 16))
     shape = {"n_layer": w.n_layer, "n_head": w.n_head, "d_model": w.d_model, "seq_len": w.seq_len, "vocab_size": w.vocab}
     settings = {"workload": "lm", "shape": shape, "batch": batch, "threads_per_rank": threads, "seconds": seconds,
-                "steps": 3}
-    env = {"OMP_NUM_THREADS": str(threads)}
-    eager = _benchrun(settings, env, python)
-    compiled = _benchrun({**settings, "compile": True}, env, python, timeout=1800)
-    if not eager or not compiled:
+                "steps": 3, "dtype": dtype}
+    wanted = [m for m in (modes or COMPILE_MODES) if m in COMPILE_MODES]
+    runs: Dict[str, List[Dict[str, Any]]] = {}  # name -> one result per round (None where it failed)
+    with tempfile.TemporaryDirectory(prefix="cpuperf-inductor-") as cache:
+        for r in range(max(1, rounds or tuning().compile.measure_rounds)):
+            names = ["eager", *wanted]
+            order = names if r == 0 else names[r % len(names):] + names[:r % len(names)]  # eager first: the modes
+            for name in order:
+                if name != "eager" and r > 0 and not runs.get(name):
+                    continue  # failed in the first round: not tried again
+                if log:
+                    log(f"torch.compile for {w.name}, round {r + 1}: {name} ...")
+                # each mode its own inductor cache: cold in its first round (no kernel another mode compiled)
+                env = {"OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, name)}
+                res = _benchrun(settings if name == "eager" else {**settings, "compile": True, "compile_mode": name},
+                                env, python, timeout=1800)
+                if name == "eager" and r == 0:
+                    if not res:
+                        return {}
+                    wanted = [m for m in wanted if m in (res.get("compile_modes") or ["default"])]
+                if res:
+                    runs.setdefault(name, []).append({**res, "round": r})
+    out = {compile_key(w, mode): entry for mode in wanted
+           if (entry := _compile_entry(runs, mode, batch, w.name, threads, dtype))}
+    if not out:
         return {}
-    entry = {"compile_seconds": round(max(0.1, compiled["first_step_s"] - eager["first_step_s"]), 2),
-             "speedup": round(compiled["samples_per_s"] / eager["samples_per_s"], 4),
-             "step_seconds": round(batch / eager["samples_per_s"], 4), "batch": batch, "model": w.name,
-             "threads": threads}
-    return {"compile_by_model": {model_key(w): entry}}
+    return {"compile_by_model": out}
+
+
+def _compile_entry(runs: Mapping[str, List[Dict[str, Any]]], mode: str, batch: int, model: str, threads: int,
+                   dtype: str) -> Optional[Dict[str, Any]]:
+    """One mode's cached figures from its runs and eager's, paired round by round."""
+    eager = {x["round"]: x for x in runs.get("eager", [])}
+    mine = [x for x in runs.get(mode, []) if x["round"] in eager]
+    if not mine or not eager:
+        return None
+    ratios = [x["samples_per_s"] / eager[x["round"]]["samples_per_s"] for x in mine]
+    extra = [max(0.1, x["first_step_s"] - eager[x["round"]]["first_step_s"]) for x in mine]
+    eager_rate = statistics.median(x["samples_per_s"] for x in eager.values())
+    # the steady gain as the judgement takes it (decide/judge.py): the geometric mean of the rounds' ratios
+    gain = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    entry: Dict[str, Any] = {"compile_seconds": round(extra[0], 2), "speedup": round(gain, 4),
+                             "rounds": [round(r, 4) for r in ratios], "step_seconds": round(batch / eager_rate, 4),
+                             "batch": batch, "model": model, "threads": threads, "mode": mode, "dtype": dtype}
+    if len(extra) > 1:
+        entry["compile_seconds_warm"] = round(statistics.median(extra[1:]), 2)
+    return entry
 
 
 def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executable,
@@ -852,7 +911,8 @@ def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executab
         if log:
             log(f"measuring torch.compile for {workload.name} ({workload.steps} steps: long enough for it to "
                 "matter); cached for later runs ...")
-        entry = compile_measurement(threads, python, workload=workload)
+        entry = compile_measurement(threads, python, workload=workload, log=log,
+                                    dtype=plan_dtype(facts, workload, got))
         if entry:
             data, _ = read_cached(facts)
             base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")}

@@ -391,6 +391,7 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
 
     from cpuperf.decide import tune as dtune
     from cpuperf.decide.recommend import RecommendRequest, recommend, shape_key
+    from cpuperf.decide.records import compile_mode_of
     from cpuperf.run import measure
 
     rule = rules()
@@ -402,6 +403,7 @@ def tune_shape(facts: HostFacts, workload: Workload, meas: Optional[Measurements
     start = dtune.start_point(rec, cand)
     base = {"workload": "lm", "batch": workload.batch_size, "seconds": rule.seconds, "steps": rule.steps,
             "warmup": rule.warmup, "windows": rule.windows, "run_steps": workload.steps or 0,
+            "compile_mode": compile_mode_of(rec.levers.compile),  # a compiled point runs the mode the plan would
             "shape": {"n_layer": workload.n_layer, "n_head": workload.n_head, "d_model": workload.d_model,
                       "seq_len": workload.seq_len, "vocab_size": workload.vocab}}
 

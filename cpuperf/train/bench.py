@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optio
 
 from cpuperf.jsonable import JsonMapping, JsonValue
 from cpuperf.train import observed
+from cpuperf.worker_settings import COMPILE_MODES  # how torch.compile can be asked (benchmarks/compile_modes.py)
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -35,10 +36,6 @@ MLP_SHAPES = {"small": (1024, 1024, 4), "large": (2048, 4096, 4)}  # (input, hid
 CONV_SHAPES = {"small": (64, 32), "large": (128, 64)}  # (image side, base channels)
 BATCH = {"lm": 16, "mlp": 256, "conv": 32}
 SIZE_BATCH = {("lm", "gpt2"): 2}
-# How torch.compile can be asked for CPU training: the whole model (inductor's default), the whole model with
-# max-autotune (on CPU it adds inductor's C++ GEMM templates to the choices it times), and regional compile: each
-# repeated block compiled alone (the LM's transformer blocks; one compile serves all of them), with either mode.
-COMPILE_MODES = ("default", "max-autotune", "regional", "regional-max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,12 +197,20 @@ def _optimised(model: nn.Module, cfg: BenchConfig, dtype: str) -> Tuple[nn.Modul
         except AttributeError:
             pass
     if cfg.compile:
-        model = _compiled(torch, model, cfg.compile_mode or "default")
+        model = compiled_model(torch, model, cfg.compile_mode or "default")
     return model, opt
 
 
-def _compiled(torch: ModuleType, model: nn.Module, how: str) -> nn.Module:
-    """`model` under torch.compile as `how` (COMPILE_MODES) asks; regional without repeated blocks: the whole."""
+def available_compile_modes(torch: ModuleType) -> List[str]:
+    """The COMPILE_MODES the installed torch has: torch.compile (2.0), a module's own compile (regional: 2.2)."""
+    if not hasattr(torch, "compile"):
+        return []
+    return [m for m in COMPILE_MODES if not m.startswith("regional") or hasattr(torch.nn.Module, "compile")]
+
+
+def compiled_model(torch: ModuleType, model: nn.Module, how: str) -> nn.Module:
+    """`model` under torch.compile as `how` (COMPILE_MODES) asks; regional without repeated blocks: the whole.
+    The built-in worker (cpuperf.train.loop) compiles its model here too, so a mode measured is the mode run."""
     if how not in COMPILE_MODES:
         raise SystemExit(f"unknown compile_mode {how!r}: one of {', '.join(COMPILE_MODES)}")
     mode = "max-autotune" if how.endswith("max-autotune") else None
@@ -309,6 +314,7 @@ def run(cfg: BenchConfig) -> Dict[str, object]:
         "ran": ranks_ran,  # one record per rank, read back inside it
         "window": observed.combine_windows(windows),  # the timed steps: who else used their CPUs
         "flops_per_sample": flops_per_sample(workload, size, cfg.shape),
+        "compile_modes": available_compile_modes(torch),
         "torch": torch.__version__,
     }
 

@@ -476,7 +476,7 @@ class Run:
             self.torch.cuda.reset_peak_memory_stats(self.device)
 
     def wrap_model(self, model: nn.Module) -> None:
-        """DDP over several ranks, then torch.compile when asked."""
+        """DDP over several ranks, then torch.compile when asked, as its compile_mode asks."""
         self.model = model
         self.ddp_model: Optional[DistributedDataParallel] = None
         if self.world > 1:
@@ -486,7 +486,9 @@ class Run:
             self.model = self.ddp_model = DDP(model, device_ids=ids)
         if self.s.compile:
             try:
-                self.model = self.torch.compile(self.model)
+                from cpuperf.train.bench import compiled_model
+
+                self.model = compiled_model(self.torch, self.model, self.s.compile_mode)
             except Exception as exc:
                 raise MissingFeatureError(f"torch.compile failed: {exc}".splitlines()[0],
                                           hint="set compile false")

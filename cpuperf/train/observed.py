@@ -98,6 +98,15 @@ def combine_windows(per_rank: Sequence[WindowFigures]) -> Dict[str, Union[None, 
             "pressure_file": first.get("pressure_file")}
 
 
+def compiled(model: object) -> bool:
+    """torch.compile in force: the model wrapped (an OptimizedModule), or modules of it compiled in place (regional
+    compile: nn.Module.compile on each block)."""
+    if hasattr(model, "_orig_mod"):
+        return True
+    modules = getattr(model, "modules", None)
+    return callable(modules) and any(getattr(m, "_compiled_call_impl", None) is not None for m in modules())
+
+
 def what_ran(model: object, opt: object, threads: int, autocast_dtype: Optional[str],
              maps_text: Optional[str] = None) -> Dict[str, Union[None, bool, int, str, List[int], List[str]]]:
     """This process's levers as in force (`threads`: torch's count): allocator and OpenMP mapped, threads, CPUs, dtype, optimizer, compile
@@ -126,7 +135,7 @@ def what_ran(model: object, opt: object, threads: int, autocast_dtype: Optional[
         "dtype": autocast_dtype or {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(
             str(getattr(params, "dtype", "")), str(getattr(params, "dtype", None))),
         "optimizer": optimizer,
-        "compile": hasattr(model, "_orig_mod"), "compiled_graphs": graphs,
+        "compile": compiled(model), "compiled_graphs": graphs,
         "ipex": "intel_extension_for_pytorch" in sys.modules,
     }
 
