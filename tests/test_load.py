@@ -199,3 +199,15 @@ def test_a_plan_that_reads_load_and_keeps_your_threads_lets_them_wait_passively(
     assert "OMP_WAIT_POLICY" not in plan["launch"]["env"]  # load not read: libgomp's default
     plan, _ = run_json(argv + ["--adapt-to-load"])
     assert plan["launch"]["env"]["OMP_WAIT_POLICY"] == "PASSIVE" and plan["launch"]["env"]["OMP_NUM_THREADS"] == str(threads)
+
+
+def test_the_sampling_window_is_the_tuning_rule_s_and_an_overlay_of_it_reaches_the_probe(tmp_path):
+    """The probe reads no rule: its window is handed in from compat/tuning.toml [load] by the command, so a
+    deployment's tuning.toml laid over the shipped one (CPUPERF_COMPAT_DIR) changes what doctor samples."""
+    overlay = tmp_path / "compat"
+    overlay.mkdir()
+    (overlay / "tuning.toml").write_text("[load]\nwindow_s = 0\n")
+    shipped, _ = run_json(["doctor"], process=True)
+    laid_over, _ = run_json(["doctor"], {"CPUPERF_COMPAT_DIR": str(overlay)}, process=True)
+    assert shipped["host"]["load"]["window_s"] > 0
+    assert laid_over["host"]["load"]["window_s"] == 0 and laid_over["host"]["load"]["source"] == "live"

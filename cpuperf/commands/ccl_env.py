@@ -213,9 +213,10 @@ def _facts(job: _Job) -> HostFacts:
     facts = probe_host(sysroot=opts.sysroot, python=opts.python, runtimes=opts.preload or plan_preloads,
                        gpus=job.saved is not None)
     if opts.adapt_to_load and facts.live:
+        from cpuperf.knowledge.tuning import tuning
         from cpuperf.probe import with_load
 
-        facts = with_load(facts)
+        facts = with_load(facts, default_s=tuning().load.window_s)
     return facts
 
 

@@ -32,7 +32,9 @@ def run(out: Output, sysroot: Optional[str], python: Optional[str], save_snapsho
 
             count += record_in_snapshot(save_snapshot, probe_host(python=python))
         out.info(f"saved {count} probe files under {save_snapshot} (use: cpuperf doctor --sysroot {save_snapshot})")
-    facts = with_load(probe_host(sysroot=sysroot, python=python))
+    from cpuperf.knowledge.tuning import tuning
+
+    facts = with_load(probe_host(sysroot=sysroot, python=python), default_s=tuning().load.window_s)
     if not facts.platform.startswith("linux"):
         out.info(f"cpuperf serves Linux hosts; this is {facts.platform}: nothing to diagnose here")
         if out.json_mode:

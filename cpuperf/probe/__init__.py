@@ -93,13 +93,15 @@ def probe_today(environ: Optional[Mapping[str, str]] = None) -> date:
     return src.today()
 
 
-def with_load(facts: HostFacts, window_s: Optional[float] = None) -> HostFacts:
-    """`facts` with the load on its usable CPUs attached (sampled now when live; recorded for a snapshot)."""
+def with_load(facts: HostFacts, window_s: Optional[float] = None, default_s: Optional[float] = None) -> HostFacts:
+    """`facts` with the load on its usable CPUs attached (sampled now when live; recorded for a snapshot).
+    `default_s`: the window where neither `window_s` nor CPUPERF_LOAD_WINDOW gives one (compat/tuning.toml [load])."""
     import dataclasses
 
-    from cpuperf.probe.load import load_for
+    from cpuperf.probe.load import DEFAULT_WINDOW_S, load_for
 
-    return dataclasses.replace(facts, load=load_for(facts.sysroot, facts.usable_cpus(), window_s))
+    default = DEFAULT_WINDOW_S if default_s is None else default_s
+    return dataclasses.replace(facts, load=load_for(facts.sysroot, facts.usable_cpus(), window_s, default))
 
 
 __all__ = ["probe_host", "probe_today", "with_load", "check_python", "HostFacts", "Sources"]

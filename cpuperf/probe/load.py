@@ -15,7 +15,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from cpuperf.probe.facts import LoadFacts
 from cpuperf.probe.sources import Sources
 
-DEFAULT_WINDOW_S = 0.2  # compat/tuning.toml [load].window_s when readable
+DEFAULT_WINDOW_S = 0.2  # where no caller hands in compat/tuning.toml [load].window_s
 _SAMPLES = 4  # procs_running readings spread over the window (one reading is a coin toss)
 
 
@@ -130,15 +130,6 @@ def pressure_total(src: Sources) -> Tuple[Optional[int], Optional[str]]:
     return None, None
 
 
-def _default_window() -> float:
-    try:
-        from cpuperf.data import load_builtin
-
-        return float(load_builtin("tuning.toml")["load"]["window_s"])
-    except Exception:  # a probe never raises; the built-in default applies
-        return DEFAULT_WINDOW_S
-
-
 # A CPU at least this busy in the first window is sampled once more before it counts (half busy:
 # compat/tuning.toml [load] busy_cpu_fraction, the figure the decision uses).
 _CONFIRM_AT = 0.5
@@ -165,10 +156,13 @@ def _sample(src: Sources, window_s: float, cpus: Optional[Sequence[int]]) -> Tup
     return busy, counts, elapsed
 
 
-def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None) -> LoadFacts:
-    """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises."""
+def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Optional[float] = None,
+               default_s: float = DEFAULT_WINDOW_S) -> LoadFacts:
+    """Sample load over `window_s` (live) or read what a snapshot recorded. Never raises. Without `window_s`:
+    CPUPERF_LOAD_WINDOW, else `default_s` (the caller asks compat/tuning.toml [load] of knowledge/tuning.py: the
+    probe, below it in the layers, reads no rule)."""
     if window_s is None:
-        window_s = src.env_seconds("CPUPERF_LOAD_WINDOW", _default_window())
+        window_s = src.env_seconds("CPUPERF_LOAD_WINDOW", default_s)
     psi, psi_path = _pressure(src)
     one, running = parse_loadavg(src.read("/proc/loadavg"))
     if not src.live or window_s <= 0:
@@ -188,6 +182,6 @@ def probe_load(src: Sources, cpus: Optional[Sequence[int]] = None, window_s: Opt
 
 
 def load_for(sysroot: Optional[str], cpus: Optional[Sequence[int]] = None,
-             window_s: Optional[float] = None) -> LoadFacts:
+             window_s: Optional[float] = None, default_s: float = DEFAULT_WINDOW_S) -> LoadFacts:
     """probe_load for a live host (sysroot None) or a recorded tree."""
-    return probe_load(Sources(sysroot=sysroot), cpus, window_s)
+    return probe_load(Sources(sysroot=sysroot), cpus, window_s, default_s)

@@ -80,7 +80,10 @@ def gather(request: PlanRequest, sources: Sources, environ: Mapping[str, str]) -
     facts = sources.facts if sources.facts is not None else probe_host(sysroot=sources.sysroot, python=sources.python)
     timeline.mark("check the request, probe the host")
     if sources.adapt_to_load and facts.load is None and facts.live:
-        facts = with_load(facts)  # threads per rank avoid CPUs other work keeps busy now
+        from cpuperf.knowledge.tuning import tuning
+
+        # threads per rank avoid CPUs other work keeps busy now
+        facts = with_load(facts, default_s=tuning().load.window_s)
     listed = read_hostfile(sources.hostfile) if sources.hostfile else None
     slurm = slurm_facts(environ)
     text, reading, its_python, accelerate_config = _command_reads(request, environ)
