@@ -14,8 +14,8 @@ from cpuperf.jsonable import JsonObject
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 
 if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new shell) does without them
-    from cpuperf.knowledge.tuning import AllocatorRule
     from cpuperf.decide.records import AllocatorName, Decision, Measurements
+    from cpuperf.knowledge.tuning import AllocatorRule
 
 # Debug and profiler builds are never preloaded: they trade speed for checks.
 _NOT_FOR_SPEED = ("debug", "profiler")
