@@ -596,10 +596,10 @@ def test_rendering_imports_no_decision_engine_once_decided(tmp_path, saved):
         assert [m for m in unused if m in second["modules"]] == []
 
 
-# Not on the path of a remembered decision: hashlib (OpenSSL: SHA-256 comes from Python's own module) and a resolver
-# (probe.hosts, socket: one node, no hostfile). On x86 with gloo and no --preload neither tuning.toml's records (read
+# Not on the path of a remembered decision: hashlib (OpenSSL: SHA-256 comes from Python's own module), a resolver
+# (probe.hosts, socket: one node, no hostfile) and datetime (no date-dependent finding). On x86 with gloo and no --preload neither tuning.toml's records (read
 # where one of its rules applies: oneCCL's workers, libiomp5, load, the Arm levers) nor packaging (Arm levers).
-WARM_UNUSED = ("hashlib", "_hashlib", "cpuperf.probe.hosts", "socket")
+WARM_UNUSED = ("hashlib", "_hashlib", "cpuperf.probe.hosts", "socket", "datetime")
 WARM_UNUSED_X86_GLOO = ("cpuperf.knowledge.tuning", "packaging.version")
 
 
