@@ -142,14 +142,15 @@ def _remembered_parse(path: str, stamp: Stamp) -> Optional[Dict[str, JsonValue]]
 
 def _digest(data: Mapping[str, object]) -> str:
     """sha256 of the data as canonical JSON: what a remembered parse must still be to be used."""
-    import hashlib
     import json
+
+    from cpuperf.fsutil import sha256_hex
 
     try:
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
         return ""  # NaN, or not JSON: never a digest that matches
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_hex(text.encode("utf-8"))
 
 
 def _say_once(line: str) -> None:

@@ -272,3 +272,23 @@ def acquire_dir_lock(directory: Union[str, Path], token: str = "") -> DirLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, record + b"\n", 0)
     return DirLock(path, fd, holder, stale)
+
+
+def sha256_hex(data: bytes) -> str:
+    """hashlib.sha256(data).hexdigest(), from Python's own SHA-256 module where it has one: hashlib loads OpenSSL
+    (~3 ms), on the path of ccl-env in every new shell. The same digest either way; OpenSSL's is ~8x faster on
+    large inputs, so it is used where hashlib is loaded already or the input is large."""
+    import sys
+
+    if "hashlib" in sys.modules or len(data) > 1 << 20:
+        import hashlib
+
+        return hashlib.sha256(data).hexdigest()
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]  # Python >= 3.12
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]  # Python <= 3.11
+        except ImportError:  # a build without them: OpenSSL's
+            from hashlib import sha256  # type: ignore[no-redef,unused-ignore]
+    return str(sha256(data).hexdigest())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -589,6 +590,17 @@ def test_rendering_imports_no_decision_engine_once_decided(tmp_path, saved):
     assert second["out"] == third["out"] == first["out"]
     assert "cpuperf.decide.recommend" in first["modules"]  # the first run decides: this test can tell
     assert [m for m in (*ENGINE, "tomllib", "argparse") if m in second["modules"]] == []  # nor data parsed again
+    if not saved:  # nor what a rule that does not apply here reads (the tuning records), OpenSSL, or a resolver
+        unused = WARM_UNUSED + (WARM_UNUSED_X86_GLOO if platform.machine() in ("x86_64", "AMD64")
+                                and "backend gloo;" in first["out"] else ())
+        assert [m for m in unused if m in second["modules"]] == []
+
+
+# Not on the path of a remembered decision: hashlib (OpenSSL: SHA-256 comes from Python's own module), a resolver
+# (probe.hosts, socket: one node, no hostfile) and datetime (no date-dependent finding). On x86 with gloo and no --preload neither tuning.toml's records (read
+# where one of its rules applies: oneCCL's workers, libiomp5, load, the Arm levers) nor packaging (Arm levers).
+WARM_UNUSED = ("hashlib", "_hashlib", "cpuperf.probe.hosts", "socket", "datetime")
+WARM_UNUSED_X86_GLOO = ("cpuperf.knowledge.tuning", "packaging.version")
 
 
 _ARG_TOKENS = ["--plan", "--shell", "--json", "--quiet", "-q", "p.json", "fish", "-x", "--plan=", "--plan=p.json",

@@ -11,11 +11,11 @@ import os
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.jsonable import JsonObject
-from cpuperf.knowledge.tuning import AllocatorRule, tuning
 from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts
 
 if TYPE_CHECKING:  # the records are the engine's: ccl-env's preload (every new shell) does without them
     from cpuperf.decide.records import AllocatorName, Decision, Measurements
+    from cpuperf.knowledge.tuning import AllocatorRule
 
 # Debug and profiler builds are never preloaded: they trade speed for checks.
 _NOT_FOR_SPEED = ("debug", "profiler")
@@ -39,6 +39,8 @@ def library_stem(name: str) -> str:
 
 def allocator_rule() -> AllocatorRule:
     """compat/tuning.toml [allocator], typed (cpuperf.knowledge.tuning reads the file)."""
+    from cpuperf.knowledge.tuning import tuning  # not imported on ccl-env's path in every new shell
+
     return tuning().allocator
 
 

@@ -9,15 +9,14 @@ ones into the job's variables and the others into notes, so recommend, ccl-env a
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Optional, Tuple
-
-from packaging.version import Version
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Tuple
 
 from cpuperf.knowledge.knobs import KnobValue
-from cpuperf.knowledge.tuning import ArmLever as ArmLeverRow
-from cpuperf.knowledge.tuning import tuning
 from cpuperf.probe.facts import HostFacts
 from cpuperf.versions import version_or_none
+
+if TYPE_CHECKING:
+    from cpuperf.knowledge.tuning import ArmLever as ArmLeverRow
 
 
 class ArmLever(NamedTuple):
@@ -41,6 +40,8 @@ class ArmLever(NamedTuple):
 
 def lever_rows() -> Tuple[ArmLeverRow, ...]:
     """The [[arm_lever]] rows of compat/tuning.toml, typed (cpuperf.knowledge.tuning)."""
+    from cpuperf.knowledge.tuning import tuning  # aarch64 only on ccl-env's path
+
     return tuning().arm_lever
 
 
@@ -70,6 +71,8 @@ def _decide(row: ArmLeverRow, facts: HostFacts, torch: Optional[str], knobs: Map
                             "Features), so it has no bf16 kernels to switch to")
     if not row.training:
         return lever(False, f"{row.what}: {row.why_not_training}")
+    from packaging.version import Version  # aarch64 only: not on x86's path (ccl-env in every new shell)
+
     minimum = row.min_torch
     tv = version_or_none(torch)
     if minimum and tv is not None and tv < Version(minimum):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
 from cpuperf.errors import FieldError
-from cpuperf.probe.hosts import Host
+
+if TYPE_CHECKING:  # ccl-env's path counts nodes without a hostfile: no socket or ipaddress to import
+    from cpuperf.probe.hosts import Host
 
 
 def job_nodes(nnodes: Optional[int], hosts: Optional[Sequence[Host]], slurm_nodes: Optional[int],

@@ -15,7 +15,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from cpuperf.decide.threads import threads_on
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, as_json
-from cpuperf.knowledge.tuning import tuning
 from cpuperf.probe.facts import HostFacts
 
 # Oversubscribing past this many threads per CPU only thrashes (and can exhaust the process table).
@@ -103,6 +102,8 @@ def default_nproc(facts: HostFacts, unit: str = "socket") -> int:
 
 
 def ccl_worker_count(cores_per_rank: int) -> int:
+    from cpuperf.knowledge.tuning import tuning  # not on ccl-env's path of a remembered decision
+
     rule = tuning().ccl_workers
     if cores_per_rank >= rule.min_cores_for_default:
         return rule.default
@@ -289,6 +290,8 @@ def memory_policy(facts: HostFacts, placement: Placement, on_gpu: bool, auto: bo
     if len(nodes) < 2:
         return None, ("--set numa_memory=interleave: this process's CPUs are on one NUMA node, nothing to interleave"
                       if asked == "interleave" else None)
+    from cpuperf.knowledge.tuning import tuning
+
     rule = tuning().numa_memory
     if tuned is not None and asked == "auto":
         if tuned[0] is None:

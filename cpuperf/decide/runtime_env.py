@@ -19,12 +19,12 @@ from cpuperf.data import load_builtin
 from cpuperf.decide.allocator import allocator_names, allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import FieldError, UsageError
-from cpuperf.knowledge.tuning import Tuning, tuning
 from cpuperf.knowledge.variables import value_problem, variables
 from cpuperf.probe.facts import HostFacts
 
 if TYPE_CHECKING:
     from cpuperf.knowledge.knobs import KnobValue  # the knob table: not needed at ccl-env's start-up
+    from cpuperf.knowledge.tuning import Tuning
     from cpuperf.probe.hosts import Host
 
 # Records are NamedTuples, not frozen dataclasses: ccl-env runs in every new shell and a frozen
@@ -256,20 +256,19 @@ def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvReque
     _, nodes = job_nodes(r.nnodes, hosts, None)  # the caller decided the count; the hostfile checked against it
     addr, addr_why = master_address(hosts, r.master_addr, nodes, env, r.slurm_first)
     port = check_port(master_port)
-    rules = tuning()
     libraries = r.libraries
     if libraries is None:
         sw = facts.software
         libraries = Libraries(sw.openmp, sw.allocators) if sw is not None else Libraries()
     c = _Collected()
-    _thread_vars(c, placement, r.threads, backend, mpi, nodes, rules, pin)
+    _thread_vars(c, placement, r.threads, backend, mpi, nodes, pin)
     # Preloads first: KMP_* depends on whether libiomp5 ends up preloaded.
     preloaded = split_entries("LD_PRELOAD", env.get("LD_PRELOAD"))
     if r.preload:
         preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes,
                                   r.allocator_kept) + preloaded
-    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, rules)
-    _wait_vars(c, facts, preloaded, r.threads, rules)
+    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi)
+    _wait_vars(c, facts, preloaded, r.threads)
     _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
@@ -285,6 +284,13 @@ def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvReque
     return RuntimeEnv(tuple(c.vars), tuple(c.notes), addr, port, nodes)
 
 
+def _rules() -> Tuning:
+    """compat/tuning.toml, typed: read where a rule of it applies (its ~25 records cost ccl-env's start ~15 ms)."""
+    from cpuperf.knowledge.tuning import tuning
+
+    return tuning()
+
+
 class _Collected:
     """The variables (in order) and notes runtime_env gathers."""
 
@@ -297,7 +303,7 @@ class _Collected:
 
 
 def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], backend: str, mpi: Optional[str],
-                 nodes: int, rules: Tuning, pin: bool = True) -> None:
+                 nodes: int, pin: bool = True) -> None:
     """OMP_NUM_THREADS (the decided count), oneCCL's workers and their cores, Intel MPI's pin domains."""
     nproc = placement.nproc_per_node
     if threads is not None:
@@ -308,7 +314,8 @@ def _thread_vars(c: _Collected, placement: Placement, threads: Optional[int], ba
     if backend == "ccl":
         workers = placement.ccl_workers
         if workers:
-            c.add("CCL_WORKER_COUNT", str(workers), f"{rules.ccl_workers.reason} ({rules.ccl_workers.source})")
+            rule = _rules().ccl_workers
+            c.add("CCL_WORKER_COUNT", str(workers), f"{rule.reason} ({rule.source})")
             cpus = [cpu for s in placement.slots for cpu in s.ccl_worker_cpus]
             c.add("CCL_WORKER_AFFINITY", ",".join(str(cpu) for cpu in cpus),
                   "each local rank's oneCCL workers on its own first cores, in local-rank order")
@@ -367,10 +374,11 @@ def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Knob
             c.notes.append(lever.line())
 
 
-def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], rules: Tuning) -> None:
+def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str]) -> None:
     """KMP_AFFINITY / KMP_BLOCKTIME: only where libiomp5 is preloaded."""
     iomp_loaded = any(os.path.basename(p).startswith("libiomp5") for p in preloaded)
     if iomp_loaded:
+        rules = _rules()
         if nproc == 1 or mpi == "intelmpi":
             c.add("KMP_AFFINITY", rules.kmp.affinity, f"libiomp5 is preloaded; {rules.kmp.source}")
             c.add("KMP_BLOCKTIME", rules.kmp.blocktime, rules.kmp.reason)
@@ -380,11 +388,13 @@ def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional
                            "to the same cores (launch with Intel MPI, or cpuperf launch)")
 
 
-def _wait_vars(c: _Collected, facts: HostFacts, preloaded: Sequence[str], threads: Optional[int], rules: Tuning) -> None:
+def _wait_vars(c: _Collected, facts: HostFacts, preloaded: Sequence[str], threads: Optional[int]) -> None:
     """OMP_WAIT_POLICY ([openmp_wait]): only where the plan reads load (facts.load: --adapt-to-load), other work keeps
     a CPU of the host busy, a rank runs a team of threads, and libiomp5 is not preloaded (KMP_BLOCKTIME decides)."""
-    rule = rules.openmp_wait
-    if facts.load is None or threads is None or threads < rule.min_threads:
+    if facts.load is None or threads is None:
+        return
+    rule = _rules().openmp_wait
+    if threads < rule.min_threads:
         return
     if any(os.path.basename(p).startswith("libiomp5") for p in preloaded):
         return
@@ -444,9 +454,9 @@ def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override:
 
 def _digest(name: str, value: str) -> str:
     """A short digest of NAME=value: the marker holds it, never the value (a value may hold ',' or ':')."""
-    import hashlib
+    from cpuperf.fsutil import sha256_hex
 
-    return hashlib.sha256(f"{name}={value}".encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return sha256_hex(f"{name}={value}".encode("utf-8", "surrogateescape"))[:16]
 
 
 def ours_marker(values: Mapping[str, str]) -> str:

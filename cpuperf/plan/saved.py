@@ -808,9 +808,12 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
               names: Sequence[str] = ()) -> Tuple[SavedPlan, List[str]]:
     """(the plan for this node, the ways this host differs from it); refused (exit 13) unless `replan` asks to
     plan again. A plan over several nodes gives this node's own part (by its names, else its facts)."""
-    from cpuperf.probe.hosts import this_node_names
+    names = list(names)
+    if not names and plan.nodes:  # a plan over several nodes (a one-node plan: no resolver imported, no socket)
+        from cpuperf.probe.hosts import this_node_names
 
-    plan, node = for_this_node(plan, facts, list(names) or (this_node_names() if plan.nodes else []))
+        names = this_node_names()
+    plan, node = for_this_node(plan, facts, names)
     diffs = differences(plan, facts)
     if diffs and node:
         diffs = [f"node {node}: {d}" for d in diffs]

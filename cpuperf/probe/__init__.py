@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import date
-from typing import Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
 from cpuperf.probe import parse
 from cpuperf.probe.cpu import probe_cpu
@@ -13,6 +12,9 @@ from cpuperf.probe.gpus import probe_gpus
 from cpuperf.probe.software import probe_software
 from cpuperf.probe.sources import Sources, check_python, check_sysroot
 from cpuperf.probe.topology import cgroup_memory_limit, probe_topology
+
+if TYPE_CHECKING:  # datetime: not on ccl-env's path (every new shell)
+    from datetime import date
 
 # (sysroot, python, software, runtimes, gpus, the CPUPERF_OVERRIDE_* and SLURM_* variables) -> the facts
 _Key = Tuple[Optional[str], Optional[str], bool, bool, bool, Tuple[Tuple[str, str], ...]]

@@ -14,12 +14,12 @@ import os
 import re
 import shutil
 import sys
-from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     import subprocess  # imported where a tool runs: ccl-env in every new shell usually runs none
+    from datetime import date  # imported where a date is asked for
 
 # The facts CPUPERF_OVERRIDE_<FACT> may set (docs/commands.md: "CPUPERF_OVERRIDE_<FACT> overrides one fact").
 OVERRIDES = ("isa", "microarch", "cpu_quota", "allowed_cpus", "amx_usable", "memory_total", "python", "packages",
@@ -212,6 +212,8 @@ class Sources:
         """Today's date on this machine's clock; CPUPERF_OVERRIDE_TODAY (YYYY-MM-DD) describes another day, as the
         suite does so that a finding that depends on the date (a Python past its end of life) never depends on the
         day the tests run."""
+        from datetime import date
+
         text = self.override("today")
         if text is None or not text.strip():
             return date.today()
