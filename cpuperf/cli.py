@@ -246,6 +246,7 @@ def bench(
     allocators: bool = typer.Option(True, "--allocators/--no-allocators", help="Measure preloading each allocator found (tcmalloc, jemalloc, mimalloc)."),
     compile_: bool = typer.Option(False, "--compile", help="Measure torch.compile's cost and gain for --model (tens of seconds to minutes)."),
     model: Optional[str] = typer.Option(None, "--model", help="--compile: the model to measure (a preset or config.json; default: the host's built-in model)."),
+    sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="--compile: constrain the plan whose dtype torch.compile is measured at (--set dtype=fp32); repeatable; one that cannot be honoured exits 2."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again even if a fresh, trusted measurement is cached."),
     tune: bool = typer.Option(False, "--tune", help="Tune the plan's levers jointly for --model's shape (dtype, allocator, optimizer, ranks x threads, pinning): ~60 s, cached."),
     budget: Optional[float] = typer.Option(None, "--budget", metavar="S", help="--tune: seconds the search may take (default 60)."),
@@ -257,11 +258,16 @@ def bench(
     _finite("--seconds", seconds, maximum=600.0)
     if budget is not None:
         _finite("--budget", budget, maximum=3600.0)
+    if sets and (tune or not compile_):  # never dropped: it says which plan's dtype torch.compile is measured at
+        from cpuperf.errors import UsageError
+
+        raise UsageError("--set: only with --compile (the plan whose dtype torch.compile is measured at)",
+                         hint="cpuperf bench --compile --model M --set dtype=fp32")
     if tune:
         _finish(cmd.run_bench_tune(Output(json_mode=json_out, quiet=quiet), model, budget, refresh))
         return
     _finish(cmd.run_bench(Output(json_mode=json_out, quiet=quiet), threads, size, seconds, allocators, compile_,
-                        refresh, model))
+                        refresh, model, sets))
 
 
 @app.command(short_help="Draw a run's loss and samples/s (plot.svg, plot.png).")

@@ -46,9 +46,12 @@ def facts():
     return probe_host(use_cache=False)
 
 
-def _compile(facts, steps, meas, **request):
+def _compile(facts, steps, meas, dtype="bf16", **request):
+    """The compile decision for tiny's plan at `dtype` (set: the figures count only at their own dtype, on any host)."""
     w = resolve_workload("tiny", steps=steps)
-    return recommend(facts, w, RecommendRequest(measurements=meas, nproc_per_node=1, **request)).levers.compile
+    overrides = {"dtype": dtype, **request.pop("overrides", {})}
+    return recommend(facts, w, RecommendRequest(measurements=meas, nproc_per_node=1, overrides=overrides,
+                                                **request)).levers.compile
 
 
 def _tiny(steps=1000):
@@ -127,6 +130,75 @@ def test_a_mode_entry_pairs_each_round_with_eagers_and_keeps_the_cold_compile():
     assert _compile_entry({"eager": eager}, "default", 16, "tiny", 2, "bf16") is None  # failed: no entry
 
 
+# -- the dtype the figures were measured at ---------------------------------------------------------
+
+def test_bf16_figures_do_not_decide_an_fp32_plan_nor_fp32_figures_a_bf16_one(facts):
+    # regional at bf16: 40 s cold, 1.25x: pays back after 400 steps, for a bf16 plan only
+    bf16 = _measured(_tiny(), regional=_entry("regional", REGIONAL, 40.0, dtype="bf16"))
+    assert _compile(facts, 1000, bf16, dtype="bf16").value is True
+    d = _compile(facts, 1000, bf16, dtype="fp32")
+    assert d.value is False and d.evidence["measured"] == "assumed" and d.evidence["measured_dtypes"] == ["bf16"]
+    assert "not measured for fp32, only for bf16" in d.reason and "--set dtype=fp32` measures it" in d.reason
+    assert "modes" not in d.evidence and compile_mode_of(d) == "default"
+    # compile you set on the fp32 plan runs the default mode, not the mode bf16's figures name
+    assert compile_mode_of(_compile(facts, 30, bf16, dtype="fp32", overrides={"compile": True})) == "default"
+    fp32 = _measured(_tiny(), regional=_entry("regional", REGIONAL, 40.0, dtype="fp32"))
+    d = _compile(facts, 1000, fp32, dtype="bf16")
+    assert d.value is False and d.evidence["measured"] == "assumed" and "not measured for bf16, only for fp32" in d.reason
+
+
+def test_each_dtype_reads_its_own_figures_cached_side_by_side(facts):
+    w = _tiny()
+    meas = Measurements(compile_by_model={
+        compile_key(w, "regional", "bf16"): _entry("regional", REGIONAL, 40.0, dtype="bf16"),
+        compile_key(w, "regional", "fp32"): _entry("regional", [0.98, 1.0, 1.02], 40.0, dtype="fp32")},
+        source="recorded")
+    on = _compile(facts, 1000, meas, dtype="bf16")
+    assert on.value is True and "measured here for this model, bf16" in on.reason
+    off = _compile(facts, 1000, meas, dtype="fp32")
+    assert off.value is False and "measured here for this model, fp32" in off.reason and "never pays back" in off.reason
+
+
+def test_a_record_without_a_dtype_counts_as_fp32_the_dtype_it_was_measured_at(facts):
+    # cached before the records named their dtype: the bench worker then ran its default, fp32
+    legacy = {k: v for k, v in _entry("default", [1.19, 1.2, 1.21], 40.0).items() if k != "dtype"}
+    meas = Measurements(compile_by_model={compile_key(_tiny()): legacy}, source="recorded")
+    d = _compile(facts, 1000, meas, dtype="fp32")
+    assert d.value is True and "measured here for this model, fp32" in d.reason
+    d = _compile(facts, 1000, meas, dtype="bf16")
+    assert d.value is False and d.evidence["measured"] == "assumed" and "only for fp32" in d.reason
+    # and a cache file holding one still loads
+    out, notes = sanitized({"compile_by_model": {compile_key(_tiny()): legacy}}, identity=False)
+    assert out["compile_by_model"] == {compile_key(_tiny()): legacy} and not notes
+
+
+def test_your_dtype_is_the_dtype_torch_compile_is_measured_at(tmp_path, monkeypatch):
+    """plan_dtype picks the dtype `bench --compile` measures at: the plan's, with your --set."""
+    from hosts import make_host
+
+    from cpuperf.errors import UsageError
+    from cpuperf.knowledge.knobs import parse_assignments
+
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.13.0+cpu"}))
+    plain = probe_host(sysroot=str(make_host(tmp_path / "avx2")))  # no native bf16: the rule runs fp32
+    native = probe_host(sysroot=str(make_host(tmp_path / "zen4", vendor="AuthenticAMD", family=25, model=17, flags=(
+        "avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"))))
+    w = _tiny()
+    assert measure.plan_dtype(plain, w, None) == "fp32" and measure.plan_dtype(native, w, None) == "bf16"
+    assert measure.plan_dtype(plain, w, None, parse_assignments(["dtype=bf16"])) == "bf16"
+    assert measure.plan_dtype(native, w, None, parse_assignments(["dtype=fp32"])) == "fp32"
+    with pytest.raises(UsageError, match="lr"):  # refused (exit 2), never measured at another dtype
+        measure.plan_dtype(native, w, None, parse_assignments(["lr=0.1"]))
+
+
+def test_bench_refuses_a_set_it_cannot_measure_for_before_measuring(tmp_path):
+    env = {"CPUPERF_CACHE_DIR": str(tmp_path)}
+    alone = run_cli(["bench", "--set", "dtype=fp32"], env)
+    assert alone.returncode == 2 and "only with --compile" in alone.stderr
+    bad = run_cli(["bench", "--compile", "--model", "tiny", "--set", "lr=0.1"], env)
+    assert bad.returncode == 2 and "--set lr" in bad.stderr and not list(tmp_path.glob("*.json"))  # nothing measured
+
+
 # -- the built-in worker ---------------------------------------------------------------------------
 
 def test_the_worker_takes_every_mode_and_refuses_another():
@@ -157,11 +229,12 @@ def test_the_built_in_plan_runs_the_mode_measured_to_pay_back(tmp_path, monkeypa
     w = resolve_workload(None, host=facts)
     _steady_cache(facts, {compile_key(w, "regional"): _entry("regional", REGIONAL, 40.0, batch=w.batch_size)})
     env = {"CPUPERF_CACHE_DIR": str(tmp_path)}
-    plan = json.loads(run_cli(["train", "--dry-run", "--auto", "--max-steps", "100000", "--json"], env).stdout)
+    bf16 = ["--set", "dtype=bf16"]  # the figures' dtype, on any host
+    plan = json.loads(run_cli(["train", "--dry-run", "--auto", "--max-steps", "100000", "--json", *bf16], env).stdout)
     decided = {d["id"]: d for d in plan["decisions"]}
     assert decided["compile"]["value"] is True and "regional" in decided["compile"]["reason"]
     assert plan["settings"]["compile"] is True and plan["settings"]["compile_mode"] == "regional"
-    short = json.loads(run_cli(["train", "--dry-run", "--auto", "--max-steps", "50", "--json"], env).stdout)
+    short = json.loads(run_cli(["train", "--dry-run", "--auto", "--max-steps", "50", "--json", *bf16], env).stdout)
     assert {d["id"]: d["value"] for d in short["decisions"]}["compile"] is False
 
 
@@ -247,8 +320,8 @@ def test_a_trainer_script_is_compiled_in_the_mode_measured_to_pay_back_within_it
     env = {"CPUPERF_CACHE_DIR": str(tmp_path / "cache")}
 
     def plan(steps):
-        argv = ["train", "--dry-run", "--auto", "--json", "--", "python", "train.py", "--output_dir", "o",
-                "--max_steps", str(steps)]
+        argv = ["train", "--dry-run", "--auto", "--json", "--set", "dtype=bf16", "--", "python", "train.py",
+                "--output_dir", "o", "--max_steps", str(steps)]  # the figures' dtype, on any host
         out = json.loads(run_cli(argv, env, cwd=str(tmp_path)).stdout)
         return {d["id"]: d for d in out["decisions"]}["compile"], out["hf_flags"], out["workload"]
 
@@ -272,6 +345,7 @@ def test_a_model_measured_in_any_mode_is_not_measured_again_by_a_long_run():
     from cpuperf.decide.recommend import compile_worth_measuring
 
     w = resolve_workload("gpt2-small", steps=100_000)
-    assert compile_worth_measuring(w, Measurements(gemm_fp32_gflops=100.0), 2, TUNING)
+    assert compile_worth_measuring(w, Measurements(gemm_fp32_gflops=100.0), 2, TUNING, "bf16")
     done = Measurements(gemm_fp32_gflops=100.0, compile_by_model={compile_key(w, "regional"): _entry("regional", REGIONAL, 40.0)})
-    assert not compile_worth_measuring(w, done, 2, TUNING)  # the default mode failed there: the others stand
+    assert not compile_worth_measuring(w, done, 2, TUNING, "bf16")  # the default mode failed there: the others stand
+    assert compile_worth_measuring(w, done, 2, TUNING, "fp32")  # bf16's figures are not fp32's

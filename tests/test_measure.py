@@ -173,10 +173,11 @@ def test_compile_figures_are_per_model_kept_across_benches_and_validated(tmp_pat
     data, _ = measure.read_cached(facts)
     assert set(data["compile_by_model"]) == {model_key(tiny), model_key(micro)}
     meas = measure.load_cached(facts)
-    # 40 s / (0.5 s x (1 - 1/1.25)) = 400 steps to pay back.
-    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), RecommendRequest(measurements=meas)).levers.compile
+    # 40 s / (0.5 s x (1 - 1/1.25)) = 400 steps to pay back. Records without a dtype are fp32's: an fp32 plan reads them.
+    fp32 = RecommendRequest(measurements=meas, overrides={"dtype": "fp32"})
+    long_tiny = recommend(facts, resolve_workload("tiny", steps=1000), fp32).levers.compile
     assert long_tiny.value is True and long_tiny.evidence["crossover_steps"] == 400 and "1000" in long_tiny.reason
-    assert recommend(facts, resolve_workload("micro", steps=1000), RecommendRequest(measurements=meas)).levers.compile.value is False
+    assert recommend(facts, resolve_workload("micro", steps=1000), fp32).levers.compile.value is False
     # A non-positive figure is no figure: that model's entry is dropped alone, the rest stands.
     path = measure.save(facts, _steady(compile_by_model={model_key(tiny): {**entry, "speedup": -1}}))
     data, _ = measure.read_cached(facts)

@@ -154,13 +154,14 @@ def test_train_auto_measures_compile_only_for_runs_long_enough(tmp_path, monkeyp
 
     tuning = typed()
     meas = Measurements(gemm_fp32_gflops=100.0)
-    assert not compile_worth_measuring(resolve_workload("tiny", steps=50), meas, 2, tuning)
-    assert compile_worth_measuring(resolve_workload("gpt2-small", steps=100_000), meas, 2, tuning)
-    assert not compile_worth_measuring(resolve_workload("gpt2-small", steps=None), meas, 2, tuning)
+    assert not compile_worth_measuring(resolve_workload("tiny", steps=50), meas, 2, tuning, "fp32")
+    assert compile_worth_measuring(resolve_workload("gpt2-small", steps=100_000), meas, 2, tuning, "fp32")
+    assert not compile_worth_measuring(resolve_workload("gpt2-small", steps=None), meas, 2, tuning, "fp32")
     w = resolve_workload("gpt2-small", steps=100_000)
     done = Measurements(gemm_fp32_gflops=100.0, compile_by_model={model_key(w): {"compile_seconds": 1.0, "speedup": 1.0,
                                                                                   "step_seconds": 1.0, "batch": 1}})
-    assert not compile_worth_measuring(w, done, 2, tuning)  # measured once per model
+    assert not compile_worth_measuring(w, done, 2, tuning, "fp32")  # measured once per model and dtype
+    assert compile_worth_measuring(w, done, 2, tuning, "bf16")  # a record without a dtype is fp32's
 
 
 GPUS = {

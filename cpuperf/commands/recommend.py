@@ -364,10 +364,15 @@ def _writable_dir(path: Union[str, os.PathLike[str]]) -> None:
 
 
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
-              compile: bool = False, refresh: bool = False, model: Optional[str] = None) -> int:
+              compile: bool = False, refresh: bool = False, model: Optional[str] = None,
+              sets: Sequence[str] = ()) -> int:
+    """`cpuperf bench`. `sets` (--set KEY=VALUE, with --compile): the plan's constraints; torch.compile is measured
+    at the dtype that plan runs (`--set dtype=fp32`: fp32), refused (exit 2) before measuring if one cannot be
+    honoured."""
     from cpuperf.decide.placement import plan_placement
     from cpuperf.decide.recommend import compile_measured
     from cpuperf.decide.workload import resolve_workload
+    from cpuperf.knowledge.knobs import parse_assignments
     from cpuperf.probe import probe_host
     from cpuperf.run import measure
 
@@ -380,6 +385,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
 
         raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
                          hint=f"choose 1..{usable}")
+    overrides = parse_assignments(sets)
     _writable_dir(measure.cache_dir())  # before minutes of measuring, not after
     workload = resolve_workload(model, host=facts)  # train --auto's model where none is named
     cached, path = measure.read_cached(facts)
@@ -387,10 +393,12 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     again = (measure.unfinished(cached) or measure.disturbed(cached)) if cached is not None and usable else None
     flags = flags + ([again] if again else [])
     fresh = cached is not None and usable and not flags and not refresh
-    if fresh and compile and not compile_measured(workload, (cached or {}).get("compile_by_model", {})):
-        # The rest is cached and trusted: only this model's torch.compile cost and gain are measured.
+    # your --set refused before minutes of measuring; the dtype again once the GEMM ratio it may rest on is measured
+    dtype = measure.plan_dtype(facts, workload, measure.load_cached(facts) if usable else None, overrides) \
+        if compile else None
+    if fresh and dtype is not None and not compile_measured(workload, (cached or {}).get("compile_by_model", {}), dtype):
+        # The rest is cached and trusted: only this model's torch.compile cost and gain at the plan's dtype.
         out.info(f"measuring torch.compile for {workload.name} on {threads} thread(s) (slow) ...")
-        dtype = measure.plan_dtype(facts, workload, measure.load_cached(facts))
         out.info(f"... eager and each torch.compile mode, {dtype}, side by side; inductor's cache is the "
                  "measurement's own (a cold compile)")
         results = {**(cached or {}), **measure.compile_measurement(threads, workload=workload, dtype=dtype,
@@ -409,7 +417,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
                                                  log=out.teller("cpuperf bench: "), allocators=allocators,
                                                  compile=compile, seconds=seconds, size=size, workload=workload,
                                                  done=cached if usable and not refresh and measure.unfinished(cached)
-                                                 else None)
+                                                 else None, overrides=overrides)
         results = {**(measure.read_cached(facts)[0] or results), "cache": str(path), "from_cache": False}
         _, flags = measure.assess(results, facts)
     results["trusted"] = not flags
@@ -504,7 +512,7 @@ def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
                          + " the default allocator")
     for key, c in (results.get("compile_by_model") or {}).items():
         from cpuperf.decide.judge import paired
-        from cpuperf.decide.recommend import compile_crossover
+        from cpuperf.decide.recommend import compile_crossover, compile_dtype
         from cpuperf.knowledge.tuning import tuning
 
         rounds = c.get("rounds") or []
@@ -512,8 +520,8 @@ def _bench_lines(results: Dict[str, Any], flags: List[str]) -> List[str]:
         cross = compile_crossover(c["compile_seconds"], c["step_seconds"], c["speedup"]) \
             if v is None or v.above else None
         noise = "" if v is None else f" ({v.low:.2f}-{v.high:.2f} over {v.n} rounds, {v.outcome})"
-        lines.append(f"torch.compile for {c.get('model', key)}, {c.get('mode', 'default')}"
-                     f"{', ' + c['dtype'] if c.get('dtype') else ''}: {c['compile_seconds']:.0f} s to compile, "
+        lines.append(f"torch.compile for {c.get('model', key)}, {c.get('mode', 'default')}, {compile_dtype(c)}: "
+                     f"{c['compile_seconds']:.0f} s to compile, "
                      f"{c['speedup']:.2f}x steady{noise} at {c['step_seconds']:.2f} s/step (batch {c['batch']}): "
                      + (f"pays back after {cross} steps" if cross else "never pays back"))
     return lines

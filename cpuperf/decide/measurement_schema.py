@@ -36,7 +36,8 @@ REPEAT = rb.record({"n": rb.count(), "median": rb.positive(), "min": rb.positive
                     "spread": rb.nullable(rb.number(0, 1e6))}, required=("n", "median", "min", "max"))
 # torch.compile for one model in one mode (cpuperf.run.measure.compile_measurement): the cold compile, the steady
 # speed-up over eager (the geometric mean of `rounds`, one compiled/eager ratio per round side by side), eager's step. An
-# entry without `mode` is the whole model in the default mode (a cache written before the modes were measured).
+# entry without `mode` is the whole model in the default mode (a cache written before the modes were measured); one
+# without `dtype` was measured at fp32 (before the measurement took the plan's dtype; decide.recommend.compile_dtype).
 COMPILED = rb.record({"compile_seconds": rb.positive(), "speedup": rb.positive(1e6), "step_seconds": rb.positive(),
                       "batch": rb.positive(), "model": rb.text(256), "threads": rb.count(),
                       "mode": rb.one_of(*COMPILE_MODES), "dtype": rb.one_of("fp32", "bf16", "fp16"),

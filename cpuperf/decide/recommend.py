@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.version import Version
 
@@ -272,7 +272,7 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
     backend = _decide_backend(ctx, world, on_gpu)
     ipex = _decide_ipex(ctx, on_gpu)
     compile_d = ctx.take(_decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ipex.value, placement,
-                                         r.compile_modes), ctx.fixed.compile, ctx.tuned.compile)
+                                         precision.dtype.value, r.compile_modes), ctx.fixed.compile, ctx.tuned.compile)
     allocator = _choose_allocator(ctx, on_gpu, world, precision.dtype.value)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
     # The levers decided so far; the memory plan decides the rest and returns the whole record.
@@ -771,25 +771,59 @@ def estimated_step_seconds(w: Workload, meas: Measurements, rule: CompileRule, t
     return flops / (100e12 * 0.3 if on_gpu else rate)
 
 
-def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, rules: Tuning) -> bool:
-    """A CPU run long enough that measuring torch.compile for its model (minutes) is a small part of it."""
+def compile_worth_measuring(w: Workload, meas: Measurements, threads: int, rules: Tuning, dtype: str) -> bool:
+    """A CPU run long enough that measuring torch.compile for its model at `dtype` (minutes) is a small part of it."""
     rule = rules.compile
-    if w.steps is None or compile_measured(w, meas.compile_by_model):
+    if w.steps is None or compile_measured(w, meas.compile_by_model, dtype):
         return False
     run_s = w.steps * estimated_step_seconds(w, meas, rule, threads, max(1, w.batch_size))
     threshold: float = rule.measure_when_run_exceeds_s
     return run_s >= threshold
 
 
-def compile_measured(w: Workload, entries: Mapping[str, object]) -> bool:
-    """Whether torch.compile was measured for `w`'s model in any mode (cpuperf bench --compile measures all at once)."""
-    return any(compile_key(w, mode) in entries for mode in COMPILE_MODES)
+def compile_measured(w: Workload, entries: Mapping[str, object], dtype: str) -> bool:
+    """Whether torch.compile was measured for `w`'s model at `dtype` in any mode (cpuperf bench --compile measures
+    all modes at once)."""
+    return any(compile_figures(w, mode, dtype, entries) is not None for mode in COMPILE_MODES)
 
 
-def compile_key(w: Workload, mode: str = "default") -> str:
-    """Where torch.compile's figures for `w`'s model in `mode` are cached (Measurements.compile_by_model): the
-    model's key for the default mode (the key a cache written before the modes has), the key and the mode else."""
-    return model_key(w) if mode == "default" else f"{model_key(w)} {mode}"
+# The dtype of a cached torch.compile record that names none: it was cached before the measurement took the plan's
+# dtype, when the bench worker ran its own default, fp32 (what its reason has always said).
+UNNAMED_COMPILE_DTYPE = "fp32"
+
+
+def compile_dtype(entry: Mapping[str, object]) -> str:
+    """The dtype a cached torch.compile record was measured at: its own `dtype`, else UNNAMED_COMPILE_DTYPE."""
+    dtype = entry.get("dtype")
+    return dtype if isinstance(dtype, str) and dtype else UNNAMED_COMPILE_DTYPE
+
+
+def compile_key(w: Workload, mode: str = "default", dtype: Optional[str] = None) -> str:
+    """Where torch.compile's figures for `w`'s model in `mode` at `dtype` are cached (Measurements.compile_by_model):
+    the model's key for the default mode, the key and the mode else, then the dtype. Without `dtype`, the key a cache
+    written before the dtype was part of it has (its records say their dtype, or none: compile_dtype)."""
+    key = model_key(w) if mode == "default" else f"{model_key(w)} {mode}"
+    return key if dtype is None else f"{key} {dtype}"
+
+
+def compile_figures(w: Workload, mode: str, dtype: str, entries: Mapping[str, object]) -> Optional[Mapping[str, Any]]:
+    """`w`'s figures in `mode` measured at `dtype` (under its own key, else an older cache's key), None where none
+    were: figures of another dtype are not this plan's."""
+    for key in (compile_key(w, mode, dtype), compile_key(w, mode)):
+        own = entries.get(key)
+        if isinstance(own, Mapping) and own.get("mode", "default") == mode and compile_dtype(own) == dtype:
+            return own
+    return None
+
+
+def compile_dtypes_measured(w: Workload, entries: Mapping[str, object], modes: Sequence[str]) -> List[str]:
+    """The dtypes torch.compile was measured at for `w`'s model in any of `modes`."""
+    found = set()
+    for mode in modes:
+        for dtype in BY_ID["dtype"].choices:
+            if isinstance(dtype, str) and compile_figures(w, mode, dtype, entries) is not None:
+                found.add(dtype)
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -835,37 +869,47 @@ class _Compiled:
 
 
 def _measured_modes(w: Workload, meas: Measurements, modes: Tuple[str, ...], per_rank_batch: int,
-                    rules: Tuning) -> List[_Compiled]:
-    """The modes measured for this model (cpuperf bench --compile), each step time scaled to the rank's batch."""
+                    rules: Tuning, dtype: str) -> List[_Compiled]:
+    """The modes measured for this model at the plan's `dtype` (cpuperf bench --compile), each step time scaled to
+    the rank's batch."""
     judge_rule = rules.judge
     out: List[_Compiled] = []
     for mode in modes:
-        own = meas.compile_by_model.get(compile_key(w, mode))
-        if not own or own.get("mode", "default") != mode:
+        own = compile_figures(w, mode, dtype, meas.compile_by_model)
+        if own is None:
             continue
         rounds = [float(r) for r in own.get("rounds") or []]
         verdict = paired(rounds, bar=1.0, confidence=judge_rule.confidence) if len(rounds) >= 2 else None
         step_s = float(own["step_seconds"]) * per_rank_batch / max(1.0, float(own.get("batch") or per_rank_batch))
         out.append(_Compiled(mode, float(own["compile_seconds"]), step_s,
                              verdict.ratio if verdict is not None else float(own["speedup"]), verdict,
-                             str(own.get("dtype") or "fp32")))
+                             compile_dtype(own)))
     return out
 
 
 def _decide_compile(w: Workload, meas: Measurements, rules: Tuning, torch_v: Optional[str],
-                    on_gpu: bool, ipex: bool, placement: Placement, modes: Tuple[str, ...] = COMPILE_MODES
-                    ) -> Decision[bool]:
+                    on_gpu: bool, ipex: bool, placement: Placement, dtype: str,
+                    modes: Tuple[str, ...] = COMPILE_MODES) -> Decision[bool]:
+    """From this model's figures measured at the plan's `dtype` (figures of another dtype are not this run's), else
+    from the rule's assumption, said as not measured."""
     tv = version_or_none(torch_v)
     if tv is not None and tv < Version("2.0"):
         return Decision("compile", False, f"torch {torch_v} has no torch.compile", {"torch": torch_v})
     if ipex:
         return Decision("compile", False, "IPEX optimize is used instead", {})
     per_rank_batch = max(1, w.batch_size // max(1, placement.nproc_per_node))
-    measured = _measured_modes(w, meas, modes, per_rank_batch, rules) if not on_gpu else []
+    measured = _measured_modes(w, meas, modes, per_rank_batch, rules, dtype) if not on_gpu else []
     if measured:
         return _compile_from_modes(w, meas, measured)
     rule = rules.compile
     evidence: JsonObject = {"model": model_key(w)}
+    model = w.name if w.source == "preset" else "CONFIG"
+    how = f"assumed: not measured for this model here (`cpuperf bench --compile --model {model}` measures it)"
+    others = [d for d in compile_dtypes_measured(w, meas.compile_by_model, modes) if d != dtype] if not on_gpu else []
+    if others:  # figures of another dtype: not this run's (bf16 autocast and fp32 compile and gain differently)
+        evidence["measured_dtypes"] = list(others)
+        how = (f"assumed: not measured for {dtype}, only for {'/'.join(others)} (`cpuperf bench --compile --model "
+               f"{model} --set dtype={dtype}` measures it)")
     compile_s = rule.assumed_compile_seconds_per_layer * max(1, w.n_layer)
     speedup = rule.assumed_speedup_gpu if on_gpu else rule.assumed_speedup_cpu
     step_s = estimated_step_seconds(w, meas, rule, placement.threads_per_rank, per_rank_batch, on_gpu)
@@ -875,8 +919,6 @@ def _decide_compile(w: Workload, meas: Measurements, rules: Tuning, torch_v: Opt
     evidence["crossover_steps"] = crossover
     steps = w.steps
     evidence["steps"] = steps
-    model = w.name if w.source == "preset" else "CONFIG"
-    how = f"assumed: not measured for this model here (`cpuperf bench --compile --model {model}` measures it)"
     if crossover is None:
         return Decision("compile", False, f"no steady-state gain from torch.compile ({speedup:.2f}x, {how}): its "
                         "compile time never pays back", evidence)

@@ -158,9 +158,10 @@ class Measurements:
     compile_speedup: Optional[float] = None
     # name -> throughput ratio vs default (geometric mean); name_by_workload -> {workload: ratio}
     allocator_speedup: Dict[str, Union[float, Dict[str, float]]] = field(default_factory=dict)
-    # compile_key(workload, mode) -> {"compile_seconds", "speedup", "step_seconds", "batch", "mode", "dtype",
-    # "rounds"}: torch.compile measured on this host for that model in that mode (cpuperf bench --compile --model NAME;
-    # decide/measurement_schema.COMPILED)
+    # compile_key(workload, mode, dtype) -> {"compile_seconds", "speedup", "step_seconds", "batch", "mode", "dtype",
+    # "rounds"}: torch.compile measured on this host for that model in that mode at that dtype (cpuperf bench
+    # --compile --model NAME; decide/measurement_schema.COMPILED); an older cache's key lacks the dtype, its record
+    # says it (none: fp32, decide.recommend.compile_dtype). A plan reads only its own dtype's (compile_figures).
     compile_by_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     # Joint tuning (cpuperf.decide.tune): shape_key(workload) -> result, and a user command's key -> result
     tuned_by_shape: Dict[str, JsonObject] = field(default_factory=dict)

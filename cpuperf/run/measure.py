@@ -386,10 +386,12 @@ def gemm_rates(python: str = sys.executable, size: int = 512, seconds: float = 1
 def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allocators: bool = True,
               compile: bool = False, seconds: float = 1.0, size: int = 512,
               workload: Optional[Workload] = None, log: Optional[Callable[[str], object]] = None,
-              done: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+              done: Optional[Mapping[str, Any]] = None,
+              overrides: Optional[Mapping[str, object]] = None) -> Dict[str, Any]:
     """The micro-benchmarks the engine uses where its rules are unsure, with the load around them: the ratios
     that decide (bf16/fp32 GEMM, each allocator over the default) measured side by side (measure_ratios). `done`:
-    a cached measurement stopped part-way (`unfinished`), whose GEMM figures stand: only the rest is measured."""
+    a cached measurement stopped part-way (`unfinished`), whose GEMM figures stand: only the rest is measured.
+    `compile`: torch.compile for `workload` too, at the dtype of its plan with your `overrides` (plan_dtype)."""
     started = time.time()
     before = load_now(facts, threads)
     results: Dict[str, Any] = {"host_id": host_id(facts), "measured_at": int(started)}
@@ -406,7 +408,7 @@ def run_micro(facts: HostFacts, threads: int, python: str = sys.executable, allo
     if compile:
         meas = Measurements.from_json(results) if results.get("gemm_fp32_gflops") else None
         results.update(compile_measurement(threads, python, workload=workload, log=log,
-                                           dtype=plan_dtype(facts, workload, meas)))
+                                           dtype=plan_dtype(facts, workload, meas, overrides)))
     after = load_now(facts, threads)
     worst = before if before["under_load"] or not after["under_load"] else after
     results["load"] = {**worst, "under_load": before["under_load"] or after["under_load"],
@@ -811,16 +813,23 @@ def allocator_speedups(facts: HostFacts, threads: int, python: str = sys.executa
     return out
 
 
-def plan_dtype(facts: HostFacts, workload: Optional[Workload], meas: Optional[Measurements]) -> str:
-    """The dtype the plan for `workload` on this host runs (bf16 autocast where it pays): the one torch.compile is
-    measured at, so its figures are the run's."""
+def plan_dtype(facts: HostFacts, workload: Optional[Workload], meas: Optional[Measurements],
+               overrides: Optional[Mapping[str, object]] = None) -> str:
+    """The dtype the plan for `workload` on this host runs with your `overrides` (--set: `dtype=fp32` is fp32; else
+    bf16 autocast where it pays): the one torch.compile is measured at, so its figures are the run's (the plan counts
+    figures only at its own dtype). A value of yours that cannot be honoured is refused (UsageError, exit 2), never
+    measured at another dtype; a plan that fails otherwise measures at your dtype, else fp32."""
     from cpuperf.decide.recommend import RecommendRequest, recommend
     from cpuperf.decide.workload import PRESETS
 
     try:
-        return recommend(facts, workload or PRESETS["tiny"], RecommendRequest(measurements=meas)).levers.dtype.value
-    except CpuperfError:
-        return "fp32"
+        return recommend(facts, workload or PRESETS["tiny"],
+                         RecommendRequest(measurements=meas, overrides=overrides)).levers.dtype.value
+    except CpuperfError as exc:
+        if overrides and isinstance(exc, UsageError):
+            raise
+        asked = (overrides or {}).get("dtype")
+        return asked if isinstance(asked, str) else "fp32"
 
 
 def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0,
@@ -835,7 +844,8 @@ def compile_measurement(threads: int, python: str = sys.executable, seconds: flo
     cache private to each mode: the compile time is a mode's first step less eager's in the first round (cold,
     what a first run pays; the later rounds' warm figure is kept beside it), the steady speed-up the geometric mean
     of the rounds' compiled/eager ratios, kept with them so the decision judges it against its noise (decide/judge.py).
-    Keyed by the model's shape and the mode (compile_key), so a decision uses only its own model's figures."""
+    Keyed by the model's shape, the mode and the dtype (compile_key), so a decision uses only its own model's figures
+    at its own dtype."""
     import tempfile
 
     from cpuperf.decide.recommend import compile_key
@@ -868,7 +878,7 @@ def compile_measurement(threads: int, python: str = sys.executable, seconds: flo
                     wanted = [m for m in wanted if m in (res.get("compile_modes") or ["default"])]
                 if res:
                     runs.setdefault(name, []).append({**res, "round": r})
-    out = {compile_key(w, mode): entry for mode in wanted
+    out = {compile_key(w, mode, dtype): entry for mode in wanted
            if (entry := _compile_entry(runs, mode, batch, w.name, threads, dtype))}
     if not out:
         return {}
@@ -907,12 +917,12 @@ def measure_if_unsure(facts: HostFacts, threads: int, python: str = sys.executab
     if not facts.live:
         return None
     got = _measure_if_unsure(facts, threads, python, log)
-    if workload is not None and compile_worth_measuring(workload, got or Measurements(), threads, tuning()):
+    dtype = plan_dtype(facts, workload, got) if workload is not None else "fp32"
+    if workload is not None and compile_worth_measuring(workload, got or Measurements(), threads, tuning(), dtype):
         if log:
             log(f"measuring torch.compile for {workload.name} ({workload.steps} steps: long enough for it to "
                 "matter); cached for later runs ...")
-        entry = compile_measurement(threads, python, workload=workload, log=log,
-                                    dtype=plan_dtype(facts, workload, got))
+        entry = compile_measurement(threads, python, workload=workload, log=log, dtype=dtype)
         if entry:
             data, _ = read_cached(facts)
             base = {k: v for k, v in (data or {}).items() if k not in ("schema", "host_id", "torch_build")}
