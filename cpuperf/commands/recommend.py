@@ -363,13 +363,27 @@ def _writable_dir(path: Union[str, os.PathLike[str]]) -> None:
         raise from_os_error(PermissionError(errno.EACCES, "Permission denied", str(path)))
 
 
+def _bench_threads(facts: HostFacts, threads: Optional[int]) -> int:
+    """bench's thread count: yours (--threads), within this host's usable CPUs, else the plan's per rank."""
+    from cpuperf.decide.placement import plan_placement
+
+    if threads is None:
+        return plan_placement(facts).threads_per_rank
+    usable = len(facts.usable_cpus()) or 1
+    if not 1 <= threads <= usable:  # 100000 threads would fork until the machine runs out of processes
+        from cpuperf.errors import UsageError
+
+        raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
+                         hint=f"choose 1..{usable}")
+    return threads
+
+
 def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, allocators: bool = True,
               compile: bool = False, refresh: bool = False, model: Optional[str] = None,
               sets: Sequence[str] = ()) -> int:
     """`cpuperf bench`. `sets` (--set KEY=VALUE, with --compile): the plan's constraints; torch.compile is measured
     at the dtype that plan runs (`--set dtype=fp32`: fp32), refused (exit 2) before measuring if one cannot be
     honoured."""
-    from cpuperf.decide.placement import plan_placement
     from cpuperf.decide.recommend import compile_measured
     from cpuperf.decide.workload import resolve_workload
     from cpuperf.knowledge.knobs import parse_assignments
@@ -377,14 +391,7 @@ def run_bench(out: Output, threads: Optional[int], size: int, seconds: float, al
     from cpuperf.run import measure
 
     facts = probe_host()
-    if threads is None:
-        threads = plan_placement(facts).threads_per_rank
-    usable = len(facts.usable_cpus()) or 1
-    if not 1 <= threads <= usable:  # 100000 threads would fork until the machine runs out of processes
-        from cpuperf.errors import UsageError
-
-        raise UsageError(f"--threads {threads}: this host has {usable} usable CPU(s)",
-                         hint=f"choose 1..{usable}")
+    threads = _bench_threads(facts, threads)
     overrides = parse_assignments(sets)
     _writable_dir(measure.cache_dir())  # before minutes of measuring, not after
     workload = resolve_workload(model, host=facts)  # train --auto's model where none is named
