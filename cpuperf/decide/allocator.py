@@ -48,6 +48,13 @@ def install_hint() -> str:
     return f"`cpuperf install` adds the {rule.wheel} wheel (no root); system ones: {rule.system_install}"
 
 
+def is_library_of(name: str, path: str) -> bool:
+    """Whether `path` is a file of allocator `name`'s library (its name matches the probe's patterns)."""
+    import fnmatch
+
+    return any(fnmatch.fnmatch(os.path.basename(path), p) for p in ALLOCATOR_LIBS.get(name, ()))
+
+
 def first_library(paths: Sequence[str]) -> Optional[str]:
     """The plainest of a library's files (libX.so before libX.so.2.1)."""
     ordered = sorted(paths, key=lambda p: (os.path.basename(p).count("."), p))

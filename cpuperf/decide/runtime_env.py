@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from cpuperf.boundary import CCL_ENV_MARKER
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import (allocator_names, allocator_rule, first_library, missing_here, not_with_ranks,
-                                      preload_choice, preloadable)
+from cpuperf.decide.allocator import (
+    allocator_names,
+    allocator_rule,
+    first_library,
+    missing_here,
+    not_with_ranks,
+    preload_choice,
+    preloadable,
+)
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.knowledge.tuning import Tuning, tuning

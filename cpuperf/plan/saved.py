@@ -723,25 +723,16 @@ def without_missing_allocator(plan: SavedPlan, facts: HostFacts) -> SavedPlan:
     from a node with libjemalloc2 on one without): the job runs with the default allocator, never another one, and
     the lever report says why and how to add it (cpuperf.decide.allocator.missing_here). Any other entry stays, for
     foreign_preloads to judge."""
-    import fnmatch
-    import os
-
-    from cpuperf.decide.allocator import preloadable
-    from cpuperf.probe.facts import ALLOCATOR_LIBS
+    from cpuperf.decide.allocator import is_library_of, preloadable
 
     name = plan.rec.levers.allocator.value
     sw = facts.software
     if not name or sw is None or preloadable(sw.allocators.get(name, ())):
         return plan
-    patterns = ALLOCATOR_LIBS.get(str(name), [])
-
-    def its_library(entry: str) -> bool:
-        return any(fnmatch.fnmatch(os.path.basename(entry), p) for p in patterns)
-
     env: List[EnvVar] = []
     for var in plan.env:
         if var.name == "LD_PRELOAD":
-            kept = [e for e in var.value.split(":") if e and not its_library(e)]
+            kept = [e for e in var.value.split(":") if e and not is_library_of(name, e)]
             if kept:
                 env.append(var._replace(value=":".join(kept)))
         elif not (var.name == "MALLOC_CONF" and name == "jemalloc"):
