@@ -237,6 +237,7 @@ def _rendered(job: _Job, stack: Stack, facts: HostFacts, decided: EnvDecisions, 
     over what the shell has (kept unless --override or an option names them), every value checked for the shell,
     and the marker naming those that are cpuperf's own (`previous`: an earlier eval's, still as it set them)."""
     from cpuperf.decide import runtime_env as envplan
+    from cpuperf.decide.allocator import missing_here
     from cpuperf.plan.environment import EnvRequest, plan_env
     from cpuperf.render import shell as cclenv
     from cpuperf.run import vendor_env as envsources
@@ -265,6 +266,7 @@ def _rendered(job: _Job, stack: Stack, facts: HostFacts, decided: EnvDecisions, 
                          kept=merged.kept, sources=tuple(s.to_json() for s in vendor.sources),
                          notes=tuple(notes), skipped=merged.skipped, placement=placement.to_json(), header=header,
                          invalid=merged.invalid, decisions=decided.levers,
+                         allocator_missing=(missing_here(decided.allocator, libraries.allocators) or "") if opts.preload else "",
                          extra={"cpuperf_set": {"variable": CCL_ENV_MARKER, "names": list(ours)},
                                 "nnodes": job.nodes, "nproc_per_node": placement.nproc_per_node,
                                 "plan_differences": diffs, "python": stack.executable, "prefix": stack.prefix})
@@ -473,7 +475,7 @@ def _levers(result: CclEnv) -> Optional[Dict[str, Any]]:
 
     extra = result.extra or {}
     job = RenderedJob(auto=True, nproc_per_node=int(extra.get("nproc_per_node", 1)), nnodes=int(extra.get("nnodes", 1)),
-                      env=dict(result.final), ranks=(), env_only=ENV_ONLY)
+                      env=dict(result.final), ranks=(), env_only=ENV_ONLY, allocator_missing=result.allocator_missing)
     return split(lever_report(levers_from_json(result.decisions), job))
 
 

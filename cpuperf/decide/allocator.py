@@ -50,6 +50,13 @@ def install_hint() -> str:
     return f"`cpuperf install` adds the {rule.wheel} wheel (no root); system ones: {rule.system_install}"
 
 
+def is_library_of(name: str, path: str) -> bool:
+    """Whether `path` is a file of allocator `name`'s library (its name matches the probe's patterns)."""
+    import fnmatch
+
+    return any(fnmatch.fnmatch(os.path.basename(path), p) for p in ALLOCATOR_LIBS.get(name, ()))
+
+
 def first_library(paths: Sequence[str]) -> Optional[str]:
     """The plainest of a library's files (libX.so before libX.so.2.1)."""
     ordered = sorted(paths, key=lambda p: (os.path.basename(p).count("."), p))
@@ -81,16 +88,34 @@ def keeps_the_default(decision: Decision[Optional[AllocatorName]]) -> bool:
 
 def preload_choice(decided: Optional[str], allocators: Mapping[str, Sequence[str]], world: int,
                    kept: bool = False) -> Optional[str]:
-    """The allocator to preload: the decided one where its library is here; without one (ccl-env --preload with
-    nothing measured), the first installed in ALLOCATOR_LIBS's order that `world` ranks may preload; none where the
-    decision kept the default (`kept`: `keeps_the_default`)."""
-    if decided and preloadable(allocators.get(decided, ())):
-        return decided
-    if kept and not decided:
+    """The allocator to preload: the decided one where its library is here, else none (`missing_here` says why:
+    never another allocator nobody decided); without a decision (ccl-env --preload with nothing measured), the first
+    installed in ALLOCATOR_LIBS's order that `world` ranks may preload; none where the decision kept the default
+    (`kept`: `keeps_the_default`)."""
+    if decided:
+        return decided if preloadable(allocators.get(decided, ())) else None
+    if kept:
         return None
     installed = [n for n in ALLOCATORS if preloadable(allocators.get(n, ()))]
     refused = not_with_ranks(installed, world)
     return next((n for n in installed if n not in refused), None)
+
+
+def install_hint_for(name: str) -> str:
+    """How to get one allocator: `cpuperf install` where the wheel ships it, else the system's packages."""
+    rule = allocator_rule()
+    if name == rule.wheel_allocator:
+        return f"`cpuperf install` adds it (the {rule.wheel} wheel, no root)"
+    return f"install it with the system's packages ({rule.system_install})"
+
+
+def missing_here(decided: Optional[str], allocators: Mapping[str, Sequence[str]]) -> Optional[str]:
+    """Why the decided allocator is not preloaded (its library is not found in this environment), with the fix; None
+    where it is found or none was decided."""
+    if not decided or preloadable(allocators.get(decided, ())):
+        return None
+    return (f"the plan decided {decided}, and its library ({library_stem(decided)}.so) is not found here: no allocator "
+            f"is preloaded; {install_hint_for(decided)}")
 
 
 def preload_env(name: str, library: str) -> Dict[str, str]:

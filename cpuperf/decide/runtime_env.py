@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from cpuperf.boundary import CCL_ENV_MARKER
 from cpuperf.data import load_builtin
-from cpuperf.decide.allocator import allocator_names, allocator_rule, first_library, not_with_ranks, preload_choice, preloadable
+from cpuperf.decide.allocator import (
+    allocator_names,
+    allocator_rule,
+    first_library,
+    missing_here,
+    not_with_ranks,
+    preload_choice,
+    preloadable,
+)
 from cpuperf.decide.placement import Placement
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.knowledge.variables import value_problem, variables
@@ -345,10 +353,13 @@ def _preload_vars(c: _Collected, libraries: Libraries, allocator: Optional[str],
         c.notes.append("no libiomp5 to preload (pip install intel-openmp): OpenMP stays as torch ships it")
     alloc_name = preload_choice(allocator, libraries.allocators, world, kept)
     refused = not_with_ranks([n for n, paths in libraries.allocators.items() if preloadable(paths)], world)
+    missing = missing_here(allocator, libraries.allocators)
     if alloc_name:
         adds.append(preloadable(libraries.allocators[alloc_name]) or "")
         if alloc_name == "jemalloc":
             c.add("MALLOC_CONF", allocator_rule().jemalloc_malloc_conf, allocator_rule().source)
+    elif missing:  # decided elsewhere (a saved plan, a measurement): never another allocator in its place
+        c.notes.append(missing)
     elif kept:
         c.notes.append("no allocator preloaded: the plan keeps the default allocator (measured on this host, or "
                        "your value; `cpuperf recommend` says why)")

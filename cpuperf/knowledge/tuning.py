@@ -64,6 +64,7 @@ class AllocatorRule:
     jemalloc_malloc_conf: str  # the MALLOC_CONF the launchers export with jemalloc
     source: str
     wheel: str  # the wheel that ships a preloadable allocator without root
+    wheel_allocator: str  # the allocator that wheel ships (the others come from the system's packages)
     wheel_version: str  # the version tested (cpuperf install prefers it)
     wheel_platforms: Tuple[str, ...]  # the CPU architectures it is built for
     system_install: str

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cpuperf.decide.allocator import ALLOCATORS, library_stem
+from cpuperf.decide.allocator import ALLOCATORS, library_stem, missing_here
 from cpuperf.decide.records import Decision, Levers
 from cpuperf.jsonable import as_json
 from cpuperf.worker_settings import SETTING_NAMES, TrainSettings
@@ -69,6 +69,9 @@ class RenderedJob:
     # after a run: the OMP_NUM_THREADS each rank was read back running with (its /proc environ; None: it had none),
     # which a thread count's line then states instead of what the plan meant to give it
     ran_threads: Tuple[Optional[str], ...] = ()
+    # the decided allocator's library is not found here, so none is preloaded: why, with the fix
+    # (cpuperf.decide.allocator.missing_here; "" where it is found or none was decided)
+    allocator_missing: str = ""
 
 
 # How a lever's state begins where a variable you set yourself stands in for it (your value is the job's, on purpose).
@@ -165,6 +168,8 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
         return LeverState(d.id, d.value, True, where)
     if not job.auto and not d.overridden:
         return LeverState(d.id, d.value, False, PLAIN)
+    if d.id == "allocator" and job.allocator_missing:
+        return LeverState(d.id, d.value, False, job.allocator_missing)
     if job.env_only:
         return LeverState(d.id, d.value, False, job.env_only)
     return LeverState(d.id, d.value, False, _why_not(d, levers, job))
@@ -426,7 +431,9 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         carried=script.carried if script is not None else (),
         by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv,
         **_memory_view(jp),
-        trainer=script.trainer if script is not None else True)
+        trainer=script.trainer if script is not None else True,
+        allocator_missing=missing_here(jp.rec.levers.allocator.value,
+                                       jp.facts.software.allocators if jp.facts.software is not None else {}) or "")
 
 
 def _memory_view(jp: JobPlan) -> Dict[str, Any]:

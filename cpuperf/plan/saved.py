@@ -718,6 +718,28 @@ def foreign_preloads(plan: SavedPlan, facts: HostFacts) -> List[str]:
     return [e for e in entries if e not in found]
 
 
+def without_missing_allocator(plan: SavedPlan, facts: HostFacts) -> SavedPlan:
+    """The plan without its allocator preload where this host has no library of the allocator it decided (a plan
+    from a node with libjemalloc2 on one without): the job runs with the default allocator, never another one, and
+    the lever report says why and how to add it (cpuperf.decide.allocator.missing_here). Any other entry stays, for
+    foreign_preloads to judge."""
+    from cpuperf.decide.allocator import is_library_of, preloadable
+
+    name = plan.rec.levers.allocator.value
+    sw = facts.software
+    if not name or sw is None or preloadable(sw.allocators.get(name, ())):
+        return plan
+    env: List[EnvVar] = []
+    for var in plan.env:
+        if var.name == "LD_PRELOAD":
+            kept = [e for e in var.value.split(":") if e and not is_library_of(name, e)]
+            if kept:
+                env.append(var._replace(value=":".join(kept)))
+        elif not (var.name == "MALLOC_CONF" and name == "jemalloc"):
+            env.append(var)
+    return dataclasses.replace(plan, env=tuple(env))
+
+
 # -- does it fit this host? --------------------------------------------------------------------------
 
 def for_this_node(plan: SavedPlan, facts: HostFacts, names: Sequence[str]) -> Tuple[SavedPlan, Optional[str]]:
@@ -817,6 +839,8 @@ def plan_fits(path: str, plan: SavedPlan, facts: HostFacts, replan: bool,
     diffs = differences(plan, facts)
     if diffs and node:
         diffs = [f"node {node}: {d}" for d in diffs]
+    if not diffs:
+        plan = without_missing_allocator(plan, facts)
     foreign = foreign_preloads(plan, facts) if not diffs else []
     if foreign:  # never a library the probe does not know as an allocator or OpenMP runtime here
         raise UsageError(f"plan {path}: env LD_PRELOAD names {foreign[0]}, which is not an allocator or OpenMP runtime "

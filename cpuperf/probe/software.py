@@ -99,13 +99,16 @@ def _version_text(src: Sources, path: str) -> str:
     return text
 
 
-def _libraries(src: Sources, table: Dict[str, List[str]], extra_dirs: List[str]) -> Dict[str, Tuple[str, ...]]:
+def _libraries(src: Sources, own: Sources, table: Dict[str, List[str]],
+               extra_dirs: List[str]) -> Dict[str, Tuple[str, ...]]:
+    """Each runtime's library files: the system's library directories (`src`: none for a recorded host) and the
+    interpreter's own (`extra_dirs`, read through `own`: this machine's files, where the interpreter is)."""
     out: Dict[str, Tuple[str, ...]] = {}
     for name, patterns in table.items():
         paths = src.find_libraries(patterns)
         for directory in extra_dirs:
             for pattern in patterns:
-                paths.extend(src.glob(os.path.join(directory, pattern)))
+                paths.extend(own.glob(os.path.join(directory, pattern)))
         out[name] = tuple(sorted(dict.fromkeys(paths)))
     return out
 
@@ -177,6 +180,10 @@ def probe_software(src: Sources, python: Optional[str] = None, runtimes: bool = 
         return Software(python=_python_override(src) or "3.11.0", python_abi="cp311", executable="",
                         prefix="", packages=overridden, mpi=(), numactl=None, openmp={}, allocators={})
     scanned = scan_interpreter(src, python)
+    # Here the interpreter is a real one on this machine (a recorded host reaches this only with --python): the
+    # files of its own environment (its lib directory, torch's, an allocator wheel's) are read from this machine's
+    # filesystem, never looked for inside the recorded tree; the system's library directories stay the host's.
+    own = src if src.live else Sources(environ=src.environ)
     packages: Dict[str, Optional[PackageInfo]] = {
         name: (PackageInfo(**info) if info else None) for name, info in scanned["packages"].items()}
     if override is not None:
@@ -197,8 +204,8 @@ def probe_software(src: Sources, python: Optional[str] = None, runtimes: bool = 
         # commands that launch, preload or report them (ccl-env without --preload needs neither).
         mpi=_launchers(src, scanned.get("bindir", "")) if runtimes else (),
         numactl=src.which("numactl"),
-        openmp=_libraries(src, OPENMP_LIBS, extra) if runtimes else {},
-        allocators=_libraries(src, ALLOCATOR_LIBS, extra + [os.path.join(site, sub) for site in scanned.get("site_dirs", [])
+        openmp=_libraries(src, own, OPENMP_LIBS, extra) if runtimes else {},
+        allocators=_libraries(src, own, ALLOCATOR_LIBS, extra + [os.path.join(site, sub) for site in scanned.get("site_dirs", [])
                                                             for sub in WHEEL_LIB_DIRS]) if runtimes else {},
     )
 

@@ -95,6 +95,7 @@ class CclEnv(NamedTuple):
     invalid: Tuple[Invalid, ...] = ()
     levers: Optional[Dict[str, Any]] = None  # each lever applied by this environment or not (cpuperf.plan.applied)
     decisions: Tuple[Dict[str, Any], ...] = ()  # the plan's decisions as JSON, which that report reads
+    allocator_missing: str = ""  # --preload: the decided allocator's library is not found here (that report says so)
 
     def provenance(self, name: str) -> List[EnvVar]:
         return [v for v in self.vars if v.name == name]
