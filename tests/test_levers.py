@@ -25,13 +25,14 @@ LAYERS = ("decide", "plan", "render", "run")
 # Mappings whose keys happen to spell a lever's id but are not the plan's levers (compat/tuning.toml's sections are
 # typed records now: cpuperf.knowledge.tuning): a saved plan's inputs and placement JSON, a tuned
 # point's schema (the knob table's choices), the add-on package names, the worker's settings
-# being written, the install resolution's IPEX wheel, a cached torch.compile measurement (its dtype). (module, the
-# receiver's source text).
+# being written, the install resolution's IPEX wheel, a cached torch.compile measurement (its dtype), the knob
+# table's dtype choices. (module, the receiver's source text).
 NOT_LEVERS = {
     ("decide/tune.py", "data"), ("plan/install.py", "data"),
     ("plan/environment.py", "p"), ("plan/environment.py", "raw"), ("plan/saved.py", "data"), ("plan/saved.py", "i"),
     ("decide/measurement_schema.py", "BY_ID"), ("render/compat.py", "PIP_NAME"),
-    ("plan/request.py", "decided"), ("plan/install.py", "resolution"), ("decide/recommend.py", "own"),
+    ("plan/request.py", "decided"), ("plan/install.py", "resolution"), ("decide/recommend.py", "entry"),
+    ("decide/recommend.py", "BY_ID"),
 }
 
 

@@ -72,6 +72,8 @@ CASES = [
     ("ipex", "true", REFUSED),  # not installed
     ("ipex", "false", _setting("ipex", False)),
     ("compile", "true", _setting("compile", True)),
+    ("compile_mode", "regional", _setting("compile_mode", "regional")),
+    ("compile_mode", "fastest", REFUSED),  # not one of torch.compile's modes cpuperf knows
     ("allocator", "tcmalloc", REFUSED),  # not installed on the recorded host
     ("allocator", "none", _decided("allocator", None)),
     ("attention", "sdpa", _decided("attention", "sdpa")),

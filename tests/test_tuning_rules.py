@@ -33,9 +33,9 @@ def test_every_section_of_the_file_is_a_typed_record():
 
 
 def test_the_file_is_read_raw_in_one_module():
-    # probe/load.py sits below knowledge/ in the layers: it reads its sampling window itself, with a fallback.
+    # probe/load.py, below knowledge/ in the layers, is handed its sampling window by its callers
     readers = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if RAW_READ.search(p.read_text()))
-    assert readers == ["knowledge/tuning.py", "probe/load.py"]
+    assert readers == ["knowledge/tuning.py"]
     bench = Path(__file__).resolve().parent.parent / "benchmarks"
     assert [p.name for p in bench.rglob("*.py") if RAW_READ.search(p.read_text())] == []
 

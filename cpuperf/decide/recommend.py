@@ -271,8 +271,8 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
     precision = _decide_precision(ctx, gpu)
     backend = _decide_backend(ctx, world, on_gpu)
     ipex = _decide_ipex(ctx, on_gpu)
-    compile_d = ctx.take(_decide_compile(workload, ctx.meas, ctx.tuning, ctx.torch, on_gpu, ipex.value, placement,
-                                         precision.dtype.value, r.compile_modes), ctx.fixed.compile, ctx.tuned.compile)
+    compile_d = ctx.take(_decide_compile(ctx, workload, on_gpu, ipex.value, placement, precision.dtype.value,
+                                         r.compile_modes), ctx.fixed.compile, ctx.tuned.compile)
     allocator = _choose_allocator(ctx, on_gpu, world, precision.dtype.value)
     attention = ctx.take(_decide_attention(workload, precision.dtype.value, gpu), ctx.fixed.attention)
     # The levers decided so far; the memory plan decides the rest and returns the whole record.
@@ -887,11 +887,11 @@ def _measured_modes(w: Workload, meas: Measurements, modes: Tuple[str, ...], per
     return out
 
 
-def _decide_compile(w: Workload, meas: Measurements, rules: Tuning, torch_v: Optional[str],
-                    on_gpu: bool, ipex: bool, placement: Placement, dtype: str,
+def _decide_compile(ctx: _Context, w: Workload, on_gpu: bool, ipex: bool, placement: Placement, dtype: str,
                     modes: Tuple[str, ...] = COMPILE_MODES) -> Decision[bool]:
     """From this model's figures measured at the plan's `dtype` (figures of another dtype are not this run's), else
     from the rule's assumption, said as not measured."""
+    meas, rules, torch_v = ctx.meas, ctx.tuning, ctx.torch
     tv = version_or_none(torch_v)
     if tv is not None and tv < Version("2.0"):
         return Decision("compile", False, f"torch {torch_v} has no torch.compile", {"torch": torch_v})

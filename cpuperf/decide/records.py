@@ -162,7 +162,7 @@ class Measurements:
     # "rounds"}: torch.compile measured on this host for that model in that mode at that dtype (cpuperf bench
     # --compile --model NAME; decide/measurement_schema.COMPILED); an older cache's key lacks the dtype, its record
     # says it (none: fp32, decide.recommend.compile_dtype). A plan reads only its own dtype's (compile_figures).
-    compile_by_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    compile_by_model: Dict[str, JsonObject] = field(default_factory=dict)
     # Joint tuning (cpuperf.decide.tune): shape_key(workload) -> result, and a user command's key -> result
     tuned_by_shape: Dict[str, JsonObject] = field(default_factory=dict)
     tuned_by_command: Dict[str, JsonObject] = field(default_factory=dict)

@@ -819,7 +819,8 @@ def plan_dtype(facts: HostFacts, workload: Optional[Workload], meas: Optional[Me
     bf16 autocast where it pays): the one torch.compile is measured at, so its figures are the run's (the plan counts
     figures only at its own dtype). A value of yours that cannot be honoured is refused (UsageError, exit 2), never
     measured at another dtype; a plan that fails otherwise measures at your dtype, else fp32."""
-    from cpuperf.decide.recommend import RecommendRequest, recommend
+    from cpuperf.decide.recommend import RecommendRequest, recommend, user_constraints
+    from cpuperf.decide.records import constraints_of
     from cpuperf.decide.workload import PRESETS
 
     try:
@@ -828,8 +829,8 @@ def plan_dtype(facts: HostFacts, workload: Optional[Workload], meas: Optional[Me
     except CpuperfError as exc:
         if overrides and isinstance(exc, UsageError):
             raise
-        asked = (overrides or {}).get("dtype")
-        return asked if isinstance(asked, str) else "fp32"
+        asked = constraints_of(user_constraints(overrides)).dtype
+        return asked.value if asked is not None and isinstance(asked.value, str) else "fp32"
 
 
 def compile_measurement(threads: int, python: str = sys.executable, seconds: float = 3.0,
@@ -869,7 +870,8 @@ def compile_measurement(threads: int, python: str = sys.executable, seconds: flo
                 if log:
                     log(f"torch.compile for {w.name}, round {r + 1}: {name} ...")
                 # each mode its own inductor cache: cold in its first round (no kernel another mode compiled)
-                env = {"OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, name)}
+                env = {"OMP_NUM_THREADS": str(threads)}
+                env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, name)
                 res = _benchrun(settings if name == "eager" else {**settings, "compile": True, "compile_mode": name},
                                 env, python, timeout=1800)
                 if name == "eager" and r == 0:
