@@ -444,9 +444,9 @@ def bench_workload(workload: str, size: str, rounds: int, seconds: float, quick:
     summary = summarise(configs, all_rounds)
     if runtime is not None:
         from benchmarks.sweep import lever_verdicts
-        from cpuperf.knowledge.tuning import tuning
+        from cpuperf.knowledge import tuning as tuning_table  # not `tuning`: that name holds this run's tuning
 
-        judge = tuning().judge
+        judge = tuning_table.tuning().judge
         runtime = {k: v for k, v in runtime.items() if k != "configs"}
         runtime["verdicts"] = lever_verdicts(configs, all_rounds, judge.confidence, judge.resolution)
     confirmed = None
