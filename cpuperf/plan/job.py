@@ -95,11 +95,12 @@ class JobPlan:
         return {e.name: e.value for e in self.env}
 
 
-def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
-                 socket_ifname: Optional[str] = None, environ: Mapping[str, str],
+def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, threads: Optional[int],
+                 mpi: Optional[str] = None, socket_ifname: Optional[str] = None, environ: Mapping[str, str],
                  libraries: Optional[envplan.Libraries] = None,
                  own_rendezvous: bool = False) -> Tuple[List[envplan.EnvVar], List[str]]:
-    """The runtime variables of this plan (cpuperf.decide.runtime_env owns each one) and notes.
+    """The runtime variables of this plan (cpuperf.decide.runtime_env owns each one) and notes. `threads`: each
+    rank's count, as the caller asked it of cpuperf.decide.threads.rank_threads (the launch carries the same).
 
     --auto: all of them. Plain: only what the user's own keys imply (threads, allocator) and what
     several ranks need to meet (rendezvous, gloo interface, oneCCL).
@@ -111,7 +112,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     rt = envplan.runtime_env(facts, rec.placement, envplan.RuntimeEnvRequest(
         backend=backend, hosts=request.hosts,
         master_addr=request.master_addr, master_port=request.asked.master_port, preload=preload,
-        threads=rank_threads(lv, request.auto),
+        threads=threads,
         # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
         allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
         socket_ifname=socket_ifname,
@@ -253,7 +254,9 @@ class EnvInputs:
     """What the job's environment is made from besides the decisions."""
 
     environ: Mapping[str, str]  # the environment cpuperf runs in (or {} for a recorded host)
-    mpi: Optional[str] = None  # the MPI flavour mpirun starts the ranks with
+    # the MPI launcher the edge found on this host, (path, flavour) (cpuperf.probe.software.mpi_flavour): mpirun's
+    # argv, and its flavour's variables where --launcher mpirun starts the ranks
+    mpi: Optional[Tuple[str, str]] = None
     socket_ifname: Optional[str] = None  # the interface to the rendezvous
     libraries: Optional[envplan.Libraries] = None
     # a saved plan's runtime variables, used as they are (only this launch's rendezvous variables are added to them)
@@ -267,15 +270,17 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
     world = lv.world
     notes: List[str] = list(rec.notes)
     environ = given.environ
-    wanted, env_notes = runtime_vars(facts, rec, request, mpi=given.mpi, socket_ifname=given.socket_ifname,
-                                     environ=environ, libraries=given.libraries, own_rendezvous=run.yours is not None)
+    threads = rank_threads(lv, request.auto)  # asked once: the environment and the launch carry the same count
+    flavour = given.mpi[1] if given.mpi is not None and request.asked.launcher == "mpirun" else None
+    wanted, env_notes = runtime_vars(facts, rec, request, threads=threads, mpi=flavour,
+                                     socket_ifname=given.socket_ifname, environ=environ, libraries=given.libraries,
+                                     own_rendezvous=run.yours is not None)
     if given.planned_env is not None:
         wanted = with_launch_vars(given.planned_env, wanted)
     env, merge_notes = merged_env([*wanted, *_framework_vars(run.script)], request, world, environ)
     notes += merge_notes + env_notes
     pin = lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden) and \
         (lv.device.value == "cpu" or rec.placement.unit == "gpu-numa")
-    threads = rank_threads(lv, request.auto)
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))
@@ -291,7 +296,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
         master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python, local_addr=request.local_addr,
         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=run.yours, slurm=request.slurm,
-        numa_binding=numa, opens_session=run.opens_session, memory_policy=memory))
+        numa_binding=numa, opens_session=run.opens_session, memory_policy=memory), mpi=given.mpi)
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto),
                    tuple(_kept_as_run(notes, launch)), run.script, memory)
 
