@@ -95,12 +95,11 @@ class JobPlan:
         return {e.name: e.value for e in self.env}
 
 
-def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, threads: Optional[int],
-                 mpi: Optional[str] = None, socket_ifname: Optional[str] = None, environ: Mapping[str, str],
+def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
+                 socket_ifname: Optional[str] = None, environ: Mapping[str, str],
                  libraries: Optional[envplan.Libraries] = None,
                  own_rendezvous: bool = False) -> Tuple[List[envplan.EnvVar], List[str]]:
-    """The runtime variables of this plan (cpuperf.decide.runtime_env owns each one) and notes. `threads`: each
-    rank's count, as the caller asked it of cpuperf.decide.threads.rank_threads (the launch carries the same).
+    """The runtime variables of this plan (cpuperf.decide.runtime_env owns each one) and notes.
 
     --auto: all of them. Plain: only what the user's own keys imply (threads, allocator) and what
     several ranks need to meet (rendezvous, gloo interface, oneCCL).
@@ -112,7 +111,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     rt = envplan.runtime_env(facts, rec.placement, envplan.RuntimeEnvRequest(
         backend=backend, hosts=request.hosts,
         master_addr=request.master_addr, master_port=request.asked.master_port, preload=preload,
-        threads=threads,
+        threads=rank_threads(lv, request.auto),
         # a user's launcher that spans nodes meets on its own rendezvous: none is planned here
         allocator=lv.allocator.value, nnodes=1 if own_rendezvous else lv.nnodes.value, mpi=mpi,
         socket_ifname=socket_ifname,
@@ -270,17 +269,16 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
     world = lv.world
     notes: List[str] = list(rec.notes)
     environ = given.environ
-    threads = rank_threads(lv, request.auto)  # asked once: the environment and the launch carry the same count
     flavour = given.mpi[1] if given.mpi is not None and request.asked.launcher == "mpirun" else None
-    wanted, env_notes = runtime_vars(facts, rec, request, threads=threads, mpi=flavour,
-                                     socket_ifname=given.socket_ifname, environ=environ, libraries=given.libraries,
-                                     own_rendezvous=run.yours is not None)
+    wanted, env_notes = runtime_vars(facts, rec, request, mpi=flavour, socket_ifname=given.socket_ifname,
+                                     environ=environ, libraries=given.libraries, own_rendezvous=run.yours is not None)
     if given.planned_env is not None:
         wanted = with_launch_vars(given.planned_env, wanted)
     env, merge_notes = merged_env([*wanted, *_framework_vars(run.script)], request, world, environ)
     notes += merge_notes + env_notes
     pin = lv.affinity.value == "auto" and (request.auto or lv.affinity.overridden) and \
         (lv.device.value == "cpu" or rec.placement.unit == "gpu-numa")
+    threads = rank_threads(lv, request.auto)
     # GPU ranks whose GPUs' NUMA nodes cpuperf could not read: torchrun finds them itself where it can.
     numa = lv.on_gpu and request.auto and rec.placement.unit != "gpu-numa" and \
         numa_binding_ok(rec.stack.get("torch"))

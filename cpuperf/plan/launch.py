@@ -1,7 +1,7 @@
 """plan_launch(): the exact argv, environment and per-rank pinning of a training job; execute() runs it.
 
-Pure planning over HostFacts + Recommendation (+ hosts, the launcher environment): one process run
-directly (pinned in a preexec), several ranks on one node through torchrun or mpirun (Open MPI vs
+Pure planning over HostFacts + Recommendation (+ hosts, the launcher environment, the MPI launcher the edge
+found): one process run directly (pinned in a preexec), several ranks on one node through torchrun or mpirun (Open MPI vs
 Intel MPI/MPICH hydra argv), several nodes through a hostfile (torchrun c10d per node, or mpirun from
 the first node) or a Slurm allocation (srun). Each rank is pinned by `python -m cpuperf.run.rankexec`,
 which reads its local rank from the launcher and a slot table from CPUPERF_RANK_SLOTS. The runtime

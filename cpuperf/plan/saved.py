@@ -904,13 +904,12 @@ def fresh_differences(plan: SavedPlan, facts: HostFacts, measurements: Optional[
     """How a saved plan (that fits this host) differs from what cpuperf decides here from the same inputs, with the
     measurements planning reads (never measures): every decision, the placement and the variables."""
     from cpuperf.decide.placement import memory_policy
-    from cpuperf.decide.threads import rank_threads
     from cpuperf.plan.job import JobRequest, memory_pins, runtime_vars
 
     fresh = replan_from(plan, facts, measurements, environ={})
     nnodes = max(1, fresh.levers.nnodes.value)  # the rendezvous is this launch's: a placeholder, not compared
     request = JobRequest(auto=True, nnodes=nnodes, master_addr="127.0.0.1" if nnodes > 1 else None)
-    env, _ = runtime_vars(facts, fresh, request, threads=rank_threads(fresh.levers, True), environ={})
+    env, _ = runtime_vars(facts, fresh, request, environ={})
     policy, _ = memory_policy(facts, fresh.placement, fresh.levers.on_gpu, True, *memory_pins(fresh, "auto"))
     mine, now = (p.describe() if p is not None else "first touch" for p in (plan.memory, policy))
     memory = [f"numa_memory: the plan says {mine}, cpuperf decides {now} here"] if mine != now else []
