@@ -190,11 +190,12 @@ def summarise(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, An
 
 
 def machine_info() -> Dict[str, Any]:
+    from cpuperf.knowledge.bf16 import bf16_native
     from cpuperf.probe import probe_host
 
     f = probe_host()
     return {"cpu": f.cpu.model_name, "microarchitecture": f.cpu.microarchitecture, "isa": list(f.cpu.isa),
-            "bf16_native": f.cpu.bf16_native, "physical_cores": f.topology.physical_cores,
+            "bf16_native": bf16_native(f), "physical_cores": f.topology.physical_cores,
             "logical_cpus": f.topology.logical_cpus, "sockets": f.topology.sockets,
             "torch": f.software.packages["torch"].version if f.software and f.software.packages.get("torch") else None,
             "python": platform.python_version(), "kernel": platform.release()}

@@ -42,12 +42,13 @@ def levers(facts: Any, full: bool) -> Dict[str, Lever]:
     from packaging.version import Version
 
     from cpuperf.decide.placement import plan_placement
+    from cpuperf.knowledge.bf16 import bf16_native
     from cpuperf.knowledge.tuning import tuning
     from cpuperf.run.measure import allocator_libraries
 
     out: Dict[str, Lever] = {}
     dtype = Lever("dtype", ["fp32"])
-    if facts.cpu.bf16_native:
+    if bf16_native(facts):
         dtype.values.append("bf16")
     elif full:
         dtype.values.append("bf16")
@@ -155,8 +156,10 @@ def winnable(facts: Any, points: List[Dict[str, Any]], auto_point: Optional[Dict
              not_with_ranks: Tuple[str, ...] = ()) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """--full's points less what this host cannot win or the engine never runs, each rule with its count and why:
     (kept, left out). `auto_point`: auto's point (sweep keys); `gemm`: the GEMM check's GFLOP/s per dtype."""
+    from cpuperf.knowledge.bf16 import bf16_native
+
     usable = sorted(facts.usable_cpus())
-    bf16_slow = bool(gemm and not facts.cpu.bf16_native and gemm.get("bf16") and gemm.get("fp32")
+    bf16_slow = bool(gemm and not bf16_native(facts) and gemm.get("bf16") and gemm.get("fp32")
                      and gemm["bf16"] < gemm["fp32"])
     rules: List[Tuple[str, Callable[[Dict[str, Any]], bool], str]] = []
     if bf16_slow and gemm:

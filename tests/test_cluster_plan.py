@@ -43,12 +43,10 @@ def test_each_node_is_planned_from_its_own_facts(tmp_path, node_facts):
     hostfile, facts = node_facts
 
     def native_bf16(host):
-        host["cpu"]["bf16_native"] = True
         host["cpu"]["isa"].append("avx512_bf16")
 
     def one_cpu(host):  # and no native bf16, whatever CPU runs the suite
         host["topology"]["allowed_cpus"] = [host["topology"]["allowed_cpus"][0]]
-        host["cpu"]["bf16_native"] = False
         host["cpu"]["amx_supported"] = host["cpu"]["amx_usable"] = False
         host["cpu"]["isa"] = [f for f in host["cpu"]["isa"] if f not in ("avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")]
 

@@ -23,13 +23,15 @@ from cpuperf.probe import probe_host
 from cpuperf.probe.facts import MpiLauncher
 from cpuperf.probe.hosts import parse_hostfile_text
 from cpuperf.probe.slurm import expand_nodelist, slurm_facts
+from cpuperf.probe.software import mpi_flavour
 
 CMD = ["python", "-m", "cpuperf.train.worker", "--config", "{}"]
 
 
 def plan_launch(facts, placement, **spec):
-    """plan_launch with the LaunchSpec's fields as keywords (the tests name only what each one varies)."""
-    return _plan_launch(facts, placement, LaunchSpec(**spec))
+    """plan_launch with the LaunchSpec's fields as keywords (the tests name only what each one varies), and the MPI
+    launcher the edge finds in these facts (cpuperf.run.edge.gather asks the same function)."""
+    return _plan_launch(facts, placement, LaunchSpec(**spec), mpi=mpi_flavour(facts))
 
 
 def facts_for(tmp_path, monkeypatch, mpi=None, **host):

@@ -109,12 +109,13 @@ def test_where_numactl_is_installed_the_process_starts_under_it(trees):
     software = Software(python="3.11.0", python_abi="cp311", executable="", prefix="", packages={}, mpi=(),
                         numactl="/usr/bin/numactl", openmp={}, allocators={})
     with_numactl = replace(facts, software=software)
-    launch = plan_launch(with_numactl, placement, LaunchSpec(rank_command=["python", "x.py"], memory_policy=policy))
+    launch = plan_launch(with_numactl, placement, LaunchSpec(rank_command=["python", "x.py"], memory_policy=policy),
+                         mpi=None)  # one process, started directly: no MPI launcher asked
     assert launch.launcher == "direct"
     assert launch.argv == ("/usr/bin/numactl", "--interleave=0,1,2,3", "python", "x.py")
     assert launch.rank_command == ("python", "x.py")  # what the process runs once numactl has exec'd it
     assert launch.affinity  # pinned as before: numactl sets the memory policy only
-    without = plan_launch(facts, placement, LaunchSpec(rank_command=["python", "x.py"], memory_policy=policy))
+    without = plan_launch(facts, placement, LaunchSpec(rank_command=["python", "x.py"], memory_policy=policy), mpi=None)
     assert without.argv == ("python", "x.py") and any("numactl is not installed" in n for n in without.notes)
     several = plan_placement(facts, nproc_per_node=2)
     assert memory_policy(facts, several, on_gpu=False, auto=True) == (None, None)  # a rank per socket

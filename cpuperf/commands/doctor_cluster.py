@@ -59,10 +59,11 @@ def wants_cluster(hostfile: Optional[str], facts: Optional[str], this_node: bool
 
 def _probe(out: Output, opts: ClusterOptions, names: Sequence[str],
            environ: Mapping[str, str]) -> Tuple[List[NodeResult], str, Optional[JsonObject]]:
-    from cpuperf.run.nodes import choose_reach, probe_cluster
+    from cpuperf.run.nodes import choose_reach, probe_cluster, this_host_mpi
 
+    mpi = this_host_mpi() if opts.launcher in (None, "mpirun") else None  # this host's, found once
     reach = choose_reach(opts.launcher, hostfile=opts.hostfile is not None, python=opts.python, environ=environ,
-                         timeout=opts.timeout)
+                         timeout=opts.timeout, mpi=mpi)
     out.info(f"probing {len(names)} node(s) through {reach.transport} ({reach.why}); "
              f"{min(opts.parallel, len(names))} at a time, {opts.timeout:g} s each; the job's interpreter: {reach.interpreter}")
     step = max(1, len(names) // 4)

@@ -156,7 +156,7 @@ def run_recommend(out: Output, fmt: Optional[str], **kwargs: Any) -> int:
     kwargs["nnodes"] = rec.levers.nnodes.value  # the job's count as decided: what --replan plans for again
     subs: List[NodePlan] = []
     if node_facts or probe_nodes:
-        facts, rec, subs = cluster_plan(out, facts, rec, found.hosts, node_facts)
+        facts, rec, subs = cluster_plan(out, facts, rec, found.hosts, node_facts, found.mpi)
     jp = job_plan(found, facts, rec, master_addr)
     extra = renderings(rec, jp)
     report = _lever_report(rec, jp, extra["hf_args"])
@@ -216,10 +216,11 @@ def _levers_not_applied(facts: HostFacts, rec: Recommendation) -> List[str]:
 
 
 def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Optional[Sequence[Host]],
-                 node_facts: Optional[str]) -> Tuple[HostFacts, Recommendation, List[NodePlan]]:
+                 node_facts: Optional[str], mpi: Optional[Tuple[str, str]]) -> Tuple[HostFacts, Recommendation, List[NodePlan]]:
     """One plan over the hostfile's nodes from each node's own facts (saved by `doctor --hostfile --save-facts`, or
     probed now): bf16 only if every node runs it natively, threads from each node's cores, refused (exit 14)
-    where the stacks differ. Returns (first node's facts, its recommendation, [(name, facts, rec, job plan)])."""
+    where the stacks differ. Returns (first node's facts, its recommendation, [(name, facts, rec, job plan)]).
+    `mpi`: the MPI launcher the edge found (run.edge.Found.mpi), which reaches the nodes when they are probed now."""
     import dataclasses
     import os
 
@@ -243,9 +244,11 @@ def cluster_plan(out: Output, facts: HostFacts, rec: Recommendation, hosts: Opti
         for note in notes:
             out.warn(note)
     else:
-        from cpuperf.run.nodes import choose_reach, probe_cluster
+        from cpuperf.run.nodes import choose_reach, probe_cluster, this_host_mpi
 
-        results = probe_cluster(names, choose_reach(None, hostfile=True, python=None, environ=os.environ))
+        # the nodes are reached from this host: its MPI launcher as the edge found it (a recorded host's is not it)
+        here = mpi if facts.live else this_host_mpi()
+        results = probe_cluster(names, choose_reach(None, hostfile=True, python=None, environ=os.environ, mpi=here))
     # Load of the moment rode along with each node's probe: a finding there, never an input here.
     by_name = {n: dataclasses.replace(f, load=None) for n, f in cluster.hosts_of(results).items()}
     missing = [n for n in names if n not in by_name]

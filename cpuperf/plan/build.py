@@ -59,7 +59,7 @@ class EdgeFacts:
     launcher_python: Optional[str] = None  # the Python the user's launcher runs scripts with
     accelerate_default_config: bool = False
     slurm: SlurmFacts = NO_SLURM  # the Slurm job cpuperf runs in (cpuperf.probe.slurm)
-    mpi: Optional[Tuple[str, str]] = None  # the MPI launcher found and its flavour (cpuperf.plan.launch.mpi_flavour)
+    mpi: Optional[Tuple[str, str]] = None  # the MPI launcher found and its flavour (cpuperf.probe.software.mpi_flavour)
     # recommend's decisions made already (`cpuperf recommend`, a cluster's node, a tuning point): planned as they
     # stand, for the job `cpuperf train --auto -- python your_script.py` would run (the script a placeholder)
     decided: Optional[Recommendation] = None
@@ -100,11 +100,10 @@ def build_job_plan(request: PlanRequest, facts: HostFacts, edge: EdgeFacts, use_
         flagged = request.command.launcher_with(script.words)
         if flagged is not None:
             cmd = list(with_rank_step(flagged, edge.python, edge.launcher_python))
-    mpi = edge.mpi
     saved_env = edge.saved.env if edge.saved is not None and not edge.saved_diffs else None
     run = RankRun(tuple(cmd), settings, script, yours, python=edge.python, log_dir=os.path.join(edge.out_dir, "logs"),
                   euid=edge.euid, opens_session=request.command is not None and request.command.own_session)
-    given = EnvInputs(edge.environ, mpi[1] if (mpi and request.launcher == "mpirun") else None, edge.socket_ifname,
+    given = EnvInputs(edge.environ, edge.mpi, edge.socket_ifname,
                       planned_env=tuple(saved_env) if saved_env is not None else None,
                       planned_memory=edge.saved.memory if edge.saved is not None and saved_env is not None else None)
     jp = plan_job(facts, rec, job, run, given)

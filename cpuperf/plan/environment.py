@@ -29,7 +29,7 @@ class EnvDecisions(NamedTuple):
     placement: Placement
     backend: Backend  # for one rank: the backend several ranks would use (the env serves either)
     allocator: Optional[str]
-    threads: Optional[int]  # each rank's threads: cpuperf.decide.records.rank_threads, as --auto applies them
+    threads: Optional[int]  # each rank's threads: cpuperf.decide.threads.rank_threads, as --auto applies them
     pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
     levers: Tuple[JsonObject, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
     allocator_kept: bool = False  # the default allocator kept on purpose (cpuperf.decide.allocator.keeps_the_default)

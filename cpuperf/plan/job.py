@@ -253,7 +253,9 @@ class EnvInputs:
     """What the job's environment is made from besides the decisions."""
 
     environ: Mapping[str, str]  # the environment cpuperf runs in (or {} for a recorded host)
-    mpi: Optional[str] = None  # the MPI flavour mpirun starts the ranks with
+    # the MPI launcher the edge found on this host, (path, flavour) (cpuperf.probe.software.mpi_flavour): mpirun's
+    # argv, and its flavour's variables where --launcher mpirun starts the ranks
+    mpi: Optional[Tuple[str, str]] = None
     socket_ifname: Optional[str] = None  # the interface to the rendezvous
     libraries: Optional[envplan.Libraries] = None
     # a saved plan's runtime variables, used as they are (only this launch's rendezvous variables are added to them)
@@ -267,7 +269,8 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
     world = lv.world
     notes: List[str] = list(rec.notes)
     environ = given.environ
-    wanted, env_notes = runtime_vars(facts, rec, request, mpi=given.mpi, socket_ifname=given.socket_ifname,
+    flavour = given.mpi[1] if given.mpi is not None and request.asked.launcher == "mpirun" else None
+    wanted, env_notes = runtime_vars(facts, rec, request, mpi=flavour, socket_ifname=given.socket_ifname,
                                      environ=environ, libraries=given.libraries, own_rendezvous=run.yours is not None)
     if given.planned_env is not None:
         wanted = with_launch_vars(given.planned_env, wanted)
@@ -291,7 +294,7 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
         master_addr=request.master_addr, master_port=request.asked.master_port, pin=pin, threads=threads,
         log_dir=run.log_dir, environ=environ, euid=run.euid, python=run.python, local_addr=request.local_addr,
         job_id=request.job_id, rdzv_timeout=request.asked.rdzv_timeout, yours=run.yours, slurm=request.slurm,
-        numa_binding=numa, opens_session=run.opens_session, memory_policy=memory))
+        numa_binding=numa, opens_session=run.opens_session, memory_policy=memory), mpi=given.mpi)
     return JobPlan(facts, rec, request, env, launch, run.settings, decision_records(rec, request.auto),
                    tuple(_kept_as_run(notes, launch)), run.script, memory)
 

@@ -1,7 +1,7 @@
 """plan_launch(): the exact argv, environment and per-rank pinning of a training job; execute() runs it.
 
-Pure planning over HostFacts + Recommendation (+ hosts, the launcher environment): one process run
-directly (pinned in a preexec), several ranks on one node through torchrun or mpirun (Open MPI vs
+Pure planning over HostFacts + Recommendation (+ hosts, the launcher environment, the MPI launcher the edge
+found): one process run directly (pinned in a preexec), several ranks on one node through torchrun or mpirun (Open MPI vs
 Intel MPI/MPICH hydra argv), several nodes through a hostfile (torchrun c10d per node, or mpirun from
 the first node) or a Slurm allocation (srun). Each rank is pinned by `python -m cpuperf.run.rankexec`,
 which reads its local rank from the launcher and a slot table from CPUPERF_RANK_SLOTS. The runtime
@@ -101,15 +101,6 @@ def shell_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
 
 # -- the launcher ----------------------------------------------------------------------------------
 
-def mpi_flavour(facts: HostFacts) -> Optional[Tuple[str, str]]:
-    """(path, flavour) of the first mpirun/mpiexec the probe found."""
-    sw = facts.software
-    for launcher in (sw.mpi if sw else ()):
-        if launcher.name in ("mpirun", "mpiexec", "mpiexec.hydra") and launcher.flavour in ("openmpi", "intelmpi", "mpich"):
-            return launcher.path, launcher.flavour
-    return None
-
-
 def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: Optional[int],
                     mpi: Optional[Tuple[str, str]]) -> Tuple[str, str]:
     """(launcher, why)."""
@@ -131,7 +122,7 @@ def choose_launcher(asked: Optional[str], world: int, nnodes: int, slurm_nodes: 
 # -- the plan --------------------------------------------------------------------------------------
 
 def rank_specs(placement: Placement, pin: bool, threads: Optional[int]) -> Tuple[RankSpec, ...]:
-    """Local ranks: their compute CPUs (pin=False: none) and the one thread count (decide.records.rank_threads;
+    """Local ranks: their compute CPUs (pin=False: none) and the one thread count (decide.threads.rank_threads;
     None: torch's own, even where pinned)."""
     specs = []
     for slot in placement.slots:
@@ -150,7 +141,7 @@ class LaunchSpec:
 
     nnodes: the job's node count, decided by cpuperf.decide.nodes; slurm: the Slurm job cpuperf runs in.
     env_vars: cpuperf.decide.runtime_env EnvVar records (already merged by the caller into name -> value order);
-    pin: pin ranks to their slot CPUs; threads: each rank's count (decide.records.rank_threads; None: torch's own).
+    pin: pin ranks to their slot CPUs; threads: each rank's count (decide.threads.rank_threads; None: torch's own).
     rdzv_timeout: seconds the rendezvous may take (torchrun's join_timeout; the ranks' process group).
     numa_binding: GPU ranks bound by torchrun to their GPU's NUMA node (--numa-binding=node; see numa_binding_ok).
     yours: the user's own launcher (cpuperf.plan.user_launcher.LauncherRanks): cpuperf runs that command
@@ -181,8 +172,11 @@ class LaunchSpec:
     memory_policy: Optional[MemoryPolicy] = None  # one process over several NUMA nodes (decide.placement.memory_policy)
 
 
-def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> LaunchPlan:
-    """The launch of `spec.rank_command` on `placement.nproc_per_node` ranks per node over `spec.nnodes` nodes."""
+def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec, *,
+                mpi: Optional[Tuple[str, str]]) -> LaunchPlan:
+    """The launch of `spec.rank_command` on `placement.nproc_per_node` ranks per node over `spec.nnodes` nodes.
+    `mpi`: the MPI launcher the edge found on this host, (path, flavour) or None (cpuperf.probe.software.mpi_flavour,
+    asked once by cpuperf.run.edge.gather)."""
     rank_command, env_vars, launcher, hosts = spec.rank_command, spec.env_vars, spec.launcher, spec.hosts
     nnodes, node_rank, master_addr, master_port = spec.nnodes, spec.node_rank, spec.master_addr, spec.master_port
     pin, threads, log_dir, environ, euid = spec.pin, spec.threads, spec.log_dir, spec.environ, spec.euid
@@ -196,7 +190,6 @@ def plan_launch(facts: HostFacts, placement: Placement, spec: LaunchSpec) -> Lau
     _check_rdzv_timeout(rdzv_timeout)
     _check_rank0_known(nnodes, hosts, slurm.allocation, master_addr)
     world = nproc * nnodes
-    mpi = mpi_flavour(facts)
     chosen, why = choose_launcher(launcher, world, nnodes, slurm.allocation, mpi)
     specs = rank_specs(placement, pin, threads)
     env, reasons = _base_env(env_vars, world)

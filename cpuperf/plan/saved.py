@@ -32,6 +32,10 @@ SCHEMA = "cpuperf.plan/1"
 STACK_PACKAGES = ("torch", "intel_extension_for_pytorch", "oneccl_bind_pt", "transformers", "accelerate")
 MEMORY_TOLERANCE = 0.98  # nodes of one model differ by what firmware reserves
 UNKNOWABLE = ("gpus", "amx_usable")  # None = not probed (a recorded host): not a difference
+# Written for the plan's reader, never compared: the owner's answer (knowledge.bf16.bf16_native) from the arch, ISA
+# and AMX permission, which are compared. A plan saved before wrote the probe's x86-only flag test here, so the value
+# in an older file may differ from the owner's on the same host (Arm BF16; AMX the kernel refuses).
+DERIVED = ("bf16_native",)
 
 
 class HostIdentity(TypedDict):
@@ -42,7 +46,7 @@ class HostIdentity(TypedDict):
     model_name: Optional[str]
     microarchitecture: str
     isa: List[str]
-    bf16_native: bool
+    bf16_native: bool  # knowledge.bf16.bf16_native at save time (DERIVED: not compared)
     amx_usable: Optional[bool]  # None: not probed (a recorded host)
     sockets: int
     physical_cores: int
@@ -92,11 +96,12 @@ class SavedPlan:
 
 def host_identity(facts: HostFacts) -> HostIdentity:
     """What the decisions depend on, never the host's name: equal on identical nodes."""
+    from cpuperf.knowledge.bf16 import bf16_native
     from cpuperf.probe.parse import format_cpulist
 
     cpu, topo = facts.cpu, facts.topology
     return {"arch": cpu.arch, "vendor": cpu.vendor, "model_name": cpu.model_name,  # (in HostIdentity's order)
-            "microarchitecture": cpu.microarchitecture, "isa": sorted(cpu.isa), "bf16_native": cpu.bf16_native,
+            "microarchitecture": cpu.microarchitecture, "isa": sorted(cpu.isa), "bf16_native": bf16_native(facts),
             "amx_usable": cpu.amx_usable, "sockets": topo.sockets, "physical_cores": topo.physical_cores,
             "threads_per_core": topo.threads_per_core, "numa_nodes": len(topo.numa_nodes),
             "usable_cpus": format_cpulist(facts.usable_cpus()), "cpu_quota": topo.cpu_quota,
@@ -766,7 +771,7 @@ def differences(plan: SavedPlan, facts: HostFacts) -> List[str]:
             if now < planned * MEMORY_TOLERANCE:
                 out.append(f"memory: planned for {planned / 2**30:.1f} GiB, this host has {now / 2**30:.1f} GiB")
             continue
-        if key in UNKNOWABLE and (now is None or planned is None):
+        if key in DERIVED or (key in UNKNOWABLE and (now is None or planned is None)):
             continue
         if now != planned:
             out.append(f"{key.replace('_', ' ')}: planned for {_show(planned)}, this host has {_show(now)}")

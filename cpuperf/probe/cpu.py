@@ -241,7 +241,7 @@ def probe_cpu(src: Sources, blocks: Optional[List[Dict[str, str]]] = None) -> Cp
     else:
         facts = CpuFacts(arch=arch, vendor=first.get("vendor_id"), model_name=first.get("model name"),
                      family=None, model=None, stepping=None, microarchitecture="unknown", isa=(),
-                     flags=(), bf16_native=False, amx_supported=False, amx_usable=False,
+                     flags=(), amx_supported=False, amx_usable=False,
                      microarchitecture_source="none")
 
     override_uarch = src.override_name("microarch")
@@ -272,10 +272,9 @@ def _x86_facts(src: Sources, first: Mapping[str, str], override_isa: Optional[Tu
     able = tuple(f for f in flags if f not in foreign)
     isa = tuple(f for f in X86_ISA if f in able)
     amx_supported = "amx_tile" in able
-    bf16_native = "avx512_bf16" in able or "amx_bf16" in able
     return CpuFacts(arch="x86_64", vendor=vendor, model_name=first.get("model name"), family=family,
                 model=model, stepping=stepping, microarchitecture=named.name, isa=isa, flags=flags,
-                bf16_native=bf16_native, amx_supported=amx_supported,
+                amx_supported=amx_supported,
                 amx_usable=_amx_usable(src) if amx_supported else False,
                 microarchitecture_source=named.how, model_microarchitecture=named.by_model,
                 beyond_model=named.beyond_model)
@@ -304,7 +303,7 @@ def _arm_facts(first: Mapping[str, str], override_isa: Optional[Tuple[str, ...]]
     return CpuFacts(arch="aarch64", vendor=vendor, model_name=first.get("model name"), family=None,
                 model=part, stepping=parse.int_auto(first.get("cpu variant")),
                 microarchitecture=uarch, isa=tuple(f for f in ARM_ISA if f in flags),
-                flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
+                flags=flags, amx_supported=False, amx_usable=False,
                 implementer=implementer, part=part, microarchitecture_source=how)
 
 
@@ -318,7 +317,7 @@ def _power_facts(blocks: List[Dict[str, str]]) -> CpuFacts:
     return CpuFacts(arch="ppc64le", vendor="IBM", model_name=cpu_line or None, family=None, model=None,
                 stepping=None, microarchitecture=generation if generation.startswith("power") else "unknown",
                 isa=tuple(f for f in POWER_ISA if f in flags or implied.get(f, False)),
-                flags=flags, bf16_native=False, amx_supported=False, amx_usable=False,
+                flags=flags, amx_supported=False, amx_usable=False,
                 microarchitecture_source="model" if generation.startswith("power") else "none")
 
 

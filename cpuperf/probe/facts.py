@@ -52,9 +52,7 @@ class CpuFacts:
     microarchitecture: str  # 'unknown' when nothing matches
     isa: Tuple[str, ...]  # the subset of known ISA flags the OS exposes
     flags: Tuple[str, ...]  # everything the OS exposes
-    # x86: the ISA has avx512_bf16 or amx_bf16 (a fact, kept in saved plans; Arm's 'bf16' is its own extension).
-    # Whether cpuperf has a native bf16 path is knowledge/bf16.py's answer (bf16_native), not this field.
-    bf16_native: bool
+    # Facts only: whether cpuperf has a native bf16 path is knowledge/bf16.py's answer (bf16_native), from `isa`.
     amx_supported: bool
     amx_usable: Optional[bool]  # the kernel granted tile state to a process; None = not checked
     implementer: Optional[int] = None  # Arm

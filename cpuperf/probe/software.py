@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from cpuperf.errors import FieldError, ProbeFailedError, UsageError, verbatim
 from cpuperf.probe import parse, pkgscan
-from cpuperf.probe.facts import ALLOCATOR_LIBS, MpiLauncher, PackageInfo, Software
+from cpuperf.probe.facts import ALLOCATOR_LIBS, HostFacts, MpiLauncher, PackageInfo, Software
 from cpuperf.probe.sources import Sources
 from cpuperf.versions import major_minor, split_local
 
@@ -59,6 +59,16 @@ def _launchers(src: Sources, bindir: str) -> Tuple[MpiLauncher, ...]:
             flavour, version = parse.parse_mpi_version(_version_text(src, path))
         found.append(MpiLauncher(name=name, path=path, flavour=flavour, version=version))
     return tuple(found)
+
+
+def mpi_flavour(facts: HostFacts) -> Optional[Tuple[str, str]]:
+    """(path, flavour) of the first mpirun/mpiexec the probe found (Open MPI, Intel MPI or MPICH), else None. The
+    edge asks it once (cpuperf.run.edge.gather: `Found.mpi`, `EdgeFacts.mpi`) and hands the answer to the planner."""
+    sw = facts.software
+    for launcher in (sw.mpi if sw else ()):
+        if launcher.name in ("mpirun", "mpiexec", "mpiexec.hydra") and launcher.flavour in ("openmpi", "intelmpi", "mpich"):
+            return launcher.path, launcher.flavour
+    return None
 
 
 _VERSION_TEXT_MAX = 16384

@@ -42,7 +42,7 @@ class Found:
     slurm: SlurmFacts
     hosts: Optional[Tuple[Host, ...]]  # the hostfile's (or the allocation's) nodes, cut to the node count
     nnodes: int
-    mpi: Optional[Tuple[str, str]]  # the MPI launcher found and its flavour (cpuperf.plan.launch.mpi_flavour)
+    mpi: Optional[Tuple[str, str]]  # the MPI launcher found and its flavour (cpuperf.probe.software.mpi_flavour)
     rendezvous: Optional[str]  # where rank 0 is reached: --master-addr, else the Slurm allocation's first node
     euid: int
     script_text: Optional[str] = None  # the user's script as read from its file
@@ -69,11 +69,11 @@ def gather(request: PlanRequest, sources: Sources, environ: Mapping[str, str]) -
     gave that cannot be read (a hostfile, an argument the script's parser refuses, a saved plan that does not
     fit this host) is refused here, before anything is measured or started."""
     from cpuperf.decide.nodes import job_nodes
-    from cpuperf.plan.launch import mpi_flavour
     from cpuperf.plan.request import with_command
     from cpuperf.probe import probe_host, with_load
     from cpuperf.probe.hosts import read_hostfile
     from cpuperf.probe.slurm import slurm_facts
+    from cpuperf.probe.software import mpi_flavour
     from cpuperf.run import timeline
 
     request = with_command(request)  # the user's command, read once (a request from train_request carries it)

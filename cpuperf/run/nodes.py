@@ -277,22 +277,29 @@ def ssh_command(environ: Mapping[str, str]) -> Tuple[str, ...]:
     return tuple(shlex.split(raw)) if raw else ("ssh",)
 
 
+def this_host_mpi() -> Optional[Tuple[str, str]]:
+    """The MPI launcher on this host, (path, flavour) or None (cpuperf.probe.software.mpi_flavour of its probe): for
+    a command that reaches nodes from here without having gathered this host's facts (doctor --hostfile)."""
+    from cpuperf.probe import probe_host
+    from cpuperf.probe.software import mpi_flavour
+
+    return mpi_flavour(probe_host())
+
+
 def choose_reach(launcher: Optional[str], hostfile: bool, python: Optional[str], environ: Mapping[str, str],
-                 timeout: float = DEFAULT_TIMEOUT_S) -> Reach:
+                 timeout: float = DEFAULT_TIMEOUT_S, *, mpi: Optional[Tuple[str, str]]) -> Reach:
     """The transport the job's own launcher gives (srun to a Slurm allocation's own nodes, mpirun, else ssh);
-    LaunchFailedError if none. `hostfile`: the nodes are a hostfile's, not the allocation's."""
+    LaunchFailedError if none. `hostfile`: the nodes are a hostfile's, not the allocation's. `mpi`: the MPI
+    launcher on this host, as the caller's edge found it once (cpuperf.run.edge.Found.mpi, this_host_mpi)."""
     import shutil
     import sys
 
     from cpuperf.plan import nodes as plan
-    from cpuperf.plan.launch import mpi_flavour
-    from cpuperf.probe import probe_host
     from cpuperf.probe.slurm import slurm_facts
 
     # srun --nodelist starts steps on the allocation's own nodes only: a hostfile may name others, and inside a
     # step (no allocation of its own, cpuperf.probe.slurm) there is none to start them in.
     in_slurm = not hostfile and slurm_facts(environ).allocation is not None
-    mpi = mpi_flavour(probe_host()) if launcher in (None, "mpirun") else None
     ssh = ssh_command(environ)
     transport, why = plan.choose_transport(launcher, in_slurm, mpi, shutil.which(ssh[0]))
     return Reach(transport, why, mpi, ssh, os.path.abspath(python or sys.executable), min(10.0, timeout))
