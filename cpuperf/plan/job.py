@@ -20,9 +20,9 @@ from cpuperf.decide.records import Recommendation, compile_mode_of
 from cpuperf.decide.threads import rank_threads
 from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, JsonValue
-from cpuperf.knowledge.knobs import BY_ID, SetValue, env_text
+from cpuperf.knowledge.knobs import BY_ID, SetValue
 from cpuperf.knowledge.variables import variables
-from cpuperf.plan.environment import with_launch_vars
+from cpuperf.plan.environment import lever_vars, with_launch_vars
 from cpuperf.plan.launch import LaunchPlan, LaunchSpec, numa_binding_ok, plan_launch
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
@@ -146,15 +146,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     keep |= set(table.names(lever="threads_per_rank", type="threads"))  # set where decided (rank_threads)
     if world <= 1:
         keep -= set(table.names(several_ranks=True))
-    return [e for e in rt.vars if e.name in keep] + _env_levers(rec, request.auto), list(rt.notes)
-
-
-def _env_levers(rec: Recommendation, auto: bool) -> List[envplan.EnvVar]:
-    """The levers carried by their variable (knob rows marked `env`): each set in the variables the table names for
-    it, as decided, under --auto or where you set it (plain: the baseline and your keys); none sets nothing."""
-    table = variables()
-    return [envplan.EnvVar(name, env_text(d.value), "cpuperf", d.reason) for d in rec.decisions
-            if BY_ID[d.id].env and d.value is not None and (auto or d.overridden) for name in table.names(lever=d.id)]
+    return [e for e in rt.vars if e.name in keep] + lever_vars(rec.decisions, request.auto), list(rt.notes)
 
 
 def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int,
