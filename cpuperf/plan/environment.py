@@ -179,6 +179,14 @@ def _levers(raw: JsonValue) -> Tuple[JsonObject, ...]:
     return levers
 
 
+def with_lever_vars(tuned: Sequence[envplan.EnvVar], levers: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
+    """The runtime variables with the levers' own (lever_vars) before this launch's rendezvous variables, where a saved
+    plan's variables put them too (with_launch_vars adds those last): the same environment in the same order."""
+    launch = variables().names(launch=True)
+    at = next((i for i, e in enumerate(tuned) if e.name in launch), len(tuned))
+    return [*tuned[:at], *levers, *tuned[at:]]
+
+
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
     """A saved plan's variables as they stand (cpuperf's), plus this launch's rendezvous variables it leaves out."""
     launch = variables().names(launch=True)
@@ -214,7 +222,7 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
         environ=environ, slurm_first=request.slurm_first, pin=decided.pin, allocator_kept=decided.allocator_kept))
     notes = list(tuned.notes)
     if planned is None:
-        return list(tuned.vars) + [envplan.EnvVar(n, v, "cpuperf", r) for n, v, r in decided.lever_vars], notes
+        return with_lever_vars(tuned.vars, [envplan.EnvVar(n, v, "cpuperf", r) for n, v, r in decided.lever_vars]), notes
     preloads = variables().names(lever="allocator")  # they affect every later command of the shell
     kept = [v for v in planned if request.preload or v.name not in preloads]
     if not request.preload and any(v.name in preloads for v in planned):

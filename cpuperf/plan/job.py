@@ -22,7 +22,7 @@ from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.knobs import BY_ID, SetValue
 from cpuperf.knowledge.variables import variables
-from cpuperf.plan.environment import lever_vars, with_launch_vars
+from cpuperf.plan.environment import lever_vars, with_launch_vars, with_lever_vars
 from cpuperf.plan.launch import LaunchPlan, LaunchSpec, numa_binding_ok, plan_launch
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
@@ -146,7 +146,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     keep |= set(table.names(lever="threads_per_rank", type="threads"))  # set where decided (rank_threads)
     if world <= 1:
         keep -= set(table.names(several_ranks=True))
-    return [e for e in rt.vars if e.name in keep] + lever_vars(rec.decisions, request.auto), list(rt.notes)
+    return with_lever_vars([e for e in rt.vars if e.name in keep], lever_vars(rec.decisions, request.auto)), list(rt.notes)
 
 
 def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int,
