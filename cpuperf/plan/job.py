@@ -198,13 +198,10 @@ def _worker_values(rec: Recommendation, request: JobRequest, out_dir: str) -> Js
     # --model's preset, else the one the plan's workload is (the host's default: decide.workload.builtin_default)
     built_in = rec.workload.name if rec.workload.source == "preset" else "tiny"
     s: JsonObject = {"preset": request.preset or built_in}
-    if request.auto:
-        s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
-                 threads_per_rank=rank_threads(lv, True),
-                 batch_size=lv.batch_size.value, grad_accum_steps=lv.grad_accum_steps.value,
-                 grad_checkpointing=lv.grad_checkpointing.value, optimizer=lv.optimizer.value,
-                 dataloader_workers=lv.dataloader_workers.value, tf32=lv.tf32.value,
-                 fp32_math_mode=lv.fp32_math_mode.value)
+    if request.auto:  # every lever the worker takes (its knob row says `worker`), as decided; the process group's
+        # backend only where ranks meet (below), the thread count as the ranks apply it (rank_threads)
+        s.update({d.id: _json_scalar(d.value) for d in rec.decisions if BY_ID[d.id].worker and d.id != "ddp_backend"})
+        s["threads_per_rank"] = rank_threads(lv, True)
     else:
         per_rank = max(1, math.ceil(rec.workload.batch_size / max(1, world)))
         s.update(dtype="fp32", compile=False, ipex=False, threads_per_rank=None, batch_size=per_rank,
