@@ -151,3 +151,18 @@ def test_the_known_non_lever_mappings_are_still_there():
                 if hit is not None:
                     seen.add((module, ast.unparse(hit[0])))
     assert NOT_LEVERS - seen == set()
+
+
+def test_a_launch_option_reports_itself_after_the_levers():
+    """The lever report lists each launch option as its application reported it (JobPlan.launch_options), after the
+    levers; a job without one has no row for it."""
+    from levers_util import levers
+
+    from cpuperf.plan.applied import LeverState, RenderedJob, lever_report
+
+    job = RenderedJob(auto=True, nproc_per_node=1, nnodes=1, env={}, ranks=())
+    mine = LeverState("numa_memory", "interleave", False, "interleave over NUMA nodes 0,1: numactl is not installed")
+    report = lever_report(levers({}), job)
+    assert [s.id for s in report] == list(DECISION_IDS)
+    with_option = lever_report(levers({}), dataclasses.replace(job, options=(mine,)))
+    assert with_option == report + (mine,)
