@@ -49,12 +49,34 @@ def _literals(kind: object) -> Tuple[object, ...]:
     return get_args(kind) if get_origin(kind) is not None and get_origin(kind).__name__ == "Literal" else ()
 
 
+# The levers with a field of their own; a knob row that names its `rule` is a lever of the generic path (Levers.ruled).
+TYPED = tuple(i for i in DECISION_IDS if not BY_ID[i].rule)
+
+
 def test_levers_are_the_decided_knobs_in_the_vocabulary_order():
-    assert tuple(f.name for f in dataclasses.fields(Levers)) == DECISION_IDS
-    assert tuple(f.name for f in dataclasses.fields(Constraints) if f.name != "oversubscribe") == DECISION_IDS
+    assert tuple(f.name for f in dataclasses.fields(Levers) if f.name != "ruled") == TYPED
+    assert tuple(f.name for f in dataclasses.fields(Constraints) if f.name not in ("ruled", "options")) == TYPED
 
 
-@pytest.mark.parametrize("lever", DECISION_IDS)
+def test_the_generic_levers_keep_the_vocabulary_order_and_their_own_ids():
+    base = {n: Decision(n, None, "r") for n in TYPED}
+    levers = Levers(**base)
+    assert tuple(d.id for d in levers.all()) == TYPED
+    with pytest.raises(ValueError, match="not the ruled knobs"):
+        Levers(**base, ruled=(Decision("dtype", "fp32", "r"),))
+
+
+def test_launch_options_are_pins_by_their_knob_row_never_decisions():
+    from cpuperf.decide.recommend import user_constraints
+    from cpuperf.knowledge.knobs import OPTION_IDS
+
+    assert OPTION_IDS == ("oversubscribe", "numa_memory")
+    fixed = records.constraints_of(user_constraints({"numa_memory": "none", "oversubscribe": "true", "dtype": "bf16"}))
+    assert fixed.oversubscribe and fixed.options["numa_memory"].value is None and fixed.pinned() == ("dtype",)
+    assert records.Constraints().under(fixed).options == fixed.options
+
+
+@pytest.mark.parametrize("lever", TYPED)
 def test_each_lever_type_is_its_knobs_closed_set(lever):
     hints = get_type_hints(Levers, vars(records))
     kind = _value_type(hints[lever])
@@ -71,7 +93,7 @@ def test_each_lever_type_is_its_knobs_closed_set(lever):
 
 
 def test_a_record_holds_each_lever_under_its_own_name():
-    base = {n: Decision(n, None, "r") for n in DECISION_IDS}
+    base = {n: Decision(n, None, "r") for n in TYPED}
     with pytest.raises(ValueError, match="the dtype lever holds the decision 'device'"):
         Levers(**{**base, "dtype": Decision("device", "cpu", "r")})
     with pytest.raises(ValueError, match="decisions lack zero"):
@@ -129,3 +151,18 @@ def test_the_known_non_lever_mappings_are_still_there():
                 if hit is not None:
                     seen.add((module, ast.unparse(hit[0])))
     assert NOT_LEVERS - seen == set()
+
+
+def test_a_launch_option_reports_itself_after_the_levers():
+    """The lever report lists each launch option as its application reported it (JobPlan.launch_options), after the
+    levers; a job without one has no row for it."""
+    from levers_util import levers
+
+    from cpuperf.plan.applied import LeverState, RenderedJob, lever_report
+
+    job = RenderedJob(auto=True, nproc_per_node=1, nnodes=1, env={}, ranks=())
+    mine = LeverState("numa_memory", "interleave", False, "interleave over NUMA nodes 0,1: numactl is not installed")
+    report = lever_report(levers({}), job)
+    assert [s.id for s in report] == list(DECISION_IDS)
+    with_option = lever_report(levers({}), dataclasses.replace(job, options=(mine,)))
+    assert with_option == report + (mine,)

@@ -203,7 +203,7 @@ def test_a_tuned_first_touch_is_what_later_runs_of_the_command_start(trees):
     assert schema()(json.loads(json.dumps(entry))) is None  # the cache's reader keeps it
     assert Point.from_json(entry["best"]).memory is None and Point.from_json(entry["start"]).memory == "interleave"
     rec = _one_process(facts, tuned=(entry, "on this command"))
-    assert rec.memory_pin is not None and rec.memory_pin.value is None
+    assert rec.options["numa_memory"].value is None
     jp = planned(facts, rec)
     assert jp.memory is None
     assert any(n.startswith("numa_memory: first touch, tuned on this command") for n in jp.notes), jp.notes

@@ -78,3 +78,21 @@ def test_a_scripts_own_batch_is_reported_as_applied(tmp_path):
     assert batch["value"] == 4 and "--per_device_train_batch_size 4" in batch["how"]
     accum = next(x for x in levers["applied"] if x["id"] == "grad_accum_steps")
     assert accum["value"] == 1 and "default" in accum["how"]
+
+
+def test_a_levers_own_variables_are_remembered_and_sit_before_the_rendezvous(tmp_path, monkeypatch):
+    """A lever its variable carries (a knob row marked `env`): ccl-env's remembered decision keeps its variables, and
+    they come before the launch's rendezvous, where a saved plan's own put them (the same environment, same order).
+    None of the shipped levers is one yet: the remembered JSON without them is what it was."""
+    monkeypatch.setenv("CPUPERF_OVERRIDE_PACKAGES", json.dumps({"torch": "2.13.0+cpu"}))
+    root = make_host(tmp_path / "h", sockets=1, cores_per_socket=4, flags=("avx2", "fma"))
+    facts = probe_host(sysroot=str(root))
+    rec = recommend(facts, PRESETS["micro"], RecommendRequest(nproc_per_node=2, device="cpu"))
+    plain = decisions_of(facts, rec)
+    assert plain.lever_vars == () and "lever_vars" not in decisions_to_json(plain)
+    decided = plain._replace(lever_vars=(("MALLOC_ARENA_MAX", "2", "one arena per thread"),))
+    again = decisions_from_json(json.loads(json.dumps(decisions_to_json(decided))))
+    assert again.lever_vars == decided.lever_vars
+    env, _ = plan_env(facts, again, EnvRequest(None, 1, None, None, False, None, envplan.Libraries(), None), {})
+    names = [v.name for v in env]
+    assert "MASTER_ADDR" in names and names.index("MALLOC_ARENA_MAX") < names.index("MASTER_ADDR"), names

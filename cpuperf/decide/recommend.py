@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 from packaging.version import Version
 
@@ -28,6 +28,7 @@ from cpuperf.decide.records import (
     Decision,
     Device,
     Dtype,
+    LeverRule,
     Levers,
     MathMode,
     Measurements,
@@ -39,6 +40,7 @@ from cpuperf.decide.records import (
     as_optimizer,
     as_sharding,
     constraints_of,
+    pinned_as,
     pinned_value,
 )
 from cpuperf.decide.tune import not_judged, tuned_decisions, undecided_levers
@@ -48,7 +50,7 @@ from cpuperf.jsonable import JsonMapping, JsonObject
 from cpuperf.knowledge.addons import addon_compatible, alternative, newer_than_last, retirement
 from cpuperf.knowledge.bf16 import amx_bf16, bf16_native
 from cpuperf.knowledge.gpu import visible_gpus
-from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, KnobValue, coerce
+from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, RULED_IDS, KnobValue, coerce
 from cpuperf.knowledge.tuning import Compile as CompileRule
 from cpuperf.knowledge.tuning import Tuning, tuning
 from cpuperf.probe.facts import Gpu, HostFacts
@@ -162,7 +164,6 @@ class _Context:
     ranks_unknown: bool = False  # that launcher's count is not known: it may start several
     notes: List[str] = field(default_factory=list)
     tuned: Constraints = field(default_factory=Constraints)  # measured on this plan: cpuperf.decide.tune
-    memory_pin: Optional[Pin[Optional[str]]] = None  # --set numa_memory, else a tuning's (a launch option)
 
     @property
     def torch(self) -> Optional[str]:
@@ -194,11 +195,11 @@ class _Context:
 
 
 def user_constraints(overrides: Optional[Mapping[str, object]]) -> Dict[str, KnobValue]:
-    """--set / --config values for recommend: decisions and `oversubscribe`, typed; anything else exits 2."""
+    """--set / --config values for recommend: decisions and launch options, typed; anything else exits 2."""
     fixed: Dict[str, KnobValue] = {}
     for key, raw in (overrides or {}).items():
         knob = BY_ID.get(key)
-        if knob is not None and not (knob.decided or key in ("oversubscribe", "numa_memory")):
+        if knob is not None and not (knob.decided or knob.option):
             raise FieldError(key, raw, "{flag}: a setting of the built-in training loop, not a decision",
                              "cpuperf train {flag}=...; decisions: " + ", ".join(DECISION_IDS), setting=True)
         fixed[key] = coerce(key, raw)
@@ -298,8 +299,26 @@ def recommend(facts: HostFacts, workload: Workload, request: Optional[RecommendR
         dataloader_workers=ctx.take(memory.dataloader_workers, ctx.fixed.dataloader_workers),
         pin_memory=ctx.take(memory.pin_memory, ctx.fixed.pin_memory),
         zero=ctx.take(memory.zero, ctx.fixed.zero))
+    levers = replace(levers, ruled=_ruled(ctx, levers))
     return Recommendation(levers, placement, ctx.workload, tuple(ctx.notes), ctx.stack,
-                          oversubscribe=ctx.fixed.oversubscribe, split=split, memory_pin=ctx.memory_pin)
+                          oversubscribe=ctx.fixed.oversubscribe, split=split,
+                          options={**ctx.tuned.options, **ctx.fixed.options})  # yours over a tuning's
+
+
+def _ruled(ctx: _Context, levers: Levers) -> Tuple[Decision[KnobValue], ...]:
+    """The levers of the generic path: each knob row that names its rule ('module:function' under cpuperf.decide)
+    is decided by it from the host, the workload and the typed levers, then pinned as any lever is (take)."""
+    import importlib
+
+    out: List[Decision[KnobValue]] = []
+    for lever in RULED_IDS:
+        module, _, name = BY_ID[lever].rule.partition(":")
+        rule = cast(LeverRule, getattr(importlib.import_module(f"cpuperf.decide.{module}"), name))
+        d = rule(ctx.facts, ctx.workload, levers)
+        if d.id != lever:
+            raise ValueError(f"the rule {BY_ID[lever].rule} decides {d.id!r}, not {lever!r}")
+        out.append(ctx.take(d, ctx.fixed.ruled.get(lever), ctx.tuned.ruled.get(lever)))
+    return tuple(out)
 
 
 def _context(facts: HostFacts, workload: Workload, r: RecommendRequest) -> _Context:
@@ -320,9 +339,6 @@ def _context(facts: HostFacts, workload: Workload, r: RecommendRequest) -> _Cont
                    stack_versions(facts), constraints,
                    ranks_from=(int(nproc_per_node or 1), r.ranks_from) if r.ranks_from else None,
                    ranks_unknown=r.ranks_unknown)
-    if "numa_memory" in yours:
-        asked = yours["numa_memory"]
-        ctx.memory_pin = Pin(asked if isinstance(asked, str) else None)
     if tuned is None and r.shape_tuning and not [k for k in base.pinned() if k not in mine.pinned()]:
         entry = ctx.meas.tuned_by_shape.get(shape_key(workload))
         tuned = (entry, f"here for {shape_key(workload)}") if entry else None
@@ -377,11 +393,9 @@ def _use_tuning(ctx: _Context, tuned: Optional[Tuple[JsonMapping, str]], device:
         for line in undecided_levers(tuned[0]).values():
             ctx.notes.append(f"the tuning {tuned[1]}: {line}, so the rule decides it")
         measured = tuned_decisions(tuned[0], tuned[1])
-        memory = measured.pop("numa_memory", None)
-        if memory is not None and ctx.memory_pin is None:  # never over yours
-            ctx.memory_pin = Pin(memory[0] if isinstance(memory[0], str) else None, memory[1])
-        pins: Dict[str, Any] = {lever: Pin(value, why, evidence) for lever, (value, why, evidence) in measured.items()}
-        ctx.tuned = _applicable(Constraints(**pins), ctx.fixed, ctx.ranks_from is not None, nnodes)
+        pins: Dict[str, Pin[KnobValue]] = {lever: Pin(value, why, None if BY_ID[lever].option else evidence)
+                                           for lever, (value, why, evidence) in measured.items()}
+        ctx.tuned = _applicable(pinned_as(pins), ctx.fixed, ctx.ranks_from is not None, nnodes)
         ranks = pinned_value(ctx.tuned.nproc_per_node)
         if ranks and not _keeps_the_job(ctx, ranks):  # a layout measured before cpuperf kept the batch
             ctx.tuned = replace(ctx.tuned, nproc_per_node=None, threads_per_rank=None)
@@ -405,7 +419,10 @@ def _applicable(tuned: Constraints, fixed: Constraints, launcher_ranks: bool, nn
         and fixed.threads_per_rank is None
     if not keep_layout:
         tuned = replace(tuned, nproc_per_node=None, threads_per_rank=None)
-    return Constraints(**{lever: getattr(tuned, lever) for lever in tuned.pinned() if lever not in fixed.pinned()})
+    return Constraints(ruled={k: p for k, p in tuned.ruled.items() if k not in fixed.ruled},
+                       options={k: p for k, p in tuned.options.items() if k not in fixed.options},  # never over yours
+                       **{lever: getattr(tuned, lever) for lever in tuned.pinned()
+                          if lever not in fixed.pinned() and lever not in tuned.ruled})
 
 
 def _decide_device(ctx: _Context, device: str, environ: Mapping[str, str]) -> Tuple[Decision[Device], Tuple[Gpu, ...]]:

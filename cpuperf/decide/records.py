@@ -6,12 +6,13 @@ Kept apart from the engine (cpuperf.decide.recommend) so that reading a saved pl
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast, get_args
+from typing import Any, Callable, Dict, Generic, Literal, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast, get_args
 
 from cpuperf.decide.placement import Placement
 from cpuperf.decide.workload import BatchSplit, Workload
 from cpuperf.jsonable import JsonMapping, JsonObject, JsonValue, as_json
-from cpuperf.knowledge.knobs import KnobValue
+from cpuperf.knowledge.knobs import BY_ID, DECISION_IDS, RULED_IDS, KnobValue
+from cpuperf.probe.facts import HostFacts
 
 T = TypeVar("T")
 V_co = TypeVar("V_co", covariant=True)  # a decision's value: a Decision[int] is a Decision[object]
@@ -100,15 +101,25 @@ class Levers:
     dataloader_workers: Decision[int]
     pin_memory: Decision[bool]
     zero: Decision[Optional[ZeroConfig]]
+    # the levers of the generic path (knob rows that name their `rule`), in the vocabulary's order, each valued as its
+    # knob row says (knowledge/knobs.py RULED_IDS); a new lever of a known carrier needs no field here
+    ruled: Tuple[Decision[KnobValue], ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name).id != f.name:
+            if f.name != "ruled" and getattr(self, f.name).id != f.name:
                 raise ValueError(f"the {f.name} lever holds the decision {getattr(self, f.name).id!r}")
+        ids = [d.id for d in self.ruled]
+        if ids != [i for i in RULED_IDS if i in ids]:
+            raise ValueError(f"the generic levers hold {', '.join(ids)}: not the ruled knobs in their order")
 
     def all(self) -> Tuple[Decision[object], ...]:
         """Every lever's decision, in the vocabulary's order (how reports and JSON list them)."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        typed: Tuple[Decision[object], ...] = tuple(getattr(self, f.name) for f in fields(self) if f.name != "ruled")
+        if not self.ruled:
+            return typed
+        order = {lever: i for i, lever in enumerate(DECISION_IDS)}
+        return tuple(sorted(typed + self.ruled, key=lambda d: order[d.id]))
 
     @property
     def world(self) -> int:
@@ -119,6 +130,11 @@ class Levers:
     def on_gpu(self) -> bool:
         return self.device.value == "cuda"
 
+
+
+# How a lever of the generic path is decided (its knob row names the function): from the host, the workload and the
+# typed levers; its Decision's id is the knob's.
+LeverRule = Callable[[HostFacts, Workload, Levers], Decision[KnobValue]]
 
 
 def compile_mode_of(d: Decision[bool]) -> CompileMode:
@@ -139,11 +155,11 @@ def measured_gemm(evidence: JsonMapping) -> Optional[Tuple[float, float]]:
 def levers_of(decisions: Sequence[Decision[Any]]) -> Levers:
     """Levers from a complete set of decisions (a saved plan's, read back and checked): ValueError otherwise."""
     by_id = {d.id: d for d in decisions}
-    names = [f.name for f in fields(Levers)]
-    missing = [n for n in names if n not in by_id]
+    names = [f.name for f in fields(Levers) if f.name != "ruled"]
+    missing = [n for n in [*names, *RULED_IDS] if n not in by_id]
     if missing:
         raise ValueError(f"decisions lack {', '.join(missing)}")
-    return Levers(**{n: by_id[n] for n in names})
+    return Levers(**{n: by_id[n] for n in names}, ruled=tuple(by_id[n] for n in RULED_IDS))
 
 
 @dataclass(frozen=True)
@@ -185,10 +201,10 @@ class Recommendation:
     stack: Dict[str, Optional[str]]
     oversubscribe: bool = False
     split: Optional[BatchSplit] = None  # how cpuperf's ranks share a user's Trainer's global batch
-    # the memory policy of one process over several NUMA nodes where it is fixed ('interleave', None: first touch):
-    # yours (--set numa_memory, reason None) or a cached tuning's verdict (its reason). A launch option, never a
-    # decision: cpuperf.decide.placement memory_policy applies it to the placement.
-    memory_pin: Optional[Pin[Optional[str]]] = None
+    # the launch options fixed for this plan (the knob rows marked `option`), by id: yours (--set, reason None) or a
+    # cached tuning's verdict (its reason), never decisions; each is applied by its owner (numa_memory:
+    # cpuperf.decide.placement memory_policy), which reports whether the job carries it.
+    options: Dict[str, Pin[KnobValue]] = field(default_factory=dict)
 
     @property
     def decisions(self) -> Tuple[Decision[object], ...]:
@@ -232,22 +248,38 @@ class Constraints:
     dataloader_workers: Optional[Pin[int]] = None
     pin_memory: Optional[Pin[bool]] = None
     zero: Optional[Pin[Optional[ZeroConfig]]] = None
-    oversubscribe: bool = False  # more ranks x threads than usable cores, allowed (a placement option)
+    ruled: Dict[str, Pin[KnobValue]] = field(default_factory=dict)  # the generic path's levers (Levers.ruled), by id
+    # the launch options fixed (knob rows marked `option`: oversubscribe, numa_memory), by id; never decisions
+    options: Dict[str, Pin[KnobValue]] = field(default_factory=dict)
+
+    @property
+    def oversubscribe(self) -> bool:
+        """More ranks x threads than usable cores, allowed (the placement's option)."""
+        pin = self.options.get("oversubscribe")
+        return bool(pin is not None and pin.value)
 
     def pinned(self) -> Tuple[str, ...]:
         """The ids of the levers fixed here."""
-        return tuple(f.name for f in fields(self) if f.name != "oversubscribe" and getattr(self, f.name) is not None)
+        typed = tuple(f.name for f in fields(self) if f.name not in ("ruled", "options") and getattr(self, f.name) is not None)
+        return typed + tuple(self.ruled)
 
     def under(self, other: Constraints) -> Constraints:
         """These pins where `other` has none (the user's pins over a baseline's or a cluster's)."""
-        mine = {n: getattr(self, n) for n in self.pinned() if getattr(other, n) is None}
-        return replace(other, oversubscribe=self.oversubscribe or other.oversubscribe, **mine)
+        mine = {n: getattr(self, n) for n in self.pinned() if n not in self.ruled and getattr(other, n) is None}
+        return replace(other, ruled={**self.ruled, **other.ruled}, options={**self.options, **other.options}, **mine)
 
 
 def constraints_of(values: Mapping[str, KnobValue], reason: Optional[str] = None) -> Constraints:
     """Typed values by knob id (knowledge/knobs.py has checked each) -> Constraints; `reason` None: the user's."""
-    pins: Dict[str, Any] = {k: Pin(v, reason) for k, v in values.items() if k not in ("oversubscribe", "numa_memory")}
-    return Constraints(oversubscribe=bool(values.get("oversubscribe")), **pins)
+    return pinned_as({k: Pin(v, reason) for k, v in values.items()})
+
+
+def pinned_as(pins: Mapping[str, Pin[KnobValue]]) -> Constraints:
+    """Pins by knob id -> Constraints, each where its knob row puts it: a decided knob's is its lever's pin (the
+    generic path's with the ruled ones), a launch option's (its row says `option`) goes with the options."""
+    typed: Dict[str, Any] = {k: p for k, p in pins.items() if BY_ID[k].decided and not BY_ID[k].rule}
+    return Constraints(ruled={k: p for k, p in pins.items() if BY_ID[k].decided and BY_ID[k].rule},
+                       options={k: p for k, p in pins.items() if BY_ID[k].option}, **typed)
 
 
 def pinned_value(pin: Optional[Pin[T]]) -> Optional[T]:

@@ -44,6 +44,15 @@ class Knob:
     decided: bool = False  # recommend decides it (a Decision with this id)
     worker: bool = False  # the built-in loop's setting of the same name
     launch: bool = False  # carried by the launch plan (ranks, threads, CPUs, env)
+    # a launch option: never decided; fixed by you (--set) or a cached tuning's verdict, and applied by its owner in
+    # the launch, which reports whether the job carries it (cpuperf.plan.applied LeverState)
+    option: bool = False
+    # carried by its variable: the variables table's rows whose `lever` is this id (compat/variables.toml), set to its
+    # value as env_text writes it, where the job's path sets the plan's variables; the report reads it back there
+    env: bool = False
+    # a lever of the generic path: the function that decides it ('module:function' under cpuperf.decide, called with
+    # the host, the workload and the typed levers), held in Levers.ruled rather than a field of its own
+    rule: str = ""
     nullable: bool = False  # 'none' means "decide for me" / "no limit"
     doc: str = ""
 
@@ -81,8 +90,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("pin_memory", "bool", decided=True),
     Knob("zero", "choice", choices=(None,), decided=True, doc="DeepSpeed ZeRO config; only none can be set"),
     # placement options ---------------------------------------------------------------------------------
-    Knob("oversubscribe", "bool", launch=True, doc="allow more ranks x threads than usable cores"),
-    Knob("numa_memory", "choice", choices=("interleave", None), launch=True,
+    Knob("oversubscribe", "bool", launch=True, option=True, doc="allow more ranks x threads than usable cores"),
+    Knob("numa_memory", "choice", choices=("interleave", None), launch=True, option=True,
          doc="one process over several NUMA nodes: interleave its memory over them (numactl); none: first touch"),
     # the built-in loop only -------------------------------------------------------------------------
     Knob("preset", "choice", choices=("tiny", "small", "gpt2-small", "micro"), worker=True),
@@ -110,10 +119,19 @@ KNOBS: Tuple[Knob, ...] = (
 
 BY_ID: Dict[str, Knob] = {k.id: k for k in KNOBS}
 DECISION_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.decided)
+RULED_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.decided and k.rule)  # Levers.ruled, in this order
+OPTION_IDS: Tuple[str, ...] = tuple(k.id for k in KNOBS if k.option)  # the launch options, in the vocabulary's order
 # The model's shape keys the built-in loop takes under model.*
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
 # Settings of a run that the command line owns (--out, --resume, --max-steps): not --set keys.
 _NOT_SETTABLE = ("out_dir", "resume")  # settings of the worker that a command's own option sets
+
+
+def env_text(value: object) -> str:
+    """A lever's value as the variable that carries it holds it (a knob row marked `env`): true/false as 1/0."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return "" if value is None else str(value)
 
 
 def known_ids() -> str:

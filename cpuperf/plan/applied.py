@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from cpuperf.decide.allocator import ALLOCATORS, library_stem, missing_here
 from cpuperf.decide.records import Decision, Levers
 from cpuperf.jsonable import as_json
+from cpuperf.knowledge.knobs import BY_ID, env_text
 from cpuperf.worker_settings import SETTING_NAMES, TrainSettings
 
 if TYPE_CHECKING:
@@ -58,11 +59,9 @@ class RenderedJob:
     by_default: Tuple[str, ...] = ()  # levers the user's Trainer carries by its own default (no flag needed)
     env_only: str = ""  # an environment alone (ccl-env): why what it cannot carry is not applied
     numa_binding: bool = False  # torchrun binds each GPU rank to its GPU's NUMA node (--numa-binding=node)
-    # one process over several NUMA nodes: its memory policy (described), and the numactl options carrying it where
-    # the launch does (None: not carried, and `memory_why` says why)
-    memory: Optional[str] = None
-    memory_how: Optional[str] = None
-    memory_why: str = ""
+    # the launch options the plan has (knob rows marked `option`: numa_memory's memory policy), each as its
+    # application reports it (cpuperf.plan.job JobPlan.launch_options): carried, and how, or why not
+    options: Tuple[LeverState, ...] = ()
     # a user's script builds TrainingArguments, so the Trainer's defaults are what it runs with (False: it does not;
     # None: its source was not read)
     trainer: Optional[bool] = True
@@ -95,7 +94,7 @@ def lever_report(levers: Levers, job: RenderedJob) -> Tuple[LeverState, ...]:
     """Every lever, in the vocabulary's order, applied (where) or not (why): nothing is left unsaid. After a run
     (`job.ran_threads`), the thread count is held to what the ranks were read back running with."""
     return tuple(_read_back(_state(d, levers, job), job) if d.id == "threads_per_rank" else _state(d, levers, job)
-                 for d in levers.all()) + _memory(job)
+                 for d in levers.all()) + job.options
 
 
 def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
@@ -113,15 +112,6 @@ def _read_back(state: LeverState, job: RenderedJob) -> LeverState:
     if "OMP_NUM_THREADS=" in state.how and not re.search(rf"OMP_NUM_THREADS={re.escape(shown)}\b", state.how):
         return LeverState(state.id, state.value, False, f"the ranks ran OMP_NUM_THREADS={shown} (read back)")
     return LeverState(state.id, state.value, False, f"{state.how}; read back: the ranks ran OMP_NUM_THREADS={shown}")
-
-
-def _memory(job: RenderedJob) -> Tuple[LeverState, ...]:
-    """The memory policy of one process over several NUMA nodes, where the plan has one (no row where it has none)."""
-    if job.memory is None:
-        return ()
-    if job.memory_how is not None:
-        return (LeverState("numa_memory", job.memory, True, job.memory_how),)
-    return (LeverState("numa_memory", job.memory, False, job.memory_why),)
 
 
 def split(report: Sequence[LeverState]) -> Dict[str, List[Dict[str, object]]]:
@@ -163,7 +153,7 @@ def _state(d: Decision[object], levers: Levers, job: RenderedJob) -> LeverState:
         if job.env.get(name) != wanted:
             return LeverState(d.id, d.value, False, f"{YOURS_KEPT}{name}={job.env.get(name)} (cpuperf would set "
                                                     f"{wanted}): a variable you set is kept")
-    where = carried or _CARRIED[d.id](d, levers, job)
+    where = carried or _carrier(d.id)(d, levers, job)
     if where is not None:
         return LeverState(d.id, d.value, True, where)
     if not job.auto and not d.overridden:
@@ -322,15 +312,37 @@ def _attention(d: Decision[object], levers: Levers, job: RenderedJob) -> Optiona
     return None
 
 
+def _env_names(lever: str) -> Tuple[str, ...]:
+    """The variables that carry a lever whose knob row says `env` (the variables table's rows naming it)."""
+    from cpuperf.knowledge.variables import variables
+
+    return variables().names(lever=lever)
+
+
+def _env(d: Decision[object], levers: Levers, job: RenderedJob) -> Optional[str]:
+    """A lever carried by its variable (knob row `env`): the job's environment holds the decided value (none: the
+    variable is unset, the runtime's default)."""
+    names = _env_names(d.id)
+    if d.value is None:
+        return None if any(n in job.env for n in names) else f"default: {', '.join(names)} unset"
+    held = [f"{n}={job.env[n]}" for n in names if job.env.get(n) == env_text(d.value)]
+    return f"env {' '.join(held)}" if held else None
+
+
+# The levers whose check is their own; every other is checked as its knob row says it is carried (_carrier).
 _CARRIED: Mapping[str, _Check] = {
-    "device": _worker_or_flag, "dtype": _worker_or_flag, "tf32": _worker_or_flag,
-    "fp32_math_mode": _worker_or_flag, "nproc_per_node": _ranks, "nnodes": _nodes, "threads_per_rank": _threads,
-    "affinity": _affinity, "ddp_backend": _worker_or_flag, "ipex": _worker_or_flag, "compile": _worker_or_flag,
-    "allocator": _allocator, "attention": _attention, "batch_size": _worker_or_flag,
-    "grad_accum_steps": _worker_or_flag, "grad_checkpointing": _checkpointing, "optimizer": _worker_or_flag,
-    "sharding": _worker_or_flag, "offload": _offload,
-    "dataloader_workers": _worker_or_flag, "pin_memory": _worker_or_flag, "zero": _worker_or_flag,
+    "nproc_per_node": _ranks, "nnodes": _nodes, "threads_per_rank": _threads, "affinity": _affinity,
+    "allocator": _allocator, "attention": _attention, "grad_checkpointing": _checkpointing, "offload": _offload,
 }
+
+
+def _carrier(lever: str) -> _Check:
+    """How the job is checked for a lever: its own check, else by its knob row (`env`: its variable; otherwise the
+    worker's setting, a flag added to your command, your command's own value or a default that holds it)."""
+    own = _CARRIED.get(lever)
+    if own is not None:
+        return own
+    return _env if BY_ID[lever].env else _worker_or_flag
 
 
 def _why_not(d: Decision[object], levers: Levers, job: RenderedJob) -> str:
@@ -359,9 +371,20 @@ def _why_not(d: Decision[object], levers: Levers, job: RenderedJob) -> str:
         return f"the launch spans {job.nnodes} node(s)"
     if d.id == "allocator":
         return "no allocator preload in the job's environment"
+    if BY_ID[d.id].env:
+        return _env_why(d, job)
     if not script:
         return _builtin_why(d)
     return _script_why(d, job)
+
+
+def _env_why(d: Decision[object], job: RenderedJob) -> str:
+    """Why a lever carried by its variable is not in the job: a value of yours stands, or nothing sets it."""
+    for name in _env_names(d.id):
+        if name in job.env:
+            return f"{YOURS_KEPT}{name}={job.env[name]} (cpuperf would set {env_text(d.value)}): a " \
+                   "variable you set is kept"
+    return f"the job's environment does not set {', '.join(_env_names(d.id)) or 'its variable'}"
 
 
 def _builtin_why(d: Decision[object]) -> str:
@@ -430,20 +453,8 @@ def rendered_job(jp: JobPlan) -> RenderedJob:
         own_values=script.reading.args.values() if script is not None and script.reading is not None else {},
         carried=script.carried if script is not None else (),
         by_default=script.by_default if script is not None else (), numa_binding="--numa-binding=node" in plan.argv,
-        **_memory_view(jp),
+        options=jp.launch_options(),
         trainer=script.trainer if script is not None else True,
         allocator_missing=missing_here(jp.rec.levers.allocator.value,
                                        jp.facts.software.allocators if jp.facts.software is not None else {}) or "")
 
-
-def _memory_view(jp: JobPlan) -> Dict[str, Any]:
-    """The job's memory policy as the report reads it: described, and how the launch carries it or why not."""
-    policy = jp.memory
-    if policy is None:
-        return {}
-    plan = jp.launch
-    if plan.launcher == "direct" and plan.yours is None and tuple(plan.argv[1:1 + len(policy.numactl)]) == policy.numactl:
-        return {"memory": policy.mode, "memory_how": f"{policy.describe()}: numactl {' '.join(policy.numactl)}"}
-    why = ("numactl is not installed (apt-get install numactl)" if plan.launcher == "direct" and plan.yours is None
-           else "your launcher starts the process: cpuperf does not wrap it in numactl")
-    return {"memory": policy.mode, "memory_why": f"{policy.describe()}: {why}"}

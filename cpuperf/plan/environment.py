@@ -18,7 +18,7 @@ from cpuperf.knowledge.addons import Backend
 from cpuperf.knowledge.variables import variables
 
 if TYPE_CHECKING:
-    from cpuperf.decide.records import Measurements, Recommendation
+    from cpuperf.decide.records import Decision, Measurements, Recommendation
     from cpuperf.probe.facts import HostFacts
     from cpuperf.probe.hosts import Host
 
@@ -33,6 +33,8 @@ class EnvDecisions(NamedTuple):
     pin: bool = True  # the affinity decision: False leaves the ranks to the OS scheduler (an MPI must not pin either)
     levers: Tuple[JsonObject, ...] = ()  # every lever's decision as JSON (read into Levers only for the --json report)
     allocator_kept: bool = False  # the default allocator kept on purpose (cpuperf.decide.allocator.keeps_the_default)
+    # (name, value, reason) of each variable that carries a lever whose knob row says `env` (lever_vars)
+    lever_vars: Tuple[Tuple[str, str, str], ...] = ()
 
 
 def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
@@ -46,7 +48,19 @@ def decisions_of(facts: HostFacts, rec: Recommendation) -> EnvDecisions:
         backend = cpu_backend(facts, rec.stack, facts.software.python if facts.software else None)
     return EnvDecisions(rec.placement, backend, rec.levers.allocator.value, rank_threads(rec.levers, True),
                         rec.levers.affinity.value == "auto", tuple(d.to_json() for d in rec.levers.all()),
-                        keeps_the_default(rec.levers.allocator))
+                        keeps_the_default(rec.levers.allocator),
+                        tuple((v.name, v.value, v.reason) for v in lever_vars(rec.decisions, True)))
+
+
+def lever_vars(decisions: Sequence[Decision[object]], auto: bool) -> List[envplan.EnvVar]:
+    """The variables of the levers carried by their variable (knob rows marked `env`): each set in the variables the
+    table names for it (compat/variables.toml `lever`), as decided, under --auto or where you set it; none sets
+    nothing. The one application of such a lever: train's job, recommend and ccl-env all take it from here."""
+    from cpuperf.knowledge.knobs import BY_ID, env_text  # the knob table: not on the path of a remembered decision
+
+    table = variables()
+    return [envplan.EnvVar(name, env_text(d.value), "cpuperf", d.reason) for d in decisions
+            if BY_ID[d.id].env and d.value is not None and (auto or d.overridden) for name in table.names(lever=d.id)]
 
 
 def decide_here(facts: HostFacts, nproc_per_node: Optional[int], unit: str, nnodes: int,
@@ -65,7 +79,8 @@ def decisions_to_json(decided: EnvDecisions) -> JsonObject:
     """The JSON a remembered decision is kept as (decisions_from_json reads it back)."""
     return {"placement": decided.placement.to_json(), "backend": list(decided.backend[:2]),
             "allocator": decided.allocator, "threads": decided.threads, "pin": decided.pin,
-            "levers": list(decided.levers), "allocator_kept": decided.allocator_kept}
+            "levers": list(decided.levers), "allocator_kept": decided.allocator_kept,
+            **({"lever_vars": [list(v) for v in decided.lever_vars]} if decided.lever_vars else {})}
 
 
 def _not(value: JsonValue, kind: str) -> TypeError:
@@ -121,7 +136,16 @@ def decisions_from_json(value: JsonValue) -> EnvDecisions:
     if not isinstance(kept, bool):
         raise TypeError(f"allocator_kept {kept!r} is not true or false")
     return EnvDecisions(placement, Backend(name, reason, name == "ccl"), None if allocator is None else _str(allocator),
-                        _maybe_int(raw["threads"]), pin, _levers(raw["levers"]), kept)
+                        _maybe_int(raw["threads"]), pin, _levers(raw["levers"]), kept, _lever_vars(raw.get("lever_vars", [])))
+
+
+def _lever_vars(raw: JsonValue) -> Tuple[Tuple[str, str, str], ...]:
+    """The remembered (name, value, reason) of the levers' own variables; TypeError when one is not three strings."""
+    out = []
+    for item in _list(raw):
+        name, value, reason = (_str(v) for v in _list(item))
+        out.append((name, value, reason))
+    return tuple(out)
 
 
 def _levers(raw: JsonValue) -> Tuple[JsonObject, ...]:
@@ -153,6 +177,14 @@ def _levers(raw: JsonValue) -> Tuple[JsonObject, ...]:
                 any(not isinstance(d.get(k, False), bool) for k in ("overridden", "needs_torch")):
             raise ValueError(f"lever {d['id']}: its reason, evidence or flags are not a decision's")
     return levers
+
+
+def with_lever_vars(tuned: Sequence[envplan.EnvVar], levers: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
+    """The runtime variables with the levers' own (lever_vars) before this launch's rendezvous variables, where a saved
+    plan's variables put them too (with_launch_vars adds those last): the same environment in the same order."""
+    launch = variables().names(launch=True)
+    at = next((i for i, e in enumerate(tuned) if e.name in launch), len(tuned))
+    return [*tuned[:at], *levers, *tuned[at:]]
 
 
 def with_launch_vars(planned: Sequence[envplan.EnvVar], tuned: Sequence[envplan.EnvVar]) -> List[envplan.EnvVar]:
@@ -190,7 +222,7 @@ def plan_env(facts: HostFacts, decided: EnvDecisions, request: EnvRequest, envir
         environ=environ, slurm_first=request.slurm_first, pin=decided.pin, allocator_kept=decided.allocator_kept))
     notes = list(tuned.notes)
     if planned is None:
-        return list(tuned.vars), notes
+        return with_lever_vars(tuned.vars, [envplan.EnvVar(n, v, "cpuperf", r) for n, v, r in decided.lever_vars]), notes
     preloads = variables().names(lever="allocator")  # they affect every later command of the shell
     kept = [v for v in planned if request.preload or v.name not in preloads]
     if not request.preload and any(v.name in preloads for v in planned):

@@ -22,7 +22,7 @@ from cpuperf.errors import FieldError, UsageError
 from cpuperf.jsonable import JsonObject, JsonValue
 from cpuperf.knowledge.knobs import BY_ID, SetValue
 from cpuperf.knowledge.variables import variables
-from cpuperf.plan.environment import with_launch_vars
+from cpuperf.plan.environment import lever_vars, with_launch_vars, with_lever_vars
 from cpuperf.plan.launch import LaunchPlan, LaunchSpec, numa_binding_ok, plan_launch
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
@@ -31,6 +31,7 @@ from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 from cpuperf.worker_settings import ConfigError, TrainSettings
 
 if TYPE_CHECKING:
+    from cpuperf.plan.applied import LeverState
     from cpuperf.plan.user_launcher import LauncherRanks
     from cpuperf.plan.user_script import ScriptPlan
 
@@ -94,6 +95,25 @@ class JobPlan:
     def env_map(self) -> Dict[str, str]:
         return {e.name: e.value for e in self.env}
 
+    def launch_options(self) -> Tuple[LeverState, ...]:
+        """The launch options this job has (knob rows marked `option`), each as its application reports it: carried
+        by the launch, and how, or why not (cpuperf.plan.applied lever_report lists them after the levers)."""
+        return _memory_state(self.memory, self.launch)
+
+
+def _memory_state(policy: Optional[MemoryPolicy], plan: LaunchPlan) -> Tuple[LeverState, ...]:
+    """numa_memory as the launch carries it: the one process under numactl with its policy, or why not (no row
+    where the plan has no policy)."""
+    from cpuperf.plan.applied import LeverState
+
+    if policy is None:
+        return ()
+    if plan.launcher == "direct" and plan.yours is None and tuple(plan.argv[1:1 + len(policy.numactl)]) == policy.numactl:
+        return (LeverState("numa_memory", policy.mode, True, f"{policy.describe()}: numactl {' '.join(policy.numactl)}"),)
+    why = ("numactl is not installed (apt-get install numactl)" if plan.launcher == "direct" and plan.yours is None
+           else "your launcher starts the process: cpuperf does not wrap it in numactl")
+    return (LeverState("numa_memory", policy.mode, False, f"{policy.describe()}: {why}"),)
+
 
 def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, mpi: Optional[str] = None,
                  socket_ifname: Optional[str] = None, environ: Mapping[str, str],
@@ -126,7 +146,7 @@ def runtime_vars(facts: HostFacts, rec: Recommendation, request: JobRequest, *, 
     keep |= set(table.names(lever="threads_per_rank", type="threads"))  # set where decided (rank_threads)
     if world <= 1:
         keep -= set(table.names(several_ranks=True))
-    return [e for e in rt.vars if e.name in keep], list(rt.notes)
+    return with_lever_vars([e for e in rt.vars if e.name in keep], lever_vars(rec.decisions, request.auto)), list(rt.notes)
 
 
 def merged_env(wanted: Sequence[envplan.EnvVar], request: JobRequest, world: int,
@@ -178,13 +198,10 @@ def _worker_values(rec: Recommendation, request: JobRequest, out_dir: str) -> Js
     # --model's preset, else the one the plan's workload is (the host's default: decide.workload.builtin_default)
     built_in = rec.workload.name if rec.workload.source == "preset" else "tiny"
     s: JsonObject = {"preset": request.preset or built_in}
-    if request.auto:
-        s.update(dtype=lv.dtype.value, compile=lv.compile.value, ipex=lv.ipex.value, device=lv.device.value,
-                 threads_per_rank=rank_threads(lv, True),
-                 batch_size=lv.batch_size.value, grad_accum_steps=lv.grad_accum_steps.value,
-                 grad_checkpointing=lv.grad_checkpointing.value, optimizer=lv.optimizer.value,
-                 dataloader_workers=lv.dataloader_workers.value, tf32=lv.tf32.value,
-                 fp32_math_mode=lv.fp32_math_mode.value)
+    if request.auto:  # every lever the worker takes (its knob row says `worker`), as decided; the process group's
+        # backend only where ranks meet (below), the thread count as the ranks apply it (rank_threads)
+        s.update({d.id: _json_scalar(d.value) for d in rec.decisions if BY_ID[d.id].worker and d.id != "ddp_backend"})
+        s["threads_per_rank"] = rank_threads(lv, True)
     else:
         per_rank = max(1, math.ceil(rec.workload.batch_size / max(1, world)))
         s.update(dtype="fp32", compile=False, ipex=False, threads_per_rank=None, batch_size=per_rank,
@@ -302,12 +319,13 @@ def plan_job(facts: HostFacts, rec: Recommendation, request: JobRequest, run: Ra
 def memory_pins(rec: Recommendation, asked: object) -> Tuple[object, Optional[Tuple[Optional[str], str]]]:
     """(--set numa_memory as asked, else as the recommendation carries it: 'auto' where not set; a cached tuning's
     verdict with its reason, or None)."""
-    pin = rec.memory_pin
+    pin = rec.options.get("numa_memory")
     if pin is None:
         return asked, None
+    mode = pin.value if isinstance(pin.value, str) else None  # 'interleave', or none: first touch
     if pin.reason is None:
-        return (pin.value if asked == "auto" else asked), None
-    return asked, (pin.value, pin.reason)
+        return (mode if asked == "auto" else asked), None
+    return asked, (mode, pin.reason)
 
 
 def _kept_as_run(notes: List[str], launch: LaunchPlan) -> List[str]:

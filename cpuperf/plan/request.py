@@ -76,7 +76,7 @@ def split_constraints(sets: Sequence[str], batch_size: Optional[int],
     from cpuperf.knowledge.knobs import BY_ID, coerce, parse_assignments
 
     constraints = parse_assignments(list(sets))
-    decided = {k: v for k, v in constraints.items() if BY_ID[k].decided or k in ("oversubscribe", "numa_memory")}
+    decided = {k: v for k, v in constraints.items() if BY_ID[k].decided or BY_ID[k].option}
     worker = {k: v for k, v in constraints.items() if k not in decided}
     if worker and user_argv:
         key = sorted(worker)[0]

@@ -513,6 +513,10 @@ def _with_memory_levers(decisions: Tuple[Decision[object], ...]) -> Tuple[Decisi
     why = "a plan saved before cpuperf decided sharding and offload: it runs without them"
     added: List[Decision[object]] = [Decision(i, v, why, {}) for i, v in (("sharding", None), ("offload", False))
                                       if i not in have]
+    from cpuperf.knowledge.knobs import RULED_IDS  # a lever of the generic path added since: the plan ran without it
+
+    added += [Decision(i, None, f"a plan saved before cpuperf decided {i}: it runs without it", {})
+              for i in RULED_IDS if i not in have]
     return decisions + tuple(added) if added else decisions
 
 
