@@ -11,6 +11,7 @@ reach the run.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -52,6 +53,9 @@ def expected(config: Dict[str, Any]) -> Dict[str, Any]:
         out["threads"] = int(s["threads_per_rank"])
     if s.get("cpus_per_rank"):
         out["cpus"] = [sorted(int(c) for c in cpus) for cpus in s["cpus_per_rank"]]
+    preload = (config.get("env") or {}).get("LD_PRELOAD") or ""
+    if any(os.path.basename(p).startswith("libiomp5") for p in preload.split(":")):
+        out["openmp"] = "intel"  # Intel's OpenMP runtime preloaded: it must be mapped (its GOMP_* then serve torch)
     return out
 
 
@@ -75,6 +79,8 @@ def mismatches(expect: Dict[str, Any], ran: Optional[List[Dict[str, Any]]]) -> L
             want = expect["cpus"][i % len(expect["cpus"])]
             if r.get("cpus") != want:
                 out.append(f"CPUs: planned {_cpus(want)}, ran on {_cpus(r.get('cpus') or [])}{who}")
+        if "openmp" in expect and expect["openmp"] not in (r.get("openmp") or []):
+            out.append(f"OpenMP: planned {expect['openmp']}, ran {'+'.join(r.get('openmp') or []) or 'none'}{who}")
         if r.get("dtype") != expect["dtype"]:
             out.append(f"dtype: planned {expect['dtype']}, ran {r.get('dtype')}{who}")
         if "optimizer" in expect and r.get("optimizer") != expect["optimizer"]:
