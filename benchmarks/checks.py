@@ -11,6 +11,7 @@ reach the run.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -52,6 +53,11 @@ def expected(config: Dict[str, Any]) -> Dict[str, Any]:
         out["threads"] = int(s["threads_per_rank"])
     if s.get("cpus_per_rank"):
         out["cpus"] = [sorted(int(c) for c in cpus) for cpus in s["cpus_per_rank"]]
+    preload = (config.get("env") or {}).get("LD_PRELOAD") or ""
+    if any(os.path.basename(p).startswith("libiomp5") for p in preload.split(":")):
+        out["openmp"] = "intel"  # Intel's OpenMP runtime preloaded: it must be mapped (its GOMP_* then serve torch)
+        if (config.get("env") or {}).get("KMP_AFFINITY") and "cpus" in out:
+            out["cpus_each"] = True  # KMP_AFFINITY binds each thread (the main one too) to one of the rank's CPUs
     return out
 
 
@@ -73,8 +79,11 @@ def mismatches(expect: Dict[str, Any], ran: Optional[List[Dict[str, Any]]]) -> L
             out.append(f"threads: planned {expect['threads']}, ran {r.get('threads')}{who}")
         if "cpus" in expect:
             want = expect["cpus"][i % len(expect["cpus"])]
-            if r.get("cpus") != want:
+            ran_on = r.get("cpus") or []
+            if not (ran_on and set(ran_on) <= set(want)) if expect.get("cpus_each") else ran_on != want:
                 out.append(f"CPUs: planned {_cpus(want)}, ran on {_cpus(r.get('cpus') or [])}{who}")
+        if "openmp" in expect and expect["openmp"] not in (r.get("openmp") or []):
+            out.append(f"OpenMP: planned {expect['openmp']}, ran {'+'.join(r.get('openmp') or []) or 'none'}{who}")
         if r.get("dtype") != expect["dtype"]:
             out.append(f"dtype: planned {expect['dtype']}, ran {r.get('dtype')}{who}")
         if "optimizer" in expect and r.get("optimizer") != expect["optimizer"]:

@@ -579,7 +579,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--only", default=None, help="comma list of workload-size, e.g. lm-small,mlp-small")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-runtime-levers", action="store_true", help="leave out the runtime levers tried at auto's "
-                    "point (OpenMP wait policy, transparent huge pages, fewer threads: benchmarks.sweep.runtime_points; --quick "
+                    "point (OpenMP wait policy, libiomp5's KMP_BLOCKTIME, each allocator, transparent huge pages, fewer threads: "
+                    "benchmarks.sweep.runtime_points; --quick "
                     "tries them on the small workloads only)")
     ap.add_argument("--skip-user-scripts", action="store_true", help="skip the HF Trainer / accelerate script rows")
     ap.add_argument("--user-launchers", action="store_true",

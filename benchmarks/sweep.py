@@ -196,8 +196,9 @@ def winnable(facts: Any, points: List[Dict[str, Any]], auto_point: Optional[Dict
 
 
 # -- Runtime levers: variables and thread counts that keep the math, each tried at auto's own point --------------
-# Each point is auto's configuration with one change (variables added, or fewer threads), judged against auto (or
-# against its own baseline where the change needs another allocator: glibc's huge pages are judged against glibc).
+# Each point is auto's configuration with one change (variables added, another allocator, or fewer threads), judged
+# against auto (or against its own baseline where the change needs another allocator: glibc's huge pages are judged
+# against glibc), and where another point is the fairer rival, against that one too (`also`).
 
 GOMP_POINTS: Tuple[Tuple[str, str], ...] = (
     # GNU libgomp (torch's CPU wheel ships it as torch/lib/libgomp.so.1): how an idle thread waits for the next
@@ -207,6 +208,10 @@ GOMP_POINTS: Tuple[Tuple[str, str], ...] = (
 THP_MIN_TORCH = "2.2"  # THP_MEM_ALLOC_ENABLE (c10/core/alloc_cpu.cpp), cherry-picked into release/2.2
 GLIBC_HUGETLB_MIN = (2, 35)  # glibc.malloc.hugetlb (glibc 2.35 NEWS)
 JEMALLOC_THP = "thp:always,metadata_thp:auto"  # jemalloc's opt.thp and opt.metadata_thp (jemalloc TUNING.md)
+# Intel's libiomp5: how long (ms) a thread that finished its share spins before it sleeps. Unset: 200; 0 sleeps at
+# once (as libgomp's PASSIVE); [kmp]'s value is what `--preload` sets (Intel OpenMP runtime reference: KMP_BLOCKTIME).
+KMP_BLOCKTIME_DEFAULT = "200"
+KMP_BLOCKTIMES = ("0",)  # tried beside the rule's value and the default
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,7 @@ class RuntimePoint:
     threads: Optional[int] = None
     allocator: Optional[str] = None  # None: auto's; "": glibc's malloc; a name: that allocator
     against: Optional[str] = "auto"
+    also: Tuple[str, ...] = ()  # further configurations it is judged against (the rival the plan would run instead)
 
     @property
     def name(self) -> str:
@@ -279,6 +285,7 @@ def runtime_points(host: RuntimeHost, allocator: Optional[str], threads: int) ->
     points: List[RuntimePoint] = []
     pruned: Dict[str, str] = {}
     _openmp_points(host, points, pruned)
+    _allocator_points(host, allocator, points, pruned)
     _thp_points(host, allocator, points, pruned)
     fewer = sorted({t for t in (threads - 1, threads // 2) if 1 <= t < threads}, reverse=True)
     for t in fewer:
@@ -291,19 +298,48 @@ def runtime_points(host: RuntimeHost, allocator: Optional[str], threads: int) ->
 def _openmp_points(host: RuntimeHost, points: List[RuntimePoint], pruned: Dict[str, str]) -> None:
     from cpuperf.knowledge.tuning import tuning
 
+    passive: Tuple[str, ...] = ()
     if host.openmp.get("gomp"):
         points += [RuntimePoint("openmp", f"{k}={v}", ((k, v),)) for k, v in GOMP_POINTS]
+        passive = ("auto + OMP_WAIT_POLICY=PASSIVE",)  # what a plan under load runs ([openmp_wait])
     else:
         pruned["openmp: GNU"] = ("no libgomp found: OMP_WAIT_POLICY and GOMP_SPINCOUNT as GNU's runtime reads them "
                                  "are not tried")
     iomp = next(iter(host.openmp.get("iomp") or ()), None)
     if iomp:
+        # libiomp5 alone (its default KMP_BLOCKTIME, no KMP_AFFINITY); each blocktime; [kmp]'s pair as --preload
+        # sets it. Each against auto (libgomp as torch ships it) and against libgomp sleeping at once (PASSIVE).
         kmp = tuning().kmp
-        points.append(RuntimePoint("openmp", f"libiomp5 KMP_BLOCKTIME={kmp.blocktime}", (
-            ("LD_PRELOAD", iomp), ("KMP_BLOCKTIME", kmp.blocktime), ("KMP_AFFINITY", kmp.affinity))))
+        pre = ("LD_PRELOAD", iomp)
+        alone = RuntimePoint("openmp", "libiomp5", (pre,), also=passive)
+        points.append(alone)
+        for t in sorted({*KMP_BLOCKTIMES, kmp.blocktime} - {KMP_BLOCKTIME_DEFAULT}, key=float):
+            points.append(RuntimePoint("openmp", f"libiomp5 KMP_BLOCKTIME={t}", (pre, ("KMP_BLOCKTIME", t)),
+                                       also=(alone.name, *passive)))
+        points.append(RuntimePoint("openmp", f"libiomp5 KMP_BLOCKTIME={kmp.blocktime} KMP_AFFINITY={kmp.affinity}", (
+            pre, ("KMP_BLOCKTIME", kmp.blocktime), ("KMP_AFFINITY", kmp.affinity)),
+            also=(f"auto + libiomp5 KMP_BLOCKTIME={kmp.blocktime}", *passive)))
     else:
         pruned["openmp: Intel"] = ("no libiomp5 on this host (pip's intel-openmp ships it): KMP_BLOCKTIME and "
                                    "KMP_AFFINITY act on Intel's runtime only, and torch's CPU wheel runs GNU's libgomp")
+
+
+def _allocator_points(host: RuntimeHost, allocator: Optional[str], points: List[RuntimePoint],
+                      pruned: Dict[str, str]) -> None:
+    """Each installed allocator other than auto's in its place (with the MALLOC_CONF the launchers export for
+    jemalloc), against auto, and against mimalloc (the wheel `cpuperf install` adds) where that is installed; where
+    auto preloads one, glibc's malloc against auto."""
+    from cpuperf.decide.allocator import ALLOCATORS, allocator_rule
+
+    wheel = allocator_rule().wheel_allocator
+    rival = (f"auto + {wheel}",) if wheel in host.allocators and wheel != allocator else ()
+    for name in ALLOCATORS:
+        if name not in host.allocators:
+            pruned[f"allocator: {name}"] = f"{name} is not installed here"
+        elif name != allocator:
+            points.append(RuntimePoint("allocator", name, allocator=name, also=() if name == wheel else rival))
+    if allocator is not None:
+        points.append(RuntimePoint("allocator", "glibc malloc", allocator=""))
 
 
 def _thp_points(host: RuntimeHost, allocator: Optional[str], points: List[RuntimePoint], pruned: Dict[str, str]) -> None:
@@ -328,9 +364,12 @@ def _thp_points(host: RuntimeHost, allocator: Optional[str], points: List[Runtim
             pruned[f"thp: {name}"] = f"{name} is not installed here: its huge-page switch ({env[0][0]}) is not tried"
         elif name == allocator:
             points.append(RuntimePoint("thp", f"{env[0][0]}={env[0][1]}", env))
-        else:
-            points += [RuntimePoint("thp", name, allocator=name, against=None),
-                       RuntimePoint("thp", f"{name} {env[0][0]}={env[0][1]}", env, allocator=name, against=f"auto + {name}")]
+        else:  # against that allocator without it (its point: _allocator_points)
+            points.append(RuntimePoint("thp", f"{name} {env[0][0]}={env[0][1]}", env, allocator=name,
+                                       against=f"auto + {name}"))
+    if "tcmalloc" in host.allocators:
+        pruned["thp: tcmalloc"] = ("gperftools' tcmalloc (Debian's libgoogle-perftools4) has no switch for "
+                                   "transparent huge pages: only its allocator point is tried")
     if host.glibc is None or host.glibc < GLIBC_HUGETLB_MIN:
         pruned["thp: glibc"] = (f"glibc {'.'.join(map(str, host.glibc)) if host.glibc else '(not glibc)'} has no "
                                 "glibc.malloc.hugetlb (from 2.35)")
@@ -339,9 +378,25 @@ def _thp_points(host: RuntimeHost, allocator: Optional[str], points: List[Runtim
     if allocator is None:
         points.append(RuntimePoint("thp", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", env))
     else:
-        points += [RuntimePoint("thp", "glibc malloc", allocator="", against=None),
-                   RuntimePoint("thp", "glibc malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1", env, allocator="",
-                                against="auto + glibc malloc")]
+        points.append(RuntimePoint("thp", "glibc malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1", env, allocator="",
+                                   against="auto + glibc malloc"))
+
+
+def select_points(points: List[RuntimePoint], wanted: List[str]) -> List[RuntimePoint]:
+    """The points whose label holds any of `wanted` (all where it is empty), with every point they are judged
+    against (so each kept point keeps its baselines), in their order. Pure."""
+    if not wanted:
+        return list(points)
+    by_name = {p.name: p for p in points}
+    keep = {p.name for p in points if any(w in p.label for w in wanted)}
+    todo = list(keep)
+    while todo:
+        p = by_name[todo.pop()]
+        for base in (p.against, *p.also):
+            if base in by_name and base not in keep:
+                keep.add(base)
+                todo.append(base)
+    return [p for p in points if p.name in keep]
 
 
 def runtime_config(auto: Dict[str, Any], point: RuntimePoint, allocators: Dict[str, str]) -> Dict[str, Any]:
@@ -370,26 +425,28 @@ def runtime_config(auto: Dict[str, Any], point: RuntimePoint, allocators: Dict[s
     return {"name": point.name, "env": env, "settings": settings, "ranks": auto.get("ranks") or 1, "sweep": True,
             "point": {**base, "allocator": allocator, "threads_per_rank": point.threads or base["threads_per_rank"],
                       "runtime": point.label},
-            "lever": point.lever, "against": point.against}
+            "lever": point.lever, "against": point.against, "also": list(point.also)}
 
 
 def lever_verdicts(configs: List[Dict[str, Any]], rounds: List[Dict[str, Dict[str, Any]]],
                    confidence: float, resolution: float) -> List[Dict[str, Any]]:
-    """Each runtime point against the configuration it is judged against, round by round (the two in the same
-    round: one ratio a round), by cpuperf.decide.judge.paired against 1.0: won, lost, even, or undecided. Pure."""
+    """Each runtime point against each configuration it is judged against (`against`, then `also`, where it ran),
+    round by round (the two in the same round: one ratio a round), by cpuperf.decide.judge.paired against 1.0: won,
+    lost, even, or undecided. Pure."""
     from benchmarks.checks import counted
     from cpuperf.decide.judge import paired
 
+    names = {c["name"] for c in configs}
     out: List[Dict[str, Any]] = []
     for c in configs:
-        against = c.get("against")
-        if not c.get("lever") or not against:
+        if not c.get("lever") or not c.get("against"):
             continue
-        pairs = [a / b for a, b in ((counted(r.get(c["name"])), counted(r.get(against))) for r in rounds) if a and b]
-        v = paired(pairs, 1.0, confidence, resolution=resolution)
-        out.append({"lever": c["lever"], "point": c["point"]["runtime"], "against": against,
-                    "outcome": VERDICT_WORDS[v.outcome], "verdict": v.to_json(),
-                    "pairs": [round(x, 4) for x in pairs]})
+        for against in [c["against"], *(a for a in c.get("also") or () if a in names)]:
+            pairs = [a / b for a, b in ((counted(r.get(c["name"])), counted(r.get(against))) for r in rounds) if a and b]
+            v = paired(pairs, 1.0, confidence, resolution=resolution)
+            out.append({"lever": c["lever"], "point": c["point"]["runtime"], "against": against,
+                        "outcome": VERDICT_WORDS[v.outcome], "verdict": v.to_json(),
+                        "pairs": [round(x, 4) for x in pairs]})
     return out
 
 

@@ -121,12 +121,14 @@ def test_a_zen4_like_host_tries_gnu_openmp_huge_pages_and_one_thread_and_says_wh
     points, pruned = sweep.runtime_points(_runtime_host(), None, 2)
     assert [(p.lever, p.label, p.against) for p in points] == [
         ("openmp", "OMP_WAIT_POLICY=PASSIVE", "auto"), ("openmp", "OMP_WAIT_POLICY=ACTIVE", "auto"),
-        ("openmp", "GOMP_SPINCOUNT=10000", "auto"), ("thp", "THP_MEM_ALLOC_ENABLE=1", "auto"),
-        # mimalloc is not auto's allocator: its huge pages are judged against mimalloc, which is judged by nothing
-        ("thp", "mimalloc", None), ("thp", "mimalloc MIMALLOC_ALLOW_LARGE_OS_PAGES=1", "auto + mimalloc"),
+        ("openmp", "GOMP_SPINCOUNT=10000", "auto"),
+        # mimalloc is not auto's allocator: it is judged against auto, and its huge pages against mimalloc
+        ("allocator", "mimalloc", "auto"), ("thp", "THP_MEM_ALLOC_ENABLE=1", "auto"),
+        ("thp", "mimalloc MIMALLOC_ALLOW_LARGE_OS_PAGES=1", "auto + mimalloc"),
         ("thp", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "auto"), ("threads", "1 thread(s)", "auto")]
     assert "no libiomp5" in pruned["openmp: Intel"] and "GNU's libgomp" in pruned["openmp: Intel"]
-    assert "jemalloc is not installed" in pruned["thp: jemalloc"] and set(pruned) == {"openmp: Intel", "thp: jemalloc"}
+    assert "jemalloc is not installed" in pruned["thp: jemalloc"]
+    assert set(pruned) == {"openmp: Intel", "thp: jemalloc", "allocator: tcmalloc", "allocator: jemalloc"}
 
 
 def test_each_lever_is_pruned_with_why_where_the_host_lacks_it():
@@ -167,6 +169,58 @@ def test_auto_s_own_allocator_gets_its_huge_page_switch_and_libiomp5_goes_first_
                              "optimizer": "adamw", "threads": 1, "cpus": [[0]]}
 
 
+def test_a_host_with_libiomp5_and_every_allocator_tries_each_blocktime_and_each_allocator_against_its_rival():
+    host = _runtime_host(openmp={"gomp": ("/g/libgomp.so.1",), "iomp": ("/l/libiomp5.so",)},
+                         allocators={"tcmalloc": "/l/libtcmalloc.so.4", "jemalloc": "/l/libjemalloc.so.2",
+                                     "mimalloc": "/m/libmimalloc.so"})
+    points, pruned = sweep.runtime_points(host, None, 2)
+    by = {p.label: p for p in points}
+    passive = "auto + OMP_WAIT_POLICY=PASSIVE"
+    # libiomp5 alone runs Intel's default blocktime (200 ms); 0 and [kmp]'s 1 beside it; [kmp]'s pair as --preload sets it
+    assert [(p.label, dict(p.env).get("KMP_BLOCKTIME"), p.also) for p in points if p.label.startswith("libiomp5")] == [
+        ("libiomp5", None, (passive,)),
+        ("libiomp5 KMP_BLOCKTIME=0", "0", ("auto + libiomp5", passive)),
+        ("libiomp5 KMP_BLOCKTIME=1", "1", ("auto + libiomp5", passive)),
+        ("libiomp5 KMP_BLOCKTIME=1 KMP_AFFINITY=granularity=fine,compact,1,0", "1",
+         ("auto + libiomp5 KMP_BLOCKTIME=1", passive))]
+    assert all(dict(p.env)["LD_PRELOAD"] == "/l/libiomp5.so" for p in points if p.label.startswith("libiomp5"))
+    # each allocator in the default's place, against auto; tcmalloc and jemalloc also against the wheel's mimalloc
+    assert [(p.label, p.allocator, p.against, p.also) for p in points if p.lever == "allocator"] == [
+        ("tcmalloc", "tcmalloc", "auto", ("auto + mimalloc",)), ("jemalloc", "jemalloc", "auto", ("auto + mimalloc",)),
+        ("mimalloc", "mimalloc", "auto", ())]
+    je = next(p for p in points if p.label.startswith("jemalloc MALLOC_CONF="))
+    assert je.against == "auto + jemalloc" and dict(je.env)["MALLOC_CONF"].endswith(sweep.JEMALLOC_THP)
+    assert "no switch for transparent huge pages" in pruned["thp: tcmalloc"] and not any(
+        k.startswith("allocator") for k in pruned)
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "bf16", "threads_per_rank": 2, "cpus_per_rank": [[0, 1]]},
+            "decisions": {"dtype": "bf16", "allocator": None, "threads_per_rank": 2, "affinity": "auto"}}
+    tc = sweep.runtime_config(auto, by["tcmalloc"], host.allocators)
+    assert tc["env"]["LD_PRELOAD"] == "/l/libtcmalloc.so.4" and tc["also"] == ["auto + mimalloc"]
+    jc = sweep.runtime_config(auto, by["jemalloc"], host.allocators)
+    assert jc["env"]["MALLOC_CONF"] == "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+    from benchmarks.checks import expected, mismatches
+
+    iomp = sweep.runtime_config(auto, by["libiomp5 KMP_BLOCKTIME=0"], host.allocators)
+    want = expected(iomp)
+    assert want["openmp"] == "intel" and "openmp" not in expected(tc)
+    ran = {"allocator": None, "threads": 2, "cpus": [0, 1], "dtype": "bf16", "optimizer": "adamw", "compile": False}
+    # a preload of libiomp5 that did not map it is no figure for its name
+    assert mismatches(want, [{**ran, "openmp": ["gnu"]}]) == ["OpenMP: planned intel, ran gnu"]
+    assert mismatches(want, [{**ran, "openmp": ["gnu", "intel"]}]) == []
+
+
+def test_only_the_points_asked_for_run_with_every_point_they_are_judged_against():
+    host = _runtime_host(openmp={"gomp": ("/g/libgomp.so.1",), "iomp": ("/l/libiomp5.so",)},
+                         allocators={"jemalloc": "/l/libjemalloc.so.2", "mimalloc": "/m/libmimalloc.so"})
+    points, _ = sweep.runtime_points(host, None, 2)
+    assert sweep.select_points(points, []) == points
+    got = [p.label for p in sweep.select_points(points, ["KMP_AFFINITY", "jemalloc MALLOC_CONF"])]
+    assert got == ["OMP_WAIT_POLICY=PASSIVE", "libiomp5", "libiomp5 KMP_BLOCKTIME=1",
+                   "libiomp5 KMP_BLOCKTIME=1 KMP_AFFINITY=granularity=fine,compact,1,0", "jemalloc", "mimalloc",
+                   "jemalloc MALLOC_CONF=oversize_threshold:1,background_thread:true," + sweep.JEMALLOC_THP]
+
+
 def test_each_point_is_judged_against_its_own_baseline_over_the_rounds():
     cfgs = [{"name": "auto"}, {"name": "a", "lever": "openmp", "against": "auto", "point": {"runtime": "A"}},
             {"name": "b", "lever": "thp", "against": "auto", "point": {"runtime": "B"}},
@@ -177,7 +231,11 @@ def test_each_point_is_judged_against_its_own_baseline_over_the_rounds():
                "c": {"samples_per_s": x * (1.3 if i % 2 else 0.75)}, "base": {"samples_per_s": x}}
               for i, x in enumerate(auto)]
     rounds[0]["a"]["disturbed"] = True  # a run left out by the checks is no pair
-    got = {v["point"]: v for v in sweep.lever_verdicts(cfgs, rounds, 0.90, 0.02)}
+    cfgs[2]["also"] = ["a", "not run"]  # judged against its rival too, where that ran
+    verdicts = sweep.lever_verdicts(cfgs, rounds, 0.90, 0.02)
+    assert [(v["point"], v["against"]) for v in verdicts] == [("A", "auto"), ("B", "auto"), ("B", "a"), ("C", "auto")]
+    assert verdicts[2]["outcome"] == "lost" and abs(verdicts[2]["verdict"]["ratio"] - 0.7 / 1.3) < 1e-3
+    got = {v["point"]: v for v in verdicts if v["against"] == "auto"}
     assert set(got) == {"A", "B", "C"}
     assert got["A"]["outcome"] == "won" and got["A"]["verdict"]["n"] == 5 and abs(got["A"]["verdict"]["ratio"] - 1.3) < 1e-6
     assert got["B"]["outcome"] == "lost" and got["C"]["outcome"] == "undecided"
@@ -242,3 +300,21 @@ def test_a_runtime_point_runs_in_the_real_worker_as_it_is_named():
     assert res.get("samples_per_s"), res
     assert checks.mismatches(checks.expected(one), res.get("ran")) == []
     assert res["ran"][0]["threads"] == 1 and res["ran"][0]["cpus"] == cpus[:1]
+
+
+def test_kmp_affinity_binds_each_thread_so_the_main_thread_reads_back_one_of_the_rank_s_cpus():
+    from benchmarks.checks import expected, mismatches
+
+    host = _runtime_host(openmp={"gomp": ("/g/libgomp.so.1",), "iomp": ("/l/libiomp5.so",)})
+    points, _ = sweep.runtime_points(host, None, 2)
+    auto = {"name": "auto", "env": {"OMP_NUM_THREADS": "2"}, "ranks": 1,
+            "settings": {"dtype": "bf16", "threads_per_rank": 2, "cpus_per_rank": [[0, 1]]},
+            "decisions": {"dtype": "bf16", "allocator": None, "threads_per_rank": 2, "affinity": "auto"}}
+    by = {p.label: sweep.runtime_config(auto, p, host.allocators) for p in points}
+    ran = {"allocator": None, "threads": 2, "dtype": "bf16", "optimizer": "adamw", "compile": False,
+           "openmp": ["intel", "gnu"]}
+    pinned = expected(by["libiomp5 KMP_BLOCKTIME=1 KMP_AFFINITY=granularity=fine,compact,1,0"])
+    assert mismatches(pinned, [{**ran, "cpus": [0]}]) == []  # measured here: libiomp5 bound the main thread to CPU 0
+    assert mismatches(pinned, [{**ran, "cpus": [2]}]) == ["CPUs: planned 0-1, ran on 2"]
+    plain = expected(by["libiomp5 KMP_BLOCKTIME=1"])  # without KMP_AFFINITY the rank's CPUs stay whole
+    assert mismatches(plain, [{**ran, "cpus": [0]}]) == ["CPUs: planned 0-1, ran on 0"]

@@ -192,6 +192,34 @@ def test_a_team_of_threads_on_a_host_others_keep_busy_waits_passively_only_where
     assert wait(_loaded({1: 0.97}), 3, {"LD_PRELOAD": "/opt/lib/libiomp5.so"}) is None  # KMP_BLOCKTIME decides
 
 
+def test_libiomp5_preloaded_beside_other_work_sleeps_at_once_by_the_measured_blocktime(tmp_path):
+    """compat/tuning.toml [openmp_wait] kmp_blocktime: on a shared 2-vCPU Zen 4 VM (benchmarks/results/
+    sweep-zen4-libs), KMP_BLOCKTIME=0 ran 1.43x [kmp]'s 1 under others' load; a host alone keeps [kmp]'s."""
+    from dataclasses import replace
+
+    from cpuperf.decide import runtime_env as envplan
+    from cpuperf.knowledge.tuning import tuning
+
+    facts = probe_host(sysroot=str(make_host(tmp_path, cores_per_socket=4)))
+    placement = plan_placement(facts)
+    libs = envplan.Libraries(openmp={"iomp": ("/opt/intel/lib/libiomp5.so",)},
+                             allocators={"tcmalloc": ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",)})
+
+    def planned(load, threads):
+        env = envplan.runtime_env(replace(facts, load=load), placement, envplan.RuntimeEnvRequest(
+            backend="gloo", threads=threads, preload=True, allocator="tcmalloc", libraries=libs))
+        return {v.name: v for v in env.vars}
+
+    busy = planned(_loaded({0: 0.02, 1: 0.97}), 3)
+    assert busy["LD_PRELOAD"].value.startswith("/opt/intel/lib/libiomp5.so")  # the plan preloads libiomp5 here
+    assert busy["KMP_BLOCKTIME"].value == tuning().openmp_wait.kmp_blocktime == "0"
+    assert "CPU 1 97% busy with other work" in busy["KMP_BLOCKTIME"].reason and "1.43x" in busy["KMP_BLOCKTIME"].reason
+    assert "OMP_WAIT_POLICY" not in busy and busy["KMP_AFFINITY"].value == tuning().kmp.affinity
+    for load, threads in ((None, 3), (_loaded({0: 0.1, 1: 0.2}), 3), (_loaded({1: 0.97}), 1)):
+        alone = planned(load, threads)  # load not read, nothing busy, or no team: [kmp]'s blocktime
+        assert alone["KMP_BLOCKTIME"].value == tuning().kmp.blocktime == "1" and "OMP_WAIT_POLICY" not in alone
+
+
 def test_a_plan_that_reads_load_and_keeps_your_threads_lets_them_wait_passively(busy_loop):
     cpu, threads = busy_loop
     argv = ["train", "--auto", "--dry-run", "--set", f"threads_per_rank={threads}"]

@@ -2,8 +2,8 @@
 
 Pure over HostFacts + Placement + what the caller found (libraries, the network interface, the current
 environment): threads, oneCCL workers and their pinning, Intel MPI pin domains, OpenMP (KMP_*) knobs,
-the rendezvous address and port, an allocator preload, OpenMP's wait policy where a plan that reads load finds
-other work on the CPUs. `ccl-env`, the recommendation engine and the
+the rendezvous address and port, an allocator preload, OpenMP's wait policy (libgomp's, or libiomp5's blocktime)
+where a plan that reads load finds other work on the CPUs. `ccl-env`, the recommendation engine and the
 launcher all call runtime_env() and merge_env(), so the rules live here once.
 """
 
@@ -275,8 +275,9 @@ def runtime_env(facts: HostFacts, placement: Placement, request: RuntimeEnvReque
     if r.preload:
         preloaded = _preload_vars(c, libraries, r.allocator, placement.nproc_per_node * nodes,
                                   r.allocator_kept) + preloaded
-    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi)
-    _wait_vars(c, facts, preloaded, r.threads)
+    busy = _busy_team(facts, r.threads)
+    _kmp_vars(c, preloaded, placement.nproc_per_node, mpi, busy)
+    _wait_vars(c, preloaded, busy)
     _arm_vars(c, facts, r.knobs)
     c.add("MASTER_ADDR", addr, addr_why)
     c.add("MASTER_PORT", str(port), "given with --master-port" if master_port is not None
@@ -385,35 +386,42 @@ def _arm_vars(c: _Collected, facts: HostFacts, knobs: Optional[Mapping[str, Knob
             c.notes.append(lever.line())
 
 
-def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str]) -> None:
-    """KMP_AFFINITY / KMP_BLOCKTIME: only where libiomp5 is preloaded."""
+def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional[str], busy: Optional[str] = None) -> None:
+    """KMP_AFFINITY / KMP_BLOCKTIME: only where libiomp5 is preloaded; where other work keeps the host busy (`busy`:
+    _busy_team's finding), [openmp_wait]'s blocktime instead of [kmp]'s."""
     iomp_loaded = any(os.path.basename(p).startswith("libiomp5") for p in preloaded)
     if iomp_loaded:
         rules = _rules()
+        wait = rules.openmp_wait
+        blocktime, why = ((wait.kmp_blocktime, f"{busy}: {wait.reason} ({wait.kmp_source})") if busy
+                          else (rules.kmp.blocktime, rules.kmp.reason))
         if nproc == 1 or mpi == "intelmpi":
             c.add("KMP_AFFINITY", rules.kmp.affinity, f"libiomp5 is preloaded; {rules.kmp.source}")
-            c.add("KMP_BLOCKTIME", rules.kmp.blocktime, rules.kmp.reason)
+            c.add("KMP_BLOCKTIME", blocktime, why)
         else:
-            c.add("KMP_BLOCKTIME", rules.kmp.blocktime, rules.kmp.reason)
+            c.add("KMP_BLOCKTIME", blocktime, why)
             c.notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
                            "to the same cores (launch with Intel MPI, or cpuperf launch)")
 
 
-def _wait_vars(c: _Collected, facts: HostFacts, preloaded: Sequence[str], threads: Optional[int]) -> None:
-    """OMP_WAIT_POLICY ([openmp_wait]): only where the plan reads load (facts.load: --adapt-to-load), other work keeps
-    a CPU of the host busy, a rank runs a team of threads, and libiomp5 is not preloaded (KMP_BLOCKTIME decides)."""
-    if facts.load is None or threads is None:
-        return
-    rule = _rules().openmp_wait
-    if threads < rule.min_threads:
-        return
-    if any(os.path.basename(p).startswith("libiomp5") for p in preloaded):
-        return
+def _busy_team(facts: HostFacts, threads: Optional[int]) -> Optional[str]:
+    """[openmp_wait]'s conditions, as the load they found (None where they do not hold): the plan reads load
+    (facts.load: --adapt-to-load), other work keeps a CPU of the host busy, and a rank runs a team of threads."""
+    if facts.load is None or threads is None or threads < _rules().openmp_wait.min_threads:
+        return None
     from cpuperf.decide.load import describe, taken_cpus  # only where load was read
 
     taken = taken_cpus(facts.load, facts.usable_cpus())
-    if taken:
-        c.add("OMP_WAIT_POLICY", rule.policy, f"{describe(facts.load, taken)}: {rule.reason} ({rule.source})")
+    return describe(facts.load, taken) if taken else None
+
+
+def _wait_vars(c: _Collected, preloaded: Sequence[str], busy: Optional[str]) -> None:
+    """OMP_WAIT_POLICY ([openmp_wait]): only where _busy_team found other work beside a team of threads, and
+    libiomp5 is not preloaded (KMP_BLOCKTIME decides: _kmp_vars)."""
+    if busy is None or any(os.path.basename(p).startswith("libiomp5") for p in preloaded):
+        return
+    rule = _rules().openmp_wait
+    c.add("OMP_WAIT_POLICY", rule.policy, f"{busy}: {rule.reason} ({rule.source})")
 
 
 def merge_env(current: Mapping[str, str], wanted: Sequence[EnvVar], *, override: bool = False,

@@ -50,6 +50,8 @@ class OpenmpWait:
 
     policy: str  # OMP_WAIT_POLICY's value
     min_threads: int = field(metadata=_range(2))  # a rank of fewer threads has no team to wait for
+    kmp_blocktime: str  # KMP_BLOCKTIME instead of [kmp]'s where libiomp5 is preloaded and the same conditions hold
+    kmp_source: str  # the measurement kmp_blocktime rests on
     reason: str
     source: str
 
