@@ -276,8 +276,9 @@ def acquire_dir_lock(directory: Union[str, Path], token: str = "") -> DirLock:
 
 def sha256_hex(data: bytes) -> str:
     """hashlib.sha256(data).hexdigest(), from Python's own SHA-256 module where it has one: hashlib loads OpenSSL
-    (~3 ms), on the path of ccl-env in every new shell. The same digest either way; OpenSSL's is ~8x faster on
-    large inputs, so it is used where hashlib is loaded already or the input is large."""
+    (~3 ms, ~10 ms on a busy host), on the path of ccl-env in every new shell and of every `train`. The same digest
+    either way; OpenSSL's is ~8x faster on large inputs, so it is used where hashlib is loaded already or the input
+    is large."""
     import sys
 
     if "hashlib" in sys.modules or len(data) > 1 << 20:
@@ -292,3 +293,19 @@ def sha256_hex(data: bytes) -> str:
         except ImportError:  # a build without them: OpenSSL's
             from hashlib import sha256  # type: ignore[no-redef,unused-ignore]
     return str(sha256(data).hexdigest())
+
+
+def sha1_hex(data: bytes) -> str:
+    """hashlib.sha1(data).hexdigest(), from Python's own SHA-1 module where hashlib is not loaded yet (sha256_hex)."""
+    import sys
+
+    if "hashlib" not in sys.modules and len(data) <= 1 << 20:
+        try:
+            from _sha1 import sha1  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:  # a build without it: OpenSSL's
+            pass
+        else:
+            return str(sha1(data).hexdigest())
+    import hashlib
+
+    return hashlib.sha1(data).hexdigest()

@@ -24,9 +24,7 @@ from cpuperf.probe.hf import script_model
 from cpuperf.probe.launchers import launcher_python, read_script
 from cpuperf.run import timeline
 from cpuperf.run.edge import Found, Sources, gather
-from cpuperf.run.launcher import locate_node
 from cpuperf.run.measure import planning_measurements, train_measurements
-from cpuperf.run.vendor_env import master_interface
 from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
@@ -202,12 +200,19 @@ def _edge_facts(request: PlanRequest, found: Found, workload: Workload, out_dir:
                                   threads=plan_placement(facts).threads_per_rank if real_auto else None,
                                   shape=workload if not request.user_argv and not request.has_sets else None)
     timeline.mark("measurements")
-    node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
-                             locate_node(found.hosts, found.nnodes, request.node_rank, request.launcher,
-                                         found.slurm.allocation, found.mpi))
+    node_rank, local_addr = request.node_rank, None
+    if not request.dry_run:  # the launcher's module: a real run's (a dry run starts nothing)
+        from cpuperf.run.launcher import locate_node
+
+        node_rank, local_addr = locate_node(found.hosts, found.nnodes, request.node_rank, request.launcher,
+                                            found.slurm.allocation, found.mpi)
+    ifname = None
+    if found.nnodes > 1:  # the route to the rendezvous: several nodes only
+        from cpuperf.run.vendor_env import master_interface
+
+        ifname = master_interface(found.rendezvous, found.hosts)
     return found.edge_facts(workload, out_dir, sys.executable, measurements=meas, node_rank=node_rank,
-                            local_addr=local_addr, master_addr=request.master_addr,
-                            socket_ifname=master_interface(found.rendezvous, found.hosts) if found.nnodes > 1 else None)
+                            local_addr=local_addr, master_addr=request.master_addr, socket_ifname=ifname)
 
 
 def _plan_json(jp: JobPlan) -> Dict[str, Any]:
