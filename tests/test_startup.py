@@ -34,6 +34,39 @@ def test_common_commands_start_without_pydantic(tmp_path):
                                   "job.py", cwd=tmp_path)
 
 
+_MODULES = ("import json, sys\nfrom cpuperf.entry import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
+
+# What planning a user's command never needs, each once imported at every start of `train`: hashlib (it loads
+# OpenSSL; Python's own SHA-1 and SHA-256 give the same digests), the launcher and its watcher (a dry run starts
+# nothing), the vendor environment (several nodes only), the host resolver and its socket (a hostfile only).
+_NOT_FOR_A_PLAN = ("hashlib", "_hashlib", "cpuperf.run.launcher", "cpuperf.run.watch", "cpuperf.run.vendor_env",
+                   "cpuperf.probe.hosts", "socket", "pydantic", "torch")
+_NOT_FOR_A_RUN = ("hashlib", "_hashlib", "cpuperf.run.vendor_env", "pydantic", "torch")
+
+
+def _modules(*args: str, cwd: Path) -> set:
+    env = cli_env({"PYTHONPATH": str(ROOT), "CPUPERF_OVERRIDE_GPUS": "[]"})
+    proc = subprocess.run([sys.executable, "-c", _MODULES, *args], capture_output=True, text=True, env=env,
+                          cwd=str(cwd), timeout=300)
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("MODULES ")]
+    assert line, proc.stderr[-2000:]
+    return set(json.loads(line[-1].split(" ", 1)[1]))
+
+
+def test_a_plan_of_your_command_imports_only_what_it_plans_with(tmp_path):
+    """`train --auto --dry-run -- python job.py`, and the same run for real: the modules above stay out (a real run
+    imports the launcher, and with it the resolver, to start the job)."""
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    planned = _modules("train", "--auto", "--dry-run", "--out", str(tmp_path / "plan"), "--", "python", "job.py",
+                       cwd=tmp_path)
+    assert {"cpuperf.plan.build", "cpuperf.plan.user_script", "cpuperf.run.measure"} <= planned  # it planned
+    assert not planned & set(_NOT_FOR_A_PLAN), sorted(planned & set(_NOT_FOR_A_PLAN))
+    ran = _modules("train", "--auto", "--out", str(tmp_path / "run"), "--", "python", "job.py", cwd=tmp_path)
+    assert "cpuperf.run.launcher" in ran and (tmp_path / "run" / "status.json").is_file()  # it ran
+    assert not ran & set(_NOT_FOR_A_RUN), sorted(ran & set(_NOT_FOR_A_RUN))
+
+
 def test_values_are_still_coerced_and_checked(tmp_path):
     bad = run_cli(["train", "--dry-run", "--nproc-per-node", "two", "--", "python", "job.py"], cwd=str(tmp_path))
     assert bad.returncode == 2 and "--nproc-per-node" in bad.stderr, bad.stderr
