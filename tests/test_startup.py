@@ -138,3 +138,19 @@ def test_sha256_without_hashlib_is_hashlib_s():
     assert before is False  # the small digests above were Python's own module's
     assert out == [hashlib.sha256(t.encode("utf-8", "surrogateescape")).hexdigest() for t in data]
     assert big == hashlib.sha256(b"z" * (3 << 20)).hexdigest()
+
+
+def test_only_the_command_lines_own_process_is_left_to_the_os_at_its_end():
+    """`cpuperf ...` and `python -m cpuperf ...` (main() reads sys.argv): what the command holds is frozen as it
+    returns, so Python's shutdown does not walk it for cycles between the job's last line and the prompt; a caller
+    that goes on (main(argv)) keeps its collector as it was."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('FROZEN', gc.get_freeze_count() > 0, file=sys.stderr))\n"
+            "from cpuperf.entry import main\n"
+            "own = sys.argv[1] == 'own'\nsys.argv = ['cpuperf', '--version']\n"
+            "sys.exit(main() if own else main(['--version']))\n")
+    for who, frozen in (("own", True), ("caller", False)):
+        proc = subprocess.run([sys.executable, "-c", code, who], capture_output=True, text=True,
+                              env=cli_env({"PYTHONPATH": str(ROOT)}), timeout=120)
+        assert proc.returncode == 0 and proc.stdout.startswith("cpuperf "), proc.stderr[-2000:]
+        assert f"FROZEN {frozen}" in proc.stderr, (who, proc.stderr[-2000:])
