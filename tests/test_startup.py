@@ -122,21 +122,24 @@ def test_a_launchers_version_is_run_once_per_binary(tmp_path):
 
 
 def test_sha256_without_hashlib_is_hashlib_s():
-    """fsutil.sha256_hex (ccl-env's marker, the remembered parses' check) gives hashlib's digest whichever SHA-256
-    it takes: Python's own where hashlib (OpenSSL) is not loaded yet, OpenSSL's where it is or the input is large."""
+    """fsutil.sha256_hex (ccl-env's marker, the remembered parses' check, the measurement cache's and a command's
+    keys) and sha1_hex (the rendezvous id) give hashlib's digest whichever module they take: Python's own where
+    hashlib (OpenSSL) is not loaded yet, OpenSSL's where it is or the input is large."""
     import hashlib
 
     data = ["", "A=b", "x" * 70000, "\udcff é"]
-    code = ("import json, sys\nfrom cpuperf.fsutil import sha256_hex\n"
-            "before = 'hashlib' in sys.modules\n"
+    code = ("import json, sys\nfrom cpuperf.fsutil import sha1_hex, sha256_hex\n"
             "out = [sha256_hex(t.encode('utf-8', 'surrogateescape')) for t in json.loads(sys.argv[1])]\n"
+            "one = [sha1_hex(t.encode('utf-8', 'surrogateescape')) for t in json.loads(sys.argv[1])]\n"
+            "before = 'hashlib' in sys.modules\n"
             "big = sha256_hex(b'z' * (3 << 20))\n"
-            "print(json.dumps([before, out, big]))\n")
+            "print(json.dumps([before, out, big, one]))\n")
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(data)], capture_output=True, text=True,
                           env=cli_env({"PYTHONPATH": str(ROOT)}), timeout=60)
-    before, out, big = json.loads(proc.stdout)
-    assert before is False  # the small digests above were Python's own module's
+    before, out, big, one = json.loads(proc.stdout)
+    assert before is False  # the small digests above were Python's own modules'
     assert out == [hashlib.sha256(t.encode("utf-8", "surrogateescape")).hexdigest() for t in data]
+    assert one == [hashlib.sha1(t.encode("utf-8", "surrogateescape")).hexdigest() for t in data]  # the rendezvous id
     assert big == hashlib.sha256(b"z" * (3 << 20)).hexdigest()
 
 
