@@ -584,7 +584,7 @@ def _skip_needless_coercion() -> None:
 
 def _click_command(args: List[str]) -> Any:
     """typer's click group for this command line. Where its first word names a command, the group holds that command
-    alone: typer builds every command's options from its signature (~10 ms of every start for the eight commands, a
+    alone: typer builds every command's options from its signature (10-30 ms of every start for the eight commands, a
     third of it train's), and a command line runs one command; its options, help, errors and exit codes are the
     same. Anything else (no command, `--help`, `--version`, a word that is no command) gets the group of them all."""
     name = typer.main.get_command_name

@@ -20,7 +20,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _ending() -> None:
-    """The process ends with this command: Python's shutdown walks every object left for cycles to collect, ~20-50 ms
+    """The process ends with this command: Python's shutdown walks every object left for cycles to collect, 20-60 ms
     after a `train` on a 2-CPU host (all of cpuperf's modules, the plan, the compat tables), between the job's last
     line and the prompt. Frozen (gc.freeze), they are left to the OS as the process exits; atexit handlers still run,
     and stdout and stderr are still flushed."""
