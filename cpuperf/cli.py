@@ -322,21 +322,24 @@ def train(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="The full lever report before the job starts (each lever, applied or not, and why), and after the run where its wall time went."),
 ) -> None:
     """Train with the recommended settings: the built-in loop, or your script after `--`, from one core to many nodes."""
-    from cpuperf.commands import train as cmd
-    if time_budget is not None:
-        _finite("--time-budget", time_budget)
-    if budget is not None:
-        _finite("--budget", budget, maximum=3600.0)
-    argv = ctx.args[1:] if ctx.args[:1] == ["--"] else ctx.args  # `train -- cmd`: the `--` may reach ctx.args
-    options = cmd.TrainOptions(auto=auto, dry_run=dry_run, model=model, max_steps=max_steps, time_budget=time_budget,
-                               seed=seed, resume=resume, out_dir=out_dir, nnodes=nnodes, node_rank=node_rank,
-                               launcher=launcher, master_addr=master_addr, master_port=master_port,
-                               rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags,
-                               argv=tuple(argv), plan=plan, replan=replan,
-                               sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
-                               sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
-                               budget=budget, verbose=verbose, again=_train_again(ctx))
-    _finish(cmd.run(Output(json_mode=json_out, quiet=quiet, verbose=verbose and not quiet), options))
+    from cpuperf.run import timeline
+
+    with timeline.collector_paused():  # while it plans: resumed where the job starts (commands/train.py)
+        from cpuperf.commands import train as cmd
+        if time_budget is not None:
+            _finite("--time-budget", time_budget)
+        if budget is not None:
+            _finite("--budget", budget, maximum=3600.0)
+        argv = ctx.args[1:] if ctx.args[:1] == ["--"] else ctx.args  # `train -- cmd`: the `--` may reach ctx.args
+        options = cmd.TrainOptions(auto=auto, dry_run=dry_run, model=model, max_steps=max_steps, time_budget=time_budget,
+                                   seed=seed, resume=resume, out_dir=out_dir, nnodes=nnodes, node_rank=node_rank,
+                                   launcher=launcher, master_addr=master_addr, master_port=master_port,
+                                   rdzv_timeout=rdzv_timeout, device=device, unit=unit, hf_flags=hf_flags,
+                                   argv=tuple(argv), plan=plan, replan=replan,
+                                   sets=tuple(sets), batch_size=batch_size, nproc_per_node=nproc_per_node, ppn=ppn,
+                                   sysroot=sysroot, hostfile=hostfile, adapt_to_load=adapt_to_load, tune=tune,
+                                   budget=budget, verbose=verbose, again=_train_again(ctx))
+        _finish(cmd.run(Output(json_mode=json_out, quiet=quiet, verbose=verbose and not quiet), options))
 
 
 # The options a resume hint leaves out: it names the run directory and --resume itself; the rest are how it is said.

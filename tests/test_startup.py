@@ -157,3 +157,27 @@ def test_only_the_command_lines_own_process_is_left_to_the_os_at_its_end():
                               env=cli_env({"PYTHONPATH": str(ROOT)}), timeout=120)
         assert proc.returncode == 0 and proc.stdout.startswith("cpuperf "), proc.stderr[-2000:]
         assert f"FROZEN {frozen}" in proc.stderr, (who, proc.stderr[-2000:])
+
+
+def test_train_plans_with_the_collector_paused_and_runs_the_job_with_it(tmp_path):
+    """The collector is paused while `train` plans (its passes over the imports' and the plan's objects, all alive to
+    the end, were CPU of every start), on again before the job starts (cpuperf waits on it, for hours maybe), and as
+    it was when the command returns: on where it ran, off where the caller had turned it off."""
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    code = ("import gc, json, sys\nimport cpuperf.run.launcher as launcher\nseen = []\nreal = launcher.execute\n"
+            "def execute(*a, **k):\n    seen.append(gc.isenabled())\n    return real(*a, **k)\n"
+            "launcher.execute = execute\nfrom cpuperf.entry import main\n"
+            "was = sys.argv[1] == 'on'\nif not was:\n    gc.disable()\n"
+            "code = main(sys.argv[2:])\nprint('SEEN', json.dumps([code, seen, gc.isenabled()]), file=sys.stderr)\n")
+    env = cli_env({"PYTHONPATH": str(ROOT), "CPUPERF_OVERRIDE_GPUS": "[]"})
+    for state, after in (("on", True), ("off", False)):
+        for dry in (True, False):
+            args = ["train", "--auto", *(["--dry-run"] if dry else []), "--out", str(tmp_path / f"{state}{dry}"), "--",
+                    "python", "job.py"]
+            proc = subprocess.run([sys.executable, "-c", code, state, *args], capture_output=True, text=True, env=env,
+                                  cwd=str(tmp_path), timeout=300)
+            line = [ln for ln in proc.stderr.splitlines() if ln.startswith("SEEN ")]
+            assert line, proc.stderr[-2000:]
+            rc, seen, enabled = json.loads(line[-1].split(" ", 1)[1])
+            assert rc == 0 and enabled is after, (state, dry, proc.stderr[-2000:])
+            assert seen == ([] if dry else [after]), (state, dry, seen)  # the job started with the collector as it was

@@ -326,6 +326,7 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
+    timeline.resume_collector()  # a search of many runs, not one plan
     from cpuperf.plan.request import with_command
     from cpuperf.plan.script_read import read_user_script
     from cpuperf.plan.user_script import script_kind
@@ -408,6 +409,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         if script is not None:
             _write_config_files(script.files)
         timeline.mark("say the plan")
+        timeline.resume_collector()  # the plan is made; cpuperf now waits on the job, for as long as it runs
         res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
                       tee_stderr=script is not None and bool(script.added), output_log=record.output_log,
                       locked=record.begin, environ=_worker_environ(jp))
