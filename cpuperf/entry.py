@@ -13,7 +13,14 @@ from typing import List, Optional
 def main(argv: Optional[List[str]] = None) -> int:
     """`cpuperf` console script and `python -m cpuperf` (argv None: this process's own command line, which ends when
     this returns); a caller in a process that goes on gives `argv`."""
-    code = _main(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["train"]:  # it plans with the collector paused from here, typer's import included (cli.train)
+        from cpuperf.run.timeline import collector_paused
+
+        with collector_paused():
+            code = _main(args)
+    else:
+        code = _main(args)
     if argv is None:
         _ending()
     return code

@@ -74,7 +74,7 @@ def reset() -> None:
 
 # -- Python's cyclic collector while cpuperf plans ---------------------------------------------------------------
 
-_COLLECTING: List[bool] = []  # whether the collector ran before each pause, the innermost last
+_COLLECTING: List[bool] = []  # whether the collector ran before each pause, the outermost first
 
 
 @contextlib.contextmanager
@@ -95,8 +95,8 @@ def collector_paused() -> Iterator[None]:
 
 def resume_collector() -> None:
     """The plan is made and the job (or a run) starts, for as long as it takes: the collector runs again if it ran
-    before the pause."""
+    before the first pause (entry.main's, then cli.train's inside it)."""
     import gc
 
-    if _COLLECTING and _COLLECTING[-1]:
+    if _COLLECTING and _COLLECTING[0]:
         gc.enable()
