@@ -14,7 +14,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Optional, Union
+from typing import IO, Any, Dict, Iterator, Mapping, Optional, Union
 
 from cpuperf.errors import FilesystemError, UsageError
 
@@ -274,21 +274,45 @@ def acquire_dir_lock(directory: Union[str, Path], token: str = "") -> DirLock:
     return DirLock(path, fd, holder, stale)
 
 
-def sha256_hex(data: bytes) -> str:
-    """hashlib.sha256(data).hexdigest(), from Python's own SHA-256 module where it has one: hashlib loads OpenSSL
-    (~3 ms), on the path of ccl-env in every new shell. The same digest either way; OpenSSL's is ~8x faster on
-    large inputs, so it is used where hashlib is loaded already or the input is large."""
+def _own_hash(name: str) -> Any:
+    """Python's own constructor of the hash `name` (sha256, sha1: no OpenSSL), or None where this build has none;
+    looked up once (a module that is not there is searched for along the whole sys.path at every import)."""
+    if name not in _OWN_HASH:
+        import importlib
+
+        _OWN_HASH[name] = None
+        for module in {"sha256": ("_sha2", "_sha256"), "sha1": ("_sha1",)}[name]:  # _sha2: Python >= 3.12
+            try:
+                _OWN_HASH[name] = getattr(importlib.import_module(module), name)
+                break
+            except (ImportError, AttributeError):
+                continue
+    return _OWN_HASH[name]
+
+
+_OWN_HASH: Dict[str, Any] = {}
+
+
+def _hex(name: str, data: bytes) -> str:
+    """hashlib.new(name, data).hexdigest(), from Python's own module where hashlib is not loaded yet: hashlib loads
+    OpenSSL (~3 ms, ~10 ms on a busy host), on the path of ccl-env in every new shell and of every `train`. The same
+    digest either way; OpenSSL's is ~8x faster on large inputs, so it is used where hashlib is loaded already or the
+    input is large."""
     import sys
 
-    if "hashlib" in sys.modules or len(data) > 1 << 20:
+    own = None if "hashlib" in sys.modules or len(data) > 1 << 20 else _own_hash(name)
+    if own is None:
         import hashlib
 
-        return hashlib.sha256(data).hexdigest()
-    try:
-        from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]  # Python >= 3.12
-    except ImportError:
-        try:
-            from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]  # Python <= 3.11
-        except ImportError:  # a build without them: OpenSSL's
-            from hashlib import sha256  # type: ignore[no-redef,unused-ignore]
-    return str(sha256(data).hexdigest())
+        return hashlib.new(name, data).hexdigest()
+    return str(own(data).hexdigest())
+
+
+def sha256_hex(data: bytes) -> str:
+    """hashlib.sha256(data).hexdigest() (_hex: without loading OpenSSL where it can)."""
+    return _hex("sha256", data)
+
+
+def sha1_hex(data: bytes) -> str:
+    """hashlib.sha1(data).hexdigest() (_hex: without loading OpenSSL where it can)."""
+    return _hex("sha1", data)

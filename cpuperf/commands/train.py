@@ -24,9 +24,7 @@ from cpuperf.probe.hf import script_model
 from cpuperf.probe.launchers import launcher_python, read_script
 from cpuperf.run import timeline
 from cpuperf.run.edge import Found, Sources, gather
-from cpuperf.run.launcher import locate_node
 from cpuperf.run.measure import planning_measurements, train_measurements
-from cpuperf.run.vendor_env import master_interface
 from cpuperf.train.rundir import remove_if_empty, run_dir
 
 if TYPE_CHECKING:
@@ -202,12 +200,19 @@ def _edge_facts(request: PlanRequest, found: Found, workload: Workload, out_dir:
                                   threads=plan_placement(facts).threads_per_rank if real_auto else None,
                                   shape=workload if not request.user_argv and not request.has_sets else None)
     timeline.mark("measurements")
-    node_rank, local_addr = ((request.node_rank, None) if request.dry_run else
-                             locate_node(found.hosts, found.nnodes, request.node_rank, request.launcher,
-                                         found.slurm.allocation, found.mpi))
+    node_rank, local_addr = request.node_rank, None
+    if not request.dry_run:  # the launcher's module: a real run's (a dry run starts nothing)
+        from cpuperf.run.launcher import locate_node
+
+        node_rank, local_addr = locate_node(found.hosts, found.nnodes, request.node_rank, request.launcher,
+                                            found.slurm.allocation, found.mpi)
+    ifname = None
+    if found.nnodes > 1:  # the route to the rendezvous: several nodes only
+        from cpuperf.run.vendor_env import master_interface
+
+        ifname = master_interface(found.rendezvous, found.hosts)
     return found.edge_facts(workload, out_dir, sys.executable, measurements=meas, node_rank=node_rank,
-                            local_addr=local_addr, master_addr=request.master_addr,
-                            socket_ifname=master_interface(found.rendezvous, found.hosts) if found.nnodes > 1 else None)
+                            local_addr=local_addr, master_addr=request.master_addr, socket_ifname=ifname)
 
 
 def _plan_json(jp: JobPlan) -> Dict[str, Any]:
@@ -321,6 +326,7 @@ def run_tune(out: Output, given: PlanRequest, options: TrainOptions) -> int:
     """`cpuperf train --tune -- <Trainer command>`: coordinate descent on the command itself (cpuperf.decide.tune),
     each candidate a few steps of it under `cpuperf train --auto --set ...`, measured by the Trainer's own
     train_samples_per_second; the winner cached for this command line, used by later `--auto` runs of it."""
+    timeline.resume_collector()  # a search of many runs, not one plan
     from cpuperf.plan.request import with_command
     from cpuperf.plan.script_read import read_user_script
     from cpuperf.plan.user_script import script_kind
@@ -403,6 +409,7 @@ def _execute(out: Output, asked: PlanRequest, jp: JobPlan, launch: Dict[str, Any
         if script is not None:
             _write_config_files(script.files)
         timeline.mark("say the plan")
+        timeline.resume_collector()  # the plan is made; cpuperf now waits on the job, for as long as it runs
         res = execute(plan, echo=None if out.quiet else sys.stderr, stdout_is_product=user and not out.json_mode,
                       tee_stderr=script is not None and bool(script.added), output_log=record.output_log,
                       locked=record.begin, environ=_worker_environ(jp))

@@ -8,7 +8,6 @@ script, each node's part of a plan over a hostfile, a tuning point)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -319,8 +318,10 @@ def _hf_config_shape(workload: Workload, worker: Dict[str, Any]) -> Dict[str, An
 
 def _job_id(hosts: Optional[Tuple[Host, ...]], port: Optional[int]) -> str:
     """The same rendezvous id on every node: derived from the hostfile and port, not from local paths."""
+    from cpuperf.fsutil import sha1_hex  # hashlib's digest, without loading OpenSSL on every plan's way
+
     key = ",".join(h.name for h in hosts or ()) + f":{port or ''}"
-    return "cpuperf-" + hashlib.sha1(key.encode()).hexdigest()[:10]
+    return "cpuperf-" + sha1_hex(key.encode())[:10]
 
 
 # (node name, its facts, its recommendation, its job plan): one node of a plan over a hostfile

@@ -26,7 +26,6 @@ from cpuperf.plan.environment import lever_vars, with_launch_vars, with_lever_va
 from cpuperf.plan.launch import LaunchPlan, LaunchSpec, numa_binding_ok, plan_launch
 from cpuperf.plan.request import PlanRequest
 from cpuperf.probe.facts import HostFacts
-from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 from cpuperf.worker_settings import ConfigError, TrainSettings
 
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     from cpuperf.plan.applied import LeverState
     from cpuperf.plan.user_launcher import LauncherRanks
     from cpuperf.plan.user_script import ScriptPlan
+    from cpuperf.probe.hosts import Host
 
 # What the built-in loop can run (cpuperf.worker_settings); a value outside these cannot be honoured there.
 WORKER_OPTIMIZERS = ("adamw", "adamw_fused")

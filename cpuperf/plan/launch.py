@@ -29,12 +29,12 @@ from cpuperf.errors import ExitCode, FieldError
 from cpuperf.jsonable import NOT_IN_JSON, as_json
 from cpuperf.knowledge.variables import variables
 from cpuperf.probe.facts import HostFacts
-from cpuperf.probe.hosts import Host
 from cpuperf.probe.slurm import NO_SLURM, SlurmFacts
 
 if TYPE_CHECKING:
     from cpuperf.decide.runtime_env import EnvVar
     from cpuperf.plan.user_launcher import LauncherRanks
+    from cpuperf.probe.hosts import Host
 
 SCHEMA = "cpuperf.launch/1"
 LAUNCHERS = ("direct", "torchrun", "mpirun", "srun")

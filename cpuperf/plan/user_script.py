@@ -899,9 +899,9 @@ def rejected_flags(code: int, wall_s: float, output: str, script: Optional[Scrip
 
 def script_digest(script_text: Optional[str]) -> Optional[str]:
     """sha256 of the script's text (None: no script read): an edited script is another command."""
-    import hashlib
+    from cpuperf.fsutil import sha256_hex  # hashlib's digest, without loading OpenSSL on every plan's way
 
-    return None if script_text is None else hashlib.sha256(script_text.encode("utf-8", "replace")).hexdigest()
+    return None if script_text is None else sha256_hex(script_text.encode("utf-8", "replace"))
 
 
 _RUN_LENGTH = ("max_steps", "num_train_epochs", "output_dir")
@@ -917,14 +917,15 @@ def key_of_command(cmd: UserCommand, read: Optional[ScriptRead], script_text: Op
     order (the script's path resolved), without the run length and the output directory in any spelling the script's
     parser reads as them (`--max_steps=5`, `--max_st 5`; a tuning run sets both, and a later run of any length is the
     same command), with the script's content."""
-    import hashlib
     import json
+
+    from cpuperf.fsutil import sha256_hex
 
     head = [*(a for w in cmd.wrappers for a in w.argv), *cmd.argv[:len(cmd.argv) - len(cmd.script_args)]]
     if cmd.script:
         head = [os.path.realpath(t) if t == cmd.script else t for t in head]
     kept = list(_script_args(cmd, read).without(_RUN_LENGTH))
-    return hashlib.sha256(json.dumps([head, kept, script_digest(script_text)]).encode()).hexdigest()[:16]
+    return sha256_hex(json.dumps([head, kept, script_digest(script_text)]).encode())[:16]
 
 
 def tuning_argv(cmd: UserCommand, read: Optional[ScriptRead], steps: int, out_dir: str) -> List[str]:

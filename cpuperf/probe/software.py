@@ -78,9 +78,7 @@ def _version_text(src: Sources, path: str) -> str:
     """What `path --version` prints, remembered per binary (its real path, size, mtime, inode and device: the
     version is the binary's). Every probe ran it for each MPI launcher found, 10-30 ms of a child process each at
     every start of every command; a binary replaced is run again."""
-    import hashlib
-
-    from cpuperf.fsutil import atomic_write_bytes, cache_root
+    from cpuperf.fsutil import atomic_write_bytes, cache_root, sha256_hex
     from cpuperf.readback import read_json
 
     if not src.live:
@@ -89,7 +87,7 @@ def _version_text(src: Sources, path: str) -> str:
         real = os.path.realpath(path)
         st = os.stat(real)
         stamp: List[object] = [real, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-        where = cache_root(src.environ) / "launcher-versions" / f"{hashlib.sha256(real.encode()).hexdigest()[:24]}.json"
+        where = cache_root(src.environ) / "launcher-versions" / f"{sha256_hex(real.encode())[:24]}.json"
     except (OSError, ValueError):
         stamp, where = [], None
     if where is not None:

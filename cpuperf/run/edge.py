@@ -71,7 +71,6 @@ def gather(request: PlanRequest, sources: Sources, environ: Mapping[str, str]) -
     from cpuperf.decide.nodes import job_nodes
     from cpuperf.plan.request import with_command
     from cpuperf.probe import probe_host, with_load
-    from cpuperf.probe.hosts import read_hostfile
     from cpuperf.probe.slurm import slurm_facts
     from cpuperf.probe.software import mpi_flavour
     from cpuperf.run import timeline
@@ -84,7 +83,11 @@ def gather(request: PlanRequest, sources: Sources, environ: Mapping[str, str]) -
 
         # threads per rank avoid CPUs other work keeps busy now
         facts = with_load(facts, default_s=tuning().load.window_s)
-    listed = read_hostfile(sources.hostfile) if sources.hostfile else None
+    listed = None
+    if sources.hostfile:  # the resolver's module (socket): a hostfile's run only
+        from cpuperf.probe.hosts import read_hostfile
+
+        listed = read_hostfile(sources.hostfile)
     slurm = slurm_facts(environ)
     text, reading, its_python, accelerate_config = _command_reads(request, environ)
     saved, diffs = _saved_plan(request, facts, listed)

@@ -10,7 +10,6 @@ trusted: `train --auto` measures again, `recommend` uses it with the flag in its
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -62,7 +61,9 @@ def host_id(facts: HostFacts) -> str:
     """Same CPU, same CPUs allowed, same torch build -> same measurements."""
     key = json.dumps([facts.cpu.model_name, facts.cpu.microarchitecture, list(facts.cpu.isa),
                       list(facts.usable_cpus()), facts.topology.cpu_quota, torch_build(facts)], sort_keys=True)
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    from cpuperf.fsutil import sha256_hex  # hashlib's digest, without loading OpenSSL on every plan's way
+
+    return sha256_hex(key.encode())[:16]
 
 
 class CacheUnusable(ValueError):
