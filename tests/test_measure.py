@@ -558,3 +558,64 @@ def test_ctrl_c_while_a_disturbed_measurement_is_taken_again_keeps_the_try_befor
     assert err.value.code == ExitCode.INTERRUPTED and "the try before stands, cached" in err.value.message
     cached = measure.read_cached(facts)[0]
     assert cached["tries"] == 1 and "interrupted" not in cached and cached["gemm_bf16_gflops"] == 400.0
+
+
+# -- the allocators are measured with the optimizer a plan runs -----------------------------------------------
+
+def test_the_allocator_rounds_step_the_optimizer_a_plan_runs():
+    """A plan steps fused AdamW where torch has it on CPU; the measuring servers stepped torch's default AdamW (on
+    CPU the per-parameter loop), another allocation pattern: mimalloc 1.00x there against 1.13x in the plan's runs
+    (the small LM in bf16, Zen 4). The request names the plan's optimizer, and the server steps it."""
+    assert measure.plan_optimizer("2.13.0+cpu") == "adamw_fused"
+    assert measure.plan_optimizer("2.3.1") == "adamw" and measure.plan_optimizer(None) == "adamw"
+    assert measure._workload_request("lm-bf16", "adamw_fused") == {"workload": "lm", "dtype": "bf16",
+                                                                   "optimizer": "adamw_fused"}
+
+
+@pytest.mark.full  # torch, real training steps
+def test_the_measuring_server_steps_the_optimizer_it_is_asked_for():
+    pytest.importorskip("torch")
+    from cpuperf.train.bench import BenchConfig, ServeCache, _workload_rate
+
+    cache = ServeCache()
+    for opt in ("adamw_fused", "adamw", ""):
+        config = BenchConfig.from_json({"workload": "mlp", "size": "small", "optimizer": opt, "seconds": 0.01})
+        assert _workload_rate(config, cache) > 0
+    steps = {k[3]: fn for k, fn in cache.steps.items()}
+    assert sorted(steps) == ["", "adamw", "adamw_fused"]
+    defaults = {k: fn.__closure__ for k, fn in steps.items()}  # each step holds its own optimizer
+    opts = {k: next(c.cell_contents for c in cells if type(c.cell_contents).__name__ == "AdamW")
+            for k, cells in defaults.items()}
+    assert opts["adamw_fused"].defaults["fused"] and opts["adamw"].defaults["foreach"]
+    assert not opts[""].defaults["fused"] and not opts[""].defaults["foreach"]
+
+
+def test_allocator_figures_measured_with_the_old_optimizer_are_stale_and_measured_again(tmp_path, monkeypatch):
+    """A cache of side-by-side/1 measured the allocators with torch's default AdamW: its GEMM ratio stands, its
+    allocator figures are not used (the rule decides), and the next measurement takes the allocators only."""
+    monkeypatch.setenv("CPUPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CPUPERF_OVERRIDE_ISA", NATIVE_ISA)
+    facts = probe_host(use_cache=False)
+    speedup = {"mimalloc": 0.9956, "mimalloc_by_workload": {"lm-bf16": 0.9956}}
+    lines = {"allocator mimalloc on lm": "mimalloc/default allocator on lm 1.01x: too noisy to decide"}
+    ratios = {**_GEMM_ONLY["ratios"], "mimalloc_on_lm-bf16": {"name": "mimalloc/default allocator on lm-bf16",
+                                                               "rounds": [1.0, 0.99, 1.0], "decided": True}}
+    measure.save(facts, {**_GEMM_ONLY, "method": "side-by-side/1", "allocator_speedup": speedup, "ratios": ratios,
+                         "undecided": lines})
+    cached = measure.read_cached(facts)[0]
+    assert "allocator_speedup" not in cached and list(cached["ratios"]) == ["bf16_over_fp32"]
+    assert not cached["undecided"] and cached["gemm_bf16_gflops"] == 120.0
+    assert measure.unfinished(cached) == ("its allocator figures were measured with torch's default AdamW, not the "
+                                          "optimizer a plan runs")
+    got = measure.load_cached(facts)
+    assert got is not None and got.gemm_bf16_gflops == 120.0 and not got.allocator_speedup
+    calls = _micro_runs(monkeypatch, [{**_GEMM_ONLY, "allocator_speedup": speedup,
+                                       "allocator_optimizer": "adamw_fused"}])
+    monkeypatch.setattr(measure, "allocator_libraries", lambda facts: {"mimalloc": "/x/libmimalloc.so"})
+    said = []
+    measure.measure_if_unsure(facts, 1, log=said.append)
+    assert calls and calls[0]["done"]["interrupted"] == {"missing": ["allocators"]} and calls[0]["allocators"]
+    assert any("not the optimizer a plan runs" in s and "GEMM" not in s for s in said), said
+    fresh = measure.read_cached(facts)[0]
+    assert fresh["method"] == measure.METHOD == "side-by-side/2" and fresh["allocator_speedup"] == speedup
+    assert fresh["allocator_optimizer"] == "adamw_fused" and measure.unfinished(fresh) is None

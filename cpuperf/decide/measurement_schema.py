@@ -127,7 +127,7 @@ def sanitized(data: object, identity: bool = True) -> Tuple[Dict[str, Any], List
     scalars = {"schema": rb.text(64), "host_id": rb.text(64), "threads": rb.count(), "torch": rb.text(128),
                "gemm_fp32_gflops": rb.positive(), "gemm_bf16_gflops": rb.positive(), "gemm_fp16_gflops": rb.positive(),
                "gemm_size": rb.count(), "gemm_seconds": rb.positive(), "duration_s": rb.number(0, 1e9), "load": LOAD,
-               "method": rb.text(64), "undecided": UNDECIDED, "tries": rb.count(), "interrupted": INTERRUPTED}
+               "method": rb.text(64), "allocator_optimizer": rb.text(64), "undecided": UNDECIDED, "tries": rb.count(), "interrupted": INTERRUPTED}
     out, notes = rb.pruned(data, scalars, "")
     for section, check in (("repeats", REPEAT), ("ratios", ROUNDS), ("compile_by_model", COMPILED), ("tuned_by_shape", tuning()),
                            ("tuned_by_command", tuning())):

@@ -123,7 +123,7 @@ def assess(data: Dict[str, Any], facts: HostFacts, now: Optional[float] = None) 
     if age_days > rules.max_age_days:
         return False, [f"{age_days:.0f} days old (expires after {rules.max_age_days})"]
     flags: List[str] = []
-    if data.get("method") == METHOD:
+    if data.get("method") in _SIDE_BY_SIDE:
         # Ratios of runs side by side: load fell on both sides alike, and a ratio too noisy to decide was left out
         # of the figures when it was taken (its `undecided` line says why).
         return True, flags
@@ -162,10 +162,11 @@ def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
     """This host's cache (a recorded host's own measurement for a snapshot), as far as it fits its schema; None
     when there is none or nothing in it can be used (said once, and the command goes on without it)."""
     if not facts.live:
-        return _read_recorded(Path(str(facts.sysroot)) / RECORDED_FILE)
+        recorded, where = _read_recorded(Path(str(facts.sysroot)) / RECORDED_FILE)
+        return (None if recorded is None else _allocators_fresh(recorded)), where
     path = cache_dir() / f"{host_id(facts)}.json"
     try:
-        return _fit_host(_read_file(path), facts, path), path
+        return _allocators_fresh(_fit_host(_read_file(path), facts, path)), path
     except FileNotFoundError:
         return None, path
     except OSError as exc:  # unreadable: say so once, measure or decide without it
@@ -173,6 +174,18 @@ def read_cached(facts: HostFacts) -> Tuple[Optional[Dict[str, Any]], Path]:
     except CacheUnusable as exc:
         _say_once(f"note: ignoring the measurement cache {path}: {exc} (cpuperf bench --refresh measures again)")
     return None, path
+
+
+def _allocators_fresh(data: Dict[str, Any]) -> Dict[str, Any]:
+    """The cache less allocator figures taken the old way (METHOD /1: torch's default AdamW, on CPU the
+    per-parameter loop, where a plan runs the fused kernel): its GEMM part stands, and the allocators are missing,
+    as after a Ctrl-C, so `train --auto` measures them (and only them) again and the rule decides until then."""
+    if data.get("method") != _OLD_OPTIMIZER_METHOD:
+        return data
+    if "allocator_speedup" not in data and set(data.get("ratios") or {}) <= {"bf16_over_fp32"}:
+        return data  # no allocator figures (none installed, or stopped before them)
+    kept = {k: v for k, v in data.items() if k not in ("allocator_speedup", "ratios", "undecided", "repeats")}
+    return {**kept, **_gemm_done(data), "interrupted": {"missing": ["allocators"]}}
 
 
 def _fit_host(data: Dict[str, Any], facts: HostFacts, path: Path) -> Dict[str, Any]:
@@ -449,6 +462,8 @@ def unfinished(data: Optional[Mapping[str, Any]]) -> Optional[str]:
     missing = [m for m in ((data or {}).get("interrupted") or {}).get("missing") or [] if m in _PARTS]
     if not missing:
         return None
+    if (data or {}).get("method") == _OLD_OPTIMIZER_METHOD:
+        return "its allocator figures were measured with torch's default AdamW, not the optimizer a plan runs"
     return "stopped by Ctrl-C before " + " and ".join(_PARTS[m] for m in missing) + " were measured"
 
 
@@ -462,8 +477,12 @@ def _gemm_done(done: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 # How a cached measurement was taken: ratios of runs side by side, so load from other work is no reason to distrust
-# it (entries without it were single figures, flagged when taken under load).
-METHOD = "side-by-side/1"
+# it (entries without it were single figures, flagged when taken under load). /2: the allocators are measured with
+# the optimizer a plan runs (`allocator_optimizer`); /1 stepped torch's default AdamW (on CPU the per-parameter
+# loop), not the fused kernel a plan runs, so a /1 entry's allocator figures are stale (its GEMM ratio stands).
+METHOD = "side-by-side/2"
+_OLD_OPTIMIZER_METHOD = "side-by-side/1"
+_SIDE_BY_SIDE = (_OLD_OPTIMIZER_METHOD, METHOD)
 
 
 class _Server:
@@ -562,9 +581,12 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
         with Progress(log, f"measuring this host ({what.rstrip(', ')})") as progress:
             progress.update(f"starting torch in {len(servers)} process(es)", now=True)
             _started(servers, out)
+            if libs:
+                out["allocator_optimizer"] = plan_optimizer(out.get("torch"))
+            optimizer = str(out.get("allocator_optimizer") or "")
             progress.update("warming up (building the reference models once per process)")
             doing = "warming up"
-            _warm_up(servers, size, gemm=done is None, workloads=workloads if libs else ())
+            _warm_up(servers, size, gemm=done is None, workloads=workloads if libs else (), optimizer=optimizer)
             # The rounds are what the budget bounds (starting torch and the warm-up have their own time-outs): a
             # warm-up that took the whole budget on a busy host left one round, and nothing decided.
             deadline = time.monotonic() + budget
@@ -577,7 +599,8 @@ def measure_ratios(facts: HostFacts, threads: int, python: str = sys.executable,
                 if done is None:
                     progress.update("the GEMM rounds are done; allocator round 1 is running")
                 doing = "the allocators"
-                out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out, workloads)
+                out["allocator_speedup"] = _allocator_rounds(servers, libs, deadline, progress, rules, out, workloads,
+                                                             optimizer)
             doing = "stopping the measuring processes"
             progress.update(doing)
             _close(servers)  # inside the progress: a busy host took 20 s here, in silence
@@ -603,14 +626,15 @@ def _started(servers: Mapping[str, _Server], out: Dict[str, Any]) -> None:
         out.setdefault("torch", hello.get("torch"))
 
 
-def _warm_up(servers: Mapping[str, _Server], size: int, gemm: bool, workloads: Sequence[str]) -> None:
+def _warm_up(servers: Mapping[str, _Server], size: int, gemm: bool, workloads: Sequence[str],
+             optimizer: str = "") -> None:
     """One untimed run of what each process will time: oneDNN primitives, the models, the optimizer's state (the
     GEMMs in the default allocator's process, where `gemm`)."""
     for server in servers.values():
         for kind in (["fp32", "bf16"] if server is servers["default"] and gemm else []):
             server.ask({"gemm": kind, "size": size, "seconds": 0.01}, timeout=300.0)
         for w in workloads:
-            server.ask({**_workload_request(w), "size": "small", "seconds": 0.01}, timeout=600.0)
+            server.ask({**_workload_request(w, optimizer), "size": "small", "seconds": 0.01}, timeout=600.0)
 
 
 def _measured_so_far(out: Dict[str, Any], doing: str, allocators: bool) -> Optional[Dict[str, Any]]:
@@ -675,9 +699,10 @@ def _why_undecided(ratio: Ratio, min_rounds: int, judging: Tuple[float, float]) 
 
 def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], deadline: float, progress: Progress,
                       rules: MeasureRule, out: Dict[str, Any],
-                      workloads: Tuple[str, ...] = ("lm", "mlp")) -> Dict[str, Any]:
+                      workloads: Tuple[str, ...] = ("lm", "mlp"), optimizer: str = "") -> Dict[str, Any]:
     """Each allocator over the default on the reference workloads, rounds side by side until every ratio decides or
-    `deadline`; the decided ones as allocator_speedup (per workload, and their geometric mean)."""
+    `deadline`; the decided ones as allocator_speedup (per workload, and their geometric mean). `optimizer`: the one
+    the workloads step (plan_optimizer)."""
     import math
 
     from cpuperf.decide.ratios import Ratio, alternating
@@ -694,7 +719,7 @@ def _allocator_rounds(servers: Mapping[str, _Server], libs: Mapping[str, str], d
         for w in pending:
             got: Dict[str, float] = {}
             for name in alternating(("default", *libs), round_no):
-                rate = servers[name].ask({**_workload_request(w), **request}, timeout=600.0)
+                rate = servers[name].ask({**_workload_request(w, optimizer), **request}, timeout=600.0)
                 if rate is not None:
                     got[name] = rate
             for name in libs:
@@ -732,10 +757,24 @@ def allocator_workloads(facts: HostFacts) -> Tuple[str, ...]:
     return _WORKLOADS + (("lm-bf16",) if bf16_native(facts) else ())
 
 
-def _workload_request(name: str) -> Dict[str, Any]:
-    """'lm-bf16' -> the LM under bf16 autocast; 'lm' -> the LM in fp32."""
+def _workload_request(name: str, optimizer: str = "") -> Dict[str, Any]:
+    """'lm-bf16' -> the LM under bf16 autocast; 'lm' -> the LM in fp32; stepped with `optimizer` (none: torch's
+    default AdamW)."""
     workload, _, dtype = name.partition("-")
-    return {"workload": workload, "dtype": dtype or "fp32"}
+    return {"workload": workload, "dtype": dtype or "fp32", **({"optimizer": optimizer} if optimizer else {})}
+
+
+def plan_optimizer(torch_version: Optional[str]) -> str:
+    """The optimizer a plan steps on this CPU with `torch_version` (decide.memory.default_optimizer): the allocators
+    are measured with it. Its allocations are part of the pattern: with torch's default AdamW (on CPU the
+    per-parameter loop) mimalloc measured 1.00x on the bf16 LM where runs with the fused kernel a plan takes
+    measured 1.13x (Zen 4, docs/benchmarks.md)."""
+    from cpuperf.decide.memory import default_optimizer
+    from cpuperf.versions import version_or_none
+
+    version = version_or_none(torch_version)
+    minimum = version_or_none(tuning().optimizer.fused_cpu_min_torch)
+    return default_optimizer(version is not None and minimum is not None and version >= minimum)[0]
 
 
 def _benchrun(settings: Dict[str, Any], env_extra: Dict[str, str], python: str, timeout: float = 600.0) -> Optional[Dict[str, Any]]:
