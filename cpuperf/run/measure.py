@@ -766,9 +766,8 @@ def _workload_request(name: str, optimizer: str = "") -> Dict[str, Any]:
 
 def plan_optimizer(torch_version: Optional[str]) -> str:
     """The optimizer a plan steps on this CPU with `torch_version` (decide.memory.default_optimizer): the allocators
-    are measured with it. Its allocations are part of the pattern: with torch's default AdamW (on CPU the
-    per-parameter loop) mimalloc measured 1.00x on the bf16 LM where runs with the fused kernel a plan takes
-    measured 1.13x (Zen 4, docs/benchmarks.md)."""
+    are measured with it. Its allocations are part of the pattern an allocator is measured on: torch's default
+    AdamW (on CPU the per-parameter loop, a few temporaries per parameter and step) is one no plan runs."""
     from cpuperf.decide.memory import default_optimizer
     from cpuperf.versions import version_or_none
 

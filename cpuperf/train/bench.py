@@ -403,8 +403,8 @@ def _workload_rate(cfg: BenchConfig, cache: ServeCache) -> float:
         model.train()
         # The optimizer a plan runs (cpuperf.train.loop: adamw_fused fused, adamw foreach); none named: torch's own
         # default (on CPU the per-parameter loop). Its allocations are part of what an allocator is measured on.
-        kind = {"adamw_fused": {"fused": True}, "adamw": {"foreach": True}}.get(cfg.optimizer, {})
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kind)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if cfg.optimizer == "adamw_fused" else None,
+                                foreach=True if cfg.optimizer == "adamw" else None)
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
