@@ -33,7 +33,7 @@ def _recorded_host(root: Path, allocators: Dict[str, List[str]]) -> Path:
         "openmp": {"gomp": [], "iomp": [], "omp": []},
         "allocators": {"tcmalloc": [], "jemalloc": [], "mimalloc": [], **allocators}}}
     measured = {"schema": "cpuperf.measurement/2", "host_id": "recorded", "measured_at": int(time.time()),
-                "torch_build": {"version": "2.13.0+cpu", "local": "cpu", "git": None}, "method": "side-by-side/1",
+                "torch_build": {"version": "2.13.0+cpu", "local": "cpu", "git": None}, "method": "side-by-side/2",
                 "ratios": {}, "undecided": {}, "threads": 4, "torch": "2.13.0+cpu", "gemm_fp32_gflops": 100.0,
                 "allocator_speedup": {"jemalloc": 1.3, "jemalloc_by_workload": {"lm": 1.3, "mlp": 1.3},
                                       "tcmalloc": 0.99, "tcmalloc_by_workload": {"lm": 0.99, "mlp": 0.99}}}

@@ -110,7 +110,7 @@ def _recorded_host(root: Path, allocator_libs: List[str]) -> Path:
         "openmp": {"gomp": [], "iomp": [], "omp": []},
         "allocators": {"tcmalloc": [], "jemalloc": [], "mimalloc": allocator_libs}}}
     measured = {"schema": "cpuperf.measurement/2", "host_id": "recorded", "measured_at": int(time.time()),
-                "torch_build": {"version": "2.13.0+cpu", "local": "cpu", "git": None}, "method": "side-by-side/1",
+                "torch_build": {"version": "2.13.0+cpu", "local": "cpu", "git": None}, "method": "side-by-side/2",
                 "ratios": {}, "undecided": {}, "threads": 4, "torch": "2.13.0+cpu",
                 "gemm_fp32_gflops": 100.0, "gemm_bf16_gflops": 240.0,
                 "allocator_speedup": {"mimalloc": 1.01, "mimalloc_by_workload": {"lm": 0.98, "lm-bf16": 1.05}}}
