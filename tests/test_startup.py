@@ -13,27 +13,6 @@ from pathlib import Path
 from cli_util import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-_PROBE = ("import sys\nfrom cpuperf.entry import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-          "print('PYDANTIC', 'pydantic' in sys.modules, file=sys.stderr)\n")
-
-
-def _pydantic_imported(*args: str, cwd: Path) -> bool:
-    env = cli_env({"PYTHONPATH": str(ROOT), "CPUPERF_OVERRIDE_GPUS": "[]"})
-    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env,
-                          cwd=str(cwd), timeout=300)
-    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("PYDANTIC ")]
-    assert line, proc.stderr[-2000:]
-    return line[-1] == "PYDANTIC True"
-
-
-def test_common_commands_start_without_pydantic(tmp_path):
-    (tmp_path / "job.py").write_text("print('hi')\n")
-    assert not _pydantic_imported("doctor", "--json", cwd=tmp_path)
-    assert not _pydantic_imported("recommend", "--json", "--set", "dtype=fp32", cwd=tmp_path)
-    assert not _pydantic_imported("train", "--auto", "--dry-run", "--out", str(tmp_path / "run"), "--", "python",
-                                  "job.py", cwd=tmp_path)
-
-
 _MODULES = ("import json, sys\nfrom cpuperf.entry import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('MODULES', json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
 
@@ -52,6 +31,18 @@ def _modules(*args: str, cwd: Path) -> set:
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("MODULES ")]
     assert line, proc.stderr[-2000:]
     return set(json.loads(line[-1].split(" ", 1)[1]))
+
+
+def _pydantic_imported(*args: str, cwd: Path) -> bool:
+    return "pydantic" in _modules(*args, cwd=cwd)
+
+
+def test_common_commands_start_without_pydantic(tmp_path):
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    assert not _pydantic_imported("doctor", "--json", cwd=tmp_path)
+    assert not _pydantic_imported("recommend", "--json", "--set", "dtype=fp32", cwd=tmp_path)
+    assert not _pydantic_imported("train", "--auto", "--dry-run", "--out", str(tmp_path / "run"), "--", "python",
+                                  "job.py", cwd=tmp_path)
 
 
 def test_a_plan_of_your_command_imports_only_what_it_plans_with(tmp_path):
