@@ -395,11 +395,11 @@ def _kmp_vars(c: _Collected, preloaded: Sequence[str], nproc: int, mpi: Optional
         wait = rules.openmp_wait
         blocktime, why = ((wait.kmp_blocktime, f"{busy}: {wait.reason} ({wait.kmp_source})") if busy
                           else (rules.kmp.blocktime, rules.kmp.reason))
-        if nproc == 1 or mpi == "intelmpi":
+        pinned = nproc == 1 or mpi == "intelmpi"
+        if pinned:
             c.add("KMP_AFFINITY", rules.kmp.affinity, f"libiomp5 is preloaded; {rules.kmp.source}")
-            c.add("KMP_BLOCKTIME", blocktime, why)
-        else:
-            c.add("KMP_BLOCKTIME", blocktime, why)
+        c.add("KMP_BLOCKTIME", blocktime, why)
+        if not pinned:
             c.notes.append("KMP_AFFINITY not set: with several ranks and no pinning launcher every rank would bind "
                            "to the same cores (launch with Intel MPI, or cpuperf launch)")
 
